@@ -1,0 +1,182 @@
+//! The data plane's public interface: configuration, the [`DataPath`] trait the control plane
+//! drives, and the messages it sends back.
+
+use ike::{ChildSaInfo, IkeSpis, TunnelId};
+use std::net::{IpAddr, SocketAddr};
+use wire::EspSpi;
+
+/// A route inside a VNet: destinations in `prefix`/`len` live behind the host VTEP `host`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Route {
+    /// Network address.
+    pub prefix: IpAddr,
+    /// Prefix length in bits.
+    pub len: u8,
+    /// Underlay address of the host's VTEP.
+    pub host: IpAddr,
+}
+
+/// A tenant's virtual network reached over VXLAN.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VnetConfig {
+    /// Owning tenant's name.
+    pub tenant: String,
+    /// VNet name (unique per tenant).
+    pub name: String,
+    /// VXLAN network identifier (24 bits).
+    pub vni: u32,
+    /// The gateway's own address inside the VNet (VMs route via it; answered to ARP/ND).
+    pub gateway_ip: IpAddr,
+    /// Local underlay address the gateway's VTEP uses for this VNet (UDP 4789).
+    pub vtep: IpAddr,
+    /// Where VNet destinations live.
+    pub routes: Vec<Route>,
+}
+
+/// Where a tunnel's decrypted traffic goes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Inside {
+    /// Into a VNet over VXLAN (index into [`DataplaneConfig::vnets`]).
+    Vnet(usize),
+    /// Into the node's TUN device and the kernel's routing table.
+    Tun,
+}
+
+/// Binds a configured tunnel to its tenant and inside interface.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TunnelBinding {
+    /// The tunnel.
+    pub tunnel: TunnelId,
+    /// Its name, for stats.
+    pub name: String,
+    /// Its tenant.
+    pub tenant: String,
+    /// Where its traffic goes.
+    pub inside: Inside,
+}
+
+/// Static configuration of the data plane.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DataplaneConfig {
+    /// Addresses to bind the IKE and NAT-T sockets on.
+    pub listen: Vec<IpAddr>,
+    /// IKE port (500).
+    pub ike_port: u16,
+    /// NAT-T / ESP-in-UDP port (4500).
+    pub natt_port: u16,
+    /// VXLAN UDP port (4789).
+    pub vxlan_port: u16,
+    /// VNets.
+    pub vnets: Vec<VnetConfig>,
+    /// Tunnels and where their traffic goes.
+    pub tunnels: Vec<TunnelBinding>,
+    /// Name of the TUN device for `inside = "tun"` tunnels (created if missing).
+    pub tun_name: Option<String>,
+    /// Datagrams per recvmmsg/sendmmsg batch.
+    pub batch: usize,
+}
+
+/// A received IKE datagram (non-ESP marker removed).
+#[derive(Debug, Clone)]
+pub struct IkeDatagram {
+    /// Local address and port it arrived on.
+    pub local: SocketAddr,
+    /// Sender.
+    pub remote: SocketAddr,
+    /// The IKE message.
+    pub data: Vec<u8>,
+}
+
+/// What the data plane sends to the control plane.
+#[derive(Debug, Clone)]
+pub enum ToControl {
+    /// An IKE datagram for the IKE engine.
+    Ike(IkeDatagram),
+    /// An outbound SA approaches its sequence number limit: rekey the CHILD_SA (inbound SPI).
+    RekeyNeeded(EspSpi),
+}
+
+/// Per CHILD_SA counters.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ChildStats {
+    /// Tunnel.
+    pub tunnel: Option<TunnelId>,
+    /// Inbound SPI.
+    pub inbound_spi: EspSpi,
+    /// Outbound SPI.
+    pub outbound_spi: EspSpi,
+    /// Bytes decrypted (inner).
+    pub bytes_in: u64,
+    /// Packets decrypted.
+    pub packets_in: u64,
+    /// Bytes encrypted (inner).
+    pub bytes_out: u64,
+    /// Packets encrypted.
+    pub packets_out: u64,
+    /// Inbound packets dropped (replay, ICV, padding...).
+    pub drops_in: u64,
+}
+
+/// Node-wide counters, including drops by reason.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DataplaneStats {
+    /// Per CHILD_SA.
+    pub children: Vec<ChildStats>,
+    /// Drop counters by reason name (`esp_unknown_spi`, `esp_replay`, `esp_auth`,
+    /// `malformed_udp`, `vxlan_no_tunnel`, ...).
+    pub drops: Vec<(String, u64)>,
+}
+
+/// Errors of the data plane.
+#[derive(Debug, thiserror::Error)]
+pub enum DataplaneError {
+    /// A socket could not be opened or bound.
+    #[error("cannot bind {addr}: {source}")]
+    Bind {
+        /// The address.
+        addr: SocketAddr,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// The TUN device could not be created or configured.
+    #[error("TUN device {name}: {source}")]
+    Tun {
+        /// Device name.
+        name: String,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// A CHILD_SA could not be installed.
+    #[error("cannot install CHILD_SA {spi} of tunnel {tunnel:?}: {reason}")]
+    Install {
+        /// Tunnel.
+        tunnel: TunnelId,
+        /// Inbound SPI.
+        spi: EspSpi,
+        /// Why.
+        reason: String,
+    },
+    /// A send failed.
+    #[error("send to {to}: {source}")]
+    Send {
+        /// Destination.
+        to: SocketAddr,
+        /// The OS error.
+        source: std::io::Error,
+    },
+}
+
+/// What the control plane needs from a data path, local or remote.
+pub trait DataPath: Send + Sync {
+    /// Installs a CHILD_SA pair. With `child.replaces`, outbound traffic moves to the new SA at
+    /// once and the old inbound SA keeps accepting until [`remove_child`](Self::remove_child).
+    fn install_child(&self, child: &ChildSaInfo) -> Result<(), DataplaneError>;
+    /// Removes a CHILD_SA pair.
+    fn remove_child(&self, tunnel: TunnelId, inbound_spi: EspSpi, outbound_spi: EspSpi);
+    /// The peer's outer address changed (NAT rebinding): update every SA of this IKE SA.
+    fn update_peer(&self, tunnel: TunnelId, ike: IkeSpis, local: SocketAddr, remote: SocketAddr);
+    /// Sends an IKE datagram (the data plane adds the non-ESP marker on the NAT-T port).
+    fn send_ike(&self, local: SocketAddr, remote: SocketAddr, payload: &[u8]) -> Result<(), DataplaneError>;
+    /// Current counters.
+    fn stats(&self) -> DataplaneStats;
+}

@@ -1,0 +1,27 @@
+//! A sans-IO IKEv2 engine (RFC 7296) with pre-shared-key authentication, CHILD_SA negotiation,
+//! rekeying, dead peer detection and NAT traversal (RFC 7296 §2.23, RFC 3948).
+//!
+//! The [`Endpoint`] owns every IKE SA of a node. It never touches a socket, a clock or the OS RNG:
+//! the caller feeds it datagrams and the current time and drains what it wants to do.
+//!
+//! # Driving an endpoint
+//! 1. Feed input: [`Endpoint::handle_datagram`] for every IKE datagram received (on port 4500 the
+//!    caller strips the 4-byte non-ESP marker first), [`Endpoint::handle_timeout`] when the instant
+//!    returned by [`Endpoint::poll_timeout`] has passed, and commands such as [`Endpoint::initiate`].
+//! 2. After any input, drain in this order until each returns `None`:
+//!    [`Endpoint::poll_transmit`] (datagrams to send; on port 4500 the caller prepends the
+//!    marker), then [`Endpoint::poll_event`] (SA lifecycle events, including CHILD_SA keys for the
+//!    data path), then read [`Endpoint::poll_timeout`] for the next wake-up.
+
+pub mod config;
+mod endpoint;
+pub mod error;
+pub mod event;
+
+pub use config::{
+    DpdAction, EndpointConfig, EspProposal, IkeProposal, Identity, PeerConfig, StartAction,
+    TrafficSelector, TunnelId,
+};
+pub use endpoint::Endpoint;
+pub use error::Error;
+pub use event::{ChildKeys, ChildSaInfo, ChildSaStatus, DeleteReason, Event, IkeSaState, IkeSaStatus, IkeSpis};

@@ -1,0 +1,2 @@
+//! The `protego` command.
+fn main() {}
