@@ -19,3 +19,6 @@ pub use dh::{DhGroup, KeyExchange};
 pub use error::Error;
 pub use prf::Prf;
 pub use rng::{Rng, SeededRng, SystemRng};
+
+#[cfg(test)]
+mod test_vectors;
