@@ -3,6 +3,19 @@
 //!
 //! No I/O, no clock, no randomness.
 
+pub mod ike;
+pub mod arp;
+pub mod error;
+pub mod esp;
+pub mod ethernet;
+mod field;
+pub mod ip;
+pub mod ndp;
+#[cfg(test)]
+mod testdata;
+pub mod udp;
+pub mod vxlan;
+
 use core::fmt;
 
 /// An IKE SA SPI (RFC 7296 §3.1), 8 bytes on the wire, big-endian.
