@@ -12,7 +12,7 @@ set -euo pipefail
 
 PACKAGES=(
     strongswan-charon strongswan-swanctl charon-systemd libcharon-extra-plugins
-    iperf3 tshark nftables iproute2 iputils-ping procps tcpdump
+    iperf3 tshark nftables iproute2 iputils-ping procps tcpdump ethtool
     etcd-server protobuf-compiler make
 )
 # System units shipped by the packages above that must not run: the tests start

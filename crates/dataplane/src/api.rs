@@ -72,7 +72,8 @@ pub struct DataplaneConfig {
     pub tunnels: Vec<TunnelBinding>,
     /// Name of the TUN device for `inside = "tun"` tunnels (created if missing).
     pub tun_name: Option<String>,
-    /// Datagrams per recvmmsg/sendmmsg batch.
+    /// Datagrams per recvmmsg/sendmmsg batch (1..=1024; at most 64 receive slots are kept
+    /// per thread, each holding a UDP GRO train of up to 64 KiB).
     pub batch: usize,
 }
 
@@ -156,6 +157,20 @@ pub enum DataplaneError {
         /// Why.
         reason: String,
     },
+    /// The configuration is invalid (checked whole before anything is opened).
+    #[error("invalid data plane configuration {field}: {reason}")]
+    Config {
+        /// The offending field, e.g. `vnets[1].routes[0].host`.
+        field: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// A thread or the shutdown signal could not be created.
+    #[error("cannot start the data plane: {source}")]
+    Start {
+        /// The OS error.
+        source: std::io::Error,
+    },
     /// A send failed.
     #[error("send to {to}: {source}")]
     Send {
@@ -176,7 +191,12 @@ pub trait DataPath: Send + Sync {
     /// The peer's outer address changed (NAT rebinding): update every SA of this IKE SA.
     fn update_peer(&self, tunnel: TunnelId, ike: IkeSpis, local: SocketAddr, remote: SocketAddr);
     /// Sends an IKE datagram (the data plane adds the non-ESP marker on the NAT-T port).
-    fn send_ike(&self, local: SocketAddr, remote: SocketAddr, payload: &[u8]) -> Result<(), DataplaneError>;
+    fn send_ike(
+        &self,
+        local: SocketAddr,
+        remote: SocketAddr,
+        payload: &[u8],
+    ) -> Result<(), DataplaneError>;
     /// Current counters.
     fn stats(&self) -> DataplaneStats;
 }

@@ -1,13 +1,86 @@
 //! The Protego data plane on one node: UDP sockets for IKE (500) and ESP-in-UDP (4500, RFC 3948)
-//! with batched I/O, ESP processing over the `esp` crate, and the inside interfaces — VXLAN
-//! (RFC 7348) toward cloud hosts, where the gateway is each VNet's router, or a TUN device.
+//! with batched I/O (`recvmmsg` with UDP GRO, `sendmmsg` with UDP GSO), ESP processing over the
+//! `esp` crate, and the inside interfaces — VXLAN (RFC 7348) toward cloud hosts, where the
+//! gateway is each VNet's router (ARP, IPv6 ND, longest-prefix routes to host VTEPs), or a TUN
+//! device for the standalone case.
 //!
-//! The control plane drives it through [`DataPath`], the same interface a remote data node will
-//! implement over gRPC later; IKE datagrams and data-path requests flow back as [`ToControl`].
+//! # Use
+//! ```no_run
+//! # fn main() -> Result<(), protego_dataplane::DataplaneError> {
+//! use protego_dataplane::{DataPath, Dataplane, DataplaneConfig};
+//! let cfg = DataplaneConfig {
+//!     listen: vec!["192.0.2.1".parse().expect("address")],
+//!     ike_port: 500,
+//!     natt_port: 4500,
+//!     vxlan_port: 4789,
+//!     vnets: vec![],
+//!     tunnels: vec![],
+//!     tun_name: None,
+//!     batch: 32,
+//! };
+//! let (to_control, from_dataplane) = crossbeam_channel::unbounded();
+//! let dp = Dataplane::start(cfg, to_control)?;
+//! // The control plane reads `ToControl::Ike` datagrams from `from_dataplane`, answers with
+//! // `dp.send_ike(..)`, and installs negotiated CHILD_SAs with `dp.install_child(&info)`.
+//! # drop(from_dataplane);
+//! let _stats = dp.stats();
+//! dp.shutdown();
+//! # Ok(()) }
+//! ```
+//!
+//! # Threads and tables
+//! [`Dataplane::start`] validates the whole configuration, opens every socket (and the TUN
+//! device), then starts one thread per listen address (its IKE and NAT-T sockets), one per local
+//! VTEP, and one for the TUN device. Each thread blocks in `poll` on its descriptors and a shared
+//! eventfd; [`Dataplane::shutdown`] (also run on drop) signals the eventfd and joins them.
+//!
+//! The control plane's [`DataPath`] calls edit a registry under a mutex and publish an immutable
+//! snapshot of the SA tables (inbound SPI -> CHILD_SA, and per inside interface the CHILD_SAs
+//! carrying outbound traffic); packet threads read the snapshot once per batch. ESP state
+//! (sequence numbers, replay windows) lives in the `esp` SAs and is shared, lock-free, by every
+//! thread that uses the SA. The per-packet path does not allocate, except to queue a packet
+//! while a VM's MAC is being resolved and to hand an IKE datagram to the control plane; it takes
+//! a VNet's neighbour cache lock about once per second per address (threads memoise answers).
+//!
+//! Sockets: per listen address one on the IKE port and one on the NAT-T port (IPv6 sockets are
+//! IPV6_V6ONLY; all bind concrete addresses, so no IP_PKTINFO is needed); per local VTEP one on
+//! the VXLAN port, which receives from hosts and sends ARP/ND, plus 16 send-only sockets on
+//! ephemeral ports whose source ports carry the flow hash of RFC 7348 §5. UDP GRO and GSO are
+//! used where the kernel accepts them; a refusal is logged once and the socket falls back to
+//! single datagrams (a GSO train above the path MTU is resent as single, fragmentable datagrams).
+//!
+//! # Packet paths
+//! - ESP from a peer: SPI lookup, open in place, RFC 4301 §5.2 inbound selector check, then
+//!   into the VNet (TTL decremented, longest-prefix route to the host VTEP, VM MAC resolved by
+//!   ARP/ND over VXLAN) or written to the TUN device.
+//! - VXLAN from a host: the VNI must be configured on the receiving VTEP and the sender one of
+//!   the VNet's route hosts; ARP and ND for the gateway are answered; IP frames to the gateway
+//!   MAC pick the CHILD_SA whose negotiated selectors cover (inner source, inner destination)
+//!   among that VNet's tunnels only, and are sealed and sent from the SA's local NAT-T socket.
+//! - TUN: packets read from the device pick a CHILD_SA among the TUN tunnels the same way.
+//!
+//! Every packet that is not forwarded is counted under a reason in
+//! [`DataplaneStats::drops`]; nothing a peer or host sends can panic a thread.
 
 mod api;
+mod batch;
+mod control;
+mod dataplane;
+mod inner;
+mod path;
+mod sa;
+mod select;
+mod shared;
+mod stats;
+mod sys;
+mod tables;
+mod vnet;
+
+#[cfg(test)]
+mod testutil;
 
 pub use api::{
     ChildStats, DataPath, DataplaneConfig, DataplaneError, DataplaneStats, IkeDatagram, Inside,
     Route, ToControl, TunnelBinding, VnetConfig,
 };
+pub use dataplane::{BoundAddrs, Dataplane};

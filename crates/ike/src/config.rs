@@ -30,8 +30,193 @@ impl Identity {
     /// Parses an identity the way swanctl.conf does: an IP address becomes ID_IPV4/6_ADDR,
     /// `user@domain` ID_RFC822_ADDR, `keyid:...` / `@#hex` ID_KEY_ID, `fqdn:x`/`@x`/other text ID_FQDN.
     pub fn parse(s: &str) -> Result<Self, crate::Error> {
-        todo!("{s}")
+        let err = |reason: &str| crate::Error::Config { what: "identity", value: s.to_string(), reason: reason.to_string() };
+        let t = s.trim();
+        if t.is_empty() {
+            return Err(err("empty identity"));
+        }
+        if let Ok(ip) = t.parse::<IpAddr>() {
+            return Ok(match ip {
+                IpAddr::V4(a) => Self::Ipv4(a),
+                IpAddr::V6(a) => Self::Ipv6(a),
+            });
+        }
+        let hex_bytes = |h: &str| -> Result<Vec<u8>, crate::Error> {
+            let h: String = h.chars().filter(|c| *c != ':').collect();
+            if h.is_empty() || h.len() % 2 != 0 {
+                return Err(err("key id needs an even number of hex digits"));
+            }
+            (0..h.len())
+                .step_by(2)
+                .map(|i| u8::from_str_radix(h.get(i..i + 2).unwrap_or("zz"), 16).map_err(|_| err("invalid hex digit in key id")))
+                .collect()
+        };
+        if let Some(rest) = t.strip_prefix("@#") {
+            return Ok(Self::KeyId(hex_bytes(rest)?));
+        }
+        if let Some(rest) = t.strip_prefix("keyid:") {
+            return Ok(match rest.strip_prefix('#') {
+                Some(h) => Self::KeyId(hex_bytes(h)?),
+                None if rest.is_empty() => return Err(err("empty key id")),
+                None => Self::KeyId(rest.as_bytes().to_vec()),
+            });
+        }
+        if let Some(rest) = t.strip_prefix("fqdn:").or_else(|| t.strip_prefix('@')) {
+            if rest.is_empty() {
+                return Err(err("empty FQDN"));
+            }
+            return Ok(Self::Fqdn(rest.to_string()));
+        }
+        if let Some(rest) = t.strip_prefix("email:").or_else(|| t.strip_prefix("rfc822:")) {
+            if rest.is_empty() {
+                return Err(err("empty RFC 822 address"));
+            }
+            return Ok(Self::Rfc822(rest.to_string()));
+        }
+        if t.contains('@') {
+            return Ok(Self::Rfc822(t.to_string()));
+        }
+        if t.contains('=') {
+            return Err(err("distinguished names are not supported (PSK only)"));
+        }
+        Ok(Self::Fqdn(t.to_string()))
     }
+
+    /// The ID payload type and data (RFC 7296 §3.5).
+    pub fn to_wire(&self) -> (wire::ike::IdType, Vec<u8>) {
+        use wire::ike::IdType;
+        match self {
+            Self::Ipv4(a) => (IdType::IPV4_ADDR, a.octets().to_vec()),
+            Self::Ipv6(a) => (IdType::IPV6_ADDR, a.octets().to_vec()),
+            Self::Fqdn(s) => (IdType::FQDN, s.as_bytes().to_vec()),
+            Self::Rfc822(s) => (IdType::RFC822_ADDR, s.as_bytes().to_vec()),
+            Self::KeyId(k) => (IdType::KEY_ID, k.clone()),
+        }
+    }
+
+    /// The identity an ID payload carries, if its type is supported.
+    pub fn from_wire(id_type: wire::ike::IdType, data: &[u8]) -> Option<Self> {
+        use wire::ike::IdType;
+        match id_type {
+            IdType::IPV4_ADDR => <[u8; 4]>::try_from(data).ok().map(|a| Self::Ipv4(a.into())),
+            IdType::IPV6_ADDR => <[u8; 16]>::try_from(data).ok().map(|a| Self::Ipv6(a.into())),
+            IdType::FQDN => std::str::from_utf8(data).ok().map(|s| Self::Fqdn(s.to_string())),
+            IdType::RFC822_ADDR => std::str::from_utf8(data).ok().map(|s| Self::Rfc822(s.to_string())),
+            IdType::KEY_ID => Some(Self::KeyId(data.to_vec())),
+            _ => None,
+        }
+    }
+
+    /// True if an identity received from a peer matches this configured one. FQDN and RFC 822
+    /// names compare case-insensitively (DNS names are case-insensitive).
+    pub fn matches(&self, other: &Self) -> bool {
+        match (self, other) {
+            (Self::Fqdn(a), Self::Fqdn(b)) | (Self::Rfc822(a), Self::Rfc822(b)) => a.eq_ignore_ascii_case(b),
+            (a, b) => a == b,
+        }
+    }
+}
+
+impl core::fmt::Display for Identity {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            Self::Ipv4(a) => write!(f, "{a}"),
+            Self::Ipv6(a) => write!(f, "{a}"),
+            Self::Fqdn(s) | Self::Rfc822(s) => f.write_str(s),
+            Self::KeyId(k) => {
+                f.write_str("@#")?;
+                k.iter().try_for_each(|b| write!(f, "{b:02x}"))
+            }
+        }
+    }
+}
+
+/// One parsed strongSwan proposal keyword.
+enum Keyword {
+    Encr(Encr),
+    Integ(Integ),
+    Prf(Prf),
+    Dh(DhGroup),
+    Esn(bool),
+}
+
+fn keyword(k: &str) -> Option<Keyword> {
+    use Keyword::*;
+    Some(match k {
+        "aes" | "aes128" => Encr(crypto::Encr::AesCbc128),
+        "aes256" => Encr(crypto::Encr::AesCbc256),
+        "aes128gcm" | "aes128gcm16" | "aes128gcm128" => Encr(crypto::Encr::AesGcm16_128),
+        "aes256gcm" | "aes256gcm16" | "aes256gcm128" => Encr(crypto::Encr::AesGcm16_256),
+        "chacha20poly1305" => Encr(crypto::Encr::ChaCha20Poly1305),
+        "sha" | "sha1" => Integ(crypto::Integ::HmacSha1_96),
+        "sha256" | "sha2_256" => Integ(crypto::Integ::HmacSha256_128),
+        "sha384" | "sha2_384" => Integ(crypto::Integ::HmacSha384_192),
+        "sha512" | "sha2_512" => Integ(crypto::Integ::HmacSha512_256),
+        "prfsha1" => Prf(crypto::Prf::HmacSha1),
+        "prfsha256" => Prf(crypto::Prf::HmacSha256),
+        "prfsha384" => Prf(crypto::Prf::HmacSha384),
+        "prfsha512" => Prf(crypto::Prf::HmacSha512),
+        "modp2048" => Dh(DhGroup::Modp2048),
+        "ecp256" => Dh(DhGroup::Ecp256),
+        "ecp384" => Dh(DhGroup::Ecp384),
+        "x25519" | "curve25519" => Dh(DhGroup::Curve25519),
+        "esn" => Esn(true),
+        "noesn" => Esn(false),
+        _ => return None,
+    })
+}
+
+/// The PRF strongSwan derives from an integrity algorithm when a proposal names none.
+fn prf_for_integ(i: Integ) -> Prf {
+    match i {
+        Integ::HmacSha1_96 => Prf::HmacSha1,
+        Integ::HmacSha256_128 => Prf::HmacSha256,
+        Integ::HmacSha384_192 => Prf::HmacSha384,
+        Integ::HmacSha512_256 => Prf::HmacSha512,
+    }
+}
+
+struct Parsed {
+    encr: Vec<Encr>,
+    integ: Vec<Integ>,
+    prf: Vec<Prf>,
+    dh: Vec<DhGroup>,
+    esn: Vec<bool>,
+}
+
+fn push_unique<T: PartialEq>(v: &mut Vec<T>, x: T) {
+    if !v.contains(&x) {
+        v.push(x);
+    }
+}
+
+fn parse_keywords(s: &str, what: &'static str) -> Result<Parsed, crate::Error> {
+    let err = |reason: String| crate::Error::Config { what, value: s.to_string(), reason };
+    let mut p = Parsed { encr: vec![], integ: vec![], prf: vec![], dh: vec![], esn: vec![] };
+    for k in s.trim().split('-') {
+        match keyword(&k.to_ascii_lowercase()) {
+            Some(Keyword::Encr(e)) => push_unique(&mut p.encr, e),
+            Some(Keyword::Integ(i)) => push_unique(&mut p.integ, i),
+            Some(Keyword::Prf(f)) => push_unique(&mut p.prf, f),
+            Some(Keyword::Dh(d)) => push_unique(&mut p.dh, d),
+            Some(Keyword::Esn(e)) => push_unique(&mut p.esn, e),
+            None => return Err(err(format!("unknown or unsupported keyword {k:?}"))),
+        }
+    }
+    if p.encr.is_empty() {
+        return Err(err("no encryption algorithm".into()));
+    }
+    let aead = p.encr.iter().filter(|e| e.is_aead()).count();
+    if aead != 0 && aead != p.encr.len() {
+        return Err(err("AEAD and non-AEAD encryption algorithms mixed in one proposal".into()));
+    }
+    if aead != 0 && !p.integ.is_empty() {
+        return Err(err("AEAD algorithms take no integrity algorithm".into()));
+    }
+    if aead == 0 && p.integ.is_empty() {
+        return Err(err("no integrity algorithm for a non-AEAD cipher".into()));
+    }
+    Ok(p)
 }
 
 /// One IKE proposal: every combination of the listed transforms is acceptable (RFC 7296 §3.3).
@@ -52,7 +237,22 @@ impl IkeProposal {
     /// `aes128-sha256-modp2048`. Without an explicit PRF, the PRF follows the integrity
     /// algorithm as strongSwan does. Errors name the unknown keyword.
     pub fn parse(s: &str) -> Result<Self, crate::Error> {
-        todo!("{s}")
+        let err = |reason: &str| crate::Error::Config { what: "IKE proposal", value: s.to_string(), reason: reason.to_string() };
+        let mut p = parse_keywords(s, "IKE proposal")?;
+        if !p.esn.is_empty() {
+            return Err(err("ESN is not an IKE transform"));
+        }
+        if p.dh.is_empty() {
+            return Err(err("no key exchange group"));
+        }
+        if p.prf.is_empty() {
+            if p.integ.is_empty() {
+                return Err(err("a PRF is mandatory in AEAD IKE proposals (e.g. prfsha256)"));
+            }
+            p.prf = p.integ.iter().map(|i| prf_for_integ(*i)).collect();
+            p.prf.dedup();
+        }
+        Ok(Self { encr: p.encr, integ: p.integ, prf: p.prf, dh: p.dh })
     }
 }
 
@@ -72,7 +272,16 @@ pub struct EspProposal {
 impl EspProposal {
     /// Parses one strongSwan ESP proposal string, e.g. `aes256gcm16`, `aes128-sha256-modp2048-esn`.
     pub fn parse(s: &str) -> Result<Self, crate::Error> {
-        todo!("{s}")
+        let p = parse_keywords(s, "ESP proposal")?;
+        if !p.prf.is_empty() {
+            return Err(crate::Error::Config {
+                what: "ESP proposal",
+                value: s.to_string(),
+                reason: "a PRF is not an ESP transform".into(),
+            });
+        }
+        let esn = if p.esn.is_empty() { vec![false] } else { p.esn };
+        Ok(Self { encr: p.encr, integ: p.integ, dh: p.dh, esn })
     }
 }
 
@@ -95,16 +304,187 @@ impl TrafficSelector {
     /// Parses swanctl's syntax: `10.1.0.0/24`, `10.1.0.5`, `10.1.0.1-10.1.0.9`, with an optional
     /// `[proto/port]` suffix such as `10.1.0.0/24[tcp/443]`.
     pub fn parse(s: &str) -> Result<Self, crate::Error> {
-        todo!("{s}")
+        let err = |reason: &str| crate::Error::Config { what: "traffic selector", value: s.to_string(), reason: reason.to_string() };
+        let t = s.trim();
+        let (net, suffix) = match t.find('[') {
+            Some(i) => {
+                let rest = t[i + 1..].strip_suffix(']').ok_or_else(|| err("missing ']'"))?;
+                (&t[..i], Some(rest))
+            }
+            None => (t, None),
+        };
+        let (start, end) = parse_range(net).ok_or_else(|| err("expected ADDR, ADDR/PREFIX or ADDR-ADDR"))?;
+        let mut ts = Self { ip_proto: 0, start_port: 0, end_port: 65535, start, end };
+        if let Some(suffix) = suffix {
+            let (proto, port) = match suffix.split_once('/') {
+                Some((a, b)) => (a, Some(b)),
+                None => (suffix, None),
+            };
+            ts.ip_proto = match proto.to_ascii_lowercase().as_str() {
+                "" | "%any" | "any" => 0,
+                "icmp" => 1,
+                "tcp" => 6,
+                "udp" => 17,
+                "gre" => 47,
+                "ipv6-icmp" | "icmp6" | "icmpv6" => 58,
+                "sctp" => 132,
+                n => n.parse::<u8>().map_err(|_| err("unknown protocol"))?,
+            };
+            if let Some(port) = port {
+                match port {
+                    "" | "%any" | "any" => {}
+                    "%opaque" | "opaque" => {
+                        ts.start_port = 65535;
+                        ts.end_port = 0;
+                    }
+                    p => {
+                        let (a, b) = p.split_once('-').unwrap_or((p, p));
+                        ts.start_port = a.parse().map_err(|_| err("invalid port"))?;
+                        ts.end_port = b.parse().map_err(|_| err("invalid port"))?;
+                        if ts.start_port > ts.end_port {
+                            return Err(err("port range is reversed"));
+                        }
+                    }
+                }
+            }
+        }
+        Ok(ts)
     }
+
     /// True if `addr` lies within the address range (ignores protocol and ports).
     pub fn contains_addr(&self, addr: IpAddr) -> bool {
-        todo!("{addr}")
+        same_family(self.start, addr) && self.start <= addr && addr <= self.end
     }
+
     /// The intersection of two selectors, if not empty (RFC 7296 §2.9 narrowing).
     pub fn intersect(&self, other: &Self) -> Option<Self> {
-        todo!("{other:?}")
+        if !same_family(self.start, other.start) {
+            return None;
+        }
+        let ip_proto = match (self.ip_proto, other.ip_proto) {
+            (0, p) | (p, 0) => p,
+            (a, b) if a == b => a,
+            _ => return None,
+        };
+        let start_port = self.start_port.max(other.start_port);
+        let end_port = self.end_port.min(other.end_port);
+        let opaque = |t: &Self| t.start_port == 65535 && t.end_port == 0;
+        let (start_port, end_port) = if opaque(self) || opaque(other) {
+            // OPAQUE ports (RFC 7296 §3.13.1) only intersect with themselves or with "any".
+            if (opaque(self) || self.is_any_port()) && (opaque(other) || other.is_any_port()) {
+                (65535, 0)
+            } else {
+                return None;
+            }
+        } else if start_port > end_port {
+            return None;
+        } else {
+            (start_port, end_port)
+        };
+        let start = self.start.max(other.start);
+        let end = self.end.min(other.end);
+        if start > end {
+            return None;
+        }
+        Some(Self { ip_proto, start_port, end_port, start, end })
     }
+
+    /// True if every packet `self` matches is also matched by `other`.
+    pub fn is_subset_of(&self, other: &Self) -> bool {
+        self.intersect(other) == Some(*self)
+    }
+
+    fn is_any_port(&self) -> bool {
+        self.start_port == 0 && self.end_port == 65535
+    }
+
+    /// The codec's representation.
+    pub fn to_wire(&self) -> wire::ike::TrafficSelector {
+        wire::ike::TrafficSelector {
+            ip_proto: self.ip_proto,
+            start_port: self.start_port,
+            end_port: self.end_port,
+            start: self.start,
+            end: self.end,
+        }
+    }
+
+    /// From the codec's representation (families already checked by the codec).
+    pub fn from_wire(ts: &wire::ike::TrafficSelector) -> Self {
+        Self { ip_proto: ts.ip_proto, start_port: ts.start_port, end_port: ts.end_port, start: ts.start, end: ts.end }
+    }
+}
+
+impl core::fmt::Display for TrafficSelector {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match prefix_len(self.start, self.end) {
+            Some(p) => write!(f, "{}/{p}", self.start)?,
+            None => write!(f, "{}..{}", self.start, self.end)?,
+        }
+        if self.ip_proto != 0 || !self.is_any_port() {
+            write!(f, "[{}", self.ip_proto)?;
+            if !self.is_any_port() {
+                if self.start_port == self.end_port {
+                    write!(f, "/{}", self.start_port)?;
+                } else {
+                    write!(f, "/{}-{}", self.start_port, self.end_port)?;
+                }
+            }
+            f.write_str("]")?;
+        }
+        Ok(())
+    }
+}
+
+fn same_family(a: IpAddr, b: IpAddr) -> bool {
+    a.is_ipv4() == b.is_ipv4()
+}
+
+fn addr_bits(a: IpAddr) -> (u128, u32) {
+    match a {
+        IpAddr::V4(a) => (u128::from(u32::from(a)), 32),
+        IpAddr::V6(a) => (u128::from(a), 128),
+    }
+}
+
+/// The prefix length if `start..=end` is exactly one CIDR block.
+fn prefix_len(start: IpAddr, end: IpAddr) -> Option<u32> {
+    if !same_family(start, end) {
+        return None;
+    }
+    let (s, bits) = addr_bits(start);
+    let (e, _) = addr_bits(end);
+    let host = s ^ e;
+    if host.count_ones() != host.trailing_ones() || s & host != 0 || e & host != host {
+        return None;
+    }
+    Some(bits - host.count_ones())
+}
+
+/// Parses `ADDR`, `ADDR/PREFIX` or `ADDR-ADDR`.
+fn parse_range(s: &str) -> Option<(IpAddr, IpAddr)> {
+    if let Some((a, p)) = s.split_once('/') {
+        let a: IpAddr = a.trim().parse().ok()?;
+        let (v, bits) = addr_bits(a);
+        let p: u32 = p.trim().parse().ok()?;
+        if p > bits {
+            return None;
+        }
+        // `checked_shl` covers a /0 over 128 bits, where the host part is every bit.
+        let host: u128 = 1u128.checked_shl(bits - p).map_or(u128::MAX, |b| b - 1);
+        let (s, e) = (v & !host, v | host);
+        return Some(match a {
+            IpAddr::V4(_) => (IpAddr::V4((s as u32).into()), IpAddr::V4((e as u32).into())),
+            IpAddr::V6(_) => (IpAddr::V6(s.into()), IpAddr::V6(e.into())),
+        });
+    }
+    if let Some((a, b)) = s.split_once('-') {
+        let a: IpAddr = a.trim().parse().ok()?;
+        let b: IpAddr = b.trim().parse().ok()?;
+        return (same_family(a, b) && a <= b).then_some((a, b));
+    }
+    let a: IpAddr = s.trim().parse().ok()?;
+    Some((a, a))
 }
 
 /// What to do when DPD declares the peer dead (swanctl `dpd_action`).

@@ -1,94 +1,468 @@
-//! The IKE endpoint: all IKE SAs of a node, demultiplexed by SPI.
+//! The IKE endpoint: all IKE SAs of a node, demultiplexed by our SPI (RFC 7296 §2.6), the
+//! stateless IKE_SA_INIT responder front (cookies, §2.6), and the driver-facing queues.
 
-use crate::{config::*, event::*, Error};
+use crate::{
+    config::*,
+    event::*,
+    init::respond_init,
+    keys::CookieSecrets,
+    sa::{Ctx, IkeSa, Output, Pending, SaState},
+    Error,
+};
 use crypto::Rng;
-use std::net::SocketAddr;
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::time::Instant;
-use wire::{EspSpi, Transmit};
+use tracing::debug;
+use wire::ike::{ExchangeType, Header, Message};
+use wire::{EspSpi, IkeSpi, Transmit};
 
 /// All IKE SAs of a node. See the crate documentation for the order of calls.
 pub struct Endpoint {
     config: EndpointConfig,
     rng: Box<dyn Rng>,
+    peers: BTreeMap<TunnelId, PeerConfig>,
+    /// IKE SAs by our SPI.
+    sas: HashMap<IkeSpi, IkeSa>,
+    /// Half-open responder SAs by (initiator SPI, peer address), to answer retransmitted
+    /// IKE_SA_INIT requests from the cache.
+    init_index: HashMap<(IkeSpi, SocketAddr), IkeSpi>,
+    /// Responder SAs that answered IKE_SA_INIT but did not complete IKE_AUTH.
+    half_open: usize,
+    /// (deadline, SA) for every SA with an armed timer.
+    timers: BTreeSet<(Instant, IkeSpi)>,
+    /// Inbound ESP SPIs in use.
+    esp_spis: HashSet<u32>,
+    cookies: CookieSecrets,
+    out: Output,
+    /// Tunnels with `StartAction::Start` to initiate at the next `handle_timeout`.
+    pending_start: Vec<TunnelId>,
+    start_due: Option<Instant>,
+}
+
+macro_rules! ctx {
+    ($self:ident, $now:expr) => {
+        Ctx {
+            now: $now,
+            config: &$self.config,
+            rng: &mut *$self.rng,
+            peers: &$self.peers,
+            others: &$self.sas,
+            esp_spis: &mut $self.esp_spis,
+            out: &mut $self.out,
+        }
+    };
 }
 
 impl Endpoint {
     /// A new endpoint with no peers. `now` starts its clock.
     pub fn new(config: EndpointConfig, rng: Box<dyn Rng>, now: Instant) -> Self {
         let _ = now;
-        Self { config, rng }
+        Self {
+            config,
+            rng,
+            peers: BTreeMap::new(),
+            sas: HashMap::new(),
+            init_index: HashMap::new(),
+            half_open: 0,
+            timers: BTreeSet::new(),
+            esp_spis: HashSet::new(),
+            cookies: CookieSecrets::new(),
+            out: Output::default(),
+            pending_start: Vec::new(),
+            start_due: None,
+        }
     }
 
     /// Adds or replaces a peer configuration. With `StartAction::Start` the next
     /// `handle_timeout` (or an explicit [`initiate`](Self::initiate)) initiates.
     pub fn add_peer(&mut self, now: Instant, peer: PeerConfig) -> Result<(), Error> {
-        todo!("{now:?} {peer:?} {:?}", self.config)
+        let bad = |reason: &str| Error::Config { what: "tunnel", value: peer.name.clone(), reason: reason.to_string() };
+        if peer.ike_proposals.is_empty() {
+            return Err(bad("no IKE proposals"));
+        }
+        if peer.esp_proposals.is_empty() {
+            return Err(bad("no ESP proposals"));
+        }
+        if peer.ike_proposals.iter().any(|p| p.dh.is_empty() || p.encr.is_empty() || p.prf.is_empty()) {
+            return Err(bad("an IKE proposal lacks a transform type"));
+        }
+        if peer.esp_proposals.iter().any(|p| p.encr.is_empty() || p.esn.is_empty()) {
+            return Err(bad("an ESP proposal lacks a transform type"));
+        }
+        if peer.child_life_time < peer.child_rekey_time && !peer.child_life_time.is_zero() {
+            return Err(bad("child life_time is shorter than rekey_time"));
+        }
+        let id = peer.id;
+        let start = peer.start_action == StartAction::Start;
+        self.peers.insert(id, peer);
+        if start && !self.pending_start.contains(&id) {
+            self.pending_start.push(id);
+            self.start_due = Some(self.start_due.map_or(now, |t| t.min(now)));
+        }
+        Ok(())
     }
 
     /// Removes a peer configuration, deleting its SAs (DELETE sent to the peer).
     pub fn remove_peer(&mut self, now: Instant, tunnel: TunnelId) -> Result<(), Error> {
-        todo!("{now:?} {tunnel:?}")
+        if !self.peers.contains_key(&tunnel) {
+            return Err(Error::UnknownTunnel(tunnel));
+        }
+        self.terminate(now, tunnel)?;
+        self.peers.remove(&tunnel);
+        self.pending_start.retain(|t| *t != tunnel);
+        Ok(())
     }
 
-    /// Starts IKE_SA_INIT toward the peer of `tunnel` from `local` (port 500).
+    /// Starts IKE_SA_INIT toward the first of the tunnel's `remote_addrs` (port 500), from the
+    /// first of its `local_addrs` (or the unspecified address, leaving the choice to the driver).
     pub fn initiate(&mut self, now: Instant, tunnel: TunnelId) -> Result<(), Error> {
-        todo!("{now:?} {tunnel:?} {}", self.rng.next_u32())
+        let cfg = self.peers.get(&tunnel).ok_or(Error::UnknownTunnel(tunnel))?;
+        let remote_ip = *cfg.remote_addrs.first().ok_or(Error::NoRemoteAddress(tunnel))?;
+        let local_ip = cfg.local_addrs.iter().copied().find(|a| a.is_ipv4() == remote_ip.is_ipv4()).unwrap_or(
+            match remote_ip {
+                IpAddr::V4(_) => IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+                IpAddr::V6(_) => IpAddr::V6(Ipv6Addr::UNSPECIFIED),
+            },
+        );
+        let sa = {
+            let peers = &self.peers;
+            let cfg = peers.get(&tunnel).ok_or(Error::UnknownTunnel(tunnel))?;
+            let mut ctx = ctx!(self, now);
+            IkeSa::initiate(&mut ctx, cfg, SocketAddr::new(local_ip, 500), SocketAddr::new(remote_ip, 500))?
+        };
+        self.insert(sa);
+        self.settle(now);
+        Ok(())
     }
 
     /// Starts a rekey of the CHILD_SA with this inbound SPI (data path: sequence numbers or byte
     /// limits near exhaustion, or operator request).
     pub fn rekey_child(&mut self, now: Instant, inbound_spi: EspSpi) -> Result<(), Error> {
-        todo!("{now:?} {inbound_spi:?}")
+        let spi = self
+            .sas
+            .values()
+            .find(|sa| sa.state == SaState::Established && sa.children.iter().any(|c| c.inbound_spi == inbound_spi))
+            .map(|sa| sa.spi)
+            .ok_or(Error::UnknownChildSa(inbound_spi))?;
+        self.run(now, spi, |sa, ctx| {
+            sa.enqueue(Pending::RekeyChild(inbound_spi));
+            sa.start_next_task(ctx);
+        });
+        Ok(())
     }
 
     /// Starts a rekey of the tunnel's IKE SA.
     pub fn rekey_ike(&mut self, now: Instant, tunnel: TunnelId) -> Result<(), Error> {
-        todo!("{now:?} {tunnel:?}")
+        if !self.peers.contains_key(&tunnel) {
+            return Err(Error::UnknownTunnel(tunnel));
+        }
+        let spi = self
+            .sas
+            .values()
+            .filter(|sa| sa.tunnel == Some(tunnel) && sa.state == SaState::Established)
+            .max_by_key(|sa| sa.established)
+            .map(|sa| sa.spi)
+            .ok_or(Error::NotEstablished(tunnel))?;
+        self.run(now, spi, |sa, ctx| {
+            sa.enqueue(Pending::RekeyIke);
+            sa.start_next_task(ctx);
+        });
+        Ok(())
     }
 
     /// Deletes the tunnel's IKE SA (and CHILD_SAs), telling the peer.
     pub fn terminate(&mut self, now: Instant, tunnel: TunnelId) -> Result<(), Error> {
-        todo!("{now:?} {tunnel:?}")
+        if !self.peers.contains_key(&tunnel) {
+            return Err(Error::UnknownTunnel(tunnel));
+        }
+        let spis: Vec<IkeSpi> = self.sas.values().filter(|sa| sa.tunnel == Some(tunnel)).map(|sa| sa.spi).collect();
+        for spi in spis {
+            self.run(now, spi, |sa, ctx| match sa.state {
+                SaState::Established => {
+                    sa.enqueue(Pending::DeleteIke(DeleteReason::LocalRequest));
+                    sa.start_next_task(ctx);
+                }
+                SaState::Connecting => sa.die(ctx, DeleteReason::LocalRequest),
+                SaState::Rekeyed | SaState::Deleting | SaState::Dead => {}
+            });
+        }
+        self.pending_start.retain(|t| *t != tunnel);
+        Ok(())
     }
 
-    /// Processes one received IKE datagram (non-ESP marker already removed).
+    /// Processes one received IKE datagram (non-ESP marker already removed). A single 0xFF
+    /// byte (NAT keepalive, RFC 3948 §2.3) is ignored.
     pub fn handle_datagram(&mut self, now: Instant, local: SocketAddr, remote: SocketAddr, data: &[u8]) {
-        todo!("{now:?} {local} {remote} {}", data.len())
+        if data == [0xFF] {
+            return;
+        }
+        let Ok(header) = Header::parse(data) else { return };
+        let msg = match Message::parse(data) {
+            Ok(m) => m,
+            Err(source) => {
+                debug!(%remote, error = %source, "dropping undecodable IKE message");
+                if header.exchange == ExchangeType::IKE_SA_INIT && !header.flags.response() && header.rspi.0 == 0 && header.major == 2 {
+                    let e = Error::Malformed { spi: IkeSpi(0), source };
+                    let mut ctx = ctx!(self, now);
+                    crate::init::reject_unparsable(&mut ctx, local, remote, &header, &e);
+                }
+                return;
+            }
+        };
+        if header.exchange == ExchangeType::IKE_SA_INIT && !header.flags.response() && header.rspi.0 == 0 {
+            self.handle_init_request(now, local, remote, data, msg);
+            return;
+        }
+        // The I flag says who sent it: from the original initiator we hold the responder SPI.
+        let ours = if header.flags.initiator() { header.rspi } else { header.ispi };
+        if !self.sas.contains_key(&ours) {
+            debug!(%remote, spi = %ours, "message for unknown IKE SA");
+            return;
+        }
+        self.run(now, ours, |sa, ctx| sa.handle(ctx, local, remote, data, msg));
+    }
+
+    fn handle_init_request(&mut self, now: Instant, local: SocketAddr, remote: SocketAddr, data: &[u8], msg: Message) {
+        if let Some(spi) = self.init_index.get(&(msg.header.ispi, remote)) {
+            // RFC 7296 §2.1: a retransmitted IKE_SA_INIT is answered from the cache.
+            if let Some(sa) = self.sas.get(spi) {
+                if sa.is_half_open() && sa.setup.as_ref().is_some_and(|s| s.peer_init == data) {
+                    if let Some((0, bytes)) = &sa.last_response {
+                        self.out.tx.push_back(crate::sa::Datagram { local: sa.local, remote, data: bytes.clone() });
+                    }
+                }
+            }
+            return;
+        }
+        self.cookies.maybe_rotate(now, &mut *self.rng);
+        let demand_cookie = self.half_open >= self.config.cookie_threshold;
+        let sa = {
+            let mut ctx = ctx!(self, now);
+            respond_init(&mut ctx, &self.cookies, demand_cookie, local, remote, data, &msg)
+        };
+        if let Some(mut sa) = sa {
+            sa.counted_half_open = true;
+            self.half_open += 1;
+            if let Some(k) = sa.half_open_key {
+                self.init_index.insert(k, sa.spi);
+            }
+            self.insert(sa);
+        }
+        self.settle(now);
     }
 
     /// Runs timers that are due at `now`.
     pub fn handle_timeout(&mut self, now: Instant) {
-        todo!("{now:?}")
+        if self.start_due.is_some_and(|t| t <= now) {
+            self.start_due = None;
+            for tunnel in std::mem::take(&mut self.pending_start) {
+                let active = self.sas.values().any(|sa| sa.tunnel == Some(tunnel) && sa.state != SaState::Dead);
+                if !active {
+                    if let Err(e) = self.initiate(now, tunnel) {
+                        debug!(?tunnel, error = %e, "cannot start tunnel");
+                    }
+                }
+            }
+        }
+        while let Some(&(at, spi)) = self.timers.first() {
+            if at > now {
+                break;
+            }
+            self.timers.remove(&(at, spi));
+            if let Some(sa) = self.sas.get_mut(&spi) {
+                sa.scheduled = None;
+            }
+            self.run(now, spi, |sa, ctx| sa.handle_timeout(ctx));
+        }
     }
 
-    /// Writes the next datagram to send into `buf` (cleared first).
+    /// Writes the next datagram to send into `buf` (cleared first). A one-byte datagram holding
+    /// 0xFF is a NAT keepalive (RFC 3948 §2.3): the driver sends it on port 4500 *without* the
+    /// non-ESP marker. Every other datagram on port 4500 gets the marker.
     pub fn poll_transmit(&mut self, buf: &mut Vec<u8>) -> Option<Transmit> {
-        todo!("{}", buf.len())
+        let d = self.out.tx.pop_front()?;
+        buf.clear();
+        buf.extend_from_slice(&d.data);
+        Some(Transmit { local: d.local, remote: d.remote, size: d.data.len() })
     }
 
     /// The next event for the driver.
     pub fn poll_event(&mut self) -> Option<Event> {
-        todo!()
+        self.out.events.pop_front()
     }
 
     /// When `handle_timeout` must next be called.
     pub fn poll_timeout(&self) -> Option<Instant> {
-        todo!()
+        let t = self.timers.first().map(|(t, _)| *t);
+        match (t, self.start_due) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
 
     /// Status of every IKE SA.
     pub fn status(&self, now: Instant) -> Vec<IkeSaStatus> {
-        todo!("{now:?}")
+        let mut v: Vec<IkeSaStatus> = self
+            .sas
+            .values()
+            .filter(|sa| sa.state != SaState::Dead)
+            .map(|sa| IkeSaStatus {
+                tunnel: sa.tunnel,
+                ike: sa.spis,
+                initiator: sa.initiator,
+                state: sa.status_state(),
+                proposal: sa.keys.as_ref().map(|k| k.algs.name()).unwrap_or_default(),
+                local: sa.local,
+                remote: sa.remote,
+                age_secs: sa.established.map_or(0, |t| now.saturating_duration_since(t).as_secs()),
+                children: sa
+                    .children
+                    .iter()
+                    .map(|c| ChildSaStatus {
+                        inbound_spi: c.inbound_spi,
+                        outbound_spi: c.outbound_spi,
+                        proposal: c.algs.name(),
+                        local_ts: c.local_ts.clone(),
+                        remote_ts: c.remote_ts.clone(),
+                        age_secs: now.saturating_duration_since(c.installed_at).as_secs(),
+                    })
+                    .collect(),
+            })
+            .collect();
+        v.sort_by_key(|s| (s.tunnel, s.ike.initiator));
+        v
     }
 
     /// Serialises the full state of one IKE SA (keys, SPIs, message IDs, CHILD_SAs, timers as
-    /// remaining durations) for a standby to restore.
+    /// remaining durations) for a standby to restore. `ike` may name either SPI.
     pub fn snapshot(&self, now: Instant, ike: IkeSpis) -> Option<Vec<u8>> {
-        todo!("{now:?} {ike:?}")
+        let sa = self
+            .sas
+            .values()
+            .find(|sa| sa.spis == ike && sa.state != SaState::Dead)?;
+        crate::snapshot::encode(sa, now)
     }
 
-    /// Restores an IKE SA from [`snapshot`](Self::snapshot) bytes.
+    /// Restores an IKE SA from [`snapshot`](Self::snapshot) bytes. The restored SA continues
+    /// with the saved message IDs; its CHILD_SAs are *not* reported again (the data path
+    /// already has them). The tunnel must be configured.
     pub fn restore(&mut self, now: Instant, bytes: &[u8]) -> Result<IkeSpis, Error> {
-        todo!("{now:?} {}", bytes.len())
+        let sa = crate::snapshot::decode(bytes, now)?;
+        if self.sas.contains_key(&sa.spi) {
+            return Err(Error::DuplicateSa(sa.spi));
+        }
+        if let Some(t) = sa.tunnel {
+            if !self.peers.contains_key(&t) {
+                return Err(Error::UnknownTunnel(t));
+            }
+        }
+        for c in &sa.children {
+            self.esp_spis.insert(c.inbound_spi.0);
+        }
+        let spis = sa.spis;
+        self.insert(sa);
+        Ok(spis)
+    }
+
+    /// Number of IKE SAs (any state), for metrics.
+    pub fn ike_sa_count(&self) -> usize {
+        self.sas.len()
+    }
+
+    /// Number of half-open responder IKE SAs (what the cookie threshold compares against).
+    pub fn half_open_count(&self) -> usize {
+        self.half_open
+    }
+
+    fn insert(&mut self, mut sa: IkeSa) {
+        let spi = sa.spi;
+        Self::schedule(&mut self.timers, &mut sa);
+        self.sas.insert(spi, sa);
+    }
+
+    fn schedule(timers: &mut BTreeSet<(Instant, IkeSpi)>, sa: &mut IkeSa) {
+        let next = sa.next_timeout();
+        if next == sa.scheduled {
+            return;
+        }
+        if let Some(old) = sa.scheduled.take() {
+            timers.remove(&(old, sa.spi));
+        }
+        if let Some(t) = next {
+            timers.insert((t, sa.spi));
+            sa.scheduled = Some(t);
+        }
+    }
+
+    /// Runs `f` on the SA with our SPI `spi` (taken out of the table meanwhile), then files
+    /// the SA back, removes it if it died, and applies what it asked of the endpoint.
+    fn run(&mut self, now: Instant, spi: IkeSpi, f: impl FnOnce(&mut IkeSa, &mut Ctx<'_>)) {
+        let Some(mut sa) = self.sas.remove(&spi) else { return };
+        {
+            let mut ctx = ctx!(self, now);
+            f(&mut sa, &mut ctx);
+        }
+        self.file(sa);
+        self.settle(now);
+    }
+
+    fn file(&mut self, mut sa: IkeSa) {
+        if sa.counted_half_open && !sa.is_half_open() {
+            sa.counted_half_open = false;
+            self.half_open = self.half_open.saturating_sub(1);
+        }
+        if sa.state == SaState::Dead {
+            if let Some(old) = sa.scheduled.take() {
+                self.timers.remove(&(old, sa.spi));
+            }
+            if let Some(k) = sa.half_open_key {
+                if self.init_index.get(&k) == Some(&sa.spi) {
+                    self.init_index.remove(&k);
+                }
+            }
+            for c in &sa.children {
+                self.esp_spis.remove(&c.inbound_spi.0);
+            }
+            return;
+        }
+        Self::schedule(&mut self.timers, &mut sa);
+        self.sas.insert(sa.spi, sa);
+    }
+
+    /// Applies the SA-level requests collected in the output: new SAs from rekeys,
+    /// INITIAL_CONTACT deletions and DPD restarts.
+    fn settle(&mut self, now: Instant) {
+        loop {
+            let new_sas = std::mem::take(&mut self.out.new_sas);
+            let contacts = std::mem::take(&mut self.out.initial_contact);
+            let restarts = std::mem::take(&mut self.out.reinitiate);
+            if new_sas.is_empty() && contacts.is_empty() && restarts.is_empty() {
+                return;
+            }
+            for sa in new_sas {
+                let spi = sa.spi;
+                self.insert(sa);
+                self.run(now, spi, |sa, ctx| sa.start_next_task(ctx));
+            }
+            for (tunnel, keep) in contacts {
+                // RFC 7296 §2.4: INITIAL_CONTACT - the peer has no other IKE SA with us; ours
+                // are stale and deleted without notifying it.
+                let stale: Vec<IkeSpi> = self
+                    .sas
+                    .values()
+                    .filter(|sa| sa.tunnel == Some(tunnel) && sa.spi != keep && sa.state == SaState::Established)
+                    .map(|sa| sa.spi)
+                    .collect();
+                for spi in stale {
+                    self.run(now, spi, |sa, ctx| sa.die(ctx, DeleteReason::PeerRequest));
+                }
+            }
+            for tunnel in restarts {
+                if let Err(e) = self.initiate(now, tunnel) {
+                    debug!(?tunnel, error = %e, "cannot restart tunnel");
+                }
+            }
+        }
     }
 }

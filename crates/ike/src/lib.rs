@@ -10,13 +10,31 @@
 //!    returned by [`Endpoint::poll_timeout`] has passed, and commands such as [`Endpoint::initiate`].
 //! 2. After any input, drain in this order until each returns `None`:
 //!    [`Endpoint::poll_transmit`] (datagrams to send; on port 4500 the caller prepends the
-//!    marker), then [`Endpoint::poll_event`] (SA lifecycle events, including CHILD_SA keys for the
-//!    data path), then read [`Endpoint::poll_timeout`] for the next wake-up.
+//!    marker, except to the one-byte NAT keepalive `0xFF`), then [`Endpoint::poll_event`] (SA
+//!    lifecycle events, including CHILD_SA keys for the data path), then read
+//!    [`Endpoint::poll_timeout`] for the next wake-up.
+//!
+//! # Structure
+//! `endpoint` demultiplexes by SPI and runs the stateless IKE_SA_INIT front; `sa` holds one
+//! IKE SA (message IDs, retransmission, the request slot and queue of pending exchanges,
+//! timers); `init`, `auth`, `child`, `ike_rekey` and `info` implement the exchanges for both
+//! roles; `proposal` and `keys` are negotiation and key derivation; `snapshot` serialises an
+//! IKE SA for a standby.
 
+mod auth;
+mod child;
 pub mod config;
 mod endpoint;
 pub mod error;
 pub mod event;
+mod ike_rekey;
+mod info;
+mod init;
+mod keys;
+mod proposal;
+mod sa;
+mod snapshot;
+mod timer;
 
 pub use config::{
     DpdAction, EndpointConfig, EspProposal, IkeProposal, Identity, PeerConfig, StartAction,

@@ -1,2 +1,179 @@
-//! The `protego` command.
-fn main() {}
+//! The `protego` command: `up` runs a gateway node (data plane, IKEv2 control loop per
+//! RFC 7296, status socket) from a configuration file, `check` validates a configuration, and
+//! `status` shows the tunnels of a running node.
+
+mod up;
+
+use clap::{Parser, Subcommand};
+use control::config::DEFAULT_CONTROL_SOCKET;
+use control::{Config, Error};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+/// Default configuration file.
+const DEFAULT_CONFIG: &str = "/etc/protego/protego.toml";
+
+/// Protego: an IPsec (IKEv2/ESP) VPN gateway for many tenants.
+#[derive(Debug, Parser)]
+#[command(name = "protego", version, about, propagate_version = true)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run a gateway node: validate the configuration, start the data plane, the IKE control
+    /// loop and the status socket; SIGINT/SIGTERM delete every IKE SA and stop.
+    Up {
+        /// Configuration file (TOML, see docs/configuration.md).
+        #[arg(short, long, value_name = "FILE", default_value = DEFAULT_CONFIG)]
+        config: PathBuf,
+        /// Log filter: error, warn, info, debug, trace, or tracing directives such as
+        /// `info,protego_ike=debug`. RUST_LOG overrides it.
+        #[arg(long, value_name = "FILTER", default_value = "info")]
+        log_level: String,
+    },
+    /// Validate a configuration file and print what it sets up; nothing is started.
+    Check {
+        /// Configuration file.
+        #[arg(short, long, value_name = "FILE", default_value = DEFAULT_CONFIG)]
+        config: PathBuf,
+    },
+    /// Show the tunnels of a running node: state, SPIs, proposals, bytes and packets.
+    Status {
+        /// Control socket of the node (default: the configuration's `control_socket`, else
+        /// /run/protego/protego.sock).
+        #[arg(short, long, value_name = "PATH")]
+        socket: Option<PathBuf>,
+        /// Read the socket path from this configuration file.
+        #[arg(short, long, value_name = "FILE", conflicts_with = "socket")]
+        config: Option<PathBuf>,
+        /// Print the raw JSON document instead of the table.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Up { config, log_level } => up::run(&config, &log_level),
+        Command::Check { config } => check(&config),
+        Command::Status {
+            socket,
+            config,
+            json,
+        } => status(socket, config.as_deref(), json),
+    }
+}
+
+/// Prints a configuration error with its excerpt to stderr.
+pub(crate) fn report_error(error: &Error) {
+    eprintln!("error: {error}");
+    if let Error::Config(e) = error {
+        if let Some(snippet) = e.snippet() {
+            eprintln!("{snippet}");
+        }
+    }
+}
+
+fn check(path: &Path) -> ExitCode {
+    match Config::load(path) {
+        Ok(config) => {
+            print!("{}", config.summary());
+            for w in &config.warnings {
+                eprintln!("warning: {w}");
+            }
+            println!("{}: OK", path.display());
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            report_error(&e);
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn status(socket: Option<PathBuf>, config: Option<&Path>, json: bool) -> ExitCode {
+    let socket = match (socket, config) {
+        (Some(s), _) => s,
+        (None, Some(c)) => match Config::load(c) {
+            Ok(config) => config.gateway.control_socket,
+            Err(e) => {
+                report_error(&e);
+                return ExitCode::FAILURE;
+            }
+        },
+        (None, None) => PathBuf::from(DEFAULT_CONTROL_SOCKET),
+    };
+    match control::status::query_status(&socket) {
+        Ok(report) if json => match serde_json::to_string_pretty(&report) {
+            Ok(text) => {
+                println!("{text}");
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("error: cannot format the status: {e}");
+                ExitCode::FAILURE
+            }
+        },
+        Ok(report) => {
+            print!("{}", control::status::render_text(&report));
+            ExitCode::SUCCESS
+        }
+        Err(e @ Error::Socket { .. }) => {
+            eprintln!("error: {e}");
+            eprintln!("hint: is `protego up` running, and is this its control_socket?");
+            ExitCode::FAILURE
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn cli_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn parses_subcommands() {
+        let cli = Cli::try_parse_from([
+            "protego",
+            "up",
+            "--config",
+            "x.toml",
+            "--log-level",
+            "debug",
+        ])
+        .unwrap();
+        assert!(
+            matches!(cli.command, Command::Up { ref config, ref log_level }
+            if config == Path::new("x.toml") && log_level == "debug")
+        );
+        let cli = Cli::try_parse_from(["protego", "status", "--json"]).unwrap();
+        assert!(matches!(
+            cli.command,
+            Command::Status {
+                socket: None,
+                config: None,
+                json: true
+            }
+        ));
+        assert!(
+            Cli::try_parse_from(["protego", "status", "--socket", "a", "--config", "b"]).is_err()
+        );
+        let cli = Cli::try_parse_from(["protego", "check"]).unwrap();
+        assert!(
+            matches!(cli.command, Command::Check { ref config } if config == Path::new(DEFAULT_CONFIG))
+        );
+    }
+}

@@ -44,6 +44,7 @@ pub mod etcd;
 pub mod names;
 mod netns;
 pub mod prefix;
+pub mod protego;
 pub mod strongswan;
 pub mod sweep;
 pub mod topology;

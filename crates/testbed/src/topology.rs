@@ -18,6 +18,7 @@
 use std::net::IpAddr;
 
 use crate::bed::Testbed;
+use crate::cmd::Cmd;
 use crate::error::{Error, Result};
 use crate::netns::{Netns, VxlanDevice, VXLAN_PORT};
 use crate::prefix::{IfAddr, Prefix};
@@ -413,6 +414,11 @@ impl Topology {
             };
             host.ns.add_addr(&host.underlay_if, host.underlay)?;
             host.ns.add_addr(&host.underlay_if, host.underlay6)?;
+            // A veth hands CHECKSUM_PARTIAL packets to the peer namespace with the checksum
+            // still unfilled; a physical NIC would fill it on transmit. Without this, a
+            // userspace VTEP (Protego) receives VXLAN whose inner TCP/UDP checksums were never
+            // computed. Make the host's underlay behave like a real NIC.
+            host.ns.exec(Cmd::new("ethtool").args(["-K", &host.underlay_if, "tx", "off"]))?;
             hosts.push(host);
         }
 

@@ -13,10 +13,11 @@ use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use protego_testbed::strongswan::{Charon, CharonSettings, Connection, SwanctlConfig};
+use protego_testbed::protego::{GatewayTunnel, ProtegoGateway};
+use protego_testbed::strongswan::{Charon, CharonSettings, SwanctlConfig};
 use protego_testbed::topology::{SiteSpec, TenantSpec, VmSpec};
 use protego_testbed::traffic::{self, IperfOptions, PingOptions};
-use protego_testbed::{Process, Result, Testbed, Topology, TopologySpec};
+use protego_testbed::{Result, Testbed, Topology, TopologySpec};
 
 /// The pre-shared key of every demo tunnel.
 const PSK: &str = "protego-demo-psk";
@@ -169,38 +170,11 @@ fn demo_spec() -> Result<TopologySpec> {
     })
 }
 
-/// What [`start_gateway`] started; stopped by the test bed at teardown.
-struct RunningGateway {
-    /// Shown in the summary.
-    description: String,
-    /// The gateway's processes (checked for liveness during the demo).
-    processes: Vec<Process>,
-}
-
-/// Starts the gateway under test in `topo.gateway.ns`, accepting the tunnels
-/// described by `connections` (the gateway's side of each site connection).
-///
-/// **Placeholder until Protego is ready:** this currently runs a second
-/// strongSwan (kernel-libipsec) as the gateway and terminates the tenants'
-/// VNIs with kernel VXLAN devices in the gateway namespace
-/// ([`Topology::attach_kernel_vxlan_gateway`]), so the kernel routes between
-/// the tunnels and the VXLAN overlay. To demo Protego, replace the body with:
-/// write a Protego config from `topo` (the WAN VIP `topo.gateway.wan`, the
-/// underlay address `topo.gateway.underlay`, per tenant its VNI, VNet and
-/// hosts' VTEPs, per site the PSK and selectors from `connections`) and spawn
-/// `protego up --config <file>` with `topo.gateway.ns.spawn(...)`, using
-/// `protego_testbed::workspace_bin("protego")`; do not attach kernel VXLAN
-/// devices then.
-fn start_gateway(topo: &Topology, connections: &[Connection]) -> Result<RunningGateway> {
-    topo.attach_kernel_vxlan_gateway()?;
-    let charon = Charon::start(&topo.gateway.ns, "gateway", &CharonSettings::default())?;
-    charon.load(&SwanctlConfig::new(connections.to_vec()))?;
-    Ok(RunningGateway {
-        description:
-            "strongSwan 5.9 (kernel-libipsec) + kernel VXLAN [placeholder for `protego up`]"
-                .to_owned(),
-        processes: vec![charon.process().clone()],
-    })
+/// Starts `protego up` in `topo.gateway.ns` with one tunnel per site (the gateway side of
+/// each standard site connection) and one VNet per tenant, delivered over VXLAN to the hosts'
+/// unmodified kernel VXLAN devices.
+fn start_gateway(bed: &Testbed, topo: &Topology, tunnels: &[GatewayTunnel]) -> Result<ProtegoGateway> {
+    ProtegoGateway::start(bed, topo, tunnels, &[])
 }
 
 /// One line of the summary table.
@@ -227,17 +201,23 @@ fn run(bed: &Testbed, opts: &Options) -> Result<bool> {
 
     // Each site's strongSwan, and the gateway's side of every connection.
     let mut site_charons = Vec::new();
-    let mut gateway_conns = Vec::new();
+    let mut tunnels = Vec::new();
     for (k, site) in topo.sites.iter().enumerate() {
-        let (site_conn, gw_conn) = topo.site_connections(k, PSK);
+        let tunnel = GatewayTunnel::for_site(&topo, k, PSK);
+        let (mut site_conn, _) = topo.site_connections(k, PSK);
+        tunnel.apply_to_site(&mut site_conn);
         let label = format!("site-{}-{}", topo.tenants[site.tenant].name, site.index);
         let charon = Charon::start(&site.ns, &label, &CharonSettings::default())?;
         charon.load(&SwanctlConfig::new(vec![site_conn]))?;
         site_charons.push(charon);
-        gateway_conns.push(gw_conn);
+        tunnels.push(tunnel);
     }
-    let gateway = start_gateway(&topo, &gateway_conns)?;
-    println!("protego-demo: gateway: {}", gateway.description);
+    let gateway = start_gateway(bed, &topo, &tunnels)?;
+    println!(
+        "protego-demo: gateway: protego up (pid {}), config {}",
+        gateway.process().pid(),
+        gateway.config_path().display()
+    );
 
     let mut rows = Vec::new();
     for (k, site) in topo.sites.iter().enumerate() {
@@ -269,9 +249,7 @@ fn run(bed: &Testbed, opts: &Options) -> Result<bool> {
             ok: up.is_ok(),
         });
     }
-    for p in &gateway.processes {
-        p.check_running()?;
-    }
+    gateway.process().check_running()?;
 
     // Ping every VM of the tenant from the site's LAN address: 100 pings at 100 Hz.
     for site in &topo.sites {
@@ -325,6 +303,10 @@ fn run(bed: &Testbed, opts: &Options) -> Result<bool> {
     }
 
     if !INTERRUPTED.load(Ordering::SeqCst) {
+        match gateway.status_text() {
+            Ok(text) => println!("\n$ protego status\n{text}"),
+            Err(e) => println!("\nprotego status failed: {e}"),
+        }
         print_table(&rows);
     }
     Ok(rows.iter().all(|r| r.ok))

@@ -1,0 +1,335 @@
+//! The `protego up --config FILE` configuration: a TOML file whose keys carry the meaning
+//! swanctl.conf gives them (see `docs/configuration.md` for the full reference).
+//!
+//! [`Config::load`] reads and validates the whole file before anything starts and produces the
+//! IKE engine's [`ike::EndpointConfig`] and one [`ike::PeerConfig`] per tunnel, plus the data
+//! plane's [`dataplane::DataplaneConfig`]. Every error names the file, line, column and key.
+
+mod duration;
+mod raw;
+mod summary;
+mod validate;
+
+#[cfg(test)]
+mod tests;
+
+pub use duration::{format_duration, parse_duration};
+
+use crate::error::{ConfigError, Error};
+use std::net::IpAddr;
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+
+/// Default path of the control socket (`[gateway] control_socket`).
+pub const DEFAULT_CONTROL_SOCKET: &str = "/run/protego/protego.sock";
+
+/// How the binary formats its log lines (`[gateway] log_format`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum LogFormat {
+    /// Human-readable lines with `key=value` fields.
+    #[default]
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// Node-wide settings of `[gateway]` that the control plane and the binary use directly.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Gateway {
+    /// Addresses the IKE and NAT-T sockets listen on.
+    pub listen: Vec<IpAddr>,
+    /// Path of the Unix socket for `protego status`.
+    pub control_socket: PathBuf,
+    /// Log format.
+    pub log_format: LogFormat,
+    /// Directory for the (dangerous) key log, if enabled.
+    pub key_log: Option<PathBuf>,
+    /// IKE port (500).
+    pub ike_port: u16,
+    /// NAT-T port (4500).
+    pub natt_port: u16,
+}
+
+/// Where a tunnel's decrypted traffic goes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TunnelInside {
+    /// Into the named VNet of the tunnel's tenant.
+    Vnet(String),
+    /// Into the node's TUN device.
+    Tun,
+}
+
+/// One validated `[[tunnel]]`.
+#[derive(Clone)]
+pub struct Tunnel {
+    /// The IKE engine's view of the tunnel (holds the PSK).
+    pub peer: ike::PeerConfig,
+    /// The tenant it belongs to.
+    pub tenant: String,
+    /// Where its traffic goes.
+    pub inside: TunnelInside,
+    /// The IKE proposals as written (after `default` expansion), for summaries.
+    pub proposals: Vec<String>,
+    /// The ESP proposals as written (after `default` expansion), for summaries.
+    pub esp_proposals: Vec<String>,
+    /// The 1-based line of its `[[tunnel]]` header.
+    pub line: usize,
+}
+
+impl std::fmt::Debug for Tunnel {
+    // Hand-written so that the PSK never reaches a log line.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let p = &self.peer;
+        f.debug_struct("Tunnel")
+            .field("id", &p.id)
+            .field("name", &p.name)
+            .field("tenant", &self.tenant)
+            .field("inside", &self.inside)
+            .field("local_addrs", &p.local_addrs)
+            .field("remote_addrs", &p.remote_addrs)
+            .field("local_id", &p.local_id)
+            .field("remote_id", &p.remote_id)
+            .field("psk", &"<redacted>")
+            .field("proposals", &self.proposals)
+            .field("esp_proposals", &self.esp_proposals)
+            .field("local_ts", &p.local_ts)
+            .field("remote_ts", &p.remote_ts)
+            .field("ike_rekey_time", &p.ike_rekey_time)
+            .field("child_rekey_time", &p.child_rekey_time)
+            .field("child_life_time", &p.child_life_time)
+            .field("rand_time", &p.rand_time)
+            .field("dpd_delay", &p.dpd_delay)
+            .field("dpd_action", &p.dpd_action)
+            .field("start_action", &p.start_action)
+            .field("replay_window", &p.replay_window)
+            .finish()
+    }
+}
+
+/// A whole validated configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// The file it came from.
+    pub path: PathBuf,
+    /// `[gateway]` settings.
+    pub gateway: Gateway,
+    /// The IKE engine's node-wide settings.
+    pub endpoint: ike::EndpointConfig,
+    /// Tenant names in file order.
+    pub tenants: Vec<String>,
+    /// Tunnels in file order; `tunnels[i].peer.id == TunnelId(i + 1)`.
+    pub tunnels: Vec<Tunnel>,
+    /// The data plane's configuration.
+    pub dataplane: dataplane::DataplaneConfig,
+    /// Things that are allowed but worth an operator's attention (world-readable PSK files, key
+    /// log enabled). The binary prints or logs them.
+    pub warnings: Vec<String>,
+}
+
+impl Config {
+    /// Reads and validates `path`. PSK files named with relative paths are looked up relative
+    /// to the configuration file's directory.
+    pub fn load(path: &Path) -> Result<Self, Error> {
+        let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
+            file: path.to_owned(),
+            line: 0,
+            column: 0,
+            key: None,
+            section: None,
+            message: format!("cannot read the configuration file: {e}"),
+            source_line: None,
+            span_len: 0,
+        })?;
+        Self::parse(&text, path)
+    }
+
+    /// Validates configuration `text` as if read from `path` (used for error messages and to
+    /// resolve relative PSK file paths).
+    pub fn parse(text: &str, path: &Path) -> Result<Self, Error> {
+        let source = Source { file: path, text };
+        let raw: raw::RawFile =
+            toml::from_str(text).map_err(|e| Error::Config(source.toml_error(&e)))?;
+        validate::validate(&source, raw).map_err(Error::Config)
+    }
+
+    /// The tunnel with this id.
+    pub fn tunnel(&self, id: ike::TunnelId) -> Option<&Tunnel> {
+        let index = usize::try_from(id.0).ok()?.checked_sub(1)?;
+        self.tunnels.get(index).filter(|t| t.peer.id == id)
+    }
+}
+
+/// The text being validated, for turning byte spans into line/column locations.
+pub(crate) struct Source<'a> {
+    pub(crate) file: &'a Path,
+    pub(crate) text: &'a str,
+}
+
+impl Source<'_> {
+    /// 1-based line and column (in characters) of byte `offset`.
+    pub(crate) fn line_col(&self, offset: usize) -> (usize, usize) {
+        let offset = floor_char_boundary(self.text, offset.min(self.text.len()));
+        let before = &self.text[..offset];
+        let line = before.matches('\n').count() + 1;
+        let line_start = before.rfind('\n').map_or(0, |i| i + 1);
+        let column = self.text[line_start..offset].chars().count() + 1;
+        (line, column)
+    }
+
+    /// The full text of the line containing byte `offset` (without its newline).
+    fn line_text(&self, offset: usize) -> &str {
+        let offset = floor_char_boundary(self.text, offset.min(self.text.len()));
+        let start = self.text[..offset].rfind('\n').map_or(0, |i| i + 1);
+        let end = self.text[offset..]
+            .find('\n')
+            .map_or(self.text.len(), |i| offset + i);
+        self.text[start..end].trim_end_matches('\r')
+    }
+
+    /// An error located at `span`.
+    pub(crate) fn error(
+        &self,
+        span: Range<usize>,
+        section: Option<String>,
+        key: Option<&str>,
+        message: impl Into<String>,
+    ) -> Box<ConfigError> {
+        let (line, column) = self.line_col(span.start);
+        let line_text = self.line_text(span.start);
+        // Caret length: the span's characters up to the end of its first line.
+        let rest_of_line = line_text.chars().count().saturating_sub(column - 1);
+        let start = floor_char_boundary(self.text, span.start.min(self.text.len()));
+        let end = floor_char_boundary(self.text, span.end.min(self.text.len())).max(start);
+        let span_chars = self.text[start..end]
+            .chars()
+            .take_while(|c| *c != '\n')
+            .count();
+        Box::new(ConfigError {
+            file: self.file.to_owned(),
+            line,
+            column,
+            key: key.map(str::to_owned),
+            section,
+            message: message.into(),
+            source_line: Some(line_text.to_owned()),
+            span_len: span_chars.clamp(1, rest_of_line.max(1)),
+        })
+    }
+
+    /// Converts a TOML syntax or shape error, recovering the key and table from the text.
+    fn toml_error(&self, e: &toml::de::Error) -> Box<ConfigError> {
+        let message = e.message().trim().to_owned();
+        let Some(span) = e.span() else {
+            return Box::new(ConfigError {
+                file: self.file.to_owned(),
+                line: 0,
+                column: 0,
+                key: None,
+                section: None,
+                message,
+                source_line: None,
+                span_len: 0,
+            });
+        };
+        let key = self.key_at(span.start);
+        let section = self.section_at(span.start);
+        self.error(span, section, key.as_deref(), friendlier(&message))
+    }
+
+    /// The key assigned on the line containing `offset` (`key = value`), if any.
+    fn key_at(&self, offset: usize) -> Option<String> {
+        let line = self.line_text(offset).trim_start();
+        let (key, _) = line.split_once('=')?;
+        let key = key.trim().trim_matches('"');
+        let valid = !key.is_empty()
+            && key
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-' || c == '.');
+        valid.then(|| key.to_owned())
+    }
+
+    /// The table header (`[gateway]`, `[[tunnel]] #2`) in force at `offset`.
+    pub(crate) fn section_at(&self, offset: usize) -> Option<String> {
+        let offset = floor_char_boundary(self.text, offset.min(self.text.len()));
+        let before = &self.text[..offset];
+        let mut counts: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
+        let mut current = None;
+        for line in before.lines() {
+            let t = line.trim();
+            if let Some(name) = t
+                .strip_prefix("[[")
+                .and_then(|r| r.split_once("]]"))
+                .map(|(n, _)| n.trim())
+            {
+                let n = counts.entry(name.to_owned()).or_insert(0);
+                *n += 1;
+                current = Some(format!("[[{name}]] #{n}"));
+            } else if let Some(name) = t
+                .strip_prefix('[')
+                .and_then(|r| r.split_once(']'))
+                .map(|(n, _)| n.trim())
+            {
+                current = Some(format!("[{name}]"));
+            }
+        }
+        current
+    }
+}
+
+/// Rewords serde's messages for operators: Rust type names become words, and an unknown key
+/// gets a "did you mean" for the closest known one instead of the full list.
+fn friendlier(message: &str) -> String {
+    let message = message
+        .replace("expected i64", "expected an integer")
+        .replace("expected f64", "expected a number");
+    let Some(rest) = message.strip_prefix("unknown field `") else {
+        return message;
+    };
+    let Some((unknown, expected)) = rest.split_once("`, expected ") else {
+        return message;
+    };
+    let candidates: Vec<&str> = expected
+        .trim_start_matches("one of ")
+        .split(", ")
+        .map(|c| c.trim_matches('`'))
+        .filter(|c| !c.is_empty())
+        .collect();
+    let best = candidates
+        .iter()
+        .map(|c| (edit_distance(unknown, c), *c))
+        .min()
+        .filter(|(d, c)| *d <= 3.max(c.len() / 4));
+    match best {
+        Some((_, c)) => format!("unknown key `{unknown}`; did you mean `{c}`?"),
+        None => format!(
+            "unknown key `{unknown}`; known keys here: {}",
+            candidates.join(", ")
+        ),
+    }
+}
+
+/// Levenshtein distance between two short ASCII-ish strings.
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut diagonal = row[0];
+        row[0] = i + 1;
+        for (j, cb) in b.iter().enumerate() {
+            let next = (row[j + 1] + 1)
+                .min(row[j] + 1)
+                .min(diagonal + usize::from(ca != *cb));
+            diagonal = row[j + 1];
+            row[j + 1] = next;
+        }
+    }
+    row[b.len()]
+}
+
+/// The largest char boundary not above `i`.
+fn floor_char_boundary(s: &str, mut i: usize) -> usize {
+    while i > 0 && !s.is_char_boundary(i) {
+        i -= 1;
+    }
+    i
+}

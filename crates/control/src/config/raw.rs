@@ -1,0 +1,181 @@
+//! The configuration file as TOML gives it to us: every table with `deny_unknown_fields` and
+//! every value that can be wrong wrapped in [`Spanned`], so that validation can point at the line
+//! and column of the offending key. Nothing here checks meaning; `validate` does.
+
+use super::duration::parse_duration;
+use serde::de::{self, Deserializer, SeqAccess, Visitor};
+use serde::Deserialize;
+use std::fmt;
+use std::time::Duration;
+use toml::Spanned;
+
+/// The whole file.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawFile {
+    pub(crate) gateway: Spanned<RawGateway>,
+    #[serde(default)]
+    pub(crate) tenant: Vec<Spanned<RawTenant>>,
+    #[serde(default)]
+    pub(crate) vnet: Vec<Spanned<RawVnet>>,
+    #[serde(default)]
+    pub(crate) tunnel: Vec<Spanned<RawTunnel>>,
+}
+
+/// `[gateway]`: node-wide settings.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawGateway {
+    pub(crate) listen: Spanned<StringList>,
+    pub(crate) control_socket: Option<Spanned<String>>,
+    pub(crate) log_format: Option<Spanned<String>>,
+    pub(crate) key_log: Option<Spanned<String>>,
+    pub(crate) ike_port: Option<Spanned<i64>>,
+    pub(crate) natt_port: Option<Spanned<i64>>,
+    pub(crate) vxlan_port: Option<Spanned<i64>>,
+    pub(crate) tun_name: Option<Spanned<String>>,
+    pub(crate) batch: Option<Spanned<i64>>,
+    pub(crate) retransmit_timeout: Option<Spanned<DurationValue>>,
+    pub(crate) retransmit_base: Option<Spanned<f64>>,
+    pub(crate) retransmit_tries: Option<Spanned<i64>>,
+    pub(crate) cookie_threshold: Option<Spanned<i64>>,
+    pub(crate) half_open_timeout: Option<Spanned<DurationValue>>,
+    pub(crate) keep_alive: Option<Spanned<DurationValue>>,
+}
+
+/// `[[tenant]]`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawTenant {
+    pub(crate) name: Spanned<String>,
+}
+
+/// `[[vnet]]`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawVnet {
+    pub(crate) tenant: Spanned<String>,
+    pub(crate) name: Spanned<String>,
+    pub(crate) vni: Spanned<i64>,
+    pub(crate) gateway_ip: Spanned<String>,
+    pub(crate) vtep: Spanned<String>,
+    #[serde(default)]
+    pub(crate) routes: Vec<Spanned<RawRoute>>,
+}
+
+/// One entry of a VNet's `routes`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawRoute {
+    pub(crate) prefix: Spanned<String>,
+    pub(crate) host: Spanned<String>,
+}
+
+/// `[[tunnel]]`: one swanctl connection with its single child, flattened.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawTunnel {
+    pub(crate) name: Spanned<String>,
+    pub(crate) tenant: Spanned<String>,
+    pub(crate) vnet: Option<Spanned<String>>,
+    pub(crate) inside: Option<Spanned<String>>,
+    #[serde(default)]
+    pub(crate) remote_addrs: Option<Spanned<StringList>>,
+    #[serde(default)]
+    pub(crate) local_addrs: Option<Spanned<StringList>>,
+    pub(crate) local_id: Spanned<String>,
+    pub(crate) remote_id: Spanned<String>,
+    pub(crate) psk_file: Spanned<String>,
+    pub(crate) proposals: Option<Spanned<StringList>>,
+    pub(crate) esp_proposals: Option<Spanned<StringList>>,
+    pub(crate) local_ts: Spanned<StringList>,
+    pub(crate) remote_ts: Spanned<StringList>,
+    pub(crate) start_action: Option<Spanned<String>>,
+    pub(crate) dpd_action: Option<Spanned<String>>,
+    pub(crate) rekey_time: Option<Spanned<DurationValue>>,
+    pub(crate) child_rekey_time: Option<Spanned<DurationValue>>,
+    pub(crate) life_time: Option<Spanned<DurationValue>>,
+    pub(crate) rand_time: Option<Spanned<DurationValue>>,
+    pub(crate) dpd_delay: Option<Spanned<DurationValue>>,
+    pub(crate) replay_window: Option<Spanned<i64>>,
+}
+
+/// A list of strings written either as a TOML array or as one comma-separated string, the way
+/// swanctl.conf writes lists (`remote_addrs = 192.0.2.1, 192.0.2.2`).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub(crate) struct StringList(pub(crate) Vec<String>);
+
+impl<'de> Deserialize<'de> for StringList {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct ListVisitor;
+
+        impl<'de> Visitor<'de> for ListVisitor {
+            type Value = StringList;
+
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a string (comma-separated for several values) or an array of strings")
+            }
+
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<StringList, E> {
+                Ok(StringList(
+                    v.split(',')
+                        .map(str::trim)
+                        .filter(|s| !s.is_empty())
+                        .map(str::to_owned)
+                        .collect(),
+                ))
+            }
+
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<StringList, A::Error> {
+                let mut out = Vec::new();
+                while let Some(item) = seq.next_element::<String>()? {
+                    // An array item may itself be a comma list; swanctl accepts both spellings.
+                    out.extend(
+                        item.split(',')
+                            .map(str::trim)
+                            .filter(|s| !s.is_empty())
+                            .map(str::to_owned),
+                    );
+                }
+                Ok(StringList(out))
+            }
+        }
+
+        deserializer.deserialize_any(ListVisitor)
+    }
+}
+
+/// A time value in swanctl syntax: an integer with an optional unit `s`, `m`, `h` or `d`
+/// (`"30s"`, `"5m"`, `"4h"`, `"2d"`, `"90"`), or a bare TOML integer meaning seconds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct DurationValue(pub(crate) Duration);
+
+impl<'de> Deserialize<'de> for DurationValue {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct DurationVisitor;
+
+        impl Visitor<'_> for DurationVisitor {
+            type Value = DurationValue;
+
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a time such as \"30s\", \"5m\", \"4h\", \"2d\" or a number of seconds")
+            }
+
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<DurationValue, E> {
+                parse_duration(v).map(DurationValue).map_err(E::custom)
+            }
+
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<DurationValue, E> {
+                u64::try_from(v)
+                    .map(|s| DurationValue(Duration::from_secs(s)))
+                    .map_err(|_| E::custom(format!("a time cannot be negative ({v})")))
+            }
+
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<DurationValue, E> {
+                Ok(DurationValue(Duration::from_secs(v)))
+            }
+        }
+
+        deserializer.deserialize_any(DurationVisitor)
+    }
+}

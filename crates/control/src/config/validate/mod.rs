@@ -1,0 +1,591 @@
+//! Turns the raw file into a [`Config`], checking everything before anything starts: references
+//! between tables, duplicates, addresses, identities, proposals, selectors, lifetimes and PSK
+//! files. The first error found is returned, located at the offending key. Tunnel tables are
+//! checked in `tunnel.rs`.
+
+mod tunnel;
+
+use super::raw::{RawFile, RawGateway, RawVnet};
+use super::{Config, Gateway, LogFormat, Source, Tunnel, TunnelInside, DEFAULT_CONTROL_SOCKET};
+use crate::error::ConfigError;
+use dataplane::{DataplaneConfig, Inside, Route, TunnelBinding, VnetConfig};
+use std::net::IpAddr;
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+use toml::Spanned;
+
+/// What `proposals = "default"` (and an absent `proposals`) stands for: modern AEAD first, then
+/// AES-CBC with HMAC-SHA2, each with the strongest key exchange groups we implement.
+pub(crate) const DEFAULT_IKE_PROPOSALS: &[&str] = &[
+    "aes256gcm16-aes128gcm16-chacha20poly1305-prfsha256-prfsha384-prfsha512-x25519-ecp256-ecp384-modp2048",
+    "aes256-aes128-sha256-sha384-sha512-x25519-ecp256-ecp384-modp2048",
+];
+
+/// What `esp_proposals = "default"` (and an absent `esp_proposals`) stands for (no PFS, as
+/// strongSwan's default).
+pub(crate) const DEFAULT_ESP_PROPOSALS: &[&str] = &[
+    "aes256gcm16-aes128gcm16-chacha20poly1305",
+    "aes256-aes128-sha256-sha384-sha512",
+];
+
+const DEFAULT_IKE_PORT: u16 = 500;
+const DEFAULT_NATT_PORT: u16 = 4500;
+const DEFAULT_VXLAN_PORT: u16 = 4789;
+const DEFAULT_BATCH: usize = 32;
+const DEFAULT_TUN_NAME: &str = "protego0";
+const DEFAULT_IKE_REKEY: Duration = Duration::from_secs(4 * 3600);
+const DEFAULT_CHILD_REKEY: Duration = Duration::from_secs(3600);
+const DEFAULT_REPLAY_WINDOW: u32 = 32;
+/// Largest VXLAN network identifier (24 bits, RFC 7348 §5).
+const MAX_VNI: i64 = (1 << 24) - 1;
+
+/// Validates the whole file.
+pub(crate) fn validate(src: &Source<'_>, raw: RawFile) -> Result<Config, Box<ConfigError>> {
+    let mut v = Validator {
+        src,
+        warnings: Vec::new(),
+    };
+    let (gateway, endpoint, extra) = v.gateway(&raw.gateway)?;
+    let tenants = v.tenants(&raw)?;
+    let vnets = v.vnets(&raw, &tenants)?;
+    let mut tunnels = Vec::with_capacity(raw.tunnel.len());
+    for (index, t) in raw.tunnel.iter().enumerate() {
+        let tunnel = v.tunnel(index, t, &gateway, &tenants, &vnets, &tunnels)?;
+        tunnels.push(tunnel);
+    }
+    let mut bindings = Vec::with_capacity(tunnels.len());
+    for t in &tunnels {
+        let inside = match &t.tunnel.inside {
+            TunnelInside::Tun => Inside::Tun,
+            TunnelInside::Vnet(name) => {
+                let index = vnets
+                    .iter()
+                    .position(|n| n.config.tenant == t.tunnel.tenant && &n.config.name == name)
+                    .expect("validate::tunnel resolved the vnet of its own tenant");
+                Inside::Vnet(index)
+            }
+        };
+        bindings.push(TunnelBinding {
+            tunnel: t.tunnel.peer.id,
+            name: t.tunnel.peer.name.clone(),
+            tenant: t.tunnel.tenant.clone(),
+            inside,
+        });
+    }
+    let any_tun = tunnels.iter().any(|t| t.tunnel.inside == TunnelInside::Tun);
+    if let Some(key) = &gateway.key_log {
+        v.warnings.push(format!(
+            "key_log is enabled: IKE and ESP keys of every tunnel will be written to {} \
+             (anyone who can read it can decrypt the traffic; for debugging only)",
+            key.display()
+        ));
+    }
+    let dataplane = DataplaneConfig {
+        listen: gateway.listen.clone(),
+        ike_port: gateway.ike_port,
+        natt_port: gateway.natt_port,
+        vxlan_port: extra.vxlan_port,
+        vnets: vnets.into_iter().map(|n| n.config).collect(),
+        tunnels: bindings,
+        tun_name: any_tun.then_some(extra.tun_name),
+        batch: extra.batch,
+    };
+    Ok(Config {
+        path: src.file.to_owned(),
+        gateway,
+        endpoint,
+        tenants: tenants.into_iter().map(|(name, _)| name).collect(),
+        tunnels: tunnels.into_iter().map(|t| t.tunnel).collect(),
+        dataplane,
+        warnings: v.warnings,
+    })
+}
+
+/// Gateway settings that only the data plane needs.
+struct DataplaneExtra {
+    vxlan_port: u16,
+    tun_name: String,
+    batch: usize,
+}
+
+/// A validated VNet with the line it was defined on (for duplicate messages).
+struct CheckedVnet {
+    config: VnetConfig,
+    line: usize,
+}
+
+/// A validated tunnel with the spans later checks point at.
+struct CheckedTunnel {
+    tunnel: Tunnel,
+    remote_ts_line: usize,
+}
+
+struct Validator<'s, 'a> {
+    src: &'s Source<'a>,
+    warnings: Vec<String>,
+}
+
+impl Validator<'_, '_> {
+    fn err(
+        &self,
+        span: Range<usize>,
+        section: &str,
+        key: &str,
+        message: impl Into<String>,
+    ) -> Box<ConfigError> {
+        self.src
+            .error(span, Some(section.to_owned()), Some(key), message)
+    }
+
+    fn line(&self, span: &Range<usize>) -> usize {
+        self.src.line_col(span.start).0
+    }
+
+    fn gateway(
+        &mut self,
+        g: &Spanned<RawGateway>,
+    ) -> Result<(Gateway, ike::EndpointConfig, DataplaneExtra), Box<ConfigError>> {
+        const S: &str = "[gateway]";
+        let g = g.get_ref();
+
+        let mut listen: Vec<IpAddr> = Vec::new();
+        for text in &g.listen.get_ref().0 {
+            let addr: IpAddr = text.parse().map_err(|_| {
+                self.err(
+                    g.listen.span(),
+                    S,
+                    "listen",
+                    format!("{text:?} is not an IP address"),
+                )
+            })?;
+            if addr.is_unspecified() || addr.is_multicast() {
+                return Err(self.err(
+                    g.listen.span(),
+                    S,
+                    "listen",
+                    format!("{addr} is not a unicast address; list the concrete addresses peers connect to"),
+                ));
+            }
+            if listen.contains(&addr) {
+                return Err(self.err(
+                    g.listen.span(),
+                    S,
+                    "listen",
+                    format!("{addr} is listed twice"),
+                ));
+            }
+            listen.push(addr);
+        }
+        if listen.is_empty() {
+            return Err(self.err(
+                g.listen.span(),
+                S,
+                "listen",
+                "at least one address is required",
+            ));
+        }
+
+        let control_socket = match &g.control_socket {
+            Some(p) if p.get_ref().trim().is_empty() => {
+                return Err(self.err(p.span(), S, "control_socket", "must not be empty"));
+            }
+            Some(p) => PathBuf::from(p.get_ref()),
+            None => PathBuf::from(DEFAULT_CONTROL_SOCKET),
+        };
+        let log_format = match &g.log_format {
+            None => LogFormat::Text,
+            Some(f) => match f.get_ref().as_str() {
+                "text" => LogFormat::Text,
+                "json" => LogFormat::Json,
+                other => {
+                    return Err(self.err(
+                        f.span(),
+                        S,
+                        "log_format",
+                        format!("unknown log format {other:?} (use \"text\" or \"json\")"),
+                    ));
+                }
+            },
+        };
+        let key_log = match &g.key_log {
+            Some(p) if p.get_ref().trim().is_empty() => {
+                return Err(self.err(
+                    p.span(),
+                    S,
+                    "key_log",
+                    "must not be empty (omit the key to disable)",
+                ));
+            }
+            Some(p) => Some(self.relative_path(p.get_ref())),
+            None => None,
+        };
+        let ike_port = self.port(g.ike_port.as_ref(), "ike_port", DEFAULT_IKE_PORT)?;
+        let natt_port = self.port(g.natt_port.as_ref(), "natt_port", DEFAULT_NATT_PORT)?;
+        let vxlan_port = self.port(g.vxlan_port.as_ref(), "vxlan_port", DEFAULT_VXLAN_PORT)?;
+        if ike_port == natt_port {
+            let span = g
+                .natt_port
+                .as_ref()
+                .or(g.ike_port.as_ref())
+                .map_or(0..0, Spanned::span);
+            return Err(self.err(
+                span,
+                S,
+                "natt_port",
+                format!("must differ from ike_port ({ike_port})"),
+            ));
+        }
+        let tun_name = match &g.tun_name {
+            None => DEFAULT_TUN_NAME.to_owned(),
+            Some(n) => {
+                let name = n.get_ref();
+                // IFNAMSIZ is 16 including the terminating NUL.
+                let ok = !name.is_empty()
+                    && name.len() < 16
+                    && name
+                        .chars()
+                        .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
+                if !ok {
+                    return Err(self.err(
+                        n.span(),
+                        S,
+                        "tun_name",
+                        format!("{name:?} is not a valid interface name (1-15 characters: letters, digits, - _ .)"),
+                    ));
+                }
+                name.clone()
+            }
+        };
+        let batch = match &g.batch {
+            None => DEFAULT_BATCH,
+            Some(b) => usize::try_from(*b.get_ref())
+                .ok()
+                .filter(|n| (1..=1024).contains(n))
+                .ok_or_else(|| self.err(b.span(), S, "batch", "must be between 1 and 1024"))?,
+        };
+
+        let mut endpoint = ike::EndpointConfig {
+            key_log: key_log.is_some(),
+            ..Default::default()
+        };
+        if let Some(t) = &g.retransmit_timeout {
+            if t.get_ref().0.is_zero() {
+                return Err(self.err(t.span(), S, "retransmit_timeout", "must be at least 1s"));
+            }
+            endpoint.retransmit_timeout = t.get_ref().0;
+        }
+        if let Some(b) = &g.retransmit_base {
+            let base = *b.get_ref();
+            if !(1.0..=10.0).contains(&base) {
+                return Err(self.err(
+                    b.span(),
+                    S,
+                    "retransmit_base",
+                    "must be between 1.0 and 10.0",
+                ));
+            }
+            endpoint.retransmit_base = base;
+        }
+        if let Some(t) = &g.retransmit_tries {
+            endpoint.retransmit_tries = u32::try_from(*t.get_ref())
+                .ok()
+                .filter(|n| *n <= 100)
+                .ok_or_else(|| {
+                    self.err(t.span(), S, "retransmit_tries", "must be between 0 and 100")
+                })?;
+        }
+        if let Some(c) = &g.cookie_threshold {
+            endpoint.cookie_threshold = usize::try_from(*c.get_ref())
+                .map_err(|_| self.err(c.span(), S, "cookie_threshold", "must not be negative"))?;
+        }
+        if let Some(t) = &g.half_open_timeout {
+            if t.get_ref().0.is_zero() {
+                return Err(self.err(t.span(), S, "half_open_timeout", "must be at least 1s"));
+            }
+            endpoint.half_open_timeout = t.get_ref().0;
+        }
+        if let Some(t) = &g.keep_alive {
+            if t.get_ref().0.is_zero() {
+                return Err(self.err(t.span(), S, "keep_alive", "must be at least 1s"));
+            }
+            endpoint.nat_keepalive = t.get_ref().0;
+        }
+
+        let gateway = Gateway {
+            listen,
+            control_socket,
+            log_format,
+            key_log,
+            ike_port,
+            natt_port,
+        };
+        Ok((
+            gateway,
+            endpoint,
+            DataplaneExtra {
+                vxlan_port,
+                tun_name,
+                batch,
+            },
+        ))
+    }
+
+    fn port(
+        &self,
+        value: Option<&Spanned<i64>>,
+        key: &str,
+        default: u16,
+    ) -> Result<u16, Box<ConfigError>> {
+        match value {
+            None => Ok(default),
+            Some(p) => u16::try_from(*p.get_ref())
+                .ok()
+                .filter(|p| *p != 0)
+                .ok_or_else(|| {
+                    self.err(
+                        p.span(),
+                        "[gateway]",
+                        key,
+                        "must be a port number between 1 and 65535",
+                    )
+                }),
+        }
+    }
+
+    /// A path from the file, relative to the file's directory unless absolute.
+    fn relative_path(&self, text: &str) -> PathBuf {
+        let p = Path::new(text);
+        if p.is_absolute() {
+            p.to_owned()
+        } else {
+            self.src
+                .file
+                .parent()
+                .unwrap_or_else(|| Path::new("."))
+                .join(p)
+        }
+    }
+
+    /// Tenant names with the line each was defined on.
+    fn tenants(&self, raw: &RawFile) -> Result<Vec<(String, usize)>, Box<ConfigError>> {
+        let mut out: Vec<(String, usize)> = Vec::new();
+        for t in &raw.tenant {
+            let name = &t.get_ref().name;
+            let section = "[[tenant]]";
+            self.check_name(name, section)?;
+            if let Some((_, line)) = out.iter().find(|(n, _)| n == name.get_ref()) {
+                return Err(self.err(
+                    name.span(),
+                    section,
+                    "name",
+                    format!(
+                        "tenant {:?} is already defined on line {line}",
+                        name.get_ref()
+                    ),
+                ));
+            }
+            out.push((name.get_ref().clone(), self.line(&name.span())));
+        }
+        Ok(out)
+    }
+
+    fn check_name(&self, name: &Spanned<String>, section: &str) -> Result<(), Box<ConfigError>> {
+        let n = name.get_ref();
+        if n.is_empty() {
+            return Err(self.err(name.span(), section, "name", "must not be empty"));
+        }
+        if n.len() > 64
+            || !n
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+        {
+            return Err(self.err(
+                name.span(),
+                section,
+                "name",
+                format!("{n:?} is not a valid name (up to 64 characters: letters, digits, - _ .)"),
+            ));
+        }
+        Ok(())
+    }
+
+    fn tenant_ref(
+        &self,
+        tenant: &Spanned<String>,
+        tenants: &[(String, usize)],
+        section: &str,
+    ) -> Result<(), Box<ConfigError>> {
+        if tenants.iter().any(|(n, _)| n == tenant.get_ref()) {
+            return Ok(());
+        }
+        let known: Vec<&str> = tenants.iter().map(|(n, _)| n.as_str()).collect();
+        let hint = if known.is_empty() {
+            "no [[tenant]] is defined".to_owned()
+        } else {
+            format!("defined tenants: {}", known.join(", "))
+        };
+        Err(self.err(
+            tenant.span(),
+            section,
+            "tenant",
+            format!("unknown tenant {:?} ({hint})", tenant.get_ref()),
+        ))
+    }
+
+    fn vnets(
+        &self,
+        raw: &RawFile,
+        tenants: &[(String, usize)],
+    ) -> Result<Vec<CheckedVnet>, Box<ConfigError>> {
+        let mut out: Vec<CheckedVnet> = Vec::new();
+        for n in &raw.vnet {
+            let vnet = self.vnet(n.get_ref(), tenants, &out)?;
+            out.push(vnet);
+        }
+        Ok(out)
+    }
+
+    fn vnet(
+        &self,
+        n: &RawVnet,
+        tenants: &[(String, usize)],
+        done: &[CheckedVnet],
+    ) -> Result<CheckedVnet, Box<ConfigError>> {
+        let section = format!("[[vnet]] {:?}", n.name.get_ref());
+        let s = section.as_str();
+        self.check_name(&n.name, s)?;
+        self.tenant_ref(&n.tenant, tenants, s)?;
+        if let Some(other) = done
+            .iter()
+            .find(|o| o.config.tenant == *n.tenant.get_ref() && o.config.name == *n.name.get_ref())
+        {
+            return Err(self.err(
+                n.name.span(),
+                s,
+                "name",
+                format!(
+                    "vnet {:?} of tenant {:?} is already defined on line {}",
+                    n.name.get_ref(),
+                    n.tenant.get_ref(),
+                    other.line
+                ),
+            ));
+        }
+        let vni = *n.vni.get_ref();
+        if !(0..=MAX_VNI).contains(&vni) {
+            return Err(self.err(
+                n.vni.span(),
+                s,
+                "vni",
+                format!("{vni} is not a 24-bit VNI (0..={MAX_VNI})"),
+            ));
+        }
+        let vni = u32::try_from(vni).expect("checked to be within 24 bits");
+        if let Some(other) = done.iter().find(|o| o.config.vni == vni) {
+            return Err(self.err(
+                n.vni.span(),
+                s,
+                "vni",
+                format!(
+                    "VNI {vni} is already used by vnet {:?} of tenant {:?} on line {}",
+                    other.config.name, other.config.tenant, other.line
+                ),
+            ));
+        }
+        let gateway_ip = self.ip(&n.gateway_ip, s, "gateway_ip")?;
+        let vtep = self.ip(&n.vtep, s, "vtep")?;
+        let mut routes: Vec<Route> = Vec::with_capacity(n.routes.len());
+        for r in &n.routes {
+            let r = r.get_ref();
+            let (prefix, len) = parse_prefix(r.prefix.get_ref())
+                .map_err(|m| self.err(r.prefix.span(), s, "routes.prefix", m))?;
+            let host = self.ip(&r.host, s, "routes.host")?;
+            if host.is_ipv4() != vtep.is_ipv4() {
+                return Err(self.err(
+                    r.host.span(),
+                    s,
+                    "routes.host",
+                    format!("{host} is not of the same IP version as the vtep {vtep}"),
+                ));
+            }
+            if routes.iter().any(|o| o.prefix == prefix && o.len == len) {
+                return Err(self.err(
+                    r.prefix.span(),
+                    s,
+                    "routes.prefix",
+                    format!("{prefix}/{len} is listed twice in this vnet"),
+                ));
+            }
+            routes.push(Route { prefix, len, host });
+        }
+        Ok(CheckedVnet {
+            config: VnetConfig {
+                tenant: n.tenant.get_ref().clone(),
+                name: n.name.get_ref().clone(),
+                vni,
+                gateway_ip,
+                vtep,
+                routes,
+            },
+            line: self.line(&n.name.span()),
+        })
+    }
+
+    fn ip(
+        &self,
+        value: &Spanned<String>,
+        section: &str,
+        key: &str,
+    ) -> Result<IpAddr, Box<ConfigError>> {
+        let addr: IpAddr = value.get_ref().trim().parse().map_err(|_| {
+            self.err(
+                value.span(),
+                section,
+                key,
+                format!("{:?} is not an IP address", value.get_ref()),
+            )
+        })?;
+        if addr.is_unspecified() || addr.is_multicast() {
+            return Err(self.err(
+                value.span(),
+                section,
+                key,
+                format!("{addr} is not a unicast address"),
+            ));
+        }
+        Ok(addr)
+    }
+}
+
+/// Parses `ADDRESS/LEN`, rejecting host bits, as `ip route` does.
+fn parse_prefix(text: &str) -> Result<(IpAddr, u8), String> {
+    let (addr, len) = text.trim().split_once('/').ok_or_else(|| {
+        format!("{text:?} is not a prefix (expected ADDRESS/LENGTH, e.g. 10.2.0.0/24)")
+    })?;
+    let addr: IpAddr = addr
+        .parse()
+        .map_err(|_| format!("{text:?}: {addr:?} is not an IP address"))?;
+    let max = if addr.is_ipv4() { 32 } else { 128 };
+    let len: u8 = len
+        .parse()
+        .ok()
+        .filter(|l| *l <= max)
+        .ok_or_else(|| format!("{text:?}: prefix length must be 0..={max}"))?;
+    let host_bits_set = match addr {
+        IpAddr::V4(a) => {
+            let bits = u32::from(a);
+            len < 32 && bits & (u32::MAX >> len) != 0
+        }
+        IpAddr::V6(a) => {
+            let bits = u128::from(a);
+            len < 128 && bits & (u128::MAX >> len) != 0
+        }
+    };
+    if host_bits_set {
+        return Err(format!(
+            "{text:?} has host bits set beyond the /{len} prefix"
+        ));
+    }
+    Ok((addr, len))
+}

@@ -1,0 +1,629 @@
+//! The control loop: one thread that owns the sans-IO [`ike::Endpoint`] and drives it with the
+//! clock, the IKE datagrams the data plane hands up ([`ToControl`]) and operator commands, then
+//! carries out what the engine asks for: datagrams go out through [`DataPath::send_ike`], CHILD_SA
+//! events become [`DataPath::install_child`] / [`DataPath::remove_child`] /
+//! [`DataPath::update_peer`] calls, and every tunnel state change becomes one structured log line
+//! (RFC 7296 §1.3 CHILD_SA creation, §1.3.2/§2.8 rekeying, §1.4 deletion, §2.4 liveness).
+//!
+//! The order of calls follows the engine's contract: input (`handle_datagram`, `handle_timeout`,
+//! commands), then drain `poll_transmit` and `poll_event` until both are empty, then sleep until
+//! `poll_timeout` or the next input.
+
+use crate::config::Config;
+use crate::error::Error;
+use crate::keylog::KeyLog;
+use crate::status::format_ts;
+use crossbeam_channel::{bounded, Receiver, Select, Sender};
+use dataplane::{DataPath, ToControl};
+use ike::{DeleteReason, DpdAction, Endpoint, Event, IkeSaStatus, IkeSpis, StartAction, TunnelId};
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+use tracing::{debug, error, info, warn};
+
+/// How long a command waits for the control loop to answer.
+const COMMAND_TIMEOUT: Duration = Duration::from_secs(5);
+/// Largest IKE datagram the engine may write (RFC 7296 §2 recommends supporting 3000 octets;
+/// fragmentation-free messages with many proposals stay well below this).
+const TRANSMIT_BUFFER: usize = 65_536;
+
+/// A request to the control loop.
+enum Command {
+    Status(Sender<Vec<IkeSaStatus>>),
+    Initiate(TunnelId, Sender<Result<(), CommandFailure>>),
+    Terminate(TunnelId, Sender<Result<(), CommandFailure>>),
+    Shutdown { grace: Duration },
+}
+
+/// Why the loop refused a command.
+enum CommandFailure {
+    ShuttingDown,
+    Engine(ike::Error),
+}
+
+/// A cloneable handle for talking to a running control loop (status server, signal handler).
+#[derive(Clone)]
+pub struct ControlHandle {
+    commands: Sender<Command>,
+}
+
+impl ControlHandle {
+    /// The engine's current IKE SA table.
+    pub fn ike_status(&self) -> Result<Vec<IkeSaStatus>, Error> {
+        let (tx, rx) = bounded(1);
+        self.commands
+            .send(Command::Status(tx))
+            .map_err(|_| Error::ControlStopped)?;
+        rx.recv_timeout(COMMAND_TIMEOUT)
+            .map_err(|_| Error::ControlStopped)
+    }
+
+    /// Initiates the tunnel now (`swanctl --initiate`).
+    pub fn initiate(&self, tunnel: TunnelId) -> Result<(), Error> {
+        self.request("initiate", tunnel, |tx| Command::Initiate(tunnel, tx))
+    }
+
+    /// Deletes the tunnel's SAs, telling the peer (`swanctl --terminate`).
+    pub fn terminate(&self, tunnel: TunnelId) -> Result<(), Error> {
+        self.request("terminate", tunnel, |tx| Command::Terminate(tunnel, tx))
+    }
+
+    fn request(
+        &self,
+        name: &'static str,
+        tunnel: TunnelId,
+        command: impl FnOnce(Sender<Result<(), CommandFailure>>) -> Command,
+    ) -> Result<(), Error> {
+        let (tx, rx) = bounded(1);
+        self.commands
+            .send(command(tx))
+            .map_err(|_| Error::ControlStopped)?;
+        match rx.recv_timeout(COMMAND_TIMEOUT) {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(CommandFailure::ShuttingDown)) => Err(Error::ShuttingDown),
+            Ok(Err(CommandFailure::Engine(source))) => Err(Error::Command {
+                command: name,
+                tunnel,
+                source,
+            }),
+            Err(_) => Err(Error::ControlStopped),
+        }
+    }
+}
+
+/// The running control loop.
+pub struct ControlPlane {
+    handle: ControlHandle,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl ControlPlane {
+    /// Starts the control loop with the operating system's RNG. Every tunnel of `config` is
+    /// added to a new IKE endpoint; tunnels with `start_action = "start"` are initiated.
+    pub fn start(
+        config: &Config,
+        datapath: Arc<dyn DataPath>,
+        from_dataplane: Receiver<ToControl>,
+    ) -> Result<Self, Error> {
+        Self::start_with_rng(
+            config,
+            datapath,
+            from_dataplane,
+            Box::new(crypto::SystemRng),
+        )
+    }
+
+    /// As [`start`](Self::start), with a caller-chosen RNG (deterministic tests).
+    pub fn start_with_rng(
+        config: &Config,
+        datapath: Arc<dyn DataPath>,
+        from_dataplane: Receiver<ToControl>,
+        rng: Box<dyn crypto::Rng>,
+    ) -> Result<Self, Error> {
+        let keylog = config
+            .gateway
+            .key_log
+            .as_deref()
+            .map(KeyLog::open)
+            .transpose()?;
+        let (commands_tx, commands_rx) = crossbeam_channel::unbounded();
+        let (ready_tx, ready_rx) = bounded::<Result<(), Error>>(1);
+        let config = config.clone();
+        let thread = std::thread::Builder::new()
+            .name("protego-control".into())
+            .spawn(move || {
+                let now = Instant::now();
+                let mut endpoint = Endpoint::new(config.endpoint.clone(), rng, now);
+                for t in &config.tunnels {
+                    if let Err(source) = endpoint.add_peer(now, t.peer.clone()) {
+                        let _ = ready_tx.send(Err(Error::Engine {
+                            tunnel: t.peer.name.clone(),
+                            source,
+                        }));
+                        return;
+                    }
+                }
+                let tunnels = config
+                    .tunnels
+                    .iter()
+                    .map(|t| {
+                        let info = TunnelInfo {
+                            name: t.peer.name.clone(),
+                            tenant: t.tenant.clone(),
+                            start_action: t.peer.start_action,
+                            dpd_action: t.peer.dpd_action,
+                        };
+                        (t.peer.id, info)
+                    })
+                    .collect();
+                let mut driver = Driver {
+                    endpoint,
+                    datapath,
+                    tunnels,
+                    keylog,
+                    buf: Vec::with_capacity(TRANSMIT_BUFFER),
+                    restart: Vec::new(),
+                    shutdown_deadline: None,
+                };
+                let _ = ready_tx.send(Ok(()));
+                driver.run(&from_dataplane, &commands_rx);
+            })
+            .map_err(|source| Error::Spawn {
+                name: "protego-control",
+                source,
+            })?;
+        match ready_rx.recv() {
+            Ok(Ok(())) => Ok(Self {
+                handle: ControlHandle {
+                    commands: commands_tx,
+                },
+                thread: Some(thread),
+            }),
+            Ok(Err(e)) => {
+                let _ = thread.join();
+                Err(e)
+            }
+            Err(_) => {
+                // The thread died before reporting: it panicked while setting up.
+                let _ = thread.join();
+                Err(Error::ControlStopped)
+            }
+        }
+    }
+
+    /// A handle for status queries and commands.
+    pub fn handle(&self) -> ControlHandle {
+        self.handle.clone()
+    }
+
+    /// True while the control loop thread runs.
+    pub fn is_running(&self) -> bool {
+        self.thread.as_ref().is_some_and(|t| !t.is_finished())
+    }
+
+    /// Deletes every IKE SA politely (the peers get a DELETE), waits at most `grace` for the
+    /// answers, and stops the loop.
+    pub fn shutdown(mut self, grace: Duration) -> Result<(), Error> {
+        self.stop(grace)
+    }
+
+    fn stop(&mut self, grace: Duration) -> Result<(), Error> {
+        let Some(thread) = self.thread.take() else {
+            return Ok(());
+        };
+        let _ = self.handle.commands.send(Command::Shutdown { grace });
+        thread.join().map_err(|_| Error::ControlStopped)
+    }
+}
+
+impl Drop for ControlPlane {
+    fn drop(&mut self) {
+        let _ = self.stop(Duration::ZERO);
+    }
+}
+
+/// What the loop needs to know about a tunnel beyond the engine's view.
+struct TunnelInfo {
+    name: String,
+    tenant: String,
+    start_action: StartAction,
+    dpd_action: DpdAction,
+}
+
+/// The state of the control loop thread.
+struct Driver {
+    endpoint: Endpoint,
+    datapath: Arc<dyn DataPath>,
+    tunnels: HashMap<TunnelId, TunnelInfo>,
+    keylog: Option<KeyLog>,
+    buf: Vec<u8>,
+    /// Tunnels whose IKE SA died of a DPD timeout with `dpd_action = restart`.
+    restart: Vec<TunnelId>,
+    /// Set once a shutdown began: the loop ends when every IKE SA is gone or at this instant.
+    shutdown_deadline: Option<Instant>,
+}
+
+impl Driver {
+    fn run(&mut self, data: &Receiver<ToControl>, commands: &Receiver<Command>) {
+        let now = Instant::now();
+        self.on_timeout(now);
+        self.drain();
+        self.start_tunnels(now);
+        let mut data_open = true;
+        loop {
+            let now = Instant::now();
+            if let Some(deadline) = self.shutdown_deadline {
+                if now >= deadline || self.endpoint.status(now).is_empty() {
+                    break;
+                }
+            }
+            let wake = match (self.endpoint.poll_timeout(), self.shutdown_deadline) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
+            let mut select = Select::new();
+            let data_index = data_open.then(|| select.recv(data));
+            let command_index = select.recv(commands);
+            let ready = match wake {
+                Some(at) => select.ready_deadline(at).ok(),
+                None => Some(select.ready()),
+            };
+            let now = Instant::now();
+            match ready {
+                Some(i) if Some(i) == data_index => match data.try_recv() {
+                    Ok(message) => self.on_data(now, message),
+                    Err(crossbeam_channel::TryRecvError::Empty) => {}
+                    Err(crossbeam_channel::TryRecvError::Disconnected) => {
+                        data_open = false;
+                        if self.shutdown_deadline.is_none() {
+                            error!("data plane channel closed; stopping the control loop");
+                            break;
+                        }
+                    }
+                },
+                Some(i) if i == command_index => match commands.try_recv() {
+                    Ok(command) => self.on_command(now, command),
+                    Err(crossbeam_channel::TryRecvError::Empty) => {}
+                    Err(crossbeam_channel::TryRecvError::Disconnected) => {
+                        // Every handle is gone: nobody can stop us any more, so stop now.
+                        self.begin_shutdown(now, Duration::ZERO);
+                    }
+                },
+                _ => {}
+            }
+            let now = Instant::now();
+            self.on_timeout(now);
+            self.drain();
+            self.restart_dead(now);
+        }
+        debug!("control loop stopped");
+    }
+
+    /// Runs the engine's timers if they are due.
+    fn on_timeout(&mut self, now: Instant) {
+        if self.endpoint.poll_timeout().is_some_and(|t| t <= now) {
+            self.endpoint.handle_timeout(now);
+        }
+    }
+
+    fn on_data(&mut self, now: Instant, message: ToControl) {
+        match message {
+            ToControl::Ike(d) => self
+                .endpoint
+                .handle_datagram(now, d.local, d.remote, &d.data),
+            ToControl::RekeyNeeded(spi) => {
+                if self.shutdown_deadline.is_some() {
+                    return;
+                }
+                info!(spi_in = %spi, "data plane asks for a CHILD_SA rekey");
+                if let Err(e) = self.endpoint.rekey_child(now, spi) {
+                    warn!(spi_in = %spi, error = %e, "cannot rekey CHILD_SA");
+                }
+            }
+        }
+    }
+
+    fn on_command(&mut self, now: Instant, command: Command) {
+        match command {
+            Command::Status(reply) => {
+                let _ = reply.send(self.endpoint.status(now));
+            }
+            Command::Initiate(tunnel, reply) => {
+                let result = if self.shutdown_deadline.is_some() {
+                    Err(CommandFailure::ShuttingDown)
+                } else {
+                    self.endpoint
+                        .initiate(now, tunnel)
+                        .map_err(CommandFailure::Engine)
+                };
+                let _ = reply.send(result);
+            }
+            Command::Terminate(tunnel, reply) => {
+                self.restart.retain(|t| *t != tunnel);
+                let _ = reply.send(
+                    self.endpoint
+                        .terminate(now, tunnel)
+                        .map_err(CommandFailure::Engine),
+                );
+            }
+            Command::Shutdown { grace } => self.begin_shutdown(now, grace),
+        }
+    }
+
+    /// Terminates every tunnel that has an IKE SA, so that peers get a DELETE, and arms the
+    /// deadline after which the loop ends regardless of answers.
+    fn begin_shutdown(&mut self, now: Instant, grace: Duration) {
+        if self.shutdown_deadline.is_some() {
+            return;
+        }
+        self.shutdown_deadline = Some(now + grace);
+        self.restart.clear();
+        let mut with_sa: Vec<TunnelId> = self
+            .endpoint
+            .status(now)
+            .iter()
+            .filter_map(|s| s.tunnel)
+            .collect();
+        with_sa.sort_unstable();
+        with_sa.dedup();
+        info!(
+            tunnels = with_sa.len(),
+            grace_ms = grace.as_millis(),
+            "deleting IKE SAs before stopping"
+        );
+        for tunnel in with_sa {
+            if let Err(e) = self.endpoint.terminate(now, tunnel) {
+                debug!(tunnel = %self.name(Some(tunnel)), error = %e, "terminate on shutdown");
+            }
+        }
+        self.drain();
+    }
+
+    /// Initiates `start_action = "start"` tunnels the engine has not initiated on its own.
+    fn start_tunnels(&mut self, now: Instant) {
+        let status = self.endpoint.status(now);
+        let mut to_start: Vec<TunnelId> = self
+            .tunnels
+            .iter()
+            .filter(|(id, t)| {
+                t.start_action == StartAction::Start
+                    && !status.iter().any(|s| s.tunnel == Some(**id))
+            })
+            .map(|(id, _)| *id)
+            .collect();
+        to_start.sort_unstable();
+        for tunnel in to_start {
+            if let Err(e) = self.endpoint.initiate(now, tunnel) {
+                warn!(tunnel = %self.name(Some(tunnel)), error = %e, "cannot initiate");
+            }
+        }
+        self.drain();
+    }
+
+    /// Re-initiates tunnels whose IKE SA died of a DPD timeout under `dpd_action = "restart"`,
+    /// unless the engine already did.
+    fn restart_dead(&mut self, now: Instant) {
+        if self.restart.is_empty() || self.shutdown_deadline.is_some() {
+            return;
+        }
+        let status = self.endpoint.status(now);
+        for tunnel in std::mem::take(&mut self.restart) {
+            if status.iter().any(|s| s.tunnel == Some(tunnel)) {
+                continue;
+            }
+            info!(tunnel = %self.name(Some(tunnel)), tenant = %self.tenant(Some(tunnel)), "re-initiating after DPD timeout");
+            if let Err(e) = self.endpoint.initiate(now, tunnel) {
+                warn!(tunnel = %self.name(Some(tunnel)), error = %e, "cannot re-initiate");
+            }
+        }
+        self.drain();
+    }
+
+    /// Sends every pending datagram and applies every pending event, until the engine has
+    /// nothing more to say.
+    fn drain(&mut self) {
+        loop {
+            let mut progressed = false;
+            while let Some(t) = self.endpoint.poll_transmit(&mut self.buf) {
+                progressed = true;
+                let Some(payload) = self.buf.get(..t.size) else {
+                    error!(
+                        size = t.size,
+                        buffer = self.buf.len(),
+                        "engine reported a datagram larger than its buffer"
+                    );
+                    continue;
+                };
+                if let Err(e) = self.datapath.send_ike(t.local, t.remote, payload) {
+                    debug!(local = %t.local, remote = %t.remote, error = %e, "IKE send failed");
+                }
+            }
+            while let Some(event) = self.endpoint.poll_event() {
+                progressed = true;
+                self.on_event(event);
+            }
+            if !progressed {
+                break;
+            }
+        }
+    }
+
+    fn name(&self, tunnel: Option<TunnelId>) -> &str {
+        tunnel
+            .and_then(|t| self.tunnels.get(&t))
+            .map_or("-", |t| t.name.as_str())
+    }
+
+    fn tenant(&self, tunnel: Option<TunnelId>) -> &str {
+        tunnel
+            .and_then(|t| self.tunnels.get(&t))
+            .map_or("-", |t| t.tenant.as_str())
+    }
+
+    fn on_event(&mut self, event: Event) {
+        match event {
+            Event::IkeSaConnecting {
+                tunnel,
+                ike,
+                remote,
+            } => {
+                info!(
+                    tunnel = %self.name(tunnel), tenant = %self.tenant(tunnel),
+                    ispi = %ike.initiator, rspi = %ike.responder, remote = %remote,
+                    "IKE_SA connecting"
+                );
+            }
+            Event::IkeSaEstablished {
+                tunnel,
+                ike,
+                proposal,
+                local,
+                remote,
+            } => {
+                let t = Some(tunnel);
+                info!(
+                    tunnel = %self.name(t), tenant = %self.tenant(t),
+                    ispi = %ike.initiator, rspi = %ike.responder,
+                    local = %local, remote = %remote, proposal = %proposal,
+                    "IKE_SA established"
+                );
+            }
+            Event::IkeSaRekeyed { tunnel, old, new } => {
+                let t = Some(tunnel);
+                info!(
+                    tunnel = %self.name(t), tenant = %self.tenant(t),
+                    ispi = %new.initiator, rspi = %new.responder,
+                    old_ispi = %old.initiator, old_rspi = %old.responder,
+                    "IKE_SA rekeyed"
+                );
+            }
+            Event::IkeSaDeleted {
+                tunnel,
+                ike,
+                reason,
+            } => self.on_ike_deleted(tunnel, ike, reason),
+            Event::ChildSaInstalled(child) => {
+                let t = Some(child.tunnel);
+                let local_ts = join_ts(&child.local_ts);
+                let remote_ts = join_ts(&child.remote_ts);
+                if let Some(keylog) = self.keylog.as_mut() {
+                    keylog.write_child(&child);
+                }
+                if let Some(old) = child.replaces {
+                    info!(
+                        tunnel = %self.name(t), tenant = %self.tenant(t),
+                        ispi = %child.ike.initiator, rspi = %child.ike.responder,
+                        spi_in = %child.inbound_spi, spi_out = %child.outbound_spi, old_spi_in = %old,
+                        proposal = %child.proposal, local_ts = %local_ts, remote_ts = %remote_ts,
+                        "CHILD_SA rekeyed"
+                    );
+                } else {
+                    info!(
+                        tunnel = %self.name(t), tenant = %self.tenant(t),
+                        ispi = %child.ike.initiator, rspi = %child.ike.responder,
+                        spi_in = %child.inbound_spi, spi_out = %child.outbound_spi,
+                        proposal = %child.proposal, local_ts = %local_ts, remote_ts = %remote_ts,
+                        "CHILD_SA installed"
+                    );
+                }
+                if let Err(e) = self.datapath.install_child(&child) {
+                    error!(
+                        tunnel = %self.name(t), tenant = %self.tenant(t),
+                        spi_in = %child.inbound_spi, spi_out = %child.outbound_spi, error = %e,
+                        "data plane refused the CHILD_SA; traffic of this tunnel will not flow"
+                    );
+                }
+            }
+            Event::ChildSaDeleted {
+                tunnel,
+                inbound_spi,
+                outbound_spi,
+                reason,
+            } => {
+                let t = Some(tunnel);
+                info!(
+                    tunnel = %self.name(t), tenant = %self.tenant(t),
+                    spi_in = %inbound_spi, spi_out = %outbound_spi, reason = %reason_name(reason),
+                    "CHILD_SA deleted"
+                );
+                self.datapath
+                    .remove_child(tunnel, inbound_spi, outbound_spi);
+            }
+            Event::PeerAddressChanged {
+                tunnel,
+                ike,
+                local,
+                remote,
+            } => {
+                let t = Some(tunnel);
+                info!(
+                    tunnel = %self.name(t), tenant = %self.tenant(t),
+                    ispi = %ike.initiator, rspi = %ike.responder, local = %local, remote = %remote,
+                    "peer address changed"
+                );
+                self.datapath.update_peer(tunnel, ike, local, remote);
+            }
+            Event::KeyLog { ike, line } => match self.keylog.as_mut() {
+                Some(keylog) => keylog.write_ike(&line),
+                None => {
+                    debug!(ispi = %ike.initiator, "engine emitted a key log line without a key log")
+                }
+            },
+        }
+    }
+
+    fn on_ike_deleted(&mut self, tunnel: Option<TunnelId>, ike: IkeSpis, reason: DeleteReason) {
+        let (name, tenant) = (self.name(tunnel).to_owned(), self.tenant(tunnel).to_owned());
+        let why = reason_name(reason);
+        match reason {
+            DeleteReason::DpdTimeout => warn!(
+                tunnel = %name, tenant = %tenant, ispi = %ike.initiator, rspi = %ike.responder, reason = %why,
+                "DPD timeout: peer is dead, IKE_SA deleted"
+            ),
+            DeleteReason::RetransmitLimit
+            | DeleteReason::AuthFailed
+            | DeleteReason::NegotiationFailed
+            | DeleteReason::Expired => warn!(
+                tunnel = %name, tenant = %tenant, ispi = %ike.initiator, rspi = %ike.responder, reason = %why,
+                "IKE_SA deleted"
+            ),
+            DeleteReason::PeerRequest | DeleteReason::LocalRequest | DeleteReason::Rekeyed => {
+                info!(
+                    tunnel = %name, tenant = %tenant, ispi = %ike.initiator, rspi = %ike.responder, reason = %why,
+                    "IKE_SA deleted"
+                )
+            }
+        }
+        if let Some(t) = tunnel {
+            let restart = self
+                .tunnels
+                .get(&t)
+                .is_some_and(|i| i.dpd_action == DpdAction::Restart);
+            if reason == DeleteReason::DpdTimeout && restart && !self.restart.contains(&t) {
+                self.restart.push(t);
+            }
+        }
+    }
+}
+
+/// The snake_case name of a delete reason, as logged.
+pub fn reason_name(reason: DeleteReason) -> &'static str {
+    match reason {
+        DeleteReason::PeerRequest => "peer_request",
+        DeleteReason::LocalRequest => "local_request",
+        DeleteReason::Rekeyed => "rekeyed",
+        DeleteReason::DpdTimeout => "dpd_timeout",
+        DeleteReason::RetransmitLimit => "retransmit_limit",
+        DeleteReason::Expired => "expired",
+        DeleteReason::AuthFailed => "auth_failed",
+        DeleteReason::NegotiationFailed => "negotiation_failed",
+    }
+}
+
+fn join_ts(ts: &[ike::TrafficSelector]) -> String {
+    ts.iter().map(format_ts).collect::<Vec<_>>().join(",")
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,643 @@
+//! Control loop tests: two real IKE endpoints, each driven by its own control loop, joined by
+//! fake data paths that carry IKE datagrams from one loop to the other in memory and record
+//! every install/remove/update call.
+
+use super::*;
+use crate::status::{Responder, TunnelDirectory, TunnelState};
+use crate::Config;
+use dataplane::{ChildStats, DataplaneError, DataplaneStats, IkeDatagram};
+use ike::{ChildSaInfo, IkeSpis};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU16, AtomicUsize, Ordering};
+use std::sync::{Mutex, OnceLock};
+use wire::EspSpi;
+
+/// One recorded data path call.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Call {
+    Install {
+        tunnel: TunnelId,
+        spi_in: EspSpi,
+        spi_out: EspSpi,
+        replaces: Option<EspSpi>,
+    },
+    Remove {
+        tunnel: TunnelId,
+        spi_in: EspSpi,
+        spi_out: EspSpi,
+    },
+    UpdatePeer {
+        tunnel: TunnelId,
+        ike: IkeSpis,
+        remote: SocketAddr,
+    },
+}
+
+/// A data path that records calls and delivers IKE datagrams to the other node's loop.
+#[derive(Default)]
+struct FakePath {
+    calls: Mutex<Vec<Call>>,
+    peer: OnceLock<Sender<ToControl>>,
+    /// While set, outgoing IKE datagrams are lost (a dead peer, seen from the other side).
+    blackhole: AtomicBool,
+    sent: AtomicUsize,
+    /// Non-zero: our datagrams from port 4500 reach the peer from this port (a NAT).
+    snat: AtomicU16,
+    /// Non-zero: our datagrams to this port reach the peer on port 4500 (the NAT's way back).
+    dnat: AtomicU16,
+}
+
+impl FakePath {
+    fn calls(&self) -> Vec<Call> {
+        self.calls.lock().unwrap().clone()
+    }
+
+    fn installs(&self) -> Vec<Call> {
+        self.calls()
+            .into_iter()
+            .filter(|c| matches!(c, Call::Install { .. }))
+            .collect()
+    }
+
+    fn removes(&self) -> Vec<Call> {
+        self.calls()
+            .into_iter()
+            .filter(|c| matches!(c, Call::Remove { .. }))
+            .collect()
+    }
+
+    /// CHILD_SAs installed and not removed: (inbound, outbound).
+    fn live(&self) -> Vec<(EspSpi, EspSpi)> {
+        let calls = self.calls();
+        let removed: Vec<EspSpi> = calls
+            .iter()
+            .filter_map(|c| match c {
+                Call::Remove { spi_in, .. } => Some(*spi_in),
+                _ => None,
+            })
+            .collect();
+        calls
+            .iter()
+            .filter_map(|c| match c {
+                Call::Install {
+                    spi_in, spi_out, ..
+                } if !removed.contains(spi_in) => Some((*spi_in, *spi_out)),
+                _ => None,
+            })
+            .collect()
+    }
+}
+
+impl DataPath for FakePath {
+    fn install_child(&self, child: &ChildSaInfo) -> Result<(), DataplaneError> {
+        self.calls.lock().unwrap().push(Call::Install {
+            tunnel: child.tunnel,
+            spi_in: child.inbound_spi,
+            spi_out: child.outbound_spi,
+            replaces: child.replaces,
+        });
+        Ok(())
+    }
+
+    fn remove_child(&self, tunnel: TunnelId, inbound_spi: EspSpi, outbound_spi: EspSpi) {
+        self.calls.lock().unwrap().push(Call::Remove {
+            tunnel,
+            spi_in: inbound_spi,
+            spi_out: outbound_spi,
+        });
+    }
+
+    fn update_peer(&self, tunnel: TunnelId, ike: IkeSpis, _local: SocketAddr, remote: SocketAddr) {
+        self.calls.lock().unwrap().push(Call::UpdatePeer {
+            tunnel,
+            ike,
+            remote,
+        });
+    }
+
+    fn send_ike(
+        &self,
+        local: SocketAddr,
+        remote: SocketAddr,
+        payload: &[u8],
+    ) -> Result<(), DataplaneError> {
+        self.sent.fetch_add(1, Ordering::SeqCst);
+        if self.blackhole.load(Ordering::SeqCst) {
+            return Ok(());
+        }
+        let (mut from, mut to) = (local, remote);
+        let snat = self.snat.load(Ordering::SeqCst);
+        if snat != 0 && from.port() == 4500 {
+            from.set_port(snat);
+        }
+        let dnat = self.dnat.load(Ordering::SeqCst);
+        if dnat != 0 && to.port() == dnat {
+            to.set_port(4500);
+        }
+        let datagram = IkeDatagram {
+            local: to,
+            remote: from,
+            data: payload.to_vec(),
+        };
+        if let Some(peer) = self.peer.get() {
+            let _ = peer.send(ToControl::Ike(datagram));
+        }
+        Ok(())
+    }
+
+    fn stats(&self) -> DataplaneStats {
+        let children = self
+            .live()
+            .into_iter()
+            .map(|(i, o)| ChildStats {
+                tunnel: Some(TunnelId(1)),
+                inbound_spi: i,
+                outbound_spi: o,
+                bytes_in: 1_000,
+                packets_in: 10,
+                bytes_out: 2_000,
+                packets_out: 20,
+                drops_in: 0,
+            })
+            .collect();
+        DataplaneStats {
+            children,
+            drops: vec![("esp_replay".into(), 0)],
+        }
+    }
+}
+
+/// A node: its configuration, fake data path, control loop and the sender its data path
+/// would use.
+struct Node {
+    config: Config,
+    path: Arc<FakePath>,
+    control: Option<ControlPlane>,
+    to_control: Sender<ToControl>,
+    _dir: Arc<Scratch>,
+}
+
+impl Node {
+    fn control(&self) -> &ControlPlane {
+        self.control.as_ref().expect("node is running")
+    }
+}
+
+/// Captures every log line of the test process (the control loops log from their own threads).
+fn logs() -> &'static Mutex<Vec<u8>> {
+    static LOGS: OnceLock<&'static Mutex<Vec<u8>>> = OnceLock::new();
+    LOGS.get_or_init(|| {
+        let buffer: &'static Mutex<Vec<u8>> = Box::leak(Box::new(Mutex::new(Vec::new())));
+        struct W(&'static Mutex<Vec<u8>>);
+        impl std::io::Write for W {
+            fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+                self.0.lock().unwrap().extend_from_slice(b);
+                Ok(b.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let _ = tracing_subscriber::fmt()
+            .with_ansi(false)
+            .with_max_level(tracing::Level::INFO)
+            .with_writer(move || W(buffer))
+            .try_init();
+        buffer
+    })
+}
+
+fn log_lines_with(needle: &str) -> Vec<String> {
+    let text = String::from_utf8_lossy(&logs().lock().unwrap()).into_owned();
+    text.lines()
+        .filter(|l| l.contains(needle))
+        .map(str::to_owned)
+        .collect()
+}
+
+/// A temporary directory, removed when the last node using it is dropped.
+struct Scratch(PathBuf);
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn scratch_dir() -> Arc<Scratch> {
+    static N: AtomicUsize = AtomicUsize::new(0);
+    let dir = std::env::temp_dir().join(format!(
+        "protego-runtime-test-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::SeqCst)
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    Arc::new(Scratch(dir))
+}
+
+/// Writes and loads one side's configuration. `extra` is appended to the tunnel table and
+/// `gateway_extra` to `[gateway]`.
+fn config(
+    dir: &Path,
+    side: char,
+    name: &str,
+    start: bool,
+    gateway_extra: &str,
+    extra: &str,
+) -> Config {
+    let (me, peer, my_ts, peer_ts) = match side {
+        'a' => ("192.0.2.1", "192.0.2.2", "10.1.0.0/24", "10.2.0.0/24"),
+        _ => ("192.0.2.2", "192.0.2.1", "10.2.0.0/24", "10.1.0.0/24"),
+    };
+    let other = if side == 'a' { 'b' } else { 'a' };
+    let psk = dir.join("psk");
+    std::fs::write(&psk, "runtime test secret\n").unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&psk, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let text = format!(
+        r#"[gateway]
+listen = ["{me}"]
+control_socket = "{dir}/{side}.sock"
+retransmit_timeout = "1s"
+retransmit_tries = 2
+{gateway_extra}
+
+[[tenant]]
+name = "t"
+
+[[tunnel]]
+name = "{name}"
+tenant = "t"
+inside = "tun"
+remote_addrs = "{peer}"
+local_id = "{side}.example"
+remote_id = "{other}.example"
+psk_file = "psk"
+proposals = "aes256gcm16-prfsha256-x25519"
+esp_proposals = "aes256gcm16"
+local_ts = "{my_ts}"
+remote_ts = "{peer_ts}"
+start_action = "{start}"
+{extra}
+"#,
+        dir = dir.display(),
+        start = if start { "start" } else { "none" },
+    );
+    let path = dir.join(format!("{side}.toml"));
+    std::fs::write(&path, &text).unwrap();
+    Config::load(&path).unwrap_or_else(|e| panic!("{e}"))
+}
+
+fn node(config: Config, dir: Arc<Scratch>) -> Node {
+    let path = Arc::new(FakePath::default());
+    let (to_control, from_dataplane) = crossbeam_channel::unbounded();
+    Node {
+        config,
+        path,
+        control: None,
+        to_control,
+        _dir: dir,
+    }
+    .with_receiver(from_dataplane)
+}
+
+impl Node {
+    fn with_receiver(mut self, rx: Receiver<ToControl>) -> Self {
+        let datapath: Arc<dyn DataPath> = self.path.clone();
+        let rng = Box::new(crypto::SeededRng::new(
+            u64::from(self.config.gateway.listen[0].is_ipv4()) + 7,
+        ));
+        self.control = Some(
+            ControlPlane::start_with_rng(&self.config, datapath, rx, rng)
+                .unwrap_or_else(|e| panic!("{e}")),
+        );
+        self
+    }
+}
+
+/// Two nodes wired to each other; `a` initiates (start_action = "start"), `b` responds.
+fn pair(name: &str, gateway_extra_a: &str, extra_a: &str, extra_b: &str) -> (Node, Node) {
+    let _ = logs();
+    let dir = scratch_dir();
+    let config_a = config(&dir.0, 'a', name, true, gateway_extra_a, extra_a);
+    let config_b = config(&dir.0, 'b', name, false, "", extra_b);
+    // Wire the paths before the loops start so the first IKE_SA_INIT is not lost.
+    let path_a = Arc::new(FakePath::default());
+    let path_b = Arc::new(FakePath::default());
+    let (tx_a, rx_a) = crossbeam_channel::unbounded();
+    let (tx_b, rx_b) = crossbeam_channel::unbounded();
+    let _ = path_a.peer.set(tx_b.clone());
+    let _ = path_b.peer.set(tx_a.clone());
+    let mut b = Node {
+        config: config_b,
+        path: path_b,
+        control: None,
+        to_control: tx_b,
+        _dir: Arc::clone(&dir),
+    };
+    b = b.with_receiver(rx_b);
+    let mut a = Node {
+        config: config_a,
+        path: path_a,
+        control: None,
+        to_control: tx_a,
+        _dir: dir,
+    };
+    a = a.with_receiver(rx_a);
+    (a, b)
+}
+
+/// Polls `cond` every 10 ms for up to `secs` seconds.
+fn wait_until(secs: u64, what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    while Instant::now() < deadline {
+        if cond() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    panic!("timed out waiting for {what}");
+}
+
+fn established(node: &Node) -> bool {
+    node.control()
+        .handle()
+        .ike_status()
+        .map(|s| s.iter().any(|sa| sa.state == ike::IkeSaState::Established))
+        .unwrap_or(false)
+}
+
+fn wait_up(a: &Node, b: &Node) {
+    wait_until(10, "both CHILD_SAs installed", || {
+        !a.path.live().is_empty() && !b.path.live().is_empty()
+    });
+    wait_until(5, "both IKE SAs established", || {
+        established(a) && established(b)
+    });
+}
+
+#[test]
+fn tunnel_comes_up_with_matching_spis() {
+    let (a, b) = pair("up-test", "", "", "");
+    wait_up(&a, &b);
+    let (a_in, a_out) = a.path.live()[0];
+    let (b_in, b_out) = b.path.live()[0];
+    assert_eq!(
+        (a_in, a_out),
+        (b_out, b_in),
+        "each side's inbound SPI is the other's outbound"
+    );
+    assert!(matches!(
+        a.path.installs()[0],
+        Call::Install {
+            tunnel: TunnelId(1),
+            replaces: None,
+            ..
+        }
+    ));
+
+    // The status document joins the engine's view with the data path's counters.
+    let responder = Responder::new(
+        a.control().handle(),
+        a.path.clone(),
+        TunnelDirectory::from_config(&a.config),
+    );
+    let report = responder.status().unwrap();
+    let t = &report.tunnels[0];
+    assert_eq!(
+        (t.name.as_str(), t.tenant.as_str(), t.state),
+        ("up-test", "t", TunnelState::Established)
+    );
+    let sa = &t.ike_sas[0];
+    assert!(sa.initiator);
+    assert!(sa.proposal.contains("AES_GCM_16"), "{}", sa.proposal);
+    assert_eq!(
+        sa.remote.ip(),
+        "192.0.2.2".parse::<std::net::IpAddr>().unwrap()
+    );
+    let child = &sa.children[0];
+    assert_eq!(child.spi_in, a_in.to_string());
+    assert_eq!(child.spi_out, a_out.to_string());
+    assert_eq!((child.bytes_in, child.packets_out), (1_000, 20));
+    assert_eq!(child.local_ts, ["10.1.0.0/24"]);
+    assert_eq!(child.remote_ts, ["10.2.0.0/24"]);
+
+    // One structured line per state change, with the tunnel's fields.
+    let established = log_lines_with("IKE_SA established");
+    assert!(
+        established.iter().any(|l| l.contains("tunnel=up-test")
+            && l.contains("tenant=t")
+            && l.contains("proposal=")),
+        "{established:?}"
+    );
+    let installed = log_lines_with(&format!("spi_in={a_in}"));
+    assert!(
+        installed
+            .iter()
+            .any(|l| l.contains("CHILD_SA installed") && l.contains(&format!("spi_out={a_out}"))),
+        "{installed:?}"
+    );
+}
+
+#[test]
+fn shutdown_deletes_the_sas_at_the_peer() {
+    let (mut a, b) = pair("shutdown-test", "", "", "");
+    wait_up(&a, &b);
+    let (b_in, _) = b.path.live()[0];
+    let started = Instant::now();
+    a.control
+        .take()
+        .unwrap()
+        .shutdown(Duration::from_secs(1))
+        .unwrap();
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "shutdown is bounded"
+    );
+    wait_until(5, "the peer removed its CHILD_SA", || {
+        b.path.live().is_empty()
+    });
+    assert!(b
+        .path
+        .removes()
+        .iter()
+        .any(|c| matches!(c, Call::Remove { spi_in, .. } if *spi_in == b_in)));
+    wait_until(5, "the peer's IKE SA is gone", || {
+        b.control()
+            .handle()
+            .ike_status()
+            .is_ok_and(|s| s.is_empty())
+    });
+    assert!(
+        a.path.live().is_empty(),
+        "our side removed its CHILD_SA too"
+    );
+    let deleted = log_lines_with("tunnel=shutdown-test");
+    assert!(
+        deleted
+            .iter()
+            .any(|l| l.contains("IKE_SA deleted") && l.contains("reason=peer_request")),
+        "{deleted:?}"
+    );
+}
+
+#[test]
+fn data_plane_rekey_request_rekeys_the_child() {
+    let (a, b) = pair("rekey-test", "", "", "");
+    wait_up(&a, &b);
+    let (old_in, _) = a.path.live()[0];
+    a.to_control.send(ToControl::RekeyNeeded(old_in)).unwrap();
+    wait_until(
+        10,
+        "the rekeyed CHILD_SA replaced the old one on both sides",
+        || {
+            let a_live = a.path.live();
+            let b_live = b.path.live();
+            a_live.len() == 1
+                && b_live.len() == 1
+                && a_live[0].0 != old_in
+                && a_live[0].0 == b_live[0].1
+        },
+    );
+    assert!(
+        a.path
+            .installs()
+            .iter()
+            .any(|c| matches!(c, Call::Install { replaces: Some(r), .. } if *r == old_in)),
+        "{:?}",
+        a.path.calls()
+    );
+    let rekeyed = log_lines_with("CHILD_SA rekeyed");
+    assert!(
+        rekeyed.iter().any(|l| l.contains("tunnel=rekey-test")),
+        "{rekeyed:?}"
+    );
+}
+
+#[test]
+fn terminate_and_initiate_commands() {
+    let (a, b) = pair("command-test", "", "", "");
+    wait_up(&a, &b);
+    let handle = a.control().handle();
+    handle.terminate(TunnelId(1)).unwrap();
+    wait_until(5, "both sides removed the CHILD_SA", || {
+        a.path.live().is_empty() && b.path.live().is_empty()
+    });
+    wait_until(5, "no IKE SA left", || {
+        handle.ike_status().is_ok_and(|s| s.is_empty())
+    });
+    handle.initiate(TunnelId(1)).unwrap();
+    wait_up(&a, &b);
+    assert!(matches!(
+        handle.initiate(TunnelId(9)),
+        Err(Error::Command {
+            command: "initiate",
+            ..
+        })
+    ));
+}
+
+#[test]
+fn key_log_is_written_when_enabled() {
+    let scratch = scratch_dir();
+    let dir = &scratch.0;
+    let gateway = format!("key_log = \"{}\"", dir.join("keys").display());
+    let (a, b) = pair("keylog-test", &gateway, "", "");
+    assert!(a.config.endpoint.key_log);
+    wait_up(&a, &b);
+    let (a_in, a_out) = a.path.live()[0];
+    let esp = std::fs::read_to_string(dir.join("keys").join(crate::ESP_TABLE)).unwrap();
+    assert!(
+        esp.contains(&format!("\"0x{a_in}\"")) && esp.contains(&format!("\"0x{a_out}\"")),
+        "{esp}"
+    );
+    assert!(esp.contains("AES-GCM with 16 octet ICV [RFC4106]"), "{esp}");
+    wait_until(5, "the IKE key log line", || {
+        std::fs::read_to_string(dir.join("keys").join(crate::IKE_TABLE))
+            .is_ok_and(|s| s.lines().count() >= 1)
+    });
+}
+
+#[test]
+fn dpd_timeout_restarts_the_tunnel() {
+    let (a, b) = pair(
+        "dpd-test",
+        "",
+        "dpd_delay = \"1s\"\ndpd_action = \"restart\"",
+        "",
+    );
+    wait_up(&a, &b);
+    let (first_in, _) = a.path.live()[0];
+    // The peer goes silent: its answers are lost.
+    b.path.blackhole.store(true, Ordering::SeqCst);
+    wait_until(20, "DPD declared the peer dead", || {
+        a.path.live().is_empty()
+    });
+    let dead = log_lines_with("DPD timeout");
+    assert!(
+        dead.iter()
+            .any(|l| l.contains("tunnel=dpd-test") && l.contains("reason=dpd_timeout")),
+        "{dead:?}"
+    );
+    // The peer comes back; the restarted initiation (or one of its retransmits) gets through.
+    b.path.blackhole.store(false, Ordering::SeqCst);
+    wait_until(20, "the tunnel was re-established", || {
+        a.path.live().iter().any(|(i, _)| *i != first_in)
+    });
+}
+
+#[test]
+fn loop_stops_when_the_data_plane_goes_away() {
+    let _ = logs();
+    let dir = scratch_dir();
+    let cfg = config(&dir.0, 'b', "orphan-test", false, "", "");
+    let path: Arc<dyn DataPath> = Arc::new(FakePath::default());
+    let (tx, rx) = crossbeam_channel::unbounded::<ToControl>();
+    let control = ControlPlane::start(&cfg, path, rx).unwrap();
+    assert!(control.is_running());
+    drop(tx);
+    wait_until(5, "the loop noticed the closed channel", || {
+        !control.is_running()
+    });
+    assert!(matches!(
+        control.handle().ike_status(),
+        Err(Error::ControlStopped)
+    ));
+}
+
+#[test]
+fn lone_responder_waits_quietly() {
+    let dir = scratch_dir();
+    let n = node(
+        config(&dir.0, 'b', "lone-test", false, "", ""),
+        Arc::clone(&dir),
+    );
+    std::thread::sleep(Duration::from_millis(100));
+    assert!(n.control().is_running());
+    assert_eq!(
+        n.path.sent.load(Ordering::SeqCst),
+        0,
+        "a responder sends nothing on its own"
+    );
+    assert!(n.control().handle().ike_status().unwrap().is_empty());
+}
+
+#[test]
+fn nat_rebinding_updates_the_data_path() {
+    let (a, b) = pair("nat-test", "", "", "dpd_delay = \"1s\"");
+    wait_up(&a, &b);
+    // From now on b's NAT maps its port 4500 to 4501; a's answers to 4501 come back to 4500.
+    b.path.snat.store(4501, Ordering::SeqCst);
+    a.path.dnat.store(4501, Ordering::SeqCst);
+    wait_until(10, "a learned b's new port", || {
+        a.path.calls().iter().any(|c| matches!(c, Call::UpdatePeer { tunnel: TunnelId(1), remote, .. } if remote.port() == 4501))
+    });
+    let lines = log_lines_with("peer address changed");
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains("tunnel=nat-test") && l.contains(":4501")),
+        "{lines:?}"
+    );
+}

@@ -1,0 +1,337 @@
+//! Status of a running node: the JSON document `protego status` fetches over the control socket
+//! ([`StatusReport`]), how it is assembled from the IKE engine's SA table and the data plane's
+//! counters, and formatting helpers shared with the log lines (swanctl's notation for traffic
+//! selectors and identities).
+
+mod render;
+mod server;
+
+#[cfg(test)]
+mod tests;
+
+pub use render::render_text;
+pub use server::{query, query_status, Request, RequestHandler, Responder, StatusServer};
+
+use crate::config::{Config, TunnelInside};
+use dataplane::DataplaneStats;
+use ike::{IkeSaState, IkeSaStatus, TrafficSelector, TunnelId};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::net::{IpAddr, SocketAddr};
+
+/// Version of the status document; bumped when a field changes meaning.
+pub const STATUS_VERSION: u32 = 1;
+
+/// The answer to a `status` request.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StatusReport {
+    /// [`STATUS_VERSION`].
+    pub version: u32,
+    /// Seconds since the control plane started.
+    pub uptime_secs: u64,
+    /// Every configured tunnel, in configuration order, up or not.
+    pub tunnels: Vec<TunnelStatus>,
+    /// IKE SAs not (yet) attributed to a configured tunnel (half-open responder SAs).
+    pub unmatched_ike_sas: usize,
+    /// Node-wide data plane drop counters by reason.
+    pub drops: BTreeMap<String, u64>,
+}
+
+/// Summary state of a tunnel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TunnelState {
+    /// No IKE SA.
+    Down,
+    /// An IKE SA is being negotiated.
+    Connecting,
+    /// An IKE SA is established (possibly being rekeyed).
+    Established,
+}
+
+impl TunnelState {
+    /// The lower-case name used in JSON and tables.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TunnelState::Down => "down",
+            TunnelState::Connecting => "connecting",
+            TunnelState::Established => "established",
+        }
+    }
+}
+
+/// One configured tunnel.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TunnelStatus {
+    /// Name (`[[tunnel]] name`).
+    pub name: String,
+    /// Tenant.
+    pub tenant: String,
+    /// `vnet:NAME` or `tun`.
+    pub inside: String,
+    /// Summary state.
+    pub state: TunnelState,
+    /// Configured peer addresses (empty: any).
+    pub remote_addrs: Vec<IpAddr>,
+    /// Our identity, swanctl notation.
+    pub local_id: String,
+    /// The peer's identity, swanctl notation.
+    pub remote_id: String,
+    /// Its IKE SAs (two while one is being rekeyed).
+    pub ike_sas: Vec<IkeSaReport>,
+}
+
+/// One IKE SA.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IkeSaReport {
+    /// Initiator's SPI, 16 hex digits.
+    pub spi_i: String,
+    /// Responder's SPI, 16 hex digits (zeros while half-open).
+    pub spi_r: String,
+    /// True if this node was the original initiator.
+    pub initiator: bool,
+    /// `connecting`, `established`, `rekeying` or `deleting`.
+    pub state: String,
+    /// Our address and port.
+    pub local: SocketAddr,
+    /// The peer's address and port.
+    pub remote: SocketAddr,
+    /// Negotiated proposal (empty until negotiated).
+    pub proposal: String,
+    /// Seconds since it was established.
+    pub established_secs: u64,
+    /// Its CHILD_SAs.
+    pub children: Vec<ChildSaReport>,
+}
+
+/// One CHILD_SA pair with its data plane counters.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChildSaReport {
+    /// Inbound SPI, 8 hex digits.
+    pub spi_in: String,
+    /// Outbound SPI, 8 hex digits.
+    pub spi_out: String,
+    /// Negotiated proposal.
+    pub proposal: String,
+    /// Local traffic selectors.
+    pub local_ts: Vec<String>,
+    /// Remote traffic selectors.
+    pub remote_ts: Vec<String>,
+    /// Seconds since it was installed.
+    pub installed_secs: u64,
+    /// Inner bytes decrypted.
+    pub bytes_in: u64,
+    /// Packets decrypted.
+    pub packets_in: u64,
+    /// Inner bytes encrypted.
+    pub bytes_out: u64,
+    /// Packets encrypted.
+    pub packets_out: u64,
+    /// Inbound packets dropped (replay, ICV, padding).
+    pub drops_in: u64,
+}
+
+/// What the status report needs to know about each configured tunnel.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TunnelEntry {
+    /// Its id.
+    pub id: TunnelId,
+    /// Its name.
+    pub name: String,
+    /// Its tenant.
+    pub tenant: String,
+    /// `vnet:NAME` or `tun`.
+    pub inside: String,
+    /// Configured peer addresses.
+    pub remote_addrs: Vec<IpAddr>,
+    /// Our identity, swanctl notation.
+    pub local_id: String,
+    /// The peer's identity, swanctl notation.
+    pub remote_id: String,
+}
+
+/// The configured tunnels, for status reports.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TunnelDirectory(pub Vec<TunnelEntry>);
+
+impl TunnelDirectory {
+    /// The directory of a configuration.
+    pub fn from_config(config: &Config) -> Self {
+        Self(
+            config
+                .tunnels
+                .iter()
+                .map(|t| TunnelEntry {
+                    id: t.peer.id,
+                    name: t.peer.name.clone(),
+                    tenant: t.tenant.clone(),
+                    inside: match &t.inside {
+                        TunnelInside::Vnet(n) => format!("vnet:{n}"),
+                        TunnelInside::Tun => "tun".to_owned(),
+                    },
+                    remote_addrs: t.peer.remote_addrs.clone(),
+                    local_id: t.peer.local_id.to_string(),
+                    remote_id: t.peer.remote_id.to_string(),
+                })
+                .collect(),
+        )
+    }
+
+    /// The entry of `id`.
+    pub fn get(&self, id: TunnelId) -> Option<&TunnelEntry> {
+        self.0.iter().find(|e| e.id == id)
+    }
+}
+
+impl StatusReport {
+    /// Joins the IKE engine's SA table with the data plane's counters, tunnel by tunnel.
+    pub fn build(
+        directory: &TunnelDirectory,
+        ike_sas: &[IkeSaStatus],
+        stats: &DataplaneStats,
+        uptime_secs: u64,
+    ) -> Self {
+        let tunnels = directory
+            .0
+            .iter()
+            .map(|entry| {
+                let mut sas: Vec<&IkeSaStatus> = ike_sas
+                    .iter()
+                    .filter(|s| s.tunnel == Some(entry.id))
+                    .collect();
+                // Established SAs first, then by age (oldest first).
+                sas.sort_by_key(|s| (state_rank(s.state), std::cmp::Reverse(s.age_secs)));
+                let state = sas.first().map_or(TunnelState::Down, |s| match s.state {
+                    IkeSaState::Established | IkeSaState::Rekeying => TunnelState::Established,
+                    IkeSaState::Connecting => TunnelState::Connecting,
+                    IkeSaState::Deleting => TunnelState::Down,
+                });
+                TunnelStatus {
+                    name: entry.name.clone(),
+                    tenant: entry.tenant.clone(),
+                    inside: entry.inside.clone(),
+                    state,
+                    remote_addrs: entry.remote_addrs.clone(),
+                    local_id: entry.local_id.clone(),
+                    remote_id: entry.remote_id.clone(),
+                    ike_sas: sas.into_iter().map(|s| ike_report(s, stats)).collect(),
+                }
+            })
+            .collect();
+        let unmatched_ike_sas = ike_sas
+            .iter()
+            .filter(|s| s.tunnel.is_none_or(|t| directory.get(t).is_none()))
+            .count();
+        let mut drops = BTreeMap::new();
+        for (reason, count) in &stats.drops {
+            *drops.entry(reason.clone()).or_insert(0) += count;
+        }
+        Self {
+            version: STATUS_VERSION,
+            uptime_secs,
+            tunnels,
+            unmatched_ike_sas,
+            drops,
+        }
+    }
+}
+
+fn state_rank(state: IkeSaState) -> u8 {
+    match state {
+        IkeSaState::Established => 0,
+        IkeSaState::Rekeying => 1,
+        IkeSaState::Connecting => 2,
+        IkeSaState::Deleting => 3,
+    }
+}
+
+/// The lower-case name of an IKE SA state.
+pub fn ike_state_name(state: IkeSaState) -> &'static str {
+    match state {
+        IkeSaState::Connecting => "connecting",
+        IkeSaState::Established => "established",
+        IkeSaState::Rekeying => "rekeying",
+        IkeSaState::Deleting => "deleting",
+    }
+}
+
+fn ike_report(s: &IkeSaStatus, stats: &DataplaneStats) -> IkeSaReport {
+    let children = s
+        .children
+        .iter()
+        .map(|c| {
+            let counters = stats.children.iter().find(|st| {
+                st.inbound_spi == c.inbound_spi && st.tunnel.is_none_or(|t| Some(t) == s.tunnel)
+            });
+            let get = |f: fn(&dataplane::ChildStats) -> u64| counters.map_or(0, f);
+            ChildSaReport {
+                spi_in: c.inbound_spi.to_string(),
+                spi_out: c.outbound_spi.to_string(),
+                proposal: c.proposal.clone(),
+                local_ts: c.local_ts.iter().map(format_ts).collect(),
+                remote_ts: c.remote_ts.iter().map(format_ts).collect(),
+                installed_secs: c.age_secs,
+                bytes_in: get(|c| c.bytes_in),
+                packets_in: get(|c| c.packets_in),
+                bytes_out: get(|c| c.bytes_out),
+                packets_out: get(|c| c.packets_out),
+                drops_in: get(|c| c.drops_in),
+            }
+        })
+        .collect();
+    IkeSaReport {
+        spi_i: s.ike.initiator.to_string(),
+        spi_r: s.ike.responder.to_string(),
+        initiator: s.initiator,
+        state: ike_state_name(s.state).to_owned(),
+        local: s.local,
+        remote: s.remote,
+        proposal: s.proposal.clone(),
+        established_secs: s.age_secs,
+        children,
+    }
+}
+
+/// A traffic selector in swanctl notation: `10.1.0.0/24`, `10.1.0.1..10.1.0.9`, with a
+/// `[proto/port]` suffix when it is narrower than any protocol and port.
+pub fn format_ts(ts: &TrafficSelector) -> String {
+    let mut out = match prefix_len(ts.start, ts.end) {
+        Some(len) => format!("{}/{len}", ts.start),
+        None => format!("{}..{}", ts.start, ts.end),
+    };
+    let any_port = ts.start_port == 0 && ts.end_port == u16::MAX;
+    if ts.ip_proto != 0 || !any_port {
+        let proto = match ts.ip_proto {
+            0 => "any".to_owned(),
+            1 => "icmp".to_owned(),
+            6 => "tcp".to_owned(),
+            17 => "udp".to_owned(),
+            58 => "ipv6-icmp".to_owned(),
+            132 => "sctp".to_owned(),
+            n => n.to_string(),
+        };
+        if any_port {
+            out.push_str(&format!("[{proto}]"));
+        } else if ts.start_port == ts.end_port {
+            out.push_str(&format!("[{proto}/{}]", ts.start_port));
+        } else {
+            out.push_str(&format!("[{proto}/{}-{}]", ts.start_port, ts.end_port));
+        }
+    }
+    out
+}
+
+/// The prefix length if `start..=end` is exactly one CIDR block.
+fn prefix_len(start: IpAddr, end: IpAddr) -> Option<u32> {
+    let (s, e, bits) = match (start, end) {
+        (IpAddr::V4(s), IpAddr::V4(e)) => (u128::from(u32::from(s)), u128::from(u32::from(e)), 32),
+        (IpAddr::V6(s), IpAddr::V6(e)) => (u128::from(s), u128::from(e), 128),
+        _ => return None,
+    };
+    let span = s ^ e;
+    // `span` must be all ones in its low bits, and `start` must have those bits clear.
+    if e < s || span & span.wrapping_add(1) != 0 || s & span != 0 {
+        return None;
+    }
+    Some(bits - (128 - span.leading_zeros()))
+}

@@ -1,0 +1,164 @@
+//! Text rendering of a [`StatusReport`] for `protego status`: the SA layout of
+//! `swanctl --list-sas` with the counter blocks of `ip -s link`.
+
+use super::{ChildSaReport, IkeSaReport, StatusReport, TunnelState};
+use std::fmt::Write;
+
+/// Renders the report as text.
+pub fn render_text(report: &StatusReport) -> String {
+    let mut out = String::new();
+    let up = report
+        .tunnels
+        .iter()
+        .filter(|t| t.state == TunnelState::Established)
+        .count();
+    // Writing to a String cannot fail.
+    let _ = writeln!(
+        out,
+        "{} tunnel(s), {} established, uptime {}",
+        report.tunnels.len(),
+        up,
+        format_age(report.uptime_secs)
+    );
+    for t in &report.tunnels {
+        let _ = writeln!(
+            out,
+            "{}: {}, tenant {}, inside {}",
+            t.name,
+            t.state.as_str().to_uppercase(),
+            t.tenant,
+            t.inside
+        );
+        if t.ike_sas.is_empty() {
+            let remote = if t.remote_addrs.is_empty() {
+                "%any".to_owned()
+            } else {
+                t.remote_addrs
+                    .iter()
+                    .map(ToString::to_string)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            };
+            let _ = writeln!(out, "  local  '{}'", t.local_id);
+            let _ = writeln!(out, "  remote '{}' @ {}", t.remote_id, remote);
+        }
+        for sa in &t.ike_sas {
+            render_ike(&mut out, sa, &t.local_id, &t.remote_id);
+        }
+    }
+    if report.unmatched_ike_sas > 0 {
+        let _ = writeln!(
+            out,
+            "{} IKE SA(s) not matched to a tunnel (half-open)",
+            report.unmatched_ike_sas
+        );
+    }
+    let nonzero: Vec<_> = report.drops.iter().filter(|(_, n)| **n > 0).collect();
+    if nonzero.is_empty() {
+        let _ = writeln!(out, "drops: none");
+    } else {
+        let width = nonzero.iter().map(|(k, _)| k.len()).max().unwrap_or(0);
+        let _ = writeln!(out, "drops:");
+        for (reason, count) in nonzero {
+            let _ = writeln!(out, "  {reason:<width$}  {count}");
+        }
+    }
+    out
+}
+
+fn render_ike(out: &mut String, sa: &IkeSaReport, local_id: &str, remote_id: &str) {
+    let (mark_i, mark_r) = if sa.initiator { ("*", "") } else { ("", "*") };
+    let _ = writeln!(
+        out,
+        "  IKE_SA {}, {}_i{} {}_r{}",
+        sa.state.to_uppercase(),
+        sa.spi_i,
+        mark_i,
+        sa.spi_r,
+        mark_r
+    );
+    let _ = writeln!(
+        out,
+        "    local  '{}' @ {}[{}]",
+        local_id,
+        sa.local.ip(),
+        sa.local.port()
+    );
+    let _ = writeln!(
+        out,
+        "    remote '{}' @ {}[{}]",
+        remote_id,
+        sa.remote.ip(),
+        sa.remote.port()
+    );
+    if !sa.proposal.is_empty() {
+        let _ = writeln!(out, "    {}", sa.proposal);
+    }
+    if sa.state != "connecting" {
+        let _ = writeln!(
+            out,
+            "    established {} ago",
+            format_age(sa.established_secs)
+        );
+    }
+    for child in &sa.children {
+        render_child(out, child);
+    }
+}
+
+fn render_child(out: &mut String, c: &ChildSaReport) {
+    let _ = writeln!(
+        out,
+        "    CHILD_SA {}, installed {} ago",
+        c.proposal,
+        format_age(c.installed_secs)
+    );
+    let _ = writeln!(out, "      local  {}", c.local_ts.join(" "));
+    let _ = writeln!(out, "      remote {}", c.remote_ts.join(" "));
+    let w = [c.bytes_in, c.bytes_out]
+        .iter()
+        .map(|n| n.to_string().len())
+        .max()
+        .unwrap_or(1)
+        .max(5);
+    let p = [c.packets_in, c.packets_out]
+        .iter()
+        .map(|n| n.to_string().len())
+        .max()
+        .unwrap_or(1)
+        .max(7);
+    let _ = writeln!(
+        out,
+        "      RX: {:<8}  {:>w$}  {:>p$}  {:>7}",
+        "spi", "bytes", "packets", "dropped"
+    );
+    let _ = writeln!(
+        out,
+        "          {:<8}  {:>w$}  {:>p$}  {:>7}",
+        c.spi_in, c.bytes_in, c.packets_in, c.drops_in
+    );
+    let _ = writeln!(
+        out,
+        "      TX: {:<8}  {:>w$}  {:>p$}",
+        "spi", "bytes", "packets"
+    );
+    let _ = writeln!(
+        out,
+        "          {:<8}  {:>w$}  {:>p$}",
+        c.spi_out, c.bytes_out, c.packets_out
+    );
+}
+
+/// `3d 4h`, `2h 5m`, `5m 20s`, `42s`.
+fn format_age(secs: u64) -> String {
+    let (d, h, m, s) = (secs / 86_400, secs / 3_600 % 24, secs / 60 % 60, secs % 60);
+    if d > 0 {
+        format!("{d}d {h}h")
+    } else if h > 0 {
+        format!("{h}h {m}m")
+    } else if m > 0 {
+        format!("{m}m {s}s")
+    } else {
+        format!("{s}s")
+    }
+}

@@ -1,0 +1,377 @@
+//! The control socket: a Unix stream socket (mode 0600) speaking one request per line and one
+//! JSON document per answer line. A request is either a bare word (`status`, `ping`,
+//! `initiate NAME`, `terminate NAME`) or a JSON object (`{"command":"status"}`); an answer is
+//! the command's JSON document, or `{"error":"..."}`.
+
+use super::{StatusReport, TunnelDirectory};
+use crate::error::Error;
+use crate::runtime::ControlHandle;
+use dataplane::DataPath;
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::os::unix::fs::{DirBuilderExt, FileTypeExt, PermissionsExt};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// Longest request line accepted.
+const MAX_LINE: usize = 64 * 1024;
+/// Connections served at once; more are refused with an error line.
+const MAX_CONNECTIONS: usize = 16;
+/// A client that sends nothing for this long is disconnected.
+const READ_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a client may take to read an answer.
+const WRITE_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long `query` waits for an answer.
+const CLIENT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A request on the control socket.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "command", rename_all = "snake_case", deny_unknown_fields)]
+pub enum Request {
+    /// The [`StatusReport`].
+    Status,
+    /// Liveness check; answers `{"ok":true,"version":"..."}`.
+    Ping,
+    /// Initiate the named tunnel (as `swanctl --initiate`).
+    Initiate {
+        /// Tunnel name.
+        tunnel: String,
+    },
+    /// Delete the named tunnel's SAs, telling the peer (as `swanctl --terminate`).
+    Terminate {
+        /// Tunnel name.
+        tunnel: String,
+    },
+}
+
+impl Request {
+    /// Parses one request line (bare words or a JSON object).
+    pub fn parse_line(line: &str) -> Result<Self, String> {
+        let line = line.trim();
+        if line.starts_with('{') {
+            return serde_json::from_str(line).map_err(|e| format!("invalid request: {e}"));
+        }
+        let mut words = line.split_whitespace();
+        let command = words.next().ok_or_else(|| "empty request".to_owned())?;
+        let argument = words.next();
+        if words.next().is_some() {
+            return Err(format!("too many arguments to {command:?}"));
+        }
+        match (command, argument) {
+            ("status", None) => Ok(Request::Status),
+            ("ping", None) => Ok(Request::Ping),
+            ("initiate", Some(t)) => Ok(Request::Initiate {
+                tunnel: t.to_owned(),
+            }),
+            ("terminate", Some(t)) => Ok(Request::Terminate {
+                tunnel: t.to_owned(),
+            }),
+            ("initiate" | "terminate", None) => Err(format!("{command} needs a tunnel name")),
+            ("status" | "ping", Some(_)) => Err(format!("{command} takes no argument")),
+            (other, _) => Err(format!(
+                "unknown command {other:?} (status, ping, initiate NAME, terminate NAME)"
+            )),
+        }
+    }
+}
+
+/// Answers control socket requests.
+pub trait RequestHandler: Send + Sync {
+    /// The JSON answer to `request` (`{"error": ...}` on failure).
+    fn handle(&self, request: Request) -> Value;
+}
+
+/// The real handler: IKE state from the control loop, counters from the data path.
+pub struct Responder {
+    control: ControlHandle,
+    datapath: Arc<dyn DataPath>,
+    directory: TunnelDirectory,
+    started: Instant,
+}
+
+impl Responder {
+    /// A handler for a running control loop.
+    pub fn new(
+        control: ControlHandle,
+        datapath: Arc<dyn DataPath>,
+        directory: TunnelDirectory,
+    ) -> Self {
+        Self {
+            control,
+            datapath,
+            directory,
+            started: Instant::now(),
+        }
+    }
+
+    /// The current status report.
+    pub fn status(&self) -> Result<StatusReport, Error> {
+        let ike = self.control.ike_status()?;
+        let stats = self.datapath.stats();
+        Ok(StatusReport::build(
+            &self.directory,
+            &ike,
+            &stats,
+            self.started.elapsed().as_secs(),
+        ))
+    }
+
+    fn tunnel_id(&self, name: &str) -> Result<ike::TunnelId, Value> {
+        self.directory
+            .0
+            .iter()
+            .find(|e| e.name == name)
+            .map(|e| e.id)
+            .ok_or_else(|| json!({ "error": format!("unknown tunnel {name:?}") }))
+    }
+}
+
+impl RequestHandler for Responder {
+    fn handle(&self, request: Request) -> Value {
+        let result = match request {
+            Request::Status => self.status().map(|r| {
+                serde_json::to_value(r)
+                    .expect("a StatusReport has only string map keys and always serializes")
+            }),
+            Request::Ping => Ok(json!({ "ok": true, "version": env!("CARGO_PKG_VERSION") })),
+            Request::Initiate { tunnel } => match self.tunnel_id(&tunnel) {
+                Ok(id) => self.control.initiate(id).map(|()| json!({ "ok": true })),
+                Err(v) => return v,
+            },
+            Request::Terminate { tunnel } => match self.tunnel_id(&tunnel) {
+                Ok(id) => self.control.terminate(id).map(|()| json!({ "ok": true })),
+                Err(v) => return v,
+            },
+        };
+        result.unwrap_or_else(|e| json!({ "error": e.to_string() }))
+    }
+}
+
+/// The control socket server: one thread accepting, one short-lived thread per connection.
+pub struct StatusServer {
+    path: PathBuf,
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl StatusServer {
+    /// Creates the socket's directory if needed, removes a stale socket left by a dead process
+    /// (refusing if a live one answers), binds with mode 0600 and starts serving.
+    pub fn start(path: &Path, handler: Arc<dyn RequestHandler>) -> Result<Self, Error> {
+        let sock_err = |source: std::io::Error| Error::Socket {
+            path: path.to_owned(),
+            source,
+        };
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o755)
+                .create(dir)
+                .map_err(sock_err)?;
+        }
+        match std::fs::symlink_metadata(path) {
+            Ok(meta) if !meta.file_type().is_socket() => {
+                return Err(sock_err(std::io::Error::new(
+                    std::io::ErrorKind::AlreadyExists,
+                    "exists and is not a socket; refusing to replace it",
+                )));
+            }
+            Ok(_) => {
+                if UnixStream::connect(path).is_ok() {
+                    return Err(sock_err(std::io::Error::new(
+                        std::io::ErrorKind::AddrInUse,
+                        "another process is serving it (is protego already running?)",
+                    )));
+                }
+                tracing::info!(socket = %path.display(), "removing stale control socket");
+                std::fs::remove_file(path).map_err(sock_err)?;
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(sock_err(e)),
+        }
+        let listener = UnixListener::bind(path).map_err(sock_err)?;
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).map_err(sock_err)?;
+
+        let stop = Arc::new(AtomicBool::new(false));
+        let thread = {
+            let stop = Arc::clone(&stop);
+            std::thread::Builder::new()
+                .name("protego-ctl".into())
+                .spawn(move || accept_loop(&listener, &stop, &handler))
+                .map_err(|source| Error::Spawn {
+                    name: "protego-ctl",
+                    source,
+                })?
+        };
+        Ok(Self {
+            path: path.to_owned(),
+            stop,
+            thread: Some(thread),
+        })
+    }
+
+    /// The socket's path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Stops accepting, waits for the accept thread and removes the socket file.
+    pub fn shutdown(mut self) {
+        self.stop_now();
+    }
+
+    fn stop_now(&mut self) {
+        let Some(thread) = self.thread.take() else {
+            return;
+        };
+        self.stop.store(true, Ordering::SeqCst);
+        // Wake the blocking accept with a connection of our own.
+        if UnixStream::connect(&self.path).is_ok() {
+            let _ = thread.join();
+        }
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+impl Drop for StatusServer {
+    fn drop(&mut self) {
+        self.stop_now();
+    }
+}
+
+fn accept_loop(listener: &UnixListener, stop: &AtomicBool, handler: &Arc<dyn RequestHandler>) {
+    let active = Arc::new(AtomicUsize::new(0));
+    for stream in listener.incoming() {
+        if stop.load(Ordering::SeqCst) {
+            break;
+        }
+        let mut stream = match stream {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(error = %e, "control socket accept failed");
+                // Avoid spinning on persistent errors such as EMFILE.
+                std::thread::sleep(Duration::from_millis(50));
+                continue;
+            }
+        };
+        if active.load(Ordering::SeqCst) >= MAX_CONNECTIONS {
+            let _ = stream.set_write_timeout(Some(WRITE_TIMEOUT));
+            let _ = writeln!(
+                stream,
+                "{}",
+                json!({ "error": "too many connections, try again" })
+            );
+            continue;
+        }
+        active.fetch_add(1, Ordering::SeqCst);
+        let handler = Arc::clone(handler);
+        let guard = ActiveGuard(Arc::clone(&active));
+        let spawned = std::thread::Builder::new()
+            .name("protego-ctl-conn".into())
+            .spawn(move || {
+                let _guard = guard;
+                serve_connection(stream, handler.as_ref());
+            });
+        if let Err(e) = spawned {
+            tracing::warn!(error = %e, "cannot start a control connection thread");
+        }
+    }
+}
+
+/// Decrements the active-connection count when a connection thread ends (or fails to start).
+struct ActiveGuard(Arc<AtomicUsize>);
+
+impl Drop for ActiveGuard {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+fn serve_connection(stream: UnixStream, handler: &dyn RequestHandler) {
+    let _ = stream.set_read_timeout(Some(READ_TIMEOUT));
+    let _ = stream.set_write_timeout(Some(WRITE_TIMEOUT));
+    let Ok(mut writer) = stream.try_clone() else {
+        return;
+    };
+    let mut reader = BufReader::new(stream);
+    loop {
+        let mut line = String::new();
+        let read = (&mut reader).take(MAX_LINE as u64 + 1).read_line(&mut line);
+        let answer = match read {
+            Ok(0) => return,
+            Ok(_) if line.len() > MAX_LINE => {
+                let _ = writeln!(writer, "{}", json!({ "error": "request line too long" }));
+                return;
+            }
+            Ok(_) if line.trim().is_empty() => continue,
+            Ok(_) => match Request::parse_line(&line) {
+                Ok(request) => handler.handle(request),
+                Err(e) => json!({ "error": e }),
+            },
+            Err(e) if e.kind() == std::io::ErrorKind::InvalidData => {
+                let _ = writeln!(writer, "{}", json!({ "error": "request is not UTF-8" }));
+                return;
+            }
+            Err(_) => return,
+        };
+        if writeln!(writer, "{answer}").is_err() {
+            return;
+        }
+    }
+}
+
+/// Sends one request to the control socket at `path` and returns the answer. An
+/// `{"error": ...}` answer becomes [`Error::Protocol`].
+pub fn query(path: &Path, request: &Request) -> Result<Value, Error> {
+    let sock_err = |source: std::io::Error| Error::Socket {
+        path: path.to_owned(),
+        source,
+    };
+    let protocol = |reason: String| Error::Protocol {
+        path: path.to_owned(),
+        reason,
+    };
+    let mut stream = UnixStream::connect(path).map_err(sock_err)?;
+    stream
+        .set_read_timeout(Some(CLIENT_TIMEOUT))
+        .map_err(sock_err)?;
+    stream
+        .set_write_timeout(Some(CLIENT_TIMEOUT))
+        .map_err(sock_err)?;
+    let text = serde_json::to_string(request).map_err(|e| protocol(e.to_string()))?;
+    writeln!(stream, "{text}").map_err(sock_err)?;
+    let mut line = String::new();
+    BufReader::new(&stream)
+        .take(64 * 1024 * 1024)
+        .read_line(&mut line)
+        .map_err(sock_err)?;
+    if line.is_empty() {
+        return Err(protocol(
+            "the server closed the connection without answering".into(),
+        ));
+    }
+    let value: Value =
+        serde_json::from_str(&line).map_err(|e| protocol(format!("invalid answer: {e}")))?;
+    if let Some(error) = value.get("error") {
+        return Err(protocol(
+            error
+                .as_str()
+                .map_or_else(|| error.to_string(), str::to_owned),
+        ));
+    }
+    Ok(value)
+}
+
+/// Fetches the [`StatusReport`] from the control socket at `path`.
+pub fn query_status(path: &Path) -> Result<StatusReport, Error> {
+    let value = query(path, &Request::Status)?;
+    serde_json::from_value(value).map_err(|e| Error::Protocol {
+        path: path.to_owned(),
+        reason: format!("unexpected status document: {e}"),
+    })
+}

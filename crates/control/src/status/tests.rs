@@ -1,0 +1,381 @@
+//! Tests of the status document (assembly, JSON round trip, text rendering) and of the control
+//! socket protocol (server and client over a real Unix socket).
+
+use super::*;
+use crate::error::Error;
+use dataplane::{ChildStats, DataplaneStats};
+use ike::{ChildSaStatus, IkeSaState, IkeSaStatus, IkeSpis, TrafficSelector, TunnelId};
+use serde_json::{json, Value};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use wire::{EspSpi, IkeSpi};
+
+fn ts(s: &str) -> TrafficSelector {
+    TrafficSelector::parse(s).unwrap()
+}
+
+fn directory() -> TunnelDirectory {
+    let entry = |id, name: &str, tenant: &str| TunnelEntry {
+        id: TunnelId(id),
+        name: name.into(),
+        tenant: tenant.into(),
+        inside: "vnet:prod".into(),
+        remote_addrs: vec!["192.0.2.2".parse().unwrap()],
+        local_id: "gw.example".into(),
+        remote_id: format!("{name}.example"),
+    };
+    TunnelDirectory(vec![
+        entry(1, "hq", "acme"),
+        entry(2, "branch", "acme"),
+        entry(3, "dc", "globex"),
+    ])
+}
+
+fn ike_sa(tunnel: u32, state: IkeSaState, children: Vec<ChildSaStatus>) -> IkeSaStatus {
+    IkeSaStatus {
+        tunnel: Some(TunnelId(tunnel)),
+        ike: IkeSpis {
+            initiator: IkeSpi(0x0123_4567_89ab_cdef),
+            responder: IkeSpi(0xfedc_ba98_7654_3210),
+        },
+        initiator: true,
+        state,
+        proposal: "AES_GCM_16_256/PRF_HMAC_SHA2_256/CURVE_25519".into(),
+        local: "198.51.100.1:4500".parse().unwrap(),
+        remote: "192.0.2.2:4500".parse().unwrap(),
+        age_secs: 125,
+        children,
+    }
+}
+
+fn child(spi_in: u32, spi_out: u32) -> ChildSaStatus {
+    ChildSaStatus {
+        inbound_spi: EspSpi(spi_in),
+        outbound_spi: EspSpi(spi_out),
+        proposal: "AES_GCM_16_256/NO_EXT_SEQ".into(),
+        local_ts: vec![ts("10.2.0.0/24")],
+        remote_ts: vec![ts("10.1.0.0/24"), ts("10.1.1.5[tcp/443]")],
+        age_secs: 60,
+    }
+}
+
+fn sample_report() -> StatusReport {
+    let sas = vec![
+        ike_sa(
+            1,
+            IkeSaState::Established,
+            vec![child(0xc000_0001, 0xd000_0001)],
+        ),
+        ike_sa(2, IkeSaState::Connecting, vec![]),
+        IkeSaStatus {
+            tunnel: None,
+            ..ike_sa(0, IkeSaState::Connecting, vec![])
+        },
+    ];
+    let stats = DataplaneStats {
+        children: vec![ChildStats {
+            tunnel: Some(TunnelId(1)),
+            inbound_spi: EspSpi(0xc000_0001),
+            outbound_spi: EspSpi(0xd000_0001),
+            bytes_in: 123_456,
+            packets_in: 100,
+            bytes_out: 654_321,
+            packets_out: 200,
+            drops_in: 3,
+        }],
+        drops: vec![
+            ("esp_replay".into(), 3),
+            ("esp_unknown_spi".into(), 0),
+            ("esp_replay".into(), 1),
+        ],
+    };
+    StatusReport::build(&directory(), &sas, &stats, 3_700)
+}
+
+#[test]
+fn report_joins_engine_and_data_plane() {
+    let r = sample_report();
+    assert_eq!(r.version, STATUS_VERSION);
+    assert_eq!(r.uptime_secs, 3_700);
+    let states: Vec<TunnelState> = r.tunnels.iter().map(|t| t.state).collect();
+    assert_eq!(
+        states,
+        [
+            TunnelState::Established,
+            TunnelState::Connecting,
+            TunnelState::Down
+        ]
+    );
+    let hq = &r.tunnels[0];
+    assert_eq!(hq.ike_sas.len(), 1);
+    let sa = &hq.ike_sas[0];
+    assert_eq!(sa.spi_i, "0123456789abcdef");
+    assert_eq!(sa.spi_r, "fedcba9876543210");
+    assert_eq!(sa.state, "established");
+    let c = &sa.children[0];
+    assert_eq!(
+        (c.spi_in.as_str(), c.spi_out.as_str()),
+        ("c0000001", "d0000001")
+    );
+    assert_eq!(
+        (
+            c.bytes_in,
+            c.packets_in,
+            c.bytes_out,
+            c.packets_out,
+            c.drops_in
+        ),
+        (123_456, 100, 654_321, 200, 3)
+    );
+    assert_eq!(c.remote_ts, ["10.1.0.0/24", "10.1.1.5/32[tcp/443]"]);
+    assert_eq!(r.unmatched_ike_sas, 1);
+    assert_eq!(r.drops.get("esp_replay"), Some(&4), "same reason summed");
+    assert_eq!(r.drops.get("esp_unknown_spi"), Some(&0));
+}
+
+#[test]
+fn established_sa_is_listed_first_during_rekey() {
+    let sas = vec![
+        IkeSaStatus {
+            age_secs: 1,
+            ..ike_sa(1, IkeSaState::Connecting, vec![])
+        },
+        ike_sa(1, IkeSaState::Rekeying, vec![]),
+    ];
+    let r = StatusReport::build(&directory(), &sas, &DataplaneStats::default(), 0);
+    assert_eq!(r.tunnels[0].state, TunnelState::Established);
+    assert_eq!(r.tunnels[0].ike_sas[0].state, "rekeying");
+}
+
+#[test]
+fn json_round_trip() {
+    let report = sample_report();
+    let text = serde_json::to_string(&report).unwrap();
+    let back: StatusReport = serde_json::from_str(&text).unwrap();
+    assert_eq!(back, report);
+    // The field names are the documented interface.
+    let v: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(v["tunnels"][0]["state"], "established");
+    assert_eq!(
+        v["tunnels"][0]["ike_sas"][0]["children"][0]["bytes_out"],
+        654_321
+    );
+    assert_eq!(v["tunnels"][0]["ike_sas"][0]["remote"], "192.0.2.2:4500");
+    assert_eq!(v["tunnels"][2]["state"], "down");
+}
+
+#[test]
+fn text_rendering() {
+    let text = render_text(&sample_report());
+    assert!(
+        text.starts_with("3 tunnel(s), 1 established, uptime 1h 1m\n"),
+        "{text}"
+    );
+    assert!(
+        text.contains("hq: ESTABLISHED, tenant acme, inside vnet:prod"),
+        "{text}"
+    );
+    assert!(
+        text.contains("IKE_SA ESTABLISHED, 0123456789abcdef_i* fedcba9876543210_r"),
+        "{text}"
+    );
+    assert!(
+        text.contains("remote 'hq.example' @ 192.0.2.2[4500]"),
+        "{text}"
+    );
+    assert!(text.contains("established 2m 5s ago"), "{text}");
+    assert!(
+        text.contains("CHILD_SA AES_GCM_16_256/NO_EXT_SEQ, installed 1m 0s ago"),
+        "{text}"
+    );
+    assert!(
+        text.contains("c0000001  123456      100        3"),
+        "{text}"
+    );
+    assert!(text.contains("d0000001  654321      200"), "{text}");
+    assert!(text.contains("dc: DOWN, tenant globex"), "{text}");
+    assert!(text.contains("esp_replay  4"), "{text}");
+    assert!(
+        !text.contains("esp_unknown_spi"),
+        "zero counters are not shown: {text}"
+    );
+}
+
+#[test]
+fn traffic_selectors_in_swanctl_notation() {
+    for (input, shown) in [
+        ("10.1.0.0/24", "10.1.0.0/24"),
+        ("10.1.0.5", "10.1.0.5/32"),
+        ("10.1.0.1-10.1.0.9", "10.1.0.1..10.1.0.9"),
+        ("0.0.0.0/0", "0.0.0.0/0"),
+        ("fd00::/64[udp]", "fd00::/64[udp]"),
+        ("10.1.0.0/24[tcp/443]", "10.1.0.0/24[tcp/443]"),
+        ("10.1.0.0/24[%any/1000-2000]", "10.1.0.0/24[any/1000-2000]"),
+    ] {
+        assert_eq!(format_ts(&ts(input)), shown, "{input}");
+    }
+}
+
+#[test]
+fn request_lines() {
+    assert_eq!(Request::parse_line("status\n"), Ok(Request::Status));
+    assert_eq!(Request::parse_line("  ping "), Ok(Request::Ping));
+    assert_eq!(
+        Request::parse_line("initiate hq"),
+        Ok(Request::Initiate {
+            tunnel: "hq".into()
+        })
+    );
+    assert_eq!(
+        Request::parse_line(r#"{"command":"terminate","tunnel":"hq"}"#),
+        Ok(Request::Terminate {
+            tunnel: "hq".into()
+        })
+    );
+    assert_eq!(
+        Request::parse_line(r#"{"command":"status"}"#),
+        Ok(Request::Status)
+    );
+    assert!(Request::parse_line("initiate")
+        .unwrap_err()
+        .contains("needs a tunnel name"));
+    assert!(Request::parse_line("status now").is_err());
+    assert!(Request::parse_line("reboot")
+        .unwrap_err()
+        .contains("unknown command"));
+    assert!(Request::parse_line(r#"{"command":"launch"}"#).is_err());
+    assert!(
+        Request::parse_line(r#"{"command":"initiate"}"#).is_err(),
+        "missing tunnel"
+    );
+    // The client's encoding is what the server parses.
+    let encoded = serde_json::to_string(&Request::Initiate {
+        tunnel: "a b".into(),
+    })
+    .unwrap();
+    assert_eq!(
+        Request::parse_line(&encoded),
+        Ok(Request::Initiate {
+            tunnel: "a b".into()
+        })
+    );
+}
+
+/// A handler that answers status with the sample report and counts requests.
+struct Fake(AtomicUsize);
+
+impl RequestHandler for Fake {
+    fn handle(&self, request: Request) -> Value {
+        self.0.fetch_add(1, Ordering::SeqCst);
+        match request {
+            Request::Status => serde_json::to_value(sample_report()).unwrap(),
+            Request::Ping => json!({ "ok": true }),
+            Request::Initiate { tunnel } | Request::Terminate { tunnel } => {
+                json!({ "error": format!("unknown tunnel {tunnel:?}") })
+            }
+        }
+    }
+}
+
+fn socket_path(tag: &str) -> PathBuf {
+    static N: AtomicUsize = AtomicUsize::new(0);
+    std::env::temp_dir()
+        .join(format!(
+            "protego-status-test-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::SeqCst)
+        ))
+        .join(format!("{tag}.sock"))
+}
+
+#[test]
+fn server_answers_and_cleans_up() {
+    use std::io::{BufRead, BufReader, Write};
+    use std::os::unix::fs::PermissionsExt;
+    let path = socket_path("serve");
+    let server = StatusServer::start(&path, Arc::new(Fake(AtomicUsize::new(0)))).unwrap();
+    let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600);
+
+    assert_eq!(query_status(&path).unwrap(), sample_report());
+    assert_eq!(query(&path, &Request::Ping).unwrap(), json!({ "ok": true }));
+    match query(
+        &path,
+        &Request::Initiate {
+            tunnel: "nope".into(),
+        },
+    ) {
+        Err(Error::Protocol { reason, .. }) => assert_eq!(reason, "unknown tunnel \"nope\""),
+        other => panic!("{other:?}"),
+    }
+
+    // Several requests on one connection, bare words, with garbage in between.
+    let mut stream = std::os::unix::net::UnixStream::connect(&path).unwrap();
+    stream.write_all(b"ping\n\nfrobnicate\nstatus\n").unwrap();
+    let mut lines = BufReader::new(stream.try_clone().unwrap()).lines();
+    assert_eq!(
+        serde_json::from_str::<Value>(&lines.next().unwrap().unwrap()).unwrap(),
+        json!({ "ok": true })
+    );
+    let err: Value = serde_json::from_str(&lines.next().unwrap().unwrap()).unwrap();
+    assert!(err["error"].as_str().unwrap().contains("unknown command"));
+    let status: StatusReport = serde_json::from_str(&lines.next().unwrap().unwrap()).unwrap();
+    assert_eq!(status.tunnels.len(), 3);
+    drop(stream);
+
+    // A second server on the same path is refused while the first is alive.
+    match StatusServer::start(&path, Arc::new(Fake(AtomicUsize::new(0)))) {
+        Err(Error::Socket { source, .. }) => {
+            assert_eq!(source.kind(), std::io::ErrorKind::AddrInUse)
+        }
+        Err(other) => panic!("{other}"),
+        Ok(_) => panic!("second server started"),
+    }
+
+    server.shutdown();
+    assert!(!path.exists(), "socket removed on shutdown");
+    assert!(matches!(query_status(&path), Err(Error::Socket { .. })));
+    let _ = std::fs::remove_dir_all(path.parent().unwrap());
+}
+
+#[test]
+fn stale_socket_is_replaced_but_other_files_are_not() {
+    let path = socket_path("stale");
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    // A socket file nobody listens on: bind, then drop the listener.
+    drop(std::os::unix::net::UnixListener::bind(&path).unwrap());
+    assert!(path.exists());
+    let server = StatusServer::start(&path, Arc::new(Fake(AtomicUsize::new(0)))).unwrap();
+    assert_eq!(query(&path, &Request::Ping).unwrap(), json!({ "ok": true }));
+    drop(server);
+    assert!(!path.exists());
+
+    std::fs::write(&path, "not a socket").unwrap();
+    assert!(matches!(
+        StatusServer::start(&path, Arc::new(Fake(AtomicUsize::new(0)))),
+        Err(Error::Socket { .. })
+    ));
+    assert_eq!(
+        std::fs::read_to_string(&path).unwrap(),
+        "not a socket",
+        "regular file left alone"
+    );
+    let _ = std::fs::remove_dir_all(path.parent().unwrap());
+}
+
+#[test]
+fn oversized_request_is_refused() {
+    use std::io::{BufRead, BufReader, Write};
+    let path = socket_path("big");
+    let server = StatusServer::start(&path, Arc::new(Fake(AtomicUsize::new(0)))).unwrap();
+    let mut stream = std::os::unix::net::UnixStream::connect(&path).unwrap();
+    let big = vec![b'a'; 70 * 1024];
+    // The server may close before reading everything; ignore write errors.
+    let _ = stream.write_all(&big);
+    let mut line = String::new();
+    let _ = BufReader::new(&stream).read_line(&mut line);
+    assert!(line.contains("too long"), "{line:?}");
+    drop(server);
+    let _ = std::fs::remove_dir_all(path.parent().unwrap());
+}

@@ -1,0 +1,316 @@
+//! Packet batches between the sockets and the processing stages: [`RxBatch`] holds what one
+//! `recvmmsg` returned (each slot possibly a UDP GRO train of equal-size segments), [`TxBatch`]
+//! packs outgoing datagrams back to back in one buffer so that consecutive datagrams to the same
+//! destination leave as one UDP GSO (`UDP_SEGMENT`) message.
+//!
+//! Both are allocated once per thread; filling and draining them does not allocate.
+
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+
+/// Receive slot size: a GRO train is at most 64 KiB, and so is a (reassembled) UDP datagram.
+pub(crate) const RX_SLOT: usize = 65536;
+
+/// The most segments put in one GSO message (the kernel's UDP_MAX_SEGMENTS is at least 64).
+pub(crate) const MAX_GSO_SEGMENTS: usize = 64;
+
+/// The most payload bytes put in one GSO message (stays below the 64 KiB IP packet limit).
+pub(crate) const MAX_GSO_BYTES: usize = 64000;
+
+/// What the kernel reported for one receive slot.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct RxMeta {
+    /// Sender.
+    pub(crate) src: SocketAddr,
+    /// Bytes in the slot.
+    pub(crate) len: usize,
+    /// GRO segment size (every segment but the last has this size); `len` without GRO.
+    pub(crate) stride: usize,
+    /// The datagram did not fit the slot (MSG_TRUNC): its data is incomplete.
+    pub(crate) truncated: bool,
+}
+
+/// Receive buffers for one batch.
+pub(crate) struct RxBatch {
+    buf: Box<[u8]>,
+    slots: usize,
+    meta: Vec<RxMeta>,
+}
+
+impl RxBatch {
+    /// Buffers for `slots` datagrams (at least one).
+    pub(crate) fn new(slots: usize) -> Self {
+        let slots = slots.max(1);
+        Self {
+            buf: vec![0u8; slots * RX_SLOT].into_boxed_slice(),
+            slots,
+            meta: Vec::with_capacity(slots),
+        }
+    }
+
+    /// Number of slots.
+    pub(crate) fn capacity(&self) -> usize {
+        self.slots
+    }
+
+    /// Filled slots.
+    pub(crate) fn len(&self) -> usize {
+        self.meta.len()
+    }
+
+    /// Forgets the content.
+    pub(crate) fn clear(&mut self) {
+        self.meta.clear();
+    }
+
+    /// The whole buffer (for the receive call to scatter into, `RX_SLOT` bytes per slot).
+    pub(crate) fn raw_mut(&mut self) -> &mut [u8] {
+        &mut self.buf
+    }
+
+    /// Records what the kernel put into the next slot.
+    pub(crate) fn set_filled(&mut self, meta: impl Iterator<Item = RxMeta>) {
+        self.meta.clear();
+        self.meta.extend(meta.take(self.slots));
+    }
+
+    /// Copies a datagram into the next free slot (tests and in-memory paths); false when full.
+    #[cfg(test)]
+    pub(crate) fn push(&mut self, src: SocketAddr, data: &[u8]) -> bool {
+        let i = self.meta.len();
+        if i >= self.slots || data.len() > RX_SLOT {
+            return false;
+        }
+        self.buf[i * RX_SLOT..i * RX_SLOT + data.len()].copy_from_slice(data);
+        self.meta.push(RxMeta {
+            src,
+            len: data.len(),
+            stride: data.len().max(1),
+            truncated: false,
+        });
+        true
+    }
+
+    /// Slot `i`: its metadata and bytes.
+    pub(crate) fn slot_mut(&mut self, i: usize) -> (RxMeta, &mut [u8]) {
+        let m = self.meta[i];
+        (
+            m,
+            &mut self.buf[i * RX_SLOT..i * RX_SLOT + m.len.min(RX_SLOT)],
+        )
+    }
+}
+
+/// An unused address for empty message slots.
+pub(crate) const UNSPECIFIED: SocketAddr =
+    SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0));
+
+/// One outgoing message: a datagram, or a GSO train of `seg`-byte datagrams (the last may be
+/// shorter) to the same destination from the same socket.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct TxMsg {
+    /// Index of the sending socket in the data plane's socket table.
+    pub(crate) sock: usize,
+    /// Destination.
+    pub(crate) dst: SocketAddr,
+    /// Offset of the first byte in the batch buffer.
+    pub(crate) start: usize,
+    /// Total bytes.
+    pub(crate) len: usize,
+    /// Segment size (`len` for a single datagram).
+    pub(crate) seg: usize,
+}
+
+impl TxMsg {
+    /// Number of datagrams this message carries.
+    pub(crate) fn segments(&self) -> usize {
+        if self.seg == 0 {
+            1
+        } else {
+            self.len.div_ceil(self.seg).max(1)
+        }
+    }
+}
+
+/// Outgoing datagrams packed back to back.
+pub(crate) struct TxBatch {
+    buf: Box<[u8]>,
+    used: usize,
+    msgs: Vec<TxMsg>,
+    max_msgs: usize,
+    gso: bool,
+}
+
+impl TxBatch {
+    /// A batch of up to `max_msgs` messages in `bytes` bytes; `gso` allows merging trains.
+    pub(crate) fn new(max_msgs: usize, bytes: usize, gso: bool) -> Self {
+        Self {
+            buf: vec![0u8; bytes.max(RX_SLOT)].into_boxed_slice(),
+            used: 0,
+            msgs: Vec::with_capacity(max_msgs.max(1)),
+            max_msgs: max_msgs.max(1),
+            gso,
+        }
+    }
+
+    /// True if nothing is queued.
+    #[cfg(test)]
+    pub(crate) fn is_empty(&self) -> bool {
+        self.msgs.is_empty()
+    }
+
+    /// True if a datagram of up to `max` bytes may not fit: flush first.
+    pub(crate) fn needs_flush(&self, max: usize) -> bool {
+        self.msgs.len() >= self.max_msgs || self.buf.len() - self.used < max
+    }
+
+    /// Writable room of `max` bytes for the next datagram (None if it does not fit: flush
+    /// first). Write the datagram at its start, then [`commit`](Self::commit) its length.
+    pub(crate) fn room(&mut self, max: usize) -> Option<&mut [u8]> {
+        if self.needs_flush(max) {
+            return None;
+        }
+        Some(&mut self.buf[self.used..self.used + max])
+    }
+
+    /// Queues the `len` bytes written at the start of the last [`room`](Self::room), to be sent
+    /// from socket `sock` to `dst`.
+    pub(crate) fn commit(&mut self, sock: usize, dst: SocketAddr, len: usize) {
+        let len = len.min(self.buf.len() - self.used);
+        if len == 0 {
+            return;
+        }
+        let start = self.used;
+        self.used += len;
+        if self.gso {
+            if let Some(last) = self.msgs.last_mut() {
+                let train_open = last.len % last.seg == 0;
+                if last.sock == sock
+                    && last.dst == dst
+                    && train_open
+                    && len <= last.seg
+                    && last.len / last.seg < MAX_GSO_SEGMENTS
+                    && last.len + len <= MAX_GSO_BYTES
+                    && last.start + last.len == start
+                {
+                    last.len += len;
+                    return;
+                }
+            }
+        }
+        self.msgs.push(TxMsg {
+            sock,
+            dst,
+            start,
+            len,
+            seg: len,
+        });
+    }
+
+    /// Queued messages.
+    pub(crate) fn messages(&self) -> &[TxMsg] {
+        &self.msgs
+    }
+
+    /// The buffer the messages point into.
+    pub(crate) fn data(&self) -> &[u8] {
+        &self.buf[..self.used]
+    }
+
+    /// The datagrams queued, one slice per datagram (GSO trains split).
+    #[cfg(test)]
+    pub(crate) fn datagrams(&self) -> impl Iterator<Item = (usize, SocketAddr, &[u8])> + '_ {
+        self.msgs.iter().flat_map(move |m| {
+            self.buf[m.start..m.start + m.len]
+                .chunks(m.seg.max(1))
+                .map(move |c| (m.sock, m.dst, c))
+        })
+    }
+
+    /// Empties the batch.
+    pub(crate) fn clear(&mut self) {
+        self.msgs.clear();
+        self.used = 0;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn addr(port: u16) -> SocketAddr {
+        SocketAddr::from(([127, 0, 0, 1], port))
+    }
+
+    fn put(tx: &mut TxBatch, sock: usize, dst: SocketAddr, len: usize, fill: u8) {
+        let room = tx.room(2048).expect("room");
+        room[..len].fill(fill);
+        tx.commit(sock, dst, len);
+    }
+
+    #[test]
+    fn equal_datagrams_to_one_destination_form_a_train() {
+        let mut tx = TxBatch::new(16, 1 << 20, true);
+        put(&mut tx, 0, addr(1), 100, 1);
+        put(&mut tx, 0, addr(1), 100, 2);
+        put(&mut tx, 0, addr(1), 60, 3); // shorter: closes the train
+        put(&mut tx, 0, addr(1), 60, 4); // new message
+        put(&mut tx, 0, addr(2), 60, 5); // other destination
+        put(&mut tx, 1, addr(2), 60, 6); // other socket
+        let m = tx.messages();
+        assert_eq!(m.len(), 4);
+        assert_eq!((m[0].len, m[0].seg, m[0].segments()), (260, 100, 3));
+        assert_eq!((m[1].len, m[1].seg), (60, 60));
+        let d: Vec<_> = tx.datagrams().map(|(_, _, c)| (c.len(), c[0])).collect();
+        assert_eq!(
+            d,
+            vec![(100, 1), (100, 2), (60, 3), (60, 4), (60, 5), (60, 6)]
+        );
+    }
+
+    #[test]
+    fn larger_datagram_starts_new_message_and_gso_off_never_merges() {
+        let mut tx = TxBatch::new(16, 1 << 20, true);
+        put(&mut tx, 0, addr(1), 100, 1);
+        put(&mut tx, 0, addr(1), 200, 2);
+        assert_eq!(tx.messages().len(), 2);
+        let mut tx = TxBatch::new(16, 1 << 20, false);
+        put(&mut tx, 0, addr(1), 100, 1);
+        put(&mut tx, 0, addr(1), 100, 1);
+        assert_eq!(tx.messages().len(), 2);
+    }
+
+    #[test]
+    fn trains_respect_segment_and_byte_limits() {
+        let mut tx = TxBatch::new(1024, 1 << 22, true);
+        for _ in 0..MAX_GSO_SEGMENTS + 1 {
+            put(&mut tx, 0, addr(1), 10, 0);
+        }
+        assert_eq!(tx.messages().len(), 2);
+        let mut tx = TxBatch::new(1024, 1 << 22, true);
+        for _ in 0..50 {
+            put(&mut tx, 0, addr(1), 1500, 0);
+        }
+        assert!(tx.messages().iter().all(|m| m.len <= MAX_GSO_BYTES));
+        assert_eq!(tx.datagrams().count(), 50);
+    }
+
+    #[test]
+    fn room_reports_full_batches() {
+        let mut tx = TxBatch::new(2, 1 << 20, false);
+        put(&mut tx, 0, addr(1), 10, 0);
+        put(&mut tx, 0, addr(1), 10, 0);
+        assert!(tx.room(10).is_none());
+        tx.clear();
+        assert!(tx.is_empty() && tx.room(10).is_some());
+    }
+
+    #[test]
+    fn rx_push_and_read_back() {
+        let mut rx = RxBatch::new(2);
+        assert!(rx.push(addr(9), b"abc"));
+        assert!(rx.push(addr(9), b"de"));
+        assert!(!rx.push(addr(9), b"f"));
+        let (m, d) = rx.slot_mut(1);
+        assert_eq!((m.len, &d[..]), (2, &b"de"[..]));
+    }
+}

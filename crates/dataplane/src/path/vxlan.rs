@@ -1,0 +1,379 @@
+//! The VNet side over VXLAN (RFC 7348). From hosts: the VNI must be a VNet configured on this
+//! VTEP and the sender one of its route hosts; ARP (RFC 826) and neighbour discovery
+//! (RFC 4861) are answered and teach the neighbour cache; IP frames to the gateway's MAC are
+//! routed (TTL decremented, RFC 1812 §5.3.1) into the CHILD_SA whose selectors cover them,
+//! chosen only among the tunnels of that VNet (tenant isolation). Toward hosts: a decrypted
+//! packet is routed by longest prefix to its host, its MAC resolved, and sent as
+//! Ethernet(gateway MAC -> VM MAC) in VXLAN, the UDP source port chosen by a flow hash (§5).
+
+use super::seal;
+use crate::inner::{self, InnerIp};
+use crate::select::FlowKey;
+use crate::shared::{Out, Shared};
+use crate::stats::DropReason;
+use crate::tables::Tables;
+use crate::vnet::neigh::{Mac, Resolution};
+use crate::vnet::{arp, nd, write_frame_header, Vnet, FRAME_HEADER_LEN};
+use std::net::{IpAddr, SocketAddr};
+use std::time::Instant;
+use wire::arp::{ArpPacket, ArpRepr};
+use wire::ethernet::{EtherType, EthernetAddress, EthernetFrame, ETHERNET_HEADER_LEN};
+use wire::ip::{IpProtocol, IpVersion, Ipv6Packet};
+use wire::ndp::{NdpRepr, ICMPV6_NEIGHBOR_ADVERT, ICMPV6_NEIGHBOR_SOLICIT};
+use wire::vxlan::{VxlanPacket, VXLAN_HEADER_LEN};
+
+/// Minimum Ethernet payload (60-byte frames without FCS); ARP frames are padded to it.
+const MIN_ETHERNET_PAYLOAD: usize = 46;
+
+/// A VXLAN datagram received on local VTEP `vtep` from `src`.
+pub(crate) fn receive(
+    o: &mut Out,
+    sh: &Shared,
+    t: &Tables,
+    now: Instant,
+    vtep: usize,
+    src: SocketAddr,
+    data: &mut [u8],
+) {
+    let vni = match VxlanPacket::new_checked(&data[..]) {
+        // RFC 7348 §5: the I flag MUST be set for a valid VNI.
+        Ok(vx) if vx.has_vni() => vx.vni(),
+        _ => return o.drop_packet(DropReason::VxlanMalformed),
+    };
+    let Some(&vi) = sh.vni_index.get(&(vtep, vni)) else {
+        return o.drop_packet(DropReason::VxlanUnknownVni);
+    };
+    let vnet = &sh.vnets[vi];
+    let host = src.ip();
+    if !vnet.hosts.contains(&host) {
+        return o.drop_packet(DropReason::VxlanUnknownHost);
+    }
+    let frame = &mut data[VXLAN_HEADER_LEN..];
+    let (dst_mac, src_mac, ethertype) = match EthernetFrame::new_checked(&frame[..]) {
+        Ok(eth) if eth.src_addr().is_unicast() => (eth.dst_addr(), eth.src_addr(), eth.ethertype()),
+        _ => return o.drop_packet(DropReason::VxlanMalformed),
+    };
+    let payload = &mut frame[ETHERNET_HEADER_LEN..];
+    match ethertype {
+        EtherType::ARP => arp_in(o, sh, vnet, host, now, dst_mac, payload),
+        EtherType::IPV4 | EtherType::IPV6 => {
+            ip_in(o, sh, t, vnet, host, now, src_mac, dst_mac, payload)
+        }
+        _ => o.drop_packet(DropReason::VxlanEthertype),
+    }
+}
+
+fn arp_in(
+    o: &mut Out,
+    sh: &Shared,
+    vnet: &Vnet,
+    host: IpAddr,
+    now: Instant,
+    dst_mac: EthernetAddress,
+    payload: &[u8],
+) {
+    if dst_mac != vnet.mac && !dst_mac.is_broadcast() {
+        return o.drop_packet(DropReason::NeighIgnored);
+    }
+    let Ok(repr) = ArpPacket::new_checked(payload).and_then(|p| ArpRepr::parse(&p)) else {
+        return o.drop_packet(DropReason::NeighIgnored);
+    };
+    let verdict = arp::handle(vnet, &repr);
+    let mut useful = false;
+    if let Some((ip, mac, create)) = verdict.learn {
+        if vnet.lives_behind(ip, host) {
+            learn(o, sh, vnet, host, now, ip, mac, create);
+            useful = true;
+        }
+    }
+    if let Some(reply) = verdict.reply {
+        send_frame(
+            o,
+            sh,
+            vnet,
+            host,
+            reply.target_hardware_addr.0,
+            EtherType::ARP,
+            reply.buffer_len(),
+            |b| reply.emit(b).ok(),
+        );
+        useful = true;
+    }
+    if !useful {
+        o.drop_packet(DropReason::NeighIgnored);
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn ip_in(
+    o: &mut Out,
+    sh: &Shared,
+    t: &Tables,
+    vnet: &Vnet,
+    host: IpAddr,
+    now: Instant,
+    src_mac: EthernetAddress,
+    dst_mac: EthernetAddress,
+    payload: &mut [u8],
+) {
+    let Some(parsed) = inner::parse(payload) else {
+        return o.drop_packet(DropReason::VxlanMalformed);
+    };
+    let pkt = &mut payload[..parsed.len];
+    let is_nd = parsed.version == IpVersion::V6
+        && parsed.flow.proto == IpProtocol::ICMPV6.0
+        && matches!(
+            parsed.flow.src_port.map(|p| (p >> 8) as u8),
+            Some(ICMPV6_NEIGHBOR_SOLICIT | ICMPV6_NEIGHBOR_ADVERT)
+        );
+    if is_nd {
+        return nd_in(o, sh, vnet, host, now, src_mac, dst_mac, pkt);
+    }
+    if dst_mac != vnet.mac {
+        return o.drop_packet(DropReason::VxlanNotForGateway);
+    }
+    let flow = parsed.flow;
+    if o.learned.get(vnet.index, flow.src, now) != Some(src_mac.0)
+        && vnet.lives_behind(flow.src, host)
+    {
+        learn(o, sh, vnet, host, now, flow.src, src_mac.0, true);
+        o.learned.put(vnet.index, flow.src, src_mac.0, now);
+    }
+    if vnet.is_gateway(flow.dst) {
+        return o.drop_packet(DropReason::ToGateway);
+    }
+    // Tenant isolation: only this VNet's tunnels are candidates.
+    let Some(child) = t
+        .vnet_out
+        .get(vnet.index)
+        .and_then(|c| Tables::select(c, &flow))
+    else {
+        return o.drop_packet(DropReason::VxlanNoTunnel);
+    };
+    if !inner::decrement_hop(pkt) {
+        return o.drop_packet(DropReason::TtlExceeded);
+    }
+    seal::seal(o, sh, child, pkt);
+}
+
+#[allow(clippy::too_many_arguments)]
+fn nd_in(
+    o: &mut Out,
+    sh: &Shared,
+    vnet: &Vnet,
+    host: IpAddr,
+    now: Instant,
+    src_mac: EthernetAddress,
+    dst_mac: EthernetAddress,
+    pkt: &[u8],
+) {
+    if dst_mac != vnet.mac && !dst_mac.is_multicast() {
+        return o.drop_packet(DropReason::NeighIgnored);
+    }
+    let Ok(p) = Ipv6Packet::new_checked(pkt) else {
+        return o.drop_packet(DropReason::NeighIgnored);
+    };
+    let src = p.src_addr();
+    let Ok(msg) = NdpRepr::parse(&src, &p.dst_addr(), p.hop_limit(), p.payload()) else {
+        return o.drop_packet(DropReason::NeighIgnored);
+    };
+    let verdict = nd::handle(vnet, src, src_mac, &msg);
+    let mut useful = false;
+    if let Some((ip, mac, create)) = verdict.learn {
+        if vnet.lives_behind(ip, host) {
+            learn(o, sh, vnet, host, now, ip, mac, create);
+            useful = true;
+        }
+    }
+    if let Some(reply) = verdict.reply {
+        send_frame(
+            o,
+            sh,
+            vnet,
+            host,
+            reply.dst_mac,
+            EtherType::IPV6,
+            reply.len(),
+            |b| reply.emit(b),
+        );
+        useful = true;
+    }
+    if !useful {
+        o.drop_packet(DropReason::NeighIgnored);
+    }
+}
+
+/// Records a neighbour and sends the packets that waited for it.
+#[allow(clippy::too_many_arguments)]
+fn learn(
+    o: &mut Out,
+    sh: &Shared,
+    vnet: &Vnet,
+    host: IpAddr,
+    now: Instant,
+    ip: IpAddr,
+    mac: Mac,
+    create: bool,
+) {
+    let waiting = vnet.neigh().learn(ip, mac, now, create);
+    for pkt in waiting.into_iter().flatten() {
+        match inner::parse(&pkt) {
+            Some(parsed) => emit_ip(o, sh, vnet, host, mac, &pkt[..parsed.len], &parsed),
+            None => o.drop_packet(DropReason::InnerMalformed),
+        }
+    }
+}
+
+/// Delivers a decrypted packet into VNet `v` (RFC 1812 forwarding: TTL, route, resolve).
+pub(crate) fn deliver(
+    o: &mut Out,
+    sh: &Shared,
+    now: Instant,
+    v: usize,
+    pkt: &mut [u8],
+    parsed: &InnerIp,
+) {
+    let Some(vnet) = sh.vnets.get(v) else {
+        return o.drop_packet(DropReason::NoRoute);
+    };
+    let dst = parsed.flow.dst;
+    if vnet.is_gateway(dst) {
+        return o.drop_packet(DropReason::ToGateway);
+    }
+    let Some(host) = vnet.routes.lookup(dst) else {
+        return o.drop_packet(DropReason::NoRoute);
+    };
+    if !inner::decrement_hop(pkt) {
+        return o.drop_packet(DropReason::TtlExceeded);
+    }
+    if let Some(mac) = o.resolved.get(v, dst, now) {
+        return emit_ip(o, sh, vnet, host, mac, pkt, parsed);
+    }
+    let resolution = vnet.neigh().resolve(dst, now, pkt);
+    match resolution {
+        Resolution::Mac { mac, probe } => {
+            o.resolved.put(v, dst, mac, now);
+            emit_ip(o, sh, vnet, host, mac, pkt, parsed);
+            if probe {
+                solicit(o, sh, vnet, host, dst);
+            }
+        }
+        Resolution::Queued { request } => {
+            if request {
+                solicit(o, sh, vnet, host, dst);
+            }
+        }
+        Resolution::Dropped(reason) => o.drop_packet(reason),
+    }
+}
+
+/// Sends an IP packet to a VM: Ethernet(gateway -> `mac`) in VXLAN to `host`.
+fn emit_ip(
+    o: &mut Out,
+    sh: &Shared,
+    vnet: &Vnet,
+    host: IpAddr,
+    mac: Mac,
+    pkt: &[u8],
+    parsed: &InnerIp,
+) {
+    let len = FRAME_HEADER_LEN + pkt.len();
+    let Some(room) = o.room(sh, len) else { return };
+    let ethertype = match parsed.version {
+        IpVersion::V4 => EtherType::IPV4,
+        IpVersion::V6 => EtherType::IPV6,
+    };
+    write_frame_header(room, vnet.vni, mac, vnet.mac, ethertype);
+    room[FRAME_HEADER_LEN..len].copy_from_slice(pkt);
+    let sock = source_socket(sh, vnet, &parsed.flow);
+    o.tx.commit(sock, SocketAddr::new(host, sh.cfg.vxlan_port), len);
+}
+
+/// The socket whose source port carries this flow (RFC 7348 §5).
+fn source_socket(sh: &Shared, vnet: &Vnet, flow: &FlowKey) -> usize {
+    let vtep = &sh.vteps[vnet.vtep];
+    if vtep.pool.is_empty() {
+        vtep.recv
+    } else {
+        vtep.pool[(inner::flow_hash(flow) % vtep.pool.len() as u64) as usize]
+    }
+}
+
+/// Sends a frame built by `write` (which returns the payload length) to `host`.
+#[allow(clippy::too_many_arguments)]
+fn send_frame(
+    o: &mut Out,
+    sh: &Shared,
+    vnet: &Vnet,
+    host: IpAddr,
+    dst_mac: Mac,
+    ethertype: EtherType,
+    payload_len: usize,
+    write: impl FnOnce(&mut [u8]) -> Option<usize>,
+) {
+    let max = FRAME_HEADER_LEN + payload_len.max(MIN_ETHERNET_PAYLOAD);
+    let Some(room) = o.room(sh, max) else { return };
+    write_frame_header(room, vnet.vni, dst_mac, vnet.mac, ethertype);
+    let Some(n) = write(&mut room[FRAME_HEADER_LEN..max]) else {
+        return o.drop_packet(DropReason::TooBig);
+    };
+    let padded = n.max(MIN_ETHERNET_PAYLOAD);
+    room[FRAME_HEADER_LEN + n..FRAME_HEADER_LEN + padded].fill(0);
+    o.tx.commit(
+        sh.vteps[vnet.vtep].recv,
+        SocketAddr::new(host, sh.cfg.vxlan_port),
+        FRAME_HEADER_LEN + padded,
+    );
+}
+
+/// Asks `host` for the MAC of `ip` (ARP request or neighbour solicitation).
+fn solicit(o: &mut Out, sh: &Shared, vnet: &Vnet, host: IpAddr, ip: IpAddr) {
+    match ip {
+        IpAddr::V4(a) => {
+            let req = arp::request(vnet, a);
+            send_frame(
+                o,
+                sh,
+                vnet,
+                host,
+                EthernetAddress::BROADCAST.0,
+                EtherType::ARP,
+                req.buffer_len(),
+                |b| req.emit(b).ok(),
+            );
+        }
+        IpAddr::V6(a) => {
+            let ns = nd::solicit(vnet, a);
+            send_frame(
+                o,
+                sh,
+                vnet,
+                host,
+                ns.dst_mac,
+                EtherType::IPV6,
+                ns.len(),
+                |b| ns.emit(b),
+            );
+        }
+    }
+}
+
+/// Neighbour cache housekeeping for the VNets on local VTEP `vtep`: retries requests, expires
+/// entries, counts the packets of failed resolutions.
+pub(crate) fn housekeeping(o: &mut Out, sh: &Shared, vtep: usize, now: Instant) {
+    for vnet in sh.vnets.iter().filter(|v| v.vtep == vtep) {
+        let mut requests = std::mem::take(&mut o.requests);
+        requests.clear();
+        let dropped = vnet.neigh().tick(now, &mut requests);
+        if dropped > 0 {
+            tracing::debug!(tenant = %vnet.tenant, vnet = %vnet.name, dropped, "address resolution failed");
+            o.drops.add_n(DropReason::NeighUnresolved, dropped);
+        }
+        for ip in &requests {
+            if let Some(host) = vnet.routes.lookup(*ip) {
+                solicit(o, sh, vnet, host, *ip);
+            }
+        }
+        o.requests = requests;
+    }
+}

@@ -1,0 +1,200 @@
+//! Counters: every dropped packet is counted under a [`DropReason`] reason (DESIGN.md §7), per
+//! CHILD_SA counters live beside the SA. Threads count into a local [`DropCounts`] and add it to
+//! the shared atomics once per batch.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+macro_rules! drops {
+    ($($(#[$doc:meta])* $name:ident = $text:literal,)*) => {
+        /// Why a packet was dropped (or, for keepalives, consumed without forwarding).
+        #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+        #[repr(usize)]
+        pub(crate) enum DropReason {
+            $($(#[$doc])* $name,)*
+        }
+        impl DropReason {
+            /// Every reason, in index order.
+            pub(crate) const ALL: &'static [DropReason] = &[$(DropReason::$name,)*];
+            /// The name shown in stats.
+            pub(crate) fn name(self) -> &'static str {
+                match self { $(DropReason::$name => $text,)* }
+            }
+        }
+    };
+}
+
+drops! {
+    /// A datagram larger than the receive buffer.
+    Truncated = "truncated",
+    /// RFC 3948 NAT keepalive (a single 0xFF byte): consumed by design.
+    NattKeepalive = "natt_keepalive",
+    /// A UDP payload on the NAT-T port too short to be ESP or IKE.
+    MalformedUdp = "malformed_udp",
+    /// The IKE datagram could not be handed to the control plane.
+    IkeQueue = "ike_queue_full",
+    /// ESP with an SPI we have no SA for.
+    EspUnknownSpi = "esp_unknown_spi",
+    /// ESP whose sequence number was already seen or is left of the window.
+    EspReplay = "esp_replay",
+    /// ESP whose ICV did not verify.
+    EspAuth = "esp_auth",
+    /// ESP that is structurally invalid (length, padding, next header).
+    EspMalformed = "esp_malformed",
+    /// ESP with an inner protocol we do not forward (not IPv4/IPv6).
+    EspNextHeader = "esp_next_header",
+    /// An authentic dummy packet (RFC 4303 §2.6, Next Header 59): discarded by design.
+    EspDummy = "esp_dummy",
+    /// A decrypted packet that is not a valid IP packet.
+    InnerMalformed = "inner_malformed",
+    /// A decrypted packet outside the CHILD_SA's negotiated selectors (RFC 4301 §5.2).
+    EspPolicy = "esp_policy",
+    /// Inner TTL / hop limit exhausted.
+    TtlExceeded = "ttl_exceeded",
+    /// No route in the VNet for the destination.
+    NoRoute = "no_route",
+    /// A packet to the gateway's own address (nothing answers it).
+    ToGateway = "to_gateway",
+    /// Address resolution failed (queued packets expired) or its queue was full.
+    NeighUnresolved = "neigh_unresolved",
+    /// The neighbour table was full.
+    NeighTableFull = "neigh_table_full",
+    /// A VXLAN datagram too short, with the I flag clear, or with a bad inner frame.
+    VxlanMalformed = "vxlan_malformed",
+    /// A VXLAN datagram for a VNI that is not configured on this VTEP.
+    VxlanUnknownVni = "vxlan_unknown_vni",
+    /// A VXLAN datagram from an address that is not a host of the VNet.
+    VxlanUnknownHost = "vxlan_unknown_host",
+    /// A frame neither for the gateway's MAC nor an ARP/ND packet for it.
+    VxlanNotForGateway = "vxlan_not_for_gateway",
+    /// An ethertype other than IPv4, IPv6 and ARP.
+    VxlanEthertype = "vxlan_ethertype",
+    /// An ARP or ND packet that is invalid or not for the gateway.
+    NeighIgnored = "arp_nd_ignored",
+    /// No CHILD_SA of the VNet's tunnels covers the packet.
+    VxlanNoTunnel = "vxlan_no_tunnel",
+    /// No CHILD_SA of the TUN tunnels covers the packet read from the TUN.
+    TunNoTunnel = "tun_no_tunnel",
+    /// The packet read from the TUN is not a valid IP packet.
+    TunMalformed = "tun_malformed",
+    /// Writing to the TUN device failed.
+    TunWrite = "tun_write",
+    /// No socket on the SA's outer local address.
+    NoSocket = "no_socket",
+    /// The packet (with ESP overhead) does not fit a datagram.
+    TooBig = "too_big",
+    /// The outbound SA's sequence numbers are exhausted, or sealing failed.
+    EspSeal = "esp_seal",
+    /// The kernel refused to send.
+    SendError = "send_error",
+}
+
+/// Number of drop reasons.
+pub(crate) const DROP_REASONS: usize = DropReason::ALL.len();
+
+/// Node-wide drop counters.
+#[derive(Debug)]
+pub(crate) struct DropCounters {
+    counts: [AtomicU64; DROP_REASONS],
+}
+
+impl Default for DropCounters {
+    fn default() -> Self {
+        Self {
+            counts: std::array::from_fn(|_| AtomicU64::new(0)),
+        }
+    }
+}
+
+impl DropCounters {
+    /// Adds a thread's local counts and zeroes them.
+    pub(crate) fn absorb(&self, local: &mut DropCounts) {
+        for (i, c) in local.0.iter_mut().enumerate() {
+            if *c != 0 {
+                self.counts[i].fetch_add(*c, Ordering::Relaxed);
+                *c = 0;
+            }
+        }
+    }
+
+    /// Name and value of every reason.
+    pub(crate) fn snapshot(&self) -> Vec<(String, u64)> {
+        DropReason::ALL
+            .iter()
+            .map(|d| {
+                (
+                    d.name().to_owned(),
+                    self.counts[*d as usize].load(Ordering::Relaxed),
+                )
+            })
+            .collect()
+    }
+}
+
+/// A thread's drop counts for the current batch.
+#[derive(Debug, Clone)]
+pub(crate) struct DropCounts([u64; DROP_REASONS]);
+
+impl Default for DropCounts {
+    fn default() -> Self {
+        Self([0; DROP_REASONS])
+    }
+}
+
+impl DropCounts {
+    /// Counts one drop.
+    pub(crate) fn add(&mut self, reason: DropReason) {
+        self.0[reason as usize] += 1;
+    }
+
+    /// Counts `n` drops.
+    pub(crate) fn add_n(&mut self, reason: DropReason, n: u64) {
+        self.0[reason as usize] += n;
+    }
+
+    /// The count for one reason.
+    #[cfg(test)]
+    pub(crate) fn get(&self, reason: DropReason) -> u64 {
+        self.0[reason as usize]
+    }
+}
+
+/// Counters of one CHILD_SA pair kept by the data plane (packets, bytes and ESP drops are
+/// counted by the `esp` SAs themselves).
+#[derive(Debug, Default)]
+pub(crate) struct ChildCounters {
+    /// Inbound packets dropped after decryption (selector check, inner packet).
+    pub(crate) drops_in: AtomicU64,
+}
+
+impl ChildCounters {
+    /// One inbound packet dropped after decryption.
+    pub(crate) fn count_drop_in(&self) {
+        self.drops_in.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_unique_and_local_counts_are_absorbed() {
+        let mut names: Vec<_> = DropReason::ALL.iter().map(|d| d.name()).collect();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), DROP_REASONS);
+        for (i, d) in DropReason::ALL.iter().enumerate() {
+            assert_eq!(*d as usize, i);
+        }
+        let shared = DropCounters::default();
+        let mut local = DropCounts::default();
+        local.add(DropReason::EspReplay);
+        local.add_n(DropReason::EspAuth, 3);
+        shared.absorb(&mut local);
+        shared.absorb(&mut local);
+        let snap = shared.snapshot();
+        assert!(snap.contains(&("esp_replay".to_owned(), 1)));
+        assert!(snap.contains(&("esp_auth".to_owned(), 3)));
+        assert_eq!(local.get(DropReason::EspAuth), 0);
+    }
+}

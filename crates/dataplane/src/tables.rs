@@ -1,0 +1,307 @@
+//! The SA tables the packet path reads: inbound SPI -> CHILD_SA in O(1), and per inside
+//! interface the CHILD_SAs that currently carry outbound traffic (the candidates of the
+//! selector-based tunnel choice). The control plane edits a [`Registry`] under a mutex and
+//! publishes an immutable [`Tables`] snapshot; packet threads take the snapshot once per batch.
+//!
+//! Rekeying (RFC 7296 §2.8): a CHILD_SA installed with `replaces` takes over outbound traffic at
+//! once; the replaced SA stays in the inbound table until it is removed.
+
+use crate::api::{ChildStats, Inside};
+use crate::sa::SaPair;
+use crate::select::FlowKey;
+use crate::stats::ChildCounters;
+use ike::{IkeSpis, TrafficSelector, TunnelId};
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, RwLock};
+use wire::EspSpi;
+
+/// Hasher for SPIs: our inbound SPIs are random, so a multiplicative mix suffices (the keys
+/// are ours; the network only probes).
+#[derive(Default, Clone, Copy)]
+pub(crate) struct SpiHasher(u64);
+
+impl Hasher for SpiHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = (self.0.rotate_left(8) ^ u64::from(*b)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        }
+    }
+    fn write_u32(&mut self, v: u32) {
+        self.0 = (u64::from(v) ^ self.0).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
+}
+
+/// Map keyed by SPI.
+pub(crate) type SpiMap<V> = HashMap<EspSpi, V, BuildHasherDefault<SpiHasher>>;
+
+/// The mutable, shared part of a CHILD_SA pair: ESP state and counters.
+pub(crate) struct ChildState {
+    /// The ESP SAs.
+    pub(crate) sa: SaPair,
+    /// Counters.
+    pub(crate) counters: ChildCounters,
+    /// RekeyNeeded was sent for the outbound SA.
+    pub(crate) rekey_requested: AtomicBool,
+}
+
+impl ChildState {
+    /// True the first time it is called (the caller then asks the control plane to rekey).
+    pub(crate) fn take_rekey_request(&self) -> bool {
+        !self.rekey_requested.swap(true, Ordering::Relaxed)
+    }
+
+    /// The request could not be delivered: let a later packet ask again.
+    pub(crate) fn retry_rekey_request(&self) {
+        self.rekey_requested.store(false, Ordering::Relaxed);
+    }
+}
+
+/// A CHILD_SA pair as the packet path sees it.
+pub(crate) struct Child {
+    /// Tunnel.
+    pub(crate) tunnel: TunnelId,
+    /// IKE SA that negotiated it.
+    pub(crate) ike: IkeSpis,
+    /// Inbound SPI.
+    pub(crate) inbound_spi: EspSpi,
+    /// Outbound SPI.
+    pub(crate) outbound_spi: EspSpi,
+    /// Where decrypted traffic goes.
+    pub(crate) inside: Inside,
+    /// Our outer address.
+    pub(crate) local: SocketAddr,
+    /// The peer's outer address.
+    pub(crate) remote: SocketAddr,
+    /// Index of the NAT-T socket on `local`.
+    pub(crate) sock: usize,
+    /// Negotiated local selectors.
+    pub(crate) local_ts: Vec<TrafficSelector>,
+    /// Negotiated remote selectors.
+    pub(crate) remote_ts: Vec<TrafficSelector>,
+    /// ESP state and counters (shared across address updates).
+    pub(crate) state: Arc<ChildState>,
+}
+
+impl Child {
+    /// RFC 4301 §5.2 inbound check: the decrypted packet's source must be in the remote
+    /// selectors and its destination in the local ones.
+    pub(crate) fn admits_inbound(&self, flow: &FlowKey) -> bool {
+        flow.matches(&self.remote_ts, &self.local_ts)
+    }
+
+    /// Outbound: source in the local selectors, destination in the remote ones.
+    pub(crate) fn covers_outbound(&self, flow: &FlowKey) -> bool {
+        flow.matches(&self.local_ts, &self.remote_ts)
+    }
+
+    fn with_addrs(&self, local: SocketAddr, remote: SocketAddr, sock: usize) -> Self {
+        Self {
+            tunnel: self.tunnel,
+            ike: self.ike,
+            inbound_spi: self.inbound_spi,
+            outbound_spi: self.outbound_spi,
+            inside: self.inside.clone(),
+            local,
+            remote,
+            sock,
+            local_ts: self.local_ts.clone(),
+            remote_ts: self.remote_ts.clone(),
+            state: Arc::clone(&self.state),
+        }
+    }
+
+    /// Counters for `stats()`.
+    pub(crate) fn stats(&self) -> ChildStats {
+        let mut s = ChildStats {
+            tunnel: Some(self.tunnel),
+            inbound_spi: self.inbound_spi,
+            outbound_spi: self.outbound_spi,
+            ..ChildStats::default()
+        };
+        self.state
+            .sa
+            .fill_stats(&mut s, self.state.counters.drops_in.load(Ordering::Relaxed));
+        s
+    }
+}
+
+/// The snapshot the packet path reads.
+#[derive(Default)]
+pub(crate) struct Tables {
+    /// Every installed CHILD_SA by inbound SPI.
+    pub(crate) by_spi: SpiMap<Arc<Child>>,
+    /// Per VNet (index into the config's VNets): the CHILD_SAs carrying outbound traffic,
+    /// newest first.
+    pub(crate) vnet_out: Vec<Vec<Arc<Child>>>,
+    /// The same for TUN tunnels.
+    pub(crate) tun_out: Vec<Arc<Child>>,
+}
+
+impl Tables {
+    /// The CHILD_SA among `candidates` whose selectors cover an outbound packet.
+    pub(crate) fn select<'a>(
+        candidates: &'a [Arc<Child>],
+        flow: &FlowKey,
+    ) -> Option<&'a Arc<Child>> {
+        candidates.iter().find(|c| c.covers_outbound(flow))
+    }
+}
+
+struct Installed {
+    child: Arc<Child>,
+    /// Install order (newer is larger).
+    order: u64,
+    /// Carries outbound traffic (false once replaced by a rekey).
+    active_out: bool,
+}
+
+/// The control plane's view, edited under a lock and published as [`Tables`].
+pub(crate) struct Registry {
+    children: SpiMap<Installed>,
+    next_order: u64,
+    vnets: usize,
+}
+
+impl Registry {
+    /// An empty registry for `vnets` VNets.
+    pub(crate) fn new(vnets: usize) -> Self {
+        Self {
+            children: SpiMap::default(),
+            next_order: 0,
+            vnets,
+        }
+    }
+
+    /// True if `spi` is installed.
+    pub(crate) fn contains(&self, spi: EspSpi) -> bool {
+        self.children.contains_key(&spi)
+    }
+
+    /// Adds a CHILD_SA; with `replaces`, the replaced one stops carrying outbound traffic.
+    pub(crate) fn install(&mut self, child: Child, replaces: Option<EspSpi>) {
+        if let Some(old) = replaces.and_then(|s| self.children.get_mut(&s)) {
+            if old.child.tunnel == child.tunnel {
+                old.active_out = false;
+            }
+        }
+        let order = self.next_order;
+        self.next_order += 1;
+        self.children.insert(
+            child.inbound_spi,
+            Installed {
+                child: Arc::new(child),
+                order,
+                active_out: true,
+            },
+        );
+    }
+
+    /// Removes a CHILD_SA; if its tunnel is left without an outbound SA, the newest remaining
+    /// one of the tunnel carries outbound traffic again. Returns false if it was not installed.
+    pub(crate) fn remove(&mut self, tunnel: TunnelId, inbound_spi: EspSpi) -> bool {
+        match self.children.get(&inbound_spi) {
+            Some(i) if i.child.tunnel == tunnel => {}
+            _ => return false,
+        }
+        self.children.remove(&inbound_spi);
+        let has_active = self
+            .children
+            .values()
+            .any(|i| i.child.tunnel == tunnel && i.active_out);
+        if !has_active {
+            if let Some(newest) = self
+                .children
+                .values_mut()
+                .filter(|i| i.child.tunnel == tunnel)
+                .max_by_key(|i| i.order)
+            {
+                newest.active_out = true;
+            }
+        }
+        true
+    }
+
+    /// Moves the CHILD_SAs of `tunnel` negotiated by `ike` (all of the tunnel's if none was) to
+    /// new outer addresses; `sock` is the NAT-T socket on `local`. Returns how many moved.
+    pub(crate) fn update_peer(
+        &mut self,
+        tunnel: TunnelId,
+        ike: IkeSpis,
+        local: SocketAddr,
+        remote: SocketAddr,
+        sock: usize,
+    ) -> usize {
+        let any_of_ike = self
+            .children
+            .values()
+            .any(|i| i.child.tunnel == tunnel && i.child.ike == ike);
+        let mut moved = 0;
+        for i in self.children.values_mut() {
+            if i.child.tunnel == tunnel && (!any_of_ike || i.child.ike == ike) {
+                i.child = Arc::new(i.child.with_addrs(local, remote, sock));
+                moved += 1;
+            }
+        }
+        moved
+    }
+
+    /// Builds the snapshot.
+    pub(crate) fn snapshot(&self) -> Tables {
+        let mut by_spi = SpiMap::default();
+        by_spi.reserve(self.children.len());
+        let mut active: Vec<&Installed> = Vec::new();
+        for (spi, i) in &self.children {
+            by_spi.insert(*spi, Arc::clone(&i.child));
+            if i.active_out {
+                active.push(i);
+            }
+        }
+        active.sort_by_key(|i| std::cmp::Reverse(i.order));
+        let mut vnet_out = vec![Vec::new(); self.vnets];
+        let mut tun_out = Vec::new();
+        for i in active {
+            match i.child.inside {
+                Inside::Vnet(v) => {
+                    if let Some(list) = vnet_out.get_mut(v) {
+                        list.push(Arc::clone(&i.child));
+                    }
+                }
+                Inside::Tun => tun_out.push(Arc::clone(&i.child)),
+            }
+        }
+        Tables {
+            by_spi,
+            vnet_out,
+            tun_out,
+        }
+    }
+
+    /// Counters of every CHILD_SA, ordered by tunnel and inbound SPI.
+    pub(crate) fn stats(&self) -> Vec<ChildStats> {
+        let mut v: Vec<ChildStats> = self.children.values().map(|i| i.child.stats()).collect();
+        v.sort_by_key(|s| (s.tunnel, s.inbound_spi));
+        v
+    }
+}
+
+/// The published snapshot, swapped whole by the control plane.
+#[derive(Default)]
+pub(crate) struct Published(RwLock<Arc<Tables>>);
+
+impl Published {
+    /// The current snapshot (one read lock and one reference count per call: once per batch).
+    pub(crate) fn load(&self) -> Arc<Tables> {
+        Arc::clone(&self.0.read().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    /// Replaces the snapshot.
+    pub(crate) fn store(&self, t: Tables) {
+        *self.0.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(t);
+    }
+}

@@ -1,0 +1,219 @@
+//! The gateway as each VNet's router on the VXLAN overlay (RFC 7348): a deterministic,
+//! locally administered MAC per VNet, the gateway address answered by ARP (RFC 826) and
+//! neighbour discovery (RFC 4861), routes to host VTEPs, and the neighbour cache of VM MACs.
+
+pub(crate) mod arp;
+pub(crate) mod nd;
+pub(crate) mod neigh;
+pub(crate) mod route;
+
+use crate::api::{DataplaneError, VnetConfig};
+use neigh::{Mac, NeighCache};
+use route::RouteTable;
+use std::collections::HashSet;
+use std::net::{IpAddr, Ipv6Addr};
+use std::sync::{Mutex, MutexGuard};
+use wire::ethernet::{EtherType, EthernetAddress, EthernetFrame, ETHERNET_HEADER_LEN};
+use wire::vxlan::{Vni, VxlanPacket, VXLAN_HEADER_LEN};
+
+/// Bytes before the inner packet in a VXLAN datagram we send: VXLAN header and an untagged
+/// Ethernet header.
+pub(crate) const FRAME_HEADER_LEN: usize = VXLAN_HEADER_LEN + ETHERNET_HEADER_LEN;
+
+/// The gateway's MAC in a VNet: locally administered, unicast (02:...), fixed per VNI so every
+/// node of a cluster presents the same router to the VMs (`02:50:47` then the 24-bit VNI).
+pub(crate) fn gateway_mac(vni: Vni) -> EthernetAddress {
+    let v = vni.get().to_be_bytes();
+    EthernetAddress([0x02, 0x50, 0x47, v[1], v[2], v[3]])
+}
+
+/// The IPv6 link-local address of a MAC (RFC 4291 §2.5.1 modified EUI-64, RFC 4862 §5.3).
+pub(crate) fn link_local(mac: EthernetAddress) -> Ipv6Addr {
+    let m = mac.0;
+    Ipv6Addr::from([
+        0xfe,
+        0x80,
+        0,
+        0,
+        0,
+        0,
+        0,
+        0,
+        m[0] ^ 0x02,
+        m[1],
+        m[2],
+        0xff,
+        0xfe,
+        m[3],
+        m[4],
+        m[5],
+    ])
+}
+
+/// A configured VNet at run time.
+pub(crate) struct Vnet {
+    /// Index in the configuration.
+    pub(crate) index: usize,
+    /// Tenant name (logs).
+    pub(crate) tenant: String,
+    /// VNet name (logs).
+    pub(crate) name: String,
+    /// VXLAN network identifier.
+    pub(crate) vni: Vni,
+    /// The gateway's MAC.
+    pub(crate) mac: EthernetAddress,
+    /// The gateway's address inside the VNet.
+    pub(crate) gateway_ip: IpAddr,
+    /// The gateway's IPv6 link-local address (source of ND messages when `gateway_ip` is IPv4).
+    pub(crate) link_local: Ipv6Addr,
+    /// Routes to host VTEPs.
+    pub(crate) routes: RouteTable,
+    /// Every host VTEP of the routes: the only accepted senders.
+    pub(crate) hosts: HashSet<IpAddr>,
+    /// Index of the local VTEP (socket set) this VNet uses.
+    pub(crate) vtep: usize,
+    neigh: Mutex<NeighCache>,
+}
+
+impl Vnet {
+    /// Validates one VNet's configuration (`field` names it in errors, e.g. `vnets[2]`).
+    pub(crate) fn new(index: usize, cfg: &VnetConfig, vtep: usize) -> Result<Self, DataplaneError> {
+        let field = |f: &str| format!("vnets[{index}].{f}");
+        let vni = Vni::new(cfg.vni).ok_or_else(|| DataplaneError::Config {
+            field: field("vni"),
+            reason: format!("{} does not fit in 24 bits", cfg.vni),
+        })?;
+        let routes = RouteTable::new(&cfg.routes).map_err(|(i, e)| DataplaneError::Config {
+            field: field(&format!("routes[{i}]")),
+            reason: e.to_string(),
+        })?;
+        for (i, r) in cfg.routes.iter().enumerate() {
+            if r.host.is_ipv4() != cfg.vtep.is_ipv4() {
+                return Err(DataplaneError::Config {
+                    field: field(&format!("routes[{i}].host")),
+                    reason: format!(
+                        "host {} is not of the VTEP {}'s address family",
+                        r.host, cfg.vtep
+                    ),
+                });
+            }
+        }
+        if cfg.gateway_ip.is_unspecified() || cfg.gateway_ip.is_multicast() {
+            return Err(DataplaneError::Config {
+                field: field("gateway_ip"),
+                reason: format!("{} is not a unicast address", cfg.gateway_ip),
+            });
+        }
+        let mac = gateway_mac(vni);
+        Ok(Self {
+            index,
+            tenant: cfg.tenant.clone(),
+            name: cfg.name.clone(),
+            vni,
+            mac,
+            gateway_ip: cfg.gateway_ip,
+            link_local: link_local(mac),
+            hosts: cfg.routes.iter().map(|r| r.host).collect(),
+            routes,
+            vtep,
+            neigh: Mutex::new(NeighCache::default()),
+        })
+    }
+
+    /// True for the gateway's own addresses.
+    pub(crate) fn is_gateway(&self, ip: IpAddr) -> bool {
+        ip == self.gateway_ip || ip == IpAddr::V6(self.link_local)
+    }
+
+    /// True if `ip` routes to `host` (a frame from `host` may legitimately come from `ip`).
+    pub(crate) fn lives_behind(&self, ip: IpAddr, host: IpAddr) -> bool {
+        self.routes.lookup(ip) == Some(host)
+    }
+
+    /// The neighbour cache (a poisoned lock still holds a consistent cache).
+    pub(crate) fn neigh(&self) -> MutexGuard<'_, NeighCache> {
+        self.neigh.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// Writes the VXLAN header and an untagged Ethernet header into `buf[..FRAME_HEADER_LEN]`.
+pub(crate) fn write_frame_header(
+    buf: &mut [u8],
+    vni: Vni,
+    dst: Mac,
+    src: EthernetAddress,
+    ethertype: EtherType,
+) {
+    VxlanPacket::new_unchecked(&mut buf[..VXLAN_HEADER_LEN]).set_header(vni);
+    let mut eth = EthernetFrame::new_unchecked(&mut buf[VXLAN_HEADER_LEN..FRAME_HEADER_LEN]);
+    eth.set_dst_addr(EthernetAddress(dst));
+    eth.set_src_addr(src);
+    eth.set_ethertype(ethertype);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::Route;
+
+    pub(crate) fn cfg(vni: u32) -> VnetConfig {
+        VnetConfig {
+            tenant: "t".into(),
+            name: "n".into(),
+            vni,
+            gateway_ip: "10.0.0.1".parse().expect("ip"),
+            vtep: "192.0.2.1".parse().expect("ip"),
+            routes: vec![Route {
+                prefix: "10.0.0.0".parse().expect("ip"),
+                len: 24,
+                host: "192.0.2.10".parse().expect("ip"),
+            }],
+        }
+    }
+
+    #[test]
+    fn gateway_mac_is_local_unicast_and_per_vni() {
+        let a = gateway_mac(Vni::new(0x123456).expect("vni"));
+        assert_eq!(a.0, [0x02, 0x50, 0x47, 0x12, 0x34, 0x56]);
+        assert!(a.is_local() && a.is_unicast());
+        assert_ne!(a, gateway_mac(Vni::new(7).expect("vni")));
+    }
+
+    #[test]
+    fn link_local_is_modified_eui64() {
+        // RFC 4291 appendix A: 34-56-78-9A-BC-DE -> 3656:78ff:fe9a:bcde.
+        let ll = link_local(EthernetAddress([0x34, 0x56, 0x78, 0x9a, 0xbc, 0xde]));
+        assert_eq!(
+            ll,
+            "fe80::3656:78ff:fe9a:bcde".parse::<Ipv6Addr>().expect("ip")
+        );
+    }
+
+    #[test]
+    fn config_errors_name_the_field() {
+        let mut c = cfg(1 << 24);
+        assert!(
+            matches!(Vnet::new(3, &c, 0), Err(DataplaneError::Config { field, .. }) if field == "vnets[3].vni")
+        );
+        c.vni = 5;
+        c.routes[0].host = "2001:db8::1".parse().expect("ip");
+        assert!(
+            matches!(Vnet::new(0, &c, 0), Err(DataplaneError::Config { field, .. }) if field == "vnets[0].routes[0].host")
+        );
+        c.routes[0].host = "192.0.2.10".parse().expect("ip");
+        c.routes[0].prefix = "10.0.0.1".parse().expect("ip");
+        assert!(
+            matches!(Vnet::new(0, &c, 0), Err(DataplaneError::Config { field, .. }) if field == "vnets[0].routes[0]")
+        );
+        let v = Vnet::new(0, &cfg(5), 0).expect("valid");
+        assert!(v.lives_behind(
+            "10.0.0.9".parse().expect("ip"),
+            "192.0.2.10".parse().expect("ip")
+        ));
+        assert!(!v.lives_behind(
+            "10.0.1.9".parse().expect("ip"),
+            "192.0.2.10".parse().expect("ip")
+        ));
+        assert!(v.is_gateway("10.0.0.1".parse().expect("ip")));
+    }
+}

@@ -1,0 +1,156 @@
+//! `protego up`: one gateway node in one process. Start-up order: configuration (validated
+//! whole), logging, signal handler, data plane, control loop, status socket. SIGINT/SIGTERM
+//! stop them in reverse order; the control loop first deletes every IKE SA so that peers
+//! receive a DELETE (RFC 7296 §1.4.1), waiting at most [`SHUTDOWN_GRACE`] for their answers.
+
+use control::config::LogFormat;
+use control::status::TunnelDirectory;
+use control::{Config, ControlPlane, Responder, StatusServer};
+use dataplane::{DataPath, Dataplane};
+use std::path::Path;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+use tracing::{error, info, warn};
+
+/// How long the control loop waits for peers to answer our DELETEs on shutdown.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(1);
+/// Messages the data plane may queue for the control loop before it starts dropping IKE
+/// datagrams (a flood must not grow memory without bound).
+const CONTROL_QUEUE: usize = 8192;
+/// How often the main thread checks that the control loop is still alive.
+const WATCHDOG: Duration = Duration::from_millis(500);
+
+/// Why `protego up` could not start or stopped abnormally.
+#[derive(Debug, thiserror::Error)]
+enum UpError {
+    /// `--log-level` (or RUST_LOG) is not a valid filter.
+    #[error("invalid log filter {filter:?}: {reason}")]
+    LogFilter {
+        /// The filter text.
+        filter: String,
+        /// The parser's complaint.
+        reason: String,
+    },
+    /// A logger was already installed (cannot happen in the binary).
+    #[error("cannot install the logger: {0}")]
+    Logger(String),
+    /// SIGINT/SIGTERM could not be hooked.
+    #[error("cannot install the signal handler: {0}")]
+    Signal(#[from] ctrlc::Error),
+    /// Sockets, TUN device or threads of the data plane failed.
+    #[error("cannot start the data plane: {0}")]
+    Dataplane(#[from] dataplane::DataplaneError),
+    /// The control loop or the status socket failed.
+    #[error(transparent)]
+    Control(#[from] control::Error),
+    /// The control loop ended on its own (its log says why).
+    #[error("the control loop stopped unexpectedly")]
+    ControlDied,
+}
+
+/// Runs the node until a signal arrives.
+pub(crate) fn run(path: &Path, log_level: &str) -> ExitCode {
+    let config = match Config::load(path) {
+        Ok(c) => c,
+        Err(e) => {
+            crate::report_error(&e);
+            return ExitCode::FAILURE;
+        }
+    };
+    if let Err(e) = init_logging(config.gateway.log_format, log_level) {
+        eprintln!("error: {e}");
+        return ExitCode::FAILURE;
+    }
+    for w in &config.warnings {
+        warn!(config = %path.display(), "{w}");
+    }
+    match serve(&config) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            error!(error = %e, "protego stopped");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn init_logging(format: LogFormat, level: &str) -> Result<(), UpError> {
+    use tracing_subscriber::EnvFilter;
+    let text = match std::env::var("RUST_LOG") {
+        Ok(v) if !v.trim().is_empty() => v,
+        _ => level.to_owned(),
+    };
+    let filter = EnvFilter::try_new(&text).map_err(|e| UpError::LogFilter {
+        filter: text.clone(),
+        reason: e.to_string(),
+    })?;
+    use std::io::IsTerminal;
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal());
+    let result = match format {
+        LogFormat::Text => builder.with_target(false).try_init(),
+        LogFormat::Json => builder
+            .json()
+            .flatten_event(true)
+            .with_current_span(false)
+            .try_init(),
+    };
+    result.map_err(|e| UpError::Logger(e.to_string()))
+}
+
+fn serve(config: &Config) -> Result<(), UpError> {
+    // Hook the signals first so that one arriving during start-up is not lost.
+    let (signal_tx, signal_rx) = crossbeam_channel::bounded::<()>(1);
+    ctrlc::set_handler(move || {
+        let _ = signal_tx.try_send(());
+    })?;
+
+    let (to_control, from_dataplane) = crossbeam_channel::bounded(CONTROL_QUEUE);
+    let dp = Dataplane::start(config.dataplane.clone(), to_control)?;
+    let datapath: Arc<dyn DataPath> = dp.clone();
+    let control = match ControlPlane::start(config, Arc::clone(&datapath), from_dataplane) {
+        Ok(c) => c,
+        Err(e) => {
+            dp.shutdown();
+            return Err(e.into());
+        }
+    };
+    let responder = Responder::new(
+        control.handle(),
+        Arc::clone(&datapath),
+        TunnelDirectory::from_config(config),
+    );
+    let server = match StatusServer::start(&config.gateway.control_socket, Arc::new(responder)) {
+        Ok(s) => s,
+        Err(e) => {
+            let _ = control.shutdown(Duration::ZERO);
+            dp.shutdown();
+            return Err(e.into());
+        }
+    };
+    info!(
+        config = %config.path.display(),
+        tunnels = config.tunnels.len(),
+        socket = %server.path().display(),
+        "protego is up"
+    );
+
+    let outcome = loop {
+        match signal_rx.recv_timeout(WATCHDOG) {
+            Ok(()) => break Ok(()),
+            Err(crossbeam_channel::RecvTimeoutError::Timeout) if control.is_running() => {}
+            Err(_) => break Err(UpError::ControlDied),
+        }
+    };
+    info!("shutting down");
+    server.shutdown();
+    if let Err(e) = control.shutdown(SHUTDOWN_GRACE) {
+        warn!(error = %e, "control loop did not stop cleanly");
+    }
+    drop(datapath);
+    dp.shutdown();
+    info!("stopped");
+    outcome
+}

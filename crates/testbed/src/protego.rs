@@ -1,0 +1,234 @@
+//! Runs Protego (`protego up`) as the gateway of a [`Topology`]: writes its TOML configuration
+//! and PSK files from the topology, starts it in the gateway namespace, and reads its state
+//! through `protego status --json`.
+
+use std::fmt::Write as _;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use crate::strongswan::Connection;
+use crate::topology::{Topology, GATEWAY_ID};
+use crate::{workspace_bin, Cmd, Error, Process, Result, Testbed};
+
+/// One `[[tunnel]]` of the gateway, toward one site of the topology.
+#[derive(Debug, Clone)]
+pub struct GatewayTunnel {
+    /// Index of the site in [`Topology::sites`].
+    pub site: usize,
+    /// The tunnel's name (also used in `protego status`).
+    pub name: String,
+    /// The PSK shared with the site.
+    pub psk: String,
+    /// IKE proposals (strongSwan keywords).
+    pub proposals: Vec<String>,
+    /// ESP proposals (strongSwan keywords).
+    pub esp_proposals: Vec<String>,
+    /// `"none"` (the site initiates) or `"start"` (Protego initiates).
+    pub start_action: &'static str,
+    /// Extra `key = value` lines appended to the `[[tunnel]]` table verbatim
+    /// (e.g. `rekey_time = "10s"`, `dpd_delay = "2s"`).
+    pub extra: Vec<String>,
+}
+
+impl GatewayTunnel {
+    /// The tunnel toward `site` with the names the standard site connections use
+    /// ([`Topology::site_connections`]) and modern default proposals.
+    pub fn for_site(topo: &Topology, site: usize, psk: &str) -> GatewayTunnel {
+        let s = &topo.sites[site];
+        GatewayTunnel {
+            site,
+            name: format!("{}-site{}", topo.tenants[s.tenant].name, s.index),
+            psk: psk.to_owned(),
+            proposals: vec!["aes256gcm16-prfsha256-x25519".to_owned()],
+            esp_proposals: vec!["aes256gcm16".to_owned()],
+            start_action: "none",
+            extra: Vec::new(),
+        }
+    }
+
+    /// Makes `conn` (a site's side from [`Topology::site_connections`]) offer exactly this
+    /// tunnel's proposals, so both ends agree.
+    pub fn apply_to_site(&self, conn: &mut Connection) {
+        conn.proposals = self.proposals.clone();
+        for child in &mut conn.children {
+            child.esp_proposals = self.esp_proposals.clone();
+        }
+    }
+}
+
+/// A running `protego up` in the gateway namespace.
+#[derive(Debug)]
+pub struct ProtegoGateway {
+    process: Process,
+    config: PathBuf,
+    socket: PathBuf,
+    bin: PathBuf,
+    netns: String,
+}
+
+fn toml_list(items: &[String]) -> String {
+    let quoted: Vec<String> = items.iter().map(|s| format!("{s:?}")).collect();
+    format!("[{}]", quoted.join(", "))
+}
+
+/// Renders the gateway configuration for `tunnels` over `topo`: one `[[tenant]]` and one
+/// `[[vnet]]` per tenant of the topology (a /32 or /128 route per VM to its host's VTEP), and
+/// one `[[tunnel]]` per entry. `extra_gateway` lines go into `[gateway]` verbatim.
+pub fn render_config(
+    topo: &Topology,
+    tunnels: &[GatewayTunnel],
+    socket: &std::path::Path,
+    psk_dir: &std::path::Path,
+    extra_gateway: &[String],
+) -> Result<String> {
+    let mut out = String::new();
+    let gw = &topo.gateway;
+    let _ = writeln!(out, "[gateway]");
+    let _ = writeln!(out, "listen = [{:?}]", gw.wan.addr.to_string());
+    let _ = writeln!(out, "control_socket = {:?}", socket.display().to_string());
+    for line in extra_gateway {
+        let _ = writeln!(out, "{line}");
+    }
+    for t in &topo.tenants {
+        let _ = writeln!(out, "\n[[tenant]]\nname = {:?}", t.name);
+    }
+    for t in &topo.tenants {
+        let _ = writeln!(out, "\n[[vnet]]");
+        let _ = writeln!(out, "tenant = {:?}", t.name);
+        let _ = writeln!(out, "name = \"vnet\"");
+        let _ = writeln!(out, "vni = {}", t.vni);
+        let _ = writeln!(out, "gateway_ip = {:?}", t.gateway_ip.to_string());
+        let _ = writeln!(out, "vtep = {:?}", gw.underlay.addr.to_string());
+        let routes: Vec<String> = t
+            .vms
+            .iter()
+            .map(|vm| {
+                format!(
+                    "{{ prefix = {:?}, host = {:?} }}",
+                    vm.addr.host_prefix().to_string(),
+                    topo.hosts[vm.host].underlay.addr.to_string()
+                )
+            })
+            .collect();
+        let _ = writeln!(out, "routes = [{}]", routes.join(", "));
+    }
+    for tun in tunnels {
+        let site = topo
+            .sites
+            .get(tun.site)
+            .ok_or_else(|| Error::InvalidSpec {
+                field: format!("tunnel {}.site", tun.name),
+                reason: format!("no site {}", tun.site),
+            })?;
+        let tenant = &topo.tenants[site.tenant];
+        let psk_file = psk_dir.join(format!("{}.psk", tun.name));
+        std::fs::write(&psk_file, format!("{}\n", tun.psk))
+            .map_err(|e| Error::io("write PSK file", &psk_file, e))?;
+        let mut local_ts = vec![tenant.vnet.to_string()];
+        local_ts.extend(tenant.vnet6.map(|p| p.to_string()));
+        let mut remote_ts = vec![site.lan.to_string()];
+        remote_ts.extend(site.lan6.map(|p| p.to_string()));
+        let _ = writeln!(out, "\n[[tunnel]]");
+        let _ = writeln!(out, "name = {:?}", tun.name);
+        let _ = writeln!(out, "tenant = {:?}", tenant.name);
+        let _ = writeln!(out, "vnet = \"vnet\"");
+        let _ = writeln!(out, "remote_addrs = {:?}", site.public_addr.to_string());
+        let _ = writeln!(out, "local_id = {GATEWAY_ID:?}");
+        let _ = writeln!(out, "remote_id = {:?}", topo.site_id(tun.site));
+        let _ = writeln!(out, "psk_file = {:?}", psk_file.display().to_string());
+        let _ = writeln!(out, "proposals = {}", toml_list(&tun.proposals));
+        let _ = writeln!(out, "esp_proposals = {}", toml_list(&tun.esp_proposals));
+        let _ = writeln!(out, "local_ts = {}", toml_list(&local_ts));
+        let _ = writeln!(out, "remote_ts = {}", toml_list(&remote_ts));
+        let _ = writeln!(out, "start_action = {:?}", tun.start_action);
+        for line in &tun.extra {
+            let _ = writeln!(out, "{line}");
+        }
+    }
+    Ok(out)
+}
+
+impl ProtegoGateway {
+    /// Writes the configuration, starts `protego up` in the gateway namespace and waits until its
+    /// status socket answers.
+    pub fn start(
+        bed: &Testbed,
+        topo: &Topology,
+        tunnels: &[GatewayTunnel],
+        extra_gateway: &[String],
+    ) -> Result<ProtegoGateway> {
+        let dir = bed.dir().join("protego");
+        std::fs::create_dir_all(&dir)
+            .map_err(|e| Error::io("create directory", &dir, e))?;
+        let socket = dir.join("protego.sock");
+        let config = dir.join("protego.toml");
+        let text = render_config(topo, tunnels, &socket, &dir, extra_gateway)?;
+        std::fs::write(&config, text)
+            .map_err(|e| Error::io("write config", &config, e))?;
+        let bin = workspace_bin("protego")?;
+        let cmd = Cmd::new(bin.display().to_string())
+            .args(["up", "--config", &config.display().to_string()])
+            .args(["--log-level", "info,protego_ike=debug"]);
+        let process = topo.gateway.ns.spawn("protego", cmd)?;
+        let gw = ProtegoGateway {
+            process,
+            config,
+            socket,
+            bin,
+            netns: topo.gateway.ns.name().to_owned(),
+        };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            gw.process.check_running()?;
+            if gw.status_json().is_ok() {
+                return Ok(gw);
+            }
+            if Instant::now() > deadline {
+                return Err(Error::WaitTimeout {
+                    what: format!("protego status socket {}", gw.socket.display()),
+                    timeout: Duration::from_secs(20),
+                    last: gw.process.log_tail(40),
+                });
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// The process.
+    pub fn process(&self) -> &Process {
+        &self.process
+    }
+
+    /// The configuration file written.
+    pub fn config_path(&self) -> &std::path::Path {
+        &self.config
+    }
+
+    /// `protego status --json`, parsed.
+    pub fn status_json(&self) -> Result<serde_json::Value> {
+        let out = Cmd::new(self.bin.display().to_string())
+            .args(["status", "--json", "--socket", &self.socket.display().to_string()])
+            .timeout(Duration::from_secs(5))
+            .in_netns(&self.netns)
+            .run()?;
+        serde_json::from_str(&out).map_err(|e| Error::Parse {
+            what: "protego status --json",
+            detail: e.to_string(),
+            input: out.chars().take(400).collect(),
+        })
+    }
+
+    /// `protego status` as an operator sees it.
+    pub fn status_text(&self) -> Result<String> {
+        Cmd::new(self.bin.display().to_string())
+            .args(["status", "--socket", &self.socket.display().to_string()])
+            .timeout(Duration::from_secs(5))
+            .in_netns(&self.netns)
+            .run()
+    }
+
+    /// The log so far.
+    pub fn log(&self) -> String {
+        self.process.log()
+    }
+}
