@@ -66,6 +66,9 @@ pub struct ProtegoGateway {
     netns: String,
 }
 
+/// Counts gateway starts in this process (directory and log names).
+static STARTS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
 fn toml_list(items: &[String]) -> String {
     let quoted: Vec<String> = items.iter().map(|s| format!("{s:?}")).collect();
     format!("[{}]", quoted.join(", "))
@@ -113,13 +116,10 @@ pub fn render_config(
         let _ = writeln!(out, "routes = [{}]", routes.join(", "));
     }
     for tun in tunnels {
-        let site = topo
-            .sites
-            .get(tun.site)
-            .ok_or_else(|| Error::InvalidSpec {
-                field: format!("tunnel {}.site", tun.name),
-                reason: format!("no site {}", tun.site),
-            })?;
+        let site = topo.sites.get(tun.site).ok_or_else(|| Error::InvalidSpec {
+            field: format!("tunnel {}.site", tun.name),
+            reason: format!("no site {}", tun.site),
+        })?;
         let tenant = &topo.tenants[site.tenant];
         let psk_file = psk_dir.join(format!("{}.psk", tun.name));
         std::fs::write(&psk_file, format!("{}\n", tun.psk))
@@ -157,19 +157,19 @@ impl ProtegoGateway {
         tunnels: &[GatewayTunnel],
         extra_gateway: &[String],
     ) -> Result<ProtegoGateway> {
-        let dir = bed.dir().join("protego");
-        std::fs::create_dir_all(&dir)
-            .map_err(|e| Error::io("create directory", &dir, e))?;
+        // A fresh directory per start, so a test may run several gateways one after another.
+        let n = STARTS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dir = bed.dir().join(format!("protego{n}"));
+        std::fs::create_dir_all(&dir).map_err(|e| Error::io("create directory", &dir, e))?;
         let socket = dir.join("protego.sock");
         let config = dir.join("protego.toml");
         let text = render_config(topo, tunnels, &socket, &dir, extra_gateway)?;
-        std::fs::write(&config, text)
-            .map_err(|e| Error::io("write config", &config, e))?;
+        std::fs::write(&config, text).map_err(|e| Error::io("write config", &config, e))?;
         let bin = workspace_bin("protego")?;
         let cmd = Cmd::new(bin.display().to_string())
             .args(["up", "--config", &config.display().to_string()])
             .args(["--log-level", "info,protego_ike=debug"]);
-        let process = topo.gateway.ns.spawn("protego", cmd)?;
+        let process = topo.gateway.ns.spawn(&format!("protego{n}"), cmd)?;
         let gw = ProtegoGateway {
             process,
             config,
@@ -207,7 +207,12 @@ impl ProtegoGateway {
     /// `protego status --json`, parsed.
     pub fn status_json(&self) -> Result<serde_json::Value> {
         let out = Cmd::new(self.bin.display().to_string())
-            .args(["status", "--json", "--socket", &self.socket.display().to_string()])
+            .args([
+                "status",
+                "--json",
+                "--socket",
+                &self.socket.display().to_string(),
+            ])
             .timeout(Duration::from_secs(5))
             .in_netns(&self.netns)
             .run()?;
@@ -225,6 +230,11 @@ impl ProtegoGateway {
             .timeout(Duration::from_secs(5))
             .in_netns(&self.netns)
             .run()
+    }
+
+    /// Stops the gateway with SIGTERM (it deletes its IKE SAs) and waits for it to exit.
+    pub fn stop(&self) -> Option<std::process::ExitStatus> {
+        self.process.stop()
     }
 
     /// The log so far.

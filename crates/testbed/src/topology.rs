@@ -418,7 +418,8 @@ impl Topology {
             // still unfilled; a physical NIC would fill it on transmit. Without this, a
             // userspace VTEP (Protego) receives VXLAN whose inner TCP/UDP checksums were never
             // computed. Make the host's underlay behave like a real NIC.
-            host.ns.exec(Cmd::new("ethtool").args(["-K", &host.underlay_if, "tx", "off"]))?;
+            host.ns
+                .exec(Cmd::new("ethtool").args(["-K", &host.underlay_if, "tx", "off"]))?;
             hosts.push(host);
         }
 

@@ -65,7 +65,11 @@ fn ping_all_vms(topo: &Topology, site: usize, count: u32) -> Result<()> {
             vm.addr.addr,
             &PingOptions::new(count, Duration::from_millis(10)).from(s.lan_addr),
         )?;
-        assert!(ping.all_received(), "site {site} -> vm {}: {ping:?}", vm.addr);
+        assert!(
+            ping.all_received(),
+            "site {site} -> vm {}: {ping:?}",
+            vm.addr
+        );
     }
     Ok(())
 }
@@ -88,7 +92,10 @@ fn strongswan_initiates_traffic_reaches_vms_over_vxlan() -> Result<()> {
     let site = site_charon(&topo, &tun)?;
     site.initiate("net", UP)?;
     let child = site.wait_child_installed("net", UP)?;
-    assert!(child.fields.values().any(|v| v.contains("AES_GCM_16")), "{child:?}");
+    assert!(
+        child.fields.values().any(|v| v.contains("AES_GCM_16")),
+        "{child:?}"
+    );
 
     // Underlay capture: the hosts must see real VXLAN with the tenant's VNI.
     let cap = traffic::capture(
@@ -100,8 +107,16 @@ fn strongswan_initiates_traffic_reaches_vms_over_vxlan() -> Result<()> {
     ping_all_vms(&topo, 0, 30)?;
     let pcap = cap.stop();
     let rows = traffic::tshark_fields(&pcap, "vxlan && icmp", &["vxlan.vni"])?;
-    assert!(rows.len() >= 120, "expected >= 120 VXLAN ICMP frames, saw {}", rows.len());
-    assert!(rows.iter().all(|r| r.first().map(String::as_str) == Some("4242")), "{rows:?}");
+    assert!(
+        rows.len() >= 120,
+        "expected >= 120 VXLAN ICMP frames, saw {}",
+        rows.len()
+    );
+    assert!(
+        rows.iter()
+            .all(|r| r.first().map(String::as_str) == Some("4242")),
+        "{rows:?}"
+    );
 
     // A VM can reach the site too (traffic started inside the VNet).
     let vm = &topo.tenants[0].vms[0];
@@ -119,7 +134,10 @@ fn strongswan_initiates_traffic_reaches_vms_over_vxlan() -> Result<()> {
     let perf = traffic::iperf3_client(&topo.sites[0].ns, vm.addr.addr, &opts)?;
     server.process.stop();
     assert!(perf.received_bps > 1e6, "{perf:?}");
-    eprintln!("protego: iperf3 {:.0} Mbit/s site -> VM", perf.received_bps / 1e6);
+    eprintln!(
+        "protego: iperf3 {:.0} Mbit/s site -> VM",
+        perf.received_bps / 1e6
+    );
 
     let st = tunnel_status(&gw, &tun.name)?;
     assert_eq!(st["state"], "established", "{st}");
@@ -142,7 +160,11 @@ fn protego_initiates() -> Result<()> {
     site.wait_child_installed("net", UP)?;
     let sas = site.list_sas()?;
     assert_eq!(sas.len(), 1, "{sas:?}");
-    assert_eq!(sas[0].fields.get("dh-group").map(String::as_str), Some("ECP_256"), "{sas:?}");
+    assert_eq!(
+        sas[0].fields.get("dh-group").map(String::as_str),
+        Some("ECP_256"),
+        "{sas:?}"
+    );
     ping_all_vms(&topo, 0, 20)?;
     bed.teardown()?;
     Ok(())
@@ -160,7 +182,10 @@ fn strongswan_behind_nat() -> Result<()> {
     ping_all_vms(&topo, 0, 30)?;
     let st = tunnel_status(&gw, &tun.name)?;
     let nat = topo.sites[0].nat.as_ref().expect("site behind NAT");
-    let remote = st["ike_sas"][0]["remote"].as_str().unwrap_or_default().to_owned();
+    let remote = st["ike_sas"][0]["remote"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
     assert!(remote.contains(&nat.outside.addr.to_string()), "{st}");
     bed.teardown()?;
     Ok(())
@@ -195,7 +220,10 @@ fn two_tenants_with_overlapping_addresses_are_isolated() -> Result<()> {
     // Both VMs have the same address; capture each VM's interface to prove who got what.
     let red_vm = &topo.tenants[0].vms[0];
     let blue_vm = &topo.tenants[1].vms[0];
-    assert_eq!(red_vm.addr.addr, blue_vm.addr.addr, "the test needs overlapping addresses");
+    assert_eq!(
+        red_vm.addr.addr, blue_vm.addr.addr,
+        "the test needs overlapping addresses"
+    );
     let red_cap = traffic::capture(&red_vm.ns, &red_vm.ifname, "icmp", "red")?;
     let blue_cap = traffic::capture(&blue_vm.ns, &blue_vm.ifname, "icmp", "blue")?;
     // Distinct payload sizes mark each tenant's pings (IPv4 total length 20 + 8 + size).
@@ -220,8 +248,220 @@ fn two_tenants_with_overlapping_addresses_are_isolated() -> Result<()> {
     let blue_other = traffic::tshark_count(&blue, "icmp && ip.len == 139")?;
     let red_own = traffic::tshark_count(&red, "icmp && ip.len == 139")?;
     let blue_own = traffic::tshark_count(&blue, "icmp && ip.len == 250")?;
-    assert_eq!((red_other, blue_other), (0, 0), "a tenant saw the other's packets");
-    assert!(red_own >= 80 && blue_own >= 80, "own traffic missing: red {red_own}, blue {blue_own}");
+    assert_eq!(
+        (red_other, blue_other),
+        (0, 0),
+        "a tenant saw the other's packets"
+    );
+    assert!(
+        red_own >= 80 && blue_own >= 80,
+        "own traffic missing: red {red_own}, blue {blue_own}"
+    );
     bed.teardown()?;
     Ok(())
+}
+
+/// Every ESP transform and every key exchange group, each in its own IKE SA: strongSwan
+/// initiates, the CHILD_SA carries pings, strongSwan reports the expected algorithms.
+#[test]
+fn every_transform_and_group() -> Result<()> {
+    let bed = Testbed::new()?;
+    let topo = Topology::build(&bed, one_tenant(false)?)?;
+    // (IKE proposal, ESP proposal, strongSwan's encr-alg, encr-keysize, integ-alg, dh-group)
+    let cases = [
+        (
+            "aes256gcm16-prfsha256-x25519",
+            "aes256gcm16",
+            "AES_GCM_16",
+            "256",
+            None,
+            "CURVE_25519",
+        ),
+        (
+            "aes128gcm16-prfsha256-ecp256",
+            "aes128gcm16",
+            "AES_GCM_16",
+            "128",
+            None,
+            "ECP_256",
+        ),
+        (
+            "aes256gcm16-prfsha384-ecp384",
+            "chacha20poly1305",
+            "CHACHA20_POLY1305",
+            "256",
+            None,
+            "ECP_384",
+        ),
+        (
+            "aes256-sha256-modp2048",
+            "aes128-sha256",
+            "AES_CBC",
+            "128",
+            Some("HMAC_SHA2_256_128"),
+            "MODP_2048",
+        ),
+        (
+            "aes128-sha1-x25519",
+            "aes256-sha384",
+            "AES_CBC",
+            "256",
+            Some("HMAC_SHA2_384_192"),
+            "CURVE_25519",
+        ),
+        (
+            "chacha20poly1305-prfsha512-x25519",
+            "aes256-sha512",
+            "AES_CBC",
+            "256",
+            Some("HMAC_SHA2_512_256"),
+            "CURVE_25519",
+        ),
+        (
+            "aes256-sha384-ecp256",
+            "aes128-sha1",
+            "AES_CBC",
+            "128",
+            Some("HMAC_SHA1_96"),
+            "ECP_256",
+        ),
+    ];
+    for (k, (ike, esp, encr, keysize, integ, group)) in cases.iter().enumerate() {
+        let mut tun = GatewayTunnel::for_site(&topo, 0, PSK);
+        tun.proposals = vec![(*ike).into()];
+        tun.esp_proposals = vec![(*esp).into()];
+        let gw = ProtegoGateway::start(&bed, &topo, std::slice::from_ref(&tun), &[])?;
+        let (mut conn, _) = topo.site_connections(0, PSK);
+        tun.apply_to_site(&mut conn);
+        let site = Charon::start(
+            &topo.sites[0].ns,
+            &format!("site-case{k}"),
+            &CharonSettings::default(),
+        )?;
+        site.load(&SwanctlConfig::new(vec![conn]))?;
+        site.initiate("net", UP)?;
+        let child = site.wait_child_installed("net", UP)?;
+        let sas = site.list_sas()?;
+        let got_group = sas[0].fields.get("dh-group").cloned().unwrap_or_default();
+        assert_eq!(got_group, *group, "case {ike} / {esp}: {sas:?}");
+        let field = |k: &str| child.fields.get(k).map(String::as_str);
+        assert_eq!(
+            field("encr-alg"),
+            Some(*encr),
+            "case {ike} / {esp}: {child:?}"
+        );
+        if *encr != "CHACHA20_POLY1305" {
+            assert_eq!(
+                field("encr-keysize"),
+                Some(*keysize),
+                "case {ike} / {esp}: {child:?}"
+            );
+        }
+        assert_eq!(field("integ-alg"), *integ, "case {ike} / {esp}: {child:?}");
+        ping_all_vms(&topo, 0, 10)?;
+        site.stop();
+        gw.stop();
+    }
+    bed.teardown()?;
+    Ok(())
+}
+
+/// strongSwan rekeys the CHILD_SA and the IKE SA while a 100 Hz ping runs: no ping is lost.
+#[test]
+fn peer_rekeys_under_ping_lose_nothing() -> Result<()> {
+    let bed = Testbed::new()?;
+    let topo = Topology::build(&bed, one_tenant(false)?)?;
+    let tun = GatewayTunnel::for_site(&topo, 0, PSK);
+    let _gw = ProtegoGateway::start(&bed, &topo, std::slice::from_ref(&tun), &[])?;
+    let site = site_charon(&topo, &tun)?;
+    site.initiate("net", UP)?;
+    let first = site.wait_child_installed("net", UP)?;
+    let s = &topo.sites[0];
+    let vm = &topo.tenants[0].vms[0];
+    std::thread::scope(|scope| -> Result<()> {
+        let pinger = scope.spawn(|| {
+            traffic::ping(
+                &s.ns,
+                vm.addr.addr,
+                &PingOptions::new(300, Duration::from_millis(10)).from(s.lan_addr),
+            )
+        });
+        std::thread::sleep(Duration::from_millis(500));
+        site.rekey_child("net")?;
+        let second = site.wait_child_rekeyed("net", &first.spi_in, UP)?;
+        std::thread::sleep(Duration::from_millis(500));
+        let ike = site.list_sas()?[0].name.clone();
+        site.rekey_ike(&ike)?;
+        std::thread::sleep(Duration::from_millis(500));
+        site.rekey_child("net")?;
+        site.wait_child_rekeyed("net", &second.spi_in, UP)?;
+        let ping = pinger.join().expect("pinger")?;
+        assert!(ping.all_received(), "lost pings across rekeys: {ping:?}");
+        Ok(())
+    })?;
+    let sas = site.list_sas()?;
+    assert_eq!(
+        sas.len(),
+        1,
+        "exactly one IKE SA after the IKE rekey: {sas:?}"
+    );
+    bed.teardown()?;
+    Ok(())
+}
+
+/// The peer dies: DPD clears the tunnel. The peer comes back: the tunnel is re-established
+/// (Protego initiates again with `dpd_action = "restart"` and `start_action = "start"`).
+#[test]
+fn dpd_clears_dead_peer_and_restart_brings_it_back() -> Result<()> {
+    let bed = Testbed::new()?;
+    let topo = Topology::build(&bed, one_tenant(false)?)?;
+    let mut tun = GatewayTunnel::for_site(&topo, 0, PSK);
+    tun.start_action = "start";
+    tun.extra = vec![
+        "dpd_delay = \"1s\"".into(),
+        "dpd_action = \"restart\"".into(),
+    ];
+    let gateway_opts = [
+        "retransmit_timeout = \"1s\"".to_owned(),
+        "retransmit_base = 1.2".to_owned(),
+        "retransmit_tries = 2".to_owned(),
+    ];
+    let site = site_charon(&topo, &tun)?;
+    let gw = ProtegoGateway::start(&bed, &topo, std::slice::from_ref(&tun), &gateway_opts)?;
+    site.wait_child_installed("net", UP)?;
+    ping_all_vms(&topo, 0, 5)?;
+
+    // Kill the peer without a DELETE: only DPD can notice.
+    site.process().signal(libc_sigkill());
+    let deadline = std::time::Instant::now() + UP;
+    loop {
+        let st = tunnel_status(&gw, &tun.name)?;
+        if st["state"] != "established" {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "DPD did not clear the tunnel: {st}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert!(
+        gw.log().contains("dpd"),
+        "no DPD line in the log:\n{}",
+        gw.log()
+    );
+
+    // The peer comes back; Protego re-initiates.
+    let back = Charon::start(&topo.sites[0].ns, "site0-again", &CharonSettings::default())?;
+    let (mut conn, _) = topo.site_connections(0, PSK);
+    tun.apply_to_site(&mut conn);
+    back.load(&SwanctlConfig::new(vec![conn]))?;
+    back.wait_child_installed("net", Duration::from_secs(30))?;
+    ping_all_vms(&topo, 0, 10)?;
+    bed.teardown()?;
+    Ok(())
+}
+
+fn libc_sigkill() -> i32 {
+    9
 }

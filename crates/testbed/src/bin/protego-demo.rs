@@ -173,7 +173,11 @@ fn demo_spec() -> Result<TopologySpec> {
 /// Starts `protego up` in `topo.gateway.ns` with one tunnel per site (the gateway side of
 /// each standard site connection) and one VNet per tenant, delivered over VXLAN to the hosts'
 /// unmodified kernel VXLAN devices.
-fn start_gateway(bed: &Testbed, topo: &Topology, tunnels: &[GatewayTunnel]) -> Result<ProtegoGateway> {
+fn start_gateway(
+    bed: &Testbed,
+    topo: &Topology,
+    tunnels: &[GatewayTunnel],
+) -> Result<ProtegoGateway> {
     ProtegoGateway::start(bed, topo, tunnels, &[])
 }
 
