@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 use zeroize::Zeroizing;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
+    tracing_subscriber::fmt().with_env_filter(tracing_subscriber::EnvFilter::from_default_env()).with_writer(std::io::stderr).init();
     let mut args: HashMap<String, String> = HashMap::new();
     let mut it = std::env::args().skip(1);
     while let Some(k) = it.next() {

@@ -45,6 +45,9 @@ pub(crate) struct ChildTask {
     pub(crate) collision: Option<PassiveChild>,
     /// The peer deleted the CHILD_SA we are rekeying meanwhile.
     pub(crate) old_deleted: bool,
+    /// SPIs of DELETEs for CHILD_SAs unknown to us that arrived meanwhile: the peer may have
+    /// deleted the very SA this exchange creates before its answer reached us.
+    pub(crate) deleted_spis: Vec<u32>,
     pub(crate) retries: u8,
 }
 
@@ -179,6 +182,7 @@ impl IkeSa {
             state: ChildState::Installed,
             installed_at: ctx.now,
             timers: ChildTimers::default(),
+            predecessor: None,
         };
         Ok((out, child))
     }
@@ -234,6 +238,7 @@ impl IkeSa {
             state: ChildState::Installed,
             installed_at: ctx.now,
             timers: ChildTimers::default(),
+            predecessor: None,
         })
     }
 
@@ -300,12 +305,22 @@ impl IkeSa {
         let Some(c) = self.children.iter().find(|c| c.inbound_spi == old && c.state == ChildState::Installed) else {
             return Ok(());
         };
+        if c.predecessor.is_some_and(|p| self.children.iter().any(|x| x.inbound_spi == p)) {
+            // The peer's rekey that created it is not confirmed yet (no DELETE of the old SA).
+            self.defer(ctx, Pending::RekeyChild(old));
+            return Ok(());
+        }
         let (local_ts, remote_ts, group) = (c.local_ts.clone(), c.remote_ts.clone(), c.algs.dh);
         self.send_child_request(ctx, Some(old), local_ts, remote_ts, group, 0)
     }
 
-    /// Starts creating an additional CHILD_SA from the tunnel's configuration.
+    /// Creates a CHILD_SA from the tunnel's configuration unless one is in use: a tunnel carries
+    /// one CHILD_SA, and this replaces it when rekeying failed for good (both sides may decide
+    /// so; the first replacement wins).
     pub(crate) fn start_child_create(&mut self, ctx: &mut Ctx<'_>) -> Result<(), Error> {
+        if self.children.iter().any(|c| matches!(c.state, ChildState::Installed | ChildState::Rekeying)) {
+            return Ok(());
+        }
         let Some(cfg) = self.peer_config(ctx.peers) else { return Ok(()) };
         let (l, r) = (cfg.local_ts.clone(), cfg.remote_ts.clone());
         self.send_child_request(ctx, None, l, r, None, 0)
@@ -349,7 +364,18 @@ impl IkeSa {
                 c.state = ChildState::Rekeying;
             }
         }
-        let task = ChildTask { rekey, spi, ni, ke, local_ts, remote_ts, collision: None, old_deleted: false, retries };
+        let task = ChildTask {
+            rekey,
+            spi,
+            ni,
+            ke,
+            local_ts,
+            remote_ts,
+            collision: None,
+            old_deleted: false,
+            deleted_spis: Vec::new(),
+            retries,
+        };
         let r = self.send_request(ctx, ExchangeType::CREATE_CHILD_SA, &payloads, Task::Child(Box::new(task)));
         if r.is_err() {
             ctx.esp_spis.remove(&spi.0);
@@ -386,6 +412,18 @@ impl IkeSa {
                 return;
             }
         };
+        if task.deleted_spis.contains(&child.outbound_spi.0) {
+            // The peer already deleted what this exchange created (it gave up waiting for us).
+            warn!(ispi = %self.spis.initiator, spi_in = %child.inbound_spi, "peer deleted the new CHILD_SA meanwhile");
+            ctx.esp_spis.remove(&child.inbound_spi.0);
+            match task.rekey.and_then(|old| self.child_mut(old)) {
+                Some(c) => c.state = ChildState::Installed,
+                // Neither the old nor the new SA is left: establish a replacement.
+                None if task.rekey.is_some() => self.enqueue(Pending::CreateChild),
+                None => {}
+            }
+            return;
+        }
         let Some(old) = task.rekey else {
             self.install_child(ctx, child, None);
             return;
@@ -403,7 +441,13 @@ impl IkeSa {
             return;
         }
         if let Some(p) = &task.collision {
+            // The peer's replacement is redundant; the peer deletes it. Until then it must not
+            // be rekeyed or used for anything new.
             info!(ispi = %self.spis.initiator, redundant = %p.inbound_spi, "CHILD_SA rekey collision won");
+            if let Some(c) = self.child_mut(p.inbound_spi) {
+                c.state = ChildState::Rekeyed;
+                c.timers.stop(ChildTimer::Rekey);
+            }
         }
         self.install_child(ctx, child, Some(old));
         if task.old_deleted || self.child_mut(old).is_none() {
@@ -528,7 +572,8 @@ impl IkeSa {
         Ok((resp, child, rekeyed))
     }
 
-    fn accept_passive_child(&mut self, ctx: &mut Ctx<'_>, child: ChildSa, rekeyed: Option<EspSpi>) {
+    fn accept_passive_child(&mut self, ctx: &mut Ctx<'_>, mut child: ChildSa, rekeyed: Option<EspSpi>) {
+        child.predecessor = rekeyed;
         self.install_child(ctx, child, rekeyed);
         let Some(old) = rekeyed else { return };
         let colliding = matches!(self.active.as_ref().map(|a| &a.task), Some(Task::Child(t)) if t.rekey == Some(old));

@@ -34,11 +34,27 @@ pub struct Endpoint {
     /// Inbound ESP SPIs in use.
     esp_spis: HashSet<u32>,
     cookies: CookieSecrets,
+    /// Last responses of IKE SAs that just ended, by our SPI: a peer whose DELETE answer was
+    /// lost retransmits the request after we destroyed the SA, and gets the answer again.
+    closed: HashMap<IkeSpi, Closed>,
+    /// SPIs of new IKE SAs that exist only inside an old SA's pending rekey collision
+    /// (RFC 7296 §2.8.2), mapped to that old SA.
+    aliases: HashMap<IkeSpi, IkeSpi>,
     out: Output,
     /// Tunnels with `StartAction::Start` to initiate at the next `handle_timeout`.
     pending_start: Vec<TunnelId>,
     start_due: Option<Instant>,
 }
+
+/// The cached last response of an ended IKE SA.
+struct Closed {
+    message_id: u32,
+    bytes: Vec<u8>,
+    until: Instant,
+}
+
+/// At most this many ended SAs are remembered (oldest forgotten first on overflow).
+const MAX_CLOSED: usize = 65536;
 
 macro_rules! ctx {
     ($self:ident, $now:expr) => {
@@ -68,6 +84,8 @@ impl Endpoint {
             timers: BTreeSet::new(),
             esp_spis: HashSet::new(),
             cookies: CookieSecrets::new(),
+            closed: HashMap::new(),
+            aliases: HashMap::new(),
             out: Output::default(),
             pending_start: Vec::new(),
             start_due: None,
@@ -216,8 +234,24 @@ impl Endpoint {
         }
         // The I flag says who sent it: from the original initiator we hold the responder SPI.
         let ours = if header.flags.initiator() { header.rspi } else { header.ispi };
+        if let Some(&owner) = self.aliases.get(&ours) {
+            if !self.sas.contains_key(&ours) {
+                // The peer already uses the new SA of a collision we have not concluded: a
+                // DELETE of it (it lost) or a liveness check is answered by that SA.
+                if header.exchange == ExchangeType::INFORMATIONAL && !header.flags.response() {
+                    self.run(now, owner, |sa, ctx| sa.handle_for_passive(ctx, local, remote, data, msg));
+                }
+                return;
+            }
+        }
         if !self.sas.contains_key(&ours) {
-            debug!(%remote, spi = %ours, "message for unknown IKE SA");
+            match self.closed.get(&ours) {
+                Some(c) if c.until > now && !header.flags.response() && c.message_id == header.message_id => {
+                    debug!(%remote, spi = %ours, "answering a retransmission for an ended IKE SA");
+                    self.out.tx.push_back(crate::sa::Datagram { local, remote, data: c.bytes.clone() });
+                }
+                _ => debug!(%remote, spi = %ours, "message for unknown IKE SA"),
+            }
             return;
         }
         self.run(now, ours, |sa, ctx| sa.handle(ctx, local, remote, data, msg));
@@ -265,10 +299,9 @@ impl Endpoint {
                 }
             }
         }
-        while let Some(&(at, spi)) = self.timers.first() {
-            if at > now {
-                break;
-            }
+        // Each due SA runs once per call, so that no SA can keep this loop busy.
+        let due: Vec<(Instant, IkeSpi)> = self.timers.iter().take_while(|(at, _)| *at <= now).copied().collect();
+        for (at, spi) in due {
             self.timers.remove(&(at, spi));
             if let Some(sa) = self.sas.get_mut(&spi) {
                 sa.scheduled = None;
@@ -375,6 +408,20 @@ impl Endpoint {
         self.half_open
     }
 
+    fn remember_closed(&mut self, now: Instant, spi: IkeSpi, message_id: u32, bytes: Vec<u8>) {
+        if self.closed.len() >= MAX_CLOSED {
+            self.closed.retain(|_, c| c.until > now);
+            if self.closed.len() >= MAX_CLOSED {
+                if let Some(oldest) = self.closed.iter().min_by_key(|(_, c)| c.until).map(|(k, _)| *k) {
+                    self.closed.remove(&oldest);
+                }
+            }
+        }
+        let window: std::time::Duration =
+            (0..=self.config.retransmit_tries).map(|n| IkeSa::rto(&self.config, n)).sum();
+        self.closed.insert(spi, Closed { message_id, bytes, until: now + window });
+    }
+
     fn insert(&mut self, mut sa: IkeSa) {
         let spi = sa.spi;
         Self::schedule(&mut self.timers, &mut sa);
@@ -403,11 +450,11 @@ impl Endpoint {
             let mut ctx = ctx!(self, now);
             f(&mut sa, &mut ctx);
         }
-        self.file(sa);
+        self.file(now, sa);
         self.settle(now);
     }
 
-    fn file(&mut self, mut sa: IkeSa) {
+    fn file(&mut self, now: Instant, mut sa: IkeSa) {
         if sa.counted_half_open && !sa.is_half_open() {
             sa.counted_half_open = false;
             self.half_open = self.half_open.saturating_sub(1);
@@ -424,7 +471,27 @@ impl Endpoint {
             for c in &sa.children {
                 self.esp_spis.remove(&c.inbound_spi.0);
             }
+            if let Some((message_id, bytes)) = sa.last_response.take() {
+                self.remember_closed(now, sa.spi, message_id, bytes);
+            }
+            if let Some(a) = sa.alias.take() {
+                self.aliases.remove(&a);
+            }
             return;
+        }
+        let dead_passive = sa.passive_rekey.as_mut().filter(|p| p.new_sa.state == SaState::Dead);
+        if let Some((spi, Some((message_id, bytes)))) = dead_passive.map(|p| (p.new_sa.spi, p.new_sa.last_response.take())) {
+            self.remember_closed(now, spi, message_id, bytes);
+        }
+        let alias = sa.passive_rekey.as_ref().filter(|p| p.new_sa.state != SaState::Dead).map(|p| p.new_sa.spi);
+        if alias != sa.alias {
+            if let Some(old) = sa.alias.take() {
+                self.aliases.remove(&old);
+            }
+            if let Some(a) = alias {
+                self.aliases.insert(a, sa.spi);
+                sa.alias = Some(a);
+            }
         }
         Self::schedule(&mut self.timers, &mut sa);
         self.sas.insert(sa.spi, sa);

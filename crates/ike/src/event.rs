@@ -127,7 +127,9 @@ pub enum Event {
         /// The new SPIs.
         new: IkeSpis,
     },
-    /// An IKE SA (and with it every CHILD_SA it had, each also reported) is gone.
+    /// An IKE SA (and with it every CHILD_SA it had, each also reported) is gone. With reason
+    /// `Rekeyed` this may also name the redundant new SA of a simultaneous rekey (RFC 7296
+    /// §2.8.2) that was never announced.
     IkeSaDeleted {
         /// The tunnel (None for a half-open SA that never matched one).
         tunnel: Option<TunnelId>,

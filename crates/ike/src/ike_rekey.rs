@@ -19,8 +19,14 @@ use tracing::{debug, info, warn};
 use wire::ike::{ExchangeType, KePayload, NoncePayload, NotifyType, Payload, SaPayload};
 use wire::IkeSpi;
 
-/// How long a rekeyed IKE SA waits for the peer's DELETE (strongSwan uses 90 s too).
-const REKEYED_DELETE_TIMEOUT: Duration = Duration::from_secs(90);
+/// How long a rekeyed or redundant IKE SA waits for the peer's DELETE: strongSwan's 90 s, or a
+/// whole retransmission schedule if that is longer, so that a peer still retransmitting its
+/// rekey request (our answer lost) is answered from the old SA's cache instead of being left
+/// with an SA we already destroyed.
+fn rekeyed_delete_timeout(config: &crate::EndpointConfig) -> Duration {
+    let schedule: Duration = (0..=config.retransmit_tries).map(|n| IkeSa::rto(config, n)).sum();
+    schedule.max(Duration::from_secs(90))
+}
 
 /// Our outstanding IKE SA rekey.
 pub(crate) struct IkeRekeyTask {
@@ -137,29 +143,38 @@ impl IkeSa {
         match self.complete_ike_rekey(ctx, payloads, &task) {
             Ok((new, nr)) => {
                 let ours = lower_nonce(&task.ni, &nr);
-                match self.passive_rekey.take() {
+                // A passive SA the peer already deleted was the redundant one: we won.
+                let passive = self.passive_rekey.take().filter(|p| p.new_sa.state != SaState::Dead);
+                match passive {
                     Some(p) if nonce_less(&ours, &p.lower_nonce) => {
                         // We lost: delete the SA our exchange created; the peer deletes the old.
                         info!(ispi = %self.spis.initiator, "IKE SA rekey collision lost");
                         let mut redundant = new;
                         redundant.state = SaState::Rekeyed;
                         redundant.enqueue(Pending::DeleteIke(DeleteReason::Rekeyed));
+                        redundant.timers.set(Timer::DeleteTimeout, ctx.now + rekeyed_delete_timeout(ctx.config));
                         ctx.out.new_sas.push(redundant);
                         self.hand_over(ctx, p.new_sa);
-                        self.timers.set(Timer::DeleteTimeout, ctx.now + REKEYED_DELETE_TIMEOUT);
+                        self.timers.set(Timer::DeleteTimeout, ctx.now + rekeyed_delete_timeout(ctx.config));
                     }
                     passive => {
                         if let Some(p) = passive {
                             // We won: the peer deletes the SA its exchange created.
                             info!(ispi = %self.spis.initiator, "IKE SA rekey collision won");
+                            // Nothing uses it; if the peer's DELETE does not come (its own
+                            // exchange may have died with the old SA), drop it after the
+                            // half-open timeout, as strongSwan does.
                             let mut redundant = p.new_sa;
                             redundant.state = SaState::Rekeyed;
-                            redundant.timers.set(Timer::DeleteTimeout, ctx.now + REKEYED_DELETE_TIMEOUT);
+                            redundant.timers.set(Timer::DeleteTimeout, ctx.now + ctx.config.half_open_timeout);
                             ctx.out.new_sas.push(redundant);
                         }
                         self.hand_over(ctx, new);
-                        // RFC 7296 §2.18: the initiator of the rekey deletes the old IKE SA.
+                        // RFC 7296 §2.18: the initiator of the rekey deletes the old IKE SA. The
+                        // peer destroys it on answering, so a lost answer would leave us
+                        // retransmitting into the void: bound the wait.
                         self.enqueue(Pending::DeleteIke(DeleteReason::Rekeyed));
+                        self.timers.set(Timer::DeleteTimeout, ctx.now + rekeyed_delete_timeout(ctx.config));
                     }
                 }
             }
@@ -173,10 +188,10 @@ impl IkeSa {
     }
 
     /// After our rekey failed: if the peer's colliding rekey completed, it is the new SA.
-    fn conclude_passive_rekey(&mut self, ctx: &mut Ctx<'_>) -> bool {
-        let Some(p) = self.passive_rekey.take() else { return false };
+    pub(crate) fn conclude_passive_rekey(&mut self, ctx: &mut Ctx<'_>) -> bool {
+        let Some(p) = self.passive_rekey.take().filter(|p| p.new_sa.state != SaState::Dead) else { return false };
         self.hand_over(ctx, p.new_sa);
-        self.timers.set(Timer::DeleteTimeout, ctx.now + REKEYED_DELETE_TIMEOUT);
+        self.timers.set(Timer::DeleteTimeout, ctx.now + rekeyed_delete_timeout(ctx.config));
         true
     }
 
@@ -224,7 +239,7 @@ impl IkeSa {
                     self.passive_rekey = Some(Box::new(PassiveIkeRekey { new_sa: new, lower_nonce: lower }));
                 } else {
                     self.hand_over(ctx, new);
-                    self.timers.set(Timer::DeleteTimeout, ctx.now + REKEYED_DELETE_TIMEOUT);
+                    self.timers.set(Timer::DeleteTimeout, ctx.now + rekeyed_delete_timeout(ctx.config));
                 }
             }
             Err(e) => {

@@ -62,6 +62,9 @@ impl IkeSa {
         if deletes.iter().any(|d| d.protocol == ProtocolId::IKE) {
             // RFC 7296 §1.4.1: the response to an IKE SA delete is empty; then the SA is gone.
             self.send_response(ctx, ex, id, &[]);
+            // A peer deleting this SA while its rekey of it is done here (ours still in flight)
+            // won the collision: the CHILD_SAs move to its new SA first (RFC 7296 §2.8.2).
+            self.conclude_passive_rekey(ctx);
             let reason = if self.state == SaState::Rekeyed { DeleteReason::Rekeyed } else { DeleteReason::PeerRequest };
             self.die(ctx, reason);
             return;
@@ -77,6 +80,9 @@ impl IkeSa {
                 // The peer names its inbound SPI, our outbound one.
                 let Some(c) = self.children.iter().find(|c| c.outbound_spi.0 == *spi) else {
                     debug!(ispi = %self.spis.initiator, spi = %EspSpi(*spi), "DELETE for unknown CHILD_SA");
+                    if let Some(Task::Child(t)) = self.active.as_mut().map(|a| &mut a.task) {
+                        t.deleted_spis.push(*spi);
+                    }
                     continue;
                 };
                 let inbound = c.inbound_spi;

@@ -172,6 +172,11 @@ impl IkeSa {
             }
             return;
         }
+        if let Err(what) = crate::rules::check(ExchangeType::IKE_SA_INIT, true, &msg.payloads) {
+            warn!(ispi = %self.spis.initiator, what, "invalid IKE_SA_INIT response");
+            self.die(ctx, DeleteReason::NegotiationFailed);
+            return;
+        }
         if let Some(n) = first_error(&msg.payloads) {
             warn!(ispi = %self.spis.initiator, notify = %n.ty, "IKE_SA_INIT refused");
             self.die(ctx, DeleteReason::NegotiationFailed);
@@ -327,6 +332,12 @@ pub(crate) fn respond_init(
         return None;
     }
     let spi0 = IkeSpi(0);
+    if let Err(what) = crate::rules::check(ExchangeType::IKE_SA_INIT, false, &msg.payloads) {
+        let e = Error::InvalidSyntax { spi: spi0, exchange: ex, what };
+        debug!(%remote, error = %e, "rejecting IKE_SA_INIT");
+        reject_unparsable(ctx, local, remote, h, &e);
+        return None;
+    }
     let parts = (|| {
         Ok::<_, Error>((
             one!(msg.payloads, Sa, spi0, ex, "SA")?,

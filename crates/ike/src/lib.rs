@@ -32,9 +32,14 @@ mod info;
 mod init;
 mod keys;
 mod proposal;
+mod protect;
+mod rules;
 mod sa;
 mod snapshot;
 mod timer;
+
+#[cfg(test)]
+mod unit_tests;
 
 pub use config::{
     DpdAction, EndpointConfig, EspProposal, IkeProposal, Identity, PeerConfig, StartAction,

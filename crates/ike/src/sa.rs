@@ -23,9 +23,7 @@ use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 use tracing::{debug, info, warn};
-use wire::ike::{
-    emit_chain, emit_encrypted, parse_chain, strip_padding, ExchangeType, Flags, Header, Message, Payload, PayloadType,
-};
+use wire::ike::{ExchangeType, Flags, Header, Message, Payload};
 use wire::{EspSpi, IkeSpi};
 
 /// A datagram queued for the driver.
@@ -147,6 +145,10 @@ pub(crate) struct ChildSa {
     pub(crate) state: ChildState,
     pub(crate) installed_at: Instant,
     pub(crate) timers: ChildTimers,
+    /// For a CHILD_SA the peer created by rekeying: the SA it replaces. Until the peer deletes
+    /// that one, its rekey may not be complete on its side (our answer may be lost), so we do
+    /// not rekey this one yet.
+    pub(crate) predecessor: Option<EspSpi>,
 }
 
 /// Data kept from IKE_SA_INIT until IKE_AUTH completes (for the AUTH payloads, §2.15).
@@ -267,6 +269,8 @@ pub(crate) struct IkeSa {
     pub(crate) counted_half_open: bool,
     /// Deadline registered in the endpoint's timer index.
     pub(crate) scheduled: Option<Instant>,
+    /// The SPI under which the endpoint routes to our pending collision SA.
+    pub(crate) alias: Option<IkeSpi>,
     /// Tunnel the responder guessed from addresses at IKE_SA_INIT.
     pub(crate) candidate: Option<TunnelId>,
     /// The peer's IKE_SA_INIT SPI, for the endpoint's retransmission index.
@@ -307,6 +311,7 @@ impl IkeSa {
             scheduled: None,
             candidate: None,
             half_open_key: None,
+            alias: None,
         }
     }
 
@@ -343,61 +348,8 @@ impl IkeSa {
         }
     }
 
-    fn header(&self, exchange: ExchangeType, id: u32, response: bool) -> Header {
+    pub(crate) fn header(&self, exchange: ExchangeType, id: u32, response: bool) -> Header {
         Header::new(self.spis.initiator, self.spis.responder, exchange, Flags::new(self.initiator, response), id)
-    }
-
-    /// Builds an SK-protected message (RFC 7296 §3.14).
-    pub(crate) fn protect(&mut self, exchange: ExchangeType, id: u32, response: bool, payloads: &[Payload]) -> Result<Vec<u8>, Error> {
-        let keys = self.keys.as_ref().ok_or(Error::InvalidSyntax {
-            spi: self.spi,
-            exchange: "encrypted",
-            what: "no keys yet",
-        })?;
-        let cipher = keys.outbound(self.initiator);
-        let mut inner = Vec::new();
-        let first = emit_chain(payloads, PayloadType::NONE, &mut inner)
-            .map_err(|source| Error::Malformed { spi: self.spi, source })?;
-        let header = self.header(exchange, id, response);
-        let mut out = Vec::new();
-        let layout = emit_encrypted(&header, first, &inner, cipher.iv_len(), cipher.block_size(), cipher.icv_len(), &mut out)
-            .map_err(|source| Error::Malformed { spi: self.spi, source })?;
-        self.iv_counter += 1;
-        cipher.iv_from_counter(self.iv_counter, &mut out[layout.iv.clone()]);
-        let (head, rest) = out.split_at_mut(layout.iv.end);
-        let (pt, icv) = rest.split_at_mut(layout.plaintext.len());
-        cipher
-            .seal_in_place(&head[layout.iv.clone()], &head[..layout.aad_len], pt, icv)
-            .map_err(|source| Error::Crypto { spi: self.spi, source })?;
-        Ok(out)
-    }
-
-    /// Verifies and decrypts the SK payload of `msg` (parsed from `data`), returning the inner
-    /// payloads. An ICV failure is an error the caller drops silently (RFC 7296 §2.21.1).
-    pub(crate) fn unprotect(&self, data: &[u8], msg: &Message) -> Result<Vec<Payload>, Error> {
-        let syntax = |what| Error::InvalidSyntax { spi: self.spi, exchange: "encrypted", what };
-        let keys = self.keys.as_ref().ok_or(syntax("no keys yet"))?;
-        let enc = msg.encrypted.as_ref().ok_or(syntax("no encrypted payload"))?;
-        if !msg.payloads.is_empty() {
-            // Nothing may travel unprotected next to the SK payload in the exchanges we speak.
-            return Err(syntax("unencrypted payloads beside the encrypted payload"));
-        }
-        let cipher = keys.inbound(self.initiator);
-        let body = data.get(enc.body.clone()).ok_or(syntax("encrypted payload out of range"))?;
-        let (iv_len, icv_len) = (cipher.iv_len(), cipher.icv_len());
-        if body.len() < iv_len + icv_len + 1 {
-            return Err(syntax("encrypted payload too short"));
-        }
-        let iv = &body[..iv_len];
-        let icv = &body[body.len() - icv_len..];
-        let mut pt = body[iv_len..body.len() - icv_len].to_vec();
-        cipher
-            .open_in_place(iv, &data[..enc.body.start], &mut pt, icv)
-            .map_err(|source| Error::Crypto { spi: self.spi, source })?;
-        let inner = strip_padding(&pt).map_err(|source| Error::Malformed { spi: self.spi, source })?;
-        let (payloads, _) =
-            parse_chain(enc.next_inner, inner, 0, false).map_err(|source| Error::Malformed { spi: self.spi, source })?;
-        Ok(payloads)
     }
 
     /// Retransmission timeout after `n` retransmissions: timeout * base^n.
@@ -454,6 +406,20 @@ impl IkeSa {
         self.start_next_task(ctx);
     }
 
+    /// Hands an INFORMATIONAL request to the new SA of a pending rekey collision.
+    pub(crate) fn handle_for_passive(&mut self, ctx: &mut Ctx<'_>, local: SocketAddr, remote: SocketAddr, data: &[u8], msg: Message) {
+        if let Some(p) = self.passive_rekey.as_mut() {
+            // Until the collision is concluded it is a rekey leftover, not a live SA.
+            p.new_sa.state = SaState::Rekeyed;
+            p.new_sa.handle(ctx, local, remote, data, msg);
+            if p.new_sa.state == SaState::Dead {
+                debug!(ispi = %self.spis.initiator, "the peer deleted the new SA of its losing rekey");
+            } else {
+                p.new_sa.state = SaState::Established;
+            }
+        }
+    }
+
     fn handle_response(&mut self, ctx: &mut Ctx<'_>, local: SocketAddr, remote: SocketAddr, data: &[u8], msg: Message) {
         let Some(active) = self.active.as_ref() else { return };
         // RFC 7296 §2.2: a response whose Message ID does not match the outstanding request
@@ -475,6 +441,10 @@ impl IkeSa {
                 return;
             }
         };
+        if let Err(what) = crate::rules::check(msg.header.exchange, true, &payloads) {
+            debug!(ispi = %self.spis.initiator, what, "dropping malformed response");
+            return;
+        }
         let Some(active) = self.active.take() else { return };
         self.timers.stop(Timer::Retransmit);
         self.authenticated_input(ctx, local, remote);
@@ -527,6 +497,12 @@ impl IkeSa {
         };
         self.next_peer_id = self.next_peer_id.wrapping_add(1);
         self.authenticated_input(ctx, local, remote);
+        if let Err(what) = crate::rules::check(msg.header.exchange, false, &payloads) {
+            let e = Error::InvalidSyntax { spi: self.spi, exchange: "request", what };
+            debug!(ispi = %self.spis.initiator, error = %e, "answering INVALID_SYNTAX");
+            self.send_response(ctx, msg.header.exchange, id, &[error_notify(&e)]);
+            return;
+        }
         match msg.header.exchange {
             ExchangeType::IKE_AUTH => self.on_auth_request(ctx, id, &payloads),
             ExchangeType::CREATE_CHILD_SA => self.on_create_child_request(ctx, id, &payloads),
@@ -679,6 +655,16 @@ impl IkeSa {
         }
         if self.state == SaState::Established {
             self.established_timers(ctx);
+        } else {
+            // Liveness, rekeying, keepalives and CHILD_SA lifetimes only matter while
+            // established; a deleting SA drops them instead of leaving them due forever.
+            for t in [Timer::Dpd, Timer::IkeRekey, Timer::NatKeepalive] {
+                self.timers.take_expired(t, now);
+            }
+            for c in &mut self.children {
+                c.timers.take_expired(ChildTimer::Rekey, now);
+                c.timers.take_expired(ChildTimer::Expire, now);
+            }
         }
         self.start_next_task(ctx);
     }

@@ -510,6 +510,7 @@ pub(crate) fn decode(bytes: &[u8], now: Instant) -> Result<IkeSa, Error> {
             state,
             installed_at,
             timers,
+            predecessor: None,
         });
     }
     r.0.finish().map_err(|_| Error::Snapshot("trailing bytes"))?;

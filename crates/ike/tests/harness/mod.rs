@@ -216,6 +216,14 @@ impl Pair {
         }
     }
 
+    /// A pair with default endpoint configs and the given tunnel configurations.
+    pub fn with_configs(seed: u64, a: PeerConfig, b: PeerConfig) -> Self {
+        let mut p = Self::new(seed, EndpointConfig::default(), EndpointConfig::default());
+        p.a.ep.add_peer(p.now, a).expect("config a");
+        p.b.ep.add_peer(p.now, b).expect("config b");
+        p
+    }
+
     /// A pair with default endpoint configs and the default tunnel on both sides.
     pub fn with_tunnel(seed: u64) -> Self {
         let mut p = Self::new(seed, EndpointConfig::default(), EndpointConfig::default());
@@ -291,9 +299,12 @@ impl Pair {
             let Some((inner, _)) = nat.map.iter().find(|(_, p)| **p == to.port()) else { return };
             to = *inner;
         }
+        let t = (self.now - self.start).as_secs_f64();
         if to.ip() == self.a.addr {
+            let _s = tracing::info_span!("A", t).entered();
             self.a.ep.handle_datagram(self.now, to, d.from, &d.data);
         } else if to.ip() == self.b.addr {
+            let _s = tracing::info_span!("B", t).entered();
             self.b.ep.handle_datagram(self.now, to, d.from, &d.data);
         }
     }
@@ -340,10 +351,13 @@ impl Pair {
             self.deliver(d);
             self.collect();
         }
+        let t = (self.now - self.start).as_secs_f64();
         if self.a.ep.poll_timeout().is_some_and(|t| t <= self.now) {
+            let _s = tracing::info_span!("A", t).entered();
             self.a.ep.handle_timeout(self.now);
         }
         if self.b.ep.poll_timeout().is_some_and(|t| t <= self.now) {
+            let _s = tracing::info_span!("B", t).entered();
             self.b.ep.handle_timeout(self.now);
         }
         self.collect();

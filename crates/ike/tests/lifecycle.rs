@@ -1,0 +1,319 @@
+//! The life of established SAs: DELETE from either side, dead peer detection (timeout, keeping
+//! alive, restart), the retransmission limit, CHILD_SA lifetimes, INITIAL_CONTACT, NAT traversal
+//! (detection, keepalives, rebinding), duplicates, and snapshot/restore on another endpoint.
+
+mod harness;
+use harness::*;
+use protego_ike::*;
+use std::time::Duration;
+use wire::ike::{ExchangeType, Message};
+
+fn informational_requests(sent: &[(std::net::SocketAddr, std::net::SocketAddr, Vec<u8>)]) -> usize {
+    sent.iter()
+        .filter_map(|(_, _, d)| Message::parse(d).ok())
+        .filter(|m| m.header.exchange == ExchangeType::INFORMATIONAL && !m.header.flags.response())
+        .count()
+}
+
+#[test]
+fn delete_from_initiator() {
+    let mut p = Pair::with_tunnel(100);
+    p.connect();
+    p.a.ep.terminate(p.now, TunnelId(1)).expect("terminate");
+    p.run_for(Duration::from_secs(5));
+    assert_eq!(p.a.deleted_reasons(), vec![DeleteReason::LocalRequest]);
+    assert_eq!(p.b.deleted_reasons(), vec![DeleteReason::PeerRequest]);
+    assert!(p.a.children.is_empty() && p.b.children.is_empty());
+    assert!(p.a.ep.status(p.now).is_empty() && p.b.ep.status(p.now).is_empty());
+    assert_eq!(p.a.ep.poll_timeout(), None, "no timers left");
+}
+
+#[test]
+fn delete_from_responder_and_unknown_tunnel() {
+    let mut p = Pair::with_tunnel(101);
+    p.connect();
+    p.b.ep.terminate(p.now, TunnelId(1)).expect("terminate");
+    p.run_for(Duration::from_secs(5));
+    assert_eq!(p.b.deleted_reasons(), vec![DeleteReason::LocalRequest]);
+    assert_eq!(p.a.deleted_reasons(), vec![DeleteReason::PeerRequest]);
+    assert!(matches!(p.a.ep.terminate(p.now, TunnelId(9)), Err(Error::UnknownTunnel(_))));
+    assert!(matches!(p.a.ep.rekey_ike(p.now, TunnelId(1)), Err(Error::NotEstablished(_))));
+}
+
+#[test]
+fn remove_peer_deletes_its_sas() {
+    let mut p = Pair::with_tunnel(102);
+    p.connect();
+    p.a.ep.remove_peer(p.now, TunnelId(1)).expect("remove");
+    p.run_for(Duration::from_secs(5));
+    assert!(p.a.ep.status(p.now).is_empty() && p.b.ep.status(p.now).is_empty());
+    assert!(matches!(p.a.ep.initiate(p.now, TunnelId(1)), Err(Error::UnknownTunnel(_))));
+}
+
+#[test]
+fn dpd_timeout_clears() {
+    let mut a = cfg_a();
+    a.dpd_delay = Some(Duration::from_secs(10));
+    let mut p = Pair::with_configs(103, a, cfg_b());
+    p.connect();
+    p.up = false;
+    let t0 = p.now;
+    assert!(p.run_until(Duration::from_secs(400), |p| !p.a.deleted_reasons().is_empty()));
+    assert_eq!(p.a.deleted_reasons(), vec![DeleteReason::DpdTimeout]);
+    assert!(p.a.children.is_empty());
+    // 10 s idle, then 4 + 7.2 + 12.96 + 23.3 + 42 + 75.6 s of retransmissions.
+    let took = p.now - t0;
+    assert!(took >= Duration::from_secs(170) && took <= Duration::from_secs(180), "{took:?}");
+    assert_eq!(informational_requests(&p.a.sent), 6, "one DPD and five retransmissions");
+}
+
+#[test]
+fn dpd_keeps_a_live_tunnel() {
+    let mut a = cfg_a();
+    a.dpd_delay = Some(Duration::from_secs(10));
+    let mut p = Pair::with_configs(104, a, cfg_b());
+    p.connect();
+    p.run_for(Duration::from_secs(100));
+    assert!(p.a.deleted_reasons().is_empty());
+    let n = informational_requests(&p.a.sent);
+    assert!((9..=10).contains(&n), "one DPD per 10 s idle: {n}");
+    assert_eq!(informational_requests(&p.b.sent), 0);
+}
+
+#[test]
+fn dpd_restart_reconnects() {
+    let mut a = cfg_a();
+    a.dpd_delay = Some(Duration::from_secs(5));
+    a.dpd_action = DpdAction::Restart;
+    let mut p = Pair::with_configs(105, a, cfg_b());
+    p.connect();
+    p.up = false;
+    assert!(p.run_until(Duration::from_secs(300), |p| !p.a.deleted_reasons().is_empty()));
+    p.up = true;
+    assert!(p.run_until(Duration::from_secs(60), |p| p.a.established() == 2));
+    p.run_for(Duration::from_secs(1));
+    assert_eq!(p.a.children.len(), 1);
+    // B still holds the stale SA until INITIAL_CONTACT removes it.
+    assert_eq!(p.b.ep.status(p.now).len(), 1, "{:?}", p.b.ep.status(p.now));
+    p.assert_children_consistent();
+}
+
+#[test]
+fn retransmission_limit() {
+    let mut p = Pair::with_tunnel(106);
+    p.up = false;
+    p.a.ep.initiate(p.now, TunnelId(1)).expect("initiate");
+    let t0 = p.now;
+    assert!(p.run_until(Duration::from_secs(400), |p| !p.a.deleted_reasons().is_empty()));
+    assert_eq!(p.a.deleted_reasons(), vec![DeleteReason::RetransmitLimit]);
+    let took = (p.now - t0).as_secs_f64();
+    assert!((165.0..166.0).contains(&took), "{took}");
+    assert_eq!(p.a.sent.len(), 6);
+    assert!(p.a.sent.windows(2).all(|w| w[0].2 == w[1].2), "retransmissions are byte-identical");
+}
+
+#[test]
+fn custom_retransmission_schedule() {
+    let ea = EndpointConfig {
+        retransmit_timeout: Duration::from_secs(1),
+        retransmit_base: 2.0,
+        retransmit_tries: 2,
+        ..Default::default()
+    };
+    let mut p = Pair::new(107, ea, EndpointConfig::default());
+    p.a.ep.add_peer(p.now, cfg_a()).expect("a");
+    p.up = false;
+    p.a.ep.initiate(p.now, TunnelId(1)).expect("initiate");
+    let t0 = p.now;
+    assert!(p.run_until(Duration::from_secs(60), |p| !p.a.deleted_reasons().is_empty()));
+    assert_eq!((p.now - t0).as_secs(), 7, "1 + 2 + 4 s");
+}
+
+#[test]
+fn child_hard_lifetime_without_rekey() {
+    let (mut a, mut b) = (cfg_a(), cfg_b());
+    a.child_life_time = Duration::from_secs(30);
+    b.child_life_time = Duration::from_secs(60);
+    let mut p = Pair::with_configs(108, a, b);
+    p.connect();
+    p.run_for(Duration::from_secs(35));
+    assert!(p.a.children.is_empty() && p.b.children.is_empty());
+    assert_eq!(p.a.count(|e| matches!(e, Event::ChildSaDeleted { reason: DeleteReason::Expired, .. })), 1);
+    assert_eq!(p.b.count(|e| matches!(e, Event::ChildSaDeleted { reason: DeleteReason::PeerRequest, .. })), 1);
+    p.assert_one_ike_sa();
+}
+
+#[test]
+fn initial_contact_replaces_stale_sa() {
+    let mut p = Pair::with_tunnel(109);
+    p.connect();
+    let old = p.b.ep.status(p.now)[0].ike;
+    // A restarts: fresh endpoint, same configuration.
+    p.a = Node::new(A_ADDR, 999, EndpointConfig::default(), p.now);
+    p.a.ep.add_peer(p.now, cfg_a()).expect("a");
+    p.connect();
+    let live = p.b.ep.status(p.now);
+    assert_eq!(live.len(), 1);
+    assert_ne!(live[0].ike, old);
+    assert!(p.b.count(|e| matches!(e, Event::IkeSaDeleted { ike, reason: DeleteReason::PeerRequest, .. } if *ike == old)) == 1);
+    p.assert_children_consistent();
+}
+
+#[test]
+fn start_action_start() {
+    let mut a = cfg_a();
+    a.start_action = StartAction::Start;
+    let mut p = Pair::with_configs(110, a, cfg_b());
+    assert_eq!(p.a.ep.poll_timeout(), Some(p.now));
+    assert!(p.run_until(Duration::from_secs(10), |p| p.a.children.len() == 1 && p.b.children.len() == 1));
+}
+
+fn nat_pair(seed: u64) -> Pair {
+    let e = EndpointConfig { force_encap: false, ..Default::default() };
+    let mut p = Pair::new(seed, e.clone(), e);
+    let mut b = cfg_b();
+    b.remote_addrs.clear();
+    p.a.ep.add_peer(p.now, cfg_a()).expect("a");
+    p.b.ep.add_peer(p.now, b).expect("b");
+    p
+}
+
+#[test]
+fn no_nat_no_encapsulation() {
+    let mut p = nat_pair(111);
+    p.connect();
+    let c = p.a.children.values().next().expect("child");
+    assert_eq!((c.local.port(), c.remote.port()), (500, 500));
+    p.run_for(Duration::from_secs(60));
+    assert!(p.a.sent.iter().all(|(_, _, d)| d.len() > 1), "no keepalives without NAT");
+}
+
+#[test]
+fn nat_detection_keepalives_and_rebinding() {
+    let mut p = nat_pair(112);
+    p.enable_nat();
+    p.connect();
+    let ca = p.a.children.values().next().expect("child");
+    assert_eq!(ca.local.port(), 4500, "A floated to 4500 behind the NAT");
+    let cb = p.b.children.values().next().expect("child");
+    assert_eq!(cb.remote.ip(), NAT_ADDR);
+    assert_eq!(cb.local.port(), 4500);
+    let old_remote = cb.remote;
+    p.run_for(Duration::from_secs(65));
+    let keepalives = p.a.sent.iter().filter(|(_, _, d)| d == &[0xFF]).count();
+    assert_eq!(keepalives, 3, "one per 20 s idle");
+    assert!(p.b.sent.iter().all(|(_, _, d)| d != &[0xFF]), "B is not behind a NAT");
+    // The NAT rebinds; the next authenticated request from A updates B.
+    p.rebind_nat();
+    let spi = *p.a.children.keys().next().expect("child");
+    p.a.ep.rekey_child(p.now, spi).expect("rekey");
+    p.run_for(Duration::from_secs(5));
+    let changed: Vec<_> = p
+        .b
+        .events
+        .iter()
+        .filter_map(|e| match e {
+            Event::PeerAddressChanged { remote, .. } => Some(*remote),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(changed.len(), 1);
+    assert_eq!(changed[0].ip(), NAT_ADDR);
+    assert_ne!(changed[0], old_remote);
+    p.assert_children_consistent();
+    assert_eq!(p.b.children.values().next().expect("child").remote, changed[0]);
+}
+
+#[test]
+fn duplicated_datagrams_are_harmless() {
+    let mut p = Pair::with_tunnel(113);
+    p.link.duplicate = 1.0;
+    p.connect();
+    let spi = *p.a.children.keys().next().expect("child");
+    p.a.ep.rekey_child(p.now, spi).expect("rekey");
+    p.b.ep.rekey_ike(p.now, TunnelId(1)).expect("rekey");
+    p.run_for(Duration::from_secs(30));
+    p.assert_children_consistent();
+    p.assert_one_ike_sa();
+}
+
+#[test]
+fn snapshot_and_restore_on_another_endpoint() {
+    let (mut a, mut b) = (cfg_a(), cfg_b());
+    a.child_rekey_time = Duration::from_secs(100);
+    b.child_rekey_time = Duration::from_secs(300);
+    b.dpd_delay = Some(Duration::from_secs(30));
+    let mut p = Pair::with_configs(114, a, b);
+    p.connect();
+    let spi = *p.a.children.keys().next().expect("child");
+    p.a.ep.rekey_child(p.now, spi).expect("rekey");
+    p.run_for(Duration::from_secs(10));
+    let ike = p.b.ep.status(p.now)[0].ike;
+    let snap = p.b.ep.snapshot(p.now, ike).expect("snapshot");
+    assert!(p.b.ep.snapshot(p.now, IkeSpis { initiator: wire::IkeSpi(1), responder: wire::IkeSpi(2) }).is_none());
+    // The standby takes over B's address with the same configuration.
+    let mut standby = Node::new(B_ADDR, 4242, EndpointConfig::default(), p.now);
+    let mut b = cfg_b();
+    b.child_rekey_time = Duration::from_secs(300);
+    b.dpd_delay = Some(Duration::from_secs(30));
+    standby.ep.add_peer(p.now, b).expect("b");
+    assert_eq!(standby.ep.restore(p.now, &snap).expect("restore"), ike);
+    assert!(matches!(standby.ep.restore(p.now, &snap), Err(Error::DuplicateSa(_))));
+    assert!(standby.ep.restore(p.now, &snap[..snap.len() - 1]).is_err());
+    assert!(standby.ep.restore(p.now, b"junk").is_err());
+    standby.children = std::mem::take(&mut p.b.children);
+    p.b = standby;
+    let before = p.b.ep.status(p.now);
+    assert_eq!(before[0].children.len(), 1);
+    // Rekeys in both directions and DPD keep working across the takeover.
+    p.run_for(Duration::from_secs(250));
+    assert!(p.a.count(|e| matches!(e, Event::ChildSaInstalled(_))) >= 3);
+    p.b.ep.rekey_ike(p.now, TunnelId(1)).expect("rekey ike");
+    p.run_for(Duration::from_secs(10));
+    p.assert_one_ike_sa();
+    p.assert_children_consistent();
+    assert!(p.a.deleted_reasons().iter().all(|r| *r == DeleteReason::Rekeyed));
+}
+
+#[test]
+fn snapshot_with_outstanding_request() {
+    let mut p = Pair::with_tunnel(115);
+    p.connect();
+    let ike = p.a.ep.status(p.now)[0].ike;
+    p.up = false;
+    p.a.ep.terminate(p.now, TunnelId(1)).expect("terminate");
+    p.run_for(Duration::from_secs(1));
+    let snap = p.a.ep.snapshot(p.now, ike).expect("snapshot");
+    let mut standby = Node::new(A_ADDR, 77, EndpointConfig::default(), p.now);
+    standby.ep.add_peer(p.now, cfg_a()).expect("a");
+    standby.ep.restore(p.now, &snap).expect("restore");
+    standby.children = std::mem::take(&mut p.a.children);
+    p.a = standby;
+    p.up = true;
+    // The restored node retransmits the DELETE and finishes it.
+    p.run_for(Duration::from_secs(10));
+    assert_eq!(p.a.deleted_reasons(), vec![DeleteReason::LocalRequest]);
+    assert_eq!(p.b.deleted_reasons(), vec![DeleteReason::PeerRequest]);
+}
+
+#[test]
+fn delete_into_a_dead_link_with_timers_armed() {
+    let (mut a, mut b) = (cfg_a(), cfg_b());
+    for c in [&mut a, &mut b] {
+        c.dpd_delay = Some(Duration::from_secs(5));
+        c.ike_rekey_time = Duration::from_secs(20);
+        c.child_rekey_time = Duration::from_secs(10);
+        c.child_life_time = Duration::from_secs(15);
+    }
+    let mut p = nat_pair(116);
+    p.a.ep.remove_peer(p.now, TunnelId(1)).expect("remove");
+    p.a.ep.add_peer(p.now, a).expect("a");
+    p.enable_nat();
+    p.connect();
+    p.up = false;
+    p.a.ep.terminate(p.now, TunnelId(1)).expect("terminate");
+    // Every timer of the deleting SA comes due while the DELETE is retransmitted.
+    assert!(p.run_until(Duration::from_secs(400), |p| p.a.ep.status(p.now).is_empty()));
+    assert_eq!(p.a.deleted_reasons(), vec![DeleteReason::LocalRequest]);
+    assert!(p.a.ep.poll_timeout().is_none());
+}

@@ -1,0 +1,310 @@
+//! CREATE_CHILD_SA: CHILD_SA and IKE SA rekeys from either side (API and timers), with and
+//! without PFS, additional checks on make-before-break ordering, simultaneous rekeys
+//! (RFC 7296 §2.8.1, §2.8.2), rekey/delete and CHILD/IKE rekey collisions, and long runs over
+//! a lossy, duplicating, reordering link.
+//!
+//! Collision diagrams (strongSwan `test_child_rekey.c` style):
+//!
+//! ```text
+//!   A                              B
+//!   CREATE_CHILD_SA(REKEY_SA old) ->   <- CREATE_CHILD_SA(REKEY_SA old)
+//!   <- response (new SA b)          response (new SA a) ->
+//!   the exchange with the smallest nonce made the redundant SA; its initiator deletes it,
+//!   the winner's initiator deletes `old`.
+//! ```
+
+mod harness;
+use harness::*;
+use protego_ike::*;
+use std::time::Duration;
+use wire::EspSpi;
+
+fn only_child(n: &Node) -> EspSpi {
+    assert_eq!(n.children.len(), 1, "{:?}", n.children.keys());
+    *n.children.keys().next().expect("child")
+}
+
+fn installs(n: &Node) -> Vec<(EspSpi, Option<EspSpi>)> {
+    n.events
+        .iter()
+        .filter_map(|e| match e {
+            Event::ChildSaInstalled(i) => Some((i.inbound_spi, i.replaces)),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn child_rekey_from_initiator_and_responder() {
+    let mut p = Pair::with_tunnel(200);
+    p.connect();
+    for round in 0..4 {
+        let old_a = only_child(&p.a);
+        let old_b = only_child(&p.b);
+        if round % 2 == 0 {
+            p.a.ep.rekey_child(p.now, old_a).expect("rekey");
+        } else {
+            p.b.ep.rekey_child(p.now, old_b).expect("rekey");
+        }
+        p.run_for(Duration::from_secs(5));
+        p.assert_children_consistent();
+        let new_a = only_child(&p.a);
+        assert_ne!(new_a, old_a);
+        // Make-before-break: the new SA was announced as replacing the old one, and the old
+        // one was deleted only after that.
+        assert_eq!(installs(&p.a).last(), Some(&(new_a, Some(old_a))));
+        assert_eq!(installs(&p.b).last(), Some(&(only_child(&p.b), Some(old_b))));
+        let pos_install = p.a.events.iter().rposition(|e| matches!(e, Event::ChildSaInstalled(_))).expect("install");
+        let pos_delete = p
+            .a
+            .events
+            .iter()
+            .rposition(|e| matches!(e, Event::ChildSaDeleted { inbound_spi, reason: DeleteReason::Rekeyed, .. } if *inbound_spi == old_a))
+            .expect("old deleted");
+        assert!(pos_install < pos_delete);
+    }
+    assert!(matches!(p.a.ep.rekey_child(p.now, EspSpi(0x1234)), Err(Error::UnknownChildSa(_))));
+    p.assert_one_ike_sa();
+}
+
+#[test]
+fn child_rekey_with_pfs_and_invalid_ke() {
+    let (mut a, mut b) = (cfg_a(), cfg_b());
+    a.esp_proposals = vec![esp("aes256gcm16-x25519-ecp256")];
+    b.esp_proposals = vec![esp("aes256gcm16-ecp256")];
+    let mut p = Pair::with_configs(201, a, b);
+    p.connect();
+    let old = only_child(&p.a);
+    p.a.ep.rekey_child(p.now, old).expect("rekey");
+    p.run_for(Duration::from_secs(5));
+    p.assert_children_consistent();
+    let c = p.a.children.values().next().expect("child");
+    assert_eq!(c.pfs, Some(crypto::DhGroup::Ecp256), "retried with the group B asked for");
+    assert_eq!(c.proposal, "AES_GCM_16_256/ECP_256/NO_EXT_SEQ");
+}
+
+#[test]
+fn rekey_timers_from_both_sides_over_a_long_run() {
+    let (mut a, mut b) = (cfg_a(), cfg_b());
+    for c in [&mut a, &mut b] {
+        c.child_rekey_time = Duration::from_secs(60);
+        c.child_life_time = Duration::from_secs(80);
+        c.rand_time = Duration::from_secs(20);
+        c.ike_rekey_time = Duration::from_secs(300);
+        c.dpd_delay = Some(Duration::from_secs(30));
+    }
+    let mut p = Pair::with_configs(202, a, b);
+    p.connect();
+    p.run_for(Duration::from_secs(2000));
+    p.assert_children_consistent();
+    p.assert_one_ike_sa();
+    assert_eq!(p.a.children.len(), 1);
+    let rekeys = p.a.count(|e| matches!(e, Event::ChildSaInstalled(i) if i.replaces.is_some()));
+    assert!(rekeys >= 30, "{rekeys}");
+    assert!(p.a.count(|e| matches!(e, Event::IkeSaRekeyed { .. })) >= 6);
+    for n in [&p.a, &p.b] {
+        assert!(!n.events.iter().any(|e| matches!(e, Event::ChildSaDeleted { reason: DeleteReason::Expired, .. })), "never expired");
+        assert!(n.deleted_reasons().iter().all(|r| *r == DeleteReason::Rekeyed));
+    }
+}
+
+#[test]
+fn ike_rekey_from_both_sides() {
+    let mut p = Pair::with_tunnel(203);
+    p.connect();
+    let child = only_child(&p.a);
+    for (i, from_a) in [true, false, true].into_iter().enumerate() {
+        let old = p.a.ep.status(p.now)[0].ike;
+        if from_a {
+            p.a.ep.rekey_ike(p.now, TunnelId(1)).expect("rekey");
+        } else {
+            p.b.ep.rekey_ike(p.now, TunnelId(1)).expect("rekey");
+        }
+        p.run_for(Duration::from_secs(5));
+        p.assert_one_ike_sa();
+        let st = &p.a.ep.status(p.now)[0];
+        assert_ne!(st.ike, old);
+        assert_eq!(st.initiator, from_a, "the rekey initiator is the new SA's initiator");
+        assert_eq!(st.children.len(), 1, "the CHILD_SA moved over");
+        assert_eq!(p.a.count(|e| matches!(e, Event::IkeSaRekeyed { .. })), i + 1);
+        assert_eq!(p.b.count(|e| matches!(e, Event::IkeSaRekeyed { .. })), i + 1);
+    }
+    assert_eq!(only_child(&p.a), child, "no CHILD_SA event on an IKE rekey");
+    // The CHILD_SA can be rekeyed and the tunnel deleted through the new IKE SA.
+    p.b.ep.rekey_child(p.now, only_child(&p.b)).expect("rekey child");
+    p.run_for(Duration::from_secs(5));
+    p.assert_children_consistent();
+    p.a.ep.terminate(p.now, TunnelId(1)).expect("terminate");
+    p.run_for(Duration::from_secs(5));
+    assert!(p.a.children.is_empty() && p.b.children.is_empty());
+    assert!(p.a.ep.status(p.now).is_empty() && p.b.ep.status(p.now).is_empty());
+}
+
+#[test]
+fn simultaneous_child_rekeys() {
+    for seed in 300..340 {
+        let mut p = Pair::with_tunnel(seed);
+        p.connect();
+        let (sa, sb) = (only_child(&p.a), only_child(&p.b));
+        p.a.ep.rekey_child(p.now, sa).expect("rekey a");
+        p.b.ep.rekey_child(p.now, sb).expect("rekey b");
+        p.run_for(Duration::from_secs(20));
+        p.assert_children_consistent();
+        let (na, nb) = (only_child(&p.a), only_child(&p.b));
+        assert!(na != sa && nb != sb, "seed {seed}");
+        p.assert_one_ike_sa();
+        // Every CHILD_SA ever announced was deleted again, except the survivor.
+        assert_eq!(p.a.count(|e| matches!(e, Event::ChildSaInstalled(_))), p.a.count(|e| matches!(e, Event::ChildSaDeleted { .. })) + 1);
+        // The survivor keeps working.
+        p.a.ep.rekey_child(p.now, na).expect("rekey again");
+        p.run_for(Duration::from_secs(5));
+        p.assert_children_consistent();
+    }
+}
+
+#[test]
+fn simultaneous_ike_rekeys() {
+    for seed in 400..440 {
+        let mut p = Pair::with_tunnel(seed);
+        p.connect();
+        let child = only_child(&p.a);
+        p.a.ep.rekey_ike(p.now, TunnelId(1)).expect("rekey a");
+        p.b.ep.rekey_ike(p.now, TunnelId(1)).expect("rekey b");
+        p.run_for(Duration::from_secs(20));
+        p.assert_one_ike_sa();
+        p.assert_children_consistent();
+        assert_eq!(only_child(&p.a), child);
+        // The surviving IKE SA works: rekey its CHILD_SA from B, then the IKE SA again.
+        p.b.ep.rekey_child(p.now, only_child(&p.b)).expect("child rekey");
+        p.run_for(Duration::from_secs(5));
+        p.a.ep.rekey_ike(p.now, TunnelId(1)).expect("rekey again");
+        p.run_for(Duration::from_secs(5));
+        p.assert_one_ike_sa();
+        p.assert_children_consistent();
+        // Nothing lingers: the redundant SAs were deleted, not left to time out.
+        p.run_for(Duration::from_secs(100));
+        p.assert_one_ike_sa();
+        assert!(p.a.deleted_reasons().iter().chain(p.b.deleted_reasons().iter()).all(|r| *r == DeleteReason::Rekeyed), "seed {seed}");
+    }
+}
+
+#[test]
+fn child_rekey_colliding_with_ike_rekey() {
+    for seed in 500..520 {
+        let mut p = Pair::with_tunnel(seed);
+        p.connect();
+        p.a.ep.rekey_child(p.now, only_child(&p.a)).expect("child");
+        p.b.ep.rekey_ike(p.now, TunnelId(1)).expect("ike");
+        // TEMPORARY_FAILURE on one or both, then retries after a few seconds.
+        p.run_for(Duration::from_secs(30));
+        p.assert_one_ike_sa();
+        p.assert_children_consistent();
+        assert_eq!(p.a.count(|e| matches!(e, Event::IkeSaRekeyed { .. })), 1, "seed {seed}");
+        assert_eq!(p.a.count(|e| matches!(e, Event::ChildSaInstalled(i) if i.replaces.is_some())), 1, "seed {seed}");
+    }
+}
+
+#[test]
+fn child_rekey_colliding_with_delete() {
+    let mut p = Pair::with_tunnel(600);
+    p.connect();
+    let (sa, _) = (only_child(&p.a), only_child(&p.b));
+    // B's CHILD_SA hard lifetime ends while A rekeys it.
+    p.a.ep.rekey_child(p.now, sa).expect("rekey");
+    p.b.ep.terminate(p.now, TunnelId(1)).expect("terminate");
+    p.run_for(Duration::from_secs(30));
+    assert!(p.a.children.is_empty() && p.b.children.is_empty());
+    assert!(p.a.ep.status(p.now).is_empty() && p.b.ep.status(p.now).is_empty());
+}
+
+#[test]
+fn lossy_link_eventually_consistent() {
+    for seed in 700..712 {
+        let (mut a, mut b) = (cfg_a(), cfg_b());
+        for c in [&mut a, &mut b] {
+            c.child_rekey_time = Duration::from_secs(120);
+            c.child_life_time = Duration::from_secs(400);
+            c.rand_time = Duration::from_secs(30);
+            c.ike_rekey_time = Duration::from_secs(500);
+        }
+        // 20 % loss makes 6 straight losses of an exchange likely over a long run; more tries
+        // keep the SAs alive so that consistency is what is tested.
+        let e = EndpointConfig { retransmit_tries: 10, ..Default::default() };
+        let mut p = Pair::new(seed, e.clone(), e);
+        p.a.ep.add_peer(p.now, a).expect("a");
+        p.b.ep.add_peer(p.now, b).expect("b");
+        p.link.loss = 0.2;
+        p.link.duplicate = 0.1;
+        p.link.jitter = Duration::from_millis(200);
+        p.a.ep.initiate(p.now, TunnelId(1)).expect("initiate");
+        p.run_for(Duration::from_secs(1500));
+        // Let in-flight exchanges finish on a clean link, then compare.
+        p.link = LinkConfig { delay: Duration::from_millis(5), ..Default::default() };
+        p.run_for(Duration::from_secs(120));
+        assert!(p.a.deleted_reasons().iter().all(|r| *r == DeleteReason::Rekeyed), "seed {seed}: {:?}", p.a.deleted_reasons());
+        p.assert_one_ike_sa();
+        p.assert_children_consistent();
+        assert_eq!(p.a.children.len(), 1, "seed {seed}");
+        assert!(p.a.deleted_reasons().iter().all(|r| *r == DeleteReason::Rekeyed), "seed {seed}");
+        assert!(p.a.count(|e| matches!(e, Event::ChildSaInstalled(i) if i.replaces.is_some())) >= 5, "seed {seed}");
+    }
+}
+
+/// One long run over a bad link with frequent rekeys from both sides and DPD; afterwards, on a
+/// clean link, both sides must converge to one IKE SA with one consistent CHILD_SA pair, unless
+/// the loss made an exchange give up (which must then be the reason reported).
+fn lossy_run(seed: u64, loss: f64, rekey: u64) -> Result<(), String> {
+    let (mut a, mut b) = (cfg_a(), cfg_b());
+    for c in [&mut a, &mut b] {
+        c.child_rekey_time = Duration::from_secs(rekey);
+        c.child_life_time = Duration::from_secs(rekey * 3);
+        c.rand_time = Duration::from_secs(rekey / 4);
+        c.ike_rekey_time = Duration::from_secs(rekey * 4);
+        c.dpd_delay = Some(Duration::from_secs(rekey / 2));
+    }
+    let e = EndpointConfig { retransmit_tries: 10, ..Default::default() };
+    let mut p = Pair::new(seed, e.clone(), e);
+    p.a.ep.add_peer(p.now, a).map_err(|e| e.to_string())?;
+    p.b.ep.add_peer(p.now, b).map_err(|e| e.to_string())?;
+    p.link = LinkConfig { loss, duplicate: 0.1, jitter: Duration::from_millis(300), delay: Duration::from_millis(5) };
+    p.a.ep.initiate(p.now, TunnelId(1)).map_err(|e| e.to_string())?;
+    p.run_for(Duration::from_secs(rekey * 40));
+    p.link = LinkConfig { delay: Duration::from_millis(5), ..Default::default() };
+    let gave_up = |r: &DeleteReason| matches!(r, DeleteReason::RetransmitLimit | DeleteReason::DpdTimeout | DeleteReason::NegotiationFailed);
+    let converged = p.run_until(Duration::from_secs(600), |p| {
+        let (sa, sb) = (p.a.ep.status(p.now), p.b.ep.status(p.now));
+        sa.len() == 1
+            && sb.len() == 1
+            && sa[0].ike == sb[0].ike
+            && sa[0].state == IkeSaState::Established
+            && sb[0].state == IkeSaState::Established
+            && p.a.children.len() == 1
+            && p.b.children.len() == 1
+            && p.a.children.values().all(|c| p.b.children.get(&c.outbound_spi).is_some_and(|d| d.outbound_spi == c.inbound_spi))
+    });
+    let reasons: Vec<DeleteReason> = p.a.deleted_reasons().into_iter().chain(p.b.deleted_reasons()).collect();
+    if reasons.iter().any(gave_up) {
+        return Ok(());
+    }
+    if !converged {
+        return Err(format!("seed {seed} loss {loss}: no convergence; A {:?} B {:?}", p.a.ep.status(p.now), p.b.ep.status(p.now)));
+    }
+    p.assert_children_consistent();
+    if !reasons.iter().all(|r| *r == DeleteReason::Rekeyed) {
+        return Err(format!("seed {seed} loss {loss}: unexpected deletions {reasons:?}"));
+    }
+    Ok(())
+}
+
+#[test]
+fn lossy_sweep_converges() {
+    let mut failures = Vec::new();
+    for (loss, rekey) in [(0.05, 20), (0.1, 60)] {
+        for seed in 0..40 {
+            if let Err(e) = lossy_run(seed, loss, rekey) {
+                failures.push(e);
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{failures:#?}");
+}
