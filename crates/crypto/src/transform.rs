@@ -1,35 +1,7 @@
 //! IANA "Internet Key Exchange Version 2 (IKEv2) Parameters": transform types and IDs
 //! (RFC 7296 §3.3.2). Open newtypes: unknown values are representable and print in hex.
 
-use core::fmt;
-
-macro_rules! registry {
-    ($(#[$m:meta])* $name:ident($repr:ty) { $($(#[$cm:meta])* $c:ident = $v:expr,)* }) => {
-        $(#[$m])*
-        #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-        pub struct $name(pub $repr);
-        impl $name {
-            $($(#[$cm])* pub const $c: Self = Self($v);)*
-            /// The registry name of a known value.
-            pub fn name(self) -> Option<&'static str> {
-                match self { $(Self::$c => Some(stringify!($c)),)* _ => None }
-            }
-        }
-        impl fmt::Debug for $name {
-            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                match self.name() {
-                    Some(n) => f.write_str(n),
-                    None => write!(f, "{}({:#x})", stringify!($name), self.0),
-                }
-            }
-        }
-        impl fmt::Display for $name {
-            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result { fmt::Debug::fmt(self, f) }
-        }
-    };
-}
-
-registry! {
+wire::iana_registry! {
     /// Transform Type (RFC 7296 §3.3.2).
     TransformType(u8) {
         /// Encryption algorithm.
@@ -45,7 +17,7 @@ registry! {
     }
 }
 
-registry! {
+wire::iana_registry! {
     /// Transform Type 1 - Encryption Algorithm Transform IDs.
     EncrId(u16) {
         /// ENCR_3DES (not supported, recognised only).
@@ -67,7 +39,7 @@ registry! {
     }
 }
 
-registry! {
+wire::iana_registry! {
     /// Transform Type 2 - Pseudorandom Function Transform IDs.
     PrfId(u16) {
         /// PRF_HMAC_MD5 (not supported).
@@ -85,7 +57,7 @@ registry! {
     }
 }
 
-registry! {
+wire::iana_registry! {
     /// Transform Type 3 - Integrity Algorithm Transform IDs.
     IntegId(u16) {
         /// NONE (with AEAD ciphers).
@@ -105,7 +77,7 @@ registry! {
     }
 }
 
-registry! {
+wire::iana_registry! {
     /// Transform Type 4 - Key Exchange Method Transform IDs (Diffie-Hellman groups).
     KeId(u16) {
         /// NONE (no PFS in a CHILD_SA proposal).
@@ -129,7 +101,7 @@ registry! {
     }
 }
 
-registry! {
+wire::iana_registry! {
     /// Transform Type 5 - Extended Sequence Numbers Transform IDs.
     EsnId(u16) {
         /// No Extended Sequence Numbers.

@@ -16,6 +16,38 @@ mod testdata;
 pub mod udp;
 pub mod vxlan;
 
+/// Defines an open newtype over an IANA registry (STYLE.md: unknown values are representable
+/// and print in hex): named constants, `name()`, and `Debug`/`Display` printing the registry
+/// name or `Type(0x..)`. Shared by `wire` and `crypto`.
+#[macro_export]
+macro_rules! iana_registry {
+    ($(#[$m:meta])* $name:ident($repr:ty) { $($(#[$cm:meta])* $c:ident = $v:expr,)* }) => {
+        $(#[$m])*
+        #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
+        pub struct $name(pub $repr);
+        impl $name {
+            $($(#[$cm])* pub const $c: Self = Self($v);)*
+            /// The registry name of a known value.
+            pub fn name(self) -> Option<&'static str> {
+                match self { $(Self::$c => Some(stringify!($c)),)* _ => None }
+            }
+        }
+        impl ::core::fmt::Debug for $name {
+            fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+                match self.name() {
+                    Some(n) => f.write_str(n),
+                    None => write!(f, "{}({:#x})", stringify!($name), self.0),
+                }
+            }
+        }
+        impl ::core::fmt::Display for $name {
+            fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+                ::core::fmt::Debug::fmt(self, f)
+            }
+        }
+    };
+}
+
 use core::fmt;
 
 /// An IKE SA SPI (RFC 7296 §3.1), 8 bytes on the wire, big-endian.

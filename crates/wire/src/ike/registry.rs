@@ -2,35 +2,7 @@
 //! header and payloads (RFC 7296 §3). Open newtypes: unknown values are representable and print
 //! in hex.
 
-use core::fmt;
-
-macro_rules! registry {
-    ($(#[$m:meta])* $name:ident($repr:ty) { $($(#[$cm:meta])* $c:ident = $v:expr,)* }) => {
-        $(#[$m])*
-        #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
-        pub struct $name(pub $repr);
-        impl $name {
-            $($(#[$cm])* pub const $c: Self = Self($v);)*
-            /// The registry name of a known value.
-            pub fn name(self) -> Option<&'static str> {
-                match self { $(Self::$c => Some(stringify!($c)),)* _ => None }
-            }
-        }
-        impl fmt::Debug for $name {
-            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                match self.name() {
-                    Some(n) => f.write_str(n),
-                    None => write!(f, "{}({:#x})", stringify!($name), self.0),
-                }
-            }
-        }
-        impl fmt::Display for $name {
-            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result { fmt::Debug::fmt(self, f) }
-        }
-    };
-}
-
-registry! {
+crate::iana_registry! {
     /// Exchange Type (RFC 7296 §3.1).
     ExchangeType(u8) {
         /// IKE_SA_INIT.
@@ -50,7 +22,7 @@ registry! {
     }
 }
 
-registry! {
+crate::iana_registry! {
     /// Payload Type, the "Next Payload" values (RFC 7296 §3.2).
     PayloadType(u8) {
         /// No Next Payload.
@@ -104,7 +76,7 @@ impl PayloadType {
     }
 }
 
-registry! {
+crate::iana_registry! {
     /// Notify Message Type (RFC 7296 §3.10.1 and the IANA registry). Values below 16384 are
     /// errors, the rest status types.
     NotifyType(u16) {
@@ -246,7 +218,7 @@ impl NotifyType {
     }
 }
 
-registry! {
+crate::iana_registry! {
     /// Protocol ID in proposals, notifies and deletes (RFC 7296 §3.3.1).
     ProtocolId(u8) {
         /// None (notify without SPI).
@@ -260,7 +232,7 @@ registry! {
     }
 }
 
-registry! {
+crate::iana_registry! {
     /// Transform Type (RFC 7296 §3.3.2).
     TransformType(u8) {
         /// Encryption algorithm.
@@ -276,7 +248,7 @@ registry! {
     }
 }
 
-registry! {
+crate::iana_registry! {
     /// ID Type (RFC 7296 §3.5).
     IdType(u8) {
         /// A single four-octet IPv4 address.
@@ -296,7 +268,7 @@ registry! {
     }
 }
 
-registry! {
+crate::iana_registry! {
     /// Authentication Method (RFC 7296 §3.8, RFC 7427).
     AuthMethod(u8) {
         /// RSA digital signature.
@@ -318,7 +290,7 @@ registry! {
     }
 }
 
-registry! {
+crate::iana_registry! {
     /// Traffic Selector Type (RFC 7296 §3.13.1).
     TsType(u8) {
         /// IPv4 address range.
