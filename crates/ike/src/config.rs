@@ -3,6 +3,7 @@
 //! "IKEv2 Cipher Suites" documentation).
 
 use crypto::{DhGroup, Encr, Integ, Prf};
+use std::fmt;
 use std::net::IpAddr;
 use std::time::Duration;
 use zeroize::Zeroizing;
@@ -30,7 +31,11 @@ impl Identity {
     /// Parses an identity the way swanctl.conf does: an IP address becomes ID_IPV4/6_ADDR,
     /// `user@domain` ID_RFC822_ADDR, `keyid:...` / `@#hex` ID_KEY_ID, `fqdn:x`/`@x`/other text ID_FQDN.
     pub fn parse(s: &str) -> Result<Self, crate::Error> {
-        let err = |reason: &str| crate::Error::Config { what: "identity", value: s.to_string(), reason: reason.to_string() };
+        let err = |reason: &str| crate::Error::Config {
+            what: "identity",
+            value: s.to_string(),
+            reason: reason.to_string(),
+        };
         let t = s.trim();
         if t.is_empty() {
             return Err(err("empty identity"));
@@ -48,7 +53,10 @@ impl Identity {
             }
             (0..h.len())
                 .step_by(2)
-                .map(|i| u8::from_str_radix(h.get(i..i + 2).unwrap_or("zz"), 16).map_err(|_| err("invalid hex digit in key id")))
+                .map(|i| {
+                    u8::from_str_radix(h.get(i..i + 2).unwrap_or("zz"), 16)
+                        .map_err(|_| err("invalid hex digit in key id"))
+                })
                 .collect()
         };
         if let Some(rest) = t.strip_prefix("@#") {
@@ -67,7 +75,10 @@ impl Identity {
             }
             return Ok(Self::Fqdn(rest.to_string()));
         }
-        if let Some(rest) = t.strip_prefix("email:").or_else(|| t.strip_prefix("rfc822:")) {
+        if let Some(rest) = t
+            .strip_prefix("email:")
+            .or_else(|| t.strip_prefix("rfc822:"))
+        {
             if rest.is_empty() {
                 return Err(err("empty RFC 822 address"));
             }
@@ -99,9 +110,15 @@ impl Identity {
         use wire::ike::IdType;
         match id_type {
             IdType::IPV4_ADDR => <[u8; 4]>::try_from(data).ok().map(|a| Self::Ipv4(a.into())),
-            IdType::IPV6_ADDR => <[u8; 16]>::try_from(data).ok().map(|a| Self::Ipv6(a.into())),
-            IdType::FQDN => std::str::from_utf8(data).ok().map(|s| Self::Fqdn(s.to_string())),
-            IdType::RFC822_ADDR => std::str::from_utf8(data).ok().map(|s| Self::Rfc822(s.to_string())),
+            IdType::IPV6_ADDR => <[u8; 16]>::try_from(data)
+                .ok()
+                .map(|a| Self::Ipv6(a.into())),
+            IdType::FQDN => std::str::from_utf8(data)
+                .ok()
+                .map(|s| Self::Fqdn(s.to_string())),
+            IdType::RFC822_ADDR => std::str::from_utf8(data)
+                .ok()
+                .map(|s| Self::Rfc822(s.to_string())),
             IdType::KEY_ID => Some(Self::KeyId(data.to_vec())),
             _ => None,
         }
@@ -111,7 +128,9 @@ impl Identity {
     /// names compare case-insensitively (DNS names are case-insensitive).
     pub fn matches(&self, other: &Self) -> bool {
         match (self, other) {
-            (Self::Fqdn(a), Self::Fqdn(b)) | (Self::Rfc822(a), Self::Rfc822(b)) => a.eq_ignore_ascii_case(b),
+            (Self::Fqdn(a), Self::Fqdn(b)) | (Self::Rfc822(a), Self::Rfc822(b)) => {
+                a.eq_ignore_ascii_case(b)
+            }
             (a, b) => a == b,
         }
     }
@@ -191,8 +210,18 @@ fn push_unique<T: PartialEq>(v: &mut Vec<T>, x: T) {
 }
 
 fn parse_keywords(s: &str, what: &'static str) -> Result<Parsed, crate::Error> {
-    let err = |reason: String| crate::Error::Config { what, value: s.to_string(), reason };
-    let mut p = Parsed { encr: vec![], integ: vec![], prf: vec![], dh: vec![], esn: vec![] };
+    let err = |reason: String| crate::Error::Config {
+        what,
+        value: s.to_string(),
+        reason,
+    };
+    let mut p = Parsed {
+        encr: vec![],
+        integ: vec![],
+        prf: vec![],
+        dh: vec![],
+        esn: vec![],
+    };
     for k in s.trim().split('-') {
         match keyword(&k.to_ascii_lowercase()) {
             Some(Keyword::Encr(e)) => push_unique(&mut p.encr, e),
@@ -208,7 +237,9 @@ fn parse_keywords(s: &str, what: &'static str) -> Result<Parsed, crate::Error> {
     }
     let aead = p.encr.iter().filter(|e| e.is_aead()).count();
     if aead != 0 && aead != p.encr.len() {
-        return Err(err("AEAD and non-AEAD encryption algorithms mixed in one proposal".into()));
+        return Err(err(
+            "AEAD and non-AEAD encryption algorithms mixed in one proposal".into(),
+        ));
     }
     if aead != 0 && !p.integ.is_empty() {
         return Err(err("AEAD algorithms take no integrity algorithm".into()));
@@ -237,7 +268,11 @@ impl IkeProposal {
     /// `aes128-sha256-modp2048`. Without an explicit PRF, the PRF follows the integrity
     /// algorithm as strongSwan does. Errors name the unknown keyword.
     pub fn parse(s: &str) -> Result<Self, crate::Error> {
-        let err = |reason: &str| crate::Error::Config { what: "IKE proposal", value: s.to_string(), reason: reason.to_string() };
+        let err = |reason: &str| crate::Error::Config {
+            what: "IKE proposal",
+            value: s.to_string(),
+            reason: reason.to_string(),
+        };
         let mut p = parse_keywords(s, "IKE proposal")?;
         if !p.esn.is_empty() {
             return Err(err("ESN is not an IKE transform"));
@@ -247,12 +282,19 @@ impl IkeProposal {
         }
         if p.prf.is_empty() {
             if p.integ.is_empty() {
-                return Err(err("a PRF is mandatory in AEAD IKE proposals (e.g. prfsha256)"));
+                return Err(err(
+                    "a PRF is mandatory in AEAD IKE proposals (e.g. prfsha256)",
+                ));
             }
             p.prf = p.integ.iter().map(|i| prf_for_integ(*i)).collect();
             p.prf.dedup();
         }
-        Ok(Self { encr: p.encr, integ: p.integ, prf: p.prf, dh: p.dh })
+        Ok(Self {
+            encr: p.encr,
+            integ: p.integ,
+            prf: p.prf,
+            dh: p.dh,
+        })
     }
 }
 
@@ -281,7 +323,12 @@ impl EspProposal {
             });
         }
         let esn = if p.esn.is_empty() { vec![false] } else { p.esn };
-        Ok(Self { encr: p.encr, integ: p.integ, dh: p.dh, esn })
+        Ok(Self {
+            encr: p.encr,
+            integ: p.integ,
+            dh: p.dh,
+            esn,
+        })
     }
 }
 
@@ -304,17 +351,30 @@ impl TrafficSelector {
     /// Parses swanctl's syntax: `10.1.0.0/24`, `10.1.0.5`, `10.1.0.1-10.1.0.9`, with an optional
     /// `[proto/port]` suffix such as `10.1.0.0/24[tcp/443]`.
     pub fn parse(s: &str) -> Result<Self, crate::Error> {
-        let err = |reason: &str| crate::Error::Config { what: "traffic selector", value: s.to_string(), reason: reason.to_string() };
+        let err = |reason: &str| crate::Error::Config {
+            what: "traffic selector",
+            value: s.to_string(),
+            reason: reason.to_string(),
+        };
         let t = s.trim();
         let (net, suffix) = match t.find('[') {
             Some(i) => {
-                let rest = t[i + 1..].strip_suffix(']').ok_or_else(|| err("missing ']'"))?;
+                let rest = t[i + 1..]
+                    .strip_suffix(']')
+                    .ok_or_else(|| err("missing ']'"))?;
                 (&t[..i], Some(rest))
             }
             None => (t, None),
         };
-        let (start, end) = parse_range(net).ok_or_else(|| err("expected ADDR, ADDR/PREFIX or ADDR-ADDR"))?;
-        let mut ts = Self { ip_proto: 0, start_port: 0, end_port: 65535, start, end };
+        let (start, end) =
+            parse_range(net).ok_or_else(|| err("expected ADDR, ADDR/PREFIX or ADDR-ADDR"))?;
+        let mut ts = Self {
+            ip_proto: 0,
+            start_port: 0,
+            end_port: 65535,
+            start,
+            end,
+        };
         if let Some(suffix) = suffix {
             let (proto, port) = match suffix.split_once('/') {
                 Some((a, b)) => (a, Some(b)),
@@ -386,7 +446,13 @@ impl TrafficSelector {
         if start > end {
             return None;
         }
-        Some(Self { ip_proto, start_port, end_port, start, end })
+        Some(Self {
+            ip_proto,
+            start_port,
+            end_port,
+            start,
+            end,
+        })
     }
 
     /// True if every packet `self` matches is also matched by `other`.
@@ -411,7 +477,13 @@ impl TrafficSelector {
 
     /// From the codec's representation (families already checked by the codec).
     pub fn from_wire(ts: &wire::ike::TrafficSelector) -> Self {
-        Self { ip_proto: ts.ip_proto, start_port: ts.start_port, end_port: ts.end_port, start: ts.start, end: ts.end }
+        Self {
+            ip_proto: ts.ip_proto,
+            start_port: ts.start_port,
+            end_port: ts.end_port,
+            start: ts.start,
+            end: ts.end,
+        }
     }
 }
 
@@ -508,7 +580,9 @@ pub enum StartAction {
 }
 
 /// One configured peer / tunnel: the IKE SA and the CHILD_SA it carries.
-#[derive(Debug, Clone)]
+///
+/// `Debug` prints every field but the pre-shared key, which shows as `<redacted>`.
+#[derive(Clone)]
 pub struct PeerConfig {
     /// The node-wide tunnel id.
     pub id: TunnelId,
@@ -548,6 +622,32 @@ pub struct PeerConfig {
     pub start_action: StartAction,
     /// Anti-replay window in packets for inbound CHILD_SAs.
     pub replay_window: u32,
+}
+
+impl fmt::Debug for PeerConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PeerConfig")
+            .field("id", &self.id)
+            .field("name", &self.name)
+            .field("local_addrs", &self.local_addrs)
+            .field("remote_addrs", &self.remote_addrs)
+            .field("local_id", &self.local_id)
+            .field("remote_id", &self.remote_id)
+            .field("psk", &format_args!("<redacted>"))
+            .field("ike_proposals", &self.ike_proposals)
+            .field("esp_proposals", &self.esp_proposals)
+            .field("local_ts", &self.local_ts)
+            .field("remote_ts", &self.remote_ts)
+            .field("ike_rekey_time", &self.ike_rekey_time)
+            .field("child_rekey_time", &self.child_rekey_time)
+            .field("child_life_time", &self.child_life_time)
+            .field("rand_time", &self.rand_time)
+            .field("dpd_delay", &self.dpd_delay)
+            .field("dpd_action", &self.dpd_action)
+            .field("start_action", &self.start_action)
+            .field("replay_window", &self.replay_window)
+            .finish()
+    }
 }
 
 /// Node-wide IKE settings.

@@ -43,7 +43,10 @@ fn establish_a_to_b() {
 fn establish_b_to_a() {
     let mut p = Pair::with_tunnel(2);
     p.b.ep.initiate(p.now, TunnelId(1)).expect("initiate");
-    assert!(p.run_until(Duration::from_secs(10), |p| p.a.children.len() == 1 && p.b.children.len() == 1));
+    assert!(
+        p.run_until(Duration::from_secs(10), |p| p.a.children.len() == 1
+            && p.b.children.len() == 1)
+    );
     p.assert_children_consistent();
     p.assert_one_ike_sa();
     assert!(p.b.ep.status(p.now)[0].initiator);
@@ -51,7 +54,10 @@ fn establish_b_to_a() {
 
 #[test]
 fn every_group() {
-    for (i, g) in ["modp2048", "ecp256", "ecp384", "x25519"].iter().enumerate() {
+    for (i, g) in ["modp2048", "ecp256", "ecp384", "x25519"]
+        .iter()
+        .enumerate()
+    {
         let (mut a, mut b) = (cfg_a(), cfg_b());
         a.ike_proposals = vec![ike(&format!("aes256gcm16-prfsha256-{g}"))];
         b.ike_proposals = a.ike_proposals.clone();
@@ -61,12 +67,15 @@ fn every_group() {
         p.connect();
         p.assert_children_consistent();
         let proposal = p.a.ep.status(p.now)[0].proposal.clone();
-        assert!(proposal.ends_with(match *g {
-            "modp2048" => "MODP_2048",
-            "ecp256" => "ECP_256",
-            "ecp384" => "ECP_384",
-            _ => "CURVE_25519",
-        }), "{proposal}");
+        assert!(
+            proposal.ends_with(match *g {
+                "modp2048" => "MODP_2048",
+                "ecp256" => "ECP_256",
+                "ecp384" => "ECP_384",
+                _ => "CURVE_25519",
+            }),
+            "{proposal}"
+        );
         // PFS groups play no part in IKE_AUTH.
         assert!(p.a.children.values().all(|c| c.pfs.is_none()));
         // ... but in a rekey.
@@ -81,11 +90,46 @@ fn every_group() {
 #[test]
 fn aead_and_cbc_hmac_proposals() {
     let cases = [
-        ("aes128-sha256-modp2048", "aes128-sha256", "AES_CBC_128/HMAC_SHA2_256_128/PRF_HMAC_SHA2_256/MODP_2048", "AES_CBC_128/HMAC_SHA2_256_128/NO_EXT_SEQ", 16, 32),
-        ("aes256-sha384-ecp384", "aes256-sha512-esn", "AES_CBC_256/HMAC_SHA2_384_192/PRF_HMAC_SHA2_384/ECP_384", "AES_CBC_256/HMAC_SHA2_512_256/EXT_SEQ", 32, 64),
-        ("chacha20poly1305-prfsha512-x25519", "chacha20poly1305", "CHACHA20_POLY1305_256/PRF_HMAC_SHA2_512/CURVE_25519", "CHACHA20_POLY1305_256/NO_EXT_SEQ", 36, 0),
-        ("aes256-sha1-ecp256", "aes256-sha1", "AES_CBC_256/HMAC_SHA1_96/PRF_HMAC_SHA1/ECP_256", "AES_CBC_256/HMAC_SHA1_96/NO_EXT_SEQ", 32, 20),
-        ("aes128gcm16-prfsha384-ecp256", "aes128gcm16", "AES_GCM_16_128/PRF_HMAC_SHA2_384/ECP_256", "AES_GCM_16_128/NO_EXT_SEQ", 20, 0),
+        (
+            "aes128-sha256-modp2048",
+            "aes128-sha256",
+            "AES_CBC_128/HMAC_SHA2_256_128/PRF_HMAC_SHA2_256/MODP_2048",
+            "AES_CBC_128/HMAC_SHA2_256_128/NO_EXT_SEQ",
+            16,
+            32,
+        ),
+        (
+            "aes256-sha384-ecp384",
+            "aes256-sha512-esn",
+            "AES_CBC_256/HMAC_SHA2_384_192/PRF_HMAC_SHA2_384/ECP_384",
+            "AES_CBC_256/HMAC_SHA2_512_256/EXT_SEQ",
+            32,
+            64,
+        ),
+        (
+            "chacha20poly1305-prfsha512-x25519",
+            "chacha20poly1305",
+            "CHACHA20_POLY1305_256/PRF_HMAC_SHA2_512/CURVE_25519",
+            "CHACHA20_POLY1305_256/NO_EXT_SEQ",
+            36,
+            0,
+        ),
+        (
+            "aes256-sha1-ecp256",
+            "aes256-sha1",
+            "AES_CBC_256/HMAC_SHA1_96/PRF_HMAC_SHA1/ECP_256",
+            "AES_CBC_256/HMAC_SHA1_96/NO_EXT_SEQ",
+            32,
+            20,
+        ),
+        (
+            "aes128gcm16-prfsha384-ecp256",
+            "aes128gcm16",
+            "AES_GCM_16_128/PRF_HMAC_SHA2_384/ECP_256",
+            "AES_GCM_16_128/NO_EXT_SEQ",
+            20,
+            0,
+        ),
     ];
     for (i, (ikep, espp, ike_name, esp_name, ekey, akey)) in cases.into_iter().enumerate() {
         let (mut a, mut b) = (cfg_a(), cfg_b());
@@ -107,14 +151,26 @@ fn aead_and_cbc_hmac_proposals() {
 #[test]
 fn responder_prefers_its_own_order() {
     let (mut a, mut b) = (cfg_a(), cfg_b());
-    a.ike_proposals = vec![ike("aes128-sha256-modp2048"), ike("aes256gcm16-prfsha256-x25519")];
-    b.ike_proposals = vec![ike("aes256gcm16-prfsha256-x25519"), ike("aes128-sha256-modp2048")];
+    a.ike_proposals = vec![
+        ike("aes128-sha256-modp2048"),
+        ike("aes256gcm16-prfsha256-x25519"),
+    ];
+    b.ike_proposals = vec![
+        ike("aes256gcm16-prfsha256-x25519"),
+        ike("aes128-sha256-modp2048"),
+    ];
     a.esp_proposals = vec![esp("aes128-sha256"), esp("aes256gcm16")];
     b.esp_proposals = vec![esp("aes256gcm16"), esp("aes128-sha256")];
     let mut p = Pair::with_configs(30, a, b);
     p.connect();
-    assert_eq!(p.a.ep.status(p.now)[0].proposal, "AES_GCM_16_256/PRF_HMAC_SHA2_256/CURVE_25519");
-    assert_eq!(p.a.children.values().next().expect("child").proposal, "AES_GCM_16_256/NO_EXT_SEQ");
+    assert_eq!(
+        p.a.ep.status(p.now)[0].proposal,
+        "AES_GCM_16_256/PRF_HMAC_SHA2_256/CURVE_25519"
+    );
+    assert_eq!(
+        p.a.children.values().next().expect("child").proposal,
+        "AES_GCM_16_256/NO_EXT_SEQ"
+    );
 }
 
 fn assert_auth_failed_both(p: &mut Pair) {
@@ -157,7 +213,14 @@ fn wrong_responder_identity_requested() {
 
 #[test]
 fn identity_types() {
-    for (i, (ida, idb)) in [("10.1.0.1", "fd00::1"), ("user@hq.example", "@#c0ffee"), ("keyid:hq", "198.51.100.2")].iter().enumerate() {
+    for (i, (ida, idb)) in [
+        ("10.1.0.1", "fd00::1"),
+        ("user@hq.example", "@#c0ffee"),
+        ("keyid:hq", "198.51.100.2"),
+    ]
+    .iter()
+    .enumerate()
+    {
         let (mut a, mut b) = (cfg_a(), cfg_b());
         a.local_id = Identity::parse(ida).expect("id");
         b.remote_id = a.local_id.clone();
@@ -183,7 +246,10 @@ fn responder_selects_tunnel_by_identity() {
     p.b.ep.add_peer(p.now, b1).expect("b1");
     p.b.ep.add_peer(p.now, b2).expect("b2");
     p.connect();
-    assert_eq!(p.b.children.values().next().expect("child").tunnel, TunnelId(2));
+    assert_eq!(
+        p.b.children.values().next().expect("child").tunnel,
+        TunnelId(2)
+    );
 }
 
 #[test]
@@ -194,7 +260,11 @@ fn ike_no_proposal_chosen() {
     p.a.ep.initiate(p.now, TunnelId(1)).expect("initiate");
     no_child_within(&mut p, Duration::from_secs(5));
     assert_eq!(p.a.deleted_reasons(), vec![DeleteReason::NegotiationFailed]);
-    assert!(p.b.events.is_empty(), "B keeps no state and reports nothing: {:?}", p.b.events);
+    assert!(
+        p.b.events.is_empty(),
+        "B keeps no state and reports nothing: {:?}",
+        p.b.events
+    );
     assert_eq!(p.b.ep.ike_sa_count(), 0);
     // B answered with NO_PROPOSAL_CHOSEN.
     let (_, _, resp) = &p.b.sent[0];
@@ -237,7 +307,10 @@ fn traffic_selectors_unacceptable() {
     no_child_within(&mut p, Duration::from_secs(5));
     p.assert_one_ike_sa();
     let auth_resp = &p.b.sent[1].2;
-    assert_eq!(Message::parse(auth_resp).expect("parse").header.exchange, ExchangeType::IKE_AUTH);
+    assert_eq!(
+        Message::parse(auth_resp).expect("parse").header.exchange,
+        ExchangeType::IKE_AUTH
+    );
 }
 
 #[test]
@@ -247,15 +320,24 @@ fn invalid_ke_payload_retry() {
     b.ike_proposals = vec![ike("aes256gcm16-prfsha256-ecp384")];
     let mut p = Pair::with_configs(54, a, b);
     p.connect();
-    assert_eq!(p.a.ep.status(p.now)[0].proposal, "AES_GCM_16_256/PRF_HMAC_SHA2_256/ECP_384");
+    assert_eq!(
+        p.a.ep.status(p.now)[0].proposal,
+        "AES_GCM_16_256/PRF_HMAC_SHA2_256/ECP_384"
+    );
     // Request, INVALID_KE, request again (same SPI), response, then IKE_AUTH.
     let first = Message::parse(&p.b.sent[0].2).expect("parse");
-    let n = first.notify(NotifyType::INVALID_KE_PAYLOAD).expect("INVALID_KE_PAYLOAD");
+    let n = first
+        .notify(NotifyType::INVALID_KE_PAYLOAD)
+        .expect("INVALID_KE_PAYLOAD");
     assert_eq!(n.data, vec![0, 20]);
     let r1 = Message::parse(&p.a.sent[0].2).expect("parse");
     let r2 = Message::parse(&p.a.sent[1].2).expect("parse");
     assert_eq!(r1.header.ispi, r2.header.ispi);
-    assert_eq!(p.b.ep.ike_sa_count(), 1, "the rejected request left no state");
+    assert_eq!(
+        p.b.ep.ike_sa_count(),
+        1,
+        "the rejected request left no state"
+    );
 }
 
 /// A syntactically valid IKE_SA_INIT request from `spi` with an x25519 KE.
@@ -277,10 +359,21 @@ fn init_request(spi: u64, rng: &mut SeededRng, cookie: Option<Vec<u8>>) -> Vec<u
             ],
         }],
     }));
-    payloads.push(Payload::Ke(KePayload { group: 31, data: ke.public_value() }));
-    payloads.push(Payload::Nonce(NoncePayload { data: spi.to_be_bytes().repeat(4) }));
+    payloads.push(Payload::Ke(KePayload {
+        group: 31,
+        data: ke.public_value(),
+    }));
+    payloads.push(Payload::Nonce(NoncePayload {
+        data: spi.to_be_bytes().repeat(4),
+    }));
     let m = Message {
-        header: Header::new(IkeSpi(spi), IkeSpi(0), ExchangeType::IKE_SA_INIT, Flags::new(true, false), 0),
+        header: Header::new(
+            IkeSpi(spi),
+            IkeSpi(0),
+            ExchangeType::IKE_SA_INIT,
+            Flags::new(true, false),
+            0,
+        ),
         payloads,
         encrypted: None,
     };
@@ -301,7 +394,10 @@ fn drain(p: &mut Pair) -> Vec<(SocketAddr, Vec<u8>)> {
 
 #[test]
 fn cookies_under_a_flood_of_half_open_requests() {
-    let eb = EndpointConfig { cookie_threshold: 4, ..Default::default() };
+    let eb = EndpointConfig {
+        cookie_threshold: 4,
+        ..Default::default()
+    };
     let mut p = Pair::new(60, EndpointConfig::default(), eb);
     p.a.ep.add_peer(p.now, cfg_a()).expect("a");
     let mut b = cfg_b();
@@ -311,7 +407,10 @@ fn cookies_under_a_flood_of_half_open_requests() {
     let bl = SocketAddr::new(B_ADDR, 500);
     let mut cookies = 0;
     for i in 0..100u64 {
-        let from = SocketAddr::new(IpAddr::V4(Ipv4Addr::new(10, 200, (i / 250) as u8, (i % 250) as u8 + 1)), 500);
+        let from = SocketAddr::new(
+            IpAddr::V4(Ipv4Addr::new(10, 200, (i / 250) as u8, (i % 250) as u8 + 1)),
+            500,
+        );
         let req = init_request(0x1000 + i, &mut rng, None);
         p.b.ep.handle_datagram(p.now, bl, from, &req);
         for (_, d) in drain(&mut p) {
@@ -323,21 +422,40 @@ fn cookies_under_a_flood_of_half_open_requests() {
                 if i == 50 {
                     let mut forged = c.data.clone();
                     forged[5] ^= 1;
-                    p.b.ep.handle_datagram(p.now, bl, from, &init_request(0x1000 + i, &mut rng, Some(forged)));
+                    p.b.ep.handle_datagram(
+                        p.now,
+                        bl,
+                        from,
+                        &init_request(0x1000 + i, &mut rng, Some(forged)),
+                    );
                     let r = drain(&mut p);
-                    assert!(Message::parse(&r[0].1).expect("parse").notify(NotifyType::COOKIE).is_some());
+                    assert!(Message::parse(&r[0].1)
+                        .expect("parse")
+                        .notify(NotifyType::COOKIE)
+                        .is_some());
                     let before = p.b.ep.half_open_count();
                     // The cookie binds Ni: our helper derives Ni from the SPI, so it repeats.
-                    p.b.ep.handle_datagram(p.now, bl, from, &init_request(0x1000 + i, &mut rng, Some(c.data.clone())));
+                    p.b.ep.handle_datagram(
+                        p.now,
+                        bl,
+                        from,
+                        &init_request(0x1000 + i, &mut rng, Some(c.data.clone())),
+                    );
                     let r = drain(&mut p);
                     let m = Message::parse(&r[0].1).expect("parse");
-                    assert!(m.payloads.iter().any(|x| matches!(x, Payload::Ke(_))), "valid cookie answered in full");
+                    assert!(
+                        m.payloads.iter().any(|x| matches!(x, Payload::Ke(_))),
+                        "valid cookie answered in full"
+                    );
                     assert_eq!(p.b.ep.half_open_count(), before + 1);
                 }
             }
         }
     }
-    assert_eq!(cookies, 96, "after 4 half-open SAs every request is answered with a COOKIE");
+    assert_eq!(
+        cookies, 96,
+        "after 4 half-open SAs every request is answered with a COOKIE"
+    );
     assert_eq!(p.b.ep.half_open_count(), 5);
     // A legitimate initiator follows the cookie and gets through.
     p.connect();
@@ -346,7 +464,16 @@ fn cookies_under_a_flood_of_half_open_requests() {
     p.run_for(Duration::from_secs(40));
     assert_eq!(p.b.ep.half_open_count(), 0);
     assert_eq!(p.b.ep.status(p.now).len(), 1);
-    assert!(p.b.count(|e| matches!(e, Event::IkeSaDeleted { tunnel: None, reason: DeleteReason::NegotiationFailed, .. })) >= 1);
+    assert!(
+        p.b.count(|e| matches!(
+            e,
+            Event::IkeSaDeleted {
+                tunnel: None,
+                reason: DeleteReason::NegotiationFailed,
+                ..
+            }
+        )) >= 1
+    );
 }
 
 #[test]
@@ -382,7 +509,10 @@ fn malformed_requests_create_no_state() {
     no_ke.emit(&mut d).expect("emit");
     p.b.ep.handle_datagram(p.now, bl, from, &d);
     let r = drain(&mut p);
-    assert!(Message::parse(&r.last().expect("answer").1).expect("parse").notify(NotifyType::INVALID_SYNTAX).is_some());
+    assert!(Message::parse(&r.last().expect("answer").1)
+        .expect("parse")
+        .notify(NotifyType::INVALID_SYNTAX)
+        .is_some());
     let mut bad_ke = Message::parse(&good).expect("parse");
     for x in &mut bad_ke.payloads {
         if let Payload::Ke(k) = x {
@@ -395,17 +525,42 @@ fn malformed_requests_create_no_state() {
     let mut v3 = good.clone();
     v3[17] = 0x30;
     p.b.ep.handle_datagram(p.now, bl, from, &v3);
-    p.b.ep.handle_datagram(p.now, bl, from, &[0xde, 0xad, 0xbe, 0xef]);
+    p.b.ep
+        .handle_datagram(p.now, bl, from, &[0xde, 0xad, 0xbe, 0xef]);
     // An unknown critical payload is answered with UNSUPPORTED_CRITICAL_PAYLOAD.
     let mut crit = Message::parse(&good).expect("parse");
-    crit.payloads.push(Payload::Unknown(UnknownPayload { ty: PayloadType(200), critical: true, body: vec![] }));
+    crit.payloads.push(Payload::Unknown(UnknownPayload {
+        ty: PayloadType(200),
+        critical: true,
+        body: vec![],
+    }));
     let mut d = Vec::new();
     crit.emit(&mut d).expect("emit");
     drain(&mut p);
     p.b.ep.handle_datagram(p.now, bl, from, &d);
     let r = drain(&mut p);
     let n = Message::parse(&r[0].1).expect("parse");
-    assert_eq!(n.notify(NotifyType::UNSUPPORTED_CRITICAL_PAYLOAD).expect("notify").data, vec![200]);
+    assert_eq!(
+        n.notify(NotifyType::UNSUPPORTED_CRITICAL_PAYLOAD)
+            .expect("notify")
+            .data,
+        vec![200]
+    );
     assert_eq!(p.b.ep.ike_sa_count(), 0);
     assert_eq!(p.b.ep.half_open_count(), 0);
+}
+
+#[test]
+fn peer_config_debug_never_prints_the_psk() {
+    let cfg = cfg_a();
+    let shown = format!("{cfg:?}");
+    assert!(shown.contains("<redacted>"), "{shown}");
+    assert!(
+        !shown.contains("horse"),
+        "the PSK leaked into Debug: {shown}"
+    );
+    assert!(
+        shown.contains("hq.example"),
+        "other fields still shown: {shown}"
+    );
 }

@@ -6,82 +6,17 @@
 //! Needs root and the tools from `scripts/setup.sh`, and the `protego` binary built in the
 //! same profile (`make test` does both).
 
+mod common;
+
 use std::time::Duration;
+
+use common::*;
 
 use protego_testbed::protego::{GatewayTunnel, ProtegoGateway};
 use protego_testbed::strongswan::{Charon, CharonSettings, SwanctlConfig};
-use protego_testbed::topology::{SiteSpec, TenantSpec, VmSpec};
+use protego_testbed::topology::VmSpec;
 use protego_testbed::traffic::{self, IperfOptions, PingOptions};
 use protego_testbed::{Result, Testbed, Topology, TopologySpec};
-
-const PSK: &str = "interop-test-psk-7f3a";
-const UP: Duration = Duration::from_secs(20);
-
-fn tenant(name: &str, vni: u32, behind_nat: bool, vms: Vec<VmSpec>) -> Result<TenantSpec> {
-    Ok(TenantSpec {
-        name: name.into(),
-        vni,
-        vnet: "10.2.0.0/24".parse()?,
-        vnet6: None,
-        vms,
-        sites: vec![SiteSpec {
-            lan: "10.1.0.0/24".parse()?,
-            lan6: None,
-            behind_nat,
-        }],
-    })
-}
-
-/// One tenant, one site, two VMs on two hosts.
-fn one_tenant(behind_nat: bool) -> Result<TopologySpec> {
-    Ok(TopologySpec {
-        tenants: vec![tenant(
-            "t1",
-            4242,
-            behind_nat,
-            vec![VmSpec { host: 0 }, VmSpec { host: 1 }],
-        )?],
-        hosts: 2,
-        ..TopologySpec::default()
-    })
-}
-
-/// Starts the site's charon with the standard connection toward Protego, matching `tun`.
-fn site_charon(topo: &Topology, tun: &GatewayTunnel) -> Result<Charon> {
-    let (mut conn, _) = topo.site_connections(tun.site, &tun.psk);
-    tun.apply_to_site(&mut conn);
-    let label = format!("site{}", tun.site);
-    let charon = Charon::start(&topo.sites[tun.site].ns, &label, &CharonSettings::default())?;
-    charon.load(&SwanctlConfig::new(vec![conn]))?;
-    Ok(charon)
-}
-
-/// Pings every VM of the site's tenant from the site's LAN address; asserts nothing is lost.
-fn ping_all_vms(topo: &Topology, site: usize, count: u32) -> Result<()> {
-    let s = &topo.sites[site];
-    for vm in &topo.tenants[s.tenant].vms {
-        let ping = traffic::ping(
-            &s.ns,
-            vm.addr.addr,
-            &PingOptions::new(count, Duration::from_millis(10)).from(s.lan_addr),
-        )?;
-        assert!(
-            ping.all_received(),
-            "site {site} -> vm {}: {ping:?}",
-            vm.addr
-        );
-    }
-    Ok(())
-}
-
-/// The `tunnels` entry of `protego status --json` named `name`.
-fn tunnel_status(gw: &ProtegoGateway, name: &str) -> Result<serde_json::Value> {
-    let status = gw.status_json()?;
-    let found = status["tunnels"]
-        .as_array()
-        .and_then(|ts| ts.iter().find(|t| t["name"] == name).cloned());
-    Ok(found.unwrap_or_else(|| panic!("tunnel {name} missing from status: {status}")))
-}
 
 #[test]
 fn strongswan_initiates_traffic_reaches_vms_over_vxlan() -> Result<()> {
@@ -432,7 +367,7 @@ fn dpd_clears_dead_peer_and_restart_brings_it_back() -> Result<()> {
     ping_all_vms(&topo, 0, 5)?;
 
     // Kill the peer without a DELETE: only DPD can notice.
-    site.process().signal(libc_sigkill());
+    site.process().signal(SIGKILL);
     let deadline = std::time::Instant::now() + UP;
     loop {
         let st = tunnel_status(&gw, &tun.name)?;
@@ -460,8 +395,4 @@ fn dpd_clears_dead_peer_and_restart_brings_it_back() -> Result<()> {
     ping_all_vms(&topo, 0, 10)?;
     bed.teardown()?;
     Ok(())
-}
-
-fn libc_sigkill() -> i32 {
-    9
 }

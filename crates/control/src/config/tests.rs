@@ -207,7 +207,7 @@ fn example_file_is_valid() {
     assert_eq!(hq.peer.child_rekey_time, Duration::from_secs(3600));
     assert_eq!(hq.peer.child_life_time, Duration::from_secs(66 * 60));
     assert_eq!(hq.peer.rand_time, Duration::from_secs(6 * 60));
-    assert_eq!(hq.peer.replay_window, 32);
+    assert_eq!(hq.peer.replay_window, 1024);
 
     let branch = &config.tunnels[1];
     assert!(branch.peer.remote_addrs.is_empty(), "%any means any");
@@ -294,7 +294,7 @@ fn minimal_file_gets_swanctl_defaults() {
     assert_eq!(t.peer.child_rekey_time, Duration::from_secs(3_600));
     assert_eq!(t.peer.child_life_time, Duration::from_secs(3_960));
     assert_eq!(t.peer.rand_time, Duration::from_secs(360));
-    assert_eq!(t.peer.replay_window, 32);
+    assert_eq!(t.peer.replay_window, 1024, "Protego's default, larger than swanctl's 32");
     assert_eq!(t.peer.dpd_delay, None);
     assert_eq!(t.peer.dpd_action, DpdAction::Clear);
     assert_eq!(

@@ -36,7 +36,7 @@ const DEFAULT_BATCH: usize = 32;
 const DEFAULT_TUN_NAME: &str = "protego0";
 const DEFAULT_IKE_REKEY: Duration = Duration::from_secs(4 * 3600);
 const DEFAULT_CHILD_REKEY: Duration = Duration::from_secs(3600);
-const DEFAULT_REPLAY_WINDOW: u32 = 32;
+const DEFAULT_REPLAY_WINDOW: u32 = esp::DEFAULT_REPLAY_WINDOW;
 /// Largest VXLAN network identifier (24 bits, RFC 7348 §5).
 const MAX_VNI: i64 = (1 << 24) - 1;
 
