@@ -12,8 +12,8 @@ set -euo pipefail
 
 PACKAGES=(
     strongswan-charon strongswan-swanctl charon-systemd libcharon-extra-plugins
-    iperf3 tshark nftables iproute2 iputils-ping procps tcpdump ethtool
-    etcd-server protobuf-compiler make
+    iperf3 tshark nftables conntrack iproute2 iputils-ping procps tcpdump ethtool
+    etcd-server protobuf-compiler make python3
 )
 # System units shipped by the packages above that must not run: the tests start
 # their own charon (per network namespace) and their own etcd.

@@ -29,7 +29,7 @@ pub enum Error {
     /// The IKE engine refused an operator command.
     #[error("{command} of tunnel {tunnel:?} failed: {source}")]
     Command {
-        /// The command (`initiate`, `terminate`).
+        /// The command (`initiate`, `terminate`, `rekey`, `rekey-ike`).
         command: &'static str,
         /// The tunnel it was for.
         tunnel: ike::TunnelId,

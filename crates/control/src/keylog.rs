@@ -172,6 +172,7 @@ mod tests {
             remote: remote.parse().unwrap(),
             replay_window: 32,
             replaces: None,
+            outbound_active: true,
             proposal: "TEST".into(),
         }
     }

@@ -95,6 +95,19 @@ pub enum ToControl {
     Ike(IkeDatagram),
     /// An outbound SA approaches its sequence number limit: rekey the CHILD_SA (inbound SPI).
     RekeyNeeded(EspSpi),
+    /// Authenticated ESP (ICV and anti-replay checks passed, the newest sequence number so
+    /// far) of the CHILD_SA with this inbound SPI arrived from an outer address other than
+    /// the SA's: the peer's NAT rebound. The data path has already moved the CHILD_SAs of that
+    /// IKE SA there (so no answer goes to the stale mapping); the control plane moves the IKE
+    /// SA. Reported once per new address.
+    PeerAddressSeen {
+        /// Inbound SPI of the CHILD_SA.
+        inbound_spi: EspSpi,
+        /// Our address the packet arrived on.
+        local: SocketAddr,
+        /// Where it came from.
+        remote: SocketAddr,
+    },
 }
 
 /// Per CHILD_SA counters.

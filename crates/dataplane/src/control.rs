@@ -23,7 +23,8 @@ fn install_error(child: &ChildSaInfo, reason: impl Into<String>) -> DataplaneErr
 }
 
 impl Shared {
-    /// Installs a CHILD_SA pair; with `replaces`, outbound traffic moves to it at once.
+    /// Installs a CHILD_SA pair; with `outbound_active`, outbound traffic moves to it at once
+    /// (from `replaces`), else when the SA now sending is removed.
     pub(crate) fn install_child(&self, child: &ChildSaInfo) -> Result<(), DataplaneError> {
         self.install_child_with(child, None)
     }
@@ -67,17 +68,18 @@ impl Shared {
                 sa,
                 counters: ChildCounters::default(),
                 rekey_requested: AtomicBool::new(false),
+                moved_reported: std::sync::Mutex::new(None),
             }),
         };
         let mut reg = self.registry();
         if reg.contains(child.inbound_spi) {
             return Err(install_error(child, "inbound SPI already installed"));
         }
-        reg.install(entry, child.replaces);
+        reg.install(entry, child.replaces, child.outbound_active);
         self.publish(&reg);
         tracing::info!(tunnel = child.tunnel.0, tenant = %binding.tenant, spi_in = %child.inbound_spi,
             spi_out = %child.outbound_spi, remote = %child.remote, replaces = ?child.replaces,
-            inside = ?binding.inside, proposal = %child.proposal, "CHILD_SA installed");
+            outbound_active = child.outbound_active, inside = ?binding.inside, proposal = %child.proposal, "CHILD_SA installed");
         Ok(())
     }
 

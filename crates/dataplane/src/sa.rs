@@ -58,10 +58,19 @@ impl SaPair {
         Ok(Self { inbound, outbound })
     }
 
-    /// Opens an ESP packet (SPI through ICV) in place: the inner packet's range and version.
-    pub(crate) fn open(&self, pkt: &mut [u8]) -> Result<(Range<usize>, IpVersion), DropReason> {
+    /// Opens an ESP packet (SPI through ICV) in place: the inner packet's range and version,
+    /// and whether its sequence number was the highest accepted so far (at the moment of the
+    /// check; a packet reordered behind newer ones is not).
+    pub(crate) fn open(
+        &self,
+        pkt: &mut [u8],
+    ) -> Result<(Range<usize>, IpVersion, bool), DropReason> {
         match self.inbound.open(pkt) {
-            Ok(Opened::Packet { version, inner, .. }) => Ok((inner, version)),
+            Ok(Opened::Packet {
+                version,
+                inner,
+                seq,
+            }) => Ok((inner, version, seq >= self.inbound.highest_seq())),
             // RFC 4303 §2.6: an authentic dummy packet is discarded.
             Ok(Opened::Dummy { .. }) => Err(DropReason::EspDummy),
             Err(e) => Err(drop_reason(&e)),

@@ -3,8 +3,10 @@
 //! selector-based tunnel choice). The control plane edits a [`Registry`] under a mutex and
 //! publishes an immutable [`Tables`] snapshot; packet threads take the snapshot once per batch.
 //!
-//! Rekeying (RFC 7296 §2.8): a CHILD_SA installed with `replaces` takes over outbound traffic at
-//! once; the replaced SA stays in the inbound table until it is removed.
+//! Rekeying (RFC 7296 §2.8): a CHILD_SA installed with `replaces` and `outbound_active` takes
+//! over outbound traffic at once; one installed without `outbound_active` (we answered the
+//! peer's rekey) only receives until the replaced SA is removed, then the tunnel's newest SA
+//! sends. The replaced SA stays in the inbound table until it is removed.
 
 use crate::api::{ChildStats, Inside};
 use crate::sa::SaPair;
@@ -15,7 +17,7 @@ use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 use wire::EspSpi;
 
 /// Hasher for SPIs: our inbound SPIs are random, so a multiplicative mix suffices (the keys
@@ -48,6 +50,10 @@ pub(crate) struct ChildState {
     pub(crate) counters: ChildCounters,
     /// RekeyNeeded was sent for the outbound SA.
     pub(crate) rekey_requested: AtomicBool,
+    /// The last new peer address reported to the control plane (see
+    /// [`ToControl::PeerAddressSeen`](crate::api::ToControl::PeerAddressSeen)). Only read
+    /// when authenticated ESP arrives from an address other than the SA's.
+    pub(crate) moved_reported: Mutex<Option<SocketAddr>>,
 }
 
 impl ChildState {
@@ -59,6 +65,24 @@ impl ChildState {
     /// The request could not be delivered: let a later packet ask again.
     pub(crate) fn retry_rekey_request(&self) {
         self.rekey_requested.store(false, Ordering::Relaxed);
+    }
+
+    /// True when `remote` was not reported yet (the caller then tells the control plane);
+    /// `undo` after a failed delivery lets a later packet report it again.
+    pub(crate) fn take_move_report(&self, remote: SocketAddr, undo: bool) -> bool {
+        let mut last = self
+            .moved_reported
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if undo {
+            *last = None;
+            return false;
+        }
+        if *last == Some(remote) {
+            return false;
+        }
+        *last = Some(remote);
+        true
     }
 }
 
@@ -183,13 +207,27 @@ impl Registry {
         self.children.contains_key(&spi)
     }
 
-    /// Adds a CHILD_SA; with `replaces`, the replaced one stops carrying outbound traffic.
-    pub(crate) fn install(&mut self, child: Child, replaces: Option<EspSpi>) {
-        if let Some(old) = replaces.and_then(|s| self.children.get_mut(&s)) {
-            if old.child.tunnel == child.tunnel {
-                old.active_out = false;
+    /// Adds a CHILD_SA. With `outbound_active` it carries the tunnel's outbound traffic from now
+    /// on and the `replaces` one stops; without, it only receives until the SA carrying outbound
+    /// traffic is removed (unless the tunnel has none: then it sends at once).
+    pub(crate) fn install(
+        &mut self,
+        child: Child,
+        replaces: Option<EspSpi>,
+        outbound_active: bool,
+    ) {
+        if outbound_active {
+            if let Some(old) = replaces.and_then(|s| self.children.get_mut(&s)) {
+                if old.child.tunnel == child.tunnel {
+                    old.active_out = false;
+                }
             }
         }
+        let active_out = outbound_active
+            || !self
+                .children
+                .values()
+                .any(|i| i.child.tunnel == child.tunnel && i.active_out);
         let order = self.next_order;
         self.next_order += 1;
         self.children.insert(
@@ -197,7 +235,7 @@ impl Registry {
             Installed {
                 child: Arc::new(child),
                 order,
-                active_out: true,
+                active_out,
             },
         );
     }

@@ -70,6 +70,7 @@ pub fn child(
         remote,
         replay_window: 64,
         replaces: None,
+        outbound_active: true,
         proposal: "AES_GCM_16_128/NO_EXT_SEQ".into(),
     }
 }

@@ -16,7 +16,10 @@ use std::time::{Duration, Instant};
 use zeroize::Zeroizing;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    tracing_subscriber::fmt().with_env_filter(tracing_subscriber::EnvFilter::from_default_env()).with_writer(std::io::stderr).init();
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_writer(std::io::stderr)
+        .init();
     let mut args: HashMap<String, String> = HashMap::new();
     let mut it = std::env::args().skip(1);
     while let Some(k) = it.next() {
@@ -30,7 +33,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let get = |k: &str, d: &str| args.get(k).cloned().unwrap_or_else(|| d.to_string());
     let local: IpAddr = get("local", "10.99.0.2").parse()?;
     let remote: IpAddr = get("remote", "10.99.0.1").parse()?;
-    let secs = |k: &str| args.get(k).and_then(|v| v.parse::<u64>().ok()).map(Duration::from_secs);
+    let secs = |k: &str| {
+        args.get(k)
+            .and_then(|v| v.parse::<u64>().ok())
+            .map(Duration::from_secs)
+    };
     let peer = PeerConfig {
         id: TunnelId(1),
         name: "interop".into(),
@@ -39,11 +46,24 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         local_id: Identity::parse(&get("local-id", "gw.example"))?,
         remote_id: Identity::parse(&get("remote-id", "hq.example"))?,
         psk: Zeroizing::new(get("psk", "secret").into_bytes()),
-        ike_proposals: get("ike", "aes256gcm16-prfsha256-x25519").split(',').map(IkeProposal::parse).collect::<Result<_, _>>()?,
-        esp_proposals: get("esp", "aes256gcm16").split(',').map(EspProposal::parse).collect::<Result<_, _>>()?,
-        local_ts: get("local-ts", "10.2.0.0/24").split(',').map(TrafficSelector::parse).collect::<Result<_, _>>()?,
-        remote_ts: get("remote-ts", "10.1.0.0/24").split(',').map(TrafficSelector::parse).collect::<Result<_, _>>()?,
+        ike_proposals: get("ike", "aes256gcm16-prfsha256-x25519")
+            .split(',')
+            .map(IkeProposal::parse)
+            .collect::<Result<_, _>>()?,
+        esp_proposals: get("esp", "aes256gcm16")
+            .split(',')
+            .map(EspProposal::parse)
+            .collect::<Result<_, _>>()?,
+        local_ts: get("local-ts", "10.2.0.0/24")
+            .split(',')
+            .map(TrafficSelector::parse)
+            .collect::<Result<_, _>>()?,
+        remote_ts: get("remote-ts", "10.1.0.0/24")
+            .split(',')
+            .map(TrafficSelector::parse)
+            .collect::<Result<_, _>>()?,
         ike_rekey_time: secs("ike-rekey-time").unwrap_or(Duration::ZERO),
+        ike_over_time: secs("ike-over-time").unwrap_or(Duration::ZERO),
         child_rekey_time: secs("child-rekey-time").unwrap_or(Duration::ZERO),
         child_life_time: Duration::ZERO,
         rand_time: Duration::ZERO,
@@ -57,7 +77,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     s500.set_nonblocking(true)?;
     s4500.set_nonblocking(true)?;
     let start = Instant::now();
-    let mut ep = Endpoint::new(EndpointConfig { key_log: true, ..Default::default() }, Box::new(crypto::SystemRng), start);
+    let mut ep = Endpoint::new(
+        EndpointConfig {
+            key_log: true,
+            ..Default::default()
+        },
+        Box::new(crypto::SystemRng),
+        start,
+    );
     ep.add_peer(start, peer)?;
     if args.contains_key("initiate") {
         ep.initiate(start, TunnelId(1))?;

@@ -10,10 +10,13 @@ use crate::{
     init::candidates,
     keys::{ct_eq, psk_auth},
     sa::{error_notify, first_error, Ctx, IkeSa, SaState, Task},
-    Error, Identity, TrafficSelector,
+    Error, Identity, IkeDrop, TrafficSelector,
 };
 use tracing::{debug, info, warn};
-use wire::ike::{find_notify, AuthMethod, AuthPayload, ExchangeType, IdPayload, NotifyPayload, NotifyType, Payload};
+use wire::ike::{
+    find_notify, AuthMethod, AuthPayload, ExchangeType, IdPayload, NotifyPayload, NotifyType,
+    Payload,
+};
 use wire::EspSpi;
 
 /// The CHILD_SA proposed in IKE_AUTH.
@@ -37,31 +40,63 @@ impl IkeSa {
     /// Sends the IKE_AUTH request (after a successful IKE_SA_INIT).
     pub(crate) fn start_auth(&mut self, ctx: &mut Ctx<'_>) {
         let peers = ctx.peers;
-        let (Some(cfg), Some(keys), Some(setup)) = (self.peer_config(peers), self.keys.as_ref(), self.setup.as_ref()) else {
+        let (Some(cfg), Some(keys), Some(setup)) = (
+            self.peer_config(peers),
+            self.keys.as_ref(),
+            self.setup.as_ref(),
+        ) else {
             self.die(ctx, DeleteReason::NegotiationFailed);
             return;
         };
         let idi = id_payload(&cfg.local_id);
-        let auth = psk_auth(keys.algs.prf, &cfg.psk, keys.sk_pi(), &setup.our_init, &self.nr, &idi.body());
+        let auth = psk_auth(
+            keys.algs.prf,
+            &cfg.psk,
+            keys.sk_pi(),
+            &setup.our_init,
+            &self.nr,
+            &idi.body(),
+        );
         let mut payloads = vec![Payload::IdI(idi)];
         // RFC 7296 §2.4: INITIAL_CONTACT when this is the only IKE SA with the peer.
-        let first = !ctx.others.values().any(|o| o.tunnel == self.tunnel && o.state == SaState::Established);
+        let first = !ctx
+            .others
+            .values()
+            .any(|o| o.tunnel == self.tunnel && o.state == SaState::Established);
         if first {
-            payloads.push(Payload::Notify(NotifyPayload::new(NotifyType::INITIAL_CONTACT, vec![])));
+            payloads.push(Payload::Notify(NotifyPayload::new(
+                NotifyType::INITIAL_CONTACT,
+                vec![],
+            )));
         }
         payloads.push(Payload::IdR(id_payload(&cfg.remote_id)));
-        payloads.push(Payload::Auth(AuthPayload { method: AuthMethod::SHARED_KEY_MIC, data: auth.to_vec() }));
-        let child = if cfg.local_ts.is_empty() || cfg.remote_ts.is_empty() || cfg.esp_proposals.is_empty() {
+        payloads.push(Payload::Auth(AuthPayload {
+            method: AuthMethod::SHARED_KEY_MIC,
+            data: auth.to_vec(),
+        }));
+        let child = if cfg.local_ts.is_empty()
+            || cfg.remote_ts.is_empty()
+            || cfg.esp_proposals.is_empty()
+        {
             None
         } else {
             let spi = ctx.alloc_esp_spi();
             let (sa, ts) = offer_payloads(cfg, spi, false, None, &cfg.local_ts, &cfg.remote_ts);
             payloads.push(sa);
             payloads.extend(ts);
-            Some(ChildOffer { spi, local_ts: cfg.local_ts.clone(), remote_ts: cfg.remote_ts.clone() })
+            Some(ChildOffer {
+                spi,
+                local_ts: cfg.local_ts.clone(),
+                remote_ts: cfg.remote_ts.clone(),
+            })
         };
         let spi = child.as_ref().map(|c| c.spi);
-        if let Err(e) = self.send_request(ctx, ExchangeType::IKE_AUTH, &payloads, Task::Auth(Box::new(AuthTask { child }))) {
+        if let Err(e) = self.send_request(
+            ctx,
+            ExchangeType::IKE_AUTH,
+            &payloads,
+            Task::Auth(Box::new(AuthTask { child })),
+        ) {
             warn!(ispi = %self.spis.initiator, error = %e, "cannot send IKE_AUTH");
             if let Some(s) = spi {
                 ctx.esp_spis.remove(&s.0);
@@ -71,7 +106,9 @@ impl IkeSa {
     }
 
     fn established_event(&mut self, ctx: &mut Ctx<'_>) {
-        let (Some(tunnel), Some(keys)) = (self.tunnel, self.keys.as_ref()) else { return };
+        let (Some(tunnel), Some(keys)) = (self.tunnel, self.keys.as_ref()) else {
+            return;
+        };
         self.state = SaState::Established;
         self.established = Some(ctx.now);
         self.setup = None;
@@ -87,7 +124,12 @@ impl IkeSa {
     }
 
     /// Processes the IKE_AUTH response.
-    pub(crate) fn on_auth_response(&mut self, ctx: &mut Ctx<'_>, payloads: &[Payload], task: AuthTask) {
+    pub(crate) fn on_auth_response(
+        &mut self,
+        ctx: &mut Ctx<'_>,
+        payloads: &[Payload],
+        task: AuthTask,
+    ) {
         let peers = ctx.peers;
         let release = |ctx: &mut Ctx<'_>, task: &AuthTask| {
             if let Some(c) = &task.child {
@@ -101,10 +143,17 @@ impl IkeSa {
         };
         if let Err(e) = self.verify_responder(cfg, payloads) {
             warn!(ispi = %self.spis.initiator, error = %e, "IKE_AUTH failed");
+            ctx.stats.count(IkeDrop::AuthFailed);
             release(ctx, &task);
-            if !matches!(e, Error::AuthenticationFailed("peer refused our authentication")) {
+            if !matches!(
+                e,
+                Error::AuthenticationFailed("peer refused our authentication")
+            ) {
                 // RFC 7296 §2.21.2: tell the responder we do not accept its authentication.
-                let n = Payload::Notify(NotifyPayload::new(NotifyType::AUTHENTICATION_FAILED, vec![]));
+                let n = Payload::Notify(NotifyPayload::new(
+                    NotifyType::AUTHENTICATION_FAILED,
+                    vec![],
+                ));
                 let id = self.next_request_id;
                 if let Ok(bytes) = self.protect(ExchangeType::INFORMATIONAL, id, false, &[n]) {
                     ctx.send(self.local, self.remote, bytes);
@@ -122,19 +171,34 @@ impl IkeSa {
             return;
         }
         let (ni, nr) = (self.ni.clone(), self.nr.clone());
-        match self.complete_child_initiator(ctx, cfg, offer.spi, (&offer.local_ts, &offer.remote_ts), None, payloads, &ni, &nr, false) {
-            Ok(child) => self.install_child(ctx, child, None),
+        match self.complete_child_initiator(
+            ctx,
+            cfg,
+            offer.spi,
+            (&offer.local_ts, &offer.remote_ts),
+            None,
+            payloads,
+            &ni,
+            &nr,
+            false,
+        ) {
+            Ok(child) => self.install_child(ctx, child, None, true),
             Err(e) => {
                 warn!(ispi = %self.spis.initiator, error = %e, "unacceptable CHILD_SA in IKE_AUTH response");
                 ctx.esp_spis.remove(&offer.spi.0);
-                self.enqueue(crate::sa::Pending::DeleteChildren(vec![offer.spi], DeleteReason::NegotiationFailed));
+                self.enqueue(crate::sa::Pending::DeleteChildren(
+                    vec![offer.spi],
+                    DeleteReason::NegotiationFailed,
+                ));
             }
         }
     }
 
     fn verify_responder(&self, cfg: &PeerConfig, payloads: &[Payload]) -> Result<(), Error> {
         if find_notify(payloads, NotifyType::AUTHENTICATION_FAILED).is_some() {
-            return Err(Error::AuthenticationFailed("peer refused our authentication"));
+            return Err(Error::AuthenticationFailed(
+                "peer refused our authentication",
+            ));
         }
         let idr = crate::init::one!(payloads, IdR, self.spi, "IKE_AUTH", "IDr")?;
         let auth = crate::init::one!(payloads, Auth, self.spi, "IKE_AUTH", "AUTH")?;
@@ -142,22 +206,40 @@ impl IkeSa {
             (Some(k), Some(s)) => (k, s),
             _ => return Err(Error::AuthenticationFailed("no keys")),
         };
-        let peer = Identity::from_wire(idr.id_type, &idr.data).ok_or(Error::AuthenticationFailed("unsupported IDr type"))?;
+        let peer = Identity::from_wire(idr.id_type, &idr.data)
+            .ok_or(Error::AuthenticationFailed("unsupported IDr type"))?;
         if !cfg.remote_id.matches(&peer) {
-            return Err(Error::AuthenticationFailed("IDr does not match the configured remote identity"));
+            return Err(Error::AuthenticationFailed(
+                "IDr does not match the configured remote identity",
+            ));
         }
         if auth.method != AuthMethod::SHARED_KEY_MIC {
-            return Err(Error::AuthenticationFailed("responder did not use a shared key"));
+            return Err(Error::AuthenticationFailed(
+                "responder did not use a shared key",
+            ));
         }
-        let expected = psk_auth(keys.algs.prf, &cfg.psk, keys.sk_pr(), &setup.peer_init, &self.ni, &idr.body());
+        let expected = psk_auth(
+            keys.algs.prf,
+            &cfg.psk,
+            keys.sk_pr(),
+            &setup.peer_init,
+            &self.ni,
+            &idr.body(),
+        );
         if !ct_eq(&expected, &auth.data) {
-            return Err(Error::AuthenticationFailed("responder AUTH does not verify"));
+            return Err(Error::AuthenticationFailed(
+                "responder AUTH does not verify",
+            ));
         }
         Ok(())
     }
 
     /// Finds the tunnel whose identities, addresses, proposals and PSK the initiator satisfies.
-    fn authenticate_initiator<'p>(&self, ctx: &Ctx<'p>, payloads: &[Payload]) -> Result<&'p PeerConfig, Error> {
+    fn authenticate_initiator<'p>(
+        &self,
+        ctx: &Ctx<'p>,
+        payloads: &[Payload],
+    ) -> Result<&'p PeerConfig, Error> {
         let idi = crate::init::one!(payloads, IdI, self.spi, "IKE_AUTH", "IDi")?;
         let auth = crate::init::one!(payloads, Auth, self.spi, "IKE_AUTH", "AUTH")?;
         let mut idrs = payloads.iter().filter_map(|p| match p {
@@ -166,42 +248,70 @@ impl IkeSa {
         });
         let idr = idrs.next();
         if idrs.next().is_some() {
-            return Err(Error::InvalidSyntax { spi: self.spi, exchange: "IKE_AUTH", what: "two IDr payloads" });
+            return Err(Error::InvalidSyntax {
+                spi: self.spi,
+                exchange: "IKE_AUTH",
+                what: "two IDr payloads",
+            });
         }
         let (keys, setup) = match (self.keys.as_ref(), self.setup.as_ref()) {
             (Some(k), Some(s)) => (k, s),
             _ => return Err(Error::AuthenticationFailed("no keys")),
         };
-        let peer = Identity::from_wire(idi.id_type, &idi.data).ok_or(Error::AuthenticationFailed("unsupported IDi type"))?;
+        let peer = Identity::from_wire(idi.id_type, &idi.data)
+            .ok_or(Error::AuthenticationFailed("unsupported IDi type"))?;
         let wanted_local = match idr {
-            Some(i) => Some(Identity::from_wire(i.id_type, &i.data).ok_or(Error::AuthenticationFailed("unsupported IDr type"))?),
+            Some(i) => Some(
+                Identity::from_wire(i.id_type, &i.data)
+                    .ok_or(Error::AuthenticationFailed("unsupported IDr type"))?,
+            ),
             None => None,
         };
         if auth.method != AuthMethod::SHARED_KEY_MIC {
-            return Err(Error::AuthenticationFailed("initiator did not use a shared key"));
+            return Err(Error::AuthenticationFailed(
+                "initiator did not use a shared key",
+            ));
         }
         let idi_body = idi.body();
         for cfg in candidates(ctx, self.local.ip(), self.remote.ip()) {
-            if !cfg.remote_id.matches(&peer) || wanted_local.as_ref().is_some_and(|w| !cfg.local_id.matches(w)) {
+            if !cfg.remote_id.matches(&peer)
+                || wanted_local
+                    .as_ref()
+                    .is_some_and(|w| !cfg.local_id.matches(w))
+            {
                 continue;
             }
             // The IKE proposal chosen before the peer was known must be one this tunnel allows.
             if !keys.algs.acceptable_to(&cfg.ike_proposals) {
                 continue;
             }
-            let expected = psk_auth(keys.algs.prf, &cfg.psk, keys.sk_pi(), &setup.peer_init, &self.nr, &idi_body);
+            let expected = psk_auth(
+                keys.algs.prf,
+                &cfg.psk,
+                keys.sk_pi(),
+                &setup.peer_init,
+                &self.nr,
+                &idi_body,
+            );
             if ct_eq(&expected, &auth.data) {
                 return Ok(cfg);
             }
         }
-        Err(Error::AuthenticationFailed("no tunnel matches the initiator's identity and key"))
+        Err(Error::AuthenticationFailed(
+            "no tunnel matches the initiator's identity and key",
+        ))
     }
 
     /// Answers the IKE_AUTH request.
     pub(crate) fn on_auth_request(&mut self, ctx: &mut Ctx<'_>, id: u32, payloads: &[Payload]) {
         let ex = ExchangeType::IKE_AUTH;
         if self.initiator || self.state != SaState::Connecting {
-            let e = Error::InvalidSyntax { spi: self.spi, exchange: "IKE_AUTH", what: "unexpected IKE_AUTH" };
+            let e = Error::InvalidSyntax {
+                spi: self.spi,
+                exchange: "IKE_AUTH",
+                what: "unexpected IKE_AUTH",
+            };
+            ctx.stats.count(IkeDrop::Malformed);
             self.send_response(ctx, ex, id, &[error_notify(&e)]);
             return;
         }
@@ -209,8 +319,12 @@ impl IkeSa {
             Ok(c) => c,
             Err(e) => {
                 warn!(ispi = %self.spis.initiator, remote = %self.remote, error = %e, "IKE_AUTH failed");
+                ctx.stats.count(IkeDrop::AuthFailed);
                 // RFC 7296 §2.21.2: answer AUTHENTICATION_FAILED and delete the IKE SA.
-                let n = Payload::Notify(NotifyPayload::new(NotifyType::AUTHENTICATION_FAILED, vec![]));
+                let n = Payload::Notify(NotifyPayload::new(
+                    NotifyType::AUTHENTICATION_FAILED,
+                    vec![],
+                ));
                 self.send_response(ctx, ex, id, &[n]);
                 self.die(ctx, DeleteReason::AuthFailed);
                 return;
@@ -218,11 +332,28 @@ impl IkeSa {
         };
         self.tunnel = Some(cfg.id);
         self.peer_id = Some(cfg.remote_id.clone());
-        let Some(keys) = self.keys.as_ref() else { return };
-        let Some(setup) = self.setup.as_ref() else { return };
+        let Some(keys) = self.keys.as_ref() else {
+            return;
+        };
+        let Some(setup) = self.setup.as_ref() else {
+            return;
+        };
         let idr = id_payload(&cfg.local_id);
-        let auth = psk_auth(keys.algs.prf, &cfg.psk, keys.sk_pr(), &setup.our_init, &self.ni, &idr.body());
-        let mut resp = vec![Payload::IdR(idr), Payload::Auth(AuthPayload { method: AuthMethod::SHARED_KEY_MIC, data: auth.to_vec() })];
+        let auth = psk_auth(
+            keys.algs.prf,
+            &cfg.psk,
+            keys.sk_pr(),
+            &setup.our_init,
+            &self.ni,
+            &idr.body(),
+        );
+        let mut resp = vec![
+            Payload::IdR(idr),
+            Payload::Auth(AuthPayload {
+                method: AuthMethod::SHARED_KEY_MIC,
+                data: auth.to_vec(),
+            }),
+        ];
         let wants_child = payloads.iter().any(|p| matches!(p, Payload::Sa(_)));
         let mut child = None;
         if wants_child {
@@ -242,7 +373,7 @@ impl IkeSa {
         self.send_response(ctx, ex, id, &resp);
         self.established_event(ctx);
         if let Some(c) = child {
-            self.install_child(ctx, c, None);
+            self.install_child(ctx, c, None, true);
         }
         if find_notify(payloads, NotifyType::INITIAL_CONTACT).is_some() {
             ctx.out.initial_contact.push((cfg.id, self.spi));

@@ -5,7 +5,9 @@
 //!
 //! The old CHILD_SA stays installed until the new one is: the data path gets
 //! `ChildSaInstalled { replaces: Some(old) }` first and `ChildSaDeleted` for the old one only
-//! when its DELETE exchange is done.
+//! when its DELETE exchange is done. The rekey's initiator sends on the new SA at once (the peer
+//! installed it before answering); its responder only once the old one is deleted
+//! (`outbound_active: false`), since the initiator installs the new SA when the answer arrives.
 
 use crate::{
     config::PeerConfig,
@@ -19,8 +21,8 @@ use crate::{
 use crypto::{DhGroup, KeyExchange};
 use tracing::{debug, info, warn};
 use wire::ike::{
-    find_notify, ExchangeType, KePayload, NoncePayload, NotifyPayload, NotifyType, Payload, ProtocolId, SaPayload,
-    TsPayload,
+    find_notify, ExchangeType, KePayload, NoncePayload, NotifyPayload, NotifyType, Payload,
+    ProtocolId, SaPayload, TsPayload,
 };
 use wire::EspSpi;
 
@@ -61,7 +63,10 @@ impl ChildTask {
 /// RFC 7296 §2.9 narrowing: the intersections of the proposed selectors with ours, without
 /// selectors already covered by another (the peer's first selector may be the specific
 /// packet's one, which the broader ones then include).
-pub(crate) fn narrow(proposed: &[TrafficSelector], ours: &[TrafficSelector]) -> Vec<TrafficSelector> {
+pub(crate) fn narrow(
+    proposed: &[TrafficSelector],
+    ours: &[TrafficSelector],
+) -> Vec<TrafficSelector> {
     let mut out: Vec<TrafficSelector> = Vec::new();
     for p in proposed {
         for o in ours {
@@ -79,7 +84,10 @@ pub(crate) fn narrow(proposed: &[TrafficSelector], ours: &[TrafficSelector]) -> 
 
 /// True if every selector of `got` lies within one of `offered` (checking a narrowed answer).
 fn within(got: &[TrafficSelector], offered: &[TrafficSelector]) -> bool {
-    !got.is_empty() && got.iter().all(|g| offered.iter().any(|o| g.is_subset_of(o)))
+    !got.is_empty()
+        && got
+            .iter()
+            .all(|g| offered.iter().any(|o| g.is_subset_of(o)))
 }
 
 /// Lexicographic comparison over the common length, as strongSwan compares nonces.
@@ -90,20 +98,37 @@ pub(crate) fn nonce_less(a: &[u8], b: &[u8]) -> bool {
 
 /// The lower of two nonces.
 pub(crate) fn lower_nonce(a: &[u8], b: &[u8]) -> Vec<u8> {
-    if nonce_less(a, b) { a.to_vec() } else { b.to_vec() }
+    if nonce_less(a, b) {
+        a.to_vec()
+    } else {
+        b.to_vec()
+    }
 }
 
 fn ts_payloads(tsi: &[TrafficSelector], tsr: &[TrafficSelector]) -> [Payload; 2] {
     [
-        Payload::TsI(TsPayload { selectors: tsi.iter().map(TrafficSelector::to_wire).collect() }),
-        Payload::TsR(TsPayload { selectors: tsr.iter().map(TrafficSelector::to_wire).collect() }),
+        Payload::TsI(TsPayload {
+            selectors: tsi.iter().map(TrafficSelector::to_wire).collect(),
+        }),
+        Payload::TsR(TsPayload {
+            selectors: tsr.iter().map(TrafficSelector::to_wire).collect(),
+        }),
     ]
 }
 
 /// The SA, TSi and TSr payloads of a request proposing a CHILD_SA.
-pub(crate) fn offer_payloads(cfg: &PeerConfig, spi: EspSpi, pfs: bool, group: Option<DhGroup>, local: &[TrafficSelector], remote: &[TrafficSelector]) -> (Payload, [Payload; 2]) {
+pub(crate) fn offer_payloads(
+    cfg: &PeerConfig,
+    spi: EspSpi,
+    pfs: bool,
+    group: Option<DhGroup>,
+    local: &[TrafficSelector],
+    remote: &[TrafficSelector],
+) -> (Payload, [Payload; 2]) {
     (
-        Payload::Sa(SaPayload { proposals: esp_offer(&cfg.esp_proposals, spi.0, pfs, group) }),
+        Payload::Sa(SaPayload {
+            proposals: esp_offer(&cfg.esp_proposals, spi.0, pfs, group),
+        }),
         ts_payloads(local, remote),
     )
 }
@@ -139,21 +164,42 @@ impl IkeSa {
         let spi = self.spi;
         let ex = if pfs { "CREATE_CHILD_SA" } else { "IKE_AUTH" };
         let sa = crate::init::one!(payloads, Sa, spi, ex, "SA")?;
-        let tsi = one_ts(payloads, true).ok_or(Error::InvalidSyntax { spi, exchange: ex, what: "TSi" })?;
-        let tsr = one_ts(payloads, false).ok_or(Error::InvalidSyntax { spi, exchange: ex, what: "TSr" })?;
+        let tsi = one_ts(payloads, true).ok_or(Error::InvalidSyntax {
+            spi,
+            exchange: ex,
+            what: "TSi",
+        })?;
+        let tsr = one_ts(payloads, false).ok_or(Error::InvalidSyntax {
+            spi,
+            exchange: ex,
+            what: "TSr",
+        })?;
         let ke = payloads.iter().find_map(|p| match p {
             Payload::Ke(k) => Some(k),
             _ => None,
         });
-        let choice = select_esp(&cfg.esp_proposals, &sa.proposals, ke.filter(|_| pfs).map(|k| k.group), pfs)?;
+        let choice = select_esp(
+            &cfg.esp_proposals,
+            &sa.proposals,
+            ke.filter(|_| pfs).map(|k| k.group),
+            pfs,
+        )?;
         let mut out = Vec::new();
         let mut g_ir = None;
         let mut ke_payload = None;
         if let Some(g) = choice.algs.dh {
-            let k = ke.filter(|k| k.group == g.id().0).ok_or(Error::InvalidKePayload { wanted: g })?;
+            let k = ke
+                .filter(|k| k.group == g.id().0)
+                .ok_or(Error::InvalidKePayload { wanted: g })?;
             let ours = KeyExchange::generate(g, ctx.rng);
-            g_ir = Some(ours.shared_secret(&k.data).map_err(|source| Error::Crypto { spi, source })?);
-            ke_payload = Some(Payload::Ke(KePayload { group: g.id().0, data: ours.public_value() }));
+            g_ir = Some(
+                ours.shared_secret(&k.data)
+                    .map_err(|source| Error::Crypto { spi, source })?,
+            );
+            ke_payload = Some(Payload::Ke(KePayload {
+                group: g.id().0,
+                data: ours.public_value(),
+            }));
         }
         // TSi is the initiator's (the peer's) side, TSr ours.
         let remote_ts = narrow(&to_config_ts(tsi), &cfg.remote_ts);
@@ -161,12 +207,25 @@ impl IkeSa {
         if remote_ts.is_empty() || local_ts.is_empty() {
             return Err(Error::TsUnacceptable);
         }
-        let keys_ref = self.keys.as_ref().ok_or(Error::InvalidSyntax { spi, exchange: ex, what: "no keys" })?;
-        let keys = ChildKeyMat::derive(keys_ref.algs.prf, keys_ref.sk_d(), &choice.algs, g_ir.as_deref().map(|v| &v[..]), ni, nr);
+        let keys_ref = self.keys.as_ref().ok_or(Error::InvalidSyntax {
+            spi,
+            exchange: ex,
+            what: "no keys",
+        })?;
+        let keys = ChildKeyMat::derive(
+            keys_ref.algs.prf,
+            keys_ref.sk_d(),
+            &choice.algs,
+            g_ir.as_deref().map(|v| &v[..]),
+            ni,
+            nr,
+        );
         let our_spi = ctx.alloc_esp_spi();
         let mut proposal = choice.proposal;
         proposal.spi = our_spi.0.to_be_bytes().to_vec();
-        out.push(Payload::Sa(SaPayload { proposals: vec![proposal] }));
+        out.push(Payload::Sa(SaPayload {
+            proposals: vec![proposal],
+        }));
         if let Some(k) = ke_payload {
             out.push(k);
         }
@@ -204,20 +263,37 @@ impl IkeSa {
         let sspi = self.spi;
         let ex = if pfs { "CREATE_CHILD_SA" } else { "IKE_AUTH" };
         let sa = crate::init::one!(payloads, Sa, sspi, ex, "SA")?;
-        let tsi = one_ts(payloads, true).ok_or(Error::InvalidSyntax { spi: sspi, exchange: ex, what: "TSi" })?;
-        let tsr = one_ts(payloads, false).ok_or(Error::InvalidSyntax { spi: sspi, exchange: ex, what: "TSr" })?;
+        let tsi = one_ts(payloads, true).ok_or(Error::InvalidSyntax {
+            spi: sspi,
+            exchange: ex,
+            what: "TSi",
+        })?;
+        let tsr = one_ts(payloads, false).ok_or(Error::InvalidSyntax {
+            spi: sspi,
+            exchange: ex,
+            what: "TSr",
+        })?;
         let choice = check_esp_response(&cfg.esp_proposals, &sa.proposals, pfs)?;
         let mut g_ir = None;
         if let Some(g) = choice.algs.dh {
-            let ours = ke.filter(|k| k.group() == g).ok_or(Error::NoProposalChosen { what: "ESP" })?;
+            let ours = ke
+                .filter(|k| k.group() == g)
+                .ok_or(Error::NoProposalChosen { what: "ESP" })?;
             let theirs = payloads
                 .iter()
                 .find_map(|p| match p {
                     Payload::Ke(k) if k.group == g.id().0 => Some(k),
                     _ => None,
                 })
-                .ok_or(Error::InvalidSyntax { spi: sspi, exchange: ex, what: "KE" })?;
-            g_ir = Some(ours.shared_secret(&theirs.data).map_err(|source| Error::Crypto { spi: sspi, source })?);
+                .ok_or(Error::InvalidSyntax {
+                    spi: sspi,
+                    exchange: ex,
+                    what: "KE",
+                })?;
+            g_ir = Some(
+                ours.shared_secret(&theirs.data)
+                    .map_err(|source| Error::Crypto { spi: sspi, source })?,
+            );
         }
         let local_ts = to_config_ts(tsi);
         let remote_ts = to_config_ts(tsr);
@@ -225,8 +301,19 @@ impl IkeSa {
         if !within(&local_ts, offered.0) || !within(&remote_ts, offered.1) {
             return Err(Error::TsUnacceptable);
         }
-        let keys_ref = self.keys.as_ref().ok_or(Error::InvalidSyntax { spi: sspi, exchange: ex, what: "no keys" })?;
-        let keys = ChildKeyMat::derive(keys_ref.algs.prf, keys_ref.sk_d(), &choice.algs, g_ir.as_deref().map(|v| &v[..]), ni, nr);
+        let keys_ref = self.keys.as_ref().ok_or(Error::InvalidSyntax {
+            spi: sspi,
+            exchange: ex,
+            what: "no keys",
+        })?;
+        let keys = ChildKeyMat::derive(
+            keys_ref.algs.prf,
+            keys_ref.sk_d(),
+            &choice.algs,
+            g_ir.as_deref().map(|v| &v[..]),
+            ni,
+            nr,
+        );
         Ok(ChildSa {
             inbound_spi: spi,
             outbound_spi: EspSpi(choice.peer_spi),
@@ -243,45 +330,68 @@ impl IkeSa {
     }
 
     /// Installs a CHILD_SA: lifetimes from the tunnel configuration and the event for the
-    /// data path.
-    pub(crate) fn install_child(&mut self, ctx: &mut Ctx<'_>, mut child: ChildSa, replaces: Option<EspSpi>) {
-        let Some(cfg) = self.peer_config(ctx.peers) else { return };
+    /// data path. `outbound_active`: the data path sends on it at once (false only when we
+    /// answered the peer's rekey, see [`ChildSaInfo::outbound_active`]).
+    pub(crate) fn install_child(
+        &mut self,
+        ctx: &mut Ctx<'_>,
+        mut child: ChildSa,
+        replaces: Option<EspSpi>,
+        outbound_active: bool,
+    ) {
+        let Some(cfg) = self.peer_config(ctx.peers) else {
+            return;
+        };
         let Some(tunnel) = self.tunnel else { return };
         if !cfg.child_rekey_time.is_zero() {
             let jitter = ctx.jitter(cfg.rand_time.min(cfg.child_rekey_time / 2));
-            child.timers.set(ChildTimer::Rekey, ctx.now + cfg.child_rekey_time - jitter);
+            child
+                .timers
+                .set(ChildTimer::Rekey, ctx.now + cfg.child_rekey_time - jitter);
         }
         if !cfg.child_life_time.is_zero() {
-            child.timers.set(ChildTimer::Expire, ctx.now + cfg.child_life_time);
+            child
+                .timers
+                .set(ChildTimer::Expire, ctx.now + cfg.child_life_time);
         }
         info!(
             ispi = %self.spis.initiator, tunnel = cfg.name, spi_in = %child.inbound_spi, spi_out = %child.outbound_spi,
-            proposal = child.algs.name(), ?replaces, "CHILD_SA installed"
+            proposal = child.algs.name(), ?replaces, outbound_active, "CHILD_SA installed"
         );
-        ctx.out.events.push_back(Event::ChildSaInstalled(Box::new(ChildSaInfo {
-            tunnel,
-            ike: self.spis,
-            inbound_spi: child.inbound_spi,
-            outbound_spi: child.outbound_spi,
-            encr: child.algs.encr,
-            integ: child.algs.integ,
-            esn: child.algs.esn,
-            pfs: child.algs.dh,
-            keys: child.keys.for_event(child.keys_initiator),
-            local_ts: child.local_ts.clone(),
-            remote_ts: child.remote_ts.clone(),
-            local: self.local,
-            remote: self.remote,
-            replay_window: cfg.replay_window,
-            replaces,
-            proposal: child.algs.name(),
-        })));
+        ctx.out
+            .events
+            .push_back(Event::ChildSaInstalled(Box::new(ChildSaInfo {
+                tunnel,
+                ike: self.spis,
+                inbound_spi: child.inbound_spi,
+                outbound_spi: child.outbound_spi,
+                encr: child.algs.encr,
+                integ: child.algs.integ,
+                esn: child.algs.esn,
+                pfs: child.algs.dh,
+                keys: child.keys.for_event(child.keys_initiator),
+                local_ts: child.local_ts.clone(),
+                remote_ts: child.remote_ts.clone(),
+                local: self.local,
+                remote: self.remote,
+                replay_window: cfg.replay_window,
+                replaces,
+                outbound_active,
+                proposal: child.algs.name(),
+            })));
         self.children.push(child);
     }
 
     /// Removes a CHILD_SA and reports it.
-    pub(crate) fn remove_child(&mut self, ctx: &mut Ctx<'_>, inbound: EspSpi, reason: DeleteReason) {
-        let Some(pos) = self.children.iter().position(|c| c.inbound_spi == inbound) else { return };
+    pub(crate) fn remove_child(
+        &mut self,
+        ctx: &mut Ctx<'_>,
+        inbound: EspSpi,
+        reason: DeleteReason,
+    ) {
+        let Some(pos) = self.children.iter().position(|c| c.inbound_spi == inbound) else {
+            return;
+        };
         let c = self.children.remove(pos);
         ctx.esp_spis.remove(&c.inbound_spi.0);
         info!(ispi = %self.spis.initiator, spi_in = %c.inbound_spi, ?reason, "CHILD_SA deleted");
@@ -301,11 +411,21 @@ impl IkeSa {
     }
 
     /// Starts rekeying the CHILD_SA with inbound SPI `old`.
-    pub(crate) fn start_child_rekey(&mut self, ctx: &mut Ctx<'_>, old: EspSpi) -> Result<(), Error> {
-        let Some(c) = self.children.iter().find(|c| c.inbound_spi == old && c.state == ChildState::Installed) else {
+    pub(crate) fn start_child_rekey(
+        &mut self,
+        ctx: &mut Ctx<'_>,
+        old: EspSpi,
+    ) -> Result<(), Error> {
+        let Some(c) = self
+            .children
+            .iter()
+            .find(|c| c.inbound_spi == old && c.state == ChildState::Installed)
+        else {
             return Ok(());
         };
-        if c.predecessor.is_some_and(|p| self.children.iter().any(|x| x.inbound_spi == p)) {
+        if c.predecessor
+            .is_some_and(|p| self.children.iter().any(|x| x.inbound_spi == p))
+        {
             // The peer's rekey that created it is not confirmed yet (no DELETE of the old SA).
             self.defer(ctx, Pending::RekeyChild(old));
             return Ok(());
@@ -318,10 +438,16 @@ impl IkeSa {
     /// one CHILD_SA, and this replaces it when rekeying failed for good (both sides may decide
     /// so; the first replacement wins).
     pub(crate) fn start_child_create(&mut self, ctx: &mut Ctx<'_>) -> Result<(), Error> {
-        if self.children.iter().any(|c| matches!(c.state, ChildState::Installed | ChildState::Rekeying)) {
+        if self
+            .children
+            .iter()
+            .any(|c| matches!(c.state, ChildState::Installed | ChildState::Rekeying))
+        {
             return Ok(());
         }
-        let Some(cfg) = self.peer_config(ctx.peers) else { return Ok(()) };
+        let Some(cfg) = self.peer_config(ctx.peers) else {
+            return Ok(());
+        };
         let (l, r) = (cfg.local_ts.clone(), cfg.remote_ts.clone());
         self.send_child_request(ctx, None, l, r, None, 0)
     }
@@ -336,10 +462,18 @@ impl IkeSa {
         retries: u8,
     ) -> Result<(), Error> {
         let peers = ctx.peers;
-        let Some(cfg) = self.peer_config(peers) else { return Ok(()) };
+        let Some(cfg) = self.peer_config(peers) else {
+            return Ok(());
+        };
         // PFS: the group of the CHILD_SA being rekeyed if still configured, else the first one.
-        let configured: Vec<DhGroup> = cfg.esp_proposals.iter().flat_map(|p| p.dh.iter().copied()).collect();
-        let group = group.filter(|g| configured.contains(g)).or(configured.first().copied());
+        let configured: Vec<DhGroup> = cfg
+            .esp_proposals
+            .iter()
+            .flat_map(|p| p.dh.iter().copied())
+            .collect();
+        let group = group
+            .filter(|g| configured.contains(g))
+            .or(configured.first().copied());
         let spi = ctx.alloc_esp_spi();
         let ni = ctx.nonce();
         let ke = group.map(|g| KeyExchange::generate(g, ctx.rng));
@@ -356,10 +490,14 @@ impl IkeSa {
         payloads.push(sa);
         payloads.push(Payload::Nonce(NoncePayload { data: ni.clone() }));
         if let Some(k) = &ke {
-            payloads.push(Payload::Ke(KePayload { group: k.group().id().0, data: k.public_value() }));
+            payloads.push(Payload::Ke(KePayload {
+                group: k.group().id().0,
+                data: k.public_value(),
+            }));
         }
         payloads.extend(ts);
         if let Some(old) = rekey {
+            info!(ispi = %self.spis.initiator, spi_in = %old, "rekeying CHILD_SA");
             if let Some(c) = self.child_mut(old) {
                 c.state = ChildState::Rekeying;
             }
@@ -376,7 +514,12 @@ impl IkeSa {
             deleted_spis: Vec::new(),
             retries,
         };
-        let r = self.send_request(ctx, ExchangeType::CREATE_CHILD_SA, &payloads, Task::Child(Box::new(task)));
+        let r = self.send_request(
+            ctx,
+            ExchangeType::CREATE_CHILD_SA,
+            &payloads,
+            Task::Child(Box::new(task)),
+        );
         if r.is_err() {
             ctx.esp_spis.remove(&spi.0);
         }
@@ -384,9 +527,16 @@ impl IkeSa {
     }
 
     /// Processes the answer to our CREATE_CHILD_SA for a CHILD_SA.
-    pub(crate) fn on_child_response(&mut self, ctx: &mut Ctx<'_>, payloads: &[Payload], task: ChildTask) {
+    pub(crate) fn on_child_response(
+        &mut self,
+        ctx: &mut Ctx<'_>,
+        payloads: &[Payload],
+        task: ChildTask,
+    ) {
         let peers = ctx.peers;
-        let Some(cfg) = self.peer_config(peers) else { return };
+        let Some(cfg) = self.peer_config(peers) else {
+            return;
+        };
         if let Some(n) = first_error(payloads) {
             ctx.esp_spis.remove(&task.spi.0);
             self.child_failed(ctx, cfg, n.ty, &n.data, task);
@@ -402,12 +552,25 @@ impl IkeSa {
                 return;
             }
         };
-        let child = match self.complete_child_initiator(ctx, cfg, task.spi, offered, task.ke.as_ref(), payloads, &task.ni, &nr, true) {
+        let child = match self.complete_child_initiator(
+            ctx,
+            cfg,
+            task.spi,
+            offered,
+            task.ke.as_ref(),
+            payloads,
+            &task.ni,
+            &nr,
+            true,
+        ) {
             Ok(c) => c,
             Err(e) => {
                 warn!(ispi = %self.spis.initiator, error = %e, "unacceptable CREATE_CHILD_SA response");
                 // The peer installed its half; delete it (the SPI is unknown locally).
-                self.enqueue(Pending::DeleteChildren(vec![task.spi], DeleteReason::NegotiationFailed));
+                self.enqueue(Pending::DeleteChildren(
+                    vec![task.spi],
+                    DeleteReason::NegotiationFailed,
+                ));
                 self.child_failed(ctx, cfg, NotifyType::NO_PROPOSAL_CHOSEN, &[], task);
                 return;
             }
@@ -425,16 +588,22 @@ impl IkeSa {
             return;
         }
         let Some(old) = task.rekey else {
-            self.install_child(ctx, child, None);
+            self.install_child(ctx, child, None, true);
             return;
         };
         let ours = lower_nonce(&task.ni, &nr);
-        let lost = task.collision.as_ref().is_some_and(|p| nonce_less(&ours, &p.lower_nonce));
+        let lost = task
+            .collision
+            .as_ref()
+            .is_some_and(|p| nonce_less(&ours, &p.lower_nonce));
         if lost {
             // RFC 7296 §2.8.1: our SA is the redundant one; we delete it, the peer deletes the
             // old one.
             info!(ispi = %self.spis.initiator, spi_in = %child.inbound_spi, "CHILD_SA rekey collision lost");
-            self.enqueue(Pending::DeleteChildren(vec![child.inbound_spi], DeleteReason::Rekeyed));
+            self.enqueue(Pending::DeleteChildren(
+                vec![child.inbound_spi],
+                DeleteReason::Rekeyed,
+            ));
             if let Some(c) = self.child_mut(old) {
                 c.state = ChildState::Rekeyed;
             }
@@ -449,7 +618,9 @@ impl IkeSa {
                 c.timers.stop(ChildTimer::Rekey);
             }
         }
-        self.install_child(ctx, child, Some(old));
+        // As the rekey's initiator we send on the new SA at once: the peer installed it before
+        // answering (RFC 7296 §2.8).
+        self.install_child(ctx, child, Some(old), true);
         if task.old_deleted || self.child_mut(old).is_none() {
             return;
         }
@@ -461,7 +632,14 @@ impl IkeSa {
         self.enqueue(Pending::DeleteChildren(vec![old], DeleteReason::Rekeyed));
     }
 
-    fn child_failed(&mut self, ctx: &mut Ctx<'_>, cfg: &PeerConfig, notify: NotifyType, data: &[u8], task: ChildTask) {
+    fn child_failed(
+        &mut self,
+        ctx: &mut Ctx<'_>,
+        cfg: &PeerConfig,
+        notify: NotifyType,
+        data: &[u8],
+        task: ChildTask,
+    ) {
         warn!(ispi = %self.spis.initiator, %notify, rekey = ?task.rekey, "CHILD_SA negotiation failed");
         if notify == NotifyType::INVALID_KE_PAYLOAD && task.retries < 2 {
             let wanted = <[u8; 2]>::try_from(data)
@@ -474,7 +652,14 @@ impl IkeSa {
                         c.state = ChildState::Installed;
                     }
                 }
-                let r = self.send_child_request(ctx, task.rekey, task.local_ts, task.remote_ts, Some(g), task.retries + 1);
+                let r = self.send_child_request(
+                    ctx,
+                    task.rekey,
+                    task.local_ts,
+                    task.remote_ts,
+                    Some(g),
+                    task.retries + 1,
+                );
                 if let Err(e) = r {
                     warn!(ispi = %self.spis.initiator, error = %e, "cannot retry CREATE_CHILD_SA");
                 }
@@ -499,7 +684,10 @@ impl IkeSa {
             NotifyType::TEMPORARY_FAILURE => self.defer(ctx, Pending::RekeyChild(old)),
             NotifyType::CHILD_SA_NOT_FOUND => {
                 // The peer lost this CHILD_SA: drop ours and create a replacement.
-                self.enqueue(Pending::DeleteChildren(vec![old], DeleteReason::NegotiationFailed));
+                self.enqueue(Pending::DeleteChildren(
+                    vec![old],
+                    DeleteReason::NegotiationFailed,
+                ));
                 self.enqueue(Pending::CreateChild);
             }
             // Otherwise keep the old SA until its hard lifetime.
@@ -508,10 +696,18 @@ impl IkeSa {
     }
 
     /// Answers a CREATE_CHILD_SA request (new CHILD_SA, CHILD_SA rekey or IKE SA rekey).
-    pub(crate) fn on_create_child_request(&mut self, ctx: &mut Ctx<'_>, id: u32, payloads: &[Payload]) {
+    pub(crate) fn on_create_child_request(
+        &mut self,
+        ctx: &mut Ctx<'_>,
+        id: u32,
+        payloads: &[Payload],
+    ) {
         let ex = ExchangeType::CREATE_CHILD_SA;
         let is_ike = payloads.iter().any(|p| match p {
-            Payload::Sa(sa) => sa.proposals.first().is_some_and(|p| p.protocol == ProtocolId::IKE),
+            Payload::Sa(sa) => sa
+                .proposals
+                .first()
+                .is_some_and(|p| p.protocol == ProtocolId::IKE),
             _ => false,
         });
         if is_ike {
@@ -530,16 +726,25 @@ impl IkeSa {
         }
     }
 
-    fn answer_child_request(&mut self, ctx: &mut Ctx<'_>, payloads: &[Payload]) -> Result<(Vec<Payload>, ChildSa, Option<EspSpi>), Error> {
+    fn answer_child_request(
+        &mut self,
+        ctx: &mut Ctx<'_>,
+        payloads: &[Payload],
+    ) -> Result<(Vec<Payload>, ChildSa, Option<EspSpi>), Error> {
         if self.state != SaState::Established {
             return Err(Error::TemporaryFailure("IKE SA is not established"));
         }
         // RFC 7296 §2.25.2: while rekeying the IKE SA, CHILD_SA requests get TEMPORARY_FAILURE.
-        if matches!(self.active.as_ref().map(|a| &a.task), Some(Task::IkeRekey(_))) {
+        if matches!(
+            self.active.as_ref().map(|a| &a.task),
+            Some(Task::IkeRekey(_))
+        ) {
             return Err(Error::TemporaryFailure("rekeying the IKE SA"));
         }
         let peers = ctx.peers;
-        let cfg = self.peer_config(peers).ok_or(Error::NoProposalChosen { what: "ESP" })?;
+        let cfg = self
+            .peer_config(peers)
+            .ok_or(Error::NoProposalChosen { what: "ESP" })?;
         let mut rekeyed = None;
         if let Some(n) = find_notify(payloads, NotifyType::REKEY_SA) {
             let spi = n.spi_u32().map(EspSpi).ok_or(Error::InvalidSyntax {
@@ -548,7 +753,11 @@ impl IkeSa {
                 what: "REKEY_SA without an ESP SPI",
             })?;
             // The notify names the peer's inbound SPI, which is our outbound one.
-            let child = self.children.iter().find(|c| c.outbound_spi == spi).ok_or(Error::ChildSaNotFound(spi))?;
+            let child = self
+                .children
+                .iter()
+                .find(|c| c.outbound_spi == spi)
+                .ok_or(Error::ChildSaNotFound(spi))?;
             let deleting = matches!(self.active.as_ref().map(|a| &a.task),
                 Some(Task::DeleteChildren(s, _)) if s.contains(&child.inbound_spi));
             // RFC 7296 §2.25.1: a CHILD_SA we are closing gets TEMPORARY_FAILURE.
@@ -557,24 +766,37 @@ impl IkeSa {
             }
             rekeyed = Some(child.inbound_spi);
         }
-        let ni = crate::init::one!(payloads, Nonce, self.spi, "CREATE_CHILD_SA", "Nonce")?.data.clone();
+        let ni = crate::init::one!(payloads, Nonce, self.spi, "CREATE_CHILD_SA", "Nonce")?
+            .data
+            .clone();
         let nr = ctx.nonce();
-        let (mut resp, child) = self.negotiate_child_responder(ctx, cfg, payloads, &ni, &nr, true)?;
+        let (mut resp, child) =
+            self.negotiate_child_responder(ctx, cfg, payloads, &ni, &nr, true)?;
         resp.insert(1, Payload::Nonce(NoncePayload { data: nr.clone() }));
         if let Some(old) = rekeyed {
             // Remember the nonces for a possible collision with our own rekey of `old`.
             if let Some(Task::Child(t)) = self.active.as_mut().map(|a| &mut a.task) {
                 if t.rekey == Some(old) {
-                    t.collision = Some(PassiveChild { inbound_spi: child.inbound_spi, lower_nonce: lower_nonce(&ni, &nr) });
+                    t.collision = Some(PassiveChild {
+                        inbound_spi: child.inbound_spi,
+                        lower_nonce: lower_nonce(&ni, &nr),
+                    });
                 }
             }
         }
         Ok((resp, child, rekeyed))
     }
 
-    fn accept_passive_child(&mut self, ctx: &mut Ctx<'_>, mut child: ChildSa, rekeyed: Option<EspSpi>) {
+    fn accept_passive_child(
+        &mut self,
+        ctx: &mut Ctx<'_>,
+        mut child: ChildSa,
+        rekeyed: Option<EspSpi>,
+    ) {
         child.predecessor = rekeyed;
-        self.install_child(ctx, child, rekeyed);
+        // The peer installs this SA when our answer arrives: keep sending on the old one until
+        // the peer deletes it. A new (not rekeying) CHILD_SA has no predecessor to send on.
+        self.install_child(ctx, child, rekeyed, rekeyed.is_none());
         let Some(old) = rekeyed else { return };
         let colliding = matches!(self.active.as_ref().map(|a| &a.task), Some(Task::Child(t)) if t.rekey == Some(old));
         if let Some(c) = self.child_mut(old) {

@@ -608,6 +608,10 @@ pub struct PeerConfig {
     pub remote_ts: Vec<TrafficSelector>,
     /// IKE SA rekey interval (swanctl `rekey_time`); zero disables.
     pub ike_rekey_time: Duration,
+    /// Hard lifetime of the IKE SA beyond its (jittered) rekey time (swanctl `over_time`): an
+    /// IKE SA that could not be rekeyed by then is deleted. Zero disables (as does a zero
+    /// `ike_rekey_time`).
+    pub ike_over_time: Duration,
     /// CHILD_SA rekey interval (swanctl children `rekey_time`); zero disables.
     pub child_rekey_time: Duration,
     /// Hard lifetime of a CHILD_SA (swanctl `life_time`, default 110 % of rekey_time).
@@ -639,6 +643,7 @@ impl fmt::Debug for PeerConfig {
             .field("local_ts", &self.local_ts)
             .field("remote_ts", &self.remote_ts)
             .field("ike_rekey_time", &self.ike_rekey_time)
+            .field("ike_over_time", &self.ike_over_time)
             .field("child_rekey_time", &self.child_rekey_time)
             .field("child_life_time", &self.child_life_time)
             .field("rand_time", &self.rand_time)

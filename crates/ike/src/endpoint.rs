@@ -7,7 +7,7 @@ use crate::{
     init::respond_init,
     keys::CookieSecrets,
     sa::{Ctx, IkeSa, Output, Pending, SaState},
-    Error,
+    Error, IkeDrop, IkeStats,
 };
 use crypto::Rng;
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
@@ -44,6 +44,8 @@ pub struct Endpoint {
     /// Tunnels with `StartAction::Start` to initiate at the next `handle_timeout`.
     pending_start: Vec<TunnelId>,
     start_due: Option<Instant>,
+    /// Dropped and refused datagrams by reason.
+    stats: IkeStats,
 }
 
 /// The cached last response of an ended IKE SA.
@@ -66,6 +68,7 @@ macro_rules! ctx {
             others: &$self.sas,
             esp_spis: &mut $self.esp_spis,
             out: &mut $self.out,
+            stats: &mut $self.stats,
         }
     };
 }
@@ -89,23 +92,36 @@ impl Endpoint {
             out: Output::default(),
             pending_start: Vec::new(),
             start_due: None,
+            stats: IkeStats::default(),
         }
     }
 
     /// Adds or replaces a peer configuration. With `StartAction::Start` the next
     /// `handle_timeout` (or an explicit [`initiate`](Self::initiate)) initiates.
     pub fn add_peer(&mut self, now: Instant, peer: PeerConfig) -> Result<(), Error> {
-        let bad = |reason: &str| Error::Config { what: "tunnel", value: peer.name.clone(), reason: reason.to_string() };
+        let bad = |reason: &str| Error::Config {
+            what: "tunnel",
+            value: peer.name.clone(),
+            reason: reason.to_string(),
+        };
         if peer.ike_proposals.is_empty() {
             return Err(bad("no IKE proposals"));
         }
         if peer.esp_proposals.is_empty() {
             return Err(bad("no ESP proposals"));
         }
-        if peer.ike_proposals.iter().any(|p| p.dh.is_empty() || p.encr.is_empty() || p.prf.is_empty()) {
+        if peer
+            .ike_proposals
+            .iter()
+            .any(|p| p.dh.is_empty() || p.encr.is_empty() || p.prf.is_empty())
+        {
             return Err(bad("an IKE proposal lacks a transform type"));
         }
-        if peer.esp_proposals.iter().any(|p| p.encr.is_empty() || p.esn.is_empty()) {
+        if peer
+            .esp_proposals
+            .iter()
+            .any(|p| p.encr.is_empty() || p.esn.is_empty())
+        {
             return Err(bad("an ESP proposal lacks a transform type"));
         }
         if peer.child_life_time < peer.child_rekey_time && !peer.child_life_time.is_zero() {
@@ -135,19 +151,33 @@ impl Endpoint {
     /// Starts IKE_SA_INIT toward the first of the tunnel's `remote_addrs` (port 500), from the
     /// first of its `local_addrs` (or the unspecified address, leaving the choice to the driver).
     pub fn initiate(&mut self, now: Instant, tunnel: TunnelId) -> Result<(), Error> {
-        let cfg = self.peers.get(&tunnel).ok_or(Error::UnknownTunnel(tunnel))?;
-        let remote_ip = *cfg.remote_addrs.first().ok_or(Error::NoRemoteAddress(tunnel))?;
-        let local_ip = cfg.local_addrs.iter().copied().find(|a| a.is_ipv4() == remote_ip.is_ipv4()).unwrap_or(
-            match remote_ip {
+        let cfg = self
+            .peers
+            .get(&tunnel)
+            .ok_or(Error::UnknownTunnel(tunnel))?;
+        let remote_ip = *cfg
+            .remote_addrs
+            .first()
+            .ok_or(Error::NoRemoteAddress(tunnel))?;
+        let local_ip = cfg
+            .local_addrs
+            .iter()
+            .copied()
+            .find(|a| a.is_ipv4() == remote_ip.is_ipv4())
+            .unwrap_or(match remote_ip {
                 IpAddr::V4(_) => IpAddr::V4(Ipv4Addr::UNSPECIFIED),
                 IpAddr::V6(_) => IpAddr::V6(Ipv6Addr::UNSPECIFIED),
-            },
-        );
+            });
         let sa = {
             let peers = &self.peers;
             let cfg = peers.get(&tunnel).ok_or(Error::UnknownTunnel(tunnel))?;
             let mut ctx = ctx!(self, now);
-            IkeSa::initiate(&mut ctx, cfg, SocketAddr::new(local_ip, 500), SocketAddr::new(remote_ip, 500))?
+            IkeSa::initiate(
+                &mut ctx,
+                cfg,
+                SocketAddr::new(local_ip, 500),
+                SocketAddr::new(remote_ip, 500),
+            )?
         };
         self.insert(sa);
         self.settle(now);
@@ -160,7 +190,10 @@ impl Endpoint {
         let spi = self
             .sas
             .values()
-            .find(|sa| sa.state == SaState::Established && sa.children.iter().any(|c| c.inbound_spi == inbound_spi))
+            .find(|sa| {
+                sa.state == SaState::Established
+                    && sa.children.iter().any(|c| c.inbound_spi == inbound_spi)
+            })
             .map(|sa| sa.spi)
             .ok_or(Error::UnknownChildSa(inbound_spi))?;
         self.run(now, spi, |sa, ctx| {
@@ -168,6 +201,32 @@ impl Endpoint {
             sa.start_next_task(ctx);
         });
         Ok(())
+    }
+
+    /// Authenticated ESP of the CHILD_SA with this inbound SPI (ICV and anti-replay checks
+    /// passed, the newest sequence number so far) arrived from `remote` on `local`. When a NAT
+    /// is between the peers and the address differs from the IKE SA's, the peer's NAT rebound
+    /// (RFC 7296 §2.23: packets go to the address of "the last valid authenticated packet";
+    /// strongSwan follows the kernel's ESP mapping events the same way): the IKE SA moves
+    /// there and [`Event::PeerAddressChanged`] is emitted. Unknown SPIs are ignored.
+    pub fn peer_address_seen(
+        &mut self,
+        now: Instant,
+        inbound_spi: EspSpi,
+        local: SocketAddr,
+        remote: SocketAddr,
+    ) {
+        let owner = self
+            .sas
+            .values()
+            .find(|sa| {
+                sa.state == SaState::Established
+                    && sa.children.iter().any(|c| c.inbound_spi == inbound_spi)
+            })
+            .map(|sa| sa.spi);
+        if let Some(spi) = owner {
+            self.run(now, spi, |sa, ctx| sa.follow_peer(ctx, local, remote));
+        }
     }
 
     /// Starts a rekey of the tunnel's IKE SA.
@@ -194,7 +253,12 @@ impl Endpoint {
         if !self.peers.contains_key(&tunnel) {
             return Err(Error::UnknownTunnel(tunnel));
         }
-        let spis: Vec<IkeSpi> = self.sas.values().filter(|sa| sa.tunnel == Some(tunnel)).map(|sa| sa.spi).collect();
+        let spis: Vec<IkeSpi> = self
+            .sas
+            .values()
+            .filter(|sa| sa.tunnel == Some(tunnel))
+            .map(|sa| sa.spi)
+            .collect();
         for spi in spis {
             self.run(now, spi, |sa, ctx| match sa.state {
                 SaState::Established => {
@@ -210,61 +274,139 @@ impl Endpoint {
     }
 
     /// Processes one received IKE datagram (non-ESP marker already removed). A single 0xFF
-    /// byte (NAT keepalive, RFC 3948 §2.3) is ignored.
-    pub fn handle_datagram(&mut self, now: Instant, local: SocketAddr, remote: SocketAddr, data: &[u8]) {
+    /// byte (NAT keepalive, RFC 3948 §2.3) is ignored. Every datagram that is not processed as a
+    /// valid message is counted in [`stats`](Self::stats) under one [`IkeDrop`] reason.
+    pub fn handle_datagram(
+        &mut self,
+        now: Instant,
+        local: SocketAddr,
+        remote: SocketAddr,
+        data: &[u8],
+    ) {
         if data == [0xFF] {
+            self.stats.count(IkeDrop::NatKeepalive);
             return;
         }
-        let Ok(header) = Header::parse(data) else { return };
+        let Ok(header) = Header::parse(data) else {
+            debug!(%remote, len = data.len(), "dropping datagram shorter than the IKE header");
+            self.stats.count(IkeDrop::Truncated);
+            return;
+        };
         let msg = match Message::parse(data) {
             Ok(m) => m,
             Err(source) => {
                 debug!(%remote, error = %source, "dropping undecodable IKE message");
-                if header.exchange == ExchangeType::IKE_SA_INIT && !header.flags.response() && header.rspi.0 == 0 && header.major == 2 {
-                    let e = Error::Malformed { spi: IkeSpi(0), source };
+                self.stats.count(
+                    if header.major == 2 && header.length as usize > data.len() {
+                        IkeDrop::Truncated
+                    } else {
+                        IkeDrop::Malformed
+                    },
+                );
+                if header.exchange == ExchangeType::IKE_SA_INIT
+                    && !header.flags.response()
+                    && header.rspi.0 == 0
+                    && header.major == 2
+                {
+                    let e = Error::Malformed {
+                        spi: IkeSpi(0),
+                        source,
+                    };
                     let mut ctx = ctx!(self, now);
                     crate::init::reject_unparsable(&mut ctx, local, remote, &header, &e);
                 }
                 return;
             }
         };
-        if header.exchange == ExchangeType::IKE_SA_INIT && !header.flags.response() && header.rspi.0 == 0 {
+        if header.exchange == ExchangeType::IKE_SA_INIT
+            && !header.flags.response()
+            && header.rspi.0 == 0
+        {
             self.handle_init_request(now, local, remote, data, msg);
             return;
         }
         // The I flag says who sent it: from the original initiator we hold the responder SPI.
-        let ours = if header.flags.initiator() { header.rspi } else { header.ispi };
+        let ours = if header.flags.initiator() {
+            header.rspi
+        } else {
+            header.ispi
+        };
         if let Some(&owner) = self.aliases.get(&ours) {
             if !self.sas.contains_key(&ours) {
                 // The peer already uses the new SA of a collision we have not concluded: a
                 // DELETE of it (it lost) or a liveness check is answered by that SA.
                 if header.exchange == ExchangeType::INFORMATIONAL && !header.flags.response() {
-                    self.run(now, owner, |sa, ctx| sa.handle_for_passive(ctx, local, remote, data, msg));
+                    self.run(now, owner, |sa, ctx| {
+                        sa.handle_for_passive(ctx, local, remote, data, msg)
+                    });
+                } else {
+                    debug!(%remote, spi = %ours, "dropping message for a pending rekey collision SA");
+                    self.stats.count(IkeDrop::UnknownSpi);
                 }
                 return;
             }
         }
         if !self.sas.contains_key(&ours) {
             match self.closed.get(&ours) {
-                Some(c) if c.until > now && !header.flags.response() && c.message_id == header.message_id => {
+                Some(c)
+                    if c.until > now
+                        && !header.flags.response()
+                        && c.message_id == header.message_id =>
+                {
                     debug!(%remote, spi = %ours, "answering a retransmission for an ended IKE SA");
-                    self.out.tx.push_back(crate::sa::Datagram { local, remote, data: c.bytes.clone() });
+                    self.out.tx.push_back(crate::sa::Datagram {
+                        local,
+                        remote,
+                        data: c.bytes.clone(),
+                    });
+                    self.stats.count(IkeDrop::RetransmitAnswered);
                 }
-                _ => debug!(%remote, spi = %ours, "message for unknown IKE SA"),
+                _ => {
+                    debug!(%remote, spi = %ours, "message for unknown IKE SA");
+                    self.stats.count(IkeDrop::UnknownSpi);
+                }
             }
             return;
         }
-        self.run(now, ours, |sa, ctx| sa.handle(ctx, local, remote, data, msg));
+        self.run(now, ours, |sa, ctx| {
+            sa.handle(ctx, local, remote, data, msg)
+        });
     }
 
-    fn handle_init_request(&mut self, now: Instant, local: SocketAddr, remote: SocketAddr, data: &[u8], msg: Message) {
+    fn handle_init_request(
+        &mut self,
+        now: Instant,
+        local: SocketAddr,
+        remote: SocketAddr,
+        data: &[u8],
+        msg: Message,
+    ) {
         if let Some(spi) = self.init_index.get(&(msg.header.ispi, remote)) {
             // RFC 7296 §2.1: a retransmitted IKE_SA_INIT is answered from the cache.
-            if let Some(sa) = self.sas.get(spi) {
-                if sa.is_half_open() && sa.setup.as_ref().is_some_and(|s| s.peer_init == data) {
-                    if let Some((0, bytes)) = &sa.last_response {
-                        self.out.tx.push_back(crate::sa::Datagram { local: sa.local, remote, data: bytes.clone() });
-                    }
+            let cached = self
+                .sas
+                .get(spi)
+                .filter(|sa| {
+                    sa.is_half_open() && sa.setup.as_ref().is_some_and(|s| s.peer_init == data)
+                })
+                .and_then(|sa| match &sa.last_response {
+                    Some((0, bytes)) => Some((sa.local, bytes.clone())),
+                    _ => None,
+                });
+            match cached {
+                Some((local, bytes)) => {
+                    self.out.tx.push_back(crate::sa::Datagram {
+                        local,
+                        remote,
+                        data: bytes,
+                    });
+                    self.stats.count(IkeDrop::RetransmitAnswered);
+                }
+                None => {
+                    // Message ID 0 of that SA is used up: a replay, or another request
+                    // under the same SPI.
+                    debug!(%remote, ispi = %msg.header.ispi, "dropping IKE_SA_INIT for an SA past IKE_SA_INIT");
+                    self.stats.count(IkeDrop::OutsideWindow);
                 }
             }
             return;
@@ -273,7 +415,15 @@ impl Endpoint {
         let demand_cookie = self.half_open >= self.config.cookie_threshold;
         let sa = {
             let mut ctx = ctx!(self, now);
-            respond_init(&mut ctx, &self.cookies, demand_cookie, local, remote, data, &msg)
+            respond_init(
+                &mut ctx,
+                &self.cookies,
+                demand_cookie,
+                local,
+                remote,
+                data,
+                &msg,
+            )
         };
         if let Some(mut sa) = sa {
             sa.counted_half_open = true;
@@ -291,7 +441,10 @@ impl Endpoint {
         if self.start_due.is_some_and(|t| t <= now) {
             self.start_due = None;
             for tunnel in std::mem::take(&mut self.pending_start) {
-                let active = self.sas.values().any(|sa| sa.tunnel == Some(tunnel) && sa.state != SaState::Dead);
+                let active = self
+                    .sas
+                    .values()
+                    .any(|sa| sa.tunnel == Some(tunnel) && sa.state != SaState::Dead);
                 if !active {
                     if let Err(e) = self.initiate(now, tunnel) {
                         debug!(?tunnel, error = %e, "cannot start tunnel");
@@ -300,7 +453,12 @@ impl Endpoint {
             }
         }
         // Each due SA runs once per call, so that no SA can keep this loop busy.
-        let due: Vec<(Instant, IkeSpi)> = self.timers.iter().take_while(|(at, _)| *at <= now).copied().collect();
+        let due: Vec<(Instant, IkeSpi)> = self
+            .timers
+            .iter()
+            .take_while(|(at, _)| *at <= now)
+            .copied()
+            .collect();
         for (at, spi) in due {
             self.timers.remove(&(at, spi));
             if let Some(sa) = self.sas.get_mut(&spi) {
@@ -317,7 +475,11 @@ impl Endpoint {
         let d = self.out.tx.pop_front()?;
         buf.clear();
         buf.extend_from_slice(&d.data);
-        Some(Transmit { local: d.local, remote: d.remote, size: d.data.len() })
+        Some(Transmit {
+            local: d.local,
+            remote: d.remote,
+            size: d.data.len(),
+        })
     }
 
     /// The next event for the driver.
@@ -348,7 +510,9 @@ impl Endpoint {
                 proposal: sa.keys.as_ref().map(|k| k.algs.name()).unwrap_or_default(),
                 local: sa.local,
                 remote: sa.remote,
-                age_secs: sa.established.map_or(0, |t| now.saturating_duration_since(t).as_secs()),
+                age_secs: sa
+                    .established
+                    .map_or(0, |t| now.saturating_duration_since(t).as_secs()),
                 children: sa
                     .children
                     .iter()
@@ -398,6 +562,11 @@ impl Endpoint {
         Ok(spis)
     }
 
+    /// Counters of dropped and refused datagrams by reason, since the endpoint was created.
+    pub fn stats(&self) -> &IkeStats {
+        &self.stats
+    }
+
     /// Number of IKE SAs (any state), for metrics.
     pub fn ike_sa_count(&self) -> usize {
         self.sas.len()
@@ -412,14 +581,27 @@ impl Endpoint {
         if self.closed.len() >= MAX_CLOSED {
             self.closed.retain(|_, c| c.until > now);
             if self.closed.len() >= MAX_CLOSED {
-                if let Some(oldest) = self.closed.iter().min_by_key(|(_, c)| c.until).map(|(k, _)| *k) {
+                if let Some(oldest) = self
+                    .closed
+                    .iter()
+                    .min_by_key(|(_, c)| c.until)
+                    .map(|(k, _)| *k)
+                {
                     self.closed.remove(&oldest);
                 }
             }
         }
-        let window: std::time::Duration =
-            (0..=self.config.retransmit_tries).map(|n| IkeSa::rto(&self.config, n)).sum();
-        self.closed.insert(spi, Closed { message_id, bytes, until: now + window });
+        let window: std::time::Duration = (0..=self.config.retransmit_tries)
+            .map(|n| IkeSa::rto(&self.config, n))
+            .sum();
+        self.closed.insert(
+            spi,
+            Closed {
+                message_id,
+                bytes,
+                until: now + window,
+            },
+        );
     }
 
     fn insert(&mut self, mut sa: IkeSa) {
@@ -445,7 +627,9 @@ impl Endpoint {
     /// Runs `f` on the SA with our SPI `spi` (taken out of the table meanwhile), then files
     /// the SA back, removes it if it died, and applies what it asked of the endpoint.
     fn run(&mut self, now: Instant, spi: IkeSpi, f: impl FnOnce(&mut IkeSa, &mut Ctx<'_>)) {
-        let Some(mut sa) = self.sas.remove(&spi) else { return };
+        let Some(mut sa) = self.sas.remove(&spi) else {
+            return;
+        };
         {
             let mut ctx = ctx!(self, now);
             f(&mut sa, &mut ctx);
@@ -479,11 +663,20 @@ impl Endpoint {
             }
             return;
         }
-        let dead_passive = sa.passive_rekey.as_mut().filter(|p| p.new_sa.state == SaState::Dead);
-        if let Some((spi, Some((message_id, bytes)))) = dead_passive.map(|p| (p.new_sa.spi, p.new_sa.last_response.take())) {
+        let dead_passive = sa
+            .passive_rekey
+            .as_mut()
+            .filter(|p| p.new_sa.state == SaState::Dead);
+        if let Some((spi, Some((message_id, bytes)))) =
+            dead_passive.map(|p| (p.new_sa.spi, p.new_sa.last_response.take()))
+        {
             self.remember_closed(now, spi, message_id, bytes);
         }
-        let alias = sa.passive_rekey.as_ref().filter(|p| p.new_sa.state != SaState::Dead).map(|p| p.new_sa.spi);
+        let alias = sa
+            .passive_rekey
+            .as_ref()
+            .filter(|p| p.new_sa.state != SaState::Dead)
+            .map(|p| p.new_sa.spi);
         if alias != sa.alias {
             if let Some(old) = sa.alias.take() {
                 self.aliases.remove(&old);
@@ -518,7 +711,11 @@ impl Endpoint {
                 let stale: Vec<IkeSpi> = self
                     .sas
                     .values()
-                    .filter(|sa| sa.tunnel == Some(tunnel) && sa.spi != keep && sa.state == SaState::Established)
+                    .filter(|sa| {
+                        sa.tunnel == Some(tunnel)
+                            && sa.spi != keep
+                            && sa.state == SaState::Established
+                    })
                     .map(|sa| sa.spi)
                     .collect();
                 for spi in stale {

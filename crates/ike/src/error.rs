@@ -113,10 +113,13 @@ impl Error {
             | Error::UnknownChildSa(_)
             | Error::Snapshot(_)
             | Error::DuplicateSa(_) => None,
-            Error::Malformed { source: IkeWireError::UnsupportedCriticalPayload { .. }, .. } => {
-                Some(NotifyType::UNSUPPORTED_CRITICAL_PAYLOAD)
+            Error::Malformed {
+                source: IkeWireError::UnsupportedCriticalPayload { .. },
+                ..
+            } => Some(NotifyType::UNSUPPORTED_CRITICAL_PAYLOAD),
+            Error::Malformed { .. } | Error::InvalidSyntax { .. } => {
+                Some(NotifyType::INVALID_SYNTAX)
             }
-            Error::Malformed { .. } | Error::InvalidSyntax { .. } => Some(NotifyType::INVALID_SYNTAX),
             // A bad public value is a malformed KE payload; a bad ICV is never answered (dropped
             // before this mapping is consulted).
             Error::Crypto { .. } => Some(NotifyType::INVALID_SYNTAX),
@@ -136,7 +139,10 @@ impl Error {
         match self {
             Error::InvalidKePayload { wanted } => wanted.id().0.to_be_bytes().to_vec(),
             Error::UnsupportedCriticalPayload(p)
-            | Error::Malformed { source: IkeWireError::UnsupportedCriticalPayload { payload: p }, .. } => vec![p.0],
+            | Error::Malformed {
+                source: IkeWireError::UnsupportedCriticalPayload { payload: p },
+                ..
+            } => vec![p.0],
             _ => Vec::new(),
         }
     }

@@ -86,9 +86,18 @@ pub struct ChildSaInfo {
     pub remote: SocketAddr,
     /// Anti-replay window for the inbound SA.
     pub replay_window: u32,
-    /// Inbound SPI of the CHILD_SA this one replaces (rekey): the data path sends on the new SA
-    /// from now on and keeps accepting on the old one until its `ChildSaDeleted`.
+    /// Inbound SPI of the CHILD_SA this one replaces (rekey): the data path keeps accepting on
+    /// the old one until its `ChildSaDeleted`.
     pub replaces: Option<EspSpi>,
+    /// Whether the data path sends on this SA from now on (and no longer on `replaces`).
+    ///
+    /// False when we answered the peer's rekey (RFC 7296 §2.8): the peer installs its inbound
+    /// half only when our answer arrives, so anything we sent on the new SA before that would be
+    /// dropped. The replaced SA keeps carrying outbound traffic until its `ChildSaDeleted`,
+    /// which comes when the peer deletes it - after it switched - or at its hard lifetime; then
+    /// the data path sends on this one, the tunnel's newest remaining SA. strongSwan (5.5+)
+    /// behaves the same (`child_create.c`, `child_delete.c` `install_outbound`).
+    pub outbound_active: bool,
     /// Human-readable proposal, strongSwan style (`AES_GCM_16_256/NO_EXT_SEQ`).
     pub proposal: String,
 }

@@ -24,7 +24,9 @@ use wire::IkeSpi;
 /// rekey request (our answer lost) is answered from the old SA's cache instead of being left
 /// with an SA we already destroyed.
 fn rekeyed_delete_timeout(config: &crate::EndpointConfig) -> Duration {
-    let schedule: Duration = (0..=config.retransmit_tries).map(|n| IkeSa::rto(config, n)).sum();
+    let schedule: Duration = (0..=config.retransmit_tries)
+        .map(|n| IkeSa::rto(config, n))
+        .sum();
     schedule.max(Duration::from_secs(90))
 }
 
@@ -48,13 +50,24 @@ impl IkeSa {
         self.send_ike_rekey(ctx, None, 0)
     }
 
-    fn send_ike_rekey(&mut self, ctx: &mut Ctx<'_>, group: Option<DhGroup>, retries: u8) -> Result<(), Error> {
+    fn send_ike_rekey(
+        &mut self,
+        ctx: &mut Ctx<'_>,
+        group: Option<DhGroup>,
+        retries: u8,
+    ) -> Result<(), Error> {
         let peers = ctx.peers;
-        let (Some(cfg), Some(keys)) = (self.peer_config(peers), self.keys.as_ref()) else { return Ok(()) };
+        let (Some(cfg), Some(keys)) = (self.peer_config(peers), self.keys.as_ref()) else {
+            return Ok(());
+        };
         if self.state != SaState::Established || self.passive_rekey.is_some() {
             return Ok(());
         }
-        let configured: Vec<DhGroup> = cfg.ike_proposals.iter().flat_map(|p| p.dh.iter().copied()).collect();
+        let configured: Vec<DhGroup> = cfg
+            .ike_proposals
+            .iter()
+            .flat_map(|p| p.dh.iter().copied())
+            .collect();
         // Reuse the current group when still configured: no INVALID_KE round trip.
         let group = group
             .or(Some(keys.algs.dh).filter(|g| configured.contains(g)))
@@ -64,17 +77,39 @@ impl IkeSa {
         let ni = ctx.nonce();
         let ke = KeyExchange::generate(group, ctx.rng);
         let payloads = [
-            Payload::Sa(SaPayload { proposals: ike_offer(&cfg.ike_proposals, &new_spi.0.to_be_bytes(), Some(group)) }),
+            Payload::Sa(SaPayload {
+                proposals: ike_offer(&cfg.ike_proposals, &new_spi.0.to_be_bytes(), Some(group)),
+            }),
             Payload::Nonce(NoncePayload { data: ni.clone() }),
-            Payload::Ke(KePayload { group: group.id().0, data: ke.public_value() }),
+            Payload::Ke(KePayload {
+                group: group.id().0,
+                data: ke.public_value(),
+            }),
         ];
         info!(ispi = %self.spis.initiator, "rekeying IKE SA");
-        let task = IkeRekeyTask { new_spi, ni, ke, retries };
-        self.send_request(ctx, ExchangeType::CREATE_CHILD_SA, &payloads, Task::IkeRekey(Box::new(task)))
+        let task = IkeRekeyTask {
+            new_spi,
+            ni,
+            ke,
+            retries,
+        };
+        self.send_request(
+            ctx,
+            ExchangeType::CREATE_CHILD_SA,
+            &payloads,
+            Task::IkeRekey(Box::new(task)),
+        )
     }
 
     /// A new IKE SA that inherits tunnel, addresses and NAT state from this one.
-    fn successor(&self, ctx: &Ctx<'_>, spi: IkeSpi, spis: IkeSpis, initiator: bool, keys: IkeKeys) -> IkeSa {
+    fn successor(
+        &self,
+        ctx: &Ctx<'_>,
+        spi: IkeSpi,
+        spis: IkeSpis,
+        initiator: bool,
+        keys: IkeKeys,
+    ) -> IkeSa {
         let mut n = IkeSa::blank(ctx.now, spi, spis, initiator, self.local, self.remote);
         n.tunnel = self.tunnel;
         n.nat = self.nat;
@@ -92,12 +127,18 @@ impl IkeSa {
     fn hand_over(&mut self, ctx: &mut Ctx<'_>, mut new: IkeSa) {
         new.children = std::mem::take(&mut self.children);
         for p in self.queue.drain(..) {
-            if matches!(p, Pending::RekeyChild(_) | Pending::DeleteChildren(..) | Pending::CreateChild) {
+            if matches!(
+                p,
+                Pending::RekeyChild(_) | Pending::DeleteChildren(..) | Pending::CreateChild
+            ) {
                 new.queue.push_back(p);
             }
         }
         for (t, p) in self.deferred.drain(..) {
-            if matches!(p, Pending::RekeyChild(_) | Pending::DeleteChildren(..) | Pending::CreateChild) {
+            if matches!(
+                p,
+                Pending::RekeyChild(_) | Pending::DeleteChildren(..) | Pending::CreateChild
+            ) {
                 new.deferred.push((t, p));
             }
         }
@@ -115,13 +156,22 @@ impl IkeSa {
         self.timers = TimerTable::default();
         if let Some(tunnel) = self.tunnel {
             info!(old = %self.spis.initiator, new = %new.spis.initiator, "IKE SA rekeyed");
-            ctx.out.events.push_back(Event::IkeSaRekeyed { tunnel, old: self.spis, new: new.spis });
+            ctx.out.events.push_back(Event::IkeSaRekeyed {
+                tunnel,
+                old: self.spis,
+                new: new.spis,
+            });
         }
         ctx.out.new_sas.push(new);
     }
 
     /// Processes the answer to our IKE SA rekey.
-    pub(crate) fn on_ike_rekey_response(&mut self, ctx: &mut Ctx<'_>, payloads: &[Payload], task: IkeRekeyTask) {
+    pub(crate) fn on_ike_rekey_response(
+        &mut self,
+        ctx: &mut Ctx<'_>,
+        payloads: &[Payload],
+        task: IkeRekeyTask,
+    ) {
         if let Some(n) = first_error(payloads) {
             if n.ty == NotifyType::INVALID_KE_PAYLOAD && task.retries < 2 {
                 let g = <[u8; 2]>::try_from(n.data.as_slice())
@@ -144,7 +194,10 @@ impl IkeSa {
             Ok((new, nr)) => {
                 let ours = lower_nonce(&task.ni, &nr);
                 // A passive SA the peer already deleted was the redundant one: we won.
-                let passive = self.passive_rekey.take().filter(|p| p.new_sa.state != SaState::Dead);
+                let passive = self
+                    .passive_rekey
+                    .take()
+                    .filter(|p| p.new_sa.state != SaState::Dead);
                 match passive {
                     Some(p) if nonce_less(&ours, &p.lower_nonce) => {
                         // We lost: delete the SA our exchange created; the peer deletes the old.
@@ -152,10 +205,16 @@ impl IkeSa {
                         let mut redundant = new;
                         redundant.state = SaState::Rekeyed;
                         redundant.enqueue(Pending::DeleteIke(DeleteReason::Rekeyed));
-                        redundant.timers.set(Timer::DeleteTimeout, ctx.now + rekeyed_delete_timeout(ctx.config));
+                        redundant.timers.set(
+                            Timer::DeleteTimeout,
+                            ctx.now + rekeyed_delete_timeout(ctx.config),
+                        );
                         ctx.out.new_sas.push(redundant);
                         self.hand_over(ctx, p.new_sa);
-                        self.timers.set(Timer::DeleteTimeout, ctx.now + rekeyed_delete_timeout(ctx.config));
+                        self.timers.set(
+                            Timer::DeleteTimeout,
+                            ctx.now + rekeyed_delete_timeout(ctx.config),
+                        );
                     }
                     passive => {
                         if let Some(p) = passive {
@@ -166,7 +225,9 @@ impl IkeSa {
                             // half-open timeout, as strongSwan does.
                             let mut redundant = p.new_sa;
                             redundant.state = SaState::Rekeyed;
-                            redundant.timers.set(Timer::DeleteTimeout, ctx.now + ctx.config.half_open_timeout);
+                            redundant
+                                .timers
+                                .set(Timer::DeleteTimeout, ctx.now + ctx.config.half_open_timeout);
                             ctx.out.new_sas.push(redundant);
                         }
                         self.hand_over(ctx, new);
@@ -174,7 +235,10 @@ impl IkeSa {
                         // peer destroys it on answering, so a lost answer would leave us
                         // retransmitting into the void: bound the wait.
                         self.enqueue(Pending::DeleteIke(DeleteReason::Rekeyed));
-                        self.timers.set(Timer::DeleteTimeout, ctx.now + rekeyed_delete_timeout(ctx.config));
+                        self.timers.set(
+                            Timer::DeleteTimeout,
+                            ctx.now + rekeyed_delete_timeout(ctx.config),
+                        );
                     }
                 }
             }
@@ -189,18 +253,38 @@ impl IkeSa {
 
     /// After our rekey failed: if the peer's colliding rekey completed, it is the new SA.
     pub(crate) fn conclude_passive_rekey(&mut self, ctx: &mut Ctx<'_>) -> bool {
-        let Some(p) = self.passive_rekey.take().filter(|p| p.new_sa.state != SaState::Dead) else { return false };
+        let Some(p) = self
+            .passive_rekey
+            .take()
+            .filter(|p| p.new_sa.state != SaState::Dead)
+        else {
+            return false;
+        };
         self.hand_over(ctx, p.new_sa);
-        self.timers.set(Timer::DeleteTimeout, ctx.now + rekeyed_delete_timeout(ctx.config));
+        self.timers.set(
+            Timer::DeleteTimeout,
+            ctx.now + rekeyed_delete_timeout(ctx.config),
+        );
         true
     }
 
-    fn complete_ike_rekey(&mut self, ctx: &mut Ctx<'_>, payloads: &[Payload], task: &IkeRekeyTask) -> Result<(IkeSa, Vec<u8>), Error> {
+    fn complete_ike_rekey(
+        &mut self,
+        ctx: &mut Ctx<'_>,
+        payloads: &[Payload],
+        task: &IkeRekeyTask,
+    ) -> Result<(IkeSa, Vec<u8>), Error> {
         let spi = self.spi;
         let ex = "CREATE_CHILD_SA";
         let peers = ctx.peers;
-        let cfg = self.peer_config(peers).ok_or(Error::NoProposalChosen { what: "IKE" })?;
-        let old = self.keys.as_ref().ok_or(Error::InvalidSyntax { spi, exchange: ex, what: "no keys" })?;
+        let cfg = self
+            .peer_config(peers)
+            .ok_or(Error::NoProposalChosen { what: "IKE" })?;
+        let old = self.keys.as_ref().ok_or(Error::InvalidSyntax {
+            spi,
+            exchange: ex,
+            what: "no keys",
+        })?;
         let sa = crate::init::one!(payloads, Sa, spi, ex, "SA")?;
         let ke = crate::init::one!(payloads, Ke, spi, ex, "KE")?;
         let nr = crate::init::one!(payloads, Nonce, spi, ex, "Nonce")?;
@@ -211,16 +295,40 @@ impl IkeSa {
             .and_then(|p| <[u8; 8]>::try_from(p.spi.as_slice()).ok())
             .map(|b| IkeSpi(u64::from_be_bytes(b)))
             .filter(|s| s.0 != 0)
-            .ok_or(Error::InvalidSyntax { spi, exchange: ex, what: "new responder SPI" })?;
+            .ok_or(Error::InvalidSyntax {
+                spi,
+                exchange: ex,
+                what: "new responder SPI",
+            })?;
         if algs.dh != task.ke.group() || ke.group != algs.dh.id().0 {
-            return Err(Error::InvalidSyntax { spi, exchange: ex, what: "KE group differs from the proposal" });
+            return Err(Error::InvalidSyntax {
+                spi,
+                exchange: ex,
+                what: "KE group differs from the proposal",
+            });
         }
-        let g_ir = task.ke.shared_secret(&ke.data).map_err(|source| Error::Crypto { spi, source })?;
-        // RFC 7296 §2.18: "it is the old IKE SA's PRF that is used to generate SKEYSEED".
-        let skeyseed = old.algs.prf.rekey_skeyseed(old.sk_d(), &g_ir, &task.ni, &nr.data);
-        let keys = IkeKeys::derive(algs, &skeyseed, &task.ni, &nr.data, task.new_spi.0, peer_spi.0)
+        let g_ir = task
+            .ke
+            .shared_secret(&ke.data)
             .map_err(|source| Error::Crypto { spi, source })?;
-        let spis = IkeSpis { initiator: task.new_spi, responder: peer_spi };
+        // RFC 7296 §2.18: "it is the old IKE SA's PRF that is used to generate SKEYSEED".
+        let skeyseed = old
+            .algs
+            .prf
+            .rekey_skeyseed(old.sk_d(), &g_ir, &task.ni, &nr.data);
+        let keys = IkeKeys::derive(
+            algs,
+            &skeyseed,
+            &task.ni,
+            &nr.data,
+            task.new_spi.0,
+            peer_spi.0,
+        )
+        .map_err(|source| Error::Crypto { spi, source })?;
+        let spis = IkeSpis {
+            initiator: task.new_spi,
+            responder: peer_spi,
+        };
         let mut new = self.successor(ctx, task.new_spi, spis, true, keys);
         new.ni = task.ni.clone();
         new.nr = nr.data.clone();
@@ -228,18 +336,32 @@ impl IkeSa {
     }
 
     /// Answers the peer's request to rekey this IKE SA.
-    pub(crate) fn on_ike_rekey_request(&mut self, ctx: &mut Ctx<'_>, id: u32, payloads: &[Payload]) {
+    pub(crate) fn on_ike_rekey_request(
+        &mut self,
+        ctx: &mut Ctx<'_>,
+        id: u32,
+        payloads: &[Payload],
+    ) {
         let ex = ExchangeType::CREATE_CHILD_SA;
         match self.answer_ike_rekey(ctx, payloads) {
             Ok((resp, new, lower)) => {
                 self.send_response(ctx, ex, id, &resp);
-                if matches!(self.active.as_ref().map(|a| &a.task), Some(Task::IkeRekey(_))) {
+                if matches!(
+                    self.active.as_ref().map(|a| &a.task),
+                    Some(Task::IkeRekey(_))
+                ) {
                     // Collision: our own rekey's answer decides which new SA survives.
                     debug!(ispi = %self.spis.initiator, "IKE SA rekey collision detected");
-                    self.passive_rekey = Some(Box::new(PassiveIkeRekey { new_sa: new, lower_nonce: lower }));
+                    self.passive_rekey = Some(Box::new(PassiveIkeRekey {
+                        new_sa: new,
+                        lower_nonce: lower,
+                    }));
                 } else {
                     self.hand_over(ctx, new);
-                    self.timers.set(Timer::DeleteTimeout, ctx.now + rekeyed_delete_timeout(ctx.config));
+                    self.timers.set(
+                        Timer::DeleteTimeout,
+                        ctx.now + rekeyed_delete_timeout(ctx.config),
+                    );
                 }
             }
             Err(e) => {
@@ -249,23 +371,41 @@ impl IkeSa {
         }
     }
 
-    fn answer_ike_rekey(&mut self, ctx: &mut Ctx<'_>, payloads: &[Payload]) -> Result<(Vec<Payload>, IkeSa, Vec<u8>), Error> {
+    fn answer_ike_rekey(
+        &mut self,
+        ctx: &mut Ctx<'_>,
+        payloads: &[Payload],
+    ) -> Result<(Vec<Payload>, IkeSa, Vec<u8>), Error> {
         let spi = self.spi;
         let ex = "CREATE_CHILD_SA";
         if self.state != SaState::Established || self.passive_rekey.is_some() {
-            return Err(Error::TemporaryFailure("IKE SA is not in a state to be rekeyed"));
+            return Err(Error::TemporaryFailure(
+                "IKE SA is not in a state to be rekeyed",
+            ));
         }
         // RFC 7296 §2.25.2: while we rekey or delete a CHILD_SA (or delete the IKE SA), an IKE
         // rekey request gets TEMPORARY_FAILURE.
-        if let Some(Task::Child(_) | Task::DeleteChildren(..) | Task::DeleteIke(_)) = self.active.as_ref().map(|a| &a.task) {
+        if let Some(Task::Child(_) | Task::DeleteChildren(..) | Task::DeleteIke(_)) =
+            self.active.as_ref().map(|a| &a.task)
+        {
             return Err(Error::TemporaryFailure("CHILD_SA exchange in progress"));
         }
-        if self.children.iter().any(|c| matches!(c.state, ChildState::Rekeying | ChildState::Deleting)) {
+        if self
+            .children
+            .iter()
+            .any(|c| matches!(c.state, ChildState::Rekeying | ChildState::Deleting))
+        {
             return Err(Error::TemporaryFailure("CHILD_SA exchange in progress"));
         }
         let peers = ctx.peers;
-        let cfg = self.peer_config(peers).ok_or(Error::NoProposalChosen { what: "IKE" })?;
-        let old = self.keys.as_ref().ok_or(Error::InvalidSyntax { spi, exchange: ex, what: "no keys" })?;
+        let cfg = self
+            .peer_config(peers)
+            .ok_or(Error::NoProposalChosen { what: "IKE" })?;
+        let old = self.keys.as_ref().ok_or(Error::InvalidSyntax {
+            spi,
+            exchange: ex,
+            what: "no keys",
+        })?;
         let sa = crate::init::one!(payloads, Sa, spi, ex, "SA")?;
         let ke = crate::init::one!(payloads, Ke, spi, ex, "KE")?;
         let ni = crate::init::one!(payloads, Nonce, spi, ex, "Nonce")?;
@@ -280,23 +420,40 @@ impl IkeSa {
             .and_then(|p| <[u8; 8]>::try_from(p.spi.as_slice()).ok())
             .map(|b| IkeSpi(u64::from_be_bytes(b)))
             .filter(|s| s.0 != 0)
-            .ok_or(Error::InvalidSyntax { spi, exchange: ex, what: "new initiator SPI" })?;
+            .ok_or(Error::InvalidSyntax {
+                spi,
+                exchange: ex,
+                what: "new initiator SPI",
+            })?;
         let our_ke = KeyExchange::generate(algs.dh, ctx.rng);
-        let g_ir = our_ke.shared_secret(&ke.data).map_err(|source| Error::Crypto { spi, source })?;
+        let g_ir = our_ke
+            .shared_secret(&ke.data)
+            .map_err(|source| Error::Crypto { spi, source })?;
         let nr = ctx.nonce();
-        let skeyseed = old.algs.prf.rekey_skeyseed(old.sk_d(), &g_ir, &ni.data, &nr);
+        let skeyseed = old
+            .algs
+            .prf
+            .rekey_skeyseed(old.sk_d(), &g_ir, &ni.data, &nr);
         let new_spi = ctx.alloc_ike_spi();
         let keys = IkeKeys::derive(algs, &skeyseed, &ni.data, &nr, peer_spi.0, new_spi.0)
             .map_err(|source| Error::Crypto { spi, source })?;
-        let spis = IkeSpis { initiator: peer_spi, responder: new_spi };
+        let spis = IkeSpis {
+            initiator: peer_spi,
+            responder: new_spi,
+        };
         let mut new = self.successor(ctx, new_spi, spis, false, keys);
         new.ni = ni.data.clone();
         new.nr = nr.clone();
         resp.spi = new_spi.0.to_be_bytes().to_vec();
         let out = vec![
-            Payload::Sa(SaPayload { proposals: vec![resp] }),
+            Payload::Sa(SaPayload {
+                proposals: vec![resp],
+            }),
             Payload::Nonce(NoncePayload { data: nr.clone() }),
-            Payload::Ke(KePayload { group: algs.dh.id().0, data: our_ke.public_value() }),
+            Payload::Ke(KePayload {
+                group: algs.dh.id().0,
+                data: our_ke.public_value(),
+            }),
         ];
         Ok((out, new, lower_nonce(&ni.data, &nr)))
     }

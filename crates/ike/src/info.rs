@@ -14,7 +14,12 @@ use wire::EspSpi;
 impl IkeSa {
     /// Sends a DELETE for CHILD_SAs (our inbound SPIs; SPIs without a local CHILD_SA are a
     /// half-created SA the peer installed).
-    pub(crate) fn start_delete_children(&mut self, ctx: &mut Ctx<'_>, spis: Vec<EspSpi>, reason: DeleteReason) -> Result<(), Error> {
+    pub(crate) fn start_delete_children(
+        &mut self,
+        ctx: &mut Ctx<'_>,
+        spis: Vec<EspSpi>,
+        reason: DeleteReason,
+    ) -> Result<(), Error> {
         if spis.is_empty() {
             return Ok(());
         }
@@ -23,13 +28,27 @@ impl IkeSa {
                 c.state = ChildState::Deleting;
             }
         }
-        let payloads = [Payload::Delete(DeletePayload { protocol: ProtocolId::ESP, spis: spis.iter().map(|s| s.0).collect() })];
-        self.send_request(ctx, ExchangeType::INFORMATIONAL, &payloads, Task::DeleteChildren(spis, reason))
+        let payloads = [Payload::Delete(DeletePayload {
+            protocol: ProtocolId::ESP,
+            spis: spis.iter().map(|s| s.0).collect(),
+        })];
+        self.send_request(
+            ctx,
+            ExchangeType::INFORMATIONAL,
+            &payloads,
+            Task::DeleteChildren(spis, reason),
+        )
     }
 
     /// The answer to our CHILD_SA DELETE: the pairs are gone (RFC 7296 §1.4.1: "the inbound SAs
     /// while processing the response").
-    pub(crate) fn on_delete_children_response(&mut self, ctx: &mut Ctx<'_>, _payloads: &[Payload], spis: &[EspSpi], reason: DeleteReason) {
+    pub(crate) fn on_delete_children_response(
+        &mut self,
+        ctx: &mut Ctx<'_>,
+        _payloads: &[Payload],
+        spis: &[EspSpi],
+        reason: DeleteReason,
+    ) {
         for s in spis {
             if self.children.iter().any(|c| c.inbound_spi == *s) {
                 self.remove_child(ctx, *s, reason);
@@ -40,17 +59,34 @@ impl IkeSa {
     }
 
     /// Sends a DELETE for the IKE SA.
-    pub(crate) fn start_delete_ike(&mut self, ctx: &mut Ctx<'_>, reason: DeleteReason) -> Result<(), Error> {
+    pub(crate) fn start_delete_ike(
+        &mut self,
+        ctx: &mut Ctx<'_>,
+        reason: DeleteReason,
+    ) -> Result<(), Error> {
         if self.state == SaState::Established {
             self.state = SaState::Deleting;
         }
         info!(ispi = %self.spis.initiator, ?reason, "deleting IKE SA");
-        let payloads = [Payload::Delete(DeletePayload { protocol: ProtocolId::IKE, spis: vec![] })];
-        self.send_request(ctx, ExchangeType::INFORMATIONAL, &payloads, Task::DeleteIke(reason))
+        let payloads = [Payload::Delete(DeletePayload {
+            protocol: ProtocolId::IKE,
+            spis: vec![],
+        })];
+        self.send_request(
+            ctx,
+            ExchangeType::INFORMATIONAL,
+            &payloads,
+            Task::DeleteIke(reason),
+        )
     }
 
     /// Answers an INFORMATIONAL request.
-    pub(crate) fn on_informational_request(&mut self, ctx: &mut Ctx<'_>, id: u32, payloads: &[Payload]) {
+    pub(crate) fn on_informational_request(
+        &mut self,
+        ctx: &mut Ctx<'_>,
+        id: u32,
+        payloads: &[Payload],
+    ) {
         let ex = ExchangeType::INFORMATIONAL;
         let deletes: Vec<&DeletePayload> = payloads
             .iter()
@@ -65,11 +101,17 @@ impl IkeSa {
             // A peer deleting this SA while its rekey of it is done here (ours still in flight)
             // won the collision: the CHILD_SAs move to its new SA first (RFC 7296 §2.8.2).
             self.conclude_passive_rekey(ctx);
-            let reason = if self.state == SaState::Rekeyed { DeleteReason::Rekeyed } else { DeleteReason::PeerRequest };
+            let reason = if self.state == SaState::Rekeyed {
+                DeleteReason::Rekeyed
+            } else {
+                DeleteReason::PeerRequest
+            };
             self.die(ctx, reason);
             return;
         }
-        if self.state == SaState::Established && find_notify(payloads, NotifyType::AUTHENTICATION_FAILED).is_some() {
+        if self.state == SaState::Established
+            && find_notify(payloads, NotifyType::AUTHENTICATION_FAILED).is_some()
+        {
             self.send_response(ctx, ex, id, &[]);
             self.die(ctx, DeleteReason::AuthFailed);
             return;
@@ -94,9 +136,14 @@ impl IkeSa {
                         t.old_deleted = true;
                     }
                 }
-                let reason = if was == ChildState::Rekeyed { DeleteReason::Rekeyed } else { DeleteReason::PeerRequest };
+                let reason = if was == ChildState::Rekeyed {
+                    DeleteReason::Rekeyed
+                } else {
+                    DeleteReason::PeerRequest
+                };
                 self.remove_child(ctx, inbound, reason);
-                self.queue.retain(|p| p != &crate::sa::Pending::RekeyChild(inbound));
+                self.queue
+                    .retain(|p| p != &crate::sa::Pending::RekeyChild(inbound));
                 // RFC 7296 §1.4.1: for a simultaneous delete the response MUST NOT include the
                 // SAs we are deleting ourselves.
                 if !we_delete_it {
@@ -107,7 +154,10 @@ impl IkeSa {
         let resp: Vec<Payload> = if ours.is_empty() {
             Vec::new()
         } else {
-            vec![Payload::Delete(DeletePayload { protocol: ProtocolId::ESP, spis: ours })]
+            vec![Payload::Delete(DeletePayload {
+                protocol: ProtocolId::ESP,
+                spis: ours,
+            })]
         };
         self.send_response(ctx, ex, id, &resp);
     }

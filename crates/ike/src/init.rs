@@ -11,14 +11,14 @@ use crate::{
     proposal::{check_ike_response, ike_offer, select_ike},
     sa::{first_error, Ctx, IkeSa, Nat, Setup, Task},
     timer::Timer,
-    Error,
+    Error, IkeDrop,
 };
 use crypto::{DhGroup, KeyExchange};
 use std::net::{IpAddr, SocketAddr};
 use tracing::{debug, info, warn};
 use wire::ike::{
-    find_notify, ExchangeType, Flags, Header, KePayload, Message, NoncePayload, NotifyPayload, NotifyType, Payload,
-    SaPayload,
+    find_notify, ExchangeType, Flags, Header, KePayload, Message, NoncePayload, NotifyPayload,
+    NotifyType, Payload, SaPayload,
 };
 use wire::IkeSpi;
 
@@ -44,7 +44,11 @@ macro_rules! one {
         });
         match (it.next(), it.next()) {
             (Some(x), None) => Ok(x),
-            _ => Err(Error::InvalidSyntax { spi: $spi, exchange: $ex, what: $what }),
+            _ => Err(Error::InvalidSyntax {
+                spi: $spi,
+                exchange: $ex,
+                what: $what,
+            }),
         }
     }};
 }
@@ -64,34 +68,69 @@ fn our_source_hash(ctx: &mut Ctx<'_>, spi_i: u64, spi_r: u64, local: SocketAddr)
 
 /// Evaluates the peer's NAT_DETECTION_* notifies (RFC 7296 §2.23). `None` if the peer sent
 /// none (no NAT-T support).
-fn detect_nat(payloads: &[Payload], spi_i: u64, spi_r: u64, local: SocketAddr, remote: SocketAddr) -> Option<Nat> {
-    let mut src = crate::sa::notifies(payloads).filter(|n| n.ty == NotifyType::NAT_DETECTION_SOURCE_IP).peekable();
+fn detect_nat(
+    payloads: &[Payload],
+    spi_i: u64,
+    spi_r: u64,
+    local: SocketAddr,
+    remote: SocketAddr,
+) -> Option<Nat> {
+    let mut src = crate::sa::notifies(payloads)
+        .filter(|n| n.ty == NotifyType::NAT_DETECTION_SOURCE_IP)
+        .peekable();
     let dst = find_notify(payloads, NotifyType::NAT_DETECTION_DESTINATION_IP)?;
     src.peek()?;
     let remote_hash = nat_hash(spi_i, spi_r, remote);
     let local_hash = nat_hash(spi_i, spi_r, local);
     let remote_ok = src.any(|n| n.data == remote_hash);
-    Some(Nat { local: dst.data != local_hash, remote: !remote_ok })
+    Some(Nat {
+        local: dst.data != local_hash,
+        remote: !remote_ok,
+    })
 }
 
 impl IkeSa {
     /// Creates an initiator SA and sends IKE_SA_INIT.
-    pub(crate) fn initiate(ctx: &mut Ctx<'_>, cfg: &PeerConfig, local: SocketAddr, remote: SocketAddr) -> Result<IkeSa, Error> {
+    pub(crate) fn initiate(
+        ctx: &mut Ctx<'_>,
+        cfg: &PeerConfig,
+        local: SocketAddr,
+        remote: SocketAddr,
+    ) -> Result<IkeSa, Error> {
         let spi = ctx.alloc_ike_spi();
         let group = cfg
             .ike_proposals
             .first()
             .and_then(|p| p.dh.first())
             .copied()
-            .ok_or(Error::Config { what: "IKE proposal", value: cfg.name.clone(), reason: "no proposals".into() })?;
-        let spis = IkeSpis { initiator: spi, responder: IkeSpi(0) };
+            .ok_or(Error::Config {
+                what: "IKE proposal",
+                value: cfg.name.clone(),
+                reason: "no proposals".into(),
+            })?;
+        let spis = IkeSpis {
+            initiator: spi,
+            responder: IkeSpi(0),
+        };
         let mut sa = IkeSa::blank(ctx.now, spi, spis, true, local, remote);
         sa.tunnel = Some(cfg.id);
         sa.ni = ctx.nonce();
         let ke = KeyExchange::generate(group, ctx.rng);
         info!(ispi = %spi, tunnel = cfg.name, %remote, "initiating IKE SA");
-        ctx.out.events.push_back(Event::IkeSaConnecting { tunnel: Some(cfg.id), ike: spis, remote });
-        sa.send_init(ctx, cfg, InitTask { ke, cookie: None, retries: 0 });
+        ctx.out.events.push_back(Event::IkeSaConnecting {
+            tunnel: Some(cfg.id),
+            ike: spis,
+            remote,
+        });
+        sa.send_init(
+            ctx,
+            cfg,
+            InitTask {
+                ke,
+                cookie: None,
+                retries: 0,
+            },
+        );
         Ok(sa)
     }
 
@@ -99,17 +138,43 @@ impl IkeSa {
         let mut payloads = Vec::new();
         if let Some(c) = &task.cookie {
             // RFC 7296 §2.6: the COOKIE notify MUST be the first payload of the retried request.
-            payloads.push(Payload::Notify(NotifyPayload::new(NotifyType::COOKIE, c.clone())));
+            payloads.push(Payload::Notify(NotifyPayload::new(
+                NotifyType::COOKIE,
+                c.clone(),
+            )));
         }
-        payloads.push(Payload::Sa(SaPayload { proposals: ike_offer(&cfg.ike_proposals, &[], Some(task.ke.group())) }));
-        payloads.push(Payload::Ke(KePayload { group: task.ke.group().id().0, data: task.ke.public_value() }));
-        payloads.push(Payload::Nonce(NoncePayload { data: self.ni.clone() }));
+        payloads.push(Payload::Sa(SaPayload {
+            proposals: ike_offer(&cfg.ike_proposals, &[], Some(task.ke.group())),
+        }));
+        payloads.push(Payload::Ke(KePayload {
+            group: task.ke.group().id().0,
+            data: task.ke.public_value(),
+        }));
+        payloads.push(Payload::Nonce(NoncePayload {
+            data: self.ni.clone(),
+        }));
         let src = our_source_hash(ctx, self.spis.initiator.0, 0, self.local);
-        payloads.push(Payload::Notify(NotifyPayload::new(NotifyType::NAT_DETECTION_SOURCE_IP, src)));
+        payloads.push(Payload::Notify(NotifyPayload::new(
+            NotifyType::NAT_DETECTION_SOURCE_IP,
+            src,
+        )));
         let dst = nat_hash(self.spis.initiator.0, 0, self.remote);
-        payloads.push(Payload::Notify(NotifyPayload::new(NotifyType::NAT_DETECTION_DESTINATION_IP, dst)));
-        let header = Header::new(self.spis.initiator, IkeSpi(0), ExchangeType::IKE_SA_INIT, Flags::new(true, false), 0);
-        let msg = Message { header, payloads, encrypted: None };
+        payloads.push(Payload::Notify(NotifyPayload::new(
+            NotifyType::NAT_DETECTION_DESTINATION_IP,
+            dst,
+        )));
+        let header = Header::new(
+            self.spis.initiator,
+            IkeSpi(0),
+            ExchangeType::IKE_SA_INIT,
+            Flags::new(true, false),
+            0,
+        );
+        let msg = Message {
+            header,
+            payloads,
+            encrypted: None,
+        };
         let mut bytes = Vec::new();
         if let Err(e) = msg.emit(&mut bytes) {
             warn!(ispi = %self.spis.initiator, error = %e, "cannot encode IKE_SA_INIT");
@@ -154,9 +219,10 @@ impl IkeSa {
                 .ok()
                 .and_then(|b| DhGroup::from_id(crypto::transform::KeId(u16::from_be_bytes(b))));
             match wanted {
-                Some(g) if task.retries < MAX_INIT_RETRIES
-                    && g != task.ke.group()
-                    && cfg.ike_proposals.iter().any(|p| p.dh.contains(&g)) =>
+                Some(g)
+                    if task.retries < MAX_INIT_RETRIES
+                        && g != task.ke.group()
+                        && cfg.ike_proposals.iter().any(|p| p.dh.contains(&g)) =>
                 {
                     // RFC 7296 §1.2/§2.6.1: retry with the requested group (same SPI, as
                     // strongSwan does; the cookie, if any, is kept).
@@ -174,6 +240,7 @@ impl IkeSa {
         }
         if let Err(what) = crate::rules::check(ExchangeType::IKE_SA_INIT, true, &msg.payloads) {
             warn!(ispi = %self.spis.initiator, what, "invalid IKE_SA_INIT response");
+            ctx.stats.count(IkeDrop::InitInvalid);
             self.die(ctx, DeleteReason::NegotiationFailed);
             return;
         }
@@ -186,6 +253,7 @@ impl IkeSa {
             Ok(()) => self.start_auth(ctx),
             Err(e) => {
                 warn!(ispi = %self.spis.initiator, error = %e, "invalid IKE_SA_INIT response");
+                ctx.stats.count(IkeDrop::InitInvalid);
                 self.die(ctx, DeleteReason::NegotiationFailed);
             }
         }
@@ -205,24 +273,51 @@ impl IkeSa {
         let ex = "IKE_SA_INIT";
         let spi = self.spi;
         if msg.header.rspi.0 == 0 {
-            return Err(Error::InvalidSyntax { spi, exchange: ex, what: "responder SPI is zero" });
+            return Err(Error::InvalidSyntax {
+                spi,
+                exchange: ex,
+                what: "responder SPI is zero",
+            });
         }
         let sa = one!(msg.payloads, Sa, spi, ex, "SA")?;
         let ke = one!(msg.payloads, Ke, spi, ex, "KE")?;
         let nr = one!(msg.payloads, Nonce, spi, ex, "Nonce")?;
         let algs = check_ike_response(&cfg.ike_proposals, &sa.proposals, 0)?;
         if algs.dh != task.ke.group() || ke.group != algs.dh.id().0 {
-            return Err(Error::InvalidSyntax { spi, exchange: ex, what: "KE group differs from the proposal" });
+            return Err(Error::InvalidSyntax {
+                spi,
+                exchange: ex,
+                what: "KE group differs from the proposal",
+            });
         }
-        let g_ir = task.ke.shared_secret(&ke.data).map_err(|source| Error::Crypto { spi, source })?;
+        let g_ir = task
+            .ke
+            .shared_secret(&ke.data)
+            .map_err(|source| Error::Crypto { spi, source })?;
         self.spis.responder = msg.header.rspi;
         self.nr = nr.data.clone();
         let skeyseed = algs.prf.skeyseed(&self.ni, &self.nr, &g_ir);
-        let keys = IkeKeys::derive(algs, &skeyseed, &self.ni, &self.nr, self.spis.initiator.0, self.spis.responder.0)
-            .map_err(|source| Error::Crypto { spi, source })?;
+        let keys = IkeKeys::derive(
+            algs,
+            &skeyseed,
+            &self.ni,
+            &self.nr,
+            self.spis.initiator.0,
+            self.spis.responder.0,
+        )
+        .map_err(|source| Error::Crypto { spi, source })?;
         self.keys = Some(keys);
-        self.setup = Some(Setup { our_init: request, peer_init: data.to_vec() });
-        if let Some(mut nat) = detect_nat(&msg.payloads, self.spis.initiator.0, self.spis.responder.0, local, remote) {
+        self.setup = Some(Setup {
+            our_init: request,
+            peer_init: data.to_vec(),
+        });
+        if let Some(mut nat) = detect_nat(
+            &msg.payloads,
+            self.spis.initiator.0,
+            self.spis.responder.0,
+            local,
+            remote,
+        ) {
             nat.local |= ctx.config.force_encap;
             self.nat = nat;
         }
@@ -272,7 +367,10 @@ impl IkeSa {
             hex(ar),
             integ
         );
-        ctx.out.events.push_back(Event::KeyLog { ike: self.spis, line });
+        ctx.out.events.push_back(Event::KeyLog {
+            ike: self.spis,
+            line,
+        });
     }
 }
 
@@ -292,15 +390,34 @@ pub(crate) fn address_match(cfg: &PeerConfig, local: IpAddr, remote: IpAddr) -> 
 
 /// Tunnels whose addresses admit the peer, best match first.
 pub(crate) fn candidates<'p>(ctx: &Ctx<'p>, local: IpAddr, remote: IpAddr) -> Vec<&'p PeerConfig> {
-    let mut v: Vec<(u8, &PeerConfig)> =
-        ctx.peers.values().filter_map(|c| address_match(c, local, remote).map(|s| (s, c))).collect();
+    let mut v: Vec<(u8, &PeerConfig)> = ctx
+        .peers
+        .values()
+        .filter_map(|c| address_match(c, local, remote).map(|s| (s, c)))
+        .collect();
     v.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.id.cmp(&b.1.id)));
     v.into_iter().map(|(_, c)| c).collect()
 }
 
-fn stateless_reply(ctx: &mut Ctx<'_>, local: SocketAddr, remote: SocketAddr, request: &Header, notify: NotifyPayload) {
-    let header = Header::new(request.ispi, IkeSpi(0), ExchangeType::IKE_SA_INIT, Flags::new(false, true), 0);
-    let msg = Message { header, payloads: vec![Payload::Notify(notify)], encrypted: None };
+fn stateless_reply(
+    ctx: &mut Ctx<'_>,
+    local: SocketAddr,
+    remote: SocketAddr,
+    request: &Header,
+    notify: NotifyPayload,
+) {
+    let header = Header::new(
+        request.ispi,
+        IkeSpi(0),
+        ExchangeType::IKE_SA_INIT,
+        Flags::new(false, true),
+        0,
+    );
+    let msg = Message {
+        header,
+        payloads: vec![Payload::Notify(notify)],
+        encrypted: None,
+    };
     let mut bytes = Vec::new();
     if msg.emit(&mut bytes).is_ok() {
         ctx.send(local, remote, bytes);
@@ -308,9 +425,21 @@ fn stateless_reply(ctx: &mut Ctx<'_>, local: SocketAddr, remote: SocketAddr, req
 }
 
 /// Answers an IKE_SA_INIT request that failed to parse with `error` (stateless).
-pub(crate) fn reject_unparsable(ctx: &mut Ctx<'_>, local: SocketAddr, remote: SocketAddr, header: &Header, error: &Error) {
+pub(crate) fn reject_unparsable(
+    ctx: &mut Ctx<'_>,
+    local: SocketAddr,
+    remote: SocketAddr,
+    header: &Header,
+    error: &Error,
+) {
     if let Some(ty) = error.notify() {
-        stateless_reply(ctx, local, remote, header, NotifyPayload::new(ty, error.notify_data()));
+        stateless_reply(
+            ctx,
+            local,
+            remote,
+            header,
+            NotifyPayload::new(ty, error.notify_data()),
+        );
     }
 }
 
@@ -328,13 +457,25 @@ pub(crate) fn respond_init(
     let ex = "IKE_SA_INIT";
     let h = &msg.header;
     // RFC 7296 §3.1: the initial request has message ID 0, the I flag, and a zero responder SPI.
-    if h.message_id != 0 || !h.flags.initiator() || h.rspi.0 != 0 || h.ispi.0 == 0 || msg.encrypted.is_some() {
+    if h.message_id != 0
+        || !h.flags.initiator()
+        || h.rspi.0 != 0
+        || h.ispi.0 == 0
+        || msg.encrypted.is_some()
+    {
+        debug!(%remote, "dropping IKE_SA_INIT request with invalid header fields");
+        ctx.stats.count(IkeDrop::Malformed);
         return None;
     }
     let spi0 = IkeSpi(0);
     if let Err(what) = crate::rules::check(ExchangeType::IKE_SA_INIT, false, &msg.payloads) {
-        let e = Error::InvalidSyntax { spi: spi0, exchange: ex, what };
+        let e = Error::InvalidSyntax {
+            spi: spi0,
+            exchange: ex,
+            what,
+        };
         debug!(%remote, error = %e, "rejecting IKE_SA_INIT");
+        ctx.stats.count(IkeDrop::InitInvalid);
         reject_unparsable(ctx, local, remote, h, &e);
         return None;
     }
@@ -349,16 +490,26 @@ pub(crate) fn respond_init(
         Ok(p) => p,
         Err(e) => {
             debug!(%remote, error = %e, "rejecting IKE_SA_INIT");
+            ctx.stats.count(IkeDrop::InitInvalid);
             reject_unparsable(ctx, local, remote, h, &e);
             return None;
         }
     };
     if demand_cookie {
-        let ok = msg.notify(NotifyType::COOKIE).is_some_and(|c| cookies.verify(&c.data, &ni.data, remote.ip(), h.ispi.0));
+        let ok = msg
+            .notify(NotifyType::COOKIE)
+            .is_some_and(|c| cookies.verify(&c.data, &ni.data, remote.ip(), h.ispi.0));
         if !ok {
             debug!(%remote, "demanding a cookie");
+            ctx.stats.count(IkeDrop::InitCookieDemanded);
             let cookie = cookies.make(&ni.data, remote.ip(), h.ispi.0);
-            stateless_reply(ctx, local, remote, h, NotifyPayload::new(NotifyType::COOKIE, cookie));
+            stateless_reply(
+                ctx,
+                local,
+                remote,
+                h,
+                NotifyPayload::new(NotifyType::COOKIE, cookie),
+            );
             return None;
         }
     }
@@ -371,7 +522,14 @@ pub(crate) fn respond_init(
     }
     let Some((cfg, algs, resp)) = chosen else {
         debug!(%remote, "no acceptable IKE proposal");
-        stateless_reply(ctx, local, remote, h, NotifyPayload::new(NotifyType::NO_PROPOSAL_CHOSEN, vec![]));
+        ctx.stats.count(IkeDrop::InitNoProposal);
+        stateless_reply(
+            ctx,
+            local,
+            remote,
+            h,
+            NotifyPayload::new(NotifyType::NO_PROPOSAL_CHOSEN, vec![]),
+        );
         return None;
     };
     if ke.group != algs.dh.id().0 {
@@ -379,7 +537,14 @@ pub(crate) fn respond_init(
         // INVALID_KE_PAYLOAD naming the group it wants.
         let e = Error::InvalidKePayload { wanted: algs.dh };
         debug!(%remote, wanted = ?algs.dh, "invalid KE payload group");
-        stateless_reply(ctx, local, remote, h, NotifyPayload::new(NotifyType::INVALID_KE_PAYLOAD, e.notify_data()));
+        ctx.stats.count(IkeDrop::InitInvalidKe);
+        stateless_reply(
+            ctx,
+            local,
+            remote,
+            h,
+            NotifyPayload::new(NotifyType::INVALID_KE_PAYLOAD, e.notify_data()),
+        );
         return None;
     }
     let our_ke = KeyExchange::generate(algs.dh, ctx.rng);
@@ -388,21 +553,33 @@ pub(crate) fn respond_init(
         Err(source) => {
             let e = Error::Crypto { spi: spi0, source };
             debug!(%remote, error = %e, "bad KE public value");
+            ctx.stats.count(IkeDrop::InitInvalid);
             reject_unparsable(ctx, local, remote, h, &e);
             return None;
         }
     };
     let spi = ctx.alloc_ike_spi();
-    let spis = IkeSpis { initiator: h.ispi, responder: spi };
+    let spis = IkeSpis {
+        initiator: h.ispi,
+        responder: spi,
+    };
     let mut new = IkeSa::blank(ctx.now, spi, spis, false, local, remote);
     new.candidate = Some(cfg.id);
     new.ni = ni.data.clone();
     new.nr = ctx.nonce();
     let skeyseed = algs.prf.skeyseed(&new.ni, &new.nr, &g_ir);
-    match IkeKeys::derive(algs, &skeyseed, &new.ni, &new.nr, spis.initiator.0, spis.responder.0) {
+    match IkeKeys::derive(
+        algs,
+        &skeyseed,
+        &new.ni,
+        &new.nr,
+        spis.initiator.0,
+        spis.responder.0,
+    ) {
         Ok(k) => new.keys = Some(k),
         Err(e) => {
             warn!(error = %e, "cannot key IKE SA");
+            ctx.stats.count(IkeDrop::InitInvalid);
             return None;
         }
     }
@@ -413,32 +590,67 @@ pub(crate) fn respond_init(
     let mut resp = resp;
     resp.spi.clear();
     let mut payloads = vec![
-        Payload::Sa(SaPayload { proposals: vec![resp] }),
-        Payload::Ke(KePayload { group: algs.dh.id().0, data: our_ke.public_value() }),
-        Payload::Nonce(NoncePayload { data: new.nr.clone() }),
+        Payload::Sa(SaPayload {
+            proposals: vec![resp],
+        }),
+        Payload::Ke(KePayload {
+            group: algs.dh.id().0,
+            data: our_ke.public_value(),
+        }),
+        Payload::Nonce(NoncePayload {
+            data: new.nr.clone(),
+        }),
     ];
     if find_notify(&msg.payloads, NotifyType::NAT_DETECTION_SOURCE_IP).is_some() {
         let src = our_source_hash(ctx, spis.initiator.0, spis.responder.0, local);
-        payloads.push(Payload::Notify(NotifyPayload::new(NotifyType::NAT_DETECTION_SOURCE_IP, src)));
+        payloads.push(Payload::Notify(NotifyPayload::new(
+            NotifyType::NAT_DETECTION_SOURCE_IP,
+            src,
+        )));
         let dst = nat_hash(spis.initiator.0, spis.responder.0, remote);
-        payloads.push(Payload::Notify(NotifyPayload::new(NotifyType::NAT_DETECTION_DESTINATION_IP, dst)));
+        payloads.push(Payload::Notify(NotifyPayload::new(
+            NotifyType::NAT_DETECTION_DESTINATION_IP,
+            dst,
+        )));
     }
-    let header = Header::new(spis.initiator, spis.responder, ExchangeType::IKE_SA_INIT, Flags::new(false, true), 0);
-    let reply = Message { header, payloads, encrypted: None };
+    let header = Header::new(
+        spis.initiator,
+        spis.responder,
+        ExchangeType::IKE_SA_INIT,
+        Flags::new(false, true),
+        0,
+    );
+    let reply = Message {
+        header,
+        payloads,
+        encrypted: None,
+    };
     let mut bytes = Vec::new();
-    if reply.emit(&mut bytes).is_err() {
+    if let Err(e) = reply.emit(&mut bytes) {
+        warn!(error = %e, "cannot encode IKE_SA_INIT response");
+        ctx.stats.count(IkeDrop::InitInvalid);
         return None;
     }
     ctx.send(local, remote, bytes.clone());
-    new.setup = Some(Setup { our_init: bytes.clone(), peer_init: data.to_vec() });
+    new.setup = Some(Setup {
+        our_init: bytes.clone(),
+        peer_init: data.to_vec(),
+    });
     new.last_response = Some((0, bytes));
     new.next_peer_id = 1;
     new.last_received = ctx.now;
     new.last_sent = ctx.now;
     new.half_open_key = Some((h.ispi, remote));
-    new.timers.set(Timer::HalfOpenExpiry, ctx.now + ctx.config.half_open_timeout);
+    new.timers.set(
+        Timer::HalfOpenExpiry,
+        ctx.now + ctx.config.half_open_timeout,
+    );
     info!(ispi = %spis.initiator, rspi = %spis.responder, %remote, proposal = algs.name(), "IKE_SA_INIT answered");
-    ctx.out.events.push_back(Event::IkeSaConnecting { tunnel: None, ike: spis, remote });
+    ctx.out.events.push_back(Event::IkeSaConnecting {
+        tunnel: None,
+        ike: spis,
+        remote,
+    });
     new.log_keys(ctx);
     Some(new)
 }

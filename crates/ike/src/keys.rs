@@ -21,13 +21,19 @@ pub(crate) struct IkeKeys {
 
 impl core::fmt::Debug for IkeKeys {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        f.debug_struct("IkeKeys").field("algs", &self.algs).finish_non_exhaustive()
+        f.debug_struct("IkeKeys")
+            .field("algs", &self.algs)
+            .finish_non_exhaustive()
     }
 }
 
 impl IkeKeys {
     fn lens(algs: &IkeAlgs) -> (usize, usize, usize) {
-        (algs.prf.output_len(), algs.integ.map_or(0, |i| i.key_len()), algs.encr.keymat_len())
+        (
+            algs.prf.output_len(),
+            algs.integ.map_or(0, |i| i.key_len()),
+            algs.encr.keymat_len(),
+        )
     }
 
     /// Total keymat length for `algs`.
@@ -38,18 +44,34 @@ impl IkeKeys {
 
     /// {SK_d | SK_ai | SK_ar | SK_ei | SK_er | SK_pi | SK_pr} = prf+(SKEYSEED, Ni | Nr | SPIi | SPIr)
     /// (RFC 7296 §2.14).
-    pub(crate) fn derive(algs: IkeAlgs, skeyseed: &[u8], ni: &[u8], nr: &[u8], spi_i: u64, spi_r: u64) -> Result<Self, crypto::Error> {
+    pub(crate) fn derive(
+        algs: IkeAlgs,
+        skeyseed: &[u8],
+        ni: &[u8],
+        nr: &[u8],
+        spi_i: u64,
+        spi_r: u64,
+    ) -> Result<Self, crypto::Error> {
         let len = Self::keymat_len(&algs);
-        let keymat =
-            algs.prf.prf_plus_parts(skeyseed, &[ni, nr, &spi_i.to_be_bytes(), &spi_r.to_be_bytes()], len);
+        let keymat = algs.prf.prf_plus_parts(
+            skeyseed,
+            &[ni, nr, &spi_i.to_be_bytes(), &spi_r.to_be_bytes()],
+            len,
+        );
         Self::from_keymat(algs, keymat)
     }
 
     /// Rebuilds the ciphers from stored keymat.
-    pub(crate) fn from_keymat(algs: IkeAlgs, keymat: Zeroizing<Vec<u8>>) -> Result<Self, crypto::Error> {
+    pub(crate) fn from_keymat(
+        algs: IkeAlgs,
+        keymat: Zeroizing<Vec<u8>>,
+    ) -> Result<Self, crypto::Error> {
         let (p, a, e) = Self::lens(&algs);
         if keymat.len() != 3 * p + 2 * a + 2 * e {
-            return Err(crypto::Error::Length { what: "IKE keymat", len: keymat.len() });
+            return Err(crypto::Error::Length {
+                what: "IKE keymat",
+                len: keymat.len(),
+            });
         }
         let sk_ai = &keymat[p..p + a];
         let sk_ar = &keymat[p + a..p + 2 * a];
@@ -57,7 +79,12 @@ impl IkeKeys {
         let sk_er = &keymat[p + 2 * a + e..p + 2 * a + 2 * e];
         let cipher_i = SaCipher::new(algs.encr, sk_ei, algs.integ.map(|i| (i, sk_ai)))?;
         let cipher_r = SaCipher::new(algs.encr, sk_er, algs.integ.map(|i| (i, sk_ar)))?;
-        Ok(Self { algs, keymat, cipher_i, cipher_r })
+        Ok(Self {
+            algs,
+            keymat,
+            cipher_i,
+            cipher_r,
+        })
     }
 
     /// The raw keymat (for snapshots and the key log).
@@ -67,7 +94,16 @@ impl IkeKeys {
 
     fn part(&self, index: usize) -> &[u8] {
         let (p, a, e) = Self::lens(&self.algs);
-        let bounds = [0, p, p + a, p + 2 * a, p + 2 * a + e, p + 2 * a + 2 * e, 2 * p + 2 * a + 2 * e, 3 * p + 2 * a + 2 * e];
+        let bounds = [
+            0,
+            p,
+            p + a,
+            p + 2 * a,
+            p + 2 * a + e,
+            p + 2 * a + 2 * e,
+            2 * p + 2 * a + 2 * e,
+            3 * p + 2 * a + 2 * e,
+        ];
         &self.keymat[bounds[index]..bounds[index + 1]]
     }
 
@@ -118,7 +154,14 @@ pub(crate) struct ChildKeyMat {
 
 impl ChildKeyMat {
     /// KEYMAT = prf+(SK_d, [g^ir (new) |] Ni | Nr) (RFC 7296 §2.17).
-    pub(crate) fn derive(prf: Prf, sk_d: &[u8], algs: &EspAlgs, g_ir: Option<&[u8]>, ni: &[u8], nr: &[u8]) -> Self {
+    pub(crate) fn derive(
+        prf: Prf,
+        sk_d: &[u8],
+        algs: &EspAlgs,
+        g_ir: Option<&[u8]>,
+        ni: &[u8],
+        nr: &[u8],
+    ) -> Self {
         let e = algs.encr.keymat_len();
         let a = algs.integ.map_or(0, |i| i.key_len());
         let km = prf.child_keymat(sk_d, g_ir, ni, nr, 2 * (e + a));
@@ -158,7 +201,14 @@ const KEY_PAD: &[u8] = b"Key Pad for IKEv2";
 /// AUTH = prf(prf(Shared Secret, "Key Pad for IKEv2"), <SignedOctets>), where SignedOctets =
 /// RealMessage | Nonce | prf(SK_p, ID') (RFC 7296 §2.15). `real_message` is the sender's
 /// IKE_SA_INIT message, `nonce` the other side's nonce, `id_body` the sender's ID payload body.
-pub(crate) fn psk_auth(prf: Prf, psk: &[u8], sk_p: &[u8], real_message: &[u8], nonce: &[u8], id_body: &[u8]) -> Zeroizing<Vec<u8>> {
+pub(crate) fn psk_auth(
+    prf: Prf,
+    psk: &[u8],
+    sk_p: &[u8],
+    real_message: &[u8],
+    nonce: &[u8],
+    id_body: &[u8],
+) -> Zeroizing<Vec<u8>> {
     let maced_id = prf.prf(sk_p, id_body);
     let key = prf.prf(psk, KEY_PAD);
     prf.prf_parts(&key, &[real_message, nonce, &maced_id])
@@ -198,17 +248,28 @@ impl CookieSecrets {
     pub(crate) const ROTATE: std::time::Duration = std::time::Duration::from_secs(120);
 
     pub(crate) fn new() -> Self {
-        Self { current: (0, Zeroizing::new([0; 32])), previous: None, rotated_at: None }
+        Self {
+            current: (0, Zeroizing::new([0; 32])),
+            previous: None,
+            rotated_at: None,
+        }
     }
 
     /// Replaces the secret if it is older than [`ROTATE`](Self::ROTATE) (or was never drawn).
     pub(crate) fn maybe_rotate(&mut self, now: std::time::Instant, rng: &mut dyn crypto::Rng) {
-        if self.rotated_at.is_some_and(|t| now.saturating_duration_since(t) < Self::ROTATE) {
+        if self
+            .rotated_at
+            .is_some_and(|t| now.saturating_duration_since(t) < Self::ROTATE)
+        {
             return;
         }
         let mut secret = Zeroizing::new([0u8; 32]);
         rng.fill(&mut secret[..]);
-        let version = if self.rotated_at.is_some() { self.current.0.wrapping_add(1) } else { 0 };
+        let version = if self.rotated_at.is_some() {
+            self.current.0.wrapping_add(1)
+        } else {
+            0
+        };
         let old = core::mem::replace(&mut self.current, (version, secret));
         self.previous = self.rotated_at.map(|_| old);
         self.rotated_at = Some(now);
@@ -232,8 +293,16 @@ impl CookieSecrets {
     }
 
     /// True if `cookie` was made by [`make`](Self::make) with the current or previous secret.
-    pub(crate) fn verify(&self, cookie: &[u8], ni: &[u8], ip: std::net::IpAddr, spi_i: u64) -> bool {
-        let Some(&version) = cookie.first() else { return false };
+    pub(crate) fn verify(
+        &self,
+        cookie: &[u8],
+        ni: &[u8],
+        ip: std::net::IpAddr,
+        spi_i: u64,
+    ) -> bool {
+        let Some(&version) = cookie.first() else {
+            return false;
+        };
         [Some(&self.current), self.previous.as_ref()]
             .into_iter()
             .flatten()

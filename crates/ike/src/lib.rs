@@ -13,6 +13,8 @@
 //!    marker, except to the one-byte NAT keepalive `0xFF`), then [`Endpoint::poll_event`] (SA
 //!    lifecycle events, including CHILD_SA keys for the data path), then read
 //!    [`Endpoint::poll_timeout`] for the next wake-up.
+//! 3. At any time, [`Endpoint::stats`] counts every received datagram that was dropped or
+//!    refused, by [`IkeDrop`] reason (for status documents and metrics).
 //!
 //! # Structure
 //! `endpoint` demultiplexes by SPI and runs the stateless IKE_SA_INIT front; `sa` holds one
@@ -36,15 +38,19 @@ mod protect;
 mod rules;
 mod sa;
 mod snapshot;
+mod stats;
 mod timer;
 
 #[cfg(test)]
 mod unit_tests;
 
 pub use config::{
-    DpdAction, EndpointConfig, EspProposal, IkeProposal, Identity, PeerConfig, StartAction,
+    DpdAction, EndpointConfig, EspProposal, Identity, IkeProposal, PeerConfig, StartAction,
     TrafficSelector, TunnelId,
 };
 pub use endpoint::Endpoint;
 pub use error::Error;
-pub use event::{ChildKeys, ChildSaInfo, ChildSaStatus, DeleteReason, Event, IkeSaState, IkeSaStatus, IkeSpis};
+pub use event::{
+    ChildKeys, ChildSaInfo, ChildSaStatus, DeleteReason, Event, IkeSaState, IkeSaStatus, IkeSpis,
+};
+pub use stats::{IkeDrop, IkeStats};

@@ -3,7 +3,7 @@
 //! proposals in configured order and takes the first that the peer also offers; within a
 //! proposal, algorithms are taken in our order.
 
-use crate::{EspProposal, Error, IkeProposal};
+use crate::{Error, EspProposal, IkeProposal};
 use crypto::transform::{EncrId, EsnId, IntegId, KeId};
 use crypto::{DhGroup, Encr, Integ, Prf};
 use wire::ike::{Proposal, ProtocolId, Transform, TransformType};
@@ -117,13 +117,25 @@ fn encr_transform(e: Encr) -> Transform {
 
 /// Our IKE proposals as SA payload proposals; `spi` is empty in IKE_SA_INIT and our new SPI
 /// when rekeying (RFC 7296 §2.18). `group_first` moves a group to the front (INVALID_KE retry).
-pub(crate) fn ike_offer(cfg: &[IkeProposal], spi: &[u8], group_first: Option<DhGroup>) -> Vec<Proposal> {
+pub(crate) fn ike_offer(
+    cfg: &[IkeProposal],
+    spi: &[u8],
+    group_first: Option<DhGroup>,
+) -> Vec<Proposal> {
     cfg.iter()
         .enumerate()
         .map(|(n, p)| {
             let mut t: Vec<Transform> = p.encr.iter().map(|e| encr_transform(*e)).collect();
-            t.extend(p.prf.iter().map(|f| Transform::new(TransformType::PRF, f.id().0)));
-            t.extend(p.integ.iter().map(|i| Transform::new(TransformType::INTEG, i.id().0)));
+            t.extend(
+                p.prf
+                    .iter()
+                    .map(|f| Transform::new(TransformType::PRF, f.id().0)),
+            );
+            t.extend(
+                p.integ
+                    .iter()
+                    .map(|i| Transform::new(TransformType::INTEG, i.id().0)),
+            );
             let mut groups = p.dh.clone();
             if let Some(g) = group_first {
                 if let Some(pos) = groups.iter().position(|x| *x == g) {
@@ -131,8 +143,17 @@ pub(crate) fn ike_offer(cfg: &[IkeProposal], spi: &[u8], group_first: Option<DhG
                     groups.insert(0, g);
                 }
             }
-            t.extend(groups.iter().map(|d| Transform::new(TransformType::KE, d.id().0)));
-            Proposal { number: proposal_number(n), protocol: ProtocolId::IKE, spi: spi.to_vec(), transforms: t }
+            t.extend(
+                groups
+                    .iter()
+                    .map(|d| Transform::new(TransformType::KE, d.id().0)),
+            );
+            Proposal {
+                number: proposal_number(n),
+                protocol: ProtocolId::IKE,
+                spi: spi.to_vec(),
+                transforms: t,
+            }
         })
         .collect()
 }
@@ -143,12 +164,21 @@ fn proposal_number(index: usize) -> u8 {
 
 /// Our ESP proposals; with `pfs` the configured groups are included (CREATE_CHILD_SA), without
 /// they are stripped (the IKE_AUTH exchange has no KE payload, RFC 7296 §1.2).
-pub(crate) fn esp_offer(cfg: &[EspProposal], spi: u32, pfs: bool, group_first: Option<DhGroup>) -> Vec<Proposal> {
+pub(crate) fn esp_offer(
+    cfg: &[EspProposal],
+    spi: u32,
+    pfs: bool,
+    group_first: Option<DhGroup>,
+) -> Vec<Proposal> {
     cfg.iter()
         .enumerate()
         .map(|(n, p)| {
             let mut t: Vec<Transform> = p.encr.iter().map(|e| encr_transform(*e)).collect();
-            t.extend(p.integ.iter().map(|i| Transform::new(TransformType::INTEG, i.id().0)));
+            t.extend(
+                p.integ
+                    .iter()
+                    .map(|i| Transform::new(TransformType::INTEG, i.id().0)),
+            );
             if pfs {
                 let mut groups = p.dh.clone();
                 if let Some(g) = group_first {
@@ -157,12 +187,24 @@ pub(crate) fn esp_offer(cfg: &[EspProposal], spi: u32, pfs: bool, group_first: O
                         groups.insert(0, g);
                     }
                 }
-                t.extend(groups.iter().map(|d| Transform::new(TransformType::KE, d.id().0)));
+                t.extend(
+                    groups
+                        .iter()
+                        .map(|d| Transform::new(TransformType::KE, d.id().0)),
+                );
             }
             t.extend(p.esn.iter().map(|e| {
-                Transform::new(TransformType::ESN, if *e { EsnId::ESN.0 } else { EsnId::NO_ESN.0 })
+                Transform::new(
+                    TransformType::ESN,
+                    if *e { EsnId::ESN.0 } else { EsnId::NO_ESN.0 },
+                )
             }));
-            Proposal { number: proposal_number(n), protocol: ProtocolId::ESP, spi: spi.to_be_bytes().to_vec(), transforms: t }
+            Proposal {
+                number: proposal_number(n),
+                protocol: ProtocolId::ESP,
+                spi: spi.to_be_bytes().to_vec(),
+                transforms: t,
+            }
         })
         .collect()
 }
@@ -177,16 +219,24 @@ fn offers_encr(p: &Proposal, e: Encr) -> bool {
     usable(p, TransformType::ENCR).any(|t| Encr::from_id(EncrId(t.id), t.key_length()) == Some(e))
 }
 
-fn pick_encr_integ(ours_encr: &[Encr], ours_integ: &[Integ], p: &Proposal) -> Option<(Encr, Option<Integ>)> {
+fn pick_encr_integ(
+    ours_encr: &[Encr],
+    ours_integ: &[Integ],
+    p: &Proposal,
+) -> Option<(Encr, Option<Integ>)> {
     let encr = *ours_encr.iter().find(|e| offers_encr(p, **e))?;
     let integ = if encr.is_aead() {
         // RFC 5282 §8: with a combined-mode cipher, no integrity transform or only NONE.
-        if p.transforms_of(TransformType::INTEG).any(|t| t.id != IntegId::NONE.0) {
+        if p.transforms_of(TransformType::INTEG)
+            .any(|t| t.id != IntegId::NONE.0)
+        {
             return None;
         }
         None
     } else {
-        Some(*ours_integ.iter().find(|i| usable(p, TransformType::INTEG).any(|t| Integ::from_id(IntegId(t.id)) == Some(**i)))?)
+        Some(*ours_integ.iter().find(|i| {
+            usable(p, TransformType::INTEG).any(|t| Integ::from_id(IntegId(t.id)) == Some(**i))
+        })?)
     };
     Some((encr, integ))
 }
@@ -197,7 +247,12 @@ fn only_known_types(p: &Proposal, allowed: &[TransformType]) -> bool {
 }
 
 fn response_proposal(number: u8, protocol: ProtocolId, t: Vec<Transform>) -> Proposal {
-    Proposal { number, protocol, spi: Vec::new(), transforms: t }
+    Proposal {
+        number,
+        protocol,
+        spi: Vec::new(),
+        transforms: t,
+    }
 }
 
 /// Selects the IKE transforms (responder, or checks a response with `theirs` = the single
@@ -214,25 +269,58 @@ pub(crate) fn select_ike(
         for p in theirs {
             if p.protocol != ProtocolId::IKE
                 || p.spi.len() != spi_len
-                || !only_known_types(p, &[TransformType::ENCR, TransformType::PRF, TransformType::INTEG, TransformType::KE])
+                || !only_known_types(
+                    p,
+                    &[
+                        TransformType::ENCR,
+                        TransformType::PRF,
+                        TransformType::INTEG,
+                        TransformType::KE,
+                    ],
+                )
             {
                 continue;
             }
-            let Some((encr, integ)) = pick_encr_integ(&o.encr, &o.integ, p) else { continue };
-            let Some(prf) = o.prf.iter().find(|f| usable(p, TransformType::PRF).any(|t| t.id == f.id().0)) else {
+            let Some((encr, integ)) = pick_encr_integ(&o.encr, &o.integ, p) else {
+                continue;
+            };
+            let Some(prf) = o
+                .prf
+                .iter()
+                .find(|f| usable(p, TransformType::PRF).any(|t| t.id == f.id().0))
+            else {
                 continue;
             };
             let common: Vec<DhGroup> =
-                o.dh.iter().copied().filter(|d| usable(p, TransformType::KE).any(|t| t.id == d.id().0)).collect();
-            let Some(dh) = common.iter().find(|d| Some(d.id().0) == ke_group).or(common.first()).copied() else {
+                o.dh.iter()
+                    .copied()
+                    .filter(|d| usable(p, TransformType::KE).any(|t| t.id == d.id().0))
+                    .collect();
+            let Some(dh) = common
+                .iter()
+                .find(|d| Some(d.id().0) == ke_group)
+                .or(common.first())
+                .copied()
+            else {
                 continue;
             };
-            let mut t = vec![encr_transform(encr), Transform::new(TransformType::PRF, prf.id().0)];
+            let mut t = vec![
+                encr_transform(encr),
+                Transform::new(TransformType::PRF, prf.id().0),
+            ];
             if let Some(i) = integ {
                 t.push(Transform::new(TransformType::INTEG, i.id().0));
             }
             t.push(Transform::new(TransformType::KE, dh.id().0));
-            return Ok((IkeAlgs { encr, integ, prf: *prf, dh }, response_proposal(p.number, ProtocolId::IKE, t)));
+            return Ok((
+                IkeAlgs {
+                    encr,
+                    integ,
+                    prf: *prf,
+                    dh,
+                },
+                response_proposal(p.number, ProtocolId::IKE, t),
+            ));
         }
     }
     Err(Error::NoProposalChosen { what: "IKE" })
@@ -240,8 +328,14 @@ pub(crate) fn select_ike(
 
 /// Checks that a responder's single proposal is one we offered, with exactly one transform of
 /// each type (RFC 7296 §3.3: "the responder MUST accept a single proposal").
-pub(crate) fn check_ike_response(ours: &[IkeProposal], resp: &[Proposal], spi_len: usize) -> Result<IkeAlgs, Error> {
-    let [p] = resp else { return Err(Error::NoProposalChosen { what: "IKE" }) };
+pub(crate) fn check_ike_response(
+    ours: &[IkeProposal],
+    resp: &[Proposal],
+    spi_len: usize,
+) -> Result<IkeAlgs, Error> {
+    let [p] = resp else {
+        return Err(Error::NoProposalChosen { what: "IKE" });
+    };
     for ty in [TransformType::ENCR, TransformType::PRF, TransformType::KE] {
         if p.transforms_of(ty).count() != 1 {
             return Err(Error::NoProposalChosen { what: "IKE" });
@@ -263,31 +357,72 @@ pub(crate) struct EspChoice {
 }
 
 /// Selects ESP transforms. `pfs` is false in IKE_AUTH, where KE transforms are ignored.
-pub(crate) fn select_esp(ours: &[EspProposal], theirs: &[Proposal], ke_group: Option<u16>, pfs: bool) -> Result<EspChoice, Error> {
+pub(crate) fn select_esp(
+    ours: &[EspProposal],
+    theirs: &[Proposal],
+    ke_group: Option<u16>,
+    pfs: bool,
+) -> Result<EspChoice, Error> {
     for o in ours {
         for p in theirs {
-            let Ok(spi) = <[u8; 4]>::try_from(p.spi.as_slice()) else { continue };
+            let Ok(spi) = <[u8; 4]>::try_from(p.spi.as_slice()) else {
+                continue;
+            };
             let peer_spi = u32::from_be_bytes(spi);
             if p.protocol != ProtocolId::ESP
                 || peer_spi < 256
-                || !only_known_types(p, &[TransformType::ENCR, TransformType::INTEG, TransformType::KE, TransformType::ESN])
+                || !only_known_types(
+                    p,
+                    &[
+                        TransformType::ENCR,
+                        TransformType::INTEG,
+                        TransformType::KE,
+                        TransformType::ESN,
+                    ],
+                )
             {
                 continue;
             }
-            let Some((encr, integ)) = pick_encr_integ(&o.encr, &o.integ, p) else { continue };
-            let their_esn: Vec<bool> = p.transforms_of(TransformType::ESN).map(|t| t.id == EsnId::ESN.0).collect();
-            let their_esn = if their_esn.is_empty() { vec![false] } else { their_esn };
-            let Some(esn) = o.esn.iter().copied().find(|e| their_esn.contains(e)) else { continue };
+            let Some((encr, integ)) = pick_encr_integ(&o.encr, &o.integ, p) else {
+                continue;
+            };
+            let their_esn: Vec<bool> = p
+                .transforms_of(TransformType::ESN)
+                .map(|t| t.id == EsnId::ESN.0)
+                .collect();
+            let their_esn = if their_esn.is_empty() {
+                vec![false]
+            } else {
+                their_esn
+            };
+            let Some(esn) = o.esn.iter().copied().find(|e| their_esn.contains(e)) else {
+                continue;
+            };
             let dh = if pfs {
                 // No configured group means NONE; a peer offering no KE transform offers NONE.
-                let ours_ke: Vec<u16> =
-                    if o.dh.is_empty() { vec![KeId::NONE.0] } else { o.dh.iter().map(|d| d.id().0).collect() };
+                let ours_ke: Vec<u16> = if o.dh.is_empty() {
+                    vec![KeId::NONE.0]
+                } else {
+                    o.dh.iter().map(|d| d.id().0).collect()
+                };
                 let theirs_ke: Vec<u16> = {
                     let v: Vec<u16> = usable(p, TransformType::KE).map(|t| t.id).collect();
-                    if v.is_empty() { vec![KeId::NONE.0] } else { v }
+                    if v.is_empty() {
+                        vec![KeId::NONE.0]
+                    } else {
+                        v
+                    }
                 };
-                let common: Vec<u16> = ours_ke.into_iter().filter(|k| theirs_ke.contains(k)).collect();
-                let Some(k) = common.iter().find(|k| Some(**k) == ke_group).or(common.first()).copied() else {
+                let common: Vec<u16> = ours_ke
+                    .into_iter()
+                    .filter(|k| theirs_ke.contains(k))
+                    .collect();
+                let Some(k) = common
+                    .iter()
+                    .find(|k| Some(**k) == ke_group)
+                    .or(common.first())
+                    .copied()
+                else {
                     continue;
                 };
                 if k == KeId::NONE.0 {
@@ -305,9 +440,17 @@ pub(crate) fn select_esp(ours: &[EspProposal], theirs: &[Proposal], ke_group: Op
             if let Some(d) = dh {
                 t.push(Transform::new(TransformType::KE, d.id().0));
             }
-            t.push(Transform::new(TransformType::ESN, if esn { EsnId::ESN.0 } else { EsnId::NO_ESN.0 }));
+            t.push(Transform::new(
+                TransformType::ESN,
+                if esn { EsnId::ESN.0 } else { EsnId::NO_ESN.0 },
+            ));
             return Ok(EspChoice {
-                algs: EspAlgs { encr, integ, esn, dh },
+                algs: EspAlgs {
+                    encr,
+                    integ,
+                    esn,
+                    dh,
+                },
                 proposal: response_proposal(p.number, ProtocolId::ESP, t),
                 peer_spi,
             });
@@ -317,8 +460,14 @@ pub(crate) fn select_esp(ours: &[EspProposal], theirs: &[Proposal], ke_group: Op
 }
 
 /// Checks a responder's ESP answer against what we offered.
-pub(crate) fn check_esp_response(ours: &[EspProposal], resp: &[Proposal], pfs: bool) -> Result<EspChoice, Error> {
-    let [p] = resp else { return Err(Error::NoProposalChosen { what: "ESP" }) };
+pub(crate) fn check_esp_response(
+    ours: &[EspProposal],
+    resp: &[Proposal],
+    pfs: bool,
+) -> Result<EspChoice, Error> {
+    let [p] = resp else {
+        return Err(Error::NoProposalChosen { what: "ESP" });
+    };
     if p.transforms_of(TransformType::ENCR).count() != 1
         || p.transforms_of(TransformType::INTEG).count() > 1
         || p.transforms_of(TransformType::ESN).count() > 1

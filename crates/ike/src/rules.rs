@@ -22,7 +22,13 @@ const ANY: u8 = u8::MAX;
 
 use PayloadType as P;
 
-const INIT_REQUEST: &[Rule] = &[r(P::SA, 1, 1), r(P::KE, 1, 1), r(P::NONCE, 1, 1), r(P::NOTIFY, 0, ANY), r(P::VENDOR_ID, 0, ANY)];
+const INIT_REQUEST: &[Rule] = &[
+    r(P::SA, 1, 1),
+    r(P::KE, 1, 1),
+    r(P::NONCE, 1, 1),
+    r(P::NOTIFY, 0, ANY),
+    r(P::VENDOR_ID, 0, ANY),
+];
 const INIT_RESPONSE: &[Rule] = &[
     r(P::SA, 1, 1),
     r(P::KE, 1, 1),
@@ -64,7 +70,12 @@ const CREATE_CHILD: &[Rule] = &[
     r(P::NOTIFY, 0, ANY),
     r(P::VENDOR_ID, 0, ANY),
 ];
-const INFORMATIONAL: &[Rule] = &[r(P::NOTIFY, 0, ANY), r(P::DELETE, 0, ANY), r(P::VENDOR_ID, 0, ANY), r(P::CP, 0, 1)];
+const INFORMATIONAL: &[Rule] = &[
+    r(P::NOTIFY, 0, ANY),
+    r(P::DELETE, 0, ANY),
+    r(P::VENDOR_ID, 0, ANY),
+    r(P::CP, 0, 1),
+];
 
 fn rules(exchange: ExchangeType, response: bool) -> Option<&'static [Rule]> {
     Some(match (exchange, response) {
@@ -82,8 +93,14 @@ fn rules(exchange: ExchangeType, response: bool) -> Option<&'static [Rule]> {
 /// types the table does not list for the message (known or unknown, non-critical) are ignored
 /// by the exchange logic and therefore allowed here too, except the ones that would change the
 /// meaning of the exchange: an SA, KE, ID, AUTH or TS where none belongs.
-pub(crate) fn check(exchange: ExchangeType, response: bool, payloads: &[Payload]) -> Result<(), &'static str> {
-    let Some(table) = rules(exchange, response) else { return Ok(()) };
+pub(crate) fn check(
+    exchange: ExchangeType,
+    response: bool,
+    payloads: &[Payload],
+) -> Result<(), &'static str> {
+    let Some(table) = rules(exchange, response) else {
+        return Ok(());
+    };
     let refused = payloads.iter().any(|p| match p {
         Payload::Notify(n) => n.ty.is_error() || n.ty == wire::ike::NotifyType::COOKIE,
         _ => false,
@@ -98,7 +115,16 @@ pub(crate) fn check(exchange: ExchangeType, response: bool, payloads: &[Payload]
             return Err("payload missing");
         }
     }
-    for ty in [P::SA, P::KE, P::IDI, P::IDR, P::AUTH, P::TSI, P::TSR, P::DELETE] {
+    for ty in [
+        P::SA,
+        P::KE,
+        P::IDI,
+        P::IDR,
+        P::AUTH,
+        P::TSI,
+        P::TSR,
+        P::DELETE,
+    ] {
         if count(ty) > 0 && !table.iter().any(|r| r.ty == ty) {
             return Err("payload not allowed in this message");
         }
@@ -116,13 +142,40 @@ mod tests {
         let sa = Payload::Sa(SaPayload::default());
         let nonce = Payload::Nonce(wire::ike::NoncePayload { data: vec![0; 16] });
         let fail = Payload::Notify(NotifyPayload::new(NotifyType::NO_PROPOSAL_CHOSEN, vec![]));
-        assert!(check(ExchangeType::CREATE_CHILD_SA, false, &[sa.clone(), nonce.clone()]).is_ok());
-        assert_eq!(check(ExchangeType::CREATE_CHILD_SA, false, std::slice::from_ref(&sa)), Err("payload missing"));
-        assert_eq!(check(ExchangeType::CREATE_CHILD_SA, false, &[sa.clone(), sa.clone(), nonce.clone()]), Err("payload repeated"));
+        assert!(check(
+            ExchangeType::CREATE_CHILD_SA,
+            false,
+            &[sa.clone(), nonce.clone()]
+        )
+        .is_ok());
+        assert_eq!(
+            check(
+                ExchangeType::CREATE_CHILD_SA,
+                false,
+                std::slice::from_ref(&sa)
+            ),
+            Err("payload missing")
+        );
+        assert_eq!(
+            check(
+                ExchangeType::CREATE_CHILD_SA,
+                false,
+                &[sa.clone(), sa.clone(), nonce.clone()]
+            ),
+            Err("payload repeated")
+        );
         // An error answer omits everything else.
-        assert!(check(ExchangeType::CREATE_CHILD_SA, true, std::slice::from_ref(&fail)).is_ok());
+        assert!(check(
+            ExchangeType::CREATE_CHILD_SA,
+            true,
+            std::slice::from_ref(&fail)
+        )
+        .is_ok());
         assert!(check(ExchangeType::IKE_AUTH, true, std::slice::from_ref(&fail)).is_ok());
-        assert_eq!(check(ExchangeType::INFORMATIONAL, false, &[sa]), Err("payload not allowed in this message"));
+        assert_eq!(
+            check(ExchangeType::INFORMATIONAL, false, &[sa]),
+            Err("payload not allowed in this message")
+        );
         assert!(check(ExchangeType::INFORMATIONAL, false, &[]).is_ok());
         assert!(check(ExchangeType(99), false, &[nonce]).is_ok());
     }

@@ -7,16 +7,16 @@
 //! further work waits in [`IkeSa::queue`]; the peer's requests must arrive in order.
 
 use crate::{
+    auth::AuthTask,
     child::ChildTask,
     config::{EndpointConfig, PeerConfig, TunnelId},
     event::{DeleteReason, Event, IkeSaState, IkeSpis},
     ike_rekey::{IkeRekeyTask, PassiveIkeRekey},
     init::InitTask,
-    auth::AuthTask,
     keys::{ChildKeyMat, IkeKeys},
     proposal::EspAlgs,
     timer::{ChildTimer, ChildTimers, Timer, TimerTable},
-    Error, Identity, TrafficSelector,
+    Error, Identity, IkeDrop, IkeStats, TrafficSelector,
 };
 use crypto::Rng;
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
@@ -58,12 +58,18 @@ pub(crate) struct Ctx<'a> {
     /// Inbound ESP SPIs in use on this node.
     pub(crate) esp_spis: &'a mut HashSet<u32>,
     pub(crate) out: &'a mut Output,
+    /// The endpoint's drop counters.
+    pub(crate) stats: &'a mut IkeStats,
 }
 
 impl Ctx<'_> {
     /// Queues a datagram.
     pub(crate) fn send(&mut self, local: SocketAddr, remote: SocketAddr, data: Vec<u8>) {
-        self.out.tx.push_back(Datagram { local, remote, data });
+        self.out.tx.push_back(Datagram {
+            local,
+            remote,
+            data,
+        });
     }
 
     /// A fresh nonce (32 bytes: at least half the key size of every supported PRF and within
@@ -78,7 +84,10 @@ impl Ctx<'_> {
     pub(crate) fn alloc_ike_spi(&mut self) -> IkeSpi {
         loop {
             let spi = IkeSpi(self.rng.next_u64());
-            if spi.0 != 0 && !self.others.contains_key(&spi) && !self.out.new_sas.iter().any(|s| s.spi == spi) {
+            if spi.0 != 0
+                && !self.others.contains_key(&spi)
+                && !self.out.new_sas.iter().any(|s| s.spi == spi)
+            {
                 return spi;
             }
         }
@@ -279,7 +288,14 @@ pub(crate) struct IkeSa {
 
 impl IkeSa {
     /// A bare SA; the `init` module fills it in.
-    pub(crate) fn blank(now: Instant, spi: IkeSpi, spis: IkeSpis, initiator: bool, local: SocketAddr, remote: SocketAddr) -> Self {
+    pub(crate) fn blank(
+        now: Instant,
+        spi: IkeSpi,
+        spis: IkeSpis,
+        initiator: bool,
+        local: SocketAddr,
+        remote: SocketAddr,
+    ) -> Self {
         Self {
             spi,
             spis,
@@ -316,7 +332,10 @@ impl IkeSa {
     }
 
     /// The tunnel's configuration, if the tunnel is known and still configured.
-    pub(crate) fn peer_config<'p>(&self, peers: &'p BTreeMap<TunnelId, PeerConfig>) -> Option<&'p PeerConfig> {
+    pub(crate) fn peer_config<'p>(
+        &self,
+        peers: &'p BTreeMap<TunnelId, PeerConfig>,
+    ) -> Option<&'p PeerConfig> {
         self.tunnel.and_then(|t| peers.get(&t))
     }
 
@@ -329,7 +348,12 @@ impl IkeSa {
     pub(crate) fn status_state(&self) -> IkeSaState {
         match self.state {
             SaState::Connecting => IkeSaState::Connecting,
-            SaState::Established if self.active.as_ref().is_some_and(|a| matches!(a.task, Task::IkeRekey(_))) => {
+            SaState::Established
+                if self
+                    .active
+                    .as_ref()
+                    .is_some_and(|a| matches!(a.task, Task::IkeRekey(_))) =>
+            {
                 IkeSaState::Rekeying
             }
             SaState::Established => IkeSaState::Established,
@@ -341,7 +365,11 @@ impl IkeSa {
     /// The earliest timer of the SA and its CHILD_SAs.
     pub(crate) fn next_timeout(&self) -> Option<Instant> {
         let ike = self.timers.next_timeout();
-        let child = self.children.iter().filter_map(|c| c.timers.next_timeout()).min();
+        let child = self
+            .children
+            .iter()
+            .filter_map(|c| c.timers.next_timeout())
+            .min();
         match (ike, child) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
@@ -349,17 +377,32 @@ impl IkeSa {
     }
 
     pub(crate) fn header(&self, exchange: ExchangeType, id: u32, response: bool) -> Header {
-        Header::new(self.spis.initiator, self.spis.responder, exchange, Flags::new(self.initiator, response), id)
+        Header::new(
+            self.spis.initiator,
+            self.spis.responder,
+            exchange,
+            Flags::new(self.initiator, response),
+            id,
+        )
     }
 
     /// Retransmission timeout after `n` retransmissions: timeout * base^n.
     pub(crate) fn rto(config: &EndpointConfig, n: u32) -> Duration {
-        let f = config.retransmit_base.max(1.0).powi(i32::try_from(n).unwrap_or(i32::MAX));
+        let f = config
+            .retransmit_base
+            .max(1.0)
+            .powi(i32::try_from(n).unwrap_or(i32::MAX));
         config.retransmit_timeout.mul_f64(f.min(1e6))
     }
 
     /// Sends a protected request and makes it the outstanding one.
-    pub(crate) fn send_request(&mut self, ctx: &mut Ctx<'_>, exchange: ExchangeType, payloads: &[Payload], task: Task) -> Result<(), Error> {
+    pub(crate) fn send_request(
+        &mut self,
+        ctx: &mut Ctx<'_>,
+        exchange: ExchangeType,
+        payloads: &[Payload],
+        task: Task,
+    ) -> Result<(), Error> {
         let id = self.next_request_id;
         let bytes = self.protect(exchange, id, false, payloads)?;
         self.next_request_id = self.next_request_id.wrapping_add(1);
@@ -368,16 +411,36 @@ impl IkeSa {
     }
 
     /// Sends `bytes` as the outstanding request `id`.
-    pub(crate) fn start_request(&mut self, ctx: &mut Ctx<'_>, id: u32, exchange: ExchangeType, bytes: Vec<u8>, task: Task) {
+    pub(crate) fn start_request(
+        &mut self,
+        ctx: &mut Ctx<'_>,
+        id: u32,
+        exchange: ExchangeType,
+        bytes: Vec<u8>,
+        task: Task,
+    ) {
         debug!(ispi = %self.spis.initiator, rspi = %self.spis.responder, id, task = task.name(), "sending request");
         ctx.send(self.local, self.remote, bytes.clone());
         self.last_sent = ctx.now;
-        self.timers.set(Timer::Retransmit, ctx.now + Self::rto(ctx.config, 0));
-        self.active = Some(Active { id, exchange, bytes, retransmits: 0, task });
+        self.timers
+            .set(Timer::Retransmit, ctx.now + Self::rto(ctx.config, 0));
+        self.active = Some(Active {
+            id,
+            exchange,
+            bytes,
+            retransmits: 0,
+            task,
+        });
     }
 
     /// Sends a protected response to the peer's request `id` and caches it.
-    pub(crate) fn send_response(&mut self, ctx: &mut Ctx<'_>, exchange: ExchangeType, id: u32, payloads: &[Payload]) {
+    pub(crate) fn send_response(
+        &mut self,
+        ctx: &mut Ctx<'_>,
+        exchange: ExchangeType,
+        id: u32,
+        payloads: &[Payload],
+    ) {
         match self.protect(exchange, id, true, payloads) {
             Ok(bytes) => {
                 ctx.send(self.local, self.remote, bytes.clone());
@@ -389,13 +452,22 @@ impl IkeSa {
     }
 
     /// Handles a datagram addressed to this SA (header already parsed into `msg`).
-    pub(crate) fn handle(&mut self, ctx: &mut Ctx<'_>, local: SocketAddr, remote: SocketAddr, data: &[u8], msg: Message) {
+    pub(crate) fn handle(
+        &mut self,
+        ctx: &mut Ctx<'_>,
+        local: SocketAddr,
+        remote: SocketAddr,
+        data: &[u8],
+        msg: Message,
+    ) {
         if self.state == SaState::Dead {
+            ctx.stats.count(IkeDrop::UnknownSpi);
             return;
         }
         // The I flag names the original initiator; the peer's must be the opposite of ours.
         if msg.header.flags.initiator() == self.initiator {
             debug!(ispi = %self.spis.initiator, "dropping message with wrong I flag");
+            ctx.stats.count(IkeDrop::Malformed);
             return;
         }
         if msg.header.flags.response() {
@@ -407,7 +479,14 @@ impl IkeSa {
     }
 
     /// Hands an INFORMATIONAL request to the new SA of a pending rekey collision.
-    pub(crate) fn handle_for_passive(&mut self, ctx: &mut Ctx<'_>, local: SocketAddr, remote: SocketAddr, data: &[u8], msg: Message) {
+    pub(crate) fn handle_for_passive(
+        &mut self,
+        ctx: &mut Ctx<'_>,
+        local: SocketAddr,
+        remote: SocketAddr,
+        data: &[u8],
+        msg: Message,
+    ) {
         if let Some(p) = self.passive_rekey.as_mut() {
             // Until the collision is concluded it is a rekey leftover, not a live SA.
             p.new_sa.state = SaState::Rekeyed;
@@ -420,16 +499,35 @@ impl IkeSa {
         }
     }
 
-    fn handle_response(&mut self, ctx: &mut Ctx<'_>, local: SocketAddr, remote: SocketAddr, data: &[u8], msg: Message) {
-        let Some(active) = self.active.as_ref() else { return };
+    fn handle_response(
+        &mut self,
+        ctx: &mut Ctx<'_>,
+        local: SocketAddr,
+        remote: SocketAddr,
+        data: &[u8],
+        msg: Message,
+    ) {
+        let Some(active) = self.active.as_ref() else {
+            debug!(ispi = %self.spis.initiator, id = msg.header.message_id, "dropping response without a request");
+            ctx.stats.count(IkeDrop::UnexpectedResponse);
+            return;
+        };
         // RFC 7296 §2.2: a response whose Message ID does not match the outstanding request
         // is dropped.
         if active.id != msg.header.message_id || active.exchange != msg.header.exchange {
             debug!(ispi = %self.spis.initiator, id = msg.header.message_id, "dropping unexpected response");
+            ctx.stats.count(IkeDrop::UnexpectedResponse);
             return;
         }
         if msg.header.exchange == ExchangeType::IKE_SA_INIT {
-            let Some(Active { task: Task::Init(task), bytes, .. }) = self.active.take() else { return };
+            let Some(Active {
+                task: Task::Init(task),
+                bytes,
+                ..
+            }) = self.active.take()
+            else {
+                return;
+            };
             self.timers.stop(Timer::Retransmit);
             self.on_init_response(ctx, local, remote, data, &msg, task, bytes);
             return;
@@ -438,14 +536,18 @@ impl IkeSa {
             Ok(p) => p,
             Err(e) => {
                 debug!(ispi = %self.spis.initiator, error = %e, "dropping response that does not verify");
+                ctx.stats.count(crate::stats::unprotect_failure(&e));
                 return;
             }
         };
         if let Err(what) = crate::rules::check(msg.header.exchange, true, &payloads) {
             debug!(ispi = %self.spis.initiator, what, "dropping malformed response");
+            ctx.stats.count(IkeDrop::Malformed);
             return;
         }
-        let Some(active) = self.active.take() else { return };
+        let Some(active) = self.active.take() else {
+            return;
+        };
         self.timers.stop(Timer::Retransmit);
         self.authenticated_input(ctx, local, remote);
         match active.task {
@@ -453,30 +555,53 @@ impl IkeSa {
             Task::Auth(t) => self.on_auth_response(ctx, &payloads, *t),
             Task::Child(t) => self.on_child_response(ctx, &payloads, *t),
             Task::IkeRekey(t) => self.on_ike_rekey_response(ctx, &payloads, *t),
-            Task::DeleteChildren(spis, reason) => self.on_delete_children_response(ctx, &payloads, &spis, reason),
+            Task::DeleteChildren(spis, reason) => {
+                self.on_delete_children_response(ctx, &payloads, &spis, reason)
+            }
             Task::DeleteIke(reason) => self.die(ctx, reason),
             Task::Dpd | Task::Orphan => {}
         }
     }
 
-    fn handle_request(&mut self, ctx: &mut Ctx<'_>, local: SocketAddr, remote: SocketAddr, data: &[u8], msg: Message) {
+    fn handle_request(
+        &mut self,
+        ctx: &mut Ctx<'_>,
+        local: SocketAddr,
+        remote: SocketAddr,
+        data: &[u8],
+        msg: Message,
+    ) {
         let id = msg.header.message_id;
-        if self.keys.is_none() || msg.header.exchange == ExchangeType::IKE_SA_INIT {
+        if msg.header.exchange == ExchangeType::IKE_SA_INIT {
+            // RFC 7296 §3.1: an IKE_SA_INIT request carries a zero responder SPI.
+            ctx.stats.count(IkeDrop::Malformed);
+            return;
+        }
+        if self.keys.is_none() {
+            ctx.stats.count(IkeDrop::OutsideWindow);
             return;
         }
         // RFC 7296 §2.1: a retransmitted request is answered with the cached response, without
         // processing it again. We check the ICV first so forged copies cannot trigger resends.
         if let Some((last_id, bytes)) = &self.last_response {
             if *last_id == id {
-                if self.unprotect(data, &msg).is_ok() {
-                    debug!(ispi = %self.spis.initiator, id, "retransmitting cached response");
-                    ctx.send(self.local, self.remote, bytes.clone());
+                match self.unprotect(data, &msg) {
+                    Ok(_) => {
+                        debug!(ispi = %self.spis.initiator, id, "retransmitting cached response");
+                        ctx.send(self.local, self.remote, bytes.clone());
+                        ctx.stats.count(IkeDrop::RetransmitAnswered);
+                    }
+                    Err(e) => {
+                        debug!(ispi = %self.spis.initiator, id, error = %e, "dropping retransmission that does not verify");
+                        ctx.stats.count(crate::stats::unprotect_failure(&e));
+                    }
                 }
                 return;
             }
         }
         if id != self.next_peer_id {
             debug!(ispi = %self.spis.initiator, id, expected = self.next_peer_id, "dropping request outside the window");
+            ctx.stats.count(IkeDrop::OutsideWindow);
             return;
         }
         let payloads = match self.unprotect(data, &msg) {
@@ -485,6 +610,7 @@ impl IkeSa {
                 // Authentic (it decrypted) but undecodable: answer INVALID_SYNTAX or
                 // UNSUPPORTED_CRITICAL_PAYLOAD (RFC 7296 §2.5, §2.21.2).
                 debug!(ispi = %self.spis.initiator, error = %e, "answering malformed request");
+                ctx.stats.count(IkeDrop::Malformed);
                 self.next_peer_id = self.next_peer_id.wrapping_add(1);
                 self.send_response(ctx, msg.header.exchange, id, &[error_notify(&e)]);
                 return;
@@ -492,14 +618,20 @@ impl IkeSa {
             Err(e) => {
                 // RFC 7296 §2.21.1: messages failing integrity checks are dropped silently.
                 debug!(ispi = %self.spis.initiator, error = %e, "dropping request that does not verify");
+                ctx.stats.count(crate::stats::unprotect_failure(&e));
                 return;
             }
         };
         self.next_peer_id = self.next_peer_id.wrapping_add(1);
         self.authenticated_input(ctx, local, remote);
         if let Err(what) = crate::rules::check(msg.header.exchange, false, &payloads) {
-            let e = Error::InvalidSyntax { spi: self.spi, exchange: "request", what };
+            let e = Error::InvalidSyntax {
+                spi: self.spi,
+                exchange: "request",
+                what,
+            };
             debug!(ispi = %self.spis.initiator, error = %e, "answering INVALID_SYNTAX");
+            ctx.stats.count(IkeDrop::Malformed);
             self.send_response(ctx, msg.header.exchange, id, &[error_notify(&e)]);
             return;
         }
@@ -524,6 +656,12 @@ impl IkeSa {
                 self.timers.set(Timer::Dpd, ctx.now + delay);
             }
         }
+        self.follow_peer(ctx, local, remote);
+    }
+
+    /// Moves the SA to the addresses of an authenticated packet (IKE, or ESP of one of its
+    /// CHILD_SAs) when they changed behind a NAT (RFC 7296 §2.23).
+    pub(crate) fn follow_peer(&mut self, ctx: &mut Ctx<'_>, local: SocketAddr, remote: SocketAddr) {
         if local != self.local {
             self.local = local;
         }
@@ -558,7 +696,11 @@ impl IkeSa {
                 });
             }
         }
-        ctx.out.events.push_back(Event::IkeSaDeleted { tunnel: self.tunnel, ike: self.spis, reason });
+        ctx.out.events.push_back(Event::IkeSaDeleted {
+            tunnel: self.tunnel,
+            ike: self.spis,
+            reason,
+        });
         self.state = SaState::Dead;
         self.active = None;
         self.queue.clear();
@@ -600,10 +742,14 @@ impl IkeSa {
     /// Starts the next queued exchange if the request slot is free.
     pub(crate) fn start_next_task(&mut self, ctx: &mut Ctx<'_>) {
         while self.active.is_none() && self.state != SaState::Dead {
-            let Some(p) = self.queue.pop_front() else { return };
+            let Some(p) = self.queue.pop_front() else {
+                return;
+            };
             let allowed = match self.state {
                 SaState::Established => true,
-                SaState::Rekeyed | SaState::Deleting => matches!(p, Pending::DeleteIke(_) | Pending::DeleteChildren(..)),
+                SaState::Rekeyed | SaState::Deleting => {
+                    matches!(p, Pending::DeleteIke(_) | Pending::DeleteChildren(..))
+                }
                 SaState::Connecting | SaState::Dead => false,
             };
             if !allowed {
@@ -613,7 +759,9 @@ impl IkeSa {
                 Pending::RekeyChild(spi) => self.start_child_rekey(ctx, spi),
                 Pending::CreateChild => self.start_child_create(ctx),
                 Pending::RekeyIke => self.start_ike_rekey(ctx),
-                Pending::DeleteChildren(spis, reason) => self.start_delete_children(ctx, spis, reason),
+                Pending::DeleteChildren(spis, reason) => {
+                    self.start_delete_children(ctx, spis, reason)
+                }
                 Pending::DeleteIke(reason) => self.start_delete_ike(ctx, reason),
                 Pending::Dpd => self.send_request(ctx, ExchangeType::INFORMATIONAL, &[], Task::Dpd),
             };
@@ -632,19 +780,25 @@ impl IkeSa {
         if self.state == SaState::Dead {
             return;
         }
-        if self.timers.take_expired(Timer::HalfOpenExpiry, now) && self.state == SaState::Connecting {
+        if self.timers.take_expired(Timer::HalfOpenExpiry, now) && self.state == SaState::Connecting
+        {
             debug!(ispi = %self.spis.initiator, "half-open IKE SA expired");
             self.die(ctx, DeleteReason::NegotiationFailed);
             return;
         }
         if self.timers.take_expired(Timer::DeleteTimeout, now) {
             // A rekeyed or redundant SA whose DELETE never came: destroy it silently.
-            let reason = if self.state == SaState::Rekeyed { DeleteReason::Rekeyed } else { DeleteReason::LocalRequest };
+            let reason = if self.state == SaState::Rekeyed {
+                DeleteReason::Rekeyed
+            } else {
+                DeleteReason::LocalRequest
+            };
             self.die(ctx, reason);
             return;
         }
         if self.timers.take_expired(Timer::TaskRetry, now) {
-            let (due, later): (Vec<_>, Vec<_>) = self.deferred.drain(..).partition(|(t, _)| *t <= now);
+            let (due, later): (Vec<_>, Vec<_>) =
+                self.deferred.drain(..).partition(|(t, _)| *t <= now);
             self.deferred = later;
             for (_, p) in due {
                 self.enqueue(p);
@@ -658,7 +812,12 @@ impl IkeSa {
         } else {
             // Liveness, rekeying, keepalives and CHILD_SA lifetimes only matter while
             // established; a deleting SA drops them instead of leaving them due forever.
-            for t in [Timer::Dpd, Timer::IkeRekey, Timer::NatKeepalive] {
+            for t in [
+                Timer::Dpd,
+                Timer::IkeRekey,
+                Timer::NatKeepalive,
+                Timer::IkeExpire,
+            ] {
                 self.timers.take_expired(t, now);
             }
             for c in &mut self.children {
@@ -679,12 +838,19 @@ impl IkeSa {
                     self.enqueue(Pending::Dpd);
                     self.timers.set(Timer::Dpd, now + delay);
                 } else {
-                    self.timers.set(Timer::Dpd, self.last_received.max(now) + delay);
+                    self.timers
+                        .set(Timer::Dpd, self.last_received.max(now) + delay);
                 }
             }
         }
         if self.timers.take_expired(Timer::IkeRekey, now) {
             self.enqueue(Pending::RekeyIke);
+        }
+        if self.timers.take_expired(Timer::IkeExpire, now) {
+            // RFC 7296 §2.8: keys must not be used past their lifetime. The rekey did not
+            // succeed in `over_time`: delete the IKE SA (and its CHILD_SAs), as strongSwan does.
+            warn!(ispi = %self.spis.initiator, "IKE SA reached its hard lifetime without a rekey, deleting it");
+            self.enqueue(Pending::DeleteIke(DeleteReason::Expired));
         }
         if self.timers.take_expired(Timer::NatKeepalive, now) {
             let interval = ctx.config.nat_keepalive;
@@ -693,7 +859,8 @@ impl IkeSa {
                 ctx.send(self.local, self.remote, vec![0xFF]);
                 self.last_sent = now;
             }
-            self.timers.set(Timer::NatKeepalive, self.last_sent + interval);
+            self.timers
+                .set(Timer::NatKeepalive, self.last_sent + interval);
         }
         let mut expired = Vec::new();
         let mut rekey = Vec::new();
@@ -714,7 +881,9 @@ impl IkeSa {
     }
 
     fn retransmit(&mut self, ctx: &mut Ctx<'_>) {
-        let Some(active) = self.active.as_mut() else { return };
+        let Some(active) = self.active.as_mut() else {
+            return;
+        };
         if active.retransmits >= ctx.config.retransmit_tries {
             let reason = match active.task {
                 Task::Dpd => DeleteReason::DpdTimeout,
@@ -735,29 +904,47 @@ impl IkeSa {
         let n = active.retransmits;
         ctx.send(self.local, self.remote, bytes);
         self.last_sent = ctx.now;
-        self.timers.set(Timer::Retransmit, ctx.now + Self::rto(ctx.config, n));
+        self.timers
+            .set(Timer::Retransmit, ctx.now + Self::rto(ctx.config, n));
     }
 
     /// Marks the SA established: timers for rekey, DPD and keepalives (RFC 7296 §2.4, §2.8).
     pub(crate) fn arm_established_timers(&mut self, ctx: &mut Ctx<'_>) {
-        let Some(cfg) = self.peer_config(ctx.peers) else { return };
+        let Some(cfg) = self.peer_config(ctx.peers) else {
+            return;
+        };
         let (rekey, rand, dpd) = (cfg.ike_rekey_time, cfg.rand_time, cfg.dpd_delay);
+        let over = cfg.ike_over_time;
         if !rekey.is_zero() {
             let jitter = ctx.jitter(rand.min(rekey / 2));
-            self.timers.set(Timer::IkeRekey, ctx.now + rekey - jitter);
+            let soft = ctx.now + rekey - jitter;
+            self.timers.set(Timer::IkeRekey, soft);
+            if !over.is_zero() {
+                self.timers.set(Timer::IkeExpire, soft + over);
+            }
         }
         if let Some(d) = dpd {
             self.timers.set(Timer::Dpd, ctx.now + d);
         }
         if self.nat.local && !ctx.config.nat_keepalive.is_zero() {
-            self.timers.set(Timer::NatKeepalive, ctx.now + ctx.config.nat_keepalive);
+            self.timers
+                .set(Timer::NatKeepalive, ctx.now + ctx.config.nat_keepalive);
         }
         self.timers.stop(Timer::HalfOpenExpiry);
     }
 
-    /// Defers `p` by a random 1..=5 s (after TEMPORARY_FAILURE, RFC 7296 §2.25).
+    /// Defers `p` by a random 1..=5 s (after TEMPORARY_FAILURE, RFC 7296 §2.25). An IKE SA
+    /// rekey is retried at the latest halfway to the SA's hard lifetime, so that a short
+    /// `over_time` leaves room for another attempt.
     pub(crate) fn defer(&mut self, ctx: &mut Ctx<'_>, p: Pending) {
-        let at = ctx.now + Duration::from_secs(1) + ctx.jitter(Duration::from_secs(4));
+        let mut at = ctx.now + Duration::from_secs(1) + ctx.jitter(Duration::from_secs(4));
+        if let (Pending::RekeyIke, Some(hard)) = (&p, self.timers.get(Timer::IkeExpire)) {
+            let half = hard.saturating_duration_since(ctx.now) / 2;
+            // Not in the last few round trips: no burst of retries just before the deadline.
+            if half >= Duration::from_millis(100) {
+                at = at.min(ctx.now + half);
+            }
+        }
         self.deferred.push((at, p));
         let next = self.deferred.iter().map(|(t, _)| *t).min().unwrap_or(at);
         self.timers.set(Timer::TaskRetry, next);

@@ -24,7 +24,8 @@ use wire::{EspSpi, IkeSpi};
 use zeroize::Zeroizing;
 
 const MAGIC: &[u8; 4] = b"PIKE";
-const VERSION: u8 = 1;
+/// 2: the IKE SA's hard lifetime timer (`over_time`) joined the timers.
+const VERSION: u8 = 2;
 
 struct W(Zeroizing<Vec<u8>>);
 
@@ -296,11 +297,13 @@ impl R<'_> {
     fn ip(&mut self) -> Result<IpAddr, Error> {
         Ok(match self.u8()? {
             4 => {
-                let b = <[u8; 4]>::try_from(self.0.take(4).map_err(truncated)?).map_err(|_| Error::Snapshot("address"))?;
+                let b = <[u8; 4]>::try_from(self.0.take(4).map_err(truncated)?)
+                    .map_err(|_| Error::Snapshot("address"))?;
                 IpAddr::V4(Ipv4Addr::from(b))
             }
             6 => {
-                let b = <[u8; 16]>::try_from(self.0.take(16).map_err(truncated)?).map_err(|_| Error::Snapshot("address"))?;
+                let b = <[u8; 16]>::try_from(self.0.take(16).map_err(truncated)?)
+                    .map_err(|_| Error::Snapshot("address"))?;
                 IpAddr::V6(Ipv6Addr::from(b))
             }
             _ => return Err(Error::Snapshot("address family")),
@@ -318,7 +321,11 @@ impl R<'_> {
         Ok(now.checked_sub(d).unwrap_or(now))
     }
     fn opt_remaining(&mut self, now: Instant) -> Result<Option<Instant>, Error> {
-        Ok(if self.bool()? { now.checked_add(self.dur()?) } else { None })
+        Ok(if self.bool()? {
+            now.checked_add(self.dur()?)
+        } else {
+            None
+        })
     }
     fn count(&mut self) -> Result<usize, Error> {
         let n = self.u32()? as usize;
@@ -340,7 +347,13 @@ impl R<'_> {
             if start.is_ipv4() != end.is_ipv4() {
                 return Err(Error::Snapshot("selector family"));
             }
-            v.push(TrafficSelector { ip_proto, start_port, end_port, start, end });
+            v.push(TrafficSelector {
+                ip_proto,
+                start_port,
+                end_port,
+                start,
+                end,
+            });
         }
         Ok(v)
     }
@@ -365,12 +378,15 @@ impl R<'_> {
     fn encr(&mut self) -> Result<Encr, Error> {
         let id = EncrId(self.u16()?);
         let bits = self.u16()?;
-        Encr::from_id(id, (bits != 0).then_some(bits)).ok_or(Error::Snapshot("encryption transform"))
+        Encr::from_id(id, (bits != 0).then_some(bits))
+            .ok_or(Error::Snapshot("encryption transform"))
     }
     fn integ(&mut self) -> Result<Option<Integ>, Error> {
         match self.u16()? {
             0 => Ok(None),
-            i => Integ::from_id(IntegId(i)).map(Some).ok_or(Error::Snapshot("integrity transform")),
+            i => Integ::from_id(IntegId(i))
+                .map(Some)
+                .ok_or(Error::Snapshot("integrity transform")),
         }
     }
 }
@@ -385,9 +401,18 @@ pub(crate) fn decode(bytes: &[u8], now: Instant) -> Result<IkeSa, Error> {
         return Err(Error::Snapshot("unsupported snapshot version"));
     }
     let spi = IkeSpi(r.u64()?);
-    let spis = IkeSpis { initiator: IkeSpi(r.u64()?), responder: IkeSpi(r.u64()?) };
+    let spis = IkeSpis {
+        initiator: IkeSpi(r.u64()?),
+        responder: IkeSpi(r.u64()?),
+    };
     let initiator = r.bool()?;
-    if spi != if initiator { spis.initiator } else { spis.responder } {
+    if spi
+        != if initiator {
+            spis.initiator
+        } else {
+            spis.responder
+        }
+    {
         return Err(Error::Snapshot("SPI does not match role"));
     }
     let tunnel_id = r.u32()?;
@@ -402,7 +427,10 @@ pub(crate) fn decode(bytes: &[u8], now: Instant) -> Result<IkeSa, Error> {
         2 => SaState::Deleting,
         _ => return Err(Error::Snapshot("state")),
     };
-    sa.nat = Nat { local: r.bool()?, remote: r.bool()? };
+    sa.nat = Nat {
+        local: r.bool()?,
+        remote: r.bool()?,
+    };
     sa.next_request_id = r.u32()?;
     sa.next_peer_id = r.u32()?;
     if r.bool()? {
@@ -424,7 +452,13 @@ pub(crate) fn decode(bytes: &[u8], now: Instant) -> Result<IkeSa, Error> {
             },
             _ => return Err(Error::Snapshot("outstanding task")),
         };
-        Some(Active { id, exchange, bytes, retransmits, task })
+        Some(Active {
+            id,
+            exchange,
+            bytes,
+            retransmits,
+            task,
+        })
     } else {
         None
     };
@@ -442,7 +476,12 @@ pub(crate) fn decode(bytes: &[u8], now: Instant) -> Result<IkeSa, Error> {
     let prf = Prf::from_id(PrfId(r.u16()?)).ok_or(Error::Snapshot("PRF"))?;
     let dh = DhGroup::from_id(KeId(r.u16()?)).ok_or(Error::Snapshot("key exchange group"))?;
     let keymat = Zeroizing::new(r.bytes()?);
-    let algs = IkeAlgs { encr, integ, prf, dh };
+    let algs = IkeAlgs {
+        encr,
+        integ,
+        prf,
+        dh,
+    };
     sa.keys = Some(IkeKeys::from_keymat(algs, keymat).map_err(|_| Error::Snapshot("IKE keys"))?);
     sa.ni = r.bytes()?;
     sa.nr = r.bytes()?;
@@ -470,7 +509,12 @@ pub(crate) fn decode(bytes: &[u8], now: Instant) -> Result<IkeSa, Error> {
             0 => None,
             g => Some(DhGroup::from_id(KeId(g)).ok_or(Error::Snapshot("PFS group"))?),
         };
-        let algs = EspAlgs { encr, integ, esn, dh };
+        let algs = EspAlgs {
+            encr,
+            integ,
+            esn,
+            dh,
+        };
         let keys_initiator = r.bool()?;
         let keys = ChildKeyMat {
             encr_i: Zeroizing::new(r.bytes()?),
@@ -480,7 +524,11 @@ pub(crate) fn decode(bytes: &[u8], now: Instant) -> Result<IkeSa, Error> {
         };
         let e = encr.keymat_len();
         let a = integ.map_or(0, |i| i.key_len());
-        if keys.encr_i.len() != e || keys.encr_r.len() != e || keys.integ_i.len() != a || keys.integ_r.len() != a {
+        if keys.encr_i.len() != e
+            || keys.encr_r.len() != e
+            || keys.integ_i.len() != a
+            || keys.integ_r.len() != a
+        {
             return Err(Error::Snapshot("CHILD_SA key lengths"));
         }
         let local_ts = r.ts()?;
@@ -513,7 +561,8 @@ pub(crate) fn decode(bytes: &[u8], now: Instant) -> Result<IkeSa, Error> {
             predecessor: None,
         });
     }
-    r.0.finish().map_err(|_| Error::Snapshot("trailing bytes"))?;
+    r.0.finish()
+        .map_err(|_| Error::Snapshot("trailing bytes"))?;
     if let Some(a) = active {
         // Keep retransmitting the request the old node had in flight.
         sa.timers.set(Timer::Retransmit, now);

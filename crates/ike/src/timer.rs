@@ -20,11 +20,14 @@ pub(crate) enum Timer {
     DeleteTimeout = 5,
     /// Retry an exchange that was refused with TEMPORARY_FAILURE (RFC 7296 §2.25).
     TaskRetry = 6,
+    /// Hard lifetime (swanctl `over_time` after the rekey time): an IKE SA that could not be
+    /// rekeyed by then is deleted.
+    IkeExpire = 7,
 }
 
 impl Timer {
     /// Every timer, for iteration.
-    pub(crate) const ALL: [Timer; 7] = [
+    pub(crate) const ALL: [Timer; 8] = [
         Timer::Retransmit,
         Timer::Dpd,
         Timer::IkeRekey,
@@ -32,13 +35,14 @@ impl Timer {
         Timer::HalfOpenExpiry,
         Timer::DeleteTimeout,
         Timer::TaskRetry,
+        Timer::IkeExpire,
     ];
 }
 
 /// Deadlines of the IKE SA timers.
 #[derive(Debug, Clone, Copy, Default)]
 pub(crate) struct TimerTable {
-    data: [Option<Instant>; 7],
+    data: [Option<Instant>; Timer::ALL.len()],
 }
 
 impl TimerTable {

@@ -36,8 +36,14 @@ fn delete_from_responder_and_unknown_tunnel() {
     p.run_for(Duration::from_secs(5));
     assert_eq!(p.b.deleted_reasons(), vec![DeleteReason::LocalRequest]);
     assert_eq!(p.a.deleted_reasons(), vec![DeleteReason::PeerRequest]);
-    assert!(matches!(p.a.ep.terminate(p.now, TunnelId(9)), Err(Error::UnknownTunnel(_))));
-    assert!(matches!(p.a.ep.rekey_ike(p.now, TunnelId(1)), Err(Error::NotEstablished(_))));
+    assert!(matches!(
+        p.a.ep.terminate(p.now, TunnelId(9)),
+        Err(Error::UnknownTunnel(_))
+    ));
+    assert!(matches!(
+        p.a.ep.rekey_ike(p.now, TunnelId(1)),
+        Err(Error::NotEstablished(_))
+    ));
 }
 
 #[test]
@@ -47,7 +53,10 @@ fn remove_peer_deletes_its_sas() {
     p.a.ep.remove_peer(p.now, TunnelId(1)).expect("remove");
     p.run_for(Duration::from_secs(5));
     assert!(p.a.ep.status(p.now).is_empty() && p.b.ep.status(p.now).is_empty());
-    assert!(matches!(p.a.ep.initiate(p.now, TunnelId(1)), Err(Error::UnknownTunnel(_))));
+    assert!(matches!(
+        p.a.ep.initiate(p.now, TunnelId(1)),
+        Err(Error::UnknownTunnel(_))
+    ));
 }
 
 #[test]
@@ -58,13 +67,23 @@ fn dpd_timeout_clears() {
     p.connect();
     p.up = false;
     let t0 = p.now;
-    assert!(p.run_until(Duration::from_secs(400), |p| !p.a.deleted_reasons().is_empty()));
+    assert!(p.run_until(Duration::from_secs(400), |p| !p
+        .a
+        .deleted_reasons()
+        .is_empty()));
     assert_eq!(p.a.deleted_reasons(), vec![DeleteReason::DpdTimeout]);
     assert!(p.a.children.is_empty());
     // 10 s idle, then 4 + 7.2 + 12.96 + 23.3 + 42 + 75.6 s of retransmissions.
     let took = p.now - t0;
-    assert!(took >= Duration::from_secs(170) && took <= Duration::from_secs(180), "{took:?}");
-    assert_eq!(informational_requests(&p.a.sent), 6, "one DPD and five retransmissions");
+    assert!(
+        took >= Duration::from_secs(170) && took <= Duration::from_secs(180),
+        "{took:?}"
+    );
+    assert_eq!(
+        informational_requests(&p.a.sent),
+        6,
+        "one DPD and five retransmissions"
+    );
 }
 
 #[test]
@@ -88,7 +107,10 @@ fn dpd_restart_reconnects() {
     let mut p = Pair::with_configs(105, a, cfg_b());
     p.connect();
     p.up = false;
-    assert!(p.run_until(Duration::from_secs(300), |p| !p.a.deleted_reasons().is_empty()));
+    assert!(p.run_until(Duration::from_secs(300), |p| !p
+        .a
+        .deleted_reasons()
+        .is_empty()));
     p.up = true;
     assert!(p.run_until(Duration::from_secs(60), |p| p.a.established() == 2));
     p.run_for(Duration::from_secs(1));
@@ -104,12 +126,18 @@ fn retransmission_limit() {
     p.up = false;
     p.a.ep.initiate(p.now, TunnelId(1)).expect("initiate");
     let t0 = p.now;
-    assert!(p.run_until(Duration::from_secs(400), |p| !p.a.deleted_reasons().is_empty()));
+    assert!(p.run_until(Duration::from_secs(400), |p| !p
+        .a
+        .deleted_reasons()
+        .is_empty()));
     assert_eq!(p.a.deleted_reasons(), vec![DeleteReason::RetransmitLimit]);
     let took = (p.now - t0).as_secs_f64();
     assert!((165.0..166.0).contains(&took), "{took}");
     assert_eq!(p.a.sent.len(), 6);
-    assert!(p.a.sent.windows(2).all(|w| w[0].2 == w[1].2), "retransmissions are byte-identical");
+    assert!(
+        p.a.sent.windows(2).all(|w| w[0].2 == w[1].2),
+        "retransmissions are byte-identical"
+    );
 }
 
 #[test]
@@ -125,7 +153,10 @@ fn custom_retransmission_schedule() {
     p.up = false;
     p.a.ep.initiate(p.now, TunnelId(1)).expect("initiate");
     let t0 = p.now;
-    assert!(p.run_until(Duration::from_secs(60), |p| !p.a.deleted_reasons().is_empty()));
+    assert!(p.run_until(Duration::from_secs(60), |p| !p
+        .a
+        .deleted_reasons()
+        .is_empty()));
     assert_eq!((p.now - t0).as_secs(), 7, "1 + 2 + 4 s");
 }
 
@@ -138,8 +169,26 @@ fn child_hard_lifetime_without_rekey() {
     p.connect();
     p.run_for(Duration::from_secs(35));
     assert!(p.a.children.is_empty() && p.b.children.is_empty());
-    assert_eq!(p.a.count(|e| matches!(e, Event::ChildSaDeleted { reason: DeleteReason::Expired, .. })), 1);
-    assert_eq!(p.b.count(|e| matches!(e, Event::ChildSaDeleted { reason: DeleteReason::PeerRequest, .. })), 1);
+    assert_eq!(
+        p.a.count(|e| matches!(
+            e,
+            Event::ChildSaDeleted {
+                reason: DeleteReason::Expired,
+                ..
+            }
+        )),
+        1
+    );
+    assert_eq!(
+        p.b.count(|e| matches!(
+            e,
+            Event::ChildSaDeleted {
+                reason: DeleteReason::PeerRequest,
+                ..
+            }
+        )),
+        1
+    );
     p.assert_one_ike_sa();
 }
 
@@ -165,11 +214,17 @@ fn start_action_start() {
     a.start_action = StartAction::Start;
     let mut p = Pair::with_configs(110, a, cfg_b());
     assert_eq!(p.a.ep.poll_timeout(), Some(p.now));
-    assert!(p.run_until(Duration::from_secs(10), |p| p.a.children.len() == 1 && p.b.children.len() == 1));
+    assert!(
+        p.run_until(Duration::from_secs(10), |p| p.a.children.len() == 1
+            && p.b.children.len() == 1)
+    );
 }
 
 fn nat_pair(seed: u64) -> Pair {
-    let e = EndpointConfig { force_encap: false, ..Default::default() };
+    let e = EndpointConfig {
+        force_encap: false,
+        ..Default::default()
+    };
     let mut p = Pair::new(seed, e.clone(), e);
     let mut b = cfg_b();
     b.remote_addrs.clear();
@@ -185,7 +240,10 @@ fn no_nat_no_encapsulation() {
     let c = p.a.children.values().next().expect("child");
     assert_eq!((c.local.port(), c.remote.port()), (500, 500));
     p.run_for(Duration::from_secs(60));
-    assert!(p.a.sent.iter().all(|(_, _, d)| d.len() > 1), "no keepalives without NAT");
+    assert!(
+        p.a.sent.iter().all(|(_, _, d)| d.len() > 1),
+        "no keepalives without NAT"
+    );
 }
 
 #[test]
@@ -202,26 +260,82 @@ fn nat_detection_keepalives_and_rebinding() {
     p.run_for(Duration::from_secs(65));
     let keepalives = p.a.sent.iter().filter(|(_, _, d)| d == &[0xFF]).count();
     assert_eq!(keepalives, 3, "one per 20 s idle");
-    assert!(p.b.sent.iter().all(|(_, _, d)| d != &[0xFF]), "B is not behind a NAT");
+    assert!(
+        p.b.sent.iter().all(|(_, _, d)| d != &[0xFF]),
+        "B is not behind a NAT"
+    );
     // The NAT rebinds; the next authenticated request from A updates B.
     p.rebind_nat();
     let spi = *p.a.children.keys().next().expect("child");
     p.a.ep.rekey_child(p.now, spi).expect("rekey");
     p.run_for(Duration::from_secs(5));
-    let changed: Vec<_> = p
-        .b
-        .events
+    let changed: Vec<_> =
+        p.b.events
+            .iter()
+            .filter_map(|e| match e {
+                Event::PeerAddressChanged { remote, .. } => Some(*remote),
+                _ => None,
+            })
+            .collect();
+    assert_eq!(changed.len(), 1);
+    assert_eq!(changed[0].ip(), NAT_ADDR);
+    assert_ne!(changed[0], old_remote);
+    p.assert_children_consistent();
+    assert_eq!(
+        p.b.children.values().next().expect("child").remote,
+        changed[0]
+    );
+}
+
+fn address_changes(n: &Node) -> Vec<std::net::SocketAddr> {
+    n.events
         .iter()
         .filter_map(|e| match e {
             Event::PeerAddressChanged { remote, .. } => Some(*remote),
             _ => None,
         })
-        .collect();
-    assert_eq!(changed.len(), 1);
-    assert_eq!(changed[0].ip(), NAT_ADDR);
-    assert_ne!(changed[0], old_remote);
-    p.assert_children_consistent();
-    assert_eq!(p.b.children.values().next().expect("child").remote, changed[0]);
+        .collect()
+}
+
+/// The data path saw authentic ESP of a CHILD_SA from a new address (the NAT rebound while
+/// only ESP flows): the IKE SA and its CHILD_SAs follow; an unknown SPI changes nothing.
+#[test]
+fn authenticated_esp_from_a_new_address_moves_the_sa_behind_a_nat() {
+    let mut p = nat_pair(114);
+    p.enable_nat();
+    p.connect();
+    let (&spi_b, cb) = p.b.children.iter().next().expect("child");
+    let (local, old) = (cb.local, cb.remote);
+    let moved = std::net::SocketAddr::new(old.ip(), old.port() + 7);
+    p.b.ep.peer_address_seen(p.now, spi_b, local, moved);
+    p.run_for(Duration::from_millis(1));
+    assert_eq!(address_changes(&p.b), vec![moved]);
+    assert_eq!(p.b.live_ike(p.now)[0].remote, moved);
+
+    let unknown = wire::EspSpi(0x0bad_5a1d);
+    assert!(!p.b.children.contains_key(&unknown));
+    p.b.ep.peer_address_seen(p.now, unknown, local, old);
+    p.run_for(Duration::from_millis(1));
+    assert_eq!(address_changes(&p.b), vec![moved], "unknown SPI ignored");
+    // The same address again is no change either.
+    p.b.ep.peer_address_seen(p.now, spi_b, local, moved);
+    p.run_for(Duration::from_millis(1));
+    assert_eq!(address_changes(&p.b).len(), 1);
+}
+
+/// Without a NAT between the peers, an address change is never taken from ESP (RFC 7296
+/// §2.23 allows dynamic updates only when a NAT was detected).
+#[test]
+fn esp_from_a_new_address_without_nat_changes_nothing() {
+    let mut p = nat_pair(115);
+    p.connect();
+    let (&spi_b, cb) = p.b.children.iter().next().expect("child");
+    let (local, old) = (cb.local, cb.remote);
+    let elsewhere = std::net::SocketAddr::new(old.ip(), 4501);
+    p.b.ep.peer_address_seen(p.now, spi_b, local, elsewhere);
+    p.run_for(Duration::from_millis(1));
+    assert!(address_changes(&p.b).is_empty());
+    assert_eq!(p.b.live_ike(p.now)[0].remote, old);
 }
 
 #[test]
@@ -250,7 +364,17 @@ fn snapshot_and_restore_on_another_endpoint() {
     p.run_for(Duration::from_secs(10));
     let ike = p.b.ep.status(p.now)[0].ike;
     let snap = p.b.ep.snapshot(p.now, ike).expect("snapshot");
-    assert!(p.b.ep.snapshot(p.now, IkeSpis { initiator: wire::IkeSpi(1), responder: wire::IkeSpi(2) }).is_none());
+    assert!(p
+        .b
+        .ep
+        .snapshot(
+            p.now,
+            IkeSpis {
+                initiator: wire::IkeSpi(1),
+                responder: wire::IkeSpi(2)
+            }
+        )
+        .is_none());
     // The standby takes over B's address with the same configuration.
     let mut standby = Node::new(B_ADDR, 4242, EndpointConfig::default(), p.now);
     let mut b = cfg_b();
@@ -258,10 +382,13 @@ fn snapshot_and_restore_on_another_endpoint() {
     b.dpd_delay = Some(Duration::from_secs(30));
     standby.ep.add_peer(p.now, b).expect("b");
     assert_eq!(standby.ep.restore(p.now, &snap).expect("restore"), ike);
-    assert!(matches!(standby.ep.restore(p.now, &snap), Err(Error::DuplicateSa(_))));
+    assert!(matches!(
+        standby.ep.restore(p.now, &snap),
+        Err(Error::DuplicateSa(_))
+    ));
     assert!(standby.ep.restore(p.now, &snap[..snap.len() - 1]).is_err());
     assert!(standby.ep.restore(p.now, b"junk").is_err());
-    standby.children = std::mem::take(&mut p.b.children);
+    standby.take_data_path(&mut p.b);
     p.b = standby;
     let before = p.b.ep.status(p.now);
     assert_eq!(before[0].children.len(), 1);
@@ -272,7 +399,11 @@ fn snapshot_and_restore_on_another_endpoint() {
     p.run_for(Duration::from_secs(10));
     p.assert_one_ike_sa();
     p.assert_children_consistent();
-    assert!(p.a.deleted_reasons().iter().all(|r| *r == DeleteReason::Rekeyed));
+    assert!(p
+        .a
+        .deleted_reasons()
+        .iter()
+        .all(|r| *r == DeleteReason::Rekeyed));
 }
 
 #[test]
@@ -313,7 +444,11 @@ fn delete_into_a_dead_link_with_timers_armed() {
     p.up = false;
     p.a.ep.terminate(p.now, TunnelId(1)).expect("terminate");
     // Every timer of the deleting SA comes due while the DELETE is retransmitted.
-    assert!(p.run_until(Duration::from_secs(400), |p| p.a.ep.status(p.now).is_empty()));
+    assert!(p.run_until(Duration::from_secs(400), |p| p
+        .a
+        .ep
+        .status(p.now)
+        .is_empty()));
     assert_eq!(p.a.deleted_reasons(), vec![DeleteReason::LocalRequest]);
     assert!(p.a.ep.poll_timeout().is_none());
 }

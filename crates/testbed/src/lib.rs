@@ -17,6 +17,8 @@
 //!   encapsulation, RFC 3948) configured from Rust structs and observed through
 //!   `swanctl --list-sas`.
 //! - [`traffic`] measures: ping loss, iperf3 throughput, pcap captures.
+//! - [`inject`] sends hand-made UDP datagrams from inside a namespace, attaches an extra
+//!   host to the WAN and reads the UDP datagrams of a pcap (robustness tests).
 //! - [`etcd::Etcd`] runs a single-member etcd for distributed-store tests.
 //! - [`Topology`] builds the standard picture (sites, optional NAT, gateway,
 //!   cloud hosts with VXLAN and VMs) from a [`TopologySpec`] and returns every
@@ -41,6 +43,7 @@ mod bed;
 pub mod cmd;
 mod error;
 pub mod etcd;
+pub mod inject;
 pub mod names;
 mod netns;
 pub mod prefix;

@@ -295,6 +295,25 @@ impl Netns {
             .map(drop)
     }
 
+    /// Simulates a NAT rebinding on a namespace set up with [`Netns::add_masquerade`]: the
+    /// masquerade rule now maps sources to ports `ports.0..=ports.1` and the connection
+    /// tracking table of this namespace is flushed, so every flow gets a new outside port.
+    pub fn rebind_masquerade(&self, out_if: &str, ports: (u16, u16)) -> Result<()> {
+        let script = format!(
+            "flush chain inet protego_nat postrouting\n\
+             add rule inet protego_nat postrouting oifname \"{out_if}\" meta l4proto {{ tcp, udp }} masquerade to :{}-{}\n\
+             add rule inet protego_nat postrouting oifname \"{out_if}\" masquerade\n",
+            ports.0, ports.1
+        );
+        let path = self.bed.dir().join(format!("nat-rebind-{}.nft", self.name));
+        fs::write(&path, script).map_err(|e| Error::io("write", &path, e))?;
+        self.exec(Cmd::new("nft").args(["-f", &path.to_string_lossy()]))?;
+        // `conntrack -F` exits non-zero on an empty table on some versions; the flush is
+        // what matters, so only a missing tool is an error.
+        self.exec_output(Cmd::new("conntrack").args(["-F"]))
+            .map(drop)
+    }
+
     /// The pids of all processes inside the namespace.
     pub fn pids(&self) -> Result<Vec<u32>> {
         let out = Cmd::new("ip").args(["netns", "pids", &self.name]).run()?;

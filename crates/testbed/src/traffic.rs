@@ -199,6 +199,10 @@ pub struct IperfOptions {
     pub port: u16,
     /// UDP at this many bits/s (`-u -b`); TCP when `None`.
     pub udp_bitrate: Option<u64>,
+    /// Cap a TCP stream at this many bits/s (`-b`; ignored for UDP). Keeps a test that must
+    /// lose nothing below what the slowest hop can carry (strongSwan's userspace ESP drops at
+    /// its TUN queue when it is overrun).
+    pub tcp_bitrate: Option<u64>,
     /// Server sends, client receives (`-R`).
     pub reverse: bool,
     /// Parallel streams (`-P`).
@@ -215,6 +219,7 @@ impl IperfOptions {
             bind: None,
             port: IPERF3_PORT,
             udp_bitrate: None,
+            tcp_bitrate: None,
             reverse: false,
             parallel: 1,
             length: None,
@@ -239,6 +244,47 @@ pub struct IperfResult {
     pub lost_percent: Option<f64>,
     /// UDP jitter in milliseconds (UDP only).
     pub jitter_ms: Option<f64>,
+    /// The client's per-interval reports (`-J` `intervals`, one per second by default), in
+    /// order: a stall shows as an interval with zero bytes.
+    pub intervals: Vec<IperfInterval>,
+}
+
+/// One interval of an iperf3 run, as the client reported it (sender side for TCP and UDP
+/// sends, receiver side with `-R`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct IperfInterval {
+    /// Start, seconds since the test began.
+    pub start: f64,
+    /// End, seconds since the test began.
+    pub end: f64,
+    /// Bytes moved in the interval (all streams).
+    pub bytes: u64,
+}
+
+impl IperfResult {
+    /// The intervals that moved no data.
+    pub fn stalled_intervals(&self) -> Vec<&IperfInterval> {
+        self.intervals.iter().filter(|i| i.bytes == 0).collect()
+    }
+}
+
+/// The `intervals` array of `iperf3 -J` output (each interval's `sum`).
+fn parse_intervals(v: &serde_json::Value) -> Vec<IperfInterval> {
+    v.get("intervals")
+        .and_then(|i| i.as_array())
+        .map(|list| {
+            list.iter()
+                .filter_map(|i| {
+                    let sum = i.get("sum")?;
+                    Some(IperfInterval {
+                        start: sum.get("start")?.as_f64()?,
+                        end: sum.get("end")?.as_f64()?,
+                        bytes: sum.get("bytes")?.as_u64()?,
+                    })
+                })
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 /// Runs an iperf3 client in `ns` against `server` and parses its JSON report.
@@ -260,6 +306,8 @@ pub fn iperf3_client(ns: &Netns, server: IpAddr, opts: &IperfOptions) -> Result<
     }
     if let Some(rate) = opts.udp_bitrate {
         cmd = cmd.args(["-u".to_owned(), "-b".to_owned(), rate.to_string()]);
+    } else if let Some(rate) = opts.tcp_bitrate {
+        cmd = cmd.args(["-b".to_owned(), rate.to_string()]);
     }
     if opts.reverse {
         cmd = cmd.arg("-R");
@@ -317,6 +365,7 @@ pub fn parse_iperf3_json(text: &str) -> Result<IperfResult> {
             retransmits: u(sent, "retransmits"),
             lost_percent: udp.and_then(|s| f(s, "lost_percent")),
             jitter_ms: udp.and_then(|s| f(s, "jitter_ms")),
+            intervals: parse_intervals(&v),
         });
     }
     // UDP on iperf3 3.12: one `sum` with the receiver's view of loss.
@@ -334,6 +383,7 @@ pub fn parse_iperf3_json(text: &str) -> Result<IperfResult> {
         retransmits: None,
         lost_percent: Some(lost),
         jitter_ms: f(sum, "jitter_ms"),
+        intervals: parse_intervals(&v),
     })
 }
 
@@ -403,33 +453,104 @@ pub fn tshark_fields(
     display_filter: &str,
     fields: &[&str],
 ) -> Result<Vec<Vec<String>>> {
-    let mut cmd = Cmd::new("tshark").args([
-        "-n",
-        "-r",
-        &pcap.to_string_lossy(),
-        "-T",
-        "fields",
-        "-E",
-        "separator=\t",
-        "-E",
-        "occurrence=f",
-    ]);
-    if !display_filter.is_empty() {
-        cmd = cmd.args(["-Y", display_filter]);
-    }
-    for f in fields {
-        cmd = cmd.args(["-e", f]);
-    }
-    let out = cmd.timeout(Duration::from_secs(60)).run()?;
-    Ok(out
-        .lines()
-        .map(|l| l.split('\t').map(str::to_owned).collect())
-        .collect())
+    Tshark::new().fields(pcap, display_filter, fields)
 }
 
 /// Counts the packets in `pcap` matching a tshark display filter.
 pub fn tshark_count(pcap: &Path, display_filter: &str) -> Result<usize> {
-    Ok(tshark_fields(pcap, display_filter, &["frame.number"])?.len())
+    Tshark::new().count(pcap, display_filter)
+}
+
+/// A tshark decoder with options: a configuration directory (`WIRESHARK_CONFIG_DIR`, where
+/// Wireshark reads its user tables such as `ikev2_decryption_table` and `esp_sa`), preferences
+/// (`-o name:value`) and whether every occurrence of a field is printed.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Tshark {
+    config_dir: Option<PathBuf>,
+    prefs: Vec<(String, String)>,
+    all_occurrences: bool,
+}
+
+impl Tshark {
+    /// Plain tshark: default preferences, first occurrence of each field.
+    pub fn new() -> Tshark {
+        Tshark::default()
+    }
+
+    /// tshark that decrypts IKEv2 and ESP with the keys in `dir`, a directory holding
+    /// Wireshark's `ikev2_decryption_table` and `esp_sa` (e.g. Protego's `key_log`):
+    /// the configuration directory plus ESP decryption and ICV checking turned on.
+    pub fn with_keys(dir: &Path) -> Tshark {
+        Tshark::new()
+            .config_dir(dir)
+            .pref("esp.enable_encryption_decode", "TRUE")
+            .pref("esp.enable_authentication_check", "TRUE")
+    }
+
+    /// Reads user tables and preferences from `dir` (`WIRESHARK_CONFIG_DIR`).
+    pub fn config_dir(mut self, dir: &Path) -> Tshark {
+        self.config_dir = Some(dir.to_owned());
+        self
+    }
+
+    /// Sets a preference (`-o name:value`).
+    pub fn pref(mut self, name: &str, value: &str) -> Tshark {
+        self.prefs.push((name.to_owned(), value.to_owned()));
+        self
+    }
+
+    /// Prints every occurrence of a field in a packet, joined with `,` (`-E occurrence=a`),
+    /// instead of the first.
+    pub fn all_occurrences(mut self) -> Tshark {
+        self.all_occurrences = true;
+        self
+    }
+
+    /// Decodes `pcap`: one row per packet matching the display filter, with the requested
+    /// fields (empty strings for absent ones).
+    pub fn fields(
+        &self,
+        pcap: &Path,
+        display_filter: &str,
+        fields: &[&str],
+    ) -> Result<Vec<Vec<String>>> {
+        let occurrence = if self.all_occurrences { "a" } else { "f" };
+        let mut cmd = Cmd::new("tshark").args([
+            "-n".to_owned(),
+            "-r".to_owned(),
+            pcap.to_string_lossy().into_owned(),
+            "-T".to_owned(),
+            "fields".to_owned(),
+            "-E".to_owned(),
+            "separator=\t".to_owned(),
+            "-E".to_owned(),
+            "aggregator=,".to_owned(),
+            "-E".to_owned(),
+            format!("occurrence={occurrence}"),
+        ]);
+        if let Some(dir) = &self.config_dir {
+            cmd = cmd.env("WIRESHARK_CONFIG_DIR", dir.to_string_lossy());
+        }
+        for (name, value) in &self.prefs {
+            cmd = cmd.args(["-o".to_owned(), format!("{name}:{value}")]);
+        }
+        if !display_filter.is_empty() {
+            cmd = cmd.args(["-Y", display_filter]);
+        }
+        for f in fields {
+            cmd = cmd.args(["-e", f]);
+        }
+        let out = cmd.timeout(Duration::from_secs(60)).run()?;
+        Ok(out
+            .lines()
+            .map(|l| l.split('\t').map(str::to_owned).collect())
+            .collect())
+    }
+
+    /// Counts the packets in `pcap` matching a display filter.
+    pub fn count(&self, pcap: &Path, display_filter: &str) -> Result<usize> {
+        Ok(self.fields(pcap, display_filter, &["frame.number"])?.len())
+    }
 }
 
 #[cfg(test)]
@@ -462,6 +583,13 @@ mod tests {
         assert_eq!(r.received_bps, 3960.0);
         assert_eq!(r.retransmits, Some(3));
         assert_eq!(r.lost_percent, None);
+        assert!(r.intervals.is_empty());
+
+        let with_intervals = r#"{"intervals":[{"sum":{"start":0,"end":1.0,"bytes":500}},{"sum":{"start":1.0,"end":2.0,"bytes":0}}],"end":{"sum_sent":{"bytes":500,"bits_per_second":2000.0},"sum_received":{"bytes":500,"bits_per_second":2000.0}}}"#;
+        let r = parse_iperf3_json(with_intervals).expect("valid");
+        assert_eq!(r.intervals.len(), 2);
+        assert_eq!(r.intervals[0].bytes, 500);
+        assert_eq!(r.stalled_intervals(), vec![&r.intervals[1]]);
 
         let udp = r#"{"end":{"sum":{"bytes":1000,"bits_per_second":8000.0,"lost_percent":25.0,"jitter_ms":0.1}}}"#;
         let r = parse_iperf3_json(udp).expect("valid");

@@ -396,3 +396,63 @@ fn dpd_clears_dead_peer_and_restart_brings_it_back() -> Result<()> {
     bed.teardown()?;
     Ok(())
 }
+
+/// The site's NAT rebinds (new outside port) in the middle of a 100 Hz ping: Protego follows
+/// the peer to its new address (RFC 7296 §2.23, RFC 3948) and the tunnel keeps carrying
+/// traffic; IKE exchanges (a CHILD rekey) still work afterwards.
+#[test]
+fn nat_rebinding_moves_the_tunnel_to_the_new_port() -> Result<()> {
+    let bed = Testbed::new()?;
+    let topo = Topology::build(&bed, one_tenant(true)?)?;
+    let tun = GatewayTunnel::for_site(&topo, 0, PSK);
+    let gw = ProtegoGateway::start(&bed, &topo, std::slice::from_ref(&tun), &[])?;
+    let site = site_charon(&topo, &tun)?;
+    site.initiate("net", UP)?;
+    let first = site.wait_child_installed("net", UP)?;
+    ping_all_vms(&topo, 0, 5)?;
+    let nat = topo.sites[0].nat.as_ref().expect("site behind NAT");
+    let remote_of = |st: &serde_json::Value| {
+        st["ike_sas"][0]["remote"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned()
+    };
+    let before = remote_of(&tunnel_status(&gw, &tun.name)?);
+
+    let s = &topo.sites[0];
+    let vm = &topo.tenants[0].vms[0];
+    let ping = std::thread::scope(|scope| -> Result<traffic::PingStats> {
+        let pinger = scope.spawn(|| {
+            traffic::ping(
+                &s.ns,
+                vm.addr.addr,
+                &PingOptions::new(400, Duration::from_millis(10)).from(s.lan_addr),
+            )
+        });
+        std::thread::sleep(Duration::from_secs(1));
+        nat.ns.rebind_masquerade(&nat.outside_if, (31000, 31999))?;
+        pinger.join().expect("pinger")
+    })?;
+    let after = remote_of(&tunnel_status(&gw, &tun.name)?);
+    assert_ne!(before, after, "the peer's port did not change");
+    assert!(
+        after.starts_with(&nat.outside.addr.to_string()),
+        "{before} -> {after}"
+    );
+    let port: u16 = after
+        .rsplit(':')
+        .next()
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_default();
+    assert!((31000..=31999).contains(&port), "{before} -> {after}");
+    assert!(
+        ping.all_received(),
+        "pings lost across the NAT rebinding ({before} -> {after}): {ping:?}"
+    );
+    // IKE follows too: a rekey started by the peer goes through the new mapping.
+    site.rekey_child("net")?;
+    site.wait_child_rekeyed("net", &first.spi_in, UP)?;
+    ping_all_vms(&topo, 0, 10)?;
+    bed.teardown()?;
+    Ok(())
+}

@@ -3,12 +3,12 @@
 //!
 //! No I/O, no clock, no randomness.
 
-pub mod ike;
 pub mod arp;
 pub mod error;
 pub mod esp;
 pub mod ethernet;
 mod field;
+pub mod ike;
 pub mod ip;
 pub mod ndp;
 #[cfg(test)]

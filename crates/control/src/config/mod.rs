@@ -95,6 +95,7 @@ impl std::fmt::Debug for Tunnel {
             .field("local_ts", &p.local_ts)
             .field("remote_ts", &p.remote_ts)
             .field("ike_rekey_time", &p.ike_rekey_time)
+            .field("ike_over_time", &p.ike_over_time)
             .field("child_rekey_time", &p.child_rekey_time)
             .field("child_life_time", &p.child_life_time)
             .field("rand_time", &p.rand_time)

@@ -96,6 +96,7 @@ pub(crate) struct RawTunnel {
     pub(crate) child_rekey_time: Option<Spanned<DurationValue>>,
     pub(crate) life_time: Option<Spanned<DurationValue>>,
     pub(crate) rand_time: Option<Spanned<DurationValue>>,
+    pub(crate) over_time: Option<Spanned<DurationValue>>,
     pub(crate) dpd_delay: Option<Spanned<DurationValue>>,
     pub(crate) replay_window: Option<Spanned<i64>>,
 }

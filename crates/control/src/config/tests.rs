@@ -294,7 +294,10 @@ fn minimal_file_gets_swanctl_defaults() {
     assert_eq!(t.peer.child_rekey_time, Duration::from_secs(3_600));
     assert_eq!(t.peer.child_life_time, Duration::from_secs(3_960));
     assert_eq!(t.peer.rand_time, Duration::from_secs(360));
-    assert_eq!(t.peer.replay_window, 1024, "Protego's default, larger than swanctl's 32");
+    assert_eq!(
+        t.peer.replay_window, 1024,
+        "Protego's default, larger than swanctl's 32"
+    );
     assert_eq!(t.peer.dpd_delay, None);
     assert_eq!(t.peer.dpd_action, DpdAction::Clear);
     assert_eq!(
@@ -660,6 +663,39 @@ fn durations_accept_integers() {
         config.tunnels[0].peer.ike_rekey_time,
         Duration::from_secs(86_400)
     );
+    // swanctl's default hard lifetime margin: 10 % of the IKE rekey time.
+    assert_eq!(
+        config.tunnels[0].peer.ike_over_time,
+        Duration::from_secs(8_640)
+    );
+}
+
+#[test]
+fn over_time_is_the_ike_sa_hard_lifetime_margin() {
+    let scratch = Scratch::new();
+    let config = scratch
+        .parse(&with_tunnel(&format!(
+            "{TUNNEL_A}rekey_time = \"10m\"\nover_time = \"30s\"\n"
+        )))
+        .unwrap();
+    assert_eq!(
+        config.tunnels[0].peer.ike_over_time,
+        Duration::from_secs(30)
+    );
+    assert!(
+        config.summary().contains("over_time 30s"),
+        "{}",
+        config.summary()
+    );
+    let config = scratch
+        .parse(&with_tunnel(&format!("{TUNNEL_A}over_time = 0\n")))
+        .unwrap();
+    assert!(
+        config.tunnels[0].peer.ike_over_time.is_zero(),
+        "0 disables it"
+    );
+    let text = with_tunnel(&format!("{TUNNEL_A}over_time = \"soon\"\n"));
+    expect_error(&text, "over_time", "over_time", "");
 }
 
 #[test]

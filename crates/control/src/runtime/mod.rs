@@ -15,7 +15,9 @@ use crate::keylog::KeyLog;
 use crate::status::format_ts;
 use crossbeam_channel::{bounded, Receiver, Select, Sender};
 use dataplane::{DataPath, ToControl};
-use ike::{DeleteReason, DpdAction, Endpoint, Event, IkeSaStatus, IkeSpis, StartAction, TunnelId};
+use ike::{
+    DeleteReason, DpdAction, Endpoint, Event, IkeSaStatus, IkeSpis, IkeStats, StartAction, TunnelId,
+};
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -30,9 +32,11 @@ const TRANSMIT_BUFFER: usize = 65_536;
 
 /// A request to the control loop.
 enum Command {
-    Status(Sender<Vec<IkeSaStatus>>),
+    Status(Sender<(Vec<IkeSaStatus>, IkeStats)>),
     Initiate(TunnelId, Sender<Result<(), CommandFailure>>),
     Terminate(TunnelId, Sender<Result<(), CommandFailure>>),
+    RekeyChild(TunnelId, Sender<Result<(), CommandFailure>>),
+    RekeyIke(TunnelId, Sender<Result<(), CommandFailure>>),
     Shutdown { grace: Duration },
 }
 
@@ -51,6 +55,11 @@ pub struct ControlHandle {
 impl ControlHandle {
     /// The engine's current IKE SA table.
     pub fn ike_status(&self) -> Result<Vec<IkeSaStatus>, Error> {
+        self.ike_report().map(|(sas, _)| sas)
+    }
+
+    /// The engine's IKE SA table and its counters of dropped IKE datagrams, read together.
+    pub fn ike_report(&self) -> Result<(Vec<IkeSaStatus>, IkeStats), Error> {
         let (tx, rx) = bounded(1);
         self.commands
             .send(Command::Status(tx))
@@ -67,6 +76,18 @@ impl ControlHandle {
     /// Deletes the tunnel's SAs, telling the peer (`swanctl --terminate`).
     pub fn terminate(&self, tunnel: TunnelId) -> Result<(), Error> {
         self.request("terminate", tunnel, |tx| Command::Terminate(tunnel, tx))
+    }
+
+    /// Starts rekeying the tunnel's CHILD_SA now (`swanctl --rekey --child`); returns once
+    /// the request is queued, not when the rekey is done.
+    pub fn rekey_child(&self, tunnel: TunnelId) -> Result<(), Error> {
+        self.request("rekey", tunnel, |tx| Command::RekeyChild(tunnel, tx))
+    }
+
+    /// Starts rekeying the tunnel's IKE SA now (`swanctl --rekey --ike`); returns once the
+    /// request is queued.
+    pub fn rekey_ike(&self, tunnel: TunnelId) -> Result<(), Error> {
+        self.request("rekey-ike", tunnel, |tx| Command::RekeyIke(tunnel, tx))
     }
 
     fn request(
@@ -321,13 +342,22 @@ impl Driver {
                     warn!(spi_in = %spi, error = %e, "cannot rekey CHILD_SA");
                 }
             }
+            ToControl::PeerAddressSeen {
+                inbound_spi,
+                local,
+                remote,
+            } => {
+                debug!(spi_in = %inbound_spi, %remote, "authenticated ESP from a new peer address");
+                self.endpoint
+                    .peer_address_seen(now, inbound_spi, local, remote);
+            }
         }
     }
 
     fn on_command(&mut self, now: Instant, command: Command) {
         match command {
             Command::Status(reply) => {
-                let _ = reply.send(self.endpoint.status(now));
+                let _ = reply.send((self.endpoint.status(now), self.endpoint.stats().clone()));
             }
             Command::Initiate(tunnel, reply) => {
                 let result = if self.shutdown_deadline.is_some() {
@@ -347,8 +377,44 @@ impl Driver {
                         .map_err(CommandFailure::Engine),
                 );
             }
+            Command::RekeyChild(tunnel, reply) => {
+                let result = if self.shutdown_deadline.is_some() {
+                    Err(CommandFailure::ShuttingDown)
+                } else {
+                    self.rekey_tunnel_child(now, tunnel)
+                        .map_err(CommandFailure::Engine)
+                };
+                let _ = reply.send(result);
+            }
+            Command::RekeyIke(tunnel, reply) => {
+                let result = if self.shutdown_deadline.is_some() {
+                    Err(CommandFailure::ShuttingDown)
+                } else {
+                    self.endpoint
+                        .rekey_ike(now, tunnel)
+                        .map_err(CommandFailure::Engine)
+                };
+                let _ = reply.send(result);
+            }
             Command::Shutdown { grace } => self.begin_shutdown(now, grace),
         }
+    }
+
+    /// Rekeys the tunnel's CHILD_SA: the oldest one of its newest established IKE SA. A tunnel
+    /// carries one CHILD_SA; while a rekey of it is under way (ours or the peer's) the oldest is
+    /// the one being replaced, and the engine leaves it alone, as swanctl does with a CHILD_SA
+    /// that is already rekeying (rekeying its successor before the peer's DELETE of the old
+    /// one would only be postponed).
+    fn rekey_tunnel_child(&mut self, now: Instant, tunnel: TunnelId) -> Result<(), ike::Error> {
+        let current = self
+            .endpoint
+            .status(now)
+            .into_iter()
+            .filter(|s| s.tunnel == Some(tunnel) && s.state == ike::IkeSaState::Established)
+            .max_by_key(|s| std::cmp::Reverse(s.age_secs))
+            .and_then(|s| s.children.first().map(|c| c.inbound_spi))
+            .ok_or(ike::Error::NotEstablished(tunnel))?;
+        self.endpoint.rekey_child(now, current)
     }
 
     /// Terminates every tunnel that has an IKE SA, so that peers get a DELETE, and arms the

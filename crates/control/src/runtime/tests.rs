@@ -539,6 +539,36 @@ fn terminate_and_initiate_commands() {
 }
 
 #[test]
+fn rekey_commands_rekey_the_child_and_the_ike_sa() {
+    let (a, b) = pair("rekey-command-test", "", "", "");
+    wait_up(&a, &b);
+    let handle = a.control().handle();
+    let ike_before = handle.ike_status().unwrap()[0].ike;
+    let (old_in, _) = a.path.live()[0];
+    handle.rekey_child(TunnelId(1)).unwrap();
+    wait_until(10, "the CHILD_SA was replaced on both sides", || {
+        let (a_live, b_live) = (a.path.live(), b.path.live());
+        a_live.len() == 1
+            && b_live.len() == 1
+            && a_live[0].0 != old_in
+            && a_live[0].0 == b_live[0].1
+    });
+    handle.rekey_ike(TunnelId(1)).unwrap();
+    wait_until(10, "one IKE SA with new SPIs", || {
+        handle
+            .ike_status()
+            .is_ok_and(|s| s.len() == 1 && s[0].ike != ike_before)
+    });
+    assert!(matches!(
+        handle.rekey_child(TunnelId(9)),
+        Err(Error::Command {
+            command: "rekey",
+            ..
+        })
+    ));
+}
+
+#[test]
 fn key_log_is_written_when_enabled() {
     let scratch = scratch_dir();
     let dir = &scratch.0;

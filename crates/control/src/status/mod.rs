@@ -1,6 +1,6 @@
 //! Status of a running node: the JSON document `protego status` fetches over the control socket
-//! ([`StatusReport`]), how it is assembled from the IKE engine's SA table and the data plane's
-//! counters, and formatting helpers shared with the log lines (swanctl's notation for traffic
+//! ([`StatusReport`]), how it is assembled from the IKE engine's SA table and drop counters and
+//! the data plane's counters, and formatting helpers shared with the log lines (swanctl's notation for traffic
 //! selectors and identities).
 
 mod render;
@@ -14,7 +14,7 @@ pub use server::{query, query_status, Request, RequestHandler, Responder, Status
 
 use crate::config::{Config, TunnelInside};
 use dataplane::DataplaneStats;
-use ike::{IkeSaState, IkeSaStatus, TrafficSelector, TunnelId};
+use ike::{IkeSaState, IkeSaStatus, IkeStats, TrafficSelector, TunnelId};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
@@ -35,6 +35,10 @@ pub struct StatusReport {
     pub unmatched_ike_sas: usize,
     /// Node-wide data plane drop counters by reason.
     pub drops: BTreeMap<String, u64>,
+    /// Node-wide counters of IKE datagrams the engine dropped or refused, by reason
+    /// ([`ike::IkeDrop`] names; every reason present, zeros included).
+    #[serde(default)]
+    pub ike_drops: BTreeMap<String, u64>,
 }
 
 /// Summary state of a tunnel.
@@ -184,10 +188,12 @@ impl TunnelDirectory {
 }
 
 impl StatusReport {
-    /// Joins the IKE engine's SA table with the data plane's counters, tunnel by tunnel.
+    /// Joins the IKE engine's SA table with the data plane's counters, tunnel by tunnel, and
+    /// adds both drop counter maps.
     pub fn build(
         directory: &TunnelDirectory,
         ike_sas: &[IkeSaStatus],
+        ike_stats: &IkeStats,
         stats: &DataplaneStats,
         uptime_secs: u64,
     ) -> Self {
@@ -226,12 +232,17 @@ impl StatusReport {
         for (reason, count) in &stats.drops {
             *drops.entry(reason.clone()).or_insert(0) += count;
         }
+        let ike_drops = ike_stats
+            .iter()
+            .map(|(reason, count)| (reason.to_owned(), count))
+            .collect();
         Self {
             version: STATUS_VERSION,
             uptime_secs,
             tunnels,
             unmatched_ike_sas,
             drops,
+            ike_drops,
         }
     }
 }

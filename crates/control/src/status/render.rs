@@ -1,7 +1,9 @@
 //! Text rendering of a [`StatusReport`] for `protego status`: the SA layout of
-//! `swanctl --list-sas` with the counter blocks of `ip -s link`.
+//! `swanctl --list-sas` with the counter blocks of `ip -s link`, then the data plane's and the
+//! IKE engine's drop counters.
 
 use super::{ChildSaReport, IkeSaReport, StatusReport, TunnelState};
+use std::collections::BTreeMap;
 use std::fmt::Write;
 
 /// Renders the report as text.
@@ -53,17 +55,23 @@ pub fn render_text(report: &StatusReport) -> String {
             report.unmatched_ike_sas
         );
     }
-    let nonzero: Vec<_> = report.drops.iter().filter(|(_, n)| **n > 0).collect();
+    render_counters(&mut out, "drops", &report.drops);
+    render_counters(&mut out, "ike drops", &report.ike_drops);
+    out
+}
+
+/// A `title:` block of the non-zero counters, one `reason  count` line each, or `title: none`.
+fn render_counters(out: &mut String, title: &str, counters: &BTreeMap<String, u64>) {
+    let nonzero: Vec<_> = counters.iter().filter(|(_, n)| **n > 0).collect();
     if nonzero.is_empty() {
-        let _ = writeln!(out, "drops: none");
+        let _ = writeln!(out, "{title}: none");
     } else {
         let width = nonzero.iter().map(|(k, _)| k.len()).max().unwrap_or(0);
-        let _ = writeln!(out, "drops:");
+        let _ = writeln!(out, "{title}:");
         for (reason, count) in nonzero {
             let _ = writeln!(out, "  {reason:<width$}  {count}");
         }
     }
-    out
 }
 
 fn render_ike(out: &mut String, sa: &IkeSaReport, local_id: &str, remote_id: &str) {

@@ -1,7 +1,7 @@
 //! The control socket: a Unix stream socket (mode 0600) speaking one request per line and one
 //! JSON document per answer line. A request is either a bare word (`status`, `ping`,
-//! `initiate NAME`, `terminate NAME`) or a JSON object (`{"command":"status"}`); an answer is
-//! the command's JSON document, or `{"error":"..."}`.
+//! `initiate NAME`, `terminate NAME`, `rekey NAME`, `rekey-ike NAME`) or a JSON object
+//! (`{"command":"status"}`); an answer is the command's JSON document, or `{"error":"..."}`.
 
 use super::{StatusReport, TunnelDirectory};
 use crate::error::Error;
@@ -47,6 +47,16 @@ pub enum Request {
         /// Tunnel name.
         tunnel: String,
     },
+    /// Rekey the named tunnel's CHILD_SA now (as `swanctl --rekey --child`).
+    Rekey {
+        /// Tunnel name.
+        tunnel: String,
+    },
+    /// Rekey the named tunnel's IKE SA now (as `swanctl --rekey --ike`).
+    RekeyIke {
+        /// Tunnel name.
+        tunnel: String,
+    },
 }
 
 impl Request {
@@ -71,10 +81,19 @@ impl Request {
             ("terminate", Some(t)) => Ok(Request::Terminate {
                 tunnel: t.to_owned(),
             }),
-            ("initiate" | "terminate", None) => Err(format!("{command} needs a tunnel name")),
+            ("rekey", Some(t)) => Ok(Request::Rekey {
+                tunnel: t.to_owned(),
+            }),
+            ("rekey-ike", Some(t)) => Ok(Request::RekeyIke {
+                tunnel: t.to_owned(),
+            }),
+            ("initiate" | "terminate" | "rekey" | "rekey-ike", None) => {
+                Err(format!("{command} needs a tunnel name"))
+            }
             ("status" | "ping", Some(_)) => Err(format!("{command} takes no argument")),
             (other, _) => Err(format!(
-                "unknown command {other:?} (status, ping, initiate NAME, terminate NAME)"
+                "unknown command {other:?} (status, ping, initiate NAME, terminate NAME, \
+                 rekey NAME, rekey-ike NAME)"
             )),
         }
     }
@@ -111,11 +130,12 @@ impl Responder {
 
     /// The current status report.
     pub fn status(&self) -> Result<StatusReport, Error> {
-        let ike = self.control.ike_status()?;
+        let (ike, ike_stats) = self.control.ike_report()?;
         let stats = self.datapath.stats();
         Ok(StatusReport::build(
             &self.directory,
             &ike,
+            &ike_stats,
             &stats,
             self.started.elapsed().as_secs(),
         ))
@@ -145,6 +165,14 @@ impl RequestHandler for Responder {
             },
             Request::Terminate { tunnel } => match self.tunnel_id(&tunnel) {
                 Ok(id) => self.control.terminate(id).map(|()| json!({ "ok": true })),
+                Err(v) => return v,
+            },
+            Request::Rekey { tunnel } => match self.tunnel_id(&tunnel) {
+                Ok(id) => self.control.rekey_child(id).map(|()| json!({ "ok": true })),
+                Err(v) => return v,
+            },
+            Request::RekeyIke { tunnel } => match self.tunnel_id(&tunnel) {
+                Ok(id) => self.control.rekey_ike(id).map(|()| json!({ "ok": true })),
                 Err(v) => return v,
             },
         };

@@ -4,7 +4,9 @@
 use super::*;
 use crate::error::Error;
 use dataplane::{ChildStats, DataplaneStats};
-use ike::{ChildSaStatus, IkeSaState, IkeSaStatus, IkeSpis, TrafficSelector, TunnelId};
+use ike::{
+    ChildSaStatus, IkeDrop, IkeSaState, IkeSaStatus, IkeSpis, IkeStats, TrafficSelector, TunnelId,
+};
 use serde_json::{json, Value};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -90,7 +92,10 @@ fn sample_report() -> StatusReport {
             ("esp_replay".into(), 1),
         ],
     };
-    StatusReport::build(&directory(), &sas, &stats, 3_700)
+    let mut report = StatusReport::build(&directory(), &sas, &IkeStats::default(), &stats, 3_700);
+    *report.ike_drops.get_mut("icv_failed").unwrap() = 2;
+    *report.ike_drops.get_mut("truncated").unwrap() = 11;
+    report
 }
 
 #[test]
@@ -132,6 +137,12 @@ fn report_joins_engine_and_data_plane() {
     assert_eq!(r.unmatched_ike_sas, 1);
     assert_eq!(r.drops.get("esp_replay"), Some(&4), "same reason summed");
     assert_eq!(r.drops.get("esp_unknown_spi"), Some(&0));
+    // Every IKE drop reason is listed under its stable name.
+    assert_eq!(r.ike_drops.len(), IkeDrop::ALL.len());
+    assert!(IkeDrop::ALL
+        .iter()
+        .all(|d| r.ike_drops.contains_key(d.name())));
+    assert_eq!(r.ike_drops.get("icv_failed"), Some(&2));
 }
 
 #[test]
@@ -143,7 +154,13 @@ fn established_sa_is_listed_first_during_rekey() {
         },
         ike_sa(1, IkeSaState::Rekeying, vec![]),
     ];
-    let r = StatusReport::build(&directory(), &sas, &DataplaneStats::default(), 0);
+    let r = StatusReport::build(
+        &directory(),
+        &sas,
+        &IkeStats::default(),
+        &DataplaneStats::default(),
+        0,
+    );
     assert_eq!(r.tunnels[0].state, TunnelState::Established);
     assert_eq!(r.tunnels[0].ike_sas[0].state, "rekeying");
 }
@@ -163,6 +180,13 @@ fn json_round_trip() {
     );
     assert_eq!(v["tunnels"][0]["ike_sas"][0]["remote"], "192.0.2.2:4500");
     assert_eq!(v["tunnels"][2]["state"], "down");
+    assert_eq!(v["ike_drops"]["truncated"], 11);
+    assert_eq!(v["ike_drops"]["unknown_spi"], 0);
+    // A document from a node without IKE counters still parses.
+    let mut old = v.clone();
+    old.as_object_mut().unwrap().remove("ike_drops");
+    let back: StatusReport = serde_json::from_value(old).unwrap();
+    assert!(back.ike_drops.is_empty());
 }
 
 #[test]
@@ -200,6 +224,20 @@ fn text_rendering() {
         !text.contains("esp_unknown_spi"),
         "zero counters are not shown: {text}"
     );
+    assert!(
+        text.contains("ike drops:\n  icv_failed  2\n  truncated   11\n"),
+        "{text}"
+    );
+    assert!(!text.contains("unknown_spi"), "{text}");
+    let quiet = StatusReport::build(
+        &directory(),
+        &[],
+        &IkeStats::default(),
+        &DataplaneStats::default(),
+        0,
+    );
+    let text = render_text(&quiet);
+    assert!(text.ends_with("drops: none\nike drops: none\n"), "{text}");
 }
 
 #[test]
@@ -237,6 +275,19 @@ fn request_lines() {
         Request::parse_line(r#"{"command":"status"}"#),
         Ok(Request::Status)
     );
+    assert_eq!(
+        Request::parse_line("rekey hq"),
+        Ok(Request::Rekey {
+            tunnel: "hq".into()
+        })
+    );
+    assert_eq!(
+        Request::parse_line("rekey-ike hq"),
+        Request::parse_line(r#"{"command":"rekey_ike","tunnel":"hq"}"#)
+    );
+    assert!(Request::parse_line("rekey-ike")
+        .unwrap_err()
+        .contains("needs a tunnel name"));
     assert!(Request::parse_line("initiate")
         .unwrap_err()
         .contains("needs a tunnel name"));
@@ -271,7 +322,10 @@ impl RequestHandler for Fake {
         match request {
             Request::Status => serde_json::to_value(sample_report()).unwrap(),
             Request::Ping => json!({ "ok": true }),
-            Request::Initiate { tunnel } | Request::Terminate { tunnel } => {
+            Request::Initiate { tunnel }
+            | Request::Terminate { tunnel }
+            | Request::Rekey { tunnel }
+            | Request::RekeyIke { tunnel } => {
                 json!({ "error": format!("unknown tunnel {tunnel:?}") })
             }
         }

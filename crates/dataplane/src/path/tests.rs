@@ -429,6 +429,39 @@ fn rekey_moves_outbound_at_once_and_keeps_old_inbound() {
     assert_eq!(e.drops(DropReason::VxlanNoTunnel), 1);
 }
 
+/// The responder of a rekey receives on the new SA at once but keeps sending on the old one
+/// (the peer installs the new one only when our answer arrives) until the old one is removed.
+#[test]
+fn rekey_answered_keeps_sending_on_old_until_it_is_removed() {
+    let mut e = env();
+    let old = e.child(1, 0x1001, PEER_A);
+    e.sh.install_child(&old).expect("install");
+    let mut new = e.child(1, 0x1003, PEER_A);
+    new.replaces = Some(EspSpi(0x1001));
+    new.outbound_active = false;
+    e.sh.install_child(&new)
+        .expect("install rekeyed, inbound only");
+    let inner = udp4("10.0.0.5", 1000, "192.168.0.9", 2000, 64, b"out");
+    let out = |e: &mut Env| {
+        e.recv_from_host(
+            e.host(),
+            vxlan_frame(100, gw_mac(e, 0), VM_MAC, EtherType::IPV4, &inner),
+        );
+        spi_of(&e.sent().last().expect("sent").1)
+    };
+    assert_eq!(out(&mut e), 0x2001, "still sending on the old SA");
+    // The new inbound SA accepts already.
+    let peer_new = Peer::of(&new);
+    e.recv_from_peer(
+        PEER_A,
+        peer_new.seal(&udp4("192.168.0.9", 2000, "10.0.0.5", 1000, 64, b"in")),
+    );
+    assert_eq!(e.sent().len(), 1, "ARP request: the packet was accepted");
+    // The peer deleted the old SA: the new one sends.
+    e.sh.remove_child(TunnelId(1), EspSpi(0x1001), EspSpi(0x2001));
+    assert_eq!(out(&mut e), 0x2003);
+}
+
 #[test]
 fn install_is_validated() {
     let e = env();
@@ -458,6 +491,72 @@ fn update_peer_moves_outbound_destination() {
         vxlan_frame(100, gw_mac(&e, 0), VM_MAC, EtherType::IPV4, &inner),
     );
     assert_eq!(e.sent()[0].0, moved);
+}
+
+/// The peer's NAT rebinds while only ESP flows: the first authentic, newest packet from the
+/// new address moves the SA's outbound destination at once and is reported to control once;
+/// an older packet (reordered from before the move) and a forged one move nothing.
+#[test]
+fn authentic_esp_from_a_new_address_moves_the_sa() {
+    let mut e = env();
+    let a = e.child(1, 0x1001, PEER_A);
+    e.sh.install_child(&a).expect("install");
+    let peer = Peer::of(&a);
+    let inner = |n: u8| udp4("192.168.0.9", 2000, "10.0.0.5", 1000, 64, &[n; 8]);
+    let early = peer.seal(&inner(1));
+    let later = peer.seal(&inner(2));
+    e.recv_from_peer(PEER_A, later);
+    e.sent();
+    assert!(e.rx.try_recv().is_err(), "same address: nothing to report");
+
+    // A forged packet from a new address: dropped, no move.
+    let mut forged = peer.seal(&inner(3));
+    let last = forged.len() - 1;
+    forged[last] ^= 1;
+    e.recv_from_peer(PEER_B, forged);
+    assert!(e.rx.try_recv().is_err(), "forged ESP moved the SA");
+    // An authentic but older packet (sequence number below the newest) from the new
+    // address: accepted, no move.
+    e.recv_from_peer(PEER_B, early);
+    e.sent();
+    assert!(
+        e.rx.try_recv().is_err(),
+        "a reordered old packet moved the SA"
+    );
+
+    // Newest and authentic: moved and reported once.
+    e.recv_from_peer(PEER_B, peer.seal(&inner(4)));
+    e.recv_from_peer(PEER_B, peer.seal(&inner(5)));
+    e.sent();
+    let moved: SocketAddr = PEER_B.parse().expect("addr");
+    match e.rx.try_recv() {
+        Ok(ToControl::PeerAddressSeen {
+            inbound_spi,
+            local,
+            remote,
+        }) => {
+            assert_eq!(
+                (inbound_spi, local, remote),
+                (a.inbound_spi, e.natt(), moved)
+            );
+        }
+        other => panic!("expected PeerAddressSeen, got {other:?}"),
+    }
+    assert!(e.rx.try_recv().is_err(), "reported more than once");
+    // Answers go to the new address already.
+    let out = udp4("10.0.0.5", 1000, "192.168.0.9", 2000, 64, b"out");
+    e.recv_from_host(
+        e.host(),
+        vxlan_frame(100, gw_mac(&e, 0), VM_MAC, EtherType::IPV4, &out),
+    );
+    let host = e.host();
+    let to_peer: Vec<SocketAddr> = e
+        .sent()
+        .into_iter()
+        .map(|(to, _)| to)
+        .filter(|to| *to != host)
+        .collect();
+    assert_eq!(to_peer, vec![moved]);
 }
 
 #[test]

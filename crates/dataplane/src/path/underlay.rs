@@ -29,7 +29,7 @@ pub(crate) fn natt(
         Err(_) => o.drop_packet(DropReason::MalformedUdp),
         Ok(UdpEncap::NatKeepalive) => o.drop_packet(DropReason::NattKeepalive),
         Ok(UdpEncap::Ike) => ike(o, sh, local, src, &data[NON_ESP_MARKER_LEN..]),
-        Ok(UdpEncap::Esp(spi)) => esp(o, sh, t, now, spi, data),
+        Ok(UdpEncap::Esp(spi)) => esp(o, sh, t, now, (local, src), spi, data),
     }
 }
 
@@ -44,17 +44,41 @@ pub(crate) fn ike(o: &mut Out, sh: &Shared, local: SocketAddr, remote: SocketAdd
     }
 }
 
-/// An ESP packet (starting at the SPI).
-fn esp(o: &mut Out, sh: &Shared, t: &Tables, now: Instant, spi: EspSpi, data: &mut [u8]) {
+/// An ESP packet (starting at the SPI) that arrived on `addrs.0` from `addrs.1`.
+fn esp(
+    o: &mut Out,
+    sh: &Shared,
+    t: &Tables,
+    now: Instant,
+    (local, src): (SocketAddr, SocketAddr),
+    spi: EspSpi,
+    data: &mut [u8],
+) {
     let Some(child) = t.by_spi.get(&spi) else {
         o.drop_packet(DropReason::EspUnknownSpi);
         return;
     };
     let counters = &child.state.counters;
-    let (range, version) = match child.state.sa.open(data) {
+    let (range, version, newest) = match child.state.sa.open(data) {
         Ok(opened) => opened,
         Err(reason) => return o.drop_packet(reason),
     };
+    // NAT rebinding (RFC 7296 §2.23, RFC 3948): authentic ESP from a new address. Only the
+    // newest packet counts, so one reordered from before the move does not move the SA back.
+    // Every SA here is UDP-encapsulated, which the engine negotiates only with a NAT detected
+    // (or faked, `force_encap`), so the SAs of the IKE SA follow at once: the answer to this
+    // very packet already goes to the new address. The control plane moves the IKE SA too.
+    if src != child.remote && newest && child.state.take_move_report(src, false) {
+        sh.update_peer(child.tunnel, child.ike, local, src);
+        let msg = ToControl::PeerAddressSeen {
+            inbound_spi: spi,
+            local,
+            remote: src,
+        };
+        if !sh.tell_control(msg) {
+            child.state.take_move_report(src, true);
+        }
+    }
     let Some(pkt) = data.get_mut(range) else {
         return o.drop_packet(DropReason::EspMalformed);
     };

@@ -26,6 +26,11 @@ pub struct Node {
     pub children: HashMap<EspSpi, ChildSaInfo>,
     /// Datagrams this node sent (for counting keepalives etc.).
     pub sent: Vec<(SocketAddr, SocketAddr, Vec<u8>)>,
+    /// Per installed CHILD_SA (inbound SPI): whether it carries outbound traffic and its install
+    /// order, by the data plane's rule (`outbound_active`; when the sending SA goes, the
+    /// tunnel's newest remaining one sends).
+    pub sending: HashMap<EspSpi, (bool, u64)>,
+    installs: u64,
 }
 
 impl Node {
@@ -36,6 +41,51 @@ impl Node {
             events: Vec::new(),
             children: HashMap::new(),
             sent: Vec::new(),
+            sending: HashMap::new(),
+            installs: 0,
+        }
+    }
+
+    /// Takes over `other`'s data path state (installed CHILD_SAs and which of them send), as a
+    /// standby taking over a node's address does.
+    pub fn take_data_path(&mut self, other: &mut Node) {
+        self.children = std::mem::take(&mut other.children);
+        self.sending = std::mem::take(&mut other.sending);
+        self.installs = other.installs;
+    }
+
+    /// The installed CHILD_SA this node's data path would send `tunnel`'s traffic on.
+    pub fn sending_child(&self, tunnel: TunnelId) -> Option<&ChildSaInfo> {
+        self.sending
+            .iter()
+            .filter(|(spi, (active, _))| *active && self.children[*spi].tunnel == tunnel)
+            .max_by_key(|(_, (_, order))| *order)
+            .map(|(spi, _)| &self.children[spi])
+    }
+
+    fn track_install(&mut self, info: &ChildSaInfo) {
+        if info.outbound_active {
+            if let Some(old) = info.replaces.and_then(|r| self.sending.get_mut(&r)) {
+                old.0 = false;
+            }
+        }
+        let active = info.outbound_active || self.sending_child(info.tunnel).is_none();
+        self.installs += 1;
+        self.sending
+            .insert(info.inbound_spi, (active, self.installs));
+    }
+
+    fn track_delete(&mut self, tunnel: TunnelId, inbound: EspSpi) {
+        self.sending.remove(&inbound);
+        if self.sending_child(tunnel).is_none() {
+            let newest = self
+                .sending
+                .iter_mut()
+                .filter(|(spi, _)| self.children.get(*spi).is_some_and(|c| c.tunnel == tunnel))
+                .max_by_key(|(_, (_, order))| *order);
+            if let Some((_, s)) = newest {
+                s.0 = true;
+            }
         }
     }
 
@@ -64,12 +114,25 @@ impl Node {
                         remote: info.remote,
                         replay_window: info.replay_window,
                         replaces: info.replaces,
+                        outbound_active: info.outbound_active,
                         proposal: info.proposal.clone(),
                     };
-                    assert!(self.children.insert(info.inbound_spi, copy).is_none(), "SPI installed twice");
+                    assert!(
+                        self.children.insert(info.inbound_spi, copy).is_none(),
+                        "SPI installed twice"
+                    );
+                    self.track_install(info);
                 }
-                Event::ChildSaDeleted { inbound_spi, .. } => {
-                    assert!(self.children.remove(inbound_spi).is_some(), "deleted a CHILD_SA never installed: {inbound_spi}");
+                Event::ChildSaDeleted {
+                    tunnel,
+                    inbound_spi,
+                    ..
+                } => {
+                    assert!(
+                        self.children.remove(inbound_spi).is_some(),
+                        "deleted a CHILD_SA never installed: {inbound_spi}"
+                    );
+                    self.track_delete(*tunnel, *inbound_spi);
                 }
                 _ => {}
             }
@@ -143,6 +206,9 @@ pub struct Pair {
     flight: Vec<InFlight>,
     seq: u64,
     pub delivered: usize,
+    /// Check after every event that neither side sends on a rekeyed CHILD_SA the other has not
+    /// installed yet (its packets would be dropped). On by default.
+    pub check_sending: bool,
 }
 
 pub fn ike(s: &str) -> IkeProposal {
@@ -172,6 +238,7 @@ pub fn peer(id: u32, local: IpAddr, remote: IpAddr, local_id: &str, remote_id: &
         local_ts: vec![],
         remote_ts: vec![],
         ike_rekey_time: Duration::ZERO,
+        ike_over_time: Duration::ZERO,
         child_rekey_time: Duration::ZERO,
         child_life_time: Duration::ZERO,
         rand_time: Duration::ZERO,
@@ -206,13 +273,17 @@ impl Pair {
             b: Node::new(B_ADDR, seed.wrapping_mul(7).wrapping_add(2), cb, start),
             now: start,
             start,
-            link: LinkConfig { delay: Duration::from_millis(5), ..Default::default() },
+            link: LinkConfig {
+                delay: Duration::from_millis(5),
+                ..Default::default()
+            },
             up: true,
             nat: None,
             link_rng: SeededRng::new(seed ^ 0x5eed),
             flight: Vec::new(),
             seq: 0,
             delivered: 0,
+            check_sending: true,
         }
     }
 
@@ -248,7 +319,9 @@ impl Pair {
         for which in 0..2 {
             loop {
                 let node = if which == 0 { &mut self.a } else { &mut self.b };
-                let Some(t) = node.ep.poll_transmit(&mut buf) else { break };
+                let Some(t) = node.ep.poll_transmit(&mut buf) else {
+                    break;
+                };
                 assert_eq!(t.size, buf.len());
                 let mut from = t.local;
                 if from.ip().is_unspecified() {
@@ -270,16 +343,53 @@ impl Pair {
         }
         self.a.drain_events();
         self.b.drain_events();
+        if self.check_sending {
+            self.assert_sending_decryptable();
+        }
+    }
+
+    /// Neither side's data path sends on a CHILD_SA created by a rekey that the other side has
+    /// not installed (a CHILD_SA of IKE_AUTH or a new one is exempt: nothing flows before it is
+    /// up on both sides). Only while both sides still have the tunnel.
+    pub fn assert_sending_decryptable(&self) {
+        for (name, from, to) in [("A", &self.a, &self.b), ("B", &self.b, &self.a)] {
+            let tunnels: Vec<TunnelId> = from.children.values().map(|c| c.tunnel).collect();
+            for tunnel in tunnels {
+                let Some(c) = from.sending_child(tunnel) else {
+                    continue;
+                };
+                let peer_up = to.children.values().any(|p| p.tunnel == tunnel);
+                if c.replaces.is_some() && peer_up {
+                    assert!(
+                        to.children.contains_key(&c.outbound_spi),
+                        "{name} sends on {} (its SA {}) at {:?}, which the peer has not installed; \
+                         peer has {:?}",
+                        c.outbound_spi,
+                        c.inbound_spi,
+                        self.now - self.start,
+                        to.children.keys().collect::<Vec<_>>()
+                    );
+                }
+            }
+        }
     }
 
     fn send(&mut self, from: SocketAddr, to: SocketAddr, data: Vec<u8>) {
         if !self.up || self.chance(self.link.loss) {
             return;
         }
-        let copies = if self.chance(self.link.duplicate) { 2 } else { 1 };
+        let copies = if self.chance(self.link.duplicate) {
+            2
+        } else {
+            1
+        };
         for _ in 0..copies {
             let jitter_ms = self.link.jitter.as_millis() as u64;
-            let extra = if jitter_ms > 0 { self.link_rng.next_u64() % (jitter_ms + 1) } else { 0 };
+            let extra = if jitter_ms > 0 {
+                self.link_rng.next_u64() % (jitter_ms + 1)
+            } else {
+                0
+            };
             self.seq += 1;
             self.flight.push(InFlight {
                 at: self.now + self.link.delay + Duration::from_millis(extra),
@@ -296,7 +406,9 @@ impl Pair {
         let mut to = d.to;
         if to.ip() == NAT_ADDR {
             let Some(nat) = &self.nat else { return };
-            let Some((inner, _)) = nat.map.iter().find(|(_, p)| **p == to.port()) else { return };
+            let Some((inner, _)) = nat.map.iter().find(|(_, p)| **p == to.port()) else {
+                return;
+            };
             to = *inner;
         }
         let t = (self.now - self.start).as_secs_f64();
@@ -311,7 +423,10 @@ impl Pair {
 
     /// Puts node A behind a NAT.
     pub fn enable_nat(&mut self) {
-        self.nat = Some(Nat { map: HashMap::new(), next_port: 30000 });
+        self.nat = Some(Nat {
+            map: HashMap::new(),
+            next_port: 30000,
+        });
     }
 
     /// The NAT forgets its mappings (rebinding: A appears from new ports).
@@ -329,7 +444,9 @@ impl Pair {
         let next_flight = self.flight.iter().map(|f| f.at).min();
         let ta = self.a.ep.poll_timeout();
         let tb = self.b.ep.poll_timeout();
-        let Some(next) = [next_flight, ta, tb].into_iter().flatten().min() else { return false };
+        let Some(next) = [next_flight, ta, tb].into_iter().flatten().min() else {
+            return false;
+        };
         if next > limit {
             return false;
         }
@@ -398,13 +515,25 @@ impl Pair {
     /// CHILD_SA (or 60 s pass).
     pub fn connect(&mut self) {
         self.a.ep.initiate(self.now, TunnelId(1)).expect("initiate");
-        let ok = self.run_until(Duration::from_secs(60), |p| p.a.children.len() == 1 && p.b.children.len() == 1);
-        assert!(ok, "tunnel did not come up; A events {:?}\nB events {:?}", self.a.events, self.b.events);
+        let ok = self.run_until(Duration::from_secs(60), |p| {
+            p.a.children.len() == 1 && p.b.children.len() == 1
+        });
+        assert!(
+            ok,
+            "tunnel did not come up; A events {:?}\nB events {:?}",
+            self.a.events, self.b.events
+        );
     }
 
     /// Asserts that the installed CHILD_SAs of both sides pair up with mirrored keys.
     pub fn assert_children_consistent(&self) {
-        assert_eq!(self.a.children.len(), self.b.children.len(), "A {:?} B {:?}", self.a.children.keys(), self.b.children.keys());
+        assert_eq!(
+            self.a.children.len(),
+            self.b.children.len(),
+            "A {:?} B {:?}",
+            self.a.children.keys(),
+            self.b.children.keys()
+        );
         for (spi, ca) in &self.a.children {
             let cb = self
                 .b

@@ -29,7 +29,10 @@ impl AuthPayload {
         let mut r = Reader::new(body, "AUTH payload");
         let method = AuthMethod(r.u8()?);
         let _reserved = r.take(3)?;
-        Ok(Self { method, data: r.rest().to_vec() })
+        Ok(Self {
+            method,
+            data: r.rest().to_vec(),
+        })
     }
     /// Appends the body.
     pub fn emit(&self, out: &mut Vec<u8>) {

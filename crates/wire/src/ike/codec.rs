@@ -38,7 +38,11 @@ impl<'a> Reader<'a> {
     /// Takes the next `n` bytes.
     pub fn take(&mut self, n: usize) -> Result<&'a [u8], IkeWireError> {
         if self.remaining() < n {
-            return Err(IkeWireError::Truncated { what: self.what, needed: n, available: self.remaining() });
+            return Err(IkeWireError::Truncated {
+                what: self.what,
+                needed: n,
+                available: self.remaining(),
+            });
         }
         let s = &self.buf[self.pos..self.pos + n];
         self.pos += n;
@@ -63,7 +67,10 @@ impl<'a> Reader<'a> {
         if self.is_empty() {
             Ok(())
         } else {
-            Err(IkeWireError::TrailingBytes { what: self.what, count: self.remaining() })
+            Err(IkeWireError::TrailingBytes {
+                what: self.what,
+                count: self.remaining(),
+            })
         }
     }
 
@@ -109,24 +116,40 @@ impl LenField {
     pub fn u16(out: &mut Vec<u8>, start: usize, what: &'static str) -> Self {
         let at = out.len();
         out.extend_from_slice(&[0, 0]);
-        Self { at, start, wide: false, what }
+        Self {
+            at,
+            start,
+            wide: false,
+            what,
+        }
     }
 
     /// Writes a 4-byte placeholder; the length will count from `start` (an offset in `out`).
     pub fn u32(out: &mut Vec<u8>, start: usize, what: &'static str) -> Self {
         let at = out.len();
         out.extend_from_slice(&[0, 0, 0, 0]);
-        Self { at, start, wide: true, what }
+        Self {
+            at,
+            start,
+            wide: true,
+            what,
+        }
     }
 
     /// Fills in the length. Fails if it does not fit the field.
     pub fn finish(self, out: &mut [u8]) -> Result<(), IkeWireError> {
         let len = out.len().saturating_sub(self.start);
         if self.wide {
-            let v = u32::try_from(len).map_err(|_| IkeWireError::BadLength { what: self.what, length: len })?;
+            let v = u32::try_from(len).map_err(|_| IkeWireError::BadLength {
+                what: self.what,
+                length: len,
+            })?;
             out[self.at..self.at + 4].copy_from_slice(&v.to_be_bytes());
         } else {
-            let v = u16::try_from(len).map_err(|_| IkeWireError::BadLength { what: self.what, length: len })?;
+            let v = u16::try_from(len).map_err(|_| IkeWireError::BadLength {
+                what: self.what,
+                length: len,
+            })?;
             out[self.at..self.at + 2].copy_from_slice(&v.to_be_bytes());
         }
         Ok(())

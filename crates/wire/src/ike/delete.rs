@@ -45,7 +45,12 @@ impl DeletePayload {
                     spis.push(r.u32()?);
                 }
             }
-            s => return Err(IkeWireError::InvalidValue { what: "delete SPI size", value: u32::from(s) }),
+            s => {
+                return Err(IkeWireError::InvalidValue {
+                    what: "delete SPI size",
+                    value: u32::from(s),
+                })
+            }
         }
         r.finish()?;
         Ok(Self { protocol, spis })
@@ -54,8 +59,16 @@ impl DeletePayload {
     /// Appends the body.
     pub fn emit(&self, out: &mut Vec<u8>) -> Result<(), IkeWireError> {
         out.push(self.protocol.0);
-        out.push(if self.protocol == ProtocolId::IKE { 0 } else { 4 });
-        let n = if self.protocol == ProtocolId::IKE { 0 } else { self.spis.len() };
+        out.push(if self.protocol == ProtocolId::IKE {
+            0
+        } else {
+            4
+        });
+        let n = if self.protocol == ProtocolId::IKE {
+            0
+        } else {
+            self.spis.len()
+        };
         out.extend_from_slice(&count_u16(n, "number of SPIs")?.to_be_bytes());
         if self.protocol != ProtocolId::IKE {
             for s in &self.spis {
@@ -67,6 +80,10 @@ impl DeletePayload {
 
     /// Encoded body length.
     pub fn buffer_len(&self) -> usize {
-        4 + if self.protocol == ProtocolId::IKE { 0 } else { 4 * self.spis.len() }
+        4 + if self.protocol == ProtocolId::IKE {
+            0
+        } else {
+            4 * self.spis.len()
+        }
     }
 }

@@ -83,8 +83,24 @@ impl Header {
     pub const LEN: usize = 28;
 
     /// A version 2.0 header; `next_payload` and `length` are set when the message is emitted.
-    pub fn new(ispi: IkeSpi, rspi: IkeSpi, exchange: ExchangeType, flags: Flags, message_id: u32) -> Self {
-        Self { ispi, rspi, next_payload: PayloadType::NONE, major: 2, minor: 0, exchange, flags, message_id, length: 0 }
+    pub fn new(
+        ispi: IkeSpi,
+        rspi: IkeSpi,
+        exchange: ExchangeType,
+        flags: Flags,
+        message_id: u32,
+    ) -> Self {
+        Self {
+            ispi,
+            rspi,
+            next_payload: PayloadType::NONE,
+            major: 2,
+            minor: 0,
+            exchange,
+            flags,
+            message_id,
+            length: 0,
+        }
     }
 
     /// Parses the first 28 bytes of `data` (any version; callers check [`Header::major`]).
@@ -98,7 +114,17 @@ impl Header {
         let flags = Flags(r.u8()?);
         let message_id = r.u32()?;
         let length = r.u32()?;
-        Ok(Self { ispi, rspi, next_payload, major: ver >> 4, minor: ver & 0x0f, exchange, flags, message_id, length })
+        Ok(Self {
+            ispi,
+            rspi,
+            next_payload,
+            major: ver >> 4,
+            minor: ver & 0x0f,
+            exchange,
+            flags,
+            message_id,
+            length,
+        })
     }
 
     /// Appends the header as it stands (with its `next_payload` and `length`).

@@ -29,7 +29,10 @@ impl IdPayload {
         let mut r = Reader::new(body, "ID payload");
         let id_type = IdType(r.u8()?);
         let _reserved = r.take(3)?;
-        Ok(Self { id_type, data: r.rest().to_vec() })
+        Ok(Self {
+            id_type,
+            data: r.rest().to_vec(),
+        })
     }
     /// Appends the body. The body (without the generic header) is also what the AUTH
     /// computation signs as `IDi'` / `IDr'` (RFC 7296 §2.15).

@@ -29,7 +29,10 @@ impl KePayload {
         let mut r = Reader::new(body, "KE payload");
         let group = r.u16()?;
         let _reserved = r.u16()?;
-        Ok(Self { group, data: r.rest().to_vec() })
+        Ok(Self {
+            group,
+            data: r.rest().to_vec(),
+        })
     }
     /// Appends the body.
     pub fn emit(&self, out: &mut Vec<u8>) {

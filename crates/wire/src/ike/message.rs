@@ -26,13 +26,23 @@ impl Message {
     pub fn parse(data: &[u8]) -> Result<Self, IkeWireError> {
         let header = Header::parse(data)?;
         if header.major != 2 {
-            return Err(IkeWireError::UnsupportedVersion { major: header.major });
+            return Err(IkeWireError::UnsupportedVersion {
+                major: header.major,
+            });
         }
         if header.length as usize != data.len() {
-            return Err(IkeWireError::BadLength { what: "IKE message", length: header.length as usize });
+            return Err(IkeWireError::BadLength {
+                what: "IKE message",
+                length: header.length as usize,
+            });
         }
-        let (payloads, encrypted) = parse_chain(header.next_payload, &data[Header::LEN..], Header::LEN, true)?;
-        Ok(Self { header, payloads, encrypted })
+        let (payloads, encrypted) =
+            parse_chain(header.next_payload, &data[Header::LEN..], Header::LEN, true)?;
+        Ok(Self {
+            header,
+            payloads,
+            encrypted,
+        })
     }
 
     /// Appends an unencrypted message (the `encrypted` field must be `None`; use
@@ -40,12 +50,18 @@ impl Message {
     /// Next Payload and Length fields in the output.
     pub fn emit(&self, out: &mut Vec<u8>) -> Result<(), IkeWireError> {
         if self.encrypted.is_some() {
-            return Err(IkeWireError::InvalidValue { what: "emit of a message with an Encrypted payload", value: 0 });
+            return Err(IkeWireError::InvalidValue {
+                what: "emit of a message with an Encrypted payload",
+                value: 0,
+            });
         }
         let mut h = self.header;
         h.next_payload = self.payloads.first().map_or(PayloadType::NONE, Payload::ty);
         let len = self.buffer_len();
-        h.length = u32::try_from(len).map_err(|_| IkeWireError::BadLength { what: "IKE message", length: len })?;
+        h.length = u32::try_from(len).map_err(|_| IkeWireError::BadLength {
+            what: "IKE message",
+            length: len,
+        })?;
         h.emit(out);
         emit_chain(&self.payloads, PayloadType::NONE, out)?;
         Ok(())

@@ -32,9 +32,14 @@ impl NoncePayload {
     pub fn parse(body: &[u8]) -> Result<Self, IkeWireError> {
         // RFC 7296 §3.9: the size of the Nonce Data MUST be between 16 and 256 octets.
         if !(MIN_NONCE_LEN..=MAX_NONCE_LEN).contains(&body.len()) {
-            return Err(IkeWireError::BadLength { what: "nonce", length: body.len() });
+            return Err(IkeWireError::BadLength {
+                what: "nonce",
+                length: body.len(),
+            });
         }
-        Ok(Self { data: body.to_vec() })
+        Ok(Self {
+            data: body.to_vec(),
+        })
     }
     /// Appends the body.
     pub fn emit(&self, out: &mut Vec<u8>) {

@@ -35,7 +35,12 @@ pub struct NotifyPayload {
 impl NotifyPayload {
     /// A notify without SPI.
     pub fn new(ty: NotifyType, data: Vec<u8>) -> Self {
-        Self { protocol: ProtocolId::NONE, spi: Vec::new(), ty, data }
+        Self {
+            protocol: ProtocolId::NONE,
+            spi: Vec::new(),
+            ty,
+            data,
+        }
     }
 
     /// Parses a payload body.
@@ -45,7 +50,12 @@ impl NotifyPayload {
         let spi_size = usize::from(r.u8()?);
         let ty = NotifyType(r.u16()?);
         let spi = r.take(spi_size)?.to_vec();
-        Ok(Self { protocol, spi, ty, data: r.rest().to_vec() })
+        Ok(Self {
+            protocol,
+            spi,
+            ty,
+            data: r.rest().to_vec(),
+        })
     }
 
     /// Appends the body.
@@ -65,6 +75,8 @@ impl NotifyPayload {
 
     /// The SPI as a 4-byte ESP/AH SPI, if it is one.
     pub fn spi_u32(&self) -> Option<u32> {
-        <[u8; 4]>::try_from(self.spi.as_slice()).ok().map(u32::from_be_bytes)
+        <[u8; 4]>::try_from(self.spi.as_slice())
+            .ok()
+            .map(u32::from_be_bytes)
     }
 }

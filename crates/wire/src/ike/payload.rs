@@ -16,8 +16,8 @@
 
 use super::{
     codec::{LenField, Reader},
-    AuthPayload, DeletePayload, IdPayload, IkeWireError, KePayload, NoncePayload, NotifyPayload, PayloadType,
-    SaPayload, TsPayload, VendorIdPayload,
+    AuthPayload, DeletePayload, IdPayload, IkeWireError, KePayload, NoncePayload, NotifyPayload,
+    PayloadType, SaPayload, TsPayload, VendorIdPayload,
 };
 use core::ops::Range;
 
@@ -100,8 +100,14 @@ impl Payload {
             // RFC 7296 §2.5: an unrecognised payload with the critical bit set MUST cause
             // rejection of the entire message; the critical bit of types defined in RFC 7296
             // MUST be ignored.
-            t if critical && !t.is_rfc7296() => return Err(IkeWireError::UnsupportedCriticalPayload { payload: t }),
-            t => Self::Unknown(UnknownPayload { ty: t, critical, body: body.to_vec() }),
+            t if critical && !t.is_rfc7296() => {
+                return Err(IkeWireError::UnsupportedCriticalPayload { payload: t })
+            }
+            t => Self::Unknown(UnknownPayload {
+                ty: t,
+                critical,
+                body: body.to_vec(),
+            }),
         })
     }
 
@@ -189,7 +195,10 @@ pub fn parse_chain(
         let critical = r.u8()? & CRITICAL != 0;
         let len = usize::from(r.u16()?);
         if len < 4 {
-            return Err(IkeWireError::BadLength { what: "payload", length: len });
+            return Err(IkeWireError::BadLength {
+                what: "payload",
+                length: len,
+            });
         }
         let body_offset = r.position();
         let body = r.take(len - 4)?;
@@ -204,7 +213,11 @@ pub fn parse_chain(
             let start = base + body_offset;
             return Ok((
                 payloads,
-                Some(Encrypted { next_inner: next, header_offset: base + offset, body: start..start + body.len() }),
+                Some(Encrypted {
+                    next_inner: next,
+                    header_offset: base + offset,
+                    body: start..start + body.len(),
+                }),
             ));
         }
         payloads.push(Payload::parse_body(ty, critical, body)?);
@@ -215,7 +228,11 @@ pub fn parse_chain(
 
 /// Appends a payload chain; the last payload's Next Payload is `last_next` (NONE, or the type of
 /// an Encrypted payload that follows). Returns the type of the first payload (NONE if empty).
-pub fn emit_chain(payloads: &[Payload], last_next: PayloadType, out: &mut Vec<u8>) -> Result<PayloadType, IkeWireError> {
+pub fn emit_chain(
+    payloads: &[Payload],
+    last_next: PayloadType,
+    out: &mut Vec<u8>,
+) -> Result<PayloadType, IkeWireError> {
     for (i, p) in payloads.iter().enumerate() {
         let next = payloads.get(i + 1).map_or(last_next, Payload::ty);
         p.emit(next, out)?;

@@ -35,7 +35,7 @@
 //! ```
 
 use super::{
-    codec::{count_u8, count_u16, LenField, Reader},
+    codec::{count_u16, count_u8, LenField, Reader},
     IkeWireError, ProtocolId, TransformType,
 };
 
@@ -65,10 +65,16 @@ impl Attribute {
         let t = r.u16()?;
         let ty = t & 0x7fff;
         if t & 0x8000 != 0 {
-            Ok(Self { ty, value: AttributeValue::Tv(r.u16()?) })
+            Ok(Self {
+                ty,
+                value: AttributeValue::Tv(r.u16()?),
+            })
         } else {
             let len = usize::from(r.u16()?);
-            Ok(Self { ty, value: AttributeValue::Tlv(r.take(len)?.to_vec()) })
+            Ok(Self {
+                ty,
+                value: AttributeValue::Tlv(r.take(len)?.to_vec()),
+            })
         }
     }
 
@@ -109,13 +115,22 @@ pub struct Transform {
 impl Transform {
     /// A transform without attributes.
     pub fn new(ty: TransformType, id: u16) -> Self {
-        Self { ty, id, attributes: Vec::new() }
+        Self {
+            ty,
+            id,
+            attributes: Vec::new(),
+        }
     }
 
     /// A transform with a Key Length attribute when `key_bits` is set.
     pub fn with_key_length(ty: TransformType, id: u16, key_bits: Option<u16>) -> Self {
         let attributes = key_bits
-            .map(|b| vec![Attribute { ty: ATTR_KEY_LENGTH, value: AttributeValue::Tv(b) }])
+            .map(|b| {
+                vec![Attribute {
+                    ty: ATTR_KEY_LENGTH,
+                    value: AttributeValue::Tv(b),
+                }]
+            })
             .unwrap_or_default();
         Self { ty, id, attributes }
     }
@@ -131,7 +146,9 @@ impl Transform {
     /// True if the transform has an attribute other than Key Length, which RFC 7296 §3.3.6
     /// says makes it unacceptable to a receiver that does not know it.
     pub fn has_unknown_attributes(&self) -> bool {
-        self.attributes.iter().any(|a| !(a.ty == ATTR_KEY_LENGTH && matches!(a.value, AttributeValue::Tv(_))))
+        self.attributes
+            .iter()
+            .any(|a| !(a.ty == ATTR_KEY_LENGTH && matches!(a.value, AttributeValue::Tv(_))))
     }
 
     fn parse(r: &mut Reader<'_>) -> Result<(Self, bool), IkeWireError> {
@@ -139,7 +156,10 @@ impl Transform {
         let _reserved = r.u8()?;
         let len = usize::from(r.u16()?);
         if len < 8 {
-            return Err(IkeWireError::BadLength { what: "transform", length: len });
+            return Err(IkeWireError::BadLength {
+                what: "transform",
+                length: len,
+            });
         }
         let mut t = r.sub(len - 4, "transform")?;
         let ty = TransformType(t.u8()?);
@@ -168,7 +188,11 @@ impl Transform {
 
     /// Encoded length.
     pub fn buffer_len(&self) -> usize {
-        8 + self.attributes.iter().map(Attribute::buffer_len).sum::<usize>()
+        8 + self
+            .attributes
+            .iter()
+            .map(Attribute::buffer_len)
+            .sum::<usize>()
     }
 }
 
@@ -196,7 +220,10 @@ impl Proposal {
         let _reserved = r.u8()?;
         let len = usize::from(r.u16()?);
         if len < 8 {
-            return Err(IkeWireError::BadLength { what: "proposal", length: len });
+            return Err(IkeWireError::BadLength {
+                what: "proposal",
+                length: len,
+            });
         }
         let mut p = r.sub(len - 4, "proposal")?;
         let number = p.u8()?;
@@ -209,7 +236,15 @@ impl Proposal {
             transforms.push(Transform::parse(&mut p)?.0);
         }
         p.finish()?;
-        Ok((Self { number, protocol, spi, transforms }, last == 0))
+        Ok((
+            Self {
+                number,
+                protocol,
+                spi,
+                transforms,
+            },
+            last == 0,
+        ))
     }
 
     fn emit(&self, out: &mut Vec<u8>, last: bool) -> Result<(), IkeWireError> {
@@ -230,7 +265,12 @@ impl Proposal {
 
     /// Encoded length.
     pub fn buffer_len(&self) -> usize {
-        8 + self.spi.len() + self.transforms.iter().map(Transform::buffer_len).sum::<usize>()
+        8 + self.spi.len()
+            + self
+                .transforms
+                .iter()
+                .map(Transform::buffer_len)
+                .sum::<usize>()
     }
 }
 
@@ -251,7 +291,10 @@ impl SaPayload {
             proposals.push(Proposal::parse(&mut r)?.0);
         }
         if proposals.is_empty() {
-            return Err(IkeWireError::BadLength { what: "SA payload", length: 0 });
+            return Err(IkeWireError::BadLength {
+                what: "SA payload",
+                length: 0,
+            });
         }
         Ok(Self { proposals })
     }

@@ -58,12 +58,18 @@ pub fn emit_encrypted(
 ) -> Result<SealLayout, IkeWireError> {
     let block = block_size.max(1);
     let pad = (block - (inner.len() + 1) % block) % block;
-    let pad_u8 = u8::try_from(pad).map_err(|_| IkeWireError::BadLength { what: "padding", length: pad })?;
+    let pad_u8 = u8::try_from(pad).map_err(|_| IkeWireError::BadLength {
+        what: "padding",
+        length: pad,
+    })?;
     let sk_len = 4 + iv_len + inner.len() + pad + 1 + icv_len;
     let total = Header::LEN + sk_len;
     let mut h = *header;
     h.next_payload = PayloadType::SK;
-    h.length = u32::try_from(total).map_err(|_| IkeWireError::BadLength { what: "message", length: total })?;
+    h.length = u32::try_from(total).map_err(|_| IkeWireError::BadLength {
+        what: "message",
+        length: total,
+    })?;
     let base = out.len();
     h.emit(out);
     let sk_start = out.len();
@@ -94,11 +100,18 @@ pub fn strip_padding(plaintext: &[u8]) -> Result<&[u8], IkeWireError> {
     let mut r = Reader::new(plaintext, "encrypted payload padding");
     let n = plaintext.len();
     if n == 0 {
-        return Err(IkeWireError::Truncated { what: "encrypted payload padding", needed: 1, available: 0 });
+        return Err(IkeWireError::Truncated {
+            what: "encrypted payload padding",
+            needed: 1,
+            available: 0,
+        });
     }
     let pad = usize::from(plaintext[n - 1]);
     if pad + 1 > n {
-        return Err(IkeWireError::BadLength { what: "encrypted payload padding", length: pad });
+        return Err(IkeWireError::BadLength {
+            what: "encrypted payload padding",
+            length: pad,
+        });
     }
     r.take(n - pad - 1)
 }

@@ -7,7 +7,10 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 fn hex(s: &str) -> Vec<u8> {
     let s: String = s.chars().filter(|c| !c.is_whitespace()).collect();
-    (0..s.len()).step_by(2).map(|i| u8::from_str_radix(&s[i..i + 2], 16).expect("test hex")).collect()
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).expect("test hex"))
+        .collect()
 }
 
 /// RFC 7634 Appendix B: an INFORMATIONAL request with an encrypted SET_WINDOW_SIZE notify.
@@ -33,14 +36,21 @@ fn rfc7634_appendix_b_structure() {
 #[test]
 fn rfc7634_appendix_b_layout_matches_emit() {
     // The plaintext of the RFC's message: N(SET_WINDOW_SIZE, 10), no padding (AEAD, block 1).
-    let inner_payloads =
-        vec![Payload::Notify(NotifyPayload::new(NotifyType::SET_WINDOW_SIZE, 10u32.to_be_bytes().to_vec()))];
+    let inner_payloads = vec![Payload::Notify(NotifyPayload::new(
+        NotifyType::SET_WINDOW_SIZE,
+        10u32.to_be_bytes().to_vec(),
+    ))];
     let mut inner = Vec::new();
     let first = emit_chain(&inner_payloads, PayloadType::NONE, &mut inner).expect("emit");
     assert_eq!(first, PayloadType::NOTIFY);
     assert_eq!(inner, hex("0000000c 00004001 0000000a"));
-    let header =
-        Header::new(IkeSpi(0xc0c1c2c3c4c5c6c7), IkeSpi(0xd0d1d2d3d4d5d6d7), ExchangeType::INFORMATIONAL, Flags(0), 9);
+    let header = Header::new(
+        IkeSpi(0xc0c1c2c3c4c5c6c7),
+        IkeSpi(0xd0d1d2d3d4d5d6d7),
+        ExchangeType::INFORMATIONAL,
+        Flags(0),
+        9,
+    );
     let mut out = Vec::new();
     let layout = emit_encrypted(&header, first, &inner, 8, 1, 16, &mut out).expect("emit");
     let expected = hex(RFC7634_B);
@@ -50,7 +60,10 @@ fn rfc7634_appendix_b_layout_matches_emit() {
     assert_eq!(layout.iv, 32..40);
     assert_eq!(layout.plaintext, 40..53);
     assert_eq!(layout.icv, 53..69);
-    assert_eq!(strip_padding(&out[layout.plaintext.clone()]).expect("padding"), &inner[..]);
+    assert_eq!(
+        strip_padding(&out[layout.plaintext.clone()]).expect("padding"),
+        &inner[..]
+    );
 }
 
 fn sample_payloads() -> Vec<Payload> {
@@ -78,27 +91,53 @@ fn sample_payloads() -> Vec<Payload> {
                         Transform {
                             ty: TransformType(9),
                             id: 7,
-                            attributes: vec![Attribute { ty: 99, value: AttributeValue::Tlv(vec![1, 2, 3]) }],
+                            attributes: vec![Attribute {
+                                ty: 99,
+                                value: AttributeValue::Tlv(vec![1, 2, 3]),
+                            }],
                         },
                     ],
                 },
             ],
         }),
-        Payload::Ke(KePayload { group: 19, data: vec![7; 64] }),
+        Payload::Ke(KePayload {
+            group: 19,
+            data: vec![7; 64],
+        }),
         Payload::Nonce(NoncePayload { data: vec![9; 32] }),
-        Payload::IdI(IdPayload { id_type: IdType::FQDN, data: b"hq.example".to_vec() }),
-        Payload::IdR(IdPayload { id_type: IdType::IPV4_ADDR, data: vec![10, 0, 0, 1] }),
-        Payload::Auth(AuthPayload { method: AuthMethod::SHARED_KEY_MIC, data: vec![5; 32] }),
+        Payload::IdI(IdPayload {
+            id_type: IdType::FQDN,
+            data: b"hq.example".to_vec(),
+        }),
+        Payload::IdR(IdPayload {
+            id_type: IdType::IPV4_ADDR,
+            data: vec![10, 0, 0, 1],
+        }),
+        Payload::Auth(AuthPayload {
+            method: AuthMethod::SHARED_KEY_MIC,
+            data: vec![5; 32],
+        }),
         Payload::Notify(NotifyPayload {
             protocol: ProtocolId::ESP,
             spi: vec![0xc1, 0, 0, 1],
             ty: NotifyType::REKEY_SA,
             data: vec![],
         }),
-        Payload::Notify(NotifyPayload::new(NotifyType::NAT_DETECTION_SOURCE_IP, vec![0xab; 20])),
-        Payload::Delete(DeletePayload { protocol: ProtocolId::ESP, spis: vec![0xc0000001, 0xc0000002] }),
-        Payload::Delete(DeletePayload { protocol: ProtocolId::IKE, spis: vec![] }),
-        Payload::VendorId(VendorIdPayload { data: b"strongSwan".to_vec() }),
+        Payload::Notify(NotifyPayload::new(
+            NotifyType::NAT_DETECTION_SOURCE_IP,
+            vec![0xab; 20],
+        )),
+        Payload::Delete(DeletePayload {
+            protocol: ProtocolId::ESP,
+            spis: vec![0xc0000001, 0xc0000002],
+        }),
+        Payload::Delete(DeletePayload {
+            protocol: ProtocolId::IKE,
+            spis: vec![],
+        }),
+        Payload::VendorId(VendorIdPayload {
+            data: b"strongSwan".to_vec(),
+        }),
         Payload::TsI(TsPayload {
             selectors: vec![
                 TrafficSelector {
@@ -113,18 +152,30 @@ fn sample_payloads() -> Vec<Payload> {
                     start_port: 443,
                     end_port: 443,
                     start: IpAddr::V6(Ipv6Addr::new(0xfd00, 0, 0, 0, 0, 0, 0, 0)),
-                    end: IpAddr::V6(Ipv6Addr::new(0xfd00, 0, 0, 0, 0xffff, 0xffff, 0xffff, 0xffff)),
+                    end: IpAddr::V6(Ipv6Addr::new(
+                        0xfd00, 0, 0, 0, 0xffff, 0xffff, 0xffff, 0xffff,
+                    )),
                 },
             ],
         }),
         Payload::TsR(TsPayload { selectors: vec![] }),
-        Payload::Unknown(UnknownPayload { ty: PayloadType::CERTREQ, critical: false, body: vec![4, 1, 2] }),
+        Payload::Unknown(UnknownPayload {
+            ty: PayloadType::CERTREQ,
+            critical: false,
+            body: vec![4, 1, 2],
+        }),
     ]
 }
 
 fn sample_message() -> Message {
     Message {
-        header: Header::new(IkeSpi(0x1122334455667788), IkeSpi(0), ExchangeType::IKE_SA_INIT, Flags::new(true, false), 0),
+        header: Header::new(
+            IkeSpi(0x1122334455667788),
+            IkeSpi(0),
+            ExchangeType::IKE_SA_INIT,
+            Flags::new(true, false),
+            0,
+        ),
         payloads: sample_payloads(),
         encrypted: None,
     }
@@ -159,7 +210,12 @@ fn known_transform_encoding() {
     // ENCR_AES_CBC with a 128-bit key: last, length 12, type 1, id 12, attribute 0x800e 0x0080.
     let t = Transform::with_key_length(TransformType::ENCR, 12, Some(128));
     let sa = SaPayload {
-        proposals: vec![Proposal { number: 1, protocol: ProtocolId::IKE, spi: vec![], transforms: vec![t] }],
+        proposals: vec![Proposal {
+            number: 1,
+            protocol: ProtocolId::IKE,
+            spi: vec![],
+            transforms: vec![t],
+        }],
     };
     let mut out = Vec::new();
     sa.emit(&mut out).expect("emit");
@@ -170,23 +226,37 @@ fn known_transform_encoding() {
 #[test]
 fn unknown_critical_payload_rejected_and_non_critical_skipped() {
     let mut m = sample_message();
-    m.payloads.push(Payload::Unknown(UnknownPayload { ty: PayloadType(200), critical: false, body: vec![1] }));
+    m.payloads.push(Payload::Unknown(UnknownPayload {
+        ty: PayloadType(200),
+        critical: false,
+        body: vec![1],
+    }));
     let mut out = Vec::new();
     m.emit(&mut out).expect("emit");
     assert!(Message::parse(&out).is_ok());
 
     let mut m = sample_message();
-    m.payloads.push(Payload::Unknown(UnknownPayload { ty: PayloadType(200), critical: true, body: vec![1] }));
+    m.payloads.push(Payload::Unknown(UnknownPayload {
+        ty: PayloadType(200),
+        critical: true,
+        body: vec![1],
+    }));
     let mut out = Vec::new();
     m.emit(&mut out).expect("emit");
     assert_eq!(
         Message::parse(&out),
-        Err(IkeWireError::UnsupportedCriticalPayload { payload: PayloadType(200) })
+        Err(IkeWireError::UnsupportedCriticalPayload {
+            payload: PayloadType(200)
+        })
     );
 
     // The critical bit of a type RFC 7296 defines is ignored.
     let mut m = sample_message();
-    m.payloads.push(Payload::Unknown(UnknownPayload { ty: PayloadType::CP, critical: true, body: vec![1, 0, 0, 0] }));
+    m.payloads.push(Payload::Unknown(UnknownPayload {
+        ty: PayloadType::CP,
+        critical: true,
+        body: vec![1, 0, 0, 0],
+    }));
     let mut out = Vec::new();
     m.emit(&mut out).expect("emit");
     assert!(Message::parse(&out).is_ok());
@@ -199,11 +269,17 @@ fn malformed_inputs_rejected() {
     // Length field disagreeing with the datagram.
     let mut bad = out.clone();
     bad.push(0);
-    assert!(matches!(Message::parse(&bad), Err(IkeWireError::BadLength { .. })));
+    assert!(matches!(
+        Message::parse(&bad),
+        Err(IkeWireError::BadLength { .. })
+    ));
     // Version 3.
     let mut bad = out.clone();
     bad[17] = 0x30;
-    assert_eq!(Message::parse(&bad), Err(IkeWireError::UnsupportedVersion { major: 3 }));
+    assert_eq!(
+        Message::parse(&bad),
+        Err(IkeWireError::UnsupportedVersion { major: 3 })
+    );
     // Truncated header.
     assert!(Message::parse(&out[..20]).is_err());
     // Nonce too short.
@@ -222,7 +298,13 @@ fn malformed_inputs_rejected() {
 fn encrypted_must_be_last() {
     // header + SK(next=NONE, 8 bytes body) + trailing Vendor ID payload
     let mut out = Vec::new();
-    let h = Header::new(IkeSpi(1), IkeSpi(2), ExchangeType::INFORMATIONAL, Flags(0), 1);
+    let h = Header::new(
+        IkeSpi(1),
+        IkeSpi(2),
+        ExchangeType::INFORMATIONAL,
+        Flags(0),
+        1,
+    );
     let inner = [];
     emit_encrypted(&h, PayloadType::NONE, &inner, 8, 1, 0, &mut out).expect("emit");
     assert!(Message::parse(&out).is_ok());
@@ -232,7 +314,10 @@ fn encrypted_must_be_last() {
     assert!(Message::parse(&out).is_err());
     // An SK payload nested in the decrypted chain is refused.
     let nested = hex("00000004");
-    assert_eq!(parse_chain(PayloadType::SK, &nested, 0, false), Err(IkeWireError::NestedEncrypted));
+    assert_eq!(
+        parse_chain(PayloadType::SK, &nested, 0, false),
+        Err(IkeWireError::NestedEncrypted)
+    );
 }
 
 #[test]
@@ -271,7 +356,11 @@ fn parse_everything(data: &[u8]) {
         }
     }
     for ty in 0..=60u8 {
-        let _ = Payload::parse_body(PayloadType(ty), data.first().is_some_and(|b| b & 1 == 1), data);
+        let _ = Payload::parse_body(
+            PayloadType(ty),
+            data.first().is_some_and(|b| b & 1 == 1),
+            data,
+        );
         let _ = parse_chain(PayloadType(ty), data, 0, true);
     }
     let _ = strip_padding(data);

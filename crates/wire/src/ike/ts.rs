@@ -58,21 +58,44 @@ impl TrafficSelector {
         let alen = match ts_type {
             TsType::IPV4_ADDR_RANGE => 4,
             TsType::IPV6_ADDR_RANGE => 16,
-            t => return Err(IkeWireError::InvalidValue { what: "TS type", value: u32::from(t.0) }),
+            t => {
+                return Err(IkeWireError::InvalidValue {
+                    what: "TS type",
+                    value: u32::from(t.0),
+                })
+            }
         };
         if len != 8 + 2 * alen {
-            return Err(IkeWireError::BadLength { what: "traffic selector", length: len });
+            return Err(IkeWireError::BadLength {
+                what: "traffic selector",
+                length: len,
+            });
         }
         let start_port = r.u16()?;
         let end_port = r.u16()?;
         let (start, end) = if alen == 4 {
-            (IpAddr::V4(Ipv4Addr::from(r.u32()?)), IpAddr::V4(Ipv4Addr::from(r.u32()?)))
+            (
+                IpAddr::V4(Ipv4Addr::from(r.u32()?)),
+                IpAddr::V4(Ipv4Addr::from(r.u32()?)),
+            )
         } else {
-            let a = <[u8; 16]>::try_from(r.take(16)?).map_err(|_| IkeWireError::BadLength { what: "TS address", length: 16 })?;
-            let b = <[u8; 16]>::try_from(r.take(16)?).map_err(|_| IkeWireError::BadLength { what: "TS address", length: 16 })?;
+            let a = <[u8; 16]>::try_from(r.take(16)?).map_err(|_| IkeWireError::BadLength {
+                what: "TS address",
+                length: 16,
+            })?;
+            let b = <[u8; 16]>::try_from(r.take(16)?).map_err(|_| IkeWireError::BadLength {
+                what: "TS address",
+                length: 16,
+            })?;
             (IpAddr::V6(Ipv6Addr::from(a)), IpAddr::V6(Ipv6Addr::from(b)))
         };
-        Ok(Self { ip_proto, start_port, end_port, start, end })
+        Ok(Self {
+            ip_proto,
+            start_port,
+            end_port,
+            start,
+            end,
+        })
     }
 
     fn emit(&self, out: &mut Vec<u8>) -> Result<(), IkeWireError> {
@@ -86,7 +109,12 @@ impl TrafficSelector {
             match (a, self.start) {
                 (IpAddr::V4(a), IpAddr::V4(_)) => out.extend_from_slice(&a.octets()),
                 (IpAddr::V6(a), IpAddr::V6(_)) => out.extend_from_slice(&a.octets()),
-                _ => return Err(IkeWireError::InvalidValue { what: "TS address family mismatch", value: 0 }),
+                _ => {
+                    return Err(IkeWireError::InvalidValue {
+                        what: "TS address family mismatch",
+                        value: 0,
+                    })
+                }
             }
         }
         len.finish(out)
@@ -134,6 +162,10 @@ impl TsPayload {
 
     /// Encoded body length.
     pub fn buffer_len(&self) -> usize {
-        4 + self.selectors.iter().map(TrafficSelector::buffer_len).sum::<usize>()
+        4 + self
+            .selectors
+            .iter()
+            .map(TrafficSelector::buffer_len)
+            .sum::<usize>()
     }
 }

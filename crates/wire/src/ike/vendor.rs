@@ -22,7 +22,9 @@ pub struct VendorIdPayload {
 impl VendorIdPayload {
     /// Parses a payload body.
     pub fn parse(body: &[u8]) -> Result<Self, IkeWireError> {
-        Ok(Self { data: body.to_vec() })
+        Ok(Self {
+            data: body.to_vec(),
+        })
     }
     /// Appends the body.
     pub fn emit(&self, out: &mut Vec<u8>) {

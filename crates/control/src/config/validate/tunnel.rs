@@ -185,8 +185,13 @@ impl Validator<'_, '_> {
             }
         }
 
-        let (ike_rekey_time, child_rekey_time, child_life_time, rand_time) =
-            self.lifetimes(t, s)?;
+        let Lifetimes {
+            ike_rekey_time,
+            ike_over_time,
+            child_rekey_time,
+            child_life_time,
+            rand_time,
+        } = self.lifetimes(t, s)?;
         let dpd_delay = t
             .dpd_delay
             .as_ref()
@@ -283,6 +288,7 @@ impl Validator<'_, '_> {
             local_ts,
             remote_ts,
             ike_rekey_time,
+            ike_over_time,
             child_rekey_time,
             child_life_time,
             rand_time,
@@ -563,15 +569,13 @@ impl Validator<'_, '_> {
         Ok(out)
     }
 
-    /// IKE rekey time, CHILD_SA rekey time, CHILD_SA life time and jitter, with swanctl's
-    /// defaults: 4h, 1h, 110 % of the CHILD rekey time, and the difference of the last two.
-    fn lifetimes(
-        &self,
-        t: &RawTunnel,
-        s: &str,
-    ) -> Result<(Duration, Duration, Duration, Duration), Box<ConfigError>> {
+    /// IKE rekey time and hard lifetime margin, CHILD_SA rekey time, CHILD_SA life time and
+    /// jitter, with swanctl's defaults: 4h, 10 % of the IKE rekey time, 1h, 110 % of the CHILD
+    /// rekey time, and the difference of the last two.
+    fn lifetimes(&self, t: &RawTunnel, s: &str) -> Result<Lifetimes, Box<ConfigError>> {
         let get = |v: &Option<Spanned<DurationValue>>| v.as_ref().map(|d| d.get_ref().0);
         let ike_rekey = get(&t.rekey_time).unwrap_or(DEFAULT_IKE_REKEY);
+        let ike_over = get(&t.over_time).unwrap_or(ike_rekey / 10);
         let child_rekey = get(&t.child_rekey_time).unwrap_or(DEFAULT_CHILD_REKEY);
         let life = get(&t.life_time).unwrap_or(child_rekey + child_rekey / 10);
         if !child_rekey.is_zero() && !life.is_zero() && child_rekey >= life {
@@ -615,6 +619,21 @@ impl Validator<'_, '_> {
             }
             None => life.saturating_sub(child_rekey).min(child_rekey / 2),
         };
-        Ok((ike_rekey, child_rekey, life, rand))
+        Ok(Lifetimes {
+            ike_rekey_time: ike_rekey,
+            ike_over_time: ike_over,
+            child_rekey_time: child_rekey,
+            child_life_time: life,
+            rand_time: rand,
+        })
     }
+}
+
+/// The validated lifetimes of a tunnel (the `PeerConfig` fields of the same names).
+struct Lifetimes {
+    ike_rekey_time: Duration,
+    ike_over_time: Duration,
+    child_rekey_time: Duration,
+    child_life_time: Duration,
+    rand_time: Duration,
 }
