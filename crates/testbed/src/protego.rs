@@ -102,15 +102,18 @@ pub fn render_config(
         let _ = writeln!(out, "vni = {}", t.vni);
         let _ = writeln!(out, "gateway_ip = {:?}", t.gateway_ip.to_string());
         let _ = writeln!(out, "vtep = {:?}", gw.underlay.addr.to_string());
+        // One host route per VM address (IPv4, and IPv6 when the VNet has it).
         let routes: Vec<String> = t
             .vms
             .iter()
-            .map(|vm| {
-                format!(
-                    "{{ prefix = {:?}, host = {:?} }}",
-                    vm.addr.host_prefix().to_string(),
-                    topo.hosts[vm.host].underlay.addr.to_string()
-                )
+            .flat_map(|vm| {
+                let host = topo.hosts[vm.host].underlay.addr.to_string();
+                std::iter::once(vm.addr).chain(vm.addr6).map(move |a| {
+                    format!(
+                        "{{ prefix = {:?}, host = {host:?} }}",
+                        a.host_prefix().to_string()
+                    )
+                })
             })
             .collect();
         let _ = writeln!(out, "routes = [{}]", routes.join(", "));

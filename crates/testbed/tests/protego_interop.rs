@@ -456,3 +456,49 @@ fn nat_rebinding_moves_the_tunnel_to_the_new_port() -> Result<()> {
     bed.teardown()?;
     Ok(())
 }
+
+/// Inner IPv6 next to IPv4 in one CHILD_SA (dual-stack selectors): ping6 from the site's IPv6
+/// LAN reaches VMs on both hosts through the tunnel and the VXLAN overlay (neighbour discovery
+/// by the gateway), and back.
+///
+/// Known failing: the IPv6 echo requests are decrypted (RX counters) but no reply leaves the
+/// gateway; IPv4 in the same CHILD_SA works. Run with `--ignored` while fixing it.
+#[test]
+#[ignore = "inner IPv6 over the VXLAN overlay gets no reply yet (see the issue 2 notes)"]
+fn inner_ipv6_and_ipv4_share_the_tunnel() -> Result<()> {
+    let bed = Testbed::new()?;
+    let mut spec = one_tenant(false)?;
+    spec.tenants[0].vnet6 = Some("fd00:2::/64".parse()?);
+    spec.tenants[0].sites[0].lan6 = Some("fd00:1::/64".parse()?);
+    let topo = Topology::build(&bed, spec)?;
+    let tun = GatewayTunnel::for_site(&topo, 0, PSK);
+    let gw = ProtegoGateway::start(&bed, &topo, std::slice::from_ref(&tun), &[])?;
+    let site = site_charon(&topo, &tun)?;
+    site.initiate("net", UP)?;
+    site.wait_child_installed("net", UP)?;
+    ping_all_vms(&topo, 0, 10)?;
+    let s = &topo.sites[0];
+    let from6 = s.lan6_addr.expect("site has an IPv6 LAN");
+    for vm in &topo.tenants[0].vms {
+        let to6 = vm.addr6.expect("VM has an IPv6 address").addr;
+        let p = traffic::ping(
+            &s.ns,
+            to6,
+            &PingOptions::new(20, Duration::from_millis(10)).from(from6),
+        )?;
+        assert!(
+            p.all_received(),
+            "site -> vm {to6}: {p:?}\n{}",
+            gw.status_text()?
+        );
+    }
+    let vm = &topo.tenants[0].vms[1];
+    let back = traffic::ping(
+        &vm.ns,
+        from6,
+        &PingOptions::new(10, Duration::from_millis(10)),
+    )?;
+    assert!(back.all_received(), "vm -> site over IPv6: {back:?}");
+    bed.teardown()?;
+    Ok(())
+}
