@@ -67,22 +67,26 @@ impl ChildState {
         self.rekey_requested.store(false, Ordering::Relaxed);
     }
 
-    /// True when `remote` was not reported yet (the caller then tells the control plane);
-    /// `undo` after a failed delivery lets a later packet report it again.
-    pub(crate) fn take_move_report(&self, remote: SocketAddr, undo: bool) -> bool {
-        let mut last = self
-            .moved_reported
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
-        if undo {
-            *last = None;
-            return false;
-        }
+    /// True the first time it is called for `remote` (the caller then tells the control
+    /// plane that the peer moved there).
+    pub(crate) fn take_move_report(&self, remote: SocketAddr) -> bool {
+        let mut last = self.moved_report();
         if *last == Some(remote) {
             return false;
         }
         *last = Some(remote);
         true
+    }
+
+    /// The report could not be delivered: let a later packet report the move again.
+    pub(crate) fn retry_move_report(&self) {
+        *self.moved_report() = None;
+    }
+
+    fn moved_report(&self) -> std::sync::MutexGuard<'_, Option<SocketAddr>> {
+        self.moved_reported
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
     }
 }
 

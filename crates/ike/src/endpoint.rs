@@ -188,13 +188,7 @@ impl Endpoint {
     /// limits near exhaustion, or operator request).
     pub fn rekey_child(&mut self, now: Instant, inbound_spi: EspSpi) -> Result<(), Error> {
         let spi = self
-            .sas
-            .values()
-            .find(|sa| {
-                sa.state == SaState::Established
-                    && sa.children.iter().any(|c| c.inbound_spi == inbound_spi)
-            })
-            .map(|sa| sa.spi)
+            .established_owner(inbound_spi)
             .ok_or(Error::UnknownChildSa(inbound_spi))?;
         self.run(now, spi, |sa, ctx| {
             sa.enqueue(Pending::RekeyChild(inbound_spi));
@@ -216,17 +210,20 @@ impl Endpoint {
         local: SocketAddr,
         remote: SocketAddr,
     ) {
-        let owner = self
-            .sas
+        if let Some(spi) = self.established_owner(inbound_spi) {
+            self.run(now, spi, |sa, ctx| sa.follow_peer(ctx, local, remote));
+        }
+    }
+
+    /// The established IKE SA that carries the CHILD_SA with this inbound SPI.
+    fn established_owner(&self, inbound_spi: EspSpi) -> Option<IkeSpi> {
+        self.sas
             .values()
             .find(|sa| {
                 sa.state == SaState::Established
                     && sa.children.iter().any(|c| c.inbound_spi == inbound_spi)
             })
-            .map(|sa| sa.spi);
-        if let Some(spi) = owner {
-            self.run(now, spi, |sa, ctx| sa.follow_peer(ctx, local, remote));
-        }
+            .map(|sa| sa.spi)
     }
 
     /// Starts a rekey of the tunnel's IKE SA.

@@ -67,16 +67,18 @@ fn esp(
     // newest packet counts, so one reordered from before the move does not move the SA back.
     // Every SA here is UDP-encapsulated, which the engine negotiates only with a NAT detected
     // (or faked, `force_encap`), so the SAs of the IKE SA follow at once: the answer to this
-    // very packet already goes to the new address. The control plane moves the IKE SA too.
-    if src != child.remote && newest && child.state.take_move_report(src, false) {
-        sh.update_peer(child.tunnel, child.ike, local, src);
+    // very packet already goes to the new address. The control plane moves the IKE SA too;
+    // if it cannot be told now, nothing moves and a later packet tries again.
+    if src != child.remote && newest && child.state.take_move_report(src) {
         let msg = ToControl::PeerAddressSeen {
             inbound_spi: spi,
             local,
             remote: src,
         };
-        if !sh.tell_control(msg) {
-            child.state.take_move_report(src, true);
+        if sh.tell_control(msg) {
+            sh.update_peer(child.tunnel, child.ike, local, src);
+        } else {
+            child.state.retry_move_report();
         }
     }
     let Some(pkt) = data.get_mut(range) else {
