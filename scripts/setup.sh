@@ -13,7 +13,7 @@ set -euo pipefail
 PACKAGES=(
     strongswan-charon strongswan-swanctl charon-systemd libcharon-extra-plugins
     iperf3 tshark nftables conntrack iproute2 iputils-ping procps tcpdump ethtool
-    etcd-server protobuf-compiler make python3
+    etcd-server protobuf-compiler make
 )
 # System units shipped by the packages above that must not run: the tests start
 # their own charon (per network namespace) and their own etcd.

@@ -289,10 +289,7 @@ impl Netns {
         let script = format!(
             "table inet protego_nat {{\n  chain postrouting {{\n    type nat hook postrouting priority srcnat; policy accept;\n    oifname \"{out_if}\" masquerade\n  }}\n}}\n"
         );
-        let path = self.bed.dir().join(format!("nat-{}.nft", self.name));
-        fs::write(&path, script).map_err(|e| Error::io("write", &path, e))?;
-        self.exec(Cmd::new("nft").args(["-f", &path.to_string_lossy()]))
-            .map(drop)
+        self.nft("nat", &script)
     }
 
     /// Simulates a NAT rebinding on a namespace set up with [`Netns::add_masquerade`]: the
@@ -305,12 +302,19 @@ impl Netns {
              add rule inet protego_nat postrouting oifname \"{out_if}\" masquerade\n",
             ports.0, ports.1
         );
-        let path = self.bed.dir().join(format!("nat-rebind-{}.nft", self.name));
-        fs::write(&path, script).map_err(|e| Error::io("write", &path, e))?;
-        self.exec(Cmd::new("nft").args(["-f", &path.to_string_lossy()]))?;
+        self.nft("nat-rebind", &script)?;
         // `conntrack -F` exits non-zero on an empty table on some versions; the flush is
         // what matters, so only a missing tool is an error.
         self.exec_output(Cmd::new("conntrack").args(["-F"]))
+            .map(drop)
+    }
+
+    /// Runs an nftables script in this namespace (kept as `<kind>-<ns>.nft` in the bed's
+    /// directory for post-mortems).
+    fn nft(&self, kind: &str, script: &str) -> Result<()> {
+        let path = self.bed.dir().join(format!("{kind}-{}.nft", self.name));
+        fs::write(&path, script).map_err(|e| Error::io("write", &path, e))?;
+        self.exec(Cmd::new("nft").args(["-f", &path.to_string_lossy()]))
             .map(drop)
     }
 

@@ -18,7 +18,7 @@ use common::*;
 use negotiation::*;
 
 use protego_testbed::protego::{GatewayTunnel, ProtegoGateway};
-use protego_testbed::strongswan::{Charon, CharonSettings, SwanctlConfig};
+use protego_testbed::strongswan::CharonSettings;
 use protego_testbed::topology::GATEWAY_ID;
 use protego_testbed::traffic::Tshark;
 use protego_testbed::{Result, Testbed, Topology};
@@ -292,10 +292,13 @@ fn tshark_decodes_ike_and_esp_with_the_key_log() -> Result<()> {
     // With key_log off nothing is written: no table anywhere but in the first gateway's DIR,
     // and that one does not grow.
     let gw2 = ProtegoGateway::start(&bed, &topo, std::slice::from_ref(&tun), &[])?;
-    let site2 = Charon::start(&s.ns, "site0-nokeys", &CharonSettings::default())?;
-    let (mut conn, _) = topo.site_connections(0, PSK);
-    tun.apply_to_site(&mut conn);
-    site2.load(&SwanctlConfig::new(vec![conn]))?;
+    let site2 = site_charon_with(
+        &topo,
+        &tun,
+        "site0-nokeys",
+        &CharonSettings::default(),
+        |_| {},
+    )?;
     site2.initiate("net", UP)?;
     site2.wait_child_installed("net", UP)?;
     ping_all_vms(&topo, 0, 3)?;
@@ -351,11 +354,7 @@ fn protego_follows_strongswans_cookie() -> Result<()> {
     let mut tun = GatewayTunnel::for_site(&topo, 0, PSK);
     tun.start_action = "start";
     let settings = cookie_demanding_settings();
-    let s = &topo.sites[0];
-    let site = Charon::start(&s.ns, "site0-cookies", &settings)?;
-    let (mut conn, _) = topo.site_connections(0, PSK);
-    tun.apply_to_site(&mut conn);
-    site.load(&SwanctlConfig::new(vec![conn]))?;
+    let site = site_charon_with(&topo, &tun, "site0-cookies", &settings, |_| {})?;
     let cap = wan_capture(&topo, "cookie-rev")?;
     // A half-open IKE SA from the gateway's address (strongSwan keeps it for 30 s) puts
     // strongSwan over its per-IP threshold.
@@ -392,14 +391,18 @@ fn strongswan_retries_with_the_group_protego_names() -> Result<()> {
     tun.proposals = vec!["aes128gcm16-prfsha256-ecp256".into()];
     let gw = ProtegoGateway::start(&bed, &topo, std::slice::from_ref(&tun), &[])?;
     let cap = wan_capture(&topo, "invalid-ke")?;
-    let (mut conn, _) = topo.site_connections(0, PSK);
-    tun.apply_to_site(&mut conn);
-    conn.proposals = vec![
-        "aes256gcm16-prfsha256-x25519".into(),
-        "aes128gcm16-prfsha256-ecp256".into(),
-    ];
-    let site = Charon::start(&topo.sites[0].ns, "site0-ke", &CharonSettings::default())?;
-    site.load(&SwanctlConfig::new(vec![conn]))?;
+    let site = site_charon_with(
+        &topo,
+        &tun,
+        "site0-ke",
+        &CharonSettings::default(),
+        |conn| {
+            conn.proposals = vec![
+                "aes256gcm16-prfsha256-x25519".into(),
+                "aes128gcm16-prfsha256-ecp256".into(),
+            ];
+        },
+    )?;
     site.initiate("net", UP)?;
     site.wait_child_installed("net", UP)?;
     ping_all_vms(&topo, 0, 10)?;
@@ -440,11 +443,15 @@ fn protego_retries_with_the_group_strongswan_names() -> Result<()> {
         "aes256gcm16-prfsha256-x25519".into(),
         "aes256gcm16-prfsha384-ecp384".into(),
     ];
-    let (mut conn, _) = topo.site_connections(0, PSK);
-    tun.apply_to_site(&mut conn);
-    conn.proposals = vec!["aes256gcm16-prfsha384-ecp384".into()];
-    let site = Charon::start(&topo.sites[0].ns, "site0-ke", &CharonSettings::default())?;
-    site.load(&SwanctlConfig::new(vec![conn]))?;
+    let site = site_charon_with(
+        &topo,
+        &tun,
+        "site0-ke",
+        &CharonSettings::default(),
+        |conn| {
+            conn.proposals = vec!["aes256gcm16-prfsha384-ecp384".into()];
+        },
+    )?;
     let cap = wan_capture(&topo, "invalid-ke-rev")?;
     let gw = ProtegoGateway::start(&bed, &topo, std::slice::from_ref(&tun), &[])?;
     site.wait_child_installed("net", UP)?;
@@ -491,12 +498,16 @@ fn child_rekey_invalid_ke_protego_responder() -> Result<()> {
         &[key_log_line(&keys)],
     )?;
     let cap = wan_capture(&topo, "child-ke")?;
-    let (mut conn, _) = topo.site_connections(0, PSK);
-    tun.apply_to_site(&mut conn);
-    conn.children[0].esp_proposals =
-        vec!["aes256gcm16-modp2048".into(), "aes256gcm16-x25519".into()];
-    let site = Charon::start(&topo.sites[0].ns, "site0-pfs", &CharonSettings::default())?;
-    site.load(&SwanctlConfig::new(vec![conn]))?;
+    let site = site_charon_with(
+        &topo,
+        &tun,
+        "site0-pfs",
+        &CharonSettings::default(),
+        |conn| {
+            conn.children[0].esp_proposals =
+                vec!["aes256gcm16-modp2048".into(), "aes256gcm16-x25519".into()];
+        },
+    )?;
     site.initiate("net", UP)?;
     let first = site.wait_child_installed("net", UP)?;
     site.rekey_child("net")?;
@@ -539,11 +550,15 @@ fn child_rekey_invalid_ke_protego_initiator() -> Result<()> {
         &[key_log_line(&keys)],
     )?;
     let cap = wan_capture(&topo, "child-ke-rev")?;
-    let (mut conn, _) = topo.site_connections(0, PSK);
-    tun.apply_to_site(&mut conn);
-    conn.children[0].esp_proposals = vec!["aes256gcm16-ecp384".into()];
-    let site = Charon::start(&topo.sites[0].ns, "site0-pfs", &CharonSettings::default())?;
-    site.load(&SwanctlConfig::new(vec![conn]))?;
+    let site = site_charon_with(
+        &topo,
+        &tun,
+        "site0-pfs",
+        &CharonSettings::default(),
+        |conn| {
+            conn.children[0].esp_proposals = vec!["aes256gcm16-ecp384".into()];
+        },
+    )?;
     site.initiate("net", UP)?;
     let first = site.wait_child_installed("net", UP)?;
     let second = site.wait_child_rekeyed("net", &first.spi_in, Duration::from_secs(30))?;
@@ -667,14 +682,18 @@ fn cookie_then_invalid_ke_protego_responder() -> Result<()> {
         &["cookie_threshold = 0".to_owned()],
     )?;
     let cap = wan_capture(&topo, "cookie-ke")?;
-    let (mut conn, _) = topo.site_connections(0, PSK);
-    tun.apply_to_site(&mut conn);
-    conn.proposals = vec![
-        "aes256gcm16-prfsha256-x25519".into(),
-        "aes128gcm16-prfsha256-ecp256".into(),
-    ];
-    let site = Charon::start(&topo.sites[0].ns, "site0-ck", &CharonSettings::default())?;
-    site.load(&SwanctlConfig::new(vec![conn]))?;
+    let site = site_charon_with(
+        &topo,
+        &tun,
+        "site0-ck",
+        &CharonSettings::default(),
+        |conn| {
+            conn.proposals = vec![
+                "aes256gcm16-prfsha256-x25519".into(),
+                "aes128gcm16-prfsha256-ecp256".into(),
+            ];
+        },
+    )?;
     site.initiate("net", UP)?;
     site.wait_child_installed("net", UP)?;
     ping_all_vms(&topo, 0, 10)?;
@@ -707,15 +726,12 @@ fn cookie_then_invalid_ke_protego_initiator() -> Result<()> {
         "aes256gcm16-prfsha384-ecp384".into(),
     ];
     let settings = cookie_demanding_settings();
-    let s = &topo.sites[0];
-    let site = Charon::start(&s.ns, "site0-ck", &settings)?;
-    let (mut conn, _) = topo.site_connections(0, PSK);
-    tun.apply_to_site(&mut conn);
-    conn.proposals = vec![
-        "aes256gcm16-prfsha384-ecp384".into(),
-        "aes256gcm16-prfsha256-x25519".into(),
-    ];
-    site.load(&SwanctlConfig::new(vec![conn]))?;
+    let site = site_charon_with(&topo, &tun, "site0-ck", &settings, |conn| {
+        conn.proposals = vec![
+            "aes256gcm16-prfsha384-ecp384".into(),
+            "aes256gcm16-prfsha256-x25519".into(),
+        ];
+    })?;
     let cap = wan_capture(&topo, "cookie-ke-rev")?;
     open_half_open_sa(&topo, 0)?;
     let gw = ProtegoGateway::start(&bed, &topo, std::slice::from_ref(&tun), &[])?;

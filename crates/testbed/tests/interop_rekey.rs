@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use common::*;
 
 use protego_testbed::protego::{GatewayTunnel, ProtegoGateway};
-use protego_testbed::strongswan::{Charon, CharonSettings, SwanctlConfig};
+use protego_testbed::strongswan::{Charon, CharonSettings};
 use protego_testbed::traffic::{self, IperfOptions, IperfResult, PingOptions, PingStats};
 use protego_testbed::{Cmd, Result, Testbed, Topology};
 
@@ -289,21 +289,19 @@ fn both_sides_rekey_every_few_seconds_under_iperf_and_ping() -> Result<()> {
         "rand_time = \"1s\"".into(),
     ];
     let gw = ProtegoGateway::start(&bed, &topo, std::slice::from_ref(&tun), &[])?;
-    let (mut conn, _) = topo.site_connections(0, PSK);
-    tun.apply_to_site(&mut conn);
     // strongSwan: IKE SA after 4..5 s; each half of a CHILD_SA draws its own soft lifetime of
     // 5 s minus up to 3 s (whole seconds), the earlier one rekeys: mostly after 2..3 s. Either
     // side may come first each time.
-    conn.rekey_time = Some(Duration::from_secs(5));
-    conn.rand_time = Some(Duration::from_secs(2));
-    conn.over_time = Some(Duration::from_secs(60));
-    for child in &mut conn.children {
-        child.rekey_time = Some(Duration::from_secs(5));
-        child.rand_time = Some(Duration::from_secs(2));
-        child.life_time = Some(Duration::from_secs(60));
-    }
-    let site = Charon::start(&topo.sites[0].ns, "site0", &charon_settings())?;
-    site.load(&SwanctlConfig::new(vec![conn]))?;
+    let site = site_charon_with(&topo, &tun, "site0", &charon_settings(), |conn| {
+        conn.rekey_time = Some(Duration::from_secs(5));
+        conn.rand_time = Some(Duration::from_secs(2));
+        conn.over_time = Some(Duration::from_secs(60));
+        for child in &mut conn.children {
+            child.rekey_time = Some(Duration::from_secs(5));
+            child.rand_time = Some(Duration::from_secs(2));
+            child.life_time = Some(Duration::from_secs(60));
+        }
+    })?;
     site.initiate("net", UP)?;
     site.wait_child_installed("net", UP)?;
     ping_all_vms(&topo, 0, 5)?;
@@ -618,10 +616,7 @@ fn simultaneous_rekeys_collide_and_resolve() -> Result<()> {
     tun.proposals = vec!["aes256gcm16-prfsha256-modp2048".into()];
     tun.esp_proposals = vec!["aes256gcm16-modp2048".into()];
     let gw = ProtegoGateway::start(&bed, &topo, std::slice::from_ref(&tun), &[])?;
-    let (mut conn, _) = topo.site_connections(0, PSK);
-    tun.apply_to_site(&mut conn);
-    let site = Charon::start(&topo.sites[0].ns, "site0", &charon_settings())?;
-    site.load(&SwanctlConfig::new(vec![conn]))?;
+    let site = site_charon_with(&topo, &tun, "site0", &charon_settings(), |_| {})?;
     site.initiate("net", UP)?;
     site.wait_child_installed("net", UP)?;
     ping_all_vms(&topo, 0, 5)?;

@@ -13,7 +13,7 @@ use std::time::Duration;
 use common::*;
 
 use protego_testbed::protego::{GatewayTunnel, ProtegoGateway};
-use protego_testbed::strongswan::{Charon, CharonSettings, SwanctlConfig};
+use protego_testbed::strongswan::CharonSettings;
 use protego_testbed::topology::VmSpec;
 use protego_testbed::traffic::{self, IperfOptions, PingOptions};
 use protego_testbed::{Result, Testbed, Topology, TopologySpec};
@@ -266,14 +266,8 @@ fn every_transform_and_group() -> Result<()> {
         tun.proposals = vec![(*ike).into()];
         tun.esp_proposals = vec![(*esp).into()];
         let gw = ProtegoGateway::start(&bed, &topo, std::slice::from_ref(&tun), &[])?;
-        let (mut conn, _) = topo.site_connections(0, PSK);
-        tun.apply_to_site(&mut conn);
-        let site = Charon::start(
-            &topo.sites[0].ns,
-            &format!("site-case{k}"),
-            &CharonSettings::default(),
-        )?;
-        site.load(&SwanctlConfig::new(vec![conn]))?;
+        let label = format!("site-case{k}");
+        let site = site_charon_with(&topo, &tun, &label, &CharonSettings::default(), |_| {})?;
         site.initiate("net", UP)?;
         let child = site.wait_child_installed("net", UP)?;
         let sas = site.list_sas()?;
@@ -387,10 +381,13 @@ fn dpd_clears_dead_peer_and_restart_brings_it_back() -> Result<()> {
     );
 
     // The peer comes back; Protego re-initiates.
-    let back = Charon::start(&topo.sites[0].ns, "site0-again", &CharonSettings::default())?;
-    let (mut conn, _) = topo.site_connections(0, PSK);
-    tun.apply_to_site(&mut conn);
-    back.load(&SwanctlConfig::new(vec![conn]))?;
+    let back = site_charon_with(
+        &topo,
+        &tun,
+        "site0-again",
+        &CharonSettings::default(),
+        |_| {},
+    )?;
     back.wait_child_installed("net", Duration::from_secs(30))?;
     ping_all_vms(&topo, 0, 10)?;
     bed.teardown()?;

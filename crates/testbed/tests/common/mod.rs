@@ -4,10 +4,12 @@
 
 #![allow(dead_code, unreachable_pub)] // every suite uses a different subset, from a test crate
 
+pub mod ike_craft;
+
 use std::time::Duration;
 
 use protego_testbed::protego::{GatewayTunnel, ProtegoGateway};
-use protego_testbed::strongswan::{Charon, CharonSettings, SwanctlConfig};
+use protego_testbed::strongswan::{Charon, CharonSettings, Connection, SwanctlConfig};
 use protego_testbed::topology::{SiteSpec, TenantSpec, VmSpec};
 use protego_testbed::traffic::{self, PingOptions};
 use protego_testbed::{Result, Topology, TopologySpec};
@@ -46,10 +48,24 @@ pub fn one_tenant(behind_nat: bool) -> Result<TopologySpec> {
 
 /// Starts the site's charon with the standard connection toward Protego, matching `tun`.
 pub fn site_charon(topo: &Topology, tun: &GatewayTunnel) -> Result<Charon> {
+    let label = format!("site{}", tun.site);
+    site_charon_with(topo, tun, &label, &CharonSettings::default(), |_| {})
+}
+
+/// Starts a charon labelled `label` with `settings` on the site of `tun` and loads the
+/// standard connection toward Protego, matching `tun`, after `edit` adjusted it (proposals,
+/// rekey times...).
+pub fn site_charon_with(
+    topo: &Topology,
+    tun: &GatewayTunnel,
+    label: &str,
+    settings: &CharonSettings,
+    edit: impl FnOnce(&mut Connection),
+) -> Result<Charon> {
     let (mut conn, _) = topo.site_connections(tun.site, &tun.psk);
     tun.apply_to_site(&mut conn);
-    let label = format!("site{}", tun.site);
-    let charon = Charon::start(&topo.sites[tun.site].ns, &label, &CharonSettings::default())?;
+    edit(&mut conn);
+    let charon = Charon::start(&topo.sites[tun.site].ns, label, settings)?;
     charon.load(&SwanctlConfig::new(vec![conn]))?;
     Ok(charon)
 }
