@@ -25,8 +25,9 @@ pub struct VnetConfig {
     pub name: String,
     /// VXLAN network identifier (24 bits).
     pub vni: u32,
-    /// The gateway's own address inside the VNet (VMs route via it; answered to ARP/ND).
-    pub gateway_ip: IpAddr,
+    /// The gateway's own addresses inside the VNet (VMs route via them; answered to ARP/ND):
+    /// one IPv4 address, one IPv6 address, or one of each for a dual-stack VNet.
+    pub gateway_ips: Vec<IpAddr>,
     /// Local underlay address the gateway's VTEP uses for this VNet (UDP 4789).
     pub vtep: IpAddr,
     /// Where VNet destinations live.

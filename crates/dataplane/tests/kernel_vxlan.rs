@@ -122,7 +122,7 @@ fn gateway_namespace() {
             tenant: "acme".into(),
             name: "prod".into(),
             vni: 100,
-            gateway_ip: ip("10.0.0.1"),
+            gateway_ips: vec![ip("10.0.0.1")],
             vtep: ip("172.31.0.1"),
             routes: vec![Route {
                 prefix: ip("10.0.0.0"),

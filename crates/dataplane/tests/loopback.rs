@@ -44,7 +44,7 @@ fn setup(tunnel_inside: Inside) -> Setup {
                 tenant: "acme".into(),
                 name: "prod".into(),
                 vni: 100,
-                gateway_ip: ip("10.0.0.1"),
+                gateway_ips: vec![ip("10.0.0.1")],
                 vtep: ip("127.0.0.1"),
                 routes: vec![Route {
                     prefix: ip("10.0.0.0"),

@@ -100,7 +100,11 @@ pub fn render_config(
         let _ = writeln!(out, "tenant = {:?}", t.name);
         let _ = writeln!(out, "name = \"vnet\"");
         let _ = writeln!(out, "vni = {}", t.vni);
-        let _ = writeln!(out, "gateway_ip = {:?}", t.gateway_ip.to_string());
+        let gateway_ips: Vec<String> = std::iter::once(t.gateway_ip)
+            .chain(t.gateway_ip6)
+            .map(|ip| ip.to_string())
+            .collect();
+        let _ = writeln!(out, "gateway_ip = {}", toml_list(&gateway_ips));
         let _ = writeln!(out, "vtep = {:?}", gw.underlay.addr.to_string());
         // One host route per VM address (IPv4, and IPv6 when the VNet has it).
         let routes: Vec<String> = t

@@ -456,12 +456,8 @@ fn nat_rebinding_moves_the_tunnel_to_the_new_port() -> Result<()> {
 
 /// Inner IPv6 next to IPv4 in one CHILD_SA (dual-stack selectors): ping6 from the site's IPv6
 /// LAN reaches VMs on both hosts through the tunnel and the VXLAN overlay (neighbour discovery
-/// by the gateway), and back.
-///
-/// Known failing: the IPv6 echo requests are decrypted (RX counters) but no reply leaves the
-/// gateway; IPv4 in the same CHILD_SA works. Run with `--ignored` while fixing it.
+/// by the gateway for its IPv4 and IPv6 addresses in the dual-stack VNet), and back.
 #[test]
-#[ignore = "inner IPv6 over the VXLAN overlay gets no reply yet (see the issue 2 notes)"]
 fn inner_ipv6_and_ipv4_share_the_tunnel() -> Result<()> {
     let bed = Testbed::new()?;
     let mut spec = one_tenant(false)?;

@@ -57,7 +57,7 @@ pub(crate) struct RawVnet {
     pub(crate) tenant: Spanned<String>,
     pub(crate) name: Spanned<String>,
     pub(crate) vni: Spanned<i64>,
-    pub(crate) gateway_ip: Spanned<String>,
+    pub(crate) gateway_ip: Spanned<StringList>,
     pub(crate) vtep: Spanned<String>,
     #[serde(default)]
     pub(crate) routes: Vec<Spanned<RawRoute>>,

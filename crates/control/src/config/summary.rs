@@ -38,7 +38,11 @@ impl Config {
                 v.name,
                 v.tenant,
                 v.vni,
-                v.gateway_ip,
+                v.gateway_ips
+                    .iter()
+                    .map(ToString::to_string)
+                    .collect::<Vec<_>>()
+                    .join(" "),
                 v.vtep,
                 v.routes.len()
             );

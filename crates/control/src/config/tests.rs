@@ -851,3 +851,41 @@ fn vtep_must_be_unicast() {
     let text = with_tunnel(TUNNEL_A).replacen("vtep = \"203.0.113.1\"", "vtep = \"0.0.0.0\"", 1);
     expect_error(&text, "vtep = \"0.0.0.0\"", "vtep", "not a unicast address");
 }
+
+#[test]
+fn dual_stack_vnet_has_one_gateway_address_per_version() {
+    let text = with_tunnel(TUNNEL_A).replacen(
+        "gateway_ip = \"10.2.0.1\"",
+        "gateway_ip = [\"10.2.0.1\", \"fd00:2::1\"]",
+        1,
+    );
+    let scratch = Scratch::new();
+    let config = scratch.parse(&text).expect("valid");
+    let ips: Vec<String> = config.dataplane.vnets[0]
+        .gateway_ips
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    assert_eq!(ips, ["10.2.0.1", "fd00:2::1"]);
+}
+
+#[test]
+fn two_gateway_addresses_of_one_version() {
+    let text = with_tunnel(TUNNEL_A).replacen(
+        "gateway_ip = \"10.2.0.1\"",
+        "gateway_ip = [\"10.2.0.1\", \"10.2.0.2\"]",
+        1,
+    );
+    expect_error(
+        &text,
+        "10.2.0.2",
+        "gateway_ip",
+        "at most one gateway address per IP version",
+    );
+}
+
+#[test]
+fn gateway_address_list_must_not_be_empty() {
+    let text = with_tunnel(TUNNEL_A).replacen("gateway_ip = \"10.2.0.1\"", "gateway_ip = []", 1);
+    expect_error(&text, "gateway_ip = []", "gateway_ip", "required");
+}

@@ -32,7 +32,7 @@ fn vnet(tenant: &str, vni: u32) -> VnetConfig {
         tenant: tenant.into(),
         name: format!("{tenant}-net"),
         vni,
-        gateway_ip: ip("10.0.0.1"),
+        gateway_ips: vec![ip("10.0.0.1")],
         vtep: ip("127.0.0.1"),
         routes: vec![Route {
             prefix: ip("10.0.0.0"),

@@ -18,10 +18,7 @@ pub(crate) struct ArpVerdict {
 /// Handles an ARP packet received in `vnet`. RFC 826's merge rule: the sender's entry is
 /// updated if known, and created when we are the target.
 pub(crate) fn handle(vnet: &Vnet, arp: &ArpRepr) -> ArpVerdict {
-    let gw = match vnet.gateway_ip {
-        IpAddr::V4(a) => Some(a),
-        IpAddr::V6(_) => None,
-    };
+    let gw = vnet.gateway_v4;
     let for_us = gw == Some(arp.target_protocol_addr);
     let sender_ok = !arp.source_protocol_addr.is_unspecified()
         && !arp.source_protocol_addr.is_broadcast()
@@ -42,10 +39,7 @@ pub(crate) fn handle(vnet: &Vnet, arp: &ArpRepr) -> ArpVerdict {
 /// A request from the gateway for `target` (broadcast). The sender address is the gateway's if
 /// it is IPv4, else 0.0.0.0 (an RFC 5227 probe, which hosts answer as well).
 pub(crate) fn request(vnet: &Vnet, target: Ipv4Addr) -> ArpRepr {
-    let spa = match vnet.gateway_ip {
-        IpAddr::V4(a) => a,
-        IpAddr::V6(_) => Ipv4Addr::UNSPECIFIED,
-    };
+    let spa = vnet.gateway_v4.unwrap_or(Ipv4Addr::UNSPECIFIED);
     ArpRepr {
         operation: ArpOperation::REQUEST,
         source_hardware_addr: vnet.mac,
@@ -65,7 +59,7 @@ mod tests {
             tenant: "t".into(),
             name: "n".into(),
             vni: 100,
-            gateway_ip: "10.0.0.1".parse().expect("ip"),
+            gateway_ips: vec!["10.0.0.1".parse().expect("ip")],
             vtep: "192.0.2.1".parse().expect("ip"),
             routes: vec![Route {
                 prefix: "10.0.0.0".parse().expect("ip"),

@@ -11,7 +11,7 @@ use crate::api::{DataplaneError, VnetConfig};
 use neigh::{Mac, NeighCache};
 use route::RouteTable;
 use std::collections::HashSet;
-use std::net::{IpAddr, Ipv6Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::sync::{Mutex, MutexGuard};
 use wire::ethernet::{EtherType, EthernetAddress, EthernetFrame, ETHERNET_HEADER_LEN};
 use wire::vxlan::{Vni, VxlanPacket, VXLAN_HEADER_LEN};
@@ -62,9 +62,11 @@ pub(crate) struct Vnet {
     pub(crate) vni: Vni,
     /// The gateway's MAC.
     pub(crate) mac: EthernetAddress,
-    /// The gateway's address inside the VNet.
-    pub(crate) gateway_ip: IpAddr,
-    /// The gateway's IPv6 link-local address (source of ND messages when `gateway_ip` is IPv4).
+    /// The gateway's IPv4 address inside the VNet, if the VNet has IPv4.
+    pub(crate) gateway_v4: Option<Ipv4Addr>,
+    /// The gateway's IPv6 address inside the VNet, if it has one.
+    pub(crate) gateway_v6: Option<Ipv6Addr>,
+    /// The gateway's IPv6 link-local address (source of ND messages without `gateway_v6`).
     pub(crate) link_local: Ipv6Addr,
     /// Routes to host VTEPs.
     pub(crate) routes: RouteTable,
@@ -98,10 +100,27 @@ impl Vnet {
                 });
             }
         }
-        if cfg.gateway_ip.is_unspecified() || cfg.gateway_ip.is_multicast() {
+        let (mut gateway_v4, mut gateway_v6) = (None, None);
+        for ip in &cfg.gateway_ips {
+            let bad = |reason: String| DataplaneError::Config {
+                field: field("gateway_ips"),
+                reason,
+            };
+            if ip.is_unspecified() || ip.is_multicast() {
+                return Err(bad(format!("{ip} is not a unicast address")));
+            }
+            let taken = match *ip {
+                IpAddr::V4(a) => gateway_v4.replace(a).is_some(),
+                IpAddr::V6(a) => gateway_v6.replace(a).is_some(),
+            };
+            if taken {
+                return Err(bad(format!("{ip}: at most one address per IP version")));
+            }
+        }
+        if cfg.gateway_ips.is_empty() {
             return Err(DataplaneError::Config {
-                field: field("gateway_ip"),
-                reason: format!("{} is not a unicast address", cfg.gateway_ip),
+                field: field("gateway_ips"),
+                reason: "the VNet needs a gateway address".into(),
             });
         }
         let mac = gateway_mac(vni);
@@ -111,7 +130,8 @@ impl Vnet {
             name: cfg.name.clone(),
             vni,
             mac,
-            gateway_ip: cfg.gateway_ip,
+            gateway_v4,
+            gateway_v6,
             link_local: link_local(mac),
             hosts: cfg.routes.iter().map(|r| r.host).collect(),
             routes,
@@ -122,7 +142,10 @@ impl Vnet {
 
     /// True for the gateway's own addresses.
     pub(crate) fn is_gateway(&self, ip: IpAddr) -> bool {
-        ip == self.gateway_ip || ip == IpAddr::V6(self.link_local)
+        match ip {
+            IpAddr::V4(a) => self.gateway_v4 == Some(a),
+            IpAddr::V6(a) => self.gateway_v6 == Some(a) || a == self.link_local,
+        }
     }
 
     /// True if `ip` routes to `host` (a frame from `host` may legitimately come from `ip`).
@@ -161,13 +184,46 @@ mod tests {
             tenant: "t".into(),
             name: "n".into(),
             vni,
-            gateway_ip: "10.0.0.1".parse().expect("ip"),
+            gateway_ips: vec!["10.0.0.1".parse().expect("ip")],
             vtep: "192.0.2.1".parse().expect("ip"),
             routes: vec![Route {
                 prefix: "10.0.0.0".parse().expect("ip"),
                 len: 24,
                 host: "192.0.2.10".parse().expect("ip"),
             }],
+        }
+    }
+
+    /// A dual-stack VNet has one gateway address per IP version; both (and the link-local
+    /// address) are the gateway's, other addresses are not.
+    #[test]
+    fn dual_stack_gateway_addresses() {
+        let mut c = cfg(7);
+        c.gateway_ips.push("fd00::1".parse().expect("ip"));
+        let v = Vnet::new(0, &c, 0).expect("valid");
+        assert!(v.is_gateway("10.0.0.1".parse().expect("ip")));
+        assert!(v.is_gateway("fd00::1".parse().expect("ip")));
+        assert!(v.is_gateway(IpAddr::V6(v.link_local)));
+        assert!(!v.is_gateway("10.0.0.2".parse().expect("ip")));
+        assert!(!v.is_gateway("fd00::2".parse().expect("ip")));
+    }
+
+    #[test]
+    fn gateway_addresses_are_validated() {
+        let mut two_v4 = cfg(7);
+        two_v4.gateway_ips.push("10.0.0.2".parse().expect("ip"));
+        let mut none = cfg(7);
+        none.gateway_ips.clear();
+        let mut multicast = cfg(7);
+        multicast.gateway_ips = vec!["ff02::1".parse().expect("ip")];
+        for bad in [two_v4, none, multicast] {
+            match Vnet::new(3, &bad, 0) {
+                Err(DataplaneError::Config { field, .. }) => {
+                    assert_eq!(field, "vnets[3].gateway_ips");
+                }
+                Err(e) => panic!("{:?}: unexpected error {e}", bad.gateway_ips),
+                Ok(_) => panic!("{:?} accepted", bad.gateway_ips),
+            }
         }
     }
 

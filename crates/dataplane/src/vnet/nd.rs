@@ -128,10 +128,7 @@ pub(crate) fn handle(
 /// A solicitation from the gateway for `target`, to its solicited-node group (§7.2.2). The
 /// source is the gateway address if IPv6, else its link-local address.
 pub(crate) fn solicit(vnet: &Vnet, target: Ipv6Addr) -> NdOut {
-    let src = match vnet.gateway_ip {
-        IpAddr::V6(a) => a,
-        IpAddr::V4(_) => vnet.link_local,
-    };
+    let src = vnet.gateway_v6.unwrap_or(vnet.link_local);
     let dst = solicited_node_multicast(&target);
     NdOut {
         src,
@@ -155,7 +152,7 @@ mod tests {
             tenant: "t".into(),
             name: "n".into(),
             vni: 100,
-            gateway_ip: "2001:db8::1".parse().expect("ip"),
+            gateway_ips: vec!["2001:db8::1".parse().expect("ip")],
             vtep: "2001:db8:ffff::1".parse().expect("ip"),
             routes: vec![Route {
                 prefix: "2001:db8::".parse().expect("ip"),
@@ -201,6 +198,31 @@ mod tests {
             }
             other => panic!("not an NA: {other:?}"),
         }
+    }
+
+    /// In a dual-stack VNet (IPv4 gateway plus IPv6 gateway) the IPv6 gateway address is
+    /// answered and is the source of the gateway's own solicitations.
+    #[test]
+    fn dual_stack_ipv6_gateway_is_answered() {
+        let cfg = VnetConfig {
+            tenant: "t".into(),
+            name: "n".into(),
+            vni: 100,
+            gateway_ips: vec![
+                "10.0.0.1".parse().expect("ip"),
+                "2001:db8::1".parse().expect("ip"),
+            ],
+            vtep: "192.0.2.1".parse().expect("ip"),
+            routes: vec![],
+        };
+        let v = Vnet::new(0, &cfg, 0).expect("valid");
+        let ns = NdpRepr::NeighborSolicit {
+            target_addr: "2001:db8::1".parse().expect("ip"),
+            source_lladdr: Some(VM),
+        };
+        assert!(handle(&v, vm_ip(), VM, &ns).reply.is_some());
+        let out = solicit(&v, vm_ip());
+        assert_eq!(out.src, "2001:db8::1".parse::<Ipv6Addr>().expect("ip"));
     }
 
     #[test]

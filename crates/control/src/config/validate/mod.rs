@@ -5,7 +5,7 @@
 
 mod tunnel;
 
-use super::raw::{RawFile, RawGateway, RawVnet};
+use super::raw::{RawFile, RawGateway, RawVnet, StringList};
 use super::{Config, Gateway, LogFormat, Source, Tunnel, TunnelInside, DEFAULT_CONTROL_SOCKET};
 use crate::error::ConfigError;
 use dataplane::{DataplaneConfig, Inside, Route, TunnelBinding, VnetConfig};
@@ -493,7 +493,7 @@ impl Validator<'_, '_> {
                 ),
             ));
         }
-        let gateway_ip = self.ip(&n.gateway_ip, s, "gateway_ip")?;
+        let gateway_ips = self.gateway_ips(&n.gateway_ip, s)?;
         let vtep = self.ip(&n.vtep, s, "vtep")?;
         let mut routes: Vec<Route> = Vec::with_capacity(n.routes.len());
         for r in &n.routes {
@@ -524,7 +524,7 @@ impl Validator<'_, '_> {
                 tenant: n.tenant.get_ref().clone(),
                 name: n.name.get_ref().clone(),
                 vni,
-                gateway_ip,
+                gateway_ips,
                 vtep,
                 routes,
             },
@@ -538,23 +538,60 @@ impl Validator<'_, '_> {
         section: &str,
         key: &str,
     ) -> Result<IpAddr, Box<ConfigError>> {
-        let addr: IpAddr = value.get_ref().trim().parse().map_err(|_| {
+        self.unicast(value.get_ref(), value.span(), section, key)
+    }
+
+    /// `text` as a unicast IP address; errors point at `span`.
+    fn unicast(
+        &self,
+        text: &str,
+        span: Range<usize>,
+        section: &str,
+        key: &str,
+    ) -> Result<IpAddr, Box<ConfigError>> {
+        let addr: IpAddr = text.trim().parse().map_err(|_| {
             self.err(
-                value.span(),
+                span.clone(),
                 section,
                 key,
-                format!("{:?} is not an IP address", value.get_ref()),
+                format!("{text:?} is not an IP address"),
             )
         })?;
         if addr.is_unspecified() || addr.is_multicast() {
             return Err(self.err(
-                value.span(),
+                span,
                 section,
                 key,
                 format!("{addr} is not a unicast address"),
             ));
         }
         Ok(addr)
+    }
+
+    /// A VNet's `gateway_ip`: one address, or one per IP version for a dual-stack VNet.
+    fn gateway_ips(
+        &self,
+        value: &Spanned<StringList>,
+        section: &str,
+    ) -> Result<Vec<IpAddr>, Box<ConfigError>> {
+        const KEY: &str = "gateway_ip";
+        let mut out: Vec<IpAddr> = Vec::new();
+        for text in &value.get_ref().0 {
+            let addr = self.unicast(text, value.span(), section, KEY)?;
+            if let Some(other) = out.iter().find(|o| o.is_ipv4() == addr.is_ipv4()) {
+                return Err(self.err(
+                    value.span(),
+                    section,
+                    KEY,
+                    format!("{other} and {addr}: at most one gateway address per IP version"),
+                ));
+            }
+            out.push(addr);
+        }
+        if out.is_empty() {
+            return Err(self.err(value.span(), section, KEY, "a gateway address is required"));
+        }
+        Ok(out)
     }
 }
 
