@@ -25,6 +25,9 @@ pub struct GatewayTunnel {
     pub esp_proposals: Vec<String>,
     /// `"none"` (the site initiates) or `"start"` (Protego initiates).
     pub start_action: &'static str,
+    /// IKE and ESP between the gateway and the site over IPv6 (the WAN's IPv6 addresses; the
+    /// gateway then also listens on its IPv6 WAN address). Not for sites behind NAT.
+    pub outer_ipv6: bool,
     /// Extra `key = value` lines appended to the `[[tunnel]]` table verbatim
     /// (e.g. `rekey_time = "10s"`, `dpd_delay = "2s"`).
     pub extra: Vec<String>,
@@ -42,6 +45,7 @@ impl GatewayTunnel {
             proposals: vec!["aes256gcm16-prfsha256-x25519".to_owned()],
             esp_proposals: vec!["aes256gcm16".to_owned()],
             start_action: "none",
+            outer_ipv6: false,
             extra: Vec::new(),
         }
     }
@@ -87,7 +91,11 @@ pub fn render_config(
     let mut out = String::new();
     let gw = &topo.gateway;
     let _ = writeln!(out, "[gateway]");
-    let _ = writeln!(out, "listen = [{:?}]", gw.wan.addr.to_string());
+    let mut listen = vec![gw.wan.addr.to_string()];
+    if tunnels.iter().any(|t| t.outer_ipv6) {
+        listen.push(gw.wan6.addr.to_string());
+    }
+    let _ = writeln!(out, "listen = {}", toml_list(&listen));
     let _ = writeln!(out, "control_socket = {:?}", socket.display().to_string());
     for line in extra_gateway {
         let _ = writeln!(out, "{line}");
@@ -139,7 +147,12 @@ pub fn render_config(
         let _ = writeln!(out, "name = {:?}", tun.name);
         let _ = writeln!(out, "tenant = {:?}", tenant.name);
         let _ = writeln!(out, "vnet = \"vnet\"");
-        let _ = writeln!(out, "remote_addrs = {:?}", site.public_addr.to_string());
+        let remote = if tun.outer_ipv6 {
+            site.addr6.addr
+        } else {
+            site.public_addr
+        };
+        let _ = writeln!(out, "remote_addrs = {:?}", remote.to_string());
         let _ = writeln!(out, "local_id = {GATEWAY_ID:?}");
         let _ = writeln!(out, "remote_id = {:?}", topo.site_id(tun.site));
         let _ = writeln!(out, "psk_file = {:?}", psk_file.display().to_string());

@@ -394,9 +394,12 @@ fn dpd_clears_dead_peer_and_restart_brings_it_back() -> Result<()> {
     Ok(())
 }
 
-/// The site's NAT rebinds (new outside port) in the middle of a 100 Hz ping: Protego follows
-/// the peer to its new address (RFC 7296 §2.23, RFC 3948) and the tunnel keeps carrying
-/// traffic; IKE exchanges (a CHILD rekey) still work afterwards.
+/// The site's NAT rebinds (new outside port) between two 100 Hz pings: the first ESP from the
+/// new port moves the tunnel there (RFC 7296 §2.23, RFC 3948), without waiting for an IKE
+/// message, so not even the answer to that first packet is lost; IKE exchanges (a CHILD
+/// rekey) still work afterwards. The rebinding happens while no packet is in flight: an answer
+/// travelling toward the old mapping at the instant the NAT forgets it is lost whatever the
+/// gateway does.
 #[test]
 fn nat_rebinding_moves_the_tunnel_to_the_new_port() -> Result<()> {
     let bed = Testbed::new()?;
@@ -416,20 +419,14 @@ fn nat_rebinding_moves_the_tunnel_to_the_new_port() -> Result<()> {
     };
     let before = remote_of(&tunnel_status(&gw, &tun.name)?);
 
+    nat.ns.rebind_masquerade(&nat.outside_if, (31000, 31999))?;
     let s = &topo.sites[0];
     let vm = &topo.tenants[0].vms[0];
-    let ping = std::thread::scope(|scope| -> Result<traffic::PingStats> {
-        let pinger = scope.spawn(|| {
-            traffic::ping(
-                &s.ns,
-                vm.addr.addr,
-                &PingOptions::new(400, Duration::from_millis(10)).from(s.lan_addr),
-            )
-        });
-        std::thread::sleep(Duration::from_secs(1));
-        nat.ns.rebind_masquerade(&nat.outside_if, (31000, 31999))?;
-        pinger.join().expect("pinger")
-    })?;
+    let ping = traffic::ping(
+        &s.ns,
+        vm.addr.addr,
+        &PingOptions::new(300, Duration::from_millis(10)).from(s.lan_addr),
+    )?;
     let after = remote_of(&tunnel_status(&gw, &tun.name)?);
     assert_ne!(before, after, "the peer's port did not change");
     assert!(
@@ -492,6 +489,62 @@ fn inner_ipv6_and_ipv4_share_the_tunnel() -> Result<()> {
         &PingOptions::new(10, Duration::from_millis(10)),
     )?;
     assert!(back.all_received(), "vm -> site over IPv6: {back:?}");
+    bed.teardown()?;
+    Ok(())
+}
+
+/// IKE and ESP over an IPv6 WAN, carrying IPv4 and IPv6 inside (RFC 4303 tunnel mode with
+/// every combination of outer and inner version that the site uses).
+#[test]
+fn outer_ipv6_carries_ipv4_and_ipv6() -> Result<()> {
+    let bed = Testbed::new()?;
+    let mut spec = one_tenant(false)?;
+    spec.tenants[0].vnet6 = Some("fd00:2::/64".parse()?);
+    spec.tenants[0].sites[0].lan6 = Some("fd00:1::/64".parse()?);
+    let topo = Topology::build(&bed, spec)?;
+    let mut tun = GatewayTunnel::for_site(&topo, 0, PSK);
+    tun.outer_ipv6 = true;
+    let gw = ProtegoGateway::start(&bed, &topo, std::slice::from_ref(&tun), &[])?;
+    let (site6, gw6) = (topo.sites[0].addr6.addr, topo.gateway.wan6.addr);
+    let site = site_charon_with(
+        &topo,
+        &tun,
+        "site0-v6",
+        &CharonSettings::default(),
+        |conn| {
+            conn.local_addrs = vec![site6.to_string()];
+            conn.remote_addrs = vec![gw6.to_string()];
+        },
+    )?;
+    site.initiate("net", UP)?;
+    site.wait_child_installed("net", UP)?;
+    let st = tunnel_status(&gw, &tun.name)?;
+    let remote = st["ike_sas"][0]["remote"].as_str().unwrap_or_default();
+    assert!(remote.contains(&site6.to_string()), "{st}");
+    let cap = traffic::capture(
+        &topo.gateway.ns,
+        &topo.gateway.wan_if,
+        "ip6 and udp port 4500",
+        "wan6",
+    )?;
+    ping_all_vms(&topo, 0, 10)?;
+    let s = &topo.sites[0];
+    let from6 = s.lan6_addr.expect("site has an IPv6 LAN");
+    for vm in &topo.tenants[0].vms {
+        let to6 = vm.addr6.expect("VM has an IPv6 address").addr;
+        let p = traffic::ping(
+            &s.ns,
+            to6,
+            &PingOptions::new(10, Duration::from_millis(10)).from(from6),
+        )?;
+        assert!(p.all_received(), "site -> vm {to6}: {p:?}");
+    }
+    let pcap = cap.stop();
+    let esp = traffic::tshark_count(&pcap, "ipv6 && esp")?;
+    assert!(
+        esp >= 80,
+        "expected the pings as ESP over IPv6 on the WAN, saw {esp} packets"
+    );
     bed.teardown()?;
     Ok(())
 }
