@@ -548,3 +548,48 @@ fn outer_ipv6_carries_ipv4_and_ipv6() -> Result<()> {
     bed.teardown()?;
     Ok(())
 }
+
+/// A site with the wrong PSK, then one claiming an identity no tunnel expects: strongSwan is
+/// told AUTHENTICATION_FAILED (RFC 7296 §2.21.2), Protego keeps no IKE SA and counts both;
+/// the right site still connects afterwards.
+#[test]
+fn wrong_psk_or_identity_is_refused_without_state() -> Result<()> {
+    let bed = Testbed::new()?;
+    let topo = Topology::build(&bed, one_tenant(false)?)?;
+    let tun = GatewayTunnel::for_site(&topo, 0, PSK);
+    let gw = ProtegoGateway::start(&bed, &topo, std::slice::from_ref(&tun), &[])?;
+    type Edit = fn(&mut protego_testbed::strongswan::Connection);
+    let cases: [(&str, Edit); 2] = [
+        ("wrong PSK", |conn| conn.psk = "not-the-interop-psk".into()),
+        ("wrong identity", |conn| {
+            conn.local_id = "intruder.protego.test".into()
+        }),
+    ];
+    for (what, edit) in cases {
+        // One charon at a time: they share the site's ports.
+        let label = format!("site0-{}", what.replace(' ', "-"));
+        let site = site_charon_with(&topo, &tun, &label, &CharonSettings::default(), edit)?;
+        assert!(
+            site.initiate("net", UP).is_err(),
+            "{what}: the tunnel came up"
+        );
+        assert!(
+            site.log().contains("AUTHENTICATION_FAILED"),
+            "{what}: strongSwan was not told AUTHENTICATION_FAILED:\n{}",
+            site.log()
+        );
+        assert!(site.list_sas()?.is_empty(), "{what}");
+        site.stop();
+        let st = tunnel_status(&gw, &tun.name)?;
+        let sas = st["ike_sas"].as_array().map_or(0, Vec::len);
+        assert_eq!(sas, 0, "{what}: state left behind: {st}");
+    }
+    let status = gw.status_json()?;
+    assert_eq!(status["ike_drops"]["auth_failed"], 2, "{status}");
+    let site = site_charon(&topo, &tun)?;
+    site.initiate("net", UP)?;
+    site.wait_child_installed("net", UP)?;
+    ping_all_vms(&topo, 0, 5)?;
+    bed.teardown()?;
+    Ok(())
+}
