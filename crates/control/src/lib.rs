@@ -22,4 +22,4 @@ pub use config::Config;
 pub use error::{ConfigError, Error};
 pub use keylog::{ESP_TABLE, IKE_TABLE};
 pub use runtime::{ControlHandle, ControlPlane};
-pub use status::{Responder, StatusReport, StatusServer};
+pub use status::{Responder, StatusReport, StatusServer, WorkerStatus};

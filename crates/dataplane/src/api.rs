@@ -74,8 +74,15 @@ pub struct DataplaneConfig {
     /// Name of the TUN device for `inside = "tun"` tunnels (created if missing).
     pub tun_name: Option<String>,
     /// Datagrams per recvmmsg/sendmmsg batch (1..=1024; at most 64 receive slots are kept
-    /// per thread, each holding a UDP GRO train of up to 64 KiB).
+    /// per worker, each holding a UDP GRO train of up to 64 KiB).
     pub batch: usize,
+    /// Worker threads that process packets (0: one per CPU this process may run on).
+    pub workers: usize,
+    /// CPUs to pin workers to, worker `i` on `cpus[i % len]` (empty: the CPUs this process
+    /// may run on).
+    pub cpus: Vec<usize>,
+    /// Pin each worker to its CPU.
+    pub pin_workers: bool,
 }
 
 /// A received IKE datagram (non-ESP marker removed).
@@ -130,6 +137,25 @@ pub struct ChildStats {
     pub packets_out: u64,
     /// Inbound packets dropped (replay, ICV, padding...).
     pub drops_in: u64,
+    /// Inbound packets accepted behind a later one (opened out of arrival order by parallel
+    /// workers, or reordered by the network).
+    pub reordered_in: u64,
+    /// The largest distance below the highest accepted sequence number at which an inbound
+    /// packet was accepted (always below the replay window).
+    pub max_reorder_in: u64,
+    /// The inbound SA's anti-replay window, in packets.
+    pub replay_window: u32,
+}
+
+/// Counters of one worker thread.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct WorkerStats {
+    /// The CPU it is pinned to (None: not pinned).
+    pub cpu: Option<usize>,
+    /// Packets it processed (received datagrams and GRO segments, both directions).
+    pub packets: u64,
+    /// Batches it processed.
+    pub batches: u64,
 }
 
 /// Node-wide counters, including drops by reason.
@@ -137,6 +163,8 @@ pub struct ChildStats {
 pub struct DataplaneStats {
     /// Per CHILD_SA.
     pub children: Vec<ChildStats>,
+    /// Per worker thread.
+    pub workers: Vec<WorkerStats>,
     /// Drop counters by reason name (`esp_unknown_spi`, `esp_replay`, `esp_auth`,
     /// `malformed_udp`, `vxlan_no_tunnel`, ...).
     pub drops: Vec<(String, u64)>,

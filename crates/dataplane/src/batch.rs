@@ -133,6 +133,8 @@ impl TxMsg {
 
 /// Outgoing datagrams packed back to back.
 pub(crate) struct TxBatch {
+    /// The worker whose pool this batch belongs to (the sender returns it there).
+    pub(crate) owner: usize,
     buf: Box<[u8]>,
     used: usize,
     msgs: Vec<TxMsg>,
@@ -144,6 +146,7 @@ impl TxBatch {
     /// A batch of up to `max_msgs` messages in `bytes` bytes; `gso` allows merging trains.
     pub(crate) fn new(max_msgs: usize, bytes: usize, gso: bool) -> Self {
         Self {
+            owner: 0,
             buf: vec![0u8; bytes.max(RX_SLOT)].into_boxed_slice(),
             used: 0,
             msgs: Vec::with_capacity(max_msgs.max(1)),
@@ -173,13 +176,15 @@ impl TxBatch {
     }
 
     /// Queues the `len` bytes written at the start of the last [`room`](Self::room), to be sent
-    /// from socket `sock` to `dst`.
-    pub(crate) fn commit(&mut self, sock: usize, dst: SocketAddr, len: usize) {
+    /// from socket `sock` to `dst`. Returns where the datagram starts in the buffer (the bytes
+    /// may still be rewritten in place with [`data_mut`](Self::data_mut) before the batch is
+    /// sent).
+    pub(crate) fn commit(&mut self, sock: usize, dst: SocketAddr, len: usize) -> usize {
         let len = len.min(self.buf.len() - self.used);
-        if len == 0 {
-            return;
-        }
         let start = self.used;
+        if len == 0 {
+            return start;
+        }
         self.used += len;
         if self.gso {
             if let Some(last) = self.msgs.last_mut() {
@@ -193,7 +198,7 @@ impl TxBatch {
                     && last.start + last.len == start
                 {
                     last.len += len;
-                    return;
+                    return start;
                 }
             }
         }
@@ -204,6 +209,7 @@ impl TxBatch {
             len,
             seg: len,
         });
+        start
     }
 
     /// Queued messages.
@@ -214,6 +220,11 @@ impl TxBatch {
     /// The buffer the messages point into.
     pub(crate) fn data(&self) -> &[u8] {
         &self.buf[..self.used]
+    }
+
+    /// The committed bytes, writable (to finish datagrams in place after committing them).
+    pub(crate) fn data_mut(&mut self) -> &mut [u8] {
+        &mut self.buf[..self.used]
     }
 
     /// The datagrams queued, one slice per datagram (GSO trains split).

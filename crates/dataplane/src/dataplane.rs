@@ -1,28 +1,21 @@
-//! [`Dataplane`]: opens the sockets and the TUN device, runs one thread per listen address
-//! (IKE and NAT-T sockets), per local VTEP and for the TUN device, and implements
-//! [`DataPath`] for the control plane. Threads block in `poll` on their descriptors and the
-//! shutdown eventfd; [`Dataplane::shutdown`] signals it and joins them.
+//! [`Dataplane`]: opens the sockets and the TUN device, runs the worker threads (every worker
+//! serves every input, see [`crate::worker`] and [`crate::lane`]), and implements
+//! [`DataPath`] for the control plane. Workers block in `poll` on the inputs and the shutdown
+//! eventfd; [`Dataplane::shutdown`] signals it and joins them.
 
-use crate::api::{DataPath, DataplaneConfig, DataplaneError, DataplaneStats, ToControl};
-use crate::batch::RX_SLOT;
-use crate::path::{tun, underlay, vxlan};
-use crate::shared::{Out, Shared, Worker};
-use crate::stats::DropReason;
-use crate::sys::waker::{wait, Ready};
+use crate::api::{
+    DataPath, DataplaneConfig, DataplaneError, DataplaneStats, ToControl, WorkerStats,
+};
+use crate::shared::Shared;
 use crossbeam_channel::Sender;
 use ike::{ChildSaInfo, IkeSpis, TunnelId};
 use std::io;
 use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
 use wire::esp::NON_ESP_MARKER;
 use wire::EspSpi;
-
-/// Batches drained from one socket before the thread looks at its other descriptors.
-const BATCHES_PER_WAKE: usize = 8;
-/// Period of the neighbour cache housekeeping on VTEP threads.
-const HOUSEKEEPING: Duration = Duration::from_millis(250);
 
 /// The addresses the data plane's sockets are bound to (ports the kernel picked included).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -74,27 +67,28 @@ impl Dataplane {
         };
         let result = (|| {
             for (i, l) in shared.listen.iter().enumerate() {
-                let sh = Arc::clone(&shared);
-                threads.push(spawn(
-                    format!("dp-udp{i}"),
-                    Box::new(move || underlay_thread(&sh, i)),
-                )?);
                 tracing::info!(ike = %shared.socks[l.ike].local_addr(), natt = %shared.socks[l.natt].local_addr(),
-                    gro = shared.socks[l.natt].gro(), gso = shared.socks[l.natt].gso(), "listening");
+                    gro = shared.socks[l.natt].gro(), gso = shared.socks[l.natt].gso(), listen = i, "listening");
             }
-            for (i, v) in shared.vteps.iter().enumerate() {
-                let sh = Arc::clone(&shared);
-                threads.push(spawn(
-                    format!("dp-vtep{i}"),
-                    Box::new(move || vtep_thread(&sh, i)),
-                )?);
+            for v in &shared.vteps {
                 tracing::info!(vtep = %shared.socks[v.recv].local_addr(), "VXLAN VTEP up");
             }
             if let Some(t) = &shared.tun {
-                let sh = Arc::clone(&shared);
                 tracing::info!(device = t.name(), "TUN device up");
-                threads.push(spawn("dp-tun".into(), Box::new(move || tun_thread(&sh)))?);
             }
+            for id in 0..shared.workers {
+                let sh = Arc::clone(&shared);
+                threads.push(spawn(
+                    format!("dp-worker{id}"),
+                    Box::new(move || crate::worker::run(&sh, id)),
+                )?);
+            }
+            let cpus: Vec<String> = shared
+                .worker_cpus
+                .iter()
+                .map(|c| c.map_or_else(|| "-".to_owned(), |c| c.to_string()))
+                .collect();
+            tracing::info!(workers = shared.workers, cpus = %cpus.join(","), batch = shared.cfg.batch, "data plane workers started");
             Ok(())
         })();
         *dp.threads.lock().unwrap_or_else(|p| p.into_inner()) = threads;
@@ -107,6 +101,7 @@ impl Dataplane {
 
     /// Stops and joins the threads (idempotent). Sockets close when the last reference goes.
     pub fn shutdown(&self) {
+        self.shared.stop.store(true, Ordering::Relaxed);
         self.shared.waker.wake();
         let threads = std::mem::take(&mut *self.threads.lock().unwrap_or_else(|p| p.into_inner()));
         for t in threads {
@@ -196,148 +191,17 @@ impl DataPath for Dataplane {
         let sh = &self.shared;
         DataplaneStats {
             children: sh.registry().stats(),
+            workers: sh
+                .worker_stats
+                .iter()
+                .zip(&sh.worker_cpus)
+                .map(|(w, cpu)| WorkerStats {
+                    cpu: *cpu,
+                    packets: w.packets.load(Ordering::Relaxed),
+                    batches: w.batches.load(Ordering::Relaxed),
+                })
+                .collect(),
             drops: sh.drops.snapshot(),
-        }
-    }
-}
-
-/// Drains `sock` in batches, handing each datagram (GRO segments split) to `handle`.
-fn drain(
-    sh: &Shared,
-    w: &mut Worker,
-    sock: usize,
-    mut handle: impl FnMut(
-        &mut Out,
-        &Shared,
-        &crate::tables::Tables,
-        Instant,
-        SocketAddr,
-        SocketAddr,
-        &mut [u8],
-    ),
-) {
-    let s = &sh.socks[sock];
-    let local = s.local_addr();
-    for _ in 0..BATCHES_PER_WAKE {
-        let n = match s.recv_batch(&mut w.rx, &mut w.rx_scratch) {
-            Ok(n) => n,
-            Err(e) => {
-                tracing::debug!(%local, error = %e, "receive failed");
-                break;
-            }
-        };
-        if n == 0 {
-            break;
-        }
-        let tables = sh.tables.load();
-        let now = Instant::now();
-        for i in 0..n {
-            let (meta, data) = w.rx.slot_mut(i);
-            if meta.truncated {
-                w.out.drop_packet(DropReason::Truncated);
-                continue;
-            }
-            if data.is_empty() {
-                w.out.drop_packet(DropReason::MalformedUdp);
-                continue;
-            }
-            for segment in data.chunks_mut(meta.stride) {
-                handle(&mut w.out, sh, &tables, now, local, meta.src, segment);
-            }
-        }
-        w.out.flush(sh);
-        if n < w.rx.capacity() {
-            break;
-        }
-    }
-}
-
-fn underlay_thread(sh: &Shared, listen: usize) {
-    let l = sh.listen[listen];
-    let mut w = Worker::new(sh.cfg.batch);
-    let fds = [sh.socks[l.ike].raw_fd(), sh.socks[l.natt].raw_fd()];
-    loop {
-        let mask = match wait(&fds, &sh.waker, None) {
-            Ok(Ready::Shutdown) => return,
-            Ok(Ready::Readable(mask)) => mask,
-            Err(e) => {
-                tracing::error!(error = %e, "poll failed; underlay thread stops");
-                return;
-            }
-        };
-        if mask & 1 != 0 {
-            drain(sh, &mut w, l.ike, |o, sh, _, _, local, src, data| {
-                underlay::ike(o, sh, local, src, data)
-            });
-        }
-        if mask & 2 != 0 {
-            drain(sh, &mut w, l.natt, underlay::natt);
-        }
-    }
-}
-
-fn vtep_thread(sh: &Shared, vtep: usize) {
-    let mut w = Worker::new(sh.cfg.batch);
-    let recv = sh.vteps[vtep].recv;
-    let fds = [sh.socks[recv].raw_fd()];
-    let mut next_tick = Instant::now() + HOUSEKEEPING;
-    loop {
-        let timeout = next_tick.saturating_duration_since(Instant::now());
-        match wait(&fds, &sh.waker, Some(timeout)) {
-            Ok(Ready::Shutdown) => return,
-            Ok(Ready::Readable(mask)) => {
-                if mask & 1 != 0 {
-                    drain(sh, &mut w, recv, |o, sh, t, now, _, src, data| {
-                        vxlan::receive(o, sh, t, now, vtep, src, data)
-                    });
-                }
-            }
-            Err(e) => {
-                tracing::error!(error = %e, "poll failed; VTEP thread stops");
-                return;
-            }
-        }
-        let now = Instant::now();
-        if now >= next_tick {
-            vxlan::housekeeping(&mut w.out, sh, vtep, now);
-            w.out.flush(sh);
-            next_tick = now + HOUSEKEEPING;
-        }
-    }
-}
-
-fn tun_thread(sh: &Shared) {
-    let Some(dev) = &sh.tun else { return };
-    let mut out = Out::new(sh.cfg.batch);
-    let mut buf = vec![0u8; RX_SLOT];
-    let fds = [dev.raw_fd()];
-    loop {
-        match wait(&fds, &sh.waker, None) {
-            Ok(Ready::Shutdown) => return,
-            Ok(Ready::Readable(_)) => {}
-            Err(e) => {
-                tracing::error!(error = %e, "poll failed; TUN thread stops");
-                return;
-            }
-        }
-        for _ in 0..BATCHES_PER_WAKE {
-            let tables = sh.tables.load();
-            let mut read = 0;
-            while read < sh.cfg.batch {
-                match dev.read(&mut buf) {
-                    Ok(Some(n)) => tun::outbound(&mut out, sh, &tables, &buf[..n]),
-                    Ok(None) => break,
-                    Err(e) => {
-                        tracing::debug!(device = dev.name(), error = %e, "TUN read failed");
-                        break;
-                    }
-                }
-                read += 1;
-            }
-            out.flush(sh);
-            if read < sh.cfg.batch {
-                break;
-            }
         }
     }
 }

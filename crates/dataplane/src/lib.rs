@@ -17,6 +17,9 @@
 //!     tunnels: vec![],
 //!     tun_name: None,
 //!     batch: 32,
+//!     workers: 0,
+//!     cpus: vec![],
+//!     pin_workers: true,
 //! };
 //! let (to_control, from_dataplane) = crossbeam_channel::unbounded();
 //! let dp = Dataplane::start(cfg, to_control)?;
@@ -30,17 +33,22 @@
 //!
 //! # Threads and tables
 //! [`Dataplane::start`] validates the whole configuration, opens every socket (and the TUN
-//! device), then starts one thread per listen address (its IKE and NAT-T sockets), one per local
-//! VTEP, and one for the TUN device. Each thread blocks in `poll` on its descriptors and a shared
-//! eventfd; [`Dataplane::shutdown`] (also run on drop) signals the eventfd and joins them.
+//! device), then starts the worker threads (`workers`, by default one per CPU, pinned). Every
+//! worker serves every input: each input is a *lane* with a serial dispatch stage (receive a
+//! batch, draw its ticket, and for outbound lanes allocate ESP sequence numbers in arrival
+//! order), parallel processing on the worker's core, and an ordered sender, so one tunnel's
+//! packets use all cores and still leave in order (see `lane` and `worker`). Workers block in
+//! `poll` on the lanes and a shared eventfd; [`Dataplane::shutdown`] (also run on drop)
+//! signals it and joins them.
 //!
 //! The control plane's [`DataPath`] calls edit a registry under a mutex and publish an immutable
 //! snapshot of the SA tables (inbound SPI -> CHILD_SA, and per inside interface the CHILD_SAs
-//! carrying outbound traffic); packet threads read the snapshot once per batch. ESP state
-//! (sequence numbers, replay windows) lives in the `esp` SAs and is shared, lock-free, by every
-//! thread that uses the SA. The per-packet path does not allocate, except to queue a packet
-//! while a VM's MAC is being resolved and to hand an IKE datagram to the control plane; it takes
-//! a VNet's neighbour cache lock about once per second per address (threads memoise answers).
+//! carrying outbound traffic); workers read the snapshot once per batch. ESP state (sequence
+//! numbers, replay windows) lives in the `esp` SAs and is shared, lock-free, by every worker
+//! that uses the SA. The per-packet path does not allocate, lock or make system calls, except
+//! to queue a packet while a VM's MAC is being resolved and to hand an IKE datagram to the
+//! control plane; it takes a VNet's neighbour cache lock about once per second per address
+//! (workers memoise answers).
 //!
 //! Sockets: per listen address one on the IKE port and one on the NAT-T port (IPv6 sockets are
 //! IPV6_V6ONLY; all bind concrete addresses, so no IP_PKTINFO is needed); per local VTEP one on
@@ -67,7 +75,10 @@ mod batch;
 mod control;
 mod dataplane;
 mod inner;
+mod lane;
+mod out;
 mod path;
+mod pool;
 mod sa;
 mod select;
 mod shared;
@@ -75,12 +86,13 @@ mod stats;
 mod sys;
 mod tables;
 mod vnet;
+mod worker;
 
 #[cfg(test)]
 mod testutil;
 
 pub use api::{
     ChildStats, DataPath, DataplaneConfig, DataplaneError, DataplaneStats, IkeDatagram, Inside,
-    Route, ToControl, TunnelBinding, VnetConfig,
+    Route, ToControl, TunnelBinding, VnetConfig, WorkerStats,
 };
 pub use dataplane::{BoundAddrs, Dataplane};

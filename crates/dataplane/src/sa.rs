@@ -19,20 +19,46 @@ pub(crate) struct SaPair {
     outbound: OutboundSa,
 }
 
-/// The anti-replay window to use for a negotiated size (0: the default; else clamped to what
-/// the `esp` crate supports).
-fn window(requested: u32) -> u32 {
-    if requested == 0 {
+/// The anti-replay window to use for a configured size (0: the default; else clamped to what
+/// the `esp` crate supports), raised to `min` (what the data plane's parallelism needs).
+fn window(requested: u32, min: u32) -> u32 {
+    let w = if requested == 0 {
         DEFAULT_REPLAY_WINDOW
     } else {
-        requested.clamp(MIN_REPLAY_WINDOW, MAX_REPLAY_WINDOW)
+        requested
+    };
+    w.max(min).clamp(MIN_REPLAY_WINDOW, MAX_REPLAY_WINDOW)
+}
+
+/// The smallest inbound replay window that never refuses a packet only because several
+/// workers opened packets of one SA out of arrival order: while one worker opens a batch, each
+/// other worker can run ahead by the batches its pool lets it finish before the first is sent
+/// (`pool - 1`), so acceptance order trails arrival order by at most
+/// `batch_packets × (1 + (workers - 1) × (pool - 1))` sequence numbers. Rounded up to a power
+/// of two and capped at the largest window the `esp` crate supports.
+pub(crate) fn parallel_window(batch_packets: usize, workers: usize, pool: usize) -> u32 {
+    if workers <= 1 {
+        return MIN_REPLAY_WINDOW;
     }
+    let behind = batch_packets
+        .saturating_mul((workers - 1).saturating_mul(pool.saturating_sub(1)).saturating_add(1));
+    behind
+        .saturating_add(1)
+        .checked_next_power_of_two()
+        .and_then(|w| u32::try_from(w).ok())
+        .unwrap_or(MAX_REPLAY_WINDOW)
+        .min(MAX_REPLAY_WINDOW)
 }
 
 impl SaPair {
     /// Keys both SAs; `rekey_after` overrides the soft sequence number limit (None: the
-    /// `esp` crate's default, half the sequence number space).
-    pub(crate) fn new(child: &ChildSaInfo, rekey_after: Option<u64>) -> Result<Self, String> {
+    /// `esp` crate's default, half the sequence number space); the inbound replay window is at
+    /// least `min_window`.
+    pub(crate) fn new(
+        child: &ChildSaInfo,
+        rekey_after: Option<u64>,
+        min_window: u32,
+    ) -> Result<Self, String> {
         let keys = &child.keys;
         let cipher = |encr: &[u8], integ: &[u8], dir: &str| {
             SaCipher::new(child.encr, encr, child.integ.map(|i| (i, integ)))
@@ -40,7 +66,7 @@ impl SaPair {
         };
         let cfg = SaConfig {
             esn: child.esn,
-            replay_window: window(child.replay_window),
+            replay_window: window(child.replay_window, min_window),
             rekey_after,
         };
         let inbound = InboundSa::new(
@@ -82,15 +108,28 @@ impl SaPair {
         self.outbound.header_len()
     }
 
-    /// Most bytes after the inner packet (padding, Pad Length, Next Header, ICV).
-    pub(crate) fn max_trailer_len(&self) -> usize {
-        self.outbound.max_trailer_len()
+    /// The exact ESP packet length for an inner packet of `inner_len` bytes.
+    pub(crate) fn sealed_len(&self, inner_len: usize) -> usize {
+        self.outbound.sealed_len(inner_len)
     }
 
-    /// Seals the `inner_len`-byte IP packet at `buf[header_len()..]`; returns the ESP packet's
-    /// length at the start of `buf`.
-    pub(crate) fn seal(&self, buf: &mut [u8], inner_len: usize) -> Result<usize, EspError> {
-        self.outbound.seal(buf, inner_len).map(|s| s.len)
+    /// Allocates the next outbound sequence number (RFC 4303 §3.3.3).
+    pub(crate) fn allocate_seq(&self) -> Result<u64, EspError> {
+        self.outbound.allocate()
+    }
+
+    /// Seals the `inner_len`-byte IP packet at `buf[header_len()..]` with sequence number
+    /// `seq` from [`allocate_seq`](Self::allocate_seq); returns the ESP packet's length at the
+    /// start of `buf`.
+    pub(crate) fn seal_with_seq(
+        &self,
+        buf: &mut [u8],
+        inner_len: usize,
+        seq: u64,
+    ) -> Result<usize, EspError> {
+        self.outbound
+            .seal_with_seq(buf, inner_len, seq)
+            .map(|s| s.len)
     }
 
     /// True once the outbound SA passed its soft sequence number limit (RFC 4303 §3.3.3:
@@ -109,6 +148,9 @@ impl SaPair {
         stats.drops_in = i.total_drops() + i.dummy_packets + extra_drops_in;
         stats.packets_out = o.packets;
         stats.bytes_out = o.bytes;
+        stats.reordered_in = i.reordered;
+        stats.max_reorder_in = i.max_reorder;
+        stats.replay_window = self.inbound.replay_window();
     }
 }
 
@@ -138,9 +180,21 @@ mod tests {
 
     #[test]
     fn replay_window_sizes() {
-        assert_eq!(window(0), DEFAULT_REPLAY_WINDOW);
-        assert_eq!(window(1), MIN_REPLAY_WINDOW);
-        assert_eq!(window(64), 64);
-        assert_eq!(window(u32::MAX), MAX_REPLAY_WINDOW);
+        assert_eq!(window(0, 0), DEFAULT_REPLAY_WINDOW);
+        assert_eq!(window(1, 0), MIN_REPLAY_WINDOW);
+        assert_eq!(window(64, 0), 64);
+        assert_eq!(window(u32::MAX, 0), MAX_REPLAY_WINDOW);
+        assert_eq!(window(64, 4096), 4096);
+        assert_eq!(window(8192, 4096), 8192);
+    }
+
+    #[test]
+    fn parallel_window_covers_the_batches_in_flight() {
+        assert_eq!(parallel_window(2048, 1, 3), MIN_REPLAY_WINDOW);
+        // 2 workers, pool 3: one batch plus two run ahead = 3 batches.
+        assert_eq!(parallel_window(512, 2, 3), 2048);
+        assert_eq!(parallel_window(2048, 2, 3), 8192);
+        assert_eq!(parallel_window(2048, 64, 3), MAX_REPLAY_WINDOW);
+        assert_eq!(parallel_window(usize::MAX, usize::MAX, 3), MAX_REPLAY_WINDOW);
     }
 }

@@ -1,10 +1,15 @@
 //! Traffic selector matching (RFC 4301 §4.4.1.1 selectors as IKEv2 negotiates them, RFC 7296
 //! §3.13.1): the addresses, IP protocol and ports of an inner packet against a CHILD_SA's
 //! negotiated selectors. Used for the inbound policy check and to pick the CHILD_SA (and so the
-//! tunnel) for an outbound packet.
+//! tunnel) for an outbound packet, through the destination index of [`index`] so that the
+//! choice among many tunnels costs O(log n).
 
 use ike::TrafficSelector;
 use std::net::IpAddr;
+
+mod index;
+
+pub(crate) use index::{SelectorIndex, LINEAR_MAX};
 
 /// IP protocol numbers whose first 4 payload bytes are source and destination ports.
 const PORT_PROTOCOLS: [u8; 4] = [6, 17, 132, 136]; // TCP, UDP, SCTP, UDP-Lite

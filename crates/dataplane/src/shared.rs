@@ -3,22 +3,69 @@
 //! the per-thread [`Worker`] holding a thread's batches and scratch space.
 
 use crate::api::{DataplaneConfig, DataplaneError, Inside, ToControl};
-use crate::batch::{RxBatch, TxBatch, RX_SLOT};
-use crate::stats::{DropCounters, DropCounts, DropReason};
-use crate::sys::socket::{RecvScratch, SendScratch, SocketOptions, UdpSocket};
+use crate::batch::RX_SLOT;
+use crate::lane::{Lane, LaneKind};
+use crate::pool::TxPool;
+use crate::stats::{DropCounters, WorkerCounters};
+use crate::sys::socket::{SocketOptions, UdpSocket};
 use crate::sys::tun::Tun;
+use crate::sys::tun_offload::Offloads;
 use crate::sys::waker::Waker;
 use crate::tables::{Published, Registry};
-use crate::vnet::neigh::NeighMemo;
 use crate::vnet::Vnet;
 use crossbeam_channel::{Sender, TrySendError};
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Instant;
 use wire::vxlan::Vni;
 
-/// Most receive slots per thread (64 KiB each).
+pub(crate) use crate::out::Out;
+
+/// Most workers (threads processing packets).
+pub(crate) const MAX_WORKERS: usize = 1024;
+
+/// Most receive slots per worker (64 KiB each).
 pub(crate) const MAX_RX_SLOTS: usize = 64;
+
+/// Most packets one receive slot holds (the kernel's UDP GRO limit, UDP_GRO_CNT_MAX).
+pub(crate) const MAX_SEGMENTS_PER_SLOT: usize = 64;
+
+/// Send batches per worker pool: one being filled, the others in flight to the lanes'
+/// ordered senders. At least 2 (see `lane`); 3 lets a worker run one batch ahead.
+pub(crate) const POOL_BATCHES: usize = 3;
+
+/// Send buffer room per received packet beyond its own bytes (headers a path adds: VXLAN and
+/// Ethernet toward hosts, or ESP header, IV, padding and ICV toward peers; ARP/ND answers).
+const TX_SLACK_PER_PACKET: usize = 128;
+
+/// Receive slots per batch for a configured `batch` size.
+pub(crate) fn rx_slots(batch: usize) -> usize {
+    batch.clamp(1, MAX_RX_SLOTS)
+}
+
+/// (messages, bytes) of a send batch that holds everything one receive batch can produce.
+pub(crate) fn tx_batch_size(batch: usize) -> (usize, usize) {
+    let slots = rx_slots(batch);
+    let packets = slots * MAX_SEGMENTS_PER_SLOT;
+    (packets + 64, slots * RX_SLOT + packets * TX_SLACK_PER_PACKET)
+}
+
+/// The CPUs this process may run on, in ascending order (empty if the kernel will not say).
+pub(crate) fn allowed_cpus() -> Vec<usize> {
+    // SAFETY: cpu_set_t is plain data; sched_getaffinity writes at most its size.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: pid 0 is this thread; the set is live and its size is passed.
+    let ret = unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) };
+    if ret != 0 {
+        return Vec::new();
+    }
+    (0..libc::CPU_SETSIZE as usize)
+        // SAFETY: i is below CPU_SETSIZE.
+        .filter(|&i| unsafe { libc::CPU_ISSET(i, &set) })
+        .collect()
+}
 
 /// Source ports per VTEP for VXLAN toward hosts: the flow hash picks one (RFC 7348 §5).
 pub(crate) const VXLAN_SOURCE_PORTS: usize = 16;
@@ -72,6 +119,22 @@ pub(crate) struct Shared {
     pub(crate) to_control: Sender<ToControl>,
     /// Shutdown signal.
     pub(crate) waker: Waker,
+    /// One lane per input (IKE and NAT-T sockets, VTEP sockets, TUN device).
+    pub(crate) lanes: Vec<Lane>,
+    /// Number of workers.
+    pub(crate) workers: usize,
+    /// CPU of each worker (None: not pinned).
+    pub(crate) worker_cpus: Vec<Option<usize>>,
+    /// Send batch pools, one per worker.
+    pub(crate) pools: Vec<TxPool>,
+    /// Per-worker counters.
+    pub(crate) worker_stats: Vec<WorkerCounters>,
+    /// When the next neighbour cache housekeeping round is due (one worker runs it).
+    pub(crate) housekeeping: Mutex<Instant>,
+    /// Set at shutdown (workers busy with full batches check it between batches).
+    pub(crate) stop: AtomicBool,
+    /// Inbound replay windows are at least this large (see `sa::parallel_window`).
+    pub(crate) min_replay_window: u32,
 }
 
 fn config_err(field: impl Into<String>, reason: impl Into<String>) -> DataplaneError {
@@ -102,6 +165,20 @@ pub(crate) fn validate(cfg: &DataplaneConfig) -> Result<(), DataplaneError> {
     }
     if cfg.ike_port != 0 && cfg.ike_port == cfg.natt_port {
         return Err(config_err("natt_port", "must differ from ike_port"));
+    }
+    if cfg.workers > MAX_WORKERS {
+        return Err(config_err(
+            "workers",
+            format!("{} is above the limit of {MAX_WORKERS}", cfg.workers),
+        ));
+    }
+    if cfg.pin_workers {
+        if let Some(bad) = cfg.cpus.iter().find(|c| **c >= libc::CPU_SETSIZE as usize) {
+            return Err(config_err(
+                "cpus",
+                format!("CPU {bad} is beyond the {} CPUs Linux can address", libc::CPU_SETSIZE),
+            ));
+        }
     }
     if cfg.batch == 0 || cfg.batch > 1024 {
         return Err(config_err(
@@ -245,7 +322,7 @@ impl Shared {
             }
         }
         let tun = match &cfg.tun_name {
-            Some(name) => Some(Tun::open(name).map_err(|source| DataplaneError::Tun {
+            Some(name) => Some(Tun::open_with(name, Offloads::ALL).map_err(|source| DataplaneError::Tun {
                 name: name.clone(),
                 source,
             })?),
@@ -253,6 +330,41 @@ impl Shared {
         };
         let waker = Waker::new().map_err(|source| DataplaneError::Start { source })?;
         let registry = Mutex::new(Registry::new(vnets.len()));
+        let allowed = allowed_cpus();
+        let workers = match cfg.workers {
+            0 => allowed.len().max(1),
+            n => n,
+        };
+        let pin_to: Vec<usize> = if cfg.cpus.is_empty() {
+            allowed
+        } else {
+            cfg.cpus.clone()
+        };
+        let worker_cpus = (0..workers)
+            .map(|i| (cfg.pin_workers && !pin_to.is_empty()).then(|| pin_to[i % pin_to.len()]))
+            .collect();
+        let (msgs, bytes) = tx_batch_size(cfg.batch);
+        let min_replay_window = crate::sa::parallel_window(
+            rx_slots(cfg.batch) * MAX_SEGMENTS_PER_SLOT,
+            workers,
+            POOL_BATCHES,
+        );
+        let pools = (0..workers)
+            .map(|w| TxPool::new(w, POOL_BATCHES, msgs, bytes))
+            .collect();
+        let in_flight = workers * POOL_BATCHES;
+        let mut lanes = Vec::new();
+        for (i, l) in listen.iter().enumerate() {
+            for (kind, sock) in [(LaneKind::Ike { listen: i }, l.ike), (LaneKind::Natt { listen: i }, l.natt)] {
+                lanes.push(Lane::new(kind, socks[sock].raw_fd(), in_flight, POOL_BATCHES));
+            }
+        }
+        for (i, v) in vteps.iter().enumerate() {
+            lanes.push(Lane::new(LaneKind::Vtep { vtep: i }, socks[v.recv].raw_fd(), in_flight, POOL_BATCHES));
+        }
+        if let Some(t) = &tun {
+            lanes.push(Lane::new(LaneKind::Tun, t.raw_fd(), in_flight, POOL_BATCHES));
+        }
         Ok(Self {
             cfg,
             socks,
@@ -266,6 +378,14 @@ impl Shared {
             drops: DropCounters::default(),
             to_control,
             waker,
+            lanes,
+            workers,
+            worker_cpus,
+            pools,
+            worker_stats: (0..workers).map(|_| WorkerCounters::default()).collect(),
+            housekeeping: Mutex::new(Instant::now() + crate::worker::HOUSEKEEPING),
+            stop: AtomicBool::new(false),
+            min_replay_window,
         })
     }
 
@@ -310,101 +430,3 @@ impl Shared {
     }
 }
 
-/// A thread's working set: the receive batch and what the paths produce.
-pub(crate) struct Worker {
-    /// Received datagrams.
-    pub(crate) rx: RxBatch,
-    /// recvmmsg scratch.
-    pub(crate) rx_scratch: RecvScratch,
-    /// Output side.
-    pub(crate) out: Out,
-}
-
-impl Worker {
-    /// A worker for batches of `batch` datagrams. Receive slots hold a GRO train of up to
-    /// 64 KiB each, so at most [`MAX_RX_SLOTS`] are kept per thread.
-    pub(crate) fn new(batch: usize) -> Self {
-        let slots = batch.clamp(1, MAX_RX_SLOTS);
-        Self {
-            rx: RxBatch::new(slots),
-            rx_scratch: RecvScratch::new(slots),
-            out: Out::new(batch),
-        }
-    }
-}
-
-/// What the packet paths write to: the send batch and the batch's counters.
-pub(crate) struct Out {
-    /// Datagrams to send.
-    pub(crate) tx: TxBatch,
-    /// sendmmsg scratch.
-    tx_scratch: SendScratch,
-    /// Drops of the current batch.
-    pub(crate) drops: DropCounts,
-    /// Addresses the neighbour caches want requests sent for.
-    pub(crate) requests: Vec<IpAddr>,
-    /// Recent resolutions (decrypted packets toward VMs).
-    pub(crate) resolved: NeighMemo,
-    /// Recent learnings (frames from VMs).
-    pub(crate) learned: NeighMemo,
-}
-
-impl Out {
-    /// Output for batches of `batch` datagrams.
-    pub(crate) fn new(batch: usize) -> Self {
-        Self {
-            // The paths flush whenever the next datagram might not fit, so the buffer only
-            // needs to hold one maximal datagram beyond a batch of typical ones.
-            tx: TxBatch::new(batch * 8, (batch * 4096).max(4 * RX_SLOT), true),
-            tx_scratch: SendScratch::default(),
-            drops: DropCounts::default(),
-            requests: Vec::new(),
-            resolved: NeighMemo::default(),
-            learned: NeighMemo::default(),
-        }
-    }
-
-    /// Counts a drop.
-    pub(crate) fn drop_packet(&mut self, reason: DropReason) {
-        self.drops.add(reason);
-    }
-
-    /// Room for a datagram of up to `max` bytes, flushing first if needed; None (counted as
-    /// too big) if it cannot fit even an empty batch.
-    pub(crate) fn room(&mut self, sh: &Shared, max: usize) -> Option<&mut [u8]> {
-        if self.tx.needs_flush(max) {
-            self.flush(sh);
-        }
-        if self.tx.needs_flush(max) {
-            self.drops.add(DropReason::TooBig);
-            return None;
-        }
-        self.tx.room(max)
-    }
-
-    /// Sends everything queued and publishes the local counters.
-    pub(crate) fn flush(&mut self, sh: &Shared) {
-        let msgs = self.tx.messages();
-        let mut i = 0;
-        while i < msgs.len() {
-            let sock = msgs[i].sock;
-            let mut j = i + 1;
-            while j < msgs.len() && msgs[j].sock == sock {
-                j += 1;
-            }
-            match sh.socks.get(sock) {
-                Some(s) => {
-                    let r = s.send_batch(self.tx.data(), &msgs[i..j], &mut self.tx_scratch);
-                    self.drops.add_n(DropReason::SendError, r.failed);
-                }
-                None => {
-                    let n: usize = msgs[i..j].iter().map(|m| m.segments()).sum();
-                    self.drops.add_n(DropReason::NoSocket, n as u64);
-                }
-            }
-            i = j;
-        }
-        self.tx.clear();
-        sh.drops.absorb(&mut self.drops);
-    }
-}

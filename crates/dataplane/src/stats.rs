@@ -78,6 +78,16 @@ drops! {
     TunMalformed = "tun_malformed",
     /// Writing to the TUN device failed.
     TunWrite = "tun_write",
+    /// A TUN read shorter than its vnet header, or empty.
+    TunShortRead = "tun_short_read",
+    /// A TUN read longer than any IP packet.
+    TunReadTruncated = "tun_read_truncated",
+    /// A TUN vnet header with an unknown GSO type, a zero segment size or bad checksum offsets.
+    TunVnetBadHeader = "tun_vnet_bad_header",
+    /// A TUN GSO super-packet whose headers do not parse or do not match its GSO type.
+    TunGsoMalformed = "tun_gso_malformed",
+    /// A TUN GSO super-packet whose segments do not fit a read batch.
+    TunGsoTooLarge = "tun_gso_too_large",
     /// No socket on the SA's outer local address.
     NoSocket = "no_socket",
     /// The packet (with ESP overhead) does not fit a datagram.
@@ -155,6 +165,25 @@ impl DropCounts {
     #[cfg(test)]
     pub(crate) fn get(&self, reason: DropReason) -> u64 {
         self.0[reason as usize]
+    }
+}
+
+/// Counters of one worker, written by it once per batch (each on its own cache line so
+/// workers never share one).
+#[derive(Debug, Default)]
+#[repr(align(128))]
+pub(crate) struct WorkerCounters {
+    /// Datagrams and packets processed (GRO segments counted one by one).
+    pub(crate) packets: AtomicU64,
+    /// Batches processed.
+    pub(crate) batches: AtomicU64,
+}
+
+impl WorkerCounters {
+    /// One batch of `packets` packets processed.
+    pub(crate) fn batch(&self, packets: u64) {
+        self.packets.fetch_add(packets, Ordering::Relaxed);
+        self.batches.fetch_add(1, Ordering::Relaxed);
     }
 }
 

@@ -1,7 +1,8 @@
 //! The SA tables the packet path reads: inbound SPI -> CHILD_SA in O(1), and per inside
 //! interface the CHILD_SAs that currently carry outbound traffic (the candidates of the
-//! selector-based tunnel choice). The control plane edits a [`Registry`] under a mutex and
-//! publishes an immutable [`Tables`] snapshot; packet threads take the snapshot once per batch.
+//! selector-based tunnel choice, indexed by destination when the snapshot is built so that the
+//! choice costs O(log n)). The control plane edits a [`Registry`] under a mutex and publishes
+//! an immutable [`Tables`] snapshot; packet threads take the snapshot once per batch.
 //!
 //! Rekeying (RFC 7296 §2.8): a CHILD_SA installed with `replaces` and `outbound_active` takes
 //! over outbound traffic at once; one installed without `outbound_active` (we answered the
@@ -10,7 +11,7 @@
 
 use crate::api::{ChildStats, Inside};
 use crate::sa::SaPair;
-use crate::select::FlowKey;
+use crate::select::{FlowKey, SelectorIndex, LINEAR_MAX};
 use crate::stats::ChildCounters;
 use ike::{IkeSpis, TrafficSelector, TunnelId};
 use std::collections::HashMap;
@@ -159,25 +160,60 @@ impl Child {
     }
 }
 
+/// The CHILD_SAs carrying outbound traffic of one inside interface, newest first, with the
+/// destination index that finds the one for a packet in O(log n) (see
+/// [`SelectorIndex`]). Dereferences to the list.
+#[derive(Default)]
+pub(crate) struct OutboundSet {
+    children: Vec<Arc<Child>>,
+    index: SelectorIndex,
+}
+
+impl OutboundSet {
+    /// Indexes `children` (in priority order: the first that covers a packet carries it).
+    pub(crate) fn new(children: Vec<Arc<Child>>) -> Self {
+        let index = SelectorIndex::build(children.iter().map(|c| c.remote_ts.as_slice()));
+        Self { children, index }
+    }
+
+    /// True if the choice binary-searches (false: few children, or selectors so nested that
+    /// the index would be too large, and the choice scans them all).
+    pub(crate) fn is_indexed(&self) -> bool {
+        self.index.is_indexed()
+    }
+}
+
+impl std::ops::Deref for OutboundSet {
+    type Target = [Arc<Child>];
+
+    fn deref(&self) -> &[Arc<Child>] {
+        &self.children
+    }
+}
+
 /// The snapshot the packet path reads.
 #[derive(Default)]
 pub(crate) struct Tables {
     /// Every installed CHILD_SA by inbound SPI.
     pub(crate) by_spi: SpiMap<Arc<Child>>,
     /// Per VNet (index into the config's VNets): the CHILD_SAs carrying outbound traffic,
-    /// newest first.
-    pub(crate) vnet_out: Vec<Vec<Arc<Child>>>,
+    /// newest first, indexed.
+    pub(crate) vnet_out: Vec<OutboundSet>,
     /// The same for TUN tunnels.
-    pub(crate) tun_out: Vec<Arc<Child>>,
+    pub(crate) tun_out: OutboundSet,
 }
 
 impl Tables {
-    /// The CHILD_SA among `candidates` whose selectors cover an outbound packet.
+    /// The CHILD_SA among `candidates` whose selectors cover an outbound packet: the first in
+    /// their order, found through the destination index.
+    #[inline]
     pub(crate) fn select<'a>(
-        candidates: &'a [Arc<Child>],
+        candidates: &'a OutboundSet,
         flow: &FlowKey,
     ) -> Option<&'a Arc<Child>> {
-        candidates.iter().find(|c| c.covers_outbound(flow))
+        candidates
+            .index
+            .select(&candidates.children, flow, |c, f| c.covers_outbound(f))
     }
 }
 
@@ -317,10 +353,22 @@ impl Registry {
                 Inside::Tun => tun_out.push(Arc::clone(&i.child)),
             }
         }
+        // The outbound choice's index is built here, once per published snapshot.
+        let index = |children: Vec<Arc<Child>>| {
+            let n = children.len();
+            let set = OutboundSet::new(children);
+            if n > LINEAR_MAX && !set.is_indexed() {
+                tracing::debug!(
+                    children = n,
+                    "outbound selectors too nested to index; scanning them"
+                );
+            }
+            set
+        };
         Tables {
             by_spi,
-            vnet_out,
-            tun_out,
+            vnet_out: vnet_out.into_iter().map(index).collect(),
+            tun_out: index(tun_out),
         }
     }
 

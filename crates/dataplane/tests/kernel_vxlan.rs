@@ -138,6 +138,9 @@ fn gateway_namespace() {
         }],
         tun_name: None,
         batch: 32,
+        workers: 2,
+        cpus: vec![],
+        pin_workers: true,
     };
     let (tx, _rx) = crossbeam_channel::unbounded();
     let dp = Dataplane::start(cfg, tx).expect("start");

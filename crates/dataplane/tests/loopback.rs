@@ -60,6 +60,9 @@ fn setup(tunnel_inside: Inside) -> Setup {
             }],
             tun_name: None,
             batch: 32,
+            workers: 2,
+            cpus: vec![],
+            pin_workers: true,
         };
         let (tx, rx) = crossbeam_channel::unbounded();
         let dp = match Dataplane::start(cfg, tx) {
@@ -364,6 +367,9 @@ fn invalid_configuration_names_the_field() {
         }],
         tun_name: None,
         batch: 32,
+        workers: 2,
+        cpus: vec![],
+        pin_workers: true,
     };
     match Dataplane::start(cfg, tx) {
         Err(DataplaneError::Config { field, .. }) => assert_eq!(field, "tunnels[0].inside"),

@@ -1,7 +1,12 @@
 //! Per-SA statistics: packets and bytes that went through, dummy packets (RFC 4303 §2.6),
-//! and drops by reason, as relaxed atomics read by `protego status`.
+//! drops by reason, and how far inbound packets arrived out of order within the anti-replay
+//! window (RFC 4303 §3.4.3), as relaxed atomics read by `protego status`, sharded by thread so
+//! that workers sharing an SA do not contend on them.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use core::cell::Cell;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+
+use crate::sync::CachePadded;
 
 /// Why a packet was not sealed or opened: one counter per reason (see `EspError`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -10,7 +15,7 @@ pub enum DropReason {
     Truncated,
     /// SPI of another SA.
     SpiMismatch,
-    /// Sequence number 0 or not inferable.
+    /// Sequence number 0 or not inferable; outbound, one `allocate` cannot have returned.
     InvalidSequence,
     /// Below the replay window.
     TooOld,
@@ -82,36 +87,107 @@ impl DropReason {
     }
 }
 
-/// The live counters of one SA (one direction). Updated with relaxed atomics: totals are
-/// exact, a snapshot taken while traffic flows is not a single instant.
+/// Shards of the per-packet counters. Threads beyond this many share shards (still exact,
+/// only contended again); 8 covers the worker counts of a data node while keeping an SA's
+/// counters at 1 KiB per direction.
+const SHARDS: usize = 8;
+
+/// The counters every packet touches, on cache lines of their own.
 #[derive(Debug, Default)]
-pub(crate) struct SaCounters {
+#[repr(align(128))]
+struct Shard {
     packets: AtomicU64,
     bytes: AtomicU64,
+    reordered: AtomicU64,
+}
+
+/// Hands each thread its shard: the first counter update on a thread takes the next index
+/// of a global round robin, so the first `SHARDS` threads that count (the workers, started
+/// together) get distinct shards.
+fn shard_index() -> usize {
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    thread_local! {
+        static SHARD: Cell<usize> = const { Cell::new(usize::MAX) };
+    }
+    SHARD.with(|s| {
+        let i = s.get();
+        if i != usize::MAX {
+            return i;
+        }
+        let i = NEXT.fetch_add(1, Ordering::Relaxed) % SHARDS;
+        s.set(i);
+        i
+    })
+}
+
+/// The live counters of one SA (one direction). Updated with relaxed atomics: totals are
+/// exact, a snapshot taken while traffic flows is not a single instant.
+///
+/// Several threads work on one SA at once, and a counter that two cores increment per packet
+/// moves its cache line between them every time. So the per-packet counters (packets, bytes,
+/// reordered) are sharded by thread and summed by the reader; the maximal reordering is
+/// written only when it grows, and drops and dummy packets, rare on a working SA, share one
+/// line of their own.
+#[derive(Debug, Default)]
+pub(crate) struct SaCounters {
+    shards: [Shard; SHARDS],
+    max_reorder: CachePadded<AtomicU64>,
+    rare: CachePadded<Rare>,
+}
+
+#[derive(Debug, Default)]
+struct Rare {
     dummies: AtomicU64,
     drops: [AtomicU64; DropReason::COUNT],
 }
 
 impl SaCounters {
+    fn shard(&self) -> &Shard {
+        // `shard_index` is below SHARDS.
+        &self.shards[shard_index()]
+    }
+
     pub(crate) fn packet(&self, inner_bytes: usize) {
-        self.packets.fetch_add(1, Ordering::Relaxed);
-        self.bytes.fetch_add(inner_bytes as u64, Ordering::Relaxed);
+        let s = self.shard();
+        s.packets.fetch_add(1, Ordering::Relaxed);
+        s.bytes.fetch_add(inner_bytes as u64, Ordering::Relaxed);
+    }
+
+    /// An inbound packet whose number the replay window accepted `behind` below the highest
+    /// number accepted so far (0: in order).
+    pub(crate) fn accepted(&self, behind: u64) {
+        if behind == 0 {
+            return;
+        }
+        self.shard().reordered.fetch_add(1, Ordering::Relaxed);
+        // Written only when the maximum grows: a handful of times per SA.
+        if behind > self.max_reorder.load(Ordering::Relaxed) {
+            self.max_reorder.fetch_max(behind, Ordering::Relaxed);
+        }
     }
 
     pub(crate) fn dummy(&self) {
-        self.dummies.fetch_add(1, Ordering::Relaxed);
+        self.rare.dummies.fetch_add(1, Ordering::Relaxed);
     }
 
     pub(crate) fn drop(&self, reason: DropReason) {
-        self.drops[reason.index()].fetch_add(1, Ordering::Relaxed);
+        self.rare.drops[reason.index()].fetch_add(1, Ordering::Relaxed);
     }
 
     pub(crate) fn snapshot(&self) -> CounterSnapshot {
+        let sum = |f: fn(&Shard) -> &AtomicU64| {
+            self.shards
+                .iter()
+                .map(|s| f(s).load(Ordering::Relaxed))
+                .fold(0u64, u64::wrapping_add)
+        };
         CounterSnapshot {
-            packets: self.packets.load(Ordering::Relaxed),
-            bytes: self.bytes.load(Ordering::Relaxed),
-            dummy_packets: self.dummies.load(Ordering::Relaxed),
-            drops: core::array::from_fn(|i| self.drops[i].load(Ordering::Relaxed)),
+            packets: sum(|s| &s.packets),
+            bytes: sum(|s| &s.bytes),
+            dummy_packets: self.rare.dummies.load(Ordering::Relaxed),
+            drops: core::array::from_fn(|i| self.rare.drops[i].load(Ordering::Relaxed)),
+            reordered: sum(|s| &s.reordered),
+            max_reorder: self.max_reorder.load(Ordering::Relaxed),
         }
     }
 }
@@ -127,6 +203,13 @@ pub struct CounterSnapshot {
     pub dummy_packets: u64,
     /// Drops, indexed like [`DropReason::ALL`].
     pub drops: [u64; DropReason::COUNT],
+    /// Inbound: accepted packets whose sequence number was below the highest one accepted
+    /// before them (they arrived behind a later packet). 0 outbound.
+    pub reordered: u64,
+    /// Inbound: the largest distance, in sequence numbers, by which an accepted packet
+    /// arrived behind the highest number accepted before it; how much of the replay window
+    /// the path's reordering used. 0 outbound, and 0 while every packet came in order.
+    pub max_reorder: u64,
 }
 
 impl CounterSnapshot {
@@ -141,7 +224,7 @@ impl CounterSnapshot {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
 
@@ -162,5 +245,54 @@ mod tests {
         assert_eq!(s.total_drops(), 3);
         assert_eq!((s.packets, s.bytes, s.dummy_packets), (1, 100, 1));
         assert_eq!(DropReason::TooOld.name(), "too_old");
+        assert_eq!((s.reordered, s.max_reorder), (0, 0));
+    }
+
+    #[test]
+    fn shards_sum_exactly_across_threads() {
+        let c = SaCounters::default();
+        let threads = SHARDS + 3;
+        std::thread::scope(|scope| {
+            for t in 0..threads {
+                let c = &c;
+                scope.spawn(move || {
+                    let mine = shard_index();
+                    for i in 0..1000u64 {
+                        c.packet(10 + t);
+                        c.accepted(i % 2 * (t as u64 + 1));
+                        assert_eq!(shard_index(), mine, "a thread keeps its shard");
+                    }
+                });
+            }
+        });
+        let s = c.snapshot();
+        assert_eq!(s.packets, threads as u64 * 1000);
+        assert_eq!(
+            s.bytes,
+            (0..threads).map(|t| (10 + t as u64) * 1000).sum::<u64>()
+        );
+        assert_eq!(s.reordered, threads as u64 * 500);
+        assert_eq!(s.max_reorder, threads as u64);
+        assert_eq!(s.total_drops(), 0);
+    }
+
+    #[test]
+    fn reordering_keeps_count_and_maximum() {
+        let c = SaCounters::default();
+        for behind in [0, 5, 0, 3, 9, 1, 0] {
+            c.accepted(behind);
+        }
+        let s = c.snapshot();
+        assert_eq!((s.reordered, s.max_reorder), (4, 9));
+        assert_eq!(
+            s.packets, 0,
+            "reordering is counted beside the packets, not as them"
+        );
+    }
+
+    #[test]
+    fn shards_are_on_lines_of_their_own() {
+        assert_eq!(core::mem::align_of::<Shard>(), 128);
+        assert_eq!(core::mem::size_of::<Shard>(), 128);
     }
 }

@@ -30,7 +30,9 @@ pub enum EspError {
         got: EspSpi,
     },
     /// Sequence number 0, or an extended number whose high-order bits cannot be inferred
-    /// (RFC 4303 Appendix A2.2); `seq` is the 32 bits from the packet.
+    /// (RFC 4303 Appendix A2.2); `seq` is the 32 bits from the packet. Outbound: a number
+    /// given to `OutboundSa::seal_with_seq` that `allocate` cannot have returned (0 or past
+    /// the SA's limit).
     #[error("spi {spi}: invalid sequence number {seq}")]
     InvalidSequence {
         /// The SA.

@@ -3,11 +3,19 @@
 //!
 //! - [`OutboundSa`] seals inner IPv4/IPv6 packets in place in the caller's buffer, with
 //!   lock-free sequence number allocation that never reuses or wraps (RFC 4303 §3.3.3).
+//!   A pipeline can allocate numbers in its serial stage ([`OutboundSa::allocate`]) and seal
+//!   on any thread later ([`OutboundSa::seal_with_seq`]), so numbers leave in arrival order.
 //! - [`InboundSa`] opens them: anti-replay check before decryption, ICV, window update after
 //!   it (§3.4.3, lock-free for concurrent receivers), ESN inference (Appendix A), padding and
 //!   Next Header checks, and a distinct result for dummy packets (§2.6).
 //! - Every failure is an [`EspError`] variant carrying the SPI and sequence number; each SA
-//!   counts packets, bytes and drops by [`DropReason`].
+//!   counts packets, bytes and drops by [`DropReason`], and inbound how many packets arrived
+//!   behind a later one and by how much at most ([`CounterSnapshot::max_reorder`]).
+//! - Both SA types are shared by worker threads: what every packet writes is either sharded
+//!   by thread (counters) or on cache lines of its own (sequence counter, window position).
+//!
+//! Concurrency is model-checked with loom (`seq/loom_tests.rs`, `replay/loom_tests.rs`):
+//! `RUSTFLAGS="--cfg loom" cargo test -p protego-esp --release --lib loom`.
 //!
 //! Transforms: AES-GCM-16 (RFC 4106), ChaCha20-Poly1305 (RFC 7634), AES-CBC (RFC 3602) with
 //! HMAC-SHA1-96 (RFC 2404) or HMAC-SHA2 (RFC 4868), all through `crypto::SaCipher`.

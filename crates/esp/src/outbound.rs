@@ -8,7 +8,7 @@ use wire::EspSpi;
 
 use crypto::SaCipher;
 
-use crate::counters::{CounterSnapshot, SaCounters};
+use crate::counters::{CounterSnapshot, DropReason, SaCounters};
 use crate::error::EspError;
 use crate::sa::{SaConfig, SaCore};
 use crate::seq::SequenceCounter;
@@ -80,11 +80,49 @@ impl OutboundSa {
     }
 
     /// Seals the inner IP packet at `buf[header_len()..][..inner_len]` into an ESP packet
-    /// at `buf[..sealed.len]`. Next Header comes from the packet's version nibble. Does not
-    /// allocate. On error nothing was sent and, except for `SequenceExhausted`, no sequence
-    /// number was used.
+    /// at `buf[..sealed.len]`, with the next sequence number: [`Self::allocate`] and
+    /// [`Self::seal_with_seq`] in one. Next Header comes from the packet's version nibble.
+    /// Does not allocate memory. On error nothing was sent and, except for
+    /// `SequenceExhausted`, no sequence number was used.
     pub fn seal(&self, buf: &mut [u8], inner_len: usize) -> Result<Sealed, EspError> {
-        let r = self.seal_inner(buf, inner_len, None);
+        let r = self.seal_inner(buf, inner_len, None, None);
+        if r.is_ok() {
+            self.counters.packet(inner_len);
+        }
+        self.count_drop(r)
+    }
+
+    /// Allocates the next outbound sequence number (RFC 4303 §3.3.3: each at most once, the
+    /// first is 1, never cycling), without sealing. A pipeline allocates numbers in its
+    /// serial stage, in the order packets arrive, and seals them later on any thread with
+    /// [`Self::seal_with_seq`], so that the peer sees numbers in order even though sealing
+    /// runs in parallel. Lock-free; `SequenceExhausted` (counted as a drop) once the limit
+    /// has been used.
+    #[inline]
+    pub fn allocate(&self) -> Result<u64, EspError> {
+        self.seq.allocate().ok_or_else(|| {
+            self.counters.drop(DropReason::SequenceExhausted);
+            EspError::SequenceExhausted { spi: self.core.spi }
+        })
+    }
+
+    /// [`Self::seal`] with a sequence number obtained from [`Self::allocate`] on this SA.
+    ///
+    /// Contract: each number from `allocate` is passed here at most once. Sealing two packets
+    /// with one number would reuse the AEAD nonce (RFC 4106 §3.1: fatal for GCM's
+    /// confidentiality and integrity) and present the peer a replay. A number that is never
+    /// sealed (the packet was dropped, or this call failed) is a gap in the sequence, which
+    /// RFC 4303 §3.3.3 allows: the receiver's window marks it unseen and it eventually
+    /// slides out. `seq` must come from `allocate`; 0 or a number past the SA's limit is
+    /// refused as `InvalidSequence` (other misuse cannot be detected without a shared read
+    /// per packet).
+    pub fn seal_with_seq(
+        &self,
+        buf: &mut [u8],
+        inner_len: usize,
+        seq: u64,
+    ) -> Result<Sealed, EspError> {
+        let r = self.seal_inner(buf, inner_len, None, Some(seq));
         if r.is_ok() {
             self.counters.packet(inner_len);
         }
@@ -95,7 +133,7 @@ impl OutboundSa {
     /// `buf[header_len()..]` that the caller filled (e.g. with random data), for traffic flow
     /// confidentiality. The peer discards it after authenticating it.
     pub fn seal_dummy(&self, buf: &mut [u8], payload_len: usize) -> Result<Sealed, EspError> {
-        let r = self.seal_inner(buf, payload_len, Some(IpProtocol::NO_NEXT_HEADER));
+        let r = self.seal_inner(buf, payload_len, Some(IpProtocol::NO_NEXT_HEADER), None);
         if r.is_ok() {
             self.counters.dummy();
         }
@@ -111,11 +149,14 @@ impl OutboundSa {
         r
     }
 
+    /// Checks the buffer and the inner packet, takes a sequence number (`seq`, or the next
+    /// one from the counter once the checks passed), and seals.
     fn seal_inner(
         &self,
         buf: &mut [u8],
         payload_len: usize,
         next_header: Option<IpProtocol>,
+        seq: Option<u64>,
     ) -> Result<Sealed, EspError> {
         let spi = self.core.spi;
         let need = self.sealed_len(payload_len);
@@ -138,10 +179,16 @@ impl OutboundSa {
                 version.encapsulation_protocol()
             }
         };
-        let seq = self
-            .seq
-            .allocate()
-            .ok_or(EspError::SequenceExhausted { spi })?;
+        let seq = match seq {
+            Some(seq) if seq == 0 || seq > self.seq.limit() => {
+                return Err(EspError::InvalidSequence { spi, seq });
+            }
+            Some(seq) => seq,
+            None => self
+                .seq
+                .allocate()
+                .ok_or(EspError::SequenceExhausted { spi })?,
+        };
         let len = self.seal_at(buf, payload_len, next_header, seq, None)?;
         Ok(Sealed { len, seq })
     }
@@ -215,14 +262,14 @@ impl OutboundSa {
     }
 
     /// Moves the sequence counter (tests only).
-    #[cfg(test)]
+    #[cfg(all(test, not(loom)))]
     pub(crate) fn set_next_seq(&self, next: u64) {
         self.seq.set_next(next);
     }
 
     /// Seals `buf[header_len()..][..pt_len]` exactly as given, trailer included, for
     /// sequence number `seq` (tests only: crafts authentic packets with bad trailers).
-    #[cfg(test)]
+    #[cfg(all(test, not(loom)))]
     pub(crate) fn seal_plaintext(&self, buf: &mut [u8], pt_len: usize, seq: u64) -> usize {
         let hl = self.header_len();
         let end = hl + pt_len + self.core.layout.icv_len;

@@ -37,13 +37,34 @@
 //! below `ready - L` irrelevant: such numbers are always too old for the `top` read after
 //! `ready`.
 //!
+//! Only the advancer's raise of `top` takes part in this argument; the in-window path's
+//! `fetch_max` merely keeps `top` at least every accepted number. Since every write to `top`
+//! is a `fetch_max`, `top` never decreases, and the in-window `fetch_max` could be skipped
+//! whenever the re-read already showed `top >= s` without touching the proof. We measured
+//! that and kept the unconditional `fetch_max`: with two threads accepting interleaved
+//! numbers of one SA, the skip made each update about 15-20 ns *slower* (AMD EPYC, KVM;
+//! `examples/contention.rs` and a variant of it). The thread that is behind then never owns
+//! the line of `top`, so each of its loads (in `check` and in `update`) misses behind the
+//! other thread's writes, where its own `fetch_max` would have kept the line until the
+//! other thread's next write.
+//!
 //! The mutex only serialises advances among themselves (two concurrent advances must not
 //! clear words the other has already prepared). A thread that sets a bit in a word that is
 //! being recycled (its number just became too old) can leave a stale bit in the new block:
 //! that can only make one later number of the new block look like a duplicate (a drop, never
-//! a double acceptance), and needs a packet about `W` behind to race an advance.
+//! a double acceptance), and needs a packet about `W` behind to race an advance. So the exact
+//! contract under concurrency is: no number is accepted twice; a number refused as
+//! [`ReplayError::Replayed`] was accepted before, or was too old by the time of its refusal,
+//! or shares its bit with an older number (`s - k * 64 * L`) that a racing update refused as
+//! [`ReplayError::TooOld`]; numbers that all lie within `W` of each other are each accepted
+//! exactly once (`replay/tests.rs` checks these on random interleavings).
+//!
+//! # Layout
+//! `top`, `ready` and the advance mutex share cache lines of their own, written per packet
+//! (`top`) or per 64 packets; the size, mask and ring pointer that every packet reads are
+//! elsewhere, so writers do not invalidate them.
 
-use crate::sync::{AtomicU64, Mutex, Ordering};
+use crate::sync::{AtomicU64, CachePadded, Mutex, Ordering};
 
 /// Why the window refused a sequence number.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -64,10 +85,19 @@ pub enum ReplayError {
 #[derive(Debug)]
 pub struct ReplayWindow {
     size: u64,
-    top: AtomicU64,
-    ready: AtomicU64,
     words: Box<[AtomicU64]>,
     mask: u64,
+    hot: CachePadded<Hot>,
+}
+
+/// The window's position: written by the threads that accept numbers.
+#[derive(Debug)]
+struct Hot {
+    /// The highest number accepted or being accepted.
+    top: AtomicU64,
+    /// The highest block whose ring word has been prepared.
+    ready: AtomicU64,
+    /// Serialises advances.
     advance: Mutex<()>,
 }
 
@@ -81,11 +111,13 @@ impl ReplayWindow {
         let words = (size.div_ceil(BITS) + 1).next_power_of_two();
         Self {
             size,
-            top: AtomicU64::new(0),
-            ready: AtomicU64::new(0),
             words: (0..words).map(|_| AtomicU64::new(0)).collect(),
             mask: words - 1,
-            advance: Mutex::new(()),
+            hot: CachePadded(Hot {
+                top: AtomicU64::new(0),
+                ready: AtomicU64::new(0),
+                advance: Mutex::new(()),
+            }),
         }
     }
 
@@ -97,7 +129,7 @@ impl ReplayWindow {
 
     /// The highest sequence number accepted (or being accepted) so far; 0 before the first.
     pub fn top(&self) -> u64 {
-        self.top.load(Ordering::Acquire)
+        self.hot.top.load(Ordering::Acquire)
     }
 
     fn word(&self, seq: u64) -> &AtomicU64 {
@@ -115,14 +147,14 @@ impl ReplayWindow {
         if seq == 0 {
             return Err(ReplayError::Invalid);
         }
-        let top = self.top.load(Ordering::Acquire);
+        let top = self.hot.top.load(Ordering::Acquire);
         if seq > top {
             return Ok(());
         }
         if self.too_old(seq, top) {
             return Err(ReplayError::TooOld { top });
         }
-        if seq / BITS > self.ready.load(Ordering::Acquire) {
+        if seq / BITS > self.hot.ready.load(Ordering::Acquire) {
             // Its block is being prepared right now: nothing in it has been accepted.
             return Ok(());
         }
@@ -133,19 +165,21 @@ impl ReplayWindow {
     }
 
     /// Post-verification update: accepts `seq` exactly once. Call only after the packet's
-    /// ICV verified.
-    pub fn update(&self, seq: u64) -> Result<(), ReplayError> {
+    /// ICV verified. Returns how far `seq` lay below the highest number accepted when it was
+    /// accepted: 0 if it is (or became) the highest, `top - seq` for a packet that arrived
+    /// behind a later one (the reordering the window absorbed; always below `W`).
+    pub fn update(&self, seq: u64) -> Result<u64, ReplayError> {
         if seq == 0 {
             return Err(ReplayError::Invalid);
         }
         let block = seq / BITS;
         loop {
-            let ready = self.ready.load(Ordering::Acquire);
+            let ready = self.hot.ready.load(Ordering::Acquire);
             if block > ready {
                 self.advance_to(seq);
                 continue;
             }
-            let top = self.top.load(Ordering::Acquire);
+            let top = self.hot.top.load(Ordering::Acquire);
             if self.too_old(seq, top) {
                 return Err(ReplayError::TooOld { top });
             }
@@ -155,12 +189,14 @@ impl ReplayWindow {
             }
             // The word may have been recycled between our range check and our fetch_or; the
             // recycler raised `top` before clearing (module docs), so this re-read sees it.
-            let top = self.top.load(Ordering::Acquire);
+            let top = self.hot.top.load(Ordering::Acquire);
             if self.too_old(seq, top) {
                 return Err(ReplayError::TooOld { top });
             }
-            self.top.fetch_max(seq, Ordering::AcqRel);
-            return Ok(());
+            self.hot.top.fetch_max(seq, Ordering::AcqRel);
+            // Measured against the `top` that admitted `seq`, so it stays below `W` even if
+            // an advance overtook this update since.
+            return Ok(top.saturating_sub(seq));
         }
     }
 
@@ -168,15 +204,15 @@ impl ReplayWindow {
     fn advance_to(&self, seq: u64) {
         // The guarded data are the atomics; a panic while holding the lock leaves them
         // consistent (every step is a single atomic store), so poisoning is ignored.
-        let _guard = self.advance.lock().unwrap_or_else(|e| e.into_inner());
-        let ready = self.ready.load(Ordering::Acquire);
+        let _guard = self.hot.advance.lock().unwrap_or_else(|e| e.into_inner());
+        let ready = self.hot.ready.load(Ordering::Acquire);
         let block = seq / BITS;
         if block <= ready {
             return;
         }
         // Announce the new top before recycling any word (see "Why a number is never
         // accepted twice").
-        self.top.fetch_max(seq, Ordering::AcqRel);
+        self.hot.top.fetch_max(seq, Ordering::AcqRel);
         let n = (block - ready).min(self.mask + 1);
         for b in block + 1 - n..=block {
             // An RMW rather than a plain store: every write to a word then extends the
@@ -185,14 +221,14 @@ impl ReplayWindow {
             // the same semantics as the hardware. Costs one locked op per 64 packets.
             self.words[(b & self.mask) as usize].fetch_and(0, Ordering::Release);
         }
-        self.ready.store(block, Ordering::Release);
+        self.hot.ready.store(block, Ordering::Release);
     }
 
     /// Infers the full 64-bit sequence number of a packet that carries only its low-order
     /// 32 bits (RFC 4303 Appendix A2.2), relative to the current window. `None` if the
     /// result would lie below 1 or beyond 2^64 - 1.
     pub fn infer_esn(&self, seq_low: u32) -> Option<u64> {
-        let top = self.top.load(Ordering::Acquire);
+        let top = self.hot.top.load(Ordering::Acquire);
         let (tl, th) = (top as u32, (top >> 32) as u32);
         // W <= 2^16 (validated by the SA), so it fits the 32-bit subspace arithmetic.
         let w = self.size as u32;

@@ -1,7 +1,11 @@
 //! SA-level tests: round trips for every transform with and without ESN and with IPv4 and
 //! IPv6 inner packets; tampering, truncation and garbage never open and never panic;
 //! replay handling through the SA; crafted authentic packets with bad trailers; buffer,
-//! sequence and configuration errors; and concurrent opening of the same packets.
+//! sequence and configuration errors; and concurrent opening of the same packets. Separate
+//! allocation and sealing of sequence numbers, and the reordering measure, are in
+//! `tests/ordered.rs`.
+
+mod ordered;
 
 use std::net::{Ipv4Addr, Ipv6Addr};
 use std::sync::Arc;

@@ -889,3 +889,36 @@ fn gateway_address_list_must_not_be_empty() {
     let text = with_tunnel(TUNNEL_A).replacen("gateway_ip = \"10.2.0.1\"", "gateway_ip = []", 1);
     expect_error(&text, "gateway_ip = []", "gateway_ip", "required");
 }
+
+#[test]
+fn workers_and_pinning() {
+    let scratch = Scratch::new();
+    let config = scratch.parse(&with_tunnel(TUNNEL_A)).unwrap();
+    assert_eq!(
+        (config.dataplane.workers, config.dataplane.cpus.as_slice(), config.dataplane.pin_workers),
+        (0, &[][..], true),
+        "defaults: one worker per allowed CPU, pinned to them"
+    );
+    let text = with_tunnel(TUNNEL_A).replace(
+        "[gateway]\n",
+        "[gateway]\nworkers = 3\ncpus = [1, 0]\npin_workers = false\n",
+    );
+    let config = scratch.parse(&text).unwrap();
+    assert_eq!(config.dataplane.workers, 3);
+    assert_eq!(config.dataplane.cpus, vec![1, 0]);
+    assert!(!config.dataplane.pin_workers);
+}
+
+#[test]
+fn bad_workers_and_cpus_name_the_key() {
+    for (line, key, says) in [
+        ("workers = 0", "workers", "between 1 and 1024"),
+        ("workers = 5000", "workers", "between 1 and 1024"),
+        ("cpus = []", "cpus", "at least one CPU"),
+        ("cpus = [0, -1]", "cpus", "-1 is not a CPU number"),
+        ("cpus = [2, 2]", "cpus", "CPU 2 is listed twice"),
+    ] {
+        let text = with_tunnel(TUNNEL_A).replace("[gateway]\n", &format!("[gateway]\n{line}\n"));
+        expect_error(&text, line, key, says);
+    }
+}

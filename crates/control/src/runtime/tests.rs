@@ -159,10 +159,12 @@ impl DataPath for FakePath {
                 bytes_out: 2_000,
                 packets_out: 20,
                 drops_in: 0,
+                ..ChildStats::default()
             })
             .collect();
         DataplaneStats {
             children,
+            workers: vec![],
             drops: vec![("esp_replay".into(), 0)],
         }
     }

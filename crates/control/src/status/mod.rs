@@ -39,6 +39,22 @@ pub struct StatusReport {
     /// ([`ike::IkeDrop`] names; every reason present, zeros included).
     #[serde(default)]
     pub ike_drops: BTreeMap<String, u64>,
+    /// The data plane's worker threads, in worker order.
+    #[serde(default)]
+    pub workers: Vec<WorkerStatus>,
+}
+
+/// Counters of one data plane worker thread.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WorkerStatus {
+    /// Worker index.
+    pub worker: usize,
+    /// The CPU it is pinned to (absent when not pinned).
+    pub cpu: Option<usize>,
+    /// Packets it processed (both directions, IKE included).
+    pub packets: u64,
+    /// Batches it processed.
+    pub batches: u64,
 }
 
 /// Summary state of a tunnel.
@@ -133,6 +149,15 @@ pub struct ChildSaReport {
     pub packets_out: u64,
     /// Inbound packets dropped (replay, ICV, padding).
     pub drops_in: u64,
+    /// Inbound packets accepted behind a later one (parallel workers or network reordering).
+    #[serde(default)]
+    pub reordered_in: u64,
+    /// The largest distance below the newest sequence number at which one was accepted.
+    #[serde(default)]
+    pub max_reorder_in: u64,
+    /// The inbound anti-replay window, in packets.
+    #[serde(default)]
+    pub replay_window: u32,
 }
 
 /// What the status report needs to know about each configured tunnel.
@@ -236,6 +261,17 @@ impl StatusReport {
             .iter()
             .map(|(reason, count)| (reason.to_owned(), count))
             .collect();
+        let workers = stats
+            .workers
+            .iter()
+            .enumerate()
+            .map(|(worker, w)| WorkerStatus {
+                worker,
+                cpu: w.cpu,
+                packets: w.packets,
+                batches: w.batches,
+            })
+            .collect();
         Self {
             version: STATUS_VERSION,
             uptime_secs,
@@ -243,6 +279,7 @@ impl StatusReport {
             unmatched_ike_sas,
             drops,
             ike_drops,
+            workers,
         }
     }
 }
@@ -287,6 +324,9 @@ fn ike_report(s: &IkeSaStatus, stats: &DataplaneStats) -> IkeSaReport {
                 bytes_out: get(|c| c.bytes_out),
                 packets_out: get(|c| c.packets_out),
                 drops_in: get(|c| c.drops_in),
+                reordered_in: get(|c| c.reordered_in),
+                max_reorder_in: get(|c| c.max_reorder_in),
+                replay_window: counters.map_or(0, |c| c.replay_window),
             }
         })
         .collect();

@@ -57,7 +57,24 @@ pub fn render_text(report: &StatusReport) -> String {
     }
     render_counters(&mut out, "drops", &report.drops);
     render_counters(&mut out, "ike drops", &report.ike_drops);
+    render_workers(&mut out, &report.workers);
     out
+}
+
+/// One line per data plane worker: CPU, packets and batches.
+fn render_workers(out: &mut String, workers: &[super::WorkerStatus]) {
+    if workers.is_empty() {
+        return;
+    }
+    let _ = writeln!(out, "workers:");
+    for w in workers {
+        let cpu = w.cpu.map_or_else(|| "unpinned".to_owned(), |c| format!("cpu {c}"));
+        let _ = writeln!(
+            out,
+            "  worker {} ({cpu}): {} packets in {} batches",
+            w.worker, w.packets, w.batches
+        );
+    }
 }
 
 /// A `title:` block of the non-zero counters, one `reason  count` line each, or `title: none`.
@@ -145,6 +162,13 @@ fn render_child(out: &mut String, c: &ChildSaReport) {
         "          {:<8}  {:>w$}  {:>p$}  {:>7}",
         c.spi_in, c.bytes_in, c.packets_in, c.drops_in
     );
+    if c.reordered_in > 0 {
+        let _ = writeln!(
+            out,
+            "          {} accepted out of order, at most {} behind (window {})",
+            c.reordered_in, c.max_reorder_in, c.replay_window
+        );
+    }
     let _ = writeln!(
         out,
         "      TX: {:<8}  {:>w$}  {:>p$}",

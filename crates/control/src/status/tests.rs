@@ -85,7 +85,20 @@ fn sample_report() -> StatusReport {
             bytes_out: 654_321,
             packets_out: 200,
             drops_in: 3,
+            ..ChildStats::default()
         }],
+        workers: vec![
+            dataplane::WorkerStats {
+                cpu: Some(0),
+                packets: 700,
+                batches: 30,
+            },
+            dataplane::WorkerStats {
+                cpu: None,
+                packets: 300,
+                batches: 20,
+            },
+        ],
         drops: vec![
             ("esp_replay".into(), 3),
             ("esp_unknown_spi".into(), 0),
@@ -181,6 +194,9 @@ fn json_round_trip() {
     assert_eq!(v["tunnels"][0]["ike_sas"][0]["remote"], "192.0.2.2:4500");
     assert_eq!(v["tunnels"][2]["state"], "down");
     assert_eq!(v["ike_drops"]["truncated"], 11);
+    assert_eq!(v["workers"][0]["cpu"], 0);
+    assert_eq!(v["workers"][1]["packets"], 300);
+    assert!(v["workers"][1]["cpu"].is_null());
     assert_eq!(v["ike_drops"]["unknown_spi"], 0);
     // A document from a node without IKE counters still parses.
     let mut old = v.clone();

@@ -72,6 +72,9 @@ fn env() -> Env {
             tunnels: tunnels.clone(),
             tun_name: None,
             batch: 16,
+            workers: 1,
+            cpus: vec![],
+            pin_workers: false,
         };
         let (tx, rx) = crossbeam_channel::unbounded();
         match Shared::open(cfg, tx) {
@@ -112,6 +115,7 @@ impl Env {
 
     fn recv_from_host(&mut self, from: SocketAddr, mut data: Vec<u8>) {
         let t = self.sh.tables.load();
+        self.out.use_tables(std::sync::Arc::clone(&t));
         vxlan::receive(
             &mut self.out,
             &self.sh,
@@ -121,6 +125,8 @@ impl Env {
             from,
             &mut data,
         );
+        // What the worker does before the batch leaves: seal the queued ESP packets.
+        self.out.seal_queued();
     }
 
     fn recv_from_peer(&mut self, from: &str, mut data: Vec<u8>) {

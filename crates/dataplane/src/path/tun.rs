@@ -4,6 +4,7 @@
 
 use super::seal;
 use crate::inner;
+use crate::out::{TUN_DST, TUN_SOCK};
 use crate::shared::{Out, Shared};
 use crate::stats::DropReason;
 use crate::tables::Tables;
@@ -16,19 +17,16 @@ pub(crate) fn outbound(o: &mut Out, sh: &Shared, t: &Tables, pkt: &[u8]) {
     let Some(child) = Tables::select(&t.tun_out, &parsed.flow) else {
         return o.drop_packet(DropReason::TunNoTunnel);
     };
-    seal::seal(o, sh, child, &pkt[..parsed.len]);
+    seal::queue(o, sh, child, &pkt[..parsed.len]);
 }
 
-/// A decrypted packet for the TUN device.
+/// A decrypted packet for the TUN device: queued in the send batch, so it is written in the
+/// lane's order like datagrams are sent.
 pub(crate) fn deliver(o: &mut Out, sh: &Shared, pkt: &[u8]) {
-    let written = match &sh.tun {
-        Some(tun) => tun
-            .write(pkt)
-            .map_err(|e| tracing::debug!(device = tun.name(), error = %e, "TUN write failed"))
-            .is_ok(),
-        None => false,
-    };
-    if !written {
-        o.drop_packet(DropReason::TunWrite);
+    if sh.tun.is_none() {
+        return o.drop_packet(DropReason::TunWrite);
     }
+    let Some(room) = o.room(sh, pkt.len()) else { return };
+    room[..pkt.len()].copy_from_slice(pkt);
+    o.tx.commit(TUN_SOCK, TUN_DST, pkt.len());
 }

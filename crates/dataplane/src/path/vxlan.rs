@@ -153,7 +153,7 @@ fn ip_in(
     if !inner::decrement_hop(pkt) {
         return o.drop_packet(DropReason::TtlExceeded);
     }
-    seal::seal(o, sh, child, pkt);
+    seal::queue(o, sh, child, pkt);
 }
 
 #[allow(clippy::too_many_arguments)]

@@ -3,6 +3,7 @@
 
 pub(crate) mod socket;
 pub(crate) mod tun;
+pub(crate) mod tun_offload;
 pub(crate) mod waker;
 
 /// Turns a libc return value into an `io::Result`, reading `errno` on -1.

@@ -31,8 +31,7 @@ impl Waker {
         let _ = unsafe { libc::write(self.fd.as_raw_fd(), (&one as *const u64).cast(), 8) };
     }
 
-    /// True once [`wake`](Self::wake) was called.
-    #[cfg(test)]
+    /// True once [`wake`](Self::wake) was called (one `poll` call; not for per-packet use).
     pub(crate) fn is_woken(&self) -> bool {
         matches!(wait(&[], self, Some(Duration::ZERO)), Ok(Ready::Shutdown))
     }

@@ -4,7 +4,9 @@
 //!
 //! The window has W = 32 and two ring words (blocks 0-63 and 128-191 share word 0), so a
 //! small number of operations reaches every case: duplicates racing, an advance recycling
-//! the word a duplicate is setting, and two advances racing.
+//! the word a duplicate is setting, two advances racing, and a number behind the top racing
+//! an advance that recycles its word. The distances `update` reports (how far behind the top
+//! a number was accepted) are checked too.
 
 use super::*;
 use loom::sync::Arc;
@@ -80,5 +82,46 @@ fn loom_duplicates_racing_an_advance() {
         // Window is now 69..=100: 50 is too old whatever happened.
         assert!(w.update(50).is_err());
         assert!(w.update(100).is_err());
+    });
+}
+
+#[test]
+fn loom_reorder_distance() {
+    model(|| {
+        let w = Arc::new(ReplayWindow::new(32));
+        w.update(10).unwrap();
+        let w2 = Arc::clone(&w);
+        let t = thread::spawn(move || w2.update(13));
+        let mine = w.update(12);
+        let theirs = t.join().unwrap();
+        // 13 is the highest: accepted in order; 12 before 13 (0) or behind it (1).
+        assert_eq!(theirs, Ok(0));
+        assert!(matches!(mine, Ok(0) | Ok(1)), "{mine:?}");
+        assert_eq!(w.top(), 13);
+        assert_eq!(w.update(11), Ok(2));
+    });
+}
+
+#[test]
+fn loom_behind_top_racing_a_recycling_advance() {
+    model(|| {
+        let w = Arc::new(ReplayWindow::new(32));
+        w.update(60).unwrap();
+        let w2 = Arc::clone(&w);
+        // 130 recycles word 0 (block 0) for block 2; 45 (block 0, below top 60) is accepted
+        // before that or refused.
+        let t = thread::spawn(move || w2.update(130));
+        let late = w.update(45);
+        assert_eq!(t.join().unwrap(), Ok(0));
+        match late {
+            Ok(behind) => assert_eq!(behind, 15),
+            Err(e) => assert!(matches!(e, ReplayError::TooOld { .. }), "{e:?}"),
+        }
+        assert_eq!(w.top(), 130);
+        assert!(
+            w.update(45).is_err(),
+            "45 accepted twice or after it fell out"
+        );
+        assert!(w.update(130).is_err());
     });
 }

@@ -1,9 +1,13 @@
 //! Tests of the replay window: RFC 4303 §3.4.3 edges, Appendix A ESN inference, a proptest
-//! against a reference model, and concurrent updates that must accept each number once.
+//! against a reference model, concurrent updates that must accept each number once, and
+//! property tests that run random streams (duplicates, reorderings) on several threads and
+//! check the window's exact concurrent contract (module docs of `replay.rs`). The loom model
+//! of the same code is in `loom_tests.rs`.
 
 use super::*;
 use proptest::prelude::*;
-use std::collections::HashSet;
+use proptest::test_runner::TestCaseError;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::AtomicU8;
 use std::sync::Arc;
 
@@ -36,11 +40,14 @@ impl Model {
         }
     }
 
-    fn update(&mut self, seq: u64) -> Result<(), ReplayError> {
+    /// Accepts `seq` if the rule allows; returns how far below the highest accepted number
+    /// it was.
+    fn update(&mut self, seq: u64) -> Result<u64, ReplayError> {
         self.verdict(seq)?;
+        let behind = self.top.saturating_sub(seq);
         self.seen.insert(seq);
         self.top = self.top.max(seq);
-        Ok(())
+        Ok(behind)
     }
 }
 
@@ -49,22 +56,22 @@ fn window_edges() {
     let w = ReplayWindow::new(64);
     assert_eq!(w.check(0), Err(ReplayError::Invalid));
     assert_eq!(w.update(0), Err(ReplayError::Invalid));
-    assert_eq!(w.update(1), Ok(()));
+    assert_eq!(w.update(1), Ok(0));
     assert_eq!(w.update(1), Err(ReplayError::Replayed));
     assert_eq!(w.check(1), Err(ReplayError::Replayed));
-    assert_eq!(w.update(100), Ok(()));
+    assert_eq!(w.update(100), Ok(0));
     // Window is 37..=100.
     assert_eq!(w.check(36), Err(ReplayError::TooOld { top: 100 }));
     assert_eq!(w.update(36), Err(ReplayError::TooOld { top: 100 }));
     assert_eq!(w.check(37), Ok(()));
-    assert_eq!(w.update(37), Ok(()));
+    assert_eq!(w.update(37), Ok(63));
     assert_eq!(w.update(37), Err(ReplayError::Replayed));
     assert_eq!(w.check(100), Err(ReplayError::Replayed));
     assert_eq!(w.check(101), Ok(()));
     // A jump far beyond the ring clears everything; the old top is now too old.
-    assert_eq!(w.update(1_000_000), Ok(()));
+    assert_eq!(w.update(1_000_000), Ok(0));
     assert_eq!(w.update(100), Err(ReplayError::TooOld { top: 1_000_000 }));
-    assert_eq!(w.update(999_937), Ok(()));
+    assert_eq!(w.update(999_937), Ok(63));
     assert_eq!(
         w.update(999_936),
         Err(ReplayError::TooOld { top: 1_000_000 })
@@ -83,8 +90,9 @@ fn every_number_in_a_large_window_once() {
             .collect::<Vec<_>>()
             .chunks(size as usize / 2)
         {
+            let top = chunk[chunk.len() - 1];
             for &s in chunk.iter().rev() {
-                assert_eq!(w.update(s), Ok(()), "size {size} seq {s}");
+                assert_eq!(w.update(s), Ok(top - s), "size {size} seq {s}");
                 accepted += 1;
             }
             for &s in chunk {
@@ -130,11 +138,19 @@ fn esn_window_across_the_boundary() {
         w.update(s).unwrap();
     }
     // Packets from both sides of 2^32, out of order, each accepted once.
-    for low in [5u32, 0xffff_fff9, 0, 0xffff_ffff, 1, 0xffff_fffe] {
+    // With how far below the top (2^32 + 5 once it arrived) each was accepted.
+    for (low, behind) in [
+        (5u32, 0),
+        (0xffff_fff9, 12),
+        (0, 5),
+        (0xffff_ffff, 6),
+        (1, 4),
+        (0xffff_fffe, 7),
+    ] {
         let s = w.infer_esn(low).unwrap();
         assert_eq!(s as u32, low);
         assert_eq!(w.check(s), Ok(()));
-        assert_eq!(w.update(s), Ok(()), "{s:#x}");
+        assert_eq!(w.update(s), Ok(behind), "{s:#x}");
         let again = w.infer_esn(low).unwrap();
         assert_eq!(again, s);
         assert_eq!(w.update(again), Err(ReplayError::Replayed));
@@ -244,6 +260,180 @@ fn concurrent_updates_accept_each_number_at_most_once() {
         // Afterwards nothing is accepted again.
         for s in (N - u64::from(size) + 1)..=N {
             assert!(w.update(s).is_err());
+        }
+    }
+}
+
+/// One offer of a number to the window and the window's answer.
+#[derive(Debug, Clone, Copy)]
+struct Offer {
+    seq: u64,
+    result: Result<u64, ReplayError>,
+}
+
+/// Offers `per_thread[t]` in order on thread `t`, all threads released at once; thread `t`
+/// yields before offer `i` when bit `(i + 7 * t) % 64` of `yields` is set, so that runs
+/// differ in their interleavings.
+fn offer_concurrently(w: &Arc<ReplayWindow>, per_thread: Vec<Vec<u64>>, yields: u64) -> Vec<Offer> {
+    let start = Arc::new(std::sync::Barrier::new(per_thread.len()));
+    let handles: Vec<_> = per_thread
+        .into_iter()
+        .enumerate()
+        .map(|(t, seqs)| {
+            let (w, start) = (Arc::clone(w), Arc::clone(&start));
+            std::thread::spawn(move || {
+                start.wait();
+                seqs.into_iter()
+                    .enumerate()
+                    .map(|(i, seq)| {
+                        if yields >> ((i + 7 * t) % 64) & 1 != 0 {
+                            std::thread::yield_now();
+                        }
+                        Offer {
+                            seq,
+                            result: w.update(seq),
+                        }
+                    })
+                    .collect::<Vec<_>>()
+            })
+        })
+        .collect();
+    handles
+        .into_iter()
+        .flat_map(|h| h.join().expect("updating thread"))
+        .collect()
+}
+
+/// Deals `(offset, thread)` pairs out to `threads` threads as `base + offset`, keeping
+/// each thread's share in the generated order (a random reordering of the whole stream).
+fn deal(base: u64, items: &[(u64, usize)], threads: usize) -> Vec<Vec<u64>> {
+    let mut per_thread = vec![Vec::new(); threads];
+    for &(offset, t) in items {
+        per_thread[t % threads].push(base + offset);
+    }
+    per_thread
+}
+
+/// The accepted numbers of a run, checking that none was accepted twice.
+fn accepted_once(offers: &[Offer]) -> Result<HashMap<u64, u64>, TestCaseError> {
+    let mut accepted = HashMap::new();
+    for o in offers {
+        if let Ok(behind) = o.result {
+            prop_assert!(
+                accepted.insert(o.seq, behind).is_none(),
+                "{} accepted twice",
+                o.seq
+            );
+        }
+    }
+    Ok(accepted)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(128))]
+
+    /// Numbers that all lie within the window of each other: whatever the interleaving,
+    /// duplicates and order, every distinct number is accepted exactly once and every other
+    /// offer is refused as a replay. One thread must match the sequential model exactly.
+    #[test]
+    fn concurrent_within_the_window_each_number_exactly_once(
+        size in prop_oneof![Just(32u32), Just(64), Just(100), Just(1024)],
+        base in 1u64..(1 << 40),
+        gap in 0u64..3000,
+        threads in 1usize..=4,
+        raw in proptest::collection::vec((any::<u64>(), 0usize..4), 1..300),
+        yields in any::<u64>(),
+    ) {
+        let w = Arc::new(ReplayWindow::new(size));
+        let mut model = Model::new(size);
+        // Optionally start from an earlier position, `gap` below the band.
+        let base = base + gap + 1;
+        if gap % 3 != 0 {
+            prop_assert_eq!(w.update(base - 1 - gap), Ok(0));
+            prop_assert_eq!(model.update(base - 1 - gap), Ok(0));
+        }
+        let items: Vec<(u64, usize)> =
+            raw.iter().map(|&(o, t)| (o % u64::from(size), t)).collect();
+        let per_thread = deal(base, &items, threads);
+        let offered: HashSet<u64> = per_thread.iter().flatten().copied().collect();
+        let sequential: Option<Vec<Result<u64, ReplayError>>> =
+            (threads == 1).then(|| per_thread[0].iter().map(|&s| model.update(s)).collect());
+        let offers = offer_concurrently(&w, per_thread, yields);
+
+        let accepted = accepted_once(&offers)?;
+        prop_assert_eq!(accepted.len(), offered.len(), "every distinct number accepted");
+        for o in &offers {
+            if o.result.is_err() {
+                prop_assert_eq!(o.result, Err(ReplayError::Replayed), "{}", o.seq);
+            }
+        }
+        prop_assert_eq!(Some(w.top()), offered.iter().copied().max());
+        for (&s, &behind) in &accepted {
+            prop_assert!(behind <= w.top() - s, "{} accepted {} behind", s, behind);
+            prop_assert!(behind < u64::from(size), "{} accepted {} behind", s, behind);
+        }
+        if let Some(sequential) = sequential {
+            let got: Vec<_> = offers.iter().map(|o| o.result).collect();
+            prop_assert_eq!(got, sequential);
+        }
+    }
+
+    /// Numbers spread over several windows, so that advances recycle ring words while other
+    /// threads set bits in them. The exact contract (module docs): no number accepted twice;
+    /// too-old refusals really are too old; a number inside the final window that was never
+    /// accepted was refused only because an older number sharing its ring bit was refused as
+    /// too old in a race with an advance; `top` is the highest accepted number, or one
+    /// refused in the same race.
+    #[test]
+    fn concurrent_across_windows_matches_the_contract(
+        size in prop_oneof![Just(32u32), Just(64), Just(100)],
+        base in 1u64..(1 << 40),
+        threads in 2usize..=4,
+        raw in proptest::collection::vec((any::<u64>(), 0usize..4), 1..400),
+        spread in 2u64..6,
+        yields in any::<u64>(),
+    ) {
+        let w = Arc::new(ReplayWindow::new(size));
+        let ring = BITS * (w.mask + 1);
+        let items: Vec<(u64, usize)> =
+            raw.iter().map(|&(o, t)| (o % (spread * u64::from(size)), t)).collect();
+        let offers = offer_concurrently(&w, deal(base, &items, threads), yields);
+
+        let accepted = accepted_once(&offers)?;
+        let top = w.top();
+        let bottom = top.saturating_sub(u64::from(size));
+        let too_old_refused: HashSet<u64> = offers
+            .iter()
+            .filter(|o| matches!(o.result, Err(ReplayError::TooOld { .. })))
+            .map(|o| o.seq)
+            .collect();
+        let explained = |s: u64| too_old_refused.iter().any(|&o| o < s && (s - o) % ring == 0);
+        for o in &offers {
+            match o.result {
+                Ok(behind) => {
+                    prop_assert!(behind <= top - o.seq && behind < u64::from(size), "{:?}", o);
+                }
+                Err(ReplayError::TooOld { top: t }) => {
+                    prop_assert!(o.seq <= t - u64::from(size) && t <= top, "{:?}", o);
+                }
+                Err(ReplayError::Replayed) => {
+                    prop_assert!(
+                        accepted.contains_key(&o.seq) || o.seq <= bottom || explained(o.seq),
+                        "{} refused as a replay, never accepted, inside the final window {}..={}",
+                        o.seq, bottom + 1, top
+                    );
+                }
+                Err(ReplayError::Invalid) => prop_assert!(false, "{:?}", o),
+            }
+        }
+        let max_accepted = accepted.keys().copied().max().unwrap_or(0);
+        prop_assert!(top == max_accepted || (top > max_accepted && explained(top)));
+        // Afterwards, sequentially, the window is exact again for what is left.
+        for s in bottom + 1..=top {
+            let again = w.update(s);
+            if accepted.contains_key(&s) {
+                prop_assert_eq!(again, Err(ReplayError::Replayed));
+            }
         }
     }
 }

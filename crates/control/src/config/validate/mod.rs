@@ -90,6 +90,9 @@ pub(crate) fn validate(src: &Source<'_>, raw: RawFile) -> Result<Config, Box<Con
         tunnels: bindings,
         tun_name: any_tun.then_some(extra.tun_name),
         batch: extra.batch,
+        workers: extra.workers,
+        cpus: extra.cpus,
+        pin_workers: extra.pin_workers,
     };
     Ok(Config {
         path: src.file.to_owned(),
@@ -102,11 +105,19 @@ pub(crate) fn validate(src: &Source<'_>, raw: RawFile) -> Result<Config, Box<Con
     })
 }
 
+/// Most data plane workers a configuration may ask for.
+const MAX_WORKERS: usize = 1024;
+/// CPU numbers Linux can address in an affinity mask (CPU_SETSIZE).
+const MAX_CPU: usize = 1024;
+
 /// Gateway settings that only the data plane needs.
 struct DataplaneExtra {
     vxlan_port: u16,
     tun_name: String,
     batch: usize,
+    workers: usize,
+    cpus: Vec<usize>,
+    pin_workers: bool,
 }
 
 /// A validated VNet with the line it was defined on (for duplicate messages).
@@ -264,6 +275,44 @@ impl Validator<'_, '_> {
                 .filter(|n| (1..=1024).contains(n))
                 .ok_or_else(|| self.err(b.span(), S, "batch", "must be between 1 and 1024"))?,
         };
+        let workers = match &g.workers {
+            // 0: one worker per CPU the process may run on (the data plane counts them).
+            None => 0,
+            Some(w) => usize::try_from(*w.get_ref())
+                .ok()
+                .filter(|n| (1..=MAX_WORKERS).contains(n))
+                .ok_or_else(|| {
+                    self.err(w.span(), S, "workers", format!("must be between 1 and {MAX_WORKERS}"))
+                })?,
+        };
+        let cpus = match &g.cpus {
+            None => Vec::new(),
+            Some(list) => {
+                if list.get_ref().is_empty() {
+                    return Err(self.err(
+                        list.span(),
+                        S,
+                        "cpus",
+                        "must list at least one CPU (leave it out for all CPUs; pin_workers = false to not pin)",
+                    ));
+                }
+                let mut cpus = Vec::with_capacity(list.get_ref().len());
+                for c in list.get_ref() {
+                    let cpu = usize::try_from(*c)
+                        .ok()
+                        .filter(|c| *c < MAX_CPU)
+                        .ok_or_else(|| {
+                            self.err(list.span(), S, "cpus", format!("{c} is not a CPU number (0..{MAX_CPU})"))
+                        })?;
+                    if cpus.contains(&cpu) {
+                        return Err(self.err(list.span(), S, "cpus", format!("CPU {cpu} is listed twice")));
+                    }
+                    cpus.push(cpu);
+                }
+                cpus
+            }
+        };
+        let pin_workers = g.pin_workers.as_ref().is_none_or(|p| *p.get_ref());
 
         let mut endpoint = ike::EndpointConfig {
             key_log: key_log.is_some(),
@@ -327,6 +376,9 @@ impl Validator<'_, '_> {
                 vxlan_port,
                 tun_name,
                 batch,
+                workers,
+                cpus,
+                pin_workers,
             },
         ))
     }

@@ -1,0 +1,330 @@
+//! What a worker writes to: [`Out`] holds the send batch being filled (from the worker's
+//! pool), the ESP packets waiting to be sealed in it, the batch's drop counts and the
+//! worker's neighbour memos; [`Worker`] adds the receive batch.
+//!
+//! Within a lane (see [`crate::lane`]) a full send batch is handed to the lane's ordered
+//! sender under the batch's ticket and a fresh one is taken from the pool; outside a lane
+//! (in-memory tests, housekeeping before any lane exists) a flush sends at once.
+//!
+//! Outbound packets are sealed in two steps so that sequence numbers follow arrival order
+//! while the encryption runs in parallel: at dispatch the inner packet is copied into the
+//! send batch behind room for the ESP header, a sequence number is allocated and the exact
+//! ESP length committed ([`Out::queue_seal`]); before the batch leaves, every queued packet
+//! is sealed in place ([`Out::seal_queued`]).
+
+use crate::batch::{RxBatch, TxBatch, TxMsg};
+use crate::shared::{rx_slots, tx_batch_size, Shared};
+use crate::stats::{DropCounts, DropReason};
+use crate::sys::socket::{RecvScratch, SendScratch};
+use crate::sys::tun::TunReadBatch;
+use crate::sys::tun_offload::TunWriter;
+use crate::tables::{Child, Tables};
+use crate::vnet::neigh::NeighMemo;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+use wire::EspSpi;
+
+/// Socket index that stands for the TUN device in a send batch (decrypted packets written
+/// to it keep the lane's order like datagrams do).
+pub(crate) const TUN_SOCK: usize = usize::MAX;
+
+/// An ESP packet committed to the send batch but not sealed yet.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct SealJob {
+    /// Offset of the ESP packet in the send batch.
+    pub(crate) start: usize,
+    /// Its exact sealed length.
+    pub(crate) len: usize,
+    /// Length of the inner packet at `start + header_len`.
+    pub(crate) inner_len: usize,
+    /// The sequence number allocated for it.
+    pub(crate) seq: u64,
+    /// Inbound SPI of the CHILD_SA (the key of `Tables::by_spi`).
+    pub(crate) child: EspSpi,
+}
+
+/// A worker's thread-local state.
+pub(crate) struct Worker {
+    /// Worker index.
+    pub(crate) id: usize,
+    /// Received datagrams.
+    pub(crate) rx: RxBatch,
+    /// recvmmsg scratch.
+    pub(crate) rx_scratch: RecvScratch,
+    /// Frames read from the TUN device (if there is one), GSO super-packets split.
+    pub(crate) tun_rx: Option<TunReadBatch>,
+    /// Output side.
+    pub(crate) out: Out,
+}
+
+impl Worker {
+    /// Worker `id` of `sh`, its first send batch taken from its pool.
+    pub(crate) fn new(sh: &Shared, id: usize) -> Self {
+        let slots = rx_slots(sh.cfg.batch);
+        let mut out = Out::new(sh.cfg.batch);
+        out.worker = Some(id);
+        out.tx = sh.pools[id].take(&sh.waker);
+        out.tun_writer = sh.tun.as_ref().map(|t| {
+            let (msgs, bytes) = tx_batch_size(sh.cfg.batch);
+            TunWriter::new(t.offloads(), bytes, msgs)
+        });
+        Self {
+            id,
+            rx: RxBatch::new(slots),
+            rx_scratch: RecvScratch::new(slots),
+            tun_rx: sh
+                .tun
+                .as_ref()
+                .map(|_| TunReadBatch::new(slots * crate::batch::RX_SLOT, slots)),
+            out,
+        }
+    }
+}
+
+/// The lane and ticket of the batch being processed.
+#[derive(Debug, Clone, Copy)]
+struct InLane {
+    lane: usize,
+    ticket: u64,
+}
+
+/// What the packet paths write to.
+pub(crate) struct Out {
+    /// Datagrams to send.
+    pub(crate) tx: TxBatch,
+    /// Drops of the current batch.
+    pub(crate) drops: DropCounts,
+    /// Addresses the neighbour caches want requests sent for.
+    pub(crate) requests: Vec<IpAddr>,
+    /// Recent resolutions (decrypted packets toward VMs).
+    pub(crate) resolved: NeighMemo,
+    /// Recent learnings (frames from VMs).
+    pub(crate) learned: NeighMemo,
+    /// The worker owning this (None: standalone, flushes send directly).
+    worker: Option<usize>,
+    in_lane: Option<InLane>,
+    /// The SA tables of the current batch (for sealing queued packets).
+    tables: Option<Arc<Tables>>,
+    seals: Vec<SealJob>,
+    send_scratch: SendScratch,
+    parts: Vec<TxBatch>,
+    /// Coalesces packets written to the TUN device into GSO super-packets.
+    tun_writer: Option<TunWriter>,
+}
+
+impl Out {
+    /// Standalone output for batches of `batch` datagrams.
+    pub(crate) fn new(batch: usize) -> Self {
+        let (msgs, bytes) = tx_batch_size(batch);
+        Self {
+            tx: TxBatch::new(msgs, bytes, true),
+            drops: DropCounts::default(),
+            requests: Vec::new(),
+            resolved: NeighMemo::default(),
+            learned: NeighMemo::default(),
+            worker: None,
+            in_lane: None,
+            tables: None,
+            seals: Vec::with_capacity(msgs),
+            send_scratch: SendScratch::default(),
+            parts: Vec::new(),
+            tun_writer: None,
+        }
+    }
+
+    /// Starts a batch of lane `lane` with ticket `ticket` over the SA tables `tables`.
+    pub(crate) fn begin(&mut self, lane: usize, ticket: u64, tables: Arc<Tables>) {
+        self.in_lane = Some(InLane { lane, ticket });
+        self.tables = Some(tables);
+    }
+
+    /// The SA tables of the current batch (an empty set outside a batch).
+    pub(crate) fn tables(&self) -> Arc<Tables> {
+        self.tables.clone().unwrap_or_default()
+    }
+
+    /// Sets the SA tables queued seals are looked up in (standalone use).
+    #[cfg(test)]
+    pub(crate) fn use_tables(&mut self, tables: Arc<Tables>) {
+        self.tables = Some(tables);
+    }
+
+    /// Counts a drop.
+    pub(crate) fn drop_packet(&mut self, reason: DropReason) {
+        self.drops.add(reason);
+    }
+
+    /// Room for a datagram of up to `max` bytes, passing the batch on first if needed; None
+    /// (counted as too big) if it cannot fit even an empty batch.
+    pub(crate) fn room(&mut self, sh: &Shared, max: usize) -> Option<&mut [u8]> {
+        if self.tx.needs_flush(max) {
+            self.flush(sh);
+        }
+        if self.tx.needs_flush(max) {
+            self.drops.add(DropReason::TooBig);
+            return None;
+        }
+        self.tx.room(max)
+    }
+
+    /// Commits an ESP packet of `len` bytes whose inner packet (`inner_len` bytes) was written
+    /// behind the ESP header in the last [`room`](Self::room), to be sealed with `seq` before
+    /// the batch leaves.
+    pub(crate) fn queue_seal(&mut self, child: &Child, len: usize, inner_len: usize, seq: u64) {
+        let start = self.tx.commit(child.sock, child.remote, len);
+        self.seals.push(SealJob {
+            start,
+            len,
+            inner_len,
+            seq,
+            child: child.inbound_spi,
+        });
+    }
+
+    /// Seals every queued ESP packet in place.
+    pub(crate) fn seal_queued(&mut self) {
+        if self.seals.is_empty() {
+            return;
+        }
+        let Some(tables) = self.tables.as_deref() else {
+            // Cannot happen: packets are queued only with the batch's tables set.
+            tracing::error!(packets = self.seals.len(), "ESP packets queued without SA tables");
+            self.seals.clear();
+            return;
+        };
+        let data = self.tx.data_mut();
+        let mut last: Option<(EspSpi, &Arc<Child>)> = None;
+        for job in self.seals.drain(..) {
+            let child = match last {
+                Some((spi, c)) if spi == job.child => c,
+                _ => match tables.by_spi.get(&job.child) {
+                    Some(c) => {
+                        last = Some((job.child, c));
+                        c
+                    }
+                    None => {
+                        tracing::error!(spi = %job.child, "queued ESP packet lost its SA");
+                        self.drops.add(DropReason::EspSeal);
+                        continue;
+                    }
+                },
+            };
+            let Some(buf) = data.get_mut(job.start..job.start + job.len) else {
+                self.drops.add(DropReason::EspSeal);
+                continue;
+            };
+            if let Err(e) = child.state.sa.seal_with_seq(buf, job.inner_len, job.seq) {
+                // The lengths were computed by the same SA: only a cipher failure gets here.
+                tracing::error!(tunnel = child.tunnel.0, spi = %child.outbound_spi, error = %e, "cannot seal");
+                self.drops.add(DropReason::EspSeal);
+            }
+        }
+    }
+
+    /// Passes the send batch on: seals what is queued, then hands it to the lane's ordered
+    /// sender (taking a fresh batch from the pool), or sends it at once outside a lane.
+    pub(crate) fn flush(&mut self, sh: &Shared) {
+        self.pass_on(sh, false);
+    }
+
+    /// Ends the current lane batch: everything goes to the lane as the batch's last part.
+    pub(crate) fn finish(&mut self, sh: &Shared) {
+        self.pass_on(sh, true);
+        self.in_lane = None;
+        self.tables = None;
+    }
+
+    fn pass_on(&mut self, sh: &Shared, last: bool) {
+        self.seal_queued();
+        match (self.in_lane, self.worker) {
+            (Some(InLane { lane, ticket }), Some(worker)) => {
+                let fresh = sh.pools[worker].take(&sh.waker);
+                let part = std::mem::replace(&mut self.tx, fresh);
+                let mut io = SendIo {
+                    scratch: &mut self.send_scratch,
+                    drops: &mut self.drops,
+                    tun: self.tun_writer.as_mut(),
+                };
+                sh.lanes[lane].submit(ticket, part, last, &mut self.parts, |p| {
+                    io.send(sh, &p);
+                    sh.pools[p.owner].give(p);
+                });
+            }
+            _ => {
+                let mut io = SendIo {
+                    scratch: &mut self.send_scratch,
+                    drops: &mut self.drops,
+                    tun: self.tun_writer.as_mut(),
+                };
+                io.send(sh, &self.tx);
+                self.tx.clear();
+            }
+        }
+        sh.drops.absorb(&mut self.drops);
+    }
+}
+
+/// What sending a batch needs from the sending worker.
+struct SendIo<'a> {
+    scratch: &'a mut SendScratch,
+    drops: &'a mut DropCounts,
+    tun: Option<&'a mut TunWriter>,
+}
+
+impl SendIo<'_> {
+    /// Sends a batch: consecutive messages of one socket in one `sendmmsg` series; packets
+    /// for the TUN device coalesced per flow and written once per batch.
+    fn send(&mut self, sh: &Shared, tx: &TxBatch) {
+        let msgs = tx.messages();
+        let mut i = 0;
+        while i < msgs.len() {
+            let sock = msgs[i].sock;
+            let mut j = i + 1;
+            while j < msgs.len() && msgs[j].sock == sock {
+                j += 1;
+            }
+            if sock == TUN_SOCK {
+                self.write_tun(sh, tx.data(), &msgs[i..j]);
+            } else {
+                match sh.socks.get(sock) {
+                    Some(s) => {
+                        let r = s.send_batch(tx.data(), &msgs[i..j], self.scratch);
+                        self.drops.add_n(DropReason::SendError, r.failed);
+                    }
+                    None => {
+                        let n: usize = msgs[i..j].iter().map(|m| m.segments()).sum();
+                        self.drops.add_n(DropReason::NoSocket, n as u64);
+                    }
+                }
+            }
+            i = j;
+        }
+        if let (Some(w), Some(dev)) = (self.tun.as_deref_mut(), &sh.tun) {
+            if !w.is_empty() {
+                let st = w.flush(dev);
+                self.drops.add_n(DropReason::TunWrite, st.failed as u64);
+            }
+        }
+    }
+
+    fn write_tun(&mut self, sh: &Shared, data: &[u8], msgs: &[TxMsg]) {
+        let (Some(w), Some(dev)) = (self.tun.as_deref_mut(), &sh.tun) else {
+            let n: usize = msgs.iter().map(|m| m.segments()).sum();
+            self.drops.add_n(DropReason::TunWrite, n as u64);
+            return;
+        };
+        for m in msgs {
+            let bytes = &data[m.start.min(data.len())..(m.start + m.len).min(data.len())];
+            for pkt in bytes.chunks(m.seg.max(1)) {
+                let (queued, flushed) = w.push_or_flush(dev, pkt);
+                self.drops.add_n(DropReason::TunWrite, flushed.failed as u64);
+                if !queued {
+                    self.drops.add(DropReason::TunWrite);
+                }
+            }
+        }
+    }
+}
+
+/// The destination address recorded for TUN packets in a send batch (unused by the device).
+pub(crate) const TUN_DST: SocketAddr = crate::batch::UNSPECIFIED;
