@@ -3,16 +3,19 @@
 #
 #   make setup   install/check system packages (Debian 12) and cargo
 #   make build   debug build of the whole workspace (all binaries)
-#   make test    setup + build + cargo test --workspace (unit + interop tests)
+#   make test    setup + build + cargo test --workspace (unit + interop tests), then the
+#                loom models of the lock-free ESP state (own target dir: --cfg loom)
 #   make demo    setup + release build + run the namespace demo (DEMO_ARGS=...)
+#   make bench   setup + release build + `protego bench` (BENCH_ARGS=..., e.g. --quick --compare-strongswan)
 #   make lint    rustfmt check + clippy -D warnings
 #   make sweep   remove test-bed leftovers of killed runs
 
 SHELL := /bin/bash
 CARGO ?= cargo
 DEMO_ARGS ?=
+BENCH_ARGS ?=
 
-.PHONY: all setup build release test demo lint fmt sweep
+.PHONY: all setup build release test demo bench lint fmt sweep
 
 all: test
 
@@ -30,9 +33,13 @@ release: setup
 
 test: build
 	$(CARGO) test --workspace
+	RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom $(CARGO) test -p protego-esp --release --lib loom
 
 demo: release
 	$(CARGO) run --release -q -p protego-testbed --bin protego-demo -- $(DEMO_ARGS)
+
+bench: release
+	./target/release/protego bench $(BENCH_ARGS)
 
 lint:
 	$(CARGO) fmt --all -- --check

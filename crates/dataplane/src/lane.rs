@@ -102,7 +102,12 @@ impl Dispatch<'_> {
 impl Lane {
     /// A lane for `kind` on `fd`, ordering up to `in_flight` unsent batches (workers × pool
     /// size) of at most `parts_per_ticket` parts each.
-    pub(crate) fn new(kind: LaneKind, fd: RawFd, in_flight: usize, parts_per_ticket: usize) -> Self {
+    pub(crate) fn new(
+        kind: LaneKind,
+        fd: RawFd,
+        in_flight: usize,
+        parts_per_ticket: usize,
+    ) -> Self {
         let size = in_flight.max(1).next_power_of_two();
         let ring = (0..size)
             .map(|_| Slot {
@@ -273,7 +278,8 @@ mod tests {
         let lane = Arc::new(Lane::new(LaneKind::Tun, -1, WORKERS * POOL, POOL));
         let sent = Arc::new(StdMutex::new(Vec::new()));
         // Parts each worker has out (its pool: at most POOL, as in the data plane).
-        let held: Arc<Vec<AtomicUsize>> = Arc::new((0..WORKERS).map(|_| AtomicUsize::new(0)).collect());
+        let held: Arc<Vec<AtomicUsize>> =
+            Arc::new((0..WORKERS).map(|_| AtomicUsize::new(0)).collect());
         let threads: Vec<_> = (0..WORKERS)
             .map(|w| {
                 let (lane, sent, held) = (Arc::clone(&lane), Arc::clone(&sent), Arc::clone(&held));

@@ -188,7 +188,10 @@ impl Out {
         }
         let Some(tables) = self.tables.as_deref() else {
             // Cannot happen: packets are queued only with the batch's tables set.
-            tracing::error!(packets = self.seals.len(), "ESP packets queued without SA tables");
+            tracing::error!(
+                packets = self.seals.len(),
+                "ESP packets queued without SA tables"
+            );
             self.seals.clear();
             return;
         };
@@ -317,7 +320,8 @@ impl SendIo<'_> {
             let bytes = &data[m.start.min(data.len())..(m.start + m.len).min(data.len())];
             for pkt in bytes.chunks(m.seg.max(1)) {
                 let (queued, flushed) = w.push_or_flush(dev, pkt);
-                self.drops.add_n(DropReason::TunWrite, flushed.failed as u64);
+                self.drops
+                    .add_n(DropReason::TunWrite, flushed.failed as u64);
                 if !queued {
                     self.drops.add(DropReason::TunWrite);
                 }

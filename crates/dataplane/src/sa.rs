@@ -40,8 +40,11 @@ pub(crate) fn parallel_window(batch_packets: usize, workers: usize, pool: usize)
     if workers <= 1 {
         return MIN_REPLAY_WINDOW;
     }
-    let behind = batch_packets
-        .saturating_mul((workers - 1).saturating_mul(pool.saturating_sub(1)).saturating_add(1));
+    let behind = batch_packets.saturating_mul(
+        (workers - 1)
+            .saturating_mul(pool.saturating_sub(1))
+            .saturating_add(1),
+    );
     behind
         .saturating_add(1)
         .checked_next_power_of_two()
@@ -195,6 +198,9 @@ mod tests {
         assert_eq!(parallel_window(512, 2, 3), 2048);
         assert_eq!(parallel_window(2048, 2, 3), 8192);
         assert_eq!(parallel_window(2048, 64, 3), MAX_REPLAY_WINDOW);
-        assert_eq!(parallel_window(usize::MAX, usize::MAX, 3), MAX_REPLAY_WINDOW);
+        assert_eq!(
+            parallel_window(usize::MAX, usize::MAX, 3),
+            MAX_REPLAY_WINDOW
+        );
     }
 }

@@ -49,7 +49,10 @@ pub(crate) fn rx_slots(batch: usize) -> usize {
 pub(crate) fn tx_batch_size(batch: usize) -> (usize, usize) {
     let slots = rx_slots(batch);
     let packets = slots * MAX_SEGMENTS_PER_SLOT;
-    (packets + 64, slots * RX_SLOT + packets * TX_SLACK_PER_PACKET)
+    (
+        packets + 64,
+        slots * RX_SLOT + packets * TX_SLACK_PER_PACKET,
+    )
 }
 
 /// The CPUs this process may run on, in ascending order (empty if the kernel will not say).
@@ -57,7 +60,8 @@ pub(crate) fn allowed_cpus() -> Vec<usize> {
     // SAFETY: cpu_set_t is plain data; sched_getaffinity writes at most its size.
     let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
     // SAFETY: pid 0 is this thread; the set is live and its size is passed.
-    let ret = unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) };
+    let ret =
+        unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) };
     if ret != 0 {
         return Vec::new();
     }
@@ -176,7 +180,10 @@ pub(crate) fn validate(cfg: &DataplaneConfig) -> Result<(), DataplaneError> {
         if let Some(bad) = cfg.cpus.iter().find(|c| **c >= libc::CPU_SETSIZE as usize) {
             return Err(config_err(
                 "cpus",
-                format!("CPU {bad} is beyond the {} CPUs Linux can address", libc::CPU_SETSIZE),
+                format!(
+                    "CPU {bad} is beyond the {} CPUs Linux can address",
+                    libc::CPU_SETSIZE
+                ),
             ));
         }
     }
@@ -321,13 +328,16 @@ impl Shared {
                 vtep.pool.push(s);
             }
         }
-        let tun = match &cfg.tun_name {
-            Some(name) => Some(Tun::open_with(name, Offloads::ALL).map_err(|source| DataplaneError::Tun {
-                name: name.clone(),
-                source,
-            })?),
-            None => None,
-        };
+        let tun =
+            match &cfg.tun_name {
+                Some(name) => Some(Tun::open_with(name, Offloads::ALL).map_err(|source| {
+                    DataplaneError::Tun {
+                        name: name.clone(),
+                        source,
+                    }
+                })?),
+                None => None,
+            };
         let waker = Waker::new().map_err(|source| DataplaneError::Start { source })?;
         let registry = Mutex::new(Registry::new(vnets.len()));
         let allowed = allowed_cpus();
@@ -355,15 +365,33 @@ impl Shared {
         let in_flight = workers * POOL_BATCHES;
         let mut lanes = Vec::new();
         for (i, l) in listen.iter().enumerate() {
-            for (kind, sock) in [(LaneKind::Ike { listen: i }, l.ike), (LaneKind::Natt { listen: i }, l.natt)] {
-                lanes.push(Lane::new(kind, socks[sock].raw_fd(), in_flight, POOL_BATCHES));
+            for (kind, sock) in [
+                (LaneKind::Ike { listen: i }, l.ike),
+                (LaneKind::Natt { listen: i }, l.natt),
+            ] {
+                lanes.push(Lane::new(
+                    kind,
+                    socks[sock].raw_fd(),
+                    in_flight,
+                    POOL_BATCHES,
+                ));
             }
         }
         for (i, v) in vteps.iter().enumerate() {
-            lanes.push(Lane::new(LaneKind::Vtep { vtep: i }, socks[v.recv].raw_fd(), in_flight, POOL_BATCHES));
+            lanes.push(Lane::new(
+                LaneKind::Vtep { vtep: i },
+                socks[v.recv].raw_fd(),
+                in_flight,
+                POOL_BATCHES,
+            ));
         }
         if let Some(t) = &tun {
-            lanes.push(Lane::new(LaneKind::Tun, t.raw_fd(), in_flight, POOL_BATCHES));
+            lanes.push(Lane::new(
+                LaneKind::Tun,
+                t.raw_fd(),
+                in_flight,
+                POOL_BATCHES,
+            ));
         }
         Ok(Self {
             cfg,
@@ -429,4 +457,3 @@ impl Shared {
         }
     }
 }
-

@@ -178,7 +178,16 @@ fn one_tunnel_on_two_workers_keeps_order_and_the_replay_window_exact() {
 
     // Inbound: a burst of ESP of one SA, pre-sealed so the sender is fast.
     let sealed: Vec<Vec<u8>> = (0..BURST)
-        .map(|i| peer.seal(&udp4("192.168.0.9", 2000, "10.0.0.5", 1000, 64, &payload(i))))
+        .map(|i| {
+            peer.seal(&udp4(
+                "192.168.0.9",
+                2000,
+                "10.0.0.5",
+                1000,
+                64,
+                &payload(i),
+            ))
+        })
         .collect();
     let reader = {
         let host = b.host.try_clone().expect("clone");
@@ -200,7 +209,11 @@ fn one_tunnel_on_two_workers_keeps_order_and_the_replay_window_exact() {
         "VXLAN output out of order"
     );
     let st = b.dp.stats();
-    assert_eq!(drops(&st, "esp_replay"), 0, "replay window refused packets: {st:?}");
+    assert_eq!(
+        drops(&st, "esp_replay"),
+        0,
+        "replay window refused packets: {st:?}"
+    );
     let ch = &st.children[0];
     assert_eq!(ch.drops_in, 0, "{st:?}");
     // Packets opened out of arrival order by the two workers stay far inside the window.
@@ -244,5 +257,10 @@ fn one_tunnel_on_two_workers_keeps_order_and_the_replay_window_exact() {
         assert!(last.is_none_or(|l| l < i), "inner packets out of order");
         last = Some(i);
     }
-    assert_eq!(got.len() as u32, BURST, "ESP packets sent: {:?}", b.dp.stats());
+    assert_eq!(
+        got.len() as u32,
+        BURST,
+        "ESP packets sent: {:?}",
+        b.dp.stats()
+    );
 }

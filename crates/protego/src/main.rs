@@ -1,7 +1,8 @@
 //! The `protego` command: `up` runs a gateway node (data plane, IKEv2 control loop per
-//! RFC 7296, status socket) from a configuration file, `check` validates a configuration, and
-//! `status` shows the tunnels of a running node.
+//! RFC 7296, status socket) from a configuration file, `check` validates a configuration,
+//! `status` shows the tunnels of a running node, and `bench` measures the data plane.
 
+mod bench;
 mod up;
 
 use clap::{Parser, Subcommand};
@@ -53,6 +54,10 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Benchmark the data plane: real ESP traffic through this binary's gateway (`protego up`
+    /// in a network namespace) and optionally strongSwan; prints rates, CPU per byte and
+    /// packet, losses and latency per case (needs root; see docs/performance.md).
+    Bench(bench::BenchArgs),
 }
 
 fn main() -> ExitCode {
@@ -65,6 +70,7 @@ fn main() -> ExitCode {
             config,
             json,
         } => status(socket, config.as_deref(), json),
+        Command::Bench(args) => bench::run(&args),
     }
 }
 
@@ -170,6 +176,15 @@ mod tests {
         ));
         assert!(
             Cli::try_parse_from(["protego", "status", "--socket", "a", "--config", "b"]).is_err()
+        );
+        let cli = Cli::try_parse_from([
+            "protego", "bench", "--quick", "--sizes", "1400", "--dirs", "in", "--json",
+        ])
+        .unwrap();
+        assert!(matches!(cli.command, Command::Bench(_)));
+        assert!(
+            Cli::try_parse_from(["protego", "bench", "--strongswan-only"]).is_err(),
+            "--strongswan-only needs --compare-strongswan"
         );
         let cli = Cli::try_parse_from(["protego", "check"]).unwrap();
         assert!(

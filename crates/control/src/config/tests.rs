@@ -895,7 +895,11 @@ fn workers_and_pinning() {
     let scratch = Scratch::new();
     let config = scratch.parse(&with_tunnel(TUNNEL_A)).unwrap();
     assert_eq!(
-        (config.dataplane.workers, config.dataplane.cpus.as_slice(), config.dataplane.pin_workers),
+        (
+            config.dataplane.workers,
+            config.dataplane.cpus.as_slice(),
+            config.dataplane.pin_workers
+        ),
         (0, &[][..], true),
         "defaults: one worker per allowed CPU, pinned to them"
     );

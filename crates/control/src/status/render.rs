@@ -68,7 +68,9 @@ fn render_workers(out: &mut String, workers: &[super::WorkerStatus]) {
     }
     let _ = writeln!(out, "workers:");
     for w in workers {
-        let cpu = w.cpu.map_or_else(|| "unpinned".to_owned(), |c| format!("cpu {c}"));
+        let cpu = w
+            .cpu
+            .map_or_else(|| "unpinned".to_owned(), |c| format!("cpu {c}"));
         let _ = writeln!(
             out,
             "  worker {} ({cpu}): {} packets in {} batches",

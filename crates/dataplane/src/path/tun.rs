@@ -26,7 +26,9 @@ pub(crate) fn deliver(o: &mut Out, sh: &Shared, pkt: &[u8]) {
     if sh.tun.is_none() {
         return o.drop_packet(DropReason::TunWrite);
     }
-    let Some(room) = o.room(sh, pkt.len()) else { return };
+    let Some(room) = o.room(sh, pkt.len()) else {
+        return;
+    };
     room[..pkt.len()].copy_from_slice(pkt);
     o.tx.commit(TUN_SOCK, TUN_DST, pkt.len());
 }

@@ -23,7 +23,6 @@
 // The TUN worker moves to this API in issue 3's dataplane rewrite; until then parts are only
 // used by the tests. Remove this allowance with the switch.
 
-
 use super::cvt;
 use super::tun_offload::{
     split_frame, FlushStats, Offloads, Push, SplitFault, TunDrop, TunDrops, TunWriter, VnetHdr,

@@ -13,7 +13,6 @@
 // The TUN worker moves to this API in issue 3's dataplane rewrite; until then parts are only
 // used by the tests. Remove this allowance with the switch.
 
-
 /// Bytes of the legacy `struct virtio_net_hdr`, the TUN default vnet header size.
 pub(crate) const VNET_HDR_LEN: usize = 10;
 /// The largest IP packet a TUN device carries: an IPv6 header and a 65535-byte payload.

@@ -282,7 +282,12 @@ impl Validator<'_, '_> {
                 .ok()
                 .filter(|n| (1..=MAX_WORKERS).contains(n))
                 .ok_or_else(|| {
-                    self.err(w.span(), S, "workers", format!("must be between 1 and {MAX_WORKERS}"))
+                    self.err(
+                        w.span(),
+                        S,
+                        "workers",
+                        format!("must be between 1 and {MAX_WORKERS}"),
+                    )
                 })?,
         };
         let cpus = match &g.cpus {
@@ -302,10 +307,20 @@ impl Validator<'_, '_> {
                         .ok()
                         .filter(|c| *c < MAX_CPU)
                         .ok_or_else(|| {
-                            self.err(list.span(), S, "cpus", format!("{c} is not a CPU number (0..{MAX_CPU})"))
+                            self.err(
+                                list.span(),
+                                S,
+                                "cpus",
+                                format!("{c} is not a CPU number (0..{MAX_CPU})"),
+                            )
                         })?;
                     if cpus.contains(&cpu) {
-                        return Err(self.err(list.span(), S, "cpus", format!("CPU {cpu} is listed twice")));
+                        return Err(self.err(
+                            list.span(),
+                            S,
+                            "cpus",
+                            format!("CPU {cpu} is listed twice"),
+                        ));
                     }
                     cpus.push(cpu);
                 }

@@ -1,0 +1,191 @@
+//! `protego bench`: runs the data plane benchmark (the `protego-bench` crate) against this
+//! very binary as the gateway under test (`protego up` in a network namespace), optionally
+//! beside strongSwan, prints a table or one JSON document, and removes every namespace and
+//! process it started — also on Ctrl-C.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::atomic::Ordering;
+
+use bench::{
+    parse_duration, parse_list, parse_tunnels, render_text, BenchError, Cipher, Direction, Options,
+    PacketSize, Session, WorkerCount,
+};
+
+/// Options of `protego bench`.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub(crate) struct BenchArgs {
+    /// Inner IP packet sizes in bytes, or `imix` (7:4:1 of 40/576/1500), comma-separated.
+    /// Default: 64,512,1400,imix.
+    #[arg(long, value_name = "LIST")]
+    sizes: Option<String>,
+    /// ESP transforms: aes256gcm, aes128gcm, chacha20poly1305, aes256cbc-sha256. Default: all.
+    #[arg(long, value_name = "LIST")]
+    ciphers: Option<String>,
+    /// Directions: `in` (ESP -> gateway decrypts -> VXLAN) and/or `out` (VXLAN -> gateway
+    /// encrypts -> ESP). Default: in,out.
+    #[arg(long, value_name = "LIST")]
+    dirs: Option<String>,
+    /// Tunnel counts. Default: 1,1000.
+    #[arg(long, value_name = "LIST")]
+    tunnels: Option<String>,
+    /// Gateway worker counts, numbers or `all`. Default: 1,all.
+    #[arg(long, value_name = "LIST")]
+    workers: Option<String>,
+    /// Length of each measurement (maximum-rate run and latency run), e.g. `2s`, `500ms`.
+    /// Default: 1s (0.5s with --quick).
+    #[arg(long, value_name = "TIME")]
+    duration: Option<String>,
+    /// A short preset: AES-256-GCM, 1400 and 64 bytes, both directions, 1 tunnel, 1 and all
+    /// workers, 0.5 s. Other options refine it.
+    #[arg(long)]
+    quick: bool,
+    /// Print one JSON document on stdout instead of the tables.
+    #[arg(long)]
+    json: bool,
+    /// Also measure strongSwan 5.9 (charon, kernel-libipsec) as the gateway in the same run.
+    #[arg(long)]
+    compare_strongswan: bool,
+    /// Measure strongSwan only (with --compare-strongswan).
+    #[arg(long, requires = "compare_strongswan")]
+    strongswan_only: bool,
+    /// Pre-built packets the load generator may hold per run, MiB. Default: 1024.
+    #[arg(long, value_name = "MIB")]
+    pool_mb: Option<usize>,
+    /// The protego binary to benchmark (default: this one).
+    #[arg(long, value_name = "PATH")]
+    gateway_bin: Option<PathBuf>,
+    /// Keep the run directory (gateway configurations and logs) afterwards.
+    #[arg(long)]
+    keep: bool,
+}
+
+impl BenchArgs {
+    /// The benchmark options these arguments ask for.
+    fn options(&self) -> Result<Options, BenchError> {
+        let mut o = if self.quick {
+            Options::quick()
+        } else {
+            Options::full()
+        };
+        if let Some(s) = &self.sizes {
+            o.sizes = parse_list(s, str::parse::<PacketSize>)?;
+        }
+        if let Some(s) = &self.ciphers {
+            o.ciphers = parse_list(s, str::parse::<Cipher>)?;
+        }
+        if let Some(s) = &self.dirs {
+            o.directions = parse_list(s, str::parse::<Direction>)?;
+        }
+        if let Some(s) = &self.tunnels {
+            o.tunnels = parse_list(s, parse_tunnels)?;
+        }
+        if let Some(s) = &self.workers {
+            o.workers = parse_list(s, str::parse::<WorkerCount>)?;
+        }
+        if let Some(s) = &self.duration {
+            o.duration = parse_duration(s)?;
+        }
+        if let Some(mb) = self.pool_mb {
+            o.pool_bytes = mb.saturating_mul(1 << 20);
+        }
+        o.compare_strongswan = self.compare_strongswan;
+        o.skip_protego = self.strongswan_only;
+        o.gateway_bin = self.gateway_bin.clone();
+        o.keep = self.keep;
+        o.validate()?;
+        Ok(o)
+    }
+}
+
+/// Runs `protego bench`.
+pub(crate) fn run(args: &BenchArgs) -> ExitCode {
+    let options = match args.options() {
+        Ok(o) => o,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let mut session = match Session::new(&options) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("error: cannot set up the benchmark: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let handle = session.cleanup_handle();
+    let flag = session.interrupt_flag();
+    if let Err(e) = ctrlc::set_handler(move || {
+        flag.store(true, Ordering::SeqCst);
+        eprintln!("\nprotego bench: interrupted, cleaning up...");
+        for p in handle.cleanup() {
+            eprintln!("protego bench: cleanup: {p}");
+        }
+        std::process::exit(130);
+    }) {
+        eprintln!("error: cannot install the Ctrl-C handler: {e}");
+        return ExitCode::FAILURE;
+    }
+    let mut progress = |line: &str| eprintln!("bench: {line}");
+    let report = match session.run(&options, &mut progress) {
+        Ok(r) => r,
+        Err(BenchError::Interrupted) => return ExitCode::from(130),
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    drop(session);
+    if args.json {
+        match serde_json::to_string(&report) {
+            Ok(text) => println!("{text}"),
+            Err(e) => {
+                eprintln!("error: cannot format the report: {e}");
+                return ExitCode::FAILURE;
+            }
+        }
+    } else {
+        print!("{}", render_text(&report));
+    }
+    if report.errors.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn arguments_refine_the_presets() {
+        let args = BenchArgs {
+            sizes: Some("1400".into()),
+            ciphers: Some("aes256gcm".into()),
+            dirs: Some("in".into()),
+            tunnels: Some("1".into()),
+            workers: Some("1,2".into()),
+            duration: Some("2s".into()),
+            ..BenchArgs::default()
+        };
+        let o = args.options().expect("valid");
+        assert_eq!(o.sizes, vec![PacketSize::Fixed(1400)]);
+        assert_eq!(o.directions, vec![Direction::Inbound]);
+        assert_eq!(o.workers, vec![WorkerCount::N(1), WorkerCount::N(2)]);
+        assert_eq!(o.duration, std::time::Duration::from_secs(2));
+        let quick = BenchArgs {
+            quick: true,
+            ..BenchArgs::default()
+        }
+        .options()
+        .expect("valid");
+        assert_eq!(quick.ciphers, vec![Cipher::Aes256Gcm]);
+        let bad = BenchArgs {
+            sizes: Some("12".into()),
+            ..BenchArgs::default()
+        };
+        assert!(bad.options().is_err());
+    }
+}
