@@ -196,6 +196,9 @@ mod tests {
             x = x.wrapping_mul(31).wrapping_add(i);
         }
         std::hint::black_box(x);
+        // A running thread's run time is brought up to date when it is descheduled (or at a
+        // scheduler tick): sleep once so the busy loop is surely accounted.
+        std::thread::sleep(std::time::Duration::from_millis(5));
         let after = thread_cpu_ns(pid).expect("own schedstat");
         assert!(after.since(&before) > 0);
     }

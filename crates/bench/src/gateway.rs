@@ -43,6 +43,8 @@ pub(crate) struct GatewayParams {
     pub(crate) socket: PathBuf,
     /// PSK file path.
     pub(crate) psk_file: PathBuf,
+    /// Extra `key = value` lines for `[gateway]` (`--gateway-option`).
+    pub(crate) extra: Vec<String>,
 }
 
 /// The `[gateway]` line setting the worker count. Kept in one place: binaries that do not know
@@ -67,6 +69,9 @@ pub(crate) fn render_config(p: &GatewayParams) -> String {
     let _ = writeln!(out, "half_open_timeout = \"60s\"");
     if let Some(w) = p.workers {
         let _ = writeln!(out, "{}", workers_line(w));
+    }
+    for line in &p.extra {
+        let _ = writeln!(out, "{line}");
     }
     let _ = writeln!(out, "\n[[tenant]]\nname = \"bench\"");
     let _ = writeln!(out, "\n[[vnet]]");
@@ -122,6 +127,7 @@ pub(crate) fn workers_key_supported(bin: &Path, dir: &Path, psk_file: &Path) -> 
         cipher: Cipher::Aes256Gcm,
         socket: dir.join("probe.sock"),
         psk_file: psk_file.to_owned(),
+        extra: Vec::new(),
     };
     let path = dir.join("probe.toml");
     std::fs::write(&path, render_config(&probe))
@@ -266,6 +272,11 @@ pub(crate) struct GatewayCounters {
     pub(crate) drops: u64,
     /// Packets per worker (empty if the gateway does not report workers).
     pub(crate) worker_packets: Vec<u64>,
+    /// The largest distance behind the newest sequence number at which any CHILD_SA accepted
+    /// an inbound packet so far (`max_reorder_in`; a maximum, not a count).
+    pub(crate) max_reorder: u64,
+    /// The smallest inbound replay window among the CHILD_SAs (0 if none reported).
+    pub(crate) replay_window: u64,
 }
 
 impl GatewayCounters {
@@ -290,9 +301,30 @@ impl GatewayCounters {
                     .collect()
             })
             .unwrap_or_default();
+        let children = || {
+            v.get("tunnels")
+                .and_then(|t| t.as_array())
+                .into_iter()
+                .flatten()
+                .filter_map(|t| t.get("ike_sas").and_then(|s| s.as_array()))
+                .flatten()
+                .filter_map(|s| s.get("children").and_then(|c| c.as_array()))
+                .flatten()
+        };
+        let field = |c: &serde_json::Value, k: &str| c.get(k).and_then(|x| x.as_u64());
+        let max_reorder = children()
+            .filter_map(|c| field(c, "max_reorder_in"))
+            .max()
+            .unwrap_or(0);
+        let replay_window = children()
+            .filter_map(|c| field(c, "replay_window"))
+            .min()
+            .unwrap_or(0);
         GatewayCounters {
             drops,
             worker_packets,
+            max_reorder,
+            replay_window,
         }
     }
 
@@ -306,6 +338,8 @@ impl GatewayCounters {
                 .enumerate()
                 .map(|(i, &p)| p.saturating_sub(before.worker_packets.get(i).copied().unwrap_or(0)))
                 .collect(),
+            max_reorder: self.max_reorder,
+            replay_window: self.replay_window,
         }
     }
 }
@@ -322,9 +356,11 @@ mod tests {
             cipher: Cipher::Aes256CbcSha256,
             socket: PathBuf::from("/tmp/x.sock"),
             psk_file: PathBuf::from("/tmp/psk"),
+            extra: vec!["busy_poll = \"100us\"".to_owned()],
         };
         let text = render_config(&p);
         assert!(text.contains("workers = 2\n"));
+        assert!(text.contains("busy_poll = \"100us\"\n"));
         assert_eq!(text.matches("[[tunnel]]").count(), 3);
         assert!(text.contains("remote_id = \"peer2.bench\""));
         assert!(text.contains("remote_ts = \"10.128.0.3/32\""));
@@ -339,21 +375,30 @@ mod tests {
         let v: serde_json::Value = serde_json::from_str(
             r#"{"drops": {"esp_replay": 4, "natt_keepalive": 100, "esp_auth": 1},
                 "workers": [{"worker": 0, "packets": 10, "batches": 2},
-                            {"worker": 1, "packets": 30, "batches": 3}]}"#,
+                            {"worker": 1, "packets": 30, "batches": 3}],
+                "tunnels": [{"ike_sas": [{"children": [
+                    {"max_reorder_in": 7, "replay_window": 8192},
+                    {"max_reorder_in": 30, "replay_window": 4096}]}]},
+                    {"ike_sas": []}]}"#,
         )
         .expect("json");
         let c = GatewayCounters::from_status(&v);
         assert_eq!(c.drops, 5);
         assert_eq!(c.worker_packets, vec![10, 30]);
+        assert_eq!((c.max_reorder, c.replay_window), (30, 4096));
         let later = GatewayCounters {
             drops: 9,
             worker_packets: vec![110, 80],
+            max_reorder: 40,
+            replay_window: 4096,
         };
         assert_eq!(
             later.since(&c),
             GatewayCounters {
                 drops: 4,
-                worker_packets: vec![100, 50]
+                worker_packets: vec![100, 50],
+                max_reorder: 40,
+                replay_window: 4096,
             }
         );
         assert_eq!(

@@ -125,6 +125,8 @@ pub(crate) struct RunResult {
     pub(crate) path_drops: u64,
     /// Packets per gateway worker over the run (empty if not reported).
     pub(crate) worker_packets: Vec<u64>,
+    /// The gateway's largest inbound reordering so far and its smallest replay window.
+    pub(crate) reorder: Option<(u64, u64)>,
     /// One-way delays of the recorded packets, nanoseconds.
     pub(crate) latency_ns: Vec<u64>,
 }
@@ -370,6 +372,7 @@ impl Loadgen {
                 let d = c1.since(&c0);
                 result.gateway_drops = Some(d.drops);
                 result.worker_packets = d.worker_packets;
+                result.reorder = Some((d.max_reorder, d.replay_window));
             }
             g.check_running()?;
         }

@@ -357,6 +357,9 @@ pub struct Options {
     pub gateway_bin: Option<PathBuf>,
     /// Keep the run directory (configurations, gateway logs) after the run.
     pub keep: bool,
+    /// Extra `key = value` lines for the Protego gateway's `[gateway]` table (e.g.
+    /// `busy_poll = "200us"`, `batch = 16`).
+    pub gateway_options: Vec<String>,
 }
 
 impl Options {
@@ -375,6 +378,7 @@ impl Options {
             pool_bytes: 1 << 30,
             gateway_bin: None,
             keep: false,
+            gateway_options: Vec::new(),
         }
     }
 

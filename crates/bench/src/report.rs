@@ -172,6 +172,13 @@ pub struct CaseReport {
     pub crypto_fraction: Option<f64>,
     /// Each worker's share of the packets at the maximum rate (None if not reported).
     pub worker_share: Option<Vec<f64>>,
+    /// Inbound packets opened out of arrival order by parallel workers: the largest distance
+    /// behind the newest sequence number at which one was accepted, after the maximum-rate
+    /// run (None if not reported).
+    pub max_reorder: Option<u64>,
+    /// The smallest inbound replay window of the gateway's CHILD_SAs (the bound
+    /// `max_reorder` must stay under).
+    pub replay_window: Option<u64>,
     /// The maximum-rate run.
     pub max_rate: RunSummary,
     /// The half-rate (latency) run.
@@ -230,6 +237,8 @@ impl CaseReport {
             crypto_ns_per_byte,
             crypto_fraction,
             worker_share,
+            max_reorder: max.reorder.map(|r| r.0),
+            replay_window: max.reorder.map(|r| r.1),
             max_rate,
             half_rate,
         }
@@ -425,6 +434,7 @@ mod tests {
             loadgen_overflow: 0,
             path_drops: 0,
             worker_packets: vec![300, 100],
+            reorder: Some((12, 8192)),
             latency_ns: Vec::new(),
         }
     }
@@ -471,6 +481,7 @@ mod tests {
         assert!((c.cpu_cores - 0.7).abs() < 1e-9);
         assert!((c.crypto_fraction.expect("crypto") - 0.5).abs() < 1e-9);
         assert_eq!(c.worker_share, Some(vec![0.75, 0.25]));
+        assert_eq!((c.max_reorder, c.replay_window), (Some(12), Some(8192)));
         assert_eq!(c.drops.lost, 1);
         assert_eq!(c.max_rate.drops.lost, 250);
         assert_eq!(c.max_rate.drops.gateway_socket, 7);

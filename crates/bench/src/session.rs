@@ -233,6 +233,7 @@ impl Session {
                     cipher: group.cipher,
                     socket: ctx.files.join(format!("{label}.sock")),
                     psk_file: ctx.psk_file.to_owned(),
+                    extra: ctx.options.gateway_options.clone(),
                 };
                 Box::new(ProtegoUnderTest::start(
                     &self.net.gw,

@@ -83,6 +83,9 @@ pub struct DataplaneConfig {
     pub cpus: Vec<usize>,
     /// Pin each worker to its CPU.
     pub pin_workers: bool,
+    /// How long a worker keeps polling without sleeping after it last found traffic (zero:
+    /// sleep as soon as nothing is waiting). Trades CPU for latency.
+    pub busy_poll: std::time::Duration,
 }
 
 /// A received IKE datagram (non-ESP marker removed).

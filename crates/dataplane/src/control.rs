@@ -12,6 +12,7 @@ use ike::{ChildSaInfo, IkeSpis, TunnelId};
 use std::net::SocketAddr;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 use wire::EspSpi;
 
 fn install_error(child: &ChildSaInfo, reason: impl Into<String>) -> DataplaneError {
@@ -21,6 +22,11 @@ fn install_error(child: &ChildSaInfo, reason: impl Into<String>) -> DataplaneErr
         reason: reason.into(),
     }
 }
+
+/// How long a removed CHILD_SA keeps opening inbound packets (strongSwan's
+/// `delete_rekeyed_delay` is 5 s): ESP the peer sent before it processed the DELETE, or that
+/// the network reordered behind it, is still delivered.
+pub(crate) const RETIRE_GRACE: Duration = Duration::from_secs(5);
 
 impl Shared {
     /// Installs a CHILD_SA pair; with `outbound_active`, outbound traffic moves to it at once
@@ -87,11 +93,24 @@ impl Shared {
     /// Removes a CHILD_SA pair (a no-op if it is not installed).
     pub(crate) fn remove_child(&self, tunnel: TunnelId, inbound_spi: EspSpi, outbound_spi: EspSpi) {
         let mut reg = self.registry();
-        if reg.remove(tunnel, inbound_spi) {
+        if reg.retire(tunnel, inbound_spi, Instant::now() + RETIRE_GRACE) {
             self.publish(&reg);
-            tracing::info!(tunnel = tunnel.0, spi_in = %inbound_spi, spi_out = %outbound_spi, "CHILD_SA removed");
+            tracing::info!(tunnel = tunnel.0, spi_in = %inbound_spi, spi_out = %outbound_spi,
+                grace_ms = RETIRE_GRACE.as_millis() as u64, "CHILD_SA removed; late inbound packets accepted during the grace");
         } else {
             tracing::debug!(tunnel = tunnel.0, spi_in = %inbound_spi, "remove_child: not installed");
+        }
+    }
+
+    /// Drops the removed CHILD_SAs whose grace has ended (the workers call it periodically).
+    pub(crate) fn expire_retired(&self, now: Instant) {
+        let mut reg = self.registry();
+        let gone = reg.expire(now);
+        if !gone.is_empty() {
+            self.publish(&reg);
+            for (tunnel, spi) in gone {
+                tracing::debug!(tunnel = tunnel.0, spi_in = %spi, "removed CHILD_SA forgotten");
+            }
         }
     }
 

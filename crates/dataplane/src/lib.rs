@@ -20,6 +20,7 @@
 //!     workers: 0,
 //!     cpus: vec![],
 //!     pin_workers: true,
+//!     busy_poll: std::time::Duration::ZERO,
 //! };
 //! let (to_control, from_dataplane) = crossbeam_channel::unbounded();
 //! let dp = Dataplane::start(cfg, to_control)?;

@@ -24,6 +24,9 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use wire::EspSpi;
 
+/// The destination address recorded for TUN packets in a send batch (unused by the device).
+pub(crate) const TUN_DST: SocketAddr = crate::batch::UNSPECIFIED;
+
 /// Socket index that stands for the TUN device in a send batch (decrypted packets written
 /// to it keep the lane's order like datagrams do).
 pub(crate) const TUN_SOCK: usize = usize::MAX;
@@ -110,6 +113,10 @@ pub(crate) struct Out {
     parts: Vec<TxBatch>,
     /// Coalesces packets written to the TUN device into GSO super-packets.
     tun_writer: Option<TunWriter>,
+    /// A batch's messages grouped by socket (reused).
+    grouped: Vec<TxMsg>,
+    /// A batch's datagrams copied in socket order (reused; see `SendIo::send`).
+    staging: TxBatch,
 }
 
 impl Out {
@@ -129,6 +136,8 @@ impl Out {
             send_scratch: SendScratch::default(),
             parts: Vec::new(),
             tun_writer: None,
+            grouped: Vec::with_capacity(msgs),
+            staging: TxBatch::new(msgs, bytes, true),
         }
     }
 
@@ -247,6 +256,8 @@ impl Out {
                     scratch: &mut self.send_scratch,
                     drops: &mut self.drops,
                     tun: self.tun_writer.as_mut(),
+                    grouped: &mut self.grouped,
+                    staging: &mut self.staging,
                 };
                 sh.lanes[lane].submit(ticket, part, last, &mut self.parts, |p| {
                     io.send(sh, &p);
@@ -258,6 +269,8 @@ impl Out {
                     scratch: &mut self.send_scratch,
                     drops: &mut self.drops,
                     tun: self.tun_writer.as_mut(),
+                    grouped: &mut self.grouped,
+                    staging: &mut self.staging,
                 };
                 io.send(sh, &self.tx);
                 self.tx.clear();
@@ -272,12 +285,42 @@ struct SendIo<'a> {
     scratch: &'a mut SendScratch,
     drops: &'a mut DropCounts,
     tun: Option<&'a mut TunWriter>,
+    grouped: &'a mut Vec<TxMsg>,
+    staging: &'a mut TxBatch,
 }
 
 impl SendIo<'_> {
-    /// Sends a batch: consecutive messages of one socket in one `sendmmsg` series; packets
-    /// for the TUN device coalesced per flow and written once per batch.
+    /// Sends a batch: the messages of each socket in one `sendmmsg` series; packets for the
+    /// TUN device coalesced per flow and written once per batch.
+    ///
+    /// When sockets alternate (decrypted packets of many flows toward hosts leave from the
+    /// VTEP's source-port sockets, chosen by flow hash), the datagrams are first copied into
+    /// a staging batch grouped by socket, where equal-size datagrams to one host join into
+    /// GSO trains again: a copy costs far less than a socket buffer and a trip through the
+    /// stack per datagram. A flow always uses one socket and grouping keeps the order within
+    /// a socket, so every flow keeps its order.
     fn send(&mut self, sh: &Shared, tx: &TxBatch) {
+        let msgs = tx.messages();
+        if msgs.windows(2).any(|w| w[0].sock != w[1].sock) {
+            let mut staging = std::mem::replace(self.staging, TxBatch::empty());
+            let lost = regroup(tx, self.grouped, &mut staging);
+            self.drops.add_n(DropReason::TooBig, lost);
+            self.send_runs(sh, &staging);
+            staging.clear();
+            *self.staging = staging;
+        } else {
+            self.send_runs(sh, tx);
+        }
+        if let (Some(w), Some(dev)) = (self.tun.as_deref_mut(), &sh.tun) {
+            if !w.is_empty() {
+                let st = w.flush(dev);
+                self.drops.add_n(DropReason::TunWrite, st.failed as u64);
+            }
+        }
+    }
+
+    /// Sends each run of consecutive messages of one socket with one `sendmmsg` series.
+    fn send_runs(&mut self, sh: &Shared, tx: &TxBatch) {
         let msgs = tx.messages();
         let mut i = 0;
         while i < msgs.len() {
@@ -302,12 +345,6 @@ impl SendIo<'_> {
             }
             i = j;
         }
-        if let (Some(w), Some(dev)) = (self.tun.as_deref_mut(), &sh.tun) {
-            if !w.is_empty() {
-                let st = w.flush(dev);
-                self.drops.add_n(DropReason::TunWrite, st.failed as u64);
-            }
-        }
     }
 
     fn write_tun(&mut self, sh: &Shared, data: &[u8], msgs: &[TxMsg]) {
@@ -330,5 +367,71 @@ impl SendIo<'_> {
     }
 }
 
-/// The destination address recorded for TUN packets in a send batch (unused by the device).
-pub(crate) const TUN_DST: SocketAddr = crate::batch::UNSPECIFIED;
+/// Copies the datagrams of `tx` into `staging` grouped by socket (in their order within each
+/// socket), where consecutive equal-size datagrams to one destination form GSO trains again.
+/// Returns the datagrams that did not fit (none when `staging` is as large as `tx`).
+fn regroup(tx: &TxBatch, grouped: &mut Vec<TxMsg>, staging: &mut TxBatch) -> u64 {
+    grouped.clear();
+    grouped.extend_from_slice(tx.messages());
+    // Offsets in the batch are unique and rise with the order of the messages: as a tie-break
+    // they make the unstable (allocation-free) sort stable.
+    grouped.sort_unstable_by_key(|m| (m.sock, m.start));
+    staging.clear();
+    let data = tx.data();
+    let mut lost = 0;
+    for m in grouped.iter() {
+        let bytes = &data[m.start.min(data.len())..(m.start + m.len).min(data.len())];
+        for d in bytes.chunks(m.seg.max(1)) {
+            match staging.room(d.len()) {
+                Some(room) => {
+                    room[..d.len()].copy_from_slice(d);
+                    staging.commit(m.sock, m.dst, d.len());
+                }
+                None => lost += 1,
+            }
+        }
+    }
+    lost
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn regrouping_keeps_each_sockets_order_and_rebuilds_trains() {
+        let dst = SocketAddr::from(([10, 0, 0, 2], 4789));
+        let mut tx = TxBatch::new(64, 1 << 16, true);
+        // Flows on sockets 1, 2, 3 interleaved: no two consecutive datagrams share a socket.
+        for i in 0..12u8 {
+            let room = tx.room(100).expect("room");
+            room[0] = i;
+            tx.commit(1 + usize::from(i % 3), dst, 100);
+        }
+        assert_eq!(tx.messages().len(), 12);
+        let mut grouped = Vec::new();
+        let mut staging = TxBatch::new(64, 1 << 16, true);
+        assert_eq!(regroup(&tx, &mut grouped, &mut staging), 0);
+        let m = staging.messages();
+        assert_eq!(m.len(), 3, "one GSO train per socket: {m:?}");
+        assert!(m.iter().all(|t| t.segments() == 4 && t.seg == 100));
+        let order: Vec<(usize, u8)> = staging.datagrams().map(|(s, _, d)| (s, d[0])).collect();
+        assert_eq!(
+            order,
+            vec![
+                (1, 0),
+                (1, 3),
+                (1, 6),
+                (1, 9),
+                (2, 1),
+                (2, 4),
+                (2, 7),
+                (2, 10),
+                (3, 2),
+                (3, 5),
+                (3, 8),
+                (3, 11)
+            ]
+        );
+    }
+}

@@ -19,6 +19,7 @@ use std::hash::{BuildHasherDefault, Hasher};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
+use std::time::Instant;
 use wire::EspSpi;
 
 /// Hasher for SPIs: our inbound SPIs are random, so a multiplicative mix suffices (the keys
@@ -223,6 +224,9 @@ struct Installed {
     order: u64,
     /// Carries outbound traffic (false once replaced by a rekey).
     active_out: bool,
+    /// Removed by the control plane: still opens inbound packets until then (late packets the
+    /// peer sent before it saw the DELETE), never carries outbound traffic again.
+    retired_until: Option<Instant>,
 }
 
 /// The control plane's view, edited under a lock and published as [`Tables`].
@@ -268,6 +272,10 @@ impl Registry {
                 .children
                 .values()
                 .any(|i| i.child.tunnel == child.tunnel && i.active_out);
+        if let Some(old) = self.children.get(&child.inbound_spi) {
+            // A re-used SPI (after the old one's grace): the old entry goes for good.
+            debug_assert!(old.retired_until.is_some(), "SPI installed twice");
+        }
         let order = self.next_order;
         self.next_order += 1;
         self.children.insert(
@@ -276,33 +284,50 @@ impl Registry {
                 child: Arc::new(child),
                 order,
                 active_out,
+                retired_until: None,
             },
         );
     }
 
-    /// Removes a CHILD_SA; if its tunnel is left without an outbound SA, the newest remaining
-    /// one of the tunnel carries outbound traffic again. Returns false if it was not installed.
-    pub(crate) fn remove(&mut self, tunnel: TunnelId, inbound_spi: EspSpi) -> bool {
-        match self.children.get(&inbound_spi) {
-            Some(i) if i.child.tunnel == tunnel => {}
+    /// Retires a CHILD_SA: it stops carrying outbound traffic at once but keeps opening
+    /// inbound packets until `until` (packets the peer sent before it processed the DELETE may
+    /// still be in flight; strongSwan keeps a rekeyed inbound SA 5 s for the same reason). If
+    /// its tunnel is left without an outbound SA, the newest remaining live one of the tunnel
+    /// carries outbound traffic again. Returns false if it was not installed (or is retired).
+    pub(crate) fn retire(&mut self, tunnel: TunnelId, inbound_spi: EspSpi, until: Instant) -> bool {
+        match self.children.get_mut(&inbound_spi) {
+            Some(i) if i.child.tunnel == tunnel && i.retired_until.is_none() => {
+                i.active_out = false;
+                i.retired_until = Some(until);
+            }
             _ => return false,
         }
-        self.children.remove(&inbound_spi);
-        let has_active = self
-            .children
-            .values()
-            .any(|i| i.child.tunnel == tunnel && i.active_out);
-        if !has_active {
+        let live = |i: &Installed| i.child.tunnel == tunnel && i.retired_until.is_none();
+        if !self.children.values().any(|i| live(i) && i.active_out) {
             if let Some(newest) = self
                 .children
                 .values_mut()
-                .filter(|i| i.child.tunnel == tunnel)
+                .filter(|i| live(i))
                 .max_by_key(|i| i.order)
             {
                 newest.active_out = true;
             }
         }
         true
+    }
+
+    /// Removes the retired CHILD_SAs whose grace ended by `now`; returns them (tunnel, SPI).
+    pub(crate) fn expire(&mut self, now: Instant) -> Vec<(TunnelId, EspSpi)> {
+        let gone: Vec<(TunnelId, EspSpi)> = self
+            .children
+            .iter()
+            .filter(|(_, i)| i.retired_until.is_some_and(|t| t <= now))
+            .map(|(spi, i)| (i.child.tunnel, *spi))
+            .collect();
+        for (_, spi) in &gone {
+            self.children.remove(spi);
+        }
+        gone
     }
 
     /// Moves the CHILD_SAs of `tunnel` negotiated by `ike` (all of the tunnel's if none was) to

@@ -44,8 +44,17 @@ pub(crate) fn run(sh: &Shared, id: usize) {
     }
     let mut w = Worker::new(sh, id);
     let fds: Vec<RawFd> = sh.lanes.iter().map(|l| l.fd).collect();
+    let busy_poll = sh.cfg.busy_poll;
+    let mut last_work = Instant::now() - busy_poll;
     loop {
-        let timeout = housekeeping_due(sh).saturating_duration_since(Instant::now());
+        let now = Instant::now();
+        // Busy polling: right after traffic, look again without sleeping (a sleeping thread
+        // takes a wake-up, which on an idle virtual CPU can cost a millisecond).
+        let timeout = if now.duration_since(last_work) < busy_poll {
+            Duration::ZERO
+        } else {
+            housekeeping_due(sh).saturating_duration_since(now)
+        };
         let mask = match wait(&fds, &sh.waker, Some(timeout)) {
             Ok(Ready::Shutdown) => return,
             Ok(Ready::Readable(mask)) => mask,
@@ -54,6 +63,9 @@ pub(crate) fn run(sh: &Shared, id: usize) {
                 return;
             }
         };
+        if mask != 0 {
+            last_work = Instant::now();
+        }
         for lane in (0..sh.lanes.len()).filter(|i| mask & (1 << i) != 0) {
             for _ in 0..BATCHES_PER_WAKE {
                 if batch(sh, &mut w, lane) != Batch::Full || sh.stopping() {
@@ -259,6 +271,7 @@ fn housekeeping(sh: &Shared, w: &mut Worker) {
         vxlan::housekeeping(&mut w.out, sh, vtep, now);
         w.out.finish(sh);
     }
+    sh.expire_retired(now);
 }
 
 impl Shared {

@@ -141,6 +141,7 @@ fn gateway_namespace() {
         workers: 2,
         cpus: vec![],
         pin_workers: true,
+        busy_poll: std::time::Duration::ZERO,
     };
     let (tx, _rx) = crossbeam_channel::unbounded();
     let dp = Dataplane::start(cfg, tx).expect("start");

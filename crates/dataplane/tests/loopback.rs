@@ -63,6 +63,7 @@ fn setup(tunnel_inside: Inside) -> Setup {
             workers: 2,
             cpus: vec![],
             pin_workers: true,
+            busy_poll: std::time::Duration::ZERO,
         };
         let (tx, rx) = crossbeam_channel::unbounded();
         let dp = match Dataplane::start(cfg, tx) {
@@ -370,6 +371,7 @@ fn invalid_configuration_names_the_field() {
         workers: 2,
         cpus: vec![],
         pin_workers: true,
+        busy_poll: std::time::Duration::ZERO,
     };
     match Dataplane::start(cfg, tx) {
         Err(DataplaneError::Config { field, .. }) => assert_eq!(field, "tunnels[0].inside"),

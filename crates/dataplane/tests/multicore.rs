@@ -80,6 +80,7 @@ fn bed(workers: usize) -> Bed {
             workers,
             cpus: vec![],
             pin_workers: false,
+            busy_poll: std::time::Duration::ZERO,
         };
         let (tx, _rx) = crossbeam_channel::unbounded();
         let dp = match Dataplane::start(cfg, tx) {

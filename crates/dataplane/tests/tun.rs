@@ -94,6 +94,7 @@ fn private_netns_round_trip() {
         workers: 2,
         cpus: vec![],
         pin_workers: false,
+        busy_poll: std::time::Duration::ZERO,
     };
     let (tx, _rx) = crossbeam_channel::unbounded();
     let dp = Dataplane::start(cfg, tx).expect("start with TUN");

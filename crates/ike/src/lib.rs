@@ -9,10 +9,11 @@
 //!    caller strips the 4-byte non-ESP marker first), [`Endpoint::handle_timeout`] when the instant
 //!    returned by [`Endpoint::poll_timeout`] has passed, and commands such as [`Endpoint::initiate`].
 //! 2. After any input, drain in this order until each returns `None`:
-//!    [`Endpoint::poll_transmit`] (datagrams to send; on port 4500 the caller prepends the
-//!    marker, except to the one-byte NAT keepalive `0xFF`), then [`Endpoint::poll_event`] (SA
-//!    lifecycle events, including CHILD_SA keys for the data path), then read
-//!    [`Endpoint::poll_timeout`] for the next wake-up.
+//!    [`Endpoint::poll_event`] (SA lifecycle events, including CHILD_SA keys for the data
+//!    path: install them before anything below is sent, because a datagram of this round may
+//!    let the peer use the new SA at once), then [`Endpoint::poll_transmit`] (datagrams to send;
+//!    on port 4500 the caller prepends the marker, except to the one-byte NAT keepalive
+//!    `0xFF`), then read [`Endpoint::poll_timeout`] for the next wake-up.
 //! 3. At any time, [`Endpoint::stats`] counts every received datagram that was dropped or
 //!    refused, by [`IkeDrop`] reason (for status documents and metrics).
 //!

@@ -58,6 +58,10 @@ pub(crate) struct BenchArgs {
     /// Keep the run directory (gateway configurations and logs) afterwards.
     #[arg(long)]
     keep: bool,
+    /// An extra `key = value` line for the Protego gateway's `[gateway]` table, e.g.
+    /// `--gateway-option 'busy_poll = "200us"'` (repeatable).
+    #[arg(long, value_name = "LINE")]
+    gateway_option: Vec<String>,
 }
 
 impl BenchArgs {
@@ -93,6 +97,7 @@ impl BenchArgs {
         o.skip_protego = self.strongswan_only;
         o.gateway_bin = self.gateway_bin.clone();
         o.keep = self.keep;
+        o.gateway_options = self.gateway_option.clone();
         o.validate()?;
         Ok(o)
     }

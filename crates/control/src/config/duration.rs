@@ -1,5 +1,6 @@
 //! Time values in swanctl.conf syntax: an unsigned integer followed by an optional unit, `s`
-//! (seconds, the default), `m` (minutes), `h` (hours) or `d` (days), e.g. `30s`, `5m`, `4h`, `2d`.
+//! (seconds, the default), `m` (minutes), `h` (hours) or `d` (days), e.g. `30s`, `5m`, `4h`, `2d`;
+//! also `ms` and `us` (not in swanctl) for the data plane's short timers.
 
 use std::time::Duration;
 
@@ -10,17 +11,21 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
     let (number, unit) = s.split_at(digits_end);
     if number.is_empty() {
         return Err(format!(
-            "invalid time {text:?}: expected a whole number with an optional unit s, m, h or d (e.g. \"30s\", \"4h\")"
+            "invalid time {text:?}: expected a whole number with an optional unit us, ms, s, m, h or d (e.g. \"30s\", \"4h\")"
         ));
     }
+    // Multipliers in microseconds; swanctl's units (s, m, h, d) plus ms and us for the data
+    // plane's short timers.
     let multiplier: u64 = match unit.trim() {
-        "" | "s" => 1,
-        "m" => 60,
-        "h" => 3_600,
-        "d" => 86_400,
+        "us" => 1,
+        "ms" => 1_000,
+        "" | "s" => 1_000_000,
+        "m" => 60_000_000,
+        "h" => 3_600_000_000,
+        "d" => 86_400_000_000,
         other => {
             return Err(format!(
-                "invalid time {text:?}: unknown unit {other:?} (use s, m, h or d)"
+                "invalid time {text:?}: unknown unit {other:?} (use us, ms, s, m, h or d)"
             ));
         }
     };
@@ -29,13 +34,21 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
         .map_err(|_| format!("invalid time {text:?}: number too large"))?;
     value
         .checked_mul(multiplier)
-        .map(Duration::from_secs)
+        .map(Duration::from_micros)
         .ok_or_else(|| format!("invalid time {text:?}: number too large"))
 }
 
 /// Formats a duration back into the shortest exact swanctl unit (`4h`, `90s`).
 pub fn format_duration(d: Duration) -> String {
     let s = d.as_secs();
+    if d.subsec_nanos() != 0 {
+        let us = d.as_micros();
+        return if us % 1_000 == 0 {
+            format!("{}ms", us / 1_000)
+        } else {
+            format!("{us}us")
+        };
+    }
     if s == 0 {
         "0s".to_owned()
     } else if s % 86_400 == 0 {
@@ -60,6 +73,11 @@ mod tests {
         assert_eq!(parse_duration("4h"), Ok(Duration::from_secs(14_400)));
         assert_eq!(parse_duration("2d"), Ok(Duration::from_secs(172_800)));
         assert_eq!(parse_duration("90"), Ok(Duration::from_secs(90)));
+        assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
+        assert_eq!(parse_duration("50us"), Ok(Duration::from_micros(50)));
+        assert_eq!(format_duration(Duration::from_millis(250)), "250ms");
+        assert_eq!(format_duration(Duration::from_micros(50)), "50us");
+        assert_eq!(format_duration(Duration::from_millis(1500)), "1500ms");
         assert_eq!(parse_duration(" 0 "), Ok(Duration::ZERO));
         assert_eq!(parse_duration("10 m"), Ok(Duration::from_secs(600)));
     }

@@ -6,7 +6,8 @@
 //! (RFC 7296 §1.3 CHILD_SA creation, §1.3.2/§2.8 rekeying, §1.4 deletion, §2.4 liveness).
 //!
 //! The order of calls follows the engine's contract: input (`handle_datagram`, `handle_timeout`,
-//! commands), then drain `poll_transmit` and `poll_event` until both are empty, then sleep until
+//! commands), then drain `poll_event` and `poll_transmit` (events first, so SAs reach the data
+//! path before the messages that let the peer use them) until both are empty, then sleep until
 //! `poll_timeout` or the next input.
 
 use crate::config::Config;
@@ -486,11 +487,19 @@ impl Driver {
         self.drain();
     }
 
-    /// Sends every pending datagram and applies every pending event, until the engine has
-    /// nothing more to say.
+    /// Applies every pending event, then sends every pending datagram, until the engine has
+    /// nothing more to say. Events first: a CHILD_SA must be in the data path before the
+    /// message that lets the peer use it leaves (our CREATE_CHILD_SA response, or anything
+    /// sent after we processed the peer's response); otherwise the peer's first packets on it
+    /// can arrive before it is installed. Removals cannot cut traffic short by coming first:
+    /// the data path keeps a removed SA's inbound half for a grace period.
     fn drain(&mut self) {
         loop {
             let mut progressed = false;
+            while let Some(event) = self.endpoint.poll_event() {
+                progressed = true;
+                self.on_event(event);
+            }
             while let Some(t) = self.endpoint.poll_transmit(&mut self.buf) {
                 progressed = true;
                 let Some(payload) = self.buf.get(..t.size) else {
@@ -504,10 +513,6 @@ impl Driver {
                 if let Err(e) = self.datapath.send_ike(t.local, t.remote, payload) {
                     debug!(local = %t.local, remote = %t.remote, error = %e, "IKE send failed");
                 }
-            }
-            while let Some(event) = self.endpoint.poll_event() {
-                progressed = true;
-                self.on_event(event);
             }
             if !progressed {
                 break;

@@ -16,8 +16,9 @@ use crate::config::{Config, TunnelInside};
 use dataplane::DataplaneStats;
 use ike::{IkeSaState, IkeSaStatus, IkeStats, TrafficSelector, TunnelId};
 use serde::{Deserialize, Serialize};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::net::{IpAddr, SocketAddr};
+use wire::EspSpi;
 
 /// Version of the status document; bumped when a field changes meaning.
 pub const STATUS_VERSION: u32 = 1;
@@ -222,14 +223,20 @@ impl StatusReport {
         stats: &DataplaneStats,
         uptime_secs: u64,
     ) -> Self {
+        // Indexes first, so the report costs O(tunnels + SAs), not their product.
+        let mut by_tunnel: HashMap<TunnelId, Vec<&IkeSaStatus>> = HashMap::new();
+        for s in ike_sas {
+            if let Some(t) = s.tunnel {
+                by_tunnel.entry(t).or_default().push(s);
+            }
+        }
+        let counters: HashMap<EspSpi, &dataplane::ChildStats> =
+            stats.children.iter().map(|c| (c.inbound_spi, c)).collect();
         let tunnels = directory
             .0
             .iter()
             .map(|entry| {
-                let mut sas: Vec<&IkeSaStatus> = ike_sas
-                    .iter()
-                    .filter(|s| s.tunnel == Some(entry.id))
-                    .collect();
+                let mut sas: Vec<&IkeSaStatus> = by_tunnel.remove(&entry.id).unwrap_or_default();
                 // Established SAs first, then by age (oldest first).
                 sas.sort_by_key(|s| (state_rank(s.state), std::cmp::Reverse(s.age_secs)));
                 let state = sas.first().map_or(TunnelState::Down, |s| match s.state {
@@ -245,7 +252,7 @@ impl StatusReport {
                     remote_addrs: entry.remote_addrs.clone(),
                     local_id: entry.local_id.clone(),
                     remote_id: entry.remote_id.clone(),
-                    ike_sas: sas.into_iter().map(|s| ike_report(s, stats)).collect(),
+                    ike_sas: sas.into_iter().map(|s| ike_report(s, &counters)).collect(),
                 }
             })
             .collect();
@@ -303,14 +310,15 @@ pub fn ike_state_name(state: IkeSaState) -> &'static str {
     }
 }
 
-fn ike_report(s: &IkeSaStatus, stats: &DataplaneStats) -> IkeSaReport {
+fn ike_report(s: &IkeSaStatus, by_spi: &HashMap<EspSpi, &dataplane::ChildStats>) -> IkeSaReport {
     let children = s
         .children
         .iter()
         .map(|c| {
-            let counters = stats.children.iter().find(|st| {
-                st.inbound_spi == c.inbound_spi && st.tunnel.is_none_or(|t| Some(t) == s.tunnel)
-            });
+            let counters = by_spi
+                .get(&c.inbound_spi)
+                .copied()
+                .filter(|st| st.tunnel.is_none_or(|t| Some(t) == s.tunnel));
             let get = |f: fn(&dataplane::ChildStats) -> u64| counters.map_or(0, f);
             ChildSaReport {
                 spi_in: c.inbound_spi.to_string(),

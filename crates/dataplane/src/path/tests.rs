@@ -75,6 +75,7 @@ fn env() -> Env {
             workers: 1,
             cpus: vec![],
             pin_workers: false,
+            busy_poll: std::time::Duration::ZERO,
         };
         let (tx, rx) = crossbeam_channel::unbounded();
         match Shared::open(cfg, tx) {
@@ -421,6 +422,18 @@ fn rekey_moves_outbound_at_once_and_keeps_old_inbound() {
     );
     assert_eq!(e.sent().len(), 1, "ARP request: the packet was accepted");
     e.sh.remove_child(TunnelId(1), EspSpi(0x1001), EspSpi(0x2001));
+    // Removed: late packets of the old SA are still opened during the grace...
+    e.recv_from_peer(
+        PEER_A,
+        peer_old.seal(&udp4("192.168.0.9", 2000, "10.0.0.5", 1000, 64, b"in")),
+    );
+    assert_eq!(
+        e.drops(DropReason::EspUnknownSpi),
+        0,
+        "accepted in the grace"
+    );
+    // ...but not after it.
+    e.sh.expire_retired(Instant::now() + crate::control::RETIRE_GRACE);
     e.recv_from_peer(
         PEER_A,
         peer_old.seal(&udp4("192.168.0.9", 2000, "10.0.0.5", 1000, 64, b"in")),

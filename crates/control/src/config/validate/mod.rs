@@ -93,6 +93,7 @@ pub(crate) fn validate(src: &Source<'_>, raw: RawFile) -> Result<Config, Box<Con
         workers: extra.workers,
         cpus: extra.cpus,
         pin_workers: extra.pin_workers,
+        busy_poll: extra.busy_poll,
     };
     Ok(Config {
         path: src.file.to_owned(),
@@ -107,6 +108,10 @@ pub(crate) fn validate(src: &Source<'_>, raw: RawFile) -> Result<Config, Box<Con
 
 /// Most data plane workers a configuration may ask for.
 const MAX_WORKERS: usize = 1024;
+/// Default busy polling of the data plane workers after traffic.
+const DEFAULT_BUSY_POLL: Duration = Duration::from_micros(0);
+/// The longest busy polling a configuration may ask for.
+const MAX_BUSY_POLL: Duration = Duration::from_millis(10);
 /// CPU numbers Linux can address in an affinity mask (CPU_SETSIZE).
 const MAX_CPU: usize = 1024;
 
@@ -118,6 +123,7 @@ struct DataplaneExtra {
     workers: usize,
     cpus: Vec<usize>,
     pin_workers: bool,
+    busy_poll: Duration,
 }
 
 /// A validated VNet with the line it was defined on (for duplicate messages).
@@ -328,6 +334,18 @@ impl Validator<'_, '_> {
             }
         };
         let pin_workers = g.pin_workers.as_ref().is_none_or(|p| *p.get_ref());
+        let busy_poll = match &g.busy_poll {
+            None => DEFAULT_BUSY_POLL,
+            Some(b) if b.get_ref().0 > MAX_BUSY_POLL => {
+                return Err(self.err(
+                    b.span(),
+                    S,
+                    "busy_poll",
+                    format!("must be at most {}ms", MAX_BUSY_POLL.as_millis()),
+                ))
+            }
+            Some(b) => b.get_ref().0,
+        };
 
         let mut endpoint = ike::EndpointConfig {
             key_log: key_log.is_some(),
@@ -394,6 +412,7 @@ impl Validator<'_, '_> {
                 workers,
                 cpus,
                 pin_workers,
+                busy_poll,
             },
         ))
     }
