@@ -67,7 +67,7 @@ impl Worker {
         let mut out = Out::new(sh.cfg.batch);
         out.worker = Some(id);
         out.tx = sh.pools[id].take(&sh.waker);
-        out.tun_writer = sh.tun.as_ref().map(|t| {
+        out.sending.tun = sh.tun.as_ref().map(|t| {
             let (msgs, bytes) = tx_batch_size(sh.cfg.batch);
             TunWriter::new(t.offloads(), bytes, msgs)
         });
@@ -109,14 +109,9 @@ pub(crate) struct Out {
     /// The SA tables of the current batch (for sealing queued packets).
     tables: Option<Arc<Tables>>,
     seals: Vec<SealJob>,
-    send_scratch: SendScratch,
     parts: Vec<TxBatch>,
-    /// Coalesces packets written to the TUN device into GSO super-packets.
-    tun_writer: Option<TunWriter>,
-    /// A batch's messages grouped by socket (reused).
-    grouped: Vec<TxMsg>,
-    /// A batch's datagrams copied in socket order (reused; see `SendIo::send`).
-    staging: TxBatch,
+    /// What sending needs (scratch space, the TUN writer).
+    sending: Sending,
 }
 
 impl Out {
@@ -133,11 +128,13 @@ impl Out {
             in_lane: None,
             tables: None,
             seals: Vec::with_capacity(msgs),
-            send_scratch: SendScratch::default(),
             parts: Vec::new(),
-            tun_writer: None,
-            grouped: Vec::with_capacity(msgs),
-            staging: TxBatch::new(msgs, bytes, true),
+            sending: Sending {
+                scratch: SendScratch::default(),
+                tun: None,
+                grouped: Vec::with_capacity(msgs),
+                staging: TxBatch::new(msgs, bytes, true),
+            },
         }
     }
 
@@ -252,27 +249,14 @@ impl Out {
             (Some(InLane { lane, ticket }), Some(worker)) => {
                 let fresh = sh.pools[worker].take(&sh.waker);
                 let part = std::mem::replace(&mut self.tx, fresh);
-                let mut io = SendIo {
-                    scratch: &mut self.send_scratch,
-                    drops: &mut self.drops,
-                    tun: self.tun_writer.as_mut(),
-                    grouped: &mut self.grouped,
-                    staging: &mut self.staging,
-                };
+                let (sending, drops) = (&mut self.sending, &mut self.drops);
                 sh.lanes[lane].submit(ticket, part, last, &mut self.parts, |p| {
-                    io.send(sh, &p);
+                    sending.send(sh, &p, drops);
                     sh.pools[p.owner].give(p);
                 });
             }
             _ => {
-                let mut io = SendIo {
-                    scratch: &mut self.send_scratch,
-                    drops: &mut self.drops,
-                    tun: self.tun_writer.as_mut(),
-                    grouped: &mut self.grouped,
-                    staging: &mut self.staging,
-                };
-                io.send(sh, &self.tx);
+                self.sending.send(sh, &self.tx, &mut self.drops);
                 self.tx.clear();
             }
         }
@@ -280,16 +264,20 @@ impl Out {
     }
 }
 
-/// What sending a batch needs from the sending worker.
-struct SendIo<'a> {
-    scratch: &'a mut SendScratch,
-    drops: &'a mut DropCounts,
-    tun: Option<&'a mut TunWriter>,
-    grouped: &'a mut Vec<TxMsg>,
-    staging: &'a mut TxBatch,
+/// What a worker needs to send batches (for its own lane turns and for other workers'
+/// batches it sends as the lane's sender).
+struct Sending {
+    /// sendmmsg scratch.
+    scratch: SendScratch,
+    /// Coalesces packets written to the TUN device into GSO super-packets.
+    tun: Option<TunWriter>,
+    /// A batch's messages grouped by socket (reused).
+    grouped: Vec<TxMsg>,
+    /// A batch's datagrams copied in socket order (reused; see [`Sending::send`]).
+    staging: TxBatch,
 }
 
-impl SendIo<'_> {
+impl Sending {
     /// Sends a batch: the messages of each socket in one `sendmmsg` series; packets for the
     /// TUN device coalesced per flow and written once per batch.
     ///
@@ -299,28 +287,28 @@ impl SendIo<'_> {
     /// GSO trains again: a copy costs far less than a socket buffer and a trip through the
     /// stack per datagram. A flow always uses one socket and grouping keeps the order within
     /// a socket, so every flow keeps its order.
-    fn send(&mut self, sh: &Shared, tx: &TxBatch) {
+    fn send(&mut self, sh: &Shared, tx: &TxBatch, drops: &mut DropCounts) {
         let msgs = tx.messages();
         if msgs.windows(2).any(|w| w[0].sock != w[1].sock) {
-            let mut staging = std::mem::replace(self.staging, TxBatch::empty());
-            let lost = regroup(tx, self.grouped, &mut staging);
-            self.drops.add_n(DropReason::TooBig, lost);
-            self.send_runs(sh, &staging);
+            let mut staging = std::mem::replace(&mut self.staging, TxBatch::empty());
+            let lost = regroup(tx, &mut self.grouped, &mut staging);
+            drops.add_n(DropReason::TooBig, lost);
+            self.send_runs(sh, &staging, drops);
             staging.clear();
-            *self.staging = staging;
+            self.staging = staging;
         } else {
-            self.send_runs(sh, tx);
+            self.send_runs(sh, tx, drops);
         }
-        if let (Some(w), Some(dev)) = (self.tun.as_deref_mut(), &sh.tun) {
+        if let (Some(w), Some(dev)) = (self.tun.as_mut(), &sh.tun) {
             if !w.is_empty() {
                 let st = w.flush(dev);
-                self.drops.add_n(DropReason::TunWrite, st.failed as u64);
+                drops.add_n(DropReason::TunWrite, st.failed as u64);
             }
         }
     }
 
     /// Sends each run of consecutive messages of one socket with one `sendmmsg` series.
-    fn send_runs(&mut self, sh: &Shared, tx: &TxBatch) {
+    fn send_runs(&mut self, sh: &Shared, tx: &TxBatch, drops: &mut DropCounts) {
         let msgs = tx.messages();
         let mut i = 0;
         while i < msgs.len() {
@@ -330,16 +318,16 @@ impl SendIo<'_> {
                 j += 1;
             }
             if sock == TUN_SOCK {
-                self.write_tun(sh, tx.data(), &msgs[i..j]);
+                self.write_tun(sh, tx.data(), &msgs[i..j], drops);
             } else {
                 match sh.socks.get(sock) {
                     Some(s) => {
-                        let r = s.send_batch(tx.data(), &msgs[i..j], self.scratch);
-                        self.drops.add_n(DropReason::SendError, r.failed);
+                        let r = s.send_batch(tx.data(), &msgs[i..j], &mut self.scratch);
+                        drops.add_n(DropReason::SendError, r.failed);
                     }
                     None => {
                         let n: usize = msgs[i..j].iter().map(|m| m.segments()).sum();
-                        self.drops.add_n(DropReason::NoSocket, n as u64);
+                        drops.add_n(DropReason::NoSocket, n as u64);
                     }
                 }
             }
@@ -347,20 +335,19 @@ impl SendIo<'_> {
         }
     }
 
-    fn write_tun(&mut self, sh: &Shared, data: &[u8], msgs: &[TxMsg]) {
-        let (Some(w), Some(dev)) = (self.tun.as_deref_mut(), &sh.tun) else {
+    fn write_tun(&mut self, sh: &Shared, data: &[u8], msgs: &[TxMsg], drops: &mut DropCounts) {
+        let (Some(w), Some(dev)) = (self.tun.as_mut(), &sh.tun) else {
             let n: usize = msgs.iter().map(|m| m.segments()).sum();
-            self.drops.add_n(DropReason::TunWrite, n as u64);
+            drops.add_n(DropReason::TunWrite, n as u64);
             return;
         };
         for m in msgs {
             let bytes = &data[m.start.min(data.len())..(m.start + m.len).min(data.len())];
             for pkt in bytes.chunks(m.seg.max(1)) {
                 let (queued, flushed) = w.push_or_flush(dev, pkt);
-                self.drops
-                    .add_n(DropReason::TunWrite, flushed.failed as u64);
+                drops.add_n(DropReason::TunWrite, flushed.failed as u64);
                 if !queued {
-                    self.drops.add(DropReason::TunWrite);
+                    drops.add(DropReason::TunWrite);
                 }
             }
         }

@@ -32,19 +32,16 @@ fn window(requested: u32, min: u32) -> u32 {
 
 /// The smallest inbound replay window that never refuses a packet only because several
 /// workers opened packets of one SA out of arrival order: while one worker opens a batch, each
-/// other worker can run ahead by the batches its pool lets it finish before the first is sent
-/// (`pool - 1`), so acceptance order trails arrival order by at most
-/// `batch_packets × (1 + (workers - 1) × (pool - 1))` sequence numbers. Rounded up to a power
-/// of two and capped at the largest window the `esp` crate supports.
+/// other worker can run ahead by as many batches as its pool holds send batches (`pool`: it
+/// fills one, hands it on, takes the next, until all are waiting behind the first batch), so
+/// acceptance order trails arrival order by at most
+/// `batch_packets × (1 + (workers - 1) × pool)` sequence numbers. Rounded up to a power of two
+/// and capped at the largest window the `esp` crate supports.
 pub(crate) fn parallel_window(batch_packets: usize, workers: usize, pool: usize) -> u32 {
     if workers <= 1 {
         return MIN_REPLAY_WINDOW;
     }
-    let behind = batch_packets.saturating_mul(
-        (workers - 1)
-            .saturating_mul(pool.saturating_sub(1))
-            .saturating_add(1),
-    );
+    let behind = batch_packets.saturating_mul((workers - 1).saturating_mul(pool).saturating_add(1));
     behind
         .saturating_add(1)
         .checked_next_power_of_two()
@@ -194,9 +191,9 @@ mod tests {
     #[test]
     fn parallel_window_covers_the_batches_in_flight() {
         assert_eq!(parallel_window(2048, 1, 3), MIN_REPLAY_WINDOW);
-        // 2 workers, pool 3: one batch plus two run ahead = 3 batches.
-        assert_eq!(parallel_window(512, 2, 3), 2048);
-        assert_eq!(parallel_window(2048, 2, 3), 8192);
+        // 2 workers, pool 3: one batch plus three run ahead = 4 batches (and one more packet).
+        assert_eq!(parallel_window(512, 2, 3), 4096);
+        assert_eq!(parallel_window(2048, 2, 3), 16384);
         assert_eq!(parallel_window(2048, 64, 3), MAX_REPLAY_WINDOW);
         assert_eq!(
             parallel_window(usize::MAX, usize::MAX, 3),

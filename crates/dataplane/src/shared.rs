@@ -29,8 +29,10 @@ pub(crate) const MAX_WORKERS: usize = 1024;
 /// Most receive slots per worker (64 KiB each).
 pub(crate) const MAX_RX_SLOTS: usize = 64;
 
-/// Most packets one receive slot holds (the kernel's UDP GRO limit, UDP_GRO_CNT_MAX).
-pub(crate) const MAX_SEGMENTS_PER_SLOT: usize = 64;
+/// Most packets one receive slot holds: a coalesced train is at most UDP_MAX_SEGMENTS (128
+/// since Linux 6.x) datagrams, whether the receive side's GRO built it or a sender's GSO train
+/// crossed a veth whole.
+pub(crate) const MAX_SEGMENTS_PER_SLOT: usize = 128;
 
 /// Send batches per worker pool: one being filled, the others in flight to the lanes'
 /// ordered senders. At least 2 (see `lane`); 3 lets a worker run one batch ahead.
