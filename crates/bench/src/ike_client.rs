@@ -44,6 +44,12 @@ pub(crate) struct TunnelSa {
     pub(crate) outbound: OutboundSa,
     /// What the gateway sends to the load generator.
     pub(crate) inbound: Arc<InboundSa>,
+    /// The next sequence number to seal with `outbound`. Pools are sealed ahead of a run and a
+    /// run rarely sends all of its pool: the numbers of the packets it did not send are used
+    /// again for the next pool (those packets never left this process, so no number reaches
+    /// the wire twice), so the gateway sees each tunnel's numbers without gaps, as from a real
+    /// peer. A gap larger than the replay window would make packets still in flight too old.
+    pub(crate) next_seq: std::sync::atomic::AtomicU64,
 }
 
 impl TunnelSa {
@@ -83,6 +89,7 @@ impl TunnelSa {
             addr: net::tunnel_addr(index),
             outbound,
             inbound: Arc::new(inbound),
+            next_seq: std::sync::atomic::AtomicU64::new(1),
         })
     }
 }

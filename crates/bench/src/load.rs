@@ -356,6 +356,15 @@ impl Loadgen {
                 return Err(BenchError::io("send the packet pool", e));
             }
         };
+        if let Flow::Inbound { sas, .. } = flow {
+            // Packet i of the pool went to tunnel i % n with the tunnel's i / n-th number;
+            // packets go out in pool order, so each tunnel's next number follows its last sent.
+            let n = sas.len().max(1) as u64;
+            for (t, sa) in sas.iter().enumerate() {
+                let sent_t = sent.saturating_sub(t as u64).div_ceil(n);
+                sa.next_seq.fetch_add(sent_t, Ordering::Relaxed);
+            }
+        }
         drain(&rx, sent);
         let mut result = RunResult {
             offered_pps: spec.rate_pps,
@@ -488,6 +497,7 @@ impl Loadgen {
                 let dst = BenchNet::gw_natt();
                 self.pool.build(spec.packets, max_len, train, |i, slot| {
                     let t = &sas[(u64::from(i) % tunnels) as usize];
+                    let seq = t.next_seq.load(Ordering::Relaxed) + u64::from(i) / tunnels;
                     let s = usize::from(size.size_of(u64::from(i)));
                     let hl = t.outbound.header_len();
                     let inner = InnerSpec {
@@ -502,9 +512,11 @@ impl Loadgen {
                             detail: format!("cannot build a {s}-byte packet"),
                         }
                     })?;
-                    let sealed = t.outbound.seal(slot, s).map_err(|source| BenchError::Esp {
-                        spi: t.outbound.spi().0,
-                        source,
+                    let sealed = t.outbound.seal_with_seq(slot, s, seq).map_err(|source| {
+                        BenchError::Esp {
+                            spi: t.outbound.spi().0,
+                            source,
+                        }
                     })?;
                     Ok(Built {
                         len: sealed.len,
