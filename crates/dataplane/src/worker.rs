@@ -45,7 +45,9 @@ pub(crate) fn run(sh: &Shared, id: usize) {
     let mut w = Worker::new(sh, id);
     let fds: Vec<RawFd> = sh.lanes.iter().map(|l| l.fd).collect();
     let busy_poll = sh.cfg.busy_poll;
-    let mut last_work = Instant::now() - busy_poll;
+    let mut last_work = Instant::now()
+        .checked_sub(busy_poll)
+        .unwrap_or_else(Instant::now);
     loop {
         let now = Instant::now();
         // Busy polling: right after traffic, look again without sleeping (a sleeping thread
