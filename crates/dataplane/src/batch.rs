@@ -155,18 +155,6 @@ impl TxBatch {
         }
     }
 
-    /// A batch without a buffer (a placeholder while a real one is lent out).
-    pub(crate) fn empty() -> Self {
-        Self {
-            owner: 0,
-            buf: Box::default(),
-            used: 0,
-            msgs: Vec::new(),
-            max_msgs: 0,
-            gso: false,
-        }
-    }
-
     /// True if nothing is queued.
     #[cfg(test)]
     pub(crate) fn is_empty(&self) -> bool {

@@ -67,7 +67,7 @@ impl Worker {
         let mut out = Out::new(sh.cfg.batch);
         out.worker = Some(id);
         out.tx = sh.pools[id].take(&sh.waker);
-        out.sending.tun = sh.tun.as_ref().map(|t| {
+        out.sending.wire.tun = sh.tun.as_ref().map(|t| {
             let (msgs, bytes) = tx_batch_size(sh.cfg.batch);
             TunWriter::new(t.offloads(), bytes, msgs)
         });
@@ -130,8 +130,10 @@ impl Out {
             seals: Vec::with_capacity(msgs),
             parts: Vec::new(),
             sending: Sending {
-                scratch: SendScratch::default(),
-                tun: None,
+                wire: Wire {
+                    scratch: SendScratch::default(),
+                    tun: None,
+                },
                 grouped: Vec::with_capacity(msgs),
                 staging: TxBatch::new(msgs, bytes, true),
             },
@@ -267,14 +269,20 @@ impl Out {
 /// What a worker needs to send batches (for its own lane turns and for other workers'
 /// batches it sends as the lane's sender).
 struct Sending {
-    /// sendmmsg scratch.
-    scratch: SendScratch,
-    /// Coalesces packets written to the TUN device into GSO super-packets.
-    tun: Option<TunWriter>,
+    /// What hands datagrams and TUN packets to the kernel.
+    wire: Wire,
     /// A batch's messages grouped by socket (reused).
     grouped: Vec<TxMsg>,
     /// A batch's datagrams copied in socket order (reused; see [`Sending::send`]).
     staging: TxBatch,
+}
+
+/// The system-call side of sending.
+struct Wire {
+    /// sendmmsg scratch.
+    scratch: SendScratch,
+    /// Coalesces packets written to the TUN device into GSO super-packets.
+    tun: Option<TunWriter>,
 }
 
 impl Sending {
@@ -290,23 +298,23 @@ impl Sending {
     fn send(&mut self, sh: &Shared, tx: &TxBatch, drops: &mut DropCounts) {
         let msgs = tx.messages();
         if msgs.windows(2).any(|w| w[0].sock != w[1].sock) {
-            let mut staging = std::mem::replace(&mut self.staging, TxBatch::empty());
-            let lost = regroup(tx, &mut self.grouped, &mut staging);
+            let lost = regroup(tx, &mut self.grouped, &mut self.staging);
             drops.add_n(DropReason::TooBig, lost);
-            self.send_runs(sh, &staging, drops);
-            staging.clear();
-            self.staging = staging;
+            self.wire.send_runs(sh, &self.staging, drops);
+            self.staging.clear();
         } else {
-            self.send_runs(sh, tx, drops);
+            self.wire.send_runs(sh, tx, drops);
         }
-        if let (Some(w), Some(dev)) = (self.tun.as_mut(), &sh.tun) {
+        if let (Some(w), Some(dev)) = (self.wire.tun.as_mut(), &sh.tun) {
             if !w.is_empty() {
                 let st = w.flush(dev);
                 drops.add_n(DropReason::TunWrite, st.failed as u64);
             }
         }
     }
+}
 
+impl Wire {
     /// Sends each run of consecutive messages of one socket with one `sendmmsg` series.
     fn send_runs(&mut self, sh: &Shared, tx: &TxBatch, drops: &mut DropCounts) {
         let msgs = tx.messages();

@@ -2,13 +2,13 @@
 //! (RFC 3948) to the NAT-T socket, a host socket on 127.0.0.2 plays a VXLAN VTEP (RFC 7348)
 //! behind which VM 10.0.0.5 lives. Only loopback addresses are used; ports are the kernel's.
 
+mod common;
 #[path = "../src/testutil.rs"]
 mod testutil;
 
 use crossbeam_channel::Receiver;
 use protego_dataplane::{
-    DataPath, Dataplane, DataplaneConfig, DataplaneError, Inside, Route, ToControl, TunnelBinding,
-    VnetConfig,
+    DataPath, Dataplane, DataplaneConfig, DataplaneError, Inside, ToControl, TunnelBinding,
 };
 use std::net::{SocketAddr, UdpSocket};
 use std::sync::Arc;
@@ -40,24 +40,8 @@ fn setup(tunnel_inside: Inside) -> Setup {
             ike_port: 0,
             natt_port: 0,
             vxlan_port: port,
-            vnets: vec![VnetConfig {
-                tenant: "acme".into(),
-                name: "prod".into(),
-                vni: 100,
-                gateway_ips: vec![ip("10.0.0.1")],
-                vtep: ip("127.0.0.1"),
-                routes: vec![Route {
-                    prefix: ip("10.0.0.0"),
-                    len: 24,
-                    host: ip("127.0.0.2"),
-                }],
-            }],
-            tunnels: vec![TunnelBinding {
-                tunnel: ike::TunnelId(1),
-                name: "site".into(),
-                tenant: "acme".into(),
-                inside: tunnel_inside.clone(),
-            }],
+            vnets: vec![common::loopback_vnet()],
+            tunnels: vec![common::site_tunnel(tunnel_inside.clone())],
             tun_name: None,
             batch: 32,
             workers: 2,

@@ -5,12 +5,12 @@
 //! sequence numbers arrive strictly in order (RFC 4303 §3.3.3 numbers allocated at dispatch).
 //! Only loopback addresses are used.
 
+mod common;
 #[path = "../src/testutil.rs"]
 mod testutil;
 
 use protego_dataplane::{
-    DataPath, Dataplane, DataplaneConfig, DataplaneError, DataplaneStats, Inside, Route,
-    TunnelBinding, VnetConfig,
+    DataPath, Dataplane, DataplaneConfig, DataplaneError, DataplaneStats, Inside,
 };
 use std::net::{SocketAddr, UdpSocket};
 use std::os::fd::AsRawFd;
@@ -55,26 +55,10 @@ fn bed(workers: usize) -> Bed {
             ike_port: 0,
             natt_port: 0,
             vxlan_port: port,
-            vnets: vec![VnetConfig {
-                tenant: "acme".into(),
-                name: "prod".into(),
-                vni: 100,
-                gateway_ips: vec![ip("10.0.0.1")],
-                vtep: ip("127.0.0.1"),
-                routes: vec![Route {
-                    prefix: ip("10.0.0.0"),
-                    len: 24,
-                    host: ip("127.0.0.2"),
-                }],
-            }],
-            tunnels: vec![TunnelBinding {
-                tunnel: ike::TunnelId(1),
-                name: "site".into(),
-                tenant: "acme".into(),
-                inside: Inside::Vnet(0),
-            }],
+            vnets: vec![common::loopback_vnet()],
+            tunnels: vec![common::site_tunnel(Inside::Vnet(0))],
             tun_name: None,
-            // One receive slot per batch (one GRO train of up to 64 packets), so a window of
+            // One receive slot per batch (one GRO train of up to 128 packets), so a window of
             // the paced sender spans several batches that the workers take in turn.
             batch: 1,
             workers,
