@@ -5,7 +5,10 @@
 //!
 //! Both are allocated once per thread; filling and draining them does not allocate.
 
+use crate::accept::AcceptJob;
+use crate::tables::Tables;
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::sync::Arc;
 
 /// Receive slot size: a GRO train is at most 64 KiB, and so is a (reassembled) UDP datagram.
 pub(crate) const RX_SLOT: usize = 65536;
@@ -140,6 +143,11 @@ pub(crate) struct TxBatch {
     msgs: Vec<TxMsg>,
     max_msgs: usize,
     gso: bool,
+    /// Inbound ESP packets whose output this batch carries, to be accepted by the replay
+    /// window before it is sent (see [`crate::accept`]), in arrival order.
+    pub(crate) accepts: Vec<AcceptJob>,
+    /// The SA tables the packets in `accepts` were opened with.
+    pub(crate) tables: Option<Arc<Tables>>,
 }
 
 impl TxBatch {
@@ -152,6 +160,8 @@ impl TxBatch {
             msgs: Vec::with_capacity(max_msgs.max(1)),
             max_msgs: max_msgs.max(1),
             gso,
+            accepts: Vec::with_capacity(max_msgs.max(1)),
+            tables: None,
         }
     }
 
@@ -241,6 +251,8 @@ impl TxBatch {
     pub(crate) fn clear(&mut self) {
         self.msgs.clear();
         self.used = 0;
+        self.accepts.clear();
+        self.tables = None;
     }
 }
 

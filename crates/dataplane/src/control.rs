@@ -58,8 +58,7 @@ impl Shared {
         let sock = self.natt_sock(child.local.ip()).ok_or_else(|| {
             install_error(child, format!("no NAT-T socket on {}", child.local.ip()))
         })?;
-        let sa = SaPair::new(child, rekey_after, self.min_replay_window)
-            .map_err(|e| install_error(child, e))?;
+        let sa = SaPair::new(child, rekey_after).map_err(|e| install_error(child, e))?;
         let entry = Child {
             tunnel: child.tunnel,
             ike: child.ike,

@@ -71,6 +71,7 @@
 //! Every packet that is not forwarded is counted under a reason in
 //! [`DataplaneStats::drops`]; nothing a peer or host sends can panic a thread.
 
+mod accept;
 mod api;
 mod batch;
 mod control;

@@ -12,6 +12,7 @@
 //! ESP length committed ([`Out::queue_seal`]); before the batch leaves, every queued packet
 //! is sealed in place ([`Out::seal_queued`]).
 
+use crate::accept::{accept_batch, is_dead, AcceptJob};
 use crate::batch::{RxBatch, TxBatch, TxMsg};
 use crate::shared::{rx_slots, tx_batch_size, Shared};
 use crate::stats::{DropCounts, DropReason};
@@ -21,6 +22,7 @@ use crate::sys::tun_offload::TunWriter;
 use crate::tables::{Child, Tables};
 use crate::vnet::neigh::NeighMemo;
 use std::net::{IpAddr, SocketAddr};
+use std::ops::Range;
 use std::sync::Arc;
 use wire::EspSpi;
 
@@ -109,6 +111,9 @@ pub(crate) struct Out {
     /// The SA tables of the current batch (for sealing queued packets).
     tables: Option<Arc<Tables>>,
     seals: Vec<SealJob>,
+    /// Send batches passed on so far (tells [`Out::defer_accept`] whether the batch changed
+    /// since its [`Mark`]).
+    generation: u64,
     parts: Vec<TxBatch>,
     /// What sending needs (scratch space, the TUN writer).
     sending: Sending,
@@ -128,6 +133,7 @@ impl Out {
             in_lane: None,
             tables: None,
             seals: Vec::with_capacity(msgs),
+            generation: 0,
             parts: Vec::new(),
             sending: Sending {
                 wire: Wire {
@@ -136,6 +142,7 @@ impl Out {
                 },
                 grouped: Vec::with_capacity(msgs),
                 staging: TxBatch::new(msgs, bytes, true),
+                dead: Vec::with_capacity(msgs),
             },
         }
     }
@@ -187,6 +194,33 @@ impl Out {
             seq,
             child: child.inbound_spi,
         });
+    }
+
+    /// Where the send batch stands, before a packet's output is written.
+    pub(crate) fn mark(&self) -> Mark {
+        Mark {
+            generation: self.generation,
+            used: self.tx.data().len(),
+        }
+    }
+
+    /// Records an authentic inbound ESP packet for acceptance in arrival order (see
+    /// [`crate::accept`]); its output is what was committed since `mark`. Call after the
+    /// packet's output is written, so the job travels with the batch that carries it.
+    pub(crate) fn defer_accept(&mut self, mark: Mark, mut job: AcceptJob) {
+        let used = self.tx.data().len();
+        // If the batch was passed on in between, the output written before that left with
+        // it (only extra datagrams can: the packet's own output finds room after one flush).
+        let start = if mark.generation == self.generation {
+            mark.used
+        } else {
+            0
+        };
+        job.output = start..used;
+        if self.tx.tables.is_none() {
+            self.tx.tables = self.tables.clone();
+        }
+        self.tx.accepts.push(job);
     }
 
     /// Seals every queued ESP packet in place.
@@ -247,6 +281,7 @@ impl Out {
 
     fn pass_on(&mut self, sh: &Shared, last: bool) {
         self.seal_queued();
+        self.generation = self.generation.wrapping_add(1);
         match (self.in_lane, self.worker) {
             (Some(InLane { lane, ticket }), Some(worker)) => {
                 let fresh = sh.pools[worker].take(&sh.waker);
@@ -275,6 +310,15 @@ struct Sending {
     grouped: Vec<TxMsg>,
     /// A batch's datagrams copied in socket order (reused; see [`Sending::send`]).
     staging: TxBatch,
+    /// Output of inbound packets the replay window refused (reused; see [`crate::accept`]).
+    dead: Vec<Range<usize>>,
+}
+
+/// A position in the send batch being filled (see [`Out::mark`]).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Mark {
+    generation: u64,
+    used: usize,
 }
 
 /// The system-call side of sending.
@@ -295,10 +339,17 @@ impl Sending {
     /// GSO trains again: a copy costs far less than a socket buffer and a trip through the
     /// stack per datagram. A flow always uses one socket and grouping keeps the order within
     /// a socket, so every flow keeps its order.
+    ///
+    /// Inbound ESP packets the batch carries are accepted first; if the window refuses one,
+    /// the batch is sent through the staging copy without its output.
     fn send(&mut self, sh: &Shared, tx: &TxBatch, drops: &mut DropCounts) {
+        self.dead.clear();
+        if !tx.accepts.is_empty() {
+            accept_batch(sh, tx, &mut self.dead, drops);
+        }
         let msgs = tx.messages();
-        if msgs.windows(2).any(|w| w[0].sock != w[1].sock) {
-            let lost = regroup(tx, &mut self.grouped, &mut self.staging);
+        if !self.dead.is_empty() || msgs.windows(2).any(|w| w[0].sock != w[1].sock) {
+            let lost = regroup(tx, &self.dead, &mut self.grouped, &mut self.staging);
             drops.add_n(DropReason::TooBig, lost);
             self.wire.send_runs(sh, &self.staging, drops);
             self.staging.clear();
@@ -363,9 +414,15 @@ impl Wire {
 }
 
 /// Copies the datagrams of `tx` into `staging` grouped by socket (in their order within each
-/// socket), where consecutive equal-size datagrams to one destination form GSO trains again.
-/// Returns the datagrams that did not fit (none when `staging` is as large as `tx`).
-fn regroup(tx: &TxBatch, grouped: &mut Vec<TxMsg>, staging: &mut TxBatch) -> u64 {
+/// socket), where consecutive equal-size datagrams to one destination form GSO trains again,
+/// leaving out those that start in a `dead` range (ascending). Returns the datagrams that did
+/// not fit (none when `staging` is as large as `tx`).
+fn regroup(
+    tx: &TxBatch,
+    dead: &[Range<usize>],
+    grouped: &mut Vec<TxMsg>,
+    staging: &mut TxBatch,
+) -> u64 {
     grouped.clear();
     grouped.extend_from_slice(tx.messages());
     // Offsets in the batch are unique and rise with the order of the messages: as a tie-break
@@ -376,7 +433,10 @@ fn regroup(tx: &TxBatch, grouped: &mut Vec<TxMsg>, staging: &mut TxBatch) -> u64
     let mut lost = 0;
     for m in grouped.iter() {
         let bytes = &data[m.start.min(data.len())..(m.start + m.len).min(data.len())];
-        for d in bytes.chunks(m.seg.max(1)) {
+        for (i, d) in bytes.chunks(m.seg.max(1)).enumerate() {
+            if !dead.is_empty() && is_dead(dead, m.start + i * m.seg.max(1)) {
+                continue;
+            }
             match staging.room(d.len()) {
                 Some(room) => {
                     room[..d.len()].copy_from_slice(d);
@@ -406,7 +466,7 @@ mod tests {
         assert_eq!(tx.messages().len(), 12);
         let mut grouped = Vec::new();
         let mut staging = TxBatch::new(64, 1 << 16, true);
-        assert_eq!(regroup(&tx, &mut grouped, &mut staging), 0);
+        assert_eq!(regroup(&tx, &[], &mut grouped, &mut staging), 0);
         let m = staging.messages();
         assert_eq!(m.len(), 3, "one GSO train per socket: {m:?}");
         assert!(m.iter().all(|t| t.segments() == 4 && t.seg == 100));

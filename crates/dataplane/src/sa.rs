@@ -6,12 +6,16 @@ use crate::api::ChildStats;
 use crate::stats::DropReason;
 use crypto::SaCipher;
 use esp::{
-    EspError, InboundSa, Opened, OutboundSa, SaConfig, DEFAULT_REPLAY_WINDOW, MAX_REPLAY_WINDOW,
-    MIN_REPLAY_WINDOW,
+    EspError, InboundSa, Opened, OutboundSa, SaConfig, Unaccepted, DEFAULT_REPLAY_WINDOW,
+    MAX_REPLAY_WINDOW, MIN_REPLAY_WINDOW,
 };
 use ike::ChildSaInfo;
 use std::ops::Range;
 use wire::ip::IpVersion;
+
+/// What an authentic packet carried: its inner packet's range and IP version, or why it is
+/// dropped once accepted.
+pub(crate) type InnerPacket = Result<(Range<usize>, IpVersion), DropReason>;
 
 /// Inbound and outbound SA of a CHILD_SA; both are shared by every thread that uses them.
 pub(crate) struct SaPair {
@@ -20,45 +24,21 @@ pub(crate) struct SaPair {
 }
 
 /// The anti-replay window to use for a configured size (0: the default; else clamped to what
-/// the `esp` crate supports), raised to `min` (what the data plane's parallelism needs).
-fn window(requested: u32, min: u32) -> u32 {
+/// the `esp` crate supports). The data plane's parallelism needs no larger window: packets are
+/// accepted in arrival order whatever the number of workers (see `accept`).
+fn window(requested: u32) -> u32 {
     let w = if requested == 0 {
         DEFAULT_REPLAY_WINDOW
     } else {
         requested
     };
-    w.max(min).clamp(MIN_REPLAY_WINDOW, MAX_REPLAY_WINDOW)
-}
-
-/// The smallest inbound replay window that never refuses a packet only because several
-/// workers opened packets of one SA out of arrival order: while one worker opens a batch, each
-/// other worker can run ahead by as many batches as its pool holds send batches (`pool`: it
-/// fills one, hands it on, takes the next, until all are waiting behind the first batch), so
-/// acceptance order trails arrival order by at most
-/// `batch_packets × (1 + (workers - 1) × pool)` sequence numbers. Rounded up to a power of two
-/// and capped at the largest window the `esp` crate supports.
-pub(crate) fn parallel_window(batch_packets: usize, workers: usize, pool: usize) -> u32 {
-    if workers <= 1 {
-        return MIN_REPLAY_WINDOW;
-    }
-    let behind = batch_packets.saturating_mul((workers - 1).saturating_mul(pool).saturating_add(1));
-    behind
-        .saturating_add(1)
-        .checked_next_power_of_two()
-        .and_then(|w| u32::try_from(w).ok())
-        .unwrap_or(MAX_REPLAY_WINDOW)
-        .min(MAX_REPLAY_WINDOW)
+    w.clamp(MIN_REPLAY_WINDOW, MAX_REPLAY_WINDOW)
 }
 
 impl SaPair {
     /// Keys both SAs; `rekey_after` overrides the soft sequence number limit (None: the
-    /// `esp` crate's default, half the sequence number space); the inbound replay window is at
-    /// least `min_window`.
-    pub(crate) fn new(
-        child: &ChildSaInfo,
-        rekey_after: Option<u64>,
-        min_window: u32,
-    ) -> Result<Self, String> {
+    /// `esp` crate's default, half the sequence number space).
+    pub(crate) fn new(child: &ChildSaInfo, rekey_after: Option<u64>) -> Result<Self, String> {
         let keys = &child.keys;
         let cipher = |encr: &[u8], integ: &[u8], dir: &str| {
             SaCipher::new(child.encr, encr, child.integ.map(|i| (i, integ)))
@@ -66,7 +46,7 @@ impl SaPair {
         };
         let cfg = SaConfig {
             esn: child.esn,
-            replay_window: window(child.replay_window, min_window),
+            replay_window: window(child.replay_window),
             rekey_after,
         };
         let inbound = InboundSa::new(
@@ -84,23 +64,32 @@ impl SaPair {
         Ok(Self { inbound, outbound })
     }
 
-    /// Opens an ESP packet (SPI through ICV) in place: the inner packet's range and version,
-    /// and whether its sequence number was the highest accepted so far (at the moment of the
-    /// check; a packet reordered behind newer ones is not).
-    pub(crate) fn open(
+    /// Verifies and decrypts an ESP packet (SPI through ICV) in place, without accepting its
+    /// sequence number. `Err`: not authentic (or refused before decryption), drop it. `Ok`:
+    /// an authentic packet, to be passed to [`accept`](Self::accept) in arrival order, with
+    /// its inner packet's range and version or the reason to drop it after acceptance.
+    pub(crate) fn open_unaccepted(
         &self,
         pkt: &mut [u8],
-    ) -> Result<(Range<usize>, IpVersion, bool), DropReason> {
-        match self.inbound.open(pkt) {
-            Ok(Opened::Packet {
-                version,
-                inner,
-                seq,
-            }) => Ok((inner, version, seq >= self.inbound.highest_seq())),
+    ) -> Result<(Unaccepted, InnerPacket), DropReason> {
+        let (packet, opened) = self
+            .inbound
+            .open_unaccepted(pkt)
+            .map_err(|e| drop_reason(&e))?;
+        let inner = match opened {
+            Ok(Opened::Packet { version, inner, .. }) => Ok((inner, version)),
             // RFC 4303 §2.6: an authentic dummy packet is discarded.
             Ok(Opened::Dummy { .. }) => Err(DropReason::EspDummy),
             Err(e) => Err(drop_reason(&e)),
-        }
+        };
+        Ok((packet, inner))
+    }
+
+    /// Accepts an authentic packet in the replay window: how far it lay behind the highest
+    /// number accepted (0: it is the newest), or the drop reason if it is a replay or too
+    /// old by now.
+    pub(crate) fn accept(&self, packet: Unaccepted) -> Result<u64, DropReason> {
+        self.inbound.accept(packet).map_err(|e| drop_reason(&e))
     }
 
     /// Bytes before the inner packet in a sealed packet (ESP header and IV).
@@ -180,24 +169,10 @@ mod tests {
 
     #[test]
     fn replay_window_sizes() {
-        assert_eq!(window(0, 0), DEFAULT_REPLAY_WINDOW);
-        assert_eq!(window(1, 0), MIN_REPLAY_WINDOW);
-        assert_eq!(window(64, 0), 64);
-        assert_eq!(window(u32::MAX, 0), MAX_REPLAY_WINDOW);
-        assert_eq!(window(64, 4096), 4096);
-        assert_eq!(window(8192, 4096), 8192);
-    }
-
-    #[test]
-    fn parallel_window_covers_the_batches_in_flight() {
-        assert_eq!(parallel_window(2048, 1, 3), MIN_REPLAY_WINDOW);
-        // 2 workers, pool 3: one batch plus three run ahead = 4 batches (and one more packet).
-        assert_eq!(parallel_window(512, 2, 3), 4096);
-        assert_eq!(parallel_window(2048, 2, 3), 16384);
-        assert_eq!(parallel_window(2048, 64, 3), MAX_REPLAY_WINDOW);
-        assert_eq!(
-            parallel_window(usize::MAX, usize::MAX, 3),
-            MAX_REPLAY_WINDOW
-        );
+        assert_eq!(window(0), DEFAULT_REPLAY_WINDOW);
+        assert_eq!(window(1), MIN_REPLAY_WINDOW);
+        assert_eq!(window(64), 64);
+        assert_eq!(window(8192), 8192);
+        assert_eq!(window(u32::MAX), MAX_REPLAY_WINDOW);
     }
 }

@@ -139,8 +139,6 @@ pub(crate) struct Shared {
     pub(crate) housekeeping: Mutex<Instant>,
     /// Set at shutdown (workers busy with full batches check it between batches).
     pub(crate) stop: AtomicBool,
-    /// Inbound replay windows are at least this large (see `sa::parallel_window`).
-    pub(crate) min_replay_window: u32,
 }
 
 fn config_err(field: impl Into<String>, reason: impl Into<String>) -> DataplaneError {
@@ -356,11 +354,6 @@ impl Shared {
             .map(|i| (cfg.pin_workers && !pin_to.is_empty()).then(|| pin_to[i % pin_to.len()]))
             .collect();
         let (msgs, bytes) = tx_batch_size(cfg.batch);
-        let min_replay_window = crate::sa::parallel_window(
-            rx_slots(cfg.batch) * MAX_SEGMENTS_PER_SLOT,
-            workers,
-            POOL_BATCHES,
-        );
         let pools = (0..workers)
             .map(|w| TxPool::new(w, POOL_BATCHES, msgs, bytes))
             .collect();
@@ -415,7 +408,6 @@ impl Shared {
             worker_stats: (0..workers).map(|_| WorkerCounters::default()).collect(),
             housekeeping: Mutex::new(Instant::now() + crate::worker::HOUSEKEEPING),
             stop: AtomicBool::new(false),
-            min_replay_window,
         })
     }
 

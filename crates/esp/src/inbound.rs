@@ -10,7 +10,7 @@ use wire::esp::{EspPacket, ESP_HEADER_LEN};
 use wire::ip::{IpProtocol, IpVersion, Ipv4Packet, Ipv6Packet};
 use wire::EspSpi;
 
-use crate::counters::{CounterSnapshot, SaCounters};
+use crate::counters::{CounterSnapshot, DropReason, SaCounters};
 use crate::error::EspError;
 use crate::replay::{ReplayError, ReplayWindow};
 use crate::sa::{SaConfig, SaCore};
@@ -35,12 +35,44 @@ pub enum Opened {
     },
 }
 
+/// An authentic packet whose sequence number the replay window has not yet accepted, from
+/// [`InboundSa::open_unaccepted`]. Small and `Copy`, so a pipeline can carry it from the
+/// thread that decrypted the packet to the stage that accepts packets in arrival order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[must_use = "an authentic packet must be passed to `accept`, or the window never records it"]
+pub struct Unaccepted {
+    seq: u64,
+    outcome: Outcome,
+}
+
+/// What an authentic packet turned out to carry, for the counters [`InboundSa::accept`]
+/// updates.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Outcome {
+    Packet { inner_len: usize },
+    Dummy,
+    Failed(Option<DropReason>),
+}
+
+impl Unaccepted {
+    /// The packet's full sequence number.
+    pub fn seq(&self) -> u64 {
+        self.seq
+    }
+}
+
 /// An inbound ESP SA. Shareable between threads: any number of threads may open packets of
 /// the same SA at once; the replay window accepts every sequence number at most once.
 ///
 /// [`Self::open`] does everything. A pipeline that wants to drop replays before handing
 /// packets to decrypting workers calls [`Self::check`] first and [`Self::open_checked`]
 /// later with the sequence number `check` returned.
+///
+/// A pipeline that decrypts packets of one SA on several threads but wants the window to
+/// decide exactly as it would on one thread calls [`Self::open_unaccepted`] on the workers
+/// and [`Self::accept`] in arrival order (as Linux's pcrypt serialises `xfrm_input`'s
+/// replay advance): otherwise a packet opened late can find the window already moved past
+/// it by a later arrival, for example after a burst of losses longer than the window.
 #[derive(Debug)]
 pub struct InboundSa {
     core: SaCore,
@@ -102,10 +134,9 @@ impl InboundSa {
     /// Verifies, decrypts and checks the ESP packet `buf` (SPI through ICV) in place.
     /// Does not allocate. On error the buffer's content is unspecified.
     pub fn open(&self, buf: &mut [u8]) -> Result<Opened, EspError> {
-        let r = self
-            .check_inner(buf)
-            .and_then(|seq| self.open_inner(buf, seq));
-        self.count(r)
+        let (unaccepted, opened) = self.open_unaccepted(buf)?;
+        self.accept(unaccepted)?;
+        opened
     }
 
     /// The checks before decryption (RFC 4303 §3.4.3): length, SPI, sequence number not
@@ -123,15 +154,52 @@ impl InboundSa {
     /// `seq`. The window is consulted again after verification, so a replay that slipped
     /// between the two calls is still rejected.
     pub fn open_checked(&self, buf: &mut [u8], seq: u64) -> Result<Opened, EspError> {
-        let r = self.open_inner(buf, seq);
-        self.count(r)
+        let (unaccepted, opened) = self.counted(self.verify(buf, seq))?;
+        self.accept(unaccepted)?;
+        opened
     }
 
-    fn count(&self, r: Result<Opened, EspError>) -> Result<Opened, EspError> {
-        match &r {
-            Ok(Opened::Packet { inner, .. }) => self.counters.packet(inner.len()),
-            Ok(Opened::Dummy { .. }) => self.counters.dummy(),
-            Err(e) => self.count_drop(e),
+    /// [`Self::open`] without the window update: checks the packet against the window,
+    /// verifies its ICV and decrypts it in place. `Err` for a packet that is not authentic
+    /// (or fails the checks before decryption; counted here): drop it, the window is
+    /// untouched. `Ok` for an authentic packet, with what it carries (an inner packet, a
+    /// dummy, or an error such as bad padding); its [`Unaccepted`] must go to
+    /// [`Self::accept`], which decides whether the packet is new and counts it.
+    pub fn open_unaccepted(
+        &self,
+        buf: &mut [u8],
+    ) -> Result<(Unaccepted, Result<Opened, EspError>), EspError> {
+        let r = self.check_inner(buf).and_then(|seq| self.verify(buf, seq));
+        self.counted(r)
+    }
+
+    /// Accepts an authentic packet's sequence number in the replay window (RFC 4303 §3.4.3:
+    /// updated only after the ICV verified) and counts the packet. Returns how far it lay
+    /// below the highest number accepted (0: in order), or the replay error if the number
+    /// was seen before or is now too old; the packet must then be dropped.
+    pub fn accept(&self, packet: Unaccepted) -> Result<u64, EspError> {
+        let seq = packet.seq;
+        let behind = match self.window.update(seq) {
+            Ok(behind) => behind,
+            Err(e) => {
+                let e = self.replay_error(e, seq);
+                self.count_drop(&e);
+                return Err(e);
+            }
+        };
+        self.counters.accepted(behind);
+        match packet.outcome {
+            Outcome::Packet { inner_len } => self.counters.packet(inner_len),
+            Outcome::Dummy => self.counters.dummy(),
+            Outcome::Failed(Some(reason)) => self.counters.drop(reason),
+            Outcome::Failed(None) => {}
+        }
+        Ok(behind)
+    }
+
+    fn counted<T>(&self, r: Result<T, EspError>) -> Result<T, EspError> {
+        if let Err(e) = &r {
+            self.count_drop(e);
         }
         r
     }
@@ -213,9 +281,37 @@ impl InboundSa {
         Ok(seq)
     }
 
-    fn open_inner(&self, buf: &mut [u8], seq: u64) -> Result<Opened, EspError> {
+    /// Verifies and decrypts the packet numbered `seq` and interprets its payload, without
+    /// touching the window. The outer `Err`: not authentic. The inner result: what the
+    /// authentic packet carries.
+    fn verify(
+        &self,
+        buf: &mut [u8],
+        seq: u64,
+    ) -> Result<(Unaccepted, Result<Opened, EspError>), EspError> {
+        let opened = self
+            .decrypt_unaccepted(buf, seq)?
+            .and_then(|(next_header, payload)| self.interpret(buf, seq, next_header, payload));
+        let outcome = match &opened {
+            Ok(Opened::Packet { inner, .. }) => Outcome::Packet {
+                inner_len: inner.len(),
+            },
+            Ok(Opened::Dummy { .. }) => Outcome::Dummy,
+            Err(e) => Outcome::Failed(e.reason()),
+        };
+        Ok((Unaccepted { seq, outcome }, opened))
+    }
+
+    /// What a decrypted payload is (RFC 4303 §2.6): a dummy, or an inner IP packet whose own
+    /// length excludes TFC padding.
+    fn interpret(
+        &self,
+        buf: &[u8],
+        seq: u64,
+        next_header: IpProtocol,
+        payload: Range<usize>,
+    ) -> Result<Opened, EspError> {
         let spi = self.core.spi;
-        let (next_header, payload) = self.decrypt(buf, seq)?;
         match next_header {
             IpProtocol::NO_NEXT_HEADER => Ok(Opened::Dummy { seq }),
             IpProtocol::IPV4 | IpProtocol::IPV6 => {
@@ -244,11 +340,31 @@ impl InboundSa {
 
     /// Verifies the ICV and decrypts (RFC 4303 §3.4.4), accepts `seq` in the window, and
     /// checks the padding (§2.4). Returns Next Header and the payload's range in `buf`.
+    #[cfg(all(test, not(loom)))]
     pub(crate) fn decrypt(
         &self,
         buf: &mut [u8],
         seq: u64,
     ) -> Result<(IpProtocol, Range<usize>), EspError> {
+        let payload = self.decrypt_unaccepted(buf, seq)?;
+        let behind = self
+            .window
+            .update(seq)
+            .map_err(|e| self.replay_error(e, seq))?;
+        self.counters.accepted(behind);
+        payload
+    }
+
+    /// Verifies the ICV and decrypts (RFC 4303 §3.4.4), then checks the padding (§2.4),
+    /// without touching the window. The outer `Err`: not authentic (or not this packet's
+    /// number); the inner result: Next Header and the payload's range in `buf`, or the
+    /// padding error of an authentic packet.
+    #[allow(clippy::type_complexity)]
+    fn decrypt_unaccepted(
+        &self,
+        buf: &mut [u8],
+        seq: u64,
+    ) -> Result<Result<(IpProtocol, Range<usize>), EspError>, EspError> {
         let spi = self.core.spi;
         let low = self.header(buf)?;
         // `seq` must be this packet's number: same low bits, and 32 bits only without ESN.
@@ -273,19 +389,12 @@ impl InboundSa {
             CryptoError::Authentication => self.authentication_failure(seq),
             source => EspError::Crypto { spi, source },
         })?;
-        // RFC 4303 §3.4.3: the window is updated only after the ICV verified.
-        let behind = self
-            .window
-            .update(seq)
-            .map_err(|e| self.replay_error(e, seq))?;
-        self.counters.accepted(behind);
-
         // min_len guarantees ct_len >= 2.
         let next_header = IpProtocol(ct[ct_len - 1]);
         let pad_len = ct[ct_len - 2];
-        let payload_len = ct_len
-            .checked_sub(2 + usize::from(pad_len))
-            .ok_or(EspError::BadPadding { spi, seq, pad_len })?;
+        let Some(payload_len) = ct_len.checked_sub(2 + usize::from(pad_len)) else {
+            return Ok(Err(EspError::BadPadding { spi, seq, pad_len }));
+        };
         // RFC 4303 §2.4: padding bytes are 1, 2, 3, ...; the receiver SHOULD check them.
         let padding = &ct[payload_len..payload_len + usize::from(pad_len)];
         if padding
@@ -293,8 +402,8 @@ impl InboundSa {
             .enumerate()
             .any(|(i, &b)| usize::from(b) != i + 1)
         {
-            return Err(EspError::BadPadding { spi, seq, pad_len });
+            return Ok(Err(EspError::BadPadding { spi, seq, pad_len }));
         }
-        Ok((next_header, hl..hl + payload_len))
+        Ok(Ok((next_header, hl..hl + payload_len)))
     }
 }

@@ -33,7 +33,7 @@ mod sync;
 
 pub use counters::{CounterSnapshot, DropReason};
 pub use error::EspError;
-pub use inbound::{InboundSa, Opened};
+pub use inbound::{InboundSa, Opened, Unaccepted};
 pub use outbound::{OutboundSa, Sealed};
 pub use replay::{ReplayError, ReplayWindow};
 pub use sa::{

@@ -28,7 +28,8 @@ use crate::error::EspError;
 use crate::seq::{DEFAULT_SOFT_LIMIT, DEFAULT_SOFT_LIMIT_ESN, MAX_ESN, MAX_SEQ};
 
 /// Default anti-replay window (RFC 4303 §3.4.3 requires at least 32 and recommends 64; a
-/// multi-core receiver reorders more, so we default higher).
+/// peer that sends from several cores, or a network with several paths, reorders more, so we
+/// default higher).
 pub const DEFAULT_REPLAY_WINDOW: u32 = 1024;
 /// Smallest accepted replay window (RFC 4303 §3.4.3: "a minimum window size of 32").
 pub const MIN_REPLAY_WINDOW: u32 = 32;

@@ -1,18 +1,22 @@
 //! Datagrams on the IKE port and the NAT-T port. On the NAT-T port (RFC 3948 §2): a zero
 //! first word is the non-ESP marker before an IKE message, a single 0xFF is a NAT keepalive
-//! (dropped), anything else is ESP. ESP is looked up by SPI, opened in place (anti-replay and
-//! ICV checks are the `esp` crate's), checked against the CHILD_SA's selectors (RFC 4301 §5.2:
-//! a decrypted packet outside them MUST be discarded) and handed to its inside interface.
+//! (dropped), anything else is ESP. ESP is looked up by SPI, verified and decrypted in place
+//! (the `esp` crate's checks), checked against the CHILD_SA's selectors (RFC 4301 §5.2: a
+//! decrypted packet outside them MUST be discarded) and handed to its inside interface; the
+//! replay window accepts it in arrival order before its output leaves ([`crate::accept`]).
 
 use super::{tun, vxlan};
+use crate::accept::AcceptJob;
 use crate::api::{IkeDatagram, Inside, ToControl};
 use crate::inner;
 use crate::shared::{Out, Shared};
 use crate::stats::DropReason;
-use crate::tables::Tables;
+use crate::tables::{Child, Tables};
 use std::net::SocketAddr;
+use std::ops::Range;
 use std::time::Instant;
 use wire::esp::{UdpEncap, NON_ESP_MARKER_LEN};
+use wire::ip::IpVersion;
 use wire::EspSpi;
 
 /// A datagram received on the NAT-T socket `local`.
@@ -44,7 +48,9 @@ pub(crate) fn ike(o: &mut Out, sh: &Shared, local: SocketAddr, remote: SocketAdd
     }
 }
 
-/// An ESP packet (starting at the SPI) that arrived on `addrs.0` from `addrs.1`.
+/// An ESP packet (starting at the SPI) that arrived on `addrs.0` from `addrs.1`: verified and
+/// decrypted here, delivered, and accepted by the replay window in arrival order when its
+/// batch is sent (see [`crate::accept`]).
 fn esp(
     o: &mut Out,
     sh: &Shared,
@@ -58,29 +64,54 @@ fn esp(
         o.drop_packet(DropReason::EspUnknownSpi);
         return;
     };
-    let counters = &child.state.counters;
-    let (range, version, newest) = match child.state.sa.open(data) {
+    let (packet, opened) = match child.state.sa.open_unaccepted(data) {
         Ok(opened) => opened,
         Err(reason) => return o.drop_packet(reason),
     };
-    // NAT rebinding (RFC 7296 §2.23, RFC 3948): authentic ESP from a new address. Only the
-    // newest packet counts, so one reordered from before the move does not move the SA back.
-    // Every SA here is UDP-encapsulated, which the engine negotiates only with a NAT detected
-    // (or faked, `force_encap`), so the SAs of the IKE SA follow at once: the answer to this
-    // very packet already goes to the new address. The control plane moves the IKE SA too;
-    // if it cannot be told now, nothing moves and a later packet tries again.
-    if src != child.remote && newest && child.state.take_move_report(src) {
-        let msg = ToControl::PeerAddressSeen {
-            inbound_spi: spi,
-            local,
-            remote: src,
-        };
-        if sh.tell_control(msg) {
-            sh.update_peer(child.tunnel, child.ike, local, src);
-        } else {
-            child.state.retry_move_report();
+    let mark = o.mark();
+    let mut accepted_early = false;
+    let fail = match opened {
+        Ok(inner) => {
+            let accept_now = || {
+                accepted_early = true;
+                let behind = child.state.sa.accept(packet)?;
+                crate::accept::rebind(sh, child, behind, spi, (local, src));
+                Ok(())
+            };
+            deliver(o, sh, now, child, data, inner, accept_now);
+            None
         }
+        Err(reason) => Some(reason),
+    };
+    if accepted_early {
+        return;
     }
+    o.defer_accept(
+        mark,
+        AcceptJob {
+            spi,
+            packet,
+            output: 0..0,
+            fail,
+            local,
+            src,
+        },
+    );
+}
+
+/// Hands the decrypted inner packet at `data[range]` to the CHILD_SA's inside interface. A
+/// packet that has to wait outside the send batch (for neighbour resolution) is accepted by
+/// the replay window (`accept_now`) before it waits.
+fn deliver(
+    o: &mut Out,
+    sh: &Shared,
+    now: Instant,
+    child: &Child,
+    data: &mut [u8],
+    (range, version): (Range<usize>, IpVersion),
+    accept_now: impl FnOnce() -> Result<(), DropReason>,
+) {
+    let counters = &child.state.counters;
     let Some(pkt) = data.get_mut(range) else {
         return o.drop_packet(DropReason::EspMalformed);
     };
@@ -97,7 +128,7 @@ fn esp(
         return;
     }
     match child.inside {
-        Inside::Vnet(v) => vxlan::deliver(o, sh, now, v, pkt, &parsed),
+        Inside::Vnet(v) => vxlan::deliver(o, sh, now, v, pkt, &parsed, accept_now),
         Inside::Tun => tun::deliver(o, sh, pkt),
     }
 }

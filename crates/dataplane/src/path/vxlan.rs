@@ -225,6 +225,8 @@ fn learn(
 }
 
 /// Delivers a decrypted packet into VNet `v` (RFC 1812 forwarding: TTL, route, resolve).
+/// `admit` is called before the packet is held for neighbour resolution (see
+/// `NeighCache::resolve`).
 pub(crate) fn deliver(
     o: &mut Out,
     sh: &Shared,
@@ -232,6 +234,7 @@ pub(crate) fn deliver(
     v: usize,
     pkt: &mut [u8],
     parsed: &InnerIp,
+    admit: impl FnOnce() -> Result<(), DropReason>,
 ) {
     let Some(vnet) = sh.vnets.get(v) else {
         return o.drop_packet(DropReason::NoRoute);
@@ -249,7 +252,7 @@ pub(crate) fn deliver(
     if let Some(mac) = o.resolved.get(v, dst, now) {
         return emit_ip(o, sh, vnet, host, mac, pkt, parsed);
     }
-    let resolution = vnet.neigh().resolve(dst, now, pkt);
+    let resolution = vnet.neigh().resolve(dst, now, pkt, admit);
     match resolution {
         Resolution::Mac { mac, probe } => {
             o.resolved.put(v, dst, mac, now);

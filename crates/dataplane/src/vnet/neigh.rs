@@ -71,8 +71,16 @@ pub(crate) struct NeighCache {
 }
 
 impl NeighCache {
-    /// Looks `ip` up for a packet; if it is not resolved, queues a copy of `packet`.
-    pub(crate) fn resolve(&mut self, ip: IpAddr, now: Instant, packet: &[u8]) -> Resolution {
+    /// Looks `ip` up for a packet; if it is not resolved, queues a copy of `packet` once
+    /// `admit` allows it (an inbound ESP packet is accepted by the replay window there, as it
+    /// cannot be left out of a send batch once it waits here; its error drops the packet).
+    pub(crate) fn resolve(
+        &mut self,
+        ip: IpAddr,
+        now: Instant,
+        packet: &[u8],
+        admit: impl FnOnce() -> Result<(), DropReason>,
+    ) -> Resolution {
         match self.entries.get_mut(&ip) {
             Some(Entry::Reachable {
                 mac,
@@ -90,6 +98,8 @@ impl NeighCache {
             Some(Entry::Incomplete { queue, .. }) => {
                 if queue.len() >= QUEUE_LEN {
                     Resolution::Dropped(DropReason::NeighUnresolved)
+                } else if let Err(reason) = admit() {
+                    Resolution::Dropped(reason)
                 } else {
                     queue.push_back(packet.to_vec());
                     Resolution::Queued { request: false }
@@ -98,6 +108,9 @@ impl NeighCache {
             None => {
                 if self.entries.len() >= MAX_ENTRIES || self.incomplete >= MAX_INCOMPLETE {
                     return Resolution::Dropped(DropReason::NeighTableFull);
+                }
+                if let Err(reason) = admit() {
+                    return Resolution::Dropped(reason);
                 }
                 let mut queue = VecDeque::with_capacity(QUEUE_LEN);
                 queue.push_back(packet.to_vec());
@@ -280,6 +293,10 @@ impl NeighMemo {
 mod tests {
     use super::*;
 
+    fn ok() -> Result<(), DropReason> {
+        Ok(())
+    }
+
     const IP: IpAddr = IpAddr::V4(std::net::Ipv4Addr::new(10, 0, 0, 5));
     const MAC: Mac = [2, 0, 0, 0, 0, 5];
 
@@ -288,17 +305,17 @@ mod tests {
         let t0 = Instant::now();
         let mut c = NeighCache::default();
         assert_eq!(
-            c.resolve(IP, t0, b"p1"),
+            c.resolve(IP, t0, b"p1", ok),
             Resolution::Queued { request: true }
         );
         assert_eq!(
-            c.resolve(IP, t0, b"p2"),
+            c.resolve(IP, t0, b"p2", ok),
             Resolution::Queued { request: false }
         );
         let q = c.learn(IP, MAC, t0, false).expect("queued packets");
         assert_eq!(q, VecDeque::from(vec![b"p1".to_vec(), b"p2".to_vec()]));
         assert_eq!(
-            c.resolve(IP, t0, b"p3"),
+            c.resolve(IP, t0, b"p3", ok),
             Resolution::Mac {
                 mac: MAC,
                 probe: false
@@ -312,10 +329,13 @@ mod tests {
         let t0 = Instant::now();
         let mut c = NeighCache::default();
         for _ in 0..QUEUE_LEN {
-            assert!(matches!(c.resolve(IP, t0, b"p"), Resolution::Queued { .. }));
+            assert!(matches!(
+                c.resolve(IP, t0, b"p", ok),
+                Resolution::Queued { .. }
+            ));
         }
         assert_eq!(
-            c.resolve(IP, t0, b"p"),
+            c.resolve(IP, t0, b"p", ok),
             Resolution::Dropped(DropReason::NeighUnresolved)
         );
     }
@@ -324,8 +344,8 @@ mod tests {
     fn retries_then_gives_up_and_counts_the_queue() {
         let t0 = Instant::now();
         let mut c = NeighCache::default();
-        c.resolve(IP, t0, b"p1");
-        c.resolve(IP, t0, b"p2");
+        c.resolve(IP, t0, b"p1", ok);
+        c.resolve(IP, t0, b"p2", ok);
         let mut req = Vec::new();
         assert_eq!(c.tick(t0 + Duration::from_millis(500), &mut req), 0);
         assert!(req.is_empty());
@@ -335,7 +355,7 @@ mod tests {
         assert_eq!(c.tick(t0 + RETRY * 3, &mut req), 2);
         assert_eq!(c.incomplete, 0);
         assert_eq!(
-            c.resolve(IP, t0 + RETRY * 3, b"p"),
+            c.resolve(IP, t0 + RETRY * 3, b"p", ok),
             Resolution::Queued { request: true }
         );
     }
@@ -347,21 +367,21 @@ mod tests {
         c.learn(IP, MAC, t0, true);
         let t1 = t0 + REACHABLE + Duration::from_secs(1);
         assert_eq!(
-            c.resolve(IP, t1, b""),
+            c.resolve(IP, t1, b"", ok),
             Resolution::Mac {
                 mac: MAC,
                 probe: true
             }
         );
         assert_eq!(
-            c.resolve(IP, t1, b""),
+            c.resolve(IP, t1, b"", ok),
             Resolution::Mac {
                 mac: MAC,
                 probe: false
             }
         );
         assert_eq!(
-            c.resolve(IP, t1 + PROBE_INTERVAL, b""),
+            c.resolve(IP, t1 + PROBE_INTERVAL, b"", ok),
             Resolution::Mac {
                 mac: MAC,
                 probe: true

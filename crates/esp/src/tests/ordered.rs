@@ -10,7 +10,9 @@ use crypto::{Encr, Integ};
 use wire::ip::IpVersion;
 
 use super::{esn, ip_packet, open_inner, pair, seal, SPI};
-use crate::{DropReason, EspError, OutboundSa, SaConfig, MAX_ESN, MAX_SEQ};
+use crate::{
+    DropReason, EspError, InboundSa, Opened, OutboundSa, SaConfig, Unaccepted, MAX_ESN, MAX_SEQ,
+};
 
 /// Seals `inner` with `seq` from an earlier `allocate`.
 fn seal_with(out: &OutboundSa, inner: &[u8], seq: u64) -> Result<Vec<u8>, EspError> {
@@ -195,4 +197,84 @@ fn reordering_is_measured_on_accepted_packets_only() {
         (out.counters().reordered, out.counters().max_reorder),
         (0, 0)
     );
+}
+
+/// A receiver with a 64-number window and the packets its peer sent: 1..=40, then (after
+/// a burst of 200 lost ones) 241..=260.
+fn burst_after_loss() -> (InboundSa, Vec<Vec<u8>>) {
+    let config = SaConfig {
+        replay_window: 64,
+        ..SaConfig::default()
+    };
+    let (out, inb) = pair(Encr::AesGcm16_256, None, &config);
+    let inner = ip_packet(IpVersion::V4, 48);
+    let packets = (1..=260u64)
+        .map(|_| {
+            let seq = out.allocate().unwrap();
+            (seq, seal_with(&out, &inner, seq).unwrap())
+        })
+        .filter(|(seq, _)| *seq <= 40 || *seq > 240)
+        .map(|(_, p)| p)
+        .collect();
+    (inb, packets)
+}
+
+#[test]
+fn deferred_acceptance_decides_in_arrival_order() {
+    // Two workers open the packets out of order: the batch after the loss before the one
+    // before it. Accepting in arrival order refuses nothing, as one thread would.
+    let (inb, packets) = burst_after_loss();
+    let mut opened: Vec<Option<Unaccepted>> = vec![None; packets.len()];
+    for i in (40..packets.len()).chain(0..40) {
+        let (u, r) = inb.open_unaccepted(&mut packets[i].clone()).unwrap();
+        assert!(matches!(r, Ok(Opened::Packet { .. })));
+        opened[i] = Some(u);
+    }
+    // Nothing is accepted (or counted) until `accept`.
+    assert_eq!((inb.highest_seq(), inb.counters().packets), (0, 0));
+    for u in opened.iter().flatten() {
+        assert_eq!(inb.accept(*u), Ok(0), "seq {}", u.seq());
+    }
+    let c = inb.counters();
+    assert_eq!((c.packets, c.total_drops(), c.max_reorder), (60, 0, 0));
+    assert_eq!(inb.highest_seq(), 260);
+
+    // Opening in the same order with the window updated at once refuses the first batch as
+    // too old: the case deferred acceptance exists for.
+    let (eager, packets) = burst_after_loss();
+    for i in (40..packets.len()).chain(0..40) {
+        let _ = eager.open(&mut packets[i].clone());
+    }
+    assert_eq!(eager.counters().drops_for(DropReason::TooOld), 40);
+}
+
+#[test]
+fn deferred_acceptance_refuses_duplicates_and_counts_authentic_failures() {
+    let (out, inb) = pair(Encr::ChaCha20Poly1305, None, &SaConfig::default());
+    let inner = ip_packet(IpVersion::V6, 80);
+    let (p, seq) = seal(&out, &inner);
+    // Two copies decrypted at once: both authentic, only the first accepted.
+    let (a, ra) = inb.open_unaccepted(&mut p.clone()).unwrap();
+    let (b, rb) = inb.open_unaccepted(&mut p.clone()).unwrap();
+    assert!(ra.is_ok() && rb.is_ok());
+    assert_eq!((a.seq(), b.seq()), (seq, seq));
+    assert_eq!(inb.accept(a), Ok(0));
+    assert_eq!(inb.accept(b), Err(EspError::Replayed { spi: SPI, seq }));
+    // Once accepted, the check before decryption refuses it: nothing is decrypted.
+    assert_eq!(
+        inb.open_unaccepted(&mut p.clone()).map(|(u, _)| u.seq()),
+        Err(EspError::Replayed { spi: SPI, seq })
+    );
+    // Not authentic: refused before acceptance, the window untouched.
+    let (mut forged, fseq) = seal(&out, &inner);
+    *forged.last_mut().unwrap() ^= 1;
+    assert!(matches!(
+        inb.open_unaccepted(&mut forged),
+        Err(EspError::Authentication { .. })
+    ));
+    assert!(inb.highest_seq() < fseq);
+    let c = inb.counters();
+    assert_eq!(c.packets, 1);
+    assert_eq!(c.drops_for(DropReason::Replayed), 2);
+    assert_eq!(c.drops_for(DropReason::Authentication), 1);
 }
