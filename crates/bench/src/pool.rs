@@ -135,7 +135,7 @@ mod tests {
     #[test]
     fn groups_equal_packets_into_trains() {
         let mut pool = Pool::with_budget(1 << 20);
-        let sizes = |i: u32| if (i / 10) % 2 == 0 { 100 } else { 200 };
+        let sizes = |i: u32| if (i / 10).is_multiple_of(2) { 100 } else { 200 };
         let n = pool
             .build::<()>(40, 300, 64, |i, slot| {
                 let len = sizes(i);

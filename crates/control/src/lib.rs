@@ -17,6 +17,7 @@ mod error;
 mod keylog;
 pub mod runtime;
 pub mod status;
+pub mod store;
 
 pub use config::Config;
 pub use error::{ConfigError, Error};

@@ -477,7 +477,7 @@ impl SaCipher {
                 "an authenticated trailer with an AEAD cipher",
             )),
             // RFC 3602 §2.4: the CBC payload is a whole number of 16-byte blocks.
-            Keys::Cbc(_) if buf.len() % AES_BLOCK != 0 => Err(Error::Length {
+            Keys::Cbc(_) if !buf.len().is_multiple_of(AES_BLOCK) => Err(Error::Length {
                 what: "CBC payload",
                 len: buf.len(),
             }),

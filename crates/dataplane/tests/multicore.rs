@@ -266,7 +266,7 @@ fn losses_longer_than_the_window_between_batches_in_flight_refuse_nothing() {
     // a packet before another worker has opened the one sent before it must not push that one
     // out of the window. Delivered: every packet sent, in order.
     let (b, peer, _) = two_workers_one_tunnel();
-    let lost = |i: u32| i % 66 != 0;
+    let lost = |i: u32| !i.is_multiple_of(66);
     let sealed = seal_inbound(&peer, 66 * 4096, lost);
     let got = inbound(&b, &sealed);
     let sent: Vec<u32> = sealed.iter().map(|(i, _)| *i).collect();

@@ -374,7 +374,7 @@ impl InboundSa {
         let layout = &self.core.layout;
         let hl = layout.header_len();
         let ct_len = buf.len() - hl - layout.icv_len;
-        if ct_len % layout.block != 0 {
+        if !ct_len.is_multiple_of(layout.block) {
             return Err(EspError::CiphertextLength {
                 spi,
                 seq,

@@ -48,7 +48,7 @@ impl Identity {
         }
         let hex_bytes = |h: &str| -> Result<Vec<u8>, crate::Error> {
             let h: String = h.chars().filter(|c| *c != ':').collect();
-            if h.is_empty() || h.len() % 2 != 0 {
+            if h.is_empty() || !h.len().is_multiple_of(2) {
                 return Err(err("key id needs an even number of hex digits"));
             }
             (0..h.len())

@@ -12,10 +12,11 @@ use crate::{
 use crypto::Rng;
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 use tracing::debug;
 use wire::ike::{ExchangeType, Header, Message};
 use wire::{EspSpi, IkeSpi, Transmit};
+use zeroize::Zeroizing;
 
 /// All IKE SAs of a node. See the crate documentation for the order of calls.
 pub struct Endpoint {
@@ -46,6 +47,13 @@ pub struct Endpoint {
     start_due: Option<Instant>,
     /// Dropped and refused datagrams by reason.
     stats: IkeStats,
+    /// The instant snapshots are compared at (see [`Endpoint::take_state_changes`]).
+    epoch: Instant,
+    /// SAs that ran or were filed since the last [`Endpoint::take_state_changes`].
+    touched: BTreeSet<IkeSpi>,
+    /// The last state of each SA reported by [`Endpoint::take_state_changes`], encoded at
+    /// `epoch` (timers as deadlines after `epoch`, so the bytes change only with the state).
+    saved: HashMap<IkeSpi, Zeroizing<Vec<u8>>>,
 }
 
 /// The cached last response of an ended IKE SA.
@@ -76,7 +84,6 @@ macro_rules! ctx {
 impl Endpoint {
     /// A new endpoint with no peers. `now` starts its clock.
     pub fn new(config: EndpointConfig, rng: Box<dyn Rng>, now: Instant) -> Self {
-        let _ = now;
         Self {
             config,
             rng,
@@ -93,6 +100,9 @@ impl Endpoint {
             pending_start: Vec::new(),
             start_due: None,
             stats: IkeStats::default(),
+            epoch: now,
+            touched: BTreeSet::new(),
+            saved: HashMap::new(),
         }
     }
 
@@ -542,7 +552,20 @@ impl Endpoint {
     /// with the saved message IDs; its CHILD_SAs are *not* reported again (the data path
     /// already has them). The tunnel must be configured.
     pub fn restore(&mut self, now: Instant, bytes: &[u8]) -> Result<IkeSpis, Error> {
-        let sa = crate::snapshot::decode(bytes, now)?;
+        self.restore_aged(now, bytes, Duration::ZERO)
+    }
+
+    /// [`restore`](Self::restore) for a snapshot taken `age` ago (read back from a store after
+    /// a restart): the SA's timers have run that long, so a rekey or lifetime that fell due
+    /// meanwhile is due now. The restored state counts as saved for
+    /// [`take_state_changes`](Self::take_state_changes).
+    pub fn restore_aged(
+        &mut self,
+        now: Instant,
+        bytes: &[u8],
+        age: Duration,
+    ) -> Result<IkeSpis, Error> {
+        let sa = crate::snapshot::decode(bytes, now, age)?;
         if self.sas.contains_key(&sa.spi) {
             return Err(Error::DuplicateSa(sa.spi));
         }
@@ -555,8 +578,58 @@ impl Endpoint {
             self.esp_spis.insert(c.inbound_spi.0);
         }
         let spis = sa.spis;
+        if let Some(state) = crate::snapshot::encode(&sa, self.epoch) {
+            self.saved.insert(sa.spi, Zeroizing::new(state));
+        }
         self.insert(sa);
         Ok(spis)
+    }
+
+    /// The tunnel a [`snapshot`](Self::snapshot) belongs to, read from its header (to check,
+    /// before restoring, that the configuration still has that tunnel as it was).
+    pub fn snapshot_tunnel(bytes: &[u8]) -> Result<Option<TunnelId>, Error> {
+        crate::snapshot::tunnel_of(bytes)
+    }
+
+    /// What changed in the durable state of the IKE SAs since the last call: for each IKE SA
+    /// whose state (keys, SPIs, message IDs, CHILD_SAs, queued work, timers) changed, its new
+    /// [`snapshot`](Self::snapshot); for each that had been reported and is gone (or no longer
+    /// has state worth keeping), its removal. Half-open SAs are never reported, so a flood of
+    /// IKE_SA_INIT requests causes no writes.
+    ///
+    /// A control node that must survive restarts writes these to its store *before* sending
+    /// the datagrams of [`poll_transmit`](Self::poll_transmit): a response then never leaves
+    /// unless the state it depends on (the message ID it used, the SAs it created) is durable.
+    pub fn take_state_changes(&mut self, now: Instant) -> Vec<StateChange> {
+        let mut changes = Vec::new();
+        for spi in std::mem::take(&mut self.touched) {
+            let current = self
+                .sas
+                .get(&spi)
+                .and_then(|sa| crate::snapshot::encode(sa, self.epoch).map(|s| (sa, s)));
+            match current {
+                Some((sa, state)) => {
+                    if self.saved.get(&spi).is_some_and(|old| **old == state) {
+                        continue;
+                    }
+                    self.saved.insert(spi, Zeroizing::new(state));
+                    if let Some(snapshot) = crate::snapshot::encode(sa, now) {
+                        changes.push(StateChange::Saved {
+                            spi,
+                            ike: sa.spis,
+                            tunnel: sa.tunnel,
+                            snapshot: Zeroizing::new(snapshot),
+                        });
+                    }
+                }
+                None => {
+                    if self.saved.remove(&spi).is_some() {
+                        changes.push(StateChange::Removed { spi });
+                    }
+                }
+            }
+        }
+        changes
     }
 
     /// Counters of dropped and refused datagrams by reason, since the endpoint was created.
@@ -603,6 +676,7 @@ impl Endpoint {
 
     fn insert(&mut self, mut sa: IkeSa) {
         let spi = sa.spi;
+        self.touched.insert(spi);
         Self::schedule(&mut self.timers, &mut sa);
         self.sas.insert(spi, sa);
     }
@@ -636,6 +710,7 @@ impl Endpoint {
     }
 
     fn file(&mut self, now: Instant, mut sa: IkeSa) {
+        self.touched.insert(sa.spi);
         if sa.counted_half_open && !sa.is_half_open() {
             sa.counted_half_open = false;
             self.half_open = self.half_open.saturating_sub(1);

@@ -102,6 +102,41 @@ pub struct ChildSaInfo {
     pub proposal: String,
 }
 
+/// A change of the durable state of an IKE SA, from [`crate::Endpoint::take_state_changes`].
+pub enum StateChange {
+    /// The IKE SA with our SPI `spi` has new state: store `snapshot` (secret: it holds the
+    /// SA's keys) under `spi`, replacing what was stored.
+    Saved {
+        /// Our SPI of the IKE SA (the key to store it under).
+        spi: IkeSpi,
+        /// Both SPIs.
+        ike: IkeSpis,
+        /// Its tunnel (None for an SA that matched none).
+        tunnel: Option<TunnelId>,
+        /// The state, for [`crate::Endpoint::restore_aged`].
+        snapshot: zeroize::Zeroizing<Vec<u8>>,
+    },
+    /// The IKE SA with our SPI `spi` is gone: forget what was stored.
+    Removed {
+        /// Our SPI of the IKE SA.
+        spi: IkeSpi,
+    },
+}
+
+impl std::fmt::Debug for StateChange {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never the snapshot's bytes: they hold keys.
+        match self {
+            Self::Saved { spi, snapshot, .. } => f
+                .debug_struct("Saved")
+                .field("spi", spi)
+                .field("snapshot_len", &snapshot.len())
+                .finish(),
+            Self::Removed { spi } => f.debug_struct("Removed").field("spi", spi).finish(),
+        }
+    }
+}
+
 /// An event for the driver.
 #[derive(Debug)]
 pub enum Event {

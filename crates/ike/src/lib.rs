@@ -11,7 +11,10 @@
 //! 2. After any input, drain in this order until each returns `None`:
 //!    [`Endpoint::poll_event`] (SA lifecycle events, including CHILD_SA keys for the data
 //!    path: install them before anything below is sent, because a datagram of this round may
-//!    let the peer use the new SA at once), then [`Endpoint::poll_transmit`] (datagrams to send;
+//!    let the peer use the new SA at once), then, for a node whose IKE SAs must survive a
+//!    restart, [`Endpoint::take_state_changes`] (write them durably before sending: a response
+//!    must not leave before the state it depends on), then [`Endpoint::poll_transmit`]
+//!    (datagrams to send;
 //!    on port 4500 the caller prepends the marker, except to the one-byte NAT keepalive
 //!    `0xFF`), then read [`Endpoint::poll_timeout`] for the next wake-up.
 //! 3. At any time, [`Endpoint::stats`] counts every received datagram that was dropped or
@@ -22,7 +25,7 @@
 //! IKE SA (message IDs, retransmission, the request slot and queue of pending exchanges,
 //! timers); `init`, `auth`, `child`, `ike_rekey` and `info` implement the exchanges for both
 //! roles; `proposal` and `keys` are negotiation and key derivation; `snapshot` serialises an
-//! IKE SA for a standby.
+//! IKE SA for a store, a standby or a restart ([`Endpoint::restore_aged`]).
 
 mod auth;
 mod child;
@@ -53,5 +56,6 @@ pub use endpoint::Endpoint;
 pub use error::Error;
 pub use event::{
     ChildKeys, ChildSaInfo, ChildSaStatus, DeleteReason, Event, IkeSaState, IkeSaStatus, IkeSpis,
+    StateChange,
 };
 pub use stats::{IkeDrop, IkeStats};

@@ -264,7 +264,8 @@ pub(crate) fn encode(sa: &IkeSa, now: Instant) -> Option<Vec<u8>> {
     Some(w.0.to_vec())
 }
 
-struct R<'a>(Reader<'a>);
+/// A snapshot reader; `.1` is how long ago the snapshot was taken (timers have run that long).
+struct R<'a>(Reader<'a>, Duration);
 
 fn truncated(_: wire::ike::IkeWireError) -> Error {
     Error::Snapshot("truncated")
@@ -317,12 +318,13 @@ impl R<'_> {
         Ok(Duration::from_millis(self.u64()?))
     }
     fn ago(&mut self, now: Instant) -> Result<Instant, Error> {
-        let d = self.dur()?;
+        let d = self.dur()?.saturating_add(self.1);
         Ok(now.checked_sub(d).unwrap_or(now))
     }
     fn opt_remaining(&mut self, now: Instant) -> Result<Option<Instant>, Error> {
         Ok(if self.bool()? {
-            now.checked_add(self.dur()?)
+            let left = self.dur()?.saturating_sub(self.1);
+            Some(now.checked_add(left).unwrap_or(now))
         } else {
             None
         })
@@ -391,9 +393,27 @@ impl R<'_> {
     }
 }
 
-/// Restores an SA written by [`encode`].
-pub(crate) fn decode(bytes: &[u8], now: Instant) -> Result<IkeSa, Error> {
-    let mut r = R(Reader::new(bytes, "snapshot"));
+/// The tunnel a snapshot belongs to (None for an SA without one), from its header only.
+pub(crate) fn tunnel_of(bytes: &[u8]) -> Result<Option<TunnelId>, Error> {
+    let mut r = R(Reader::new(bytes, "snapshot"), Duration::ZERO);
+    if r.0.take(4).map_err(truncated)? != MAGIC {
+        return Err(Error::Snapshot("not an IKE SA snapshot"));
+    }
+    if r.u8()? != VERSION {
+        return Err(Error::Snapshot("unsupported snapshot version"));
+    }
+    for _ in 0..3 {
+        r.u64()?;
+    }
+    r.bool()?;
+    let tunnel_id = r.u32()?;
+    Ok(r.bool()?.then_some(TunnelId(tunnel_id)))
+}
+
+/// Restores an SA written by [`encode`] `age` ago: its timers have run that long (those that
+/// would have fired meanwhile are due at `now`).
+pub(crate) fn decode(bytes: &[u8], now: Instant, age: Duration) -> Result<IkeSa, Error> {
+    let mut r = R(Reader::new(bytes, "snapshot"), age);
     if r.0.take(4).map_err(truncated)? != MAGIC {
         return Err(Error::Snapshot("not an IKE SA snapshot"));
     }
@@ -496,7 +516,8 @@ pub(crate) fn decode(bytes: &[u8], now: Instant) -> Result<IkeSa, Error> {
         sa.queue.push_back(r.pending()?);
     }
     for _ in 0..r.count()? {
-        let at = now.checked_add(r.dur()?).unwrap_or(now);
+        let left = r.dur()?.saturating_sub(age);
+        let at = now.checked_add(left).unwrap_or(now);
         sa.deferred.push((at, r.pending()?));
     }
     for _ in 0..r.count()? {

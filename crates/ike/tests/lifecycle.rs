@@ -452,3 +452,100 @@ fn delete_into_a_dead_link_with_timers_armed() {
     assert_eq!(p.a.deleted_reasons(), vec![DeleteReason::LocalRequest]);
     assert!(p.a.ep.poll_timeout().is_none());
 }
+
+/// Drains B's state changes as a control node's store would see them.
+fn changes(node: &mut Node, now: std::time::Instant) -> Vec<StateChange> {
+    node.ep.take_state_changes(now)
+}
+
+#[test]
+fn state_changes_follow_what_a_restart_needs() {
+    let mut p = Pair::with_tunnel(117);
+    p.connect();
+    let ike = p.b.ep.status(p.now)[0].ike;
+    let c = changes(&mut p.b, p.now);
+    assert_eq!(c.len(), 1, "{c:?}");
+    let StateChange::Saved { spi, ike: spis, .. } = &c[0] else {
+        panic!("{c:?}");
+    };
+    assert_eq!((*spis, *spi), (ike, ike.responder));
+    // Nothing happened: nothing to write, also after time passes without an exchange.
+    assert!(changes(&mut p.b, p.now).is_empty());
+    p.run_for(Duration::from_secs(10));
+    assert!(changes(&mut p.b, p.now).is_empty());
+    // A forged request for the SA (A's IKE_AUTH under the next message ID, ICV broken) reaches
+    // the SA, fails its integrity check and changes nothing.
+    let (to, from, auth) = p.a.sent.last().expect("sent").clone();
+    let mut forged = auth;
+    forged[20..24].copy_from_slice(&2u32.to_be_bytes());
+    let n = forged.len();
+    forged[n - 1] ^= 1;
+    let dropped = p.b.ep.stats().total();
+    p.b.ep.handle_datagram(p.now, from, to, &forged);
+    assert_eq!(
+        p.b.ep.stats().total(),
+        dropped + 1,
+        "the forgery was dropped"
+    );
+    assert!(changes(&mut p.b, p.now).is_empty());
+    // A CHILD_SA rekey changes the state (message IDs, CHILD_SAs): written once, at the end.
+    let spi_in = *p.a.children.keys().next().expect("child");
+    p.a.ep.rekey_child(p.now, spi_in).expect("rekey");
+    p.run_for(Duration::from_secs(5));
+    let c = changes(&mut p.b, p.now);
+    assert_eq!(c.len(), 1, "{c:?}");
+    assert!(matches!(&c[0], StateChange::Saved { spi, .. } if *spi == ike.responder));
+    // An IKE_SA_INIT that never completes (half-open) is never written.
+    let mut half = Pair::with_tunnel(118);
+    half.up = false;
+    half.a.ep.initiate(half.now, TunnelId(1)).expect("initiate");
+    half.run_for(Duration::from_secs(1));
+    let init = half.a.sent[0].2.clone();
+    p.b.ep
+        .handle_datagram(p.now, p.b.sent[0].0, p.b.sent[0].1, &init);
+    assert!(changes(&mut p.b, p.now).is_empty());
+    // Deleted: removed from the store.
+    p.a.ep.terminate(p.now, TunnelId(1)).expect("terminate");
+    p.run_for(Duration::from_secs(5));
+    let c = changes(&mut p.b, p.now);
+    assert!(
+        matches!(c.as_slice(), [StateChange::Removed { spi }] if *spi == ike.responder),
+        "{c:?}"
+    );
+}
+
+#[test]
+fn a_restore_after_a_long_outage_runs_the_timers_that_fell_due() {
+    let (mut a, mut b) = (cfg_a(), cfg_b());
+    a.child_rekey_time = Duration::from_secs(3600);
+    b.child_rekey_time = Duration::from_secs(100);
+    let mut p = Pair::with_configs(119, a, b);
+    p.connect();
+    let saved = match changes(&mut p.b, p.now).pop() {
+        Some(StateChange::Saved { snapshot, .. }) => snapshot,
+        other => panic!("{other:?}"),
+    };
+    let installs = p.a.count(|e| matches!(e, Event::ChildSaInstalled(_)));
+    // B comes back 150 s after it wrote its state: the 100 s CHILD_SA rekey is overdue.
+    let mut standby = Node::new(B_ADDR, 4343, EndpointConfig::default(), p.now);
+    let mut b = cfg_b();
+    b.child_rekey_time = Duration::from_secs(100);
+    standby.ep.add_peer(p.now, b).expect("b");
+    standby
+        .ep
+        .restore_aged(p.now, &saved, Duration::from_secs(150))
+        .expect("restore");
+    // The restored state counts as written.
+    assert!(changes(&mut standby, p.now).is_empty());
+    standby.take_data_path(&mut p.b);
+    p.b = standby;
+    assert!(
+        p.run_until(Duration::from_secs(5), |p| {
+            p.a.count(|e| matches!(e, Event::ChildSaInstalled(_))) > installs
+        }),
+        "the overdue rekey did not run at once"
+    );
+    p.run_for(Duration::from_secs(5));
+    p.assert_children_consistent();
+    p.assert_one_ike_sa();
+}

@@ -44,6 +44,9 @@ enum UpError {
     /// The control loop or the status socket failed.
     #[error(transparent)]
     Control(#[from] control::Error),
+    /// The state store could not be opened (nothing was started).
+    #[error("cannot open the state store: {0}")]
+    Store(#[from] control::store::StoreError),
     /// The control loop ended on its own (its log says why).
     #[error("the control loop stopped unexpectedly")]
     ControlDied,
@@ -107,10 +110,12 @@ fn serve(config: &Config) -> Result<(), UpError> {
         let _ = signal_tx.try_send(());
     })?;
 
+    // The store first: a second instance on the same file stops here, before any socket.
+    let store = config.store.open()?;
     let (to_control, from_dataplane) = crossbeam_channel::bounded(CONTROL_QUEUE);
     let dp = Dataplane::start(config.dataplane.clone(), to_control)?;
     let datapath: Arc<dyn DataPath> = dp.clone();
-    let control = match ControlPlane::start(config, Arc::clone(&datapath), from_dataplane) {
+    let control = match ControlPlane::start(config, Arc::clone(&datapath), from_dataplane, store) {
         Ok(c) => c,
         Err(e) => {
             dp.shutdown();

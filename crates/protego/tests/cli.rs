@@ -141,6 +141,9 @@ remote_id = "branch.example"
 psk_file = "peer.psk"
 local_ts = "10.2.0.0/24"
 remote_ts = "10.3.0.0/24"
+
+[store]
+path = "state/protego.redb"
 "#,
         socket = socket.display()
     );
@@ -181,6 +184,20 @@ remote_ts = "10.3.0.0/24"
         "{table}"
     );
     assert!(table.contains("remote 'branch.example' @ %any"), "{table}");
+
+    // The IKE state store: created beside the configuration (a relative path), private.
+    use std::os::unix::fs::PermissionsExt;
+    let store = dir.join("state/protego.redb");
+    let mode = std::fs::metadata(&store).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o600, "{}", store.display());
+    // A second instance on the same store stops at once, naming it, before taking any socket.
+    let second = run(protego().args(["up", "--config"]).arg(&path));
+    assert!(!second.status.success());
+    let err = text(&second.stderr);
+    assert!(
+        err.contains("state store") && err.contains("protego.redb"),
+        "{err}"
+    );
 
     let killed = Command::new("kill")
         .args(["-TERM", &child.id().to_string()])

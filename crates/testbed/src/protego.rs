@@ -165,7 +165,18 @@ pub fn render_config(
             let _ = writeln!(out, "{line}");
         }
     }
+    // The IKE state store beside the control socket: per run, so runs never share it, and
+    // kept across a restart of the gateway within the run.
+    let store = socket.with_file_name("state.redb");
+    let _ = writeln!(out, "\n[store]\npath = {:?}", store.display().to_string());
     Ok(out)
+}
+
+/// `protego up` on `config`, logging what the interop tests read.
+fn up_command(bin: &std::path::Path, config: &std::path::Path) -> Cmd {
+    Cmd::new(bin.display().to_string())
+        .args(["up", "--config", &config.display().to_string()])
+        .args(["--log-level", "info,protego_ike=debug"])
 }
 
 impl ProtegoGateway {
@@ -186,10 +197,10 @@ impl ProtegoGateway {
         let text = render_config(topo, tunnels, &socket, &dir, extra_gateway)?;
         std::fs::write(&config, text).map_err(|e| Error::io("write config", &config, e))?;
         let bin = workspace_bin("protego")?;
-        let cmd = Cmd::new(bin.display().to_string())
-            .args(["up", "--config", &config.display().to_string()])
-            .args(["--log-level", "info,protego_ike=debug"]);
-        let process = topo.gateway.ns.spawn(&format!("protego{n}"), cmd)?;
+        let process = topo
+            .gateway
+            .ns
+            .spawn(&format!("protego{n}"), up_command(&bin, &config))?;
         let gw = ProtegoGateway {
             process,
             config,
@@ -197,17 +208,43 @@ impl ProtegoGateway {
             bin,
             netns: topo.gateway.ns.name().to_owned(),
         };
+        gw.wait_ready()?;
+        Ok(gw)
+    }
+
+    /// Starts `protego up` again on the same configuration file and directory, so on the same
+    /// state store (`[store]`), as an operator restarting the service, and waits until its
+    /// status socket answers. The previous process must have exited (stopped or killed); it is
+    /// returned so that its log stays readable.
+    pub fn restart(&mut self, topo: &Topology, label: &str) -> Result<Process> {
+        if self.process.check_running().is_ok() {
+            return Err(Error::InvalidSpec {
+                field: "protego restart".to_owned(),
+                reason: "the previous protego up is still running".to_owned(),
+            });
+        }
+        let process = topo
+            .gateway
+            .ns
+            .spawn(label, up_command(&self.bin, &self.config))?;
+        let old = std::mem::replace(&mut self.process, process);
+        self.wait_ready()?;
+        Ok(old)
+    }
+
+    /// Waits until the status socket answers (at most 20 s; fails early if the process exits).
+    fn wait_ready(&self) -> Result<()> {
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
-            gw.process.check_running()?;
-            if gw.status_json().is_ok() {
-                return Ok(gw);
+            self.process.check_running()?;
+            if self.status_json().is_ok() {
+                return Ok(());
             }
             if Instant::now() > deadline {
                 return Err(Error::WaitTimeout {
-                    what: format!("protego status socket {}", gw.socket.display()),
+                    what: format!("protego status socket {}", self.socket.display()),
                     timeout: Duration::from_secs(20),
-                    last: gw.process.log_tail(40),
+                    last: self.process.log_tail(40),
                 });
             }
             std::thread::sleep(Duration::from_millis(100));

@@ -43,7 +43,7 @@ pub fn format_duration(d: Duration) -> String {
     let s = d.as_secs();
     if d.subsec_nanos() != 0 {
         let us = d.as_micros();
-        return if us % 1_000 == 0 {
+        return if us.is_multiple_of(1_000) {
             format!("{}ms", us / 1_000)
         } else {
             format!("{us}us")
@@ -51,11 +51,11 @@ pub fn format_duration(d: Duration) -> String {
     }
     if s == 0 {
         "0s".to_owned()
-    } else if s % 86_400 == 0 {
+    } else if s.is_multiple_of(86_400) {
         format!("{}d", s / 86_400)
-    } else if s % 3_600 == 0 {
+    } else if s.is_multiple_of(3_600) {
         format!("{}h", s / 3_600)
-    } else if s % 60 == 0 {
+    } else if s.is_multiple_of(60) {
         format!("{}m", s / 60)
     } else {
         format!("{s}s")

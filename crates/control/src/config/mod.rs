@@ -23,6 +23,32 @@ use std::path::{Path, PathBuf};
 /// Default path of the control socket (`[gateway] control_socket`).
 pub const DEFAULT_CONTROL_SOCKET: &str = "/run/protego/protego.sock";
 
+/// Default path of the embedded file store (`[store] path`).
+pub const DEFAULT_STORE_PATH: &str = "/var/lib/protego/state.redb";
+
+/// Where the control plane keeps the state that must survive a restart (`[store]`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StoreConfig {
+    /// The embedded file store (redb) at this path; the default.
+    File {
+        /// The database file (relative paths are resolved against the configuration file's
+        /// directory).
+        path: PathBuf,
+    },
+    /// Kept in memory only: nothing survives a restart (tests, throw-away demos).
+    Memory,
+}
+
+impl StoreConfig {
+    /// Opens the configured store.
+    pub fn open(&self) -> Result<Box<dyn crate::store::Store>, crate::store::StoreError> {
+        Ok(match self {
+            Self::File { path } => Box::new(crate::store::FileStore::open(path)?),
+            Self::Memory => Box::new(crate::store::MemoryStore::default()),
+        })
+    }
+}
+
 /// How the binary formats its log lines (`[gateway] log_format`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum LogFormat {
@@ -122,6 +148,8 @@ pub struct Config {
     pub tunnels: Vec<Tunnel>,
     /// The data plane's configuration.
     pub dataplane: dataplane::DataplaneConfig,
+    /// `[store]`.
+    pub store: StoreConfig,
     /// Things that are allowed but worth an operator's attention (world-readable PSK files, key
     /// log enabled). The binary prints or logs them.
     pub warnings: Vec<String>,

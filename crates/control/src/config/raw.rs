@@ -20,6 +20,15 @@ pub(crate) struct RawFile {
     pub(crate) vnet: Vec<Spanned<RawVnet>>,
     #[serde(default)]
     pub(crate) tunnel: Vec<Spanned<RawTunnel>>,
+    pub(crate) store: Option<Spanned<RawStore>>,
+}
+
+/// `[store]`: where the control plane keeps its durable state.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawStore {
+    pub(crate) backend: Option<Spanned<String>>,
+    pub(crate) path: Option<Spanned<String>>,
 }
 
 /// `[gateway]`: node-wide settings.

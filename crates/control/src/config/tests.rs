@@ -926,3 +926,40 @@ fn bad_workers_and_cpus_name_the_key() {
         expect_error(&text, line, key, says);
     }
 }
+
+#[test]
+fn store_defaults_to_the_file_backend() {
+    let s = Scratch::new();
+    let c = s.parse(&with_tunnel(TUNNEL_A)).unwrap();
+    assert_eq!(
+        c.store,
+        StoreConfig::File {
+            path: PathBuf::from(DEFAULT_STORE_PATH)
+        }
+    );
+    // A relative path is resolved against the configuration file's directory.
+    let text = format!(
+        "{}\n[store]\npath = \"state/x.redb\"\n",
+        with_tunnel(TUNNEL_A)
+    );
+    let c = s.parse(&text).unwrap();
+    assert_eq!(
+        c.store,
+        StoreConfig::File {
+            path: s.0.join("state/x.redb")
+        }
+    );
+    let text = format!("{}\n[store]\nbackend = \"memory\"\n", with_tunnel(TUNNEL_A));
+    assert_eq!(s.parse(&text).unwrap().store, StoreConfig::Memory);
+}
+
+#[test]
+fn store_errors_name_the_key() {
+    let base = with_tunnel(TUNNEL_A);
+    let text = format!("{base}\n[store]\nbackend = \"etcd3\"\n");
+    expect_error(&text, "etcd3", "backend", "unknown store backend");
+    let text = format!("{base}\n[store]\nbackend = \"memory\"\npath = \"/x\"\n");
+    expect_error(&text, "path = \"/x\"", "path", "only the \"file\" backend");
+    let text = format!("{base}\n[store]\npath = \" \"\n");
+    expect_error(&text, "path = \" \"", "path", "must not be empty");
+}

@@ -10,15 +10,21 @@
 //! path before the messages that let the peer use them) until both are empty, then sleep until
 //! `poll_timeout` or the next input.
 
+mod persist;
+
+pub use persist::StoreStats;
+
 use crate::config::Config;
 use crate::error::Error;
 use crate::keylog::KeyLog;
 use crate::status::format_ts;
+use crate::store::Store;
 use crossbeam_channel::{bounded, Receiver, Select, Sender};
 use dataplane::{DataPath, ToControl};
 use ike::{
     DeleteReason, DpdAction, Endpoint, Event, IkeSaStatus, IkeSpis, IkeStats, StartAction, TunnelId,
 };
+use persist::{decode_record, Held, Persister};
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -34,11 +40,17 @@ const TRANSMIT_BUFFER: usize = 65_536;
 /// A request to the control loop.
 enum Command {
     Status(Sender<(Vec<IkeSaStatus>, IkeStats)>),
+    StoreStats(Sender<StoreStats>),
     Initiate(TunnelId, Sender<Result<(), CommandFailure>>),
     Terminate(TunnelId, Sender<Result<(), CommandFailure>>),
     RekeyChild(TunnelId, Sender<Result<(), CommandFailure>>),
     RekeyIke(TunnelId, Sender<Result<(), CommandFailure>>),
-    Shutdown { grace: Duration },
+    Shutdown {
+        grace: Duration,
+    },
+    /// Stop at once, as a crash would (tests of the restore).
+    #[cfg(test)]
+    Abort,
 }
 
 /// Why the loop refused a command.
@@ -64,6 +76,16 @@ impl ControlHandle {
         let (tx, rx) = bounded(1);
         self.commands
             .send(Command::Status(tx))
+            .map_err(|_| Error::ControlStopped)?;
+        rx.recv_timeout(COMMAND_TIMEOUT)
+            .map_err(|_| Error::ControlStopped)
+    }
+
+    /// The state store's figures (backend, commits, latency, failures).
+    pub fn store_stats(&self) -> Result<StoreStats, Error> {
+        let (tx, rx) = bounded(1);
+        self.commands
+            .send(Command::StoreStats(tx))
             .map_err(|_| Error::ControlStopped)?;
         rx.recv_timeout(COMMAND_TIMEOUT)
             .map_err(|_| Error::ControlStopped)
@@ -122,25 +144,39 @@ pub struct ControlPlane {
 
 impl ControlPlane {
     /// Starts the control loop with the operating system's RNG. Every tunnel of `config` is
-    /// added to a new IKE endpoint; tunnels with `start_action = "start"` are initiated.
+    /// added to a new IKE endpoint; the IKE SAs found in `store` are restored (see
+    /// [`ControlPlane::start_with_rng`]); tunnels with `start_action = "start"` and no IKE SA are
+    /// initiated.
     pub fn start(
         config: &Config,
         datapath: Arc<dyn DataPath>,
         from_dataplane: Receiver<ToControl>,
+        store: Box<dyn Store>,
     ) -> Result<Self, Error> {
         Self::start_with_rng(
             config,
             datapath,
             from_dataplane,
+            store,
             Box::new(crypto::SystemRng),
         )
     }
 
     /// As [`start`](Self::start), with a caller-chosen RNG (deterministic tests).
+    ///
+    /// Every IKE SA state change is committed to `store` before the datagrams that depend on
+    /// it are sent. At start the stored IKE SAs are restored with their message IDs, so peers
+    /// keep their IKE SAs (no new IKE_SA_INIT or IKE_AUTH). Their CHILD_SAs are rekeyed at once
+    /// (CREATE_CHILD_SA over the restored IKE SA): the ESP state of the old ones (sequence
+    /// numbers, replay windows) lived in the data path and did not survive, and sending again
+    /// under an old key from sequence number 1 would reuse AES-GCM nonces. A record whose tunnel
+    /// is no longer configured under the same name, or that cannot be read, is dropped (that
+    /// peer re-authenticates).
     pub fn start_with_rng(
         config: &Config,
         datapath: Arc<dyn DataPath>,
         from_dataplane: Receiver<ToControl>,
+        store: Box<dyn Store>,
         rng: Box<dyn crypto::Rng>,
     ) -> Result<Self, Error> {
         let keylog = config
@@ -179,6 +215,8 @@ impl ControlPlane {
                         (t.peer.id, info)
                     })
                     .collect();
+                let mut persist = Persister::new(store);
+                let restored = restore(&mut endpoint, &mut persist, &tunnels, now);
                 let mut driver = Driver {
                     endpoint,
                     datapath,
@@ -187,6 +225,9 @@ impl ControlPlane {
                     buf: Vec::with_capacity(TRANSMIT_BUFFER),
                     restart: Vec::new(),
                     shutdown_deadline: None,
+                    persist,
+                    restored,
+                    aborted: false,
                 };
                 let _ = ready_tx.send(Ok(()));
                 driver.run(&from_dataplane, &commands_rx);
@@ -222,6 +263,15 @@ impl ControlPlane {
     /// True while the control loop thread runs.
     pub fn is_running(&self) -> bool {
         self.thread.as_ref().is_some_and(|t| !t.is_finished())
+    }
+
+    /// Stops the loop at once, as a crash would: no DELETE, and the store keeps every IKE SA.
+    #[cfg(test)]
+    pub(crate) fn abort(mut self) {
+        if let Some(thread) = self.thread.take() {
+            let _ = self.handle.commands.send(Command::Abort);
+            let _ = thread.join();
+        }
     }
 
     /// Deletes every IKE SA politely (the peers get a DELETE), waits at most `grace` for the
@@ -264,11 +314,83 @@ struct Driver {
     restart: Vec<TunnelId>,
     /// Set once a shutdown began: the loop ends when every IKE SA is gone or at this instant.
     shutdown_deadline: Option<Instant>,
+    /// The state store.
+    persist: Persister,
+    /// CHILD_SAs of restored IKE SAs, to rekey at the start of the loop.
+    restored: Vec<wire::EspSpi>,
+    /// Set by a test's abort: leave the loop now.
+    aborted: bool,
+}
+
+/// Restores the IKE SAs kept in the store; returns the inbound SPIs of their CHILD_SAs (to be
+/// rekeyed: their ESP state did not survive).
+fn restore(
+    endpoint: &mut Endpoint,
+    persist: &mut Persister,
+    tunnels: &HashMap<TunnelId, TunnelInfo>,
+    now: Instant,
+) -> Vec<wire::EspSpi> {
+    let records = match persist.load() {
+        Ok(r) => r,
+        Err(e) => {
+            error!(store = %persist.describe(), error = %e, "cannot read the stored IKE SAs; peers will re-authenticate");
+            return Vec::new();
+        }
+    };
+    let mut children = Vec::new();
+    let wall = std::time::SystemTime::now();
+    for (spi, bytes) in records {
+        let spi_text = format!("{spi:016x}");
+        let record = match decode_record(&bytes) {
+            Ok(r) => r,
+            Err(why) => {
+                warn!(spi = %spi_text, error = why, "dropping an unreadable stored IKE SA");
+                persist.forget(now, spi);
+                continue;
+            }
+        };
+        let configured = Endpoint::snapshot_tunnel(record.snapshot)
+            .ok()
+            .flatten()
+            .and_then(|t| tunnels.get(&t).map(|info| (t, info.name.as_str())));
+        let Some((tunnel, name)) = configured.filter(|(_, name)| *name == record.tunnel) else {
+            warn!(spi = %spi_text, tunnel = %record.tunnel,
+                "dropping a stored IKE SA whose tunnel is no longer configured under that name; the peer will re-authenticate");
+            persist.forget(now, spi);
+            continue;
+        };
+        // A clock set back makes the age 0: timers then run as if no time had passed.
+        let age = wall.duration_since(record.at).unwrap_or_default();
+        match endpoint.restore_aged(now, record.snapshot, age) {
+            Ok(ike) => {
+                let status = endpoint.status(now);
+                let sa = status.iter().find(|s| s.ike == ike);
+                let spis: Vec<wire::EspSpi> = sa
+                    .map(|s| s.children.iter().map(|c| c.inbound_spi).collect())
+                    .unwrap_or_default();
+                info!(tunnel = %name, tenant = %tunnels.get(&tunnel).map_or("-", |t| t.tenant.as_str()),
+                    ispi = %ike.initiator, rspi = %ike.responder, age_ms = age.as_millis() as u64,
+                    child_sas = spis.len(), "IKE_SA restored from the store; rekeying its CHILD_SAs");
+                children.extend(spis);
+            }
+            Err(e) => {
+                warn!(spi = %spi_text, tunnel = %name, error = %e, "dropping a stored IKE SA that cannot be restored");
+                persist.forget(now, spi);
+            }
+        }
+    }
+    children
 }
 
 impl Driver {
     fn run(&mut self, data: &Receiver<ToControl>, commands: &Receiver<Command>) {
         let now = Instant::now();
+        info!(store = %self.persist.describe(), "IKE state store");
+        for spi in std::mem::take(&mut self.restored) {
+            if let Err(e) = self.endpoint.rekey_child(now, spi) {
+                warn!(spi_in = %spi, error = %e, "cannot rekey a restored CHILD_SA");
+            }
+        }
         self.on_timeout(now);
         self.drain();
         self.start_tunnels(now);
@@ -280,10 +402,14 @@ impl Driver {
                     break;
                 }
             }
-            let wake = match (self.endpoint.poll_timeout(), self.shutdown_deadline) {
-                (Some(a), Some(b)) => Some(a.min(b)),
-                (a, b) => a.or(b),
-            };
+            let wake = [
+                self.endpoint.poll_timeout(),
+                self.shutdown_deadline,
+                self.persist.retry_at(),
+            ]
+            .into_iter()
+            .flatten()
+            .min();
             let mut select = Select::new();
             let data_index = data_open.then(|| select.recv(data));
             let command_index = select.recv(commands);
@@ -305,7 +431,12 @@ impl Driver {
                     }
                 },
                 Some(i) if i == command_index => match commands.try_recv() {
-                    Ok(command) => self.on_command(now, command),
+                    Ok(command) => {
+                        self.on_command(now, command);
+                        if self.aborted {
+                            return;
+                        }
+                    }
                     Err(crossbeam_channel::TryRecvError::Empty) => {}
                     Err(crossbeam_channel::TryRecvError::Disconnected) => {
                         // Every handle is gone: nobody can stop us any more, so stop now.
@@ -319,7 +450,26 @@ impl Driver {
             self.drain();
             self.restart_dead(now);
         }
+        if self.shutdown_deadline.is_some() {
+            self.forget_all();
+        }
         debug!("control loop stopped");
+    }
+
+    /// After a shutdown: every peer was told its IKE SAs are deleted (answered or not), so none
+    /// may come back at the next start.
+    fn forget_all(&mut self) {
+        let now = Instant::now();
+        let changes = self.endpoint.take_state_changes(now);
+        self.persist.save(now, changes, |_| String::new());
+        match self.persist.load() {
+            Ok(records) => {
+                for (spi, _) in records {
+                    self.persist.forget(now, spi);
+                }
+            }
+            Err(e) => warn!(error = %e, "cannot clear the stored IKE SAs at shutdown"),
+        }
     }
 
     /// Runs the engine's timers if they are due.
@@ -360,6 +510,9 @@ impl Driver {
             Command::Status(reply) => {
                 let _ = reply.send((self.endpoint.status(now), self.endpoint.stats().clone()));
             }
+            Command::StoreStats(reply) => {
+                let _ = reply.send(self.persist.stats());
+            }
             Command::Initiate(tunnel, reply) => {
                 let result = if self.shutdown_deadline.is_some() {
                     Err(CommandFailure::ShuttingDown)
@@ -398,6 +551,8 @@ impl Driver {
                 let _ = reply.send(result);
             }
             Command::Shutdown { grace } => self.begin_shutdown(now, grace),
+            #[cfg(test)]
+            Command::Abort => self.aborted = true,
         }
     }
 
@@ -493,12 +648,28 @@ impl Driver {
     /// sent after we processed the peer's response); otherwise the peer's first packets on it
     /// can arrive before it is installed. Removals cannot cut traffic short by coming first:
     /// the data path keeps a removed SA's inbound half for a grace period.
+    /// Drains the engine: events first (SAs reach the data path), then the state changes
+    /// (committed to the store), then the datagrams, which leave only once their state is
+    /// durable; while the store fails they are held (see `persist`).
     fn drain(&mut self) {
         loop {
             let mut progressed = false;
             while let Some(event) = self.endpoint.poll_event() {
                 progressed = true;
                 self.on_event(event);
+            }
+            let now = Instant::now();
+            let changes = self.endpoint.take_state_changes(now);
+            let tunnels = &self.tunnels;
+            let name = |t: Option<TunnelId>| {
+                t.and_then(|t| tunnels.get(&t))
+                    .map_or_else(String::new, |i| i.name.clone())
+            };
+            let durable = self.persist.save(now, changes, name);
+            if durable && self.persist.holding() {
+                for h in self.persist.release() {
+                    self.send(h.local, h.remote, &h.data);
+                }
             }
             while let Some(t) = self.endpoint.poll_transmit(&mut self.buf) {
                 progressed = true;
@@ -510,13 +681,25 @@ impl Driver {
                     );
                     continue;
                 };
-                if let Err(e) = self.datapath.send_ike(t.local, t.remote, payload) {
-                    debug!(local = %t.local, remote = %t.remote, error = %e, "IKE send failed");
+                if durable {
+                    self.send(t.local, t.remote, payload);
+                } else {
+                    self.persist.hold(Held {
+                        local: t.local,
+                        remote: t.remote,
+                        data: payload.to_vec(),
+                    });
                 }
             }
             if !progressed {
                 break;
             }
+        }
+    }
+
+    fn send(&self, local: std::net::SocketAddr, remote: std::net::SocketAddr, data: &[u8]) {
+        if let Err(e) = self.datapath.send_ike(local, remote, data) {
+            debug!(%local, %remote, error = %e, "IKE send failed");
         }
     }
 

@@ -4,6 +4,7 @@
 
 use super::*;
 use crate::status::{Responder, TunnelDirectory, TunnelState};
+use crate::store::MemoryStore;
 use crate::Config;
 use dataplane::{ChildStats, DataplaneError, DataplaneStats, IkeDatagram};
 use ike::{ChildSaInfo, IkeSpis};
@@ -38,7 +39,7 @@ enum Call {
 #[derive(Default)]
 struct FakePath {
     calls: Mutex<Vec<Call>>,
-    peer: OnceLock<Sender<ToControl>>,
+    peer: Mutex<Option<Sender<ToControl>>>,
     /// While set, outgoing IKE datagrams are lost (a dead peer, seen from the other side).
     blackhole: AtomicBool,
     sent: AtomicUsize,
@@ -140,7 +141,7 @@ impl DataPath for FakePath {
             remote: from,
             data: payload.to_vec(),
         };
-        if let Some(peer) = self.peer.get() {
+        if let Some(peer) = self.peer.lock().unwrap().as_ref() {
             let _ = peer.send(ToControl::Ike(datagram));
         }
         Ok(())
@@ -177,6 +178,8 @@ struct Node {
     path: Arc<FakePath>,
     control: Option<ControlPlane>,
     to_control: Sender<ToControl>,
+    /// Its state store (clones share it: a restarted node gets the same one).
+    store: MemoryStore,
     _dir: Arc<Scratch>,
 }
 
@@ -299,6 +302,7 @@ fn node(config: Config, dir: Arc<Scratch>) -> Node {
         path,
         control: None,
         to_control,
+        store: MemoryStore::default(),
         _dir: dir,
     }
     .with_receiver(from_dataplane)
@@ -311,8 +315,14 @@ impl Node {
             u64::from(self.config.gateway.listen[0].is_ipv4()) + 7,
         ));
         self.control = Some(
-            ControlPlane::start_with_rng(&self.config, datapath, rx, rng)
-                .unwrap_or_else(|e| panic!("{e}")),
+            ControlPlane::start_with_rng(
+                &self.config,
+                datapath,
+                rx,
+                Box::new(self.store.clone()),
+                rng,
+            )
+            .unwrap_or_else(|e| panic!("{e}")),
         );
         self
     }
@@ -329,13 +339,14 @@ fn pair(name: &str, gateway_extra_a: &str, extra_a: &str, extra_b: &str) -> (Nod
     let path_b = Arc::new(FakePath::default());
     let (tx_a, rx_a) = crossbeam_channel::unbounded();
     let (tx_b, rx_b) = crossbeam_channel::unbounded();
-    let _ = path_a.peer.set(tx_b.clone());
-    let _ = path_b.peer.set(tx_a.clone());
+    *path_a.peer.lock().unwrap() = Some(tx_b.clone());
+    *path_b.peer.lock().unwrap() = Some(tx_a.clone());
     let mut b = Node {
         config: config_b,
         path: path_b,
         control: None,
         to_control: tx_b,
+        store: MemoryStore::default(),
         _dir: Arc::clone(&dir),
     };
     b = b.with_receiver(rx_b);
@@ -344,6 +355,7 @@ fn pair(name: &str, gateway_extra_a: &str, extra_a: &str, extra_b: &str) -> (Nod
         path: path_a,
         control: None,
         to_control: tx_a,
+        store: MemoryStore::default(),
         _dir: dir,
     };
     a = a.with_receiver(rx_a);
@@ -482,6 +494,141 @@ fn shutdown_deletes_the_sas_at_the_peer() {
             .any(|l| l.contains("IKE_SA deleted") && l.contains("reason=peer_request")),
         "{deleted:?}"
     );
+    // Both stores held the IKE SA while it lived; after a shutdown (ours) or a DELETE from the
+    // peer (theirs) nothing is left to restore.
+    assert!(a.store.commits() > 0 && b.store.commits() > 0);
+    assert!(a.store.ike_sas().unwrap().is_empty());
+    wait_until(5, "the peer's store is empty", || {
+        b.store.ike_sas().is_ok_and(|s| s.is_empty())
+    });
+}
+
+/// The IKE SAs of `node` as (initiator SPI, responder SPI).
+fn ike_spis(node: &Node) -> Vec<IkeSpis> {
+    node.control()
+        .handle()
+        .ike_status()
+        .unwrap()
+        .iter()
+        .map(|s| s.ike)
+        .collect()
+}
+
+/// Crashes `b` (no DELETE, the store keeps its state) and starts it again from the same
+/// configuration file and store with a fresh data path, as `protego up` restarted after a
+/// `kill -9`.
+fn crash_and_restart(a: &Node, b: &mut Node, config: Config) {
+    b.control.take().unwrap().abort();
+    let path = Arc::new(FakePath::default());
+    let (tx, rx) = crossbeam_channel::unbounded();
+    *path.peer.lock().unwrap() = Some(a.to_control.clone());
+    *a.path.peer.lock().unwrap() = Some(tx.clone());
+    b.config = config;
+    b.path = path;
+    b.to_control = tx;
+    let node = std::mem::replace(
+        b,
+        Node {
+            config: b.config.clone(),
+            path: Arc::clone(&b.path),
+            control: None,
+            to_control: b.to_control.clone(),
+            store: b.store.clone(),
+            _dir: Arc::clone(&b._dir),
+        },
+    );
+    *b = node.with_receiver(rx);
+}
+
+#[test]
+fn a_restarted_node_restores_its_ike_sa_and_rekeys_the_child() {
+    let (a, mut b) = pair("restart-test", "", "", "");
+    wait_up(&a, &b);
+    let before = ike_spis(&b);
+    assert_eq!(before, ike_spis(&a));
+    let (a_old_in, _) = a.path.live()[0];
+    assert_eq!(b.store.ike_sas().unwrap().len(), 1);
+    let config = b.config.clone();
+    crash_and_restart(&a, &mut b, config);
+
+    // The same IKE SA, restored; its CHILD_SA is rekeyed over it (no IKE_SA_INIT, no AUTH).
+    assert_eq!(ike_spis(&b), before);
+    wait_until(10, "a new CHILD_SA on the restarted node", || {
+        !b.path.live().is_empty()
+    });
+    wait_until(10, "the peer replaced its CHILD_SA", || {
+        a.path.installs().len() == 2 && a.path.live().len() == 1
+    });
+    let (b_in, b_out) = b.path.live()[0];
+    assert_eq!(a.path.live()[0], (b_out, b_in));
+    assert!(a
+        .path
+        .installs()
+        .iter()
+        .any(|c| matches!(c, Call::Install { replaces: Some(old), .. } if *old == a_old_in)));
+    assert_eq!(ike_spis(&a), before, "the peer kept its IKE SA");
+    assert!(!log_lines_with("IKE_SA restored from the store")
+        .iter()
+        .all(|l| !l.contains("tunnel=restart-test")));
+
+    // Message IDs are in step: an IKE SA rekey started by the peer succeeds on the restored SA.
+    a.control().handle().rekey_ike(TunnelId(1)).unwrap();
+    wait_until(10, "the IKE SA rekeyed", || {
+        let (x, y) = (ike_spis(&a), ike_spis(&b));
+        x.len() == 1 && x == y && x != before
+    });
+    assert_eq!(
+        b.store.ike_sas().unwrap().len(),
+        1,
+        "the old SA's record is gone"
+    );
+}
+
+#[test]
+fn a_stored_sa_of_a_tunnel_now_named_otherwise_is_dropped() {
+    let (a, mut b) = pair("rename-test", "", "", "");
+    wait_up(&a, &b);
+    let dir = b._dir.0.clone();
+    let renamed = config(&dir, 'b', "renamed-test", false, "", "");
+    crash_and_restart(&a, &mut b, renamed);
+    assert!(ike_spis(&b).is_empty(), "nothing restored");
+    assert!(
+        b.store.ike_sas().unwrap().is_empty(),
+        "the record was dropped"
+    );
+    assert!(log_lines_with("no longer configured under that name")
+        .iter()
+        .any(|l| l.contains("tunnel=rename-test")));
+}
+
+#[test]
+fn responses_wait_for_a_failing_store_and_leave_once_it_works() {
+    let (a, b) = pair("store-down-test", "", "", "");
+    wait_up(&a, &b);
+    let installs = a.path.installs().len();
+    b.store.fail_commits(true);
+    let (a_in, _) = a.path.live()[0];
+    let spi = a_in;
+    a.control().handle().rekey_child(TunnelId(1)).unwrap();
+    // B takes the request, but its answer cannot leave before its new state is stored.
+    wait_until(5, "the responder holds its answer", || {
+        b.control()
+            .handle()
+            .store_stats()
+            .is_ok_and(|s| s.held > 0 && s.failures > 0 && s.error.is_some())
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(a.path.installs().len(), installs, "no answer reached A");
+    b.store.fail_commits(false);
+    wait_until(5, "the rekey completes once the store works", || {
+        a.path.installs().len() == installs + 1
+    });
+    wait_until(5, "the old CHILD_SA is gone", || {
+        a.path.live().len() == 1 && a.path.live()[0].0 != spi
+    });
+    let stats = b.control().handle().store_stats().unwrap();
+    assert_eq!((stats.held, stats.error.as_deref()), (0, None));
+    assert!(stats.commits > 0 && stats.backend == "memory", "{stats:?}");
 }
 
 #[test]
@@ -626,7 +773,7 @@ fn loop_stops_when_the_data_plane_goes_away() {
     let cfg = config(&dir.0, 'b', "orphan-test", false, "", "");
     let path: Arc<dyn DataPath> = Arc::new(FakePath::default());
     let (tx, rx) = crossbeam_channel::unbounded::<ToControl>();
-    let control = ControlPlane::start(&cfg, path, rx).unwrap();
+    let control = ControlPlane::start(&cfg, path, rx, Box::new(MemoryStore::default())).unwrap();
     assert!(control.is_running());
     drop(tx);
     wait_until(5, "the loop noticed the closed channel", || {

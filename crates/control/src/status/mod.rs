@@ -43,6 +43,9 @@ pub struct StatusReport {
     /// The data plane's worker threads, in worker order.
     #[serde(default)]
     pub workers: Vec<WorkerStatus>,
+    /// The IKE state store: backend, commits and their latency, failures.
+    #[serde(default)]
+    pub store: Option<crate::runtime::StoreStats>,
 }
 
 /// Counters of one data plane worker thread.
@@ -287,6 +290,7 @@ impl StatusReport {
             drops,
             ike_drops,
             workers,
+            store: None,
         }
     }
 }

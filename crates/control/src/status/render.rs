@@ -58,7 +58,31 @@ pub fn render_text(report: &StatusReport) -> String {
     render_counters(&mut out, "drops", &report.drops);
     render_counters(&mut out, "ike drops", &report.ike_drops);
     render_workers(&mut out, &report.workers);
+    if let Some(store) = &report.store {
+        render_store(&mut out, store);
+    }
     out
+}
+
+/// The IKE state store: what it is, its commits and, while it fails, why and what waits.
+fn render_store(out: &mut String, s: &crate::runtime::StoreStats) {
+    let _ = writeln!(
+        out,
+        "store: {}, {} commits ({} records), commit p50 {:.1} ms, p99 {:.1} ms, {} failures",
+        s.backend,
+        s.commits,
+        s.records_written,
+        s.commit_us_p50 as f64 / 1e3,
+        s.commit_us_p99 as f64 / 1e3,
+        s.failures
+    );
+    if let Some(e) = &s.error {
+        let _ = writeln!(
+            out,
+            "  FAILING: {e}; {} IKE datagrams held until it works",
+            s.held
+        );
+    }
 }
 
 /// One line per data plane worker: CPU, packets and batches.

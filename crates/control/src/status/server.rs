@@ -132,13 +132,15 @@ impl Responder {
     pub fn status(&self) -> Result<StatusReport, Error> {
         let (ike, ike_stats) = self.control.ike_report()?;
         let stats = self.datapath.stats();
-        Ok(StatusReport::build(
+        let mut report = StatusReport::build(
             &self.directory,
             &ike,
             &ike_stats,
             &stats,
             self.started.elapsed().as_secs(),
-        ))
+        );
+        report.store = Some(self.control.store_stats()?);
+        Ok(report)
     }
 
     fn tunnel_id(&self, name: &str) -> Result<ike::TunnelId, Value> {

@@ -449,3 +449,33 @@ fn oversized_request_is_refused() {
     drop(server);
     let _ = std::fs::remove_dir_all(path.parent().unwrap());
 }
+
+#[test]
+fn store_figures_and_failure_are_shown() {
+    let mut report = sample_report();
+    assert!(!render_text(&report).contains("store:"));
+    report.store = Some(crate::runtime::StoreStats {
+        backend: "file /var/lib/protego/state.redb".into(),
+        commits: 12,
+        failures: 3,
+        records_written: 14,
+        commit_us_p50: 1_250,
+        commit_us_p99: 8_000,
+        held: 2,
+        error: Some("disk full".into()),
+    });
+    let text = render_text(&report);
+    assert!(
+        text.contains("store: file /var/lib/protego/state.redb, 12 commits (14 records), commit p50 1.2 ms, p99 8.0 ms, 3 failures"),
+        "{text}"
+    );
+    assert!(
+        text.contains("FAILING: disk full; 2 IKE datagrams held"),
+        "{text}"
+    );
+    // The JSON document carries the same figures.
+    let json: Value = serde_json::to_value(&report).unwrap();
+    assert_eq!(json["store"]["commit_us_p99"], 8_000);
+    let back: StatusReport = serde_json::from_value(json).unwrap();
+    assert_eq!(back, report);
+}

@@ -407,7 +407,7 @@ proptest! {
             .filter(|o| matches!(o.result, Err(ReplayError::TooOld { .. })))
             .map(|o| o.seq)
             .collect();
-        let explained = |s: u64| too_old_refused.iter().any(|&o| o < s && (s - o) % ring == 0);
+        let explained = |s: u64| too_old_refused.iter().any(|&o| o < s && (s - o).is_multiple_of(ring));
         for o in &offers {
             match o.result {
                 Ok(behind) => {

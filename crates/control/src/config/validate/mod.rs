@@ -5,8 +5,11 @@
 
 mod tunnel;
 
-use super::raw::{RawFile, RawGateway, RawVnet, StringList};
-use super::{Config, Gateway, LogFormat, Source, Tunnel, TunnelInside, DEFAULT_CONTROL_SOCKET};
+use super::raw::{RawFile, RawGateway, RawStore, RawVnet, StringList};
+use super::{
+    Config, Gateway, LogFormat, Source, StoreConfig, Tunnel, TunnelInside, DEFAULT_CONTROL_SOCKET,
+    DEFAULT_STORE_PATH,
+};
 use crate::error::ConfigError;
 use dataplane::{DataplaneConfig, Inside, Route, TunnelBinding, VnetConfig};
 use std::net::IpAddr;
@@ -47,6 +50,7 @@ pub(crate) fn validate(src: &Source<'_>, raw: RawFile) -> Result<Config, Box<Con
         warnings: Vec::new(),
     };
     let (gateway, endpoint, extra) = v.gateway(&raw.gateway)?;
+    let store = v.store(raw.store.as_ref())?;
     let tenants = v.tenants(&raw)?;
     let vnets = v.vnets(&raw, &tenants)?;
     let mut tunnels = Vec::with_capacity(raw.tunnel.len());
@@ -102,6 +106,7 @@ pub(crate) fn validate(src: &Source<'_>, raw: RawFile) -> Result<Config, Box<Con
         tenants: tenants.into_iter().map(|(name, _)| name).collect(),
         tunnels: tunnels.into_iter().map(|t| t.tunnel).collect(),
         dataplane,
+        store,
         warnings: v.warnings,
     })
 }
@@ -153,6 +158,58 @@ impl Validator<'_, '_> {
     ) -> Box<ConfigError> {
         self.src
             .error(span, Some(section.to_owned()), Some(key), message)
+    }
+
+    /// `[store]`: the file backend by default.
+    fn store(&self, raw: Option<&Spanned<RawStore>>) -> Result<StoreConfig, Box<ConfigError>> {
+        const S: &str = "store";
+        let Some(raw) = raw.map(Spanned::get_ref) else {
+            return Ok(StoreConfig::File {
+                path: PathBuf::from(DEFAULT_STORE_PATH),
+            });
+        };
+        let backend = raw
+            .backend
+            .as_ref()
+            .map_or("file", |b| b.get_ref().as_str());
+        match backend {
+            "file" => {
+                let path = match &raw.path {
+                    Some(p) if p.get_ref().trim().is_empty() => {
+                        return Err(self.err(p.span(), S, "path", "must not be empty"));
+                    }
+                    Some(p) => {
+                        let path = Path::new(p.get_ref());
+                        match self.src.file.parent() {
+                            Some(dir) if path.is_relative() => dir.join(path),
+                            _ => path.to_owned(),
+                        }
+                    }
+                    None => PathBuf::from(DEFAULT_STORE_PATH),
+                };
+                Ok(StoreConfig::File { path })
+            }
+            "memory" => {
+                if let Some(p) = &raw.path {
+                    return Err(self.err(
+                        p.span(),
+                        S,
+                        "path",
+                        "only the \"file\" backend has a path",
+                    ));
+                }
+                Ok(StoreConfig::Memory)
+            }
+            other => {
+                let span = raw.backend.as_ref().map_or(0..0, Spanned::span);
+                Err(self.err(
+                    span,
+                    S,
+                    "backend",
+                    format!("unknown store backend {other:?} (use \"file\" or \"memory\")"),
+                ))
+            }
+        }
     }
 
     fn line(&self, span: &Range<usize>) -> usize {

@@ -1,0 +1,313 @@
+//! Durable IKE state in the control loop: every change of an IKE SA's state reaches the store
+//! *before* the datagrams of the same round leave, and a restarted control plane restores the
+//! stored IKE SAs.
+//!
+//! Each round of the loop drains the engine's events (CHILD_SAs reach the data path), then
+//! [`Persister::save`] commits the engine's [`StateChange`]s in one transaction, and only then
+//! are the round's datagrams sent. If the store fails, the datagrams are held (a response must
+//! not leave before the state it depends on: a message ID the peer saw answered must survive a
+//! restart) and the commit is retried every [`RETRY`]; forwarding is not affected, since the
+//! data path does not wait for the store. The held datagrams leave once a commit succeeds.
+//!
+//! A record in the store is the engine's snapshot behind a small header with the wall-clock time
+//! it was written, so a restore knows how long the SA's timers have been running meanwhile
+//! ([`ike::Endpoint::restore_aged`]), and the name of its tunnel: tunnels are numbered by their
+//! place in the configuration file, so a restore checks that the number still names the same
+//! tunnel before it trusts the record.
+
+use crate::store::{Change, Snapshot, Store, StoreError};
+use ike::{StateChange, TunnelId};
+use std::collections::{BTreeMap, VecDeque};
+use std::net::SocketAddr;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use tracing::{error, info, warn};
+use zeroize::Zeroizing;
+
+/// How long after a failed commit the next attempt is made.
+pub(crate) const RETRY: Duration = Duration::from_secs(1);
+/// Most datagrams held while the store is failing (older ones are dropped first: the peer
+/// retransmits its requests and the engine its own).
+const MAX_HELD: usize = 4096;
+/// A commit slower than this is logged as a warning.
+const SLOW_COMMIT: Duration = Duration::from_millis(200);
+/// How many commit latencies are kept for the percentiles.
+const LATENCY_SAMPLES: usize = 1024;
+
+/// Magic of a stored record: "Protego STate", version 1.
+const MAGIC: &[u8; 4] = b"PST1";
+/// Magic, write time (ms since the Unix epoch), tunnel name length.
+const HEADER: usize = 4 + 8 + 2;
+
+/// A stored record, decoded.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct Record<'a> {
+    /// When it was written.
+    pub(crate) at: SystemTime,
+    /// The name of its tunnel when it was written ("" for none).
+    pub(crate) tunnel: &'a str,
+    /// The engine's snapshot.
+    pub(crate) snapshot: &'a [u8],
+}
+
+/// Wraps a snapshot of `tunnel`'s IKE SA written at `at` into a stored record.
+pub(crate) fn encode_record(at: SystemTime, tunnel: &str, snapshot: &[u8]) -> Zeroizing<Vec<u8>> {
+    let millis = at
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+    // Tunnel names are validated short; a longer one is cut (it then never matches).
+    let name = &tunnel.as_bytes()[..tunnel.len().min(usize::from(u16::MAX))];
+    let mut out = Zeroizing::new(Vec::with_capacity(HEADER + name.len() + snapshot.len()));
+    out.extend_from_slice(MAGIC);
+    out.extend_from_slice(&millis.to_be_bytes());
+    out.extend_from_slice(&(name.len() as u16).to_be_bytes());
+    out.extend_from_slice(name);
+    out.extend_from_slice(snapshot);
+    out
+}
+
+/// Reads a record written by [`encode_record`].
+pub(crate) fn decode_record(record: &[u8]) -> Result<Record<'_>, &'static str> {
+    if record.len() < HEADER || &record[..4] != MAGIC {
+        return Err("not a Protego state record");
+    }
+    let mut millis = [0u8; 8];
+    millis.copy_from_slice(&record[4..12]);
+    let at = UNIX_EPOCH + Duration::from_millis(u64::from_be_bytes(millis));
+    let len = usize::from(u16::from_be_bytes([record[12], record[13]]));
+    let name = record
+        .get(HEADER..HEADER + len)
+        .ok_or("truncated state record")?;
+    let tunnel = std::str::from_utf8(name).map_err(|_| "tunnel name is not UTF-8")?;
+    Ok(Record {
+        at,
+        tunnel,
+        snapshot: &record[HEADER + len..],
+    })
+}
+
+/// A datagram waiting for its state to become durable.
+pub(crate) struct Held {
+    pub(crate) local: SocketAddr,
+    pub(crate) remote: SocketAddr,
+    pub(crate) data: Vec<u8>,
+}
+
+/// Commit figures for status and logs.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct StoreStats {
+    /// What the store is (`file /var/lib/protego/state.redb`).
+    pub backend: String,
+    /// Successful commits.
+    pub commits: u64,
+    /// Failed commit attempts.
+    pub failures: u64,
+    /// IKE SA records written and deleted.
+    pub records_written: u64,
+    /// Median commit latency over the recent commits, in microseconds.
+    pub commit_us_p50: u64,
+    /// 99th percentile of the same.
+    pub commit_us_p99: u64,
+    /// Datagrams waiting for a commit (non-zero only while the store fails).
+    pub held: usize,
+    /// The last failure, while the store is failing.
+    pub error: Option<String>,
+}
+
+/// The control loop's side of the store.
+pub(crate) struct Persister {
+    store: Box<dyn Store>,
+    /// Changes not committed yet, the newest per SPI.
+    pending: BTreeMap<u64, Change>,
+    held: VecDeque<Held>,
+    retry_at: Option<Instant>,
+    error: Option<String>,
+    commits: u64,
+    failures: u64,
+    records: u64,
+    latencies: VecDeque<Duration>,
+}
+
+impl Persister {
+    pub(crate) fn new(store: Box<dyn Store>) -> Self {
+        Self {
+            store,
+            pending: BTreeMap::new(),
+            held: VecDeque::new(),
+            retry_at: None,
+            error: None,
+            commits: 0,
+            failures: 0,
+            records: 0,
+            latencies: VecDeque::new(),
+        }
+    }
+
+    /// What the store is.
+    pub(crate) fn describe(&self) -> String {
+        self.store.describe()
+    }
+
+    /// Every stored record (SPI, record bytes).
+    pub(crate) fn load(&self) -> Result<Vec<(u64, Snapshot)>, StoreError> {
+        self.store.ike_sas()
+    }
+
+    /// Queues the engine's changes (`name` gives a tunnel's name) and commits everything
+    /// pending. True if nothing is left uncommitted (the round's datagrams may leave).
+    pub(crate) fn save(
+        &mut self,
+        now: Instant,
+        changes: Vec<StateChange>,
+        name: impl Fn(Option<TunnelId>) -> String,
+    ) -> bool {
+        let wall = SystemTime::now();
+        for change in changes {
+            match change {
+                StateChange::Saved {
+                    spi,
+                    tunnel,
+                    snapshot,
+                    ..
+                } => {
+                    let record = encode_record(wall, &name(tunnel), &snapshot);
+                    self.pending.insert(
+                        spi.0,
+                        Change::PutIkeSa {
+                            spi: spi.0,
+                            snapshot: record,
+                        },
+                    );
+                }
+                StateChange::Removed { spi } => {
+                    self.pending
+                        .insert(spi.0, Change::DeleteIkeSa { spi: spi.0 });
+                }
+            }
+        }
+        self.commit(now)
+    }
+
+    /// Forgets a stored IKE SA (one that cannot be restored).
+    pub(crate) fn forget(&mut self, now: Instant, spi: u64) {
+        self.pending.insert(spi, Change::DeleteIkeSa { spi });
+        self.commit(now);
+    }
+
+    fn commit(&mut self, now: Instant) -> bool {
+        if self.pending.is_empty() {
+            return true;
+        }
+        if self.retry_at.is_some_and(|t| now < t) {
+            return false;
+        }
+        let batch: Vec<Change> = self.pending.values().cloned().collect();
+        let started = Instant::now();
+        match self.store.commit(&batch) {
+            Ok(()) => {
+                let took = started.elapsed();
+                if took > SLOW_COMMIT {
+                    warn!(ms = took.as_millis() as u64, records = batch.len(), store = %self.store.describe(), "slow state commit");
+                }
+                if self.latencies.len() == LATENCY_SAMPLES {
+                    self.latencies.pop_front();
+                }
+                self.latencies.push_back(took);
+                self.commits += 1;
+                self.records += batch.len() as u64;
+                self.pending.clear();
+                self.retry_at = None;
+                if self.error.take().is_some() {
+                    info!(store = %self.store.describe(), held = self.held.len(), "state store works again; sending held IKE datagrams");
+                }
+                true
+            }
+            Err(e) => {
+                self.failures += 1;
+                let message = e.to_string();
+                if self.error.as_deref() != Some(message.as_str()) {
+                    error!(store = %self.store.describe(), error = %message, pending = batch.len(),
+                        "cannot write IKE state; holding IKE datagrams and retrying (ESP forwarding continues)");
+                }
+                self.error = Some(message);
+                self.retry_at = Some(now + RETRY);
+                false
+            }
+        }
+    }
+
+    /// When the next commit attempt is due, while one is pending.
+    pub(crate) fn retry_at(&self) -> Option<Instant> {
+        self.retry_at.filter(|_| !self.pending.is_empty())
+    }
+
+    /// Holds a datagram until its state is durable.
+    pub(crate) fn hold(&mut self, datagram: Held) {
+        if self.held.len() == MAX_HELD {
+            self.held.pop_front();
+        }
+        self.held.push_back(datagram);
+    }
+
+    /// True if datagrams are waiting.
+    pub(crate) fn holding(&self) -> bool {
+        !self.held.is_empty()
+    }
+
+    /// The held datagrams, oldest first, once everything is durable.
+    pub(crate) fn release(&mut self) -> Vec<Held> {
+        if !self.pending.is_empty() {
+            return Vec::new();
+        }
+        self.held.drain(..).collect()
+    }
+
+    /// Figures for status.
+    pub(crate) fn stats(&self) -> StoreStats {
+        let mut us: Vec<u64> = self
+            .latencies
+            .iter()
+            .map(|d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
+            .collect();
+        us.sort_unstable();
+        let pick = |q: f64| {
+            if us.is_empty() {
+                return 0;
+            }
+            let i = ((us.len() - 1) as f64 * q).round() as usize;
+            us[i.min(us.len() - 1)]
+        };
+        StoreStats {
+            backend: self.store.describe(),
+            commits: self.commits,
+            failures: self.failures,
+            records_written: self.records,
+            commit_us_p50: pick(0.5),
+            commit_us_p99: pick(0.99),
+            held: self.held.len(),
+            error: self.error.clone(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn records_carry_their_write_time_and_tunnel() {
+        let at = UNIX_EPOCH + Duration::from_millis(1_700_000_000_123);
+        let r = encode_record(at, "site-a", b"snapshot");
+        let expected = Record {
+            at,
+            tunnel: "site-a",
+            snapshot: b"snapshot",
+        };
+        assert_eq!(decode_record(&r), Ok(expected));
+        assert!(decode_record(b"PST1").is_err());
+        assert!(decode_record(b"XXXX1234567800snapshot").is_err());
+        // A name longer than the record.
+        let mut cut = encode_record(at, "site-a", b"");
+        cut.truncate(HEADER + 2);
+        assert!(decode_record(&cut).is_err());
+    }
+}

@@ -1,0 +1,188 @@
+//! The control plane's durable store: what a restarted control node needs to carry on every IKE
+//! SA without re-authenticating with its peers.
+//!
+//! # What is stored
+//!
+//! One snapshot per IKE SA, keyed by the SA's own (local) SPI. A snapshot is an opaque blob the
+//! IKE engine produces; this module never looks inside. It holds the SA's keys, message IDs and
+//! CHILD_SAs with their keys: **whoever reads a snapshot can decrypt and forge that SA's
+//! traffic**. Snapshots are handed around in [`zeroize::Zeroizing`] buffers ([`Snapshot`]), and
+//! [`Change`]'s `Debug` prints their length only.
+//!
+//! # Contract
+//!
+//! - [`Store::commit`] applies a batch of [`Change`]s **all or nothing**, and returns only once
+//!   they are **durable** (for the file backend: fsync'd), so the control loop writes an SA's new
+//!   state before the IKE message that depends on it leaves. A commit that fails applied
+//!   nothing, and the caller must not send what depended on it. An empty batch is a no-op that
+//!   touches no disk.
+//! - [`Store::ike_sas`] returns every stored snapshot in ascending SPI order, as the last
+//!   successful commit left them; a restarted control plane restores from it.
+//! - Backends are interchangeable: the trait carries no backend type, so the control plane works
+//!   the same over [`FileStore`] (an embedded database in one local file), [`MemoryStore`] (for
+//!   tests) and, later, a replicated backend.
+//!
+//! # Protecting the file
+//!
+//! [`FileStore`] creates its file with mode 0600 and missing parent directories with mode 0700,
+//! and tightens an existing file that other users could read. The file must be protected, and
+//! backed up, like a private key: a copy of it decrypts all traffic, captured before or after,
+//! of every SA it holds, and lets its holder pose as this gateway on those SAs until they are
+//! rekeyed; losing it costs every peer a new IKE_SA_INIT and IKE_AUTH after a restart. A deleted or replaced snapshot may linger in the file's free pages
+//! until they are reused, so the file as a whole, not only its live entries, is secret. Only one
+//! process may have the file open at a time (the second open fails with
+//! [`StoreError::Locked`]).
+
+mod file;
+mod memory;
+
+#[cfg(test)]
+mod tests;
+
+pub use file::FileStore;
+pub use memory::MemoryStore;
+
+use std::fmt;
+use std::path::PathBuf;
+use zeroize::Zeroizing;
+
+/// An IKE SA's snapshot as the engine produced it (secret: it holds the SA's keys); wiped
+/// when dropped.
+pub type Snapshot = Zeroizing<Vec<u8>>;
+
+/// One change to the stored state; the changes of one [`Store::commit`] apply all or nothing.
+#[derive(Clone)]
+pub enum Change {
+    /// Stores (or replaces) the snapshot of the IKE SA whose own (local) SPI is `spi`.
+    PutIkeSa {
+        /// The IKE SA's own (local) SPI.
+        spi: u64,
+        /// The engine's snapshot of the SA (secret: it holds the SA's keys).
+        snapshot: Zeroizing<Vec<u8>>,
+    },
+    /// Forgets that IKE SA (nothing happens if it is not stored).
+    DeleteIkeSa {
+        /// The IKE SA's own (local) SPI.
+        spi: u64,
+    },
+}
+
+impl fmt::Debug for Change {
+    /// Prints the SPI and the snapshot's length, never its bytes.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Change::PutIkeSa { spi, snapshot } => f
+                .debug_struct("PutIkeSa")
+                .field("spi", &format_args!("{spi:016x}"))
+                .field("snapshot", &format_args!("<{} bytes>", snapshot.len()))
+                .finish(),
+            Change::DeleteIkeSa { spi } => f
+                .debug_struct("DeleteIkeSa")
+                .field("spi", &format_args!("{spi:016x}"))
+                .finish(),
+        }
+    }
+}
+
+/// Durable storage of the control plane's state.
+pub trait Store: Send {
+    /// Applies `changes` atomically; returns only once they are durable (fsync'd for the file
+    /// backend). An empty slice is a no-op and must not touch the disk. On an error nothing of
+    /// `changes` was applied.
+    fn commit(&mut self, changes: &[Change]) -> Result<(), StoreError>;
+
+    /// Every stored IKE SA snapshot, in ascending SPI order.
+    fn ike_sas(&self) -> Result<Vec<(u64, Snapshot)>, StoreError>;
+
+    /// What the store is, for logs and `protego status`: e.g.
+    /// `file /var/lib/protego/state.redb`, `memory`.
+    fn describe(&self) -> String;
+}
+
+impl<S: Store + ?Sized> Store for Box<S> {
+    fn commit(&mut self, changes: &[Change]) -> Result<(), StoreError> {
+        (**self).commit(changes)
+    }
+
+    fn ike_sas(&self) -> Result<Vec<(u64, Snapshot)>, StoreError> {
+        (**self).ike_sas()
+    }
+
+    fn describe(&self) -> String {
+        (**self).describe()
+    }
+}
+
+/// Why the store failed. Each variant names the file, or for errors after the open, the store
+/// as [`Store::describe`] puts it.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The file (or a missing parent directory) could not be created, opened or inspected.
+    #[error("state store {path}: cannot open: {source}", path = path.display())]
+    Open {
+        /// The file, or the directory that could not be created.
+        path: PathBuf,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// The file's permissions let other users read it, and could not be tightened to 0600.
+    #[error(
+        "state store {path} has mode {mode:04o} and holds keys; cannot tighten it to 0600: {source}",
+        path = path.display()
+    )]
+    Permissions {
+        /// The file.
+        path: PathBuf,
+        /// Its permission bits.
+        mode: u32,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// Another process (or another store in this process) has the file open.
+    #[error(
+        "state store {path} is locked: another process (or another store in this process) has it open",
+        path = path.display()
+    )]
+    Locked {
+        /// The file.
+        path: PathBuf,
+    },
+    /// The file is not a valid state store (not a database, damaged, or another program's).
+    #[error("state store {path} is not a valid Protego state file: {detail}", path = path.display())]
+    Corrupt {
+        /// The file.
+        path: PathBuf,
+        /// What was wrong.
+        detail: String,
+    },
+    /// The file was written with a schema this version does not know (by a newer Protego).
+    #[error(
+        "state store {path} has schema version {found}; this Protego supports version {supported} \
+         (was it written by a newer Protego?)",
+        path = path.display()
+    )]
+    Schema {
+        /// The file.
+        path: PathBuf,
+        /// The schema version in the file.
+        found: u64,
+        /// The schema version this build reads and writes.
+        supported: u64,
+    },
+    /// A commit failed; nothing of it was applied.
+    #[error("state store {store}: commit failed: {detail}")]
+    Write {
+        /// The store, as [`Store::describe`] puts it.
+        store: String,
+        /// What failed.
+        detail: String,
+    },
+    /// Reading the stored state failed.
+    #[error("state store {store}: read failed: {detail}")]
+    Read {
+        /// The store, as [`Store::describe`] puts it.
+        store: String,
+        /// What failed.
+        detail: String,
+    },
+}
