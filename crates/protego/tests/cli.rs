@@ -92,6 +92,29 @@ fn up_refuses_an_invalid_file_before_starting_anything() {
 }
 
 #[test]
+fn up_without_its_etcd_stops_at_once_naming_it() {
+    let dir = scratch("up-etcd");
+    let path = dir.join("protego.toml");
+    // Port 1 on loopback: nothing listens there.
+    std::fs::write(
+        &path,
+        "[gateway]\nlisten = [\"127.0.0.1\"]\ncontrol_socket = \"x.sock\"\n\n[store]\nbackend = \"etcd\"\nendpoints = \"http://127.0.0.1:1\"\ntimeout = \"1s\"\n",
+    )
+    .unwrap();
+    let started = Instant::now();
+    let out = run(protego().args(["up", "--config"]).arg(&path));
+    assert_eq!(out.status.code(), Some(1));
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("cannot open the state store") && err.contains("127.0.0.1:1"),
+        "{err}"
+    );
+    assert!(started.elapsed() < Duration::from_secs(10));
+    assert!(!dir.join("x.sock").exists(), "nothing started");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
 fn status_without_a_node_explains() {
     let out = run(protego().args(["status", "--socket", "/nonexistent/protego.sock"]));
     assert_eq!(out.status.code(), Some(1));

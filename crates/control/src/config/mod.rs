@@ -37,7 +37,14 @@ pub enum StoreConfig {
     },
     /// Kept in memory only: nothing survives a restart (tests, throw-away demos).
     Memory,
+    /// An etcd cluster shared by the control nodes (the distributed form).
+    Etcd(crate::store::EtcdOptions),
 }
+
+/// Default key prefix in etcd (`[store] prefix`).
+pub const DEFAULT_ETCD_PREFIX: &str = "/protego";
+/// Default bound of one etcd request (`[store] timeout`).
+pub const DEFAULT_ETCD_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
 
 impl StoreConfig {
     /// Opens the configured store.
@@ -45,6 +52,7 @@ impl StoreConfig {
         Ok(match self {
             Self::File { path } => Box::new(crate::store::FileStore::open(path)?),
             Self::Memory => Box::new(crate::store::MemoryStore::default()),
+            Self::Etcd(options) => Box::new(crate::store::EtcdStore::connect(options)?),
         })
     }
 }

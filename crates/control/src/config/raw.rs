@@ -29,6 +29,9 @@ pub(crate) struct RawFile {
 pub(crate) struct RawStore {
     pub(crate) backend: Option<Spanned<String>>,
     pub(crate) path: Option<Spanned<String>>,
+    pub(crate) endpoints: Option<Spanned<StringList>>,
+    pub(crate) prefix: Option<Spanned<String>>,
+    pub(crate) timeout: Option<Spanned<DurationValue>>,
 }
 
 /// `[gateway]`: node-wide settings.

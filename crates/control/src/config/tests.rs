@@ -963,3 +963,67 @@ fn store_errors_name_the_key() {
     let text = format!("{base}\n[store]\npath = \" \"\n");
     expect_error(&text, "path = \" \"", "path", "must not be empty");
 }
+
+#[test]
+fn etcd_store_options() {
+    let s = Scratch::new();
+    let base = with_tunnel(TUNNEL_A);
+    let text = format!(
+        "{base}\n[store]\nbackend = \"etcd\"\nendpoints = [\"http://10.0.0.1:2379\", \"http://etcd.example:2379\"]\nprefix = \"/protego/prod/\"\ntimeout = \"500ms\"\n"
+    );
+    assert_eq!(
+        s.parse(&text).unwrap().store,
+        StoreConfig::Etcd(crate::store::EtcdOptions {
+            endpoints: vec![
+                "http://10.0.0.1:2379".into(),
+                "http://etcd.example:2379".into()
+            ],
+            prefix: "/protego/prod".into(),
+            timeout: Duration::from_millis(500),
+        })
+    );
+    let text =
+        format!("{base}\n[store]\nbackend = \"etcd\"\nendpoints = \"http://127.0.0.1:2379\"\n");
+    assert_eq!(
+        s.parse(&text).unwrap().store,
+        StoreConfig::Etcd(crate::store::EtcdOptions {
+            endpoints: vec!["http://127.0.0.1:2379".into()],
+            prefix: DEFAULT_ETCD_PREFIX.into(),
+            timeout: DEFAULT_ETCD_TIMEOUT,
+        })
+    );
+}
+
+#[test]
+fn etcd_store_errors_name_the_key() {
+    let base = with_tunnel(TUNNEL_A);
+    let text = format!("{base}\n[store]\nbackend = \"etcd\"\n");
+    expect_error(&text, "backend = \"etcd\"", "endpoints", "needs endpoints");
+    let text = format!("{base}\n[store]\nbackend = \"etcd\"\nendpoints = [\"127.0.0.1:2379\"]\n");
+    expect_error(&text, "endpoints =", "endpoints", "not an etcd client URL");
+    let text = format!("{base}\n[store]\nbackend = \"etcd\"\nendpoints = [\"https://e:2379\"]\n");
+    expect_error(
+        &text,
+        "endpoints =",
+        "endpoints",
+        "TLS to etcd is not supported yet",
+    );
+    let text = format!(
+        "{base}\n[store]\nbackend = \"etcd\"\nendpoints = \"http://h:1\"\nprefix = \"protego\"\n"
+    );
+    expect_error(&text, "prefix =", "prefix", "absolute key path");
+    let text = format!(
+        "{base}\n[store]\nbackend = \"etcd\"\nendpoints = \"http://h:1\"\ntimeout = \"0s\"\n"
+    );
+    expect_error(&text, "timeout =", "timeout", "more than 0");
+    let text =
+        format!("{base}\n[store]\nbackend = \"etcd\"\nendpoints = \"http://h:1\"\npath = \"x\"\n");
+    expect_error(&text, "path =", "path", "only the \"file\" backend");
+    let text = format!("{base}\n[store]\nendpoints = \"http://h:1\"\n");
+    expect_error(
+        &text,
+        "endpoints =",
+        "endpoints",
+        "only the \"etcd\" backend",
+    );
+}

@@ -30,6 +30,9 @@ pub(crate) const RETRY: Duration = Duration::from_secs(1);
 const MAX_HELD: usize = 4096;
 /// A commit slower than this is logged as a warning.
 const SLOW_COMMIT: Duration = Duration::from_millis(200);
+/// Most changes in one store commit (etcd refuses transactions of more than 128 operations by
+/// default); a larger backlog (after an outage) is committed in several.
+const MAX_BATCH: usize = 64;
 /// How many commit latencies are kept for the percentiles.
 const LATENCY_SAMPLES: usize = 1024;
 
@@ -200,9 +203,29 @@ impl Persister {
         if self.retry_at.is_some_and(|t| now < t) {
             return false;
         }
-        let batch: Vec<Change> = self.pending.values().cloned().collect();
+        while !self.pending.is_empty() {
+            let batch: Vec<Change> = self.pending.values().take(MAX_BATCH).cloned().collect();
+            if !self.commit_batch(now, &batch) {
+                return false;
+            }
+            for change in &batch {
+                let spi = match change {
+                    Change::PutIkeSa { spi, .. } | Change::DeleteIkeSa { spi } => *spi,
+                };
+                self.pending.remove(&spi);
+            }
+        }
+        self.retry_at = None;
+        if self.error.take().is_some() {
+            info!(store = %self.store.describe(), held = self.held.len(), "state store works again; sending held IKE datagrams");
+        }
+        true
+    }
+
+    /// One store commit; on failure the error is recorded and a retry scheduled.
+    fn commit_batch(&mut self, now: Instant, batch: &[Change]) -> bool {
         let started = Instant::now();
-        match self.store.commit(&batch) {
+        match self.store.commit(batch) {
             Ok(()) => {
                 let took = started.elapsed();
                 if took > SLOW_COMMIT {
@@ -214,18 +237,13 @@ impl Persister {
                 self.latencies.push_back(took);
                 self.commits += 1;
                 self.records += batch.len() as u64;
-                self.pending.clear();
-                self.retry_at = None;
-                if self.error.take().is_some() {
-                    info!(store = %self.store.describe(), held = self.held.len(), "state store works again; sending held IKE datagrams");
-                }
                 true
             }
             Err(e) => {
                 self.failures += 1;
                 let message = e.to_string();
                 if self.error.as_deref() != Some(message.as_str()) {
-                    error!(store = %self.store.describe(), error = %message, pending = batch.len(),
+                    error!(store = %self.store.describe(), error = %message, pending = self.pending.len(),
                         "cannot write IKE state; holding IKE datagrams and retrying (ESP forwarding continues)");
                 }
                 self.error = Some(message);
@@ -292,6 +310,86 @@ impl Persister {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::MemoryStore;
+    use ike::IkeSpis;
+    use wire::IkeSpi;
+
+    /// A store that refuses batches larger than etcd's default limit, over a memory store.
+    struct Limited {
+        inner: MemoryStore,
+        sizes: std::sync::Arc<std::sync::Mutex<Vec<usize>>>,
+    }
+
+    impl Store for Limited {
+        fn commit(&mut self, changes: &[Change]) -> Result<(), StoreError> {
+            self.sizes.lock().unwrap().push(changes.len());
+            if changes.len() > 128 {
+                return Err(StoreError::Write {
+                    store: "limited".into(),
+                    detail: "too many operations".into(),
+                });
+            }
+            self.inner.commit(changes)
+        }
+        fn ike_sas(&self) -> Result<Vec<(u64, Snapshot)>, StoreError> {
+            self.inner.ike_sas()
+        }
+        fn describe(&self) -> String {
+            "limited".into()
+        }
+    }
+
+    fn saved(spi: u64) -> StateChange {
+        StateChange::Saved {
+            spi: IkeSpi(spi),
+            ike: IkeSpis {
+                initiator: IkeSpi(spi),
+                responder: IkeSpi(spi + 1),
+            },
+            tunnel: None,
+            snapshot: Zeroizing::new(vec![spi as u8; 100]),
+        }
+    }
+
+    #[test]
+    fn a_backlog_is_committed_in_bounded_batches() {
+        let inner = MemoryStore::default();
+        let sizes = std::sync::Arc::default();
+        let mut p = Persister::new(Box::new(Limited {
+            inner: inner.clone(),
+            sizes: std::sync::Arc::clone(&sizes),
+        }));
+        let now = Instant::now();
+        // The store fails while 200 SAs change, as in an outage; then it works again.
+        inner.fail_commits(true);
+        assert!(!p.save(now, (1..=200).map(saved).collect(), |_| String::new()));
+        p.hold(Held {
+            local: "192.0.2.1:500".parse().unwrap(),
+            remote: "192.0.2.2:500".parse().unwrap(),
+            data: vec![1, 2, 3],
+        });
+        assert!(
+            p.release().is_empty(),
+            "nothing leaves while state is pending"
+        );
+        inner.fail_commits(false);
+        assert!(
+            !p.save(now, Vec::new(), |_| String::new()),
+            "retry not due yet"
+        );
+        assert!(p.save(now + RETRY, Vec::new(), |_| String::new()));
+        assert_eq!(inner.ike_sas().unwrap().len(), 200);
+        let sizes = sizes.lock().unwrap().clone();
+        assert!(sizes.iter().all(|&n| n <= MAX_BATCH), "{sizes:?}");
+        assert_eq!(sizes[sizes.len() - 4..], [64, 64, 64, 8]);
+        assert_eq!(p.release().len(), 1);
+        let stats = p.stats();
+        assert_eq!(
+            (stats.records_written, stats.held, stats.error),
+            (200, 0, None)
+        );
+        assert!(stats.failures >= 1);
+    }
 
     #[test]
     fn records_carry_their_write_time_and_tunnel() {

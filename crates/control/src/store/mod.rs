@@ -13,14 +13,21 @@
 //!
 //! - [`Store::commit`] applies a batch of [`Change`]s **all or nothing**, and returns only once
 //!   they are **durable** (for the file backend: fsync'd), so the control loop writes an SA's new
-//!   state before the IKE message that depends on it leaves. A commit that fails applied
-//!   nothing, and the caller must not send what depended on it. An empty batch is a no-op that
-//!   touches no disk.
+//!   state before the IKE message that depends on it leaves. A commit that fails must be taken
+//!   as *not known to be durable*: the caller must not send what depended on it, and retries
+//!   with the states it still wants stored. The file and memory backends then applied nothing;
+//!   etcd may have applied a commit whose answer was lost (a timeout or a broken connection
+//!   after sending), which is harmless because the retry writes the same or newer states, and
+//!   "stored but not sent" is also what a crash between commit and send leaves. An empty batch
+//!   is a no-op that touches no disk. Backends may limit the size of one batch (etcd: 128
+//!   operations and about 1.5 MiB by default); the control loop commits at most
+//!   64 changes at a time.
 //! - [`Store::ike_sas`] returns every stored snapshot in ascending SPI order, as the last
 //!   successful commit left them; a restarted control plane restores from it.
 //! - Backends are interchangeable: the trait carries no backend type, so the control plane works
 //!   the same over [`FileStore`] (an embedded database in one local file), [`MemoryStore`] (for
-//!   tests) and, later, a replicated backend.
+//!   tests) and [`EtcdStore`] (replicated).
+//! - [`EtcdStore`] keeps the state in etcd, shared by several control nodes (see its docs).
 //!
 //! # Protecting the file
 //!
@@ -33,12 +40,16 @@
 //! process may have the file open at a time (the second open fails with
 //! [`StoreError::Locked`]).
 
+mod etcd;
 mod file;
 mod memory;
 
 #[cfg(test)]
+mod etcd_tests;
+#[cfg(test)]
 mod tests;
 
+pub use etcd::{EtcdOptions, EtcdStore};
 pub use file::FileStore;
 pub use memory::MemoryStore;
 
@@ -183,6 +194,37 @@ pub enum StoreError {
         /// The store, as [`Store::describe`] puts it.
         store: String,
         /// What failed.
+        detail: String,
+    },
+    /// A remote store could not be reached in time, or its options are invalid.
+    #[error("state store {store}: cannot connect: {detail}")]
+    Connect {
+        /// The store, as [`Store::describe`] puts it.
+        store: String,
+        /// What failed.
+        detail: String,
+    },
+    /// A remote store was written with a schema this version does not know (by a newer
+    /// Protego).
+    #[error(
+        "state store {store} has schema version {found}; this Protego supports version \
+         {supported} (was it written by a newer Protego?)"
+    )]
+    RemoteSchema {
+        /// The store, as [`Store::describe`] puts it.
+        store: String,
+        /// The schema version in the store.
+        found: u64,
+        /// The schema version this build reads and writes.
+        supported: u64,
+    },
+    /// A remote store holds data that is not a Protego state store's (another program's, or
+    /// damaged).
+    #[error("state store {store} is not a valid Protego state store: {detail}")]
+    RemoteCorrupt {
+        /// The store, as [`Store::describe`] puts it.
+        store: String,
+        /// What was wrong.
         detail: String,
     },
 }

@@ -38,14 +38,14 @@ fn mode(path: &Path) -> u32 {
     std::fs::metadata(path).unwrap().permissions().mode() & 0o7777
 }
 
-fn put(spi: u64, bytes: &[u8]) -> Change {
+pub(super) fn put(spi: u64, bytes: &[u8]) -> Change {
     Change::PutIkeSa {
         spi,
         snapshot: Zeroizing::new(bytes.to_vec()),
     }
 }
 
-fn contents(store: &dyn Store) -> Vec<(u64, Vec<u8>)> {
+pub(super) fn contents(store: &dyn Store) -> Vec<(u64, Vec<u8>)> {
     store
         .ike_sas()
         .unwrap()
@@ -55,7 +55,7 @@ fn contents(store: &dyn Store) -> Vec<(u64, Vec<u8>)> {
 }
 
 /// Put, replace, delete and ordering, the same for every backend.
-fn round_trips(store: &mut dyn Store) {
+pub(super) fn round_trips(store: &mut dyn Store) {
     assert!(contents(store).is_empty());
     store.commit(&[put(7, b"seven")]).unwrap();
     assert_eq!(contents(store), [(7, b"seven".to_vec())]);
@@ -77,6 +77,9 @@ fn round_trips(store: &mut dyn Store) {
     let mut batch: Vec<Change> = spis.iter().map(|&s| put(s, &s.to_be_bytes())).collect();
     batch.push(put(99, b"short-lived"));
     batch.push(Change::DeleteIkeSa { spi: 99 });
+    // A delete then a put of the same SPI leaves the put.
+    batch.push(Change::DeleteIkeSa { spi: 98 });
+    batch.push(put(98, b"reborn"));
     store.commit(&batch).unwrap();
     let got = contents(store);
     let mut want: Vec<(u64, Vec<u8>)> = spis
@@ -84,6 +87,7 @@ fn round_trips(store: &mut dyn Store) {
         .map(|&s| (s, s.to_be_bytes().to_vec()))
         .collect();
     want.push((7, b"seven again".to_vec()));
+    want.push((98, b"reborn".to_vec()));
     want.sort();
     assert_eq!(got, want, "ike_sas must be in ascending SPI order");
 

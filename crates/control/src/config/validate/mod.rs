@@ -8,9 +8,10 @@ mod tunnel;
 use super::raw::{RawFile, RawGateway, RawStore, RawVnet, StringList};
 use super::{
     Config, Gateway, LogFormat, Source, StoreConfig, Tunnel, TunnelInside, DEFAULT_CONTROL_SOCKET,
-    DEFAULT_STORE_PATH,
+    DEFAULT_ETCD_PREFIX, DEFAULT_ETCD_TIMEOUT, DEFAULT_STORE_PATH,
 };
 use crate::error::ConfigError;
+use crate::store::EtcdOptions;
 use dataplane::{DataplaneConfig, Inside, Route, TunnelBinding, VnetConfig};
 use std::net::IpAddr;
 use std::ops::Range;
@@ -172,8 +173,27 @@ impl Validator<'_, '_> {
             .backend
             .as_ref()
             .map_or("file", |b| b.get_ref().as_str());
+        // Keys that belong to another backend are refused, not ignored.
+        let refuse = |key: &str, span: Option<Range<usize>>, owner: &str| match span {
+            Some(span) => Err(self.err(
+                span,
+                S,
+                key,
+                format!("only the \"{owner}\" backend has a {key}"),
+            )),
+            None => Ok(()),
+        };
+        let file_keys = raw.path.as_ref().map(Spanned::span);
+        let etcd_keys = [
+            ("endpoints", raw.endpoints.as_ref().map(Spanned::span)),
+            ("prefix", raw.prefix.as_ref().map(Spanned::span)),
+            ("timeout", raw.timeout.as_ref().map(Spanned::span)),
+        ];
         match backend {
             "file" => {
+                for (key, span) in etcd_keys {
+                    refuse(key, span, "etcd")?;
+                }
                 let path = match &raw.path {
                     Some(p) if p.get_ref().trim().is_empty() => {
                         return Err(self.err(p.span(), S, "path", "must not be empty"));
@@ -190,15 +210,15 @@ impl Validator<'_, '_> {
                 Ok(StoreConfig::File { path })
             }
             "memory" => {
-                if let Some(p) = &raw.path {
-                    return Err(self.err(
-                        p.span(),
-                        S,
-                        "path",
-                        "only the \"file\" backend has a path",
-                    ));
+                refuse("path", file_keys, "file")?;
+                for (key, span) in etcd_keys {
+                    refuse(key, span, "etcd")?;
                 }
                 Ok(StoreConfig::Memory)
+            }
+            "etcd" => {
+                refuse("path", file_keys, "file")?;
+                self.etcd(raw).map(StoreConfig::Etcd)
             }
             other => {
                 let span = raw.backend.as_ref().map_or(0..0, Spanned::span);
@@ -206,10 +226,88 @@ impl Validator<'_, '_> {
                     span,
                     S,
                     "backend",
-                    format!("unknown store backend {other:?} (use \"file\" or \"memory\")"),
+                    format!(
+                        "unknown store backend {other:?} (use \"file\", \"etcd\" or \"memory\")"
+                    ),
                 ))
             }
         }
+    }
+
+    /// The etcd backend's keys: `endpoints` (required, http:// or https:// URLs), `prefix`,
+    /// `timeout`.
+    fn etcd(&self, raw: &RawStore) -> Result<EtcdOptions, Box<ConfigError>> {
+        const S: &str = "store";
+        let Some(list) = &raw.endpoints else {
+            let span = raw.backend.as_ref().map_or(0..0, Spanned::span);
+            return Err(self.err(
+                span,
+                S,
+                "endpoints",
+                "the etcd backend needs endpoints, e.g. [\"http://127.0.0.1:2379\"]",
+            ));
+        };
+        let mut endpoints = Vec::new();
+        for e in list.get_ref().0.iter() {
+            let url = e.trim();
+            let host = url
+                .strip_prefix("http://")
+                .or_else(|| url.strip_prefix("https://"));
+            if host.is_none_or(|h| h.is_empty() || h.contains('/')) {
+                return Err(self.err(
+                    list.span(),
+                    S,
+                    "endpoints",
+                    format!(
+                        "{url:?} is not an etcd client URL (http://HOST:PORT or https://HOST:PORT)"
+                    ),
+                ));
+            }
+            if url.starts_with("https://") {
+                return Err(self.err(
+                    list.span(),
+                    S,
+                    "endpoints",
+                    format!("{url:?}: TLS to etcd is not supported yet; reach etcd over a private network with http://"),
+                ));
+            }
+            endpoints.push(url.to_owned());
+        }
+        if endpoints.is_empty() {
+            return Err(self.err(
+                list.span(),
+                S,
+                "endpoints",
+                "at least one endpoint is required",
+            ));
+        }
+        let prefix = match &raw.prefix {
+            Some(p) => {
+                let v = p.get_ref().trim_end_matches('/');
+                if !v.starts_with('/') || v.len() < 2 || v.contains("//") {
+                    return Err(self.err(
+                        p.span(),
+                        S,
+                        "prefix",
+                        "must be an absolute key path such as \"/protego/prod\"",
+                    ));
+                }
+                v.to_owned()
+            }
+            None => DEFAULT_ETCD_PREFIX.to_owned(),
+        };
+        let timeout = match &raw.timeout {
+            Some(t) if t.get_ref().0.is_zero() => {
+                return Err(self.err(t.span(), S, "timeout", "must be more than 0"));
+            }
+            Some(t) => t.get_ref().0,
+            None => DEFAULT_ETCD_TIMEOUT,
+        };
+        Ok(EtcdOptions {
+            endpoints,
+            prefix,
+            timeout,
+        })
     }
 
     fn line(&self, span: &Range<usize>) -> usize {

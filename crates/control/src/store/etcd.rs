@@ -1,0 +1,678 @@
+//! [`EtcdStore`]: the distributed backend, for control nodes that share their IKE state through
+//! an [etcd](https://etcd.io) v3 cluster; see its docs for the layout, the requests, and what
+//! is left to the operator.
+
+use super::{Change, Snapshot, Store, StoreError};
+use etcd_client::{Client, Compare, CompareOp, ConnectOptions, GetOptions, Txn, TxnOp};
+use std::collections::BTreeMap;
+use std::fmt;
+use std::future::Future;
+use std::sync::{Mutex, PoisonError};
+use std::time::Duration;
+use zeroize::Zeroizing;
+
+/// The schema version this build reads and writes.
+pub(super) const SCHEMA_VERSION: u64 = 1;
+/// How many snapshots [`Store::ike_sas`] reads per request.
+pub(super) const PAGE: i64 = 512;
+/// The largest response accepted (a page of [`PAGE`] snapshots of up to 128 KiB each).
+const MAX_RESPONSE_BYTES: usize = 64 << 20;
+
+/// Options of the etcd backend.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EtcdOptions {
+    /// Client URLs, e.g. `["http://127.0.0.1:2379"]` (several for a cluster).
+    pub endpoints: Vec<String>,
+    /// Key prefix of this Protego cluster, e.g. `/protego/prod` (no trailing slash needed).
+    pub prefix: String,
+    /// Upper bound for connecting and for each request (commit, read).
+    pub timeout: Duration,
+}
+
+/// The etcd store: the IKE state of one Protego cluster, under one key prefix in an
+/// [etcd](https://etcd.io) v3 cluster (etcd 3.4 or newer) shared by its control nodes.
+///
+/// # Layout (schema version 1)
+///
+/// Every key of one Protego cluster lies under its prefix `P` (e.g. `/protego/prod`; a trailing
+/// `/` is ignored), so several clusters can share one etcd without seeing each other's state:
+///
+/// - `P/schema`: the schema version as decimal text, `1`. The first store to connect to an empty
+///   prefix writes it. A prefix with a newer version is refused ([`StoreError::RemoteSchema`]),
+///   and so is one that holds keys but no valid schema key ([`StoreError::RemoteCorrupt`]): it
+///   is another program's data, or damaged.
+/// - `P/ike_sas/<SPI as 16 lowercase hex digits>`: one snapshot per IKE SA, the bytes as the
+///   engine produced them. Fixed-width hex keys sort as the SPIs do, so a range read returns
+///   the SAs in ascending SPI order.
+///
+/// # Requests
+///
+/// - [`Store::commit`] is **one** etcd transaction (`Txn`) holding a put or delete per changed
+///   SA (the last change of each SPI in the batch, which has the batch's effect), guarded by
+///   `P/schema` still being `1`: etcd applies all of it or none of it, and answers only once a
+///   quorum of its members has written it to their logs (etcd fsyncs its log). An empty batch
+///   sends nothing.
+/// - [`Store::ike_sas`] is a linearizable range read of `P/ike_sas/`, in pages of 512
+///   keys that all read the same revision, so it sees exactly the state after one commit.
+/// - Every request (connecting, a commit, each page of a read) is bounded by
+///   [`EtcdOptions::timeout`]: a store whose etcd is down, partitioned or without a leader
+///   fails within that time instead of hanging. Requests are sent with etcd's "require leader"
+///   flag, so a member cut off from its quorum fails them at once. A request whose connection
+///   fails (refused, reset, a member without a leader) is sent again on a new connection and
+///   to the next endpoint, each endpoint at most twice; with several endpoints, one that does
+///   not answer within its share of the remaining time (the time left divided by the endpoints
+///   left to try) is skipped and its connection closed, as it may be stuck. So the store
+///   carries on while a member is down, and works again once etcd is back, without being
+///   reopened. Sending a request again is safe: a commit puts the same values again.
+///
+/// # Failed and ambiguous commits
+///
+/// A commit that never reached etcd (e.g. the connection was refused), or that etcd answered
+/// with an error, applied nothing. A commit whose connection broke, or that timed out, after it
+/// was sent is ambiguous, as with any remote database: etcd may have applied it, or may still
+/// apply it. The control loop treats it as failed (it holds the datagrams and commits again),
+/// which is safe: the same states are written again, and a state written whose datagrams were
+/// never sent is what a crash between commit and send leaves anyway.
+///
+/// # Limits of etcd
+///
+/// etcd refuses a transaction with more than `--max-txn-ops` operations (default 128) or a
+/// request larger than `--max-request-bytes` (default 1.5 MiB). A batch that changes more SAs,
+/// or more snapshot bytes, than that fails as a whole, with an error naming the setting; run
+/// etcd with limits above the largest batch the control loop commits (e.g. when many SAs are
+/// rekeyed in one round). etcd also keeps old revisions until they are compacted: run it with
+/// `--auto-compaction-retention` and defragment it now and then, as etcd's documentation says.
+///
+/// # Security
+///
+/// Snapshots hold keys (see the [`store` module](super)): anyone who can read `P/` in etcd, or
+/// etcd's data directory, its backups or its network traffic, can decrypt and forge the traffic
+/// of every SA stored there, and deleted snapshots stay in etcd's history until it is
+/// compacted. Operators must run etcd with TLS (client and peer) and authentication, give the
+/// Protego nodes a role restricted to their prefix, and protect etcd's data directory and
+/// backups like private keys.
+///
+/// **This backend does not configure TLS or authentication yet**: it speaks plain gRPC to
+/// `http://` endpoints and refuses `https://` ones, so today it is only fit for an etcd reached
+/// over a trusted path (loopback, or a network protected otherwise, e.g. by IPsec). The
+/// snapshots' bytes also pass through gRPC's buffers, which are not wiped after use.
+///
+/// # Threads
+///
+/// The [`Store`] methods block the calling thread on a private single-threaded Tokio runtime.
+/// Called from inside an async runtime they fail (blocking there would stall it), and the store
+/// must not be dropped there either.
+pub struct EtcdStore {
+    runtime: tokio::runtime::Runtime,
+    clients: Mutex<Clients>,
+    endpoints: Vec<String>,
+    timeout: Duration,
+    keys: Keys,
+    describe: String,
+}
+
+/// One client per endpoint (each with its own connection), opened when first needed.
+struct Clients {
+    /// By endpoint, as in [`EtcdStore::endpoints`]; `None` until opened, and again after a
+    /// failure.
+    by_endpoint: Vec<Option<Client>>,
+    /// The endpoint tried first: the one that answered last.
+    current: usize,
+}
+
+/// The keys of one prefix.
+struct Keys {
+    /// `P/schema`.
+    schema: String,
+    /// `P/ike_sas/`: the start of the IKE SAs' range, and the start of each of their keys.
+    ike_sas: String,
+    /// `P/ike_sas0` (`0` follows `/`): the end of the IKE SAs' range.
+    ike_sas_end: String,
+    /// `P/`: the start of the prefix's range.
+    all: String,
+    /// `P0`: the end of the prefix's range.
+    all_end: String,
+}
+
+impl Keys {
+    fn new(prefix: &str) -> Self {
+        Keys {
+            schema: format!("{prefix}/schema"),
+            ike_sas: format!("{prefix}/ike_sas/"),
+            ike_sas_end: format!("{prefix}/ike_sas0"),
+            all: format!("{prefix}/"),
+            all_end: format!("{prefix}0"),
+        }
+    }
+
+    fn ike_sa(&self, spi: u64) -> String {
+        format!("{}{spi:016x}", self.ike_sas)
+    }
+}
+
+impl EtcdStore {
+    /// Connects (bounded by `timeout`); fails with a clear [`StoreError`] naming the endpoints if
+    /// etcd cannot be reached.
+    ///
+    /// Writes the schema key if the prefix is empty; fails with [`StoreError::RemoteSchema`] if
+    /// the prefix was written with a newer schema, with [`StoreError::RemoteCorrupt`] if it holds
+    /// keys but no valid schema key, and with [`StoreError::Connect`] if the options are invalid
+    /// (no endpoints, an `https://` endpoint, an empty prefix, a zero timeout) or etcd does not
+    /// answer in time.
+    pub fn connect(options: &EtcdOptions) -> Result<EtcdStore, StoreError> {
+        let prefix = options.prefix.trim_end_matches('/');
+        let describe = format!("etcd {} prefix {prefix}", options.endpoints.join(","));
+        let refuse = |detail: String| StoreError::Connect {
+            store: describe.clone(),
+            detail,
+        };
+        if options.endpoints.is_empty() {
+            return Err(refuse("no endpoints configured".into()));
+        }
+        if let Some(url) = options.endpoints.iter().find(|u| u.starts_with("https://")) {
+            return Err(refuse(format!(
+                "endpoint {url}: TLS is not supported by this backend yet (only http:// endpoints)"
+            )));
+        }
+        if let Some(url) = options.endpoints.iter().find(|u| u.trim().is_empty()) {
+            return Err(refuse(format!("empty endpoint {url:?}")));
+        }
+        if prefix.is_empty() {
+            return Err(refuse(
+                "the key prefix must not be empty (use e.g. /protego/<cluster>)".into(),
+            ));
+        }
+        if options.timeout.is_zero() {
+            return Err(refuse("the timeout must not be zero".into()));
+        }
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| refuse(format!("cannot start the client's runtime: {e}")))?;
+        let store = EtcdStore {
+            runtime,
+            clients: Mutex::new(Clients {
+                by_endpoint: vec![None; options.endpoints.len()],
+                current: 0,
+            }),
+            endpoints: options.endpoints.clone(),
+            timeout: options.timeout,
+            keys: Keys::new(prefix),
+            describe,
+        };
+        store.init_schema()?;
+        Ok(store)
+    }
+
+    /// Writes the schema key into an empty prefix, or checks the one there.
+    /// Both requests together are bounded by the timeout.
+    fn init_schema(&self) -> Result<(), StoreError> {
+        let deadline = std::time::Instant::now() + self.timeout;
+        let connect_error = |detail| StoreError::Connect {
+            store: self.describe.clone(),
+            detail,
+        };
+        // Nothing under `P/` (every key's create revision is 0 only if there is none).
+        let empty = Compare::create_revision(self.keys.all.clone(), CompareOp::Equal, 0)
+            .with_range(self.keys.all_end.clone());
+        let txn = Txn::new().when([empty]).and_then([TxnOp::put(
+            self.keys.schema.clone(),
+            SCHEMA_VERSION.to_string(),
+            None,
+        )]);
+        let created = self
+            .call_until(deadline, |mut client| {
+                let txn = txn.clone();
+                async move { client.txn(txn).await }
+            })
+            .map_err(connect_error)?
+            .succeeded();
+        if created {
+            return Ok(());
+        }
+        let found = self.read_schema(deadline).map_err(connect_error)?;
+        match schema_version(found.as_deref()) {
+            Ok(()) => Ok(()),
+            Err(Mismatch::Newer(found)) => Err(self.schema_error(found)),
+            Err(Mismatch::Missing) => Err(self.corrupt(format!(
+                "it holds keys under {} but no schema key {} (another program's data?)",
+                self.keys.all, self.keys.schema
+            ))),
+            Err(Mismatch::Invalid(value)) => Err(self.corrupt(format!(
+                "invalid schema version {value:?} in {}",
+                self.keys.schema
+            ))),
+        }
+    }
+
+    /// The value of the schema key, if there is one.
+    fn read_schema(&self, deadline: std::time::Instant) -> Result<Option<Vec<u8>>, String> {
+        let key = self.keys.schema.clone();
+        let mut response = self.call_until(deadline, |mut client| {
+            let key = key.clone();
+            async move { client.get(key, None).await }
+        })?;
+        Ok(response
+            .take_kvs()
+            .into_iter()
+            .next()
+            .map(|kv| kv.into_key_value().1))
+    }
+
+    /// Runs one request, bounded by the timeout; the error is the cause, for a [`StoreError`]'s
+    /// detail.
+    ///
+    /// Starts with the endpoint that answered last. A connection that fails (refused, reset,
+    /// or a member without a leader) is dropped and the request is sent again, to the next
+    /// endpoint, each endpoint at most twice (once on its old connection, once on a new one);
+    /// so a member that is down, or a connection a restarted etcd left stale, costs nothing
+    /// but a retry. While other endpoints are left to try, an endpoint gets an equal share of
+    /// the remaining time; one that does not answer within it is dropped for this request, its
+    /// connection closed (it may be stuck), and the request goes to the next. Every request
+    /// this store sends can be repeated: a commit writes the same values again.
+    fn call<T, F, Fut>(&self, request: F) -> Result<T, String>
+    where
+        F: Fn(Client) -> Fut,
+        Fut: Future<Output = Result<T, etcd_client::Error>>,
+    {
+        self.call_until(std::time::Instant::now() + self.timeout, request)
+    }
+
+    /// [`EtcdStore::call`] with a deadline of its own (to bound several requests together).
+    fn call_until<T, F, Fut>(&self, deadline: std::time::Instant, request: F) -> Result<T, String>
+    where
+        F: Fn(Client) -> Fut,
+        Fut: Future<Output = Result<T, etcd_client::Error>>,
+    {
+        use tokio::time::{timeout_at, Instant};
+        if tokio::runtime::Handle::try_current().is_ok() {
+            // Blocking on the store's runtime there would panic.
+            let refusal = "called from inside an async runtime; the etcd store blocks, call it \
+                           from a plain thread";
+            return Err(refusal.into());
+        }
+        let mut clients = self.clients.lock().unwrap_or_else(PoisonError::into_inner);
+        let clients = &mut *clients;
+        let count = self.endpoints.len();
+        let options = ConnectOptions::new()
+            .with_connect_timeout(self.timeout)
+            .with_require_leader(true);
+        // The last failure of each endpoint.
+        let mut failures: Vec<Option<String>> = vec![None; count];
+        let mut tried = vec![false; count];
+        let mut timed_out = vec![false; count];
+        let first = clients.current;
+        let attempts = async {
+            let deadline = Instant::from_std(deadline);
+            for attempt in 0..2 * count {
+                let i = (first + attempt) % count;
+                let now = Instant::now();
+                if timed_out[i] || now >= deadline {
+                    continue;
+                }
+                let untried = tried.iter().filter(|t| !**t).count();
+                let share = (deadline - now) / u32::try_from(untried.max(1)).unwrap_or(1);
+                let give_up = now + share;
+                tried[i] = true;
+                let too_slow = || {
+                    if untried > 1 {
+                        format!(
+                            "no answer within {}ms (its share of the {:?} timeout)",
+                            share.as_millis(),
+                            self.timeout
+                        )
+                    } else {
+                        format!("no answer within the {:?} timeout", self.timeout)
+                    }
+                };
+                let client = match &clients.by_endpoint[i] {
+                    Some(client) => client.clone(),
+                    // Lazy: this sends nothing, the request below connects.
+                    None => {
+                        let endpoint = [&self.endpoints[i]];
+                        let connect = Client::connect(endpoint, Some(options.clone()));
+                        match timeout_at(give_up, connect).await {
+                            Ok(Ok(client)) => clients.by_endpoint[i].insert(client).clone(),
+                            Ok(Err(e)) => {
+                                failures[i] = Some(cause(&e));
+                                continue;
+                            }
+                            Err(_) => {
+                                failures[i] = Some(too_slow());
+                                timed_out[i] = true;
+                                continue;
+                            }
+                        }
+                    }
+                };
+                match timeout_at(give_up, request(client)).await {
+                    Ok(Ok(answer)) => {
+                        clients.current = i;
+                        return Ok(answer);
+                    }
+                    Ok(Err(e)) if !retryable(&e) => {
+                        // etcd's own answer: the same from any member.
+                        clients.current = i;
+                        failures[i] = Some(cause(&e));
+                        return Err(());
+                    }
+                    Ok(Err(e)) => {
+                        clients.by_endpoint[i] = None;
+                        failures[i] = Some(cause(&e));
+                    }
+                    Err(_) => {
+                        // The connection may be stuck (e.g. a peer that vanished without
+                        // closing it): a new one is opened next time, and the next call starts
+                        // elsewhere.
+                        clients.by_endpoint[i] = None;
+                        clients.current = (i + 1) % count;
+                        failures[i] = Some(too_slow());
+                        timed_out[i] = true;
+                    }
+                }
+            }
+            Err(())
+        };
+        // The timers are made inside the runtime, which they need.
+        let outcome = self.runtime.block_on(attempts);
+        outcome.map_err(|()| {
+            let mut text = String::new();
+            for (endpoint, failure) in self.endpoints.iter().zip(&failures) {
+                if let Some(failure) = failure {
+                    if !text.is_empty() {
+                        text.push_str("; ");
+                    }
+                    text.push_str(&format!("{endpoint}: {failure}"));
+                }
+            }
+            if text.is_empty() {
+                // The time ran out before a request could be sent.
+                text = format!("no answer within the {:?} timeout", self.timeout);
+            }
+            text
+        })
+    }
+
+    /// How many tasks the client's runtime holds (connections, balancers), to check that
+    /// reconnecting does not pile them up.
+    #[cfg(test)]
+    pub(super) fn alive_tasks(&self) -> usize {
+        self.runtime.metrics().num_alive_tasks()
+    }
+
+    /// The SPI of an IKE SA's key.
+    fn spi_of(&self, key: &[u8]) -> Result<u64, StoreError> {
+        key.strip_prefix(self.keys.ike_sas.as_bytes())
+            .filter(|hex| {
+                hex.len() == 16
+                    && hex
+                        .iter()
+                        .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(b))
+            })
+            .and_then(|hex| std::str::from_utf8(hex).ok())
+            .and_then(|hex| u64::from_str_radix(hex, 16).ok())
+            .ok_or_else(|| {
+                self.corrupt(format!(
+                    "unexpected key {:?} (IKE SA keys are {}<16 lowercase hex digits>)",
+                    String::from_utf8_lossy(key),
+                    self.keys.ike_sas
+                ))
+            })
+    }
+
+    fn schema_error(&self, found: u64) -> StoreError {
+        StoreError::RemoteSchema {
+            store: self.describe.clone(),
+            found,
+            supported: SCHEMA_VERSION,
+        }
+    }
+
+    fn corrupt(&self, detail: String) -> StoreError {
+        StoreError::RemoteCorrupt {
+            store: self.describe.clone(),
+            detail,
+        }
+    }
+
+    fn write_error(&self, detail: String) -> StoreError {
+        StoreError::Write {
+            store: self.describe.clone(),
+            detail,
+        }
+    }
+
+    fn read_error(&self, detail: String) -> StoreError {
+        StoreError::Read {
+            store: self.describe.clone(),
+            detail,
+        }
+    }
+}
+
+impl Store for EtcdStore {
+    fn commit(&mut self, changes: &[Change]) -> Result<(), StoreError> {
+        if changes.is_empty() {
+            return Ok(());
+        }
+        // etcd refuses a transaction that writes a key twice; the last change of each SPI has
+        // the effect of all of them.
+        let mut last: BTreeMap<u64, Option<&Snapshot>> = BTreeMap::new();
+        for change in changes {
+            match change {
+                Change::PutIkeSa { spi, snapshot } => last.insert(*spi, Some(snapshot)),
+                Change::DeleteIkeSa { spi } => last.insert(*spi, None),
+            };
+        }
+        let ops: Vec<TxnOp> = last
+            .iter()
+            .map(|(&spi, snapshot)| match snapshot {
+                Some(snapshot) => TxnOp::put(self.keys.ike_sa(spi), snapshot.to_vec(), None),
+                None => TxnOp::delete(self.keys.ike_sa(spi), None),
+            })
+            .collect();
+        let count = ops.len();
+        let bytes: usize = last.values().flatten().map(|s| s.len()).sum();
+        let txn = Txn::new()
+            .when([Compare::value(
+                self.keys.schema.clone(),
+                CompareOp::Equal,
+                SCHEMA_VERSION.to_string(),
+            )])
+            .and_then(ops);
+        // The commit and, if its guard fails, the read that says why share the timeout.
+        let deadline = std::time::Instant::now() + self.timeout;
+        let response = self
+            .call_until(deadline, |mut client| {
+                let txn = txn.clone();
+                async move { client.txn(txn).await }
+            })
+            .map_err(|detail| self.write_error(limit_hint(detail, count, bytes)))?;
+        if response.succeeded() {
+            return Ok(());
+        }
+        // The schema guard failed, so nothing was written: say why.
+        let found = self.read_schema(deadline).map_err(|detail| {
+            self.write_error(format!(
+                "nothing written: the schema key {} is no longer {SCHEMA_VERSION}, and reading it \
+                 failed: {detail}",
+                self.keys.schema
+            ))
+        })?;
+        Err(match schema_version(found.as_deref()) {
+            Err(Mismatch::Newer(found)) => self.schema_error(found),
+            Ok(()) => self.write_error(format!(
+                "nothing written: the schema key {} changed during the commit",
+                self.keys.schema
+            )),
+            Err(Mismatch::Missing) => self.write_error(format!(
+                "nothing written: the schema key {} is gone (was the prefix deleted?)",
+                self.keys.schema
+            )),
+            Err(Mismatch::Invalid(value)) => self.write_error(format!(
+                "nothing written: the schema key {} holds {value:?}",
+                self.keys.schema
+            )),
+        })
+    }
+
+    fn ike_sas(&self) -> Result<Vec<(u64, Snapshot)>, StoreError> {
+        let mut out: Vec<(u64, Snapshot)> = Vec::new();
+        let mut start = self.keys.ike_sas.clone().into_bytes();
+        // The revision of the first page, which the others read too.
+        let mut revision = 0;
+        loop {
+            let mut options = GetOptions::new()
+                .with_range(self.keys.ike_sas_end.clone())
+                .with_limit(PAGE);
+            if revision > 0 {
+                options = options.with_revision(revision);
+            }
+            let mut page = self
+                .call(|client| {
+                    let (key, options) = (start.clone(), options.clone());
+                    async move {
+                        client
+                            .kv_client()
+                            .max_decoding_message_size(MAX_RESPONSE_BYTES)
+                            .get(key, Some(options))
+                            .await
+                    }
+                })
+                .map_err(|detail| self.read_error(detail))?;
+            if revision == 0 {
+                revision = page.header().map_or(0, |h| h.revision());
+                if revision <= 0 {
+                    return Err(self.read_error("etcd's answer has no revision".into()));
+                }
+            }
+            let more = page.more();
+            let entries: Vec<(Vec<u8>, Snapshot)> = page
+                .take_kvs()
+                .into_iter()
+                .map(|kv| {
+                    let (key, value) = kv.into_key_value();
+                    (key, Zeroizing::new(value))
+                })
+                .collect();
+            let Some((last_key, _)) = entries.last() else {
+                break;
+            };
+            // The next page starts right after this one's last key.
+            start.clone_from(last_key);
+            start.push(0);
+            for (key, snapshot) in entries {
+                out.push((self.spi_of(&key)?, snapshot));
+            }
+            if !more {
+                break;
+            }
+        }
+        // etcd returns keys in ascending order, and fixed-width hex sorts as the SPIs do; this
+        // only guards the contract (and costs one pass over a sorted list).
+        out.sort_by_key(|(spi, _)| *spi);
+        Ok(out)
+    }
+
+    fn describe(&self) -> String {
+        self.describe.clone()
+    }
+}
+
+impl fmt::Debug for EtcdStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("EtcdStore")
+            .field("store", &self.describe)
+            .field("timeout", &self.timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Why a schema key is not the one this build writes.
+enum Mismatch {
+    /// There is none.
+    Missing,
+    /// A newer version.
+    Newer(u64),
+    /// Not a version this build ever wrote, nor a newer one.
+    Invalid(String),
+}
+
+/// Checks the value of the schema key.
+fn schema_version(value: Option<&[u8]>) -> Result<(), Mismatch> {
+    let value = value.ok_or(Mismatch::Missing)?;
+    let text = std::str::from_utf8(value).unwrap_or_default();
+    match text.parse::<u64>() {
+        Ok(SCHEMA_VERSION) if text == "1" => Ok(()),
+        Ok(found) if found > SCHEMA_VERSION && text == found.to_string() => {
+            Err(Mismatch::Newer(found))
+        }
+        _ => Err(Mismatch::Invalid(
+            String::from_utf8_lossy(value).into_owned(),
+        )),
+    }
+}
+
+/// An etcd client error as one line: the gRPC status code and message, and the root cause
+/// (e.g. `Unavailable: tcp connect error: Connection refused (os error 111)`).
+fn cause(e: &etcd_client::Error) -> String {
+    use std::error::Error as _;
+    let (mut text, mut source) = match e {
+        etcd_client::Error::GRpcStatus(status) if status.message().is_empty() => {
+            (format!("{:?}", status.code()), status.source())
+        }
+        etcd_client::Error::GRpcStatus(status) => (
+            format!("{:?}: {}", status.code(), status.message()),
+            status.source(),
+        ),
+        etcd_client::Error::TransportError(e) => (e.to_string(), e.source()),
+        other => (other.to_string(), None),
+    };
+    // The intermediate layers (tonic's, hyper's) only repeat what failed.
+    let mut root = None;
+    while let Some(e) = source {
+        root = Some(e);
+        source = e.source();
+    }
+    if let Some(root) = root.map(|e| e.to_string()) {
+        if !text.contains(&root) {
+            text.push_str(": ");
+            text.push_str(&root);
+        }
+    }
+    text
+}
+
+/// Whether a request that failed so may succeed when sent again, on a new connection or to
+/// another member: the connection failed, or the member could not serve it now (no leader,
+/// leader changed, its proposal timed out).
+fn retryable(e: &etcd_client::Error) -> bool {
+    use tonic::Code;
+    match e {
+        etcd_client::Error::TransportError(_) | etcd_client::Error::IoError(_) => true,
+        etcd_client::Error::GRpcStatus(status) => matches!(
+            status.code(),
+            Code::Unavailable | Code::Unknown | Code::Cancelled | Code::DeadlineExceeded
+        ),
+        _ => false,
+    }
+}
+
+/// Adds the etcd setting to raise when etcd refused a transaction for its size.
+fn limit_hint(detail: String, count: usize, bytes: usize) -> String {
+    if detail.contains("too many operations in txn request") {
+        format!(
+            "{detail} (this commit changes {count} IKE SAs; raise etcd's --max-txn-ops above the \
+             largest batch)"
+        )
+    } else if detail.contains("request is too large")
+        || detail.contains("received message larger than max")
+    {
+        format!(
+            "{detail} (this commit writes {bytes} snapshot bytes; raise etcd's \
+             --max-request-bytes)"
+        )
+    } else {
+        detail
+    }
+}

@@ -1,0 +1,35 @@
+//! The decisions of a Protego steering node (the paper's GIN and GEN, Son et al., ATC '17,
+//! §4.3 and §6.1): pure data structures, no I/O, no clock, no threads, no randomness.
+//!
+//! A steer node owns the public VIP. Inbound IKE goes to the active control node; inbound ESP
+//! goes to the data node that holds the SPI ([`SpiTable`]); VXLAN from cloud hosts goes to the
+//! data node that holds the outbound SA for the packet's VNI and inner flow
+//! ([`SelectorTable`]). Every tunnel has a rate limit ([`TokenBucket`], [`RateLimiters`],
+//! §4.3 "Rate limiting"), and failure of data nodes is detected from probes riding on a sample
+//! of forwarded packets plus explicit probes of idle nodes ([`HealthMonitor`], §4.3 "GPN
+//! failure detection", §6.1, §7.1).
+//!
+//! Steering is stateless: the forwarding decision depends only on the tables and the packet,
+//! so two steer nodes holding the same tables may run side by side. The tables are `Clone`
+//! snapshots the I/O layer builds off the hot path and swaps in whole. Rate limiters and the
+//! health monitor hold per-node state; with several steer nodes each keeps its own (the
+//! control node divides a tunnel's rate among them).
+//!
+//! Time is always an explicit `now: Instant` argument, as in the other protocol crates.
+
+mod error;
+mod hash;
+pub mod health;
+mod ids;
+pub mod rate;
+pub mod selector;
+pub mod spi;
+
+pub use error::SteerError;
+pub use health::{HealthConfig, HealthMonitor, HealthStats, NodeStatus, ReplyOutcome};
+pub use ids::{NodeId, ProbeId, TunnelId};
+pub use rate::{RateLimit, RateLimiters, TokenBucket, TunnelCounters};
+pub use selector::{
+    AddrRange, Flow, IndexStats, PortRange, Selector, SelectorEntry, SelectorTable,
+};
+pub use spi::{SpiEntry, SpiTable};
