@@ -12,7 +12,9 @@
 //! Shutdown runs the other way: stop the status server, [`ControlPlane::shutdown`] (DELETEs to
 //! every peer, bounded wait), then stop the data plane.
 
+pub mod certs;
 pub mod config;
+pub mod election;
 mod error;
 mod keylog;
 pub mod runtime;

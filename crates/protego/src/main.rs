@@ -1,8 +1,10 @@
 //! The `protego` command: `up` runs a gateway node (data plane, IKEv2 control loop per
 //! RFC 7296, status socket) from a configuration file, `check` validates a configuration,
-//! `status` shows the tunnels of a running node, and `bench` measures the data plane.
+//! `status` shows the tunnels of a running node, `bench` measures the data plane, and `certs`
+//! makes a development CA and node certificates for the distributed form's mutual TLS.
 
 mod bench;
+mod certs;
 mod up;
 
 use clap::{Parser, Subcommand};
@@ -58,6 +60,9 @@ enum Command {
     /// in a network namespace) and optionally strongSwan; prints rates, CPU per byte and
     /// packet, losses and latency per case (needs root; see docs/performance.md).
     Bench(bench::BenchArgs),
+    /// Make a development CA and node certificates for mutual TLS between nodes, and show
+    /// certificates (development only: production deployments should use their own PKI).
+    Certs(certs::CertsArgs),
 }
 
 fn main() -> ExitCode {
@@ -71,6 +76,7 @@ fn main() -> ExitCode {
             json,
         } => status(socket, config.as_deref(), json),
         Command::Bench(args) => bench::run(&args),
+        Command::Certs(args) => certs::run(&args),
     }
 }
 

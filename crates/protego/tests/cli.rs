@@ -252,3 +252,117 @@ path = "state/protego.redb"
     assert!(logs.contains("stopped"), "{logs}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn certs_init_issue_and_show() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = scratch("certs").join("pki");
+    let mode = |name: &str| {
+        std::fs::metadata(dir.join(name))
+            .unwrap()
+            .permissions()
+            .mode()
+            & 0o777
+    };
+
+    let out = run(protego()
+        .args(["certs", "init", "--ca-name", "CLI Test CA", "--dir"])
+        .arg(&dir));
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).contains("created CA \"CLI Test CA\""),
+        "{}",
+        text(&out.stdout)
+    );
+    assert!(
+        text(&out.stderr).contains("development CA"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert_eq!(mode("ca.key"), 0o600);
+
+    let out = run(protego()
+        .args(["certs", "issue", "--name", "gw1", "--role", "data"])
+        .args([
+            "--ip",
+            "127.0.0.1",
+            "--ip",
+            "::1",
+            "--dns",
+            "gw1.test",
+            "--days",
+            "30",
+        ])
+        .arg("--dir")
+        .arg(&dir));
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).contains("issued gw1 (role data)"),
+        "{}",
+        text(&out.stdout)
+    );
+    assert_eq!(mode("gw1.key"), 0o600);
+
+    let out = run(protego().args(["certs", "show"]).arg(dir.join("gw1.pem")));
+    let shown = text(&out.stdout);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    for expect in [
+        "subject:     CN=gw1, OU=data",
+        "role:        data",
+        "issuer:      CN=CLI Test CA",
+        "SANs:        IP:127.0.0.1, IP:::1, DNS:gw1.test",
+        "(valid, 29 days left)",
+        "ext. usage:  serverAuth, clientAuth",
+    ] {
+        assert!(shown.contains(expect), "{expect:?} not in\n{shown}");
+    }
+    // `show` never prints a key, even when pointed at one.
+    let key = std::fs::read_to_string(dir.join("gw1.key")).unwrap();
+    let out = run(protego().args(["certs", "show"]).arg(dir.join("gw1.key")));
+    assert_eq!(out.status.code(), Some(1));
+    let all = format!("{}{}", text(&out.stdout), text(&out.stderr));
+    assert!(all.contains("gw1.key"), "{all}");
+    for line in key.lines().filter(|l| !l.starts_with("-----")) {
+        assert!(!all.contains(line), "key material printed: {all}");
+    }
+
+    // A second init without --force fails and keeps the CA; with --force it replaces it.
+    let before = std::fs::read(dir.join("ca.pem")).unwrap();
+    let out = run(protego().args(["certs", "init", "--dir"]).arg(&dir));
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out.stderr).contains("--force"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert_eq!(std::fs::read(dir.join("ca.pem")).unwrap(), before);
+    let out = run(protego()
+        .args(["certs", "init", "--force", "--dir"])
+        .arg(&dir));
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_ne!(std::fs::read(dir.join("ca.pem")).unwrap(), before);
+
+    // Bad requests fail with a message naming the problem.
+    let out = run(protego()
+        .args([
+            "certs", "issue", "--name", "../x", "--role", "steer", "--dir",
+        ])
+        .arg(&dir));
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out.stderr).contains("node name"),
+        "{}",
+        text(&out.stderr)
+    );
+    let out = run(protego()
+        .args(["certs", "show"])
+        .arg(dir.join("missing.pem")));
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out.stderr).contains("missing.pem: not found"),
+        "{}",
+        text(&out.stderr)
+    );
+
+    let _ = std::fs::remove_dir_all(dir.parent().unwrap());
+}

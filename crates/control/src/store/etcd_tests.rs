@@ -810,3 +810,8 @@ fn store_etcd_refuses_to_block_an_async_runtime() {
     store.commit(&[put(2, b"two")]).unwrap();
     assert_eq!(contents(&store), [(2, b"two".to_vec())]);
 }
+
+/// The tests of [`crate::election`], which use this harness: declared here, as a child of this
+/// module, so they can reach it.
+#[path = "../election_tests.rs"]
+mod election_tests;

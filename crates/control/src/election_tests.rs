@@ -1,0 +1,404 @@
+//! Tests of [`crate::election`] against a real etcd, with the harness of the store's etcd tests
+//! (this module is declared in `store/etcd_tests.rs` to reach it): one etcd per test, on
+//! loopback ports of its own, killed and removed whatever the outcome.
+
+use super::{free_port, put, Etcd, Raw};
+use crate::election::{Election, ElectionError, ElectionOptions, Role, RoleChange, Term};
+use crate::store::{EtcdOptions, EtcdStore, Store};
+use std::time::{Duration, Instant};
+
+/// etcd grants 1 s leases only with an election timeout of at most 700 ms (see the election's
+/// docs); with its defaults it would grant 2 s.
+const ETCD_FLAGS: &[&str] = &["--heartbeat-interval", "100", "--election-timeout", "500"];
+const TTL: Duration = Duration::from_secs(1);
+/// How long a leader counts on its lease after sending a keep-alive (TTL minus the margin).
+const VALIDITY: Duration = Duration::from_millis(800);
+/// The longest takeover after a crash: the TTL, plus etcd's 500 ms sweep of expired leases,
+/// plus slack for the watch, the campaign and a busy machine.
+const TAKEOVER_BOUND: Duration = Duration::from_millis(1650);
+
+fn start_etcd() -> Option<Etcd> {
+    Etcd::start_with(ETCD_FLAGS)
+}
+
+fn options(etcd: &Etcd, prefix: &str, name: &str) -> ElectionOptions {
+    ElectionOptions::new(vec![etcd.url()], prefix, name)
+}
+
+fn start(etcd: &Etcd, prefix: &str, name: &str) -> Election {
+    Election::start(&options(etcd, prefix, name)).unwrap()
+}
+
+/// Polls until `done`, at most `limit`; returns how long it took.
+fn wait_until(what: &str, limit: Duration, mut done: impl FnMut() -> bool) -> Duration {
+    let t = Instant::now();
+    while !done() {
+        assert!(t.elapsed() < limit, "{what}: not within {limit:?}");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    t.elapsed()
+}
+
+fn term(election: &Election) -> Term {
+    match election.role() {
+        Role::Leader { term, .. } => term,
+        other => panic!("{} is not leader: {other:?}", election.name()),
+    }
+}
+
+fn standby_of(leader: &Election) -> Role {
+    Role::Standby {
+        leader: Some(leader.name().to_owned()),
+    }
+}
+
+fn drain(election: &Election) {
+    while election.changes().try_recv().is_ok() {}
+}
+
+/// Waits on the change channel until `election` reports being leader; the time since `since`.
+fn await_leader(election: &Election, since: Instant, limit: Duration) -> Duration {
+    let deadline = since + limit;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match election.changes().recv_timeout(left) {
+            Ok(RoleChange {
+                role: Role::Leader { .. },
+                ..
+            }) => return since.elapsed(),
+            Ok(_) => {}
+            Err(e) => panic!(
+                "{} did not become leader within {limit:?} ({e}); its role: {:?}",
+                election.name(),
+                election.role()
+            ),
+        }
+    }
+}
+
+#[test]
+fn election_single_node() {
+    let Some(etcd) = start_etcd() else { return };
+    let prefix = "/protego/election-one";
+    let a = start(&etcd, prefix, "a");
+    assert!(a.is_leader(), "{:?}", a.role());
+    assert_eq!(a.granted_ttl(), Some(TTL));
+    let change = a.changes().try_recv().unwrap();
+    assert_eq!(change.previous, Role::Unknown);
+    assert!(change.role.is_leader(), "{change:?}");
+    let fence = a.fence().unwrap();
+    assert_eq!(fence.key, "/protego/election-one/leader");
+    assert_eq!(fence.name, "a");
+    assert!(fence.term.revision() > 0);
+
+    // In etcd: the schema key (written first, as the store would) and the leader key.
+    let raw = Raw::new(&etcd);
+    assert_eq!(
+        raw.dump(prefix),
+        [
+            ("/protego/election-one/leader".into(), b"a".to_vec()),
+            ("/protego/election-one/schema".into(), b"1".to_vec()),
+        ]
+    );
+    // So a store opened after the election works on the same prefix.
+    let mut store = EtcdStore::connect(&EtcdOptions {
+        endpoints: vec![etcd.url()],
+        prefix: prefix.into(),
+        timeout: Duration::from_secs(1),
+    })
+    .unwrap();
+    store.commit(&[put(1, b"one")]).unwrap();
+
+    // Keep-alives keep it leader, in the same term, without a change.
+    std::thread::sleep(3 * TTL);
+    assert_eq!(term(&a), fence.term);
+    assert!(a.changes().try_recv().is_err());
+
+    // The key deleted by hand: the node sees it on its watch and wins a new term.
+    raw.delete("/protego/election-one/leader");
+    let took = wait_until(
+        "a new term",
+        TTL,
+        || matches!(a.role(), Role::Leader { term, .. } if term > fence.term),
+    );
+    println!("leader key deleted by hand: leader again, in a new term, after {took:?}");
+
+    // Resigning deletes the key (and leaves the store's keys alone).
+    a.resign().unwrap();
+    assert_eq!(
+        raw.dump(prefix),
+        [
+            (
+                "/protego/election-one/ike_sas/0000000000000001".into(),
+                b"one".to_vec()
+            ),
+            ("/protego/election-one/schema".into(), b"1".to_vec()),
+        ]
+    );
+}
+
+#[test]
+fn election_resign_and_crash_takeovers() {
+    let Some(etcd) = start_etcd() else { return };
+    let prefix = "/protego/election-two";
+    let a = start(&etcd, prefix, "a");
+    let b = start(&etcd, prefix, "b");
+    // Exactly one leader, and the other names it.
+    assert!(a.is_leader(), "{:?}", a.role());
+    assert_eq!(b.role(), standby_of(&a));
+    let mut terms = vec![term(&a)];
+
+    // A graceful stop hands over at once.
+    drain(&b);
+    let t = Instant::now();
+    a.resign().unwrap();
+    let took = await_leader(&b, t, TTL);
+    println!("resign: the standby took over after {took:?}");
+    assert!(took < Duration::from_millis(250), "{took:?}");
+    terms.push(term(&b));
+
+    // A crash (kill -9): dropping an election stops its thread without revoking its lease,
+    // so the standby waits for the lease to expire. At a few points of the keep-alive cycle.
+    let mut leader = b;
+    let mut takeovers = Vec::new();
+    for (i, offset) in [0u64, 110, 220, 60].into_iter().enumerate() {
+        let standby = start(&etcd, prefix, &format!("n{i}"));
+        assert_eq!(standby.role(), standby_of(&leader));
+        std::thread::sleep(Duration::from_millis(300 + offset));
+        drain(&standby);
+        let t = Instant::now();
+        drop(leader);
+        let took = await_leader(&standby, t, 3 * TTL);
+        println!("kill -9 of the leader: the standby took over after {took:?}");
+        takeovers.push(took);
+        terms.push(term(&standby));
+        leader = standby;
+    }
+    let mean = takeovers.iter().sum::<Duration>() / takeovers.len() as u32;
+    println!(
+        "takeover after a crash, TTL {TTL:?}: min {:?}, mean {mean:?}, max {:?}",
+        takeovers.iter().min().unwrap(),
+        takeovers.iter().max().unwrap()
+    );
+    // The lease expires up to a TTL after the crash, and etcd 3.4 sweeps expired leases every
+    // 500 ms: 1.5 s at worst, plus the watch and the campaign.
+    assert!(mean < Duration::from_millis(1500), "{takeovers:?}");
+    for took in &takeovers {
+        assert!(*took < TAKEOVER_BOUND, "{takeovers:?}");
+    }
+    // Every new leader has a higher term.
+    assert!(terms.windows(2).all(|w| w[0] < w[1]), "{terms:?}");
+}
+
+#[test]
+fn election_frozen_leader_steps_down_first() {
+    let Some(etcd) = start_etcd() else { return };
+    let prefix = "/protego/election-frozen";
+    let a = start(&etcd, prefix, "a");
+    let b = start(&etcd, prefix, "b");
+    assert!(a.is_leader(), "{:?}", a.role());
+    assert_eq!(b.role(), standby_of(&a));
+
+    // The leader's fence guards a write while its term lasts.
+    let raw = Raw::new(&etcd);
+    let fenced = |fence: &crate::election::Fence, value: &str| {
+        let txn =
+            etcd_client::Txn::new()
+                .when(fence.compares())
+                .and_then([etcd_client::TxnOp::put(
+                    "/protego/election-frozen/fenced",
+                    value,
+                    None,
+                )]);
+        let mut client = raw.client.clone();
+        raw.runtime.block_on(client.txn(txn)).unwrap().succeeded()
+    };
+    let fence_a = a.fence().unwrap();
+    assert!(fenced(&fence_a, "a"));
+
+    // The leader freezes (its keep-alives stop, as for a hung process or a partition), but
+    // still answers: it must stop calling itself leader before the standby takes over.
+    std::thread::sleep(Duration::from_millis(150));
+    drain(&a);
+    let t = Instant::now();
+    a.freeze();
+    let (mut a_down, mut b_up) = (None, None);
+    while b_up.is_none() {
+        let (role_a, role_b) = (a.role(), b.role());
+        assert!(
+            !(role_a.is_leader() && role_b.is_leader()),
+            "two leaders: {role_a:?}, {role_b:?}"
+        );
+        if a_down.is_none() && !role_a.is_leader() {
+            a_down = Some(t.elapsed());
+        }
+        if role_b.is_leader() {
+            b_up = Some(t.elapsed());
+        }
+        assert!(t.elapsed() < 3 * TTL, "no takeover: {role_a:?}, {role_b:?}");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let (a_down, b_up) = (a_down.unwrap(), b_up.unwrap());
+    println!(
+        "frozen leader: it stepped down after {a_down:?}, the standby took over after {b_up:?} \
+         ({:?} later)",
+        b_up - a_down
+    );
+    assert!(a_down < b_up);
+    assert!(a_down <= VALIDITY + Duration::from_millis(50), "{a_down:?}");
+    assert_eq!(a.role(), Role::Unknown);
+    // The frozen node's thread reported it too.
+    let change = a.changes().try_recv().unwrap();
+    assert!(change.previous.is_leader() && change.role == Role::Unknown);
+    assert!(b_up < TAKEOVER_BOUND, "{b_up:?}");
+
+    // The deposed leader's fenced writes fail; the new leader's pass.
+    let fence_b = b.fence().unwrap();
+    assert!(fence_b.term > fence_a.term);
+    assert!(!fenced(&fence_a, "a again"));
+    assert!(fenced(&fence_b, "b"));
+    assert_eq!(
+        raw.dump("/protego/election-frozen/fenced"),
+        [("/protego/election-frozen/fenced".into(), b"b".to_vec())]
+    );
+}
+
+#[test]
+fn election_etcd_outage() {
+    let Some(mut etcd) = start_etcd() else { return };
+    let prefix = "/protego/election-outage";
+    let a = start(&etcd, prefix, "a");
+    let b = start(&etcd, prefix, "b");
+    assert!(a.is_leader(), "{:?}", a.role());
+    let before = term(&a);
+
+    // etcd freezes: both nodes turn unknown within the TTL, the leader first of all.
+    etcd.signal(libc::SIGSTOP);
+    let t = Instant::now();
+    let took = wait_until("both unknown", TTL, || {
+        a.role() == Role::Unknown && b.role() == Role::Unknown
+    });
+    println!("etcd frozen: both nodes unknown after {took:?}");
+    assert!(took <= VALIDITY + Duration::from_millis(50), "{took:?}");
+    // No node leads while etcd is frozen (longer than the TTL: the leases expire).
+    while t.elapsed() < 2 * TTL {
+        assert!(!a.is_leader() && !b.is_leader());
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    etcd.signal(libc::SIGCONT);
+    let took = wait_until("a leader after etcd thawed", 5 * TTL, || {
+        a.is_leader() || b.is_leader()
+    });
+    let (leader, standby) = if a.is_leader() { (&a, &b) } else { (&b, &a) };
+    println!(
+        "etcd thawed: {} leads after {took:?}, term {} (was {before})",
+        leader.name(),
+        term(leader)
+    );
+    wait_until("the other standing by", TTL, || {
+        standby.role() == standby_of(leader)
+    });
+    assert!(term(leader) > before);
+    let before = term(leader);
+
+    // etcd crashes: both unknown; it restarts with its data: a leader again. Its lease
+    // outlived the restart (etcd extends leases when it starts), so it may resume its term.
+    etcd.stop();
+    wait_until("both unknown", TTL, || {
+        a.role() == Role::Unknown && b.role() == Role::Unknown
+    });
+    assert!(!a.is_leader() && !b.is_leader());
+    etcd.launch();
+    let took = wait_until("a leader after etcd restarted", 5 * TTL, || {
+        a.is_leader() || b.is_leader()
+    });
+    let (leader, standby) = if a.is_leader() { (&a, &b) } else { (&b, &a) };
+    println!(
+        "etcd restarted: {} leads after {took:?}, term {} (was {before})",
+        leader.name(),
+        term(leader)
+    );
+    wait_until("the other standing by", TTL, || {
+        standby.role() == standby_of(leader)
+    });
+    assert!(term(leader) >= before);
+    assert!(!standby.is_leader());
+}
+
+#[test]
+fn election_bad_options() {
+    let closed = format!(
+        "http://127.0.0.1:{}",
+        free_port().local_addr().unwrap().port()
+    );
+    let base = ElectionOptions::new(vec![closed.clone()], "/protego/bad", "a");
+    let refused = |options: ElectionOptions, want: &str| {
+        let err = Election::start(&options).unwrap_err();
+        assert!(matches!(err, ElectionError::Options { .. }), "{err:?}");
+        assert!(err.to_string().contains(want), "{err}");
+    };
+    refused(
+        ElectionOptions {
+            name: String::new(),
+            ..base.clone()
+        },
+        "node name",
+    );
+    refused(
+        ElectionOptions {
+            name: "a\nb".into(),
+            ..base.clone()
+        },
+        "control characters",
+    );
+    refused(
+        ElectionOptions {
+            name: "x".repeat(300),
+            ..base.clone()
+        },
+        "node name",
+    );
+    for ttl in [500, 1500, 7_200_000] {
+        refused(
+            ElectionOptions {
+                ttl: Duration::from_millis(ttl),
+                ..base.clone()
+            },
+            "whole seconds",
+        );
+    }
+    refused(
+        ElectionOptions {
+            timeout: Duration::ZERO,
+            ..base.clone()
+        },
+        "timeout",
+    );
+
+    // The endpoints and prefix are checked as the store checks them, and etcd must answer.
+    let store_error = |options: ElectionOptions, want: &str| {
+        let t = Instant::now();
+        let err = Election::start(&options).unwrap_err();
+        assert!(t.elapsed() < 2 * options.timeout, "{:?}", t.elapsed());
+        assert!(matches!(err, ElectionError::Store { .. }), "{err:?}");
+        let text = err.to_string();
+        assert!(text.contains(want) && text.contains("node \"a\""), "{text}");
+        text
+    };
+    store_error(
+        ElectionOptions {
+            endpoints: vec![],
+            ..base.clone()
+        },
+        "no endpoints",
+    );
+    store_error(
+        ElectionOptions {
+            prefix: "/".into(),
+            ..base.clone()
+        },
+        "prefix",
+    );
+    let text = store_error(base, &closed);
+    println!("election with etcd unreachable: {text}");
+}
