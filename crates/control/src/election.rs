@@ -1245,3 +1245,7 @@ fn cause(e: &etcd_client::Error) -> String {
     }
     text
 }
+
+#[cfg(test)]
+#[path = "election_tests.rs"]
+mod tests;

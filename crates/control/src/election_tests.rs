@@ -2,8 +2,9 @@
 //! (this module is declared in `store/etcd_tests.rs` to reach it): one etcd per test, on
 //! loopback ports of its own, killed and removed whatever the outcome.
 
-use super::{free_port, put, Etcd, Raw};
 use crate::election::{Election, ElectionError, ElectionOptions, Role, RoleChange, Term};
+use crate::store::etcd_tests::{free_port, Etcd, Raw};
+use crate::store::tests::put;
 use crate::store::{EtcdOptions, EtcdStore, Store};
 use std::time::{Duration, Instant};
 

@@ -21,7 +21,7 @@ const TIMEOUT: Duration = Duration::from_secs(1);
 /// An etcd server started by one test: loopback ports and a data directory of its own.
 /// Dropping it kills the process (by the PID it started) and removes the directory, whatever
 /// the test's outcome.
-struct Etcd {
+pub(crate) struct Etcd {
     child: Option<Child>,
     name: String,
     client_port: u16,
@@ -38,7 +38,7 @@ impl Etcd {
     }
 
     /// Starts an etcd with extra command-line options.
-    fn start_with(extra: &[&str]) -> Option<Etcd> {
+    pub(crate) fn start_with(extra: &[&str]) -> Option<Etcd> {
         if !Path::new(ETCD).exists() {
             eprintln!(
                 "skipped: {ETCD} is not installed (scripts/setup.sh installs Debian's etcd-server)"
@@ -68,7 +68,7 @@ impl Etcd {
         Some(etcd)
     }
 
-    fn url(&self) -> String {
+    pub(crate) fn url(&self) -> String {
         format!("http://127.0.0.1:{}", self.client_port)
     }
 
@@ -78,7 +78,7 @@ impl Etcd {
 
     /// Starts the process (on the same ports and data directory as before) and waits until it
     /// answers.
-    fn launch(&mut self) {
+    pub(crate) fn launch(&mut self) {
         assert!(self.child.is_none());
         let log = File::options()
             .create(true)
@@ -153,7 +153,7 @@ impl Etcd {
     }
 
     /// Kills the process (SIGKILL: a crash; etcd has fsync'd what it acknowledged).
-    fn stop(&mut self) {
+    pub(crate) fn stop(&mut self) {
         if let Some(mut child) = self.child.take() {
             let _ = child.kill();
             let _ = child.wait();
@@ -167,7 +167,7 @@ impl Etcd {
     }
 
     /// Sends a signal to the process (SIGSTOP to freeze it, SIGCONT to resume it).
-    fn signal(&self, signal: libc::c_int) {
+    pub(crate) fn signal(&self, signal: libc::c_int) {
         let pid = libc::pid_t::try_from(self.pid()).unwrap();
         // SAFETY: kill has no memory effects; the PID is our child's, not yet reaped.
         assert_eq!(unsafe { libc::kill(pid, signal) }, 0);
@@ -182,7 +182,7 @@ impl Drop for Etcd {
 }
 
 /// A listener on a free loopback port (the port stays taken while it lives).
-fn free_port() -> TcpListener {
+pub(crate) fn free_port() -> TcpListener {
     TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).unwrap()
 }
 
@@ -199,13 +199,13 @@ fn connect(etcd: &Etcd, prefix: &str) -> EtcdStore {
 }
 
 /// A plain etcd client, to look at and tamper with what the store wrote.
-struct Raw {
-    runtime: tokio::runtime::Runtime,
-    client: etcd_client::Client,
+pub(crate) struct Raw {
+    pub(crate) runtime: tokio::runtime::Runtime,
+    pub(crate) client: etcd_client::Client,
 }
 
 impl Raw {
-    fn new(etcd: &Etcd) -> Raw {
+    pub(crate) fn new(etcd: &Etcd) -> Raw {
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
@@ -221,13 +221,13 @@ impl Raw {
         self.runtime.block_on(client.put(key, value, None)).unwrap();
     }
 
-    fn delete(&self, key: &str) {
+    pub(crate) fn delete(&self, key: &str) {
         let mut client = self.client.clone();
         self.runtime.block_on(client.delete(key, None)).unwrap();
     }
 
     /// Every key and value under `prefix`, in key order.
-    fn dump(&self, prefix: &str) -> Vec<(String, Vec<u8>)> {
+    pub(crate) fn dump(&self, prefix: &str) -> Vec<(String, Vec<u8>)> {
         let mut client = self.client.clone();
         let options = etcd_client::GetOptions::new().with_prefix();
         let response = self
@@ -810,8 +810,3 @@ fn store_etcd_refuses_to_block_an_async_runtime() {
     store.commit(&[put(2, b"two")]).unwrap();
     assert_eq!(contents(&store), [(2, b"two".to_vec())]);
 }
-
-/// The tests of [`crate::election`], which use this harness: declared here, as a child of this
-/// module, so they can reach it.
-#[path = "../election_tests.rs"]
-mod election_tests;

@@ -45,9 +45,9 @@ mod file;
 mod memory;
 
 #[cfg(test)]
-mod etcd_tests;
+pub(crate) mod etcd_tests;
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 
 pub use etcd::{EtcdOptions, EtcdStore};
 pub use file::FileStore;

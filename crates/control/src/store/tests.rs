@@ -38,7 +38,7 @@ fn mode(path: &Path) -> u32 {
     std::fs::metadata(path).unwrap().permissions().mode() & 0o7777
 }
 
-pub(super) fn put(spi: u64, bytes: &[u8]) -> Change {
+pub(crate) fn put(spi: u64, bytes: &[u8]) -> Change {
     Change::PutIkeSa {
         spi,
         snapshot: Zeroizing::new(bytes.to_vec()),
