@@ -387,7 +387,10 @@ impl Election {
         };
         let thread = std::thread::Builder::new()
             .name("protego-election".into())
-            .spawn(move || runtime.block_on(worker.run()))
+            .spawn(move || {
+                let runtime = crate::store::DetachedRuntime::new(runtime);
+                runtime.block_on(worker.run())
+            })
             .map_err(|e| ElectionError::Start {
                 election: describe.clone(),
                 detail: format!("cannot start thread protego-election: {e}"),

@@ -18,6 +18,10 @@ pub enum Error {
         /// The engine's error.
         source: ike::Error,
     },
+    /// The state store could not be read at start (nothing was started: restoring from it is
+    /// what keeps the peers' IKE SAs).
+    #[error("cannot read the IKE state store: {0}")]
+    Store(#[from] crate::store::StoreError),
     /// A thread could not be started.
     #[error("cannot start thread {name}: {source}")]
     Spawn {

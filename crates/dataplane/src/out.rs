@@ -209,8 +209,9 @@ impl Out {
     /// packet's output is written, so the job travels with the batch that carries it.
     pub(crate) fn defer_accept(&mut self, mark: Mark, mut job: AcceptJob) {
         let used = self.tx.data().len();
-        // If the batch was passed on in between, the output written before that left with
-        // it (only extra datagrams can: the packet's own output finds room after one flush).
+        // If the batch was passed on in between, what was written before that left with it:
+        // only extra datagrams (an ARP/ND probe), because every path writes the packet's own
+        // datagram last, into the batch that is current now.
         let start = if mark.generation == self.generation {
             mark.used
         } else {

@@ -49,6 +49,8 @@ pub struct Endpoint {
     stats: IkeStats,
     /// The instant snapshots are compared at (see [`Endpoint::take_state_changes`]).
     epoch: Instant,
+    /// Whether state changes are tracked ([`Endpoint::track_state_changes`]).
+    track: bool,
     /// SAs that ran or were filed since the last [`Endpoint::take_state_changes`].
     touched: BTreeSet<IkeSpi>,
     /// The last state of each SA reported by [`Endpoint::take_state_changes`], encoded at
@@ -101,6 +103,7 @@ impl Endpoint {
             start_due: None,
             stats: IkeStats::default(),
             epoch: now,
+            track: false,
             touched: BTreeSet::new(),
             saved: HashMap::new(),
         }
@@ -578,8 +581,10 @@ impl Endpoint {
             self.esp_spis.insert(c.inbound_spi.0);
         }
         let spis = sa.spis;
-        if let Some(state) = crate::snapshot::encode(&sa, self.epoch) {
-            self.saved.insert(sa.spi, Zeroizing::new(state));
+        if self.track {
+            if let Some(state) = crate::snapshot::encode(&sa, self.epoch) {
+                self.saved.insert(sa.spi, Zeroizing::new(state));
+            }
         }
         self.insert(sa);
         Ok(spis)
@@ -591,7 +596,15 @@ impl Endpoint {
         crate::snapshot::tunnel_of(bytes)
     }
 
-    /// What changed in the durable state of the IKE SAs since the last call: for each IKE SA
+    /// Starts tracking which IKE SAs' durable state changes, for
+    /// [`take_state_changes`](Self::take_state_changes). Off by default, so that a node that
+    /// never asks (a load generator, a test peer) keeps no record of it.
+    pub fn track_state_changes(&mut self) {
+        self.track = true;
+    }
+
+    /// What changed in the durable state of the IKE SAs since the last call (and since
+    /// [`track_state_changes`](Self::track_state_changes)): for each IKE SA
     /// whose state (keys, SPIs, message IDs, CHILD_SAs, queued work, timers) changed, its new
     /// [`snapshot`](Self::snapshot); for each that had been reported and is gone (or no longer
     /// has state worth keeping), its removal. Half-open SAs are never reported, so a flood of
@@ -676,7 +689,9 @@ impl Endpoint {
 
     fn insert(&mut self, mut sa: IkeSa) {
         let spi = sa.spi;
-        self.touched.insert(spi);
+        if self.track {
+            self.touched.insert(spi);
+        }
         Self::schedule(&mut self.timers, &mut sa);
         self.sas.insert(spi, sa);
     }
@@ -710,7 +725,9 @@ impl Endpoint {
     }
 
     fn file(&mut self, now: Instant, mut sa: IkeSa) {
-        self.touched.insert(sa.spi);
+        if self.track {
+            self.touched.insert(sa.spi);
+        }
         if sa.counted_half_open && !sa.is_half_open() {
             sa.counted_half_open = false;
             self.half_open = self.half_open.saturating_sub(1);

@@ -461,8 +461,11 @@ fn changes(node: &mut Node, now: std::time::Instant) -> Vec<StateChange> {
 #[test]
 fn state_changes_follow_what_a_restart_needs() {
     let mut p = Pair::with_tunnel(117);
+    p.b.ep.track_state_changes();
     p.connect();
     let ike = p.b.ep.status(p.now)[0].ike;
+    // A does not track: it keeps no record of its changes.
+    assert!(changes(&mut p.a, p.now).is_empty());
     let c = changes(&mut p.b, p.now);
     assert_eq!(c.len(), 1, "{c:?}");
     let StateChange::Saved { spi, ike: spis, .. } = &c[0] else {
@@ -520,6 +523,7 @@ fn a_restore_after_a_long_outage_runs_the_timers_that_fell_due() {
     a.child_rekey_time = Duration::from_secs(3600);
     b.child_rekey_time = Duration::from_secs(100);
     let mut p = Pair::with_configs(119, a, b);
+    p.b.ep.track_state_changes();
     p.connect();
     let saved = match changes(&mut p.b, p.now).pop() {
         Some(StateChange::Saved { snapshot, .. }) => snapshot,
@@ -528,6 +532,7 @@ fn a_restore_after_a_long_outage_runs_the_timers_that_fell_due() {
     let installs = p.a.count(|e| matches!(e, Event::ChildSaInstalled(_)));
     // B comes back 150 s after it wrote its state: the 100 s CHILD_SA rekey is overdue.
     let mut standby = Node::new(B_ADDR, 4343, EndpointConfig::default(), p.now);
+    standby.ep.track_state_changes();
     let mut b = cfg_b();
     b.child_rekey_time = Duration::from_secs(100);
     standby.ep.add_peer(p.now, b).expect("b");

@@ -488,10 +488,10 @@ impl Kind {
 /// Seconds since midnight of a log line's timestamp: charon's `HH:MM:SS.mmm` (local time) at
 /// the start, Protego's RFC 3339 `...THH:MM:SS.ffffffZ` (UTC).
 fn time_of_day(line: &str) -> Option<f64> {
-    let t = match line.find('T') {
-        Some(i) if line.starts_with("20") => &line[i + 1..],
-        _ => line,
-    };
+    // Protego's lines start with a date (`2026-11-21T...`); charon's with the time, which
+    // between 20:00 and 20:59 also starts with "20", so the date is told by its dash.
+    let dated = line.len() > 10 && line.as_bytes()[4] == b'-' && line.as_bytes()[10] == b'T';
+    let t = if dated { &line[11..] } else { line };
     let t = t.split([' ', 'Z']).next()?;
     let mut parts = t.split(':');
     let h: f64 = parts.next()?.parse().ok()?;
@@ -698,4 +698,18 @@ fn simultaneous_rekeys_collide_and_resolve() -> Result<()> {
     );
     bed.teardown()?;
     Ok(())
+}
+
+#[test]
+fn log_times_of_both_formats_at_any_hour() {
+    let protego = "2026-11-21T20:19:26.500000Z  INFO rekeying CHILD_SA spi=1";
+    let charon =
+        "20:19:26.250 08[ENC] generating CREATE_CHILD_SA request 3 [ N(REKEY_SA) SA No TSi TSr ]";
+    let (p, c) = (time_of_day(protego).unwrap(), time_of_day(charon).unwrap());
+    assert!(
+        (p - (20.0 * 3600.0 + 19.0 * 60.0 + 26.5)).abs() < 1e-6,
+        "{p}"
+    );
+    assert!((clock_diff(p, c) - 0.25).abs() < 1e-6);
+    assert!(time_of_day("09:00:01.000 08[IKE] TSi").is_some());
 }

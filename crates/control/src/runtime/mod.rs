@@ -193,6 +193,7 @@ impl ControlPlane {
             .spawn(move || {
                 let now = Instant::now();
                 let mut endpoint = Endpoint::new(config.endpoint.clone(), rng, now);
+                endpoint.track_state_changes();
                 for t in &config.tunnels {
                     if let Err(source) = endpoint.add_peer(now, t.peer.clone()) {
                         let _ = ready_tx.send(Err(Error::Engine {
@@ -216,7 +217,13 @@ impl ControlPlane {
                     })
                     .collect();
                 let mut persist = Persister::new(store);
-                let restored = restore(&mut endpoint, &mut persist, &tunnels, now);
+                let restored = match restore(&mut endpoint, &mut persist, &tunnels, now) {
+                    Ok(r) => r,
+                    Err(e) => {
+                        let _ = ready_tx.send(Err(Error::Store(e)));
+                        return;
+                    }
+                };
                 let mut driver = Driver {
                     endpoint,
                     datapath,
@@ -323,20 +330,16 @@ struct Driver {
 }
 
 /// Restores the IKE SAs kept in the store; returns the inbound SPIs of their CHILD_SAs (to be
-/// rekeyed: their ESP state did not survive).
+/// rekeyed: their ESP state did not survive). A store that cannot be read fails the start:
+/// starting without it would make every peer re-authenticate and leave its records behind to
+/// come back at a later start.
 fn restore(
     endpoint: &mut Endpoint,
     persist: &mut Persister,
     tunnels: &HashMap<TunnelId, TunnelInfo>,
     now: Instant,
-) -> Vec<wire::EspSpi> {
-    let records = match persist.load() {
-        Ok(r) => r,
-        Err(e) => {
-            error!(store = %persist.describe(), error = %e, "cannot read the stored IKE SAs; peers will re-authenticate");
-            return Vec::new();
-        }
-    };
+) -> Result<Vec<wire::EspSpi>, crate::store::StoreError> {
+    let records = persist.load()?;
     let mut restored = std::collections::HashSet::new();
     let wall = std::time::SystemTime::now();
     for (spi, bytes) in records {
@@ -345,7 +348,7 @@ fn restore(
             Ok(r) => r,
             Err(why) => {
                 warn!(spi = %spi_text, error = why, "dropping an unreadable stored IKE SA");
-                persist.forget(now, spi);
+                persist.forget(now, [spi]);
                 continue;
             }
         };
@@ -356,7 +359,7 @@ fn restore(
         let Some((tunnel, name)) = configured.filter(|(_, name)| *name == record.tunnel) else {
             warn!(spi = %spi_text, tunnel = %record.tunnel,
                 "dropping a stored IKE SA whose tunnel is no longer configured under that name; the peer will re-authenticate");
-            persist.forget(now, spi);
+            persist.forget(now, [spi]);
             continue;
         };
         // A clock set back makes the age 0: timers then run as if no time had passed.
@@ -370,7 +373,7 @@ fn restore(
             }
             Err(e) => {
                 warn!(spi = %spi_text, tunnel = %name, error = %e, "dropping a stored IKE SA that cannot be restored");
-                persist.forget(now, spi);
+                persist.forget(now, [spi]);
             }
         }
     }
@@ -381,7 +384,7 @@ fn restore(
         .filter(|s| restored.contains(&s.ike))
         .flat_map(|s| s.children.iter().map(|c| c.inbound_spi))
         .collect();
-    children
+    Ok(children)
 }
 
 impl Driver {
@@ -466,8 +469,11 @@ impl Driver {
         self.persist.save(now, changes, |_| String::new());
         match self.persist.load() {
             Ok(records) => {
-                for (spi, _) in records {
-                    self.persist.forget(now, spi);
+                if !self
+                    .persist
+                    .forget(now, records.into_iter().map(|(spi, _)| spi))
+                {
+                    warn!("cannot clear the stored IKE SAs at shutdown; they will be restored (and fail) at the next start");
                 }
             }
             Err(e) => warn!(error = %e, "cannot clear the stored IKE SAs at shutdown"),

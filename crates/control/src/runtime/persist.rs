@@ -119,8 +119,10 @@ pub struct StoreStats {
 /// The control loop's side of the store.
 pub(crate) struct Persister {
     store: Box<dyn Store>,
-    /// Changes not committed yet, the newest per SPI.
-    pending: BTreeMap<u64, Change>,
+    /// Changes not committed yet, the newest per SPI, with the round that made them.
+    pending: BTreeMap<u64, (u64, Change)>,
+    /// Rounds of [`Persister::save`] so far.
+    round: u64,
     held: VecDeque<Held>,
     retry_at: Option<Instant>,
     error: Option<String>,
@@ -135,6 +137,7 @@ impl Persister {
         Self {
             store,
             pending: BTreeMap::new(),
+            round: 0,
             held: VecDeque::new(),
             retry_at: None,
             error: None,
@@ -164,6 +167,8 @@ impl Persister {
         name: impl Fn(Option<TunnelId>) -> String,
     ) -> bool {
         let wall = SystemTime::now();
+        self.round += 1;
+        let round = self.round;
         for change in changes {
             match change {
                 StateChange::Saved {
@@ -175,25 +180,35 @@ impl Persister {
                     let record = encode_record(wall, &name(tunnel), &snapshot);
                     self.pending.insert(
                         spi.0,
-                        Change::PutIkeSa {
-                            spi: spi.0,
-                            snapshot: record,
-                        },
+                        (
+                            round,
+                            Change::PutIkeSa {
+                                spi: spi.0,
+                                snapshot: record,
+                            },
+                        ),
                     );
                 }
                 StateChange::Removed { spi } => {
                     self.pending
-                        .insert(spi.0, Change::DeleteIkeSa { spi: spi.0 });
+                        .insert(spi.0, (round, Change::DeleteIkeSa { spi: spi.0 }));
                 }
             }
         }
         self.commit(now)
     }
 
-    /// Forgets a stored IKE SA (one that cannot be restored).
-    pub(crate) fn forget(&mut self, now: Instant, spi: u64) {
-        self.pending.insert(spi, Change::DeleteIkeSa { spi });
-        self.commit(now);
+    /// Forgets stored IKE SAs (ones that cannot be restored, or all of them at shutdown), in
+    /// as few commits as the batch limit allows. A retry that is not due yet is not waited
+    /// for: this is a last attempt.
+    pub(crate) fn forget(&mut self, now: Instant, spis: impl IntoIterator<Item = u64>) -> bool {
+        self.round += 1;
+        for spi in spis {
+            self.pending
+                .insert(spi, (self.round, Change::DeleteIkeSa { spi }));
+        }
+        self.retry_at = None;
+        self.commit(now)
     }
 
     fn commit(&mut self, now: Instant) -> bool {
@@ -204,7 +219,7 @@ impl Persister {
             return false;
         }
         while !self.pending.is_empty() {
-            let batch: Vec<Change> = self.pending.values().take(MAX_BATCH).cloned().collect();
+            let batch = self.next_batch();
             if !self.commit_batch(now, &batch) {
                 return false;
             }
@@ -220,6 +235,34 @@ impl Persister {
             info!(store = %self.store.describe(), held = self.held.len(), "state store works again; sending held IKE datagrams");
         }
         true
+    }
+
+    /// The next changes to commit together: whole rounds, oldest first, up to [`MAX_BATCH`]
+    /// changes (a single larger round is split). The SAs one round changed together (the old
+    /// and the new SA of an IKE SA rekey) so reach the store in one transaction.
+    fn next_batch(&self) -> Vec<Change> {
+        let mut by_round: Vec<(u64, &Change)> =
+            self.pending.values().map(|(r, c)| (*r, c)).collect();
+        by_round.sort_by_key(|(r, _)| *r);
+        let mut batch = Vec::new();
+        let mut i = 0;
+        while i < by_round.len() {
+            let round = by_round[i].0;
+            let end = by_round[i..]
+                .iter()
+                .position(|(r, _)| *r != round)
+                .map_or(by_round.len(), |n| i + n);
+            if !batch.is_empty() && batch.len() + (end - i) > MAX_BATCH {
+                break;
+            }
+            batch.extend(by_round[i..end].iter().map(|(_, c)| (*c).clone()));
+            i = end;
+            if batch.len() >= MAX_BATCH {
+                break;
+            }
+        }
+        batch.truncate(MAX_BATCH);
+        batch
     }
 
     /// One store commit; on failure the error is recorded and a retry scheduled.
@@ -349,6 +392,30 @@ mod tests {
             tunnel: None,
             snapshot: Zeroizing::new(vec![spi as u8; 100]),
         }
+    }
+
+    #[test]
+    fn the_changes_of_one_round_stay_in_one_commit() {
+        let inner = MemoryStore::default();
+        let sizes = std::sync::Arc::default();
+        let mut p = Persister::new(Box::new(Limited {
+            inner: inner.clone(),
+            sizes: std::sync::Arc::clone(&sizes),
+        }));
+        let now = Instant::now();
+        inner.fail_commits(true);
+        // Two rounds of 40 (say, rekeys changing an old and a new SA together) pile up.
+        assert!(!p.save(now, (1..=40).map(saved).collect(), |_| String::new()));
+        assert!(!p.save(now, (101..=140).map(saved).collect(), |_| String::new()));
+        inner.fail_commits(false);
+        assert!(p.save(now + RETRY, Vec::new(), |_| String::new()));
+        let sizes = sizes.lock().unwrap().clone();
+        // Not 64 + 16: a round is never split across commits unless it alone is too large.
+        assert_eq!(sizes[sizes.len() - 2..], [40, 40], "{sizes:?}");
+        assert_eq!(inner.ike_sas().unwrap().len(), 80);
+        // Forgetting many at once (shutdown) also goes in bounded commits, at once.
+        assert!(p.forget(now, (1..=40).chain(101..=140)));
+        assert!(inner.ike_sas().unwrap().is_empty());
     }
 
     #[test]

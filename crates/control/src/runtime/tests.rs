@@ -820,3 +820,18 @@ fn nat_rebinding_updates_the_data_path() {
         "{lines:?}"
     );
 }
+
+#[test]
+fn an_unreadable_store_fails_the_start() {
+    let dir = scratch_dir();
+    let cfg = config(&dir.0, 'b', "unreadable-test", false, "", "");
+    let store = MemoryStore::default();
+    store.fail_reads(true);
+    let path: Arc<dyn DataPath> = Arc::new(FakePath::default());
+    let (_tx, rx) = crossbeam_channel::unbounded::<ToControl>();
+    match ControlPlane::start(&cfg, path, rx, Box::new(store)) {
+        Err(Error::Store(e)) => assert!(e.to_string().contains("memory"), "{e}"),
+        Err(other) => panic!("unexpected error: {other}"),
+        Ok(_) => panic!("started without its store"),
+    }
+}

@@ -103,12 +103,38 @@ pub struct EtcdOptions {
 /// Called from inside an async runtime they fail (blocking there would stall it), and the store
 /// must not be dropped there either.
 pub struct EtcdStore {
-    runtime: tokio::runtime::Runtime,
+    runtime: DetachedRuntime,
     clients: Mutex<Clients>,
     endpoints: Vec<String>,
     timeout: Duration,
     keys: Keys,
     describe: String,
+}
+
+/// A Tokio runtime that is shut down in the background when dropped: a plain drop waits for
+/// its blocking tasks (the resolver's `getaddrinfo` calls), which with an unreachable DNS
+/// server could hold the caller far beyond the configured timeout.
+pub(crate) struct DetachedRuntime(std::mem::ManuallyDrop<tokio::runtime::Runtime>);
+
+impl DetachedRuntime {
+    pub(crate) fn new(runtime: tokio::runtime::Runtime) -> Self {
+        Self(std::mem::ManuallyDrop::new(runtime))
+    }
+}
+
+impl std::ops::Deref for DetachedRuntime {
+    type Target = tokio::runtime::Runtime;
+    fn deref(&self) -> &tokio::runtime::Runtime {
+        &self.0
+    }
+}
+
+impl Drop for DetachedRuntime {
+    fn drop(&mut self) {
+        // SAFETY: taken exactly once, here, and never used again.
+        let runtime = unsafe { std::mem::ManuallyDrop::take(&mut self.0) };
+        runtime.shutdown_background();
+    }
 }
 
 /// One client per endpoint (each with its own connection), opened when first needed.
@@ -190,7 +216,7 @@ impl EtcdStore {
             .build()
             .map_err(|e| refuse(format!("cannot start the client's runtime: {e}")))?;
         let store = EtcdStore {
-            runtime,
+            runtime: DetachedRuntime::new(runtime),
             clients: Mutex::new(Clients {
                 by_endpoint: vec![None; options.endpoints.len()],
                 current: 0,

@@ -20,6 +20,7 @@ pub struct MemoryStore {
 struct Shared {
     ike_sas: BTreeMap<u64, Snapshot>,
     fail_commits: bool,
+    fail_reads: bool,
     commits: u64,
 }
 
@@ -33,6 +34,11 @@ impl MemoryStore {
     /// [`StoreError::Write`] and changes nothing.
     pub fn fail_commits(&self, fail: bool) {
         self.lock().fail_commits = fail;
+    }
+
+    /// While `fail` is true, [`Store::ike_sas`] (on any clone) fails with [`StoreError::Read`].
+    pub fn fail_reads(&self, fail: bool) {
+        self.lock().fail_reads = fail;
     }
 
     /// How many non-empty commits succeeded so far (on all clones).
@@ -79,8 +85,14 @@ impl Store for MemoryStore {
     }
 
     fn ike_sas(&self) -> Result<Vec<(u64, Snapshot)>, StoreError> {
-        Ok(self
-            .lock()
+        let shared = self.lock();
+        if shared.fail_reads {
+            return Err(StoreError::Read {
+                store: "memory".into(),
+                detail: "reads made to fail (test)".into(),
+            });
+        }
+        Ok(shared
             .ike_sas
             .iter()
             .map(|(spi, snapshot)| (*spi, snapshot.clone()))

@@ -17,8 +17,10 @@
 //!   as *not known to be durable*: the caller must not send what depended on it, and retries
 //!   with the states it still wants stored. The file and memory backends then applied nothing;
 //!   etcd may have applied a commit whose answer was lost (a timeout or a broken connection
-//!   after sending), which is harmless because the retry writes the same or newer states, and
-//!   "stored but not sent" is also what a crash between commit and send leaves. An empty batch
+//!   after sending). The retry writes the same or newer states, and "stored but not sent" is
+//!   also what a crash between commit and send leaves. One case is not covered yet: a timed-out
+//!   commit applied *after* a newer one for the same SPI (through a member that was cut off)
+//!   would put the older state back; guarding each put with the key's revision would close it. An empty batch
 //!   is a no-op that touches no disk. Backends may limit the size of one batch (etcd: 128
 //!   operations and about 1.5 MiB by default); the control loop commits at most
 //!   64 changes at a time.
@@ -49,6 +51,7 @@ pub(crate) mod etcd_tests;
 #[cfg(test)]
 pub(crate) mod tests;
 
+pub(crate) use etcd::DetachedRuntime;
 pub use etcd::{EtcdOptions, EtcdStore};
 pub use file::FileStore;
 pub use memory::MemoryStore;

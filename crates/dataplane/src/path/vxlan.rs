@@ -256,10 +256,13 @@ pub(crate) fn deliver(
     match resolution {
         Resolution::Mac { mac, probe } => {
             o.resolved.put(v, dst, mac, now);
-            emit_ip(o, sh, vnet, host, mac, pkt, parsed);
+            // The probe first: the packet's own frame must be the last thing it writes, so
+            // that a batch handed on in between carries nothing of the packet (its
+            // acceptance by the replay window travels with the batch holding its frame).
             if probe {
                 solicit(o, sh, vnet, host, dst);
             }
+            emit_ip(o, sh, vnet, host, mac, pkt, parsed);
         }
         Resolution::Queued { request } => {
             if request {
