@@ -382,6 +382,22 @@ mod tests {
         }
     }
 
+    /// A persister over a [`Limited`] store: the persister, the store behind it, and the size
+    /// of every commit tried.
+    fn limited() -> (
+        Persister,
+        MemoryStore,
+        std::sync::Arc<std::sync::Mutex<Vec<usize>>>,
+    ) {
+        let inner = MemoryStore::default();
+        let sizes = std::sync::Arc::default();
+        let p = Persister::new(Box::new(Limited {
+            inner: inner.clone(),
+            sizes: std::sync::Arc::clone(&sizes),
+        }));
+        (p, inner, sizes)
+    }
+
     fn saved(spi: u64) -> StateChange {
         StateChange::Saved {
             spi: IkeSpi(spi),
@@ -396,12 +412,7 @@ mod tests {
 
     #[test]
     fn the_changes_of_one_round_stay_in_one_commit() {
-        let inner = MemoryStore::default();
-        let sizes = std::sync::Arc::default();
-        let mut p = Persister::new(Box::new(Limited {
-            inner: inner.clone(),
-            sizes: std::sync::Arc::clone(&sizes),
-        }));
+        let (mut p, inner, sizes) = limited();
         let now = Instant::now();
         inner.fail_commits(true);
         // Two rounds of 40 (say, rekeys changing an old and a new SA together) pile up.
@@ -420,12 +431,7 @@ mod tests {
 
     #[test]
     fn a_backlog_is_committed_in_bounded_batches() {
-        let inner = MemoryStore::default();
-        let sizes = std::sync::Arc::default();
-        let mut p = Persister::new(Box::new(Limited {
-            inner: inner.clone(),
-            sizes: std::sync::Arc::clone(&sizes),
-        }));
+        let (mut p, inner, sizes) = limited();
         let now = Instant::now();
         // The store fails while 200 SAs change, as in an outage; then it works again.
         inner.fail_commits(true);

@@ -3,7 +3,7 @@
 //! with a message.
 
 use super::etcd::{PAGE, SCHEMA_VERSION};
-use super::tests::{contents, put, round_trips};
+use super::tests::{commit_latency, contents, put, round_trips};
 use super::*;
 use std::fs::File;
 use std::io::{Read, Write};
@@ -761,35 +761,14 @@ fn store_etcd_commit_latency() {
     let t = Instant::now();
     let mut store = connect(&etcd, "/protego/bench");
     let create = t.elapsed();
-    // Some SAs already stored, as on a busy gateway.
-    let batch: Vec<Change> = (0..1000u64)
-        .map(|spi| put((spi << 32) | 1, &[0x5a; 1024]))
-        .collect();
-    store.commit(&batch).unwrap();
-
-    let rounds = 200u64;
-    let mut samples = Vec::new();
-    for i in 0..rounds {
-        let change = put((i % 1000) << 32 | 1, &[i as u8; 1024]);
-        let t = Instant::now();
-        store.commit(&[change]).unwrap();
-        samples.push(t.elapsed());
-    }
-    samples.sort();
-    let mean = samples.iter().sum::<Duration>() / rounds as u32;
-    let pct = |p: usize| samples[(samples.len() - 1) * p / 100];
+    let commits = commit_latency(&mut store);
     let t = Instant::now();
     let n = store.ike_sas().unwrap().len();
     let restore = t.elapsed();
     println!(
-        "etcd commit of one 1 KiB snapshot (one local member, data in {}): mean {mean:?}, \
-         p50 {:?}, p90 {:?}, p99 {:?}, max {:?} ({rounds} commits, 1000 SAs stored); \
+        "etcd commit of one 1 KiB snapshot (one local member, data in {}): {commits}; \
          connect {create:?}, reading {n} SAs {restore:?}",
         std::env::temp_dir().display(),
-        pct(50),
-        pct(90),
-        pct(99),
-        samples[samples.len() - 1],
     );
 }
 

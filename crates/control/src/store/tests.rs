@@ -509,6 +509,33 @@ fn store_file_layout() {
     assert_eq!(sas.get(9).unwrap().unwrap().value(), b"nine");
 }
 
+/// Commits 1000 SAs (as on a busy gateway), then measures 200 commits of one ~1 KiB snapshot
+/// each; returns the figures as one line (mean, p50, p90, p99, max).
+pub(crate) fn commit_latency(store: &mut dyn Store) -> String {
+    let batch: Vec<Change> = (0..1000u64)
+        .map(|spi| put((spi << 32) | 1, &[0x5a; 1024]))
+        .collect();
+    store.commit(&batch).unwrap();
+    let rounds = 200u64;
+    let mut samples = Vec::new();
+    for i in 0..rounds {
+        let change = put(((i % 1000) << 32) | 1, &[i as u8; 1024]);
+        let t = Instant::now();
+        store.commit(&[change]).unwrap();
+        samples.push(t.elapsed());
+    }
+    samples.sort();
+    let mean = samples.iter().sum::<Duration>() / rounds as u32;
+    let pct = |p: usize| samples[(samples.len() - 1) * p / 100];
+    format!(
+        "mean {mean:?}, p50 {:?}, p90 {:?}, p99 {:?}, max {:?} ({rounds} commits, 1000 SAs stored)",
+        pct(50),
+        pct(90),
+        pct(99),
+        samples[samples.len() - 1]
+    )
+}
+
 /// Prints the latency of committing one ~1 KiB snapshot (fsync included). Run with
 /// `cargo test -p protego-control store_file_commit_latency -- --ignored --nocapture`;
 /// `PROTEGO_STORE_BENCH_DIR` picks the file system (default: the temporary directory).
@@ -523,23 +550,7 @@ fn store_file_commit_latency() {
     let t = Instant::now();
     let mut store = FileStore::open(&path).unwrap();
     let create = t.elapsed();
-    // Some SAs already stored, as on a busy gateway.
-    let batch: Vec<Change> = (0..1000u64)
-        .map(|spi| put((spi << 32) | 1, &[0x5a; 1024]))
-        .collect();
-    store.commit(&batch).unwrap();
-
-    let rounds = 200u64;
-    let mut samples = Vec::new();
-    for i in 0..rounds {
-        let change = put((i % 1000) << 32 | 1, &[i as u8; 1024]);
-        let t = Instant::now();
-        store.commit(&[change]).unwrap();
-        samples.push(t.elapsed());
-    }
-    samples.sort();
-    let mean = samples.iter().sum::<Duration>() / rounds as u32;
-    let pct = |p: usize| samples[(samples.len() - 1) * p / 100];
+    let commits = commit_latency(&mut store);
     drop(store);
     let t = Instant::now();
     let store = FileStore::open(&path).unwrap();
@@ -548,14 +559,9 @@ fn store_file_commit_latency() {
     let n = store.ike_sas().unwrap().len();
     let restore = t.elapsed();
     println!(
-        "store commit of one 1 KiB snapshot on {}: mean {mean:?}, p50 {:?}, p90 {:?}, p99 {:?}, \
-         max {:?} ({rounds} commits, 1000 SAs stored); create {create:?}, reopen with integrity \
-         check {reopen:?}, reading {n} SAs {restore:?}, file {} bytes",
+        "store commit of one 1 KiB snapshot on {}: {commits}; create {create:?}, reopen with \
+         integrity check {reopen:?}, reading {n} SAs {restore:?}, file {} bytes",
         base.display(),
-        pct(50),
-        pct(90),
-        pct(99),
-        samples[samples.len() - 1],
         std::fs::metadata(&path).unwrap().len(),
     );
 }

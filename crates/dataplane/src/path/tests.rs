@@ -179,6 +179,16 @@ impl Env {
         v
     }
 
+    /// The VM at 10.0.0.5 answers the gateway's ARP request (over VXLAN from its host).
+    fn vm_answers_arp(&mut self) {
+        let gw = gw_mac(self, 0);
+        let reply = arp(ArpOperation::REPLY, VM_MAC, "10.0.0.5", gw, "10.0.0.1");
+        self.recv_from_host(
+            self.host(),
+            vxlan_frame(100, gw, VM_MAC, EtherType::ARP, &reply),
+        );
+    }
+
     fn drops(&self, r: DropReason) -> u64 {
         self.out.drops.get(r)
     }
@@ -326,17 +336,7 @@ fn esp_to_vm_resolves_the_mac_then_delivers() {
     let req = ArpRepr::parse(&ArpPacket::new_checked(&payload[..]).expect("arp")).expect("arp");
     assert_eq!(req.target_protocol_addr.to_string(), "10.0.0.5");
     // The VM answers; the queued packet leaves.
-    let reply = arp(
-        ArpOperation::REPLY,
-        VM_MAC,
-        "10.0.0.5",
-        gw_mac(&e, 0),
-        "10.0.0.1",
-    );
-    e.recv_from_host(
-        e.host(),
-        vxlan_frame(100, gw_mac(&e, 0), VM_MAC, EtherType::ARP, &reply),
-    );
+    e.vm_answers_arp();
     let sent = e.sent();
     assert_eq!(sent.len(), 1);
     assert_eq!(sent[0].0, e.host());
@@ -367,17 +367,7 @@ fn a_copy_opened_in_the_same_batch_is_refused_when_accepted() {
     let seal = |body: &[u8]| peer.seal(&udp4("192.168.0.9", 2000, "10.0.0.5", 1000, 64, body));
     // Resolve the VM first (the first packet waits for it and is accepted before it waits).
     e.recv_from_peer(PEER_A, seal(b"first"));
-    let reply = arp(
-        ArpOperation::REPLY,
-        VM_MAC,
-        "10.0.0.5",
-        gw_mac(&e, 0),
-        "10.0.0.1",
-    );
-    e.recv_from_host(
-        e.host(),
-        vxlan_frame(100, gw_mac(&e, 0), VM_MAC, EtherType::ARP, &reply),
-    );
+    e.vm_answers_arp();
     assert_eq!(e.sent().len(), 2, "ARP request and the first packet");
     // Both copies pass the check before decryption and are delivered into the batch; the
     // window accepts the first and refuses the second, whose frame is left out.
