@@ -23,6 +23,7 @@
 mod cpu;
 mod crypto_only;
 mod error;
+pub mod failover;
 mod gateway;
 mod ike_client;
 mod imix;

@@ -37,7 +37,8 @@ pub struct VnetConfig {
 /// Where a tunnel's decrypted traffic goes.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Inside {
-    /// Into a VNet over VXLAN (index into [`DataplaneConfig::vnets`]).
+    /// Into a VNet over VXLAN (index into [`DataplaneConfig::vnets`], or into the VNets last
+    /// given to [`DataPath::set_inside`]).
     Vnet(usize),
     /// Into the node's TUN device and the kernel's routing table.
     Tun,
@@ -56,10 +57,33 @@ pub struct TunnelBinding {
     pub inside: Inside,
 }
 
+/// Relay mode (DESIGN.md §2): the node sits behind steer nodes that own the public
+/// addresses (VIPs). The steer nodes forward ESP-in-UDP from peers and VXLAN from cloud hosts
+/// inside Geneve (RFC 8926) frames whose payload is the whole original IP/UDP datagram
+/// (`wire::relay`); the data plane sends its encrypted output back to a steer node in the same
+/// form (inner source = the CHILD_SA's local address, the VIP; inner destination = the peer),
+/// and the steer node sends the UDP payload out from the VIP. VXLAN toward hosts leaves the
+/// node directly from its VTEP address.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RelayConfig {
+    /// The node's Geneve address (UDP, port usually 6081; 0 lets the kernel pick one).
+    pub listen: SocketAddr,
+    /// The node's underlay address VXLAN toward hosts leaves from (a VTEP socket set is opened
+    /// on it at start; VNets given later must use it or another starting VNet's VTEP). None:
+    /// the IP address of `listen`.
+    pub vtep: Option<IpAddr>,
+    /// The steer nodes' Geneve addresses: frames from any other source are dropped
+    /// (`relay_unknown_sender`), and encrypted output goes to the first (empty: dropped,
+    /// `relay_no_steer`). Replaced at run time with
+    /// [`DataPath::set_relays`].
+    pub steer: Vec<SocketAddr>,
+}
+
 /// Static configuration of the data plane.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DataplaneConfig {
-    /// Addresses to bind the IKE and NAT-T sockets on.
+    /// Addresses to bind the IKE and NAT-T sockets on (must be empty in relay mode, where the
+    /// steer nodes own the public addresses).
     pub listen: Vec<IpAddr>,
     /// IKE port (500).
     pub ike_port: u16,
@@ -67,9 +91,11 @@ pub struct DataplaneConfig {
     pub natt_port: u16,
     /// VXLAN UDP port (4789).
     pub vxlan_port: u16,
-    /// VNets.
+    /// VNets at start (replaceable with [`DataPath::set_inside`]; a VNet's `vtep` must then be
+    /// one of the VTEPs opened at start).
     pub vnets: Vec<VnetConfig>,
-    /// Tunnels and where their traffic goes.
+    /// Tunnels and where their traffic goes at start (replaceable with
+    /// [`DataPath::set_inside`]).
     pub tunnels: Vec<TunnelBinding>,
     /// Name of the TUN device for `inside = "tun"` tunnels (created if missing).
     pub tun_name: Option<String>,
@@ -86,6 +112,8 @@ pub struct DataplaneConfig {
     /// How long a worker keeps polling without sleeping after it last found traffic (zero:
     /// sleep as soon as nothing is waiting). Trades CPU for latency.
     pub busy_poll: std::time::Duration,
+    /// Relay mode behind steer nodes (None: the node owns its public addresses).
+    pub relay: Option<RelayConfig>,
 }
 
 /// A received IKE datagram (non-ESP marker removed).
@@ -159,6 +187,10 @@ pub struct WorkerStats {
     pub packets: u64,
     /// Batches it processed.
     pub batches: u64,
+    /// Time it spent receiving and processing batches, in nanoseconds (cumulative; the rest
+    /// it waited for input). Utilization over an interval is the difference of two readings
+    /// divided by the interval.
+    pub busy_ns: u64,
 }
 
 /// Node-wide counters, including drops by reason.
@@ -169,8 +201,11 @@ pub struct DataplaneStats {
     /// Per worker thread.
     pub workers: Vec<WorkerStats>,
     /// Drop counters by reason name (`esp_unknown_spi`, `esp_replay`, `esp_auth`,
-    /// `malformed_udp`, `vxlan_no_tunnel`, ...).
+    /// `malformed_udp`, `vxlan_no_tunnel`, `relay_malformed`, ...).
     pub drops: Vec<(String, u64)>,
+    /// Relay mode: health probes from steer nodes answered (idle control frames and probes
+    /// riding on data frames).
+    pub relay_probes_answered: u64,
 }
 
 /// Errors of the data plane.
@@ -216,6 +251,14 @@ pub enum DataplaneError {
         /// The OS error.
         source: std::io::Error,
     },
+    /// The operation is not supported by this data path (or not in its mode).
+    #[error("{operation} is not supported by this data path: {reason}")]
+    Unsupported {
+        /// The operation.
+        operation: &'static str,
+        /// Why.
+        reason: String,
+    },
     /// A send failed.
     #[error("send to {to}: {source}")]
     Send {
@@ -244,4 +287,29 @@ pub trait DataPath: Send + Sync {
     ) -> Result<(), DataplaneError>;
     /// Current counters.
     fn stats(&self) -> DataplaneStats;
+    /// Relay mode: replaces the steer nodes' Geneve addresses at once (accepted senders and
+    /// the destination of encrypted output; empty: output is dropped). The default refuses
+    /// ([`DataplaneError::Unsupported`]).
+    fn set_relays(&self, steer: Vec<SocketAddr>) -> Result<(), DataplaneError> {
+        let _ = steer;
+        Err(DataplaneError::Unsupported {
+            operation: "set_relays",
+            reason: "this data path has no relay mode".into(),
+        })
+    }
+    /// Replaces the VNets and tunnel bindings, validated whole first (errors name the field,
+    /// e.g. `vnets[1].vtep`). Installed CHILD_SAs follow their tunnel's new binding; those of
+    /// tunnels no longer bound are removed. The default refuses
+    /// ([`DataplaneError::Unsupported`]).
+    fn set_inside(
+        &self,
+        vnets: Vec<VnetConfig>,
+        tunnels: Vec<TunnelBinding>,
+    ) -> Result<(), DataplaneError> {
+        let _ = (vnets, tunnels);
+        Err(DataplaneError::Unsupported {
+            operation: "set_inside",
+            reason: "this data path has a fixed inside configuration".into(),
+        })
+    }
 }

@@ -2,6 +2,9 @@
 //! rekey takeover of §2.8), remove it, move a tunnel's SAs to new outer addresses (NAT
 //! rebinding, RFC 7296 §2.23). Each edit is validated, applied to the registry and published
 //! as a new snapshot.
+//!
+//! In relay mode a CHILD_SA's local address is a steer node's VIP, not one of ours: its ESP
+//! leaves from the Geneve socket, wrapped for the steer node (see `path::relay`).
 
 use crate::api::DataplaneError;
 use crate::sa::SaPair;
@@ -42,12 +45,6 @@ impl Shared {
         child: &ChildSaInfo,
         rekey_after: Option<u64>,
     ) -> Result<(), DataplaneError> {
-        let binding = self
-            .cfg
-            .tunnels
-            .iter()
-            .find(|b| b.tunnel == child.tunnel)
-            .ok_or_else(|| install_error(child, "tunnel is not bound to an inside interface"))?;
         if child.inbound_spi.0 < 256 || child.outbound_spi.0 < 256 {
             // RFC 4303 §2.1: SPIs 1..=255 are reserved, 0 is never sent.
             return Err(install_error(child, "SPI in the reserved range 0..=255"));
@@ -55,10 +52,25 @@ impl Shared {
         if child.local_ts.is_empty() || child.remote_ts.is_empty() {
             return Err(install_error(child, "no traffic selectors"));
         }
-        let sock = self.natt_sock(child.local.ip()).ok_or_else(|| {
+        if self.relay_sock.is_some() && child.local.is_ipv4() != child.remote.is_ipv4() {
+            return Err(install_error(
+                child,
+                format!(
+                    "local {} and remote {} are of different families (relayed datagrams carry both)",
+                    child.local, child.remote
+                ),
+            ));
+        }
+        let sock = self.outer_sock(child.local.ip()).ok_or_else(|| {
             install_error(child, format!("no NAT-T socket on {}", child.local.ip()))
         })?;
         let sa = SaPair::new(child, rekey_after).map_err(|e| install_error(child, e))?;
+        let mut reg = self.registry();
+        let binding = reg
+            .overlay()
+            .binding(child.tunnel)
+            .cloned()
+            .ok_or_else(|| install_error(child, "tunnel is not bound to an inside interface"))?;
         let entry = Child {
             tunnel: child.tunnel,
             ike: child.ike,
@@ -77,7 +89,6 @@ impl Shared {
                 moved_reported: std::sync::Mutex::new(None),
             }),
         };
-        let mut reg = self.registry();
         if reg.contains(child.inbound_spi) {
             return Err(install_error(child, "inbound SPI already installed"));
         }
@@ -121,7 +132,11 @@ impl Shared {
         local: SocketAddr,
         remote: SocketAddr,
     ) {
-        let Some(sock) = self.natt_sock(local.ip()) else {
+        if self.relay_sock.is_some() && local.is_ipv4() != remote.is_ipv4() {
+            tracing::warn!(tunnel = tunnel.0, %local, %remote, "update_peer: addresses of different families; keeping the old ones");
+            return;
+        }
+        let Some(sock) = self.outer_sock(local.ip()) else {
             tracing::warn!(tunnel = tunnel.0, %local, "update_peer: no NAT-T socket on the new local address; keeping the old one");
             return;
         };

@@ -2,10 +2,16 @@
 //! serves every input, see [`crate::worker`] and [`crate::lane`]), and implements
 //! [`DataPath`] for the control plane. Workers block in `poll` on the inputs and the shutdown
 //! eventfd; [`Dataplane::shutdown`] signals it and joins them.
+//!
+//! In relay mode ([`RelayConfig`](crate::RelayConfig)) the inputs are the Geneve socket (and
+//! the TUN device); the steer nodes and the inside configuration (VNets, tunnel bindings) are
+//! replaced at run time with [`Dataplane::set_relays`] and [`Dataplane::set_inside`].
 
 use crate::api::{
-    DataPath, DataplaneConfig, DataplaneError, DataplaneStats, ToControl, WorkerStats,
+    DataPath, DataplaneConfig, DataplaneError, DataplaneStats, ToControl, TunnelBinding,
+    VnetConfig, WorkerStats,
 };
+use crate::path::relay;
 use crate::shared::Shared;
 use crossbeam_channel::Sender;
 use ike::{ChildSaInfo, IkeSpis, TunnelId};
@@ -14,7 +20,7 @@ use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
-use wire::esp::NON_ESP_MARKER;
+use wire::esp::{NAT_KEEPALIVE, NON_ESP_MARKER};
 use wire::EspSpi;
 
 /// The addresses the data plane's sockets are bound to (ports the kernel picked included).
@@ -24,8 +30,11 @@ pub struct BoundAddrs {
     pub ike: Vec<SocketAddr>,
     /// NAT-T (IKE with marker, ESP) sockets.
     pub natt: Vec<SocketAddr>,
-    /// VXLAN sockets, one per local VTEP.
+    /// VXLAN sockets, one per local VTEP (in relay mode they only send, from an ephemeral
+    /// port).
     pub vxlan: Vec<SocketAddr>,
+    /// Relay mode: the Geneve socket.
+    pub relay: Option<SocketAddr>,
 }
 
 /// The data plane of one node. Start it with [`Dataplane::start`], drive it through
@@ -72,6 +81,11 @@ impl Dataplane {
             }
             for v in &shared.vteps {
                 tracing::info!(vtep = %shared.socks[v.recv].local_addr(), "VXLAN VTEP up");
+            }
+            if let Some(sock) = shared.relay_sock {
+                let s = &shared.socks[sock];
+                tracing::info!(geneve = %s.local_addr(), gro = s.gro(), gso = s.gso(),
+                    steer = ?shared.cfg.relay.as_ref().map(|r| &r.steer), "relay mode: receiving from steer nodes");
             }
             if let Some(t) = &shared.tun {
                 tracing::info!(device = t.name(), "TUN device up");
@@ -130,12 +144,100 @@ impl Dataplane {
                 .iter()
                 .map(|v| sh.socks[v.recv].local_addr())
                 .collect(),
+            relay: self.relay_addr(),
         }
     }
 
-    /// The gateway MAC the VNet with configuration index `vnet` answers ARP/ND with.
+    /// Relay mode: the address the Geneve socket is bound to (with the kernel's port if 0
+    /// was asked for); None outside relay mode. Also in [`local_addrs`](Self::local_addrs).
+    pub fn relay_addr(&self) -> Option<SocketAddr> {
+        let sh = &self.shared;
+        sh.relay_sock.map(|s| sh.socks[s].local_addr())
+    }
+
+    /// The gateway MAC the VNet with (current) configuration index `vnet` answers ARP/ND
+    /// with.
     pub fn gateway_mac(&self, vnet: usize) -> Option<[u8; 6]> {
-        self.shared.vnets.get(vnet).map(|v| v.mac.0)
+        self.shared
+            .tables
+            .load()
+            .overlay
+            .vnets
+            .get(vnet)
+            .map(|v| v.mac.0)
+    }
+
+    /// Relay mode: replaces the steer nodes' Geneve addresses at once. Frames are accepted
+    /// from these addresses only, and encrypted output goes to the first (empty: it is
+    /// dropped, counted as `relay_no_steer`). Errors: not in relay mode
+    /// ([`DataplaneError::Unsupported`]), or an address that is not unicast, has port 0, is
+    /// not of the Geneve socket's family or is listed twice ([`DataplaneError::Config`]
+    /// naming `steer[i]`); nothing changes then.
+    pub fn set_relays(&self, steer: Vec<SocketAddr>) -> Result<(), DataplaneError> {
+        self.shared.set_relays(steer)
+    }
+
+    /// The steer nodes' Geneve addresses now in use (empty outside relay mode).
+    pub fn relays(&self) -> Vec<SocketAddr> {
+        self.shared
+            .tables
+            .load()
+            .relays
+            .as_deref()
+            .map(|r| r.steer().to_vec())
+            .unwrap_or_default()
+    }
+
+    /// Replaces the VNets and tunnel bindings, validated whole first (errors name the field,
+    /// e.g. `vnets[1].vtep`, `tunnels[0].inside`; nothing changes then). A VNet's `vtep` must
+    /// be one of the VTEPs opened at start (see [`BoundAddrs::vxlan`]; in relay mode
+    /// [`RelayConfig::vtep`](crate::RelayConfig::vtep) is always one). VNets whose configuration and index are unchanged keep their
+    /// neighbour caches. Installed CHILD_SAs follow their tunnel's new binding; those of
+    /// tunnels no longer bound are removed at once.
+    pub fn set_inside(
+        &self,
+        vnets: Vec<VnetConfig>,
+        tunnels: Vec<TunnelBinding>,
+    ) -> Result<(), DataplaneError> {
+        self.shared.set_inside(vnets, tunnels)
+    }
+
+    /// Relay mode: sends an IKE message (or a NAT keepalive, the single byte 0xFF) from
+    /// `local`, a steer node's VIP on the IKE or NAT-T port, to `remote`, wrapped for the
+    /// steer node.
+    fn send_relayed(
+        &self,
+        relay_sock: usize,
+        local: SocketAddr,
+        remote: SocketAddr,
+        payload: &[u8],
+    ) -> Result<(), DataplaneError> {
+        let sh = &self.shared;
+        let fail = |kind: io::ErrorKind, what: String| DataplaneError::Send {
+            to: remote,
+            source: io::Error::new(kind, what),
+        };
+        let marker = if local.port() == sh.cfg.natt_port {
+            payload != [NAT_KEEPALIVE]
+        } else if local.port() == sh.cfg.ike_port {
+            false
+        } else {
+            return Err(fail(
+                io::ErrorKind::AddrNotAvailable,
+                format!("{local} is on neither the IKE nor the NAT-T port"),
+            ));
+        };
+        let Some(steer) = sh.tables.load().relays.as_deref().and_then(|r| r.output()) else {
+            return Err(fail(
+                io::ErrorKind::NotConnected,
+                "no steer node to relay through".into(),
+            ));
+        };
+        let frame = relay::ike_frame(local, remote, marker, payload)
+            .map_err(|e| fail(io::ErrorKind::InvalidInput, e.to_string()))?;
+        sh.socks[relay_sock]
+            .send_to(&frame, steer)
+            .map_err(|source| DataplaneError::Send { to: steer, source })
     }
 }
 
@@ -165,6 +267,9 @@ impl DataPath for Dataplane {
         payload: &[u8],
     ) -> Result<(), DataplaneError> {
         let sh = &self.shared;
+        if let Some(relay_sock) = sh.relay_sock {
+            return self.send_relayed(relay_sock, local, remote, payload);
+        }
         let Some((sock, marker)) = sh.ike_sock(local) else {
             return Err(DataplaneError::Send {
                 to: remote,
@@ -175,7 +280,8 @@ impl DataPath for Dataplane {
             });
         };
         let sock = &sh.socks[sock];
-        let result = if marker {
+        // RFC 3948 §2.3: a NAT keepalive is the single octet 0xFF, without the marker.
+        let result = if marker && payload != [NAT_KEEPALIVE] {
             // RFC 3948 §2.2: IKE on the NAT-T port is preceded by the 4-byte non-ESP marker.
             let mut buf = Vec::with_capacity(NON_ESP_MARKER.len() + payload.len());
             buf.extend_from_slice(&NON_ESP_MARKER);
@@ -199,9 +305,23 @@ impl DataPath for Dataplane {
                     cpu: *cpu,
                     packets: w.packets.load(Ordering::Relaxed),
                     batches: w.batches.load(Ordering::Relaxed),
+                    busy_ns: w.busy_ns.load(Ordering::Relaxed),
                 })
                 .collect(),
             drops: sh.drops.snapshot(),
+            relay_probes_answered: sh.relay_probes_answered.load(Ordering::Relaxed),
         }
+    }
+
+    fn set_relays(&self, steer: Vec<SocketAddr>) -> Result<(), DataplaneError> {
+        Dataplane::set_relays(self, steer)
+    }
+
+    fn set_inside(
+        &self,
+        vnets: Vec<VnetConfig>,
+        tunnels: Vec<TunnelBinding>,
+    ) -> Result<(), DataplaneError> {
+        Dataplane::set_inside(self, vnets, tunnels)
     }
 }

@@ -1,5 +1,5 @@
 //! Lanes: the ordered multi-core pipeline of one input (an IKE or NAT-T socket, a VTEP
-//! socket, the TUN device). Protego's dispatcher / worker / sender design (ATC'17 §4.4,
+//! socket, the TUN device, or in relay mode the Geneve socket). Protego's dispatcher / worker / sender design (ATC'17 §4.4,
 //! §6.3), without dedicated threads:
 //!
 //! 1. **Dispatch** (serial per lane): a worker takes the lane's receive stage, reads a batch
@@ -47,10 +47,15 @@ pub(crate) enum LaneKind {
     },
     /// The TUN device.
     Tun,
+    /// Relay mode: the Geneve socket. It carries both directions, so its batches are
+    /// processed in two passes (see `path::relay`): the outbound packets under the dispatch
+    /// stage, the inbound ones after it.
+    Relay,
 }
 
 impl LaneKind {
-    /// True for lanes whose packets are encrypted (sequence numbers allocated at dispatch).
+    /// True for lanes whose packets are all encrypted (sequence numbers allocated at
+    /// dispatch). The relay lane is not: only part of its batch is.
     pub(crate) fn is_outbound(self) -> bool {
         matches!(self, Self::Vtep { .. } | Self::Tun)
     }

@@ -2,7 +2,9 @@
 //! with batched I/O (`recvmmsg` with UDP GRO, `sendmmsg` with UDP GSO), ESP processing over the
 //! `esp` crate, and the inside interfaces — VXLAN (RFC 7348) toward cloud hosts, where the
 //! gateway is each VNet's router (ARP, IPv6 ND, longest-prefix routes to host VTEPs), or a TUN
-//! device for the standalone case.
+//! device for the standalone case. In relay mode (a data node of the distributed form,
+//! DESIGN.md §2) the outside is a Geneve socket toward steer nodes instead of public IKE and
+//! NAT-T sockets.
 //!
 //! # Use
 //! ```no_run
@@ -21,6 +23,7 @@
 //!     cpus: vec![],
 //!     pin_workers: true,
 //!     busy_poll: std::time::Duration::ZERO,
+//!     relay: None,
 //! };
 //! let (to_control, from_dataplane) = crossbeam_channel::unbounded();
 //! let dp = Dataplane::start(cfg, to_control)?;
@@ -54,9 +57,10 @@
 //! Sockets: per listen address one on the IKE port and one on the NAT-T port (IPv6 sockets are
 //! IPV6_V6ONLY; all bind concrete addresses, so no IP_PKTINFO is needed); per local VTEP one on
 //! the VXLAN port, which receives from hosts and sends ARP/ND, plus 16 send-only sockets on
-//! ephemeral ports whose source ports carry the flow hash of RFC 7348 §5. UDP GRO and GSO are
-//! used where the kernel accepts them; a refusal is logged once and the socket falls back to
-//! single datagrams (a GSO train above the path MTU is resent as single, fragmentable datagrams).
+//! ephemeral ports whose source ports carry the flow hash of RFC 7348 §5 (relay mode: see
+//! below). UDP GRO and GSO are used where the kernel accepts them; a refusal is logged once
+//! and the socket falls back to single datagrams (a GSO train above the path MTU is resent as
+//! single, fragmentable datagrams).
 //!
 //! # Packet paths
 //! - ESP from a peer: SPI lookup, open in place, RFC 4301 §5.2 inbound selector check, then
@@ -68,8 +72,26 @@
 //!   among that VNet's tunnels only, and are sealed and sent from the SA's local NAT-T socket.
 //! - TUN: packets read from the device pick a CHILD_SA among the TUN tunnels the same way.
 //!
+//! # Relay mode
+//! With [`DataplaneConfig::relay`] the node sits behind steer nodes that own the public
+//! address (VIP). No IKE or NAT-T socket is opened; one Geneve socket (RFC 8926) receives
+//! from the steer nodes (any other sender is dropped) the whole IP/UDP datagrams peers and
+//! cloud hosts sent to the VIP (`wire::relay`): ESP to the NAT-T port is opened as above (the
+//! inner source is the peer, the inner destination the CHILD_SA's local address), VXLAN to
+//! the VXLAN port goes to the VNet of its VNI as if received from the inner source. Health
+//! probes in Geneve options are answered at once (probe reply, control frame). Encrypted
+//! output goes back to the first steer node as Geneve + inner IP/UDP (VIP -> peer) + ESP,
+//! written in place in the send batch so GSO trains still form; VXLAN toward hosts leaves
+//! from the node's own VTEP ([`RelayConfig::vtep`], by default its Geneve address), whose
+//! sockets only send there (hosts send to the VIP). The Geneve socket is one lane carrying
+//! both directions: VXLAN from hosts is classified and numbered under the lane's dispatch
+//! stage, ESP from peers is opened in parallel after it. The steer nodes and the inside
+//! configuration are replaced at run time ([`DataPath::set_relays`],
+//! [`DataPath::set_inside`]; VNets may only use the VTEPs opened at start).
+//!
 //! Every packet that is not forwarded is counted under a reason in
-//! [`DataplaneStats::drops`]; nothing a peer or host sends can panic a thread.
+//! [`DataplaneStats::drops`]; nothing a peer or host sends can panic a thread. Workers report
+//! the time they spend on batches ([`WorkerStats::busy_ns`]) for the node's utilization.
 
 mod accept;
 mod api;
@@ -79,6 +101,7 @@ mod dataplane;
 mod inner;
 mod lane;
 mod out;
+mod overlay;
 mod path;
 mod pool;
 mod sa;
@@ -95,6 +118,6 @@ mod testutil;
 
 pub use api::{
     ChildStats, DataPath, DataplaneConfig, DataplaneError, DataplaneStats, IkeDatagram, Inside,
-    Route, ToControl, TunnelBinding, VnetConfig, WorkerStats,
+    RelayConfig, Route, ToControl, TunnelBinding, VnetConfig, WorkerStats,
 };
 pub use dataplane::{BoundAddrs, Dataplane};

@@ -10,10 +10,14 @@
 //! while the encryption runs in parallel: at dispatch the inner packet is copied into the
 //! send batch behind room for the ESP header, a sequence number is allocated and the exact
 //! ESP length committed ([`Out::queue_seal`]); before the batch leaves, every queued packet
-//! is sealed in place ([`Out::seal_queued`]).
+//! is sealed in place ([`Out::seal_queued`]). In relay mode the room reserved in front of
+//! the ESP packet also holds the Geneve, IP and UDP headers toward the steer node, written
+//! once the packet is sealed (the inner IPv6 UDP checksum covers the ciphertext): no copy,
+//! and equal-size datagrams to one steer node still form GSO trains.
 
 use crate::accept::{accept_batch, is_dead, AcceptJob};
 use crate::batch::{RxBatch, TxBatch, TxMsg};
+use crate::path::relay;
 use crate::shared::{rx_slots, tx_batch_size, Shared};
 use crate::stats::{DropCounts, DropReason};
 use crate::sys::socket::{RecvScratch, SendScratch};
@@ -23,6 +27,7 @@ use crate::tables::{Child, Tables};
 use crate::vnet::neigh::NeighMemo;
 use std::net::{IpAddr, SocketAddr};
 use std::ops::Range;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use wire::EspSpi;
 
@@ -36,11 +41,13 @@ pub(crate) const TUN_SOCK: usize = usize::MAX;
 /// An ESP packet committed to the send batch but not sealed yet.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct SealJob {
-    /// Offset of the ESP packet in the send batch.
+    /// Offset of the datagram in the send batch.
     pub(crate) start: usize,
-    /// Its exact sealed length.
+    /// Bytes in front of the ESP packet (relay mode: Geneve, IP and UDP headers; else 0).
+    pub(crate) prefix: usize,
+    /// The ESP packet's exact sealed length.
     pub(crate) len: usize,
-    /// Length of the inner packet at `start + header_len`.
+    /// Length of the inner packet at `start + prefix + header_len`.
     pub(crate) inner_len: usize,
     /// The sequence number allocated for it.
     pub(crate) seq: u64,
@@ -99,6 +106,8 @@ pub(crate) struct Out {
     pub(crate) tx: TxBatch,
     /// Drops of the current batch.
     pub(crate) drops: DropCounts,
+    /// Relay health probes answered in the current batch.
+    pub(crate) probes_answered: u64,
     /// Addresses the neighbour caches want requests sent for.
     pub(crate) requests: Vec<IpAddr>,
     /// Recent resolutions (decrypted packets toward VMs).
@@ -126,6 +135,7 @@ impl Out {
         Self {
             tx: TxBatch::new(msgs, bytes, true),
             drops: DropCounts::default(),
+            probes_answered: 0,
             requests: Vec::new(),
             resolved: NeighMemo::default(),
             learned: NeighMemo::default(),
@@ -158,6 +168,15 @@ impl Out {
         self.tables.clone().unwrap_or_default()
     }
 
+    /// Relay mode: where datagrams toward peers go now (the first steer node of the batch's
+    /// tables); None without one.
+    pub(crate) fn relay_output(&self) -> Option<SocketAddr> {
+        self.tables
+            .as_deref()
+            .and_then(|t| t.relays.as_deref())
+            .and_then(|r| r.output())
+    }
+
     /// Sets the SA tables queued seals are looked up in (standalone use).
     #[cfg(test)]
     pub(crate) fn use_tables(&mut self, tables: Arc<Tables>) {
@@ -182,13 +201,23 @@ impl Out {
         self.tx.room(max)
     }
 
-    /// Commits an ESP packet of `len` bytes whose inner packet (`inner_len` bytes) was written
-    /// behind the ESP header in the last [`room`](Self::room), to be sealed with `seq` before
+    /// Commits a datagram of `egress.prefix + len` bytes from `egress.sock` to `egress.dst`:
+    /// an ESP packet of `len` bytes behind `egress.prefix` bytes of relay headers, whose
+    /// inner packet (`inner_len` bytes) was written behind the ESP header in the last
+    /// [`room`](Self::room). It is sealed with `seq` (and its relay headers written) before
     /// the batch leaves.
-    pub(crate) fn queue_seal(&mut self, child: &Child, len: usize, inner_len: usize, seq: u64) {
-        let start = self.tx.commit(child.sock, child.remote, len);
+    pub(crate) fn queue_seal(
+        &mut self,
+        child: &Child,
+        egress: Egress,
+        len: usize,
+        inner_len: usize,
+        seq: u64,
+    ) {
+        let start = self.tx.commit(egress.sock, egress.dst, egress.prefix + len);
         self.seals.push(SealJob {
             start,
+            prefix: egress.prefix,
             len,
             inner_len,
             seq,
@@ -255,13 +284,28 @@ impl Out {
                     }
                 },
             };
-            let Some(buf) = data.get_mut(job.start..job.start + job.len) else {
+            let Some(buf) = data.get_mut(job.start..job.start + job.prefix + job.len) else {
                 self.drops.add(DropReason::EspSeal);
                 continue;
             };
-            if let Err(e) = child.state.sa.seal_with_seq(buf, job.inner_len, job.seq) {
-                // The lengths were computed by the same SA: only a cipher failure gets here.
+            let sealed = child
+                .state
+                .sa
+                .seal_with_seq(&mut buf[job.prefix..], job.inner_len, job.seq)
+                .map_err(|e| e.to_string())
+                .and_then(|_| {
+                    if job.prefix == 0 {
+                        return Ok(());
+                    }
+                    relay::write_headers(buf, child.local, child.remote, job.len)
+                        .map_err(|e| format!("relay headers: {e}"))
+                });
+            if let Err(e) = sealed {
+                // The lengths were computed by the same SA and the addresses checked at
+                // install: only a cipher failure gets here. The datagram is already in the
+                // batch: blank it, so no plaintext leaves (the receiver drops zeros).
                 tracing::error!(tunnel = child.tunnel.0, spi = %child.outbound_spi, error = %e, "cannot seal");
+                buf.fill(0);
                 self.drops.add(DropReason::EspSeal);
             }
         }
@@ -299,7 +343,24 @@ impl Out {
             }
         }
         sh.drops.absorb(&mut self.drops);
+        if self.probes_answered != 0 {
+            sh.relay_probes_answered
+                .fetch_add(self.probes_answered, Ordering::Relaxed);
+            self.probes_answered = 0;
+        }
     }
+}
+
+/// Where an ESP packet toward a peer goes: the CHILD_SA's NAT-T socket and the peer, or (relay
+/// mode) the Geneve socket and a steer node, with room for the relay headers.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Egress {
+    /// Sending socket.
+    pub(crate) sock: usize,
+    /// Destination.
+    pub(crate) dst: SocketAddr,
+    /// Bytes in front of the ESP packet (relay headers).
+    pub(crate) prefix: usize,
 }
 
 /// What a worker needs to send batches (for its own lane turns and for other workers'

@@ -1,10 +1,15 @@
 //! State shared by the data plane's threads and its control interface: the validated
-//! configuration, the socket table, the VNets, the published SA tables and the counters; and
-//! the per-thread [`Worker`] holding a thread's batches and scratch space.
+//! configuration, the socket table, the VTEPs, the published tables (SAs, VNets and tunnel
+//! bindings, steer nodes) and the counters; and the per-thread
+//! [`Worker`](crate::out::Worker) holding a thread's batches and scratch space.
 
-use crate::api::{DataplaneConfig, DataplaneError, Inside, ToControl};
+use crate::api::{
+    DataplaneConfig, DataplaneError, RelayConfig, ToControl, TunnelBinding, VnetConfig,
+};
 use crate::batch::RX_SLOT;
 use crate::lane::{Lane, LaneKind};
+use crate::overlay::{Overlay, Rules};
+use crate::path::relay::Relays;
 use crate::pool::TxPool;
 use crate::stats::{DropCounters, WorkerCounters};
 use crate::sys::socket::{SocketOptions, UdpSocket};
@@ -12,14 +17,11 @@ use crate::sys::tun::Tun;
 use crate::sys::tun_offload::Offloads;
 use crate::sys::waker::Waker;
 use crate::tables::{Published, Registry};
-use crate::vnet::Vnet;
 use crossbeam_channel::{Sender, TrySendError};
-use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
-use wire::vxlan::Vni;
 
 pub(crate) use crate::out::Out;
 
@@ -39,8 +41,9 @@ pub(crate) const MAX_SEGMENTS_PER_SLOT: usize = 128;
 pub(crate) const POOL_BATCHES: usize = 3;
 
 /// Send buffer room per received packet beyond its own bytes (headers a path adds: VXLAN and
-/// Ethernet toward hosts, or ESP header, IV, padding and ICV toward peers; ARP/ND answers).
-const TX_SLACK_PER_PACKET: usize = 128;
+/// Ethernet toward hosts, or ESP header, IV, padding and ICV toward peers, in relay mode
+/// behind up to 56 bytes of Geneve, IPv6 and UDP headers; ARP/ND answers, probe replies).
+const TX_SLACK_PER_PACKET: usize = 160;
 
 /// Receive slots per batch for a configured `batch` size.
 pub(crate) fn rx_slots(batch: usize) -> usize {
@@ -101,31 +104,33 @@ pub(crate) struct Listen {
 
 /// Everything the threads share.
 pub(crate) struct Shared {
-    /// The configuration as given.
+    /// The configuration as given at start (VNets and tunnel bindings may have been replaced
+    /// since: the current ones are in the published tables' overlay).
     pub(crate) cfg: DataplaneConfig,
     /// Every socket; messages name them by index.
     pub(crate) socks: Vec<Arc<UdpSocket>>,
-    /// Listen addresses.
+    /// Listen addresses (none in relay mode).
     pub(crate) listen: Vec<Listen>,
-    /// Local VTEPs.
+    /// Local VTEPs (fixed at start).
     pub(crate) vteps: Vec<Vtep>,
-    /// VNets, by configuration index.
-    pub(crate) vnets: Vec<Vnet>,
-    /// (VTEP index, VNI) -> VNet index.
-    pub(crate) vni_index: HashMap<(usize, Vni), usize>,
+    /// Relay mode: index of the Geneve socket.
+    pub(crate) relay_sock: Option<usize>,
     /// The TUN device, if configured.
     pub(crate) tun: Option<Tun>,
-    /// SA tables for the packet path.
+    /// SA tables (and VNets, bindings, steer nodes) for the packet path.
     pub(crate) tables: Published,
     /// SA registry for the control path.
     registry: Mutex<Registry>,
     /// Drop counters.
     pub(crate) drops: DropCounters,
+    /// Relay health probes answered.
+    pub(crate) relay_probes_answered: AtomicU64,
     /// Messages to the control plane.
     pub(crate) to_control: Sender<ToControl>,
     /// Shutdown signal.
     pub(crate) waker: Waker,
-    /// One lane per input (IKE and NAT-T sockets, VTEP sockets, TUN device).
+    /// One lane per input (IKE and NAT-T sockets, VTEP sockets, the Geneve socket, TUN
+    /// device).
     pub(crate) lanes: Vec<Lane>,
     /// Number of workers.
     pub(crate) workers: usize,
@@ -148,10 +153,38 @@ fn config_err(field: impl Into<String>, reason: impl Into<String>) -> DataplaneE
     }
 }
 
-/// Checks the configuration as a whole before anything is opened.
+/// Checks the configuration as a whole before anything is opened (the VNets and tunnel
+/// bindings are checked by [`Overlay::build`]).
 pub(crate) fn validate(cfg: &DataplaneConfig) -> Result<(), DataplaneError> {
-    if cfg.listen.is_empty() {
-        return Err(config_err("listen", "at least one address is needed"));
+    match &cfg.relay {
+        None if cfg.listen.is_empty() => {
+            return Err(config_err("listen", "at least one address is needed"));
+        }
+        None => {}
+        Some(relay) => {
+            if !cfg.listen.is_empty() {
+                return Err(config_err(
+                    "listen",
+                    "must be empty in relay mode (the steer nodes own the public addresses)",
+                ));
+            }
+            validate_relay(relay)?;
+            if cfg.natt_port == 0 {
+                return Err(config_err(
+                    "natt_port",
+                    "must not be 0 in relay mode (relayed ESP is recognised by it)",
+                ));
+            }
+            if cfg.vxlan_port == 0 {
+                return Err(config_err(
+                    "vxlan_port",
+                    "must not be 0 in relay mode (relayed VXLAN is recognised by it)",
+                ));
+            }
+            if cfg.vxlan_port == cfg.natt_port {
+                return Err(config_err("vxlan_port", "must differ from natt_port"));
+            }
+        }
     }
     for (i, a) in cfg.listen.iter().enumerate() {
         if a.is_unspecified() || a.is_multicast() {
@@ -193,74 +226,70 @@ pub(crate) fn validate(cfg: &DataplaneConfig) -> Result<(), DataplaneError> {
             format!("{} is outside 1..=1024", cfg.batch),
         ));
     }
-    for (i, v) in cfg.vnets.iter().enumerate() {
-        if cfg.vnets[..i]
-            .iter()
-            .any(|o| o.vni == v.vni && o.vtep == v.vtep)
-        {
-            return Err(config_err(
-                format!("vnets[{i}].vni"),
-                format!("VNI {} is used twice on VTEP {}", v.vni, v.vtep),
-            ));
-        }
-        if cfg.vnets[..i]
-            .iter()
-            .any(|o| o.tenant == v.tenant && o.name == v.name)
-        {
-            return Err(config_err(
-                format!("vnets[{i}].name"),
-                format!("{}/{} is defined twice", v.tenant, v.name),
-            ));
-        }
-        if v.vtep.is_unspecified() || v.vtep.is_multicast() {
-            return Err(config_err(
-                format!("vnets[{i}].vtep"),
-                format!("{} is not a unicast address", v.vtep),
-            ));
-        }
-    }
-    if !cfg.vnets.is_empty() && cfg.vxlan_port == 0 {
+    Ok(())
+}
+
+fn validate_relay(relay: &RelayConfig) -> Result<(), DataplaneError> {
+    let ip = relay.listen.ip();
+    if ip.is_unspecified() || ip.is_multicast() {
         return Err(config_err(
-            "vxlan_port",
-            "must not be 0 (hosts are addressed on it)",
+            "relay.listen",
+            format!("{ip} is not a unicast address (steer nodes check the sender)"),
         ));
     }
-    for (i, t) in cfg.tunnels.iter().enumerate() {
-        if cfg.tunnels[..i].iter().any(|o| o.tunnel == t.tunnel) {
+    if let Some(v) = relay.vtep {
+        if v.is_unspecified() || v.is_multicast() {
             return Err(config_err(
-                format!("tunnels[{i}].tunnel"),
-                format!("{:?} is bound twice", t.tunnel),
+                "relay.vtep",
+                format!("{v} is not a unicast address"),
             ));
         }
-        match &t.inside {
-            Inside::Vnet(v) => {
-                let Some(vnet) = cfg.vnets.get(*v) else {
-                    return Err(config_err(
-                        format!("tunnels[{i}].inside"),
-                        format!("VNet index {v} does not exist"),
-                    ));
-                };
-                if vnet.tenant != t.tenant {
-                    return Err(config_err(
-                        format!("tunnels[{i}].inside"),
-                        format!(
-                            "VNet {} belongs to tenant {}, not {}",
-                            vnet.name, vnet.tenant, t.tenant
-                        ),
-                    ));
-                }
-            }
-            Inside::Tun => {
-                if cfg.tun_name.is_none() {
-                    return Err(config_err(
-                        format!("tunnels[{i}].inside"),
-                        "inside = tun needs tun_name",
-                    ));
-                }
-            }
+    }
+    validate_steer(&relay.steer, relay.listen, "relay.steer")
+}
+
+/// Checks a list of steer node addresses for a Geneve socket bound to `listen`; `field`
+/// names the list in errors.
+pub(crate) fn validate_steer(
+    steer: &[SocketAddr],
+    listen: SocketAddr,
+    field: &str,
+) -> Result<(), DataplaneError> {
+    for (i, a) in steer.iter().enumerate() {
+        let field = format!("{field}[{i}]");
+        if a.ip().is_unspecified() || a.ip().is_multicast() || a.port() == 0 {
+            return Err(config_err(
+                field,
+                format!("{a} is not a unicast address and port"),
+            ));
+        }
+        if a.is_ipv4() != listen.is_ipv4() {
+            return Err(config_err(
+                field,
+                format!("{a} is not of the family of the Geneve address {listen}"),
+            ));
+        }
+        if steer[..i].contains(a) {
+            return Err(config_err(field, format!("{a} is listed twice")));
         }
     }
     Ok(())
+}
+
+/// The VTEP addresses to open socket sets on: those of the starting VNets in order, and in
+/// relay mode the node's VTEP (by default its Geneve address).
+fn vtep_addresses(cfg: &DataplaneConfig) -> Vec<IpAddr> {
+    let mut ips: Vec<IpAddr> = Vec::new();
+    let relay = cfg
+        .relay
+        .as_ref()
+        .map(|r| r.vtep.unwrap_or_else(|| r.listen.ip()));
+    for ip in cfg.vnets.iter().map(|v| v.vtep).chain(relay) {
+        if !ips.contains(&ip) {
+            ips.push(ip);
+        }
+    }
+    ips
 }
 
 impl Shared {
@@ -270,25 +299,13 @@ impl Shared {
         to_control: Sender<ToControl>,
     ) -> Result<Self, DataplaneError> {
         validate(&cfg)?;
-        let mut vteps: Vec<Vtep> = Vec::new();
-        let mut vnets = Vec::with_capacity(cfg.vnets.len());
-        let mut vni_index = HashMap::new();
-        for (i, v) in cfg.vnets.iter().enumerate() {
-            let vtep = match vteps.iter().position(|t| t.ip == v.vtep) {
-                Some(t) => t,
-                None => {
-                    vteps.push(Vtep {
-                        ip: v.vtep,
-                        recv: 0,
-                        pool: Vec::new(),
-                    });
-                    vteps.len() - 1
-                }
-            };
-            let vnet = Vnet::new(i, v, vtep)?;
-            vni_index.insert((vtep, vnet.vni), i);
-            vnets.push(vnet);
-        }
+        let vtep_ips = vtep_addresses(&cfg);
+        let overlay = Overlay::build(
+            &cfg.vnets,
+            cfg.tunnels.clone(),
+            Self::rules(&cfg, &vtep_ips),
+            None,
+        )?;
         let mut socks = Vec::new();
         let mut open = |addr: SocketAddr, opts: SocketOptions| -> Result<usize, DataplaneError> {
             let s = UdpSocket::bind(addr, opts)
@@ -314,19 +331,37 @@ impl Shared {
             let natt = open(SocketAddr::new(*ip, cfg.natt_port), esp_opts)?;
             listen.push(Listen { ip: *ip, ike, natt });
         }
-        for vtep in &mut vteps {
-            vtep.recv = open(SocketAddr::new(vtep.ip, cfg.vxlan_port), esp_opts)?;
-            for _ in 0..VXLAN_SOURCE_PORTS {
-                let s = open(
-                    SocketAddr::new(vtep.ip, 0),
+        let relay_sock = match &cfg.relay {
+            Some(r) => Some(open(r.listen, esp_opts)?),
+            None => None,
+        };
+        let mut vteps = Vec::with_capacity(vtep_ips.len());
+        for ip in vtep_ips {
+            // In relay mode hosts send to the steer nodes, not here: the VTEP's main socket
+            // only sends (ARP/ND), from an ephemeral port.
+            let recv = match relay_sock {
+                None => open(SocketAddr::new(ip, cfg.vxlan_port), esp_opts)?,
+                Some(_) => open(
+                    SocketAddr::new(ip, 0),
                     SocketOptions {
                         gro: false,
                         gso: true,
                         recv: false,
                     },
-                )?;
-                vtep.pool.push(s);
+                )?,
+            };
+            let mut pool = Vec::with_capacity(VXLAN_SOURCE_PORTS);
+            for _ in 0..VXLAN_SOURCE_PORTS {
+                pool.push(open(
+                    SocketAddr::new(ip, 0),
+                    SocketOptions {
+                        gro: false,
+                        gso: true,
+                        recv: false,
+                    },
+                )?);
             }
+            vteps.push(Vtep { ip, recv, pool });
         }
         let tun =
             match &cfg.tun_name {
@@ -339,7 +374,13 @@ impl Shared {
                 None => None,
             };
         let waker = Waker::new().map_err(|source| DataplaneError::Start { source })?;
-        let registry = Mutex::new(Registry::new(vnets.len()));
+        let relays = cfg
+            .relay
+            .as_ref()
+            .map(|r| Arc::new(Relays::new(r.steer.clone())));
+        let registry = Registry::new(Arc::new(overlay), relays);
+        let tables = Published::default();
+        tables.store(registry.snapshot());
         let allowed = allowed_cpus();
         let workers = match cfg.workers {
             0 => allowed.len().max(1),
@@ -372,13 +413,22 @@ impl Shared {
                 ));
             }
         }
-        for (i, v) in vteps.iter().enumerate() {
+        if let Some(sock) = relay_sock {
             lanes.push(Lane::new(
-                LaneKind::Vtep { vtep: i },
-                socks[v.recv].raw_fd(),
+                LaneKind::Relay,
+                socks[sock].raw_fd(),
                 in_flight,
                 POOL_BATCHES,
             ));
+        } else {
+            for (i, v) in vteps.iter().enumerate() {
+                lanes.push(Lane::new(
+                    LaneKind::Vtep { vtep: i },
+                    socks[v.recv].raw_fd(),
+                    in_flight,
+                    POOL_BATCHES,
+                ));
+            }
         }
         if let Some(t) = &tun {
             lanes.push(Lane::new(
@@ -393,12 +443,12 @@ impl Shared {
             socks,
             listen,
             vteps,
-            vnets,
-            vni_index,
+            relay_sock,
             tun,
-            tables: Published::default(),
-            registry,
+            tables,
+            registry: Mutex::new(registry),
             drops: DropCounters::default(),
+            relay_probes_answered: AtomicU64::new(0),
             to_control,
             waker,
             lanes,
@@ -409,6 +459,60 @@ impl Shared {
             housekeeping: Mutex::new(Instant::now() + crate::worker::HOUSEKEEPING),
             stop: AtomicBool::new(false),
         })
+    }
+
+    /// What VNets and tunnel bindings are checked against (`vteps`: the VTEP addresses).
+    fn rules<'a>(cfg: &DataplaneConfig, vteps: &'a [IpAddr]) -> Rules<'a> {
+        Rules {
+            vteps,
+            vxlan_port: cfg.vxlan_port,
+            tun: cfg.tun_name.is_some(),
+            relay: cfg.relay.is_some(),
+        }
+    }
+
+    /// Replaces the VNets and tunnel bindings (validated whole first); see
+    /// [`Registry::set_inside`].
+    pub(crate) fn set_inside(
+        &self,
+        vnets: Vec<VnetConfig>,
+        tunnels: Vec<TunnelBinding>,
+    ) -> Result<(), DataplaneError> {
+        let vtep_ips: Vec<IpAddr> = self.vteps.iter().map(|v| v.ip).collect();
+        let rules = Self::rules(&self.cfg, &vtep_ips);
+        let mut reg = self.registry();
+        let overlay = Overlay::build(&vnets, tunnels, rules, Some(reg.overlay()))?;
+        let (vnet_count, tunnel_count) = (overlay.vnets.len(), overlay.tunnels.len());
+        let (rebound, removed) = reg.set_inside(Arc::new(overlay));
+        self.publish(&reg);
+        drop(reg);
+        for (tunnel, spi) in &removed {
+            tracing::warn!(tunnel = tunnel.0, spi_in = %spi, "CHILD_SA removed: its tunnel is no longer bound");
+        }
+        tracing::info!(
+            vnets = vnet_count,
+            tunnels = tunnel_count,
+            children_rebound = rebound,
+            children_removed = removed.len(),
+            "inside configuration replaced"
+        );
+        Ok(())
+    }
+
+    /// Relay mode: replaces the steer nodes (validated first).
+    pub(crate) fn set_relays(&self, steer: Vec<SocketAddr>) -> Result<(), DataplaneError> {
+        let Some(relay) = &self.cfg.relay else {
+            return Err(DataplaneError::Unsupported {
+                operation: "set_relays",
+                reason: "the data plane is not in relay mode".into(),
+            });
+        };
+        validate_steer(&steer, relay.listen, "steer")?;
+        tracing::info!(steer = ?steer, "steer nodes replaced");
+        let mut reg = self.registry();
+        reg.set_relays(Arc::new(Relays::new(steer)));
+        self.publish(&reg);
+        Ok(())
     }
 
     /// The registry (a poisoned lock still holds a consistent registry: every edit is one
@@ -425,6 +529,12 @@ impl Shared {
     /// The NAT-T socket on `ip`.
     pub(crate) fn natt_sock(&self, ip: IpAddr) -> Option<usize> {
         self.listen.iter().find(|l| l.ip == ip).map(|l| l.natt)
+    }
+
+    /// The socket ESP of a CHILD_SA whose local address is `ip` leaves from: the NAT-T
+    /// socket on `ip`, or in relay mode (where `ip` is a steer node's VIP) the Geneve socket.
+    pub(crate) fn outer_sock(&self, ip: IpAddr) -> Option<usize> {
+        self.relay_sock.or_else(|| self.natt_sock(ip))
     }
 
     /// The socket for sending IKE from `local`: (socket, add the non-ESP marker).

@@ -96,6 +96,20 @@ drops! {
     EspSeal = "esp_seal",
     /// The kernel refused to send.
     SendError = "send_error",
+    /// Relay mode: a Geneve frame from an address that is not a steer node's.
+    RelayUnknownSender = "relay_unknown_sender",
+    /// Relay mode: a Geneve frame that does not parse (truncated, bad inner IP/UDP, unknown
+    /// critical option, a data frame without a datagram).
+    RelayMalformed = "relay_malformed",
+    /// Relay mode: an IKE message (non-ESP marker) relayed to the data node (IKE goes to the
+    /// control node).
+    RelayIke = "relay_ike",
+    /// Relay mode: a relayed datagram to a port that is neither the NAT-T nor the VXLAN port.
+    RelayUnexpectedPort = "relay_unexpected_port",
+    /// Relay mode: a control frame (O flag) with nothing to answer (no probe).
+    RelayControl = "relay_control",
+    /// Relay mode: a packet toward a peer while no steer node is known.
+    RelayNoSteer = "relay_no_steer",
 }
 
 /// Number of drop reasons.
@@ -177,13 +191,17 @@ pub(crate) struct WorkerCounters {
     pub(crate) packets: AtomicU64,
     /// Batches processed.
     pub(crate) batches: AtomicU64,
+    /// Nanoseconds spent receiving and processing batches.
+    pub(crate) busy_ns: AtomicU64,
 }
 
 impl WorkerCounters {
-    /// One batch of `packets` packets processed.
-    pub(crate) fn batch(&self, packets: u64) {
+    /// One batch of `packets` packets processed in `busy`.
+    pub(crate) fn batch(&self, packets: u64, busy: std::time::Duration) {
         self.packets.fetch_add(packets, Ordering::Relaxed);
         self.batches.fetch_add(1, Ordering::Relaxed);
+        let ns = u64::try_from(busy.as_nanos()).unwrap_or(u64::MAX);
+        self.busy_ns.fetch_add(ns, Ordering::Relaxed);
     }
 }
 

@@ -8,8 +8,14 @@
 //! over outbound traffic at once; one installed without `outbound_active` (we answered the
 //! peer's rekey) only receives until the replaced SA is removed, then the tunnel's newest SA
 //! sends. The replaced SA stays in the inbound table until it is removed.
+//!
+//! The snapshot also carries the inside configuration ([`Overlay`]: VNets and tunnel
+//! bindings) and, in relay mode, the steer nodes ([`Relays`]), so a batch sees one consistent
+//! state of everything the control plane may change at run time.
 
 use crate::api::{ChildStats, Inside};
+use crate::overlay::Overlay;
+use crate::path::relay::Relays;
 use crate::sa::SaPair;
 use crate::select::{FlowKey, SelectorIndex, LINEAR_MAX};
 use crate::stats::ChildCounters;
@@ -131,12 +137,20 @@ impl Child {
     }
 
     fn with_addrs(&self, local: SocketAddr, remote: SocketAddr, sock: usize) -> Self {
+        self.rebuilt(local, remote, sock, self.inside.clone())
+    }
+
+    fn with_inside(&self, inside: Inside) -> Self {
+        self.rebuilt(self.local, self.remote, self.sock, inside)
+    }
+
+    fn rebuilt(&self, local: SocketAddr, remote: SocketAddr, sock: usize, inside: Inside) -> Self {
         Self {
             tunnel: self.tunnel,
             ike: self.ike,
             inbound_spi: self.inbound_spi,
             outbound_spi: self.outbound_spi,
-            inside: self.inside.clone(),
+            inside,
             local,
             remote,
             sock,
@@ -202,6 +216,10 @@ pub(crate) struct Tables {
     pub(crate) vnet_out: Vec<OutboundSet>,
     /// The same for TUN tunnels.
     pub(crate) tun_out: OutboundSet,
+    /// VNets and tunnel bindings.
+    pub(crate) overlay: Arc<Overlay>,
+    /// Relay mode: the steer nodes (None: not in relay mode).
+    pub(crate) relays: Option<Arc<Relays>>,
 }
 
 impl Tables {
@@ -233,17 +251,55 @@ struct Installed {
 pub(crate) struct Registry {
     children: SpiMap<Installed>,
     next_order: u64,
-    vnets: usize,
+    overlay: Arc<Overlay>,
+    relays: Option<Arc<Relays>>,
 }
 
 impl Registry {
-    /// An empty registry for `vnets` VNets.
-    pub(crate) fn new(vnets: usize) -> Self {
+    /// A registry without CHILD_SAs over `overlay`; `relays` in relay mode.
+    pub(crate) fn new(overlay: Arc<Overlay>, relays: Option<Arc<Relays>>) -> Self {
         Self {
             children: SpiMap::default(),
             next_order: 0,
-            vnets,
+            overlay,
+            relays,
         }
+    }
+
+    /// The current VNets and tunnel bindings.
+    pub(crate) fn overlay(&self) -> &Arc<Overlay> {
+        &self.overlay
+    }
+
+    /// Replaces the steer nodes (relay mode).
+    pub(crate) fn set_relays(&mut self, relays: Arc<Relays>) {
+        self.relays = Some(relays);
+    }
+
+    /// Replaces the VNets and tunnel bindings. Every CHILD_SA follows its tunnel's new
+    /// binding; those of tunnels no longer bound are removed at once (they have nowhere to
+    /// deliver). Returns how many CHILD_SAs changed their inside interface, and the removed
+    /// ones (tunnel, inbound SPI).
+    pub(crate) fn set_inside(&mut self, overlay: Arc<Overlay>) -> (usize, Vec<(TunnelId, EspSpi)>) {
+        let mut removed = Vec::new();
+        self.children.retain(|spi, i| {
+            let bound = overlay.binding(i.child.tunnel).is_some();
+            if !bound {
+                removed.push((i.child.tunnel, *spi));
+            }
+            bound
+        });
+        let mut rebound = 0;
+        for i in self.children.values_mut() {
+            if let Some(b) = overlay.binding(i.child.tunnel) {
+                if b.inside != i.child.inside {
+                    i.child = Arc::new(i.child.with_inside(b.inside.clone()));
+                    rebound += 1;
+                }
+            }
+        }
+        self.overlay = overlay;
+        (rebound, removed)
     }
 
     /// True if `spi` is installed.
@@ -366,7 +422,7 @@ impl Registry {
             }
         }
         active.sort_by_key(|i| std::cmp::Reverse(i.order));
-        let mut vnet_out = vec![Vec::new(); self.vnets];
+        let mut vnet_out = vec![Vec::new(); self.overlay.vnets.len()];
         let mut tun_out = Vec::new();
         for i in active {
             match i.child.inside {
@@ -394,6 +450,8 @@ impl Registry {
             by_spi,
             vnet_out: vnet_out.into_iter().map(index).collect(),
             tun_out: index(tun_out),
+            overlay: Arc::clone(&self.overlay),
+            relays: self.relays.clone(),
         }
     }
 

@@ -4,6 +4,10 @@
 //! result to the lane's ordered sender, then goes on with the same lane while batches come
 //! full. Workers are pinned to CPUs when configured (`DataplaneConfig::cpus`).
 //!
+//! Each worker measures the time it spends on batches (from the moment it holds a lane's
+//! dispatch stage until its batch is handed to the sender: one pair of clock reads per
+//! batch), reported as `WorkerStats::busy_ns` for the node's utilization.
+//!
 //! Per batch, not per packet: one `recvmmsg` (UDP GRO trains split into their segments here),
 //! one snapshot of the SA tables, one lock of the dispatch stage and one of the lane's order,
 //! counters folded into the shared ones. Per packet there is no allocation, lock or system
@@ -11,7 +15,9 @@
 
 use crate::lane::LaneKind;
 use crate::out::Worker;
-use crate::path::{tun, underlay, vxlan};
+use crate::path::relay::{self, Pass};
+use crate::path::vxlan::{self, Via};
+use crate::path::{tun, underlay};
 use crate::shared::Shared;
 use crate::stats::DropReason;
 use crate::sys::tun_offload::TunDrop;
@@ -100,25 +106,33 @@ fn batch(sh: &Shared, w: &mut Worker, lane: usize) -> Batch {
     let Some(mut stage) = l.dispatch(true) else {
         return Batch::Empty;
     };
+    let started = Instant::now();
     let (n, more) = receive(sh, w, l.kind);
     if n == 0 {
         return Batch::Empty;
     }
     let ticket = stage.ticket();
     let tables = sh.tables.load();
-    let now = Instant::now();
+    let now = started;
     w.out.begin(lane, ticket, tables);
-    let packets = if l.kind.is_outbound() {
+    let packets = if l.kind == LaneKind::Relay {
+        // Both directions: the outbound part in arrival order under the stage, the inbound
+        // part (ESP from peers) in parallel after it.
+        let p = process(sh, w, l.kind, now, Pass::Serial);
+        drop(stage);
+        process(sh, w, l.kind, now, Pass::Parallel);
+        p
+    } else if l.kind.is_outbound() {
         // Outbound: classification and sequence numbers in arrival order, under the stage.
-        let p = process(sh, w, l.kind, now);
+        let p = process(sh, w, l.kind, now, Pass::All);
         drop(stage);
         p
     } else {
         drop(stage);
-        process(sh, w, l.kind, now)
+        process(sh, w, l.kind, now, Pass::All)
     };
     w.out.finish(sh);
-    sh.worker_stats[w.id].batch(packets);
+    sh.worker_stats[w.id].batch(packets, started.elapsed());
     if more {
         Batch::Full
     } else {
@@ -133,6 +147,10 @@ fn receive(sh: &Shared, w: &mut Worker, kind: LaneKind) -> (usize, bool) {
         LaneKind::Ike { listen } => sh.listen[listen].ike,
         LaneKind::Natt { listen } => sh.listen[listen].natt,
         LaneKind::Vtep { vtep } => sh.vteps[vtep].recv,
+        LaneKind::Relay => match sh.relay_sock {
+            Some(s) => s,
+            None => return (0, false),
+        },
         LaneKind::Tun => {
             let (Some(dev), Some(rb)) = (&sh.tun, w.tun_rx.as_mut()) else {
                 return (0, false);
@@ -187,8 +205,9 @@ fn process_tun(sh: &Shared, w: &mut Worker, tables: &crate::tables::Tables) -> u
 }
 
 /// Runs the lane's path over every datagram (GRO segments one by one); returns the number of
-/// packets.
-fn process(sh: &Shared, w: &mut Worker, kind: LaneKind, now: Instant) -> u64 {
+/// packets. `pass` splits a relay batch (see [`Pass`]); a datagram the kernel truncated or
+/// that is empty is counted by the pass that runs first.
+fn process(sh: &Shared, w: &mut Worker, kind: LaneKind, now: Instant, pass: Pass) -> u64 {
     let tables = w.out.tables();
     if kind == LaneKind::Tun {
         return process_tun(sh, w, &tables);
@@ -197,31 +216,39 @@ fn process(sh: &Shared, w: &mut Worker, kind: LaneKind, now: Instant) -> u64 {
         LaneKind::Ike { listen } => sh.socks[sh.listen[listen].ike].local_addr(),
         LaneKind::Natt { listen } => sh.socks[sh.listen[listen].natt].local_addr(),
         LaneKind::Vtep { vtep } => sh.socks[sh.vteps[vtep].recv].local_addr(),
-        LaneKind::Tun => crate::batch::UNSPECIFIED,
+        LaneKind::Tun | LaneKind::Relay => crate::batch::UNSPECIFIED,
     };
+    let first = pass != Pass::Parallel;
     let mut packets = 0;
     for i in 0..w.rx.len() {
         let (meta, data) = w.rx.slot_mut(i);
         let o = &mut w.out;
         if meta.truncated {
-            o.drop_packet(DropReason::Truncated);
+            if first {
+                o.drop_packet(DropReason::Truncated);
+            }
             continue;
         }
         if data.is_empty() {
-            o.drop_packet(match kind {
-                LaneKind::Tun => DropReason::TunMalformed,
-                _ => DropReason::MalformedUdp,
-            });
+            if first {
+                o.drop_packet(match kind {
+                    LaneKind::Tun => DropReason::TunMalformed,
+                    LaneKind::Relay => DropReason::RelayMalformed,
+                    _ => DropReason::MalformedUdp,
+                });
+            }
             continue;
         }
         for segment in data.chunks_mut(meta.stride) {
             packets += 1;
-            handle(o, sh, &tables, kind, now, local, meta.src, segment);
+            let from = (local, meta.src);
+            handle(o, sh, &tables, kind, now, from, segment, pass);
         }
     }
     packets
 }
 
+/// One datagram that arrived on `local` from `src` (`from`).
 #[allow(clippy::too_many_arguments)]
 fn handle(
     o: &mut crate::out::Out,
@@ -229,14 +256,15 @@ fn handle(
     t: &crate::tables::Tables,
     kind: LaneKind,
     now: Instant,
-    local: SocketAddr,
-    src: SocketAddr,
+    (local, src): (SocketAddr, SocketAddr),
     data: &mut [u8],
+    pass: Pass,
 ) {
     match kind {
         LaneKind::Ike { .. } => underlay::ike(o, sh, local, src, data),
         LaneKind::Natt { .. } => underlay::natt(o, sh, t, now, local, src, data),
-        LaneKind::Vtep { vtep } => vxlan::receive(o, sh, t, now, vtep, src, data),
+        LaneKind::Vtep { vtep } => vxlan::receive(o, sh, t, now, Via::Vtep(vtep), src, data),
+        LaneKind::Relay => relay::receive(o, sh, t, now, src, data, pass),
         // TUN packets are read into their own batch (process_tun).
         LaneKind::Tun => tun::outbound(o, sh, t, data),
     }
@@ -248,7 +276,8 @@ fn housekeeping_due(sh: &Shared) -> Instant {
 }
 
 /// Runs the neighbour cache housekeeping if it is due and no other worker is running it. Its
-/// output (ARP requests, ND solicitations) goes through the VTEP's lane like a batch.
+/// output (ARP requests, ND solicitations) goes through the VTEP's lane like a batch (in
+/// relay mode, where there are no VTEP lanes, through the relay lane, for every VNet).
 fn housekeeping(sh: &Shared, w: &mut Worker) {
     let now = Instant::now();
     {
@@ -261,16 +290,19 @@ fn housekeeping(sh: &Shared, w: &mut Worker) {
         *due = now + HOUSEKEEPING;
     }
     for (lane, l) in sh.lanes.iter().enumerate() {
-        let LaneKind::Vtep { vtep } = l.kind else {
-            continue;
+        let vtep = match l.kind {
+            LaneKind::Vtep { vtep } => Some(vtep),
+            LaneKind::Relay => None,
+            _ => continue,
         };
         let Some(mut stage) = l.dispatch(true) else {
             continue;
         };
         let ticket = stage.ticket();
         drop(stage);
-        w.out.begin(lane, ticket, sh.tables.load());
-        vxlan::housekeeping(&mut w.out, sh, vtep, now);
+        let tables = sh.tables.load();
+        w.out.begin(lane, ticket, std::sync::Arc::clone(&tables));
+        vxlan::housekeeping(&mut w.out, sh, &tables, vtep, now);
         w.out.finish(sh);
     }
     sh.expire_retired(now);

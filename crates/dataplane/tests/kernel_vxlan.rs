@@ -142,6 +142,7 @@ fn gateway_namespace() {
         cpus: vec![],
         pin_workers: true,
         busy_poll: std::time::Duration::ZERO,
+        relay: None,
     };
     let (tx, _rx) = crossbeam_channel::unbounded();
     let dp = Dataplane::start(cfg, tx).expect("start");

@@ -48,6 +48,7 @@ fn setup(tunnel_inside: Inside) -> Setup {
             cpus: vec![],
             pin_workers: true,
             busy_poll: std::time::Duration::ZERO,
+            relay: None,
         };
         let (tx, rx) = crossbeam_channel::unbounded();
         let dp = match Dataplane::start(cfg, tx) {
@@ -274,6 +275,13 @@ fn ike_datagrams_both_ways() {
         (s.natt, b"\0\0\0\0reply".to_vec()),
         "RFC 3948 non-ESP marker added"
     );
+    s.dp.send_ike(s.natt, to, &[0xff]).expect("keepalive");
+    let (d, from) = Setup::recv(&s.peer);
+    assert_eq!(
+        (from, d),
+        (s.natt, vec![0xff]),
+        "RFC 3948 §2.3 NAT keepalive: one octet, no marker"
+    );
     s.dp.send_ike(s.ike, to, b"reply").expect("send_ike ike");
     let (d, from) = Setup::recv(&s.peer);
     assert_eq!((from, d), (s.ike, b"reply".to_vec()));
@@ -356,6 +364,7 @@ fn invalid_configuration_names_the_field() {
         cpus: vec![],
         pin_workers: true,
         busy_poll: std::time::Duration::ZERO,
+        relay: None,
     };
     match Dataplane::start(cfg, tx) {
         Err(DataplaneError::Config { field, .. }) => assert_eq!(field, "tunnels[0].inside"),

@@ -66,6 +66,7 @@ fn bed(workers: usize) -> Bed {
             cpus: vec![],
             pin_workers: false,
             busy_poll: std::time::Duration::ZERO,
+            relay: None,
         };
         let (tx, _rx) = crossbeam_channel::unbounded();
         let dp = match Dataplane::start(cfg, tx) {

@@ -95,6 +95,7 @@ fn private_netns_round_trip() {
         cpus: vec![],
         pin_workers: false,
         busy_poll: std::time::Duration::ZERO,
+        relay: None,
     };
     let (tx, _rx) = crossbeam_channel::unbounded();
     let dp = Dataplane::start(cfg, tx).expect("start with TUN");

@@ -14,7 +14,10 @@ use bench::{
 
 /// Options of `protego bench`.
 #[derive(Debug, Clone, Default, clap::Args)]
+#[command(args_conflicts_with_subcommands = true)]
 pub(crate) struct BenchArgs {
+    #[command(subcommand)]
+    scenario: Option<BenchScenario>,
     /// Inner IP packet sizes in bytes, or `imix` (7:4:1 of 40/576/1500), comma-separated.
     /// Default: 64,512,1400,imix.
     #[arg(long, value_name = "LIST")]
@@ -64,6 +67,72 @@ pub(crate) struct BenchArgs {
     gateway_option: Vec<String>,
 }
 
+/// Benchmarks other than the data plane's.
+#[derive(Debug, Clone, clap::Subcommand)]
+enum BenchScenario {
+    /// The distributed form's moves against strongSwan in network namespaces: migration,
+    /// drain and data node failover under a 1 kHz ping (lost pings, outage), the control
+    /// node's state commit latency and the peer round trip (needs root; see
+    /// docs/performance.md).
+    Failover {
+        /// Print one JSON object on stdout instead of the table.
+        #[arg(long)]
+        json: bool,
+        /// Use the file store even when etcd is installed.
+        #[arg(long)]
+        file_store: bool,
+        /// The protego binary to run as the nodes (default: this one).
+        #[arg(long, value_name = "PATH")]
+        gateway_bin: Option<PathBuf>,
+    },
+}
+
+/// Runs `protego bench failover`.
+fn run_failover(json: bool, file_store: bool, bin: Option<PathBuf>) -> ExitCode {
+    let options = bench::failover::FailoverOptions {
+        protego_bin: bin,
+        file_store,
+    };
+    let mut handler_failed = None;
+    let mut on_start = |handle: testbed::CleanupHandle| {
+        if let Err(e) = ctrlc::set_handler(move || {
+            eprintln!("\nprotego bench: interrupted, cleaning up...");
+            for p in handle.cleanup() {
+                eprintln!("protego bench: cleanup: {p}");
+            }
+            std::process::exit(130);
+        }) {
+            handler_failed = Some(e);
+        }
+    };
+    let mut progress = |line: &str| eprintln!("bench: {line}");
+    let result = bench::failover::run(&options, &mut progress, &mut on_start);
+    if let Some(e) = handler_failed {
+        eprintln!(
+            "warning: no Ctrl-C handler ({e}); `make sweep` removes what an interrupted run leaves"
+        );
+    }
+    let report = match result {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    if json {
+        match serde_json::to_string(&report) {
+            Ok(text) => println!("{text}"),
+            Err(e) => {
+                eprintln!("error: cannot format the report: {e}");
+                return ExitCode::FAILURE;
+            }
+        }
+    } else {
+        print!("{}", bench::failover::render(&report));
+    }
+    ExitCode::SUCCESS
+}
+
 impl BenchArgs {
     /// The benchmark options these arguments ask for.
     fn options(&self) -> Result<Options, BenchError> {
@@ -105,6 +174,14 @@ impl BenchArgs {
 
 /// Runs `protego bench`.
 pub(crate) fn run(args: &BenchArgs) -> ExitCode {
+    if let Some(BenchScenario::Failover {
+        json,
+        file_store,
+        gateway_bin,
+    }) = &args.scenario
+    {
+        return run_failover(*json, *file_store, gateway_bin.clone());
+    }
     let options = match args.options() {
         Ok(o) => o,
         Err(e) => {

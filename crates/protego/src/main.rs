@@ -5,6 +5,7 @@
 
 mod bench;
 mod certs;
+mod cluster;
 mod up;
 
 use clap::{Parser, Subcommand};
@@ -15,6 +16,10 @@ use std::process::ExitCode;
 
 /// Default configuration file.
 const DEFAULT_CONFIG: &str = "/etc/protego/protego.toml";
+/// Default configuration file of a data node.
+const DEFAULT_DATA_CONFIG: &str = "/etc/protego/data.toml";
+/// Default configuration file of a steer node.
+const DEFAULT_STEER_CONFIG: &str = "/etc/protego/steer.toml";
 
 /// Protego: an IPsec (IKEv2/ESP) VPN gateway for many tenants.
 #[derive(Debug, Parser)]
@@ -63,6 +68,38 @@ enum Command {
     /// Make a development CA and node certificates for mutual TLS between nodes, and show
     /// certificates (development only: production deployments should use their own PKI).
     Certs(certs::CertsArgs),
+    /// Run a control node of the distributed form: the IKE control loop of `protego up` from
+    /// the same configuration (plus `[cluster]`), driving data and steer nodes over gRPC.
+    Control {
+        /// Configuration file (as for `up`, with a [cluster] section).
+        #[arg(short, long, value_name = "FILE", default_value = DEFAULT_CONFIG)]
+        config: PathBuf,
+        /// Log filter (as for `up`).
+        #[arg(long, value_name = "FILTER", default_value = "info")]
+        log_level: String,
+    },
+    /// Run a data node of the distributed form: ESP and VXLAN behind the steer nodes, as the
+    /// control node directs.
+    Data {
+        /// Node configuration file ([node] and [data], see docs/operations.md).
+        #[arg(short, long, value_name = "FILE", default_value = DEFAULT_DATA_CONFIG)]
+        config: PathBuf,
+        /// Log filter (as for `up`).
+        #[arg(long, value_name = "FILTER", default_value = "info")]
+        log_level: String,
+    },
+    /// Run a steer node of the distributed form: owns the public VIP and steers IKE to the
+    /// control node, ESP and VXLAN to data nodes, with rate limits and health probes.
+    Steer {
+        /// Node configuration file ([node] and [steer], see docs/operations.md).
+        #[arg(short, long, value_name = "FILE", default_value = DEFAULT_STEER_CONFIG)]
+        config: PathBuf,
+        /// Log filter (as for `up`).
+        #[arg(long, value_name = "FILTER", default_value = "info")]
+        log_level: String,
+    },
+    /// Operate a running control node: list nodes, migrate a tunnel, drain a data node.
+    Ctl(cluster::CtlArgs),
 }
 
 fn main() -> ExitCode {
@@ -77,6 +114,32 @@ fn main() -> ExitCode {
         } => status(socket, config.as_deref(), json),
         Command::Bench(args) => bench::run(&args),
         Command::Certs(args) => certs::run(&args),
+        Command::Control { config, log_level } => cluster::run_control(&config, &log_level),
+        Command::Data { config, log_level } => {
+            cluster::run_node(cluster::NodeKind::Data, &config, &log_level)
+        }
+        Command::Steer { config, log_level } => {
+            cluster::run_node(cluster::NodeKind::Steer, &config, &log_level)
+        }
+        Command::Ctl(args) => cluster::run_ctl(&args),
+    }
+}
+
+/// The control socket to talk to: `--socket`, else the configuration's, else the default.
+pub(crate) fn socket_path(
+    socket: Option<PathBuf>,
+    config: Option<&Path>,
+) -> Result<PathBuf, ExitCode> {
+    match (socket, config) {
+        (Some(s), _) => Ok(s),
+        (None, Some(c)) => match Config::load(c) {
+            Ok(config) => Ok(config.gateway.control_socket),
+            Err(e) => {
+                report_error(&e);
+                Err(ExitCode::FAILURE)
+            }
+        },
+        (None, None) => Ok(PathBuf::from(DEFAULT_CONTROL_SOCKET)),
     }
 }
 
@@ -108,16 +171,9 @@ fn check(path: &Path) -> ExitCode {
 }
 
 fn status(socket: Option<PathBuf>, config: Option<&Path>, json: bool) -> ExitCode {
-    let socket = match (socket, config) {
-        (Some(s), _) => s,
-        (None, Some(c)) => match Config::load(c) {
-            Ok(config) => config.gateway.control_socket,
-            Err(e) => {
-                report_error(&e);
-                return ExitCode::FAILURE;
-            }
-        },
-        (None, None) => PathBuf::from(DEFAULT_CONTROL_SOCKET),
+    let socket = match socket_path(socket, config) {
+        Ok(s) => s,
+        Err(code) => return code,
     };
     match control::status::query_status(&socket) {
         Ok(report) if json => match serde_json::to_string_pretty(&report) {
@@ -192,6 +248,14 @@ mod tests {
             Cli::try_parse_from(["protego", "bench", "--strongswan-only"]).is_err(),
             "--strongswan-only needs --compare-strongswan"
         );
+        let cli = Cli::try_parse_from(["protego", "bench", "failover", "--json"]).unwrap();
+        assert!(matches!(cli.command, Command::Bench(_)));
+        let cli =
+            Cli::try_parse_from(["protego", "ctl", "migrate", "t1", "--to", "data2"]).unwrap();
+        assert!(matches!(cli.command, Command::Ctl(_)));
+        assert!(Cli::try_parse_from(["protego", "ctl", "migrate", "t1"]).is_err());
+        let cli = Cli::try_parse_from(["protego", "data", "-c", "d.toml"]).unwrap();
+        assert!(matches!(cli.command, Command::Data { .. }));
         let cli = Cli::try_parse_from(["protego", "check"]).unwrap();
         assert!(
             matches!(cli.command, Command::Check { ref config } if config == Path::new(DEFAULT_CONFIG))

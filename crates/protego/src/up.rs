@@ -23,7 +23,7 @@ const WATCHDOG: Duration = Duration::from_millis(500);
 
 /// Why `protego up` could not start or stopped abnormally.
 #[derive(Debug, thiserror::Error)]
-enum UpError {
+pub(crate) enum UpError {
     /// `--log-level` (or RUST_LOG) is not a valid filter.
     #[error("invalid log filter {filter:?}: {reason}")]
     LogFilter {
@@ -77,7 +77,8 @@ pub(crate) fn run(path: &Path, log_level: &str) -> ExitCode {
     }
 }
 
-fn init_logging(format: LogFormat, level: &str) -> Result<(), UpError> {
+/// Installs the logger: `level` (or RUST_LOG) as the filter, text or JSON lines on stderr.
+pub(crate) fn init_logging(format: LogFormat, level: &str) -> Result<(), UpError> {
     use tracing_subscriber::EnvFilter;
     let text = match std::env::var("RUST_LOG") {
         Ok(v) if !v.trim().is_empty() => v,

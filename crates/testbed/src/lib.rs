@@ -20,6 +20,8 @@
 //! - [`inject`] sends hand-made UDP datagrams from inside a namespace, attaches an extra
 //!   host to the WAN and reads the UDP datagrams of a pcap (robustness tests).
 //! - [`etcd::Etcd`] runs a single-member etcd for distributed-store tests.
+//! - [`cluster::ProtegoCluster`] runs Protego's distributed form on a topology (control,
+//!   data and steer nodes, their PKI, optionally etcd).
 //! - [`Topology`] builds the standard picture (sites, optional NAT, gateway,
 //!   cloud hosts with VXLAN and VMs) from a [`TopologySpec`] and returns every
 //!   address.
@@ -40,6 +42,7 @@
 //! ```
 
 mod bed;
+pub mod cluster;
 pub mod cmd;
 mod error;
 pub mod etcd;

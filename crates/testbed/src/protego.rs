@@ -88,6 +88,19 @@ pub fn render_config(
     psk_dir: &std::path::Path,
     extra_gateway: &[String],
 ) -> Result<String> {
+    render_config_with_store(topo, tunnels, socket, psk_dir, extra_gateway, None)
+}
+
+/// [`render_config`] with the lines of its `[store]` table given: `None` writes the file store
+/// beside the control socket, as [`render_config`] does.
+pub(crate) fn render_config_with_store(
+    topo: &Topology,
+    tunnels: &[GatewayTunnel],
+    socket: &std::path::Path,
+    psk_dir: &std::path::Path,
+    extra_gateway: &[String],
+    store: Option<&[String]>,
+) -> Result<String> {
     let mut out = String::new();
     let gw = &topo.gateway;
     let _ = writeln!(out, "[gateway]");
@@ -165,10 +178,20 @@ pub fn render_config(
             let _ = writeln!(out, "{line}");
         }
     }
-    // The IKE state store beside the control socket: per run, so runs never share it, and
-    // kept across a restart of the gateway within the run.
-    let store = socket.with_file_name("state.redb");
-    let _ = writeln!(out, "\n[store]\npath = {:?}", store.display().to_string());
+    match store {
+        Some(lines) => {
+            let _ = writeln!(out, "\n[store]");
+            for line in lines {
+                let _ = writeln!(out, "{line}");
+            }
+        }
+        None => {
+            // The IKE state store beside the control socket: per run, so runs never share it,
+            // and kept across a restart of the gateway within the run.
+            let store = socket.with_file_name("state.redb");
+            let _ = writeln!(out, "\n[store]\npath = {:?}", store.display().to_string());
+        }
+    }
     Ok(out)
 }
 

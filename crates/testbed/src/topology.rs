@@ -16,6 +16,7 @@
 //! Every address is returned so tests can write configurations.
 
 use std::net::IpAddr;
+use std::sync::Mutex;
 
 use crate::bed::Testbed;
 use crate::cmd::Cmd;
@@ -248,6 +249,30 @@ pub struct GatewaySegment {
     pub tenant: usize,
     /// The kernel VXLAN device, carrying the VNet gateway IP.
     pub vxlan_if: String,
+}
+
+/// A namespace attached to the underlay beside the gateway and the cloud hosts, with no
+/// default route (everything it talks to is on the underlay): a node of Protego's distributed
+/// form, a store. Made by [`Topology::add_underlay_node`].
+#[derive(Clone, Debug)]
+pub struct UnderlayNode {
+    /// Its namespace.
+    pub ns: Netns,
+    /// Its underlay interface.
+    pub underlay_if: String,
+    /// Its underlay address (in [`UNDERLAY_V4`], not used by the gateway, a cloud host or an
+    /// earlier underlay node).
+    pub underlay: IfAddr,
+}
+
+/// Held while an underlay node is attached: its address follows from the number of ports
+/// the underlay bridge has, so two attachments must not interleave.
+static UNDERLAY_ATTACH: Mutex<()> = Mutex::new(());
+
+/// Host numbers of [`UNDERLAY_V4`] given to underlay nodes, in order of preference (above the
+/// cloud hosts' `10 + index` first).
+fn underlay_node_host_numbers() -> impl Iterator<Item = u128> {
+    (50..=254).chain(2..50)
 }
 
 impl TopologySpec {
@@ -591,6 +616,92 @@ impl Topology {
     pub fn vms(&self) -> impl Iterator<Item = &Vm> {
         self.tenants.iter().flat_map(|t| t.vms.iter())
     }
+
+    /// Attaches a new namespace `label` (a [`Testbed::netns`] role) to the underlay bridge the
+    /// way the cloud hosts are attached (veth into the switch namespace, the underlay MTU, TX
+    /// checksum offload off so that it behaves like a real NIC) and gives it a fresh IPv4
+    /// underlay address: the first of `10.255.0.50..=254`, then `10.255.0.2..=49`, that the
+    /// gateway, the cloud hosts and the underlay nodes attached before do not use. No default
+    /// route is set.
+    pub fn add_underlay_node(&self, bed: &Testbed, label: &str) -> Result<UnderlayNode> {
+        let _serial = UNDERLAY_ATTACH.lock().unwrap_or_else(|e| e.into_inner());
+        let bridge = self.switch_bridge_of(&self.gateway.ns, &self.gateway.underlay_if)?;
+        // The bridge's ports: the gateway, the cloud hosts, then one per underlay node.
+        let out = self
+            .switch
+            .ip(["-j", "link", "show", "master", bridge.as_str()])?;
+        let ports = if out.trim().is_empty() {
+            0
+        } else {
+            parse_ip_json(&out)?.as_array().map_or(0, Vec::len)
+        };
+        let earlier = ports.saturating_sub(1 + self.hosts.len());
+        let (ul4, _) = underlay();
+        let taken: Vec<IpAddr> = std::iter::once(self.gateway.underlay.addr)
+            .chain(self.hosts.iter().map(|h| h.underlay.addr))
+            .collect();
+        let mut free = Vec::new();
+        for n in underlay_node_host_numbers() {
+            let a = ul4.if_addr(n)?;
+            if !taken.contains(&a.addr) {
+                free.push(a);
+            }
+        }
+        let underlay = *free.get(earlier).ok_or_else(|| Error::InvalidSpec {
+            field: format!("underlay node {label}"),
+            reason: format!(
+                "no free address left in {UNDERLAY_V4} ({earlier} underlay nodes attached)"
+            ),
+        })?;
+        let ns = bed.netns(label)?;
+        let pair = ns.veth_to(&self.switch)?;
+        self.switch.set_master(&pair.peer, &bridge)?;
+        ns.set_mtu(&pair.local, self.spec.underlay_mtu)?;
+        self.switch.set_mtu(&pair.peer, self.spec.underlay_mtu)?;
+        ns.add_addr(&pair.local, underlay)?;
+        // As for the cloud hosts: fill checksums on transmit like a physical NIC would.
+        ns.exec(Cmd::new("ethtool").args(["-K", &pair.local, "tx", "off"]))?;
+        Ok(UnderlayNode {
+            ns,
+            underlay_if: pair.local,
+            underlay,
+        })
+    }
+
+    /// The bridge in the switch namespace that holds the peer of `ns`'s veth `ifname`.
+    fn switch_bridge_of(&self, ns: &Netns, ifname: &str) -> Result<String> {
+        let own = parse_ip_json(&ns.ip(["-j", "link", "show", "dev", ifname])?)?;
+        let peer_index = own[0]["link_index"].as_u64().ok_or_else(|| Error::Parse {
+            what: "ip -j link output",
+            detail: format!("{ifname} in {} has no peer (link_index)", ns.name()),
+            input: own.to_string().chars().take(400).collect(),
+        })?;
+        let links = parse_ip_json(&self.switch.ip(["-j", "link", "show"])?)?;
+        links
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|l| l["ifindex"].as_u64() == Some(peer_index))
+            .and_then(|l| l["master"].as_str())
+            .map(str::to_owned)
+            .ok_or_else(|| Error::Parse {
+                what: "ip -j link output",
+                detail: format!(
+                    "no bridge in {} holds the peer (ifindex {peer_index}) of {ifname}",
+                    self.switch.name()
+                ),
+                input: links.to_string().chars().take(400).collect(),
+            })
+    }
+}
+
+/// Parses the JSON output of `ip -j`.
+fn parse_ip_json(out: &str) -> Result<serde_json::Value> {
+    serde_json::from_str(out).map_err(|e| Error::Parse {
+        what: "ip -j output",
+        detail: e.to_string(),
+        input: out.chars().take(400).collect(),
+    })
 }
 
 fn add_host_segment(

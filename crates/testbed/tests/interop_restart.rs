@@ -15,7 +15,7 @@
 mod common;
 
 use std::os::unix::process::ExitStatusExt;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime};
 
 use common::*;
 
@@ -23,7 +23,7 @@ use protego_testbed::protego::{GatewayTunnel, ProtegoGateway};
 use protego_testbed::strongswan::{summarize, Charon, IkeSa};
 use protego_testbed::traffic;
 use protego_testbed::wait::{wait_for, Probe};
-use protego_testbed::{Cmd, Process, Result, Testbed, Topology};
+use protego_testbed::{Result, Testbed, Topology};
 
 /// Protego's log line for each IKE SA it restored at start-up.
 const RESTORED: &str = "IKE_SA restored from the store";
@@ -89,65 +89,6 @@ fn installed_net(sa: &IkeSa) -> protego_testbed::strongswan::ChildSa {
         .next()
         .cloned()
         .unwrap_or_else(|| panic!("no installed CHILD_SA net: {sa:?}"))
-}
-
-/// Seconds since the Unix epoch.
-fn epoch_secs(t: SystemTime) -> f64 {
-    t.duration_since(UNIX_EPOCH)
-        .unwrap_or_default()
-        .as_secs_f64()
-}
-
-/// A 100 Hz ping from the site's LAN to VM 0 that runs in the background and prints the
-/// arrival time of every reply (`ping -D`), to time an outage.
-struct OutagePing {
-    process: Process,
-}
-
-impl OutagePing {
-    fn start(topo: &Topology) -> Result<OutagePing> {
-        let s = &topo.sites[0];
-        let vm = &topo.tenants[0].vms[0];
-        // Line-buffered, so that replies show in the log while it runs.
-        let cmd = Cmd::new("stdbuf").args(["-oL", "ping", "-n", "-D", "-i", "0.01", "-W", "1"]);
-        let cmd = cmd.args([
-            "-I".to_owned(),
-            s.lan_addr.to_string(),
-            vm.addr.addr.to_string(),
-        ]);
-        Ok(OutagePing {
-            process: s.ns.spawn("outage-ping", cmd)?,
-        })
-    }
-
-    /// Arrival times of the replies so far (seconds since the epoch).
-    fn replies(&self) -> Vec<f64> {
-        // `[1700000000.123456] 64 bytes from 10.2.0.2: icmp_seq=7 ttl=63 time=0.4 ms`
-        self.process
-            .log()
-            .lines()
-            .filter(|l| l.contains("bytes from"))
-            .filter_map(|l| l.strip_prefix('[')?.split(']').next()?.parse().ok())
-            .collect()
-    }
-
-    /// Waits up to `limit` after `since` for the first reply that arrived after `since`.
-    fn first_reply_after(&self, since: SystemTime, limit: Duration) -> Result<Duration> {
-        let t0 = epoch_secs(since);
-        let deadline = since + limit;
-        wait_for(
-            "a ping reply after the kill",
-            deadline
-                .duration_since(SystemTime::now())
-                .unwrap_or_default(),
-            || {
-                Ok(match self.replies().into_iter().find(|&t| t > t0) {
-                    Some(t) => Probe::Ready(Duration::from_secs_f64(t - t0)),
-                    None => Probe::NotYet(self.process.log_tail(3)),
-                })
-            },
-        )
-    }
 }
 
 /// The IKE requests charon parsed (the gateway's requests), in log order, as exchange type

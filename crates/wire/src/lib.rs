@@ -12,6 +12,7 @@ pub mod geneve;
 pub mod ike;
 pub mod ip;
 pub mod ndp;
+pub mod relay;
 #[cfg(test)]
 mod testdata;
 pub mod udp;

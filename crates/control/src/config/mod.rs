@@ -84,6 +84,27 @@ pub struct Gateway {
     pub natt_port: u16,
 }
 
+/// `[cluster]`: how a control node of the distributed form meets its data and steer nodes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClusterConfig {
+    /// This control node's name (its certificate's CN).
+    pub name: String,
+    /// Where data and steer nodes open their gRPC sessions (TCP, mutual TLS).
+    pub grpc: std::net::SocketAddr,
+    /// Where steer nodes send IKE inside Geneve (UDP, usually port 6081).
+    pub geneve: std::net::SocketAddr,
+    /// The CA certificate (PEM) that signs every node's certificate.
+    pub ca: PathBuf,
+    /// This node's certificate (PEM, `OU=control`).
+    pub cert: PathBuf,
+    /// This node's private key (PKCS#8 PEM, mode 0600).
+    pub key: PathBuf,
+    /// How often data and steer nodes report their load.
+    pub report_interval: std::time::Duration,
+    /// How long a node may take to acknowledge a directive before it counts as failed.
+    pub directive_timeout: std::time::Duration,
+}
+
 /// Where a tunnel's decrypted traffic goes.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum TunnelInside {
@@ -108,6 +129,9 @@ pub struct Tunnel {
     pub esp_proposals: Vec<String>,
     /// The 1-based line of its `[[tunnel]]` header.
     pub line: usize,
+    /// Its rate limit in Mbit/s (`rate_limit`), enforced by the steer nodes of the distributed
+    /// form (`protego up` does not limit).
+    pub rate_limit_mbit: Option<u32>,
 }
 
 impl std::fmt::Debug for Tunnel {
@@ -137,6 +161,7 @@ impl std::fmt::Debug for Tunnel {
             .field("dpd_action", &p.dpd_action)
             .field("start_action", &p.start_action)
             .field("replay_window", &p.replay_window)
+            .field("rate_limit_mbit", &self.rate_limit_mbit)
             .finish()
     }
 }
@@ -158,6 +183,8 @@ pub struct Config {
     pub dataplane: dataplane::DataplaneConfig,
     /// `[store]`.
     pub store: StoreConfig,
+    /// `[cluster]`: present on the control nodes of the distributed form (`protego control`).
+    pub cluster: Option<ClusterConfig>,
     /// Things that are allowed but worth an operator's attention (world-readable PSK files, key
     /// log enabled). The binary prints or logs them.
     pub warnings: Vec<String>,

@@ -21,6 +21,21 @@ pub(crate) struct RawFile {
     #[serde(default)]
     pub(crate) tunnel: Vec<Spanned<RawTunnel>>,
     pub(crate) store: Option<Spanned<RawStore>>,
+    pub(crate) cluster: Option<Spanned<RawCluster>>,
+}
+
+/// `[cluster]`: the control node's side of the distributed form.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawCluster {
+    pub(crate) name: Spanned<String>,
+    pub(crate) grpc: Spanned<String>,
+    pub(crate) geneve: Spanned<String>,
+    pub(crate) ca: Spanned<String>,
+    pub(crate) cert: Spanned<String>,
+    pub(crate) key: Spanned<String>,
+    pub(crate) report_interval: Option<Spanned<DurationValue>>,
+    pub(crate) directive_timeout: Option<Spanned<DurationValue>>,
 }
 
 /// `[store]`: where the control plane keeps its durable state.
@@ -115,6 +130,7 @@ pub(crate) struct RawTunnel {
     pub(crate) over_time: Option<Spanned<DurationValue>>,
     pub(crate) dpd_delay: Option<Spanned<DurationValue>>,
     pub(crate) replay_window: Option<Spanned<i64>>,
+    pub(crate) rate_limit: Option<Spanned<i64>>,
 }
 
 /// A list of strings written either as a TOML array or as one comma-separated string, the way

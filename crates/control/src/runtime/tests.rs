@@ -167,6 +167,7 @@ impl DataPath for FakePath {
             children,
             workers: vec![],
             drops: vec![("esp_replay".into(), 0)],
+            ..DataplaneStats::default()
         }
     }
 }

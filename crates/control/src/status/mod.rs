@@ -10,7 +10,10 @@ mod server;
 mod tests;
 
 pub use render::render_text;
-pub use server::{query, query_status, Request, RequestHandler, Responder, StatusServer};
+pub use server::{
+    distributed_only, query, query_status, query_with_timeout, Request, RequestHandler, Responder,
+    StatusServer,
+};
 
 use crate::config::{Config, TunnelInside};
 use dataplane::DataplaneStats;

@@ -1,7 +1,9 @@
 //! The control socket: a Unix stream socket (mode 0600) speaking one request per line and one
-//! JSON document per answer line. A request is either a bare word (`status`, `ping`,
-//! `initiate NAME`, `terminate NAME`, `rekey NAME`, `rekey-ike NAME`) or a JSON object
-//! (`{"command":"status"}`); an answer is the command's JSON document, or `{"error":"..."}`.
+//! JSON document per answer line. A request is either bare words (`status`, `ping`,
+//! `initiate NAME`, `terminate NAME`, `rekey NAME`, `rekey-ike NAME`, and on a control node of
+//! the distributed form `nodes`, `migrate TUNNEL NODE`, `drain NODE`, `undrain NODE`) or a
+//! JSON object (`{"command":"status"}`); an answer is the command's JSON document, or
+//! `{"error":"..."}`.
 
 use super::{StatusReport, TunnelDirectory};
 use crate::error::Error;
@@ -57,6 +59,34 @@ pub enum Request {
         /// Tunnel name.
         tunnel: String,
     },
+    /// The data and steer nodes of the distributed form, with their load and tunnels.
+    Nodes,
+    /// Move a tunnel to another data node without loss (distributed form).
+    Migrate {
+        /// Tunnel name.
+        tunnel: String,
+        /// The data node to move it to.
+        to: String,
+    },
+    /// Move every tunnel off a data node without loss, and place nothing new on it.
+    Drain {
+        /// Node name.
+        node: String,
+    },
+    /// Let a drained data node take tunnels again.
+    Undrain {
+        /// Node name.
+        node: String,
+    },
+}
+
+/// The answer of a command that only a control node of the distributed form serves.
+pub fn distributed_only(command: &str) -> Value {
+    json!({
+        "error": format!(
+            "{command} needs the distributed form (`protego control`); this node runs every role in one process"
+        )
+    })
 }
 
 impl Request {
@@ -69,10 +99,23 @@ impl Request {
         let mut words = line.split_whitespace();
         let command = words.next().ok_or_else(|| "empty request".to_owned())?;
         let argument = words.next();
+        if command == "migrate" {
+            return match (argument, words.next(), words.next()) {
+                (Some(t), Some(n), None) => Ok(Request::Migrate {
+                    tunnel: t.to_owned(),
+                    to: n.to_owned(),
+                }),
+                _ => Err("migrate needs a tunnel name and a node name".to_owned()),
+            };
+        }
         if words.next().is_some() {
             return Err(format!("too many arguments to {command:?}"));
         }
         match (command, argument) {
+            ("nodes", None) => Ok(Request::Nodes),
+            ("drain", Some(n)) => Ok(Request::Drain { node: n.to_owned() }),
+            ("undrain", Some(n)) => Ok(Request::Undrain { node: n.to_owned() }),
+            ("drain" | "undrain", None) => Err(format!("{command} needs a node name")),
             ("status", None) => Ok(Request::Status),
             ("ping", None) => Ok(Request::Ping),
             ("initiate", Some(t)) => Ok(Request::Initiate {
@@ -90,10 +133,10 @@ impl Request {
             ("initiate" | "terminate" | "rekey" | "rekey-ike", None) => {
                 Err(format!("{command} needs a tunnel name"))
             }
-            ("status" | "ping", Some(_)) => Err(format!("{command} takes no argument")),
+            ("status" | "ping" | "nodes", Some(_)) => Err(format!("{command} takes no argument")),
             (other, _) => Err(format!(
                 "unknown command {other:?} (status, ping, initiate NAME, terminate NAME, \
-                 rekey NAME, rekey-ike NAME)"
+                 rekey NAME, rekey-ike NAME, nodes, migrate TUNNEL NODE, drain NODE, undrain NODE)"
             )),
         }
     }
@@ -177,6 +220,10 @@ impl RequestHandler for Responder {
                 Ok(id) => self.control.rekey_ike(id).map(|()| json!({ "ok": true })),
                 Err(v) => return v,
             },
+            Request::Nodes => return distributed_only("nodes"),
+            Request::Migrate { .. } => return distributed_only("migrate"),
+            Request::Drain { .. } => return distributed_only("drain"),
+            Request::Undrain { .. } => return distributed_only("undrain"),
         };
         result.unwrap_or_else(|e| json!({ "error": e.to_string() }))
     }
@@ -358,6 +405,16 @@ fn serve_connection(stream: UnixStream, handler: &dyn RequestHandler) {
 /// Sends one request to the control socket at `path` and returns the answer. An
 /// `{"error": ...}` answer becomes [`Error::Protocol`].
 pub fn query(path: &Path, request: &Request) -> Result<Value, Error> {
+    query_with_timeout(path, request, CLIENT_TIMEOUT)
+}
+
+/// As [`query`], waiting at most `timeout` for the answer (moves in the distributed form wait
+/// for a rekey with the peer).
+pub fn query_with_timeout(
+    path: &Path,
+    request: &Request,
+    timeout: Duration,
+) -> Result<Value, Error> {
     let sock_err = |source: std::io::Error| Error::Socket {
         path: path.to_owned(),
         source,
@@ -367,9 +424,7 @@ pub fn query(path: &Path, request: &Request) -> Result<Value, Error> {
         reason,
     };
     let mut stream = UnixStream::connect(path).map_err(sock_err)?;
-    stream
-        .set_read_timeout(Some(CLIENT_TIMEOUT))
-        .map_err(sock_err)?;
+    stream.set_read_timeout(Some(timeout)).map_err(sock_err)?;
     stream
         .set_write_timeout(Some(CLIENT_TIMEOUT))
         .map_err(sock_err)?;

@@ -92,11 +92,13 @@ fn sample_report() -> StatusReport {
                 cpu: Some(0),
                 packets: 700,
                 batches: 30,
+                busy_ns: 0,
             },
             dataplane::WorkerStats {
                 cpu: None,
                 packets: 300,
                 batches: 20,
+                busy_ns: 0,
             },
         ],
         drops: vec![
@@ -104,6 +106,7 @@ fn sample_report() -> StatusReport {
             ("esp_unknown_spi".into(), 0),
             ("esp_replay".into(), 1),
         ],
+        relay_probes_answered: 0,
     };
     let mut report = StatusReport::build(&directory(), &sas, &IkeStats::default(), &stats, 3_700);
     *report.ike_drops.get_mut("icv_failed").unwrap() = 2;
@@ -308,6 +311,30 @@ fn request_lines() {
         .unwrap_err()
         .contains("needs a tunnel name"));
     assert!(Request::parse_line("status now").is_err());
+    // The distributed form's commands.
+    assert_eq!(Request::parse_line("nodes"), Ok(Request::Nodes));
+    assert_eq!(
+        Request::parse_line("migrate hq data2"),
+        Ok(Request::Migrate {
+            tunnel: "hq".into(),
+            to: "data2".into()
+        })
+    );
+    assert_eq!(
+        Request::parse_line(r#"{"command":"drain","node":"data1"}"#),
+        Ok(Request::Drain {
+            node: "data1".into()
+        })
+    );
+    assert_eq!(
+        Request::parse_line("undrain data1"),
+        Ok(Request::Undrain {
+            node: "data1".into()
+        })
+    );
+    for bad in ["migrate hq", "migrate", "migrate a b c", "drain", "nodes x"] {
+        assert!(Request::parse_line(bad).is_err(), "{bad}");
+    }
     assert!(Request::parse_line("reboot")
         .unwrap_err()
         .contains("unknown command"));
@@ -343,6 +370,10 @@ impl RequestHandler for Fake {
             | Request::Rekey { tunnel }
             | Request::RekeyIke { tunnel } => {
                 json!({ "error": format!("unknown tunnel {tunnel:?}") })
+            }
+            Request::Nodes => distributed_only("nodes"),
+            Request::Migrate { .. } | Request::Drain { .. } | Request::Undrain { .. } => {
+                distributed_only("moves")
             }
         }
     }

@@ -6,9 +6,11 @@
 //!   plane, ESP opened and handed to its inside interface.
 //! - [`vxlan`]: the VNet side (RFC 7348): frames from hosts (ARP, ND, IP to the gateway) and
 //!   delivery of decrypted packets to VMs.
-//! - [`seal`]: outbound ESP toward the peer.
+//! - [`relay`]: relay mode, Geneve frames from and to steer nodes (DESIGN.md §2).
+//! - [`seal`]: outbound ESP toward the peer (or, in relay mode, a steer node).
 //! - [`tun`]: the TUN side.
 
+pub(crate) mod relay;
 pub(crate) mod seal;
 pub(crate) mod tun;
 pub(crate) mod underlay;

@@ -6,8 +6,15 @@
 //! ([`Out::seal_queued`](crate::out::Out::seal_queued)). The peer therefore receives a
 //! tunnel's sequence numbers in order even though several cores encrypt its packets. Near
 //! sequence number exhaustion the control plane is asked once to rekey (§3.3.3).
+//!
+//! In relay mode the datagram goes to a steer node instead of the peer: room for the Geneve,
+//! IP and UDP headers is reserved in front of the ESP packet here and the headers written
+//! when it is sealed ([`super::relay::write_headers`]), so every segment of a GSO train
+//! toward the steer node carries its own relay headers.
 
+use super::relay;
 use crate::api::ToControl;
+use crate::out::Egress;
 use crate::shared::{Out, Shared};
 use crate::stats::DropReason;
 use crate::tables::Child;
@@ -21,12 +28,17 @@ pub(crate) fn queue(o: &mut Out, sh: &Shared, child: &Child, pkt: &[u8]) {
     let sa = &child.state.sa;
     let header = sa.header_len();
     let len = sa.sealed_len(pkt.len());
-    if len > MAX_UDP_PAYLOAD {
+    let egress = match egress(o, sh, child) {
+        Ok(e) => e,
+        Err(reason) => return o.drop_packet(reason),
+    };
+    let total = egress.prefix + len;
+    if total > MAX_UDP_PAYLOAD {
         o.drop_packet(DropReason::TooBig);
         return;
     }
     // Room first: a packet that cannot be sent must not use a sequence number.
-    if o.room(sh, len).is_none() {
+    if o.room(sh, total).is_none() {
         return;
     }
     let seq = match sa.allocate_seq() {
@@ -37,9 +49,12 @@ pub(crate) fn queue(o: &mut Out, sh: &Shared, child: &Child, pkt: &[u8]) {
             return;
         }
     };
-    let Some(room) = o.room(sh, len) else { return };
-    room[header..header + pkt.len()].copy_from_slice(pkt);
-    o.queue_seal(child, len, pkt.len(), seq);
+    let Some(room) = o.room(sh, total) else {
+        return;
+    };
+    let at = egress.prefix + header;
+    room[at..at + pkt.len()].copy_from_slice(pkt);
+    o.queue_seal(child, egress, len, pkt.len(), seq);
     if sa.rekey_due() && child.state.take_rekey_request() {
         tracing::info!(tunnel = child.tunnel.0, spi = %child.inbound_spi, "outbound sequence numbers nearly exhausted; asking for a rekey");
         if !sh.tell_control(ToControl::RekeyNeeded(child.inbound_spi)) {
@@ -48,4 +63,22 @@ pub(crate) fn queue(o: &mut Out, sh: &Shared, child: &Child, pkt: &[u8]) {
             tracing::warn!(tunnel = child.tunnel.0, spi = %child.inbound_spi, "control plane did not take the rekey request");
         }
     }
+}
+
+/// Where the CHILD_SA's ESP goes: from its NAT-T socket to the peer, or in relay mode from
+/// the Geneve socket (its `sock` then) to the current steer node, behind relay headers.
+fn egress(o: &Out, sh: &Shared, child: &Child) -> Result<Egress, DropReason> {
+    if sh.relay_sock.is_none() {
+        return Ok(Egress {
+            sock: child.sock,
+            dst: child.remote,
+            prefix: 0,
+        });
+    }
+    let dst = o.relay_output().ok_or(DropReason::RelayNoSteer)?;
+    Ok(Egress {
+        sock: child.sock,
+        dst,
+        prefix: relay::prefix_len(child.remote.is_ipv6()),
+    })
 }

@@ -78,6 +78,7 @@ fn env() -> Env {
             cpus: vec![],
             pin_workers: false,
             busy_poll: std::time::Duration::ZERO,
+            relay: None,
         };
         let (tx, rx) = crossbeam_channel::unbounded();
         match Shared::open(cfg, tx) {
@@ -125,7 +126,7 @@ impl Env {
             &self.sh,
             &t,
             Instant::now(),
-            0,
+            vxlan::Via::Vtep(0),
             from,
             &mut data,
         );
@@ -181,11 +182,16 @@ impl Env {
 
     /// The VM at 10.0.0.5 answers the gateway's ARP request (over VXLAN from its host).
     fn vm_answers_arp(&mut self) {
-        let gw = gw_mac(self, 0);
+        self.vm_answers_arp_on(100, 0);
+    }
+
+    /// The same in VNet `vnet` (VNI `vni`).
+    fn vm_answers_arp_on(&mut self, vni: u32, vnet: usize) {
+        let gw = gw_mac(self, vnet);
         let reply = arp(ArpOperation::REPLY, VM_MAC, "10.0.0.5", gw, "10.0.0.1");
         self.recv_from_host(
             self.host(),
-            vxlan_frame(100, gw, VM_MAC, EtherType::ARP, &reply),
+            vxlan_frame(vni, gw, VM_MAC, EtherType::ARP, &reply),
         );
     }
 
@@ -199,7 +205,7 @@ fn spi_of(esp: &[u8]) -> u32 {
 }
 
 fn gw_mac(e: &Env, vnet: usize) -> [u8; 6] {
-    e.sh.vnets[vnet].mac.0
+    e.sh.tables.load().overlay.vnets[vnet].mac.0
 }
 
 #[test]
@@ -632,7 +638,7 @@ fn ipv6_neighbor_solicitation_for_v4_gateway_link_local_is_answered() {
     use wire::ip::{IpProtocol, Ipv6Repr};
     use wire::ndp::{NdpRepr, ND_HOP_LIMIT};
     let mut e = env();
-    let target = e.sh.vnets[0].link_local;
+    let target = e.sh.tables.load().overlay.vnets[0].link_local;
     let src: std::net::Ipv6Addr = "fe80::5054:ff:fe00:5".parse().expect("ip");
     let dst = wire::ndp::solicited_node_multicast(&target);
     let ns = NdpRepr::NeighborSolicit {
@@ -758,4 +764,69 @@ fn arbitrary_and_mutated_input_never_panics() {
         dropped > 10_000,
         "most mutated input is dropped and counted ({dropped})"
     );
+}
+
+#[test]
+fn vnets_and_bindings_are_replaced_at_run_time_on_the_start_vteps() {
+    let mut e = env();
+    let a = e.child(1, 0x1001, PEER_A);
+    let b = e.child(2, 0x1002, PEER_B);
+    e.sh.install_child(&a).expect("install a");
+    e.sh.install_child(&b).expect("install b");
+    // VNet c (VNI 300) is added on the same VTEP; b's VNet goes with its tunnel; the VNets
+    // swap places, so tunnel 1's CHILD_SA follows its binding to index 1.
+    let c = vnet("c", 300);
+    e.sh.set_inside(
+        vec![c, vnet("a", 100)],
+        vec![binding(1, "a", Inside::Vnet(1))],
+    )
+    .expect("set inside");
+    let stats = e.sh.registry().stats();
+    assert_eq!(
+        stats.len(),
+        1,
+        "tunnel 2 is no longer bound: its SA is gone"
+    );
+    assert_eq!(stats[0].inbound_spi, EspSpi(0x1001));
+    let req = arp(
+        ArpOperation::REQUEST,
+        VM_MAC,
+        "10.0.0.5",
+        [0; 6],
+        "10.0.0.1",
+    );
+    for (vni, vnet) in [(300, 0), (100, 1)] {
+        e.recv_from_host(
+            e.host(),
+            vxlan_frame(vni, [0xff; 6], VM_MAC, EtherType::ARP, &req),
+        );
+        let sent = e.sent();
+        assert_eq!(sent.len(), 1, "VNI {vni} answered");
+        let (got, _, src, _, _) = parse_vxlan(&sent[0].1);
+        assert_eq!((got, src), (vni, gw_mac(&e, vnet)));
+    }
+    e.recv_from_host(
+        e.host(),
+        vxlan_frame(200, [0xff; 6], VM_MAC, EtherType::ARP, &req),
+    );
+    assert!(e.sent().is_empty());
+    assert_eq!(e.drops(DropReason::VxlanUnknownVni), 1);
+    // Tunnel 1 still carries VNet a's traffic, now at index 1.
+    let pa = Peer::of(&a);
+    e.vm_answers_arp_on(100, 1);
+    let inner = udp4("10.0.0.5", 1000, "192.168.0.9", 2000, 64, b"still");
+    e.recv_from_host(
+        e.host(),
+        vxlan_frame(100, gw_mac(&e, 1), VM_MAC, EtherType::IPV4, &inner),
+    );
+    let sent = e.sent();
+    assert_eq!(sent.len(), 1);
+    assert_eq!(&pa.open(&sent[0].1).expect("peer a opens")[28..], b"still");
+    // A VNet on a VTEP that was not opened at start is refused, naming it.
+    let mut far = vnet("a", 100);
+    far.vtep = ip("127.0.0.77");
+    match e.sh.set_inside(vec![far], vec![]) {
+        Err(crate::DataplaneError::Config { field, .. }) => assert_eq!(field, "vnets[0].vtep"),
+        other => panic!("expected a config error, got {other:?}"),
+    }
 }

@@ -48,10 +48,11 @@ pub(crate) fn ike(o: &mut Out, sh: &Shared, local: SocketAddr, remote: SocketAdd
     }
 }
 
-/// An ESP packet (starting at the SPI) that arrived on `addrs.0` from `addrs.1`: verified and
-/// decrypted here, delivered, and accepted by the replay window in arrival order when its
-/// batch is sent (see [`crate::accept`]).
-fn esp(
+/// An ESP packet (starting at the SPI) that arrived on `addrs.0` from `addrs.1` (in relay
+/// mode: the relayed datagram's inner destination and source): verified and decrypted here,
+/// delivered, and accepted by the replay window in arrival order when its batch is sent (see
+/// [`crate::accept`]).
+pub(crate) fn esp(
     o: &mut Out,
     sh: &Shared,
     t: &Tables,
@@ -78,7 +79,7 @@ fn esp(
                 crate::accept::rebind(sh, child, behind, spi, (local, src));
                 Ok(())
             };
-            deliver(o, sh, now, child, data, inner, accept_now);
+            deliver(o, sh, t, now, child, data, inner, accept_now);
             None
         }
         Err(reason) => Some(reason),
@@ -102,9 +103,11 @@ fn esp(
 /// Hands the decrypted inner packet at `data[range]` to the CHILD_SA's inside interface. A
 /// packet that has to wait outside the send batch (for neighbour resolution) is accepted by
 /// the replay window (`accept_now`) before it waits.
+#[allow(clippy::too_many_arguments)]
 fn deliver(
     o: &mut Out,
     sh: &Shared,
+    t: &Tables,
     now: Instant,
     child: &Child,
     data: &mut [u8],
@@ -128,7 +131,7 @@ fn deliver(
         return;
     }
     match child.inside {
-        Inside::Vnet(v) => vxlan::deliver(o, sh, now, v, pkt, &parsed, accept_now),
+        Inside::Vnet(v) => vxlan::deliver(o, sh, t, now, v, pkt, &parsed, accept_now),
         Inside::Tun => tun::deliver(o, sh, pkt),
     }
 }

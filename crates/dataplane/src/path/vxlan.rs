@@ -5,6 +5,10 @@
 //! chosen only among the tunnels of that VNet (tenant isolation). Toward hosts: a decrypted
 //! packet is routed by longest prefix to its host, its MAC resolved, and sent as
 //! Ethernet(gateway MAC -> VM MAC) in VXLAN, the UDP source port chosen by a flow hash (§5).
+//!
+//! In relay mode the hosts send to the steer nodes' VIP, which relay the datagrams here
+//! ([`super::relay`]): the VNet is then found by VNI alone ([`Via::Relay`]), the sender is the
+//! datagram's inner source. Toward hosts nothing changes: VXLAN leaves from the VTEP.
 
 use super::seal;
 use crate::inner::{self, InnerIp};
@@ -25,13 +29,22 @@ use wire::vxlan::{VxlanPacket, VXLAN_HEADER_LEN};
 /// Minimum Ethernet payload (60-byte frames without FCS); ARP frames are padded to it.
 const MIN_ETHERNET_PAYLOAD: usize = 46;
 
-/// A VXLAN datagram received on local VTEP `vtep` from `src`.
+/// How a VXLAN datagram reached us.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Via {
+    /// On the socket of local VTEP (index).
+    Vtep(usize),
+    /// Relayed by a steer node (relay mode).
+    Relay,
+}
+
+/// A VXLAN datagram (UDP payload) from `src`.
 pub(crate) fn receive(
     o: &mut Out,
     sh: &Shared,
     t: &Tables,
     now: Instant,
-    vtep: usize,
+    via: Via,
     src: SocketAddr,
     data: &mut [u8],
 ) {
@@ -40,10 +53,13 @@ pub(crate) fn receive(
         Ok(vx) if vx.has_vni() => vx.vni(),
         _ => return o.drop_packet(DropReason::VxlanMalformed),
     };
-    let Some(&vi) = sh.vni_index.get(&(vtep, vni)) else {
+    let found = match via {
+        Via::Vtep(vtep) => t.overlay.by_vtep.get(&(vtep, vni)),
+        Via::Relay => t.overlay.by_vni.get(&vni),
+    };
+    let Some(vnet) = found.and_then(|&vi| t.overlay.vnets.get(vi)) else {
         return o.drop_packet(DropReason::VxlanUnknownVni);
     };
-    let vnet = &sh.vnets[vi];
     let host = src.ip();
     if !vnet.hosts.contains(&host) {
         return o.drop_packet(DropReason::VxlanUnknownHost);
@@ -133,11 +149,10 @@ fn ip_in(
         return o.drop_packet(DropReason::VxlanNotForGateway);
     }
     let flow = parsed.flow;
-    if o.learned.get(vnet.index, flow.src, now) != Some(src_mac.0)
-        && vnet.lives_behind(flow.src, host)
+    if o.learned.get(vnet.id, flow.src, now) != Some(src_mac.0) && vnet.lives_behind(flow.src, host)
     {
         learn(o, sh, vnet, host, now, flow.src, src_mac.0, true);
-        o.learned.put(vnet.index, flow.src, src_mac.0, now);
+        o.learned.put(vnet.id, flow.src, src_mac.0, now);
     }
     if vnet.is_gateway(flow.dst) {
         return o.drop_packet(DropReason::ToGateway);
@@ -224,19 +239,21 @@ fn learn(
     }
 }
 
-/// Delivers a decrypted packet into VNet `v` (RFC 1812 forwarding: TTL, route, resolve).
-/// `admit` is called before the packet is held for neighbour resolution (see
+/// Delivers a decrypted packet into VNet `v` of `t` (RFC 1812 forwarding: TTL, route,
+/// resolve). `admit` is called before the packet is held for neighbour resolution (see
 /// `NeighCache::resolve`).
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn deliver(
     o: &mut Out,
     sh: &Shared,
+    t: &Tables,
     now: Instant,
     v: usize,
     pkt: &mut [u8],
     parsed: &InnerIp,
     admit: impl FnOnce() -> Result<(), DropReason>,
 ) {
-    let Some(vnet) = sh.vnets.get(v) else {
+    let Some(vnet) = t.overlay.vnets.get(v) else {
         return o.drop_packet(DropReason::NoRoute);
     };
     let dst = parsed.flow.dst;
@@ -249,13 +266,13 @@ pub(crate) fn deliver(
     if !inner::decrement_hop(pkt) {
         return o.drop_packet(DropReason::TtlExceeded);
     }
-    if let Some(mac) = o.resolved.get(v, dst, now) {
+    if let Some(mac) = o.resolved.get(vnet.id, dst, now) {
         return emit_ip(o, sh, vnet, host, mac, pkt, parsed);
     }
     let resolution = vnet.neigh().resolve(dst, now, pkt, admit);
     match resolution {
         Resolution::Mac { mac, probe } => {
-            o.resolved.put(v, dst, mac, now);
+            o.resolved.put(vnet.id, dst, mac, now);
             // The probe first: the packet's own frame must be the last thing it writes, so
             // that a batch handed on in between carries nothing of the packet (its
             // acceptance by the replay window travels with the batch holding its frame).
@@ -364,10 +381,17 @@ fn solicit(o: &mut Out, sh: &Shared, vnet: &Vnet, host: IpAddr, ip: IpAddr) {
     }
 }
 
-/// Neighbour cache housekeeping for the VNets on local VTEP `vtep`: retries requests, expires
-/// entries, counts the packets of failed resolutions.
-pub(crate) fn housekeeping(o: &mut Out, sh: &Shared, vtep: usize, now: Instant) {
-    for vnet in sh.vnets.iter().filter(|v| v.vtep == vtep) {
+/// Neighbour cache housekeeping for the VNets of `t` on local VTEP `vtep` (None: every VNet,
+/// relay mode): retries requests, expires entries, counts the packets of failed resolutions.
+pub(crate) fn housekeeping(
+    o: &mut Out,
+    sh: &Shared,
+    t: &Tables,
+    vtep: Option<usize>,
+    now: Instant,
+) {
+    let mine = |v: &&std::sync::Arc<Vnet>| vtep.is_none_or(|i| v.vtep == i);
+    for vnet in t.overlay.vnets.iter().filter(mine) {
         let mut requests = std::mem::take(&mut o.requests);
         requests.clear();
         let dropped = vnet.neigh().tick(now, &mut requests);

@@ -12,6 +12,7 @@ use neigh::{Mac, NeighCache};
 use route::RouteTable;
 use std::collections::HashSet;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use wire::ethernet::{EtherType, EthernetAddress, EthernetFrame, ETHERNET_HEADER_LEN};
 use wire::vxlan::{Vni, VxlanPacket, VXLAN_HEADER_LEN};
@@ -50,10 +51,16 @@ pub(crate) fn link_local(mac: EthernetAddress) -> Ipv6Addr {
     ])
 }
 
+/// Source of [`Vnet::id`].
+static NEXT_ID: AtomicUsize = AtomicUsize::new(0);
+
 /// A configured VNet at run time.
 pub(crate) struct Vnet {
     /// Index in the configuration.
     pub(crate) index: usize,
+    /// Unique among all VNets ever built in this process (a VNet replaced at run time gets a
+    /// new one): the key of the workers' neighbour memos, so a memo never outlives its VNet.
+    pub(crate) id: usize,
     /// Tenant name (logs).
     pub(crate) tenant: String,
     /// VNet name (logs).
@@ -126,6 +133,7 @@ impl Vnet {
         let mac = gateway_mac(vni);
         Ok(Self {
             index,
+            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
             tenant: cfg.tenant.clone(),
             name: cfg.name.clone(),
             vni,

@@ -6,13 +6,14 @@
 
 pub mod ike_craft;
 
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use protego_testbed::protego::{GatewayTunnel, ProtegoGateway};
 use protego_testbed::strongswan::{Charon, CharonSettings, Connection, SwanctlConfig};
 use protego_testbed::topology::{SiteSpec, TenantSpec, VmSpec};
 use protego_testbed::traffic::{self, PingOptions};
-use protego_testbed::{Result, Topology, TopologySpec};
+use protego_testbed::wait::{wait_for, Probe};
+use protego_testbed::{Cmd, Process, Result, Topology, TopologySpec};
 
 pub const PSK: &str = "interop-test-psk-7f3a";
 pub const UP: Duration = Duration::from_secs(20);
@@ -99,3 +100,63 @@ pub fn tunnel_status(gw: &ProtegoGateway, name: &str) -> Result<serde_json::Valu
 
 /// SIGKILL, for killing a peer without letting it send a DELETE.
 pub const SIGKILL: i32 = 9;
+
+/// Seconds since the Unix epoch.
+pub fn epoch_secs(t: SystemTime) -> f64 {
+    t.duration_since(UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_secs_f64()
+}
+
+/// A 100 Hz ping from the site's LAN to VM 0 that runs in the background and prints the
+/// arrival time of every reply (`ping -D`), to time an outage.
+pub struct OutagePing {
+    /// The ping process (its log holds the replies).
+    pub process: Process,
+}
+
+impl OutagePing {
+    pub fn start(topo: &Topology) -> Result<OutagePing> {
+        let s = &topo.sites[0];
+        let vm = &topo.tenants[0].vms[0];
+        // Line-buffered, so that replies show in the log while it runs.
+        let cmd = Cmd::new("stdbuf").args(["-oL", "ping", "-n", "-D", "-i", "0.01", "-W", "1"]);
+        let cmd = cmd.args([
+            "-I".to_owned(),
+            s.lan_addr.to_string(),
+            vm.addr.addr.to_string(),
+        ]);
+        Ok(OutagePing {
+            process: s.ns.spawn("outage-ping", cmd)?,
+        })
+    }
+
+    /// Arrival times of the replies so far (seconds since the epoch).
+    pub fn replies(&self) -> Vec<f64> {
+        // `[1700000000.123456] 64 bytes from 10.2.0.2: icmp_seq=7 ttl=63 time=0.4 ms`
+        self.process
+            .log()
+            .lines()
+            .filter(|l| l.contains("bytes from"))
+            .filter_map(|l| l.strip_prefix('[')?.split(']').next()?.parse().ok())
+            .collect()
+    }
+
+    /// Waits up to `limit` after `since` for the first reply that arrived after `since`.
+    pub fn first_reply_after(&self, since: SystemTime, limit: Duration) -> Result<Duration> {
+        let t0 = epoch_secs(since);
+        let deadline = since + limit;
+        wait_for(
+            "a ping reply after the kill",
+            deadline
+                .duration_since(SystemTime::now())
+                .unwrap_or_default(),
+            || {
+                Ok(match self.replies().into_iter().find(|&t| t > t0) {
+                    Some(t) => Probe::Ready(Duration::from_secs_f64(t - t0)),
+                    None => Probe::NotYet(self.process.log_tail(3)),
+                })
+            },
+        )
+    }
+}

@@ -5,10 +5,10 @@
 
 mod tunnel;
 
-use super::raw::{RawFile, RawGateway, RawStore, RawVnet, StringList};
+use super::raw::{RawCluster, RawFile, RawGateway, RawStore, RawVnet, StringList};
 use super::{
-    Config, Gateway, LogFormat, Source, StoreConfig, Tunnel, TunnelInside, DEFAULT_CONTROL_SOCKET,
-    DEFAULT_ETCD_PREFIX, DEFAULT_ETCD_TIMEOUT, DEFAULT_STORE_PATH,
+    ClusterConfig, Config, Gateway, LogFormat, Source, StoreConfig, Tunnel, TunnelInside,
+    DEFAULT_CONTROL_SOCKET, DEFAULT_ETCD_PREFIX, DEFAULT_ETCD_TIMEOUT, DEFAULT_STORE_PATH,
 };
 use crate::error::ConfigError;
 use crate::store::EtcdOptions;
@@ -52,6 +52,7 @@ pub(crate) fn validate(src: &Source<'_>, raw: RawFile) -> Result<Config, Box<Con
     };
     let (gateway, endpoint, extra) = v.gateway(&raw.gateway)?;
     let store = v.store(raw.store.as_ref())?;
+    let cluster = raw.cluster.as_ref().map(|c| v.cluster(c)).transpose()?;
     let tenants = v.tenants(&raw)?;
     let vnets = v.vnets(&raw, &tenants)?;
     let mut tunnels = Vec::with_capacity(raw.tunnel.len());
@@ -99,6 +100,7 @@ pub(crate) fn validate(src: &Source<'_>, raw: RawFile) -> Result<Config, Box<Con
         cpus: extra.cpus,
         pin_workers: extra.pin_workers,
         busy_poll: extra.busy_poll,
+        relay: None,
     };
     Ok(Config {
         path: src.file.to_owned(),
@@ -108,9 +110,15 @@ pub(crate) fn validate(src: &Source<'_>, raw: RawFile) -> Result<Config, Box<Con
         tunnels: tunnels.into_iter().map(|t| t.tunnel).collect(),
         dataplane,
         store,
+        cluster,
         warnings: v.warnings,
     })
 }
+
+/// Default `[cluster] report_interval` (the paper's τ).
+const DEFAULT_REPORT_INTERVAL: Duration = Duration::from_secs(1);
+/// Default `[cluster] directive_timeout`.
+const DEFAULT_DIRECTIVE_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Most data plane workers a configuration may ask for.
 const MAX_WORKERS: usize = 1024;
@@ -592,6 +600,74 @@ impl Validator<'_, '_> {
                     )
                 }),
         }
+    }
+
+    /// `[cluster]`: every key checked; addresses must be explicit (not a wildcard) because
+    /// nodes are told to reach them.
+    fn cluster(&self, raw: &Spanned<RawCluster>) -> Result<ClusterConfig, Box<ConfigError>> {
+        const S: &str = "cluster";
+        let c = raw.get_ref();
+        self.check_name(&c.name, "[cluster]")?;
+        let socket = |value: &Spanned<String>, key: &str| {
+            value
+                .get_ref()
+                .trim()
+                .parse::<std::net::SocketAddr>()
+                .ok()
+                .filter(|a| !a.ip().is_unspecified() && a.port() != 0)
+                .ok_or_else(|| {
+                    self.err(
+                        value.span(),
+                        S,
+                        key,
+                        "must be an address and port the other nodes can reach, e.g. \"10.0.0.1:7300\" or \"[fd00::1]:7300\"",
+                    )
+                })
+        };
+        let file = |value: &Spanned<String>, key: &str| {
+            if value.get_ref().trim().is_empty() {
+                return Err(self.err(value.span(), S, key, "must not be empty"));
+            }
+            Ok(self.relative_path(value.get_ref().trim()))
+        };
+        let interval =
+            |value: &Option<Spanned<super::raw::DurationValue>>,
+             key: &str,
+             default: Duration,
+             range: std::ops::RangeInclusive<Duration>| match value {
+                None => Ok(default),
+                Some(d) if range.contains(&d.get_ref().0) => Ok(d.get_ref().0),
+                Some(d) => Err(self.err(
+                    d.span(),
+                    S,
+                    key,
+                    format!(
+                        "must be between {} and {}",
+                        super::format_duration(*range.start()),
+                        super::format_duration(*range.end())
+                    ),
+                )),
+            };
+        Ok(ClusterConfig {
+            name: c.name.get_ref().clone(),
+            grpc: socket(&c.grpc, "grpc")?,
+            geneve: socket(&c.geneve, "geneve")?,
+            ca: file(&c.ca, "ca")?,
+            cert: file(&c.cert, "cert")?,
+            key: file(&c.key, "key")?,
+            report_interval: interval(
+                &c.report_interval,
+                "report_interval",
+                DEFAULT_REPORT_INTERVAL,
+                Duration::from_millis(100)..=Duration::from_secs(60),
+            )?,
+            directive_timeout: interval(
+                &c.directive_timeout,
+                "directive_timeout",
+                DEFAULT_DIRECTIVE_TIMEOUT,
+                Duration::from_millis(100)..=Duration::from_secs(30),
+            )?,
+        })
     }
 
     /// A path from the file, relative to the file's directory unless absolute.

@@ -18,6 +18,9 @@ use std::time::Duration;
 use toml::Spanned;
 use zeroize::Zeroizing;
 
+/// Largest per-tunnel rate limit (`rate_limit`, Mbit/s): 1 Tbit/s.
+const MAX_RATE_LIMIT_MBIT: u32 = 1_000_000;
+
 impl Validator<'_, '_> {
     #[allow(clippy::too_many_arguments)]
     pub(super) fn tunnel(
@@ -216,6 +219,25 @@ impl Validator<'_, '_> {
                 })?,
         };
 
+        let rate_limit_mbit = match &t.rate_limit {
+            None => None,
+            Some(r) => Some(
+                u32::try_from(*r.get_ref())
+                    .ok()
+                    .filter(|r| (1..=MAX_RATE_LIMIT_MBIT).contains(r))
+                    .ok_or_else(|| {
+                        self.err(
+                            r.span(),
+                            s,
+                            "rate_limit",
+                            format!(
+                                "must be between 1 and {MAX_RATE_LIMIT_MBIT} Mbit/s (leave it out for no limit)"
+                            ),
+                        )
+                    })?,
+            ),
+        };
+
         // Two tunnels of one tenant whose remote selectors overlap make the outbound route of a
         // packet ambiguous (RFC 4301 §4.4.1 requires a decorrelated SPD, we require it per tenant).
         for other in done.iter().filter(|o| o.tunnel.tenant == tenant) {
@@ -305,6 +327,7 @@ impl Validator<'_, '_> {
                 proposals,
                 esp_proposals: esp_texts,
                 line: header_line,
+                rate_limit_mbit,
             },
             remote_ts_line: self.line(&t.remote_ts.span()),
         })

@@ -1,0 +1,160 @@
+//! The node side of a session, shared by data and steer nodes: connect to a control node
+//! (trying each configured one in turn, with backoff), say Hello, apply the directives in
+//! the order they come and answer each, send a report every interval and events as they
+//! happen. Packet forwarding never depends on the session: when it breaks, the node keeps
+//! forwarding with the tables it has and reconnects.
+
+use crate::node_config::ControlEndpoint;
+use control::certs::NodeTls;
+use rpc::pb;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tracing::{debug, info, warn};
+
+/// First wait before reconnecting; doubles up to [`MAX_BACKOFF`].
+const MIN_BACKOFF: Duration = Duration::from_millis(100);
+/// Longest wait between connection attempts.
+const MAX_BACKOFF: Duration = Duration::from_secs(2);
+/// How long a connection attempt may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
+/// Messages queued toward control before the session counts as stuck.
+const OUTGOING_QUEUE: usize = 1024;
+
+/// What a node does with its session.
+pub trait Applier: Send + Sync + 'static {
+    /// The Hello to open a session with (boot id, installed state).
+    fn hello(&self) -> pb::Hello;
+    /// A session was welcomed by the control node `welcome.control_name`.
+    fn welcomed(&self, welcome: &pb::Welcome);
+    /// Applies one directive; `Err` names why nothing changed.
+    fn apply(&self, op: pb::directive::Op) -> Result<(), String>;
+    /// The report for the interval since the last one.
+    fn report(&self) -> pb::Report;
+}
+
+/// Runs sessions until `stop` is set: `events` are sent to the control node of the current
+/// session (events while there is none are dropped: the node repeats what matters).
+pub async fn run(
+    endpoints: Vec<ControlEndpoint>,
+    tls: Arc<NodeTls>,
+    applier: Arc<dyn Applier>,
+    mut events: mpsc::UnboundedReceiver<pb::NodeEvent>,
+    stop: Arc<AtomicBool>,
+) {
+    let mut backoff = MIN_BACKOFF;
+    let mut next = 0usize;
+    while !stop.load(Ordering::Relaxed) {
+        let endpoint = &endpoints[next % endpoints.len()];
+        next += 1;
+        let started = Instant::now();
+        match session(endpoint, &tls, &applier, &mut events, &stop).await {
+            Ok(()) => info!(control = %endpoint.name, "session ended"),
+            Err(e) => {
+                warn!(control = %endpoint.name, address = %endpoint.address, error = %e, "session with control failed")
+            }
+        }
+        if started.elapsed() > Duration::from_secs(10) {
+            backoff = MIN_BACKOFF;
+        }
+        // Drain events that piled up without a session.
+        while events.try_recv().is_ok() {}
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(MAX_BACKOFF);
+    }
+}
+
+async fn session(
+    endpoint: &ControlEndpoint,
+    tls: &NodeTls,
+    applier: &Arc<dyn Applier>,
+    events: &mut mpsc::UnboundedReceiver<pb::NodeEvent>,
+    stop: &AtomicBool,
+) -> Result<(), String> {
+    let url = format!("https://{}", endpoint.address);
+    let mut client = rpc::connect(&url, tls, &endpoint.name, CONNECT_TIMEOUT)
+        .await
+        .map_err(|e| e.to_string())?;
+    let (out, out_rx) = mpsc::channel::<pb::NodeMessage>(OUTGOING_QUEUE);
+    let send = |msg: pb::node_message::Msg| {
+        let out = out.clone();
+        async move {
+            out.send(pb::NodeMessage { msg: Some(msg) })
+                .await
+                .map_err(|_| "session closed".to_owned())
+        }
+    };
+    send(pb::node_message::Msg::Hello(applier.hello())).await?;
+    let response = client
+        .session(ReceiverStream::new(out_rx))
+        .await
+        .map_err(|s| format!("{}: {}", code_name(s.code()), s.message()))?;
+    let mut inbound = response.into_inner();
+    let first = inbound
+        .message()
+        .await
+        .map_err(|s| format!("{}: {}", code_name(s.code()), s.message()))?;
+    let welcome = match first.and_then(|m| m.msg) {
+        Some(pb::control_message::Msg::Welcome(w)) => w,
+        _ => return Err("control did not answer with Welcome".into()),
+    };
+    info!(control = %welcome.control_name, node_id = welcome.node_id, term = welcome.term, "registered with control");
+    applier.welcomed(&welcome);
+    let interval = Duration::from_millis(u64::from(welcome.report_interval_ms).clamp(100, 60_000));
+    let mut reports = tokio::time::interval(interval);
+    reports.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    reports.tick().await;
+    let mut stop_check = tokio::time::interval(Duration::from_millis(200));
+    loop {
+        tokio::select! {
+            message = inbound.message() => {
+                let message = message.map_err(|s| format!("{}: {}", code_name(s.code()), s.message()))?;
+                let Some(message) = message else { return Ok(()) };
+                match message.msg {
+                    Some(pb::control_message::Msg::Directive(d)) => {
+                        let id = d.id;
+                        let result = match d.op {
+                            Some(op) => {
+                                let applier = Arc::clone(applier);
+                                tokio::task::spawn_blocking(move || applier.apply(op))
+                                    .await
+                                    .unwrap_or_else(|_| Err("the directive's handler panicked".into()))
+                            }
+                            None => Err("directive without an operation".into()),
+                        };
+                        if let Err(e) = &result {
+                            warn!(directive = id, error = %e, "directive rejected");
+                        }
+                        send(pb::node_message::Msg::Ack(pb::Ack { id, error: result.err().unwrap_or_default() })).await?;
+                    }
+                    Some(pb::control_message::Msg::Welcome(_)) | None => {
+                        debug!("unexpected message from control; ignored");
+                    }
+                }
+            }
+            _ = reports.tick() => {
+                let applier = Arc::clone(applier);
+                if let Ok(report) = tokio::task::spawn_blocking(move || applier.report()).await {
+                    send(pb::node_message::Msg::Report(report)).await?;
+                }
+            }
+            event = events.recv() => {
+                match event {
+                    Some(e) => send(pb::node_message::Msg::Event(e)).await?,
+                    None => return Ok(()),
+                }
+            }
+            _ = stop_check.tick() => {
+                if stop.load(Ordering::Relaxed) {
+                    return Ok(());
+                }
+            }
+        }
+    }
+}
+
+fn code_name(code: tonic::Code) -> String {
+    format!("{code:?}")
+}

@@ -1,0 +1,342 @@
+//! `protego control`: a control node of the distributed form. It runs the same IKE control
+//! loop as `protego up`, from the same configuration file, with the [`Cluster`] as its data
+//! path: CHILD_SAs go to data nodes over gRPC, IKE goes through the steer nodes.
+//!
+//! Start-up: configuration (with `[cluster]`), TLS files, store, the IKE relay socket, the
+//! gRPC server; then the control loop, after the first data and steer nodes registered (or
+//! after [`STARTUP_WAIT`], so a cluster that starts in any order converges: CHILD_SAs that
+//! find no data node move to the first one that registers). Then the control socket, with
+//! `nodes`, `migrate`, `drain` and `undrain` added to the commands of `protego up`.
+
+use crate::data_node::NodeError;
+use crate::ike_relay::IkeRelay;
+use crate::manager::{Cluster, ClusterError, Settings, Task, TunnelMeta};
+use crate::service::ControlService;
+use control::certs::NodeRole;
+use control::status::{Request, RequestHandler, TunnelDirectory};
+use control::{Config, ControlHandle, ControlPlane, Responder, StatusServer};
+use crossbeam_channel::{Receiver, RecvTimeoutError};
+use dataplane::{DataPath, Inside};
+use serde_json::{json, Value};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+use tracing::{error, info, warn};
+
+/// How long the control loop waits for the first data and steer nodes.
+pub const STARTUP_WAIT: Duration = Duration::from_secs(10);
+/// Messages queued for the control loop before IKE datagrams are dropped.
+const CONTROL_QUEUE: usize = 8192;
+/// Period of the cluster's housekeeping.
+const TICK: Duration = Duration::from_millis(100);
+/// How long `migrate` and `drain` wait for their moves.
+const MOVE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Why `protego control` could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum ControlNodeError {
+    /// No `[cluster]` section.
+    #[error("{0}: `protego control` needs a [cluster] section (see docs/operations.md)")]
+    NoCluster(std::path::PathBuf),
+    /// TLS, identity, sockets.
+    #[error(transparent)]
+    Node(#[from] NodeError),
+    /// Store, control loop, status socket.
+    #[error(transparent)]
+    Control(#[from] control::Error),
+    /// The store could not be opened.
+    #[error("cannot open the state store: {0}")]
+    Store(#[from] control::store::StoreError),
+    /// The gRPC server.
+    #[error("gRPC server on {addr}: {reason}")]
+    Grpc {
+        /// Its address.
+        addr: std::net::SocketAddr,
+        /// Why.
+        reason: String,
+    },
+}
+
+/// A running control node.
+pub struct ControlNode {
+    cluster: Arc<Cluster>,
+    control: Option<ControlPlane>,
+    server: Option<StatusServer>,
+    runtime: Option<tokio::runtime::Runtime>,
+    stop: Arc<AtomicBool>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+impl ControlNode {
+    /// Starts every part (see the module documentation).
+    pub fn start(config: &Config) -> Result<Self, ControlNodeError> {
+        let cc = config
+            .cluster
+            .clone()
+            .ok_or_else(|| ControlNodeError::NoCluster(config.path.clone()))?;
+        let tls = control::certs::load_tls(&cc.ca, &cc.cert, &cc.key).map_err(NodeError::Tls)?;
+        if tls.name() != cc.name || tls.role() != NodeRole::Control {
+            return Err(NodeError::Identity {
+                cert_name: tls.name().to_owned(),
+                cert_role: tls.role(),
+                name: cc.name.clone(),
+                role: NodeRole::Control,
+            }
+            .into());
+        }
+        let store = config.store.open()?;
+        let (to_control, from_nodes) = crossbeam_channel::bounded(CONTROL_QUEUE);
+        let ike = IkeRelay::bind(
+            cc.geneve,
+            config.gateway.ike_port,
+            config.gateway.natt_port,
+            to_control.clone(),
+        )
+        .map_err(NodeError::Dataplane)?;
+        let (tasks_tx, tasks_rx) = crossbeam_channel::unbounded();
+        let cluster = Arc::new(Cluster::new(
+            Settings {
+                name: cc.name.clone(),
+                directive_timeout: cc.directive_timeout,
+                report_interval: cc.report_interval,
+                geneve: cc.geneve,
+            },
+            tunnel_meta(config),
+            rpc::convert::data_config_to_pb(&config.dataplane.vnets, &config.dataplane.tunnels),
+            ike,
+            tasks_tx,
+            to_control,
+        ));
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("protego-control-grpc")
+            .enable_all()
+            .build()
+            .map_err(NodeError::Start)?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let service = ControlService::new(Arc::clone(&cluster), 0);
+        {
+            let stop = Arc::clone(&stop);
+            let shutdown = async move {
+                while !stop.load(Ordering::Relaxed) {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            };
+            let listener = runtime
+                .block_on(tokio::net::TcpListener::bind(cc.grpc))
+                .map_err(|e| ControlNodeError::Grpc {
+                    addr: cc.grpc,
+                    reason: e.to_string(),
+                })?;
+            runtime.spawn(async move {
+                if let Err(e) = rpc::serve_on(listener, &tls, service, shutdown).await {
+                    error!(error = %e, "gRPC server stopped");
+                }
+            });
+        }
+        info!(grpc = %cc.grpc, geneve = %cc.geneve, "waiting for data and steer nodes");
+        let deadline = Instant::now() + STARTUP_WAIT;
+        while (cluster.live_data_nodes().is_empty() || cluster.steer_addrs().is_empty())
+            && Instant::now() < deadline
+        {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        if cluster.live_data_nodes().is_empty() || cluster.steer_addrs().is_empty() {
+            warn!(
+                data = cluster.live_data_nodes().len(),
+                steer = cluster.steer_addrs().len(),
+                "starting the control loop before a data and a steer node registered; tunnels come up when they do"
+            );
+        }
+        let datapath: Arc<dyn DataPath> = cluster.clone();
+        let control = ControlPlane::start(config, Arc::clone(&datapath), from_nodes, store)?;
+        let mut threads = Vec::new();
+        {
+            let handle = control.handle();
+            let stop = Arc::clone(&stop);
+            threads.push(
+                std::thread::Builder::new()
+                    .name("protego-cluster-tasks".into())
+                    .spawn(move || run_tasks(&tasks_rx, &handle, &stop))
+                    .map_err(NodeError::Start)?,
+            );
+        }
+        {
+            let cluster = Arc::clone(&cluster);
+            let stop = Arc::clone(&stop);
+            threads.push(
+                std::thread::Builder::new()
+                    .name("protego-cluster-tick".into())
+                    .spawn(move || {
+                        while !stop.load(Ordering::Relaxed) {
+                            std::thread::sleep(TICK);
+                            cluster.tick(Instant::now());
+                        }
+                    })
+                    .map_err(NodeError::Start)?,
+            );
+        }
+        let responder = ClusterResponder {
+            inner: Responder::new(
+                control.handle(),
+                datapath,
+                TunnelDirectory::from_config(config),
+            ),
+            cluster: Arc::clone(&cluster),
+        };
+        let server = StatusServer::start(&config.gateway.control_socket, Arc::new(responder))?;
+        info!(
+            config = %config.path.display(),
+            tunnels = config.tunnels.len(),
+            socket = %server.path().display(),
+            "protego control is up"
+        );
+        Ok(Self {
+            cluster,
+            control: Some(control),
+            server: Some(server),
+            runtime: Some(runtime),
+            stop,
+            threads,
+        })
+    }
+
+    /// The cluster state.
+    pub fn cluster(&self) -> &Arc<Cluster> {
+        &self.cluster
+    }
+
+    /// A handle on the control loop.
+    pub fn handle(&self) -> Option<ControlHandle> {
+        self.control.as_ref().map(ControlPlane::handle)
+    }
+
+    /// True while the control loop runs.
+    pub fn is_running(&self) -> bool {
+        self.control.as_ref().is_some_and(ControlPlane::is_running)
+    }
+
+    /// Stops: the control socket, the control loop (deleting the IKE SAs with `grace` for
+    /// the peers' answers), the sessions.
+    pub fn shutdown(mut self, grace: Duration) {
+        if let Some(s) = self.server.take() {
+            s.shutdown();
+        }
+        if let Some(c) = self.control.take() {
+            if let Err(e) = c.shutdown(grace) {
+                warn!(error = %e, "control loop did not stop cleanly");
+            }
+        }
+        self.stop.store(true, Ordering::Relaxed);
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+        if let Some(rt) = self.runtime.take() {
+            rt.shutdown_timeout(Duration::from_secs(1));
+        }
+    }
+}
+
+/// What control knows of each tunnel for steering.
+fn tunnel_meta(config: &Config) -> Vec<TunnelMeta> {
+    config
+        .tunnels
+        .iter()
+        .map(|t| {
+            let vni = config
+                .dataplane
+                .tunnels
+                .iter()
+                .find(|b| b.tunnel == t.peer.id)
+                .and_then(|b| match b.inside {
+                    Inside::Vnet(i) => config.dataplane.vnets.get(i).map(|v| v.vni),
+                    Inside::Tun => None,
+                });
+            TunnelMeta {
+                id: t.peer.id,
+                name: t.peer.name.clone(),
+                vni,
+                rate_limit_mbit: t.rate_limit_mbit,
+            }
+        })
+        .collect()
+}
+
+/// Carries out the rekeys moves need, one tunnel at a time (each is one CREATE_CHILD_SA).
+fn run_tasks(tasks: &Receiver<Task>, control: &ControlHandle, stop: &AtomicBool) {
+    while !stop.load(Ordering::Relaxed) {
+        match tasks.recv_timeout(Duration::from_millis(200)) {
+            Ok(Task::Rekey(tunnels, why)) => {
+                for t in tunnels {
+                    match control.rekey_child(t) {
+                        Ok(()) => info!(
+                            tunnel = t.0,
+                            why, "CHILD_SA rekey started to move the tunnel"
+                        ),
+                        Err(e) => {
+                            error!(tunnel = t.0, why, error = %e, "cannot start the rekey that moves the tunnel")
+                        }
+                    }
+                }
+            }
+            Err(RecvTimeoutError::Timeout) => {}
+            Err(RecvTimeoutError::Disconnected) => return,
+        }
+    }
+}
+
+/// The control socket of a control node: the commands of `protego up`, plus the cluster's.
+struct ClusterResponder {
+    inner: Responder,
+    cluster: Arc<Cluster>,
+}
+
+fn cluster_error(e: ClusterError) -> Value {
+    json!({ "error": e.to_string() })
+}
+
+impl RequestHandler for ClusterResponder {
+    fn handle(&self, request: Request) -> Value {
+        match request {
+            Request::Nodes => self.cluster.describe(),
+            Request::Migrate { tunnel, to } => {
+                let started = Instant::now();
+                match self
+                    .cluster
+                    .migrate(&tunnel, &to)
+                    .and_then(|m| self.cluster.wait_moved(&[m], MOVE_TIMEOUT))
+                {
+                    Ok(()) => json!({
+                        "ok": true,
+                        "tunnel": tunnel,
+                        "node": to,
+                        "ms": started.elapsed().as_millis() as u64,
+                    }),
+                    Err(e) => cluster_error(e),
+                }
+            }
+            Request::Drain { node } => {
+                let started = Instant::now();
+                match self.cluster.drain(&node).and_then(|moves| {
+                    self.cluster
+                        .wait_moved(&moves, MOVE_TIMEOUT)
+                        .map(|()| moves)
+                }) {
+                    Ok(moves) => json!({
+                        "ok": true,
+                        "node": node,
+                        "moved": moves.len(),
+                        "ms": started.elapsed().as_millis() as u64,
+                    }),
+                    Err(e) => cluster_error(e),
+                }
+            }
+            Request::Undrain { node } => match self.cluster.undrain(&node) {
+                Ok(()) => json!({ "ok": true, "node": node }),
+                Err(e) => cluster_error(e),
+            },
+            other => self.inner.handle(other),
+        }
+    }
+}

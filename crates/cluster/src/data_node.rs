@@ -1,0 +1,448 @@
+//! `protego data`: a data node. It runs the data plane in relay mode behind the steer nodes
+//! and applies the control node's directives to it: the inside configuration (VNets and
+//! tunnel bindings), CHILD_SAs, peer address moves and the steer nodes' addresses. It reports
+//! its load every interval and passes the data plane's requests (rekey near sequence number
+//! exhaustion, NAT rebinding) up.
+//!
+//! The data plane starts before the first session and keeps forwarding when the session
+//! breaks, so a control node's restart or failover does not stop ESP.
+
+use crate::agent::{self, Applier};
+use crate::node_config::{DataSection, NodeConfig};
+use control::certs::{NodeRole, NodeTls};
+use dataplane::{DataPath, Dataplane, DataplaneConfig, DataplaneStats, RelayConfig, ToControl};
+use rpc::pb;
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tracing::{info, warn};
+
+/// Messages the data plane may queue for the agent.
+const EVENT_QUEUE: usize = 4096;
+
+/// Why a data node could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum NodeError {
+    /// The file lacks the role's section.
+    #[error("{path}: a {role} node needs a [{role}] section")]
+    MissingSection {
+        /// The file.
+        path: std::path::PathBuf,
+        /// The role.
+        role: &'static str,
+    },
+    /// TLS files.
+    #[error("TLS: {0}")]
+    Tls(#[from] control::certs::CertError),
+    /// The certificate is for another node or role.
+    #[error("the certificate is for {cert_name:?} ({cert_role}), not {name:?} ({role})")]
+    Identity {
+        /// From the certificate.
+        cert_name: String,
+        /// From the certificate.
+        cert_role: NodeRole,
+        /// From the file.
+        name: String,
+        /// The role being started.
+        role: NodeRole,
+    },
+    /// The data plane.
+    #[error("data plane: {0}")]
+    Dataplane(#[from] dataplane::DataplaneError),
+    /// The steer forwarder.
+    #[error("steer forwarder: {0}")]
+    Steer(String),
+    /// Runtime or threads.
+    #[error("cannot start: {0}")]
+    Start(std::io::Error),
+}
+
+/// Loads and checks the node's TLS material against its name and role.
+pub fn load_node_tls(config: &NodeConfig, role: NodeRole) -> Result<NodeTls, NodeError> {
+    let n = &config.node;
+    let tls = control::certs::load_tls(&n.ca, &n.cert, &n.key)?;
+    if tls.name() != n.name || tls.role() != role {
+        return Err(NodeError::Identity {
+            cert_name: tls.name().to_owned(),
+            cert_role: tls.role(),
+            name: n.name.clone(),
+            role,
+        });
+    }
+    Ok(tls)
+}
+
+/// A process-unique boot id: a new one means the node's tables are empty.
+pub(crate) fn boot_id() -> u64 {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    nanos ^ (u64::from(std::process::id()) << 32)
+}
+
+/// Counters at the last report.
+#[derive(Default)]
+struct LastReport {
+    at: Option<Instant>,
+    busy_ns: u64,
+    tunnels: HashMap<u32, (u64, u64, u64, u64)>,
+}
+
+/// The data node's directive handler.
+struct DataApplier {
+    name: String,
+    geneve: SocketAddr,
+    data: DataSection,
+    dp: Arc<Dataplane>,
+    boot_id: u64,
+    last: Mutex<LastReport>,
+}
+
+impl Applier for DataApplier {
+    fn hello(&self) -> pb::Hello {
+        let stats = self.dp.stats();
+        pb::Hello {
+            name: self.name.clone(),
+            role: pb::Role::Data as i32,
+            geneve: self.geneve.to_string(),
+            workers: stats.workers.len() as u32,
+            boot_id: self.boot_id,
+            installed_spis: stats.children.iter().map(|c| c.inbound_spi.0).collect(),
+        }
+    }
+
+    fn welcomed(&self, _welcome: &pb::Welcome) {}
+
+    fn apply(&self, op: pb::directive::Op) -> Result<(), String> {
+        use pb::directive::Op;
+        match op {
+            Op::DataConfig(c) => {
+                let (vnets, tunnels) = rpc::convert::data_config_from_pb(&c, self.data.vtep)
+                    .map_err(|e| e.to_string())?;
+                let n = (vnets.len(), tunnels.len());
+                self.dp
+                    .set_inside(vnets, tunnels)
+                    .map_err(|e| e.to_string())?;
+                info!(vnets = n.0, tunnels = n.1, "inside configuration applied");
+                Ok(())
+            }
+            Op::InstallChild(c) => {
+                let child = rpc::convert::child_from_pb(c).map_err(|e| e.to_string())?;
+                self.dp.install_child(&child).map_err(|e| e.to_string())
+            }
+            Op::RemoveChild(r) => {
+                let spi = wire::EspSpi(r.inbound_spi);
+                if !self
+                    .dp
+                    .stats()
+                    .children
+                    .iter()
+                    .any(|c| c.inbound_spi == spi)
+                {
+                    warn!(spi_in = %spi, tunnel = r.tunnel, "remove_child for an SA this node does not hold");
+                    return Err(format!("no CHILD_SA with inbound SPI {spi} on this node"));
+                }
+                self.dp
+                    .remove_child(ike::TunnelId(r.tunnel), spi, wire::EspSpi(r.outbound_spi));
+                Ok(())
+            }
+            Op::UpdatePeer(u) => {
+                let local: SocketAddr = u
+                    .local
+                    .parse()
+                    .map_err(|_| format!("update_peer.local: invalid address {:?}", u.local))?;
+                let remote: SocketAddr = u
+                    .remote
+                    .parse()
+                    .map_err(|_| format!("update_peer.remote: invalid address {:?}", u.remote))?;
+                let ike = ike::IkeSpis {
+                    initiator: wire::IkeSpi(u.ike_initiator_spi),
+                    responder: wire::IkeSpi(u.ike_responder_spi),
+                };
+                self.dp
+                    .update_peer(ike::TunnelId(u.tunnel), ike, local, remote);
+                Ok(())
+            }
+            Op::SetRelays(r) => {
+                let mut steer = Vec::new();
+                for (i, s) in r.steer.iter().enumerate() {
+                    steer
+                        .push(s.parse::<SocketAddr>().map_err(|_| {
+                            format!("set_relays.steer[{i}]: invalid address {s:?}")
+                        })?);
+                }
+                info!(steer = ?steer, "steer nodes set");
+                self.dp.set_relays(steer).map_err(|e| e.to_string())
+            }
+            other => Err(format!("{} is not a data node directive", op_name(&other))),
+        }
+    }
+
+    fn report(&self) -> pb::Report {
+        let stats = self.dp.stats();
+        let mut last = self.last.lock().unwrap_or_else(|e| e.into_inner());
+        build_report(&stats, &mut last, Instant::now())
+    }
+}
+
+/// The report since `last` (and updates `last`): per-tunnel traffic of the interval, the
+/// workers' busy fraction, and per-tunnel CPU time estimated as the workers' busy time split
+/// by the tunnel's share of the packets (the data plane does not time tunnels separately).
+fn build_report(stats: &DataplaneStats, last: &mut LastReport, now: Instant) -> pb::Report {
+    let busy: u64 = stats.workers.iter().map(|w| w.busy_ns).sum();
+    let elapsed = last.at.map_or(Duration::ZERO, |t| now.duration_since(t));
+    let mut totals: HashMap<u32, (u64, u64, u64, u64)> = HashMap::new();
+    for c in &stats.children {
+        let Some(t) = c.tunnel else { continue };
+        let e = totals.entry(t.0).or_default();
+        e.0 += c.bytes_in;
+        e.1 += c.packets_in;
+        e.2 += c.bytes_out;
+        e.3 += c.packets_out;
+    }
+    let busy_delta = busy.saturating_sub(last.busy_ns);
+    let mut tunnels: Vec<pb::TunnelUsage> = totals
+        .iter()
+        .map(|(t, now)| {
+            let before = last.tunnels.get(t).copied().unwrap_or_default();
+            pb::TunnelUsage {
+                tunnel: *t,
+                cpu_ns: 0,
+                bytes_in: now.0.saturating_sub(before.0),
+                packets_in: now.1.saturating_sub(before.1),
+                bytes_out: now.2.saturating_sub(before.2),
+                packets_out: now.3.saturating_sub(before.3),
+                rate_dropped: 0,
+            }
+        })
+        .collect();
+    let packets: u64 = tunnels.iter().map(|u| u.packets_in + u.packets_out).sum();
+    if packets > 0 {
+        for u in &mut tunnels {
+            let share =
+                (u.packets_in + u.packets_out) as u128 * busy_delta as u128 / packets as u128;
+            u.cpu_ns = share as u64;
+        }
+    }
+    tunnels.sort_by_key(|u| u.tunnel);
+    let workers = stats.workers.len().max(1) as f64;
+    let utilization = if elapsed.is_zero() {
+        0.0
+    } else {
+        (busy_delta as f64 / (elapsed.as_nanos() as f64 * workers)).clamp(0.0, 1.0)
+    };
+    *last = LastReport {
+        at: Some(now),
+        busy_ns: busy,
+        tunnels: totals,
+    };
+    pb::Report {
+        interval_ms: elapsed.as_millis() as u32,
+        utilization,
+        tunnels,
+        drops: stats.drops.iter().cloned().collect(),
+    }
+}
+
+pub(crate) fn op_name(op: &pb::directive::Op) -> &'static str {
+    use pb::directive::Op;
+    match op {
+        Op::DataConfig(_) => "data_config",
+        Op::InstallChild(_) => "install_child",
+        Op::RemoveChild(_) => "remove_child",
+        Op::UpdatePeer(_) => "update_peer",
+        Op::SetRelays(_) => "set_relays",
+        Op::SteerTables(_) => "steer_tables",
+        Op::SetSpi(_) => "set_spi",
+        Op::RemoveSpi(_) => "remove_spi",
+        Op::SetSelectors(_) => "set_selectors",
+        Op::SetNodes(_) => "set_nodes",
+        Op::SetRateLimit(_) => "set_rate_limit",
+    }
+}
+
+/// A running data node.
+pub struct DataNode {
+    dp: Arc<Dataplane>,
+    stop: Arc<AtomicBool>,
+    runtime: Option<tokio::runtime::Runtime>,
+    geneve: SocketAddr,
+}
+
+impl DataNode {
+    /// Starts the data plane and the session with control.
+    pub fn start(config: &NodeConfig) -> Result<Self, NodeError> {
+        let data = config
+            .data
+            .clone()
+            .ok_or_else(|| NodeError::MissingSection {
+                path: config.path.clone(),
+                role: "data",
+            })?;
+        let tls = Arc::new(load_node_tls(config, NodeRole::Data)?);
+        let (to_agent, from_dp) = crossbeam_channel::bounded(EVENT_QUEUE);
+        let dp_config = DataplaneConfig {
+            listen: Vec::new(),
+            ike_port: 500,
+            natt_port: data.natt_port,
+            vxlan_port: data.vxlan_port,
+            vnets: Vec::new(),
+            tunnels: Vec::new(),
+            tun_name: None,
+            batch: data.batch,
+            workers: data.workers,
+            cpus: Vec::new(),
+            pin_workers: false,
+            busy_poll: Duration::ZERO,
+            relay: Some(RelayConfig {
+                listen: data.geneve,
+                vtep: Some(data.vtep),
+                steer: Vec::new(),
+            }),
+        };
+        let dp = Dataplane::start(dp_config, to_agent)?;
+        let geneve = dp.relay_addr().unwrap_or(data.geneve);
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("protego-data-agent")
+            .enable_all()
+            .build()
+            .map_err(NodeError::Start)?;
+        let (events_tx, events_rx) = tokio::sync::mpsc::unbounded_channel();
+        let stop = Arc::new(AtomicBool::new(false));
+        {
+            let stop = Arc::clone(&stop);
+            std::thread::Builder::new()
+                .name("protego-data-events".into())
+                .spawn(move || forward_events(&from_dp, &events_tx, &stop))
+                .map_err(NodeError::Start)?;
+        }
+        let applier = Arc::new(DataApplier {
+            name: config.node.name.clone(),
+            geneve,
+            data,
+            dp: Arc::clone(&dp),
+            boot_id: boot_id(),
+            last: Mutex::new(LastReport::default()),
+        });
+        runtime.spawn(agent::run(
+            config.node.control.clone(),
+            tls,
+            applier,
+            events_rx,
+            Arc::clone(&stop),
+        ));
+        info!(node = %config.node.name, %geneve, "data node started");
+        Ok(Self {
+            dp,
+            stop,
+            runtime: Some(runtime),
+            geneve,
+        })
+    }
+
+    /// The Geneve address the data plane bound.
+    pub fn geneve(&self) -> SocketAddr {
+        self.geneve
+    }
+
+    /// The data plane's counters.
+    pub fn stats(&self) -> DataplaneStats {
+        self.dp.stats()
+    }
+
+    /// Stops the session and the data plane.
+    pub fn shutdown(mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(rt) = self.runtime.take() {
+            rt.shutdown_background();
+        }
+        self.dp.shutdown();
+    }
+}
+
+/// Passes the data plane's requests to the session as events; IKE never reaches a data node
+/// in relay mode (the data plane drops and counts it).
+fn forward_events(
+    from_dp: &crossbeam_channel::Receiver<ToControl>,
+    events: &tokio::sync::mpsc::UnboundedSender<pb::NodeEvent>,
+    stop: &AtomicBool,
+) {
+    use pb::node_event::Event;
+    while !stop.load(Ordering::Relaxed) {
+        let Ok(msg) = from_dp.recv_timeout(Duration::from_millis(200)) else {
+            continue;
+        };
+        let event = match msg {
+            ToControl::RekeyNeeded(spi) => Event::RekeyNeeded(spi.0),
+            ToControl::PeerAddressSeen {
+                inbound_spi,
+                local,
+                remote,
+            } => Event::PeerAddressSeen(pb::PeerAddressSeen {
+                inbound_spi: inbound_spi.0,
+                local: local.to_string(),
+                remote: remote.to_string(),
+            }),
+            ToControl::Ike(_) => continue,
+        };
+        if events.send(pb::NodeEvent { event: Some(event) }).is_err() {
+            return;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use dataplane::{ChildStats, WorkerStats};
+
+    #[test]
+    fn reports_are_deltas_and_split_cpu_by_packets() {
+        let child = |t: u32, spi: u32, packets: u64| ChildStats {
+            tunnel: Some(ike::TunnelId(t)),
+            inbound_spi: wire::EspSpi(spi),
+            packets_in: packets,
+            bytes_in: packets * 100,
+            ..ChildStats::default()
+        };
+        let worker = |busy_ns| WorkerStats {
+            busy_ns,
+            ..WorkerStats::default()
+        };
+        let t0 = Instant::now();
+        let mut last = LastReport::default();
+        let s1 = DataplaneStats {
+            children: vec![child(1, 0x1000, 10), child(2, 0x2000, 30)],
+            workers: vec![worker(1_000), worker(1_000)],
+            drops: vec![("esp_replay".into(), 2)],
+            ..DataplaneStats::default()
+        };
+        let r = build_report(&s1, &mut last, t0);
+        assert_eq!(r.utilization, 0.0, "no interval yet");
+        // One second later: tunnel 1 +30 packets (over two SAs), tunnel 2 +10; 0.5 s busy per
+        // worker.
+        let s2 = DataplaneStats {
+            children: vec![
+                child(1, 0x1000, 10),
+                child(1, 0x1001, 30),
+                child(2, 0x2000, 40),
+            ],
+            workers: vec![worker(500_001_000), worker(500_001_000)],
+            drops: vec![("esp_replay".into(), 3)],
+            ..DataplaneStats::default()
+        };
+        let r = build_report(&s2, &mut last, t0 + Duration::from_secs(1));
+        assert_eq!(r.interval_ms, 1000);
+        assert!((r.utilization - 0.5).abs() < 1e-6, "{}", r.utilization);
+        let t1 = &r.tunnels[0];
+        let t2 = &r.tunnels[1];
+        assert_eq!((t1.tunnel, t1.packets_in, t1.bytes_in), (1, 30, 3000));
+        assert_eq!((t2.tunnel, t2.packets_in), (2, 10));
+        assert_eq!(t1.cpu_ns, 750_000_000);
+        assert_eq!(t2.cpu_ns, 250_000_000);
+        assert_eq!(r.drops["esp_replay"], 3);
+    }
+}

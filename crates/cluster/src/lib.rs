@@ -1,0 +1,22 @@
+//! Protego's distributed form (DESIGN.md §2–3): separate control, data and steer nodes.
+//!
+//! - [`manager`]: the control node's registry of nodes, placement of CHILD_SAs on data nodes,
+//!   the steer nodes' tables, and the moves (migration, drain, data node failover). It is the
+//!   [`dataplane::DataPath`] the IKE control loop drives.
+//! - [`service`]: the control node's gRPC service (one session per node, mutual TLS).
+//! - [`ike_relay`]: IKE between the control node and the steer nodes, inside Geneve.
+//! - [`agent`]: the node side of a session; [`data_node`]: `protego data`.
+//! - [`node_config`]: the data and steer nodes' configuration file.
+//! - [`steer_node`]: `protego steer`; [`control_node`]: `protego control`.
+
+pub mod agent;
+pub mod control_node;
+pub mod data_node;
+pub mod ike_relay;
+pub mod link;
+pub mod manager;
+pub mod node_config;
+pub mod service;
+pub mod steer_node;
+
+pub use manager::{Cluster, ClusterError, Role};

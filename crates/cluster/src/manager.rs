@@ -1,0 +1,1202 @@
+//! The control node's view of the cluster: which data and steer nodes are registered and
+//! alive, which data node holds each CHILD_SA, and what the steer nodes must know. It is the
+//! [`DataPath`] the IKE control loop drives in the distributed form:
+//!
+//! - `install_child` places the CHILD_SA on its tunnel's data node (placement), installs it
+//!   there, then steers its inbound SPI to that node on every steer node and, when it becomes
+//!   the tunnel's sending SA, the tunnel's outbound selectors too — all acknowledged before
+//!   the call returns, so the IKE message that lets the peer use the SA leaves after the
+//!   steering is in place.
+//! - `remove_child` removes it from its data node at once; the steer nodes keep steering its
+//!   SPI for the data node's grace (late packets the peer sent before it processed the DELETE
+//!   are still delivered), then forget it.
+//! - `send_ike` sends through a steer node, from the VIP ([`crate::ike_relay`]).
+//!
+//! Moves (DESIGN.md §3) change the placement and rekey: the new CHILD_SA lands on the new
+//! node while the old one keeps working, and the old one is deleted only once the rekey is
+//! done ([`Cluster::migrate`], [`Cluster::drain`], data node failover).
+//!
+//! Lock discipline: the state lock is never held while waiting for a node's answer (the
+//! session tasks that deliver answers also take it).
+
+use crate::ike_relay::IkeRelay;
+use crate::link::{Ack, LinkError, NodeLink};
+use crossbeam_channel::Sender;
+use dataplane::{DataPath, DataplaneError, DataplaneStats, ToControl};
+use ike::{ChildSaInfo, IkeSpis, TrafficSelector, TunnelId};
+use rpc::pb;
+use std::collections::{BTreeMap, HashMap};
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+use tracing::{debug, info, warn};
+use wire::EspSpi;
+
+/// How long steer nodes keep steering a removed CHILD_SA's SPI: the data node's grace for
+/// late inbound packets (`dataplane` keeps a removed SA opening packets for 5 s).
+pub const STEER_GRACE: Duration = Duration::from_secs(5);
+
+/// A registered node's kind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Role {
+    /// ESP and VXLAN processing (the paper's GPN).
+    Data,
+    /// The VIP's packet steering (GIN + GEN).
+    Steer,
+}
+
+/// What control knows about a tunnel from the configuration.
+#[derive(Debug, Clone)]
+pub struct TunnelMeta {
+    /// Its id.
+    pub id: TunnelId,
+    /// Its name.
+    pub name: String,
+    /// Its VNet's VNI (None: TUN inside, which the distributed form does not steer).
+    pub vni: Option<u32>,
+    /// Its rate limit, Mbit/s.
+    pub rate_limit_mbit: Option<u32>,
+}
+
+/// Settings of the cluster logic.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// This control node's name.
+    pub name: String,
+    /// How long a node may take to answer a directive.
+    pub directive_timeout: Duration,
+    /// How often nodes report.
+    pub report_interval: Duration,
+    /// This control node's Geneve address (steer nodes send IKE there).
+    pub geneve: SocketAddr,
+}
+
+/// One registered node.
+struct Node {
+    name: String,
+    role: Role,
+    geneve: SocketAddr,
+    link: Arc<dyn NodeLink>,
+    /// Session open and (data nodes) not declared dead by a steer node.
+    alive: bool,
+    /// Being drained: no new CHILD_SAs are placed on it.
+    draining: bool,
+    boot_id: u64,
+    workers: u32,
+    last_report: Option<NodeLoad>,
+}
+
+impl Node {
+    /// True once the node's session is gone (a node declared dead by probes may still have
+    /// its session).
+    fn link_closed(&self) -> bool {
+        self.link.is_closed()
+    }
+}
+
+/// A node's last reported load.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct NodeLoad {
+    /// Busy fraction of its packet workers.
+    pub utilization: f64,
+    /// Per tunnel: bytes in and out during the last interval.
+    pub tunnel_bytes: BTreeMap<u32, u64>,
+    /// Cumulative drop counters by reason.
+    pub drops: BTreeMap<String, u64>,
+    /// Packets the steer node dropped per tunnel by rate limit (steer reports).
+    pub rate_dropped: BTreeMap<u32, u64>,
+}
+
+/// One installed CHILD_SA.
+#[derive(Debug, Clone)]
+struct ChildEntry {
+    tunnel: TunnelId,
+    /// The data node holding it; None if it could not be placed (no live data node).
+    node: Option<u32>,
+    outbound_spi: EspSpi,
+    ike: IkeSpis,
+    /// Install order (the newest remaining SA sends after the sending one is removed).
+    seq: u64,
+    /// This SA carries the tunnel's outbound traffic (steer's selectors point at its node).
+    sending: bool,
+    local_ts: Vec<TrafficSelector>,
+    remote_ts: Vec<TrafficSelector>,
+}
+
+/// Work the cluster hands to its own thread (it calls into the control loop, which must not
+/// be called from the control loop's thread or a session task).
+#[derive(Debug)]
+pub enum Task {
+    /// Rekey these tunnels' CHILD_SAs onto their (new) placement.
+    Rekey(Vec<TunnelId>, &'static str),
+}
+
+#[derive(Default)]
+struct State {
+    nodes: BTreeMap<u32, Node>,
+    ids: HashMap<String, u32>,
+    placement: HashMap<TunnelId, u32>,
+    children: HashMap<EspSpi, ChildEntry>,
+    seq: u64,
+    /// SPIs whose steering ends at the instant.
+    retiring: Vec<(Instant, EspSpi)>,
+    /// Steer nodes that missed an update and get the whole tables again.
+    resync: Vec<u32>,
+}
+
+/// The cluster: registry, placement, steering. Shared by the control loop (as its
+/// [`DataPath`]), the gRPC sessions and the operator commands.
+pub struct Cluster {
+    settings: Settings,
+    tunnels: BTreeMap<TunnelId, TunnelMeta>,
+    data_config: pb::DataConfig,
+    ike: IkeRelay,
+    tasks: Sender<Task>,
+    to_control: Sender<ToControl>,
+    state: Mutex<State>,
+}
+
+/// A refused operator command.
+#[derive(Debug, thiserror::Error)]
+pub enum ClusterError {
+    /// No tunnel of that name.
+    #[error("unknown tunnel {0:?}")]
+    UnknownTunnel(String),
+    /// No node of that name.
+    #[error("unknown node {0:?}")]
+    UnknownNode(String),
+    /// The node cannot take tunnels.
+    #[error("node {name:?} cannot take tunnels: {reason}")]
+    Unsuitable {
+        /// The node.
+        name: String,
+        /// Why.
+        reason: &'static str,
+    },
+    /// The tunnel has no CHILD_SA to move.
+    #[error("tunnel {0:?} has no CHILD_SA (is it up?)")]
+    NotUp(String),
+    /// The move did not finish in time.
+    #[error("{0}")]
+    Timeout(String),
+    /// The control loop is not attached or stopped.
+    #[error("the control loop is not running")]
+    NoControl,
+}
+
+impl Cluster {
+    /// A cluster with no nodes yet. `tasks` receives the rekeys moves need (see
+    /// [`crate::control_node`]).
+    pub fn new(
+        settings: Settings,
+        tunnels: Vec<TunnelMeta>,
+        data_config: pb::DataConfig,
+        ike: IkeRelay,
+        tasks: Sender<Task>,
+        to_control: Sender<ToControl>,
+    ) -> Self {
+        Self {
+            settings,
+            tunnels: tunnels.into_iter().map(|t| (t.id, t)).collect(),
+            data_config,
+            ike,
+            tasks,
+            to_control,
+            state: Mutex::new(State::default()),
+        }
+    }
+
+    /// The id of the node called `name` (stable for the control node's lifetime).
+    pub fn node_id(&self, name: &str) -> u32 {
+        let mut st = self.state();
+        Self::id_of(&mut st, name)
+    }
+
+    fn id_of(st: &mut State, name: &str) -> u32 {
+        if let Some(&id) = st.ids.get(name) {
+            return id;
+        }
+        let id = st.ids.len() as u32 + 1;
+        st.ids.insert(name.to_owned(), id);
+        id
+    }
+
+    /// An event from node `id` (`name`). Data nodes speak only for the CHILD_SAs they hold,
+    /// steer nodes only about data nodes' health; anything else is ignored and logged.
+    pub fn event(&self, id: u32, name: &str, event: pb::NodeEvent) {
+        use pb::node_event::Event;
+        let role = self.role(id);
+        let holds = |spi: u32| {
+            self.state()
+                .children
+                .get(&EspSpi(spi))
+                .is_some_and(|c| c.node == Some(id))
+        };
+        match (event.event, role) {
+            (Some(Event::RekeyNeeded(spi)), Some(Role::Data)) if holds(spi) => {
+                if self
+                    .to_control
+                    .try_send(ToControl::RekeyNeeded(EspSpi(spi)))
+                    .is_err()
+                {
+                    warn!(
+                        node = name,
+                        spi, "control queue full; rekey request dropped (the node asks again)"
+                    );
+                }
+            }
+            (Some(Event::PeerAddressSeen(p)), Some(Role::Data)) if holds(p.inbound_spi) => {
+                let (Ok(local), Ok(remote)) = (p.local.parse(), p.remote.parse()) else {
+                    warn!(
+                        node = name,
+                        "peer_address_seen with invalid addresses; ignored"
+                    );
+                    return;
+                };
+                let _ = self.to_control.try_send(ToControl::PeerAddressSeen {
+                    inbound_spi: EspSpi(p.inbound_spi),
+                    local,
+                    remote,
+                });
+            }
+            (Some(Event::NodeDead(dead)), Some(Role::Steer)) => self.node_dead(dead, name),
+            (Some(Event::NodeAlive(back)), Some(Role::Steer)) => self.node_alive(back, name),
+            (None, _) => {}
+            (Some(other), _) => {
+                warn!(node = name, event = ?other, "event not for this node to send; ignored");
+            }
+        }
+    }
+
+    fn role(&self, id: u32) -> Option<Role> {
+        self.state().nodes.get(&id).map(|n| n.role)
+    }
+
+    /// A data node a steer node had declared dead answers its probes again: it takes new
+    /// tunnels again if its session is still open.
+    fn node_alive(&self, id: u32, by: &str) {
+        let mut st = self.state();
+        let Some(n) = st.nodes.get_mut(&id).filter(|n| n.role == Role::Data) else {
+            return;
+        };
+        if n.alive || n.link_closed() {
+            return;
+        }
+        n.alive = true;
+        info!(node = %n.name, id, reported_by = by, "data node answers its probes again");
+        drop(st);
+        self.push_nodes();
+    }
+
+    /// The settings.
+    pub fn settings(&self) -> &Settings {
+        &self.settings
+    }
+
+    fn state(&self) -> MutexGuard<'_, State> {
+        // Every critical section leaves the state consistent before anything can panic.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn deadline(&self) -> Instant {
+        Instant::now() + self.settings.directive_timeout
+    }
+
+    // ---- sessions ----
+
+    /// A node opened a session (its Hello is checked against its certificate by the
+    /// caller). Returns its id. The node receives its whole configuration (data nodes: the
+    /// inside configuration and the steer nodes' addresses; steer nodes: the whole tables)
+    /// without waiting here; the answers are checked on [`Cluster::tick`]'s thread.
+    pub fn register(
+        &self,
+        name: &str,
+        role: Role,
+        geneve: SocketAddr,
+        boot_id: u64,
+        workers: u32,
+        link: Arc<dyn NodeLink>,
+    ) -> u32 {
+        let mut st = self.state();
+        let id = Self::id_of(&mut st, name);
+        let restarted = st
+            .nodes
+            .get(&id)
+            .is_some_and(|n| n.boot_id != boot_id || n.role != role);
+        st.nodes.insert(
+            id,
+            Node {
+                name: name.to_owned(),
+                role,
+                geneve,
+                link: Arc::clone(&link),
+                alive: true,
+                draining: false,
+                boot_id,
+                workers,
+                last_report: None,
+            },
+        );
+        info!(node = name, id, role = ?role, %geneve, restarted, "node registered");
+        let mut rekey = Vec::new();
+        match role {
+            Role::Data => {
+                // Its tables are empty after a restart: whatever it held is lost.
+                if restarted {
+                    rekey.extend(Self::lose_node_children(&mut st, id));
+                }
+                let relays = Self::relays(&st);
+                let config = self.data_config.clone();
+                drop(st);
+                self.fire(&*link, pb::directive::Op::DataConfig(config), name);
+                self.fire(&*link, pb::directive::Op::SetRelays(relays), name);
+                // Tunnels waiting for a data node, or stranded on dead ones, move here.
+                let mut st = self.state();
+                rekey.extend(self.unplaced(&st));
+                for t in &rekey {
+                    let node = self.choose(&st, *t, None);
+                    if let Some(node) = node {
+                        st.placement.insert(*t, node);
+                    }
+                }
+                let neighbours_changed = self.all_vni_ops(&st);
+                let steers = Self::steers(&st);
+                drop(st);
+                for op in neighbours_changed {
+                    self.broadcast(&steers, op);
+                }
+                self.push_nodes();
+            }
+            Role::Steer => {
+                let tables = self.steer_tables(&st);
+                drop(st);
+                self.fire(&*link, pb::directive::Op::SteerTables(tables), name);
+                self.push_relays();
+            }
+        }
+        rekey.sort();
+        rekey.dedup();
+        if !rekey.is_empty() {
+            let _ = self.tasks.send(Task::Rekey(rekey, "data node available"));
+        }
+        id
+    }
+
+    /// A node's session ended (or its stream failed). A data node's CHILD_SAs are moved
+    /// (the process may be gone); a steer node simply stops being used.
+    pub fn session_ended(&self, id: u32, link: &Arc<dyn NodeLink>) {
+        let mut st = self.state();
+        let Some(node) = st.nodes.get_mut(&id) else {
+            return;
+        };
+        // A newer session of the same node replaced this one: nothing to do.
+        if !Arc::ptr_eq(&node.link, link) {
+            return;
+        }
+        node.alive = false;
+        let (name, role) = (node.name.clone(), node.role);
+        warn!(node = %name, id, role = ?role, "node session ended");
+        drop(st);
+        match role {
+            Role::Data => self.data_node_lost(id, "session ended"),
+            Role::Steer => self.push_relays(),
+        }
+    }
+
+    /// A steer node's health monitor declared data node `id` dead.
+    pub fn node_dead(&self, id: u32, by: &str) {
+        let mut st = self.state();
+        let Some(node) = st.nodes.get_mut(&id).filter(|n| n.role == Role::Data) else {
+            return;
+        };
+        if !node.alive {
+            return;
+        }
+        node.alive = false;
+        warn!(node = %node.name, id, reported_by = by, "data node missed its health probes");
+        drop(st);
+        self.data_node_lost(id, "missed health probes");
+    }
+
+    /// Moves every tunnel with a CHILD_SA on the lost data node `id` to live nodes.
+    fn data_node_lost(&self, id: u32, why: &'static str) {
+        let mut st = self.state();
+        let mut tunnels = Self::lose_node_children(&mut st, id);
+        tunnels.extend(
+            st.placement
+                .iter()
+                .filter(|(_, n)| **n == id)
+                .map(|(t, _)| *t),
+        );
+        tunnels.sort();
+        tunnels.dedup();
+        for t in &tunnels {
+            match self.choose(&st, *t, Some(id)) {
+                Some(node) => {
+                    st.placement.insert(*t, node);
+                }
+                None => {
+                    st.placement.remove(t);
+                }
+            }
+        }
+        let ops = self.all_vni_ops(&st);
+        let steers = Self::steers(&st);
+        drop(st);
+        for op in ops {
+            self.broadcast(&steers, op);
+        }
+        self.push_nodes();
+        if !tunnels.is_empty() {
+            info!(
+                node = id,
+                tunnels = tunnels.len(),
+                why,
+                "moving the tunnels of a lost data node"
+            );
+            let _ = self.tasks.send(Task::Rekey(tunnels, why));
+        }
+    }
+
+    /// Marks the CHILD_SAs on `id` as unplaced; returns their tunnels.
+    fn lose_node_children(st: &mut State, id: u32) -> Vec<TunnelId> {
+        let mut lost = Vec::new();
+        for c in st.children.values_mut().filter(|c| c.node == Some(id)) {
+            c.node = None;
+            lost.push(c.tunnel);
+        }
+        lost
+    }
+
+    /// Tunnels with a CHILD_SA that no live data node holds.
+    fn unplaced(&self, st: &State) -> Vec<TunnelId> {
+        let mut out: Vec<TunnelId> = st
+            .children
+            .values()
+            .filter(|c| {
+                c.node
+                    .is_none_or(|n| st.nodes.get(&n).is_none_or(|n| !n.alive))
+            })
+            .map(|c| c.tunnel)
+            .collect();
+        out.sort();
+        out.dedup();
+        out
+    }
+
+    /// A node's report.
+    pub fn report(&self, id: u32, load: NodeLoad) {
+        if let Some(n) = self.state().nodes.get_mut(&id) {
+            n.last_report = Some(load);
+        }
+    }
+
+    // ---- placement ----
+
+    /// The data node for a new CHILD_SA of `tunnel`: its placement if that node is alive and
+    /// not draining, else the live data node with the fewest tunnels (then lowest
+    /// utilization, then lowest id), never `exclude`.
+    fn choose(&self, st: &State, tunnel: TunnelId, exclude: Option<u32>) -> Option<u32> {
+        let usable = |id: &u32| {
+            Some(*id) != exclude
+                && st
+                    .nodes
+                    .get(id)
+                    .is_some_and(|n| n.role == Role::Data && n.alive && !n.draining)
+        };
+        if let Some(p) = st.placement.get(&tunnel).filter(|p| usable(p)) {
+            return Some(*p);
+        }
+        let mut count: HashMap<u32, usize> = HashMap::new();
+        for (t, n) in &st.placement {
+            if *t != tunnel {
+                *count.entry(*n).or_default() += 1;
+            }
+        }
+        st.nodes
+            .keys()
+            .filter(|id| usable(id))
+            .min_by(|a, b| {
+                let util = |id: &u32| {
+                    st.nodes[id]
+                        .last_report
+                        .as_ref()
+                        .map_or(0.0, |r| r.utilization)
+                };
+                count
+                    .get(a)
+                    .copied()
+                    .unwrap_or(0)
+                    .cmp(&count.get(b).copied().unwrap_or(0))
+                    .then(util(a).total_cmp(&util(b)))
+                    .then(a.cmp(b))
+            })
+            .copied()
+    }
+
+    // ---- steering tables ----
+
+    fn steers(st: &State) -> Vec<(String, Arc<dyn NodeLink>)> {
+        st.nodes
+            .values()
+            .filter(|n| n.role == Role::Steer && n.alive)
+            .map(|n| (n.name.clone(), Arc::clone(&n.link)))
+            .collect()
+    }
+
+    fn relays(st: &State) -> pb::Relays {
+        pb::Relays {
+            steer: st
+                .nodes
+                .values()
+                .filter(|n| n.role == Role::Steer && n.alive)
+                .map(|n| n.geneve.to_string())
+                .collect(),
+        }
+    }
+
+    fn steer_nodes(&self, st: &State) -> pb::SteerNodes {
+        pb::SteerNodes {
+            data: st
+                .nodes
+                .iter()
+                .filter(|(_, n)| n.role == Role::Data && n.alive)
+                .map(|(id, n)| pb::DataNode {
+                    node: *id,
+                    name: n.name.clone(),
+                    geneve: n.geneve.to_string(),
+                })
+                .collect(),
+            control: self.settings.geneve.to_string(),
+        }
+    }
+
+    /// The selectors of one VNI: every tunnel of the VNI whose sending CHILD_SA is placed,
+    /// each of its (local, remote) selector pairs steered to that SA's node.
+    fn vni_op(&self, st: &State, vni: u32) -> pb::directive::Op {
+        let mut selectors = Vec::new();
+        for c in st.children.values().filter(|c| c.sending) {
+            let Some(node) = c.node else { continue };
+            if self.tunnels.get(&c.tunnel).and_then(|t| t.vni) != Some(vni) {
+                continue;
+            }
+            for l in &c.local_ts {
+                for r in &c.remote_ts {
+                    match rpc::convert::selector_entry(
+                        l,
+                        r,
+                        steer::TunnelId(c.tunnel.0),
+                        steer::NodeId(node),
+                    ) {
+                        Ok(e) => selectors.push(rpc::convert::selector_to_pb(&e)),
+                        Err(e) => {
+                            warn!(tunnel = c.tunnel.0, error = %e, "traffic selector pair cannot be steered");
+                        }
+                    }
+                }
+            }
+        }
+        // Deterministic order: steer nodes receive identical tables.
+        selectors.sort_by(|a, b| {
+            (a.tunnel, &a.dst_start, &a.src_start).cmp(&(b.tunnel, &b.dst_start, &b.src_start))
+        });
+        let neighbour_nodes = st
+            .nodes
+            .iter()
+            .filter(|(_, n)| n.role == Role::Data && n.alive)
+            .map(|(id, _)| *id)
+            .collect();
+        let gateway_ips = self
+            .data_config
+            .vnets
+            .iter()
+            .filter(|v| v.vni == vni)
+            .flat_map(|v| v.gateway_ips.iter().cloned())
+            .collect();
+        pb::directive::Op::SetSelectors(pb::VniSelectors {
+            vni,
+            selectors,
+            neighbour_nodes,
+            gateway_ips,
+        })
+    }
+
+    fn vnis(&self) -> Vec<u32> {
+        let mut v: Vec<u32> = self.tunnels.values().filter_map(|t| t.vni).collect();
+        v.sort_unstable();
+        v.dedup();
+        v
+    }
+
+    fn all_vni_ops(&self, st: &State) -> Vec<pb::directive::Op> {
+        self.vnis()
+            .into_iter()
+            .map(|v| self.vni_op(st, v))
+            .collect()
+    }
+
+    fn limits(&self) -> Vec<pb::RateLimit> {
+        self.tunnels
+            .values()
+            .filter_map(|t| {
+                let mbit = u64::from(t.rate_limit_mbit?);
+                Some(pb::RateLimit {
+                    tunnel: t.id.0,
+                    bits_per_second: mbit * 1_000_000,
+                    burst_bytes: burst_bytes(mbit),
+                })
+            })
+            .collect()
+    }
+
+    /// The whole steering state.
+    fn steer_tables(&self, st: &State) -> pb::SteerTables {
+        let mut spis: Vec<pb::SteerSpi> = st
+            .children
+            .iter()
+            .filter_map(|(spi, c)| {
+                Some(pb::SteerSpi {
+                    spi: spi.0,
+                    node: c.node?,
+                    tunnel: c.tunnel.0,
+                })
+            })
+            .collect();
+        spis.sort_by_key(|s| s.spi);
+        let vnis = self
+            .all_vni_ops(st)
+            .into_iter()
+            .filter_map(|op| match op {
+                pb::directive::Op::SetSelectors(v) => Some(v),
+                _ => None,
+            })
+            .collect();
+        pb::SteerTables {
+            nodes: Some(self.steer_nodes(st)),
+            spis,
+            vnis,
+            limits: self.limits(),
+        }
+    }
+
+    /// Sends `op` to every steer node and waits for their answers; a steer node that does
+    /// not apply it gets the whole tables again on the next tick.
+    fn broadcast(&self, steers: &[(String, Arc<dyn NodeLink>)], op: pb::directive::Op) {
+        let deadline = self.deadline();
+        let acks: Vec<(&str, Result<Ack, LinkError>)> = steers
+            .iter()
+            .map(|(name, link)| (name.as_str(), link.submit(op.clone())))
+            .collect();
+        for (name, ack) in acks {
+            if let Err(e) = ack.and_then(|a| a.wait_until(deadline)) {
+                warn!(node = name, error = %e, "steer node did not apply a steering update; resending its tables");
+                let mut st = self.state();
+                if let Some(id) = st.ids.get(name).copied() {
+                    st.resync.push(id);
+                }
+            }
+        }
+    }
+
+    /// Submits without waiting; failures show in the node's log and as a closed session.
+    fn fire(&self, link: &dyn NodeLink, op: pb::directive::Op, name: &str) {
+        if let Err(e) = link.submit(op) {
+            warn!(node = name, error = %e, "cannot send a directive");
+        }
+    }
+
+    fn push_relays(&self) {
+        let st = self.state();
+        let relays = Self::relays(&st);
+        self.ike.set_steers(
+            st.nodes
+                .values()
+                .filter(|n| n.role == Role::Steer && n.alive)
+                .map(|n| n.geneve)
+                .collect(),
+        );
+        let data: Vec<(String, Arc<dyn NodeLink>)> = st
+            .nodes
+            .values()
+            .filter(|n| n.role == Role::Data && n.alive)
+            .map(|n| (n.name.clone(), Arc::clone(&n.link)))
+            .collect();
+        drop(st);
+        for (name, link) in data {
+            self.fire(&*link, pb::directive::Op::SetRelays(relays.clone()), &name);
+        }
+    }
+
+    fn push_nodes(&self) {
+        let st = self.state();
+        let nodes = self.steer_nodes(&st);
+        let steers = Self::steers(&st);
+        drop(st);
+        self.broadcast(&steers, pb::directive::Op::SetNodes(nodes));
+    }
+
+    /// Periodic work (every 100 ms or so): forgets the steering of retired SPIs whose grace
+    /// ended and resends whole tables to steer nodes that missed an update.
+    pub fn tick(&self, now: Instant) {
+        let mut st = self.state();
+        let mut due = Vec::new();
+        st.retiring.retain(|(at, spi)| {
+            if *at <= now {
+                due.push(*spi);
+                false
+            } else {
+                true
+            }
+        });
+        // An SPI reinstalled meanwhile (cannot happen with random SPIs, but be exact) stays.
+        due.retain(|spi| !st.children.contains_key(spi));
+        let mut resync = std::mem::take(&mut st.resync);
+        resync.sort_unstable();
+        resync.dedup();
+        let steers = Self::steers(&st);
+        let full: Vec<(String, Arc<dyn NodeLink>, pb::SteerTables)> = resync
+            .iter()
+            .filter_map(|id| {
+                st.nodes
+                    .get(id)
+                    .filter(|n| n.alive && n.role == Role::Steer)
+            })
+            .map(|n| (n.name.clone(), Arc::clone(&n.link), self.steer_tables(&st)))
+            .collect();
+        drop(st);
+        for spi in due {
+            self.broadcast(
+                &steers,
+                pb::directive::Op::RemoveSpi(pb::RemoveSpi { spi: spi.0 }),
+            );
+        }
+        for (name, link, tables) in full {
+            self.fire(&*link, pb::directive::Op::SteerTables(tables), &name);
+        }
+    }
+
+    // ---- operator commands ----
+
+    fn tunnel_by_name(&self, name: &str) -> Result<TunnelId, ClusterError> {
+        self.tunnels
+            .values()
+            .find(|t| t.name == name)
+            .map(|t| t.id)
+            .ok_or_else(|| ClusterError::UnknownTunnel(name.to_owned()))
+    }
+
+    fn usable_data_node(&self, st: &State, name: &str) -> Result<u32, ClusterError> {
+        let id = *st
+            .ids
+            .get(name)
+            .ok_or_else(|| ClusterError::UnknownNode(name.to_owned()))?;
+        let n = &st.nodes[&id];
+        let unsuitable = |reason| ClusterError::Unsuitable {
+            name: name.to_owned(),
+            reason,
+        };
+        if n.role != Role::Data {
+            return Err(unsuitable("it is not a data node"));
+        }
+        if !n.alive {
+            return Err(unsuitable("it is not alive"));
+        }
+        if n.draining {
+            return Err(unsuitable("it is being drained"));
+        }
+        Ok(id)
+    }
+
+    /// Starts moving `tunnel` to data node `to` (`protego ctl migrate`): its placement
+    /// changes and its CHILD_SA is rekeyed; the new SA is installed on `to` while the old one
+    /// keeps working, and the old one is deleted once the rekey is done. Returns the
+    /// (tunnel, node) ids to wait for with [`Cluster::wait_moved`].
+    pub fn migrate(&self, tunnel: &str, to: &str) -> Result<(TunnelId, u32), ClusterError> {
+        let t = self.tunnel_by_name(tunnel)?;
+        let mut st = self.state();
+        let node = self.usable_data_node(&st, to)?;
+        if !st.children.values().any(|c| c.tunnel == t) {
+            return Err(ClusterError::NotUp(tunnel.to_owned()));
+        }
+        st.placement.insert(t, node);
+        drop(st);
+        info!(tunnel, to, "migrating tunnel");
+        self.tasks
+            .send(Task::Rekey(vec![t], "migration"))
+            .map_err(|_| ClusterError::NoControl)?;
+        Ok((t, node))
+    }
+
+    /// Starts draining data node `name` (`protego ctl drain`): nothing new is placed on it and
+    /// every tunnel on it moves to other live nodes. Returns the tunnels moved.
+    pub fn drain(&self, name: &str) -> Result<Vec<(TunnelId, u32)>, ClusterError> {
+        let mut st = self.state();
+        let id = *st
+            .ids
+            .get(name)
+            .ok_or_else(|| ClusterError::UnknownNode(name.to_owned()))?;
+        if st.nodes[&id].role != Role::Data {
+            return Err(ClusterError::Unsuitable {
+                name: name.to_owned(),
+                reason: "it is not a data node",
+            });
+        }
+        if let Some(n) = st.nodes.get_mut(&id) {
+            n.draining = true;
+        }
+        let mut tunnels: Vec<TunnelId> = st
+            .children
+            .values()
+            .filter(|c| c.node == Some(id))
+            .map(|c| c.tunnel)
+            .collect();
+        tunnels.sort();
+        tunnels.dedup();
+        let mut moves = Vec::new();
+        for t in &tunnels {
+            let Some(to) = self.choose(&st, *t, Some(id)) else {
+                if let Some(n) = st.nodes.get_mut(&id) {
+                    n.draining = false;
+                }
+                return Err(ClusterError::Unsuitable {
+                    name: name.to_owned(),
+                    reason: "no other live data node can take its tunnels",
+                });
+            };
+            st.placement.insert(*t, to);
+            moves.push((*t, to));
+        }
+        drop(st);
+        info!(node = name, tunnels = moves.len(), "draining data node");
+        if !tunnels.is_empty() {
+            self.tasks
+                .send(Task::Rekey(tunnels, "drain"))
+                .map_err(|_| ClusterError::NoControl)?;
+        }
+        Ok(moves)
+    }
+
+    /// Ends a drain: the node takes tunnels again.
+    pub fn undrain(&self, name: &str) -> Result<(), ClusterError> {
+        let mut st = self.state();
+        let id = *st
+            .ids
+            .get(name)
+            .ok_or_else(|| ClusterError::UnknownNode(name.to_owned()))?;
+        if let Some(n) = st.nodes.get_mut(&id) {
+            n.draining = false;
+        }
+        Ok(())
+    }
+
+    /// Waits until every `(tunnel, node)` move is done: the tunnel's CHILD_SAs are all on
+    /// `node` (the old one deleted).
+    pub fn wait_moved(
+        &self,
+        moves: &[(TunnelId, u32)],
+        timeout: Duration,
+    ) -> Result<(), ClusterError> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let pending: Vec<TunnelId> = {
+                let st = self.state();
+                moves
+                    .iter()
+                    .filter(|(t, node)| {
+                        let mine: Vec<&ChildEntry> =
+                            st.children.values().filter(|c| c.tunnel == *t).collect();
+                        mine.is_empty() || mine.iter().any(|c| c.node != Some(*node))
+                    })
+                    .map(|(t, _)| *t)
+                    .collect()
+            };
+            if pending.is_empty() {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                let names: Vec<&str> = pending
+                    .iter()
+                    .filter_map(|t| self.tunnels.get(t).map(|m| m.name.as_str()))
+                    .collect();
+                return Err(ClusterError::Timeout(format!(
+                    "not moved within {timeout:?}: {}",
+                    names.join(", ")
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// The cluster as `protego ctl nodes` shows it.
+    pub fn describe(&self) -> serde_json::Value {
+        let st = self.state();
+        let nodes: Vec<serde_json::Value> = st
+            .nodes
+            .iter()
+            .map(|(id, n)| {
+                let children: Vec<String> = st
+                    .children
+                    .iter()
+                    .filter(|(_, c)| c.node == Some(*id))
+                    .map(|(spi, c)| format!("{spi}/{}", c.outbound_spi))
+                    .collect();
+                let tunnels: Vec<&str> = st
+                    .placement
+                    .iter()
+                    .filter(|(_, n)| **n == *id)
+                    .filter_map(|(t, _)| self.tunnels.get(t).map(|m| m.name.as_str()))
+                    .collect();
+                serde_json::json!({
+                    "id": id,
+                    "name": n.name,
+                    "role": n.role,
+                    "geneve": n.geneve.to_string(),
+                    "alive": n.alive,
+                    "draining": n.draining,
+                    "workers": n.workers,
+                    "tunnels": tunnels,
+                    "child_sas": children,
+                    "load": n.last_report,
+                })
+            })
+            .collect();
+        serde_json::json!({ "control": self.settings.name, "nodes": nodes })
+    }
+
+    /// Geneve addresses of the live steer nodes (where IKE may come from and goes to).
+    pub fn steer_addrs(&self) -> Vec<SocketAddr> {
+        self.state()
+            .nodes
+            .values()
+            .filter(|n| n.role == Role::Steer && n.alive)
+            .map(|n| n.geneve)
+            .collect()
+    }
+
+    /// Live data nodes (names).
+    pub fn live_data_nodes(&self) -> Vec<String> {
+        self.state()
+            .nodes
+            .values()
+            .filter(|n| n.role == Role::Data && n.alive)
+            .map(|n| n.name.clone())
+            .collect()
+    }
+}
+
+/// The token bucket depth for a rate: 20 ms at the rate, at least 64 KiB (a GSO train).
+fn burst_bytes(mbit: u64) -> u64 {
+    (mbit * 1_000_000 / 8 / 50).max(64 * 1024)
+}
+
+impl DataPath for Cluster {
+    fn install_child(&self, child: &ChildSaInfo) -> Result<(), DataplaneError> {
+        let refuse = |reason: String| DataplaneError::Install {
+            tunnel: child.tunnel,
+            spi: child.inbound_spi,
+            reason,
+        };
+        let pb_child = rpc::convert::child_to_pb(child);
+        let mut st = self.state();
+        if st.children.contains_key(&child.inbound_spi) {
+            return Err(refuse("inbound SPI already installed".into()));
+        }
+        let node = self.choose(&st, child.tunnel, None);
+        st.seq += 1;
+        let seq = st.seq;
+        // Recorded first so that a data node arriving later adopts it (rekey).
+        st.children.insert(
+            child.inbound_spi,
+            ChildEntry {
+                tunnel: child.tunnel,
+                node: None,
+                outbound_spi: child.outbound_spi,
+                ike: child.ike,
+                seq,
+                sending: false,
+                local_ts: child.local_ts.clone(),
+                remote_ts: child.remote_ts.clone(),
+            },
+        );
+        let Some(node) = node else {
+            return Err(refuse(
+                "no live data node (it moves to the first one that registers)".into(),
+            ));
+        };
+        st.placement.insert(child.tunnel, node);
+        let n = &st.nodes[&node];
+        let (link, name) = (Arc::clone(&n.link), n.name.clone());
+        drop(st);
+
+        let deadline = self.deadline();
+        if let Err(e) = link
+            .submit(pb::directive::Op::InstallChild(pb_child))
+            .and_then(|a| a.wait_until(deadline))
+        {
+            return Err(refuse(format!("data node {name}: {e}")));
+        }
+        let mut st = self.state();
+        let has_sender = st
+            .children
+            .values()
+            .any(|c| c.tunnel == child.tunnel && c.sending);
+        let sending = child.outbound_active || !has_sender;
+        if sending {
+            for c in st
+                .children
+                .values_mut()
+                .filter(|c| c.tunnel == child.tunnel)
+            {
+                c.sending = false;
+            }
+        }
+        if let Some(e) = st.children.get_mut(&child.inbound_spi) {
+            e.node = Some(node);
+            e.sending = sending;
+        }
+        let spi_op = pb::directive::Op::SetSpi(pb::SteerSpi {
+            spi: child.inbound_spi.0,
+            node,
+            tunnel: child.tunnel.0,
+        });
+        let vni_op = self
+            .tunnels
+            .get(&child.tunnel)
+            .and_then(|t| t.vni)
+            .filter(|_| sending)
+            .map(|vni| self.vni_op(&st, vni));
+        let steers = Self::steers(&st);
+        drop(st);
+        self.broadcast(&steers, spi_op);
+        if let Some(op) = vni_op {
+            self.broadcast(&steers, op);
+        }
+        debug!(tunnel = child.tunnel.0, spi_in = %child.inbound_spi, node = %name, sending, "CHILD_SA placed");
+        Ok(())
+    }
+
+    fn remove_child(&self, tunnel: TunnelId, inbound_spi: EspSpi, outbound_spi: EspSpi) {
+        let mut st = self.state();
+        let Some(entry) = st.children.remove(&inbound_spi) else {
+            debug!(tunnel = tunnel.0, spi_in = %inbound_spi, "remove_child: not placed");
+            return;
+        };
+        // The newest remaining SA of the tunnel sends once the sending one is gone.
+        let mut vni_op = None;
+        if entry.sending {
+            let next = st
+                .children
+                .iter()
+                .filter(|(_, c)| c.tunnel == tunnel)
+                .max_by_key(|(_, c)| c.seq)
+                .map(|(spi, _)| *spi);
+            if let Some(spi) = next {
+                if let Some(c) = st.children.get_mut(&spi) {
+                    c.sending = true;
+                }
+            }
+            vni_op = self
+                .tunnels
+                .get(&tunnel)
+                .and_then(|t| t.vni)
+                .map(|vni| self.vni_op(&st, vni));
+        }
+        st.retiring
+            .push((Instant::now() + STEER_GRACE, inbound_spi));
+        let holder = entry
+            .node
+            .and_then(|n| st.nodes.get(&n))
+            .filter(|n| n.alive)
+            .map(|n| (Arc::clone(&n.link), n.name.clone()));
+        let steers = Self::steers(&st);
+        drop(st);
+        if let Some((link, name)) = holder {
+            let op = pb::directive::Op::RemoveChild(pb::RemoveChild {
+                tunnel: tunnel.0,
+                inbound_spi: inbound_spi.0,
+                outbound_spi: outbound_spi.0,
+            });
+            if let Err(e) = link.submit(op).and_then(|a| a.wait_until(self.deadline())) {
+                warn!(node = %name, tunnel = tunnel.0, spi_in = %inbound_spi, error = %e, "data node did not remove a CHILD_SA");
+            }
+        }
+        if let Some(op) = vni_op {
+            self.broadcast(&steers, op);
+        }
+    }
+
+    fn update_peer(&self, tunnel: TunnelId, ike: IkeSpis, local: SocketAddr, remote: SocketAddr) {
+        let st = self.state();
+        let mut holders: Vec<u32> = st
+            .children
+            .values()
+            .filter(|c| c.tunnel == tunnel && c.ike == ike)
+            .filter_map(|c| c.node)
+            .collect();
+        holders.sort_unstable();
+        holders.dedup();
+        let links: Vec<(String, Arc<dyn NodeLink>)> = holders
+            .iter()
+            .filter_map(|id| st.nodes.get(id))
+            .filter(|n| n.alive)
+            .map(|n| (n.name.clone(), Arc::clone(&n.link)))
+            .collect();
+        drop(st);
+        let op = pb::directive::Op::UpdatePeer(pb::UpdatePeer {
+            tunnel: tunnel.0,
+            ike_initiator_spi: ike.initiator.0,
+            ike_responder_spi: ike.responder.0,
+            local: local.to_string(),
+            remote: remote.to_string(),
+        });
+        let deadline = self.deadline();
+        for (name, link) in links {
+            if let Err(e) = link.submit(op.clone()).and_then(|a| a.wait_until(deadline)) {
+                warn!(node = %name, tunnel = tunnel.0, error = %e, "data node did not move the tunnel's peer address");
+            }
+        }
+    }
+
+    fn send_ike(
+        &self,
+        local: SocketAddr,
+        remote: SocketAddr,
+        payload: &[u8],
+    ) -> Result<(), DataplaneError> {
+        let steers = self.steer_addrs();
+        self.ike.send(&steers, local, remote, payload)
+    }
+
+    fn stats(&self) -> DataplaneStats {
+        let st = self.state();
+        let mut drops: BTreeMap<String, u64> = BTreeMap::new();
+        for n in st.nodes.values() {
+            if let Some(r) = &n.last_report {
+                for (reason, count) in &r.drops {
+                    *drops.entry(format!("{}:{reason}", n.name)).or_default() += count;
+                }
+            }
+        }
+        drop(st);
+        for (reason, count) in self.ike.drops() {
+            drops.insert(format!("ike_relay:{reason}"), count);
+        }
+        DataplaneStats {
+            drops: drops.into_iter().collect(),
+            ..DataplaneStats::default()
+        }
+    }
+}
+
+impl std::fmt::Debug for Cluster {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Cluster")
+            .field("name", &self.settings.name)
+            .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+#[path = "manager_tests.rs"]
+mod tests;

@@ -1,0 +1,190 @@
+//! The control node's gRPC service: one `Session` stream per data or steer node.
+//!
+//! The node is identified by its TLS client certificate (verified against the cluster CA by
+//! the TLS layer): its Hello must carry the certificate's CN as `name` and its OU as `role`,
+//! or the session ends with PERMISSION_DENIED. Then control sends Welcome and the node's
+//! whole configuration; afterwards directives, each answered by an Ack. Reports and events
+//! from the node go to the [`Cluster`]. Anything that may wait on other nodes runs on the
+//! blocking pool, never on the runtime's threads.
+
+use crate::link::{NodeLink, SessionLink};
+use crate::manager::{Cluster, NodeLoad, Role};
+use control::certs::NodeRole;
+use rpc::pb;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio_stream::wrappers::UnboundedReceiverStream;
+use tonic::{Request, Response, Status, Streaming};
+use tracing::{debug, info, warn};
+
+/// How long a node has to send its Hello after opening the stream.
+const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The `Cluster` gRPC service of a control node.
+#[derive(Debug, Clone)]
+pub struct ControlService {
+    cluster: Arc<Cluster>,
+    term: u64,
+}
+
+impl ControlService {
+    /// Serves `cluster`'s sessions; `term` is this control node's leadership term.
+    pub fn new(cluster: Arc<Cluster>, term: u64) -> Self {
+        Self { cluster, term }
+    }
+}
+
+/// The node's answer stream.
+type SessionStream =
+    Pin<Box<dyn tokio_stream::Stream<Item = Result<pb::ControlMessage, Status>> + Send>>;
+
+/// Checks a Hello against the certificate's identity; returns the node's role and Geneve
+/// address.
+pub(crate) fn check_hello(
+    hello: &pb::Hello,
+    cert_name: &str,
+    cert_role: NodeRole,
+) -> Result<(Role, SocketAddr), Status> {
+    let role = match (pb::Role::try_from(hello.role), cert_role) {
+        (Ok(pb::Role::Data), NodeRole::Data) => Role::Data,
+        (Ok(pb::Role::Steer), NodeRole::Steer) => Role::Steer,
+        (r, c) => {
+            return Err(Status::permission_denied(format!(
+                "Hello claims role {r:?} but the certificate of {cert_name:?} says {c}"
+            )))
+        }
+    };
+    if hello.name != cert_name {
+        return Err(Status::permission_denied(format!(
+            "Hello claims name {:?} but the certificate says {cert_name:?}",
+            hello.name
+        )));
+    }
+    let geneve: SocketAddr = hello.geneve.parse().map_err(|_| {
+        Status::invalid_argument(format!("hello.geneve: invalid address {:?}", hello.geneve))
+    })?;
+    if geneve.ip().is_unspecified() || geneve.port() == 0 {
+        return Err(Status::invalid_argument(format!(
+            "hello.geneve: {geneve} is not an address other nodes can reach"
+        )));
+    }
+    Ok((role, geneve))
+}
+
+#[tonic::async_trait]
+impl pb::cluster_server::Cluster for ControlService {
+    type SessionStream = SessionStream;
+
+    async fn session(
+        &self,
+        request: Request<Streaming<pb::NodeMessage>>,
+    ) -> Result<Response<Self::SessionStream>, Status> {
+        let remote = request.remote_addr();
+        let identity = rpc::peer_identity(&request)
+            .map_err(|e| Status::unauthenticated(format!("client certificate: {e}")))?;
+        let (cert_name, cert_role) = (identity.name, identity.role);
+        let mut inbound = request.into_inner();
+        let first = tokio::time::timeout(HELLO_TIMEOUT, inbound.message())
+            .await
+            .map_err(|_| Status::deadline_exceeded("no Hello within 10 s"))??;
+        let hello = match first.and_then(|m| m.msg) {
+            Some(pb::node_message::Msg::Hello(h)) => h,
+            _ => return Err(Status::invalid_argument("the first message must be Hello")),
+        };
+        let (role, geneve) = match check_hello(&hello, &cert_name, cert_role) {
+            Ok(r) => r,
+            Err(status) => {
+                warn!(?remote, node = %cert_name, error = %status.message(), "node refused");
+                return Err(status);
+            }
+        };
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let link = Arc::new(SessionLink::new(tx));
+        let id = self.cluster.node_id(&hello.name);
+        link.send_message(pb::control_message::Msg::Welcome(pb::Welcome {
+            node_id: id,
+            term: self.term,
+            report_interval_ms: self.cluster.settings().report_interval.as_millis() as u32,
+            control_name: self.cluster.settings().name.clone(),
+        }))
+        .map_err(|_| Status::unavailable("session closed"))?;
+        let dyn_link: Arc<dyn NodeLink> = link.clone();
+        {
+            let cluster = Arc::clone(&self.cluster);
+            let (name, boot, workers, l) = (
+                hello.name.clone(),
+                hello.boot_id,
+                hello.workers,
+                Arc::clone(&dyn_link),
+            );
+            tokio::task::spawn_blocking(move || {
+                cluster.register(&name, role, geneve, boot, workers, l);
+            })
+            .await
+            .map_err(|_| Status::internal("registration failed"))?;
+        }
+        info!(?remote, node = %hello.name, id, role = ?role, "session open");
+        let cluster = Arc::clone(&self.cluster);
+        let name = hello.name.clone();
+        tokio::spawn(async move {
+            let end = loop {
+                match inbound.message().await {
+                    Ok(Some(m)) => handle(&cluster, id, &name, &link, m).await,
+                    Ok(None) => break None,
+                    Err(status) => break Some(status),
+                }
+            };
+            match &end {
+                Some(status) => warn!(node = %name, error = %status.message(), "session failed"),
+                None => debug!(node = %name, "session closed by the node"),
+            }
+            link.close(None);
+            let l = Arc::clone(&dyn_link);
+            let _ = tokio::task::spawn_blocking(move || cluster.session_ended(id, &l)).await;
+        });
+        Ok(Response::new(Box::pin(UnboundedReceiverStream::new(rx))))
+    }
+}
+
+async fn handle(
+    cluster: &Arc<Cluster>,
+    id: u32,
+    name: &str,
+    link: &Arc<SessionLink>,
+    message: pb::NodeMessage,
+) {
+    match message.msg {
+        Some(pb::node_message::Msg::Ack(ack)) => link.complete(ack),
+        Some(pb::node_message::Msg::Report(r)) => {
+            let load = NodeLoad {
+                utilization: r.utilization.clamp(0.0, 1.0),
+                tunnel_bytes: r
+                    .tunnels
+                    .iter()
+                    .map(|t| (t.tunnel, t.bytes_in.saturating_add(t.bytes_out)))
+                    .collect(),
+                drops: r.drops.into_iter().collect(),
+                rate_dropped: r
+                    .tunnels
+                    .iter()
+                    .filter(|t| t.rate_dropped > 0)
+                    .map(|t| (t.tunnel, t.rate_dropped))
+                    .collect(),
+            };
+            cluster.report(id, load);
+        }
+        Some(pb::node_message::Msg::Event(e)) => {
+            let cluster = Arc::clone(cluster);
+            let name = name.to_owned();
+            let _ = tokio::task::spawn_blocking(move || cluster.event(id, &name, e)).await;
+        }
+        Some(pb::node_message::Msg::Hello(_)) | None => {
+            warn!(
+                node = name,
+                "unexpected message in an open session; ignored"
+            );
+        }
+    }
+}

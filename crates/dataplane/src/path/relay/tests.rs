@@ -1,0 +1,806 @@
+//! The relay path driven in memory, like `path/tests.rs`: Geneve frames from a (fake) steer
+//! node are handed to [`relay::receive`] and the send batch is inspected instead of sent. The
+//! Geneve and VTEP sockets are opened on loopback (to build the shared state), nothing is
+//! sent on them.
+
+use super::{receive, Pass};
+use crate::api::{
+    DataplaneConfig, DataplaneError, Inside, RelayConfig, Route, ToControl, TunnelBinding,
+    VnetConfig,
+};
+use crate::shared::{Out, Shared};
+use crate::stats::DropReason;
+use crate::testutil::{arp, child, ip, parse_vxlan, ts, udp4, vxlan as vxlan_frame, Peer};
+use ike::{ChildSaInfo, TunnelId};
+use proptest::prelude::*;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Instant;
+use wire::arp::{ArpOperation, ArpPacket, ArpRepr};
+use wire::ethernet::EtherType;
+use wire::geneve::{GeneveBuilder, GeneveRepr, HealthProbe, ProtegoOption};
+use wire::ip::{Ipv4Packet, Ipv6Packet};
+use wire::relay::{emit_frame, parse_frame};
+use wire::udp::UdpPacket;
+use wire::vxlan::Vni;
+
+const VM_MAC: [u8; 6] = [0x52, 0x54, 0, 0, 0, 5];
+/// The steer node's Geneve address (nothing listens there: nothing is sent in memory).
+const STEER: &str = "127.0.0.9:6081";
+/// Another steer node.
+const STEER2: &str = "127.0.0.10:6081";
+/// The VIP the steer nodes own.
+const VIP: &str = "203.0.113.1";
+/// The peer's public address.
+const PEER: &str = "198.51.100.7:4500";
+/// The cloud host behind which VM 10.0.0.5 lives (its VXLAN comes from an ephemeral port).
+const HOST: &str = "127.0.0.2";
+const HOST_SRC: &str = "127.0.0.2:40000";
+
+fn sa(s: &str) -> SocketAddr {
+    s.parse().expect("socket address")
+}
+
+fn vip(port: u16) -> SocketAddr {
+    SocketAddr::new(ip(VIP), port)
+}
+
+fn vnet(tenant: &str, vni: u32) -> VnetConfig {
+    VnetConfig {
+        tenant: tenant.into(),
+        name: format!("{tenant}-net"),
+        vni,
+        gateway_ips: vec![ip("10.0.0.1")],
+        vtep: ip("127.0.0.1"),
+        routes: vec![Route {
+            prefix: ip("10.0.0.0"),
+            len: 24,
+            host: ip(HOST),
+        }],
+    }
+}
+
+fn binding(tunnel: u32, tenant: &str, inside: Inside) -> TunnelBinding {
+    TunnelBinding {
+        tunnel: TunnelId(tunnel),
+        name: format!("t{tunnel}"),
+        tenant: tenant.into(),
+        inside,
+    }
+}
+
+fn config(vnets: Vec<VnetConfig>, tunnels: Vec<TunnelBinding>) -> DataplaneConfig {
+    DataplaneConfig {
+        listen: vec![],
+        ike_port: 500,
+        natt_port: 4500,
+        vxlan_port: 4789,
+        vnets,
+        tunnels,
+        tun_name: None,
+        batch: 16,
+        workers: 1,
+        cpus: vec![],
+        pin_workers: false,
+        busy_poll: std::time::Duration::ZERO,
+        relay: Some(RelayConfig {
+            listen: sa("127.0.0.1:0"),
+            vtep: None,
+            steer: vec![sa(STEER)],
+        }),
+    }
+}
+
+struct Env {
+    sh: Shared,
+    rx: crossbeam_channel::Receiver<ToControl>,
+    out: Out,
+    /// Output of packets the replay window refused (left out by `sent`).
+    dead: Vec<std::ops::Range<usize>>,
+}
+
+/// Relay mode with tenant `a`'s VNet (VNI 100) and tunnel 1 bound to it.
+fn env() -> Env {
+    env_with(vec![vnet("a", 100)], vec![binding(1, "a", Inside::Vnet(0))])
+}
+
+fn env_with(vnets: Vec<VnetConfig>, tunnels: Vec<TunnelBinding>) -> Env {
+    let (tx, rx) = crossbeam_channel::unbounded();
+    let sh = Shared::open(config(vnets, tunnels), tx).expect("relay mode opens");
+    Env {
+        sh,
+        rx,
+        out: Out::new(16),
+        dead: Vec::new(),
+    }
+}
+
+/// A Geneve frame from the steer node carrying the datagram `src` -> `dst`.
+fn frame(src: SocketAddr, dst: SocketAddr, options: &[ProtegoOption], payload: &[u8]) -> Vec<u8> {
+    let mut buf = vec![0u8; 128 + payload.len()];
+    let vni = Vni::new(0).expect("vni");
+    let n = emit_frame(&mut buf, vni, options, src, dst, payload).expect("frame");
+    buf.truncate(n);
+    buf
+}
+
+/// An idle control frame with `options` and no payload.
+fn control(options: &[ProtegoOption]) -> Vec<u8> {
+    let mut buf = [0u8; 64];
+    let repr = GeneveRepr {
+        control: true,
+        protocol_type: EtherType::IPV4,
+        vni: Vni::new(0).expect("vni"),
+    };
+    let mut b = GeneveBuilder::new(&mut buf, &repr).expect("builder");
+    for o in options {
+        b.push_protego(o).expect("option");
+    }
+    let n = b.finish();
+    buf[..n].to_vec()
+}
+
+impl Env {
+    fn child(&self, spi: u32, local: SocketAddr, remote: SocketAddr) -> ChildSaInfo {
+        child(
+            1,
+            spi,
+            spi + 0x1000,
+            local,
+            remote,
+            ts("10.0.0.0", "10.0.0.255"),
+            ts("192.168.0.0", "192.168.0.255"),
+        )
+    }
+
+    fn relay_sock(&self) -> usize {
+        self.sh.relay_sock.expect("relay mode")
+    }
+
+    fn gw_mac(&self, vnet: usize) -> [u8; 6] {
+        self.sh.tables.load().overlay.vnets[vnet].mac.0
+    }
+
+    /// Frames received as one lane batch from `from`: both passes, then what happens before
+    /// the batch leaves (queued ESP sealed, opened ESP accepted in order).
+    fn recv_batch(&mut self, from: &str, frames: Vec<Vec<u8>>) {
+        let t = self.sh.tables.load();
+        self.out.use_tables(Arc::clone(&t));
+        let now = Instant::now();
+        let mut frames = frames;
+        for f in &mut frames {
+            receive(&mut self.out, &self.sh, &t, now, sa(from), f, Pass::Serial);
+        }
+        for f in &mut frames {
+            receive(
+                &mut self.out,
+                &self.sh,
+                &t,
+                now,
+                sa(from),
+                f,
+                Pass::Parallel,
+            );
+        }
+        self.out.seal_queued();
+        let tx = &mut self.out.tx;
+        crate::accept::accept_batch(&self.sh, tx, &mut self.dead, &mut self.out.drops);
+        tx.accepts.clear();
+    }
+
+    fn recv(&mut self, from: &str, f: Vec<u8>) {
+        self.recv_batch(from, vec![f]);
+    }
+
+    /// Datagrams queued for sending (socket, destination, bytes); empties the batch.
+    fn sent(&mut self) -> Vec<(usize, SocketAddr, Vec<u8>)> {
+        let base = self.out.tx.data().as_ptr() as usize;
+        let v = self
+            .out
+            .tx
+            .datagrams()
+            .filter(|(_, _, d)| !crate::accept::is_dead(&self.dead, d.as_ptr() as usize - base))
+            .map(|(s, dst, d)| (s, dst, d.to_vec()))
+            .collect();
+        self.out.tx.clear();
+        self.dead.clear();
+        v
+    }
+
+    fn drops(&self, r: DropReason) -> u64 {
+        self.out.drops.get(r)
+    }
+
+    fn total_drops(&self) -> u64 {
+        DropReason::ALL.iter().map(|r| self.out.drops.get(*r)).sum()
+    }
+
+    /// The VM at 10.0.0.5 answers the gateway's ARP request, relayed by the steer node.
+    fn vm_answers_arp(&mut self, vni: u32, vnet: usize) {
+        let gw = self.gw_mac(vnet);
+        let reply = arp(ArpOperation::REPLY, VM_MAC, "10.0.0.5", gw, "10.0.0.1");
+        let vx = vxlan_frame(vni, gw, VM_MAC, EtherType::ARP, &reply);
+        self.recv(STEER, frame(sa(HOST_SRC), vip(4789), &[], &vx));
+    }
+
+    /// A VXLAN datagram from the VM toward the peer's network (the gateway MAC of `vnet`).
+    fn vm_vxlan(&self, vni: u32, vnet: usize, payload: &[u8]) -> Vec<u8> {
+        let inner = udp4("10.0.0.5", 1000, "192.168.0.9", 2000, 64, payload);
+        vxlan_frame(vni, self.gw_mac(vnet), VM_MAC, EtherType::IPV4, &inner)
+    }
+
+    /// [`vm_vxlan`](Self::vm_vxlan) relayed by the steer node.
+    fn relayed_from_vm(&self, vni: u32, vnet: usize, payload: &[u8]) -> Vec<u8> {
+        frame(
+            sa(HOST_SRC),
+            vip(4789),
+            &[],
+            &self.vm_vxlan(vni, vnet, payload),
+        )
+    }
+}
+
+/// The ESP a peer sends, relayed by the steer node (inner source: the peer; destination: the
+/// VIP's NAT-T port).
+fn esp_frame(
+    peer: &Peer,
+    remote: SocketAddr,
+    options: &[ProtegoOption],
+    payload: &[u8],
+) -> Vec<u8> {
+    let inner = udp4("192.168.0.9", 2000, "10.0.0.5", 1000, 64, payload);
+    frame(remote, vip(4500), options, &peer.seal(&inner))
+}
+
+/// Checks a datagram to a host: VXLAN VNI `vni` to the VM, the peer's packet routed.
+fn assert_to_vm(d: &[u8], vni: u32, payload: &[u8]) {
+    let (got_vni, dst, _, ty, inner) = parse_vxlan(d);
+    assert_eq!((got_vni, dst, ty), (vni, VM_MAC, EtherType::IPV4));
+    let p = Ipv4Packet::new_checked(&inner[..]).expect("ipv4");
+    assert_eq!(p.ttl(), 63, "routed: TTL decremented");
+    assert_eq!(&inner[28..], payload);
+}
+
+#[test]
+fn relayed_esp_is_delivered_to_the_host_directly() {
+    let mut e = env();
+    let c = e.child(0x1001, vip(4500), sa(PEER));
+    e.sh.install_child(&c).expect("install");
+    let peer = Peer::of(&c);
+    e.recv(STEER, esp_frame(&peer, sa(PEER), &[], b"to the vm"));
+    // The VM's MAC is resolved first: an ARP request straight to the host from the VTEP.
+    let sent = e.sent();
+    assert_eq!(sent.len(), 1, "{sent:?}");
+    let (sock, dst, d) = &sent[0];
+    assert_eq!(*dst, SocketAddr::new(ip(HOST), 4789));
+    assert_eq!(
+        *sock, e.sh.vteps[0].recv,
+        "from the VTEP, not the Geneve socket"
+    );
+    let (vni, _, _, ty, payload) = parse_vxlan(d);
+    assert_eq!((vni, ty), (100, EtherType::ARP));
+    let req = ArpRepr::parse(&ArpPacket::new_checked(&payload[..]).expect("arp")).expect("arp");
+    assert_eq!(req.target_protocol_addr.to_string(), "10.0.0.5");
+    // The VM answers through the steer node (the host floods to the VIP); the waiting
+    // packet leaves toward the host from a flow-hashed VTEP socket.
+    e.vm_answers_arp(100, 0);
+    let sent = e.sent();
+    assert_eq!(sent.len(), 1, "{sent:?}");
+    let (sock, dst, d) = &sent[0];
+    assert_eq!(*dst, SocketAddr::new(ip(HOST), 4789));
+    assert!(e.sh.vteps[0].pool.contains(sock), "flow-hashed source port");
+    assert_to_vm(d, 100, b"to the vm");
+    // Resolved now: the next packet goes at once.
+    e.recv(STEER, esp_frame(&peer, sa(PEER), &[], b"again"));
+    let sent = e.sent();
+    assert_eq!(sent.len(), 1);
+    assert_to_vm(&sent[0].2, 100, b"again");
+    let stats = e.sh.registry().stats();
+    assert_eq!(stats[0].packets_in, 2);
+    // Replayed ESP is refused as on a NAT-T socket.
+    let replay = esp_frame(&peer, sa(PEER), &[], b"x");
+    e.recv(STEER, replay.clone());
+    e.sent();
+    e.recv(STEER, replay);
+    assert!(e.sent().is_empty());
+    assert_eq!(e.drops(DropReason::EspReplay), 1);
+}
+
+#[test]
+fn vxlan_via_relay_leaves_as_geneve_wrapped_esp_in_one_gso_train() {
+    let mut e = env();
+    let c = e.child(0x1001, vip(4500), sa(PEER));
+    e.sh.install_child(&c).expect("install");
+    let peer = Peer::of(&c);
+    let frames = (0..5u8)
+        .map(|i| e.relayed_from_vm(100, 0, &[i; 300]))
+        .collect();
+    e.recv_batch(STEER, frames);
+    let msgs = e.out.tx.messages().to_vec();
+    assert_eq!(
+        msgs.len(),
+        1,
+        "equal datagrams to one steer node coalesce: {msgs:?}"
+    );
+    assert_eq!(msgs[0].segments(), 5);
+    assert_eq!((msgs[0].sock, msgs[0].dst), (e.relay_sock(), sa(STEER)));
+    let sent = e.sent();
+    assert_eq!(sent.len(), 5);
+    for (i, (_, _, d)) in sent.iter().enumerate() {
+        let f = parse_frame(d).expect("a relay frame");
+        assert_eq!(f.vni.get(), 0);
+        assert!(!f.control && f.probe.is_none() && f.tunnel.is_none());
+        let dg = f.datagram.expect("datagram");
+        assert_eq!((dg.src, dg.dst), (vip(4500), sa(PEER)), "VIP:4500 -> peer");
+        assert_eq!(
+            d[..8],
+            [0, 0, 0x08, 0, 0, 0, 0, 0],
+            "no options, IPv4, VNI 0"
+        );
+        let ip4 = Ipv4Packet::new_checked(&d[8..]).expect("inner ipv4");
+        assert!(ip4.verify_checksum());
+        assert_eq!(usize::from(ip4.total_len()), d.len() - 8);
+        let esp = &d[dg.payload];
+        assert_eq!(u32::from_be_bytes([esp[0], esp[1], esp[2], esp[3]]), 0x2001);
+        let inner = peer.open(esp).expect("the peer opens it");
+        assert_eq!(Ipv4Packet::new_checked(&inner[..]).expect("ipv4").ttl(), 63);
+        assert_eq!(inner[28..], [i as u8; 300]);
+    }
+    assert_eq!(e.total_drops(), 0);
+}
+
+#[test]
+fn ipv6_peers_get_a_valid_inner_udp_checksum_over_the_ciphertext() {
+    let mut e = env();
+    let (local, remote) = (sa("[2001:db8::1]:4500"), sa("[2001:db8::7]:4500"));
+    let c = e.child(0x1001, local, remote);
+    e.sh.install_child(&c).expect("install");
+    let peer = Peer::of(&c);
+    let f = e.relayed_from_vm(100, 0, b"over v6");
+    e.recv(STEER, f);
+    let sent = e.sent();
+    assert_eq!(sent.len(), 1);
+    let d = &sent[0].2;
+    let f = parse_frame(d).expect("frame");
+    let dg = f.datagram.expect("datagram");
+    assert_eq!((dg.src, dg.dst), (local, remote));
+    assert_eq!(d[2..4], [0x86, 0xdd], "protocol type IPv6");
+    let ip6 = Ipv6Packet::new_checked(&d[8..]).expect("ipv6");
+    let udp = UdpPacket::new_checked(ip6.payload()).expect("udp");
+    assert_ne!(udp.checksum(), 0);
+    assert!(
+        udp.verify_checksum(&local.ip(), &remote.ip()),
+        "covers the sealed ESP"
+    );
+    peer.open(&d[dg.payload]).expect("opens");
+    // Mixed families cannot be relayed: refused at install.
+    let mixed = e.child(0x3001, vip(4500), remote);
+    assert!(matches!(
+        e.sh.install_child(&mixed),
+        Err(DataplaneError::Install { .. })
+    ));
+}
+
+#[test]
+fn idle_probes_are_answered_with_a_control_frame() {
+    let mut e = env();
+    let probe = HealthProbe { id: 5, stamp: 6 };
+    e.recv(STEER, control(&[ProtegoOption::Probe(probe)]));
+    let sent = e.sent();
+    assert_eq!(sent.len(), 1);
+    let (sock, dst, d) = &sent[0];
+    assert_eq!((*sock, *dst), (e.relay_sock(), sa(STEER)));
+    let f = parse_frame(d).expect("reply parses");
+    assert!(f.control, "O flag");
+    assert_eq!(f.probe_reply, Some(probe));
+    assert!(f.probe.is_none() && f.datagram.is_none());
+    assert_eq!(d.len(), 8 + 12, "no payload");
+    assert_eq!(e.out.probes_answered, 1);
+    assert_eq!(e.total_drops(), 0, "a probe is not a drop");
+    // A control frame with nothing to answer is dropped and counted.
+    e.recv(STEER, control(&[ProtegoOption::TunnelId(3)]));
+    assert!(e.sent().is_empty());
+    assert_eq!(e.drops(DropReason::RelayControl), 1);
+    // A control frame's payload is never processed.
+    let c = e.child(0x1001, vip(4500), sa(PEER));
+    e.sh.install_child(&c).expect("install");
+    let mut cf = frame(
+        sa(PEER),
+        vip(4500),
+        &[ProtegoOption::Probe(probe)],
+        &Peer::of(&c).seal(&udp4("192.168.0.9", 2000, "10.0.0.5", 1000, 64, b"x")),
+    );
+    cf[1] |= wire::geneve::FLAG_CONTROL;
+    e.recv(STEER, cf);
+    let sent = e.sent();
+    assert_eq!(sent.len(), 1, "only the reply: {sent:?}");
+    assert!(parse_frame(&sent[0].2).expect("reply").control);
+    assert_eq!(e.sh.registry().stats()[0].packets_in, 0);
+}
+
+#[test]
+fn probes_riding_on_data_frames_are_answered_and_the_data_processed() {
+    let mut e = env();
+    let c = e.child(0x1001, vip(4500), sa(PEER));
+    e.sh.install_child(&c).expect("install");
+    let peer = Peer::of(&c);
+    e.vm_answers_arp(100, 0);
+    assert!(e.sent().is_empty());
+    let probe = HealthProbe {
+        id: 77,
+        stamp: 0xdead_beef,
+    };
+    // On ESP from a peer.
+    e.recv(
+        STEER,
+        esp_frame(&peer, sa(PEER), &[ProtegoOption::Probe(probe)], b"ride"),
+    );
+    let sent = e.sent();
+    assert_eq!(sent.len(), 2, "{sent:?}");
+    let reply = parse_frame(&sent[0].2).expect("reply");
+    assert_eq!(
+        (sent[0].1, reply.control, reply.probe_reply),
+        (sa(STEER), true, Some(probe))
+    );
+    assert_to_vm(&sent[1].2, 100, b"ride");
+    // On VXLAN from a host.
+    let vx = e.vm_vxlan(100, 0, b"up");
+    let f = frame(sa(HOST_SRC), vip(4789), &[ProtegoOption::Probe(probe)], &vx);
+    e.recv(STEER, f);
+    let sent = e.sent();
+    assert_eq!(sent.len(), 2, "{sent:?}");
+    assert_eq!(
+        parse_frame(&sent[0].2).expect("reply").probe_reply,
+        Some(probe)
+    );
+    let esp = parse_frame(&sent[1].2)
+        .expect("esp frame")
+        .datagram
+        .expect("datagram");
+    assert_eq!(esp.dst, sa(PEER));
+    peer.open(&sent[1].2[esp.payload]).expect("opens");
+    assert_eq!(e.out.probes_answered, 2);
+}
+
+#[test]
+fn frames_from_unknown_senders_are_dropped_unanswered() {
+    let mut e = env();
+    let c = e.child(0x1001, vip(4500), sa(PEER));
+    e.sh.install_child(&c).expect("install");
+    let peer = Peer::of(&c);
+    let probe = [ProtegoOption::Probe(HealthProbe { id: 1, stamp: 2 })];
+    // Another address, and the steer node's address with another port.
+    for from in ["127.0.0.99:6081", "127.0.0.9:6082"] {
+        e.recv(from, esp_frame(&peer, sa(PEER), &probe, b"x"));
+        e.recv(from, control(&probe));
+        e.recv(from, e.relayed_from_vm(100, 0, b"y"));
+    }
+    assert!(e.sent().is_empty());
+    assert_eq!(e.drops(DropReason::RelayUnknownSender), 6);
+    assert_eq!(e.total_drops(), 6);
+    assert_eq!(e.out.probes_answered, 0);
+    let s = &e.sh.registry().stats()[0];
+    assert_eq!((s.packets_in, s.packets_out), (0, 0));
+}
+
+#[test]
+fn every_truncation_of_a_frame_is_dropped_and_counted() {
+    let mut e = env();
+    let c = e.child(0x1001, vip(4500), sa(PEER));
+    e.sh.install_child(&c).expect("install");
+    let peer = Peer::of(&c);
+    let probe = [ProtegoOption::Probe(HealthProbe { id: 1, stamp: 2 })];
+    let whole = [
+        esp_frame(&peer, sa(PEER), &probe, b"whole"),
+        e.relayed_from_vm(100, 0, b"whole"),
+        frame(
+            sa("[2001:db8::7]:4500"),
+            sa("[2001:db8::1]:4500"),
+            &probe,
+            b"\x01\x02\x03\x04xx",
+        ),
+    ];
+    let mut cuts = 0;
+    for f in &whole {
+        for cut in 0..f.len() {
+            e.recv(STEER, f[..cut].to_vec());
+            cuts += 1;
+            assert_eq!(
+                e.drops(DropReason::RelayMalformed),
+                cuts,
+                "cut at {cut} of {f:?}"
+            );
+            assert_eq!(e.total_drops(), cuts, "counted once, under one reason");
+            assert!(e.sent().is_empty(), "nothing answered for a cut at {cut}");
+        }
+    }
+    assert_eq!(e.out.probes_answered, 0);
+    // Trailing bytes after the inner IP packet are ignored (as on a padded link).
+    let mut padded = esp_frame(&peer, sa(PEER), &[], b"padded");
+    padded.extend_from_slice(&[0; 6]);
+    e.recv(STEER, padded);
+    assert_eq!(e.total_drops(), cuts);
+    assert_eq!(e.sent().len(), 1, "the ARP request for the VM");
+    // Not a UDP datagram, and an unknown critical option.
+    let mut tcp = e.relayed_from_vm(100, 0, b"z");
+    tcp[8 + 9] = 6;
+    e.recv(STEER, tcp);
+    let mut crit = [0u8; 64];
+    let repr = GeneveRepr {
+        control: true,
+        protocol_type: EtherType::IPV4,
+        vni: Vni::new(0).expect("vni"),
+    };
+    let mut b = GeneveBuilder::new(&mut crit, &repr).expect("builder");
+    b.push(&wire::geneve::GeneveOption {
+        class: wire::geneve::OptionClass(0x0102),
+        option_type: wire::geneve::OptionType(0x81),
+        data: &[],
+    })
+    .expect("option");
+    let n = b.finish();
+    e.recv(STEER, crit[..n].to_vec());
+    assert_eq!(e.drops(DropReason::RelayMalformed), cuts + 2);
+}
+
+#[test]
+fn what_a_data_node_does_not_take_is_counted_by_reason() {
+    let mut e = env();
+    let peer = sa(PEER);
+    // IKE (non-ESP marker) is for the control node.
+    e.recv(
+        STEER,
+        frame(peer, vip(4500), &[], b"\0\0\0\0an IKE message"),
+    );
+    assert_eq!(e.drops(DropReason::RelayIke), 1);
+    // A NAT keepalive is consumed as on a NAT-T socket; too short is malformed.
+    e.recv(STEER, frame(peer, vip(4500), &[], &[0xff]));
+    assert_eq!(e.drops(DropReason::NattKeepalive), 1);
+    e.recv(STEER, frame(peer, vip(4500), &[], &[1, 2]));
+    assert_eq!(e.drops(DropReason::MalformedUdp), 1);
+    // IKE on port 500 and anything else.
+    e.recv(STEER, frame(peer, vip(500), &[], b"an IKE message"));
+    e.recv(STEER, frame(peer, vip(1234), &[], b"?"));
+    assert_eq!(e.drops(DropReason::RelayUnexpectedPort), 2);
+    // ESP of an unknown SPI; VXLAN of an unknown VNI or from an unknown host.
+    e.recv(STEER, frame(peer, vip(4500), &[], &[0x12; 40]));
+    assert_eq!(e.drops(DropReason::EspUnknownSpi), 1);
+    let vx = e.vm_vxlan(100, 0, b"v");
+    let mut wrong_vni = vx.clone();
+    wrong_vni[6] = 7;
+    e.recv(STEER, frame(sa(HOST_SRC), vip(4789), &[], &wrong_vni));
+    assert_eq!(e.drops(DropReason::VxlanUnknownVni), 1);
+    e.recv(STEER, frame(sa("127.0.0.3:40000"), vip(4789), &[], &vx));
+    assert_eq!(e.drops(DropReason::VxlanUnknownHost), 1);
+    assert_eq!(e.total_drops(), 8);
+    assert!(e.sent().is_empty());
+}
+
+#[test]
+fn steer_nodes_are_replaced_at_run_time() {
+    let mut e = env();
+    let c = e.child(0x1001, vip(4500), sa(PEER));
+    e.sh.install_child(&c).expect("install");
+    // No steer node: output is dropped, and no sender is accepted.
+    e.sh.set_relays(vec![]).expect("empty list");
+    e.recv(STEER, e.relayed_from_vm(100, 0, b"a"));
+    assert_eq!(e.drops(DropReason::RelayUnknownSender), 1);
+    let t = e.sh.tables.load();
+    e.out.use_tables(Arc::clone(&t));
+    let mut f = e.relayed_from_vm(100, 0, b"a");
+    receive(
+        &mut e.out,
+        &e.sh,
+        &t,
+        Instant::now(),
+        sa(STEER),
+        &mut f,
+        Pass::All,
+    );
+    assert_eq!(e.drops(DropReason::RelayUnknownSender), 2);
+    // Two steer nodes: both accepted, output to the first; the old one is forgotten.
+    e.sh.set_relays(vec![sa(STEER2), sa(STEER)]).expect("two");
+    e.recv(STEER, e.relayed_from_vm(100, 0, b"b"));
+    e.recv(STEER2, e.relayed_from_vm(100, 0, b"c"));
+    let sent = e.sent();
+    assert_eq!(sent.len(), 2);
+    assert!(sent.iter().all(|(_, dst, _)| *dst == sa(STEER2)));
+    // Output without a steer node (the accept list cannot be empty then, so drive the
+    // seal path directly through a batch whose tables have none).
+    e.sh.set_relays(vec![]).expect("empty list");
+    let t = e.sh.tables.load();
+    e.out.use_tables(Arc::clone(&t));
+    let inner = udp4("10.0.0.5", 1000, "192.168.0.9", 2000, 64, b"d");
+    let child = Arc::clone(&t.vnet_out[0][0]);
+    crate::path::seal::queue(&mut e.out, &e.sh, &child, &inner);
+    assert!(e.sent().is_empty());
+    assert_eq!(e.drops(DropReason::RelayNoSteer), 1);
+    // No sequence number was used for it: the next packet carries number 3.
+    e.sh.set_relays(vec![sa(STEER)]).expect("one");
+    e.recv(STEER, e.relayed_from_vm(100, 0, b"e"));
+    let sent = e.sent();
+    assert_eq!(sent.len(), 1);
+    let dg = parse_frame(&sent[0].2)
+        .expect("frame")
+        .datagram
+        .expect("datagram");
+    let esp = &sent[0].2[dg.payload];
+    assert_eq!(u32::from_be_bytes([esp[4], esp[5], esp[6], esp[7]]), 3);
+    // Invalid lists are refused whole, naming the entry.
+    for (bad, field) in [
+        (vec![sa(STEER), sa("127.0.0.11:0")], "steer[1]"),
+        (vec![sa("[::1]:6081")], "steer[0]"),
+        (vec![sa("0.0.0.0:6081")], "steer[0]"),
+        (vec![sa(STEER), sa(STEER)], "steer[1]"),
+    ] {
+        match e.sh.set_relays(bad) {
+            Err(DataplaneError::Config { field: f, .. }) => assert_eq!(f, field),
+            other => panic!("expected a config error for {field}, got {other:?}"),
+        }
+    }
+    assert_eq!(
+        e.sh.tables.load().relays.as_deref().expect("relay").steer(),
+        [sa(STEER)]
+    );
+}
+
+#[test]
+fn inside_configuration_is_replaced_at_run_time() {
+    // A data node starts without VNets or tunnels; the control node sends them later.
+    let mut e = env_with(vec![], vec![]);
+    let c = e.child(0x1001, vip(4500), sa(PEER));
+    assert!(matches!(
+        e.sh.install_child(&c),
+        Err(DataplaneError::Install { .. })
+    ));
+    e.sh.set_inside(vec![vnet("a", 100)], vec![binding(1, "a", Inside::Vnet(0))])
+        .expect("set inside");
+    e.sh.install_child(&c).expect("install once bound");
+    let peer = Peer::of(&c);
+    e.vm_answers_arp(100, 0);
+    e.recv(STEER, esp_frame(&peer, sa(PEER), &[], b"one"));
+    let sent = e.sent();
+    assert_eq!(sent.len(), 1);
+    assert_to_vm(&sent[0].2, 100, b"one");
+    // An unchanged VNet keeps its neighbour cache: no ARP needed after a no-op replace.
+    e.sh.set_inside(vec![vnet("a", 100)], vec![binding(1, "a", Inside::Vnet(0))])
+        .expect("same again");
+    e.recv(STEER, esp_frame(&peer, sa(PEER), &[], b"two"));
+    let sent = e.sent();
+    assert_eq!(sent.len(), 1, "{sent:?}");
+    assert_to_vm(&sent[0].2, 100, b"two");
+    // Tunnel 1 moves to VNet `a2` (VNI 300), now at index 1: the installed SA follows.
+    let mut a2 = vnet("a", 300);
+    a2.name = "a2".into();
+    e.sh.set_inside(
+        vec![vnet("b", 200), a2],
+        vec![binding(1, "a", Inside::Vnet(1))],
+    )
+    .expect("move");
+    e.vm_answers_arp(300, 1);
+    e.recv(STEER, esp_frame(&peer, sa(PEER), &[], b"three"));
+    let sent = e.sent();
+    assert_eq!(sent.len(), 1, "{sent:?}");
+    assert_to_vm(&sent[0].2, 300, b"three");
+    // VXLAN of the old VNI is unknown now; the new VNI is sealed into the tunnel.
+    e.recv(STEER, e.relayed_from_vm(100, 0, b"old"));
+    assert_eq!(e.drops(DropReason::VxlanUnknownVni), 1);
+    e.recv(STEER, e.relayed_from_vm(300, 1, b"new"));
+    let sent = e.sent();
+    assert_eq!(sent.len(), 1);
+    // An invalid configuration changes nothing.
+    let mut far = vnet("a", 400);
+    far.vtep = ip("127.0.0.77");
+    match e.sh.set_inside(vec![far], vec![]) {
+        Err(DataplaneError::Config { field, .. }) => assert_eq!(field, "vnets[0].vtep"),
+        other => panic!("expected a config error, got {other:?}"),
+    }
+    assert_eq!(e.sh.registry().stats().len(), 1);
+    // Unbinding the tunnel removes its CHILD_SAs.
+    e.sh.set_inside(vec![vnet("b", 200)], vec![])
+        .expect("unbind");
+    assert!(e.sh.registry().stats().is_empty());
+    e.recv(STEER, esp_frame(&peer, sa(PEER), &[], b"gone"));
+    assert_eq!(e.drops(DropReason::EspUnknownSpi), 1);
+}
+
+#[test]
+fn a_peer_behind_a_rebinding_nat_is_followed_through_the_relay() {
+    let mut e = env();
+    let c = e.child(0x1001, vip(4500), sa(PEER));
+    e.sh.install_child(&c).expect("install");
+    let peer = Peer::of(&c);
+    e.vm_answers_arp(100, 0);
+    e.recv(STEER, esp_frame(&peer, sa(PEER), &[], b"before"));
+    assert_eq!(e.sent().len(), 1);
+    assert!(e.rx.try_recv().is_err(), "nothing moved");
+    // The peer's NAT rebinds: the steer node relays its ESP from the new address.
+    let moved = sa("198.51.100.7:61000");
+    e.recv(STEER, esp_frame(&peer, moved, &[], b"after"));
+    assert_eq!(e.sent().len(), 1);
+    match e.rx.try_recv() {
+        Ok(ToControl::PeerAddressSeen {
+            inbound_spi,
+            local,
+            remote,
+        }) => {
+            assert_eq!((inbound_spi.0, local, remote), (0x1001, vip(4500), moved));
+        }
+        other => panic!("expected PeerAddressSeen, got {other:?}"),
+    }
+    // The answer goes to the new address, still through the steer node from the VIP.
+    e.recv(STEER, e.relayed_from_vm(100, 0, b"answer"));
+    let sent = e.sent();
+    assert_eq!(sent.len(), 1);
+    assert_eq!(sent[0].1, sa(STEER));
+    let dg = parse_frame(&sent[0].2)
+        .expect("frame")
+        .datagram
+        .expect("datagram");
+    assert_eq!((dg.src, dg.dst), (vip(4500), moved));
+}
+
+#[test]
+fn relay_configuration_is_validated_by_field() {
+    let check = |cfg: DataplaneConfig, want: &str| {
+        let (tx, _rx) = crossbeam_channel::unbounded();
+        match Shared::open(cfg, tx) {
+            Err(DataplaneError::Config { field, .. }) => assert_eq!(field, want),
+            Err(e) => panic!("{want}: unexpected error {e}"),
+            Ok(_) => panic!("{want}: accepted"),
+        }
+    };
+    let base = || config(vec![vnet("a", 100)], vec![binding(1, "a", Inside::Vnet(0))]);
+    fn relay(cfg: &mut DataplaneConfig) -> &mut RelayConfig {
+        cfg.relay.as_mut().expect("relay")
+    }
+    let mut c = base();
+    c.listen = vec![ip("127.0.0.1")];
+    check(c, "listen");
+    let mut c = base();
+    relay(&mut c).listen = sa("0.0.0.0:6081");
+    check(c, "relay.listen");
+    let mut c = base();
+    relay(&mut c).vtep = Some(ip("224.0.0.1"));
+    check(c, "relay.vtep");
+    let mut c = base();
+    relay(&mut c).steer.push(sa("[::1]:6081"));
+    check(c, "relay.steer[1]");
+    let mut c = base();
+    c.natt_port = 0;
+    check(c, "natt_port");
+    let mut c = base();
+    c.vxlan_port = 4500;
+    check(c, "vxlan_port");
+    let mut c = base();
+    let mut other = vnet("b", 100);
+    other.vtep = ip("127.0.0.1");
+    c.vnets.push(other);
+    check(c, "vnets[1].vni");
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    /// Whatever a steer node sends is counted (dropped under a reason or answered), never a
+    /// panic.
+    #[test]
+    fn arbitrary_frames_are_accounted_for(
+        header in proptest::collection::vec(any::<u8>(), 0..16),
+        body in proptest::collection::vec(any::<u8>(), 0..120),
+        flip in any::<(usize, u8)>(),
+    ) {
+        let mut e = env();
+        let mut f = frame(sa(PEER), vip(4500), &[], &body);
+        // Half the time a garbled header, else a valid frame with one byte flipped.
+        if header.len() >= 8 {
+            f.splice(..header.len().min(f.len()), header.iter().copied());
+        } else {
+            let at = flip.0 % f.len();
+            f[at] ^= flip.1;
+        }
+        e.recv(STEER, f);
+        let answered = e.sent().len() as u64;
+        prop_assert!(e.total_drops() + answered >= 1);
+    }
+}

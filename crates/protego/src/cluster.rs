@@ -1,0 +1,219 @@
+//! `protego control`, `protego data`, `protego steer` (the distributed form's processes) and
+//! `protego ctl` (operator commands to a running control node). Each process hooks the
+//! signals first, starts its parts (see the `cluster` crate), and on SIGINT/SIGTERM stops
+//! them in reverse order.
+
+use crate::up::init_logging;
+use cluster::control_node::ControlNode;
+use cluster::data_node::DataNode;
+use cluster::node_config::NodeConfig;
+use cluster::steer_node::SteerNodeProcess;
+use control::status::Request;
+use control::Config;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Duration;
+use tracing::{error, info, warn};
+
+/// How long a stopping control node waits for the peers' answers to its DELETEs.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(1);
+/// How often the main thread checks that the parts still run.
+const WATCHDOG: Duration = Duration::from_millis(500);
+/// How long `protego ctl` waits for an answer (moves wait for rekeys with the peers; the
+/// control node gives up on a move after 30 s).
+const CTL_TIMEOUT: Duration = Duration::from_secs(45);
+
+/// Which node process.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum NodeKind {
+    Data,
+    Steer,
+}
+
+/// Hooks SIGINT/SIGTERM; the receiver yields once per signal.
+fn signals() -> Result<crossbeam_channel::Receiver<()>, ExitCode> {
+    let (tx, rx) = crossbeam_channel::bounded::<()>(1);
+    ctrlc::set_handler(move || {
+        let _ = tx.try_send(());
+    })
+    .map_err(|e| {
+        eprintln!("error: cannot install the signal handler: {e}");
+        ExitCode::FAILURE
+    })?;
+    Ok(rx)
+}
+
+/// Waits for a signal while `alive` holds.
+fn wait(signal: &crossbeam_channel::Receiver<()>, alive: impl Fn() -> bool) -> bool {
+    loop {
+        match signal.recv_timeout(WATCHDOG) {
+            Ok(()) => return true,
+            Err(crossbeam_channel::RecvTimeoutError::Timeout) if alive() => {}
+            Err(_) => return false,
+        }
+    }
+}
+
+/// `protego control --config FILE`.
+pub(crate) fn run_control(path: &Path, log_level: &str) -> ExitCode {
+    let config = match Config::load(path) {
+        Ok(c) => c,
+        Err(e) => {
+            crate::report_error(&e);
+            return ExitCode::FAILURE;
+        }
+    };
+    if let Err(e) = init_logging(config.gateway.log_format, log_level) {
+        eprintln!("error: {e}");
+        return ExitCode::FAILURE;
+    }
+    for w in &config.warnings {
+        warn!(config = %path.display(), "{w}");
+    }
+    let signal = match signals() {
+        Ok(s) => s,
+        Err(code) => return code,
+    };
+    let node = match ControlNode::start(&config) {
+        Ok(n) => n,
+        Err(e) => {
+            error!(error = %e, "protego control stopped");
+            return ExitCode::FAILURE;
+        }
+    };
+    let clean = wait(&signal, || node.is_running());
+    info!("shutting down");
+    node.shutdown(SHUTDOWN_GRACE);
+    info!("stopped");
+    if clean {
+        ExitCode::SUCCESS
+    } else {
+        error!("the control loop stopped unexpectedly");
+        ExitCode::FAILURE
+    }
+}
+
+/// `protego data --config FILE` and `protego steer --config FILE`.
+pub(crate) fn run_node(kind: NodeKind, path: &Path, log_level: &str) -> ExitCode {
+    let config = match NodeConfig::load(path) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    if let Err(e) = init_logging(config.node.log_format, log_level) {
+        eprintln!("error: {e}");
+        return ExitCode::FAILURE;
+    }
+    let signal = match signals() {
+        Ok(s) => s,
+        Err(code) => return code,
+    };
+    let result = match kind {
+        NodeKind::Data => DataNode::start(&config).map(|n| {
+            wait(&signal, || true);
+            info!("shutting down");
+            n.shutdown();
+        }),
+        NodeKind::Steer => SteerNodeProcess::start(&config).map(|n| {
+            wait(&signal, || true);
+            info!("shutting down");
+            n.shutdown();
+        }),
+    };
+    match result {
+        Ok(()) => {
+            info!("stopped");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            error!(error = %e, "node stopped");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Options of `protego ctl`.
+#[derive(Debug, Clone, clap::Args)]
+pub(crate) struct CtlArgs {
+    /// Control socket of the control node (default: the configuration's `control_socket`).
+    #[arg(short, long, value_name = "PATH", global = true)]
+    socket: Option<PathBuf>,
+    /// Read the socket path from this configuration file.
+    #[arg(
+        short,
+        long,
+        value_name = "FILE",
+        global = true,
+        conflicts_with = "socket"
+    )]
+    config: Option<PathBuf>,
+    #[command(subcommand)]
+    command: CtlCommand,
+}
+
+#[derive(Debug, Clone, clap::Subcommand)]
+enum CtlCommand {
+    /// The data and steer nodes: role, address, liveness, tunnels, load.
+    Nodes,
+    /// Move a tunnel to another data node without loss: rekey with the peer, install the new
+    /// SA on the target, steer it there, delete the old SA once the peer uses the new one.
+    Migrate {
+        /// The tunnel's name.
+        tunnel: String,
+        /// The data node to move it to.
+        #[arg(long, value_name = "NODE")]
+        to: String,
+    },
+    /// Move every tunnel off a data node without loss and place nothing new on it
+    /// (maintenance). `undrain` ends it.
+    Drain {
+        /// The data node.
+        node: String,
+    },
+    /// Let a drained data node take tunnels again.
+    Undrain {
+        /// The data node.
+        node: String,
+    },
+}
+
+/// `protego ctl ...`: one request on the control socket; prints its JSON answer.
+pub(crate) fn run_ctl(args: &CtlArgs) -> ExitCode {
+    let socket = match crate::socket_path(args.socket.clone(), args.config.as_deref()) {
+        Ok(s) => s,
+        Err(code) => return code,
+    };
+    let request = match &args.command {
+        CtlCommand::Nodes => Request::Nodes,
+        CtlCommand::Migrate { tunnel, to } => Request::Migrate {
+            tunnel: tunnel.clone(),
+            to: to.clone(),
+        },
+        CtlCommand::Drain { node } => Request::Drain { node: node.clone() },
+        CtlCommand::Undrain { node } => Request::Undrain { node: node.clone() },
+    };
+    // Moves wait for the peer's rekey: allow them time.
+    match control::status::query_with_timeout(&socket, &request, CTL_TIMEOUT) {
+        Ok(answer) => {
+            match serde_json::to_string_pretty(&answer) {
+                Ok(text) => println!("{text}"),
+                Err(e) => {
+                    eprintln!("error: cannot format the answer: {e}");
+                    return ExitCode::FAILURE;
+                }
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e @ control::Error::Socket { .. }) => {
+            eprintln!("error: {e}");
+            eprintln!("hint: is `protego control` running, and is this its control_socket?");
+            ExitCode::FAILURE
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,301 @@
+//! The steer node's per-datagram decisions, pure functions of the bytes and a table snapshot
+//! (no I/O, no clock, no state), so two steer nodes with the same tables decide alike:
+//!
+//! - [`wan`]: a datagram a peer sent to a VIP. Port 500, and port 4500 after the RFC 3948
+//!   §2.2 non-ESP marker, is IKE for the control node; a single 0xFF on 4500 is a NAT
+//!   keepalive (RFC 3948 §2.3); anything else on 4500 is ESP, steered by its SPI (the
+//!   paper's GIN).
+//! - [`vxlan`]: a datagram a cloud host sent to our VTEP (RFC 7348). ARP, IPv6 neighbour
+//!   discovery (RFC 4861, ICMPv6 types 133–137) and IP packets to the VNet's gateway go to
+//!   the VNI's neighbour nodes; other IP packets go where the VNI's selectors say (the
+//!   paper's GEN).
+//! - [`geneve`]: a frame from a data or control node: a datagram to send out of a VIP, a
+//!   probe reply, or both.
+
+use std::net::{IpAddr, SocketAddr};
+use std::ops::Range;
+
+use steer::{Flow, SelectorEntry, SpiEntry};
+use wire::arp::ArpPacket;
+use wire::esp::UdpEncap;
+use wire::ethernet::{EtherType, EthernetRepr};
+use wire::geneve::HealthProbe;
+use wire::ip::{IpProtocol, Ipv4Packet, Ipv6Packet, IPV6_HEADER_LEN};
+use wire::relay;
+use wire::vxlan::{Vni, VxlanPacket};
+
+use crate::stats::DropReason;
+use crate::tables::{Sender, Tables};
+
+/// The kind of VIP socket a datagram arrived on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum WanPort {
+    /// The IKE port (500).
+    Ike,
+    /// The NAT-T port (4500).
+    NatT,
+}
+
+/// What to do with a datagram from a peer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum WanAction {
+    /// Send it to the control node at this address.
+    Control(SocketAddr),
+    /// Send it to the data node of this SPI entry.
+    Data(SpiEntry),
+    /// A NAT keepalive: drop it (not an error).
+    Keepalive,
+    /// Drop it.
+    Drop(DropReason),
+}
+
+/// Decides where a datagram from a peer goes (see the module docs).
+pub(crate) fn wan(port: WanPort, payload: &[u8], tables: &Tables) -> WanAction {
+    let to_control = || match tables.control {
+        Some(c) => WanAction::Control(c),
+        None => WanAction::Drop(DropReason::NoControl),
+    };
+    match port {
+        WanPort::Ike if payload.is_empty() => WanAction::Drop(DropReason::IkeEmpty),
+        WanPort::Ike => to_control(),
+        WanPort::NatT => match UdpEncap::classify(payload) {
+            Ok(UdpEncap::NatKeepalive) => WanAction::Keepalive,
+            Ok(UdpEncap::Ike) => to_control(),
+            Ok(UdpEncap::Esp(spi)) => match tables.spis.lookup(spi) {
+                Some(entry) => WanAction::Data(entry),
+                None => WanAction::Drop(DropReason::UnknownSpi),
+            },
+            Err(_) => WanAction::Drop(DropReason::EspMalformed),
+        },
+    }
+}
+
+/// What to do with a VXLAN datagram from a host.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum VxlanAction<'t> {
+    /// Send it to the data node of this selector entry.
+    Data(Vni, &'t SelectorEntry),
+    /// Send it to every live one of these neighbour nodes.
+    Neighbours(Vni, &'t [steer::NodeId]),
+    /// Drop it.
+    Drop(DropReason),
+}
+
+/// Decides where a VXLAN datagram (the UDP payload: VXLAN header and Ethernet frame) goes.
+pub(crate) fn vxlan<'t>(payload: &[u8], tables: &'t Tables) -> VxlanAction<'t> {
+    let malformed = VxlanAction::Drop(DropReason::VxlanMalformed);
+    let Ok(packet) = VxlanPacket::new_checked(payload) else {
+        return malformed;
+    };
+    // RFC 7348 §5: "The I flag MUST be set to 1 for a valid VXLAN Network ID (VNI)."
+    if !packet.has_vni() {
+        return malformed;
+    }
+    let vni = packet.vni();
+    let frame = packet.payload();
+    let Ok((eth, offset)) = EthernetRepr::parse(frame) else {
+        return malformed;
+    };
+    let l3 = &frame[offset..];
+    let neighbours = || match tables.vni(vni) {
+        Some(v) if !v.neighbour_nodes.is_empty() => {
+            VxlanAction::Neighbours(vni, &v.neighbour_nodes)
+        }
+        _ => VxlanAction::Drop(DropReason::NoNeighbours),
+    };
+    match eth.ethertype {
+        EtherType::ARP => {
+            if ArpPacket::new_checked(l3).is_err() {
+                return malformed;
+            }
+            neighbours()
+        }
+        EtherType::IPV4 | EtherType::IPV6 => {
+            let Some(inner) = inner_flow(l3) else {
+                return malformed;
+            };
+            let to_gateway = tables
+                .vni(vni)
+                .is_some_and(|v| v.gateway_ips.contains(&inner.flow.dst));
+            if to_gateway || inner.neighbour_discovery {
+                return neighbours();
+            }
+            match tables.selectors.lookup(vni, &inner.flow) {
+                Some(entry) => VxlanAction::Data(vni, entry),
+                None => VxlanAction::Drop(DropReason::VxlanNoSelector),
+            }
+        }
+        _ => VxlanAction::Drop(DropReason::VxlanUnsupported),
+    }
+}
+
+/// The selector fields of an inner IP packet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct InnerFlow {
+    /// Addresses, protocol, ports.
+    pub(crate) flow: Flow,
+    /// ICMPv6 router solicitation/advertisement, neighbour solicitation/advertisement or
+    /// redirect (RFC 4861 types 133–137).
+    pub(crate) neighbour_discovery: bool,
+}
+
+/// IP protocols whose first 4 payload bytes are the source and destination ports.
+const PORT_PROTOCOLS: [IpProtocol; 4] = [
+    IpProtocol::TCP,
+    IpProtocol::UDP,
+    IpProtocol::SCTP,
+    IpProtocol(136), // UDP-Lite
+];
+
+/// ICMPv6 types of neighbour discovery (RFC 4861 §4): router solicitation (133) to redirect
+/// (137).
+const ND_TYPES: std::ops::RangeInclusive<u8> = 133..=137;
+
+/// Reads the selector fields of an IPv4 or IPv6 packet; `None` if it does not parse.
+///
+/// Ports as the data plane's selector check reads them: TCP, UDP, SCTP and UDP-Lite give
+/// theirs; ICMP and ICMPv6 give type and code (type << 8 | code) as both ports (RFC 7296
+/// §3.13.1 matches them on either selector); other protocols, non-first fragments and
+/// truncated headers give 0. IPv6 extension headers are walked to the upper layer.
+pub(crate) fn inner_flow(packet: &[u8]) -> Option<InnerFlow> {
+    let (src, dst, proto, l4): (IpAddr, IpAddr, IpProtocol, Option<&[u8]>) =
+        match packet.first()? >> 4 {
+            4 => {
+                let p = Ipv4Packet::new_checked(packet).ok()?;
+                // check_len passed: header_len <= total_len <= packet.len().
+                let payload = packet.get(p.header_len()..usize::from(p.total_len()))?;
+                let l4 = (p.frag_offset() == 0).then_some(payload);
+                (p.src_addr().into(), p.dst_addr().into(), p.protocol(), l4)
+            }
+            6 => {
+                let p = Ipv6Packet::new_checked(packet).ok()?;
+                let payload = packet.get(IPV6_HEADER_LEN..p.total_len())?;
+                let (proto, l4) = upper_layer_v6(p.next_header(), payload);
+                (p.src_addr().into(), p.dst_addr().into(), proto, l4)
+            }
+            _ => return None,
+        };
+    let (sport, dport) = match l4 {
+        Some(h) if PORT_PROTOCOLS.contains(&proto) && h.len() >= 4 => (
+            u16::from_be_bytes([h[0], h[1]]),
+            u16::from_be_bytes([h[2], h[3]]),
+        ),
+        Some(h) if (proto == IpProtocol::ICMP || proto == IpProtocol::ICMPV6) && h.len() >= 2 => {
+            let tc = u16::from_be_bytes([h[0], h[1]]);
+            (tc, tc)
+        }
+        _ => (0, 0),
+    };
+    let neighbour_discovery = proto == IpProtocol::ICMPV6
+        && src.is_ipv6()
+        && l4
+            .and_then(|h| h.first())
+            .is_some_and(|t| ND_TYPES.contains(t));
+    Some(InnerFlow {
+        flow: Flow {
+            src,
+            dst,
+            proto: proto.0,
+            sport,
+            dport,
+        },
+        neighbour_discovery,
+    })
+}
+
+/// Walks IPv6 extension headers (hop-by-hop, routing, destination options, fragment; RFC 8200
+/// §4) to the upper-layer protocol and header; the header is `None` behind a non-first
+/// fragment, a truncated chain or a chain too long to follow.
+fn upper_layer_v6(mut next: IpProtocol, mut rest: &[u8]) -> (IpProtocol, Option<&[u8]>) {
+    for _ in 0..8 {
+        match next {
+            IpProtocol::HOPOPT | IpProtocol::IPV6_ROUTE | IpProtocol::IPV6_OPTS => {
+                if rest.len() < 8 {
+                    return (next, None);
+                }
+                let len = (usize::from(rest[1]) + 1) * 8;
+                if rest.len() < len {
+                    return (next, None);
+                }
+                next = IpProtocol(rest[0]);
+                rest = &rest[len..];
+            }
+            IpProtocol::IPV6_FRAG => {
+                if rest.len() < 8 {
+                    return (next, None);
+                }
+                let offset = u16::from_be_bytes([rest[2], rest[3]]) & 0xfff8;
+                next = IpProtocol(rest[0]);
+                if offset != 0 {
+                    return (next, None);
+                }
+                rest = &rest[8..];
+            }
+            _ => return (next, Some(rest)),
+        }
+    }
+    (next, None)
+}
+
+/// A datagram a node asks us to send from a VIP socket.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Relay {
+    /// Index of the VIP socket (the inner source).
+    pub(crate) sock: usize,
+    /// The peer (the inner destination).
+    pub(crate) dst: SocketAddr,
+    /// The UDP payload's range within the frame.
+    pub(crate) payload: Range<usize>,
+}
+
+/// What a Geneve frame from a node asks for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct GeneveAction {
+    /// Who sent it.
+    pub(crate) sender: Sender,
+    /// A probe reply it carries.
+    pub(crate) probe_reply: Option<HealthProbe>,
+    /// A datagram to send out of a VIP.
+    pub(crate) relay: Option<Relay>,
+    /// Part of the frame is dropped (its datagram, or the whole frame if it asks for
+    /// nothing else).
+    pub(crate) drop: Option<DropReason>,
+}
+
+/// Decides what a Geneve frame from `src` asks for. `vip_sock` maps an inner source address
+/// to the VIP socket that owns it. `Err` drops the whole frame.
+pub(crate) fn geneve(
+    src: SocketAddr,
+    frame: &[u8],
+    tables: &Tables,
+    vip_sock: impl Fn(SocketAddr) -> Option<usize>,
+) -> Result<GeneveAction, DropReason> {
+    let sender = tables.sender(src).ok_or(DropReason::GeneveUnknownSender)?;
+    let f = relay::parse_frame(frame).map_err(|_| DropReason::GeneveMalformed)?;
+    let mut action = GeneveAction {
+        sender,
+        probe_reply: f.probe_reply,
+        relay: None,
+        drop: None,
+    };
+    match f.datagram {
+        // RFC 8926 §3.4: a control packet's payload "MUST NOT be forwarded".
+        Some(_) if f.control => action.drop = Some(DropReason::GeneveControlPayload),
+        Some(d) => match vip_sock(d.src) {
+            Some(sock) => {
+                action.relay = Some(Relay {
+                    sock,
+                    dst: d.dst,
+                    payload: d.payload,
+                })
+            }
+            None => action.drop = Some(DropReason::RelayNotFromVip),
+        },
+        None if f.probe_reply.is_none() => action.drop = Some(DropReason::GeneveNoAction),
+        None => {}
+    }
+    Ok(action)
+}
+
+#[cfg(test)]
+mod tests;

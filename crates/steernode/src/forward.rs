@@ -1,0 +1,498 @@
+//! The forwarding threads: one for the VIP sockets (IKE and ESP from peers), one for the
+//! underlay sockets (VXLAN from hosts, Geneve from nodes, health probes). Each receives a
+//! batch with `recvmmsg`, decides per datagram with [`crate::classify`], builds the Geneve
+//! frames (or relayed datagrams) into one send batch and sends it with `sendmmsg`.
+//!
+//! Per batch a thread takes the table snapshot once and, only if the batch needs them, the
+//! health monitor's lock and its direction's rate-limit lock once; no lock is taken per
+//! packet. Forwarded datagrams are counted when queued; send failures are counted apart.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use steer::{NodeId, TunnelId};
+use wire::geneve::{GeneveBuilder, GeneveRepr, HealthProbe, ProtegoOption, GENEVE_HEADER_LEN};
+use wire::relay;
+use wire::vxlan::Vni;
+
+use crate::classify::{self, VxlanAction, WanAction, WanPort};
+use crate::health::Health;
+use crate::limits::Direction;
+use crate::stats::{Counters, DropReason, ForwardKind};
+use crate::sys::{Poller, Ready, RxBatch, TxBatch, UdpSocket, Waker};
+use crate::tables::{Published, Sender, Tables};
+
+/// Longest wait of the VIP thread's poll (it has no timers; the waker ends it).
+const WAN_IDLE: Duration = Duration::from_millis(100);
+/// Longest and shortest time between two health ticks of the underlay thread.
+const TICK_MAX: Duration = Duration::from_millis(5);
+const TICK_MIN: Duration = Duration::from_millis(1);
+/// Geneve options a forwarded frame may carry: tunnel id (8 bytes) and probe (12 bytes).
+const OPTIONS_MAX: usize = 8 + 12;
+
+/// What a socket is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Role {
+    /// A VIP's IKE socket.
+    Ike,
+    /// A VIP's NAT-T socket.
+    NatT,
+    /// The VTEP socket.
+    Vxlan,
+    /// The Geneve socket.
+    Geneve,
+}
+
+/// Everything the threads and the control interface share.
+pub(crate) struct Shared {
+    /// Every socket; messages name them by index.
+    pub(crate) socks: Vec<UdpSocket>,
+    /// What each socket is for.
+    pub(crate) roles: Vec<Role>,
+    /// Index of the Geneve socket.
+    pub(crate) geneve: usize,
+    /// Index of the VXLAN socket.
+    pub(crate) vxlan: usize,
+    /// VIP socket address -> socket index.
+    pub(crate) vip_socks: HashMap<SocketAddr, usize>,
+    /// The steering tables.
+    pub(crate) tables: Published,
+    /// Failure detection.
+    pub(crate) health: Mutex<Health>,
+    /// Inbound (ESP) rate limits.
+    pub(crate) inbound: Mutex<Direction>,
+    /// Outbound (VXLAN) rate limits.
+    pub(crate) outbound: Mutex<Direction>,
+    /// The VIP thread's counters.
+    pub(crate) wan_counters: Counters,
+    /// The underlay thread's counters.
+    pub(crate) underlay_counters: Counters,
+    /// Shutdown signal.
+    pub(crate) waker: Waker,
+    /// Datagrams per batch.
+    pub(crate) batch: usize,
+}
+
+impl std::fmt::Debug for Shared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Shared")
+            .field("sockets", &self.socks.len())
+            .field("batch", &self.batch)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Locks a mutex, taking over the data of a poisoned one (its holder panicked mid-update of
+/// counters or probes; the data stays usable).
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// One batch's context: the snapshot, the clock and the locks taken so far.
+struct Batch<'a> {
+    sh: &'a Shared,
+    tables: Arc<Tables>,
+    now: Instant,
+    counters: &'a Counters,
+    direction: &'a Mutex<Direction>,
+    health: Option<MutexGuard<'a, Health>>,
+    limits: Option<MutexGuard<'a, Direction>>,
+}
+
+impl<'a> Batch<'a> {
+    fn new(sh: &'a Shared, counters: &'a Counters, direction: &'a Mutex<Direction>) -> Self {
+        Self {
+            sh,
+            tables: sh.tables.load(),
+            now: Instant::now(),
+            counters,
+            direction,
+            health: None,
+            limits: None,
+        }
+    }
+
+    fn health(&mut self) -> &mut Health {
+        let sh = self.sh;
+        self.health.get_or_insert_with(|| lock(&sh.health))
+    }
+
+    /// Checks that `node` is known and alive, then (with a tunnel) charges its rate limit,
+    /// then asks the monitor whether the packet carries a probe.
+    fn admit_to_node(
+        &mut self,
+        node: NodeId,
+        tunnel: Option<TunnelId>,
+        bytes: usize,
+    ) -> Result<(SocketAddr, Option<HealthProbe>), DropReason> {
+        let addr = *self
+            .tables
+            .nodes
+            .get(&node)
+            .ok_or(DropReason::UnknownNode)?;
+        let now = self.now;
+        match self.health().is_alive(node) {
+            Some(true) => {}
+            Some(false) => return Err(DropReason::NodeDead),
+            None => return Err(DropReason::UnknownNode),
+        }
+        if let Some(t) = tunnel {
+            let dir = self.direction;
+            let limits = self.limits.get_or_insert_with(|| lock(dir));
+            if !limits.admit(t, now, bytes) {
+                return Err(DropReason::RateLimited);
+            }
+        }
+        let probe = self.health().on_forward(node, now);
+        if probe.is_some() {
+            self.counters.forwarded(ForwardKind::ProbesOnPackets, 1);
+        }
+        Ok((addr, probe))
+    }
+
+    /// Reports deaths noticed during the batch and releases the locks.
+    fn finish(mut self) {
+        let now = self.now;
+        if let Some(h) = self.health.as_mut() {
+            h.flush(now);
+        }
+    }
+}
+
+/// A received datagram: who sent it, which of our addresses it came to, its UDP payload.
+#[derive(Clone, Copy)]
+struct Received<'p> {
+    src: SocketAddr,
+    local: SocketAddr,
+    payload: &'p [u8],
+}
+
+/// Queues a Geneve frame to `dst` carrying the datagram `d` (rebuilt with its IP and UDP
+/// headers), with the tunnel and probe options given.
+fn push_frame(
+    tx: &mut TxBatch,
+    sock: usize,
+    dst: SocketAddr,
+    vni: Vni,
+    tunnel: Option<TunnelId>,
+    probe: Option<HealthProbe>,
+    d: Received<'_>,
+) -> Result<(), DropReason> {
+    let Received {
+        src,
+        local,
+        payload,
+    } = d;
+    let mut options = [ProtegoOption::TunnelId(0); 2];
+    let mut n = 0;
+    if let Some(t) = tunnel {
+        options[n] = ProtegoOption::TunnelId(t.0);
+        n += 1;
+    }
+    if let Some(p) = probe {
+        options[n] = ProtegoOption::Probe(p);
+        n += 1;
+    }
+    let max = GENEVE_HEADER_LEN + OPTIONS_MAX + relay::header_len(src.is_ipv6()) + payload.len();
+    tx.push(sock, dst, max, |buf| {
+        relay::emit_frame(buf, vni, &options[..n], src, local, payload)
+    })
+    .map_err(|_| DropReason::FrameTooLarge)
+}
+
+/// Queues an explicit probe: a Geneve control frame with a probe option and no payload.
+fn push_probe(tx: &mut TxBatch, sock: usize, dst: SocketAddr, probe: HealthProbe) -> bool {
+    let repr = GeneveRepr {
+        control: true,
+        protocol_type: relay::protocol_type(dst.is_ipv6()),
+        vni: Vni::default(),
+    };
+    tx.push(sock, dst, GENEVE_HEADER_LEN + OPTIONS_MAX, |buf| {
+        let mut b = GeneveBuilder::new(buf, &repr)?;
+        b.push_protego(&ProtegoOption::Probe(probe))?;
+        Ok::<usize, wire::error::WireError>(b.finish())
+    })
+    .is_ok()
+}
+
+/// Sends everything queued in `tx`, socket by socket.
+fn flush(sh: &Shared, tx: &mut TxBatch, counters: &Counters) {
+    if tx.is_empty() {
+        return;
+    }
+    let mut socks: Vec<usize> = Vec::new();
+    for m in tx.messages() {
+        if !socks.contains(&m.sock) {
+            socks.push(m.sock);
+        }
+    }
+    for s in socks {
+        if let Some(sock) = sh.socks.get(s) {
+            let report = sock.send_batch(tx, s);
+            counters.dropped(DropReason::SendFailed, report.failed);
+        }
+    }
+    tx.clear();
+}
+
+/// Receives one batch from socket `si`; false if there was nothing (or an error, counted).
+fn receive(sh: &Shared, si: usize, rx: &mut RxBatch, counters: &Counters) -> bool {
+    match sh.socks[si].recv_batch(rx) {
+        Ok(n) => n > 0,
+        Err(e) => {
+            counters.dropped(DropReason::ReceiveError, 1);
+            tracing::debug!(local = %sh.socks[si].local_addr(), error = %e, "receive failed");
+            false
+        }
+    }
+}
+
+/// Waits on `poller`; false at shutdown.
+fn wait(poller: &mut Poller, timeout: Duration) -> bool {
+    match poller.wait(timeout) {
+        Ok(Ready::Shutdown) => false,
+        Ok(Ready::Sockets) => true,
+        Err(e) => {
+            tracing::error!(error = %e, "poll failed");
+            std::thread::sleep(TICK_MAX);
+            true
+        }
+    }
+}
+
+/// The VIP thread: IKE to the control node, ESP to data nodes.
+pub(crate) fn run_wan(sh: Arc<Shared>) {
+    let counters = &sh.wan_counters;
+    let socks: Vec<usize> = (0..sh.socks.len())
+        .filter(|&i| matches!(sh.roles[i], Role::Ike | Role::NatT))
+        .collect();
+    let fds: Vec<_> = socks.iter().map(|&i| sh.socks[i].raw_fd()).collect();
+    let mut poller = Poller::new(&fds, &sh.waker);
+    let mut rx = RxBatch::new(sh.batch);
+    let mut tx = TxBatch::with_capacity(sh.batch * 2048);
+    while wait(&mut poller, WAN_IDLE) {
+        for (pi, &si) in socks.iter().enumerate() {
+            if poller.readable(pi) && receive(&sh, si, &mut rx, counters) {
+                wan_batch(&sh, si, &rx, &mut tx);
+                flush(&sh, &mut tx, counters);
+            }
+        }
+    }
+}
+
+/// Forwards one batch received on VIP socket `si`.
+fn wan_batch(sh: &Shared, si: usize, rx: &RxBatch, tx: &mut TxBatch) {
+    let counters = &sh.wan_counters;
+    let port = if sh.roles[si] == Role::Ike {
+        WanPort::Ike
+    } else {
+        WanPort::NatT
+    };
+    let local = sh.socks[si].local_addr();
+    let mut b = Batch::new(sh, counters, &sh.inbound);
+    for i in 0..rx.len() {
+        let (meta, data) = rx.get(i);
+        let Some(src) = meta.src.filter(|_| !meta.truncated) else {
+            counters.dropped(DropReason::BadReceive, 1);
+            continue;
+        };
+        let rcv = Received {
+            src,
+            local,
+            payload: data,
+        };
+        let result = match classify::wan(port, data, &b.tables) {
+            WanAction::Control(control) => {
+                push_frame(tx, sh.geneve, control, Vni::default(), None, None, rcv)
+                    .map(|()| ForwardKind::IkeToControl)
+            }
+            WanAction::Data(entry) => b
+                .admit_to_node(entry.node, Some(entry.tunnel), data.len())
+                .and_then(|(addr, probe)| {
+                    push_frame(
+                        tx,
+                        sh.geneve,
+                        addr,
+                        Vni::default(),
+                        Some(entry.tunnel),
+                        probe,
+                        rcv,
+                    )
+                })
+                .map(|()| ForwardKind::EspToData),
+            WanAction::Keepalive => Ok(ForwardKind::NatKeepalives),
+            WanAction::Drop(r) => Err(r),
+        };
+        match result {
+            Ok(kind) => counters.forwarded(kind, 1),
+            Err(r) => counters.dropped(r, 1),
+        }
+    }
+    b.finish();
+}
+
+/// The underlay thread: VXLAN from hosts, Geneve from nodes, health ticks.
+pub(crate) fn run_underlay(sh: Arc<Shared>) {
+    let counters = &sh.underlay_counters;
+    let socks = [sh.vxlan, sh.geneve];
+    let fds = socks.map(|i| sh.socks[i].raw_fd());
+    let mut poller = Poller::new(&fds, &sh.waker);
+    let mut rx = RxBatch::new(sh.batch);
+    let mut tx = TxBatch::with_capacity(sh.batch * 2048);
+    let mut next_tick = Instant::now();
+    loop {
+        let now = Instant::now();
+        if now >= next_tick {
+            next_tick = tick(&sh, now, &mut tx);
+            flush(&sh, &mut tx, counters);
+        }
+        if !wait(
+            &mut poller,
+            next_tick.saturating_duration_since(Instant::now()),
+        ) {
+            return;
+        }
+        if poller.readable(0) && receive(&sh, sh.vxlan, &mut rx, counters) {
+            vxlan_batch(&sh, &rx, &mut tx);
+            flush(&sh, &mut tx, counters);
+        }
+        if poller.readable(1) && receive(&sh, sh.geneve, &mut rx, counters) {
+            geneve_batch(&sh, &rx, &mut tx);
+            flush(&sh, &mut tx, counters);
+        }
+    }
+}
+
+/// Runs the health monitor's timers: queues the explicit probes due and reports deaths.
+/// Returns when to tick next.
+fn tick(sh: &Shared, now: Instant, tx: &mut TxBatch) -> Instant {
+    let tables = sh.tables.load();
+    let (probes, next) = {
+        let mut h = lock(&sh.health);
+        let probes = h.on_tick(now);
+        h.flush(now);
+        (probes, h.poll_timeout())
+    };
+    let mut sent = 0;
+    for (node, probe) in probes {
+        if let Some(&addr) = tables.nodes.get(&node) {
+            if push_probe(tx, sh.geneve, addr, probe) {
+                sent += 1;
+            }
+        }
+    }
+    sh.underlay_counters
+        .forwarded(ForwardKind::ProbeFrames, sent);
+    let earliest = now + TICK_MIN;
+    let latest = now + TICK_MAX;
+    next.map_or(latest, |t| t.clamp(earliest, latest))
+}
+
+/// Forwards one batch of VXLAN datagrams from hosts.
+fn vxlan_batch(sh: &Shared, rx: &RxBatch, tx: &mut TxBatch) {
+    let counters = &sh.underlay_counters;
+    let local = sh.socks[sh.vxlan].local_addr();
+    let mut b = Batch::new(sh, counters, &sh.outbound);
+    let tables = Arc::clone(&b.tables);
+    for i in 0..rx.len() {
+        let (meta, data) = rx.get(i);
+        let Some(src) = meta.src.filter(|_| !meta.truncated) else {
+            counters.dropped(DropReason::BadReceive, 1);
+            continue;
+        };
+        let rcv = Received {
+            src,
+            local,
+            payload: data,
+        };
+        match classify::vxlan(data, &tables) {
+            VxlanAction::Data(vni, entry) => {
+                let r = b
+                    .admit_to_node(entry.node, Some(entry.tunnel), data.len())
+                    .and_then(|(addr, probe)| {
+                        push_frame(tx, sh.geneve, addr, vni, Some(entry.tunnel), probe, rcv)
+                    });
+                match r {
+                    Ok(()) => counters.forwarded(ForwardKind::VxlanToData, 1),
+                    Err(r) => counters.dropped(r, 1),
+                }
+            }
+            VxlanAction::Neighbours(vni, nodes) => {
+                let mut frames = 0;
+                for &node in nodes {
+                    // Dead or unknown neighbours are skipped: the others answer.
+                    let Ok((addr, probe)) = b.admit_to_node(node, None, data.len()) else {
+                        continue;
+                    };
+                    match push_frame(tx, sh.geneve, addr, vni, None, probe, rcv) {
+                        Ok(()) => frames += 1,
+                        Err(r) => counters.dropped(r, 1),
+                    }
+                }
+                if frames == 0 {
+                    counters.dropped(DropReason::NoNeighbours, 1);
+                } else {
+                    counters.forwarded(ForwardKind::VxlanToNeighbours, 1);
+                    counters.forwarded(ForwardKind::NeighbourFrames, frames);
+                }
+            }
+            VxlanAction::Drop(r) => counters.dropped(r, 1),
+        }
+    }
+    b.finish();
+}
+
+/// Handles one batch of Geneve frames from nodes: relays datagrams out of the VIPs, hands
+/// probe replies to the health monitor.
+fn geneve_batch(sh: &Shared, rx: &RxBatch, tx: &mut TxBatch) {
+    let counters = &sh.underlay_counters;
+    let mut b = Batch::new(sh, counters, &sh.outbound);
+    let tables = Arc::clone(&b.tables);
+    for i in 0..rx.len() {
+        let (meta, frame) = rx.get(i);
+        let Some(src) = meta.src.filter(|_| !meta.truncated) else {
+            counters.dropped(DropReason::BadReceive, 1);
+            continue;
+        };
+        let action = match classify::geneve(src, frame, &tables, |a| sh.vip_socks.get(&a).copied())
+        {
+            Ok(a) => a,
+            Err(r) => {
+                counters.dropped(r, 1);
+                continue;
+            }
+        };
+        if let Some(r) = action.drop {
+            counters.dropped(r, 1);
+        }
+        if let Some(probe) = action.probe_reply {
+            match action.sender {
+                Sender::Data(node) => {
+                    let now = b.now;
+                    b.health().on_reply(node, probe, now);
+                    counters.forwarded(ForwardKind::ProbeReplies, 1);
+                }
+                Sender::Control | Sender::Ambiguous => {
+                    counters.dropped(DropReason::ProbeReplyUnattributed, 1)
+                }
+            }
+        }
+        if let Some(relay) = action.relay {
+            let Some(payload) = frame.get(relay.payload) else {
+                counters.dropped(DropReason::GeneveMalformed, 1);
+                continue;
+            };
+            let queued = tx.push(relay.sock, relay.dst, payload.len(), |buf| {
+                buf[..payload.len()].copy_from_slice(payload);
+                Ok::<usize, ()>(payload.len())
+            });
+            match queued {
+                Ok(()) => counters.forwarded(ForwardKind::RelayedToPeers, 1),
+                Err(()) => counters.dropped(DropReason::FrameTooLarge, 1),
+            }
+        }
+    }
+    b.finish();
+}
