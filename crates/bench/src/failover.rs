@@ -8,11 +8,13 @@
 //! - `migration`: `ctl migrate` of the tunnel to another data node;
 //! - `drain`: `ctl drain` of the node holding it (then `undrain`);
 //! - `data_failover`: `kill -9` of the data node holding it; `outage_ms` runs from the kill
-//!   to the first reply after it.
+//!   on to traffic flowing again: the longest time between two ping replies.
 //!
 //! Also: the control node's IKE state commit latency (`state_write_ms`, from its status) and
-//! the round trip between the peer and the VIP (`peer_rtt_ms`). Control node failover is not
-//! built yet: `control_failover` is reported as `null` with the reason in `not_measured`.
+//! the round trip between the peer and the VIP (`peer_rtt_ms`). With etcd, two control nodes
+//! run and `control_failover` kills the active one: `takeover_ms` runs from the kill to the
+//! standby serving every live node again, and the ping shows whether ESP stopped. Without
+//! etcd it is `null`, with the reason in `not_measured`.
 
 use std::path::PathBuf;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -65,8 +67,21 @@ pub struct FailoverFigures {
     pub sent: u32,
     /// Requests without a reply.
     pub lost: u32,
-    /// From the kill to the first reply after it, ms.
+    /// The longest time without a ping reply (1 ms apart) from the kill on, ms.
     pub outage_ms: u64,
+}
+
+/// A control node failover.
+#[derive(Debug, Clone, Serialize)]
+pub struct ControlFailoverFigures {
+    /// Echo requests sent during the scenario.
+    pub sent: u32,
+    /// Requests without a reply.
+    pub lost: u32,
+    /// From the kill of the active control node to the standby serving every live node.
+    pub takeover_ms: u64,
+    /// The longest time between two ping replies around the kill, ms.
+    pub longest_gap_ms: u64,
 }
 
 /// Commit latency of the control node's store.
@@ -91,8 +106,8 @@ pub struct FailoverReport {
     pub drain: MoveFigures,
     /// `kill -9` of the data node holding the tunnel.
     pub data_failover: FailoverFigures,
-    /// Control node failover: not built yet (null).
-    pub control_failover: Option<FailoverFigures>,
+    /// `kill -9` of the active control node (null without etcd: one control node).
+    pub control_failover: Option<ControlFailoverFigures>,
     /// The IKE state store's commit latency on the control node.
     pub state_write_ms: Latency,
     /// Average round trip between the peer and the VIP, ms.
@@ -163,6 +178,18 @@ fn epoch(t: SystemTime) -> f64 {
     t.duration_since(UNIX_EPOCH)
         .unwrap_or_default()
         .as_secs_f64()
+}
+
+/// The longest time without a ping reply from the last reply before `t0` (the kill) to the
+/// last reply: how long traffic stopped. `None` if no reply came after `t0`.
+fn longest_gap_ms(replies: &[f64], t0: f64) -> Option<u64> {
+    let start = replies.iter().rposition(|t| *t <= t0).unwrap_or(0);
+    let after = &replies[start..];
+    if !after.iter().any(|t| *t > t0) {
+        return None;
+    }
+    let gap = after.windows(2).map(|w| w[1] - w[0]).fold(0.0, f64::max);
+    Some((gap * 1e3).round() as u64)
 }
 
 /// The data node holding the tunnel's CHILD_SAs, if exactly one does.
@@ -237,6 +264,7 @@ pub fn run(
     let etcd = !options.file_store && testbed::cmd::program_exists("etcd");
     let spec = ClusterSpec {
         data: 3,
+        controls: if etcd { 2 } else { 1 },
         store: if etcd {
             ClusterStore::Etcd
         } else {
@@ -246,7 +274,8 @@ pub fn run(
         ..ClusterSpec::default()
     };
     progress(&format!(
-        "starting 1 control, 3 data and 1 steer node ({} store)",
+        "starting {} control, 3 data and 1 steer node ({} store)",
+        spec.controls,
         if etcd { "etcd" } else { "file" }
     ));
     let cluster = match &options.protego_bin {
@@ -309,12 +338,8 @@ fn scenarios(
         cluster.kill(&victim)?;
         Ok(at)
     })?;
-    let t0 = epoch(killed_at);
-    let outage_ms = replies
-        .iter()
-        .find(|t| **t > t0)
-        .map(|t| ((t - t0) * 1e3) as u64)
-        .ok_or_else(|| BenchError::Gateway {
+    let outage_ms =
+        longest_gap_ms(&replies, epoch(killed_at)).ok_or_else(|| BenchError::Gateway {
             gateway: "protego",
             reason: "no ping reply after the data node was killed".into(),
             log_tail: cluster.log_tails(20),
@@ -337,16 +362,75 @@ fn scenarios(
         p99: ms("commit_us_p99"),
         commits: store["commits"].as_u64().unwrap_or(0),
     };
+    let mut not_measured = Vec::new();
+    let control_failover = if etcd {
+        progress("kill -9 of the active control node under a 1 kHz ping");
+        Some(control_failover(topo, cluster)?)
+    } else {
+        not_measured.push(
+            "control_failover: needs etcd (two control nodes elect the active one through it)"
+                .to_owned(),
+        );
+        None
+    };
+
     Ok(FailoverReport {
         migration,
         drain,
         data_failover,
-        control_failover: None,
+        control_failover,
         state_write_ms,
         peer_rtt_ms,
-        not_measured: vec![
-            "control_failover: a standby control node taking over (election through etcd) is not built yet".into(),
-        ],
+        not_measured,
+    })
+}
+
+/// Kills the active control node; the standby takes over.
+fn control_failover(topo: &Topology, cluster: &ProtegoCluster) -> Result<ControlFailoverFigures> {
+    let active = cluster.active_control()?.to_owned();
+    let standby = cluster
+        .control_node_names()
+        .into_iter()
+        .find(|n| *n != active)
+        .ok_or_else(|| BenchError::Gateway {
+            gateway: "protego",
+            reason: "no standby control node".into(),
+            log_tail: String::new(),
+        })?;
+    // Every node still running must be back with the standby.
+    let expected = cluster
+        .members()
+        .iter()
+        .filter(|m| m.role() != testbed::cluster::ClusterRole::Control && m.is_running())
+        .count();
+    let (sent, lost, (takeover, killed_at), replies) = under_ping(topo, || {
+        let at = SystemTime::now();
+        let started = std::time::Instant::now();
+        cluster.kill(&active)?;
+        wait_for(
+            "the standby control node to take over",
+            Duration::from_secs(15),
+            || {
+                let Ok(nodes) = cluster.control_on(&standby, "nodes") else {
+                    return Ok(Probe::NotYet("not active yet".into()));
+                };
+                let alive = nodes["nodes"]
+                    .as_array()
+                    .map_or(0, |n| n.iter().filter(|n| n["alive"] == true).count());
+                Ok(if alive >= expected {
+                    Probe::Ready(())
+                } else {
+                    Probe::NotYet(nodes.to_string())
+                })
+            },
+        )?;
+        Ok((started.elapsed(), at))
+    })?;
+    Ok(ControlFailoverFigures {
+        sent,
+        lost,
+        takeover_ms: takeover.as_millis() as u64,
+        longest_gap_ms: longest_gap_ms(&replies, epoch(killed_at)).unwrap_or(0),
     })
 }
 
@@ -380,7 +464,13 @@ pub fn render(report: &FailoverReport) -> String {
         "data failover  lost {:>5} of {:>5} pings  outage {} ms\n",
         f.lost, f.sent, f.outage_ms
     ));
-    out.push_str("control failover  not measured\n");
+    match &report.control_failover {
+        Some(c) => out.push_str(&format!(
+            "control failover lost {:>5} of {:>5} pings  takeover {} ms, longest reply gap {} ms\n",
+            c.lost, c.sent, c.takeover_ms, c.longest_gap_ms
+        )),
+        None => out.push_str("control failover  not measured\n"),
+    }
     out.push_str(&format!(
         "state write ({})  p50 {:.2} ms  p99 {:.2} ms  ({} commits)\n",
         report.state_write_ms.backend,
@@ -393,4 +483,22 @@ pub fn render(report: &FailoverReport) -> String {
         out.push_str(&format!("not measured: {n}\n"));
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_outage_is_the_longest_silence_from_the_kill_on() {
+        // Replies every 1 ms, then nothing for 40 ms after the kill at 10.0035.
+        let mut r: Vec<f64> = (0..5).map(|i| 10.0 + f64::from(i) * 0.001).collect();
+        r.extend((0..5).map(|i| 10.044 + f64::from(i) * 0.001));
+        assert_eq!(longest_gap_ms(&r, 10.0035), Some(40));
+        // A gap before the kill does not count.
+        let mut early = vec![9.0];
+        early.extend(&r);
+        assert_eq!(longest_gap_ms(&early, 10.0035), Some(40));
+        assert_eq!(longest_gap_ms(&r, 20.0), None);
+    }
 }

@@ -282,7 +282,7 @@ fn drive(
     inbox: Receiver<IkeDatagram>,
 ) {
     let local500 = SocketAddr::from((net::PEER, 500));
-    let local4500 = natt.local();
+    let local4500 = natt.local_addr();
     let mut buf = vec![0u8; 65536];
     let mut out = Vec::new();
     let mut pkt = Vec::new();

@@ -24,7 +24,7 @@ use crate::options::PacketSize;
 use crate::packet::{self, InnerSpec, INNER_HEADERS, VXLAN_FRAME_HEADER};
 use crate::pool::{Built, Pool};
 use crate::rx::{GatewayMac, Measure, RxHandle, RxKind, RxReport};
-use crate::sock::{realtime_ns, SendScratch, Socket};
+use crate::sock::{self, realtime_ns, send_trains, SendScratch, Socket};
 
 /// Socket buffers of the load generator.
 const SOCKET_BUFFER: usize = 64 << 20;
@@ -193,9 +193,10 @@ pub(crate) struct Loadgen {
     namespaces: [testbed::Netns; 2],
 }
 
-fn sock(ns: &testbed::Netns, addr: SocketAddr) -> Result<Arc<Socket>> {
+/// A load generator socket at `addr` in `ns`; `rx`: one a receiver thread reads.
+fn open(ns: &testbed::Netns, addr: SocketAddr, rx: bool) -> Result<Arc<Socket>> {
     let s = ns.udp_socket(addr)?;
-    Ok(Arc::new(Socket::new(s, SOCKET_BUFFER).map_err(|e| {
+    Ok(Arc::new(sock::wrap(s, SOCKET_BUFFER, rx).map_err(|e| {
         BenchError::io(format!("socket {addr}"), e)
     })?))
 }
@@ -208,14 +209,19 @@ impl Loadgen {
         interrupted: Arc<AtomicBool>,
     ) -> Result<Loadgen> {
         set_timer_slack(1_000);
-        let natt = sock(&bench.peer, SocketAddr::from((net::PEER, 4500)))?;
+        let natt = open(&bench.peer, SocketAddr::from((net::PEER, 4500)), true)?;
         let ike = Arc::new(bench.peer.udp_socket(SocketAddr::from((net::PEER, 500)))?);
-        let host = sock(
+        let host = open(
             &bench.host,
             SocketAddr::from((net::HOST_VTEP, net::VXLAN_PORT)),
+            true,
         )?;
-        let plain = sock(&bench.host, SocketAddr::from((net::VM, net::PLAIN_PORT)))?;
-        let base = sock(&bench.peer, SocketAddr::from((net::PEER, 0)))?;
+        let plain = open(
+            &bench.host,
+            SocketAddr::from((net::VM, net::PLAIN_PORT)),
+            true,
+        )?;
+        let base = open(&bench.peer, SocketAddr::from((net::PEER, 0)), false)?;
         let gw_mac: GatewayMac = Arc::new(Mutex::new(None));
         let rx_peer = Arc::new(RxHandle::spawn(
             "rx-peer",
@@ -349,13 +355,6 @@ impl Loadgen {
             &self.interrupted,
         );
         let send_span_s = send_start.elapsed().as_secs_f64();
-        let sent = match sent {
-            Ok(s) => s,
-            Err(e) => {
-                let _ = rx.stop();
-                return Err(BenchError::io("send the packet pool", e));
-            }
-        };
         if let Flow::Inbound { sas, .. } = flow {
             // Packet i of the pool went to tunnel i % n with the tunnel's i / n-th number;
             // packets go out in pool order, so each tunnel's next number follows its last sent.
@@ -630,7 +629,7 @@ fn send_paced(
     send_ns: &mut [u64],
     rate: f64,
     interrupted: &AtomicBool,
-) -> std::io::Result<u64> {
+) -> u64 {
     let trains = pool.trains();
     let t0 = Instant::now();
     let mut k = 0usize;
@@ -666,11 +665,11 @@ fn send_paced(
                 *slot = now_ns;
             }
         }
-        sent += sock.send_trains(scratch, pool, &trains[k..j])?;
+        sent += send_trains(sock, scratch, pool, &trains[k..j]);
         queued = pk;
         k = j;
     }
-    Ok(sent)
+    sent
 }
 
 /// Waits until the receiver has counted `target` packets or nothing new arrived for [`QUIET`].

@@ -117,9 +117,7 @@ impl RxHandle {
         sock: Arc<Socket>,
         gw_mac: GatewayMac,
     ) -> Result<RxHandle> {
-        let features = sock.enable_rx_features();
-        sock.set_nonblocking()
-            .map_err(|e| BenchError::io(format!("make {name} non-blocking"), e))?;
+        let timestamps = sock.timestamps();
         let (tx, rx) = crossbeam_channel::unbounded();
         let progress = Arc::new(AtomicU64::new(0));
         let stop = Arc::new(AtomicBool::new(false));
@@ -133,7 +131,7 @@ impl RxHandle {
             ike: None,
             active: None,
             last_overflow: 0,
-            timestamps: features.timestamps,
+            timestamps,
         };
         let thread = std::thread::Builder::new()
             .name(format!("bench-{name}"))
@@ -229,7 +227,7 @@ impl RxThread {
                 self.command(cmd);
             }
             // An error (none is expected on a bound UDP socket) is treated as an empty poll.
-            let n = self.sock.recv(&mut batch).unwrap_or_default();
+            let n = self.sock.recv_batch(&mut batch).unwrap_or_default();
             if n == 0 {
                 std::thread::sleep(if self.active.is_some() {
                     POLL_ACTIVE
@@ -239,14 +237,13 @@ impl RxThread {
                 continue;
             }
             let fallback_ns = if self.timestamps { 0 } else { realtime_ns() };
-            for i in 0..n {
-                let meta = batch.meta(i);
-                if let Some(o) = meta.overflow {
+            for (meta, data) in batch.iter() {
+                if let Some(o) = meta.queue_drops {
                     self.last_overflow = u64::from(o);
                 }
                 let stamp = meta.stamp_ns.unwrap_or(fallback_ns);
                 let Some(src) = meta.src else { continue };
-                for d in batch.datagrams(i) {
+                for d in data.chunks(meta.seg) {
                     match self.kind {
                         RxKind::HostVxlan => self.vxlan(d, src, stamp, &mut reply),
                         RxKind::HostPlain => {

@@ -15,9 +15,9 @@ use tokio_stream::wrappers::ReceiverStream;
 use tracing::{debug, info, warn};
 
 /// First wait before reconnecting; doubles up to [`MAX_BACKOFF`].
-const MIN_BACKOFF: Duration = Duration::from_millis(100);
+const MIN_BACKOFF: Duration = Duration::from_millis(50);
 /// Longest wait between connection attempts.
-const MAX_BACKOFF: Duration = Duration::from_secs(2);
+const MAX_BACKOFF: Duration = Duration::from_millis(150);
 /// How long a connection attempt may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 /// Messages queued toward control before the session counts as stuck.

@@ -13,6 +13,8 @@ use crate::ike_relay::IkeRelay;
 use crate::manager::{Cluster, ClusterError, Settings, Task, TunnelMeta};
 use crate::service::ControlService;
 use control::certs::NodeRole;
+use control::config::StoreConfig;
+use control::election::{Election, ElectionOptions};
 use control::status::{Request, RequestHandler, TunnelDirectory};
 use control::{Config, ControlHandle, ControlPlane, Responder, StatusServer};
 use crossbeam_channel::{Receiver, RecvTimeoutError};
@@ -28,6 +30,8 @@ use tracing::{error, info, warn};
 pub const STARTUP_WAIT: Duration = Duration::from_secs(10);
 /// Messages queued for the control loop before IKE datagrams are dropped.
 const CONTROL_QUEUE: usize = 8192;
+/// How long the registered nodes must stay the same before the control loop starts.
+const SETTLE: Duration = Duration::from_millis(150);
 /// Period of the cluster's housekeeping.
 const TICK: Duration = Duration::from_millis(100);
 /// How long `migrate` and `drain` wait for their moves.
@@ -48,6 +52,12 @@ pub enum ControlNodeError {
     /// The store could not be opened.
     #[error("cannot open the state store: {0}")]
     Store(#[from] control::store::StoreError),
+    /// The leader election through etcd.
+    #[error("leader election: {0}")]
+    Election(#[from] control::election::ElectionError),
+    /// Stopped by a signal while standing by.
+    #[error("stopped while standing by")]
+    Cancelled,
     /// The gRPC server.
     #[error("gRPC server on {addr}: {reason}")]
     Grpc {
@@ -58,8 +68,39 @@ pub enum ControlNodeError {
     },
 }
 
+/// With the etcd store, control nodes elect the active one through an etcd lease
+/// (`control::election`): blocks until this node is the leader, or `cancel` yields (a signal).
+/// Returns `None` without etcd (one control node, nothing to elect).
+pub fn elect(config: &Config, cancel: &Receiver<()>) -> Result<Option<Election>, ControlNodeError> {
+    let StoreConfig::Etcd(etcd) = &config.store else {
+        return Ok(None);
+    };
+    let cc = config
+        .cluster
+        .as_ref()
+        .ok_or_else(|| ControlNodeError::NoCluster(config.path.clone()))?;
+    let options =
+        ElectionOptions::new(etcd.endpoints.clone(), etcd.prefix.clone(), cc.name.clone());
+    let election = Election::start(&options)?;
+    let mut announced = false;
+    while !election.is_leader() {
+        if !announced {
+            info!(node = %cc.name, "standing by: another control node is active");
+            announced = true;
+        }
+        crossbeam_channel::select! {
+            recv(election.changes()) -> _ => {}
+            recv(cancel) -> _ => return Err(ControlNodeError::Cancelled),
+            default(Duration::from_millis(200)) => {}
+        }
+    }
+    info!(node = %cc.name, term = ?election.fence().map(|f| f.term.revision()), "elected: this control node is now active");
+    Ok(Some(election))
+}
+
 /// A running control node.
 pub struct ControlNode {
+    election: Option<Election>,
     cluster: Arc<Cluster>,
     control: Option<ControlPlane>,
     server: Option<StatusServer>,
@@ -69,8 +110,9 @@ pub struct ControlNode {
 }
 
 impl ControlNode {
-    /// Starts every part (see the module documentation).
-    pub fn start(config: &Config) -> Result<Self, ControlNodeError> {
+    /// Starts every part (see the module documentation); `election` is this node's won
+    /// election ([`elect`]), if the control nodes elect one.
+    pub fn start(config: &Config, election: Option<Election>) -> Result<Self, ControlNodeError> {
         let cc = config
             .cluster
             .clone()
@@ -115,7 +157,11 @@ impl ControlNode {
             .build()
             .map_err(NodeError::Start)?;
         let stop = Arc::new(AtomicBool::new(false));
-        let service = ControlService::new(Arc::clone(&cluster), 0);
+        let term = election
+            .as_ref()
+            .and_then(Election::fence)
+            .map_or(0, |f| f.term.revision().max(0) as u64);
+        let service = ControlService::new(Arc::clone(&cluster), term);
         {
             let stop = Arc::clone(&stop);
             let shutdown = async move {
@@ -136,11 +182,21 @@ impl ControlNode {
             });
         }
         info!(grpc = %cc.grpc, geneve = %cc.geneve, "waiting for data and steer nodes");
+        // Until a data and a steer node registered, and then until no new node came for a
+        // moment: every node's CHILD_SAs should be adopted before the IKE SAs are restored.
         let deadline = Instant::now() + STARTUP_WAIT;
-        while (cluster.live_data_nodes().is_empty() || cluster.steer_addrs().is_empty())
-            && Instant::now() < deadline
-        {
-            std::thread::sleep(Duration::from_millis(50));
+        let mut last = (0, 0);
+        let mut settled_at = Instant::now() + SETTLE;
+        while Instant::now() < deadline {
+            let now = (cluster.live_data_nodes().len(), cluster.steer_addrs().len());
+            if now != last {
+                last = now;
+                settled_at = Instant::now() + SETTLE;
+            }
+            if now.0 > 0 && now.1 > 0 && Instant::now() >= settled_at {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
         }
         if cluster.live_data_nodes().is_empty() || cluster.steer_addrs().is_empty() {
             warn!(
@@ -193,6 +249,7 @@ impl ControlNode {
             "protego control is up"
         );
         Ok(Self {
+            election,
             cluster,
             control: Some(control),
             server: Some(server),
@@ -212,20 +269,41 @@ impl ControlNode {
         self.control.as_ref().map(ControlPlane::handle)
     }
 
-    /// True while the control loop runs.
+    /// True while the control loop runs and, with an election, this node is still the
+    /// leader (a deposed leader must stop: another node acts on the same IKE SAs).
     pub fn is_running(&self) -> bool {
-        self.control.as_ref().is_some_and(ControlPlane::is_running)
+        let leader = self.election.as_ref().is_none_or(|e| {
+            let leading = e.is_leader();
+            if !leading {
+                error!("this control node lost the leadership; stopping");
+            }
+            leading
+        });
+        leader && self.control.as_ref().is_some_and(ControlPlane::is_running)
     }
 
-    /// Stops: the control socket, the control loop (deleting the IKE SAs with `grace` for
-    /// the peers' answers), the sessions.
+    /// Stops: the control socket, the control loop, the sessions. With an election the IKE
+    /// SAs stay in the store and the leadership is given back, so a standby takes over
+    /// without the peers noticing; a single control node deletes its IKE SAs (as
+    /// `protego up`), waiting at most `grace` for the peers' answers.
     pub fn shutdown(mut self, grace: Duration) {
         if let Some(s) = self.server.take() {
             s.shutdown();
         }
         if let Some(c) = self.control.take() {
-            if let Err(e) = c.shutdown(grace) {
+            if self.election.is_some() {
+                c.hand_over();
+                info!("IKE SAs left in the store for the next active control node");
+            } else if let Err(e) = c.shutdown(grace) {
                 warn!(error = %e, "control loop did not stop cleanly");
+            }
+        }
+        if let Some(e) = self.election.take() {
+            match e.resign() {
+                Ok(()) => info!("leadership given back"),
+                Err(e) => {
+                    warn!(error = %e, "cannot give the leadership back; a standby takes over when the lease ends")
+                }
             }
         }
         self.stop.store(true, Ordering::Relaxed);

@@ -110,6 +110,12 @@ impl Applier for DataApplier {
             workers: stats.workers.len() as u32,
             boot_id: self.boot_id,
             installed_spis: stats.children.iter().map(|c| c.inbound_spi.0).collect(),
+            installed: self
+                .dp
+                .installed()
+                .iter()
+                .map(rpc::convert::installed_to_pb)
+                .collect(),
         }
     }
 

@@ -19,4 +19,4 @@ pub mod node_config;
 pub mod service;
 pub mod steer_node;
 
-pub use manager::{Cluster, ClusterError, Role};
+pub use manager::{Cluster, ClusterError, Registration, Role};

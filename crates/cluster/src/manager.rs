@@ -22,7 +22,7 @@
 use crate::ike_relay::IkeRelay;
 use crate::link::{Ack, LinkError, NodeLink};
 use crossbeam_channel::Sender;
-use dataplane::{DataPath, DataplaneError, DataplaneStats, ToControl};
+use dataplane::{DataPath, DataplaneError, DataplaneStats, InstalledChild, ToControl};
 use ike::{ChildSaInfo, IkeSpis, TrafficSelector, TunnelId};
 use rpc::pb;
 use std::collections::{BTreeMap, HashMap};
@@ -124,6 +124,23 @@ struct ChildEntry {
     remote_ts: Vec<TrafficSelector>,
 }
 
+/// What a node says when it registers (its checked Hello).
+#[derive(Debug, Clone)]
+pub struct Registration {
+    /// Its name (its certificate's CN).
+    pub name: String,
+    /// Its role (its certificate's OU).
+    pub role: Role,
+    /// Where it receives Geneve.
+    pub geneve: SocketAddr,
+    /// Changes at every process start.
+    pub boot_id: u64,
+    /// Packet workers.
+    pub workers: u32,
+    /// The CHILD_SAs it holds (data nodes).
+    pub installed: Vec<InstalledChild>,
+}
+
 /// Work the cluster hands to its own thread (it calls into the control loop, which must not
 /// be called from the control loop's thread or a session task).
 #[derive(Debug)]
@@ -143,6 +160,10 @@ struct State {
     retiring: Vec<(Instant, EspSpi)>,
     /// Steer nodes that missed an update and get the whole tables again.
     resync: Vec<u32>,
+    /// Until the control loop reconciled its restored CHILD_SAs ([`DataPath::reconcile`]):
+    /// CHILD_SAs data nodes hold are adopted as they are. Afterwards a held CHILD_SA the
+    /// control loop does not know is removed from its node.
+    reconciled: bool,
 }
 
 /// The cluster: registry, placement, steering. Shared by the control loop (as its
@@ -309,15 +330,16 @@ impl Cluster {
     /// caller). Returns its id. The node receives its whole configuration (data nodes: the
     /// inside configuration and the steer nodes' addresses; steer nodes: the whole tables)
     /// without waiting here; the answers are checked on [`Cluster::tick`]'s thread.
-    pub fn register(
-        &self,
-        name: &str,
-        role: Role,
-        geneve: SocketAddr,
-        boot_id: u64,
-        workers: u32,
-        link: Arc<dyn NodeLink>,
-    ) -> u32 {
+    pub fn register(&self, hello: Registration, link: Arc<dyn NodeLink>) -> u32 {
+        let Registration {
+            name,
+            role,
+            geneve,
+            boot_id,
+            workers,
+            installed,
+        } = hello;
+        let name = name.as_str();
         let mut st = self.state();
         let id = Self::id_of(&mut st, name);
         let restarted = st
@@ -346,11 +368,15 @@ impl Cluster {
                 if restarted {
                     rekey.extend(Self::lose_node_children(&mut st, id));
                 }
+                let orphans = self.adopt(&mut st, id, installed);
                 let relays = Self::relays(&st);
                 let config = self.data_config.clone();
                 drop(st);
                 self.fire(&*link, pb::directive::Op::DataConfig(config), name);
                 self.fire(&*link, pb::directive::Op::SetRelays(relays), name);
+                for op in orphans {
+                    self.fire(&*link, op, name);
+                }
                 // Tunnels waiting for a data node, or stranded on dead ones, move here.
                 let mut st = self.state();
                 rekey.extend(self.unplaced(&st));
@@ -360,13 +386,17 @@ impl Cluster {
                         st.placement.insert(*t, node);
                     }
                 }
-                let neighbours_changed = self.all_vni_ops(&st);
-                let steers = Self::steers(&st);
+                // The steer nodes learn the node and whatever it brought along at once.
+                let steers: Vec<(String, Arc<dyn NodeLink>)> = Self::steers(&st);
+                let tables = self.steer_tables(&st);
                 drop(st);
-                for op in neighbours_changed {
-                    self.broadcast(&steers, op);
+                for (name, link) in &steers {
+                    self.fire(
+                        &**link,
+                        pb::directive::Op::SteerTables(tables.clone()),
+                        name,
+                    );
                 }
-                self.push_nodes();
             }
             Role::Steer => {
                 let tables = self.steer_tables(&st);
@@ -483,6 +513,63 @@ impl Cluster {
         out.sort();
         out.dedup();
         out
+    }
+
+    /// Takes note of the CHILD_SAs data node `id` holds (its Hello). Before the control loop
+    /// reconciled, they are adopted as they are (a new control node takes over without
+    /// rekeying); a known CHILD_SA whose node was lost is attached to it again; afterwards an
+    /// unknown one is an orphan: returns the directives that remove it from the node.
+    fn adopt(
+        &self,
+        st: &mut State,
+        id: u32,
+        installed: Vec<InstalledChild>,
+    ) -> Vec<pb::directive::Op> {
+        let mut orphans = Vec::new();
+        for c in installed {
+            let alive = |n: u32| st.nodes.get(&n).is_some_and(|n| n.alive);
+            match st.children.get(&c.inbound_spi).map(|e| e.node) {
+                Some(Some(n)) if n == id || alive(n) => {}
+                Some(_) => {
+                    if let Some(e) = st.children.get_mut(&c.inbound_spi) {
+                        e.node = Some(id);
+                    }
+                }
+                None if !st.reconciled && self.tunnels.contains_key(&c.tunnel) => {
+                    st.seq += 1;
+                    let seq = st.seq;
+                    if c.sending {
+                        for e in st.children.values_mut().filter(|e| e.tunnel == c.tunnel) {
+                            e.sending = false;
+                        }
+                    }
+                    st.placement.insert(c.tunnel, id);
+                    info!(node = id, tunnel = c.tunnel.0, spi_in = %c.inbound_spi, sending = c.sending, "CHILD_SA adopted from its data node");
+                    st.children.insert(
+                        c.inbound_spi,
+                        ChildEntry {
+                            tunnel: c.tunnel,
+                            node: Some(id),
+                            outbound_spi: c.outbound_spi,
+                            ike: c.ike,
+                            seq,
+                            sending: c.sending,
+                            local_ts: c.local_ts,
+                            remote_ts: c.remote_ts,
+                        },
+                    );
+                }
+                None => {
+                    warn!(node = id, tunnel = c.tunnel.0, spi_in = %c.inbound_spi, "data node holds a CHILD_SA no IKE SA knows; removing it");
+                    orphans.push(pb::directive::Op::RemoveChild(pb::RemoveChild {
+                        tunnel: c.tunnel.0,
+                        inbound_spi: c.inbound_spi.0,
+                        outbound_spi: c.outbound_spi.0,
+                    }));
+                }
+            }
+        }
+        orphans
     }
 
     /// A node's report.
@@ -1156,6 +1243,61 @@ impl DataPath for Cluster {
                 warn!(node = %name, tunnel = tunnel.0, error = %e, "data node did not move the tunnel's peer address");
             }
         }
+    }
+
+    fn reconcile(&self, known: &[EspSpi]) -> Vec<EspSpi> {
+        let known: std::collections::HashSet<EspSpi> = known.iter().copied().collect();
+        let mut st = self.state();
+        st.reconciled = true;
+        let stale: Vec<EspSpi> = st
+            .children
+            .keys()
+            .filter(|spi| !known.contains(spi))
+            .copied()
+            .collect();
+        let mut removals = Vec::new();
+        for spi in stale {
+            if let Some(e) = st.children.remove(&spi) {
+                st.retiring.push((Instant::now() + STEER_GRACE, spi));
+                if let Some(n) = e.node.and_then(|n| st.nodes.get(&n)).filter(|n| n.alive) {
+                    removals.push((
+                        Arc::clone(&n.link),
+                        n.name.clone(),
+                        pb::directive::Op::RemoveChild(pb::RemoveChild {
+                            tunnel: e.tunnel.0,
+                            inbound_spi: spi.0,
+                            outbound_spi: e.outbound_spi.0,
+                        }),
+                    ));
+                }
+            }
+        }
+        let lost: Vec<EspSpi> = known
+            .iter()
+            .filter(|spi| {
+                !st.children
+                    .get(spi)
+                    .and_then(|c| c.node)
+                    .is_some_and(|n| st.nodes.get(&n).is_some_and(|n| n.alive))
+            })
+            .copied()
+            .collect();
+        let ops = self.all_vni_ops(&st);
+        let steers = Self::steers(&st);
+        drop(st);
+        for (link, name, op) in removals {
+            warn!(node = %name, "removing a CHILD_SA no restored IKE SA knows");
+            self.fire(&*link, op, &name);
+        }
+        for op in ops {
+            self.broadcast(&steers, op);
+        }
+        info!(
+            known = known.len(),
+            lost = lost.len(),
+            "restored CHILD_SAs reconciled with the data nodes"
+        );
+        lost
     }
 
     fn send_ike(

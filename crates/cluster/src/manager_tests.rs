@@ -100,7 +100,8 @@ impl Bed {
         let addr = format!("10.0.0.{}:6081", 20 + self.links.len())
             .parse()
             .unwrap();
-        self.cluster.register(name, role, addr, boot, 2, link)
+        self.cluster
+            .register(registration(name, role, addr, boot, Vec::new()), link)
     }
 
     fn ops(&self, name: &str) -> Vec<Op> {
@@ -187,10 +188,9 @@ fn a_node_gets_its_configuration_when_it_registers() {
         }
         other => panic!("{other:?}"),
     }
-    // The data node's arrival is announced to the steer node (SetNodes).
-    assert!(steer_ops
-        .iter()
-        .any(|op| matches!(op, Op::SetNodes(n) if n.data.len() == 1)));
+    // The data node's arrival is announced to the steer node (whole tables).
+    assert!(steer_ops.iter().any(|op| matches!(op, Op::SteerTables(t)
+        if t.nodes.as_ref().is_some_and(|n| n.data.len() == 1))));
     assert_eq!(b.cluster.node_id("data1"), 2, "ids are stable per name");
 }
 
@@ -444,4 +444,160 @@ fn drain_moves_everything_off_and_refuses_when_nowhere_to_go() {
         .any(|o| matches!(o, Op::InstallChild(_))));
     b.cluster.undrain("data1").unwrap();
     let _ = d1;
+}
+
+fn registration(
+    name: &str,
+    role: Role,
+    geneve: SocketAddr,
+    boot_id: u64,
+    installed: Vec<InstalledChild>,
+) -> Registration {
+    Registration {
+        name: name.into(),
+        role,
+        geneve,
+        boot_id,
+        workers: 2,
+        installed,
+    }
+}
+
+fn held(tunnel: u32, spi_in: u32, sending: bool) -> InstalledChild {
+    let c = child(tunnel, spi_in, None, sending);
+    InstalledChild {
+        tunnel: c.tunnel,
+        ike: c.ike,
+        inbound_spi: c.inbound_spi,
+        outbound_spi: c.outbound_spi,
+        local: c.local,
+        remote: c.remote,
+        local_ts: c.local_ts,
+        remote_ts: c.remote_ts,
+        sending,
+    }
+}
+
+#[test]
+fn a_new_control_node_adopts_what_data_nodes_hold_and_rekeys_only_the_rest() {
+    let mut b = bed();
+    b.join("steer1", Role::Steer, 1);
+    // data1 still holds tunnel 1's two SAs (the newer sending) and an SA of tunnel 2.
+    let link = Arc::new(FakeLink::default());
+    b.links.insert("data1".into(), Arc::clone(&link));
+    let d1 = b.cluster.register(
+        registration(
+            "data1",
+            Role::Data,
+            "10.0.0.30:6081".parse().unwrap(),
+            1,
+            vec![
+                held(1, 0x1000, false),
+                held(1, 0x1001, true),
+                held(2, 0x2000, true),
+            ],
+        ),
+        link,
+    );
+    // Steering is rebuilt from them at once: SPIs and the sending SAs' selectors.
+    let tables = b
+        .ops("steer1")
+        .into_iter()
+        .rev()
+        .find_map(|op| match op {
+            Op::SteerTables(t) => Some(t),
+            _ => None,
+        })
+        .expect("whole tables");
+    let spis: Vec<(u32, u32)> = tables.spis.iter().map(|s| (s.spi, s.node)).collect();
+    assert_eq!(spis, [(0x1000, d1), (0x1001, d1), (0x2000, d1)]);
+    let sel: Vec<(u32, u32)> = tables.vnis[0]
+        .selectors
+        .iter()
+        .map(|s| (s.tunnel, s.node))
+        .collect();
+    assert_eq!(sel, [(1, d1), (2, d1)]);
+    // The restored IKE SAs know 0x1001 and 0x2000, and 0x3000 that no node kept; 0x1000 is
+    // unknown to them.
+    b.clear();
+    let lost = b
+        .cluster
+        .reconcile(&[EspSpi(0x1001), EspSpi(0x2000), EspSpi(0x3000)]);
+    assert_eq!(lost, [EspSpi(0x3000)], "only what no node holds is rekeyed");
+    assert!(matches!(&b.ops("data1")[..], [Op::RemoveChild(r)] if r.inbound_spi == 0x1000));
+    // After reconciling, a node arriving with an SA nobody knows is told to remove it.
+    let late = Arc::new(FakeLink::default());
+    b.links.insert("data2".into(), Arc::clone(&late));
+    b.cluster.register(
+        Registration {
+            name: "data2".into(),
+            role: Role::Data,
+            geneve: "10.0.0.31:6081".parse().unwrap(),
+            boot_id: 1,
+            workers: 2,
+            installed: vec![held(3, 0x4000, true)],
+        },
+        late,
+    );
+    assert!(b
+        .ops("data2")
+        .iter()
+        .any(|op| matches!(op, Op::RemoveChild(r) if r.inbound_spi == 0x4000)));
+}
+
+#[test]
+fn events_are_only_taken_from_the_node_they_concern() {
+    let (to_control, from) = crossbeam_channel::bounded(16);
+    let mut b = bed();
+    // Rebuild with a reachable control channel.
+    let (tasks_tx, tasks) = crossbeam_channel::unbounded();
+    let ike = IkeRelay::bind(
+        "127.0.0.1:0".parse().unwrap(),
+        500,
+        4500,
+        to_control.clone(),
+    )
+    .unwrap();
+    b.cluster = Cluster::new(
+        b.cluster.settings().clone(),
+        vec![TunnelMeta {
+            id: TunnelId(1),
+            name: "t1".into(),
+            vni: Some(VNI),
+            rate_limit_mbit: None,
+        }],
+        pb::DataConfig::default(),
+        ike,
+        tasks_tx,
+        to_control,
+    );
+    b.tasks = tasks;
+    b.links.clear();
+    let s = b.join("steer1", Role::Steer, 1);
+    let d1 = b.join("data1", Role::Data, 1);
+    let d2 = b.join("data2", Role::Data, 1);
+    b.cluster
+        .install_child(&child(1, 0x1000, None, true))
+        .unwrap();
+    let holder = if b
+        .ops("data1")
+        .iter()
+        .any(|o| matches!(o, Op::InstallChild(_)))
+    {
+        d1
+    } else {
+        d2
+    };
+    let other = if holder == d1 { d2 } else { d1 };
+    let rekey = |spi| pb::NodeEvent {
+        event: Some(pb::node_event::Event::RekeyNeeded(spi)),
+    };
+    b.cluster.event(other, "other", rekey(0x1000));
+    b.cluster.event(s, "steer1", rekey(0x1000));
+    assert!(
+        from.try_recv().is_err(),
+        "only the holder may ask for its SA's rekey"
+    );
+    b.cluster.event(holder, "holder", rekey(0x1000));
+    assert!(matches!(from.try_recv(), Ok(ToControl::RekeyNeeded(spi)) if spi == EspSpi(0x1000)));
 }

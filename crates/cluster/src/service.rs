@@ -8,7 +8,7 @@
 //! blocking pool, never on the runtime's threads.
 
 use crate::link::{NodeLink, SessionLink};
-use crate::manager::{Cluster, NodeLoad, Role};
+use crate::manager::{Cluster, NodeLoad, Registration, Role};
 use control::certs::NodeRole;
 use rpc::pb;
 use std::net::SocketAddr;
@@ -113,14 +113,25 @@ impl pb::cluster_server::Cluster for ControlService {
         let dyn_link: Arc<dyn NodeLink> = link.clone();
         {
             let cluster = Arc::clone(&self.cluster);
-            let (name, boot, workers, l) = (
-                hello.name.clone(),
-                hello.boot_id,
-                hello.workers,
-                Arc::clone(&dyn_link),
-            );
+            let mut installed = Vec::new();
+            for (i, sa) in hello.installed.iter().enumerate() {
+                installed.push(
+                    rpc::convert::installed_from_pb(sa).map_err(|e| {
+                        Status::invalid_argument(format!("hello.installed[{i}]: {e}"))
+                    })?,
+                );
+            }
+            let registration = Registration {
+                name: hello.name.clone(),
+                role,
+                geneve,
+                boot_id: hello.boot_id,
+                workers: hello.workers,
+                installed,
+            };
+            let l = Arc::clone(&dyn_link);
             tokio::task::spawn_blocking(move || {
-                cluster.register(&name, role, geneve, boot, workers, l);
+                cluster.register(registration, l);
             })
             .await
             .map_err(|_| Status::internal("registration failed"))?;

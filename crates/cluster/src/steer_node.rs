@@ -116,6 +116,7 @@ impl Applier for SteerApplier {
             workers: 2,
             boot_id: self.boot_id,
             installed_spis: Vec::new(),
+            installed: Vec::new(),
         }
     }
 

@@ -149,6 +149,30 @@ pub enum ToControl {
     },
 }
 
+/// A CHILD_SA a data path holds, without its keys: what a new control node needs to take
+/// over steering it ([`DataPath::installed`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InstalledChild {
+    /// Tunnel.
+    pub tunnel: TunnelId,
+    /// The IKE SA that negotiated it.
+    pub ike: IkeSpis,
+    /// Inbound SPI.
+    pub inbound_spi: EspSpi,
+    /// Outbound SPI.
+    pub outbound_spi: EspSpi,
+    /// Our outer address.
+    pub local: SocketAddr,
+    /// The peer's outer address.
+    pub remote: SocketAddr,
+    /// Negotiated local selectors.
+    pub local_ts: Vec<ike::TrafficSelector>,
+    /// Negotiated remote selectors.
+    pub remote_ts: Vec<ike::TrafficSelector>,
+    /// It carries the tunnel's outbound traffic.
+    pub sending: bool,
+}
+
 /// Per CHILD_SA counters.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ChildStats {
@@ -287,6 +311,18 @@ pub trait DataPath: Send + Sync {
     ) -> Result<(), DataplaneError>;
     /// Current counters.
     fn stats(&self) -> DataplaneStats;
+    /// The live CHILD_SAs (retired ones excluded), oldest first. The default holds none.
+    fn installed(&self) -> Vec<InstalledChild> {
+        Vec::new()
+    }
+    /// After the control loop restarted: `known` are the inbound SPIs of the CHILD_SAs of the
+    /// IKE SAs it restored. Returns those this data path no longer holds, which the control
+    /// loop rekeys (their ESP state is gone); the data path may drop what it holds beyond
+    /// `known`. The default holds nothing across a restart (`protego up` restarts with its
+    /// data plane): every one is returned.
+    fn reconcile(&self, known: &[EspSpi]) -> Vec<EspSpi> {
+        known.to_vec()
+    }
     /// Relay mode: replaces the steer nodes' Geneve addresses at once (accepted senders and
     /// the destination of encrypted output; empty: output is dropped). The default refuses
     /// ([`DataplaneError::Unsupported`]).

@@ -1,107 +1,21 @@
-//! Packet batches between the sockets and the processing stages: [`RxBatch`] holds what one
-//! `recvmmsg` returned (each slot possibly a UDP GRO train of equal-size segments), [`TxBatch`]
-//! packs outgoing datagrams back to back in one buffer so that consecutive datagrams to the same
-//! destination leave as one UDP GSO (`UDP_SEGMENT`) message.
+//! Send batches between the processing stages and the sockets: [`TxBatch`] packs outgoing
+//! datagrams back to back in one buffer so that consecutive datagrams to the same destination
+//! leave as one UDP GSO (`UDP_SEGMENT`) message. (Received datagrams are in a
+//! [`netio::RecvBatch`].)
 //!
-//! Both are allocated once per thread; filling and draining them does not allocate.
+//! Batches are allocated once per thread; filling and draining them does not allocate.
 
 use crate::accept::AcceptJob;
 use crate::tables::Tables;
+use netio::{OutMsg, RX_SLOT};
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::sync::Arc;
-
-/// Receive slot size: a GRO train is at most 64 KiB, and so is a (reassembled) UDP datagram.
-pub(crate) const RX_SLOT: usize = 65536;
 
 /// The most segments put in one GSO message (the kernel's UDP_MAX_SEGMENTS is at least 64).
 pub(crate) const MAX_GSO_SEGMENTS: usize = 64;
 
 /// The most payload bytes put in one GSO message (stays below the 64 KiB IP packet limit).
 pub(crate) const MAX_GSO_BYTES: usize = 64000;
-
-/// What the kernel reported for one receive slot.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct RxMeta {
-    /// Sender.
-    pub(crate) src: SocketAddr,
-    /// Bytes in the slot.
-    pub(crate) len: usize,
-    /// GRO segment size (every segment but the last has this size); `len` without GRO.
-    pub(crate) stride: usize,
-    /// The datagram did not fit the slot (MSG_TRUNC): its data is incomplete.
-    pub(crate) truncated: bool,
-}
-
-/// Receive buffers for one batch.
-pub(crate) struct RxBatch {
-    buf: Box<[u8]>,
-    slots: usize,
-    meta: Vec<RxMeta>,
-}
-
-impl RxBatch {
-    /// Buffers for `slots` datagrams (at least one).
-    pub(crate) fn new(slots: usize) -> Self {
-        let slots = slots.max(1);
-        Self {
-            buf: vec![0u8; slots * RX_SLOT].into_boxed_slice(),
-            slots,
-            meta: Vec::with_capacity(slots),
-        }
-    }
-
-    /// Number of slots.
-    pub(crate) fn capacity(&self) -> usize {
-        self.slots
-    }
-
-    /// Filled slots.
-    pub(crate) fn len(&self) -> usize {
-        self.meta.len()
-    }
-
-    /// Forgets the content.
-    pub(crate) fn clear(&mut self) {
-        self.meta.clear();
-    }
-
-    /// The whole buffer (for the receive call to scatter into, `RX_SLOT` bytes per slot).
-    pub(crate) fn raw_mut(&mut self) -> &mut [u8] {
-        &mut self.buf
-    }
-
-    /// Records what the kernel put into the next slot.
-    pub(crate) fn set_filled(&mut self, meta: impl Iterator<Item = RxMeta>) {
-        self.meta.clear();
-        self.meta.extend(meta.take(self.slots));
-    }
-
-    /// Copies a datagram into the next free slot (tests and in-memory paths); false when full.
-    #[cfg(test)]
-    pub(crate) fn push(&mut self, src: SocketAddr, data: &[u8]) -> bool {
-        let i = self.meta.len();
-        if i >= self.slots || data.len() > RX_SLOT {
-            return false;
-        }
-        self.buf[i * RX_SLOT..i * RX_SLOT + data.len()].copy_from_slice(data);
-        self.meta.push(RxMeta {
-            src,
-            len: data.len(),
-            stride: data.len().max(1),
-            truncated: false,
-        });
-        true
-    }
-
-    /// Slot `i`: its metadata and bytes.
-    pub(crate) fn slot_mut(&mut self, i: usize) -> (RxMeta, &mut [u8]) {
-        let m = self.meta[i];
-        (
-            m,
-            &mut self.buf[i * RX_SLOT..i * RX_SLOT + m.len.min(RX_SLOT)],
-        )
-    }
-}
 
 /// An unused address for empty message slots.
 pub(crate) const UNSPECIFIED: SocketAddr =
@@ -131,6 +45,12 @@ impl TxMsg {
         } else {
             self.len.div_ceil(self.seg).max(1)
         }
+    }
+
+    /// The message as `netio` sends it, its bytes in `data` (the batch's buffer).
+    pub(crate) fn out<'d>(&self, data: &'d [u8]) -> OutMsg<'d> {
+        let end = self.start.saturating_add(self.len).min(data.len());
+        OutMsg::train(self.dst, &data[self.start.min(end)..end], self.seg)
     }
 }
 
@@ -318,6 +238,32 @@ mod tests {
     }
 
     #[test]
+    fn messages_hand_their_own_bytes_to_netio() {
+        let mut tx = TxBatch::new(16, 1 << 20, true);
+        put(&mut tx, 0, addr(1), 100, 1);
+        put(&mut tx, 0, addr(1), 100, 2);
+        put(&mut tx, 0, addr(2), 30, 3);
+        let data = tx.data();
+        let out: Vec<_> = tx.messages().iter().map(|m| m.out(data)).collect();
+        assert_eq!(
+            (out[0].dst, out[0].bytes.len(), out[0].seg),
+            (addr(1), 200, 100)
+        );
+        assert_eq!(out[0].segments(), 2);
+        assert_eq!((out[0].bytes[99], out[0].bytes[100]), (1, 2));
+        assert_eq!(
+            (out[1].dst, out[1].bytes, out[1].segments()),
+            (addr(2), &[3; 30][..], 1)
+        );
+        // A message outside the buffer yields no bytes rather than a panic.
+        let stray = TxMsg {
+            start: data.len() + 5,
+            ..tx.messages()[0]
+        };
+        assert!(stray.out(data).bytes.is_empty());
+    }
+
+    #[test]
     fn room_reports_full_batches() {
         let mut tx = TxBatch::new(2, 1 << 20, false);
         put(&mut tx, 0, addr(1), 10, 0);
@@ -325,15 +271,5 @@ mod tests {
         assert!(tx.room(10).is_none());
         tx.clear();
         assert!(tx.is_empty() && tx.room(10).is_some());
-    }
-
-    #[test]
-    fn rx_push_and_read_back() {
-        let mut rx = RxBatch::new(2);
-        assert!(rx.push(addr(9), b"abc"));
-        assert!(rx.push(addr(9), b"de"));
-        assert!(!rx.push(addr(9), b"f"));
-        let (m, d) = rx.slot_mut(1);
-        assert_eq!((m.len, &d[..]), (2, &b"de"[..]));
     }
 }

@@ -8,8 +8,8 @@
 //! replaced at run time with [`Dataplane::set_relays`] and [`Dataplane::set_inside`].
 
 use crate::api::{
-    DataPath, DataplaneConfig, DataplaneError, DataplaneStats, ToControl, TunnelBinding,
-    VnetConfig, WorkerStats,
+    DataPath, DataplaneConfig, DataplaneError, DataplaneStats, InstalledChild, ToControl,
+    TunnelBinding, VnetConfig, WorkerStats,
 };
 use crate::path::relay;
 use crate::shared::Shared;
@@ -311,6 +311,10 @@ impl DataPath for Dataplane {
             drops: sh.drops.snapshot(),
             relay_probes_answered: sh.relay_probes_answered.load(Ordering::Relaxed),
         }
+    }
+
+    fn installed(&self) -> Vec<InstalledChild> {
+        self.shared.registry().installed()
     }
 
     fn set_relays(&self, steer: Vec<SocketAddr>) -> Result<(), DataplaneError> {

@@ -118,6 +118,6 @@ mod testutil;
 
 pub use api::{
     ChildStats, DataPath, DataplaneConfig, DataplaneError, DataplaneStats, IkeDatagram, Inside,
-    RelayConfig, Route, ToControl, TunnelBinding, VnetConfig, WorkerStats,
+    InstalledChild, RelayConfig, Route, ToControl, TunnelBinding, VnetConfig, WorkerStats,
 };
 pub use dataplane::{BoundAddrs, Dataplane};

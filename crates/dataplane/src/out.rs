@@ -16,15 +16,15 @@
 //! and equal-size datagrams to one steer node still form GSO trains.
 
 use crate::accept::{accept_batch, is_dead, AcceptJob};
-use crate::batch::{RxBatch, TxBatch, TxMsg};
+use crate::batch::{TxBatch, TxMsg};
 use crate::path::relay;
 use crate::shared::{rx_slots, tx_batch_size, Shared};
 use crate::stats::{DropCounts, DropReason};
-use crate::sys::socket::{RecvScratch, SendScratch};
 use crate::sys::tun::TunReadBatch;
 use crate::sys::tun_offload::TunWriter;
 use crate::tables::{Child, Tables};
 use crate::vnet::neigh::NeighMemo;
+use netio::{RecvBatch, SendScratch, RX_SLOT};
 use std::net::{IpAddr, SocketAddr};
 use std::ops::Range;
 use std::sync::atomic::Ordering;
@@ -59,10 +59,8 @@ pub(crate) struct SealJob {
 pub(crate) struct Worker {
     /// Worker index.
     pub(crate) id: usize,
-    /// Received datagrams.
-    pub(crate) rx: RxBatch,
-    /// recvmmsg scratch.
-    pub(crate) rx_scratch: RecvScratch,
+    /// Received datagrams (and the `recvmmsg` scratch).
+    pub(crate) rx: RecvBatch,
     /// Frames read from the TUN device (if there is one), GSO super-packets split.
     pub(crate) tun_rx: Option<TunReadBatch>,
     /// Output side.
@@ -82,12 +80,11 @@ impl Worker {
         });
         Self {
             id,
-            rx: RxBatch::new(slots),
-            rx_scratch: RecvScratch::new(slots),
+            rx: RecvBatch::new(slots),
             tun_rx: sh
                 .tun
                 .as_ref()
-                .map(|_| TunReadBatch::new(slots * crate::batch::RX_SLOT, slots)),
+                .map(|_| TunReadBatch::new(slots * RX_SLOT, slots)),
             out,
         }
     }
@@ -443,7 +440,9 @@ impl Wire {
             } else {
                 match sh.socks.get(sock) {
                     Some(s) => {
-                        let r = s.send_batch(tx.data(), &msgs[i..j], &mut self.scratch);
+                        let data = tx.data();
+                        let out = msgs[i..j].iter().map(|m| m.out(data));
+                        let r = s.send_batch(out, &mut self.scratch);
                         drops.add_n(DropReason::SendError, r.failed);
                     }
                     None => {

@@ -5,8 +5,8 @@
 //! its batches to come back (back-pressure instead of unbounded queues).
 
 use crate::batch::TxBatch;
-use crate::sys::waker::Waker;
 use crossbeam_channel::{bounded, Receiver, RecvTimeoutError, Sender};
+use netio::Waker;
 use std::time::Duration;
 
 /// How often a worker waiting for a batch checks for shutdown.

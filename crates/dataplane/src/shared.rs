@@ -6,22 +6,21 @@
 use crate::api::{
     DataplaneConfig, DataplaneError, RelayConfig, ToControl, TunnelBinding, VnetConfig,
 };
-use crate::batch::RX_SLOT;
 use crate::lane::{Lane, LaneKind};
 use crate::overlay::{Overlay, Rules};
 use crate::path::relay::Relays;
 use crate::pool::TxPool;
 use crate::stats::{DropCounters, WorkerCounters};
-use crate::sys::socket::{SocketOptions, UdpSocket};
 use crate::sys::tun::Tun;
 use crate::sys::tun_offload::Offloads;
-use crate::sys::waker::Waker;
 use crate::tables::{Published, Registry};
 use crossbeam_channel::{Sender, TrySendError};
+use netio::{SendMode, SocketOptions, UdpSocket, Waker, RX_SLOT};
 use std::net::{IpAddr, SocketAddr};
+use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 pub(crate) use crate::out::Out;
 
@@ -44,6 +43,28 @@ pub(crate) const POOL_BATCHES: usize = 3;
 /// Ethernet toward hosts, or ESP header, IV, padding and ICV toward peers, in relay mode
 /// behind up to 56 bytes of Geneve, IPv6 and UDP headers; ARP/ND answers, probe replies).
 const TX_SLACK_PER_PACKET: usize = 160;
+
+/// Socket buffer size asked for, each way (the kernel may clamp it).
+const SOCKET_BUFFER: usize = 4 << 20;
+
+/// How long a send waits for socket buffer space, at most three times per batch, before the
+/// rest of the batch is dropped.
+const SEND_BLOCK: Duration = Duration::from_millis(50);
+
+/// How the data plane opens a socket: UDP GRO on receive if `gro`, UDP GSO on send if `gso`.
+/// A socket that is not read (`recv` false) gets a minimal receive buffer, so that stray
+/// datagrams to it cannot pile up.
+fn socket_options(gro: bool, gso: bool, recv: bool) -> SocketOptions {
+    SocketOptions {
+        recv_buffer: if recv { SOCKET_BUFFER } else { 1 },
+        send_buffer: SOCKET_BUFFER,
+        gro,
+        gso,
+        timestamps: false,
+        queue_drops: false,
+        send_mode: SendMode::Bounded(SEND_BLOCK),
+    }
+}
 
 /// Receive slots per batch for a configured `batch` size.
 pub(crate) fn rx_slots(batch: usize) -> usize {
@@ -308,25 +329,17 @@ impl Shared {
         )?;
         let mut socks = Vec::new();
         let mut open = |addr: SocketAddr, opts: SocketOptions| -> Result<usize, DataplaneError> {
-            let s = UdpSocket::bind(addr, opts)
+            let s = UdpSocket::bind(addr, &opts)
                 .map_err(|source| DataplaneError::Bind { addr, source })?;
             socks.push(Arc::new(s));
             Ok(socks.len() - 1)
         };
-        let esp_opts = SocketOptions {
-            gro: true,
-            gso: true,
-            recv: true,
-        };
+        let esp_opts = socket_options(true, true, true);
         let mut listen = Vec::with_capacity(cfg.listen.len());
         for ip in &cfg.listen {
             let ike = open(
                 SocketAddr::new(*ip, cfg.ike_port),
-                SocketOptions {
-                    gro: false,
-                    gso: false,
-                    recv: true,
-                },
+                socket_options(false, false, true),
             )?;
             let natt = open(SocketAddr::new(*ip, cfg.natt_port), esp_opts)?;
             listen.push(Listen { ip: *ip, ike, natt });
@@ -341,24 +354,13 @@ impl Shared {
             // only sends (ARP/ND), from an ephemeral port.
             let recv = match relay_sock {
                 None => open(SocketAddr::new(ip, cfg.vxlan_port), esp_opts)?,
-                Some(_) => open(
-                    SocketAddr::new(ip, 0),
-                    SocketOptions {
-                        gro: false,
-                        gso: true,
-                        recv: false,
-                    },
-                )?,
+                Some(_) => open(SocketAddr::new(ip, 0), socket_options(false, true, false))?,
             };
             let mut pool = Vec::with_capacity(VXLAN_SOURCE_PORTS);
             for _ in 0..VXLAN_SOURCE_PORTS {
                 pool.push(open(
                     SocketAddr::new(ip, 0),
-                    SocketOptions {
-                        gro: false,
-                        gso: true,
-                        recv: false,
-                    },
+                    socket_options(false, true, false),
                 )?);
             }
             vteps.push(Vtep { ip, recv, pool });
@@ -407,7 +409,7 @@ impl Shared {
             ] {
                 lanes.push(Lane::new(
                     kind,
-                    socks[sock].raw_fd(),
+                    socks[sock].as_raw_fd(),
                     in_flight,
                     POOL_BATCHES,
                 ));
@@ -416,7 +418,7 @@ impl Shared {
         if let Some(sock) = relay_sock {
             lanes.push(Lane::new(
                 LaneKind::Relay,
-                socks[sock].raw_fd(),
+                socks[sock].as_raw_fd(),
                 in_flight,
                 POOL_BATCHES,
             ));
@@ -424,7 +426,7 @@ impl Shared {
             for (i, v) in vteps.iter().enumerate() {
                 lanes.push(Lane::new(
                     LaneKind::Vtep { vtep: i },
-                    socks[v.recv].raw_fd(),
+                    socks[v.recv].as_raw_fd(),
                     in_flight,
                     POOL_BATCHES,
                 ));

@@ -13,7 +13,7 @@
 //! bindings) and, in relay mode, the steer nodes ([`Relays`]), so a batch sees one consistent
 //! state of everything the control plane may change at run time.
 
-use crate::api::{ChildStats, Inside};
+use crate::api::{ChildStats, Inside, InstalledChild};
 use crate::overlay::Overlay;
 use crate::path::relay::Relays;
 use crate::sa::SaPair;
@@ -303,6 +303,29 @@ impl Registry {
     }
 
     /// True if `spi` is installed.
+    /// The live (not retired) CHILD_SAs, oldest first.
+    pub(crate) fn installed(&self) -> Vec<InstalledChild> {
+        let mut live: Vec<&Installed> = self
+            .children
+            .values()
+            .filter(|i| i.retired_until.is_none())
+            .collect();
+        live.sort_by_key(|i| i.order);
+        live.into_iter()
+            .map(|i| InstalledChild {
+                tunnel: i.child.tunnel,
+                ike: i.child.ike,
+                inbound_spi: i.child.inbound_spi,
+                outbound_spi: i.child.outbound_spi,
+                local: i.child.local,
+                remote: i.child.remote,
+                local_ts: i.child.local_ts.clone(),
+                remote_ts: i.child.remote_ts.clone(),
+                sending: i.active_out,
+            })
+            .collect()
+    }
+
     pub(crate) fn contains(&self, spi: EspSpi) -> bool {
         self.children.contains_key(&spi)
     }

@@ -13,6 +13,7 @@
 //! counters folded into the shared ones. Per packet there is no allocation, lock or system
 //! call on the ESP and VXLAN paths.
 
+use crate::batch::UNSPECIFIED;
 use crate::lane::LaneKind;
 use crate::out::Worker;
 use crate::path::relay::{self, Pass};
@@ -21,7 +22,7 @@ use crate::path::{tun, underlay};
 use crate::shared::Shared;
 use crate::stats::DropReason;
 use crate::sys::tun_offload::TunDrop;
-use crate::sys::waker::{wait, Ready};
+use netio::{Poller, Ready};
 use std::net::SocketAddr;
 use std::os::fd::RawFd;
 use std::sync::atomic::Ordering;
@@ -50,6 +51,7 @@ pub(crate) fn run(sh: &Shared, id: usize) {
     }
     let mut w = Worker::new(sh, id);
     let fds: Vec<RawFd> = sh.lanes.iter().map(|l| l.fd).collect();
+    let mut poller = Poller::new(&fds, &sh.waker);
     let busy_poll = sh.cfg.busy_poll;
     let mut last_work = Instant::now()
         .checked_sub(busy_poll)
@@ -63,18 +65,18 @@ pub(crate) fn run(sh: &Shared, id: usize) {
         } else {
             housekeeping_due(sh).saturating_duration_since(now)
         };
-        let mask = match wait(&fds, &sh.waker, Some(timeout)) {
+        match poller.wait(Some(timeout)) {
             Ok(Ready::Shutdown) => return,
-            Ok(Ready::Readable(mask)) => mask,
+            Ok(Ready::Readable) => {}
             Err(e) => {
                 tracing::error!(worker = id, error = %e, "poll failed; worker stops");
                 return;
             }
-        };
-        if mask != 0 {
+        }
+        if poller.any_readable() {
             last_work = Instant::now();
         }
-        for lane in (0..sh.lanes.len()).filter(|i| mask & (1 << i) != 0) {
+        for lane in (0..sh.lanes.len()).filter(|&i| poller.readable(i)) {
             for _ in 0..BATCHES_PER_WAKE {
                 if batch(sh, &mut w, lane) != Batch::Full || sh.stopping() {
                     break;
@@ -169,7 +171,7 @@ fn receive(sh: &Shared, w: &mut Worker, kind: LaneKind) -> (usize, bool) {
             };
         }
     };
-    match sh.socks[sock].recv_batch(&mut w.rx, &mut w.rx_scratch) {
+    match sh.socks[sock].recv_batch(&mut w.rx) {
         Ok(n) => (n, n == w.rx.capacity()),
         Err(e) => {
             tracing::debug!(lane = ?kind, error = %e, "receive failed");
@@ -216,12 +218,11 @@ fn process(sh: &Shared, w: &mut Worker, kind: LaneKind, now: Instant, pass: Pass
         LaneKind::Ike { listen } => sh.socks[sh.listen[listen].ike].local_addr(),
         LaneKind::Natt { listen } => sh.socks[sh.listen[listen].natt].local_addr(),
         LaneKind::Vtep { vtep } => sh.socks[sh.vteps[vtep].recv].local_addr(),
-        LaneKind::Tun | LaneKind::Relay => crate::batch::UNSPECIFIED,
+        LaneKind::Tun | LaneKind::Relay => UNSPECIFIED,
     };
     let first = pass != Pass::Parallel;
     let mut packets = 0;
-    for i in 0..w.rx.len() {
-        let (meta, data) = w.rx.slot_mut(i);
+    for (meta, data) in w.rx.iter_mut() {
         let o = &mut w.out;
         if meta.truncated {
             if first {
@@ -239,9 +240,9 @@ fn process(sh: &Shared, w: &mut Worker, kind: LaneKind, now: Instant, pass: Pass
             }
             continue;
         }
-        for segment in data.chunks_mut(meta.stride) {
+        let from = (local, meta.src.unwrap_or(UNSPECIFIED));
+        for segment in data.chunks_mut(meta.seg) {
             packets += 1;
-            let from = (local, meta.src);
             handle(o, sh, &tables, kind, now, from, segment, pass);
         }
     }

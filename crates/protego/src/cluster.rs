@@ -5,6 +5,7 @@
 
 use crate::up::init_logging;
 use cluster::control_node::ControlNode;
+
 use cluster::data_node::DataNode;
 use cluster::node_config::NodeConfig;
 use cluster::steer_node::SteerNodeProcess;
@@ -74,7 +75,15 @@ pub(crate) fn run_control(path: &Path, log_level: &str) -> ExitCode {
         Ok(s) => s,
         Err(code) => return code,
     };
-    let node = match ControlNode::start(&config) {
+    let election = match cluster::control_node::elect(&config, &signal) {
+        Ok(e) => e,
+        Err(cluster::control_node::ControlNodeError::Cancelled) => return ExitCode::SUCCESS,
+        Err(e) => {
+            error!(error = %e, "protego control stopped");
+            return ExitCode::FAILURE;
+        }
+    };
+    let node = match ControlNode::start(&config, election) {
         Ok(n) => n,
         Err(e) => {
             error!(error = %e, "protego control stopped");

@@ -25,7 +25,7 @@ use crate::pb;
 use control::certs::NodeRole;
 use crypto::transform::{EncrId, IntegId, KeId};
 use crypto::{DhGroup, Encr, Integ};
-use dataplane::{Inside, Route, TunnelBinding, VnetConfig};
+use dataplane::{Inside, InstalledChild, Route, TunnelBinding, VnetConfig};
 use ike::{ChildKeys, ChildSaInfo, IkeSpis, TrafficSelector, TunnelId};
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
@@ -287,6 +287,57 @@ pub fn child_to_pb(info: &ChildSaInfo) -> pb::ChildSa {
         outbound_active: info.outbound_active,
         proposal: info.proposal.clone(),
     }
+}
+
+/// A CHILD_SA a data node holds, without keys (its Hello).
+pub fn installed_to_pb(c: &InstalledChild) -> pb::InstalledSa {
+    pb::InstalledSa {
+        tunnel: c.tunnel.0,
+        ike_initiator_spi: c.ike.initiator.0,
+        ike_responder_spi: c.ike.responder.0,
+        inbound_spi: c.inbound_spi.0,
+        outbound_spi: c.outbound_spi.0,
+        local: socket_addr_to_pb(c.local),
+        remote: socket_addr_to_pb(c.remote),
+        local_ts: c.local_ts.iter().map(traffic_selector_to_pb).collect(),
+        remote_ts: c.remote_ts.iter().map(traffic_selector_to_pb).collect(),
+        sending: c.sending,
+    }
+}
+
+/// Checks a held CHILD_SA as [`child_from_pb`] checks its fields (keys aside).
+pub fn installed_from_pb(sa: &pb::InstalledSa) -> Result<InstalledChild> {
+    let ike = IkeSpis {
+        initiator: ike_spi_from_pb("ike_initiator_spi", sa.ike_initiator_spi)?,
+        responder: ike_spi_from_pb("ike_responder_spi", sa.ike_responder_spi)?,
+    };
+    let local_ts = each("local_ts", &sa.local_ts, traffic_selector_from_pb)?;
+    let remote_ts = each("remote_ts", &sa.remote_ts, traffic_selector_from_pb)?;
+    if local_ts.is_empty() {
+        return err("local_ts", "no traffic selector");
+    }
+    if remote_ts.is_empty() {
+        return err("remote_ts", "no traffic selector");
+    }
+    let local = socket_addr_from_pb("local", &sa.local)?;
+    let remote = socket_addr_from_pb("remote", &sa.remote)?;
+    if local.is_ipv4() != remote.is_ipv4() {
+        return err(
+            "remote",
+            format!("{remote} is not of the address family of local {local}"),
+        );
+    }
+    Ok(InstalledChild {
+        tunnel: TunnelId(sa.tunnel),
+        ike,
+        inbound_spi: esp_spi_from_pb("inbound_spi", sa.inbound_spi)?,
+        outbound_spi: esp_spi_from_pb("outbound_spi", sa.outbound_spi)?,
+        local,
+        remote,
+        local_ts,
+        remote_ts,
+        sending: sa.sending,
+    })
 }
 
 /// Checks a CHILD_SA pair and takes its keys (moved, not copied, into [`Zeroizing`] buffers):

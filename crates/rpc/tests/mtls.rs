@@ -171,6 +171,7 @@ fn hello(name: &str, role: pb::Role) -> NodeMessage {
             workers: 1,
             boot_id: 1,
             installed_spis: Vec::new(),
+            installed: Vec::new(),
         })),
     }
 }

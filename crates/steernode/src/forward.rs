@@ -21,8 +21,10 @@ use crate::classify::{self, VxlanAction, WanAction, WanPort};
 use crate::health::Health;
 use crate::limits::Direction;
 use crate::stats::{Counters, DropReason, ForwardKind};
-use crate::sys::{Poller, Ready, RxBatch, TxBatch, UdpSocket, Waker};
+use crate::sys::{recv_batch, Poller, Ready, TxBatch, UdpSocket, Waker};
 use crate::tables::{Published, Sender, Tables};
+use netio::RecvBatch;
+use std::os::fd::AsRawFd;
 
 /// Longest wait of the VIP thread's poll (it has no timers; the waker ends it).
 const WAN_IDLE: Duration = Duration::from_millis(100);
@@ -223,14 +225,14 @@ fn flush(sh: &Shared, tx: &mut TxBatch, counters: &Counters) {
         return;
     }
     let mut socks: Vec<usize> = Vec::new();
-    for m in tx.messages() {
-        if !socks.contains(&m.sock) {
-            socks.push(m.sock);
+    for s in tx.sockets() {
+        if !socks.contains(&s) {
+            socks.push(s);
         }
     }
     for s in socks {
         if let Some(sock) = sh.socks.get(s) {
-            let report = sock.send_batch(tx, s);
+            let report = tx.send(sock, s);
             counters.dropped(DropReason::SendFailed, report.failed);
         }
     }
@@ -238,7 +240,7 @@ fn flush(sh: &Shared, tx: &mut TxBatch, counters: &Counters) {
 }
 
 /// Receives one batch from socket `si`; false if there was nothing (or an error, counted).
-fn receive(sh: &Shared, si: usize, rx: &mut RxBatch, counters: &Counters) -> bool {
+fn receive(sh: &Shared, si: usize, rx: &mut RecvBatch, counters: &Counters) -> bool {
     match sh.socks[si].recv_batch(rx) {
         Ok(n) => n > 0,
         Err(e) => {
@@ -251,9 +253,9 @@ fn receive(sh: &Shared, si: usize, rx: &mut RxBatch, counters: &Counters) -> boo
 
 /// Waits on `poller`; false at shutdown.
 fn wait(poller: &mut Poller, timeout: Duration) -> bool {
-    match poller.wait(timeout) {
+    match poller.wait(Some(timeout)) {
         Ok(Ready::Shutdown) => false,
-        Ok(Ready::Sockets) => true,
+        Ok(Ready::Readable) => true,
         Err(e) => {
             tracing::error!(error = %e, "poll failed");
             std::thread::sleep(TICK_MAX);
@@ -268,9 +270,9 @@ pub(crate) fn run_wan(sh: Arc<Shared>) {
     let socks: Vec<usize> = (0..sh.socks.len())
         .filter(|&i| matches!(sh.roles[i], Role::Ike | Role::NatT))
         .collect();
-    let fds: Vec<_> = socks.iter().map(|&i| sh.socks[i].raw_fd()).collect();
+    let fds: Vec<_> = socks.iter().map(|&i| sh.socks[i].as_raw_fd()).collect();
     let mut poller = Poller::new(&fds, &sh.waker);
-    let mut rx = RxBatch::new(sh.batch);
+    let mut rx = recv_batch(sh.batch);
     let mut tx = TxBatch::with_capacity(sh.batch * 2048);
     while wait(&mut poller, WAN_IDLE) {
         for (pi, &si) in socks.iter().enumerate() {
@@ -283,7 +285,7 @@ pub(crate) fn run_wan(sh: Arc<Shared>) {
 }
 
 /// Forwards one batch received on VIP socket `si`.
-fn wan_batch(sh: &Shared, si: usize, rx: &RxBatch, tx: &mut TxBatch) {
+fn wan_batch(sh: &Shared, si: usize, rx: &RecvBatch, tx: &mut TxBatch) {
     let counters = &sh.wan_counters;
     let port = if sh.roles[si] == Role::Ike {
         WanPort::Ike
@@ -292,8 +294,7 @@ fn wan_batch(sh: &Shared, si: usize, rx: &RxBatch, tx: &mut TxBatch) {
     };
     let local = sh.socks[si].local_addr();
     let mut b = Batch::new(sh, counters, &sh.inbound);
-    for i in 0..rx.len() {
-        let (meta, data) = rx.get(i);
+    for (meta, data) in rx.iter() {
         let Some(src) = meta.src.filter(|_| !meta.truncated) else {
             counters.dropped(DropReason::BadReceive, 1);
             continue;
@@ -337,9 +338,9 @@ fn wan_batch(sh: &Shared, si: usize, rx: &RxBatch, tx: &mut TxBatch) {
 pub(crate) fn run_underlay(sh: Arc<Shared>) {
     let counters = &sh.underlay_counters;
     let socks = [sh.vxlan, sh.geneve];
-    let fds = socks.map(|i| sh.socks[i].raw_fd());
+    let fds = socks.map(|i| sh.socks[i].as_raw_fd());
     let mut poller = Poller::new(&fds, &sh.waker);
-    let mut rx = RxBatch::new(sh.batch);
+    let mut rx = recv_batch(sh.batch);
     let mut tx = TxBatch::with_capacity(sh.batch * 2048);
     let mut next_tick = Instant::now();
     loop {
@@ -391,13 +392,12 @@ fn tick(sh: &Shared, now: Instant, tx: &mut TxBatch) -> Instant {
 }
 
 /// Forwards one batch of VXLAN datagrams from hosts.
-fn vxlan_batch(sh: &Shared, rx: &RxBatch, tx: &mut TxBatch) {
+fn vxlan_batch(sh: &Shared, rx: &RecvBatch, tx: &mut TxBatch) {
     let counters = &sh.underlay_counters;
     let local = sh.socks[sh.vxlan].local_addr();
     let mut b = Batch::new(sh, counters, &sh.outbound);
     let tables = Arc::clone(&b.tables);
-    for i in 0..rx.len() {
-        let (meta, data) = rx.get(i);
+    for (meta, data) in rx.iter() {
         let Some(src) = meta.src.filter(|_| !meta.truncated) else {
             counters.dropped(DropReason::BadReceive, 1);
             continue;
@@ -446,12 +446,11 @@ fn vxlan_batch(sh: &Shared, rx: &RxBatch, tx: &mut TxBatch) {
 
 /// Handles one batch of Geneve frames from nodes: relays datagrams out of the VIPs, hands
 /// probe replies to the health monitor.
-fn geneve_batch(sh: &Shared, rx: &RxBatch, tx: &mut TxBatch) {
+fn geneve_batch(sh: &Shared, rx: &RecvBatch, tx: &mut TxBatch) {
     let counters = &sh.underlay_counters;
     let mut b = Batch::new(sh, counters, &sh.outbound);
     let tables = Arc::clone(&b.tables);
-    for i in 0..rx.len() {
-        let (meta, frame) = rx.get(i);
+    for (meta, frame) in rx.iter() {
         let Some(src) = meta.src.filter(|_| !meta.truncated) else {
             counters.dropped(DropReason::BadReceive, 1);
             continue;

@@ -18,7 +18,7 @@ use crate::forward::{lock, run_underlay, run_wan, Role, Shared};
 use crate::health::{Health, SteerEvent};
 use crate::limits::Direction;
 use crate::stats::{DropStats, ForwardStats, SteerStats, TunnelStats};
-use crate::sys::{UdpSocket, Waker};
+use crate::sys::{self, UdpSocket, Waker};
 use crate::tables::{check_node_addr, validate_nodes, Published, SteerTables, Tables};
 
 /// The addresses a steer node's sockets are bound to (with the kernel's ports where 0 was
@@ -53,7 +53,7 @@ pub struct SteerNode {
 type ThreadMain = fn(Arc<Shared>);
 
 fn bind(role: &'static str, addr: SocketAddr) -> Result<UdpSocket, SteerNodeError> {
-    UdpSocket::bind(addr).map_err(|source| SteerNodeError::Bind { role, addr, source })
+    sys::bind(addr).map_err(|source| SteerNodeError::Bind { role, addr, source })
 }
 
 impl SteerNode {

@@ -68,6 +68,12 @@ impl Etcd {
             "zap".to_owned(),
             "--log-outputs".to_owned(),
             "stderr".to_owned(),
+            // etcd raises a lease's TTL to its election timeout (default 1 s, so 2 s leases
+            // for 1 s requests): short timeouts keep the control nodes' 1 s election leases.
+            "--heartbeat-interval".to_owned(),
+            "100".to_owned(),
+            "--election-timeout".to_owned(),
+            "500".to_owned(),
         ]);
         let process = ns.spawn(&format!("etcd-{name}"), cmd)?;
         let port = client_port.to_string();

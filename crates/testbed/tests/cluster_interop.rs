@@ -12,8 +12,9 @@ use std::time::{Duration, SystemTime};
 
 use common::*;
 
-use protego_testbed::cluster::{ClusterSpec, ProtegoCluster};
+use protego_testbed::cluster::{ClusterSpec, ClusterStore, ProtegoCluster};
 use protego_testbed::protego::GatewayTunnel;
+use protego_testbed::strongswan::summarize;
 use protego_testbed::traffic::{self, IperfOptions, PingOptions};
 use protego_testbed::wait::{wait_for, Probe};
 use protego_testbed::{Cmd, Result, Testbed, Topology};
@@ -306,6 +307,259 @@ fn node_with_a_foreign_certificate_is_refused() -> Result<()> {
         site.initiate("net", UP)?;
         site.wait_child_installed("net", UP)?;
         ping_all_vms(&topo, 0, 3)?;
+        Ok(())
+    })
+}
+
+/// Two control nodes elected through etcd; `kill -9` of the active one under a 100 Hz ping:
+/// ESP never stops (the data and steer nodes keep their tables), the standby takes over (it
+/// restores the IKE SA from etcd and adopts the CHILD_SA from its data node without rekeying),
+/// and afterwards rekeys started by either side succeed on the same IKE SA: strongSwan sees
+/// no new IKE_SA_INIT or IKE_AUTH.
+#[test]
+fn killed_control_node_is_replaced_without_stopping_esp() -> Result<()> {
+    if !protego_testbed::cmd::program_exists("etcd") {
+        eprintln!("skipped: etcd is not installed (make setup installs etcd-server)");
+        return Ok(());
+    }
+    let bed = Testbed::new()?;
+    let topo = Topology::build(&bed, one_tenant(false)?)?;
+    let tun = GatewayTunnel::for_site(&topo, 0, PSK);
+    let spec = ClusterSpec {
+        controls: 2,
+        store: ClusterStore::Etcd,
+        ..ClusterSpec::default()
+    };
+    let cluster = ProtegoCluster::start(&bed, &topo, std::slice::from_ref(&tun), &spec)?;
+    with_logs(&cluster, || {
+        let site = site_charon(&topo, &tun)?;
+        site.initiate("net", UP)?;
+        let child = site.wait_child_installed("net", UP)?;
+        ping_all_vms(&topo, 0, 3)?;
+        let active = cluster.active_control()?.to_owned();
+        let standby = cluster
+            .control_node_names()
+            .into_iter()
+            .find(|n| *n != active)
+            .expect("two control nodes");
+        let before = site.list_sas()?.into_iter().next().expect("one IKE SA");
+        let charon_seen = site.log().len();
+        let pinger = OutagePing::start(&topo)?;
+        std::thread::sleep(Duration::from_millis(500));
+        let killed_at = std::time::Instant::now();
+        let killed_wall = SystemTime::now();
+        cluster.kill(&active)?;
+        // The standby is active once its control socket shows every node alive again.
+        wait_for("the standby to take over", Duration::from_secs(15), || {
+            let nodes = match cluster.control_on(&standby, "nodes") {
+                Ok(n) => n,
+                Err(e) => return Ok(Probe::NotYet(e.to_string())),
+            };
+            let all = nodes["nodes"].as_array().cloned().unwrap_or_default();
+            let alive = all.iter().filter(|n| n["alive"] == true).count();
+            Ok(if all.len() == 3 && alive == 3 {
+                Probe::Ready(())
+            } else {
+                Probe::NotYet(nodes.to_string())
+            })
+        })?;
+        let takeover = killed_at.elapsed();
+        std::thread::sleep(Duration::from_millis(500));
+        let replies = pinger.replies();
+        pinger.process.stop();
+        let t0 = epoch_secs(killed_wall);
+        let after: Vec<f64> = replies.iter().copied().filter(|t| *t > t0 - 0.5).collect();
+        let gap = after.windows(2).map(|w| w[1] - w[0]).fold(0.0, f64::max);
+        eprintln!(
+            "control {active} killed: {standby} active after {} ms; longest gap between ping \
+             replies {:.0} ms ({} replies around the kill)",
+            takeover.as_millis(),
+            gap * 1e3,
+            after.len()
+        );
+        if std::env::var_os("PROTEGO_SHOW_LOGS").is_some() {
+            eprintln!("{}", cluster.log(&standby)?);
+        }
+        assert!(gap < 0.1, "ESP stopped for {:.0} ms", gap * 1e3);
+        // The same CHILD_SA still carries the traffic: nothing was rekeyed.
+        let now = site.wait_child_installed("net", UP)?;
+        assert_eq!(
+            now.spi_in, child.spi_in,
+            "the CHILD_SA was not rekeyed by the takeover"
+        );
+        // Rekeys from both sides on the same IKE SA.
+        cluster.control_on(&standby, &format!("rekey {}", tun.name))?;
+        let second = site.wait_child_rekeyed("net", &child.spi_in, UP)?;
+        site.rekey_child("net")?;
+        site.wait_child_rekeyed("net", &second.spi_in, UP)?;
+        ping_all_vms(&topo, 0, 5)?;
+        site.rekey_ike(&before.name)?;
+        wait_for("strongSwan's IKE SA rekeyed", UP, || {
+            let sas = site.list_sas()?;
+            Ok(
+                match sas.iter().find(|s| {
+                    s.is_established()
+                        && s.initiator_spi != before.initiator_spi
+                        && s.installed("net").next().is_some()
+                }) {
+                    Some(_) => Probe::Ready(()),
+                    None => Probe::NotYet(summarize(&sas)),
+                },
+            )
+        })?;
+        ping_all_vms(&topo, 0, 5)?;
+        let charon_new = site.log().get(charon_seen..).unwrap_or_default().to_owned();
+        assert!(
+            !charon_new.contains("IKE_SA_INIT") && !charon_new.contains("IKE_AUTH"),
+            "strongSwan re-authenticated after the takeover:\n{charon_new}"
+        );
+        Ok(())
+    })
+}
+
+/// Runs `body` with the cluster mutably (restarts); on failure prints every node's log
+/// tail. Stops the cluster either way.
+fn with_logs_mut(
+    cluster: &mut ProtegoCluster,
+    body: impl FnOnce(&mut ProtegoCluster) -> Result<()>,
+) -> Result<()> {
+    let result = body(cluster);
+    if result.is_err() {
+        eprintln!("{}", cluster.log_tails(80));
+    }
+    cluster.stop_all();
+    result
+}
+
+/// The longest time without a ping reply from the last reply before `t0` on, in seconds.
+fn longest_gap(replies: &[f64], t0: f64) -> f64 {
+    let start = replies.iter().rposition(|t| *t <= t0).unwrap_or(0);
+    replies[start..]
+        .windows(2)
+        .map(|w| w[1] - w[0])
+        .fold(0.0, f64::max)
+}
+
+/// `kill -9` of the only control node (file store) and a restart: ESP never stops (the
+/// data and steer nodes keep their tables), the restarted node restores the IKE SA from its
+/// file and adopts the CHILD_SA from its data node without rekeying, and a rekey it starts
+/// afterwards succeeds on the same IKE SA.
+#[test]
+fn restarted_control_node_keeps_the_tunnel_without_rekeying() -> Result<()> {
+    let bed = Testbed::new()?;
+    let (topo, tun, mut cluster) = up(&bed)?;
+    with_logs_mut(&mut cluster, |cluster| {
+        let site = site_charon(&topo, &tun)?;
+        site.initiate("net", UP)?;
+        let child = site.wait_child_installed("net", UP)?;
+        ping_all_vms(&topo, 0, 3)?;
+        let before = site.list_sas()?.into_iter().next().expect("one IKE SA");
+        let charon_seen = site.log().len();
+        let pinger = OutagePing::start(&topo)?;
+        std::thread::sleep(Duration::from_millis(300));
+        let t0 = epoch_secs(SystemTime::now());
+        cluster.kill("control1")?;
+        std::thread::sleep(Duration::from_millis(300));
+        cluster.restart("control1")?;
+        std::thread::sleep(Duration::from_millis(300));
+        let gap = longest_gap(&pinger.replies(), t0);
+        pinger.process.stop();
+        eprintln!(
+            "control node restarted; longest gap between ping replies {:.0} ms",
+            gap * 1e3
+        );
+        assert!(gap < 0.1, "ESP stopped for {:.0} ms", gap * 1e3);
+        let now = site.wait_child_installed("net", UP)?;
+        assert_eq!(
+            now.spi_in, child.spi_in,
+            "the CHILD_SA was kept, not rekeyed"
+        );
+        cluster.control(&format!("rekey {}", tun.name))?;
+        site.wait_child_rekeyed("net", &child.spi_in, UP)?;
+        ping_all_vms(&topo, 0, 3)?;
+        let after = site.list_sas()?.into_iter().next().expect("one IKE SA");
+        assert_eq!(after.initiator_spi, before.initiator_spi, "the same IKE SA");
+        let charon_new = site.log().get(charon_seen..).unwrap_or_default().to_owned();
+        assert!(
+            !charon_new.contains("IKE_SA_INIT"),
+            "strongSwan re-authenticated:\n{charon_new}"
+        );
+        Ok(())
+    })
+}
+
+/// `kill -9` of the steer node: traffic stops while the VIP has no owner; the restarted
+/// steer node gets the whole tables from control and traffic resumes on the same SAs.
+#[test]
+fn restarted_steer_node_gets_its_tables_back() -> Result<()> {
+    let bed = Testbed::new()?;
+    let (topo, tun, mut cluster) = up(&bed)?;
+    with_logs_mut(&mut cluster, |cluster| {
+        let site = site_charon(&topo, &tun)?;
+        site.initiate("net", UP)?;
+        let child = site.wait_child_installed("net", UP)?;
+        ping_all_vms(&topo, 0, 3)?;
+        let pinger = OutagePing::start(&topo)?;
+        std::thread::sleep(Duration::from_millis(300));
+        let killed = SystemTime::now();
+        cluster.kill("steer1")?;
+        std::thread::sleep(Duration::from_millis(200));
+        cluster.restart("steer1")?;
+        let outage = pinger
+            .first_reply_after(killed + Duration::from_millis(200), Duration::from_secs(10))?;
+        pinger.process.stop();
+        eprintln!(
+            "steer node restarted: traffic back {} ms after the restart began",
+            outage.as_millis()
+        );
+        let now = site.wait_child_installed("net", UP)?;
+        assert_eq!(
+            now.spi_in, child.spi_in,
+            "the same CHILD_SA carries the traffic"
+        );
+        ping_all_vms(&topo, 0, 3)?;
+        Ok(())
+    })
+}
+
+/// `drain` of the data node holding the tunnel under a 1 kHz ping loses nothing; nothing is
+/// placed on a drained node until `undrain`.
+#[test]
+fn drain_loses_nothing() -> Result<()> {
+    let bed = Testbed::new()?;
+    let (topo, tun, cluster) = up(&bed)?;
+    with_logs(&cluster, || {
+        let site = site_charon(&topo, &tun)?;
+        site.initiate("net", UP)?;
+        site.wait_child_installed("net", UP)?;
+        ping_all_vms(&topo, 0, 3)?;
+        let victim = holder(&cluster)?.expect("one data node holds the tunnel");
+        let s = &topo.sites[0];
+        let vm = &topo.tenants[0].vms[0];
+        let ping = {
+            let ns = s.ns.clone();
+            let (src, dst) = (s.lan_addr, vm.addr.addr);
+            std::thread::spawn(move || {
+                traffic::ping(
+                    &ns,
+                    dst,
+                    &PingOptions::new(2000, Duration::from_millis(1)).from(src),
+                )
+            })
+        };
+        std::thread::sleep(Duration::from_millis(500));
+        let answer = cluster.control(&format!("drain {victim}"))?;
+        assert_eq!(answer["ok"], true, "{answer}");
+        assert_eq!(answer["moved"], 1, "{answer}");
+        let ping = ping.join().expect("ping thread")?;
+        assert_eq!(ping.lost(), 0, "pings lost during the drain: {ping:?}");
+        assert_ne!(holder(&cluster)?.as_deref(), Some(victim.as_str()));
+        // A drained node takes nothing: moving the tunnel back is refused.
+        let refused = cluster.control(&format!("migrate {} {victim}", tun.name));
+        assert!(refused.is_err(), "{refused:?}");
+        cluster.control(&format!("undrain {victim}"))?;
+        let back = cluster.control(&format!("migrate {} {victim}", tun.name))?;
+        assert_eq!(back["ok"], true, "{back}");
         Ok(())
     })
 }

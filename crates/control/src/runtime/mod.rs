@@ -48,8 +48,8 @@ enum Command {
     Shutdown {
         grace: Duration,
     },
-    /// Stop at once, as a crash would (tests of the restore).
-    #[cfg(test)]
+    /// Stop at once without deleting anything (a hand-over to another control node; tests
+    /// of the restore).
     Abort,
 }
 
@@ -272,9 +272,9 @@ impl ControlPlane {
         self.thread.as_ref().is_some_and(|t| !t.is_finished())
     }
 
-    /// Stops the loop at once, as a crash would: no DELETE, and the store keeps every IKE SA.
-    #[cfg(test)]
-    pub(crate) fn abort(mut self) {
+    /// Stops the loop at once, as a crash would: no DELETE, and the store keeps every IKE SA,
+    /// for the control node that takes over (the distributed form's graceful hand-over).
+    pub fn hand_over(mut self) {
         if let Some(thread) = self.thread.take() {
             let _ = self.handle.commands.send(Command::Abort);
             let _ = thread.join();
@@ -368,7 +368,7 @@ fn restore(
             Ok(ike) => {
                 info!(tunnel = %name, tenant = %tunnels.get(&tunnel).map_or("-", |t| t.tenant.as_str()),
                     ispi = %ike.initiator, rspi = %ike.responder, age_ms = age.as_millis() as u64,
-                    "IKE_SA restored from the store; rekeying its CHILD_SAs");
+                    "IKE_SA restored from the store");
                 restored.insert(ike);
             }
             Err(e) => {
@@ -391,7 +391,19 @@ impl Driver {
     fn run(&mut self, data: &Receiver<ToControl>, commands: &Receiver<Command>) {
         let now = Instant::now();
         info!(store = %self.persist.describe(), "IKE state store");
-        for spi in std::mem::take(&mut self.restored) {
+        // The data path says which restored CHILD_SAs it no longer holds (all of them when it
+        // restarted with this process; in the distributed form, those no data node kept).
+        let restored = std::mem::take(&mut self.restored);
+        let lost = self.datapath.reconcile(&restored);
+        if !restored.is_empty() {
+            info!(
+                restored = restored.len(),
+                kept = restored.len() - lost.len(),
+                rekeyed = lost.len(),
+                "restored CHILD_SAs reconciled with the data path"
+            );
+        }
+        for spi in lost {
             if let Err(e) = self.endpoint.rekey_child(now, spi) {
                 warn!(spi_in = %spi, error = %e, "cannot rekey a restored CHILD_SA");
             }
@@ -559,7 +571,6 @@ impl Driver {
                 let _ = reply.send(result);
             }
             Command::Shutdown { grace } => self.begin_shutdown(now, grace),
-            #[cfg(test)]
             Command::Abort => self.aborted = true,
         }
     }

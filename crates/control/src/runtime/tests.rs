@@ -519,7 +519,7 @@ fn ike_spis(node: &Node) -> Vec<IkeSpis> {
 /// configuration file and store with a fresh data path, as `protego up` restarted after a
 /// `kill -9`.
 fn crash_and_restart(a: &Node, b: &mut Node, config: Config) {
-    b.control.take().unwrap().abort();
+    b.control.take().unwrap().hand_over();
     let path = Arc::new(FakePath::default());
     let (tx, rx) = crossbeam_channel::unbounded();
     *path.peer.lock().unwrap() = Some(a.to_control.clone());

@@ -404,6 +404,30 @@ proptest! {
     }
 
     #[test]
+    fn installed_round_trip(parts in arb_child(), sending in any::<bool>()) {
+        let info = parts.build();
+        let held = dataplane::InstalledChild {
+            tunnel: info.tunnel,
+            ike: info.ike,
+            inbound_spi: info.inbound_spi,
+            outbound_spi: info.outbound_spi,
+            local: info.local,
+            remote: info.remote,
+            local_ts: info.local_ts.clone(),
+            remote_ts: info.remote_ts.clone(),
+            sending,
+        };
+        let msg = installed_to_pb(&held);
+        prop_assert_eq!(installed_from_pb(&msg).expect("converts back"), held);
+        let mut bad = msg.clone();
+        bad.inbound_spi = 7;
+        prop_assert!(installed_from_pb(&bad).is_err(), "reserved SPI");
+        let mut bad = msg;
+        bad.local_ts.clear();
+        prop_assert!(installed_from_pb(&bad).is_err(), "no selectors");
+    }
+
+    #[test]
     fn route_round_trip(route in any::<bool>().prop_flat_map(arb_route)) {
         prop_assert_eq!(route_from_pb(&route_to_pb(&route)), Ok(route));
     }
