@@ -315,7 +315,9 @@ fn scenarios(
         topo.gateway.wan.addr,
         &PingOptions::new(20, Duration::from_millis(10)),
     )?;
-    let peer_rtt_ms = rtt.rtt_avg.map_or(0.0, |d| d.as_secs_f64() * 1e3);
+    let peer_rtt_ms = rtt
+        .rtt_avg
+        .map_or(0.0, |d| (d.as_secs_f64() * 1e6).round() / 1e3);
 
     progress("migration under a 1 kHz ping");
     let from = wait_holder(cluster)?;
@@ -352,6 +354,7 @@ fn scenarios(
 
     let status = cluster.control("status")?;
     let store = &status["store"];
+    // Microseconds to milliseconds, three decimals.
     let ms = |key: &str| store[key].as_u64().unwrap_or(0) as f64 / 1e3;
     let state_write_ms = Latency {
         backend: store["backend"]

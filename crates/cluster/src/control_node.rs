@@ -14,7 +14,8 @@ use crate::manager::{Cluster, ClusterError, Settings, Task, TunnelMeta};
 use crate::service::ControlService;
 use control::certs::NodeRole;
 use control::config::StoreConfig;
-use control::election::{Election, ElectionOptions};
+use control::election::{Election, ElectionOptions, Role};
+use control::peers::Peers;
 use control::status::{Request, RequestHandler, TunnelDirectory};
 use control::{Config, ControlHandle, ControlPlane, Responder, StatusServer};
 use crossbeam_channel::{Receiver, RecvTimeoutError};
@@ -24,7 +25,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
-use tracing::{error, info, warn};
+use tracing::{debug, error, info, warn};
 
 /// How long the control loop waits for the first data and steer nodes.
 pub const STARTUP_WAIT: Duration = Duration::from_secs(10);
@@ -82,6 +83,20 @@ pub fn elect(config: &Config, cancel: &Receiver<()>) -> Result<Option<Election>,
     let options =
         ElectionOptions::new(etcd.endpoints.clone(), etcd.prefix.clone(), cc.name.clone());
     let election = Election::start(&options)?;
+    // Where the other control nodes can probe this one, and how this one finds the leader.
+    let peers = match Peers::connect(etcd) {
+        Ok(p) => {
+            if let Err(e) = p.publish(&cc.name, cc.grpc) {
+                warn!(error = %e, "cannot publish this control node's address; a standby will wait for the lease to expire");
+            }
+            Some(p)
+        }
+        Err(e) => {
+            warn!(error = %e, "cannot reach etcd for the leader probe; takeover waits for the lease to expire");
+            None
+        }
+    };
+    let mut watchdog = LeaderWatchdog::default();
     let mut announced = false;
     while !election.is_leader() {
         if !announced {
@@ -91,11 +106,75 @@ pub fn elect(config: &Config, cancel: &Receiver<()>) -> Result<Option<Election>,
         crossbeam_channel::select! {
             recv(election.changes()) -> _ => {}
             recv(cancel) -> _ => return Err(ControlNodeError::Cancelled),
-            default(Duration::from_millis(200)) => {}
+            default(LEADER_PROBE) => {}
+        }
+        if let (
+            Some(peers),
+            Role::Standby {
+                leader: Some(leader),
+            },
+        ) = (&peers, election.role())
+        {
+            if leader != cc.name {
+                watchdog.probe(peers, &leader);
+            }
         }
     }
     info!(node = %cc.name, term = ?election.fence().map(|f| f.term.revision()), "elected: this control node is now active");
     Ok(Some(election))
+}
+
+/// How often a standby probes the leader's gRPC port.
+const LEADER_PROBE: Duration = Duration::from_millis(100);
+/// Probes in a row the leader may miss before a standby revokes its lease.
+const LEADER_MISSES: u32 = 3;
+
+/// A standby's watch on the leader: a TCP connection to its published gRPC address every
+/// [`LEADER_PROBE`]; after [`LEADER_MISSES`] refused or timed-out connections in a row, the
+/// leader's lease is revoked so the election does not wait for it to expire
+/// (`control::peers`).
+#[derive(Default)]
+struct LeaderWatchdog {
+    leader: String,
+    address: Option<std::net::SocketAddr>,
+    misses: u32,
+}
+
+impl LeaderWatchdog {
+    fn probe(&mut self, peers: &Peers, leader: &str) {
+        if self.leader != leader {
+            self.leader = leader.to_owned();
+            self.misses = 0;
+            self.address = match peers.address(leader) {
+                Ok(a) => a,
+                Err(e) => {
+                    debug!(error = %e, "cannot read the leader's address");
+                    None
+                }
+            };
+        }
+        let Some(address) = self.address else {
+            return;
+        };
+        if std::net::TcpStream::connect_timeout(&address, LEADER_PROBE).is_ok() {
+            self.misses = 0;
+            return;
+        }
+        self.misses += 1;
+        if self.misses < LEADER_MISSES {
+            return;
+        }
+        self.misses = 0;
+        match peers.revoke_leader(leader) {
+            Ok(true) => {
+                warn!(leader, %address, misses = LEADER_MISSES, "the active control node does not answer; its lease is revoked")
+            }
+            Ok(false) => {}
+            Err(e) => {
+                warn!(leader, error = %e, "cannot revoke the silent leader's lease; waiting for it to expire")
+            }
+        }
+    }
 }
 
 /// A running control node.

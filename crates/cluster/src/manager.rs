@@ -1011,7 +1011,7 @@ impl Cluster {
                     names.join(", ")
                 )));
             }
-            std::thread::sleep(Duration::from_millis(20));
+            std::thread::sleep(Duration::from_millis(2));
         }
     }
 

@@ -403,3 +403,39 @@ fn election_bad_options() {
     let text = store_error(base, &closed);
     println!("election with etcd unreachable: {text}");
 }
+
+/// A standby finds the leader's published address, and revoking the leader's lease
+/// ([`crate::peers::Peers::revoke_leader`]) hands over at once instead of after the lease's
+/// expiry; a revoke aimed at a node that is no longer the leader does nothing.
+#[test]
+fn election_revoked_leader_is_replaced_at_once() {
+    let Some(etcd) = start_etcd() else { return };
+    let prefix = "/protego/revoke";
+    // The election first: it claims the prefix (schema key) that the addresses live under.
+    let a = start(&etcd, prefix, "a");
+    let peers = crate::peers::Peers::connect(&EtcdOptions {
+        endpoints: vec![etcd.url()],
+        prefix: prefix.into(),
+        timeout: Duration::from_secs(1),
+    })
+    .unwrap();
+    let addr: std::net::SocketAddr = "10.0.0.1:7300".parse().unwrap();
+    peers.publish("a", addr).unwrap();
+    assert_eq!(peers.address("a").unwrap(), Some(addr));
+    assert_eq!(peers.address("nobody").unwrap(), None);
+    wait_until("a leads", Duration::from_secs(5), || a.is_leader());
+    let b = start(&etcd, prefix, "b");
+    wait_until("b stands by", Duration::from_secs(5), || {
+        b.role() == standby_of(&a)
+    });
+    assert!(!peers.revoke_leader("b").unwrap(), "b is not the leader");
+    assert!(a.is_leader());
+    let t = Instant::now();
+    assert!(peers.revoke_leader("a").unwrap());
+    let took = wait_until("b takes over", TTL, || b.is_leader());
+    eprintln!("takeover after revoking the leader's lease: {took:?}");
+    wait_until("a learns it was deposed", Duration::from_secs(2), || {
+        !a.is_leader()
+    });
+    assert!(t.elapsed() < TAKEOVER_BOUND);
+}

@@ -17,6 +17,7 @@ pub mod config;
 pub mod election;
 mod error;
 mod keylog;
+pub mod peers;
 pub mod runtime;
 pub mod status;
 pub mod store;
