@@ -128,6 +128,13 @@ pub fn elect(config: &Config, cancel: &Receiver<()>) -> Result<Option<Election>,
 const LEADER_PROBE: Duration = Duration::from_millis(100);
 /// Probes in a row the leader may miss before a standby revokes its lease.
 const LEADER_MISSES: u32 = 3;
+/// A new leader is not probed before it has led this long (it opens its gRPC port only after
+/// its store and sockets).
+const LEADER_GRACE: Duration = Duration::from_secs(3);
+/// After revoking a leader's lease, a standby does not revoke again for this long (a
+/// standby that cannot reach the leaders while etcd can would otherwise depose them in
+/// turn).
+const REVOKE_HOLD_DOWN: Duration = Duration::from_secs(30);
 
 /// A standby's watch on the leader: a TCP connection to its published gRPC address every
 /// [`LEADER_PROBE`]; after [`LEADER_MISSES`] refused or timed-out connections in a row, the
@@ -136,15 +143,31 @@ const LEADER_MISSES: u32 = 3;
 #[derive(Default)]
 struct LeaderWatchdog {
     leader: String,
+    since: Option<Instant>,
     address: Option<std::net::SocketAddr>,
     misses: u32,
+    revoked_at: Option<Instant>,
 }
 
 impl LeaderWatchdog {
     fn probe(&mut self, peers: &Peers, leader: &str) {
+        let now = Instant::now();
         if self.leader != leader {
             self.leader = leader.to_owned();
+            self.since = Some(now);
             self.misses = 0;
+            self.address = None;
+        }
+        if self
+            .since
+            .is_some_and(|t| now.duration_since(t) < LEADER_GRACE)
+            || self
+                .revoked_at
+                .is_some_and(|t| now.duration_since(t) < REVOKE_HOLD_DOWN)
+        {
+            return;
+        }
+        if self.address.is_none() {
             self.address = match peers.address(leader) {
                 Ok(a) => a,
                 Err(e) => {

@@ -16,8 +16,10 @@
 //! node while the old one keeps working, and the old one is deleted only once the rekey is
 //! done ([`Cluster::migrate`], [`Cluster::drain`], data node failover).
 //!
-//! Lock discipline: the state lock is never held while waiting for a node's answer (the
-//! session tasks that deliver answers also take it).
+//! Lock discipline: directives are queued to a node's session while the state lock is held
+//! (queuing never blocks), so every node receives them in the order of the state changes
+//! they describe; the lock is never held while waiting for a node's answer (the session
+//! tasks that deliver answers also take it).
 
 use crate::ike_relay::IkeRelay;
 use crate::link::{Ack, LinkError, NodeLink};
@@ -112,8 +114,12 @@ pub struct NodeLoad {
 #[derive(Debug, Clone)]
 struct ChildEntry {
     tunnel: TunnelId,
-    /// The data node holding it; None if it could not be placed (no live data node).
+    /// The data node holding it; None if it could not be placed (no live data node) or its
+    /// node was lost.
     node: Option<u32>,
+    /// The node that last held it, while `node` is None (a node declared dead by probes may
+    /// come back still holding it: it is told to remove it).
+    last_node: Option<u32>,
     outbound_spi: EspSpi,
     ike: IkeSpis,
     /// Install order (the newest remaining SA sends after the sending one is removed).
@@ -141,6 +147,23 @@ pub struct Registration {
     pub installed: Vec<InstalledChild>,
 }
 
+/// A removed CHILD_SA whose SPI stays steered for the data node's grace.
+#[derive(Debug, Clone, Copy)]
+struct Retiring {
+    until: Instant,
+    spi: EspSpi,
+    node: Option<u32>,
+    tunnel: TunnelId,
+}
+
+/// How often a tunnel whose CHILD_SA has no live data node is rekeyed again.
+const REKEY_RETRY: Duration = Duration::from_secs(5);
+/// Most CHILD_SAs one data node may report in its Hello.
+pub const MAX_INSTALLED: usize = 1_000_000;
+
+/// Directives queued to steer nodes, whose answers are awaited after the lock is released.
+type Pending = Vec<(u32, String, Result<Ack, LinkError>)>;
+
 /// Work the cluster hands to its own thread (it calls into the control loop, which must not
 /// be called from the control loop's thread or a session task).
 #[derive(Debug)]
@@ -156,8 +179,15 @@ struct State {
     placement: HashMap<TunnelId, u32>,
     children: HashMap<EspSpi, ChildEntry>,
     seq: u64,
-    /// SPIs whose steering ends at the instant.
-    retiring: Vec<(Instant, EspSpi)>,
+    /// Removed CHILD_SAs whose SPI stays steered to their node until the instant.
+    retiring: Vec<Retiring>,
+    /// When a rekey was last asked for each tunnel (retries are paced).
+    rekey_at: HashMap<TunnelId, Instant>,
+    /// The inbound SPIs of the CHILD_SAs of the restored IKE SAs, once reconciled: a data
+    /// node arriving later with one of them still has it adopted.
+    known: std::collections::HashSet<EspSpi>,
+    /// Steer nodes whose whole tables are on their way (not resent until answered).
+    resyncing: std::collections::HashSet<u32>,
     /// Steer nodes that missed an update and get the whole tables again.
     resync: Vec<u32>,
     /// Until the control loop reconciled its restored CHILD_SAs ([`DataPath::reconcile`]):
@@ -295,7 +325,7 @@ impl Cluster {
     }
 
     /// A data node a steer node had declared dead answers its probes again: it takes new
-    /// tunnels again if its session is still open.
+    /// tunnels again if its session is still open (tunnels without a live node move there).
     fn node_alive(&self, id: u32, by: &str) {
         let mut st = self.state();
         let Some(n) = st.nodes.get_mut(&id).filter(|n| n.role == Role::Data) else {
@@ -306,8 +336,20 @@ impl Cluster {
         }
         n.alive = true;
         info!(node = %n.name, id, reported_by = by, "data node answers its probes again");
+        let mut pending =
+            self.submit_steers(&st, pb::directive::Op::SetNodes(self.steer_nodes(&st)));
+        for op in self.all_vni_ops(&st) {
+            pending.extend(self.submit_steers(&st, op));
+        }
+        let stranded = self.unplaced(&st);
+        for t in &stranded {
+            if let Some(node) = self.choose(&st, *t, None) {
+                st.placement.insert(*t, node);
+            }
+        }
+        let rekey = Self::due(&mut st, stranded, Instant::now());
         drop(st);
-        self.push_nodes();
+        self.finish_loss(pending, rekey, "data node available");
     }
 
     /// The settings.
@@ -327,9 +369,10 @@ impl Cluster {
     // ---- sessions ----
 
     /// A node opened a session (its Hello is checked against its certificate by the
-    /// caller). Returns its id. The node receives its whole configuration (data nodes: the
-    /// inside configuration and the steer nodes' addresses; steer nodes: the whole tables)
-    /// without waiting here; the answers are checked on [`Cluster::tick`]'s thread.
+    /// caller). Returns its id. The node receives its configuration at once (data nodes: the
+    /// inside configuration and the steer nodes' addresses); steer nodes receive the whole
+    /// tables once the control loop reconciled its restored state (before that, they keep
+    /// the tables they have, so a new control node never shrinks them).
     pub fn register(&self, hello: Registration, link: Arc<dyn NodeLink>) -> u32 {
         let Registration {
             name,
@@ -342,10 +385,10 @@ impl Cluster {
         let name = name.as_str();
         let mut st = self.state();
         let id = Self::id_of(&mut st, name);
-        let restarted = st
-            .nodes
-            .get(&id)
-            .is_some_and(|n| n.boot_id != boot_id || n.role != role);
+        let previous = st.nodes.get(&id);
+        let restarted = previous.is_some_and(|n| n.boot_id != boot_id || n.role != role);
+        // A drain outlives a reconnect (not a restart of the process).
+        let draining = previous.is_some_and(|n| n.draining && !restarted);
         st.nodes.insert(
             id,
             Node {
@@ -354,7 +397,7 @@ impl Cluster {
                 geneve,
                 link: Arc::clone(&link),
                 alive: true,
-                draining: false,
+                draining,
                 boot_id,
                 workers,
                 last_report: None,
@@ -362,6 +405,7 @@ impl Cluster {
         );
         info!(node = name, id, role = ?role, %geneve, restarted, "node registered");
         let mut rekey = Vec::new();
+        let now = Instant::now();
         match role {
             Role::Data => {
                 // Its tables are empty after a restart: whatever it held is lost.
@@ -369,44 +413,41 @@ impl Cluster {
                     rekey.extend(Self::lose_node_children(&mut st, id));
                 }
                 let orphans = self.adopt(&mut st, id, installed);
+                self.fire(
+                    &*link,
+                    pb::directive::Op::DataConfig(self.data_config.clone()),
+                    name,
+                );
                 let relays = Self::relays(&st);
-                let config = self.data_config.clone();
-                drop(st);
-                self.fire(&*link, pb::directive::Op::DataConfig(config), name);
-                self.fire(&*link, pb::directive::Op::SetRelays(relays), name);
+                if !relays.steer.is_empty() {
+                    self.fire(&*link, pb::directive::Op::SetRelays(relays), name);
+                }
                 for op in orphans {
                     self.fire(&*link, op, name);
                 }
-                // Tunnels waiting for a data node, or stranded on dead ones, move here.
-                let mut st = self.state();
+                // Tunnels waiting for a data node, or stranded on lost ones, move here.
                 rekey.extend(self.unplaced(&st));
+                rekey.sort();
+                rekey.dedup();
                 for t in &rekey {
-                    let node = self.choose(&st, *t, None);
-                    if let Some(node) = node {
+                    if let Some(node) = self.choose(&st, *t, None) {
                         st.placement.insert(*t, node);
                     }
                 }
-                // The steer nodes learn the node and whatever it brought along at once.
-                let steers: Vec<(String, Arc<dyn NodeLink>)> = Self::steers(&st);
-                let tables = self.steer_tables(&st);
-                drop(st);
-                for (name, link) in &steers {
-                    self.fire(
-                        &**link,
-                        pb::directive::Op::SteerTables(tables.clone()),
-                        name,
-                    );
+                rekey = Self::due(&mut st, rekey, now);
+                if st.reconciled {
+                    self.push_tables(&st);
                 }
             }
             Role::Steer => {
-                let tables = self.steer_tables(&st);
-                drop(st);
-                self.fire(&*link, pb::directive::Op::SteerTables(tables), name);
-                self.push_relays();
+                if st.reconciled {
+                    let tables = self.steer_tables(&st);
+                    self.fire(&*link, pb::directive::Op::SteerTables(tables), name);
+                }
+                self.push_relays(&st);
             }
         }
-        rekey.sort();
-        rekey.dedup();
+        drop(st);
         if !rekey.is_empty() {
             let _ = self.tasks.send(Task::Rekey(rekey, "data node available"));
         }
@@ -414,7 +455,8 @@ impl Cluster {
     }
 
     /// A node's session ended (or its stream failed). A data node's CHILD_SAs are moved
-    /// (the process may be gone); a steer node simply stops being used.
+    /// (the process may be gone). A steer node stays in the data nodes' relay list, behind
+    /// the live ones: its forwarding may be fine, and a list must never become empty.
     pub fn session_ended(&self, id: u32, link: &Arc<dyn NodeLink>) {
         let mut st = self.state();
         let Some(node) = st.nodes.get_mut(&id) else {
@@ -424,35 +466,47 @@ impl Cluster {
         if !Arc::ptr_eq(&node.link, link) {
             return;
         }
-        node.alive = false;
         let (name, role) = (node.name.clone(), node.role);
         warn!(node = %name, id, role = ?role, "node session ended");
-        drop(st);
         match role {
-            Role::Data => self.data_node_lost(id, "session ended"),
-            Role::Steer => self.push_relays(),
+            Role::Data => {
+                let (pending, tunnels) = self.lost_locked(&mut st, id, "session ended");
+                drop(st);
+                self.finish_loss(pending, tunnels, "session ended");
+            }
+            Role::Steer => {
+                if let Some(n) = st.nodes.get_mut(&id) {
+                    n.alive = false;
+                }
+                self.push_relays(&st);
+            }
         }
     }
 
     /// A steer node's health monitor declared data node `id` dead.
     pub fn node_dead(&self, id: u32, by: &str) {
         let mut st = self.state();
-        let Some(node) = st.nodes.get_mut(&id).filter(|n| n.role == Role::Data) else {
-            return;
-        };
-        if !node.alive {
+        if !st
+            .nodes
+            .get(&id)
+            .is_some_and(|n| n.role == Role::Data && n.alive)
+        {
             return;
         }
-        node.alive = false;
-        warn!(node = %node.name, id, reported_by = by, "data node missed its health probes");
+        warn!(node = %st.nodes[&id].name, id, reported_by = by, "data node missed its health probes");
+        let (pending, tunnels) = self.lost_locked(&mut st, id, "missed health probes");
         drop(st);
-        self.data_node_lost(id, "missed health probes");
+        self.finish_loss(pending, tunnels, "missed health probes");
     }
 
-    /// Moves every tunnel with a CHILD_SA on the lost data node `id` to live nodes.
-    fn data_node_lost(&self, id: u32, why: &'static str) {
-        let mut st = self.state();
-        let mut tunnels = Self::lose_node_children(&mut st, id);
+    /// Marks data node `id` lost (under the lock, so a re-registration cannot interleave):
+    /// its CHILD_SAs are detached, its tunnels placed elsewhere, the steer nodes told. Returns
+    /// the steer nodes' pending answers and the tunnels to rekey.
+    fn lost_locked(&self, st: &mut State, id: u32, why: &'static str) -> (Pending, Vec<TunnelId>) {
+        if let Some(n) = st.nodes.get_mut(&id) {
+            n.alive = false;
+        }
+        let mut tunnels = Self::lose_node_children(st, id);
         tunnels.extend(
             st.placement
                 .iter()
@@ -462,7 +516,7 @@ impl Cluster {
         tunnels.sort();
         tunnels.dedup();
         for t in &tunnels {
-            match self.choose(&st, *t, Some(id)) {
+            match self.choose(st, *t, Some(id)) {
                 Some(node) => {
                     st.placement.insert(*t, node);
                 }
@@ -471,13 +525,11 @@ impl Cluster {
                 }
             }
         }
-        let ops = self.all_vni_ops(&st);
-        let steers = Self::steers(&st);
-        drop(st);
-        for op in ops {
-            self.broadcast(&steers, op);
+        let mut pending = Vec::new();
+        for op in self.all_vni_ops(st) {
+            pending.extend(self.submit_steers(st, op));
         }
-        self.push_nodes();
+        pending.extend(self.submit_steers(st, pb::directive::Op::SetNodes(self.steer_nodes(st))));
         if !tunnels.is_empty() {
             info!(
                 node = id,
@@ -485,6 +537,15 @@ impl Cluster {
                 why,
                 "moving the tunnels of a lost data node"
             );
+        }
+        let now = Instant::now();
+        let tunnels = Self::due(st, tunnels, now);
+        (pending, tunnels)
+    }
+
+    fn finish_loss(&self, pending: Pending, tunnels: Vec<TunnelId>, why: &'static str) {
+        self.await_steers(pending);
+        if !tunnels.is_empty() {
             let _ = self.tasks.send(Task::Rekey(tunnels, why));
         }
     }
@@ -494,9 +555,27 @@ impl Cluster {
         let mut lost = Vec::new();
         for c in st.children.values_mut().filter(|c| c.node == Some(id)) {
             c.node = None;
+            c.last_node = Some(id);
             lost.push(c.tunnel);
         }
         lost
+    }
+
+    /// Of `tunnels`, those not asked to rekey within [`REKEY_RETRY`]; records the request.
+    fn due(st: &mut State, tunnels: Vec<TunnelId>, now: Instant) -> Vec<TunnelId> {
+        tunnels
+            .into_iter()
+            .filter(|t| {
+                let due = st
+                    .rekey_at
+                    .get(t)
+                    .is_none_or(|at| now.duration_since(*at) >= REKEY_RETRY);
+                if due {
+                    st.rekey_at.insert(*t, now);
+                }
+                due
+            })
+            .collect()
     }
 
     /// Tunnels with a CHILD_SA that no live data node holds.
@@ -516,9 +595,10 @@ impl Cluster {
     }
 
     /// Takes note of the CHILD_SAs data node `id` holds (its Hello). Before the control loop
-    /// reconciled, they are adopted as they are (a new control node takes over without
-    /// rekeying); a known CHILD_SA whose node was lost is attached to it again; afterwards an
-    /// unknown one is an orphan: returns the directives that remove it from the node.
+    /// reconciled, and afterwards for the CHILD_SAs of the restored IKE SAs, they are adopted
+    /// as they are (a new control node takes over without rekeying); a known CHILD_SA that
+    /// this node held before it was lost is attached to it again; any other is an orphan:
+    /// returns the directives that remove it from the node.
     fn adopt(
         &self,
         st: &mut State,
@@ -526,22 +606,27 @@ impl Cluster {
         installed: Vec<InstalledChild>,
     ) -> Vec<pb::directive::Op> {
         let mut orphans = Vec::new();
+        let mut sending: HashMap<TunnelId, EspSpi> = HashMap::new();
         for c in installed {
-            let alive = |n: u32| st.nodes.get(&n).is_some_and(|n| n.alive);
-            match st.children.get(&c.inbound_spi).map(|e| e.node) {
-                Some(Some(n)) if n == id || alive(n) => {}
-                Some(_) => {
+            let entry = st
+                .children
+                .get(&c.inbound_spi)
+                .map(|e| (e.node, e.last_node));
+            match entry {
+                Some((Some(n), _)) if n == id => {}
+                Some((None, Some(last))) if last == id => {
                     if let Some(e) = st.children.get_mut(&c.inbound_spi) {
                         e.node = Some(id);
+                        e.last_node = None;
                     }
                 }
-                None if !st.reconciled && self.tunnels.contains_key(&c.tunnel) => {
+                None if self.tunnels.contains_key(&c.tunnel)
+                    && (!st.reconciled || st.known.contains(&c.inbound_spi)) =>
+                {
                     st.seq += 1;
                     let seq = st.seq;
                     if c.sending {
-                        for e in st.children.values_mut().filter(|e| e.tunnel == c.tunnel) {
-                            e.sending = false;
-                        }
+                        sending.insert(c.tunnel, c.inbound_spi);
                     }
                     st.placement.insert(c.tunnel, id);
                     info!(node = id, tunnel = c.tunnel.0, spi_in = %c.inbound_spi, sending = c.sending, "CHILD_SA adopted from its data node");
@@ -550,22 +635,31 @@ impl Cluster {
                         ChildEntry {
                             tunnel: c.tunnel,
                             node: Some(id),
+                            last_node: None,
                             outbound_spi: c.outbound_spi,
                             ike: c.ike,
                             seq,
-                            sending: c.sending,
+                            sending: false,
                             local_ts: c.local_ts,
                             remote_ts: c.remote_ts,
                         },
                     );
                 }
-                None => {
-                    warn!(node = id, tunnel = c.tunnel.0, spi_in = %c.inbound_spi, "data node holds a CHILD_SA no IKE SA knows; removing it");
+                _ => {
+                    warn!(node = id, tunnel = c.tunnel.0, spi_in = %c.inbound_spi, "data node holds a CHILD_SA it is not in charge of; removing it there");
                     orphans.push(pb::directive::Op::RemoveChild(pb::RemoveChild {
                         tunnel: c.tunnel.0,
                         inbound_spi: c.inbound_spi.0,
                         outbound_spi: c.outbound_spi.0,
                     }));
+                }
+            }
+        }
+        // One pass: an adopted sending SA makes the others of its tunnel stop sending.
+        if !sending.is_empty() {
+            for (spi, e) in st.children.iter_mut() {
+                if let Some(s) = sending.get(&e.tunnel) {
+                    e.sending = spi == s;
                 }
             }
         }
@@ -624,31 +718,38 @@ impl Cluster {
 
     // ---- steering tables ----
 
-    fn steers(st: &State) -> Vec<(String, Arc<dyn NodeLink>)> {
+    /// The live steer nodes' links.
+    fn steers(st: &State) -> Vec<(u32, String, Arc<dyn NodeLink>)> {
         st.nodes
-            .values()
-            .filter(|n| n.role == Role::Steer && n.alive)
-            .map(|n| (n.name.clone(), Arc::clone(&n.link)))
+            .iter()
+            .filter(|(_, n)| n.role == Role::Steer && n.alive)
+            .map(|(id, n)| (*id, n.name.clone(), Arc::clone(&n.link)))
             .collect()
     }
 
+    /// The steer nodes' Geneve addresses for the data nodes: live ones first, then those
+    /// whose session ended (their forwarding may be fine; a data node sends to the first).
     fn relays(st: &State) -> pb::Relays {
-        pb::Relays {
-            steer: st
-                .nodes
+        let steer = |alive: bool| {
+            st.nodes
                 .values()
-                .filter(|n| n.role == Role::Steer && n.alive)
+                .filter(move |n| n.role == Role::Steer && n.alive == alive)
                 .map(|n| n.geneve.to_string())
-                .collect(),
+        };
+        pb::Relays {
+            steer: steer(true).chain(steer(false)).collect(),
         }
     }
 
+    /// The data nodes the steer nodes forward to and probe: every one with an open
+    /// session, including those the probes declared dead (so the probes notice when they
+    /// answer again; the steer node does not forward to a node its probes hold dead).
     fn steer_nodes(&self, st: &State) -> pb::SteerNodes {
         pb::SteerNodes {
             data: st
                 .nodes
                 .iter()
-                .filter(|(_, n)| n.role == Role::Data && n.alive)
+                .filter(|(_, n)| n.role == Role::Data && (n.alive || !n.link_closed()))
                 .map(|(id, n)| pb::DataNode {
                     node: *id,
                     name: n.name.clone(),
@@ -737,7 +838,8 @@ impl Cluster {
             .collect()
     }
 
-    /// The whole steering state.
+    /// The whole steering state, including the SPIs of removed CHILD_SAs still in their
+    /// grace.
     fn steer_tables(&self, st: &State) -> pb::SteerTables {
         let mut spis: Vec<pb::SteerSpi> = st
             .children
@@ -749,8 +851,16 @@ impl Cluster {
                     tunnel: c.tunnel.0,
                 })
             })
+            .chain(st.retiring.iter().filter_map(|r| {
+                Some(pb::SteerSpi {
+                    spi: r.spi.0,
+                    node: r.node?,
+                    tunnel: r.tunnel.0,
+                })
+            }))
             .collect();
         spis.sort_by_key(|s| s.spi);
+        spis.dedup_by_key(|s| s.spi);
         let vnis = self
             .all_vni_ops(st)
             .into_iter()
@@ -767,35 +877,53 @@ impl Cluster {
         }
     }
 
-    /// Sends `op` to every steer node and waits for their answers; a steer node that does
-    /// not apply it gets the whole tables again on the next tick.
-    fn broadcast(&self, steers: &[(String, Arc<dyn NodeLink>)], op: pb::directive::Op) {
+    /// Queues `op` to every live steer node (call with the state lock held: queuing never
+    /// blocks, and keeps each node's directives in the order of the state changes).
+    fn submit_steers(&self, st: &State, op: pb::directive::Op) -> Pending {
+        Self::steers(st)
+            .into_iter()
+            .map(|(id, name, link)| (id, name, link.submit(op.clone())))
+            .collect()
+    }
+
+    /// Waits (without the lock) for the answers; a steer node that did not apply an update
+    /// gets the whole tables again on the next tick.
+    fn await_steers(&self, pending: Pending) {
         let deadline = self.deadline();
-        let acks: Vec<(&str, Result<Ack, LinkError>)> = steers
-            .iter()
-            .map(|(name, link)| (name.as_str(), link.submit(op.clone())))
-            .collect();
-        for (name, ack) in acks {
+        let mut failed = Vec::new();
+        for (id, name, ack) in pending {
             if let Err(e) = ack.and_then(|a| a.wait_until(deadline)) {
-                warn!(node = name, error = %e, "steer node did not apply a steering update; resending its tables");
-                let mut st = self.state();
-                if let Some(id) = st.ids.get(name).copied() {
-                    st.resync.push(id);
-                }
+                warn!(node = %name, error = %e, "steer node did not apply a steering update; resending its tables");
+                failed.push(id);
             }
+        }
+        if !failed.is_empty() {
+            self.state().resync.extend(failed);
         }
     }
 
-    /// Submits without waiting; failures show in the node's log and as a closed session.
+    /// Queues a directive without waiting; a failure shows as a closed session.
     fn fire(&self, link: &dyn NodeLink, op: pb::directive::Op, name: &str) {
         if let Err(e) = link.submit(op) {
             warn!(node = name, error = %e, "cannot send a directive");
         }
     }
 
-    fn push_relays(&self) {
-        let st = self.state();
-        let relays = Self::relays(&st);
+    /// Queues the whole tables to every live steer node.
+    fn push_tables(&self, st: &State) {
+        let tables = self.steer_tables(st);
+        for (_, name, link) in Self::steers(st) {
+            self.fire(
+                &*link,
+                pb::directive::Op::SteerTables(tables.clone()),
+                &name,
+            );
+        }
+    }
+
+    /// Queues the relay list to every live data node and the IKE relay (never an empty list:
+    /// a data node keeps the last one).
+    fn push_relays(&self, st: &State) {
         self.ike.set_steers(
             st.nodes
                 .values()
@@ -803,34 +931,33 @@ impl Cluster {
                 .map(|n| n.geneve)
                 .collect(),
         );
-        let data: Vec<(String, Arc<dyn NodeLink>)> = st
+        let relays = Self::relays(st);
+        if relays.steer.is_empty() {
+            return;
+        }
+        for n in st
             .nodes
             .values()
             .filter(|n| n.role == Role::Data && n.alive)
-            .map(|n| (n.name.clone(), Arc::clone(&n.link)))
-            .collect();
-        drop(st);
-        for (name, link) in data {
-            self.fire(&*link, pb::directive::Op::SetRelays(relays.clone()), &name);
+        {
+            self.fire(
+                &*n.link,
+                pb::directive::Op::SetRelays(relays.clone()),
+                &n.name,
+            );
         }
     }
 
-    fn push_nodes(&self) {
-        let st = self.state();
-        let nodes = self.steer_nodes(&st);
-        let steers = Self::steers(&st);
-        drop(st);
-        self.broadcast(&steers, pb::directive::Op::SetNodes(nodes));
-    }
-
     /// Periodic work (every 100 ms or so): forgets the steering of retired SPIs whose grace
-    /// ended and resends whole tables to steer nodes that missed an update.
+    /// ended, resends whole tables to steer nodes that missed an update (one at a time per
+    /// node), and rekeys again the tunnels whose CHILD_SA found no live data node (paced by
+    /// [`REKEY_RETRY`]).
     pub fn tick(&self, now: Instant) {
         let mut st = self.state();
         let mut due = Vec::new();
-        st.retiring.retain(|(at, spi)| {
-            if *at <= now {
-                due.push(*spi);
+        st.retiring.retain(|r| {
+            if r.until <= now {
+                due.push(r.spi);
                 false
             } else {
                 true
@@ -838,28 +965,63 @@ impl Cluster {
         });
         // An SPI reinstalled meanwhile (cannot happen with random SPIs, but be exact) stays.
         due.retain(|spi| !st.children.contains_key(spi));
+        let mut pending = Vec::new();
+        for spi in due {
+            pending.extend(self.submit_steers(
+                &st,
+                pb::directive::Op::RemoveSpi(pb::RemoveSpi { spi: spi.0 }),
+            ));
+        }
         let mut resync = std::mem::take(&mut st.resync);
         resync.sort_unstable();
         resync.dedup();
-        let steers = Self::steers(&st);
-        let full: Vec<(String, Arc<dyn NodeLink>, pb::SteerTables)> = resync
-            .iter()
-            .filter_map(|id| {
-                st.nodes
-                    .get(id)
+        let mut full = Vec::new();
+        if st.reconciled {
+            for id in resync {
+                if st.resyncing.contains(&id) {
+                    continue;
+                }
+                let Some(n) = st
+                    .nodes
+                    .get(&id)
                     .filter(|n| n.alive && n.role == Role::Steer)
-            })
-            .map(|n| (n.name.clone(), Arc::clone(&n.link), self.steer_tables(&st)))
-            .collect();
-        drop(st);
-        for spi in due {
-            self.broadcast(
-                &steers,
-                pb::directive::Op::RemoveSpi(pb::RemoveSpi { spi: spi.0 }),
-            );
+                else {
+                    continue;
+                };
+                let (name, link) = (n.name.clone(), Arc::clone(&n.link));
+                let ack = link.submit(pb::directive::Op::SteerTables(self.steer_tables(&st)));
+                st.resyncing.insert(id);
+                full.push((id, name, ack));
+            }
         }
-        for (name, link, tables) in full {
-            self.fire(&*link, pb::directive::Op::SteerTables(tables), &name);
+        // Tunnels whose CHILD_SA has no live node, now that one may be there.
+        let stranded: Vec<TunnelId> = self
+            .unplaced(&st)
+            .into_iter()
+            .filter(|t| self.choose(&st, *t, None).is_some())
+            .collect();
+        for t in &stranded {
+            if let Some(node) = self.choose(&st, *t, None) {
+                st.placement.insert(*t, node);
+            }
+        }
+        let rekey = Self::due(&mut st, stranded, now);
+        drop(st);
+        self.await_steers(pending);
+        let deadline = self.deadline();
+        for (id, name, ack) in full {
+            let result = ack.and_then(|a| a.wait_until(deadline));
+            let mut st = self.state();
+            st.resyncing.remove(&id);
+            if let Err(e) = result {
+                warn!(node = %name, error = %e, "steer node did not take its whole tables; retrying");
+                st.resync.push(id);
+            }
+        }
+        if !rekey.is_empty() {
+            let _ = self
+                .tasks
+                .send(Task::Rekey(rekey, "retry: no live data node held it"));
         }
     }
 
@@ -878,7 +1040,10 @@ impl Cluster {
             .ids
             .get(name)
             .ok_or_else(|| ClusterError::UnknownNode(name.to_owned()))?;
-        let n = &st.nodes[&id];
+        let n = st
+            .nodes
+            .get(&id)
+            .ok_or_else(|| ClusterError::UnknownNode(name.to_owned()))?;
         let unsuitable = |reason| ClusterError::Unsuitable {
             name: name.to_owned(),
             reason,
@@ -923,7 +1088,10 @@ impl Cluster {
             .ids
             .get(name)
             .ok_or_else(|| ClusterError::UnknownNode(name.to_owned()))?;
-        if st.nodes[&id].role != Role::Data {
+        let Some(node) = st.nodes.get(&id) else {
+            return Err(ClusterError::UnknownNode(name.to_owned()));
+        };
+        if node.role != Role::Data {
             return Err(ClusterError::Unsuitable {
                 name: name.to_owned(),
                 reason: "it is not a data node",
@@ -1011,7 +1179,7 @@ impl Cluster {
                     names.join(", ")
                 )));
             }
-            std::thread::sleep(Duration::from_millis(2));
+            std::thread::sleep(Duration::from_millis(10));
         }
     }
 
@@ -1092,12 +1260,13 @@ impl DataPath for Cluster {
         let node = self.choose(&st, child.tunnel, None);
         st.seq += 1;
         let seq = st.seq;
-        // Recorded first so that a data node arriving later adopts it (rekey).
+        // Recorded first so that a data node arriving later takes it (rekey).
         st.children.insert(
             child.inbound_spi,
             ChildEntry {
                 tunnel: child.tunnel,
                 node: None,
+                last_node: None,
                 outbound_spi: child.outbound_spi,
                 ike: child.ike,
                 seq,
@@ -1114,20 +1283,33 @@ impl DataPath for Cluster {
         st.placement.insert(child.tunnel, node);
         let n = &st.nodes[&node];
         let (link, name) = (Arc::clone(&n.link), n.name.clone());
+        // Queued under the lock: after the node's inside configuration, in state order.
+        let ack = link.submit(pb::directive::Op::InstallChild(pb_child));
         drop(st);
 
-        let deadline = self.deadline();
-        if let Err(e) = link
-            .submit(pb::directive::Op::InstallChild(pb_child))
-            .and_then(|a| a.wait_until(deadline))
-        {
+        if let Err(e) = ack.and_then(|a| a.wait_until(self.deadline())) {
+            // It may still arrive there: remove it, and rekey the tunnel later (paced).
+            self.fire(
+                &*link,
+                pb::directive::Op::RemoveChild(pb::RemoveChild {
+                    tunnel: child.tunnel.0,
+                    inbound_spi: child.inbound_spi.0,
+                    outbound_spi: child.outbound_spi.0,
+                }),
+                &name,
+            );
+            self.state()
+                .rekey_at
+                .entry(child.tunnel)
+                .or_insert_with(Instant::now);
             return Err(refuse(format!("data node {name}: {e}")));
         }
         let mut st = self.state();
+        let live = |n: Option<u32>| n.is_some_and(|n| st.nodes.get(&n).is_some_and(|n| n.alive));
         let has_sender = st
             .children
             .values()
-            .any(|c| c.tunnel == child.tunnel && c.sending);
+            .any(|c| c.tunnel == child.tunnel && c.sending && live(c.node));
         let sending = child.outbound_active || !has_sender;
         if sending {
             for c in st
@@ -1142,23 +1324,24 @@ impl DataPath for Cluster {
             e.node = Some(node);
             e.sending = sending;
         }
-        let spi_op = pb::directive::Op::SetSpi(pb::SteerSpi {
-            spi: child.inbound_spi.0,
-            node,
-            tunnel: child.tunnel.0,
-        });
-        let vni_op = self
+        let mut pending = self.submit_steers(
+            &st,
+            pb::directive::Op::SetSpi(pb::SteerSpi {
+                spi: child.inbound_spi.0,
+                node,
+                tunnel: child.tunnel.0,
+            }),
+        );
+        if let Some(vni) = self
             .tunnels
             .get(&child.tunnel)
             .and_then(|t| t.vni)
             .filter(|_| sending)
-            .map(|vni| self.vni_op(&st, vni));
-        let steers = Self::steers(&st);
-        drop(st);
-        self.broadcast(&steers, spi_op);
-        if let Some(op) = vni_op {
-            self.broadcast(&steers, op);
+        {
+            pending.extend(self.submit_steers(&st, self.vni_op(&st, vni)));
         }
+        drop(st);
+        self.await_steers(pending);
         debug!(tunnel = child.tunnel.0, spi_in = %child.inbound_spi, node = %name, sending, "CHILD_SA placed");
         Ok(())
     }
@@ -1169,8 +1352,9 @@ impl DataPath for Cluster {
             debug!(tunnel = tunnel.0, spi_in = %inbound_spi, "remove_child: not placed");
             return;
         };
-        // The newest remaining SA of the tunnel sends once the sending one is gone.
-        let mut vni_op = None;
+        // The newest remaining SA of the tunnel sends once the sending one is gone; the
+        // steer nodes move the tunnel's outbound traffic to it before the old SA goes.
+        let mut pending = Vec::new();
         if entry.sending {
             let next = st
                 .children
@@ -1183,21 +1367,24 @@ impl DataPath for Cluster {
                     c.sending = true;
                 }
             }
-            vni_op = self
-                .tunnels
-                .get(&tunnel)
-                .and_then(|t| t.vni)
-                .map(|vni| self.vni_op(&st, vni));
+            if let Some(vni) = self.tunnels.get(&tunnel).and_then(|t| t.vni) {
+                pending = self.submit_steers(&st, self.vni_op(&st, vni));
+            }
         }
-        st.retiring
-            .push((Instant::now() + STEER_GRACE, inbound_spi));
-        let holder = entry
-            .node
+        let holder_id = entry.node.or(entry.last_node);
+        st.retiring.push(Retiring {
+            until: Instant::now() + STEER_GRACE,
+            spi: inbound_spi,
+            node: holder_id,
+            tunnel,
+        });
+        // A node whose session is open holds it (one the probes declared dead too).
+        let holder = holder_id
             .and_then(|n| st.nodes.get(&n))
-            .filter(|n| n.alive)
+            .filter(|n| !n.link_closed())
             .map(|n| (Arc::clone(&n.link), n.name.clone()));
-        let steers = Self::steers(&st);
         drop(st);
+        self.await_steers(pending);
         if let Some((link, name)) = holder {
             let op = pb::directive::Op::RemoveChild(pb::RemoveChild {
                 tunnel: tunnel.0,
@@ -1207,9 +1394,6 @@ impl DataPath for Cluster {
             if let Err(e) = link.submit(op).and_then(|a| a.wait_until(self.deadline())) {
                 warn!(node = %name, tunnel = tunnel.0, spi_in = %inbound_spi, error = %e, "data node did not remove a CHILD_SA");
             }
-        }
-        if let Some(op) = vni_op {
-            self.broadcast(&steers, op);
         }
     }
 
@@ -1249,26 +1433,33 @@ impl DataPath for Cluster {
         let known: std::collections::HashSet<EspSpi> = known.iter().copied().collect();
         let mut st = self.state();
         st.reconciled = true;
+        st.known = known.clone();
         let stale: Vec<EspSpi> = st
             .children
             .keys()
             .filter(|spi| !known.contains(spi))
             .copied()
             .collect();
-        let mut removals = Vec::new();
+        let now = Instant::now();
         for spi in stale {
             if let Some(e) = st.children.remove(&spi) {
-                st.retiring.push((Instant::now() + STEER_GRACE, spi));
+                st.retiring.push(Retiring {
+                    until: now + STEER_GRACE,
+                    spi,
+                    node: e.node,
+                    tunnel: e.tunnel,
+                });
                 if let Some(n) = e.node.and_then(|n| st.nodes.get(&n)).filter(|n| n.alive) {
-                    removals.push((
-                        Arc::clone(&n.link),
-                        n.name.clone(),
+                    warn!(node = %n.name, spi_in = %spi, "removing a CHILD_SA no restored IKE SA knows");
+                    self.fire(
+                        &*n.link,
                         pb::directive::Op::RemoveChild(pb::RemoveChild {
                             tunnel: e.tunnel.0,
                             inbound_spi: spi.0,
                             outbound_spi: e.outbound_spi.0,
                         }),
-                    ));
+                        &n.name,
+                    );
                 }
             }
         }
@@ -1282,16 +1473,11 @@ impl DataPath for Cluster {
             })
             .copied()
             .collect();
-        let ops = self.all_vni_ops(&st);
-        let steers = Self::steers(&st);
+        // Now the steer nodes' tables can be replaced whole: every node that came has been
+        // adopted.
+        self.push_tables(&st);
+        self.push_relays(&st);
         drop(st);
-        for (link, name, op) in removals {
-            warn!(node = %name, "removing a CHILD_SA no restored IKE SA knows");
-            self.fire(&*link, op, &name);
-        }
-        for op in ops {
-            self.broadcast(&steers, op);
-        }
         info!(
             known = known.len(),
             lost = lost.len(),

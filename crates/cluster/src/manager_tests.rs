@@ -46,7 +46,15 @@ struct Bed {
 
 const VNI: u32 = 100;
 
+/// A cluster whose control loop runs (reconciled with nothing restored).
 fn bed() -> Bed {
+    let b = fresh_bed();
+    assert!(b.cluster.reconcile(&[]).is_empty());
+    b
+}
+
+/// A cluster whose control loop has not started yet (a new control node adopting).
+fn fresh_bed() -> Bed {
     let (tasks_tx, tasks) = crossbeam_channel::unbounded();
     let (to_control, _from) = crossbeam_channel::bounded(16);
     let ike = IkeRelay::bind(
@@ -347,10 +355,10 @@ fn a_lost_data_node_moves_its_tunnels() {
         .unwrap();
     assert!(matches!(&b.ops("data2")[..], [Op::InstallChild(_)]));
     assert!(b.ops("data1").is_empty());
-    // Removing the dead node's SA sends nothing to it.
+    // Its session is still open (only the probes failed): the old SA is removed there too.
     b.cluster
         .remove_child(TunnelId(1), EspSpi(0x1000), EspSpi(0x101000));
-    assert!(b.ops("data1").is_empty());
+    assert!(matches!(&b.ops("data1")[..], [Op::RemoveChild(r)] if r.inbound_spi == 0x1000));
     // Only a steer node may declare a node dead.
     let _ = d2;
     b.cluster.event(
@@ -442,6 +450,15 @@ fn drain_moves_everything_off_and_refuses_when_nowhere_to_go() {
         .ops("data1")
         .iter()
         .any(|o| matches!(o, Op::InstallChild(_))));
+    // A reconnect of the same process keeps the drain.
+    b.join("data1", Role::Data, 1);
+    b.cluster
+        .install_child(&child(3, 0x3000, None, true))
+        .unwrap();
+    assert!(!b
+        .ops("data1")
+        .iter()
+        .any(|o| matches!(o, Op::InstallChild(_))));
     b.cluster.undrain("data1").unwrap();
     let _ = d1;
 }
@@ -480,7 +497,7 @@ fn held(tunnel: u32, spi_in: u32, sending: bool) -> InstalledChild {
 
 #[test]
 fn a_new_control_node_adopts_what_data_nodes_hold_and_rekeys_only_the_rest() {
-    let mut b = bed();
+    let mut b = fresh_bed();
     b.join("steer1", Role::Steer, 1);
     // data1 still holds tunnel 1's two SAs (the newer sending) and an SA of tunnel 2.
     let link = Arc::new(FakeLink::default());
@@ -499,7 +516,24 @@ fn a_new_control_node_adopts_what_data_nodes_hold_and_rekeys_only_the_rest() {
         ),
         link,
     );
-    // Steering is rebuilt from them at once: SPIs and the sending SAs' selectors.
+    // Until the control loop reconciled, the steer node keeps the tables it has (a new
+    // control node must not shrink them while other data nodes are still reconnecting).
+    assert!(!b
+        .ops("steer1")
+        .iter()
+        .any(|op| matches!(op, Op::SteerTables(_))));
+    // The restored IKE SAs know 0x1001 and 0x2000, and 0x3000 that no node kept; 0x1000 is
+    // unknown to them.
+    let lost = b
+        .cluster
+        .reconcile(&[EspSpi(0x1001), EspSpi(0x2000), EspSpi(0x3000)]);
+    assert_eq!(lost, [EspSpi(0x3000)], "only what no node holds is rekeyed");
+    assert!(b
+        .ops("data1")
+        .iter()
+        .any(|op| matches!(op, Op::RemoveChild(r) if r.inbound_spi == 0x1000)));
+    // Then steering is rebuilt whole: the SPIs (0x1000 for its grace) and the sending SAs'
+    // selectors.
     let tables = b
         .ops("steer1")
         .into_iter()
@@ -517,14 +551,23 @@ fn a_new_control_node_adopts_what_data_nodes_hold_and_rekeys_only_the_rest() {
         .map(|s| (s.tunnel, s.node))
         .collect();
     assert_eq!(sel, [(1, d1), (2, d1)]);
-    // The restored IKE SAs know 0x1001 and 0x2000, and 0x3000 that no node kept; 0x1000 is
-    // unknown to them.
-    b.clear();
-    let lost = b
-        .cluster
-        .reconcile(&[EspSpi(0x1001), EspSpi(0x2000), EspSpi(0x3000)]);
-    assert_eq!(lost, [EspSpi(0x3000)], "only what no node holds is rekeyed");
-    assert!(matches!(&b.ops("data1")[..], [Op::RemoveChild(r)] if r.inbound_spi == 0x1000));
+    // A data node arriving late with a known SA still has it adopted.
+    let late_known = Arc::new(FakeLink::default());
+    b.links.insert("data3".into(), Arc::clone(&late_known));
+    b.cluster.register(
+        registration(
+            "data3",
+            Role::Data,
+            "10.0.0.32:6081".parse().unwrap(),
+            1,
+            vec![held(3, 0x3000, true)],
+        ),
+        late_known,
+    );
+    assert!(!b
+        .ops("data3")
+        .iter()
+        .any(|op| matches!(op, Op::RemoveChild(_))));
     // After reconciling, a node arriving with an SA nobody knows is told to remove it.
     let late = Arc::new(FakeLink::default());
     b.links.insert("data2".into(), Arc::clone(&late));

@@ -8,7 +8,7 @@
 //! blocking pool, never on the runtime's threads.
 
 use crate::link::{NodeLink, SessionLink};
-use crate::manager::{Cluster, NodeLoad, Registration, Role};
+use crate::manager::{Cluster, NodeLoad, Registration, Role, MAX_INSTALLED};
 use control::certs::NodeRole;
 use rpc::pb;
 use std::net::SocketAddr;
@@ -100,6 +100,19 @@ impl pb::cluster_server::Cluster for ControlService {
                 return Err(status);
             }
         };
+        if hello.installed.len() > MAX_INSTALLED {
+            return Err(Status::invalid_argument(format!(
+                "hello.installed: {} CHILD_SAs, at most {MAX_INSTALLED}",
+                hello.installed.len()
+            )));
+        }
+        let mut installed = Vec::with_capacity(hello.installed.len());
+        for (i, sa) in hello.installed.iter().enumerate() {
+            installed.push(
+                rpc::convert::installed_from_pb(sa)
+                    .map_err(|e| Status::invalid_argument(format!("hello.installed[{i}]: {e}")))?,
+            );
+        }
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
         let link = Arc::new(SessionLink::new(tx));
         let id = self.cluster.node_id(&hello.name);
@@ -113,14 +126,6 @@ impl pb::cluster_server::Cluster for ControlService {
         let dyn_link: Arc<dyn NodeLink> = link.clone();
         {
             let cluster = Arc::clone(&self.cluster);
-            let mut installed = Vec::new();
-            for (i, sa) in hello.installed.iter().enumerate() {
-                installed.push(
-                    rpc::convert::installed_from_pb(sa).map_err(|e| {
-                        Status::invalid_argument(format!("hello.installed[{i}]: {e}"))
-                    })?,
-                );
-            }
             let registration = Registration {
                 name: hello.name.clone(),
                 role,
@@ -187,9 +192,13 @@ async fn handle(
             cluster.report(id, load);
         }
         Some(pb::node_message::Msg::Event(e)) => {
+            // Not awaited: handling a steer node's verdict waits for the steer nodes' answers,
+            // which arrive on this very stream.
             let cluster = Arc::clone(cluster);
             let name = name.to_owned();
-            let _ = tokio::task::spawn_blocking(move || cluster.event(id, &name, e)).await;
+            drop(tokio::task::spawn_blocking(move || {
+                cluster.event(id, &name, e)
+            }));
         }
         Some(pb::node_message::Msg::Hello(_)) | None => {
             warn!(

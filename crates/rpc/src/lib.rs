@@ -63,11 +63,13 @@ mod server;
 
 use std::time::Duration;
 
-/// How often either side of a connection sends an HTTP/2 PING (also while idle).
-pub const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
+/// How often either side of a connection sends an HTTP/2 PING (also while idle). Short, so
+/// that a node notices within a few seconds a control node whose host vanished without
+/// closing its connections, and turns to the standby.
+pub const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(1);
 /// How long either side waits for a PING's answer before it drops the connection (and every
 /// session on it).
-pub const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(20);
+pub const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// The code generated from `proto/cluster.proto`: the messages, the `Cluster` service's
 /// client ([`pb::cluster_client::ClusterClient`]) and server trait and wrapper
