@@ -229,7 +229,14 @@ impl ControlNode {
             }
             .into());
         }
-        let store = config.store.open()?;
+        // An elected node's commits are fenced by its term: once deposed, it writes nothing.
+        let store: Box<dyn control::store::Store> =
+            match (&config.store, election.as_ref().and_then(Election::fence)) {
+                (StoreConfig::Etcd(options), Some(fence)) => {
+                    Box::new(control::store::EtcdStore::connect(options)?.fenced(fence))
+                }
+                _ => config.store.open()?,
+            };
         let (to_control, from_nodes) = crossbeam_channel::bounded(CONTROL_QUEUE);
         let ike = IkeRelay::bind(
             cc.geneve,

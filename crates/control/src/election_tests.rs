@@ -439,3 +439,38 @@ fn election_revoked_leader_is_replaced_at_once() {
     });
     assert!(t.elapsed() < TAKEOVER_BOUND);
 }
+
+/// A store fenced by a leader's term writes while the node leads and refuses, writing
+/// nothing, once another node took over.
+#[test]
+fn election_fenced_store_refuses_a_deposed_leader() {
+    let Some(etcd) = start_etcd() else { return };
+    let prefix = "/protego/fence";
+    let a = start(&etcd, prefix, "a");
+    wait_until("a leads", Duration::from_secs(5), || a.is_leader());
+    let options = EtcdOptions {
+        endpoints: vec![etcd.url()],
+        prefix: prefix.into(),
+        timeout: Duration::from_secs(1),
+    };
+    let mut fenced = EtcdStore::connect(&options)
+        .unwrap()
+        .fenced(a.fence().unwrap());
+    fenced.commit(&[put(1, b"while leading")]).unwrap();
+    let b = start(&etcd, prefix, "b");
+    wait_until("b stands by", Duration::from_secs(5), || {
+        b.role() == standby_of(&a)
+    });
+    a.resign().unwrap();
+    wait_until("b takes over", Duration::from_secs(5), || b.is_leader());
+    let err = fenced.commit(&[put(2, b"after")]).unwrap_err();
+    assert!(err.to_string().contains("no longer the leader"), "{err}");
+    let plain = EtcdStore::connect(&options).unwrap();
+    let spis: Vec<u64> = plain
+        .ike_sas()
+        .unwrap()
+        .into_iter()
+        .map(|(s, _)| s)
+        .collect();
+    assert_eq!(spis, [1], "the deposed leader's commit wrote nothing");
+}

@@ -109,6 +109,8 @@ pub struct EtcdStore {
     timeout: Duration,
     keys: Keys,
     describe: String,
+    /// The leadership every commit requires (the distributed form's active control node).
+    fence: Option<crate::election::Fence>,
 }
 
 /// A Tokio runtime that is shut down in the background when dropped: a plain drop waits for
@@ -225,9 +227,18 @@ impl EtcdStore {
             timeout: options.timeout,
             keys: Keys::new(prefix),
             describe,
+            fence: None,
         };
         store.init_schema()?;
         Ok(store)
+    }
+
+    /// Makes every commit conditional on `fence`: the election's leader key still names this
+    /// node in the same term ([`crate::election::Fence::compares`]). A deposed leader's commit
+    /// then fails whole and writes nothing, whatever its own view of its role.
+    pub fn fenced(mut self, fence: crate::election::Fence) -> Self {
+        self.fence = Some(fence);
+        self
     }
 
     /// Writes the schema key into an empty prefix, or checks the one there.
@@ -499,13 +510,15 @@ impl Store for EtcdStore {
             .collect();
         let count = ops.len();
         let bytes: usize = last.values().flatten().map(|s| s.len()).sum();
-        let txn = Txn::new()
-            .when([Compare::value(
-                self.keys.schema.clone(),
-                CompareOp::Equal,
-                SCHEMA_VERSION.to_string(),
-            )])
-            .and_then(ops);
+        let mut guard = vec![Compare::value(
+            self.keys.schema.clone(),
+            CompareOp::Equal,
+            SCHEMA_VERSION.to_string(),
+        )];
+        if let Some(fence) = &self.fence {
+            guard.extend(fence.compares());
+        }
+        let txn = Txn::new().when(guard).and_then(ops);
         // The commit and, if its guard fails, the read that says why share the timeout.
         let deadline = std::time::Instant::now() + self.timeout;
         let response = self
@@ -517,7 +530,28 @@ impl Store for EtcdStore {
         if response.succeeded() {
             return Ok(());
         }
-        // The schema guard failed, so nothing was written: say why.
+        // A guard failed, so nothing was written: say why.
+        if let Some(fence) = &self.fence {
+            let key = fence.key.clone();
+            let leader = self.call_until(deadline, |mut client| {
+                let key = key.clone();
+                async move { client.get(key, None).await }
+            });
+            let still = leader
+                .as_ref()
+                .ok()
+                .and_then(|r| r.kvs().first())
+                .is_some_and(|kv| {
+                    kv.create_revision() == fence.term.revision()
+                        && kv.value_str().ok() == Some(fence.name.as_str())
+                });
+            if !still {
+                return Err(self.write_error(format!(
+                    "nothing written: this node ({}) is no longer the leader of term {}",
+                    fence.name, fence.term
+                )));
+            }
+        }
         let found = self.read_schema(deadline).map_err(|detail| {
             self.write_error(format!(
                 "nothing written: the schema key {} is no longer {SCHEMA_VERSION}, and reading it \
