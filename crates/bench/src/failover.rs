@@ -192,30 +192,12 @@ fn longest_gap_ms(replies: &[f64], t0: f64) -> Option<u64> {
     Some((gap * 1e3).round() as u64)
 }
 
-/// The data node holding the tunnel's CHILD_SAs, if exactly one does.
-fn holder(cluster: &ProtegoCluster) -> testbed::Result<Option<String>> {
-    let nodes = cluster.nodes()?;
-    let holders: Vec<String> = nodes["nodes"]
-        .as_array()
-        .cloned()
-        .unwrap_or_default()
-        .iter()
-        .filter(|n| n["role"] == "data")
-        .filter(|n| n["child_sas"].as_array().is_some_and(|c| !c.is_empty()))
-        .filter_map(|n| n["name"].as_str().map(str::to_owned))
-        .collect();
-    Ok(match holders.as_slice() {
-        [one] => Some(one.clone()),
-        _ => None,
-    })
-}
-
 fn wait_holder(cluster: &ProtegoCluster) -> Result<String> {
     Ok(wait_for(
         "one data node holding the tunnel",
         Duration::from_secs(20),
         || {
-            Ok(match holder(cluster)? {
+            Ok(match cluster.sa_holder()? {
                 Some(h) => Probe::Ready(h),
                 None => Probe::NotYet(cluster.nodes()?.to_string()),
             })

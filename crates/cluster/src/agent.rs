@@ -158,3 +158,64 @@ async fn session(
 fn code_name(code: tonic::Code) -> String {
     format!("{code:?}")
 }
+
+/// A node's running session with control: its runtime, and the thread that turns the
+/// forwarder's own events into session events.
+pub struct Agent {
+    stop: Arc<AtomicBool>,
+    runtime: Option<tokio::runtime::Runtime>,
+}
+
+impl Agent {
+    /// Starts the session of node `role` (for thread names) with `applier`, and a thread
+    /// that passes each of `events` through `convert` (`None`: not for control) to the
+    /// session.
+    pub fn start<E: Send + 'static>(
+        role: &str,
+        endpoints: Vec<ControlEndpoint>,
+        tls: Arc<NodeTls>,
+        applier: Arc<dyn Applier>,
+        events: crossbeam_channel::Receiver<E>,
+        convert: fn(E) -> Option<pb::node_event::Event>,
+    ) -> std::io::Result<Agent> {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name(format!("protego-{role}-agent"))
+            .enable_all()
+            .build()?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let (events_tx, events_rx) = mpsc::unbounded_channel();
+        {
+            let stop = Arc::clone(&stop);
+            std::thread::Builder::new()
+                .name(format!("protego-{role}-events"))
+                .spawn(move || {
+                    while !stop.load(Ordering::Relaxed) {
+                        let Ok(e) = events.recv_timeout(Duration::from_millis(200)) else {
+                            continue;
+                        };
+                        let Some(event) = convert(e) else { continue };
+                        if events_tx
+                            .send(pb::NodeEvent { event: Some(event) })
+                            .is_err()
+                        {
+                            return;
+                        }
+                    }
+                })?;
+        }
+        runtime.spawn(run(endpoints, tls, applier, events_rx, Arc::clone(&stop)));
+        Ok(Agent {
+            stop,
+            runtime: Some(runtime),
+        })
+    }
+
+    /// Ends the session (without waiting for the runtime's blocking tasks).
+    pub fn shutdown(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(rt) = self.runtime.take() {
+            rt.shutdown_background();
+        }
+    }
+}

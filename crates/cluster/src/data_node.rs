@@ -7,14 +7,13 @@
 //! The data plane starts before the first session and keeps forwarding when the session
 //! breaks, so a control node's restart or failover does not stop ESP.
 
-use crate::agent::{self, Applier};
+use crate::agent::{Agent, Applier};
 use crate::node_config::{DataSection, NodeConfig};
 use control::certs::{NodeRole, NodeTls};
 use dataplane::{DataPath, Dataplane, DataplaneConfig, DataplaneStats, RelayConfig, ToControl};
 use rpc::pb;
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tracing::{info, warn};
@@ -272,8 +271,7 @@ pub(crate) fn op_name(op: &pb::directive::Op) -> &'static str {
 /// A running data node.
 pub struct DataNode {
     dp: Arc<Dataplane>,
-    stop: Arc<AtomicBool>,
-    runtime: Option<tokio::runtime::Runtime>,
+    agent: Agent,
     geneve: SocketAddr,
 }
 
@@ -310,21 +308,6 @@ impl DataNode {
         };
         let dp = Dataplane::start(dp_config, to_agent)?;
         let geneve = dp.relay_addr().unwrap_or(data.geneve);
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .thread_name("protego-data-agent")
-            .enable_all()
-            .build()
-            .map_err(NodeError::Start)?;
-        let (events_tx, events_rx) = tokio::sync::mpsc::unbounded_channel();
-        let stop = Arc::new(AtomicBool::new(false));
-        {
-            let stop = Arc::clone(&stop);
-            std::thread::Builder::new()
-                .name("protego-data-events".into())
-                .spawn(move || forward_events(&from_dp, &events_tx, &stop))
-                .map_err(NodeError::Start)?;
-        }
         let applier = Arc::new(DataApplier {
             name: config.node.name.clone(),
             geneve,
@@ -333,20 +316,17 @@ impl DataNode {
             boot_id: boot_id(),
             last: Mutex::new(LastReport::default()),
         });
-        runtime.spawn(agent::run(
+        let agent = Agent::start(
+            "data",
             config.node.control.clone(),
             tls,
             applier,
-            events_rx,
-            Arc::clone(&stop),
-        ));
+            from_dp,
+            data_event,
+        )
+        .map_err(NodeError::Start)?;
         info!(node = %config.node.name, %geneve, "data node started");
-        Ok(Self {
-            dp,
-            stop,
-            runtime: Some(runtime),
-            geneve,
-        })
+        Ok(Self { dp, agent, geneve })
     }
 
     /// The Geneve address the data plane bound.
@@ -361,42 +341,27 @@ impl DataNode {
 
     /// Stops the session and the data plane.
     pub fn shutdown(mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        if let Some(rt) = self.runtime.take() {
-            rt.shutdown_background();
-        }
+        self.agent.shutdown();
         self.dp.shutdown();
     }
 }
 
-/// Passes the data plane's requests to the session as events; IKE never reaches a data node
-/// in relay mode (the data plane drops and counts it).
-fn forward_events(
-    from_dp: &crossbeam_channel::Receiver<ToControl>,
-    events: &tokio::sync::mpsc::UnboundedSender<pb::NodeEvent>,
-    stop: &AtomicBool,
-) {
+/// The session event for a data plane request; IKE never reaches a data node in relay mode
+/// (the data plane drops and counts it).
+fn data_event(msg: ToControl) -> Option<pb::node_event::Event> {
     use pb::node_event::Event;
-    while !stop.load(Ordering::Relaxed) {
-        let Ok(msg) = from_dp.recv_timeout(Duration::from_millis(200)) else {
-            continue;
-        };
-        let event = match msg {
-            ToControl::RekeyNeeded(spi) => Event::RekeyNeeded(spi.0),
-            ToControl::PeerAddressSeen {
-                inbound_spi,
-                local,
-                remote,
-            } => Event::PeerAddressSeen(pb::PeerAddressSeen {
-                inbound_spi: inbound_spi.0,
-                local: local.to_string(),
-                remote: remote.to_string(),
-            }),
-            ToControl::Ike(_) => continue,
-        };
-        if events.send(pb::NodeEvent { event: Some(event) }).is_err() {
-            return;
-        }
+    match msg {
+        ToControl::RekeyNeeded(spi) => Some(Event::RekeyNeeded(spi.0)),
+        ToControl::PeerAddressSeen {
+            inbound_spi,
+            local,
+            remote,
+        } => Some(Event::PeerAddressSeen(pb::PeerAddressSeen {
+            inbound_spi: inbound_spi.0,
+            local: local.to_string(),
+            remote: remote.to_string(),
+        })),
+        ToControl::Ike(_) => None,
     }
 }
 

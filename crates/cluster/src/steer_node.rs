@@ -7,16 +7,14 @@
 //! Forwarding never waits for the session: when it breaks the steer node keeps steering with
 //! the tables it has, and gets whole tables again when it reconnects.
 
-use crate::agent::{self, Applier};
+use crate::agent::{Agent, Applier};
 use crate::data_node::{boot_id, load_node_tls, op_name, NodeError};
 use crate::node_config::NodeConfig;
 use control::certs::NodeRole;
 use rpc::pb;
 use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 use steer::{HealthConfig, NodeId, SpiEntry};
 use steernode::{SteerConfig, SteerEvent, SteerNode, SteerStats, SteerTables, VniSteering};
 use tracing::info;
@@ -233,8 +231,7 @@ fn build_report(stats: &SteerStats, last: &mut BTreeMap<u32, (u64, u64, u64)>) -
 /// A running steer node process.
 pub struct SteerNodeProcess {
     node: Arc<SteerNode>,
-    stop: Arc<AtomicBool>,
-    runtime: Option<tokio::runtime::Runtime>,
+    agent: Agent,
 }
 
 impl SteerNodeProcess {
@@ -260,58 +257,29 @@ impl SteerNodeProcess {
             ..HealthConfig::default()
         };
         let node = SteerNode::start(sc).map_err(|e| NodeError::Steer(e.to_string()))?;
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .thread_name("protego-steer-agent")
-            .enable_all()
-            .build()
-            .map_err(NodeError::Start)?;
-        let stop = Arc::new(AtomicBool::new(false));
-        let (events_tx, events_rx) = tokio::sync::mpsc::unbounded_channel();
-        {
-            let events = node.events();
-            let stop = Arc::clone(&stop);
-            std::thread::Builder::new()
-                .name("protego-steer-events".into())
-                .spawn(move || {
-                    use pb::node_event::Event;
-                    while !stop.load(Ordering::Relaxed) {
-                        let Ok(e) = events.recv_timeout(Duration::from_millis(200)) else {
-                            continue;
-                        };
-                        let event = match e {
-                            SteerEvent::NodeDead(n) => Event::NodeDead(n.0),
-                            SteerEvent::NodeAlive(n) => Event::NodeAlive(n.0),
-                        };
-                        if events_tx
-                            .send(pb::NodeEvent { event: Some(event) })
-                            .is_err()
-                        {
-                            return;
-                        }
-                    }
-                })
-                .map_err(NodeError::Start)?;
-        }
         let applier = Arc::new(SteerApplier {
             name: config.node.name.clone(),
             node: Arc::clone(&node),
             boot_id: boot_id(),
             last: Mutex::new(BTreeMap::new()),
         });
-        runtime.spawn(agent::run(
+        let agent = Agent::start(
+            "steer",
             config.node.control.clone(),
             tls,
             applier,
-            events_rx,
-            Arc::clone(&stop),
-        ));
+            node.events(),
+            |e| {
+                use pb::node_event::Event;
+                Some(match e {
+                    SteerEvent::NodeDead(n) => Event::NodeDead(n.0),
+                    SteerEvent::NodeAlive(n) => Event::NodeAlive(n.0),
+                })
+            },
+        )
+        .map_err(NodeError::Start)?;
         info!(node = %config.node.name, vips = ?s.vips, vxlan = %s.vxlan, geneve = %s.geneve, "steer node started");
-        Ok(Self {
-            node,
-            stop,
-            runtime: Some(runtime),
-        })
+        Ok(Self { node, agent })
     }
 
     /// The forwarder's counters.
@@ -321,10 +289,7 @@ impl SteerNodeProcess {
 
     /// Stops the session and the forwarder.
     pub fn shutdown(mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        if let Some(rt) = self.runtime.take() {
-            rt.shutdown_background();
-        }
+        self.agent.shutdown();
         self.node.shutdown();
     }
 }

@@ -10,11 +10,11 @@ use cluster::data_node::DataNode;
 use cluster::node_config::NodeConfig;
 use cluster::steer_node::SteerNodeProcess;
 use control::status::Request;
-use control::Config;
+
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
-use tracing::{error, info, warn};
+use tracing::{error, info};
 
 /// How long a stopping control node waits for the peers' answers to its DELETEs.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(1);
@@ -57,20 +57,10 @@ fn wait(signal: &crossbeam_channel::Receiver<()>, alive: impl Fn() -> bool) -> b
 
 /// `protego control --config FILE`.
 pub(crate) fn run_control(path: &Path, log_level: &str) -> ExitCode {
-    let config = match Config::load(path) {
+    let config = match crate::up::load_and_log(path, log_level) {
         Ok(c) => c,
-        Err(e) => {
-            crate::report_error(&e);
-            return ExitCode::FAILURE;
-        }
+        Err(code) => return code,
     };
-    if let Err(e) = init_logging(config.gateway.log_format, log_level) {
-        eprintln!("error: {e}");
-        return ExitCode::FAILURE;
-    }
-    for w in &config.warnings {
-        warn!(config = %path.display(), "{w}");
-    }
     let signal = match signals() {
         Ok(s) => s,
         Err(code) => return code,

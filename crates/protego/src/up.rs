@@ -54,20 +54,10 @@ pub(crate) enum UpError {
 
 /// Runs the node until a signal arrives.
 pub(crate) fn run(path: &Path, log_level: &str) -> ExitCode {
-    let config = match Config::load(path) {
+    let config = match load_and_log(path, log_level) {
         Ok(c) => c,
-        Err(e) => {
-            crate::report_error(&e);
-            return ExitCode::FAILURE;
-        }
+        Err(code) => return code,
     };
-    if let Err(e) = init_logging(config.gateway.log_format, log_level) {
-        eprintln!("error: {e}");
-        return ExitCode::FAILURE;
-    }
-    for w in &config.warnings {
-        warn!(config = %path.display(), "{w}");
-    }
     match serve(&config) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -75,6 +65,23 @@ pub(crate) fn run(path: &Path, log_level: &str) -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// Loads the gateway configuration (errors to stderr with their excerpt), installs the
+/// logger from its `log_format`, and logs its warnings.
+pub(crate) fn load_and_log(path: &Path, log_level: &str) -> Result<Config, ExitCode> {
+    let config = Config::load(path).map_err(|e| {
+        crate::report_error(&e);
+        ExitCode::FAILURE
+    })?;
+    if let Err(e) = init_logging(config.gateway.log_format, log_level) {
+        eprintln!("error: {e}");
+        return Err(ExitCode::FAILURE);
+    }
+    for w in &config.warnings {
+        warn!(config = %path.display(), "{w}");
+    }
+    Ok(config)
 }
 
 /// Installs the logger: `level` (or RUST_LOG) as the filter, text or JSON lines on stderr.

@@ -528,6 +528,25 @@ impl ProtegoCluster {
         self.node(name).map(ClusterNode::underlay)
     }
 
+    /// The data node holding CHILD_SAs, if exactly one does (from `nodes`): where a
+    /// one-tunnel test's tunnel lives.
+    pub fn sa_holder(&self) -> Result<Option<String>> {
+        let nodes = self.nodes()?;
+        let holders: Vec<String> = nodes["nodes"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+            .iter()
+            .filter(|n| n["role"] == "data")
+            .filter(|n| n["child_sas"].as_array().is_some_and(|c| !c.is_empty()))
+            .filter_map(|n| n["name"].as_str().map(str::to_owned))
+            .collect();
+        Ok(match holders.as_slice() {
+            [one] => Some(one.clone()),
+            _ => None,
+        })
+    }
+
     /// The names of the data nodes (`data1`, ...).
     pub fn data_node_names(&self) -> Vec<String> {
         self.names_of(ClusterRole::Data)

@@ -59,22 +59,25 @@ fn assert_no_sequence_reused(pcap: &std::path::Path) -> Result<usize> {
     Ok(rows.len())
 }
 
-/// The data node holding the tunnel's CHILD_SAs (from `nodes`), if exactly one does.
+/// The data node holding the tunnel's CHILD_SAs, if exactly one does.
 fn holder(cluster: &ProtegoCluster) -> Result<Option<String>> {
-    let nodes = cluster.nodes()?;
-    let holders: Vec<String> = nodes["nodes"]
-        .as_array()
-        .cloned()
-        .unwrap_or_default()
-        .iter()
-        .filter(|n| n["role"] == "data")
-        .filter(|n| n["child_sas"].as_array().is_some_and(|c| !c.is_empty()))
-        .filter_map(|n| n["name"].as_str().map(str::to_owned))
-        .collect();
-    Ok(match holders.as_slice() {
-        [one] => Some(one.clone()),
-        _ => None,
-    })
+    cluster.sa_holder()
+}
+
+/// Starts the site's charon, brings the tunnel up from it and checks traffic to every VM;
+/// returns the charon and its installed CHILD_SA.
+fn bring_up(
+    topo: &Topology,
+    tun: &GatewayTunnel,
+) -> Result<(
+    protego_testbed::strongswan::Charon,
+    protego_testbed::strongswan::ChildSa,
+)> {
+    let site = site_charon(topo, tun)?;
+    site.initiate("net", UP)?;
+    let child = site.wait_child_installed("net", UP)?;
+    ping_all_vms(topo, tun.site, 3)?;
+    Ok((site, child))
 }
 
 /// A tunnel comes up through the steer node, traffic flows both ways through a data node,
@@ -91,10 +94,7 @@ fn tunnel_through_steer_and_data_nodes_and_migration() -> Result<()> {
         &ClusterSpec::default(),
     )?;
     let result = (|| -> Result<()> {
-        let site = site_charon(&topo, &tun)?;
-        site.initiate("net", UP)?;
-        site.wait_child_installed("net", UP)?;
-        ping_all_vms(&topo, 0, 3)?;
+        let (_site, _) = bring_up(&topo, &tun)?;
         let first = wait_for(
             "one data node holding the tunnel",
             Duration::from_secs(10),
@@ -134,10 +134,7 @@ fn migration_under_load_loses_nothing() -> Result<()> {
     let bed = Testbed::new()?;
     let (topo, tun, cluster) = up(&bed)?;
     with_logs(&cluster, || {
-        let site = site_charon(&topo, &tun)?;
-        site.initiate("net", UP)?;
-        site.wait_child_installed("net", UP)?;
-        ping_all_vms(&topo, 0, 3)?;
+        let (_site, _) = bring_up(&topo, &tun)?;
         let s = &topo.sites[0];
         let vm = &topo.tenants[0].vms[0];
         let cap = traffic::capture(
@@ -215,10 +212,7 @@ fn killed_data_node_fails_over() -> Result<()> {
     let bed = Testbed::new()?;
     let (topo, tun, cluster) = up(&bed)?;
     with_logs(&cluster, || {
-        let site = site_charon(&topo, &tun)?;
-        site.initiate("net", UP)?;
-        site.wait_child_installed("net", UP)?;
-        ping_all_vms(&topo, 0, 3)?;
+        let (_site, _) = bring_up(&topo, &tun)?;
         let victim = holder(&cluster)?.expect("one data node holds the tunnel");
         let pinger = OutagePing::start(&topo)?;
         std::thread::sleep(Duration::from_millis(500));
@@ -303,10 +297,7 @@ fn node_with_a_foreign_certificate_is_refused() -> Result<()> {
         rogue.stop();
         // The genuine nodes are unaffected.
         cluster.wait_alive(&["data1", "data2", "steer1"], Duration::from_secs(5))?;
-        let site = site_charon(&topo, &tun)?;
-        site.initiate("net", UP)?;
-        site.wait_child_installed("net", UP)?;
-        ping_all_vms(&topo, 0, 3)?;
+        let (_site, _) = bring_up(&topo, &tun)?;
         Ok(())
     })
 }
@@ -332,10 +323,7 @@ fn killed_control_node_is_replaced_without_stopping_esp() -> Result<()> {
     };
     let cluster = ProtegoCluster::start(&bed, &topo, std::slice::from_ref(&tun), &spec)?;
     with_logs(&cluster, || {
-        let site = site_charon(&topo, &tun)?;
-        site.initiate("net", UP)?;
-        let child = site.wait_child_installed("net", UP)?;
-        ping_all_vms(&topo, 0, 3)?;
+        let (site, child) = bring_up(&topo, &tun)?;
         let active = cluster.active_control()?.to_owned();
         let standby = cluster
             .control_node_names()
@@ -449,10 +437,7 @@ fn restarted_control_node_keeps_the_tunnel_without_rekeying() -> Result<()> {
     let bed = Testbed::new()?;
     let (topo, tun, mut cluster) = up(&bed)?;
     with_logs_mut(&mut cluster, |cluster| {
-        let site = site_charon(&topo, &tun)?;
-        site.initiate("net", UP)?;
-        let child = site.wait_child_installed("net", UP)?;
-        ping_all_vms(&topo, 0, 3)?;
+        let (site, child) = bring_up(&topo, &tun)?;
         let before = site.list_sas()?.into_iter().next().expect("one IKE SA");
         let charon_seen = site.log().len();
         let pinger = OutagePing::start(&topo)?;
@@ -495,10 +480,7 @@ fn restarted_steer_node_gets_its_tables_back() -> Result<()> {
     let bed = Testbed::new()?;
     let (topo, tun, mut cluster) = up(&bed)?;
     with_logs_mut(&mut cluster, |cluster| {
-        let site = site_charon(&topo, &tun)?;
-        site.initiate("net", UP)?;
-        let child = site.wait_child_installed("net", UP)?;
-        ping_all_vms(&topo, 0, 3)?;
+        let (site, child) = bring_up(&topo, &tun)?;
         let pinger = OutagePing::start(&topo)?;
         std::thread::sleep(Duration::from_millis(300));
         let killed = SystemTime::now();
@@ -529,10 +511,7 @@ fn drain_loses_nothing() -> Result<()> {
     let bed = Testbed::new()?;
     let (topo, tun, cluster) = up(&bed)?;
     with_logs(&cluster, || {
-        let site = site_charon(&topo, &tun)?;
-        site.initiate("net", UP)?;
-        site.wait_child_installed("net", UP)?;
-        ping_all_vms(&topo, 0, 3)?;
+        let (_site, _) = bring_up(&topo, &tun)?;
         let victim = holder(&cluster)?.expect("one data node holds the tunnel");
         let s = &topo.sites[0];
         let vm = &topo.tenants[0].vms[0];
