@@ -315,7 +315,9 @@ fn killed_control_node_is_replaced_without_stopping_esp() -> Result<()> {
     }
     let bed = Testbed::new()?;
     let topo = Topology::build(&bed, one_tenant(false)?)?;
-    let tun = GatewayTunnel::for_site(&topo, 0, PSK);
+    let mut tun = GatewayTunnel::for_site(&topo, 0, PSK);
+    // Liveness checks from both sides once traffic stops (RFC 7296 §2.4).
+    tun.extra.push("dpd_delay = \"1s\"".to_owned());
     let spec = ClusterSpec {
         controls: 2,
         store: ClusterStore::Etcd,
@@ -323,7 +325,16 @@ fn killed_control_node_is_replaced_without_stopping_esp() -> Result<()> {
     };
     let cluster = ProtegoCluster::start(&bed, &topo, std::slice::from_ref(&tun), &spec)?;
     with_logs(&cluster, || {
-        let (site, child) = bring_up(&topo, &tun)?;
+        let site = site_charon_with(
+            &topo,
+            &tun,
+            "site0",
+            &protego_testbed::strongswan::CharonSettings::default(),
+            |c| c.dpd_delay = Some(Duration::from_secs(1)),
+        )?;
+        site.initiate("net", UP)?;
+        let child = site.wait_child_installed("net", UP)?;
+        ping_all_vms(&topo, 0, 3)?;
         let active = cluster.active_control()?.to_owned();
         let standby = cluster
             .control_node_names()
@@ -396,6 +407,24 @@ fn killed_control_node_is_replaced_without_stopping_esp() -> Result<()> {
             )
         })?;
         ping_all_vms(&topo, 0, 5)?;
+        // Idle: both sides check liveness over the IKE SA the standby took over, and both
+        // get answers.
+        let idle_from = site.log().len();
+        std::thread::sleep(Duration::from_millis(3500));
+        let idle = site.log().get(idle_from..).unwrap_or_default().to_owned();
+        assert!(
+            idle.contains("sending DPD request") && idle.contains("parsed INFORMATIONAL response"),
+            "strongSwan's DPD got no answer:\n{idle}"
+        );
+        assert!(
+            idle.contains("parsed INFORMATIONAL request")
+                && idle.contains("generating INFORMATIONAL response"),
+            "Protego sent no DPD (or strongSwan did not answer it):\n{idle}"
+        );
+        assert!(
+            site.list_sas()?.iter().any(|s| s.is_established()),
+            "the IKE SA survived the liveness checks"
+        );
         let charon_new = site.log().get(charon_seen..).unwrap_or_default().to_owned();
         assert!(
             !charon_new.contains("IKE_SA_INIT") && !charon_new.contains("IKE_AUTH"),
