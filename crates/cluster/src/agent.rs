@@ -20,6 +20,8 @@ const MIN_BACKOFF: Duration = Duration::from_millis(50);
 const MAX_BACKOFF: Duration = Duration::from_millis(150);
 /// How long a connection attempt may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
+/// A failed connection attempt is logged as a warning once per this many in a row.
+const REPEAT_WARNING: u64 = 100;
 /// Messages queued toward control before the session counts as stuck.
 const OUTGOING_QUEUE: usize = 1024;
 
@@ -46,18 +48,31 @@ pub async fn run(
 ) {
     let mut backoff = MIN_BACKOFF;
     let mut next = 0usize;
+    // Failed attempts in a row: the first is a warning, then one in REPEAT_WARNING (the
+    // others at debug), so that a long control outage does not flood the log.
+    let mut failures = 0u64;
     while !stop.load(Ordering::Relaxed) {
         let endpoint = &endpoints[next % endpoints.len()];
         next += 1;
         let started = Instant::now();
-        match session(endpoint, &tls, &applier, &mut events, &stop).await {
-            Ok(()) => info!(control = %endpoint.name, "session ended"),
-            Err(e) => {
-                warn!(control = %endpoint.name, address = %endpoint.address, error = %e, "session with control failed")
-            }
-        }
+        let result = session(endpoint, &tls, &applier, &mut events, &stop).await;
         if started.elapsed() > Duration::from_secs(10) {
             backoff = MIN_BACKOFF;
+            failures = 0;
+        }
+        match result {
+            Ok(()) => {
+                info!(control = %endpoint.name, "session ended");
+                failures = 0;
+            }
+            Err(e) => {
+                failures += 1;
+                if failures == 1 || failures.is_multiple_of(REPEAT_WARNING) {
+                    warn!(control = %endpoint.name, address = %endpoint.address, error = %e, attempts = failures, "session with control failed");
+                } else {
+                    debug!(control = %endpoint.name, address = %endpoint.address, error = %e, attempts = failures, "session with control failed");
+                }
+            }
         }
         // Drain events that piled up without a session.
         while events.try_recv().is_ok() {}
