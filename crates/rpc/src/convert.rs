@@ -289,6 +289,37 @@ pub fn child_to_pb(info: &ChildSaInfo) -> pb::ChildSa {
     }
 }
 
+/// The selectors (at least one each) and the outer addresses (one family) of a CHILD_SA.
+fn selectors_and_addresses(
+    local_ts: &[pb::TrafficSelector],
+    remote_ts: &[pb::TrafficSelector],
+    local: &str,
+    remote: &str,
+) -> Result<(
+    Vec<TrafficSelector>,
+    Vec<TrafficSelector>,
+    SocketAddr,
+    SocketAddr,
+)> {
+    let local_ts = each("local_ts", local_ts, traffic_selector_from_pb)?;
+    let remote_ts = each("remote_ts", remote_ts, traffic_selector_from_pb)?;
+    if local_ts.is_empty() {
+        return err("local_ts", "no traffic selector");
+    }
+    if remote_ts.is_empty() {
+        return err("remote_ts", "no traffic selector");
+    }
+    let local = socket_addr_from_pb("local", local)?;
+    let remote = socket_addr_from_pb("remote", remote)?;
+    if local.is_ipv4() != remote.is_ipv4() {
+        return err(
+            "remote",
+            format!("{remote} is not of the address family of local {local}"),
+        );
+    }
+    Ok((local_ts, remote_ts, local, remote))
+}
+
 /// A CHILD_SA a data node holds, without keys (its Hello).
 pub fn installed_to_pb(c: &InstalledChild) -> pb::InstalledSa {
     pb::InstalledSa {
@@ -311,22 +342,8 @@ pub fn installed_from_pb(sa: &pb::InstalledSa) -> Result<InstalledChild> {
         initiator: ike_spi_from_pb("ike_initiator_spi", sa.ike_initiator_spi)?,
         responder: ike_spi_from_pb("ike_responder_spi", sa.ike_responder_spi)?,
     };
-    let local_ts = each("local_ts", &sa.local_ts, traffic_selector_from_pb)?;
-    let remote_ts = each("remote_ts", &sa.remote_ts, traffic_selector_from_pb)?;
-    if local_ts.is_empty() {
-        return err("local_ts", "no traffic selector");
-    }
-    if remote_ts.is_empty() {
-        return err("remote_ts", "no traffic selector");
-    }
-    let local = socket_addr_from_pb("local", &sa.local)?;
-    let remote = socket_addr_from_pb("remote", &sa.remote)?;
-    if local.is_ipv4() != remote.is_ipv4() {
-        return err(
-            "remote",
-            format!("{remote} is not of the address family of local {local}"),
-        );
-    }
+    let (local_ts, remote_ts, local, remote) =
+        selectors_and_addresses(&sa.local_ts, &sa.remote_ts, &sa.local, &sa.remote)?;
     Ok(InstalledChild {
         tunnel: TunnelId(sa.tunnel),
         ike,
@@ -443,22 +460,8 @@ pub fn child_from_pb(mut sa: pb::ChildSa) -> Result<ChildSaInfo> {
             );
         }
     }
-    let local_ts = each("local_ts", &sa.local_ts, traffic_selector_from_pb)?;
-    let remote_ts = each("remote_ts", &sa.remote_ts, traffic_selector_from_pb)?;
-    if local_ts.is_empty() {
-        return err("local_ts", "no traffic selector");
-    }
-    if remote_ts.is_empty() {
-        return err("remote_ts", "no traffic selector");
-    }
-    let local = socket_addr_from_pb("local", &sa.local)?;
-    let remote = socket_addr_from_pb("remote", &sa.remote)?;
-    if local.is_ipv4() != remote.is_ipv4() {
-        return err(
-            "remote",
-            format!("{remote} is not of the address family of local {local}"),
-        );
-    }
+    let (local_ts, remote_ts, local, remote) =
+        selectors_and_addresses(&sa.local_ts, &sa.remote_ts, &sa.local, &sa.remote)?;
     let replaces = match sa.replaces {
         None => None,
         Some(spi) => Some(esp_spi_from_pb("replaces", spi)?),
