@@ -28,15 +28,14 @@
 //! flood entries point at the one gateway VTEP address.
 
 use std::fmt::Write as _;
-use std::io::{BufRead, BufReader, Write as _};
 use std::net::{IpAddr, SocketAddr};
-use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::ExitStatus;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use crate::etcd::Etcd;
+use crate::protego::socket_request;
 use crate::protego::{render_config_with_store, GatewayTunnel};
 use crate::topology::{Topology, UnderlayNode};
 use crate::wait::{wait_for, Probe};
@@ -1080,50 +1079,12 @@ fn alive_names(answer: &serde_json::Value) -> Vec<String> {
         .collect()
 }
 
-/// Sends one request line to the control socket at `socket` and reads its one-line JSON
-/// answer within `timeout`; an `{"error": ...}` answer is an [`Error::Command`]. The socket is
-/// a file: no namespace is entered.
-fn socket_request(socket: &Path, request: &str, timeout: Duration) -> Result<serde_json::Value> {
-    let io = |what: &'static str| {
-        let path = socket.to_owned();
-        move |e: std::io::Error| Error::io(what, &path, e)
-    };
-    let mut stream = UnixStream::connect(socket).map_err(io("connect to control socket"))?;
-    stream
-        .set_read_timeout(Some(timeout))
-        .map_err(io("set timeout on control socket"))?;
-    stream
-        .set_write_timeout(Some(timeout))
-        .map_err(io("set timeout on control socket"))?;
-    writeln!(stream, "{}", request.trim()).map_err(io("write to control socket"))?;
-    let mut line = String::new();
-    BufReader::new(&stream)
-        .read_line(&mut line)
-        .map_err(io("read from control socket"))?;
-    let value: serde_json::Value = serde_json::from_str(&line).map_err(|e| Error::Parse {
-        what: "control socket answer",
-        detail: e.to_string(),
-        input: line.chars().take(400).collect(),
-    })?;
-    if let Some(err) = value.get("error") {
-        return Err(Error::Command {
-            command: format!(
-                "control socket request `{}` on {}",
-                request.trim(),
-                socket.display()
-            ),
-            status: "error answer".to_owned(),
-            stderr: err.to_string(),
-        });
-    }
-    Ok(value)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::traffic::{self, PingOptions};
     use crate::TopologySpec;
+    use std::io::{BufRead, BufReader, Write as _};
     use std::os::unix::fs::PermissionsExt;
     use std::os::unix::net::UnixListener;
     use std::sync::Arc;

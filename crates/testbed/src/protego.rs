@@ -317,34 +317,7 @@ impl ProtegoGateway {
     /// answer is an [`Error::Command`]. The socket is a file, so no namespace is entered: the
     /// request reaches the gateway within a millisecond (for timing-sensitive tests).
     pub fn control(&self, request: &str) -> Result<serde_json::Value> {
-        use std::io::{BufRead, BufReader, Write};
-        let io = |what: &'static str| {
-            let path = self.socket.clone();
-            move |e: std::io::Error| Error::io(what, &path, e)
-        };
-        let mut stream = std::os::unix::net::UnixStream::connect(&self.socket)
-            .map_err(io("connect to control socket"))?;
-        stream
-            .set_read_timeout(Some(Duration::from_secs(10)))
-            .map_err(io("set timeout on control socket"))?;
-        writeln!(stream, "{}", request.trim()).map_err(io("write to control socket"))?;
-        let mut line = String::new();
-        BufReader::new(&stream)
-            .read_line(&mut line)
-            .map_err(io("read from control socket"))?;
-        let value: serde_json::Value = serde_json::from_str(&line).map_err(|e| Error::Parse {
-            what: "control socket answer",
-            detail: e.to_string(),
-            input: line.chars().take(400).collect(),
-        })?;
-        if let Some(err) = value.get("error") {
-            return Err(Error::Command {
-                command: format!("control socket request `{}`", request.trim()),
-                status: "error answer".to_owned(),
-                stderr: err.to_string(),
-            });
-        }
-        Ok(value)
+        socket_request(&self.socket, request, Duration::from_secs(10))
     }
 
     /// Stops the gateway with SIGTERM (it deletes its IKE SAs) and waits for it to exit.
@@ -356,4 +329,49 @@ impl ProtegoGateway {
     pub fn log(&self) -> String {
         self.process.log()
     }
+}
+
+/// Sends one request line to the control socket at `socket` and reads its one-line JSON
+/// answer within `timeout`; an `{"error": ...}` answer is an [`Error::Command`]. The socket is
+/// a file: no namespace is entered.
+pub(crate) fn socket_request(
+    socket: &std::path::Path,
+    request: &str,
+    timeout: Duration,
+) -> Result<serde_json::Value> {
+    use std::io::{BufRead, BufReader, Write};
+    use std::os::unix::net::UnixStream;
+    let io = |what: &'static str| {
+        let path = socket.to_owned();
+        move |e: std::io::Error| Error::io(what, &path, e)
+    };
+    let mut stream = UnixStream::connect(socket).map_err(io("connect to control socket"))?;
+    stream
+        .set_read_timeout(Some(timeout))
+        .map_err(io("set timeout on control socket"))?;
+    stream
+        .set_write_timeout(Some(timeout))
+        .map_err(io("set timeout on control socket"))?;
+    writeln!(stream, "{}", request.trim()).map_err(io("write to control socket"))?;
+    let mut line = String::new();
+    BufReader::new(&stream)
+        .read_line(&mut line)
+        .map_err(io("read from control socket"))?;
+    let value: serde_json::Value = serde_json::from_str(&line).map_err(|e| Error::Parse {
+        what: "control socket answer",
+        detail: e.to_string(),
+        input: line.chars().take(400).collect(),
+    })?;
+    if let Some(err) = value.get("error") {
+        return Err(Error::Command {
+            command: format!(
+                "control socket request `{}` on {}",
+                request.trim(),
+                socket.display()
+            ),
+            status: "error answer".to_owned(),
+            stderr: err.to_string(),
+        });
+    }
+    Ok(value)
 }
