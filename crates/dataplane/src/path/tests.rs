@@ -29,7 +29,8 @@ struct Env {
     dead: Vec<std::ops::Range<usize>>,
 }
 
-fn vnet(tenant: &str, vni: u32) -> VnetConfig {
+/// A VNet of `tenant` (10.0.0.0/24 behind the host VTEP, gateway 10.0.0.1).
+pub(super) fn vnet(tenant: &str, vni: u32) -> VnetConfig {
     VnetConfig {
         tenant: tenant.into(),
         name: format!("{tenant}-net"),
@@ -44,7 +45,8 @@ fn vnet(tenant: &str, vni: u32) -> VnetConfig {
     }
 }
 
-fn binding(tunnel: u32, tenant: &str, inside: Inside) -> TunnelBinding {
+/// Tunnel `tunnel` of `tenant`, delivering to `inside`.
+pub(super) fn binding(tunnel: u32, tenant: &str, inside: Inside) -> TunnelBinding {
     TunnelBinding {
         tunnel: TunnelId(tunnel),
         name: format!("t{tunnel}"),

@@ -5,13 +5,13 @@
 
 use super::{receive, Pass};
 use crate::api::{
-    DataplaneConfig, DataplaneError, Inside, RelayConfig, Route, ToControl, TunnelBinding,
-    VnetConfig,
+    DataplaneConfig, DataplaneError, Inside, RelayConfig, ToControl, TunnelBinding, VnetConfig,
 };
+use crate::path::tests::{binding, vnet};
 use crate::shared::{Out, Shared};
 use crate::stats::DropReason;
 use crate::testutil::{arp, child, ip, parse_vxlan, ts, udp4, vxlan as vxlan_frame, Peer};
-use ike::{ChildSaInfo, TunnelId};
+use ike::ChildSaInfo;
 use proptest::prelude::*;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -43,30 +43,6 @@ fn sa(s: &str) -> SocketAddr {
 
 fn vip(port: u16) -> SocketAddr {
     SocketAddr::new(ip(VIP), port)
-}
-
-fn vnet(tenant: &str, vni: u32) -> VnetConfig {
-    VnetConfig {
-        tenant: tenant.into(),
-        name: format!("{tenant}-net"),
-        vni,
-        gateway_ips: vec![ip("10.0.0.1")],
-        vtep: ip("127.0.0.1"),
-        routes: vec![Route {
-            prefix: ip("10.0.0.0"),
-            len: 24,
-            host: ip(HOST),
-        }],
-    }
-}
-
-fn binding(tunnel: u32, tenant: &str, inside: Inside) -> TunnelBinding {
-    TunnelBinding {
-        tunnel: TunnelId(tunnel),
-        name: format!("t{tunnel}"),
-        tenant: tenant.into(),
-        inside,
-    }
 }
 
 fn config(vnets: Vec<VnetConfig>, tunnels: Vec<TunnelBinding>) -> DataplaneConfig {
