@@ -80,8 +80,9 @@ pub fn elect(config: &Config, cancel: &Receiver<()>) -> Result<Option<Election>,
         .cluster
         .as_ref()
         .ok_or_else(|| ControlNodeError::NoCluster(config.path.clone()))?;
-    let options =
+    let mut options =
         ElectionOptions::new(etcd.endpoints.clone(), etcd.prefix.clone(), cc.name.clone());
+    options.ttl = cc.lease;
     let election = Election::start(&options)?;
     // Where the other control nodes can probe this one, and how this one finds the leader.
     let peers = match Peers::connect(etcd) {
@@ -214,7 +215,14 @@ pub struct ControlNode {
 impl ControlNode {
     /// Starts every part (see the module documentation); `election` is this node's won
     /// election ([`elect`]), if the control nodes elect one.
-    pub fn start(config: &Config, election: Option<Election>) -> Result<Self, ControlNodeError> {
+    ///
+    /// The tenants, VNets and tunnels last applied with `protego ctl apply` (kept in the store)
+    /// replace the file's, unless `discard_applied` (see [`control::applied::effective`]).
+    pub fn start(
+        config: &Config,
+        election: Option<Election>,
+        discard_applied: bool,
+    ) -> Result<Self, ControlNodeError> {
         let cc = config
             .cluster
             .clone()
@@ -237,6 +245,10 @@ impl ControlNode {
                 }
                 _ => config.store.open()?,
             };
+        let mut store = store;
+        let (config, _) =
+            control::applied::effective(config.clone(), &mut *store, discard_applied)?;
+        let config = &config;
         let (to_control, from_nodes) = crossbeam_channel::bounded(CONTROL_QUEUE);
         let ike = IkeRelay::bind(
             cc.geneve,
@@ -522,6 +534,26 @@ impl RequestHandler for ClusterResponder {
             Request::Undrain { node } => match self.cluster.undrain(&node) {
                 Ok(()) => json!({ "ok": true, "node": node }),
                 Err(e) => cluster_error(e),
+            },
+            Request::Apply {
+                file,
+                text,
+                dry_run,
+            } => match self.inner.apply(file, text, dry_run) {
+                Ok(outcome) => {
+                    if !dry_run {
+                        self.cluster.set_rate_limits(
+                            &outcome
+                                .config
+                                .tunnels
+                                .iter()
+                                .map(|t| (t.peer.id, t.rate_limit_mbit))
+                                .collect(),
+                        );
+                    }
+                    control::status::apply_answer(&outcome, dry_run)
+                }
+                Err(e) => json!({ "error": e.to_string() }),
             },
             other => self.inner.handle(other),
         }

@@ -370,6 +370,79 @@ mod tests {
     use super::*;
     use dataplane::{ChildStats, WorkerStats};
 
+    /// A data node's applier over a relay-mode data plane on loopback (no session).
+    fn applier() -> DataApplier {
+        for attempt in 0..20u16 {
+            let data = DataSection {
+                geneve: "127.0.0.1:0".parse().unwrap(),
+                vtep: "127.0.0.1".parse().unwrap(),
+                workers: 1,
+                batch: 8,
+                natt_port: 4500,
+                vxlan_port: 47000 + (std::process::id() % 1000) as u16 * 2 + attempt,
+            };
+            let config = DataplaneConfig {
+                listen: Vec::new(),
+                ike_port: 500,
+                natt_port: data.natt_port,
+                vxlan_port: data.vxlan_port,
+                vnets: Vec::new(),
+                tunnels: Vec::new(),
+                tun_name: None,
+                batch: data.batch,
+                workers: data.workers,
+                cpus: Vec::new(),
+                pin_workers: false,
+                busy_poll: Duration::ZERO,
+                relay: Some(RelayConfig {
+                    listen: data.geneve,
+                    vtep: Some(data.vtep),
+                    steer: Vec::new(),
+                }),
+            };
+            let (tx, _rx) = crossbeam_channel::unbounded();
+            let Ok(dp) = Dataplane::start(config, tx) else {
+                continue;
+            };
+            return DataApplier {
+                name: "data1".into(),
+                geneve: dp.relay_addr().unwrap(),
+                data,
+                dp,
+                boot_id: 1,
+                last: Mutex::new(LastReport::default()),
+            };
+        }
+        panic!("no free VXLAN port");
+    }
+
+    #[test]
+    fn directives_for_sas_the_node_does_not_hold_are_rejected() {
+        let a = applier();
+        let e = a
+            .apply(pb::directive::Op::RemoveChild(pb::RemoveChild {
+                tunnel: 1,
+                inbound_spi: 0xdead_beef,
+                outbound_spi: 0x1234,
+            }))
+            .unwrap_err();
+        assert!(e.contains("deadbeef") || e.contains("0xdeadbeef"), "{e}");
+        // A malformed directive is refused, naming the field.
+        let e = a
+            .apply(pb::directive::Op::SetRelays(pb::Relays {
+                steer: vec!["not an address".into()],
+            }))
+            .unwrap_err();
+        assert!(e.contains("set_relays.steer[0]"), "{e}");
+        // A steer node's directive is not a data node's.
+        let e = a
+            .apply(pb::directive::Op::RemoveSpi(pb::RemoveSpi { spi: 1 }))
+            .unwrap_err();
+        assert!(e.contains("remove_spi is not a data node directive"), "{e}");
+        assert!(a.dp.stats().children.is_empty(), "nothing changed");
+        a.dp.shutdown();
+    }
+
     #[test]
     fn reports_are_deltas_and_split_cpu_by_packets() {
         let child = |t: u32, spi: u32, packets: u64| ChildStats {

@@ -24,7 +24,7 @@
 use crate::ike_relay::IkeRelay;
 use crate::link::{Ack, LinkError, NodeLink};
 use crossbeam_channel::Sender;
-use dataplane::{DataPath, DataplaneError, DataplaneStats, InstalledChild, ToControl};
+use dataplane::{DataPath, DataplaneError, DataplaneStats, InstalledChild, KnownChild, ToControl};
 use ike::{ChildSaInfo, IkeSpis, TrafficSelector, TunnelId};
 use rpc::pb;
 use std::collections::{BTreeMap, HashMap};
@@ -37,6 +37,9 @@ use wire::EspSpi;
 /// How long steer nodes keep steering a removed CHILD_SA's SPI: the data node's grace for
 /// late inbound packets (`dataplane` keeps a removed SA opening packets for 5 s).
 pub const STEER_GRACE: Duration = Duration::from_secs(5);
+
+/// Longest a waiting move sleeps without looking at the state again.
+const WAIT_SLICE: Duration = Duration::from_millis(100);
 
 /// A registered node's kind.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
@@ -183,9 +186,9 @@ struct State {
     retiring: Vec<Retiring>,
     /// When a rekey was last asked for each tunnel (retries are paced).
     rekey_at: HashMap<TunnelId, Instant>,
-    /// The inbound SPIs of the CHILD_SAs of the restored IKE SAs, once reconciled: a data
-    /// node arriving later with one of them still has it adopted.
-    known: std::collections::HashSet<EspSpi>,
+    /// The CHILD_SAs of the restored IKE SAs by inbound SPI, once reconciled: a data node
+    /// arriving later with one of them, as described there, still has it adopted.
+    known: HashMap<EspSpi, KnownChild>,
     /// Steer nodes whose whole tables are on their way (not resent until answered).
     resyncing: std::collections::HashSet<u32>,
     /// Steer nodes that missed an update and get the whole tables again.
@@ -200,12 +203,20 @@ struct State {
 /// [`DataPath`]), the gRPC sessions and the operator commands.
 pub struct Cluster {
     settings: Settings,
-    tunnels: BTreeMap<TunnelId, TunnelMeta>,
-    data_config: pb::DataConfig,
+    /// Notified after every CHILD_SA install and removal (moves wait on it with `state`).
+    changed: std::sync::Condvar,
+    /// The configured tunnels and the data nodes' VNets and bindings (replaced by an apply).
+    inventory: std::sync::RwLock<Arc<Inventory>>,
     ike: IkeRelay,
     tasks: Sender<Task>,
     to_control: Sender<ToControl>,
     state: Mutex<State>,
+}
+
+/// What the configuration says about tunnels and VNets.
+struct Inventory {
+    tunnels: BTreeMap<TunnelId, TunnelMeta>,
+    data_config: pb::DataConfig,
 }
 
 /// A refused operator command.
@@ -249,12 +260,48 @@ impl Cluster {
     ) -> Self {
         Self {
             settings,
-            tunnels: tunnels.into_iter().map(|t| (t.id, t)).collect(),
-            data_config,
+            changed: std::sync::Condvar::new(),
+            inventory: std::sync::RwLock::new(Arc::new(Inventory {
+                tunnels: tunnels.into_iter().map(|t| (t.id, t)).collect(),
+                data_config,
+            })),
             ike,
             tasks,
             to_control,
             state: Mutex::new(State::default()),
+        }
+    }
+
+    /// The current tunnels and VNets.
+    fn inventory(&self) -> Arc<Inventory> {
+        Arc::clone(
+            &self
+                .inventory
+                .read()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        )
+    }
+
+    /// Replaces the tunnels' rate limits (an apply changed them) and sends the steer nodes
+    /// their new tables.
+    pub fn set_rate_limits(&self, limits: &BTreeMap<TunnelId, Option<u32>>) {
+        {
+            let mut inv = self
+                .inventory
+                .write()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            let mut next = Inventory {
+                tunnels: inv.tunnels.clone(),
+                data_config: inv.data_config.clone(),
+            };
+            for (id, t) in next.tunnels.iter_mut() {
+                t.rate_limit_mbit = limits.get(id).copied().flatten();
+            }
+            *inv = Arc::new(next);
+        }
+        let st = self.state();
+        if st.reconciled {
+            self.push_tables(&st);
         }
     }
 
@@ -415,7 +462,7 @@ impl Cluster {
                 let orphans = self.adopt(&mut st, id, installed);
                 self.fire(
                     &*link,
-                    pb::directive::Op::DataConfig(self.data_config.clone()),
+                    pb::directive::Op::DataConfig(self.inventory().data_config.clone()),
                     name,
                 );
                 let relays = Self::relays(&st);
@@ -620,8 +667,11 @@ impl Cluster {
                         e.last_node = None;
                     }
                 }
-                None if self.tunnels.contains_key(&c.tunnel)
-                    && (!st.reconciled || st.known.contains(&c.inbound_spi)) =>
+                // Before reconcile a claim is taken as made; reconcile checks it against the
+                // restored IKE SAs. After it, a claim must match them.
+                None if self.inventory().tunnels.contains_key(&c.tunnel)
+                    && (!st.reconciled
+                        || st.known.get(&c.inbound_spi).is_some_and(|k| k.matches(&c))) =>
                 {
                     st.seq += 1;
                     let seq = st.seq;
@@ -766,7 +816,7 @@ impl Cluster {
         let mut selectors = Vec::new();
         for c in st.children.values().filter(|c| c.sending) {
             let Some(node) = c.node else { continue };
-            if self.tunnels.get(&c.tunnel).and_then(|t| t.vni) != Some(vni) {
+            if self.inventory().tunnels.get(&c.tunnel).and_then(|t| t.vni) != Some(vni) {
                 continue;
             }
             for l in &c.local_ts {
@@ -796,6 +846,7 @@ impl Cluster {
             .map(|(id, _)| *id)
             .collect();
         let gateway_ips = self
+            .inventory()
             .data_config
             .vnets
             .iter()
@@ -811,7 +862,12 @@ impl Cluster {
     }
 
     fn vnis(&self) -> Vec<u32> {
-        let mut v: Vec<u32> = self.tunnels.values().filter_map(|t| t.vni).collect();
+        let mut v: Vec<u32> = self
+            .inventory()
+            .tunnels
+            .values()
+            .filter_map(|t| t.vni)
+            .collect();
         v.sort_unstable();
         v.dedup();
         v
@@ -825,7 +881,8 @@ impl Cluster {
     }
 
     fn limits(&self) -> Vec<pb::RateLimit> {
-        self.tunnels
+        self.inventory()
+            .tunnels
             .values()
             .filter_map(|t| {
                 let mbit = u64::from(t.rate_limit_mbit?);
@@ -1028,7 +1085,8 @@ impl Cluster {
     // ---- operator commands ----
 
     fn tunnel_by_name(&self, name: &str) -> Result<TunnelId, ClusterError> {
-        self.tunnels
+        self.inventory()
+            .tunnels
             .values()
             .find(|t| t.name == name)
             .map(|t| t.id)
@@ -1153,38 +1211,47 @@ impl Cluster {
         timeout: Duration,
     ) -> Result<(), ClusterError> {
         let deadline = Instant::now() + timeout;
+        let mut st = self.state();
         loop {
-            let pending: Vec<TunnelId> = {
-                let st = self.state();
-                moves
-                    .iter()
-                    .filter(|(t, node)| {
-                        let mine: Vec<&ChildEntry> =
-                            st.children.values().filter(|c| c.tunnel == *t).collect();
-                        mine.is_empty() || mine.iter().any(|c| c.node != Some(*node))
-                    })
-                    .map(|(t, _)| *t)
-                    .collect()
-            };
+            let pending: Vec<TunnelId> = moves
+                .iter()
+                .filter(|(t, node)| {
+                    let mut mine = st.children.values().filter(|c| c.tunnel == *t).peekable();
+                    mine.peek().is_none() || mine.any(|c| c.node != Some(*node))
+                })
+                .map(|(t, _)| *t)
+                .collect();
             if pending.is_empty() {
                 return Ok(());
             }
-            if Instant::now() >= deadline {
+            let now = Instant::now();
+            if now >= deadline {
+                drop(st);
+                let inventory = self.inventory();
                 let names: Vec<&str> = pending
                     .iter()
-                    .filter_map(|t| self.tunnels.get(t).map(|m| m.name.as_str()))
+                    .filter_map(|t| inventory.tunnels.get(t).map(|m| m.name.as_str()))
                     .collect();
                 return Err(ClusterError::Timeout(format!(
                     "not moved within {timeout:?}: {}",
                     names.join(", ")
                 )));
             }
-            std::thread::sleep(Duration::from_millis(10));
+            // Woken by every install and removal (what completes a move); a change made
+            // elsewhere is seen at the latest after WAIT_SLICE.
+            st = match self
+                .changed
+                .wait_timeout(st, (deadline - now).min(WAIT_SLICE))
+            {
+                Ok((guard, _)) => guard,
+                Err(poisoned) => poisoned.into_inner().0,
+            };
         }
     }
 
     /// The cluster as `protego ctl nodes` shows it.
     pub fn describe(&self) -> serde_json::Value {
+        let inventory = self.inventory();
         let st = self.state();
         let nodes: Vec<serde_json::Value> = st
             .nodes
@@ -1200,7 +1267,7 @@ impl Cluster {
                     .placement
                     .iter()
                     .filter(|(_, n)| **n == *id)
-                    .filter_map(|(t, _)| self.tunnels.get(t).map(|m| m.name.as_str()))
+                    .filter_map(|(t, _)| inventory.tunnels.get(t).map(|m| m.name.as_str()))
                     .collect();
                 serde_json::json!({
                     "id": id,
@@ -1246,6 +1313,86 @@ fn burst_bytes(mbit: u64) -> u64 {
 }
 
 impl DataPath for Cluster {
+    /// The checks a data node makes of VNets and bindings that do not depend on the node
+    /// (one VNet per VNI: data nodes share one VTEP address; every field as the wire carries
+    /// it). What does depend on the node is checked by each data node when the VNets arrive;
+    /// a node that refuses says so in its answer, which is logged.
+    fn check_inside(
+        &self,
+        vnets: &[dataplane::VnetConfig],
+        tunnels: &[dataplane::TunnelBinding],
+    ) -> Result<(), DataplaneError> {
+        let pb = rpc::convert::data_config_to_pb(vnets, tunnels);
+        let vtep = vnets
+            .first()
+            .map_or(std::net::IpAddr::from([0, 0, 0, 0]), |v| v.vtep);
+        rpc::convert::data_config_from_pb(&pb, vtep)
+            .map(drop)
+            .map_err(|e| DataplaneError::Unsupported {
+                operation: "set_inside",
+                reason: e.to_string(),
+            })
+    }
+
+    /// Replaces the VNets and bindings: every live data node gets them, and the steer nodes
+    /// their new tables (selectors by the tunnels' new VNIs). Rate limits are kept by tunnel
+    /// id; [`Cluster::set_rate_limits`] changes them.
+    fn set_inside(
+        &self,
+        vnets: Vec<dataplane::VnetConfig>,
+        tunnels: Vec<dataplane::TunnelBinding>,
+    ) -> Result<(), DataplaneError> {
+        self.check_inside(&vnets, &tunnels)?;
+        let data_config = rpc::convert::data_config_to_pb(&vnets, &tunnels);
+        {
+            let mut inv = self
+                .inventory
+                .write()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            let metas = tunnels
+                .iter()
+                .map(|b| {
+                    let vni = match b.inside {
+                        dataplane::Inside::Vnet(i) => vnets.get(i).map(|v| v.vni),
+                        dataplane::Inside::Tun => None,
+                    };
+                    let meta = TunnelMeta {
+                        id: b.tunnel,
+                        name: b.name.clone(),
+                        vni,
+                        rate_limit_mbit: inv.tunnels.get(&b.tunnel).and_then(|t| t.rate_limit_mbit),
+                    };
+                    (b.tunnel, meta)
+                })
+                .collect();
+            *inv = Arc::new(Inventory {
+                tunnels: metas,
+                data_config: data_config.clone(),
+            });
+        }
+        let st = self.state();
+        for n in st
+            .nodes
+            .values()
+            .filter(|n| n.role == Role::Data && n.alive)
+        {
+            self.fire(
+                &*n.link,
+                pb::directive::Op::DataConfig(data_config.clone()),
+                &n.name,
+            );
+        }
+        if st.reconciled {
+            self.push_tables(&st);
+        }
+        info!(
+            vnets = vnets.len(),
+            tunnels = tunnels.len(),
+            "VNets and tunnels sent to the data and steer nodes"
+        );
+        Ok(())
+    }
+
     fn install_child(&self, child: &ChildSaInfo) -> Result<(), DataplaneError> {
         let refuse = |reason: String| DataplaneError::Install {
             tunnel: child.tunnel,
@@ -1333,6 +1480,7 @@ impl DataPath for Cluster {
             }),
         );
         if let Some(vni) = self
+            .inventory()
             .tunnels
             .get(&child.tunnel)
             .and_then(|t| t.vni)
@@ -1342,6 +1490,7 @@ impl DataPath for Cluster {
         }
         drop(st);
         self.await_steers(pending);
+        self.changed.notify_all();
         debug!(tunnel = child.tunnel.0, spi_in = %child.inbound_spi, node = %name, sending, "CHILD_SA placed");
         Ok(())
     }
@@ -1367,7 +1516,7 @@ impl DataPath for Cluster {
                     c.sending = true;
                 }
             }
-            if let Some(vni) = self.tunnels.get(&tunnel).and_then(|t| t.vni) {
+            if let Some(vni) = self.inventory().tunnels.get(&tunnel).and_then(|t| t.vni) {
                 pending = self.submit_steers(&st, self.vni_op(&st, vni));
             }
         }
@@ -1384,6 +1533,7 @@ impl DataPath for Cluster {
             .filter(|n| !n.link_closed())
             .map(|n| (Arc::clone(&n.link), n.name.clone()));
         drop(st);
+        self.changed.notify_all();
         self.await_steers(pending);
         if let Some((link, name)) = holder {
             let op = pb::directive::Op::RemoveChild(pb::RemoveChild {
@@ -1429,17 +1579,38 @@ impl DataPath for Cluster {
         }
     }
 
-    fn reconcile(&self, known: &[EspSpi]) -> Vec<EspSpi> {
-        let known: std::collections::HashSet<EspSpi> = known.iter().copied().collect();
+    /// Checks what the data nodes claimed in their Hellos (adopted before the control loop
+    /// restored its IKE SAs) against the restored CHILD_SAs: one that no restored IKE SA knows,
+    /// or that a data node holds under another tunnel, IKE SA, outbound SPI or other selectors
+    /// than the restored state says, is removed from its node (a wrong claim must not steer a
+    /// tunnel's selectors), and every restored CHILD_SA no live data node holds as described is
+    /// returned to be rekeyed.
+    fn reconcile(&self, known: &[KnownChild]) -> Vec<EspSpi> {
+        let known: HashMap<EspSpi, KnownChild> =
+            known.iter().map(|k| (k.inbound_spi, k.clone())).collect();
         let mut st = self.state();
         st.reconciled = true;
-        st.known = known.clone();
         let stale: Vec<EspSpi> = st
             .children
-            .keys()
-            .filter(|spi| !known.contains(spi))
-            .copied()
+            .iter()
+            .filter(|(spi, e)| {
+                let Some(k) = known.get(spi) else {
+                    return true;
+                };
+                let same = k.tunnel == e.tunnel
+                    && k.ike == e.ike
+                    && k.outbound_spi == e.outbound_spi
+                    && k.local_ts == e.local_ts
+                    && k.remote_ts == e.remote_ts;
+                if !same {
+                    warn!(node = ?e.node, spi_in = %spi, claimed_tunnel = e.tunnel.0, tunnel = k.tunnel.0,
+                        "a data node's CHILD_SA does not match the restored IKE SA (tunnel, IKE SA, SPI or selectors); removing it and rekeying");
+                }
+                !same
+            })
+            .map(|(spi, _)| *spi)
             .collect();
+        st.known = known.clone();
         let now = Instant::now();
         for spi in stale {
             if let Some(e) = st.children.remove(&spi) {
@@ -1450,7 +1621,7 @@ impl DataPath for Cluster {
                     tunnel: e.tunnel,
                 });
                 if let Some(n) = e.node.and_then(|n| st.nodes.get(&n)).filter(|n| n.alive) {
-                    warn!(node = %n.name, spi_in = %spi, "removing a CHILD_SA no restored IKE SA knows");
+                    warn!(node = %n.name, spi_in = %spi, "removing a CHILD_SA that no restored IKE SA knows as held");
                     self.fire(
                         &*n.link,
                         pb::directive::Op::RemoveChild(pb::RemoveChild {
@@ -1464,7 +1635,7 @@ impl DataPath for Cluster {
             }
         }
         let lost: Vec<EspSpi> = known
-            .iter()
+            .keys()
             .filter(|spi| {
                 !st.children
                     .get(spi)

@@ -480,6 +480,19 @@ fn registration(
     }
 }
 
+/// What a restored IKE SA says about the CHILD_SA [`held`] describes.
+fn known(tunnel: u32, spi_in: u32) -> KnownChild {
+    let c = held(tunnel, spi_in, false);
+    KnownChild {
+        tunnel: c.tunnel,
+        ike: c.ike,
+        inbound_spi: c.inbound_spi,
+        outbound_spi: c.outbound_spi,
+        local_ts: c.local_ts,
+        remote_ts: c.remote_ts,
+    }
+}
+
 fn held(tunnel: u32, spi_in: u32, sending: bool) -> InstalledChild {
     let c = child(tunnel, spi_in, None, sending);
     InstalledChild {
@@ -526,7 +539,7 @@ fn a_new_control_node_adopts_what_data_nodes_hold_and_rekeys_only_the_rest() {
     // unknown to them.
     let lost = b
         .cluster
-        .reconcile(&[EspSpi(0x1001), EspSpi(0x2000), EspSpi(0x3000)]);
+        .reconcile(&[known(1, 0x1001), known(2, 0x2000), known(3, 0x3000)]);
     assert_eq!(lost, [EspSpi(0x3000)], "only what no node holds is rekeyed");
     assert!(b
         .ops("data1")
@@ -586,6 +599,80 @@ fn a_new_control_node_adopts_what_data_nodes_hold_and_rekeys_only_the_rest() {
         .ops("data2")
         .iter()
         .any(|op| matches!(op, Op::RemoveChild(r) if r.inbound_spi == 0x4000)));
+}
+
+#[test]
+fn a_claim_that_does_not_match_the_restored_sa_is_removed_and_rekeyed() {
+    let mut b = fresh_bed();
+    b.join("steer1", Role::Steer, 1);
+    // data1 claims tunnel 2's SA 0x2000 for tunnel 1, and 0x1000 with selectors the restored
+    // IKE SA did not negotiate; 0x3000 as it is.
+    let mut wrong_ts = held(1, 0x1000, true);
+    wrong_ts.remote_ts = held(2, 0x9999, false).remote_ts;
+    let link = Arc::new(FakeLink::default());
+    b.links.insert("data1".into(), Arc::clone(&link));
+    b.cluster.register(
+        registration(
+            "data1",
+            Role::Data,
+            "10.0.0.30:6081".parse().unwrap(),
+            1,
+            vec![wrong_ts, held(1, 0x2000, false), held(3, 0x3000, true)],
+        ),
+        link,
+    );
+    let mut lost = b
+        .cluster
+        .reconcile(&[known(1, 0x1000), known(2, 0x2000), known(3, 0x3000)]);
+    lost.sort();
+    assert_eq!(
+        lost,
+        [EspSpi(0x1000), EspSpi(0x2000)],
+        "both wrong claims are rekeyed"
+    );
+    let mut removed: Vec<u32> = b
+        .ops("data1")
+        .iter()
+        .filter_map(|op| match op {
+            Op::RemoveChild(r) => Some(r.inbound_spi),
+            _ => None,
+        })
+        .collect();
+    removed.sort_unstable();
+    assert_eq!(removed, [0x1000, 0x2000]);
+    // The selectors steered are those of the SA held as described only.
+    let tables = b
+        .ops("steer1")
+        .into_iter()
+        .rev()
+        .find_map(|op| match op {
+            Op::SteerTables(t) => Some(t),
+            _ => None,
+        })
+        .expect("whole tables");
+    let tunnels: Vec<u32> = tables
+        .vnis
+        .iter()
+        .flat_map(|v| v.selectors.iter().map(|s| s.tunnel))
+        .collect();
+    assert_eq!(tunnels, [3]);
+    // A node arriving after reconcile with a known SPI but a wrong description is refused.
+    let late = Arc::new(FakeLink::default());
+    b.links.insert("data2".into(), Arc::clone(&late));
+    b.cluster.register(
+        registration(
+            "data2",
+            Role::Data,
+            "10.0.0.31:6081".parse().unwrap(),
+            1,
+            vec![held(2, 0x3000, true)],
+        ),
+        late,
+    );
+    assert!(b
+        .ops("data2")
+        .iter()
+        .any(|op| matches!(op, Op::RemoveChild(r) if r.inbound_spi == 0x3000)));
 }
 
 #[test]

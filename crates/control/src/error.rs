@@ -62,6 +62,19 @@ pub enum Error {
         /// What was wrong with the answer.
         reason: String,
     },
+    /// The configuration applied with `protego ctl apply`, kept in the store, cannot be used.
+    #[error(
+        "the configuration applied with `protego ctl apply` ({store}) cannot be used: {detail}"
+    )]
+    Applied {
+        /// The store, as [`crate::store::Store::describe`] puts it.
+        store: String,
+        /// What is wrong.
+        detail: String,
+    },
+    /// `protego ctl apply` refused a configuration; nothing changed.
+    #[error("nothing applied: {0}")]
+    Apply(String),
     /// The key log could not be opened or written.
     #[error("key log {path}: {source}")]
     KeyLog {

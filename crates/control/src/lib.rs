@@ -12,6 +12,7 @@
 //! Shutdown runs the other way: stop the status server, [`ControlPlane::shutdown`] (DELETEs to
 //! every peer, bounded wait), then stop the data plane.
 
+pub mod applied;
 pub mod certs;
 pub mod config;
 pub mod election;
@@ -25,5 +26,5 @@ pub mod store;
 pub use config::Config;
 pub use error::{ConfigError, Error};
 pub use keylog::{ESP_TABLE, IKE_TABLE};
-pub use runtime::{ControlHandle, ControlPlane};
+pub use runtime::{ApplyOutcome, ApplyRequest, ControlHandle, ControlPlane};
 pub use status::{Responder, StatusReport, StatusServer, WorkerStatus};

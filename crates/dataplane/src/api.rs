@@ -72,9 +72,10 @@ pub struct RelayConfig {
     /// on it at start; VNets given later must use it or another starting VNet's VTEP). None:
     /// the IP address of `listen`.
     pub vtep: Option<IpAddr>,
-    /// The steer nodes' Geneve addresses: frames from any other source are dropped
-    /// (`relay_unknown_sender`), and encrypted output goes to the first (empty: dropped,
-    /// `relay_no_steer`). Replaced at run time with
+    /// The steer nodes' Geneve addresses, in order of preference: frames from any other
+    /// source are dropped (`relay_unknown_sender`), and encrypted output goes to the first
+    /// that sent a valid frame (traffic or health probe) within the last 50 ms, or to the
+    /// first when none did (empty: dropped, `relay_no_steer`). Replaced at run time with
     /// [`DataPath::set_relays`].
     pub steer: Vec<SocketAddr>,
 }
@@ -171,6 +172,37 @@ pub struct InstalledChild {
     pub remote_ts: Vec<ike::TrafficSelector>,
     /// It carries the tunnel's outbound traffic.
     pub sending: bool,
+}
+
+/// A CHILD_SA of a restored IKE SA, as the control loop's restored state describes it (see
+/// [`DataPath::reconcile`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KnownChild {
+    /// Tunnel.
+    pub tunnel: TunnelId,
+    /// The IKE SA that negotiated it.
+    pub ike: IkeSpis,
+    /// Inbound SPI.
+    pub inbound_spi: EspSpi,
+    /// Outbound SPI.
+    pub outbound_spi: EspSpi,
+    /// Negotiated local selectors.
+    pub local_ts: Vec<ike::TrafficSelector>,
+    /// Negotiated remote selectors.
+    pub remote_ts: Vec<ike::TrafficSelector>,
+}
+
+impl KnownChild {
+    /// True if `held` (what a data path reports) is this CHILD_SA: same SPIs, tunnel, IKE SA
+    /// and selectors.
+    pub fn matches(&self, held: &InstalledChild) -> bool {
+        self.inbound_spi == held.inbound_spi
+            && self.outbound_spi == held.outbound_spi
+            && self.tunnel == held.tunnel
+            && self.ike == held.ike
+            && self.local_ts == held.local_ts
+            && self.remote_ts == held.remote_ts
+    }
 }
 
 /// Per CHILD_SA counters.
@@ -315,22 +347,39 @@ pub trait DataPath: Send + Sync {
     fn installed(&self) -> Vec<InstalledChild> {
         Vec::new()
     }
-    /// After the control loop restarted: `known` are the inbound SPIs of the CHILD_SAs of the
-    /// IKE SAs it restored. Returns those this data path no longer holds, which the control
-    /// loop rekeys (their ESP state is gone); the data path may drop what it holds beyond
-    /// `known`. The default holds nothing across a restart (`protego up` restarts with its
-    /// data plane): every one is returned.
-    fn reconcile(&self, known: &[EspSpi]) -> Vec<EspSpi> {
-        known.to_vec()
+    /// After the control loop restarted: `known` are the CHILD_SAs of the IKE SAs it restored,
+    /// as the restored state says they are. Returns the inbound SPIs of those this data path no
+    /// longer holds *as described* (a CHILD_SA held under another tunnel, IKE SA, outbound SPI
+    /// or other selectors counts as not held, and is dropped), which the control loop rekeys
+    /// (their ESP state is gone); the data path may drop what it holds beyond `known`. The
+    /// default holds nothing across a restart (`protego up` restarts with its data plane):
+    /// every one is returned.
+    fn reconcile(&self, known: &[KnownChild]) -> Vec<EspSpi> {
+        known.iter().map(|k| k.inbound_spi).collect()
     }
-    /// Relay mode: replaces the steer nodes' Geneve addresses at once (accepted senders and
-    /// the destination of encrypted output; empty: output is dropped). The default refuses
+    /// Relay mode: replaces the steer nodes' Geneve addresses at once (accepted senders and,
+    /// as in [`RelayConfig::steer`], the destinations of encrypted output, none heard from
+    /// yet; empty: output is dropped). The default refuses
     /// ([`DataplaneError::Unsupported`]).
     fn set_relays(&self, steer: Vec<SocketAddr>) -> Result<(), DataplaneError> {
         let _ = steer;
         Err(DataplaneError::Unsupported {
             operation: "set_relays",
             reason: "this data path has no relay mode".into(),
+        })
+    }
+    /// Checks what [`set_inside`](Self::set_inside) would check, changing nothing (so that a
+    /// configuration change can be refused before anything else changes). The default refuses
+    /// as `set_inside` does.
+    fn check_inside(
+        &self,
+        vnets: &[VnetConfig],
+        tunnels: &[TunnelBinding],
+    ) -> Result<(), DataplaneError> {
+        let _ = (vnets, tunnels);
+        Err(DataplaneError::Unsupported {
+            operation: "set_inside",
+            reason: "this data path has a fixed inside configuration".into(),
         })
     }
     /// Replaces the VNets and tunnel bindings, validated whole first (errors name the field,

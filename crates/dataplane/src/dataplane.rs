@@ -20,6 +20,7 @@ use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
+use std::time::Instant;
 use wire::esp::{NAT_KEEPALIVE, NON_ESP_MARKER};
 use wire::EspSpi;
 
@@ -168,8 +169,10 @@ impl Dataplane {
     }
 
     /// Relay mode: replaces the steer nodes' Geneve addresses at once. Frames are accepted
-    /// from these addresses only, and encrypted output goes to the first (empty: it is
-    /// dropped, counted as `relay_no_steer`). Errors: not in relay mode
+    /// from these addresses only, and encrypted output goes to the first of them, in this
+    /// order, that sent a valid frame (traffic or health probe) within the last 50 ms, or to
+    /// the first when none did (empty: it is dropped, counted as `relay_no_steer`). The new
+    /// list starts with none heard from. Errors: not in relay mode
     /// ([`DataplaneError::Unsupported`]), or an address that is not unicast, has port 0, is
     /// not of the Geneve socket's family or is listed twice ([`DataplaneError::Config`]
     /// naming `steer[i]`); nothing changes then.
@@ -204,7 +207,7 @@ impl Dataplane {
 
     /// Relay mode: sends an IKE message (or a NAT keepalive, the single byte 0xFF) from
     /// `local`, a steer node's VIP on the IKE or NAT-T port, to `remote`, wrapped for the
-    /// steer node.
+    /// steer node ESP goes through (see [`relay::Relays::output`]).
     fn send_relayed(
         &self,
         relay_sock: usize,
@@ -227,7 +230,16 @@ impl Dataplane {
                 format!("{local} is on neither the IKE nor the NAT-T port"),
             ));
         };
-        let Some(steer) = sh.tables.load().relays.as_deref().and_then(|r| r.output()) else {
+        // The same choice as the data path's (the relays are shared through the tables):
+        // the first steer node heard from recently.
+        let now = Instant::now();
+        let Some(steer) = sh
+            .tables
+            .load()
+            .relays
+            .as_deref()
+            .and_then(|r| r.output(now))
+        else {
             return Err(fail(
                 io::ErrorKind::NotConnected,
                 "no steer node to relay through".into(),
@@ -319,6 +331,14 @@ impl DataPath for Dataplane {
 
     fn set_relays(&self, steer: Vec<SocketAddr>) -> Result<(), DataplaneError> {
         Dataplane::set_relays(self, steer)
+    }
+
+    fn check_inside(
+        &self,
+        vnets: &[VnetConfig],
+        tunnels: &[TunnelBinding],
+    ) -> Result<(), DataplaneError> {
+        self.shared.check_inside(vnets, tunnels)
     }
 
     fn set_inside(

@@ -80,8 +80,10 @@
 //! inner source is the peer, the inner destination the CHILD_SA's local address), VXLAN to
 //! the VXLAN port goes to the VNet of its VNI as if received from the inner source. Health
 //! probes in Geneve options are answered at once (probe reply, control frame). Encrypted
-//! output goes back to the first steer node as Geneve + inner IP/UDP (VIP -> peer) + ESP,
-//! written in place in the send batch so GSO trains still form; VXLAN toward hosts leaves
+//! output goes back to a steer node as Geneve + inner IP/UDP (VIP -> peer) + ESP, written in
+//! place in the send batch so GSO trains still form: to the first of the list heard from
+//! (any valid frame, probes included) within the last 50 ms, so that one which stops
+//! silently is left within that time, or to the first when none was; VXLAN toward hosts leaves
 //! from the node's own VTEP ([`RelayConfig::vtep`], by default its Geneve address), whose
 //! sockets only send there (hosts send to the VIP). The Geneve socket is one lane carrying
 //! both directions: VXLAN from hosts is classified and numbered under the lane's dispatch
@@ -118,6 +120,7 @@ mod testutil;
 
 pub use api::{
     ChildStats, DataPath, DataplaneConfig, DataplaneError, DataplaneStats, IkeDatagram, Inside,
-    InstalledChild, RelayConfig, Route, ToControl, TunnelBinding, VnetConfig, WorkerStats,
+    InstalledChild, KnownChild, RelayConfig, Route, ToControl, TunnelBinding, VnetConfig,
+    WorkerStats,
 };
 pub use dataplane::{BoundAddrs, Dataplane};

@@ -29,6 +29,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::ops::Range;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::time::Instant;
 use wire::EspSpi;
 
 /// The destination address recorded for TUN packets in a send batch (unused by the device).
@@ -116,6 +117,8 @@ pub(crate) struct Out {
     in_lane: Option<InLane>,
     /// The SA tables of the current batch (for sealing queued packets).
     tables: Option<Arc<Tables>>,
+    /// When the current batch began (relay mode: which steer nodes count as heard from).
+    now: Instant,
     seals: Vec<SealJob>,
     /// Send batches passed on so far (tells [`Out::defer_accept`] whether the batch changed
     /// since its [`Mark`]).
@@ -139,6 +142,7 @@ impl Out {
             worker: None,
             in_lane: None,
             tables: None,
+            now: Instant::now(),
             seals: Vec::with_capacity(msgs),
             generation: 0,
             parts: Vec::new(),
@@ -154,10 +158,12 @@ impl Out {
         }
     }
 
-    /// Starts a batch of lane `lane` with ticket `ticket` over the SA tables `tables`.
-    pub(crate) fn begin(&mut self, lane: usize, ticket: u64, tables: Arc<Tables>) {
+    /// Starts a batch of lane `lane` with ticket `ticket` over the SA tables `tables`, begun
+    /// at `now`.
+    pub(crate) fn begin(&mut self, lane: usize, ticket: u64, tables: Arc<Tables>, now: Instant) {
         self.in_lane = Some(InLane { lane, ticket });
         self.tables = Some(tables);
+        self.now = now;
     }
 
     /// The SA tables of the current batch (an empty set outside a batch).
@@ -166,18 +172,26 @@ impl Out {
     }
 
     /// Relay mode: where datagrams toward peers go now (the first steer node of the batch's
-    /// tables); None without one.
+    /// tables heard from recently, see [`relay::Relays::output`]); None without one.
+    #[inline]
     pub(crate) fn relay_output(&self) -> Option<SocketAddr> {
         self.tables
             .as_deref()
             .and_then(|t| t.relays.as_deref())
-            .and_then(|r| r.output())
+            .and_then(|r| r.output(self.now))
     }
 
-    /// Sets the SA tables queued seals are looked up in (standalone use).
+    /// Sets the SA tables queued seals are looked up in (standalone use), the batch begun now.
     #[cfg(test)]
     pub(crate) fn use_tables(&mut self, tables: Arc<Tables>) {
         self.tables = Some(tables);
+        self.now = Instant::now();
+    }
+
+    /// Sets when the current batch began (standalone use: an injected clock).
+    #[cfg(test)]
+    pub(crate) fn set_now(&mut self, now: Instant) {
+        self.now = now;
     }
 
     /// Counts a drop.

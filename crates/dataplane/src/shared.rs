@@ -473,6 +473,19 @@ impl Shared {
         }
     }
 
+    /// Validates VNets and tunnel bindings as [`Shared::set_inside`] does, changing nothing.
+    pub(crate) fn check_inside(
+        &self,
+        vnets: &[VnetConfig],
+        tunnels: &[TunnelBinding],
+    ) -> Result<(), DataplaneError> {
+        let vtep_ips: Vec<IpAddr> = self.vteps.iter().map(|v| v.ip).collect();
+        let rules = Self::rules(&self.cfg, &vtep_ips);
+        // Building is the whole check (each VNet's own fields, then across them); the result
+        // is dropped. The previous overlay is not needed to validate.
+        Overlay::build(vnets, tunnels.to_vec(), rules, None).map(drop)
+    }
+
     /// Replaces the VNets and tunnel bindings (validated whole first); see
     /// [`Registry::set_inside`].
     pub(crate) fn set_inside(

@@ -116,7 +116,7 @@ fn batch(sh: &Shared, w: &mut Worker, lane: usize) -> Batch {
     let ticket = stage.ticket();
     let tables = sh.tables.load();
     let now = started;
-    w.out.begin(lane, ticket, tables);
+    w.out.begin(lane, ticket, tables, now);
     let packets = if l.kind == LaneKind::Relay {
         // Both directions: the outbound part in arrival order under the stage, the inbound
         // part (ESP from peers) in parallel after it.
@@ -302,7 +302,8 @@ fn housekeeping(sh: &Shared, w: &mut Worker) {
         let ticket = stage.ticket();
         drop(stage);
         let tables = sh.tables.load();
-        w.out.begin(lane, ticket, std::sync::Arc::clone(&tables));
+        w.out
+            .begin(lane, ticket, std::sync::Arc::clone(&tables), now);
         vxlan::housekeeping(&mut w.out, sh, &tables, vtep, now);
         w.out.finish(sh);
     }

@@ -327,6 +327,76 @@ fn ike_and_keepalives_go_out_through_the_steer_node_which_can_change() {
     assert!(s.dp.send_ike(vip(4500), peer, b"x").is_err());
 }
 
+/// An idle health probe (control frame) as a steer node sends it.
+fn idle_probe(id: u32) -> Vec<u8> {
+    let mut buf = [0u8; 32];
+    let repr = GeneveRepr {
+        control: true,
+        protocol_type: EtherType::IPV4,
+        vni: Vni::new(0).expect("vni"),
+    };
+    let mut b = GeneveBuilder::new(&mut buf, &repr).expect("builder");
+    b.push_protego(&ProtegoOption::Probe(HealthProbe { id, stamp: 0 }))
+        .expect("probe");
+    let n = b.finish();
+    buf[..n].to_vec()
+}
+
+#[test]
+fn output_goes_to_the_first_steer_node_heard_from_and_leaves_a_silent_one() {
+    let s = setup();
+    let peer = sa(PEER);
+    let steer2 = bind("127.0.0.10:0");
+    let (first, second) = (
+        s.steer.local_addr().expect("addr"),
+        steer2.local_addr().expect("addr"),
+    );
+    s.dp.set_relays(vec![first, second]).expect("set_relays");
+    // A steer node sends its idle probe; the reply shows the frame was processed.
+    let probe = |from: &UdpSocket, id: u32| {
+        from.send_to(&idle_probe(id), s.geneve).expect("probe");
+        let (d, _) = recv(from);
+        assert!(parse_frame(&d).expect("reply").probe_reply.is_some());
+    };
+    // Which steer node an IKE message goes out through (each is polled in turn).
+    let via = |payload: &[u8]| -> SocketAddr {
+        s.dp.send_ike(vip(500), peer, payload).expect("send_ike");
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let mut buf = [0u8; 256];
+        let mut got = None;
+        while got.is_none() && Instant::now() < deadline {
+            for (sock, addr) in [(&s.steer, first), (&steer2, second)] {
+                sock.set_read_timeout(Some(Duration::from_millis(10)))
+                    .expect("timeout");
+                if let Ok((n, _)) = sock.recv_from(&mut buf) {
+                    let dg = parse_frame(&buf[..n]).expect("frame");
+                    let dg = dg.datagram.expect("datagram");
+                    assert_eq!(&buf[dg.payload], payload);
+                    got = Some(addr);
+                    break;
+                }
+            }
+        }
+        for sock in [&s.steer, &steer2] {
+            sock.set_read_timeout(Some(Duration::from_secs(5)))
+                .expect("timeout");
+        }
+        got.expect("the IKE message reached a steer node within 5 s")
+    };
+    // Nothing heard yet: the first of the list.
+    assert_eq!(via(b"one"), first);
+    // Only the second is heard from: it takes the output.
+    probe(&steer2, 1);
+    assert_eq!(via(b"two"), second);
+    // The first is heard from again: back to it (list order).
+    probe(&s.steer, 2);
+    assert_eq!(via(b"three"), first);
+    // The first goes silent for longer than the window while the second keeps probing.
+    std::thread::sleep(Duration::from_millis(80));
+    probe(&steer2, 3);
+    assert_eq!(via(b"four"), second);
+}
+
 #[test]
 fn unanswered_address_resolution_is_retried_by_housekeeping() {
     let s = setup();

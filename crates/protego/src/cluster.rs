@@ -56,7 +56,7 @@ fn wait(signal: &crossbeam_channel::Receiver<()>, alive: impl Fn() -> bool) -> b
 }
 
 /// `protego control --config FILE`.
-pub(crate) fn run_control(path: &Path, log_level: &str) -> ExitCode {
+pub(crate) fn run_control(path: &Path, log_level: &str, discard_applied: bool) -> ExitCode {
     let config = match crate::up::load_and_log(path, log_level) {
         Ok(c) => c,
         Err(code) => return code,
@@ -73,7 +73,7 @@ pub(crate) fn run_control(path: &Path, log_level: &str) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let node = match ControlNode::start(&config, election) {
+    let node = match ControlNode::start(&config, election, discard_applied) {
         Ok(n) => n,
         Err(e) => {
             error!(error = %e, "protego control stopped");
@@ -176,15 +176,117 @@ enum CtlCommand {
         /// The data node.
         node: String,
     },
+    /// Replace the running tenants, VNets and tunnels with FILE's, validated whole first
+    /// (nothing changes on an error). Works on `protego up` and on the active control node.
+    /// FILE may be a whole configuration file (its [gateway], [store] and [cluster] are
+    /// ignored: they change only with a restart) or only [[tenant]], [[vnet]] and [[tunnel]]
+    /// tables. The node reads the `psk_file`s (relative ones from FILE's directory) and keeps
+    /// the result in its store, so a restart or a takeover runs it too.
+    Apply {
+        /// The configuration file.
+        #[arg(short = 'f', long = "file", value_name = "FILE")]
+        file: PathBuf,
+        /// Only show what would change.
+        #[arg(long)]
+        dry_run: bool,
+        /// Print the node's JSON answer instead of the summary.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
-/// `protego ctl ...`: one request on the control socket; prints its JSON answer.
+/// The request of `protego ctl apply -f FILE`: the file's text and absolute path (the node
+/// reads relative `psk_file`s from its directory).
+fn apply_request(file: &Path, dry_run: bool) -> Result<Request, String> {
+    let text = std::fs::read_to_string(file)
+        .map_err(|e| format!("cannot read {}: {e}", file.display()))?;
+    let file =
+        std::path::absolute(file).map_err(|e| format!("cannot resolve {}: {e}", file.display()))?;
+    Ok(Request::Apply {
+        file,
+        text,
+        dry_run,
+    })
+}
+
+/// The summary `protego ctl apply` prints: one line per change, `+` added, `-` removed, `~`
+/// changed in place, `!` renegotiated.
+fn apply_summary(answer: &serde_json::Value) -> String {
+    let list = |key: &str| -> Vec<String> {
+        answer["changes"][key]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .filter_map(|v| v.as_str().map(str::to_owned))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let dry = answer["dry_run"].as_bool().unwrap_or(false);
+    let mut out = String::new();
+    let lines = [
+        ("+", "tenant", "tenants_added", ""),
+        ("-", "tenant", "tenants_removed", ""),
+        ("+", "vnet", "vnets_added", ""),
+        (
+            "~",
+            "vnet",
+            "vnets_changed",
+            " (its tunnels follow, no rekey)",
+        ),
+        ("-", "vnet", "vnets_removed", ""),
+        ("+", "tunnel", "tunnels_added", ""),
+        ("~", "tunnel", "tunnels_updated", " (updated in place)"),
+        (
+            "!",
+            "tunnel",
+            "tunnels_replaced",
+            " (SAs deleted and negotiated again)",
+        ),
+        ("-", "tunnel", "tunnels_removed", " (SAs deleted)"),
+    ];
+    for (mark, kind, key, note) in lines {
+        for name in list(key) {
+            out.push_str(&format!("  {mark} {kind} {name}{note}\n"));
+        }
+    }
+    let unchanged = answer["changes"]["tunnels_unchanged"].as_u64().unwrap_or(0);
+    let head = if out.is_empty() {
+        "nothing to change".to_owned()
+    } else if dry {
+        "dry run, nothing changed; applying would:".to_owned()
+    } else {
+        format!(
+            "applied (generation {}):",
+            answer["generation"].as_u64().unwrap_or(0)
+        )
+    };
+    format!("{head}\n{out}  {unchanged} tunnel(s) unchanged\n")
+}
+
+/// `protego ctl ...`: one request on the control socket; prints its JSON answer (`apply`: a
+/// summary unless `--json`). An `{"error":..}` answer goes to stderr and fails the command.
 pub(crate) fn run_ctl(args: &CtlArgs) -> ExitCode {
     let socket = match crate::socket_path(args.socket.clone(), args.config.as_deref()) {
         Ok(s) => s,
         Err(code) => return code,
     };
+    let mut json = true;
     let request = match &args.command {
+        CtlCommand::Apply {
+            file,
+            dry_run,
+            json: as_json,
+        } => {
+            json = *as_json;
+            match apply_request(file, *dry_run) {
+                Ok(r) => r,
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    return ExitCode::FAILURE;
+                }
+            }
+        }
         CtlCommand::Nodes => Request::Nodes,
         CtlCommand::Migrate { tunnel, to } => Request::Migrate {
             tunnel: tunnel.clone(),
@@ -195,7 +297,21 @@ pub(crate) fn run_ctl(args: &CtlArgs) -> ExitCode {
     };
     // Moves wait for the peer's rekey: allow them time.
     match control::status::query_with_timeout(&socket, &request, CTL_TIMEOUT) {
+        Ok(answer) if !json => {
+            if let Some(e) = answer.get("error").and_then(|e| e.as_str()) {
+                eprintln!("error: {e}");
+                return ExitCode::FAILURE;
+            }
+            print!("{}", apply_summary(&answer));
+            ExitCode::SUCCESS
+        }
         Ok(answer) => {
+            if answer.get("error").is_some() {
+                if let Ok(text) = serde_json::to_string_pretty(&answer) {
+                    eprintln!("{text}");
+                }
+                return ExitCode::FAILURE;
+            }
             match serde_json::to_string_pretty(&answer) {
                 Ok(text) => println!("{text}"),
                 Err(e) => {

@@ -41,6 +41,10 @@ enum Command {
         /// `info,protego_ike=debug`. RUST_LOG overrides it.
         #[arg(long, value_name = "FILTER", default_value = "info")]
         log_level: String,
+        /// Delete the tenants, VNets and tunnels last applied with `protego ctl apply` from the
+        /// store and run the file's (by default the applied ones win over the file's).
+        #[arg(long)]
+        discard_applied: bool,
     },
     /// Validate a configuration file and print what it sets up; nothing is started.
     Check {
@@ -77,6 +81,10 @@ enum Command {
         /// Log filter (as for `up`).
         #[arg(long, value_name = "FILTER", default_value = "info")]
         log_level: String,
+        /// As for `up`: run the file's tenants, VNets and tunnels, deleting the applied ones
+        /// from the store.
+        #[arg(long)]
+        discard_applied: bool,
     },
     /// Run a data node of the distributed form: ESP and VXLAN behind the steer nodes, as the
     /// control node directs.
@@ -98,14 +106,19 @@ enum Command {
         #[arg(long, value_name = "FILTER", default_value = "info")]
         log_level: String,
     },
-    /// Operate a running control node: list nodes, migrate a tunnel, drain a data node.
+    /// Operate a running node: apply a changed configuration; on a control node of the
+    /// distributed form also list nodes, migrate a tunnel, drain a data node.
     Ctl(cluster::CtlArgs),
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
-        Command::Up { config, log_level } => up::run(&config, &log_level),
+        Command::Up {
+            config,
+            log_level,
+            discard_applied,
+        } => up::run(&config, &log_level, discard_applied),
         Command::Check { config } => check(&config),
         Command::Status {
             socket,
@@ -114,7 +127,11 @@ fn main() -> ExitCode {
         } => status(socket, config.as_deref(), json),
         Command::Bench(args) => bench::run(&args),
         Command::Certs(args) => certs::run(&args),
-        Command::Control { config, log_level } => cluster::run_control(&config, &log_level),
+        Command::Control {
+            config,
+            log_level,
+            discard_applied,
+        } => cluster::run_control(&config, &log_level, discard_applied),
         Command::Data { config, log_level } => {
             cluster::run_node(cluster::NodeKind::Data, &config, &log_level)
         }
@@ -224,7 +241,7 @@ mod tests {
         ])
         .unwrap();
         assert!(
-            matches!(cli.command, Command::Up { ref config, ref log_level }
+            matches!(cli.command, Command::Up { ref config, ref log_level, discard_applied: false }
             if config == Path::new("x.toml") && log_level == "debug")
         );
         let cli = Cli::try_parse_from(["protego", "status", "--json"]).unwrap();

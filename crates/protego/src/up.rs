@@ -53,12 +53,12 @@ pub(crate) enum UpError {
 }
 
 /// Runs the node until a signal arrives.
-pub(crate) fn run(path: &Path, log_level: &str) -> ExitCode {
+pub(crate) fn run(path: &Path, log_level: &str, discard_applied: bool) -> ExitCode {
     let config = match load_and_log(path, log_level) {
         Ok(c) => c,
         Err(code) => return code,
     };
-    match serve(&config) {
+    match serve(config, discard_applied) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             error!(error = %e, "protego stopped");
@@ -111,7 +111,7 @@ pub(crate) fn init_logging(format: LogFormat, level: &str) -> Result<(), UpError
     result.map_err(|e| UpError::Logger(e.to_string()))
 }
 
-fn serve(config: &Config) -> Result<(), UpError> {
+fn serve(config: Config, discard_applied: bool) -> Result<(), UpError> {
     // Hook the signals first so that one arriving during start-up is not lost.
     let (signal_tx, signal_rx) = crossbeam_channel::bounded::<()>(1);
     ctrlc::set_handler(move || {
@@ -119,7 +119,10 @@ fn serve(config: &Config) -> Result<(), UpError> {
     })?;
 
     // The store first: a second instance on the same file stops here, before any socket.
-    let store = config.store.open()?;
+    // It may hold tenants, VNets and tunnels applied with `protego ctl apply`.
+    let mut store = config.store.open()?;
+    let (config, _) = control::applied::effective(config, &mut *store, discard_applied)?;
+    let config = &config;
     let (to_control, from_dataplane) = crossbeam_channel::bounded(CONTROL_QUEUE);
     let dp = Dataplane::start(config.dataplane.clone(), to_control)?;
     let datapath: Arc<dyn DataPath> = dp.clone();

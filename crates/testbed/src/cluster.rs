@@ -1,7 +1,7 @@
-//! Protego's distributed form on a [`Topology`]: a steer node in the gateway namespace (it owns
-//! the VIP the sites talk to and the VTEP address the cloud hosts' VXLAN flood entries point
-//! at), control and data nodes in namespaces of their own on the underlay
-//! ([`Topology::add_underlay_node`]), and optionally etcd as the control nodes' shared store.
+//! Protego's distributed form on a [`Topology`]: control and data nodes in namespaces of their
+//! own on the underlay ([`Topology::add_underlay_node`]), one or two steer nodes owning the VIP
+//! the sites talk to and the VTEP address the cloud hosts' VXLAN flood entries point at, and
+//! optionally etcd as the control nodes' shared store.
 //!
 //! [`ProtegoCluster::start`] makes a development PKI with `protego certs` (one CA, one
 //! certificate per node), writes every configuration, starts `protego control`, `protego data`
@@ -22,10 +22,24 @@
 //! Namespaces are `<run tag>-cl<n>-<node>` (and `-cl<n>-etcd`), process logs
 //! `logs/cl<n>-<node>.log` (`cl<n>-<node>-r<k>` after the `k`-th restart).
 //!
-//! Only one steer node is supported: a second one needs the VIP in a second namespace, and on
-//! the topology's single WAN bridge two namespaces with the same address would both answer ARP
-//! for it (a real deployment puts a router with ECMP in front of them), and the cloud hosts'
-//! flood entries point at the one gateway VTEP address.
+//! # One or two steer nodes
+//!
+//! With one steer node ([`ClusterSpec::steers`] = 1) it runs in the topology's gateway
+//! namespace and owns the VIP (`gateway.wan`, and `gateway.wan6`) and the VTEP address
+//! (`gateway.underlay`) on the gateway's own WAN and underlay interfaces; its Geneve socket is
+//! on the VTEP address too.
+//!
+//! With two, the gateway namespace becomes an ECMP router ([`crate::router::EcmpRouter`]), as
+//! a real deployment puts the VIP behind a router that spreads flows over the hosts
+//! announcing it (BGP anycast): each steer node gets a namespace of its own on the underlay
+//! (`<run tag>-cl<n>-steer<i>`, attached after the data nodes and before etcd) with its own
+//! underlay address (its Geneve address, which it announces in its Hello and which data and
+//! control nodes send to), the VIP, VIP6 and the VTEP address on `lo`, and a link to the
+//! router, which routes those three addresses with one multipath route over both links
+//! (flows hashed on L4 ports). [`ProtegoCluster::withdraw_steer`] takes a steer node's
+//! nexthop out of the routes, as the router does when BGP or BFD notices the node died, and
+//! [`ProtegoCluster::restore_steer`] puts it back. The cloud hosts and the sites are unchanged:
+//! the router answers ARP for the VIP and the VTEP address.
 
 use std::fmt::Write as _;
 use std::net::{IpAddr, SocketAddr};
@@ -37,6 +51,7 @@ use std::time::Duration;
 use crate::etcd::Etcd;
 use crate::protego::socket_request;
 use crate::protego::{render_config_with_store, GatewayTunnel};
+use crate::router::EcmpRouter;
 use crate::topology::{Topology, UnderlayNode};
 use crate::wait::{wait_for, Probe};
 use crate::{workspace_bin, Cmd, Error, IfAddr, Netns, Process, Result, Testbed, VXLAN_PORT};
@@ -49,8 +64,9 @@ pub const GENEVE_PORT: u16 = 6081;
 pub const ETCD_CLIENT_PORT: u16 = 2379;
 /// Most control nodes a cluster may have.
 pub const MAX_CONTROLS: usize = 2;
-/// Most steer nodes a cluster may have (see the module documentation).
-pub const MAX_STEERS: usize = 1;
+/// Most steer nodes a cluster may have (two share the VIP behind an ECMP router, see the
+/// module documentation).
+pub const MAX_STEERS: usize = 2;
 /// Most data nodes a cluster may have (they share the underlay /24 with the cloud hosts).
 pub const MAX_DATA: usize = 32;
 
@@ -108,7 +124,8 @@ pub struct ClusterSpec {
     pub controls: usize,
     /// Data nodes (`data1`, ...), 0..=[`MAX_DATA`].
     pub data: usize,
-    /// Steer nodes (`steer1`): exactly 1 (see the module documentation).
+    /// Steer nodes (`steer1`, `steer2`), 1..=[`MAX_STEERS`]: one in the gateway namespace,
+    /// or two behind an ECMP router (see the module documentation).
     pub steers: usize,
     /// The steer node's probing of the data nodes.
     pub probe: ProbeSettings,
@@ -116,6 +133,9 @@ pub struct ClusterSpec {
     pub report_interval: Duration,
     /// The control nodes' store.
     pub store: ClusterStore,
+    /// Extra lines for the control nodes' `[store]` table, verbatim, after the etcd backend's
+    /// (e.g. `timeout = "100ms"`); [`ClusterStore::Etcd`] only.
+    pub extra_store: Vec<String>,
     /// Extra lines for the control nodes' `[gateway]` table, verbatim.
     pub extra_gateway: Vec<String>,
     /// Extra lines for the control nodes' `[cluster]` table, verbatim (e.g.
@@ -143,6 +163,7 @@ impl Default for ClusterSpec {
             probe: ProbeSettings::default(),
             report_interval: Duration::from_secs(1),
             store: ClusterStore::File,
+            extra_store: Vec::new(),
             extra_gateway: Vec::new(),
             extra_control: Vec::new(),
             extra_data: Vec::new(),
@@ -165,13 +186,19 @@ impl ClusterSpec {
         if !(1..=MAX_CONTROLS).contains(&self.controls) {
             return bad("controls", format!("must be within 1..={MAX_CONTROLS}"));
         }
-        if self.steers != MAX_STEERS {
+        if !(1..=MAX_STEERS).contains(&self.steers) {
             return bad(
                 "steers",
-                "exactly 1 steer node is supported: a second one needs the VIP in a second \
-                 namespace, which the topology's single WAN bridge cannot tell apart (duplicate \
-                 address)"
-                    .to_owned(),
+                format!(
+                    "must be within 1..={MAX_STEERS} (one steer node owns the VIP, two share it \
+                     behind an ECMP router)"
+                ),
+            );
+        }
+        if self.store == ClusterStore::File && !self.extra_store.is_empty() {
+            return bad(
+                "extra_store",
+                "only the etcd store takes extra [store] lines".to_owned(),
             );
         }
         if self.data > MAX_DATA {
@@ -252,7 +279,8 @@ impl ClusterNode {
         self.role
     }
 
-    /// The namespace it runs in (the gateway namespace for the steer node).
+    /// The namespace it runs in (a single steer node runs in the gateway namespace, each of
+    /// two in its own).
     pub fn netns(&self) -> &Netns {
         &self.ns
     }
@@ -262,8 +290,9 @@ impl ClusterNode {
         &self.underlay_if
     }
 
-    /// Its underlay address (the gRPC and Geneve address of control and data nodes, the VTEP
-    /// address of the steer node).
+    /// Its underlay address: the gRPC and Geneve address of control and data nodes, the Geneve
+    /// address of a steer node (a single steer node's is the gateway's underlay address, also
+    /// its VTEP address; each of two has its own, the shared VTEP address being on `lo`).
     pub fn underlay(&self) -> IfAddr {
         self.underlay
     }
@@ -308,6 +337,8 @@ pub struct ProtegoCluster {
     nodes: Vec<ClusterNode>,
     etcd: Option<Etcd>,
     etcd_node: Option<UnderlayNode>,
+    /// The router in front of two steer nodes.
+    router: Option<EcmpRouter>,
     ready_timeout: Duration,
 }
 
@@ -319,9 +350,10 @@ struct Placement {
 }
 
 impl ProtegoCluster {
-    /// Creates the namespaces, the PKI and every configuration for `tunnels` over `topo`, starts
+    /// Creates the namespaces (with two steer nodes, theirs and the ECMP router in the gateway
+    /// namespace), the PKI and every configuration for `tunnels` over `topo`, starts
     /// the etcd store (if [`ClusterStore::Etcd`]), the control nodes, the data nodes and the
-    /// steer node (in this order, without waiting in between: the nodes reconnect with backoff,
+    /// steer nodes (in this order, without waiting in between: the nodes reconnect with backoff,
     /// the control node waits up to 10 s for them), then waits up to
     /// [`ClusterSpec::ready_timeout`] until a control node's `nodes` answer shows every data
     /// and steer node alive. Fails early if a node exits; the error then carries the tails of
@@ -362,10 +394,10 @@ impl ProtegoCluster {
                 plan.push(Placement { name, role, place });
             }
         }
-        for i in 1..=spec.steers {
+        let router = if spec.steers == 1 {
             let gw = &topo.gateway;
             plan.push(Placement {
-                name: format!("steer{i}"),
+                name: "steer1".to_owned(),
                 role: ClusterRole::Steer,
                 place: UnderlayNode {
                     ns: gw.ns.clone(),
@@ -373,7 +405,21 @@ impl ProtegoCluster {
                     underlay: gw.underlay,
                 },
             });
-        }
+            None
+        } else {
+            let mut steers = Vec::with_capacity(spec.steers);
+            for i in 1..=spec.steers {
+                let name = format!("steer{i}");
+                let place = topo.add_underlay_node(bed, &format!("{label}-{name}"))?;
+                steers.push((name.clone(), place.clone()));
+                plan.push(Placement {
+                    name,
+                    role: ClusterRole::Steer,
+                    place,
+                });
+            }
+            Some(EcmpRouter::build(topo, &steers)?)
+        };
 
         // One CA, one certificate per node naming it (CN, DNS) and its underlay address (IP).
         let pki = Pki::new(dir.join("pki"));
@@ -391,7 +437,11 @@ impl ProtegoCluster {
                 (Some(etcd), Some(node))
             }
         };
-        let store = etcd.as_ref().map(|e| etcd_store_lines(&e.client_url));
+        let store = etcd.as_ref().map(|e| {
+            let mut lines = etcd_store_lines(&e.client_url);
+            lines.extend(spec.extra_store.iter().cloned());
+            lines
+        });
 
         // Every configuration and command line.
         let controls: Vec<(String, SocketAddr)> = plan
@@ -450,7 +500,7 @@ impl ProtegoCluster {
                         &controls,
                         &SteerAddrs {
                             vips: &vips,
-                            vxlan: SocketAddr::new(addr, VXLAN_PORT),
+                            vxlan: SocketAddr::new(topo.gateway.underlay.addr, VXLAN_PORT),
                             geneve,
                         },
                         &spec.probe,
@@ -491,6 +541,7 @@ impl ProtegoCluster {
             nodes,
             etcd,
             etcd_node,
+            router,
             ready_timeout: spec.ready_timeout,
         };
         cluster.wait_ready()?;
@@ -507,7 +558,7 @@ impl ProtegoCluster {
         &self.pki
     }
 
-    /// Every node, control nodes first, then data nodes, then the steer node.
+    /// Every node, control nodes first, then data nodes, then the steer nodes.
     pub fn members(&self) -> &[ClusterNode] {
         &self.nodes
     }
@@ -556,7 +607,7 @@ impl ProtegoCluster {
         self.names_of(ClusterRole::Control)
     }
 
-    /// The names of the steer nodes (`steer1`).
+    /// The names of the steer nodes (`steer1`, `steer2`).
     pub fn steer_node_names(&self) -> Vec<String> {
         self.names_of(ClusterRole::Steer)
     }
@@ -564,6 +615,43 @@ impl ProtegoCluster {
     /// The etcd store and the underlay node it runs on ([`ClusterStore::Etcd`] only).
     pub fn etcd(&self) -> Option<(&Etcd, &UnderlayNode)> {
         self.etcd.as_ref().zip(self.etcd_node.as_ref())
+    }
+
+    /// The ECMP router in front of the steer nodes (two steer nodes only).
+    pub fn router(&self) -> Option<&EcmpRouter> {
+        self.router.as_ref()
+    }
+
+    /// Withdraws steer node `name`'s nexthop from the router's routes of the VIP, VIP6 and the
+    /// VTEP address, as a router does when BGP or BFD notices a dead steer node: new packets
+    /// go to the other steer node. Fails with a single steer node (it owns the VIP itself) or
+    /// if the nexthop is withdrawn already. The process is left alone (see
+    /// [`ProtegoCluster::kill`]).
+    pub fn withdraw_steer(&self, name: &str) -> Result<()> {
+        self.steer_router(name)?.withdraw(name)
+    }
+
+    /// Puts steer node `name`'s nexthop back into the router's routes (after
+    /// [`ProtegoCluster::withdraw_steer`]).
+    pub fn restore_steer(&self, name: &str) -> Result<()> {
+        self.steer_router(name)?.restore(name)
+    }
+
+    /// The router, for steer node `name`.
+    fn steer_router(&self, name: &str) -> Result<&EcmpRouter> {
+        let node = self.node(name)?;
+        if node.role != ClusterRole::Steer {
+            return Err(Error::InvalidSpec {
+                field: format!("cluster node {name:?}"),
+                reason: format!("a {} node has no nexthop at the router", node.role),
+            });
+        }
+        self.router.as_ref().ok_or_else(|| Error::InvalidSpec {
+            field: format!("cluster {}", self.label),
+            reason: "a single steer node owns the VIP itself: there is no router to withdraw \
+                     it from (start two steer nodes)"
+                .to_owned(),
+        })
     }
 
     /// Everything node `name`'s current process logged so far.
@@ -626,6 +714,18 @@ impl ProtegoCluster {
         self.control_on(name, request)
     }
 
+    /// Runs `protego ctl apply -f` with `text` (written into the cluster's directory) against
+    /// the active control node; returns what the command printed.
+    pub fn apply(&self, text: &str) -> Result<String> {
+        let name = self.active_control()?;
+        let node = self.node(name)?;
+        let socket = node.socket.as_deref().ok_or_else(|| Error::InvalidSpec {
+            field: format!("cluster node {name:?}"),
+            reason: "a control node without a control socket".to_owned(),
+        })?;
+        crate::protego::ctl_apply(&workspace_bin("protego")?, socket, &self.dir, text, false)
+    }
+
     /// [`ProtegoCluster::control`] on the control socket of control node `name`.
     pub fn control_on(&self, name: &str, request: &str) -> Result<serde_json::Value> {
         let node = self.node(name)?;
@@ -682,7 +782,8 @@ impl ProtegoCluster {
     }
 
     /// Waits up to `timeout` until every running control node that answers reports node `name`
-    /// not alive (or does not list it), and at least one answers; returns the last answer.
+    /// not alive (or does not list it), and at least one answers; returns the last answer. A
+    /// control node that does not answer (a standby has no control socket) is not waited for.
     pub fn wait_not_alive(&self, name: &str, timeout: Duration) -> Result<serde_json::Value> {
         self.node(name)?;
         wait_for(
@@ -705,8 +806,9 @@ impl ProtegoCluster {
                         Err(e) => states.push(format!("{}: {e}", node.name)),
                     }
                 }
+                let still_alive = states.iter().any(|s| s.ends_with(": still alive"));
                 match answered {
-                    Some(answer) if states.is_empty() => Ok(Probe::Ready(answer)),
+                    Some(answer) if !still_alive => Ok(Probe::Ready(answer)),
                     None if states.is_empty() => Err(self.no_control()),
                     _ => Ok(Probe::NotYet(states.join("; "))),
                 }
@@ -725,6 +827,16 @@ impl ProtegoCluster {
         Ok(())
     }
 
+    /// Waits up to `timeout` for node `name` to exit on its own (e.g. an active control node
+    /// that lost its etcd lease stops) and from then on expects it not to run, as after
+    /// [`ProtegoCluster::kill`]; returns how it ended. Fails if it still runs at the timeout.
+    pub fn wait_exit(&self, name: &str, timeout: Duration) -> Result<ExitStatus> {
+        let node = self.node(name)?;
+        let status = node.process.wait(timeout)?;
+        node.stopped.store(true, Ordering::Relaxed);
+        Ok(status)
+    }
+
     /// Stops node `name` gracefully (SIGTERM, up to 3 s, then SIGKILL); returns how it ended,
     /// `None` if it was already stopped.
     pub fn stop(&self, name: &str) -> Result<Option<ExitStatus>> {
@@ -734,7 +846,7 @@ impl ProtegoCluster {
     }
 
     /// Stops every node gracefully: the control nodes first (they delete their IKE SAs with
-    /// the peers through the steer node), then the data nodes, then the steer node, then etcd.
+    /// the peers through the steer nodes), then the data nodes, then the steer nodes, then etcd.
     /// Returns how each node ended (`None`: already stopped).
     pub fn stop_all(&self) -> Vec<(String, Option<ExitStatus>)> {
         let mut out = Vec::with_capacity(self.nodes.len());
@@ -1239,9 +1351,16 @@ mod tests {
         };
         assert!(bad(|s| s.controls = 0).contains("cluster.controls"));
         assert!(bad(|s| s.controls = 3).contains("cluster.controls"));
-        let e = bad(|s| s.steers = 2);
-        assert!(e.contains("cluster.steers") && e.contains("VIP"), "{e}");
+        let two = ClusterSpec {
+            steers: 2,
+            ..ClusterSpec::default()
+        };
+        assert!(two.validate().is_ok());
+        let e = bad(|s| s.steers = 3);
+        assert!(e.contains("cluster.steers") && e.contains("1..=2"), "{e}");
         assert!(bad(|s| s.steers = 0).contains("cluster.steers"));
+        let e = bad(|s| s.extra_store = vec!["timeout = \"1s\"".into()]);
+        assert!(e.contains("cluster.extra_store"), "{e}");
         assert!(bad(|s| s.data = MAX_DATA + 1).contains("cluster.data"));
         assert!(bad(|s| s.probe.interval = Duration::ZERO).contains("probe.interval"));
         assert!(bad(|s| s.log_level = " ".into()).contains("log_level"));
@@ -1465,6 +1584,12 @@ mod tests {
         assert!(e.contains("unsupported: status"), "{e}");
         assert!(cluster.control_on("data1", "nodes").is_err());
 
+        // A node that keeps running has not exited on its own.
+        assert!(cluster
+            .wait_exit("data2", Duration::from_millis(50))
+            .is_err());
+        assert!(cluster.node("data2").unwrap().expected());
+
         // Kill and restart a data node; a running node cannot be restarted.
         let first = cluster.node("data1").unwrap().process().pid();
         assert!(cluster.restart("data1").is_err());
@@ -1542,6 +1667,151 @@ mod tests {
         assert_eq!(cluster.active_control().unwrap(), "control1");
         cluster.kill("control1").unwrap();
         assert_eq!(cluster.active_control().unwrap(), "control2");
+        cluster.stop_all();
+        stop.store(true, Ordering::Relaxed);
+        server.join().unwrap();
+        bed.teardown().expect("teardown");
+    }
+
+    /// Datagrams each of `sockets` has waiting (non-blocking reads until empty).
+    fn drain_counts(sockets: &[std::net::UdpSocket]) -> Vec<usize> {
+        sockets
+            .iter()
+            .map(|s| {
+                s.set_nonblocking(true).unwrap();
+                let mut buf = [0u8; 64];
+                std::iter::from_fn(|| s.recv(&mut buf).ok()).count()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn two_steer_nodes_share_the_vip_behind_an_ecmp_router() {
+        let bed = Testbed::new().expect("test bed");
+        let topo = small_topology(&bed);
+        let bin = fake_protego(bed.dir(), "echo \"fake data up\"; exec sleep 600");
+        let stop = Arc::new(AtomicBool::new(false));
+        let alive = |n: &str| serde_json::json!({"name": n, "alive": true});
+        let server = fake_control_socket(
+            bed.dir().to_owned(),
+            serde_json::json!({
+                "control": "control1",
+                "nodes": [alive("data1"), alive("data2"), alive("steer1"), alive("steer2")],
+            }),
+            Arc::clone(&stop),
+        );
+        let spec = ClusterSpec {
+            steers: 2,
+            ..fast_spec()
+        };
+        let cluster = ProtegoCluster::start_with(&bed, &topo, &[], &spec, &bin).expect("start");
+        assert_eq!(cluster.steer_node_names(), vec!["steer1", "steer2"]);
+        let gw = &topo.gateway;
+        let (vip, vtep) = (gw.wan.addr, gw.underlay.addr);
+        // Each steer node: its own namespace and underlay address (its Geneve address), the
+        // VTEP address for VXLAN.
+        for (name, addr) in [("steer1", "10.255.0.53"), ("steer2", "10.255.0.54")] {
+            let node = cluster.node(name).unwrap();
+            assert_ne!(node.netns().name(), gw.ns.name());
+            assert_eq!(node.underlay().addr.to_string(), addr);
+            let text = std::fs::read_to_string(node.config_path()).unwrap();
+            assert!(text.contains("vips = [\"198.51.100.1\"]"), "{text}");
+            assert!(text.contains("vxlan = \"10.255.0.1:4789\""), "{text}");
+            assert!(
+                text.contains(&format!("geneve = \"{addr}:6081\"")),
+                "{text}"
+            );
+            let lo = node
+                .netns()
+                .ip(["-4", "addr", "show", "dev", "lo"])
+                .unwrap();
+            assert!(
+                lo.contains("198.51.100.1/32") && lo.contains("10.255.0.1/32"),
+                "{lo}"
+            );
+        }
+        let calls = std::fs::read_to_string(bed.dir().join("calls")).unwrap();
+        assert!(
+            calls.contains("--name steer2 --role steer --ip 10.255.0.54 --dns steer2\n"),
+            "{calls}"
+        );
+        let router = cluster.router().expect("a router");
+        assert_eq!(router.active(), vec!["steer1", "steer2"]);
+        let routes = router.describe().unwrap();
+        assert_eq!(routes.matches("nexthop via 100.64.").count(), 4, "{routes}");
+
+        // Flows from many source ports spread over both steer nodes, from the WAN to the VIP
+        // and from a cloud host to the VTEP address.
+        let wan = crate::inject::attach_wan_host(&bed, &topo, "ecmpw", 200).unwrap();
+        let bind = |ns: &Netns, ip: IpAddr, port: u16| {
+            ns.udp_socket(SocketAddr::new(ip, port)).expect("bind")
+        };
+        let spread = |from: &Netns, src: IpAddr, dst: SocketAddr| -> Vec<usize> {
+            let sinks: Vec<_> = ["steer1", "steer2"]
+                .iter()
+                .map(|n| bind(cluster.netns(n).unwrap(), dst.ip(), dst.port()))
+                .collect();
+            for _ in 0..32 {
+                let s = bind(from, src, 0);
+                s.send_to(b"flow", dst).expect("send");
+            }
+            std::thread::sleep(Duration::from_millis(300));
+            drain_counts(&sinks)
+        };
+        let to_vip = SocketAddr::new(vip, 4500);
+        let to_vtep = SocketAddr::new(vtep, VXLAN_PORT);
+        let host = &topo.hosts[0];
+        for (from, src, dst) in [
+            (&wan.ns, wan.addr.addr, to_vip),
+            (&host.ns, host.underlay.addr, to_vtep),
+        ] {
+            let counts = spread(from, src, dst);
+            assert_eq!(counts.iter().sum::<usize>(), 32, "{dst}: {counts:?}");
+            assert!(counts.iter().all(|&c| c > 0), "{dst}: {counts:?}");
+        }
+
+        // Withdrawn: everything goes to the other steer node; none left: nothing arrives.
+        cluster.withdraw_steer("steer1").unwrap();
+        assert!(cluster.withdraw_steer("steer1").is_err());
+        assert_eq!(router.active(), vec!["steer2"]);
+        assert_eq!(spread(&wan.ns, wan.addr.addr, to_vip), vec![0, 32]);
+        assert_eq!(spread(&host.ns, host.underlay.addr, to_vtep), vec![0, 32]);
+        cluster.withdraw_steer("steer2").unwrap();
+        assert!(router.describe().unwrap().contains("blackhole"));
+        assert_eq!(spread(&wan.ns, wan.addr.addr, to_vip), vec![0, 0]);
+        cluster.restore_steer("steer1").unwrap();
+        cluster.restore_steer("steer2").unwrap();
+        assert!(cluster.restore_steer("steer2").is_err());
+        let counts = spread(&wan.ns, wan.addr.addr, to_vip);
+        assert!(counts.iter().all(|&c| c > 0), "{counts:?}");
+        assert!(cluster.withdraw_steer("data1").is_err());
+
+        cluster.stop_all();
+        stop.store(true, Ordering::Relaxed);
+        server.join().unwrap();
+        bed.teardown().expect("teardown");
+    }
+
+    #[test]
+    fn a_single_steer_node_has_no_nexthop_to_withdraw() {
+        let bed = Testbed::new().expect("test bed");
+        let topo = small_topology(&bed);
+        let bin = fake_protego(bed.dir(), "echo \"fake data up\"; exec sleep 600");
+        let stop = Arc::new(AtomicBool::new(false));
+        let alive = |n: &str| serde_json::json!({"name": n, "alive": true});
+        let server = fake_control_socket(
+            bed.dir().to_owned(),
+            serde_json::json!({
+                "control": "control1",
+                "nodes": [alive("data1"), alive("data2"), alive("steer1")],
+            }),
+            Arc::clone(&stop),
+        );
+        let cluster =
+            ProtegoCluster::start_with(&bed, &topo, &[], &fast_spec(), &bin).expect("start");
+        assert!(cluster.router().is_none());
+        let e = cluster.withdraw_steer("steer1").unwrap_err().to_string();
+        assert!(e.contains("single steer node"), "{e}");
         cluster.stop_all();
         stop.store(true, Ordering::Relaxed);
         server.join().unwrap();

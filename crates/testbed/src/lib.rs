@@ -51,6 +51,7 @@ pub mod names;
 mod netns;
 pub mod prefix;
 pub mod protego;
+pub mod router;
 pub mod strongswan;
 pub mod sweep;
 pub mod topology;

@@ -113,10 +113,56 @@ pub(crate) fn render_config_with_store(
     for line in extra_gateway {
         let _ = writeln!(out, "{line}");
     }
-    for t in &topo.tenants {
+    write_inventory(&mut out, topo, None, tunnels, psk_dir)?;
+    match store {
+        Some(lines) => {
+            let _ = writeln!(out, "\n[store]");
+            for line in lines {
+                let _ = writeln!(out, "{line}");
+            }
+        }
+        None => {
+            // The IKE state store beside the control socket: per run, so runs never share it,
+            // and kept across a restart of the gateway within the run.
+            let store = socket.with_file_name("state.redb");
+            let _ = writeln!(out, "\n[store]\npath = {:?}", store.display().to_string());
+        }
+    }
+    Ok(out)
+}
+
+/// Renders the `[[tenant]]`, `[[vnet]]` and `[[tunnel]]` tables of [`render_config`] for the
+/// tenants with indexes `only` (all with None) and `tunnels` (whose sites must belong to
+/// them), writing the PSK files into `psk_dir`: a file for `protego ctl apply`.
+pub fn render_inventory(
+    topo: &Topology,
+    only: &[usize],
+    tunnels: &[GatewayTunnel],
+    psk_dir: &std::path::Path,
+) -> Result<String> {
+    let mut out = String::new();
+    write_inventory(&mut out, topo, Some(only), tunnels, psk_dir)?;
+    Ok(out)
+}
+
+fn write_inventory(
+    out: &mut String,
+    topo: &Topology,
+    only: Option<&[usize]>,
+    tunnels: &[GatewayTunnel],
+    psk_dir: &std::path::Path,
+) -> Result<()> {
+    let gw = &topo.gateway;
+    let tenants = topo
+        .tenants
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| only.is_none_or(|o| o.contains(i)))
+        .map(|(_, t)| t);
+    for t in tenants.clone() {
         let _ = writeln!(out, "\n[[tenant]]\nname = {:?}", t.name);
     }
-    for t in &topo.tenants {
+    for t in tenants {
         let _ = writeln!(out, "\n[[vnet]]");
         let _ = writeln!(out, "tenant = {:?}", t.name);
         let _ = writeln!(out, "name = \"vnet\"");
@@ -178,21 +224,7 @@ pub(crate) fn render_config_with_store(
             let _ = writeln!(out, "{line}");
         }
     }
-    match store {
-        Some(lines) => {
-            let _ = writeln!(out, "\n[store]");
-            for line in lines {
-                let _ = writeln!(out, "{line}");
-            }
-        }
-        None => {
-            // The IKE state store beside the control socket: per run, so runs never share it,
-            // and kept across a restart of the gateway within the run.
-            let store = socket.with_file_name("state.redb");
-            let _ = writeln!(out, "\n[store]\npath = {:?}", store.display().to_string());
-        }
-    }
-    Ok(out)
+    Ok(())
 }
 
 /// `protego up` on `config`, logging what the interop tests read.
@@ -320,6 +352,14 @@ impl ProtegoGateway {
         socket_request(&self.socket, request, Duration::from_secs(10))
     }
 
+    /// Writes `text` into the gateway's directory and runs `protego ctl apply -f` with it
+    /// (`--dry-run` if asked); returns what the command printed. A refused apply is an error
+    /// carrying the command's message.
+    pub fn apply(&self, text: &str, dry_run: bool) -> Result<String> {
+        let dir = self.config.parent().unwrap_or(std::path::Path::new("."));
+        ctl_apply(&self.bin, &self.socket, dir, text, dry_run)
+    }
+
     /// Stops the gateway with SIGTERM (it deletes its IKE SAs) and waits for it to exit.
     pub fn stop(&self) -> Option<std::process::ExitStatus> {
         self.process.stop()
@@ -329,6 +369,31 @@ impl ProtegoGateway {
     pub fn log(&self) -> String {
         self.process.log()
     }
+}
+
+/// Writes `text` to a new file in `dir` and runs `protego ctl --socket SOCKET apply -f FILE`
+/// (the socket is a file: no namespace needed); returns its output.
+pub(crate) fn ctl_apply(
+    bin: &std::path::Path,
+    socket: &std::path::Path,
+    dir: &std::path::Path,
+    text: &str,
+    dry_run: bool,
+) -> Result<String> {
+    static APPLIES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = APPLIES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let file = dir.join(format!("apply-{n}.toml"));
+    std::fs::write(&file, text).map_err(|e| Error::io("write config", &file, e))?;
+    let socket = socket.display().to_string();
+    let file = file.display().to_string();
+    let mut args = vec!["ctl", "--socket", &socket, "apply", "-f", &file];
+    if dry_run {
+        args.push("--dry-run");
+    }
+    Cmd::new(bin.display().to_string())
+        .args(args)
+        .timeout(Duration::from_secs(20))
+        .run()
 }
 
 /// Sends one request line to the control socket at `socket` and reads its one-line JSON

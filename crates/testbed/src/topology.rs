@@ -104,7 +104,9 @@ pub struct Topology {
     pub spec: TopologySpec,
 }
 
-/// The gateway namespace and its addresses.
+/// The gateway namespace and its addresses. A cluster with two steer nodes turns it into the
+/// ECMP router in front of them ([`crate::router::EcmpRouter`]): the VIP, VIP6 and the
+/// underlay address then live on the steer nodes, the namespace routes them there.
 #[derive(Clone, Debug)]
 pub struct Gateway {
     /// The namespace where the gateway under test runs.
@@ -270,9 +272,10 @@ pub struct UnderlayNode {
 static UNDERLAY_ATTACH: Mutex<()> = Mutex::new(());
 
 /// Host numbers of [`UNDERLAY_V4`] given to underlay nodes, in order of preference (above the
-/// cloud hosts' `10 + index` first).
+/// cloud hosts' `10 + index` first). 254 is left to the ECMP router in front of two steer
+/// nodes ([`crate::router::ROUTER_HOST`]).
 fn underlay_node_host_numbers() -> impl Iterator<Item = u128> {
-    (50..=254).chain(2..50)
+    (50..crate::router::ROUTER_HOST).chain(2..50)
 }
 
 impl TopologySpec {
@@ -620,7 +623,7 @@ impl Topology {
     /// Attaches a new namespace `label` (a [`Testbed::netns`] role) to the underlay bridge the
     /// way the cloud hosts are attached (veth into the switch namespace, the underlay MTU, TX
     /// checksum offload off so that it behaves like a real NIC) and gives it a fresh IPv4
-    /// underlay address: the first of `10.255.0.50..=254`, then `10.255.0.2..=49`, that the
+    /// underlay address: the first of `10.255.0.50..=253`, then `10.255.0.2..=49`, that the
     /// gateway, the cloud hosts and the underlay nodes attached before do not use. No default
     /// route is set.
     pub fn add_underlay_node(&self, bed: &Testbed, label: &str) -> Result<UnderlayNode> {

@@ -685,3 +685,130 @@ fn rate_limit_keeps_one_tenant_from_taking_anothers_capacity() -> Result<()> {
         Ok(())
     })
 }
+
+/// `protego ctl apply` on the active control node of two (etcd): a second tenant with its VNet
+/// and tunnel is added live (its site connects through the steer node and reaches its VMs);
+/// the configuration is in etcd, so after a `kill -9` of the active node the standby runs the
+/// applied tunnels and keeps the added tunnel's IKE SA; an apply on the new active node then
+/// removes the first tunnel, whose site gets a DELETE.
+#[test]
+fn applied_configuration_runs_live_and_after_a_control_takeover() -> Result<()> {
+    if !protego_testbed::cmd::program_exists("etcd") {
+        eprintln!("skipped: etcd is not installed (make setup installs etcd-server)");
+        return Ok(());
+    }
+    let bed = Testbed::new()?;
+    let mut second_tenant = tenant(
+        "tb",
+        4302,
+        false,
+        vec![protego_testbed::topology::VmSpec { host: 1 }],
+    )?;
+    second_tenant.vnet = "10.3.0.0/24".parse()?;
+    second_tenant.sites[0].lan = "10.4.0.0/24".parse()?;
+    let spec = protego_testbed::TopologySpec {
+        tenants: vec![
+            tenant(
+                "ta",
+                4301,
+                false,
+                vec![protego_testbed::topology::VmSpec { host: 0 }],
+            )?,
+            second_tenant,
+        ],
+        hosts: 2,
+        ..protego_testbed::TopologySpec::default()
+    };
+    let topo = Topology::build(&bed, spec)?;
+    let first = GatewayTunnel::for_site(&topo, 0, PSK);
+    let mut added = GatewayTunnel::for_site(&topo, 1, PSK);
+    added.extra.push("rate_limit = 50".to_owned());
+    let cluster_spec = ClusterSpec {
+        controls: 2,
+        store: ClusterStore::Etcd,
+        ..ClusterSpec::default()
+    };
+    // The file knows only the first tenant's tunnel.
+    let cluster = ProtegoCluster::start(&bed, &topo, std::slice::from_ref(&first), &cluster_spec)?;
+    with_logs(&cluster, || {
+        let (site_a, _) = bring_up(&topo, &first)?;
+        let inventory = protego_testbed::protego::render_inventory(
+            &topo,
+            &[0, 1],
+            &[first.clone(), added.clone()],
+            cluster.dir(),
+        )?;
+        let out = cluster.apply(&inventory)?;
+        eprintln!("apply:\n{out}");
+        assert!(out.contains(&format!("+ tunnel {}", added.name)), "{out}");
+        let (site_b, _) = bring_up(&topo, &added)?;
+        ping_all_vms(&topo, 0, 3)?;
+        let before = site_b.list_sas()?.into_iter().next().expect("one IKE SA");
+
+        // The active node dies; the standby reads the applied configuration from etcd.
+        let active = cluster.active_control()?.to_owned();
+        let standby = cluster
+            .control_node_names()
+            .into_iter()
+            .find(|n| *n != active)
+            .expect("two control nodes");
+        let charon_seen = site_b.log().len();
+        cluster.kill(&active)?;
+        let status = wait_for("the standby to take over", Duration::from_secs(15), || {
+            Ok(match cluster.control_on(&standby, "status") {
+                Ok(s) => Probe::Ready(s),
+                Err(e) => Probe::NotYet(e.to_string()),
+            })
+        })?;
+        let names: Vec<&str> = status["tunnels"]
+            .as_array()
+            .map(|ts| ts.iter().filter_map(|t| t["name"].as_str()).collect())
+            .unwrap_or_default();
+        assert_eq!(
+            names,
+            [first.name.as_str(), added.name.as_str()],
+            "{status}"
+        );
+        ping_all_vms(&topo, 1, 5)?;
+        let after = site_b.list_sas()?.into_iter().next().expect("one IKE SA");
+        assert_eq!(
+            (&after.initiator_spi, &after.responder_spi),
+            (&before.initiator_spi, &before.responder_spi),
+            "the added tunnel kept its IKE SA across the takeover"
+        );
+        let charon_new = site_b
+            .log()
+            .get(charon_seen..)
+            .unwrap_or_default()
+            .to_owned();
+        assert!(
+            !charon_new.contains("IKE_SA_INIT") && !charon_new.contains("IKE_AUTH"),
+            "strongSwan re-authenticated after the takeover:\n{charon_new}"
+        );
+
+        // The new active node applies: the first tunnel goes, its site is told.
+        let only_added = protego_testbed::protego::render_inventory(
+            &topo,
+            &[0, 1],
+            std::slice::from_ref(&added),
+            cluster.dir(),
+        )?;
+        let out = cluster.apply(&only_added)?;
+        eprintln!("apply on {standby}:\n{out}");
+        assert!(out.contains(&format!("- tunnel {}", first.name)), "{out}");
+        wait_for(
+            "the first site's IKE SA deleted",
+            Duration::from_secs(10),
+            || {
+                let sas = site_a.list_sas()?;
+                Ok(if sas.is_empty() {
+                    Probe::Ready(())
+                } else {
+                    Probe::NotYet(summarize(&sas))
+                })
+            },
+        )?;
+        ping_all_vms(&topo, 1, 5)?;
+        Ok(())
+    })
+}

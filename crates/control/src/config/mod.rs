@@ -6,6 +6,7 @@
 //! plane's [`dataplane::DataplaneConfig`]. Every error names the file, line, column and key.
 
 mod duration;
+mod inventory;
 mod raw;
 mod summary;
 mod validate;
@@ -14,6 +15,7 @@ mod validate;
 mod tests;
 
 pub use duration::{format_duration, parse_duration};
+pub use inventory::{plan, tunnel_change, ConfigPlan, StoredPsks, TunnelChange};
 
 use crate::error::{ConfigError, Error};
 use std::net::IpAddr;
@@ -103,6 +105,11 @@ pub struct ClusterConfig {
     pub report_interval: std::time::Duration,
     /// How long a node may take to acknowledge a directive before it counts as failed.
     pub directive_timeout: std::time::Duration,
+    /// The TTL of the active control node's etcd lease (whole seconds): an etcd outage
+    /// shorter than about half of it leaves the active node in charge; a longer one makes it
+    /// stop (a crashed active node is replaced in about half a second whatever the TTL: the
+    /// standby probes it).
+    pub lease: std::time::Duration,
 }
 
 /// Where a tunnel's decrypted traffic goes.
@@ -171,13 +178,18 @@ impl std::fmt::Debug for Tunnel {
 pub struct Config {
     /// The file it came from.
     pub path: PathBuf,
+    /// The text of that file (its node-wide sections frame an applied inventory, see
+    /// [`Config::with_inventory`]).
+    pub(crate) text: std::sync::Arc<str>,
     /// `[gateway]` settings.
     pub gateway: Gateway,
     /// The IKE engine's node-wide settings.
     pub endpoint: ike::EndpointConfig,
     /// Tenant names in file order.
     pub tenants: Vec<String>,
-    /// Tunnels in file order; `tunnels[i].peer.id == TunnelId(i + 1)`.
+    /// Tunnels in file order. Ids are assigned in file order (1, 2, ...) when a file is read;
+    /// a configuration applied to a running node keeps the ids of tunnels that keep their
+    /// names ([`Config::keep_ids`]).
     pub tunnels: Vec<Tunnel>,
     /// The data plane's configuration.
     pub dataplane: dataplane::DataplaneConfig,
@@ -218,8 +230,12 @@ impl Config {
 
     /// The tunnel with this id.
     pub fn tunnel(&self, id: ike::TunnelId) -> Option<&Tunnel> {
-        let index = usize::try_from(id.0).ok()?.checked_sub(1)?;
-        self.tunnels.get(index).filter(|t| t.peer.id == id)
+        self.tunnels.iter().find(|t| t.peer.id == id)
+    }
+
+    /// The tunnel called `name`.
+    pub fn tunnel_named(&self, name: &str) -> Option<&Tunnel> {
+        self.tunnels.iter().find(|t| t.peer.name == name)
     }
 }
 

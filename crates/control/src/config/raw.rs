@@ -24,6 +24,25 @@ pub(crate) struct RawFile {
     pub(crate) cluster: Option<Spanned<RawCluster>>,
 }
 
+/// A file given to `protego ctl apply`: the tenants, VNets and tunnels; node-wide tables may
+/// be present (a whole configuration file) and are ignored.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawInventory {
+    #[serde(default)]
+    pub(crate) tenant: Vec<Spanned<RawTenant>>,
+    #[serde(default)]
+    pub(crate) vnet: Vec<Spanned<RawVnet>>,
+    #[serde(default)]
+    pub(crate) tunnel: Vec<Spanned<RawTunnel>>,
+    #[serde(default, rename = "gateway")]
+    pub(crate) _gateway: Option<toml::Value>,
+    #[serde(default, rename = "store")]
+    pub(crate) _store: Option<toml::Value>,
+    #[serde(default, rename = "cluster")]
+    pub(crate) _cluster: Option<toml::Value>,
+}
+
 /// `[cluster]`: the control node's side of the distributed form.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -36,6 +55,7 @@ pub(crate) struct RawCluster {
     pub(crate) key: Spanned<String>,
     pub(crate) report_interval: Option<Spanned<DurationValue>>,
     pub(crate) directive_timeout: Option<Spanned<DurationValue>>,
+    pub(crate) lease: Option<Spanned<DurationValue>>,
 }
 
 /// `[store]`: where the control plane keeps its durable state.

@@ -1027,3 +1027,113 @@ fn etcd_store_errors_name_the_key() {
         "only the \"etcd\" backend",
     );
 }
+
+#[test]
+fn an_applied_inventory_is_planned_by_name() {
+    let s = Scratch::new();
+    let node = s.parse(&with_tunnel(TUNNEL_A)).unwrap();
+    let tunnel_b = TUNNEL_A
+        .replace("name = \"a\"", "name = \"b\"")
+        .replace(
+            "tenant = \"acme\"\nvnet = \"prod\"",
+            "tenant = \"globex\"\nvnet = \"main\"",
+        )
+        .replace("remote_id = \"a.example\"", "remote_id = \"b.example\"");
+    // b before a, a VNet changed, a tenant added: only TENANTS and tunnels, no [gateway].
+    let tenants = TENANTS.replace("vni = 200", "vni = 201") + "\n[[tenant]]\nname = \"initech\"\n";
+    let text = format!(
+        "{tenants}\n{tunnel_b}\n{}",
+        TUNNEL_A.replace("a.psk", "b.psk")
+    );
+    let applied = s.0.join("sub/applied.toml");
+    // Relative PSK files are read from the applied file's directory.
+    let e = node
+        .with_inventory(&text, &applied, None)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("sub/a.psk") && e.contains("applied.toml"), "{e}");
+    std::fs::create_dir_all(s.0.join("sub")).unwrap();
+    for f in ["a.psk", "b.psk"] {
+        std::fs::copy(s.0.join(f), s.0.join("sub").join(f)).unwrap();
+    }
+    let mut new = node.with_inventory(&text, &applied, None).unwrap();
+    assert_eq!(new.gateway, node.gateway, "the node's own [gateway] stays");
+    let mut next = node.next_free_id();
+    assert_eq!(next, 2);
+    new.keep_ids(&node.tunnel_ids(), &mut next);
+    assert_eq!(new.tunnel_named("a").unwrap().peer.id, TunnelId(1));
+    assert_eq!(new.tunnel_named("b").unwrap().peer.id, TunnelId(2));
+    assert_eq!(next, 3);
+    assert!(new
+        .dataplane
+        .tunnels
+        .iter()
+        .all(|b| new.tunnel(b.tunnel).unwrap().peer.name == b.name));
+    let p = plan(&node, &new);
+    assert_eq!(p.tenants_added, ["initech"]);
+    assert_eq!(p.vnets_changed, ["globex/main"]);
+    assert_eq!(p.tunnels_added, ["b"]);
+    assert_eq!(p.tunnels_replaced, ["a"], "a new PSK means new SAs");
+    assert!(p.tunnels_removed.is_empty() && p.tunnels_updated.is_empty());
+    assert!(plan(&new, &new).is_empty());
+    let back = plan(&new, &node);
+    assert_eq!(back.tunnels_removed, ["b"]);
+    assert_eq!(back.tenants_removed, ["initech"]);
+}
+
+#[test]
+fn an_applied_inventory_cannot_open_a_tun_device() {
+    let s = Scratch::new();
+    let node = s.parse(&with_tunnel(TUNNEL_A)).unwrap();
+    let tun = TUNNEL_A.replace("vnet = \"prod\"", "inside = \"tun\"");
+    let e = node
+        .with_inventory(&format!("{TENANTS}\n{tun}"), &s.0.join("x.toml"), None)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("needs a restart"), "{e}");
+    // An inventory with syntax errors names its own file.
+    let e = node
+        .with_inventory("[[tunnel]\n", &s.0.join("broken.toml"), None)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("broken.toml"), "{e}");
+}
+
+#[test]
+fn cluster_section_defaults_and_limits() {
+    let s = Scratch::new();
+    let cluster = |extra: &str| {
+        format!(
+            "{}\n[cluster]\nname = \"control1\"\ngrpc = \"10.0.0.1:7300\"\ngeneve = \"10.0.0.1:6081\"\n\
+             ca = \"pki/ca.pem\"\ncert = \"pki/c1.pem\"\nkey = \"pki/c1.key\"\n{extra}\n",
+            with_tunnel(TUNNEL_A)
+        )
+    };
+    let c = s.parse(&cluster("")).unwrap().cluster.unwrap();
+    assert_eq!(c.name, "control1");
+    assert_eq!(c.ca, s.0.join("pki/ca.pem"));
+    assert_eq!(c.report_interval, Duration::from_secs(1));
+    assert_eq!(c.directive_timeout, Duration::from_secs(2));
+    assert_eq!(c.lease, Duration::from_secs(1));
+    let c = s
+        .parse(&cluster("lease = \"5s\""))
+        .unwrap()
+        .cluster
+        .unwrap();
+    assert_eq!(c.lease, Duration::from_secs(5));
+    let e = s
+        .parse(&cluster("lease = \"1500ms\""))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("lease") && e.contains("whole seconds"), "{e}");
+    let e = s.parse(&cluster("lease = \"2m\"")).unwrap_err().to_string();
+    assert!(
+        e.contains("lease") && e.contains("between 1s and 1m"),
+        "{e}"
+    );
+    let e = s
+        .parse(&cluster("report_interval = \"10ms\""))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("report_interval"), "{e}");
+}

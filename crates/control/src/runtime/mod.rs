@@ -45,6 +45,7 @@ enum Command {
     Terminate(TunnelId, Sender<Result<(), CommandFailure>>),
     RekeyChild(TunnelId, Sender<Result<(), CommandFailure>>),
     RekeyIke(TunnelId, Sender<Result<(), CommandFailure>>),
+    Apply(Box<ApplyRequest>, Sender<Result<ApplyOutcome, Error>>),
     Shutdown {
         grace: Duration,
     },
@@ -57,6 +58,30 @@ enum Command {
 enum CommandFailure {
     ShuttingDown,
     Engine(ike::Error),
+}
+
+/// A new inventory for a running node (`protego ctl apply`), see [`ControlHandle::apply`].
+pub struct ApplyRequest {
+    /// The tenants, VNets and tunnels as a configuration file gives them (node-wide tables in
+    /// it are ignored, see [`Config::with_inventory`]); stored as given.
+    pub text: String,
+    /// Where it was read: relative `psk_file`s are looked up in its directory; stored, for
+    /// messages.
+    pub source: std::path::PathBuf,
+    /// Only say what would change.
+    pub dry_run: bool,
+}
+
+/// What an apply did (or, dry, would do).
+#[derive(Debug, Clone)]
+pub struct ApplyOutcome {
+    /// The changes.
+    pub plan: crate::config::ConfigPlan,
+    /// The stored configuration's generation after the apply (unchanged by a dry run or an
+    /// apply that changes nothing).
+    pub generation: u64,
+    /// The configuration now running (with the tunnels' final ids).
+    pub config: Config,
 }
 
 /// A cloneable handle for talking to a running control loop (status server, signal handler).
@@ -111,6 +136,22 @@ impl ControlHandle {
     /// request is queued.
     pub fn rekey_ike(&self, tunnel: TunnelId) -> Result<(), Error> {
         self.request("rekey-ike", tunnel, |tx| Command::RekeyIke(tunnel, tx))
+    }
+
+    /// Replaces the running tenants, VNets and tunnels (see [`ApplyRequest`]), validated whole
+    /// against this node's own `[gateway]` first: tunnels keep their ids by name, and new ones
+    /// get fresh ids. The data path checks the new VNets and
+    /// bindings, the store keeps the new configuration ([`crate::applied`]), and only then
+    /// removed tunnels are deleted (the peers are told), changed ones updated or renegotiated
+    /// (see [`crate::config::ConfigPlan`]), new ones added, and the data path's VNets and
+    /// bindings replaced. On an error nothing changed.
+    pub fn apply(&self, request: ApplyRequest) -> Result<ApplyOutcome, Error> {
+        let (tx, rx) = bounded(1);
+        self.commands
+            .send(Command::Apply(Box::new(request), tx))
+            .map_err(|_| Error::ControlStopped)?;
+        rx.recv_timeout(COMMAND_TIMEOUT)
+            .map_err(|_| Error::ControlStopped)?
     }
 
     fn request(
@@ -206,17 +247,18 @@ impl ControlPlane {
                 let tunnels = config
                     .tunnels
                     .iter()
-                    .map(|t| {
-                        let info = TunnelInfo {
-                            name: t.peer.name.clone(),
-                            tenant: t.tenant.clone(),
-                            start_action: t.peer.start_action,
-                            dpd_action: t.peer.dpd_action,
-                        };
-                        (t.peer.id, info)
-                    })
+                    .map(|t| (t.peer.id, TunnelInfo::of(t)))
                     .collect();
                 let mut persist = Persister::new(store);
+                // Where ids and generations of applied configurations go on from.
+                let (generation, recorded_next) = match persist.applied() {
+                    Ok(record) => record.map_or((0, 1), |r| (r.generation, r.next_id)),
+                    Err(e) => {
+                        let _ = ready_tx.send(Err(e));
+                        return;
+                    }
+                };
+                let next_id = recorded_next.max(config.next_free_id());
                 let restored = match restore(&mut endpoint, &mut persist, &tunnels, now) {
                     Ok(r) => r,
                     Err(e) => {
@@ -231,10 +273,14 @@ impl ControlPlane {
                     keylog,
                     buf: Vec::with_capacity(TRANSMIT_BUFFER),
                     restart: Vec::new(),
+                    reinitiate: Vec::new(),
                     shutdown_deadline: None,
                     persist,
                     restored,
                     aborted: false,
+                    next_id,
+                    generation,
+                    config,
                 };
                 let _ = ready_tx.send(Ok(()));
                 driver.run(&from_dataplane, &commands_rx);
@@ -308,6 +354,21 @@ struct TunnelInfo {
     tenant: String,
     start_action: StartAction,
     dpd_action: DpdAction,
+    /// No longer configured (an apply removed it); kept while its SAs are being deleted, so
+    /// that their log lines and store records still carry its name.
+    removed: bool,
+}
+
+impl TunnelInfo {
+    fn of(t: &crate::config::Tunnel) -> Self {
+        Self {
+            name: t.peer.name.clone(),
+            tenant: t.tenant.clone(),
+            start_action: t.peer.start_action,
+            dpd_action: t.peer.dpd_action,
+            removed: false,
+        }
+    }
 }
 
 /// The state of the control loop thread.
@@ -319,18 +380,29 @@ struct Driver {
     buf: Vec<u8>,
     /// Tunnels whose IKE SA died of a DPD timeout with `dpd_action = restart`.
     restart: Vec<TunnelId>,
+    /// Tunnels an apply changed (`start_action = start`): initiated again once their old IKE
+    /// SAs are gone.
+    reinitiate: Vec<TunnelId>,
     /// Set once a shutdown began: the loop ends when every IKE SA is gone or at this instant.
     shutdown_deadline: Option<Instant>,
     /// The state store.
     persist: Persister,
-    /// CHILD_SAs of restored IKE SAs, to rekey at the start of the loop.
-    restored: Vec<wire::EspSpi>,
+    /// CHILD_SAs of restored IKE SAs, to reconcile with the data path at the start of the
+    /// loop (those it no longer holds are rekeyed).
+    restored: Vec<dataplane::KnownChild>,
     /// Set by a test's abort: leave the loop now.
     aborted: bool,
+    /// The configuration running now (the file's, or the last applied).
+    config: Config,
+    /// The id the next new tunnel gets.
+    next_id: u32,
+    /// The generation of the stored applied configuration (0: none).
+    generation: u64,
 }
 
-/// Restores the IKE SAs kept in the store; returns the inbound SPIs of their CHILD_SAs (to be
-/// rekeyed: their ESP state did not survive). A store that cannot be read fails the start:
+/// Restores the IKE SAs kept in the store; returns their CHILD_SAs, as the restored state
+/// describes them (for [`DataPath::reconcile`]: those whose ESP state did not survive are
+/// rekeyed). A store that cannot be read fails the start:
 /// starting without it would make every peer re-authenticate and leave its records behind to
 /// come back at a later start.
 fn restore(
@@ -338,7 +410,7 @@ fn restore(
     persist: &mut Persister,
     tunnels: &HashMap<TunnelId, TunnelInfo>,
     now: Instant,
-) -> Result<Vec<wire::EspSpi>, crate::store::StoreError> {
+) -> Result<Vec<dataplane::KnownChild>, crate::store::StoreError> {
     let records = persist.load()?;
     let mut restored = std::collections::HashSet::new();
     let wall = std::time::SystemTime::now();
@@ -378,11 +450,21 @@ fn restore(
         }
     }
     // One status read for all (restoring 10 000 SAs must not cost 10 000 of them).
-    let children: Vec<wire::EspSpi> = endpoint
+    let children: Vec<dataplane::KnownChild> = endpoint
         .status(now)
         .iter()
         .filter(|s| restored.contains(&s.ike))
-        .flat_map(|s| s.children.iter().map(|c| c.inbound_spi))
+        .filter_map(|s| Some((s.tunnel?, s)))
+        .flat_map(|(tunnel, s)| {
+            s.children.iter().map(move |c| dataplane::KnownChild {
+                tunnel,
+                ike: s.ike,
+                inbound_spi: c.inbound_spi,
+                outbound_spi: c.outbound_spi,
+                local_ts: c.local_ts.clone(),
+                remote_ts: c.remote_ts.clone(),
+            })
+        })
         .collect();
     Ok(children)
 }
@@ -398,7 +480,7 @@ impl Driver {
         if !restored.is_empty() {
             info!(
                 restored = restored.len(),
-                kept = restored.len() - lost.len(),
+                kept = restored.len().saturating_sub(lost.len()),
                 rekeyed = lost.len(),
                 "restored CHILD_SAs reconciled with the data path"
             );
@@ -545,6 +627,7 @@ impl Driver {
             }
             Command::Terminate(tunnel, reply) => {
                 self.restart.retain(|t| *t != tunnel);
+                self.reinitiate.retain(|t| *t != tunnel);
                 let _ = reply.send(
                     self.endpoint
                         .terminate(now, tunnel)
@@ -570,9 +653,128 @@ impl Driver {
                 };
                 let _ = reply.send(result);
             }
+            Command::Apply(request, reply) => {
+                let _ = reply.send(self.apply(now, *request));
+            }
             Command::Shutdown { grace } => self.begin_shutdown(now, grace),
             Command::Abort => self.aborted = true,
         }
+    }
+
+    /// Carries out an apply (see [`ControlHandle::apply`]).
+    fn apply(&mut self, now: Instant, request: ApplyRequest) -> Result<ApplyOutcome, Error> {
+        if self.shutdown_deadline.is_some() {
+            return Err(Error::ShuttingDown);
+        }
+        let ApplyRequest {
+            text,
+            source,
+            dry_run,
+        } = request;
+        let mut new = self.config.with_inventory(&text, &source, None)?;
+        let mut next_id = self.next_id;
+        new.keep_ids(&self.config.tunnel_ids(), &mut next_id);
+        let plan = crate::config::plan(&self.config, &new);
+        if dry_run || plan.is_empty() {
+            return Ok(ApplyOutcome {
+                plan,
+                generation: self.generation,
+                config: new,
+            });
+        }
+        self.datapath
+            .check_inside(&new.dataplane.vnets, &new.dataplane.tunnels)
+            .map_err(|e| {
+                Error::Apply(format!("the data path refuses its VNets and tunnels: {e}"))
+            })?;
+        let generation = self.generation + 1;
+        let record = crate::applied::AppliedConfig::new(&new, text, source, generation, next_id);
+        self.persist
+            .commit_config(crate::store::Change::PutConfig {
+                record: record.encode(),
+            })
+            .map_err(|e| Error::Apply(format!("cannot write it to the store: {e}")))?;
+        // The IKE side first, so that removed tunnels' DELETEs leave and their CHILD_SAs leave
+        // the data path before it forgets their bindings.
+        for name in &plan.tunnels_removed {
+            let Some(old) = self.config.tunnel_named(name) else {
+                continue;
+            };
+            let id = old.peer.id;
+            self.restart.retain(|t| *t != id);
+            self.reinitiate.retain(|t| *t != id);
+            if let Err(e) = self.endpoint.remove_peer(now, id) {
+                warn!(tunnel = %name, error = %e, "cannot remove the tunnel from the IKE engine");
+            }
+            if let Some(info) = self.tunnels.get_mut(&id) {
+                info.removed = true;
+            }
+            info!(tunnel = %name, "tunnel removed by apply; deleting its SAs");
+        }
+        for t in &new.tunnels {
+            let id = t.peer.id;
+            let name = &t.peer.name;
+            let change = self
+                .config
+                .tunnel_named(name)
+                .map(|old| crate::config::tunnel_change(old, t));
+            if change == Some(crate::config::TunnelChange::Same) {
+                continue;
+            }
+            if change == Some(crate::config::TunnelChange::Replace) {
+                self.restart.retain(|r| *r != id);
+                if let Err(e) = self.endpoint.terminate(now, id) {
+                    warn!(tunnel = %name, error = %e, "cannot delete the SAs of a changed tunnel");
+                }
+                if t.peer.start_action == StartAction::Start && !self.reinitiate.contains(&id) {
+                    self.reinitiate.push(id);
+                }
+            }
+            if let Err(e) = self.endpoint.add_peer(now, t.peer.clone()) {
+                error!(tunnel = %name, error = %e, "IKE engine refused the tunnel's new configuration");
+            }
+            self.tunnels.insert(id, TunnelInfo::of(t));
+            let what = match change {
+                None => "tunnel added",
+                Some(crate::config::TunnelChange::Replace) => {
+                    "tunnel changed; its SAs are deleted and negotiated again"
+                }
+                _ => "tunnel settings updated in place",
+            };
+            info!(tunnel = %name, tenant = %t.tenant, "{what}");
+        }
+        self.drain();
+        if let Err(e) = self
+            .datapath
+            .set_inside(new.dataplane.vnets.clone(), new.dataplane.tunnels.clone())
+        {
+            error!(error = %e, "data path refused VNets and tunnels it had accepted; traffic of changed tunnels may not flow");
+        }
+        // Tunnels removed by an earlier apply whose SAs are gone by now.
+        let status = self.endpoint.status(now);
+        self.tunnels
+            .retain(|id, t| !t.removed || status.iter().any(|s| s.tunnel == Some(*id)));
+        info!(
+            generation,
+            tenants_added = plan.tenants_added.len(),
+            tenants_removed = plan.tenants_removed.len(),
+            vnets_added = plan.vnets_added.len(),
+            vnets_changed = plan.vnets_changed.len(),
+            vnets_removed = plan.vnets_removed.len(),
+            tunnels_added = plan.tunnels_added.len(),
+            tunnels_removed = plan.tunnels_removed.len(),
+            tunnels_replaced = plan.tunnels_replaced.len(),
+            tunnels_updated = plan.tunnels_updated.len(),
+            "configuration applied"
+        );
+        self.config = new.clone();
+        self.next_id = next_id;
+        self.generation = generation;
+        Ok(ApplyOutcome {
+            plan,
+            generation,
+            config: new,
+        })
     }
 
     /// Rekeys the tunnel's CHILD_SA: the oldest one of its newest established IKE SA. A tunnel
@@ -628,7 +830,8 @@ impl Driver {
             .tunnels
             .iter()
             .filter(|(id, t)| {
-                t.start_action == StartAction::Start
+                !t.removed
+                    && t.start_action == StartAction::Start
                     && !status.iter().any(|s| s.tunnel == Some(**id))
             })
             .map(|(id, _)| *id)
@@ -643,9 +846,28 @@ impl Driver {
     }
 
     /// Re-initiates tunnels whose IKE SA died of a DPD timeout under `dpd_action = "restart"`,
-    /// unless the engine already did.
+    /// unless the engine already did, and tunnels an apply changed once their old IKE SAs are
+    /// gone.
     fn restart_dead(&mut self, now: Instant) {
-        if self.restart.is_empty() || self.shutdown_deadline.is_some() {
+        if self.shutdown_deadline.is_some() {
+            return;
+        }
+        if !self.reinitiate.is_empty() {
+            let status = self.endpoint.status(now);
+            let (gone, waiting): (Vec<TunnelId>, Vec<TunnelId>) =
+                std::mem::take(&mut self.reinitiate)
+                    .into_iter()
+                    .partition(|t| !status.iter().any(|s| s.tunnel == Some(*t)));
+            self.reinitiate = waiting;
+            for tunnel in gone {
+                info!(tunnel = %self.name(Some(tunnel)), "initiating the changed tunnel");
+                if let Err(e) = self.endpoint.initiate(now, tunnel) {
+                    warn!(tunnel = %self.name(Some(tunnel)), error = %e, "cannot initiate");
+                }
+            }
+            self.drain();
+        }
+        if self.restart.is_empty() {
             return;
         }
         let status = self.endpoint.status(now);

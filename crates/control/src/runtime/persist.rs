@@ -15,6 +15,7 @@
 //! place in the configuration file, so a restore checks that the number still names the same
 //! tunnel before it trusts the record.
 
+use crate::error::Error;
 use crate::store::{Change, Snapshot, Store, StoreError};
 use ike::{StateChange, TunnelId};
 use std::collections::{BTreeMap, VecDeque};
@@ -158,6 +159,39 @@ impl Persister {
         self.store.ike_sas()
     }
 
+    /// The stored applied configuration, if any.
+    pub(crate) fn applied(&self) -> Result<Option<crate::applied::AppliedConfig>, Error> {
+        let Some(bytes) = self.store.applied_config()? else {
+            return Ok(None);
+        };
+        crate::applied::AppliedConfig::decode(&bytes)
+            .map(Some)
+            .map_err(|detail| Error::Applied {
+                store: self.store.describe(),
+                detail,
+            })
+    }
+
+    /// Commits a change of the applied configuration at once, on its own (`protego ctl apply`
+    /// waits for it: nothing changes unless it is durable). Counted with the other commits.
+    pub(crate) fn commit_config(&mut self, change: Change) -> Result<(), StoreError> {
+        let started = Instant::now();
+        match self.store.commit(std::slice::from_ref(&change)) {
+            Ok(()) => {
+                if self.latencies.len() == LATENCY_SAMPLES {
+                    self.latencies.pop_front();
+                }
+                self.latencies.push_back(started.elapsed());
+                self.commits += 1;
+                Ok(())
+            }
+            Err(e) => {
+                self.failures += 1;
+                Err(e)
+            }
+        }
+    }
+
     /// Queues the engine's changes (`name` gives a tunnel's name) and commits everything
     /// pending. True if nothing is left uncommitted (the round's datagrams may leave).
     pub(crate) fn save(
@@ -224,10 +258,10 @@ impl Persister {
                 return false;
             }
             for change in &batch {
-                let spi = match change {
-                    Change::PutIkeSa { spi, .. } | Change::DeleteIkeSa { spi } => *spi,
-                };
-                self.pending.remove(&spi);
+                // Only IKE SA changes are pending here (the configuration commits on its own).
+                if let Change::PutIkeSa { spi, .. } | Change::DeleteIkeSa { spi } = change {
+                    self.pending.remove(spi);
+                }
             }
         }
         self.retry_at = None;
@@ -376,6 +410,9 @@ mod tests {
         }
         fn ike_sas(&self) -> Result<Vec<(u64, Snapshot)>, StoreError> {
             self.inner.ike_sas()
+        }
+        fn applied_config(&self) -> Result<Option<Snapshot>, StoreError> {
+            self.inner.applied_config()
         }
         fn describe(&self) -> String {
             "limited".into()

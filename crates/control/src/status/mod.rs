@@ -11,8 +11,8 @@ mod tests;
 
 pub use render::render_text;
 pub use server::{
-    distributed_only, query, query_status, query_with_timeout, Request, RequestHandler, Responder,
-    StatusServer,
+    apply_answer, distributed_only, query, query_status, query_with_timeout, Request,
+    RequestHandler, Responder, StatusServer,
 };
 
 use crate::config::{Config, TunnelInside};

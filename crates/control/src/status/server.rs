@@ -3,11 +3,13 @@
 //! `initiate NAME`, `terminate NAME`, `rekey NAME`, `rekey-ike NAME`, and on a control node of
 //! the distributed form `nodes`, `migrate TUNNEL NODE`, `drain NODE`, `undrain NODE`) or a
 //! JSON object (`{"command":"status"}`); an answer is the command's JSON document, or
-//! `{"error":"..."}`.
+//! `{"error":"..."}`. `apply` is JSON only: `{"command":"apply","file":PATH,"text":TEXT,
+//! "dry_run":false}` (what `protego ctl apply -f FILE` sends); a request line may be up to
+//! 16 MiB long for it.
 
 use super::{StatusReport, TunnelDirectory};
 use crate::error::Error;
-use crate::runtime::ControlHandle;
+use crate::runtime::{ApplyOutcome, ApplyRequest, ControlHandle};
 use dataplane::DataPath;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
@@ -16,12 +18,12 @@ use std::os::unix::fs::{DirBuilderExt, FileTypeExt, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 /// Longest request line accepted.
-const MAX_LINE: usize = 64 * 1024;
+pub(crate) const MAX_LINE: usize = 16 * 1024 * 1024;
 /// Connections served at once; more are refused with an error line.
 const MAX_CONNECTIONS: usize = 16;
 /// A client that sends nothing for this long is disconnected.
@@ -77,6 +79,16 @@ pub enum Request {
     Undrain {
         /// Node name.
         node: String,
+    },
+    /// Replace the running tenants, VNets and tunnels (`protego ctl apply -f FILE`).
+    Apply {
+        /// The file's path: relative `psk_file`s are read from its directory (by the node).
+        file: std::path::PathBuf,
+        /// The file's text.
+        text: String,
+        /// Only report what would change.
+        #[serde(default)]
+        dry_run: bool,
     },
 }
 
@@ -142,6 +154,18 @@ impl Request {
     }
 }
 
+/// The control socket's answer to an apply: `{"ok":true,"dry_run":..,"generation":..,
+/// "changes":{..}}`.
+pub fn apply_answer(outcome: &ApplyOutcome, dry_run: bool) -> Value {
+    json!({
+        "ok": true,
+        "dry_run": dry_run,
+        "changed": !outcome.plan.is_empty(),
+        "generation": outcome.generation,
+        "changes": outcome.plan,
+    })
+}
+
 /// Answers control socket requests.
 pub trait RequestHandler: Send + Sync {
     /// The JSON answer to `request` (`{"error": ...}` on failure).
@@ -152,7 +176,7 @@ pub trait RequestHandler: Send + Sync {
 pub struct Responder {
     control: ControlHandle,
     datapath: Arc<dyn DataPath>,
-    directory: TunnelDirectory,
+    directory: std::sync::RwLock<TunnelDirectory>,
     started: Instant,
 }
 
@@ -166,7 +190,7 @@ impl Responder {
         Self {
             control,
             datapath,
-            directory,
+            directory: std::sync::RwLock::new(directory),
             started: Instant::now(),
         }
     }
@@ -176,7 +200,7 @@ impl Responder {
         let (ike, ike_stats) = self.control.ike_report()?;
         let stats = self.datapath.stats();
         let mut report = StatusReport::build(
-            &self.directory,
+            &self.directory(),
             &ike,
             &ike_stats,
             &stats,
@@ -186,8 +210,39 @@ impl Responder {
         Ok(report)
     }
 
-    fn tunnel_id(&self, name: &str) -> Result<ike::TunnelId, Value> {
+    /// Applies a new inventory (see [`ControlHandle::apply`]) and, unless dry, points the
+    /// tunnel directory at the new tunnels.
+    pub fn apply(
+        &self,
+        file: std::path::PathBuf,
+        text: String,
+        dry_run: bool,
+    ) -> Result<ApplyOutcome, Error> {
+        let outcome = self.control.apply(ApplyRequest {
+            text,
+            source: file,
+            dry_run,
+        })?;
+        if !dry_run {
+            *self.directory_mut() = TunnelDirectory::from_config(&outcome.config);
+        }
+        Ok(outcome)
+    }
+
+    fn directory(&self) -> std::sync::RwLockReadGuard<'_, TunnelDirectory> {
         self.directory
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn directory_mut(&self) -> std::sync::RwLockWriteGuard<'_, TunnelDirectory> {
+        self.directory
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn tunnel_id(&self, name: &str) -> Result<ike::TunnelId, Value> {
+        self.directory()
             .0
             .iter()
             .find(|e| e.name == name)
@@ -224,6 +279,14 @@ impl RequestHandler for Responder {
             Request::Migrate { .. } => return distributed_only("migrate"),
             Request::Drain { .. } => return distributed_only("drain"),
             Request::Undrain { .. } => return distributed_only("undrain"),
+            Request::Apply {
+                file,
+                text,
+                dry_run,
+            } => match self.apply(file, text, dry_run) {
+                Ok(outcome) => Ok(apply_answer(&outcome, dry_run)),
+                Err(e) => Err(e),
+            },
         };
         result.unwrap_or_else(|e| json!({ "error": e.to_string() }))
     }

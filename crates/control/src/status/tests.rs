@@ -375,6 +375,7 @@ impl RequestHandler for Fake {
             Request::Migrate { .. } | Request::Drain { .. } | Request::Undrain { .. } => {
                 distributed_only("moves")
             }
+            Request::Apply { file, .. } => json!({ "file": file }),
         }
     }
 }
@@ -471,7 +472,7 @@ fn oversized_request_is_refused() {
     let path = socket_path("big");
     let server = StatusServer::start(&path, Arc::new(Fake(AtomicUsize::new(0)))).unwrap();
     let mut stream = std::os::unix::net::UnixStream::connect(&path).unwrap();
-    let big = vec![b'a'; 70 * 1024];
+    let big = vec![b'a'; super::server::MAX_LINE + 1024];
     // The server may close before reading everything; ignore write errors.
     let _ = stream.write_all(&big);
     let mut line = String::new();

@@ -44,11 +44,15 @@ pub struct EtcdOptions {
 /// - `P/ike_sas/<SPI as 16 lowercase hex digits>`: one snapshot per IKE SA, the bytes as the
 ///   engine produced them. Fixed-width hex keys sort as the SPIs do, so a range read returns
 ///   the SAs in ascending SPI order.
+/// - `P/config`: the configuration last applied with `protego ctl apply`
+///   ([`crate::applied::AppliedConfig`], with the tunnels' PSKs), absent until the first apply.
+///   A node reads it once, when it becomes the active control node.
 ///
 /// # Requests
 ///
 /// - [`Store::commit`] is **one** etcd transaction (`Txn`) holding a put or delete per changed
-///   SA (the last change of each SPI in the batch, which has the batch's effect), guarded by
+///   SA (the last change of each SPI in the batch, which has the batch's effect; likewise for
+///   `P/config`), guarded by
 ///   `P/schema` still being `1`: etcd applies all of it or none of it, and answers only once a
 ///   quorum of its members has written it to their logs (etcd fsyncs its log). An empty batch
 ///   sends nothing.
@@ -156,6 +160,8 @@ struct Keys {
     ike_sas: String,
     /// `P/ike_sas0` (`0` follows `/`): the end of the IKE SAs' range.
     ike_sas_end: String,
+    /// `P/config`: the configuration applied with `protego ctl apply`.
+    config: String,
     /// `P/`: the start of the prefix's range.
     all: String,
     /// `P0`: the end of the prefix's range.
@@ -168,6 +174,7 @@ impl Keys {
             schema: format!("{prefix}/schema"),
             ike_sas: format!("{prefix}/ike_sas/"),
             ike_sas_end: format!("{prefix}/ike_sas0"),
+            config: format!("{prefix}/config"),
             all: format!("{prefix}/"),
             all_end: format!("{prefix}0"),
         }
@@ -495,21 +502,36 @@ impl Store for EtcdStore {
         // etcd refuses a transaction that writes a key twice; the last change of each SPI has
         // the effect of all of them.
         let mut last: BTreeMap<u64, Option<&Snapshot>> = BTreeMap::new();
+        let mut config: Option<Option<&Snapshot>> = None;
         for change in changes {
             match change {
-                Change::PutIkeSa { spi, snapshot } => last.insert(*spi, Some(snapshot)),
-                Change::DeleteIkeSa { spi } => last.insert(*spi, None),
-            };
+                Change::PutIkeSa { spi, snapshot } => {
+                    last.insert(*spi, Some(snapshot));
+                }
+                Change::DeleteIkeSa { spi } => {
+                    last.insert(*spi, None);
+                }
+                Change::PutConfig { record } => config = Some(Some(record)),
+                Change::DeleteConfig => config = Some(None),
+            }
         }
-        let ops: Vec<TxnOp> = last
+        let mut ops: Vec<TxnOp> = last
             .iter()
             .map(|(&spi, snapshot)| match snapshot {
                 Some(snapshot) => TxnOp::put(self.keys.ike_sa(spi), snapshot.to_vec(), None),
                 None => TxnOp::delete(self.keys.ike_sa(spi), None),
             })
             .collect();
+        match config {
+            Some(Some(record)) => {
+                ops.push(TxnOp::put(self.keys.config.clone(), record.to_vec(), None))
+            }
+            Some(None) => ops.push(TxnOp::delete(self.keys.config.clone(), None)),
+            None => {}
+        }
         let count = ops.len();
-        let bytes: usize = last.values().flatten().map(|s| s.len()).sum();
+        let bytes: usize = last.values().flatten().map(|s| s.len()).sum::<usize>()
+            + config.flatten().map_or(0, |r| r.len());
         let mut guard = vec![Compare::value(
             self.keys.schema.clone(),
             CompareOp::Equal,
@@ -632,6 +654,19 @@ impl Store for EtcdStore {
         // only guards the contract (and costs one pass over a sorted list).
         out.sort_by_key(|(spi, _)| *spi);
         Ok(out)
+    }
+
+    fn applied_config(&self) -> Result<Option<Snapshot>, StoreError> {
+        let response = self
+            .call(|mut client| {
+                let key = self.keys.config.clone();
+                async move { client.get(key, None).await }
+            })
+            .map_err(|detail| self.read_error(detail))?;
+        Ok(response
+            .kvs()
+            .first()
+            .map(|kv| Zeroizing::new(kv.value().to_vec())))
     }
 
     fn describe(&self) -> String {

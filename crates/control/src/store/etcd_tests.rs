@@ -285,11 +285,18 @@ fn store_etcd_layout() {
         [("/protego/layout/schema".into(), b"1".to_vec())]
     );
     store
-        .commit(&[put(9, b"nine"), put(0xfedc_ba98_7654_3210, b"big")])
+        .commit(&[
+            put(9, b"nine"),
+            put(0xfedc_ba98_7654_3210, b"big"),
+            Change::PutConfig {
+                record: Zeroizing::new(b"applied".to_vec()),
+            },
+        ])
         .unwrap();
     assert_eq!(
         raw.dump("/protego/layout"),
         [
+            ("/protego/layout/config".into(), b"applied".to_vec()),
             (
                 "/protego/layout/ike_sas/0000000000000009".into(),
                 b"nine".to_vec()
@@ -474,6 +481,7 @@ fn store_etcd_batches() {
             Change::DeleteIkeSa { spi } => {
                 want.remove(spi);
             }
+            Change::PutConfig { .. } | Change::DeleteConfig => unreachable!("only IKE SAs"),
         }
     }
     assert_eq!(contents(&store), want.into_iter().collect::<Vec<_>>());

@@ -2,9 +2,11 @@
 //! disk.
 //!
 //! Layout (schema version [`SCHEMA_VERSION`]): table `meta` (`&str` -> `u64`) holds
-//! `schema_version`; table `ike_sas` (`u64` SPI -> bytes) holds one snapshot per IKE SA. A file
-//! with any other schema version is refused, so an older Protego never misreads what a newer one
-//! wrote.
+//! `schema_version`; table `ike_sas` (`u64` SPI -> bytes) holds one snapshot per IKE SA; table
+//! `config` (`&str` -> bytes), created by the first `protego ctl apply`, holds the applied
+//! configuration under the key `applied`. A file with any other schema version is refused, so
+//! an older Protego never misreads what a newer one wrote (one that predates `config` ignores
+//! the table, and runs its configuration file's tunnels).
 
 use super::{Change, Snapshot, Store, StoreError};
 use redb::backends::FileBackend;
@@ -24,6 +26,10 @@ pub(super) const SCHEMA_KEY: &str = "schema_version";
 pub(super) const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 /// IKE SA snapshots by the SA's own (local) SPI.
 pub(super) const IKE_SAS: TableDefinition<u64, &[u8]> = TableDefinition::new("ike_sas");
+/// The configuration applied with `protego ctl apply`, under [`CONFIG_KEY`].
+pub(super) const CONFIG: TableDefinition<&str, &[u8]> = TableDefinition::new("config");
+/// The one key of [`CONFIG`].
+const CONFIG_KEY: &str = "applied";
 
 /// The embedded file store: one redb database file, opened by one process at a time.
 ///
@@ -216,6 +222,7 @@ impl Store for FileStore {
         let write = self.db.begin_write().map_err(|e| self.write_error(e))?;
         {
             let mut table = write.open_table(IKE_SAS).map_err(|e| self.write_error(e))?;
+            let mut config = write.open_table(CONFIG).map_err(|e| self.write_error(e))?;
             for change in changes {
                 match change {
                     Change::PutIkeSa { spi, snapshot } => {
@@ -225,6 +232,14 @@ impl Store for FileStore {
                     }
                     Change::DeleteIkeSa { spi } => {
                         table.remove(*spi).map_err(|e| self.write_error(e))?;
+                    }
+                    Change::PutConfig { record } => {
+                        config
+                            .insert(CONFIG_KEY, record.as_slice())
+                            .map_err(|e| self.write_error(e))?;
+                    }
+                    Change::DeleteConfig => {
+                        config.remove(CONFIG_KEY).map_err(|e| self.write_error(e))?;
                     }
                 }
             }
@@ -245,6 +260,17 @@ impl Store for FileStore {
             out.push((spi.value(), Zeroizing::new(snapshot.value().to_vec())));
         }
         Ok(out)
+    }
+
+    fn applied_config(&self) -> Result<Option<Snapshot>, StoreError> {
+        let read = self.db.begin_read().map_err(|e| self.read_error(e))?;
+        let table = match read.open_table(CONFIG) {
+            Ok(table) => table,
+            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(None),
+            Err(e) => return Err(self.read_error(e)),
+        };
+        let value = table.get(CONFIG_KEY).map_err(|e| self.read_error(e))?;
+        Ok(value.map(|v| Zeroizing::new(v.value().to_vec())))
     }
 
     fn describe(&self) -> String {

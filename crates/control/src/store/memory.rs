@@ -19,6 +19,7 @@ pub struct MemoryStore {
 #[derive(Default)]
 struct Shared {
     ike_sas: BTreeMap<u64, Snapshot>,
+    config: Option<Snapshot>,
     fail_commits: bool,
     fail_reads: bool,
     commits: u64,
@@ -78,6 +79,8 @@ impl Store for MemoryStore {
                 Change::DeleteIkeSa { spi } => {
                     shared.ike_sas.remove(spi);
                 }
+                Change::PutConfig { record } => shared.config = Some(record.clone()),
+                Change::DeleteConfig => shared.config = None,
             }
         }
         shared.commits += 1;
@@ -97,6 +100,17 @@ impl Store for MemoryStore {
             .iter()
             .map(|(spi, snapshot)| (*spi, snapshot.clone()))
             .collect())
+    }
+
+    fn applied_config(&self) -> Result<Option<Snapshot>, StoreError> {
+        let shared = self.lock();
+        if shared.fail_reads {
+            return Err(StoreError::Read {
+                store: "memory".into(),
+                detail: "reads made to fail (test)".into(),
+            });
+        }
+        Ok(shared.config.clone())
     }
 
     fn describe(&self) -> String {

@@ -26,6 +26,9 @@
 //!   64 changes at a time.
 //! - [`Store::ike_sas`] returns every stored snapshot in ascending SPI order, as the last
 //!   successful commit left them; a restarted control plane restores from it.
+//! - [`Store::applied_config`] returns the configuration last applied with `protego ctl apply`
+//!   (tenants, VNets, tunnels and their PSKs: as secret as the snapshots), which a restarted or
+//!   newly elected control node runs instead of its file's tenants, VNets and tunnels.
 //! - Backends are interchangeable: the trait carries no backend type, so the control plane works
 //!   the same over [`FileStore`] (an embedded database in one local file), [`MemoryStore`] (for
 //!   tests) and [`EtcdStore`] (replicated).
@@ -79,6 +82,15 @@ pub enum Change {
         /// The IKE SA's own (local) SPI.
         spi: u64,
     },
+    /// Stores (or replaces) the configuration applied with `protego ctl apply`: tenants, VNets
+    /// and tunnels with their PSKs (secret), see [`crate::applied`].
+    PutConfig {
+        /// The encoded [`crate::applied::AppliedConfig`].
+        record: Zeroizing<Vec<u8>>,
+    },
+    /// Forgets the applied configuration (the configuration file's tenants, VNets and tunnels
+    /// count again at the next start).
+    DeleteConfig,
 }
 
 impl fmt::Debug for Change {
@@ -94,6 +106,11 @@ impl fmt::Debug for Change {
                 .debug_struct("DeleteIkeSa")
                 .field("spi", &format_args!("{spi:016x}"))
                 .finish(),
+            Change::PutConfig { record } => f
+                .debug_struct("PutConfig")
+                .field("record", &format_args!("<{} bytes>", record.len()))
+                .finish(),
+            Change::DeleteConfig => f.write_str("DeleteConfig"),
         }
     }
 }
@@ -108,6 +125,9 @@ pub trait Store: Send {
     /// Every stored IKE SA snapshot, in ascending SPI order.
     fn ike_sas(&self) -> Result<Vec<(u64, Snapshot)>, StoreError>;
 
+    /// The stored applied configuration ([`Change::PutConfig`]), if any.
+    fn applied_config(&self) -> Result<Option<Snapshot>, StoreError>;
+
     /// What the store is, for logs and `protego status`: e.g.
     /// `file /var/lib/protego/state.redb`, `memory`.
     fn describe(&self) -> String;
@@ -120,6 +140,10 @@ impl<S: Store + ?Sized> Store for Box<S> {
 
     fn ike_sas(&self) -> Result<Vec<(u64, Snapshot)>, StoreError> {
         (**self).ike_sas()
+    }
+
+    fn applied_config(&self) -> Result<Option<Snapshot>, StoreError> {
+        (**self).applied_config()
     }
 
     fn describe(&self) -> String {

@@ -109,6 +109,36 @@ pub(super) fn round_trips(store: &mut dyn Store) {
     // An empty snapshot is stored as such.
     store.commit(&[put(5, b"")]).unwrap();
     assert!(contents(store).contains(&(5, Vec::new())));
+
+    // The applied configuration: one record beside the IKE SAs, replaced, deleted, committed
+    // together with them.
+    let config = |store: &dyn Store| store.applied_config().unwrap().map(|r| r.to_vec());
+    assert_eq!(config(store), None);
+    store
+        .commit(&[Change::PutConfig {
+            record: Zeroizing::new(b"first".to_vec()),
+        }])
+        .unwrap();
+    assert_eq!(config(store).as_deref(), Some(&b"first"[..]));
+    store
+        .commit(&[
+            put(6, b"six"),
+            Change::PutConfig {
+                record: Zeroizing::new(b"second".to_vec()),
+            },
+        ])
+        .unwrap();
+    assert_eq!(config(store).as_deref(), Some(&b"second"[..]));
+    assert!(contents(store).contains(&(6, b"six".to_vec())));
+    store.commit(&[Change::DeleteConfig]).unwrap();
+    assert_eq!(config(store), None);
+    store.commit(&[Change::DeleteConfig]).unwrap();
+    store
+        .commit(&[Change::PutConfig {
+            record: Zeroizing::new(b"kept".to_vec()),
+        }])
+        .unwrap();
+    assert_eq!(config(store).as_deref(), Some(&b"kept"[..]));
 }
 
 #[test]
@@ -226,6 +256,15 @@ fn store_file_round_trips_and_persists() {
         .unwrap();
     drop(store);
     let store = FileStore::open(&path).unwrap();
+    assert_eq!(
+        store
+            .applied_config()
+            .unwrap()
+            .as_deref()
+            .map(Vec::as_slice),
+        Some(&b"kept"[..]),
+        "the applied configuration survives a reopen"
+    );
     let got = contents(&store);
     let mut want2: Vec<_> = want.into_iter().filter(|(s, _)| *s != 5).collect();
     want2.push((42, vec![0x42; 1024]));

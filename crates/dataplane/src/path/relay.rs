@@ -5,7 +5,8 @@
 //! Receive, per frame from the Geneve socket:
 //! - The outer source must be one of the steer nodes ([`Relays`]), else the frame is dropped
 //!   (`relay_unknown_sender`) before anything else, probes included. A frame that does not
-//!   parse is dropped (`relay_malformed`).
+//!   parse is dropped (`relay_malformed`); one that does marks its steer node heard from
+//!   (see Send).
 //! - A health probe option is answered at once with a control frame (O flag, a probe reply
 //!   option echoing the probe, no payload) to the sender: for idle control frames and for
 //!   probes riding on data frames, whose datagram is then processed as well.
@@ -23,10 +24,19 @@
 //! lane; probes are answered); after the stage is released, in parallel with other workers,
 //! the ESP from peers (as on a NAT-T lane).
 //!
-//! Send: ESP toward a peer leaves the Geneve socket to the first steer node as
+//! Send: ESP toward a peer leaves the Geneve socket to the output steer node as
 //! Geneve (8 bytes, no options, VNI 0, Protocol Type of the inner family) + IP/UDP
 //! (the CHILD_SA's local address, the VIP, to the peer) + ESP; see [`write_headers`] and
 //! `seal`. VXLAN toward hosts leaves from the VTEP directly.
+//!
+//! The output steer node ([`Relays::output`]) is the first of the list, in the control
+//! node's order, that was heard from within [`HEARD_WINDOW_MS`]: every valid frame received
+//! from a steer node (forwarded traffic, health probes riding on it, idle probes) marks it
+//! heard. Live steer nodes probe every data node at least every 10 ms (their
+//! `probe_interval`), so one that freezes or loses power stops being chosen within the
+//! window, long before the control node notices that its session is gone and reorders the
+//! list. When none was heard within the window (start-up, probes turned off) the first of
+//! the list is used.
 
 use super::underlay;
 use super::vxlan::{self, Via};
@@ -34,6 +44,7 @@ use crate::shared::{Out, Shared};
 use crate::stats::DropReason;
 use crate::tables::Tables;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 use wire::error::WireError;
 use wire::esp::{UdpEncap, NON_ESP_MARKER_LEN};
@@ -47,34 +58,105 @@ const RELAY_VNI: Vni = match Vni::new(0) {
     None => panic!("0 fits in 24 bits"),
 };
 
-/// The steer nodes: the senders accepted on the Geneve socket, and where datagrams toward
-/// peers go (the first).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+/// How recently (milliseconds) a steer node must have been heard from to take the output
+/// ([`Relays::output`]). Steer nodes probe every data node at least once per
+/// `probe_interval` (10 ms by default), more often under traffic, so a live steer node is
+/// heard several times per window: five intervals tolerate a few lost or late probes and a
+/// busy or descheduled steer node without moving the output back and forth, while a steer
+/// node that stops (frozen, powered off) loses the output after at most this long, in the
+/// time routers take to withdraw a failed next hop with fast detection (BFD). With a
+/// `probe_interval` longer than this, an idle live steer node may lose the output between
+/// probes to one heard more recently (or, none being recent, keep it as the first); traffic
+/// still flows.
+pub(crate) const HEARD_WINDOW_MS: u64 = 50;
+
+/// A [`Relays::heard`] stamp for a steer node never heard from (stamps start at 1).
+const NEVER: u64 = 0;
+
+/// The steer nodes: the senders accepted on the Geneve socket, when each was last heard
+/// from, and so where datagrams toward peers go ([`Relays::output`]). Replaced whole when the
+/// control node sends a new list (a new one has heard nothing yet); shared by every worker
+/// through the published [`Tables`].
+#[derive(Debug)]
 pub(crate) struct Relays {
     steer: Vec<SocketAddr>,
+    /// Per steer node (same index): when a valid frame from it was last received, as a
+    /// [`Relays::stamp`] ([`NEVER`] until then). Relaxed: a stamp orders nothing else, and a
+    /// worker that sees one late only changes its output a little later. A stamp is written
+    /// only when a new millisecond begins, so receiving workers do not take the cache line
+    /// from the sending ones per packet.
+    heard: Box<[AtomicU64]>,
+    /// The origin of the stamps (when the list was set).
+    epoch: Instant,
 }
 
 impl Relays {
-    /// The steer nodes' Geneve addresses (validated by the caller).
+    /// The steer nodes' Geneve addresses (validated by the caller), in the control node's
+    /// order of preference; none heard from yet.
     pub(crate) fn new(steer: Vec<SocketAddr>) -> Self {
-        Self { steer }
+        let heard = steer.iter().map(|_| AtomicU64::new(NEVER)).collect();
+        Self {
+            steer,
+            heard,
+            epoch: Instant::now(),
+        }
     }
 
-    /// True if frames from `src` are accepted.
+    /// The index of steer node `src` (frames are accepted from it), None if `src` is not one.
     #[inline]
-    pub(crate) fn accepts(&self, src: SocketAddr) -> bool {
-        self.steer.contains(&src)
+    pub(crate) fn index(&self, src: SocketAddr) -> Option<usize> {
+        self.steer.iter().position(|s| *s == src)
     }
 
-    /// Where datagrams toward peers go (None: no steer node is known).
+    /// Records that a valid frame from steer node `i` (an [`index`](Self::index)) arrived at
+    /// `now`. Cheap per packet: a relaxed load, and a write only when the stamp is older than
+    /// `now`'s millisecond.
     #[inline]
-    pub(crate) fn output(&self) -> Option<SocketAddr> {
-        self.steer.first().copied()
+    pub(crate) fn heard(&self, i: usize, now: Instant) {
+        let Some(slot) = self.heard.get(i) else {
+            return;
+        };
+        let stamp = self.stamp(now);
+        if slot.load(Ordering::Relaxed) < stamp {
+            // Workers' batch times differ slightly: never move a stamp back.
+            slot.fetch_max(stamp, Ordering::Relaxed);
+        }
+    }
+
+    /// Where datagrams toward peers go at `now`: the first steer node, in list order, heard
+    /// from within [`HEARD_WINDOW_MS`]; the first of the list when none was (start-up, probes
+    /// off); None when the list is empty. Per output datagram: relaxed loads of the stamps up
+    /// to the first recent one (usually the first), no write.
+    #[inline]
+    pub(crate) fn output(&self, now: Instant) -> Option<SocketAddr> {
+        let now = self.stamp(now);
+        self.steer
+            .iter()
+            .zip(self.heard.iter())
+            .find(|(_, heard)| {
+                let at = heard.load(Ordering::Relaxed);
+                // A stamp newer than `now` (another worker's later batch) is recent.
+                at != NEVER && now.saturating_sub(at) < HEARD_WINDOW_MS
+            })
+            .map(|(s, _)| *s)
+            .or_else(|| self.steer.first().copied())
     }
 
     /// The addresses, in order.
     pub(crate) fn steer(&self) -> &[SocketAddr] {
         &self.steer
+    }
+
+    /// `now` in milliseconds since the list was set, plus one (so that no stamp is
+    /// [`NEVER`]); an instant before that counts as the first millisecond.
+    #[inline]
+    fn stamp(&self, now: Instant) -> u64 {
+        let since = now.saturating_duration_since(self.epoch);
+        since
+            .as_secs()
+            .saturating_mul(1000)
+            .saturating_add(u64::from(since.subsec_millis()))
+            .saturating_add(1)
     }
 }
 
@@ -131,13 +213,16 @@ pub(crate) fn receive(
     pass: Pass,
 ) {
     let serial = pass != Pass::Parallel;
-    let known = t.relays.as_deref().is_some_and(|r| r.accepts(src));
-    if !known {
+    let sender = t
+        .relays
+        .as_deref()
+        .and_then(|r| r.index(src).map(|i| (r, i)));
+    let Some((relays, steer)) = sender else {
         if serial {
             o.drop_packet(DropReason::RelayUnknownSender);
         }
         return;
-    }
+    };
     let f = match frame::parse_frame(data) {
         Ok(f) => f,
         Err(_) => {
@@ -148,6 +233,8 @@ pub(crate) fn receive(
         }
     };
     if serial {
+        // The steer node is alive: it may take the output (`Relays::output`).
+        relays.heard(steer, now);
         in_order(o, sh, t, now, src, &f, data);
     }
     if pass != Pass::Serial {

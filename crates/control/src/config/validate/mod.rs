@@ -7,8 +7,9 @@ mod tunnel;
 
 use super::raw::{RawCluster, RawFile, RawGateway, RawStore, RawVnet, StringList};
 use super::{
-    ClusterConfig, Config, Gateway, LogFormat, Source, StoreConfig, Tunnel, TunnelInside,
-    DEFAULT_CONTROL_SOCKET, DEFAULT_ETCD_PREFIX, DEFAULT_ETCD_TIMEOUT, DEFAULT_STORE_PATH,
+    ClusterConfig, Config, Gateway, LogFormat, Source, StoreConfig, StoredPsks, Tunnel,
+    TunnelInside, DEFAULT_CONTROL_SOCKET, DEFAULT_ETCD_PREFIX, DEFAULT_ETCD_TIMEOUT,
+    DEFAULT_STORE_PATH,
 };
 use crate::error::ConfigError;
 use crate::store::EtcdOptions;
@@ -46,9 +47,20 @@ const MAX_VNI: i64 = (1 << 24) - 1;
 
 /// Validates the whole file.
 pub(crate) fn validate(src: &Source<'_>, raw: RawFile) -> Result<Config, Box<ConfigError>> {
+    validate_with(src, raw, None)
+}
+
+/// [`validate`], with the tunnels' PSKs taken from `psks` (by tunnel name) instead of their
+/// `psk_file`s: a configuration applied earlier, restored from the store.
+pub(crate) fn validate_with(
+    src: &Source<'_>,
+    raw: RawFile,
+    psks: Option<&StoredPsks>,
+) -> Result<Config, Box<ConfigError>> {
     let mut v = Validator {
         src,
         warnings: Vec::new(),
+        psks,
     };
     let (gateway, endpoint, extra) = v.gateway(&raw.gateway)?;
     let store = v.store(raw.store.as_ref())?;
@@ -104,6 +116,7 @@ pub(crate) fn validate(src: &Source<'_>, raw: RawFile) -> Result<Config, Box<Con
     };
     Ok(Config {
         path: src.file.to_owned(),
+        text: src.text.into(),
         gateway,
         endpoint,
         tenants: tenants.into_iter().map(|(name, _)| name).collect(),
@@ -155,6 +168,8 @@ struct CheckedTunnel {
 struct Validator<'s, 'a> {
     src: &'s Source<'a>,
     warnings: Vec<String>,
+    /// PSKs by tunnel name, used instead of reading `psk_file` (see [`validate_with`]).
+    psks: Option<&'s StoredPsks>,
 }
 
 impl Validator<'_, '_> {
@@ -667,6 +682,22 @@ impl Validator<'_, '_> {
                 DEFAULT_DIRECTIVE_TIMEOUT,
                 Duration::from_millis(100)..=Duration::from_secs(30),
             )?,
+            lease: match &c.lease {
+                Some(d) if d.get_ref().0.subsec_nanos() != 0 => {
+                    return Err(self.err(
+                        d.span(),
+                        S,
+                        "lease",
+                        "must be whole seconds (etcd grants leases in seconds)",
+                    ))
+                }
+                other => interval(
+                    other,
+                    "lease",
+                    crate::election::DEFAULT_TTL,
+                    Duration::from_secs(1)..=Duration::from_secs(60),
+                )?,
+            },
         })
     }
 

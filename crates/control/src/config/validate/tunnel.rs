@@ -95,7 +95,17 @@ impl Validator<'_, '_> {
 
         let local_id = self.identity(&t.local_id, s, "local_id")?;
         let remote_id = self.identity(&t.remote_id, s, "remote_id")?;
-        let psk = self.psk(&t.psk_file, s)?;
+        let psk = match self.psks {
+            None => self.psk(&t.psk_file, s)?,
+            Some(stored) => stored.get(&name).cloned().ok_or_else(|| {
+                self.err(
+                    t.psk_file.span(),
+                    s,
+                    "psk_file",
+                    "the stored configuration holds no PSK for this tunnel",
+                )
+            })?,
+        };
 
         let (proposals, ike_proposals) = self.proposals(
             t.proposals.as_ref(),

@@ -3,7 +3,7 @@
 //! Geneve and VTEP sockets are opened on loopback (to build the shared state), nothing is
 //! sent on them.
 
-use super::{receive, Pass};
+use super::{receive, Pass, Relays, HEARD_WINDOW_MS};
 use crate::api::{
     DataplaneConfig, DataplaneError, Inside, RelayConfig, ToControl, TunnelBinding, VnetConfig,
 };
@@ -15,7 +15,7 @@ use ike::ChildSaInfo;
 use proptest::prelude::*;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 use wire::arp::{ArpOperation, ArpPacket, ArpRepr};
 use wire::ethernet::EtherType;
 use wire::geneve::{GeneveBuilder, GeneveRepr, HealthProbe, ProtegoOption};
@@ -140,9 +140,14 @@ impl Env {
     /// Frames received as one lane batch from `from`: both passes, then what happens before
     /// the batch leaves (queued ESP sealed, opened ESP accepted in order).
     fn recv_batch(&mut self, from: &str, frames: Vec<Vec<u8>>) {
+        self.recv_batch_at(from, frames, Instant::now());
+    }
+
+    /// [`recv_batch`](Self::recv_batch) in a batch begun at `now`.
+    fn recv_batch_at(&mut self, from: &str, frames: Vec<Vec<u8>>, now: Instant) {
         let t = self.sh.tables.load();
         self.out.use_tables(Arc::clone(&t));
-        let now = Instant::now();
+        self.out.set_now(now);
         let mut frames = frames;
         for f in &mut frames {
             receive(&mut self.out, &self.sh, &t, now, sa(from), f, Pass::Serial);
@@ -166,6 +171,10 @@ impl Env {
 
     fn recv(&mut self, from: &str, f: Vec<u8>) {
         self.recv_batch(from, vec![f]);
+    }
+
+    fn recv_at(&mut self, from: &str, f: Vec<u8>, now: Instant) {
+        self.recv_batch_at(from, vec![f], now);
     }
 
     /// Datagrams queued for sending (socket, destination, bytes); empties the batch.
@@ -574,10 +583,11 @@ fn steer_nodes_are_replaced_at_run_time() {
         Pass::All,
     );
     assert_eq!(e.drops(DropReason::RelayUnknownSender), 2);
-    // Two steer nodes: both accepted, output to the first; the old one is forgotten.
+    // Two steer nodes: both accepted, output to the first (heard from, as both are once
+    // the second frame arrives); the old one is forgotten.
     e.sh.set_relays(vec![sa(STEER2), sa(STEER)]).expect("two");
-    e.recv(STEER, e.relayed_from_vm(100, 0, b"b"));
-    e.recv(STEER2, e.relayed_from_vm(100, 0, b"c"));
+    e.recv(STEER2, e.relayed_from_vm(100, 0, b"b"));
+    e.recv(STEER, e.relayed_from_vm(100, 0, b"c"));
     let sent = e.sent();
     assert_eq!(sent.len(), 2);
     assert!(sent.iter().all(|(_, dst, _)| *dst == sa(STEER2)));
@@ -618,6 +628,132 @@ fn steer_nodes_are_replaced_at_run_time() {
         e.sh.tables.load().relays.as_deref().expect("relay").steer(),
         [sa(STEER)]
     );
+}
+
+/// Steer nodes A, B and C, and the instant their list was set.
+fn three_relays() -> (Relays, Instant) {
+    let r = Relays::new(vec![sa(STEER), sa(STEER2), sa("127.0.0.11:6081")]);
+    let t0 = r.epoch;
+    (r, t0)
+}
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+#[test]
+fn output_is_the_first_steer_node_heard_from_within_the_window() {
+    let (r, t0) = three_relays();
+    let (a, b, c) = (sa(STEER), sa(STEER2), sa("127.0.0.11:6081"));
+    assert_eq!(r.index(b), Some(1));
+    assert_eq!(r.index(sa("127.0.0.12:6081")), None);
+    // Nothing heard yet: the first.
+    assert_eq!(r.output(t0), Some(a));
+    assert_eq!(r.output(t0 + ms(1000)), Some(a));
+    // Only C heard, then also B: the first heard in list order, whatever the order heard.
+    r.heard(2, t0 + ms(100));
+    assert_eq!(r.output(t0 + ms(100)), Some(c));
+    r.heard(1, t0 + ms(110));
+    assert_eq!(r.output(t0 + ms(110)), Some(b));
+    r.heard(0, t0 + ms(120));
+    assert_eq!(r.output(t0 + ms(120)), Some(a));
+    // A goes silent: it keeps the output for the window, then B (still heard) takes it.
+    r.heard(1, t0 + ms(150));
+    r.heard(2, t0 + ms(150));
+    assert_eq!(r.output(t0 + ms(120 + HEARD_WINDOW_MS - 1)), Some(a));
+    assert_eq!(r.output(t0 + ms(120 + HEARD_WINDOW_MS)), Some(b));
+    // B too: C.
+    r.heard(2, t0 + ms(190));
+    assert_eq!(r.output(t0 + ms(150 + HEARD_WINDOW_MS)), Some(c));
+    // All silent: the first of the list again.
+    assert_eq!(r.output(t0 + ms(190 + HEARD_WINDOW_MS)), Some(a));
+    // A is heard again: it takes the output back at once.
+    r.heard(0, t0 + ms(300));
+    assert_eq!(r.output(t0 + ms(300)), Some(a));
+}
+
+#[test]
+fn heard_stamps_never_move_back_and_later_ones_count_as_recent() {
+    let (r, t0) = three_relays();
+    let b = sa(STEER2);
+    r.heard(1, t0 + ms(100));
+    // A worker whose batch began earlier reports B later: the newer stamp stays.
+    r.heard(1, t0 + ms(60));
+    assert_eq!(r.output(t0 + ms(100 + HEARD_WINDOW_MS - 1)), Some(b));
+    // A worker whose batch began earlier than the last stamp chooses: B is recent.
+    assert_eq!(r.output(t0 + ms(10)), Some(b));
+    // Within one millisecond the stamp is not rewritten (nothing to observe but that it
+    // still counts), and an index out of range is ignored.
+    r.heard(1, t0 + ms(100) + Duration::from_micros(900));
+    r.heard(7, t0 + ms(100));
+    assert_eq!(r.output(t0 + ms(100)), Some(b));
+    // An instant before the list was set counts as its first millisecond.
+    let (r, t0) = three_relays();
+    let early = t0.checked_sub(ms(5)).unwrap_or(t0);
+    r.heard(2, early);
+    assert_eq!(r.output(early), Some(sa("127.0.0.11:6081")));
+}
+
+#[test]
+fn steer_nodes_never_heard_from_are_not_recent_in_the_first_milliseconds() {
+    // Stamps start at 1: at the list's first millisecond a node never heard is not "heard 1
+    // ms ago".
+    let (r, t0) = three_relays();
+    r.heard(1, t0);
+    assert_eq!(r.output(t0), Some(sa(STEER2)));
+    assert_eq!(Relays::new(vec![]).output(t0), None);
+}
+
+#[test]
+fn output_follows_the_steer_nodes_heard_from_on_the_data_path() {
+    let mut e = env();
+    let c = e.child(0x1001, vip(4500), sa(PEER));
+    e.sh.install_child(&c).expect("install");
+    e.sh.set_relays(vec![sa(STEER), sa(STEER2)]).expect("two");
+    let t0 = Instant::now();
+    let dst = |e: &mut Env| -> Vec<SocketAddr> { e.sent().iter().map(|s| s.1).collect() };
+    // Only the second steer node sends: output goes to it, not to the silent first.
+    e.recv_at(STEER2, e.relayed_from_vm(100, 0, b"a"), t0);
+    assert_eq!(dst(&mut e), [sa(STEER2)]);
+    // The first is heard (its frame goes back through it, and so does the next of the second).
+    e.recv_at(STEER, e.relayed_from_vm(100, 0, b"b"), t0 + ms(1));
+    e.recv_at(STEER2, e.relayed_from_vm(100, 0, b"c"), t0 + ms(2));
+    assert_eq!(dst(&mut e), [sa(STEER), sa(STEER)]);
+    // The first goes silent (frozen): after the window the second takes the output.
+    e.recv_at(
+        STEER2,
+        e.relayed_from_vm(100, 0, b"d"),
+        t0 + ms(1 + HEARD_WINDOW_MS - 1),
+    );
+    e.recv_at(
+        STEER2,
+        e.relayed_from_vm(100, 0, b"e"),
+        t0 + ms(1 + HEARD_WINDOW_MS),
+    );
+    assert_eq!(dst(&mut e), [sa(STEER), sa(STEER2)]);
+    // An idle probe from the first counts: it takes the output back.
+    let probe = [ProtegoOption::Probe(HealthProbe { id: 1, stamp: 2 })];
+    let t1 = t0 + ms(100);
+    e.recv_at(STEER, control(&probe), t1);
+    e.recv_at(STEER2, e.relayed_from_vm(100, 0, b"f"), t1);
+    assert_eq!(dst(&mut e), [sa(STEER), sa(STEER)], "probe reply, then ESP");
+    // A malformed frame does not count, nor does one from an unknown sender.
+    let t2 = t1 + ms(HEARD_WINDOW_MS);
+    e.recv_at(STEER, vec![0xff; 4], t2);
+    e.recv_at("127.0.0.9:6082", control(&probe), t2);
+    e.recv_at(STEER2, e.relayed_from_vm(100, 0, b"g"), t2);
+    assert_eq!(dst(&mut e), [sa(STEER2)]);
+    assert_eq!(e.drops(DropReason::RelayMalformed), 1);
+    assert_eq!(e.drops(DropReason::RelayUnknownSender), 1);
+    // A new list has heard nothing: the first again, though the second was just heard.
+    e.sh.set_relays(vec![sa(STEER), sa(STEER2)]).expect("again");
+    let relays = e.sh.tables.load().relays.clone().expect("relay mode");
+    assert_eq!(relays.output(Instant::now()), Some(sa(STEER)));
+    // The published list is the one frames mark heard (and the IKE path reads it too).
+    let t = e.sh.tables.load();
+    e.recv(STEER2, control(&probe));
+    assert!(Arc::ptr_eq(t.relays.as_ref().expect("relay mode"), &relays));
+    assert_eq!(relays.output(Instant::now()), Some(sa(STEER2)));
 }
 
 #[test]
