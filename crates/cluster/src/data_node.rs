@@ -268,6 +268,30 @@ pub(crate) fn op_name(op: &pb::directive::Op) -> &'static str {
     }
 }
 
+/// The data plane of a data node: relay mode behind the steer nodes, no VNets or tunnels until
+/// control sends them.
+fn dataplane_config(data: &DataSection) -> DataplaneConfig {
+    DataplaneConfig {
+        listen: Vec::new(),
+        ike_port: 500,
+        natt_port: data.natt_port,
+        vxlan_port: data.vxlan_port,
+        vnets: Vec::new(),
+        tunnels: Vec::new(),
+        tun_name: None,
+        batch: data.batch,
+        workers: data.workers,
+        cpus: Vec::new(),
+        pin_workers: false,
+        busy_poll: Duration::ZERO,
+        relay: Some(RelayConfig {
+            listen: data.geneve,
+            vtep: Some(data.vtep),
+            steer: Vec::new(),
+        }),
+    }
+}
+
 /// A running data node.
 pub struct DataNode {
     dp: Arc<Dataplane>,
@@ -287,26 +311,7 @@ impl DataNode {
             })?;
         let tls = Arc::new(load_node_tls(config, NodeRole::Data)?);
         let (to_agent, from_dp) = crossbeam_channel::bounded(EVENT_QUEUE);
-        let dp_config = DataplaneConfig {
-            listen: Vec::new(),
-            ike_port: 500,
-            natt_port: data.natt_port,
-            vxlan_port: data.vxlan_port,
-            vnets: Vec::new(),
-            tunnels: Vec::new(),
-            tun_name: None,
-            batch: data.batch,
-            workers: data.workers,
-            cpus: Vec::new(),
-            pin_workers: false,
-            busy_poll: Duration::ZERO,
-            relay: Some(RelayConfig {
-                listen: data.geneve,
-                vtep: Some(data.vtep),
-                steer: Vec::new(),
-            }),
-        };
-        let dp = Dataplane::start(dp_config, to_agent)?;
+        let dp = Dataplane::start(dataplane_config(&data), to_agent)?;
         let geneve = dp.relay_addr().unwrap_or(data.geneve);
         let applier = Arc::new(DataApplier {
             name: config.node.name.clone(),
@@ -381,25 +386,7 @@ mod tests {
                 natt_port: 4500,
                 vxlan_port: 47000 + (std::process::id() % 1000) as u16 * 2 + attempt,
             };
-            let config = DataplaneConfig {
-                listen: Vec::new(),
-                ike_port: 500,
-                natt_port: data.natt_port,
-                vxlan_port: data.vxlan_port,
-                vnets: Vec::new(),
-                tunnels: Vec::new(),
-                tun_name: None,
-                batch: data.batch,
-                workers: data.workers,
-                cpus: Vec::new(),
-                pin_workers: false,
-                busy_poll: Duration::ZERO,
-                relay: Some(RelayConfig {
-                    listen: data.geneve,
-                    vtep: Some(data.vtep),
-                    steer: Vec::new(),
-                }),
-            };
+            let config = dataplane_config(&data);
             let (tx, _rx) = crossbeam_channel::unbounded();
             let Ok(dp) = Dataplane::start(config, tx) else {
                 continue;

@@ -966,6 +966,17 @@ impl Cluster {
         }
     }
 
+    /// Queues `op` to every live data node without waiting (call with the state lock held).
+    fn fire_data_nodes(&self, st: &State, op: &pb::directive::Op) {
+        for n in st
+            .nodes
+            .values()
+            .filter(|n| n.role == Role::Data && n.alive)
+        {
+            self.fire(&*n.link, op.clone(), &n.name);
+        }
+    }
+
     /// Queues the whole tables to every live steer node.
     fn push_tables(&self, st: &State) {
         let tables = self.steer_tables(st);
@@ -992,17 +1003,7 @@ impl Cluster {
         if relays.steer.is_empty() {
             return;
         }
-        for n in st
-            .nodes
-            .values()
-            .filter(|n| n.role == Role::Data && n.alive)
-        {
-            self.fire(
-                &*n.link,
-                pb::directive::Op::SetRelays(relays.clone()),
-                &n.name,
-            );
-        }
+        self.fire_data_nodes(st, &pb::directive::Op::SetRelays(relays));
     }
 
     /// Periodic work (every 100 ms or so): forgets the steering of retired SPIs whose grace
@@ -1371,17 +1372,7 @@ impl DataPath for Cluster {
             });
         }
         let st = self.state();
-        for n in st
-            .nodes
-            .values()
-            .filter(|n| n.role == Role::Data && n.alive)
-        {
-            self.fire(
-                &*n.link,
-                pb::directive::Op::DataConfig(data_config.clone()),
-                &n.name,
-            );
-        }
+        self.fire_data_nodes(&st, &pb::directive::Op::DataConfig(data_config));
         if st.reconciled {
             self.push_tables(&st);
         }

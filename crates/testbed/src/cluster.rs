@@ -1442,6 +1442,38 @@ mod tests {
 
     /// Serves the control socket of `control1` of the cluster that appears under `bed_dir`:
     /// `nodes` answers `answer`, anything else an error.
+    /// A stand-in cluster: the fake binary (nodes print and sleep) and a fake control socket
+    /// of control1 whose `nodes` answer shows `alive` as connected.
+    struct StandIn {
+        bin: PathBuf,
+        stop: Arc<AtomicBool>,
+        server: std::thread::JoinHandle<()>,
+    }
+
+    impl StandIn {
+        fn start(bed: &Testbed, alive: &[&str]) -> Self {
+            let bin = fake_protego(bed.dir(), "echo \"fake data up\"; exec sleep 600");
+            let stop = Arc::new(AtomicBool::new(false));
+            let nodes: Vec<serde_json::Value> = alive
+                .iter()
+                .map(|n| serde_json::json!({"name": n, "alive": true}))
+                .collect();
+            let server = fake_control_socket(
+                bed.dir().to_owned(),
+                serde_json::json!({ "control": "control1", "nodes": nodes }),
+                Arc::clone(&stop),
+            );
+            Self { bin, stop, server }
+        }
+
+        /// Stops the fake control socket and tears the bed down.
+        fn finish(self, bed: Testbed) {
+            self.stop.store(true, Ordering::Relaxed);
+            self.server.join().unwrap();
+            bed.teardown().expect("teardown");
+        }
+    }
+
     fn fake_control_socket(
         bed_dir: PathBuf,
         answer: serde_json::Value,
@@ -1497,17 +1529,8 @@ mod tests {
     fn start_kill_restart_with_a_stand_in_binary() {
         let bed = Testbed::new().expect("test bed");
         let topo = small_topology(&bed);
-        let bin = fake_protego(bed.dir(), "echo \"fake data up\"; exec sleep 600");
-        let stop = Arc::new(AtomicBool::new(false));
-        let alive = |n: &str| serde_json::json!({"name": n, "alive": true});
-        let server = fake_control_socket(
-            bed.dir().to_owned(),
-            serde_json::json!({
-                "control": "control1",
-                "nodes": [alive("data1"), alive("data2"), alive("steer1")],
-            }),
-            Arc::clone(&stop),
-        );
+        let stand_in = StandIn::start(&bed, &["data1", "data2", "steer1"]);
+        let bin = stand_in.bin.clone();
         let spec = fast_spec();
         let result = ProtegoCluster::start_with(&bed, &topo, &[], &spec, &bin);
         let mut cluster = result.expect("cluster starts");
@@ -1613,29 +1636,15 @@ mod tests {
         let names: Vec<&str> = stopped.iter().map(|(n, _)| n.as_str()).collect();
         assert_eq!(names, vec!["control1", "data1", "data2", "steer1"]);
         assert!(cluster.members().iter().all(|n| !n.is_running()));
-        stop.store(true, Ordering::Relaxed);
-        server.join().unwrap();
-        bed.teardown().expect("teardown");
+        stand_in.finish(bed);
     }
 
     #[test]
     fn two_control_nodes_share_an_etcd_store() {
         let bed = Testbed::new().expect("test bed");
         let topo = small_topology(&bed);
-        let bin = fake_protego(bed.dir(), "echo \"fake data up\"; exec sleep 600");
-        let stop = Arc::new(AtomicBool::new(false));
-        // Only control1 answers: the data and steer nodes are "connected" to it.
-        let server = fake_control_socket(
-            bed.dir().to_owned(),
-            serde_json::json!({
-                "control": "control1",
-                "nodes": [
-                    {"name": "data1", "alive": true},
-                    {"name": "steer1", "alive": true},
-                ],
-            }),
-            Arc::clone(&stop),
-        );
+        let stand_in = StandIn::start(&bed, &["data1", "steer1"]);
+        let bin = stand_in.bin.clone();
         let spec = ClusterSpec {
             controls: 2,
             data: 1,
@@ -1668,9 +1677,7 @@ mod tests {
         cluster.kill("control1").unwrap();
         assert_eq!(cluster.active_control().unwrap(), "control2");
         cluster.stop_all();
-        stop.store(true, Ordering::Relaxed);
-        server.join().unwrap();
-        bed.teardown().expect("teardown");
+        stand_in.finish(bed);
     }
 
     /// Datagrams each of `sockets` has waiting (non-blocking reads until empty).
@@ -1689,17 +1696,8 @@ mod tests {
     fn two_steer_nodes_share_the_vip_behind_an_ecmp_router() {
         let bed = Testbed::new().expect("test bed");
         let topo = small_topology(&bed);
-        let bin = fake_protego(bed.dir(), "echo \"fake data up\"; exec sleep 600");
-        let stop = Arc::new(AtomicBool::new(false));
-        let alive = |n: &str| serde_json::json!({"name": n, "alive": true});
-        let server = fake_control_socket(
-            bed.dir().to_owned(),
-            serde_json::json!({
-                "control": "control1",
-                "nodes": [alive("data1"), alive("data2"), alive("steer1"), alive("steer2")],
-            }),
-            Arc::clone(&stop),
-        );
+        let stand_in = StandIn::start(&bed, &["data1", "data2", "steer1", "steer2"]);
+        let bin = stand_in.bin.clone();
         let spec = ClusterSpec {
             steers: 2,
             ..fast_spec()
@@ -1787,35 +1785,22 @@ mod tests {
         assert!(cluster.withdraw_steer("data1").is_err());
 
         cluster.stop_all();
-        stop.store(true, Ordering::Relaxed);
-        server.join().unwrap();
-        bed.teardown().expect("teardown");
+        stand_in.finish(bed);
     }
 
     #[test]
     fn a_single_steer_node_has_no_nexthop_to_withdraw() {
         let bed = Testbed::new().expect("test bed");
         let topo = small_topology(&bed);
-        let bin = fake_protego(bed.dir(), "echo \"fake data up\"; exec sleep 600");
-        let stop = Arc::new(AtomicBool::new(false));
-        let alive = |n: &str| serde_json::json!({"name": n, "alive": true});
-        let server = fake_control_socket(
-            bed.dir().to_owned(),
-            serde_json::json!({
-                "control": "control1",
-                "nodes": [alive("data1"), alive("data2"), alive("steer1")],
-            }),
-            Arc::clone(&stop),
-        );
+        let stand_in = StandIn::start(&bed, &["data1", "data2", "steer1"]);
+        let bin = stand_in.bin.clone();
         let cluster =
             ProtegoCluster::start_with(&bed, &topo, &[], &fast_spec(), &bin).expect("start");
         assert!(cluster.router().is_none());
         let e = cluster.withdraw_steer("steer1").unwrap_err().to_string();
         assert!(e.contains("single steer node"), "{e}");
         cluster.stop_all();
-        stop.store(true, Ordering::Relaxed);
-        server.join().unwrap();
-        bed.teardown().expect("teardown");
+        stand_in.finish(bed);
     }
 
     #[test]

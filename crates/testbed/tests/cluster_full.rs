@@ -26,41 +26,15 @@ use common::*;
 use protego_testbed::cluster::{ClusterSpec, ClusterStore, ProtegoCluster};
 use protego_testbed::protego::GatewayTunnel;
 use protego_testbed::strongswan::{Charon, ChildSa};
-use protego_testbed::topology::{SiteSpec, TenantSpec, VmSpec};
 use protego_testbed::traffic::{self, IperfOptions, PingOptions, PingStats};
 use protego_testbed::wait::{wait_for, Probe};
-use protego_testbed::{Cmd, Process, Result, Testbed, Topology, TopologySpec};
+use protego_testbed::{Cmd, Process, Result, Testbed, Topology};
 
 /// One test of this file at a time.
 static SERIAL: Mutex<()> = Mutex::new(());
 
 /// Tenants: name, VNI.
 const TENANTS: [(&str, u32); 3] = [("ta", 5101), ("tb", 5102), ("tc", 5103)];
-
-/// Three tenants, each with its VNet `10.1<t>.0.0/24` (VNI 5101..), one site with LAN
-/// `10.2<t>.0.0/24` and two VMs (one per cloud host).
-fn three_tenants() -> Result<TopologySpec> {
-    let mut tenants = Vec::new();
-    for (t, (name, vni)) in TENANTS.iter().enumerate() {
-        tenants.push(TenantSpec {
-            name: (*name).to_owned(),
-            vni: *vni,
-            vnet: format!("10.1{}.0.0/24", t + 1).parse()?,
-            vnet6: None,
-            vms: vec![VmSpec { host: 0 }, VmSpec { host: 1 }],
-            sites: vec![SiteSpec {
-                lan: format!("10.2{}.0.0/24", t + 1).parse()?,
-                lan6: None,
-                behind_nat: false,
-            }],
-        });
-    }
-    Ok(TopologySpec {
-        tenants,
-        hosts: 2,
-        ..TopologySpec::default()
-    })
-}
 
 /// The picture up: topology, one tunnel per site, the cluster (etcd, two control nodes, three
 /// data nodes, two steer nodes).
@@ -72,7 +46,7 @@ struct Full {
 
 impl Full {
     fn start(bed: &Testbed) -> Result<Full> {
-        let topo = Topology::build(bed, three_tenants()?)?;
+        let topo = Topology::build(bed, numbered_tenants(&TENANTS)?)?;
         let tunnels: Vec<GatewayTunnel> = (0..topo.sites.len())
             .map(|s| GatewayTunnel::for_site(&topo, s, PSK))
             .collect();

@@ -309,8 +309,7 @@ fn node_with_a_foreign_certificate_is_refused() -> Result<()> {
 /// no new IKE_SA_INIT or IKE_AUTH.
 #[test]
 fn killed_control_node_is_replaced_without_stopping_esp() -> Result<()> {
-    if !protego_testbed::cmd::program_exists("etcd") {
-        eprintln!("skipped: etcd is not installed (make setup installs etcd-server)");
+    if skip_without_etcd() {
         return Ok(());
     }
     let bed = Testbed::new()?;
@@ -693,8 +692,7 @@ fn rate_limit_keeps_one_tenant_from_taking_anothers_capacity() -> Result<()> {
 /// removes the first tunnel, whose site gets a DELETE.
 #[test]
 fn applied_configuration_runs_live_and_after_a_control_takeover() -> Result<()> {
-    if !protego_testbed::cmd::program_exists("etcd") {
-        eprintln!("skipped: etcd is not installed (make setup installs etcd-server)");
+    if skip_without_etcd() {
         return Ok(());
     }
     let bed = Testbed::new()?;

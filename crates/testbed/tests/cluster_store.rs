@@ -147,8 +147,7 @@ fn etcd_outage<T>(
 /// of the active control node.
 #[test]
 fn etcd_outage_shorter_than_the_lease_loses_nothing() -> Result<()> {
-    if !protego_testbed::cmd::program_exists("etcd") {
-        eprintln!("skipped: etcd is not installed (make setup installs etcd-server)");
+    if skip_without_etcd() {
         return Ok(());
     }
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
@@ -293,8 +292,7 @@ fn etcd_outage_shorter_than_the_lease_loses_nothing() -> Result<()> {
 /// production a supervisor restarts it, and it stands by).
 #[test]
 fn etcd_outage_longer_than_the_lease_hands_over_after_it() -> Result<()> {
-    if !protego_testbed::cmd::program_exists("etcd") {
-        eprintln!("skipped: etcd is not installed (make setup installs etcd-server)");
+    if skip_without_etcd() {
         return Ok(());
     }
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());

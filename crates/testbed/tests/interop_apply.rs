@@ -17,34 +17,9 @@ use std::time::Duration;
 use common::*;
 
 use protego_testbed::protego::{render_inventory, GatewayTunnel, ProtegoGateway};
-use protego_testbed::topology::{SiteSpec, TenantSpec, VmSpec};
 use protego_testbed::traffic::{self, PingOptions};
 use protego_testbed::wait::{wait_for, Probe};
-use protego_testbed::{Result, Testbed, Topology, TopologySpec};
-
-/// Two tenants, one site and two VMs each, on two hosts.
-fn two_tenants() -> Result<TopologySpec> {
-    let mut tenants = Vec::new();
-    for (t, (name, vni)) in [("t1", 4242), ("t2", 4343)].into_iter().enumerate() {
-        tenants.push(TenantSpec {
-            name: name.to_owned(),
-            vni,
-            vnet: format!("10.1{}.0.0/24", t + 1).parse()?,
-            vnet6: None,
-            vms: vec![VmSpec { host: 0 }, VmSpec { host: 1 }],
-            sites: vec![SiteSpec {
-                lan: format!("10.2{}.0.0/24", t + 1).parse()?,
-                lan6: None,
-                behind_nat: false,
-            }],
-        });
-    }
-    Ok(TopologySpec {
-        tenants,
-        hosts: 2,
-        ..TopologySpec::default()
-    })
-}
+use protego_testbed::{Result, Testbed, Topology};
 
 /// The names of the tunnels `protego status --json` lists.
 fn tunnel_names(gw: &ProtegoGateway) -> Result<Vec<String>> {
@@ -74,7 +49,7 @@ fn ike_spis(gw: &ProtegoGateway, tunnel: &str) -> Result<Option<(String, String)
 #[test]
 fn applied_tenants_and_tunnels_change_live_and_survive_a_restart() -> Result<()> {
     let bed = Testbed::new()?;
-    let topo = Topology::build(&bed, two_tenants()?)?;
+    let topo = Topology::build(&bed, numbered_tenants(&[("t1", 4242), ("t2", 4343)])?)?;
     let first = GatewayTunnel::for_site(&topo, 0, PSK);
     let mut second = GatewayTunnel::for_site(&topo, 1, PSK);
     second.psk = format!("{PSK}-second");

@@ -47,6 +47,40 @@ pub fn one_tenant(behind_nat: bool) -> Result<TopologySpec> {
     })
 }
 
+/// One tenant per `(name, VNI)`, the t-th (from 1) with its VNet `10.1<t>.0.0/24`, one site
+/// with LAN `10.2<t>.0.0/24` and two VMs (one per cloud host); two hosts.
+pub fn numbered_tenants(tenants: &[(&str, u32)]) -> Result<TopologySpec> {
+    let mut specs = Vec::new();
+    for (t, (name, vni)) in tenants.iter().enumerate() {
+        specs.push(TenantSpec {
+            name: (*name).to_owned(),
+            vni: *vni,
+            vnet: format!("10.1{}.0.0/24", t + 1).parse()?,
+            vnet6: None,
+            vms: vec![VmSpec { host: 0 }, VmSpec { host: 1 }],
+            sites: vec![SiteSpec {
+                lan: format!("10.2{}.0.0/24", t + 1).parse()?,
+                lan6: None,
+                behind_nat: false,
+            }],
+        });
+    }
+    Ok(TopologySpec {
+        tenants: specs,
+        hosts: 2,
+        ..TopologySpec::default()
+    })
+}
+
+/// True, after saying so, if etcd is not installed (the calling test then skips itself).
+pub fn skip_without_etcd() -> bool {
+    if protego_testbed::cmd::program_exists("etcd") {
+        return false;
+    }
+    eprintln!("skipped: etcd is not installed (make setup installs etcd-server)");
+    true
+}
+
 /// Starts the site's charon with the standard connection toward Protego, matching `tun`.
 pub fn site_charon(topo: &Topology, tun: &GatewayTunnel) -> Result<Charon> {
     let label = format!("site{}", tun.site);
