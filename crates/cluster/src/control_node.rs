@@ -539,22 +539,22 @@ impl RequestHandler for ClusterResponder {
                 file,
                 text,
                 dry_run,
-            } => match self.inner.apply(file, text, dry_run) {
-                Ok(outcome) => {
-                    if !dry_run {
-                        self.cluster.set_rate_limits(
-                            &outcome
-                                .config
-                                .tunnels
-                                .iter()
-                                .map(|t| (t.peer.id, t.rate_limit_mbit))
-                                .collect(),
-                        );
-                    }
-                    control::status::apply_answer(&outcome, dry_run)
+            } => {
+                let limits = |outcome: &control::ApplyOutcome| {
+                    self.cluster.set_rate_limits(
+                        &outcome
+                            .config
+                            .tunnels
+                            .iter()
+                            .map(|t| (t.peer.id, t.rate_limit_mbit))
+                            .collect(),
+                    )
+                };
+                match self.inner.apply(file, text, dry_run, limits) {
+                    Ok(outcome) => control::status::apply_answer(&outcome, dry_run),
+                    Err(e) => json!({ "error": e.to_string() }),
                 }
-                Err(e) => json!({ "error": e.to_string() }),
-            },
+            }
             other => self.inner.handle(other),
         }
     }

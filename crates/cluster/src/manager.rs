@@ -966,6 +966,27 @@ impl Cluster {
         }
     }
 
+    /// Makes the newest remaining CHILD_SA of `tunnel` (if any) its sending one, unless one
+    /// already sends.
+    fn promote_sender(st: &mut State, tunnel: TunnelId) {
+        if st
+            .children
+            .values()
+            .any(|c| c.tunnel == tunnel && c.sending)
+        {
+            return;
+        }
+        let next = st
+            .children
+            .iter()
+            .filter(|(_, c)| c.tunnel == tunnel)
+            .max_by_key(|(_, c)| c.seq)
+            .map(|(spi, _)| *spi);
+        if let Some(c) = next.and_then(|spi| st.children.get_mut(&spi)) {
+            c.sending = true;
+        }
+    }
+
     /// Queues `op` to every live data node without waiting (call with the state lock held).
     fn fire_data_nodes(&self, st: &State, op: &pb::directive::Op) {
         for n in st
@@ -1371,7 +1392,12 @@ impl DataPath for Cluster {
                 data_config: data_config.clone(),
             });
         }
-        let st = self.state();
+        let mut st = self.state();
+        // Tunnels no longer configured take no place in the balance of the data nodes.
+        let inventory = self.inventory();
+        st.placement
+            .retain(|t, _| inventory.tunnels.contains_key(t));
+        st.rekey_at.retain(|t, _| inventory.tunnels.contains_key(t));
         self.fire_data_nodes(&st, &pb::directive::Op::DataConfig(data_config));
         if st.reconciled {
             self.push_tables(&st);
@@ -1494,19 +1520,11 @@ impl DataPath for Cluster {
         };
         // The newest remaining SA of the tunnel sends once the sending one is gone; the
         // steer nodes move the tunnel's outbound traffic to it before the old SA goes.
+        // A restored SA that is gone may not be adopted again from a node that still has it.
+        st.known.remove(&inbound_spi);
         let mut pending = Vec::new();
         if entry.sending {
-            let next = st
-                .children
-                .iter()
-                .filter(|(_, c)| c.tunnel == tunnel)
-                .max_by_key(|(_, c)| c.seq)
-                .map(|(spi, _)| *spi);
-            if let Some(spi) = next {
-                if let Some(c) = st.children.get_mut(&spi) {
-                    c.sending = true;
-                }
-            }
+            Self::promote_sender(&mut st, tunnel);
             if let Some(vni) = self.inventory().tunnels.get(&tunnel).and_then(|t| t.vni) {
                 pending = self.submit_steers(&st, self.vni_op(&st, vni));
             }
@@ -1572,8 +1590,8 @@ impl DataPath for Cluster {
 
     /// Checks what the data nodes claimed in their Hellos (adopted before the control loop
     /// restored its IKE SAs) against the restored CHILD_SAs: one that no restored IKE SA knows,
-    /// or that a data node holds under another tunnel, IKE SA, outbound SPI or other selectors
-    /// than the restored state says, is removed from its node (a wrong claim must not steer a
+    /// or that a data node holds under another tunnel, outbound SPI or other selectors than the
+    /// restored state says, is removed from its node (a wrong claim must not steer a
     /// tunnel's selectors), and every restored CHILD_SA no live data node holds as described is
     /// returned to be rekeyed.
     fn reconcile(&self, known: &[KnownChild]) -> Vec<EspSpi> {
@@ -1588,14 +1606,15 @@ impl DataPath for Cluster {
                 let Some(k) = known.get(spi) else {
                     return true;
                 };
+                // Not the IKE SA: an IKE SA rekey hands the CHILD_SAs over without telling
+                // the data nodes (see KnownChild::matches).
                 let same = k.tunnel == e.tunnel
-                    && k.ike == e.ike
                     && k.outbound_spi == e.outbound_spi
                     && k.local_ts == e.local_ts
                     && k.remote_ts == e.remote_ts;
                 if !same {
                     warn!(node = ?e.node, spi_in = %spi, claimed_tunnel = e.tunnel.0, tunnel = k.tunnel.0,
-                        "a data node's CHILD_SA does not match the restored IKE SA (tunnel, IKE SA, SPI or selectors); removing it and rekeying");
+                        "a data node's CHILD_SA does not match the restored IKE SA (tunnel, SPI or selectors); removing it and rekeying");
                 }
                 !same
             })
@@ -1603,8 +1622,12 @@ impl DataPath for Cluster {
             .collect();
         st.known = known.clone();
         let now = Instant::now();
+        let mut unsent: Vec<TunnelId> = Vec::new();
         for spi in stale {
             if let Some(e) = st.children.remove(&spi) {
+                if e.sending {
+                    unsent.push(e.tunnel);
+                }
                 st.retiring.push(Retiring {
                     until: now + STEER_GRACE,
                     spi,
@@ -1624,6 +1647,10 @@ impl DataPath for Cluster {
                     );
                 }
             }
+        }
+        // A tunnel whose sending SA was removed sends on its newest remaining one.
+        for tunnel in unsent {
+            Self::promote_sender(&mut st, tunnel);
         }
         let lost: Vec<EspSpi> = known
             .keys()

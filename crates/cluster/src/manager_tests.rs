@@ -676,6 +676,67 @@ fn a_claim_that_does_not_match_the_restored_sa_is_removed_and_rekeyed() {
 }
 
 #[test]
+fn reconcile_keeps_sas_of_a_rekeyed_ike_sa_and_a_sender_per_tunnel() {
+    let mut b = fresh_bed();
+    b.join("steer1", Role::Steer, 1);
+    // data1 holds tunnel 1's old SA 0x1000 as sending (no restored IKE SA knows it) and the
+    // current 0x1001, which the restored state lists under the IKE SA an IKE rekey made.
+    let link = Arc::new(FakeLink::default());
+    b.links.insert("data1".into(), Arc::clone(&link));
+    let d1 = b.cluster.register(
+        registration(
+            "data1",
+            Role::Data,
+            "10.0.0.30:6081".parse().unwrap(),
+            1,
+            vec![held(1, 0x1001, false), held(1, 0x1000, true)],
+        ),
+        link,
+    );
+    let mut current = known(1, 0x1001);
+    current.ike.responder = IkeSpi(0x99);
+    let lost = b.cluster.reconcile(&[current]);
+    assert!(
+        lost.is_empty(),
+        "the SA handed to the new IKE SA is kept: {lost:?}"
+    );
+    let tables = b
+        .ops("steer1")
+        .into_iter()
+        .rev()
+        .find_map(|op| match op {
+            Op::SteerTables(t) => Some(t),
+            _ => None,
+        })
+        .expect("whole tables");
+    let sel: Vec<(u32, u32)> = tables.vnis[0]
+        .selectors
+        .iter()
+        .map(|s| (s.tunnel, s.node))
+        .collect();
+    assert_eq!(sel, [(1, d1)], "the remaining SA sends for its tunnel");
+    // Once removed, a restored SA is not adopted again from a node that kept it.
+    b.cluster
+        .remove_child(TunnelId(1), EspSpi(0x1001), EspSpi(0x1001 + 0x100000));
+    let late = Arc::new(FakeLink::default());
+    b.links.insert("data2".into(), Arc::clone(&late));
+    b.cluster.register(
+        registration(
+            "data2",
+            Role::Data,
+            "10.0.0.31:6081".parse().unwrap(),
+            1,
+            vec![held(1, 0x1001, true)],
+        ),
+        late,
+    );
+    assert!(b
+        .ops("data2")
+        .iter()
+        .any(|op| matches!(op, Op::RemoveChild(r) if r.inbound_spi == 0x1001)));
+}
+
+#[test]
 fn events_are_only_taken_from_the_node_they_concern() {
     let (to_control, from) = crossbeam_channel::bounded(16);
     let mut b = bed();

@@ -57,7 +57,7 @@ impl fmt::Debug for AppliedConfig {
             .field("text", &format_args!("<{} bytes>", self.text.len()))
             .field("ids", &self.ids)
             .field("next_id", &self.next_id)
-            .field("psks", &self.psks.keys().collect::<Vec<_>>())
+            .field("psks", &self.psks)
             .finish()
     }
 }
@@ -101,8 +101,10 @@ struct WireIn<'a> {
     text: String,
     ids: BTreeMap<String, u32>,
     next_id: u32,
+    /// Borrowed (hex has nothing to unescape); a `Cow` so that a damaged record whose string
+    /// has escapes fails in hex decoding, whose error quotes nothing, not in serde's.
     #[serde(borrow)]
-    psks: BTreeMap<String, &'a str>,
+    psks: BTreeMap<String, std::borrow::Cow<'a, str>>,
 }
 
 impl AppliedConfig {
@@ -179,7 +181,7 @@ impl AppliedConfig {
         let mut psks = StoredPsks::new();
         for (name, hex_text) in wire.psks {
             let psk = Zeroizing::new(
-                hex::decode(hex_text)
+                hex::decode(hex_text.as_bytes())
                     .map_err(|_| format!("the PSK of tunnel {name:?} is not hex"))?,
             );
             psks.insert(name, psk);
@@ -291,7 +293,7 @@ mod tests {
         assert_eq!(back.text, record.text);
         assert_eq!(back.ids, record.ids);
         assert_eq!(back.next_id, 9);
-        assert_eq!(back.psks["a"].as_slice(), b"secret-psk\n\"x");
+        assert_eq!(back.psks.get("a").unwrap().as_slice(), b"secret-psk\n\"x");
         let debug = format!("{back:?}");
         assert!(!debug.contains("secret"), "{debug}");
     }

@@ -193,13 +193,13 @@ pub struct KnownChild {
 }
 
 impl KnownChild {
-    /// True if `held` (what a data path reports) is this CHILD_SA: same SPIs, tunnel, IKE SA
-    /// and selectors.
+    /// True if `held` (what a data path reports) is this CHILD_SA: same SPIs, tunnel and
+    /// selectors. The IKE SA is not compared: an IKE SA rekey hands the CHILD_SAs to the new
+    /// IKE SA, and the data path keeps the SPIs it was installed with.
     pub fn matches(&self, held: &InstalledChild) -> bool {
         self.inbound_spi == held.inbound_spi
             && self.outbound_spi == held.outbound_spi
             && self.tunnel == held.tunnel
-            && self.ike == held.ike
             && self.local_ts == held.local_ts
             && self.remote_ts == held.remote_ts
     }
@@ -349,8 +349,8 @@ pub trait DataPath: Send + Sync {
     }
     /// After the control loop restarted: `known` are the CHILD_SAs of the IKE SAs it restored,
     /// as the restored state says they are. Returns the inbound SPIs of those this data path no
-    /// longer holds *as described* (a CHILD_SA held under another tunnel, IKE SA, outbound SPI
-    /// or other selectors counts as not held, and is dropped), which the control loop rekeys
+    /// longer holds *as described* (a CHILD_SA held under another tunnel, outbound SPI or other
+    /// selectors counts as not held, and is dropped; see [`KnownChild::matches`]), which the control loop rekeys
     /// (their ESP state is gone); the data path may drop what it holds beyond `known`. The
     /// default holds nothing across a restart (`protego up` restarts with its data plane):
     /// every one is returned.
@@ -358,8 +358,8 @@ pub trait DataPath: Send + Sync {
         known.iter().map(|k| k.inbound_spi).collect()
     }
     /// Relay mode: replaces the steer nodes' Geneve addresses at once (accepted senders and,
-    /// as in [`RelayConfig::steer`], the destinations of encrypted output, none heard from
-    /// yet; empty: output is dropped). The default refuses
+    /// as in [`RelayConfig::steer`], the destinations of encrypted output, keeping what was
+    /// heard from the steer nodes the new list keeps; empty: output is dropped). The default refuses
     /// ([`DataplaneError::Unsupported`]).
     fn set_relays(&self, steer: Vec<SocketAddr>) -> Result<(), DataplaneError> {
         let _ = steer;

@@ -172,7 +172,7 @@ impl Dataplane {
     /// from these addresses only, and encrypted output goes to the first of them, in this
     /// order, that sent a valid frame (traffic or health probe) within the last 50 ms, or to
     /// the first when none did (empty: it is dropped, counted as `relay_no_steer`). The new
-    /// list starts with none heard from. Errors: not in relay mode
+    /// list keeps what was heard from the steer nodes it keeps. Errors: not in relay mode
     /// ([`DataplaneError::Unsupported`]), or an address that is not unicast, has port 0, is
     /// not of the Geneve socket's family or is listed twice ([`DataplaneError::Config`]
     /// naming `steer[i]`); nothing changes then.

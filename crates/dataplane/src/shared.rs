@@ -525,7 +525,8 @@ impl Shared {
         validate_steer(&steer, relay.listen, "steer")?;
         tracing::info!(steer = ?steer, "steer nodes replaced");
         let mut reg = self.registry();
-        reg.set_relays(Arc::new(Relays::new(steer)));
+        let previous = self.tables.load().relays.clone();
+        reg.set_relays(Arc::new(Relays::replacing(steer, previous.as_deref())));
         self.publish(&reg);
         Ok(())
     }

@@ -268,3 +268,14 @@ pub struct IkeSaStatus {
     /// CHILD_SAs.
     pub children: Vec<ChildSaStatus>,
 }
+
+impl IkeSaStatus {
+    /// Our own SPI of the SA (the one it is stored under, see [`StateChange`]).
+    pub fn local_spi(&self) -> IkeSpi {
+        if self.initiator {
+            self.ike.initiator
+        } else {
+            self.ike.responder
+        }
+    }
+}

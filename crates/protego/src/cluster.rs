@@ -265,7 +265,8 @@ fn apply_summary(answer: &serde_json::Value) -> String {
 }
 
 /// `protego ctl ...`: one request on the control socket; prints its JSON answer (`apply`: a
-/// summary unless `--json`). An `{"error":..}` answer goes to stderr and fails the command.
+/// summary unless `--json`). An `{"error":..}` answer goes to stderr and fails the command
+/// (`query_with_timeout` turns it into an error).
 pub(crate) fn run_ctl(args: &CtlArgs) -> ExitCode {
     let socket = match crate::socket_path(args.socket.clone(), args.config.as_deref()) {
         Ok(s) => s,
@@ -298,20 +299,10 @@ pub(crate) fn run_ctl(args: &CtlArgs) -> ExitCode {
     // Moves wait for the peer's rekey: allow them time.
     match control::status::query_with_timeout(&socket, &request, CTL_TIMEOUT) {
         Ok(answer) if !json => {
-            if let Some(e) = answer.get("error").and_then(|e| e.as_str()) {
-                eprintln!("error: {e}");
-                return ExitCode::FAILURE;
-            }
             print!("{}", apply_summary(&answer));
             ExitCode::SUCCESS
         }
         Ok(answer) => {
-            if answer.get("error").is_some() {
-                if let Ok(text) = serde_json::to_string_pretty(&answer) {
-                    eprintln!("{text}");
-                }
-                return ExitCode::FAILURE;
-            }
             match serde_json::to_string_pretty(&answer) {
                 Ok(text) => println!("{text}"),
                 Err(e) => {
@@ -323,7 +314,9 @@ pub(crate) fn run_ctl(args: &CtlArgs) -> ExitCode {
         }
         Err(e @ control::Error::Socket { .. }) => {
             eprintln!("error: {e}");
-            eprintln!("hint: is `protego control` running, and is this its control_socket?");
+            eprintln!(
+                "hint: is `protego up` or `protego control` running, and is this its control_socket?"
+            );
             ExitCode::FAILURE
         }
         Err(e) => {

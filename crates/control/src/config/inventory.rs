@@ -15,8 +15,44 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 use zeroize::Zeroizing;
 
-/// PSKs by tunnel name, as the store keeps them with an applied configuration.
-pub type StoredPsks = BTreeMap<String, Zeroizing<Vec<u8>>>;
+/// PSKs by tunnel name, as the store keeps them with an applied configuration (secret: its
+/// `Debug` prints the names only).
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct StoredPsks(BTreeMap<String, Zeroizing<Vec<u8>>>);
+
+impl StoredPsks {
+    /// None yet.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The PSK of the tunnel called `name`.
+    pub fn get(&self, name: &str) -> Option<&Zeroizing<Vec<u8>>> {
+        self.0.get(name)
+    }
+
+    /// Sets the PSK of the tunnel called `name`.
+    pub fn insert(&mut self, name: String, psk: Zeroizing<Vec<u8>>) {
+        self.0.insert(name, psk);
+    }
+
+    /// Every (tunnel name, PSK), by name.
+    pub fn iter(&self) -> impl Iterator<Item = (&String, &Zeroizing<Vec<u8>>)> {
+        self.0.iter()
+    }
+}
+
+impl FromIterator<(String, Zeroizing<Vec<u8>>)> for StoredPsks {
+    fn from_iter<I: IntoIterator<Item = (String, Zeroizing<Vec<u8>>)>>(iter: I) -> Self {
+        Self(iter.into_iter().collect())
+    }
+}
+
+impl std::fmt::Debug for StoredPsks {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_set().entries(self.0.keys()).finish()
+    }
+}
 
 impl Config {
     /// This node's configuration with the tenants, VNets and tunnels of `text` (read from
@@ -72,7 +108,8 @@ impl Config {
                 key: Some("inside".into()),
                 section: None,
                 message: "the running node opened no TUN device (no tunnel had inside = \"tun\" \
-                          when it started); a first TUN tunnel needs a restart"
+                          when it started): put the TUN tunnel in the configuration file and \
+                          restart with --discard-applied"
                     .into(),
                 source_line: None,
                 span_len: 0,

@@ -1090,7 +1090,10 @@ fn an_applied_inventory_cannot_open_a_tun_device() {
         .with_inventory(&format!("{TENANTS}\n{tun}"), &s.0.join("x.toml"), None)
         .unwrap_err()
         .to_string();
-    assert!(e.contains("needs a restart"), "{e}");
+    assert!(
+        e.contains("opened no TUN device") && e.contains("--discard-applied"),
+        "{e}"
+    );
     // An inventory with syntax errors names its own file.
     let e = node
         .with_inventory("[[tunnel]\n", &s.0.join("broken.toml"), None)

@@ -33,6 +33,9 @@ use tracing::{debug, error, info, warn};
 
 /// How long a command waits for the control loop to answer.
 const COMMAND_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long an apply may take: its store commit (bounded by the store's own timeout) and the
+/// engine's work for every changed tunnel.
+const APPLY_TIMEOUT: Duration = Duration::from_secs(30);
 /// Largest IKE datagram the engine may write (RFC 7296 §2 recommends supporting 3000 octets;
 /// fragmentation-free messages with many proposals stay well below this).
 const TRANSMIT_BUFFER: usize = 65_536;
@@ -150,7 +153,7 @@ impl ControlHandle {
         self.commands
             .send(Command::Apply(Box::new(request), tx))
             .map_err(|_| Error::ControlStopped)?;
-        rx.recv_timeout(COMMAND_TIMEOUT)
+        rx.recv_timeout(APPLY_TIMEOUT)
             .map_err(|_| Error::ControlStopped)?
     }
 
@@ -273,7 +276,6 @@ impl ControlPlane {
                     keylog,
                     buf: Vec::with_capacity(TRANSMIT_BUFFER),
                     restart: Vec::new(),
-                    reinitiate: Vec::new(),
                     shutdown_deadline: None,
                     persist,
                     restored,
@@ -380,9 +382,6 @@ struct Driver {
     buf: Vec<u8>,
     /// Tunnels whose IKE SA died of a DPD timeout with `dpd_action = restart`.
     restart: Vec<TunnelId>,
-    /// Tunnels an apply changed (`start_action = start`): initiated again once their old IKE
-    /// SAs are gone.
-    reinitiate: Vec<TunnelId>,
     /// Set once a shutdown began: the loop ends when every IKE SA is gone or at this instant.
     shutdown_deadline: Option<Instant>,
     /// The state store.
@@ -627,7 +626,6 @@ impl Driver {
             }
             Command::Terminate(tunnel, reply) => {
                 self.restart.retain(|t| *t != tunnel);
-                self.reinitiate.retain(|t| *t != tunnel);
                 let _ = reply.send(
                     self.endpoint
                         .terminate(now, tunnel)
@@ -663,6 +661,7 @@ impl Driver {
 
     /// Carries out an apply (see [`ControlHandle::apply`]).
     fn apply(&mut self, now: Instant, request: ApplyRequest) -> Result<ApplyOutcome, Error> {
+        use crate::config::TunnelChange;
         if self.shutdown_deadline.is_some() {
             return Err(Error::ShuttingDown);
         }
@@ -672,8 +671,21 @@ impl Driver {
             dry_run,
         } = request;
         let mut new = self.config.with_inventory(&text, &source, None)?;
+        // A tunnel that moves to another tenant or inside is a new tunnel under its old name
+        // (a fresh id): its SAs must never carry traffic into the new place, not even while
+        // their DELETE is under way.
+        let mut ids = self.config.tunnel_ids();
+        for t in &new.tunnels {
+            if self
+                .config
+                .tunnel_named(&t.peer.name)
+                .is_some_and(|o| o.tenant != t.tenant || o.inside != t.inside)
+            {
+                ids.remove(&t.peer.name);
+            }
+        }
         let mut next_id = self.next_id;
-        new.keep_ids(&self.config.tunnel_ids(), &mut next_id);
+        new.keep_ids(&ids, &mut next_id);
         let plan = crate::config::plan(&self.config, &new);
         if dry_run || plan.is_empty() {
             return Ok(ApplyOutcome {
@@ -687,61 +699,101 @@ impl Driver {
             .map_err(|e| {
                 Error::Apply(format!("the data path refuses its VNets and tunnels: {e}"))
             })?;
+        // What goes: removed tunnels, and the old ids of moved ones (deleted with their peers);
+        // replaced ones keep their id but lose their SAs (negotiated again).
+        let mut retired: Vec<(TunnelId, String)> = Vec::new();
+        let mut replaced: Vec<TunnelId> = Vec::new();
+        for old in &self.config.tunnels {
+            match new.tunnel_named(&old.peer.name) {
+                Some(t) if t.peer.id != old.peer.id => {
+                    retired.push((old.peer.id, old.peer.name.clone()))
+                }
+                Some(t) if crate::config::tunnel_change(old, t) == TunnelChange::Replace => {
+                    replaced.push(old.peer.id)
+                }
+                Some(_) => {}
+                None => retired.push((old.peer.id, old.peer.name.clone())),
+            }
+        }
+        // Their IKE SAs leave the store in the same commit as the new configuration: a node
+        // that takes over right after must not restore an SA negotiated with the old settings
+        // (an old PSK) under the new ones.
+        let doomed: Vec<u64> = self
+            .endpoint
+            .status(now)
+            .iter()
+            .filter(|s| {
+                s.tunnel.is_some_and(|t| {
+                    replaced.contains(&t) || retired.iter().any(|(id, _)| *id == t)
+                })
+            })
+            .map(|s| s.local_spi().0)
+            .collect();
         let generation = self.generation + 1;
         let record = crate::applied::AppliedConfig::new(&new, text, source, generation, next_id);
-        self.persist
-            .commit_config(crate::store::Change::PutConfig {
-                record: record.encode(),
-            })
-            .map_err(|e| Error::Apply(format!("cannot write it to the store: {e}")))?;
-        // The IKE side first, so that removed tunnels' DELETEs leave and their CHILD_SAs leave
-        // the data path before it forgets their bindings.
-        for name in &plan.tunnels_removed {
-            let Some(old) = self.config.tunnel_named(name) else {
-                continue;
-            };
-            let id = old.peer.id;
-            self.restart.retain(|t| *t != id);
-            self.reinitiate.retain(|t| *t != id);
-            if let Err(e) = self.endpoint.remove_peer(now, id) {
+        let mut changes = vec![crate::store::Change::PutConfig {
+            record: record.encode(),
+        }];
+        changes.extend(
+            doomed
+                .iter()
+                .map(|&spi| crate::store::Change::DeleteIkeSa { spi }),
+        );
+        self.persist.commit_config(&changes, &doomed).map_err(|e| {
+            Error::Apply(format!(
+                "cannot write it to the store: {e} (nothing changed here; if the store applied \
+                 it after all, a restart would run it: apply again)"
+            ))
+        })?;
+        for (id, name) in &retired {
+            self.restart.retain(|t| t != id);
+            if let Err(e) = self.endpoint.remove_peer(now, *id) {
                 warn!(tunnel = %name, error = %e, "cannot remove the tunnel from the IKE engine");
             }
-            if let Some(info) = self.tunnels.get_mut(&id) {
+            if let Some(info) = self.tunnels.get_mut(id) {
                 info.removed = true;
             }
-            info!(tunnel = %name, "tunnel removed by apply; deleting its SAs");
         }
         for t in &new.tunnels {
             let id = t.peer.id;
             let name = &t.peer.name;
-            let change = self
-                .config
-                .tunnel_named(name)
-                .map(|old| crate::config::tunnel_change(old, t));
-            if change == Some(crate::config::TunnelChange::Same) {
-                continue;
-            }
-            if change == Some(crate::config::TunnelChange::Replace) {
-                self.restart.retain(|r| *r != id);
-                if let Err(e) = self.endpoint.terminate(now, id) {
-                    warn!(tunnel = %name, error = %e, "cannot delete the SAs of a changed tunnel");
+            let old = self.config.tunnel_named(name);
+            let what = match old.map(|o| (o.peer.id == id, crate::config::tunnel_change(o, t))) {
+                Some((true, TunnelChange::Same)) => continue,
+                Some((true, TunnelChange::Update)) => "tunnel settings updated in place",
+                Some((true, TunnelChange::Replace)) => {
+                    self.restart.retain(|r| *r != id);
+                    if let Err(e) = self.endpoint.terminate(now, id) {
+                        warn!(tunnel = %name, error = %e, "cannot delete the SAs of a changed tunnel");
+                    }
+                    "tunnel changed; its SAs are deleted and negotiated again"
                 }
-                if t.peer.start_action == StartAction::Start && !self.reinitiate.contains(&id) {
-                    self.reinitiate.push(id);
+                Some((false, _)) => {
+                    "tunnel moved to another tenant or inside; its SAs are deleted and it starts anew"
                 }
-            }
+                None => "tunnel added",
+            };
             if let Err(e) = self.endpoint.add_peer(now, t.peer.clone()) {
                 error!(tunnel = %name, error = %e, "IKE engine refused the tunnel's new configuration");
             }
             self.tunnels.insert(id, TunnelInfo::of(t));
-            let what = match change {
-                None => "tunnel added",
-                Some(crate::config::TunnelChange::Replace) => {
-                    "tunnel changed; its SAs are deleted and negotiated again"
+            // The old IKE SA is still being deleted, which keeps the engine from starting the
+            // tunnel on its own: start the new one now (a dead old peer address must not
+            // delay it by a whole retransmission budget).
+            if old.is_some_and(|o| o.peer.id == id)
+                && replaced.contains(&id)
+                && t.peer.start_action == StartAction::Start
+            {
+                if let Err(e) = self.endpoint.initiate(now, id) {
+                    warn!(tunnel = %name, error = %e, "cannot initiate the changed tunnel");
                 }
-                _ => "tunnel settings updated in place",
-            };
+            }
             info!(tunnel = %name, tenant = %t.tenant, "{what}");
+        }
+        for (_, name) in &retired {
+            if new.tunnel_named(name).is_none() {
+                info!(tunnel = %name, "tunnel removed by apply; deleting its SAs");
+            }
         }
         self.drain();
         if let Err(e) = self
@@ -846,28 +898,9 @@ impl Driver {
     }
 
     /// Re-initiates tunnels whose IKE SA died of a DPD timeout under `dpd_action = "restart"`,
-    /// unless the engine already did, and tunnels an apply changed once their old IKE SAs are
-    /// gone.
+    /// unless the engine already did.
     fn restart_dead(&mut self, now: Instant) {
-        if self.shutdown_deadline.is_some() {
-            return;
-        }
-        if !self.reinitiate.is_empty() {
-            let status = self.endpoint.status(now);
-            let (gone, waiting): (Vec<TunnelId>, Vec<TunnelId>) =
-                std::mem::take(&mut self.reinitiate)
-                    .into_iter()
-                    .partition(|t| !status.iter().any(|s| s.tunnel == Some(*t)));
-            self.reinitiate = waiting;
-            for tunnel in gone {
-                info!(tunnel = %self.name(Some(tunnel)), "initiating the changed tunnel");
-                if let Err(e) = self.endpoint.initiate(now, tunnel) {
-                    warn!(tunnel = %self.name(Some(tunnel)), error = %e, "cannot initiate");
-                }
-            }
-            self.drain();
-        }
-        if self.restart.is_empty() {
+        if self.restart.is_empty() || self.shutdown_deadline.is_some() {
             return;
         }
         let status = self.endpoint.status(now);

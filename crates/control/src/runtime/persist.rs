@@ -131,6 +131,9 @@ pub(crate) struct Persister {
     failures: u64,
     records: u64,
     latencies: VecDeque<Duration>,
+    /// IKE SAs deleted from the store with an applied configuration while they are still
+    /// being deleted with their peers: their later states are not stored.
+    doomed: std::collections::HashSet<u64>,
 }
 
 impl Persister {
@@ -146,6 +149,7 @@ impl Persister {
             failures: 0,
             records: 0,
             latencies: VecDeque::new(),
+            doomed: std::collections::HashSet::new(),
         }
     }
 
@@ -172,17 +176,29 @@ impl Persister {
             })
     }
 
-    /// Commits a change of the applied configuration at once, on its own (`protego ctl apply`
-    /// waits for it: nothing changes unless it is durable). Counted with the other commits.
-    pub(crate) fn commit_config(&mut self, change: Change) -> Result<(), StoreError> {
+    /// Commits a change of the applied configuration at once, with `changes` (the
+    /// configuration and the deletion of the `doomed` IKE SAs, which the change retires),
+    /// on their own: `protego ctl apply` waits for it, and nothing changes unless it is
+    /// durable. From then on the doomed SAs' later states are not stored (they are being
+    /// deleted; a restart must not bring them back). Counted with the other commits.
+    pub(crate) fn commit_config(
+        &mut self,
+        changes: &[Change],
+        doomed: &[u64],
+    ) -> Result<(), StoreError> {
         let started = Instant::now();
-        match self.store.commit(std::slice::from_ref(&change)) {
+        match self.store.commit(changes) {
             Ok(()) => {
                 if self.latencies.len() == LATENCY_SAMPLES {
                     self.latencies.pop_front();
                 }
                 self.latencies.push_back(started.elapsed());
                 self.commits += 1;
+                self.records += changes.len() as u64;
+                for spi in doomed {
+                    self.pending.remove(spi);
+                    self.doomed.insert(*spi);
+                }
                 Ok(())
             }
             Err(e) => {
@@ -205,6 +221,7 @@ impl Persister {
         let round = self.round;
         for change in changes {
             match change {
+                StateChange::Saved { spi, .. } if self.doomed.contains(&spi.0) => {}
                 StateChange::Saved {
                     spi,
                     tunnel,
@@ -224,6 +241,7 @@ impl Persister {
                     );
                 }
                 StateChange::Removed { spi } => {
+                    self.doomed.remove(&spi.0);
                     self.pending
                         .insert(spi.0, (round, Change::DeleteIkeSa { spi: spi.0 }));
                 }

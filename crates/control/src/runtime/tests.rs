@@ -989,7 +989,10 @@ fn apply_adds_updates_replaces_and_removes_tunnels() {
         crate::applied::AppliedConfig::decode(&a.store.applied_config().unwrap().unwrap()).unwrap();
     assert_eq!((stored.generation, stored.next_id), (1, 3));
     assert_eq!(stored.ids["apply-two"], TunnelId(2));
-    assert_eq!(stored.psks["apply-two"].as_slice(), b"runtime test secret");
+    assert_eq!(
+        stored.psks.get("apply-two").unwrap().as_slice(),
+        b"runtime test secret"
+    );
 
     // Settings that apply in place: the SAs stay.
     let a_dpd = inventory(
@@ -1178,4 +1181,39 @@ fn a_restarted_node_runs_the_applied_tunnels_and_restores_their_sas() {
     let (plain, record) = crate::applied::effective(file, &mut b.store.clone(), true).unwrap();
     assert!(record.is_none() && b.store.applied_config().unwrap().is_none());
     assert!(plain.tunnel_named(second.0).is_none());
+}
+
+#[test]
+fn a_tunnel_moved_to_another_tenant_starts_anew_under_a_fresh_id() {
+    let (a, b) = pair("apply-move", "", "", "");
+    wait_up(&a, &b);
+    let old = ike_spis_of(&a, TunnelId(1));
+    let own = a.control().handle().ike_status().unwrap()[0].local_spi().0;
+    assert!(a.store.ike_sa(own).is_some());
+    let moved = inventory(
+        'a',
+        &[("apply-move", "10.1.0.0/24", "10.2.0.0/24", true, "")],
+    )
+    .replacen("tenant = \"t\"\ninside", "tenant = \"u\"\ninside", 1)
+        + "\n[[tenant]]\nname = \"u\"\n";
+    let out = apply(&a, 'a', &moved, false).unwrap();
+    assert_eq!(out.plan.tunnels_replaced, vec!["apply-move".to_owned()]);
+    assert_eq!(out.plan.tenants_added, vec!["u".to_owned()]);
+    let id = out.config.tunnel_named("apply-move").unwrap().peer.id;
+    assert_eq!(
+        id,
+        TunnelId(2),
+        "a fresh id: the old SAs never serve the new tenant"
+    );
+    // The old IKE SA left the store with the configuration, before its DELETE was answered.
+    assert!(a.store.ike_sa(own).is_none());
+    assert!(a.path.calls().contains(&Call::SetInside(vec![TunnelId(2)])));
+    wait_until(10, "the moved tunnel is up under its new id", || {
+        let now = ike_spis_of(&a, id);
+        now.len() == 1 && now != old
+    });
+    wait_until(10, "the old IKE SA is gone", || {
+        ike_spis_of(&a, TunnelId(1)).is_empty()
+    });
+    assert!(a.control().handle().initiate(TunnelId(1)).is_err());
 }

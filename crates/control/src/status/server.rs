@@ -177,6 +177,8 @@ pub struct Responder {
     control: ControlHandle,
     datapath: Arc<dyn DataPath>,
     directory: std::sync::RwLock<TunnelDirectory>,
+    /// Held by an apply from its request to its last effect.
+    apply_lock: std::sync::Mutex<()>,
     started: Instant,
 }
 
@@ -191,6 +193,7 @@ impl Responder {
             control,
             datapath,
             directory: std::sync::RwLock::new(directory),
+            apply_lock: std::sync::Mutex::new(()),
             started: Instant::now(),
         }
     }
@@ -211,20 +214,28 @@ impl Responder {
     }
 
     /// Applies a new inventory (see [`ControlHandle::apply`]) and, unless dry, points the
-    /// tunnel directory at the new tunnels.
+    /// tunnel directory at the new tunnels and runs `after` (e.g. the cluster's rate limits).
+    /// Applies are serialised here, so the directory and what `after` sets always follow the
+    /// last apply.
     pub fn apply(
         &self,
         file: std::path::PathBuf,
         text: String,
         dry_run: bool,
+        after: impl FnOnce(&ApplyOutcome),
     ) -> Result<ApplyOutcome, Error> {
+        let _one_at_a_time = self
+            .apply_lock
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
         let outcome = self.control.apply(ApplyRequest {
             text,
             source: file,
             dry_run,
         })?;
-        if !dry_run {
+        if !dry_run && !outcome.plan.is_empty() {
             *self.directory_mut() = TunnelDirectory::from_config(&outcome.config);
+            after(&outcome);
         }
         Ok(outcome)
     }
@@ -283,7 +294,7 @@ impl RequestHandler for Responder {
                 file,
                 text,
                 dry_run,
-            } => match self.apply(file, text, dry_run) {
+            } => match self.apply(file, text, dry_run, |_| {}) {
                 Ok(outcome) => Ok(apply_answer(&outcome, dry_run)),
                 Err(e) => Err(e),
             },

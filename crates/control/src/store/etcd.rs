@@ -4,10 +4,10 @@
 
 use super::{Change, Snapshot, Store, StoreError};
 use etcd_client::{Client, Compare, CompareOp, ConnectOptions, GetOptions, Txn, TxnOp};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::future::Future;
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 use zeroize::Zeroizing;
 
@@ -52,10 +52,13 @@ pub struct EtcdOptions {
 ///
 /// - [`Store::commit`] is **one** etcd transaction (`Txn`) holding a put or delete per changed
 ///   SA (the last change of each SPI in the batch, which has the batch's effect; likewise for
-///   `P/config`), guarded by
-///   `P/schema` still being `1`: etcd applies all of it or none of it, and answers only once a
-///   quorum of its members has written it to their logs (etcd fsyncs its log). An empty batch
-///   sends nothing.
+///   `P/config`), guarded by `P/schema` still being `1`, by the fence (the leader key, if the
+///   store is [fenced](EtcdStore::fenced)) and by each written key's modification revision as
+///   this store last saw it (read or written; 0 for a key it believes absent): etcd applies all
+///   of it or none of it, and answers only once a quorum of its members has written it to their
+///   logs (etcd fsyncs its log). If only a key's revision differs (an earlier commit of ours was
+///   applied after all, or this store never read the key), the store reads the keys' revisions
+///   and commits once more. An empty batch sends nothing.
 /// - [`Store::ike_sas`] is a linearizable range read of `P/ike_sas/`, in pages of 512
 ///   keys that all read the same revision, so it sees exactly the state after one commit.
 /// - Every request (connecting, a commit, each page of a read) is bounded by
@@ -75,13 +78,17 @@ pub struct EtcdOptions {
 /// with an error, applied nothing. A commit whose connection broke, or that timed out, after it
 /// was sent is ambiguous, as with any remote database: etcd may have applied it, or may still
 /// apply it. The control loop treats it as failed (it holds the datagrams and commits again),
-/// which is safe: the same states are written again, and a state written whose datagrams were
-/// never sent is what a crash between commit and send leaves anyway.
+/// which is safe: the same or newer states are written again, and a state written whose
+/// datagrams were never sent is what a crash between commit and send leaves anyway. Should
+/// etcd apply the ambiguous commit *after* a newer one (it sat in a member that was cut off),
+/// its revision guards fail and it changes nothing: an older state never replaces a newer
+/// one.
 ///
 /// # Limits of etcd
 ///
-/// etcd refuses a transaction with more than `--max-txn-ops` operations (default 128) or a
-/// request larger than `--max-request-bytes` (default 1.5 MiB). A batch that changes more SAs,
+/// etcd refuses a transaction with more than `--max-txn-ops` operations or comparisons
+/// (default 128; a commit compares each written key, the schema and the fence, so up to about
+/// 125 keys fit) or a request larger than `--max-request-bytes` (default 1.5 MiB). A batch that changes more SAs,
 /// or more snapshot bytes, than that fails as a whole, with an error naming the setting; run
 /// etcd with limits above the largest batch the control loop commits (e.g. when many SAs are
 /// rekeyed in one round). etcd also keeps old revisions until they are compacted: run it with
@@ -115,6 +122,10 @@ pub struct EtcdStore {
     describe: String,
     /// The leadership every commit requires (the distributed form's active control node).
     fence: Option<crate::election::Fence>,
+    /// The modification revision this store last saw for each key it wrote or read (0: known
+    /// absent). Every put or delete is guarded by it, so a commit that timed out and reaches
+    /// etcd late, after a newer one, changes nothing (see [`EtcdStore::commit`]).
+    revisions: Mutex<HashMap<String, i64>>,
 }
 
 /// A Tokio runtime that is shut down in the background when dropped: a plain drop waits for
@@ -235,6 +246,7 @@ impl EtcdStore {
             keys: Keys::new(prefix),
             describe,
             fence: None,
+            revisions: Mutex::new(HashMap::new()),
         };
         store.init_schema()?;
         Ok(store)
@@ -444,6 +456,74 @@ impl EtcdStore {
         self.runtime.metrics().num_alive_tasks()
     }
 
+    /// The transaction that applies `ops` to `keys` (in the same order): guarded by the schema
+    /// version, the fence (if any), and each key's modification revision as this store last
+    /// saw it (0: absent), so that it applies only over the state this store wrote or read.
+    pub(super) fn txn(&self, keys: &[&str], ops: Vec<TxnOp>) -> Txn {
+        let mut guard = vec![Compare::value(
+            self.keys.schema.clone(),
+            CompareOp::Equal,
+            SCHEMA_VERSION.to_string(),
+        )];
+        if let Some(fence) = &self.fence {
+            guard.extend(fence.compares());
+        }
+        let known = self.revisions();
+        guard.extend(keys.iter().map(|key| {
+            let revision = known.get(*key).copied().unwrap_or(0);
+            Compare::mod_revision(*key, CompareOp::Equal, revision)
+        }));
+        Txn::new().when(guard).and_then(ops)
+    }
+
+    fn revisions(&self) -> MutexGuard<'_, HashMap<String, i64>> {
+        self.revisions
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Reads the modification revisions of `keys` (one linearizable transaction) and records
+    /// them; true if any differed from what this store knew.
+    fn learn_revisions(
+        &self,
+        keys: &[&str],
+        deadline: std::time::Instant,
+    ) -> Result<bool, StoreError> {
+        let gets: Vec<TxnOp> = keys.iter().map(|key| TxnOp::get(*key, None)).collect();
+        let txn = Txn::new().and_then(gets);
+        let response = self
+            .call_until(deadline, |mut client| {
+                let txn = txn.clone();
+                async move { client.txn(txn).await }
+            })
+            .map_err(|detail| {
+                self.write_error(format!(
+                    "nothing written: a key changed, and reading it failed: {detail}"
+                ))
+            })?;
+        let mut found: HashMap<String, i64> = HashMap::new();
+        for op in response.op_responses() {
+            if let etcd_client::TxnOpResponse::Get(get) = op {
+                for kv in get.kvs() {
+                    found.insert(
+                        String::from_utf8_lossy(kv.key()).into_owned(),
+                        kv.mod_revision(),
+                    );
+                }
+            }
+        }
+        let mut known = self.revisions();
+        let mut changed = false;
+        for key in keys {
+            let now = found.get(*key).copied().unwrap_or(0);
+            if known.get(*key).copied().unwrap_or(0) != now {
+                changed = true;
+            }
+            known.insert((*key).to_owned(), now);
+        }
+        Ok(changed)
+    }
+
     /// The SPI of an IKE SA's key.
     fn spi_of(&self, key: &[u8]) -> Result<u64, StoreError> {
         key.strip_prefix(self.keys.ike_sas.as_bytes())
@@ -499,8 +579,8 @@ impl Store for EtcdStore {
         if changes.is_empty() {
             return Ok(());
         }
-        // etcd refuses a transaction that writes a key twice; the last change of each SPI has
-        // the effect of all of them.
+        // etcd refuses a transaction that writes a key twice; the last change of each key has
+        // the effect of all of them. Each write: the key and its new value (None: delete).
         let mut last: BTreeMap<u64, Option<&Snapshot>> = BTreeMap::new();
         let mut config: Option<Option<&Snapshot>> = None;
         for change in changes {
@@ -515,42 +595,48 @@ impl Store for EtcdStore {
                 Change::DeleteConfig => config = Some(None),
             }
         }
-        let mut ops: Vec<TxnOp> = last
+        let writes: Vec<(String, Option<&Snapshot>)> = last
             .iter()
-            .map(|(&spi, snapshot)| match snapshot {
-                Some(snapshot) => TxnOp::put(self.keys.ike_sa(spi), snapshot.to_vec(), None),
-                None => TxnOp::delete(self.keys.ike_sa(spi), None),
+            .map(|(&spi, value)| (self.keys.ike_sa(spi), *value))
+            .chain(config.map(|value| (self.keys.config.clone(), value)))
+            .collect();
+        let ops: Vec<TxnOp> = writes
+            .iter()
+            .map(|(key, value)| match value {
+                Some(value) => TxnOp::put(key.clone(), value.to_vec(), None),
+                None => TxnOp::delete(key.clone(), None),
             })
             .collect();
-        match config {
-            Some(Some(record)) => {
-                ops.push(TxnOp::put(self.keys.config.clone(), record.to_vec(), None))
-            }
-            Some(None) => ops.push(TxnOp::delete(self.keys.config.clone(), None)),
-            None => {}
-        }
         let count = ops.len();
-        let bytes: usize = last.values().flatten().map(|s| s.len()).sum::<usize>()
-            + config.flatten().map_or(0, |r| r.len());
-        let mut guard = vec![Compare::value(
-            self.keys.schema.clone(),
-            CompareOp::Equal,
-            SCHEMA_VERSION.to_string(),
-        )];
-        if let Some(fence) = &self.fence {
-            guard.extend(fence.compares());
-        }
-        let txn = Txn::new().when(guard).and_then(ops);
-        // The commit and, if its guard fails, the read that says why share the timeout.
+        let bytes: usize = writes.iter().filter_map(|(_, v)| v.map(|v| v.len())).sum();
+        let keys: Vec<&str> = writes.iter().map(|(key, _)| key.as_str()).collect();
+        // The commit, a re-read of the guarded keys, the commit again, and, if a guard still
+        // fails, the read that says why share the timeout.
         let deadline = std::time::Instant::now() + self.timeout;
-        let response = self
-            .call_until(deadline, |mut client| {
-                let txn = txn.clone();
-                async move { client.txn(txn).await }
-            })
-            .map_err(|detail| self.write_error(limit_hint(detail, count, bytes)))?;
-        if response.succeeded() {
-            return Ok(());
+        let mut reread = false;
+        loop {
+            let txn = self.txn(&keys, ops.clone());
+            let response = self
+                .call_until(deadline, |mut client| {
+                    let txn = txn.clone();
+                    async move { client.txn(txn).await }
+                })
+                .map_err(|detail| self.write_error(limit_hint(detail, count, bytes)))?;
+            if response.succeeded() {
+                let revision = response.header().map_or(0, |h| h.revision());
+                let mut known = self.revisions();
+                for (key, value) in &writes {
+                    known.insert(key.clone(), if value.is_some() { revision } else { 0 });
+                }
+                return Ok(());
+            }
+            // A key changed since this store last saw it: an earlier commit of ours whose
+            // answer was lost was applied after all (or this store never read the key). Learn
+            // the keys' revisions and commit once more: these changes are the newest.
+            if reread || !self.learn_revisions(&keys, deadline)? {
+                break;
+            }
+            reread = true;
         }
         // A guard failed, so nothing was written: say why.
         if let Some(fence) = &self.fence {
@@ -584,8 +670,9 @@ impl Store for EtcdStore {
         Err(match schema_version(found.as_deref()) {
             Err(Mismatch::Newer(found)) => self.schema_error(found),
             Ok(()) => self.write_error(format!(
-                "nothing written: the schema key {} changed during the commit",
-                self.keys.schema
+                "nothing written: the keys changed again while committing (is another program \
+                 writing under {}?)",
+                self.keys.all
             )),
             Err(Mismatch::Missing) => self.write_error(format!(
                 "nothing written: the schema key {} is gone (was the prefix deleted?)",
@@ -629,14 +716,18 @@ impl Store for EtcdStore {
                 }
             }
             let more = page.more();
-            let entries: Vec<(Vec<u8>, Snapshot)> = page
-                .take_kvs()
-                .into_iter()
-                .map(|kv| {
-                    let (key, value) = kv.into_key_value();
-                    (key, Zeroizing::new(value))
-                })
-                .collect();
+            let entries: Vec<(Vec<u8>, Snapshot)> = {
+                let mut known = self.revisions();
+                page.take_kvs()
+                    .into_iter()
+                    .map(|kv| {
+                        let revision = kv.mod_revision();
+                        let (key, value) = kv.into_key_value();
+                        known.insert(String::from_utf8_lossy(&key).into_owned(), revision);
+                        (key, Zeroizing::new(value))
+                    })
+                    .collect()
+            };
             let Some((last_key, _)) = entries.last() else {
                 break;
             };
@@ -663,10 +754,12 @@ impl Store for EtcdStore {
                 async move { client.get(key, None).await }
             })
             .map_err(|detail| self.read_error(detail))?;
-        Ok(response
-            .kvs()
-            .first()
-            .map(|kv| Zeroizing::new(kv.value().to_vec())))
+        let kv = response.kvs().first();
+        self.revisions().insert(
+            self.keys.config.clone(),
+            kv.map_or(0, etcd_client::KeyValue::mod_revision),
+        );
+        Ok(kv.map(|kv| Zeroizing::new(kv.value().to_vec())))
     }
 
     fn describe(&self) -> String {

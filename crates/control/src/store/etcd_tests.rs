@@ -243,6 +243,46 @@ impl Raw {
 }
 
 #[test]
+fn store_etcd_a_late_commit_changes_nothing() {
+    let Some(etcd) = Etcd::start() else { return };
+    let mut store = connect(&etcd, "/protego/late");
+    let raw = Raw::new(&etcd);
+    let key = "/protego/late/ike_sas/0000000000000001";
+    let value = || raw.dump(key).first().map(|(_, v)| v.clone());
+    // A commit whose answer was lost, still on its way (built with what the store knew).
+    let late = store.txn(&[key], vec![etcd_client::TxnOp::put(key, "old", None)]);
+    store.commit(&[put(1, b"new")]).unwrap();
+    // It reaches etcd after the newer commit: its guard fails, nothing changes.
+    let mut client = raw.client.clone();
+    let answer = raw.runtime.block_on(client.txn(late)).unwrap();
+    assert!(!answer.succeeded(), "a late commit must not apply");
+    assert_eq!(value().as_deref(), Some(&b"new"[..]));
+    // The other order: the lost commit was applied before the store wrote again (simulated
+    // with a write behind its back). The next commit learns the key's revision and applies,
+    // newest last.
+    raw.put(key, b"applied late");
+    store.commit(&[put(1, b"newest")]).unwrap();
+    assert_eq!(value().as_deref(), Some(&b"newest"[..]));
+    // Deletes are guarded the same way, and so is the applied configuration.
+    let late_delete = store.txn(&[key], vec![etcd_client::TxnOp::delete(key, None)]);
+    store.commit(&[put(1, b"after")]).unwrap();
+    let answer = raw.runtime.block_on(client.txn(late_delete)).unwrap();
+    assert!(!answer.succeeded());
+    store
+        .commit(&[Change::PutConfig {
+            record: Zeroizing::new(b"one".to_vec()),
+        }])
+        .unwrap();
+    raw.put("/protego/late/config", b"behind its back");
+    store.commit(&[Change::DeleteConfig]).unwrap();
+    assert!(store.applied_config().unwrap().is_none());
+    // A store that never read a key (another control node) still commits over it.
+    let mut other = connect(&etcd, "/protego/late");
+    other.commit(&[put(1, b"other")]).unwrap();
+    assert_eq!(value().as_deref(), Some(&b"other"[..]));
+}
+
+#[test]
 fn store_etcd_round_trips_and_reconnects() {
     let Some(etcd) = Etcd::start() else { return };
     let want = {
@@ -434,8 +474,8 @@ fn store_etcd_batches() {
     let mut store = connect(&etcd, "/protego/batches");
     store.commit(&[put(1, b"one")]).unwrap();
 
-    // etcd's default --max-txn-ops is 128: a batch changing more SAs fails as a whole, with
-    // the setting named, and applies nothing.
+    // etcd's default --max-txn-ops is 128 (operations, and comparisons: one per key): a batch
+    // changing more SAs fails as a whole, with the setting named, and applies nothing.
     let too_many: Vec<Change> = (100..229u64).map(|spi| put(spi, b"x")).collect();
     let err = store.commit(&too_many).unwrap_err();
     assert!(matches!(err, StoreError::Write { .. }), "{err:?}");
@@ -497,7 +537,8 @@ fn store_etcd_batches() {
     let total = 3 * PAGE as u64 + 5;
     let spi = |i: u64| i.wrapping_mul(0x9e37_79b9_7f4a_7c15);
     let all: Vec<u64> = (0..total).map(spi).collect();
-    for chunk in all.chunks(128) {
+    // 120 keys and their guards (plus the schema's) stay within etcd's 128 per transaction.
+    for chunk in all.chunks(120) {
         let batch: Vec<Change> = chunk.iter().map(|&s| put(s, &s.to_le_bytes())).collect();
         store.commit(&batch).unwrap();
     }

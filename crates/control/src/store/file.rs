@@ -222,7 +222,14 @@ impl Store for FileStore {
         let write = self.db.begin_write().map_err(|e| self.write_error(e))?;
         {
             let mut table = write.open_table(IKE_SAS).map_err(|e| self.write_error(e))?;
-            let mut config = write.open_table(CONFIG).map_err(|e| self.write_error(e))?;
+            // Created by the first apply, not by every IKE commit.
+            let touches_config = changes
+                .iter()
+                .any(|c| matches!(c, Change::PutConfig { .. } | Change::DeleteConfig));
+            let mut config = touches_config
+                .then(|| write.open_table(CONFIG))
+                .transpose()
+                .map_err(|e| self.write_error(e))?;
             for change in changes {
                 match change {
                     Change::PutIkeSa { spi, snapshot } => {
@@ -234,12 +241,16 @@ impl Store for FileStore {
                         table.remove(*spi).map_err(|e| self.write_error(e))?;
                     }
                     Change::PutConfig { record } => {
-                        config
-                            .insert(CONFIG_KEY, record.as_slice())
-                            .map_err(|e| self.write_error(e))?;
+                        if let Some(config) = config.as_mut() {
+                            config
+                                .insert(CONFIG_KEY, record.as_slice())
+                                .map_err(|e| self.write_error(e))?;
+                        }
                     }
                     Change::DeleteConfig => {
-                        config.remove(CONFIG_KEY).map_err(|e| self.write_error(e))?;
+                        if let Some(config) = config.as_mut() {
+                            config.remove(CONFIG_KEY).map_err(|e| self.write_error(e))?;
+                        }
                     }
                 }
             }

@@ -18,12 +18,11 @@
 //!   with the states it still wants stored. The file and memory backends then applied nothing;
 //!   etcd may have applied a commit whose answer was lost (a timeout or a broken connection
 //!   after sending). The retry writes the same or newer states, and "stored but not sent" is
-//!   also what a crash between commit and send leaves. One case is not covered yet: a timed-out
-//!   commit applied *after* a newer one for the same SPI (through a member that was cut off)
-//!   would put the older state back; guarding each put with the key's revision would close it. An empty batch
-//!   is a no-op that touches no disk. Backends may limit the size of one batch (etcd: 128
-//!   operations and about 1.5 MiB by default); the control loop commits at most
-//!   64 changes at a time.
+//!   also what a crash between commit and send leaves. A timed-out commit that etcd applies
+//!   *after* a newer one changes nothing: every etcd write is guarded by the key's revision as
+//!   the store last saw it. An empty batch is a no-op that touches no disk. Backends may limit
+//!   the size of one batch (etcd: 128 guarded keys and about 1.5 MiB by default); the control
+//!   loop commits at most 64 changes at a time.
 //! - [`Store::ike_sas`] returns every stored snapshot in ascending SPI order, as the last
 //!   successful commit left them; a restarted control plane restores from it.
 //! - [`Store::applied_config`] returns the configuration last applied with `protego ctl apply`

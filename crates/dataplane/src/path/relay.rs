@@ -102,6 +102,30 @@ impl Relays {
         }
     }
 
+    /// A new list that keeps what `previous` heard from the steer nodes it shares with it (so
+    /// that replacing the list, e.g. when a steer node registers, does not send output back to
+    /// a silent first node until the next probe).
+    pub(crate) fn replacing(steer: Vec<SocketAddr>, previous: Option<&Relays>) -> Self {
+        let Some(prev) = previous else {
+            return Self::new(steer);
+        };
+        let heard = steer
+            .iter()
+            .map(|a| {
+                let stamp = prev
+                    .index(*a)
+                    .and_then(|i| prev.heard.get(i))
+                    .map_or(NEVER, |h| h.load(Ordering::Relaxed));
+                AtomicU64::new(stamp)
+            })
+            .collect();
+        Self {
+            steer,
+            heard,
+            epoch: prev.epoch,
+        }
+    }
+
     /// The index of steer node `src` (frames are accepted from it), None if `src` is not one.
     #[inline]
     pub(crate) fn index(&self, src: SocketAddr) -> Option<usize> {

@@ -745,10 +745,17 @@ fn output_follows_the_steer_nodes_heard_from_on_the_data_path() {
     assert_eq!(dst(&mut e), [sa(STEER2)]);
     assert_eq!(e.drops(DropReason::RelayMalformed), 1);
     assert_eq!(e.drops(DropReason::RelayUnknownSender), 1);
-    // A new list has heard nothing: the first again, though the second was just heard.
-    e.sh.set_relays(vec![sa(STEER), sa(STEER2)]).expect("again");
+    // A new list keeps what was heard from the steer nodes it keeps: a new first node, not
+    // heard yet, does not take the output from the second, heard just now.
+    e.sh.set_relays(vec![sa("127.0.0.11:6081"), sa(STEER2)])
+        .expect("again");
     let relays = e.sh.tables.load().relays.clone().expect("relay mode");
-    assert_eq!(relays.output(Instant::now()), Some(sa(STEER)));
+    assert_eq!(relays.output(t2), Some(sa(STEER2)));
+    // A list of none heard starts from its first.
+    assert_eq!(
+        Relays::replacing(vec![sa("127.0.0.12:6081"), sa(STEER)], None).output(t2),
+        Some(sa("127.0.0.12:6081"))
+    );
     // The published list is the one frames mark heard (and the IKE path reads it too).
     let t = e.sh.tables.load();
     e.recv(STEER2, control(&probe));
