@@ -1,0 +1,382 @@
+//! What a [`crate::Planner`] decides in one step: a list of [`Decision`]s, each an
+//! [`Action`] with the [`Reason`] for it, plus the reserve it computed. Every type prints in
+//! words, for operators (`protego ctl capacity` shows the last decisions and why).
+
+use core::fmt;
+use std::time::Instant;
+
+use crate::ids::{NodeId, TunnelId};
+use crate::nodes::{NodePlan, NodeState};
+
+/// One change to the cluster. Apply it with [`crate::Cluster::apply`]; in a live cluster,
+/// `Place` and `Migrate` are tunnel migrations by rekeying and the node actions go to the node
+/// provider.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Action {
+    /// Put a tunnel that has no node on an active node.
+    Place {
+        /// The tunnel.
+        tunnel: TunnelId,
+        /// Its node.
+        node: NodeId,
+    },
+    /// Move a tunnel from one node to another, active one.
+    Migrate {
+        /// The tunnel.
+        tunnel: TunnelId,
+        /// Where it is.
+        from: NodeId,
+        /// Where it goes.
+        to: NodeId,
+    },
+    /// Put an inactive node in the pool (instant).
+    Activate {
+        /// The node.
+        node: NodeId,
+    },
+    /// Hold an empty active node in reserve.
+    Deactivate {
+        /// The node.
+        node: NodeId,
+    },
+    /// Boot a shut-down node, or a new one if the cluster does not list it; it is expected up
+    /// (inactive) at `ready_at`.
+    Start {
+        /// The node.
+        node: NodeId,
+        /// When it is expected up: the step's time plus the start latency.
+        ready_at: Instant,
+    },
+    /// Shut an inactive node down.
+    Stop {
+        /// The node.
+        node: NodeId,
+    },
+}
+
+impl fmt::Display for Action {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Place { tunnel, node } => write!(f, "place {tunnel} on {node}"),
+            Self::Migrate { tunnel, from, to } => write!(f, "migrate {tunnel} {from} -> {to}"),
+            Self::Activate { node } => write!(f, "activate {node}"),
+            Self::Deactivate { node } => write!(f, "deactivate {node}"),
+            Self::Start { node, .. } => write!(f, "start {node}"),
+            Self::Stop { node } => write!(f, "stop {node}"),
+        }
+    }
+}
+
+/// Why an action was taken. Loads (α, β, limits) are in the caller's unit (that of
+/// [`crate::PlannerConfig::node_capacity`]); capacities C are in nodes.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Reason {
+    /// The tunnel had no node; Best Fit chose this one.
+    NewTunnel {
+        /// The tunnel's usage α.
+        alpha: f64,
+    },
+    /// The tunnel's node is not active (it was deactivated or stopped with tunnels on it);
+    /// Best Fit chose a new one.
+    NodeNotActive {
+        /// The node it was on.
+        node: NodeId,
+        /// That node's state.
+        state: NodeState,
+        /// The tunnel's usage α.
+        alpha: f64,
+    },
+    /// No node had room for the tunnel and no inactive node was left, so it went to the least
+    /// loaded active node, above the limit: a tunnel must be served somewhere.
+    Overflow {
+        /// The tunnel's usage α.
+        alpha: f64,
+        /// The node's load with the tunnel.
+        load: f64,
+        /// The fill limit, `T_H · node capacity`.
+        limit: f64,
+    },
+    /// The node it leaves is a hotspot (§5.4): β_j above the limit; this tunnel is one of the
+    /// fewest largest whose sum exceeds `β_j − limit`, placed by Best Fit.
+    Hotspot {
+        /// The hotspot.
+        node: NodeId,
+        /// Its load β_j when detected.
+        load: f64,
+        /// The fill limit, `T_H · node capacity`.
+        limit: f64,
+        /// The tunnel's usage α.
+        alpha: f64,
+    },
+    /// Periodic consolidation (§5.4): Best Fit Decreasing over all tunnels packs them into
+    /// fewer nodes than are active.
+    Consolidation {
+        /// Active nodes before.
+        active: usize,
+        /// Nodes Best Fit Decreasing uses.
+        nodes: usize,
+    },
+    /// No active node had room for a tunnel under the limit, so an inactive node joins.
+    NothingFits {
+        /// The tunnel that did not fit.
+        tunnel: TunnelId,
+        /// Its usage α.
+        alpha: f64,
+        /// The fill limit, `T_H · node capacity`.
+        limit: f64,
+    },
+    /// The active node holds no tunnel: it is held in reserve (it rejoins instantly).
+    Empty,
+    /// Fewer nodes are reserved (active + inactive + starting) than the model requires:
+    /// `⌈C / T_H⌉` with `Pr(Y > C) <= ε` (§5.3), or the configured minimum.
+    BelowReserve {
+        /// C in nodes.
+        capacity: f64,
+        /// ε.
+        epsilon: f64,
+        /// T_H.
+        threshold: f64,
+        /// Nodes required.
+        required: u32,
+        /// Nodes reserved before this action.
+        reserved: u32,
+    },
+    /// Tunnels could not be placed on any node now (no room, no inactive node left): nodes
+    /// are started for them.
+    Stranded {
+        /// How many tunnels.
+        tunnels: usize,
+        /// How many nodes Best Fit Decreasing needs for them.
+        nodes: usize,
+    },
+    /// More nodes are reserved than the model requires plus the configured slack.
+    AboveReserve {
+        /// C in nodes.
+        capacity: f64,
+        /// ε.
+        epsilon: f64,
+        /// T_H.
+        threshold: f64,
+        /// Nodes required.
+        required: u32,
+        /// Nodes reserved before this action.
+        reserved: u32,
+        /// Extra nodes kept before stopping any.
+        slack: u32,
+    },
+}
+
+impl fmt::Display for Reason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match *self {
+            Self::NewTunnel { alpha } => {
+                write!(f, "new tunnel (α = {alpha:.4}), best fit")
+            }
+            Self::NodeNotActive { node, state, alpha } => write!(
+                f,
+                "its node {node} is {state}, not active (α = {alpha:.4}), best fit"
+            ),
+            Self::Overflow { alpha, load, limit } => write!(
+                f,
+                "no node has room for α = {alpha:.4} and no inactive node is left: least loaded \
+                 active node, now at {load:.4} > limit {limit:.4}"
+            ),
+            Self::Hotspot {
+                node,
+                load,
+                limit,
+                alpha,
+            } => write!(
+                f,
+                "{node} is a hotspot (β = {load:.4} > limit {limit:.4}); α = {alpha:.4} is among \
+                 the fewest largest tunnels whose sum exceeds β − limit = {:.4}, best fit",
+                load - limit
+            ),
+            Self::Consolidation { active, nodes } => write!(
+                f,
+                "consolidation: best fit decreasing packs all tunnels into {nodes} node(s), \
+                 {active} active"
+            ),
+            Self::NothingFits {
+                tunnel,
+                alpha,
+                limit,
+            } => write!(
+                f,
+                "no active node has room for {tunnel} (α = {alpha:.4}) under limit {limit:.4}"
+            ),
+            Self::Empty => f.write_str("empty: held in reserve, rejoins instantly"),
+            Self::BelowReserve {
+                capacity,
+                epsilon,
+                threshold,
+                required,
+                reserved,
+            } => write!(
+                f,
+                "reserve too small: C = {capacity:.3} nodes (Pr(Y > C) <= ε = {epsilon}), \
+                 T_H = {threshold}: {required} node(s) required, {reserved} reserved (active + \
+                 inactive + starting)"
+            ),
+            Self::Stranded { tunnels, nodes } => write!(
+                f,
+                "{tunnels} tunnel(s) found no room and no inactive node: {nodes} more node(s) \
+                 needed now"
+            ),
+            Self::AboveReserve {
+                capacity,
+                epsilon,
+                threshold,
+                required,
+                reserved,
+                slack,
+            } => write!(
+                f,
+                "reserve too large: C = {capacity:.3} nodes (Pr(Y > C) <= ε = {epsilon}), \
+                 T_H = {threshold}: {required} node(s) required, {reserved} reserved, slack \
+                 {slack}"
+            ),
+        }
+    }
+}
+
+/// An action and why.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Decision {
+    /// What to do.
+    pub action: Action,
+    /// Why.
+    pub reason: Reason,
+}
+
+impl fmt::Display for Decision {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.action, self.reason)
+    }
+}
+
+/// What a consolidation step found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConsolidationOutcome {
+    /// Active nodes before.
+    pub active_before: usize,
+    /// Nodes Best Fit Decreasing uses for all placed tunnels.
+    pub bfd_nodes: usize,
+    /// Whether its placement was adopted (see [`crate::ConsolidationMode`]).
+    pub applied: bool,
+}
+
+/// The reserve the model asks for (§5.3), and what the cluster has after the plan.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Reservation {
+    /// `E[Y]`, in the caller's unit.
+    pub mean: f64,
+    /// C, the least capacity with `Pr(Y > C) <= ε`, in the caller's unit.
+    pub capacity: f64,
+    /// C in nodes.
+    pub capacity_nodes: f64,
+    /// ε.
+    pub epsilon: f64,
+    /// Nodes required: `⌈C / T_H⌉`, at least the configured minimum and at least what the
+    /// placement needs now.
+    pub required: u32,
+    /// Nodes reserved after the plan: active, inactive and starting.
+    pub reserved: u32,
+    /// Active nodes after the plan.
+    pub active: u32,
+}
+
+impl fmt::Display for Reservation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "E[Y] = {:.3}, C = {:.3} ({:.3} nodes, ε = {}), {} node(s) required, {} reserved, {} \
+             active",
+            self.mean,
+            self.capacity,
+            self.capacity_nodes,
+            self.epsilon,
+            self.required,
+            self.reserved,
+            self.active
+        )
+    }
+}
+
+/// The outcome of one planning step.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Plan {
+    /// The actions in the order to apply them, each with its reason.
+    pub decisions: Vec<Decision>,
+    /// Some when consolidation was due this step (the caller then records the step's time as
+    /// the last consolidation, whether or not it was applied).
+    pub consolidation: Option<ConsolidationOutcome>,
+    /// The reserve.
+    pub reservation: Reservation,
+    /// Tunnels that are on no active node after the plan (no room anywhere and no inactive
+    /// node: they wait for started nodes).
+    pub unplaced: Vec<TunnelId>,
+    /// Active nodes still above the limit after the plan (a single tunnel above the limit, or
+    /// no room elsewhere).
+    pub hotspots: Vec<NodeId>,
+}
+
+impl Plan {
+    /// Whether the plan changes nothing.
+    pub fn is_empty(&self) -> bool {
+        self.decisions.is_empty()
+    }
+
+    /// The tunnel moves: (tunnel, from, to), `from` being `None` for a placement.
+    pub fn moves(&self) -> impl Iterator<Item = (TunnelId, Option<NodeId>, NodeId)> + '_ {
+        self.decisions.iter().filter_map(|d| match d.action {
+            Action::Place { tunnel, node } => Some((tunnel, None, node)),
+            Action::Migrate { tunnel, from, to } => Some((tunnel, Some(from), to)),
+            _ => None,
+        })
+    }
+
+    /// The node changes, by kind.
+    pub fn node_plan(&self) -> NodePlan {
+        let mut plan = NodePlan::default();
+        for decision in &self.decisions {
+            match decision.action {
+                Action::Activate { node } => plan.activate.push(node),
+                Action::Deactivate { node } => plan.deactivate.push(node),
+                Action::Start { node, ready_at } => plan.start.push((node, ready_at)),
+                Action::Stop { node } => plan.stop.push(node),
+                Action::Place { .. } | Action::Migrate { .. } => {}
+            }
+        }
+        plan
+    }
+}
+
+impl fmt::Display for Plan {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "reserve: {}", self.reservation)?;
+        if let Some(c) = &self.consolidation {
+            write!(
+                f,
+                "\nconsolidation: best fit decreasing needs {} node(s), {} active: {}",
+                c.bfd_nodes,
+                c.active_before,
+                if c.applied {
+                    "applied"
+                } else {
+                    "kept placement"
+                }
+            )?;
+        }
+        for decision in &self.decisions {
+            write!(f, "\n{decision}")?;
+        }
+        if !self.unplaced.is_empty() {
+            write!(f, "\nunplaced: {:?}", self.unplaced)?;
+        }
+        if !self.hotspots.is_empty() {
+            write!(f, "\nhotspots left: {:?}", self.hotspots)?;
+        }
+        Ok(())
+    }
+}

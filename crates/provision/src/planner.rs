@@ -1,0 +1,651 @@
+//! One step of elastic provisioning (§5): from the current usage, placement and node states,
+//! decide the tunnel moves and node changes, each with its reason.
+//!
+//! [`Planner::plan`] is a pure function of its inputs (a [`Cluster`], a [`UsageBook`], the
+//! time and the time of the last consolidation) and the [`PlannerConfig`]. A step runs:
+//!
+//! 1. **Tunnels without an active node** (new ones, or on a node that stopped being active),
+//!    largest first, are placed by Best Fit under the limit `T_H · node capacity`; if nothing
+//!    fits, an inactive node is activated; if none is left, the least loaded active node takes
+//!    the tunnel above the limit (a tunnel must be served); with no active node at all it
+//!    waits for a started node.
+//! 2. If consolidation is due (`now − last ≥ consolidation_interval`, or never done):
+//!    **consolidation** by Best Fit Decreasing over all placed tunnels. Its bins are matched
+//!    to the current nodes so that as many tunnels as possible stay where they are (greedily,
+//!    by the number of shared tunnels); tunnels whose node changes are migrated.
+//! 3. **Hotspot relief** (§5.4) for every active node with β_j above the limit, highest
+//!    first: its fewest largest tunnels whose sum exceeds `β_j − limit` move, each by Best Fit
+//!    to another active node (kept within the limit), activating an inactive node when
+//!    nothing fits. (After an adopted consolidation there is nothing to relieve; when a due
+//!    consolidation keeps the placement, relief still runs.)
+//! 4. **Empty active nodes are deactivated** (held in reserve; they rejoin instantly). The
+//!    paper does this after consolidation; doing it every step costs nothing, since
+//!    activation is instant.
+//! 5. **Reserve** (§5.3): Y from every tunnel's histogram (a tunnel without one counts at the
+//!    default σ), C with `Pr(Y > C) <= ε`, and `⌈C / T_H⌉` nodes (at least
+//!    `min_reserved_nodes`, and at least the active nodes plus what stranded tunnels need)
+//!    reserved as active + inactive + starting. Missing nodes are started (listed shut-down
+//!    nodes first, lowest number first, then new numbers); a surplus above
+//!    `stop_slack` stops inactive nodes, highest number first.
+//!
+//! A simulator calls it once per interval and applies the plan with [`Cluster::apply_plan`]
+//! (and [`Cluster::advance`] for nodes that finished starting); a live autoscaler calls it
+//! every τ on a cluster built from its reports and carries the actions out. Seed a new
+//! cluster with inactive nodes, or the first tunnels wait for nodes to start.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
+
+use crate::aggregate::{aggregate, reserve_nodes};
+use crate::cluster::Cluster;
+use crate::error::ProvisionError;
+use crate::ids::{NodeId, TunnelId};
+use crate::nodes::NodeState;
+use crate::placement::{best_fit, best_fit_decreasing, hotspot_selection, sort_decreasing};
+use crate::plan::{Action, ConsolidationOutcome, Decision, Plan, Reason, Reservation};
+use crate::usage::{UsageBook, UsageConfig, UsageHistogram};
+
+/// When a due consolidation adopts the Best Fit Decreasing placement.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ConsolidationMode {
+    /// Always, as the paper does (it may move tunnels without saving a node).
+    Always,
+    /// Only when it uses fewer nodes than are active, or when some active node is above the
+    /// limit (Best Fit Decreasing then relieves it with the fewest nodes): no migrations that
+    /// save nothing.
+    #[default]
+    WhenFewerNodes,
+}
+
+/// The model's parameters (the paper's Table 1 and §7.4).
+#[derive(Debug, Clone, PartialEq)]
+pub struct PlannerConfig {
+    /// The capacity of one data node, in the unit of every load given to and returned by the
+    /// planner (α, σ, β, C): 1.0 for the paper's normalized units, or e.g. 5.0 to work in
+    /// Gbit/s with the paper's 5 Gbit/s nodes.
+    pub node_capacity: f64,
+    /// σ for tunnels the usage book has no histogram for (in the unit above).
+    pub default_sigma: f64,
+    /// T_H: the hotspot threshold and fill limit, as a fraction of a node, in `(0, 1]`.
+    pub hotspot_threshold: f64,
+    /// ε: the tolerated probability that Y exceeds the reserve, in `[0, 1)`. (The paper's
+    /// §7.4 writes "ε = 0.95" for the 95th percentile; here that is ε = 0.05.)
+    pub epsilon: f64,
+    /// τ: how often usage is measured and the planner runs (the caller's cadence; above zero).
+    pub tau: Duration,
+    /// How often tunnels are consolidated.
+    pub consolidation_interval: Duration,
+    /// Samples a usage histogram keeps (its window covers `window · τ`).
+    pub window: usize,
+    /// Bins of a usage histogram.
+    pub bins: usize,
+    /// How long a shut-down node takes to become inactive after a start.
+    pub start_latency: Duration,
+    /// The fewest nodes kept reserved, whatever the model says.
+    pub min_reserved_nodes: u32,
+    /// Extra reserved nodes tolerated before any is stopped (hysteresis against starting and
+    /// stopping nodes in turn, since a start takes minutes).
+    pub stop_slack: u32,
+    /// When a due consolidation adopts its placement.
+    pub consolidation: ConsolidationMode,
+}
+
+impl Default for PlannerConfig {
+    /// The paper's §7.4 parameters in normalized units: σ = 0.3, T_H = 0.9, τ = 1 minute,
+    /// 10-minute consolidation; ε = 0.05, 100 bins, a one-day window, 3-minute starts, one
+    /// node at least.
+    fn default() -> Self {
+        Self {
+            node_capacity: 1.0,
+            default_sigma: 0.3,
+            hotspot_threshold: 0.9,
+            epsilon: 0.05,
+            tau: Duration::from_secs(60),
+            consolidation_interval: Duration::from_secs(600),
+            window: crate::usage::DEFAULT_WINDOW,
+            bins: crate::usage::DEFAULT_BINS,
+            start_latency: Duration::from_secs(180),
+            min_reserved_nodes: 1,
+            stop_slack: 0,
+            consolidation: ConsolidationMode::default(),
+        }
+    }
+}
+
+impl PlannerConfig {
+    /// Checks every field, naming the first that is out of range.
+    pub fn validate(&self) -> Result<(), ProvisionError> {
+        let invalid = |field, value: String, reason| ProvisionError::InvalidConfig {
+            field,
+            value,
+            reason,
+        };
+        if !(self.node_capacity.is_finite() && self.node_capacity > 0.0) {
+            return Err(invalid(
+                "node_capacity",
+                self.node_capacity.to_string(),
+                "must be finite and above zero",
+            ));
+        }
+        if !(self.hotspot_threshold > 0.0 && self.hotspot_threshold <= 1.0) {
+            return Err(invalid(
+                "hotspot_threshold",
+                self.hotspot_threshold.to_string(),
+                "must be in (0, 1]",
+            ));
+        }
+        if !(0.0..1.0).contains(&self.epsilon) {
+            return Err(invalid(
+                "epsilon",
+                self.epsilon.to_string(),
+                "must be in [0, 1)",
+            ));
+        }
+        if self.tau.is_zero() {
+            return Err(invalid(
+                "tau",
+                format!("{:?}", self.tau),
+                "must be above zero",
+            ));
+        }
+        self.usage_config().validate()
+    }
+
+    /// The shape of the usage histograms: `bins`, `window`, `default_sigma`.
+    pub fn usage_config(&self) -> UsageConfig {
+        UsageConfig {
+            bins: self.bins,
+            window: self.window,
+            default_sigma: self.default_sigma,
+        }
+    }
+
+    /// The fill limit of a node, `T_H · node capacity`, in the caller's unit.
+    pub fn limit(&self) -> f64 {
+        self.hotspot_threshold * self.node_capacity
+    }
+}
+
+/// The provisioning planner (see the module docs).
+#[derive(Debug, Clone)]
+pub struct Planner {
+    config: PlannerConfig,
+}
+
+impl Planner {
+    /// A planner; rejects an invalid configuration.
+    pub fn new(config: PlannerConfig) -> Result<Self, ProvisionError> {
+        config.validate()?;
+        Ok(Self { config })
+    }
+
+    /// Its configuration.
+    pub fn config(&self) -> &PlannerConfig {
+        &self.config
+    }
+
+    /// Whether consolidation is due at `now` after one at `last` (always, if none yet).
+    pub fn consolidation_due(&self, now: Instant, last: Option<Instant>) -> bool {
+        last.is_none_or(|last| {
+            now.saturating_duration_since(last) >= self.config.consolidation_interval
+        })
+    }
+
+    /// The reserve the model asks for now, from every tunnel of `cluster` (usage from `usage`,
+    /// the default σ prior for tunnels it lacks). `reserved` and `active` are the cluster's.
+    pub fn reservation(
+        &self,
+        cluster: &Cluster,
+        usage: &UsageBook,
+    ) -> Result<Reservation, ProvisionError> {
+        let prior = UsageHistogram::new(self.config.default_sigma, self.config.bins, 1)?;
+        let histograms: Vec<&UsageHistogram> = cluster
+            .tunnels()
+            .map(|(id, _)| usage.get(id).unwrap_or(&prior))
+            .collect();
+        let y = aggregate(histograms.iter().copied())?;
+        let capacity = y.capacity(self.config.epsilon)?;
+        let capacity_nodes = capacity / self.config.node_capacity;
+        let required = reserve_nodes(capacity_nodes, self.config.hotspot_threshold)?
+            .max(self.config.min_reserved_nodes);
+        let counts = cluster.counts();
+        Ok(Reservation {
+            mean: y.mean(),
+            capacity,
+            capacity_nodes,
+            epsilon: self.config.epsilon,
+            required,
+            reserved: to_u32(counts.reserve_with_starting()),
+            active: to_u32(counts.active),
+        })
+    }
+
+    /// Plans one step at `now` (see the module docs). `last_consolidation` is when the last
+    /// consolidation was due (`None`: never); when the plan's `consolidation` is `Some`, the
+    /// caller records `now` as the new one.
+    pub fn plan(
+        &self,
+        cluster: &Cluster,
+        usage: &UsageBook,
+        now: Instant,
+        last_consolidation: Option<Instant>,
+    ) -> Result<Plan, ProvisionError> {
+        let mut work = Work::new(cluster.clone(), self.config.limit());
+        let mut stranded: Vec<(TunnelId, f64)> = Vec::new();
+
+        self.place_orphans(&mut work, &mut stranded)?;
+        let consolidation = if self.consolidation_due(now, last_consolidation) {
+            Some(self.consolidate(&mut work)?)
+        } else {
+            None
+        };
+        // After an adopted consolidation only a tunnel above the limit by itself can leave a
+        // hotspot, and relief leaves that alone; after a kept placement relief is needed.
+        self.relieve_hotspots(&mut work, &mut stranded)?;
+        let empty: Vec<NodeId> = work
+            .loads
+            .keys()
+            .copied()
+            .filter(|&node| work.cluster.tunnels_on(node).next().is_none())
+            .collect();
+        for node in empty {
+            work.act(Action::Deactivate { node }, Reason::Empty)?;
+        }
+        let mut reservation = self.reserve(&mut work, usage, now, &stranded)?;
+
+        let counts = work.cluster.counts();
+        reservation.reserved = to_u32(counts.reserve_with_starting());
+        reservation.active = to_u32(counts.active);
+        let unplaced = work
+            .cluster
+            .tunnels()
+            .filter(|(_, t)| {
+                t.node
+                    .and_then(|n| work.cluster.node_state(n))
+                    .is_none_or(|s| !s.is_active())
+            })
+            .map(|(id, _)| id)
+            .collect();
+        let hotspots = work
+            .cluster
+            .hotspots(work.limit)
+            .into_iter()
+            .map(|(node, _)| node)
+            .collect();
+        Ok(Plan {
+            decisions: work.decisions,
+            consolidation,
+            reservation,
+            unplaced,
+            hotspots,
+        })
+    }
+
+    /// Step 1: tunnels on no active node.
+    fn place_orphans(
+        &self,
+        work: &mut Work,
+        stranded: &mut Vec<(TunnelId, f64)>,
+    ) -> Result<(), ProvisionError> {
+        let mut orphans: Vec<(TunnelId, f64)> = work
+            .cluster
+            .tunnels()
+            .filter(|(_, t)| t.node.is_none_or(|n| !work.loads.contains_key(&n)))
+            .map(|(id, t)| (id, t.alpha))
+            .collect();
+        sort_decreasing(&mut orphans);
+        for (tunnel, alpha) in orphans {
+            let from = work.cluster.tunnel(tunnel).and_then(|t| t.node);
+            let reason = match from.and_then(|n| work.cluster.node_state(n).map(|s| (n, s))) {
+                Some((node, state)) => Reason::NodeNotActive { node, state, alpha },
+                None => Reason::NewTunnel { alpha },
+            };
+            let (target, reason) = match work.fit_or_activate(tunnel, alpha, None)? {
+                Some(node) => (node, reason),
+                None => match work.least_loaded() {
+                    Some((node, load)) => (
+                        node,
+                        Reason::Overflow {
+                            alpha,
+                            load: load + alpha,
+                            limit: work.limit,
+                        },
+                    ),
+                    None => {
+                        stranded.push((tunnel, alpha));
+                        continue;
+                    }
+                },
+            };
+            let action = match from {
+                Some(from) => Action::Migrate {
+                    tunnel,
+                    from,
+                    to: target,
+                },
+                None => Action::Place {
+                    tunnel,
+                    node: target,
+                },
+            };
+            work.act(action, reason)?;
+        }
+        Ok(())
+    }
+
+    /// Step 2: Best Fit Decreasing over all placed tunnels.
+    fn consolidate(&self, work: &mut Work) -> Result<ConsolidationOutcome, ProvisionError> {
+        let active_before = work.loads.len();
+        let items: Vec<(TunnelId, f64)> = work
+            .cluster
+            .tunnels()
+            .filter(|(_, t)| t.node.is_some_and(|n| work.loads.contains_key(&n)))
+            .map(|(id, t)| (id, t.alpha))
+            .collect();
+        let bins = best_fit_decreasing(&items, work.limit);
+        let mut outcome = ConsolidationOutcome {
+            active_before,
+            bfd_nodes: bins.len(),
+            applied: false,
+        };
+        let adopt = match self.config.consolidation {
+            ConsolidationMode::Always => true,
+            ConsolidationMode::WhenFewerNodes => {
+                bins.len() < active_before || !work.cluster_hotspots().is_empty()
+            }
+        };
+        if !adopt {
+            return Ok(outcome);
+        }
+
+        // Match bins to nodes, most shared tunnels first, so that the fewest tunnels move.
+        let mut shared: BTreeMap<(usize, NodeId), (usize, f64)> = BTreeMap::new();
+        for (bin, tunnels) in bins.iter().enumerate() {
+            for &tunnel in tunnels {
+                if let Some(t) = work.cluster.tunnel(tunnel) {
+                    if let Some(node) = t.node {
+                        let entry = shared.entry((bin, node)).or_insert((0, 0.0));
+                        entry.0 += 1;
+                        entry.1 += t.alpha;
+                    }
+                }
+            }
+        }
+        let mut pairs: Vec<((usize, NodeId), (usize, f64))> = shared.into_iter().collect();
+        pairs.sort_by(|a, b| {
+            b.1 .0
+                .cmp(&a.1 .0)
+                .then(b.1 .1.total_cmp(&a.1 .1))
+                .then(a.0.cmp(&b.0))
+        });
+        let mut bin_node: Vec<Option<NodeId>> = vec![None; bins.len()];
+        let mut used: BTreeSet<NodeId> = BTreeSet::new();
+        for ((bin, node), _) in pairs {
+            if bin_node[bin].is_none() && !used.contains(&node) {
+                bin_node[bin] = Some(node);
+                used.insert(node);
+            }
+        }
+        let free_active: Vec<NodeId> = work
+            .loads
+            .keys()
+            .copied()
+            .filter(|n| !used.contains(n))
+            .collect();
+        let free_inactive: Vec<NodeId> = work
+            .cluster
+            .nodes()
+            .filter(|(_, s)| *s == NodeState::Inactive)
+            .map(|(n, _)| n)
+            .collect();
+        let mut free_active = free_active.into_iter();
+        let mut free_inactive = free_inactive.into_iter();
+        let mut activate = Vec::new();
+        for slot in bin_node.iter_mut().filter(|s| s.is_none()) {
+            if let Some(node) = free_active.next() {
+                *slot = Some(node);
+            } else if let Some(node) = free_inactive.next() {
+                *slot = Some(node);
+                activate.push(node);
+            } else {
+                // Not enough nodes for this packing (only possible in `Always` mode): keep
+                // the current placement.
+                return Ok(outcome);
+            }
+        }
+        outcome.applied = true;
+        let reason = Reason::Consolidation {
+            active: active_before,
+            nodes: bins.len(),
+        };
+        for node in activate {
+            work.act(Action::Activate { node }, reason)?;
+        }
+        for (tunnels, node) in bins.iter().zip(bin_node) {
+            let Some(to) = node else { continue };
+            for &tunnel in tunnels {
+                let from = work.cluster.tunnel(tunnel).and_then(|t| t.node);
+                if let Some(from) = from.filter(|&f| f != to) {
+                    work.act(Action::Migrate { tunnel, from, to }, reason)?;
+                }
+            }
+        }
+        Ok(outcome)
+    }
+
+    /// Step 3: hotspot relief (§5.4).
+    fn relieve_hotspots(
+        &self,
+        work: &mut Work,
+        stranded: &mut Vec<(TunnelId, f64)>,
+    ) -> Result<(), ProvisionError> {
+        for (node, load) in work.cluster_hotspots() {
+            let tunnels: Vec<(TunnelId, f64)> = work
+                .cluster
+                .tunnels_on(node)
+                .filter_map(|t| work.cluster.tunnel(t).map(|s| (t, s.alpha)))
+                .collect();
+            for tunnel in hotspot_selection(&tunnels, load, work.limit) {
+                let alpha = work.cluster.tunnel(tunnel).map_or(0.0, |t| t.alpha);
+                match work.fit_or_activate(tunnel, alpha, Some(node))? {
+                    Some(to) => work.act(
+                        Action::Migrate {
+                            tunnel,
+                            from: node,
+                            to,
+                        },
+                        Reason::Hotspot {
+                            node,
+                            load,
+                            limit: work.limit,
+                            alpha,
+                        },
+                    )?,
+                    None => stranded.push((tunnel, alpha)),
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Step 5: start or stop nodes to match the reserve.
+    fn reserve(
+        &self,
+        work: &mut Work,
+        usage: &UsageBook,
+        now: Instant,
+        stranded: &[(TunnelId, f64)],
+    ) -> Result<Reservation, ProvisionError> {
+        let reservation = self.reservation(&work.cluster, usage)?;
+        let counts = work.cluster.counts();
+        let stranded_nodes = best_fit_decreasing(stranded, work.limit).len();
+        let placement_need = to_u32(counts.active.saturating_add(stranded_nodes));
+        let required = reservation.required.max(placement_need);
+        let reserved = to_u32(counts.reserve_with_starting());
+        let result = Reservation {
+            required,
+            ..reservation
+        };
+        if reserved < required {
+            let reason = if placement_need > reservation.required {
+                Reason::Stranded {
+                    tunnels: stranded.len(),
+                    nodes: stranded_nodes,
+                }
+            } else {
+                Reason::BelowReserve {
+                    capacity: reservation.capacity_nodes,
+                    epsilon: self.config.epsilon,
+                    threshold: self.config.hotspot_threshold,
+                    required,
+                    reserved,
+                }
+            };
+            let ready_at = now.checked_add(self.config.start_latency).unwrap_or(now);
+            let mut shut_down: Vec<NodeId> = work
+                .cluster
+                .nodes()
+                .filter(|(_, s)| *s == NodeState::ShutDown)
+                .map(|(n, _)| n)
+                .collect();
+            shut_down.reverse();
+            for _ in reserved..required {
+                let node = match shut_down.pop() {
+                    Some(node) => node,
+                    None => work.cluster.next_node_id()?,
+                };
+                work.act(Action::Start { node, ready_at }, reason)?;
+            }
+        } else if reserved > required.saturating_add(self.config.stop_slack) {
+            let surplus = reserved - required - self.config.stop_slack;
+            let reason = Reason::AboveReserve {
+                capacity: reservation.capacity_nodes,
+                epsilon: self.config.epsilon,
+                threshold: self.config.hotspot_threshold,
+                required,
+                reserved,
+                slack: self.config.stop_slack,
+            };
+            let inactive: Vec<NodeId> = work
+                .cluster
+                .nodes()
+                .filter(|(_, s)| *s == NodeState::Inactive)
+                .map(|(n, _)| n)
+                .collect();
+            for &node in inactive.iter().rev().take(surplus as usize) {
+                work.act(Action::Stop { node }, reason)?;
+            }
+        }
+        Ok(result)
+    }
+}
+
+fn to_u32(n: usize) -> u32 {
+    u32::try_from(n).unwrap_or(u32::MAX)
+}
+
+/// The cluster as the plan changes it, with the loads of the active nodes kept up to date.
+struct Work {
+    cluster: Cluster,
+    /// β_j of every active node.
+    loads: BTreeMap<NodeId, f64>,
+    decisions: Vec<Decision>,
+    limit: f64,
+}
+
+impl Work {
+    fn new(cluster: Cluster, limit: f64) -> Self {
+        let loads = cluster.active_loads();
+        Self {
+            cluster,
+            loads,
+            decisions: Vec::new(),
+            limit,
+        }
+    }
+
+    /// Applies an action to the cluster, updates the loads and records the decision.
+    fn act(&mut self, action: Action, reason: Reason) -> Result<(), ProvisionError> {
+        self.cluster.apply(&action)?;
+        match action {
+            Action::Place { tunnel, node } => {
+                let alpha = self.cluster.tunnel(tunnel).map_or(0.0, |t| t.alpha);
+                *self.loads.entry(node).or_insert(0.0) += alpha;
+            }
+            Action::Migrate { tunnel, from, to } => {
+                let alpha = self.cluster.tunnel(tunnel).map_or(0.0, |t| t.alpha);
+                if let Some(load) = self.loads.get_mut(&from) {
+                    *load -= alpha;
+                }
+                *self.loads.entry(to).or_insert(0.0) += alpha;
+            }
+            Action::Activate { node } => {
+                self.loads.insert(node, 0.0);
+            }
+            Action::Deactivate { node } => {
+                self.loads.remove(&node);
+            }
+            Action::Start { .. } | Action::Stop { .. } => {}
+        }
+        self.decisions.push(Decision { action, reason });
+        Ok(())
+    }
+
+    /// Best Fit among the active nodes other than `exclude`; else the lowest-numbered
+    /// inactive node, activated (recorded with [`Reason::NothingFits`]); else `None`.
+    fn fit_or_activate(
+        &mut self,
+        tunnel: TunnelId,
+        alpha: f64,
+        exclude: Option<NodeId>,
+    ) -> Result<Option<NodeId>, ProvisionError> {
+        let candidates = self
+            .loads
+            .iter()
+            .filter(|(&n, _)| Some(n) != exclude)
+            .map(|(&n, &load)| (n, load));
+        if let Some(node) = best_fit(candidates, alpha, self.limit) {
+            return Ok(Some(node));
+        }
+        let inactive = self
+            .cluster
+            .nodes()
+            .find(|(_, s)| *s == NodeState::Inactive)
+            .map(|(n, _)| n);
+        match inactive {
+            Some(node) => {
+                let reason = Reason::NothingFits {
+                    tunnel,
+                    alpha,
+                    limit: self.limit,
+                };
+                self.act(Action::Activate { node }, reason)?;
+                Ok(Some(node))
+            }
+            None => Ok(None),
+        }
+    }
+
+    /// The active node with the lowest load (ties: lowest number).
+    fn least_loaded(&self) -> Option<(NodeId, f64)> {
+        self.loads
+            .iter()
+            .map(|(&n, &load)| (n, load))
+            .min_by(|a, b| a.1.total_cmp(&b.1).then(a.0.cmp(&b.0)))
+    }
+
+    /// Active nodes above the limit, highest load first, from the tracked loads.
+    fn cluster_hotspots(&self) -> Vec<(NodeId, f64)> {
+        let mut hot: Vec<(NodeId, f64)> = self
+            .loads
+            .iter()
+            .filter(|(_, &load)| load > self.limit + crate::placement::FIT_TOLERANCE)
+            .map(|(&n, &load)| (n, load))
+            .collect();
+        hot.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+        hot
+    }
+}
+
+#[cfg(test)]
+mod tests;
