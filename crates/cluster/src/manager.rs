@@ -813,10 +813,12 @@ impl Cluster {
     /// The selectors of one VNI: every tunnel of the VNI whose sending CHILD_SA is placed,
     /// each of its (local, remote) selector pairs steered to that SA's node.
     fn vni_op(&self, st: &State, vni: u32) -> pb::directive::Op {
+        // One snapshot for the whole table (one lock, one inventory).
+        let inventory = self.inventory();
         let mut selectors = Vec::new();
         for c in st.children.values().filter(|c| c.sending) {
             let Some(node) = c.node else { continue };
-            if self.inventory().tunnels.get(&c.tunnel).and_then(|t| t.vni) != Some(vni) {
+            if inventory.tunnels.get(&c.tunnel).and_then(|t| t.vni) != Some(vni) {
                 continue;
             }
             for l in &c.local_ts {
@@ -845,8 +847,7 @@ impl Cluster {
             .filter(|(_, n)| n.role == Role::Data && n.alive)
             .map(|(id, _)| *id)
             .collect();
-        let gateway_ips = self
-            .inventory()
+        let gateway_ips = inventory
             .data_config
             .vnets
             .iter()
