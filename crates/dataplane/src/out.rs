@@ -25,6 +25,7 @@ use crate::sys::tun_offload::TunWriter;
 use crate::tables::{Child, Tables};
 use crate::vnet::neigh::NeighMemo;
 use netio::{RecvBatch, SendScratch, RX_SLOT};
+use std::cell::Cell;
 use std::net::{IpAddr, SocketAddr};
 use std::ops::Range;
 use std::sync::atomic::Ordering;
@@ -119,6 +120,9 @@ pub(crate) struct Out {
     tables: Option<Arc<Tables>>,
     /// When the current batch began (relay mode: which steer nodes count as heard from).
     now: Instant,
+    /// The steer node this batch's relayed output goes to, once chosen (one choice per batch:
+    /// a GSO train is never split between two steer nodes).
+    relay_dst: Cell<Option<Option<SocketAddr>>>,
     seals: Vec<SealJob>,
     /// Send batches passed on so far (tells [`Out::defer_accept`] whether the batch changed
     /// since its [`Mark`]).
@@ -143,6 +147,7 @@ impl Out {
             in_lane: None,
             tables: None,
             now: Instant::now(),
+            relay_dst: Cell::new(None),
             seals: Vec::with_capacity(msgs),
             generation: 0,
             parts: Vec::new(),
@@ -164,6 +169,7 @@ impl Out {
         self.in_lane = Some(InLane { lane, ticket });
         self.tables = Some(tables);
         self.now = now;
+        self.relay_dst.set(None);
     }
 
     /// The SA tables of the current batch (an empty set outside a batch).
@@ -171,14 +177,21 @@ impl Out {
         self.tables.clone().unwrap_or_default()
     }
 
-    /// Relay mode: where datagrams toward peers go now (the first steer node of the batch's
-    /// tables heard from recently, see [`relay::Relays::output`]); None without one.
+    /// Relay mode: where datagrams toward peers go in this batch (the first steer node of the
+    /// batch's tables heard from recently, see [`relay::Relays::output`], chosen once per
+    /// batch); None without one.
     #[inline]
     pub(crate) fn relay_output(&self) -> Option<SocketAddr> {
-        self.tables
+        if let Some(dst) = self.relay_dst.get() {
+            return dst;
+        }
+        let dst = self
+            .tables
             .as_deref()
             .and_then(|t| t.relays.as_deref())
-            .and_then(|r| r.output(self.now))
+            .and_then(|r| r.output(self.now));
+        self.relay_dst.set(Some(dst));
+        dst
     }
 
     /// Sets the SA tables queued seals are looked up in (standalone use), the batch begun now.
@@ -186,12 +199,14 @@ impl Out {
     pub(crate) fn use_tables(&mut self, tables: Arc<Tables>) {
         self.tables = Some(tables);
         self.now = Instant::now();
+        self.relay_dst.set(None);
     }
 
     /// Sets when the current batch began (standalone use: an injected clock).
     #[cfg(test)]
     pub(crate) fn set_now(&mut self, now: Instant) {
         self.now = now;
+        self.relay_dst.set(None);
     }
 
     /// Counts a drop.
