@@ -264,6 +264,7 @@ impl ControlNode {
                 directive_timeout: cc.directive_timeout,
                 report_interval: cc.report_interval,
                 geneve: cc.geneve,
+                node_capacity_mbit: cc.node_capacity_mbit,
             },
             tunnel_meta(config),
             rpc::convert::data_config_to_pb(&config.dataplane.vnets, &config.dataplane.tunnels),
@@ -499,6 +500,7 @@ impl RequestHandler for ClusterResponder {
     fn handle(&self, request: Request) -> Value {
         match request {
             Request::Nodes => self.cluster.describe(),
+            Request::Capacity => self.cluster.capacity(),
             Request::Migrate { tunnel, to } => {
                 let started = Instant::now();
                 match self

@@ -10,6 +10,7 @@
 //! - [`steer_node`]: `protego steer`; [`control_node`]: `protego control`.
 
 pub mod agent;
+mod capacity;
 pub mod control_node;
 pub mod data_node;
 pub mod ike_relay;

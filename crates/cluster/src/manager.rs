@@ -75,6 +75,8 @@ pub struct Settings {
     pub report_interval: Duration,
     /// This control node's Geneve address (steer nodes send IKE there).
     pub geneve: SocketAddr,
+    /// A data node's capacity, Mbit/s (the capacity advisor's unit).
+    pub node_capacity_mbit: u32,
 }
 
 /// One registered node.
@@ -90,6 +92,8 @@ struct Node {
     boot_id: u64,
     workers: u32,
     last_report: Option<NodeLoad>,
+    /// Reports received so far (tells the capacity advisor a report is new).
+    reports: u64,
 }
 
 impl Node {
@@ -103,6 +107,8 @@ impl Node {
 /// A node's last reported load.
 #[derive(Debug, Clone, Default, serde::Serialize)]
 pub struct NodeLoad {
+    /// Length of the interval the figures cover, milliseconds.
+    pub interval_ms: u32,
     /// Busy fraction of its packet workers.
     pub utilization: f64,
     /// Per tunnel: bytes in and out during the last interval.
@@ -205,6 +211,9 @@ pub struct Cluster {
     settings: Settings,
     /// Notified after every CHILD_SA install and removal (moves wait on it with `state`).
     changed: std::sync::Condvar,
+    /// The elastic provisioning model on the load reports (`protego ctl capacity`), and when
+    /// it last stepped. Never locked with `state` held.
+    advisor: Mutex<(Option<crate::capacity::Advisor>, Option<Instant>)>,
     /// The configured tunnels and the data nodes' VNets and bindings (replaced by an apply).
     inventory: std::sync::RwLock<Arc<Inventory>>,
     ike: IkeRelay,
@@ -258,7 +267,12 @@ impl Cluster {
         tasks: Sender<Task>,
         to_control: Sender<ToControl>,
     ) -> Self {
+        let advisor =
+            crate::capacity::Advisor::new(settings.node_capacity_mbit, settings.report_interval)
+                .map_err(|e| warn!(error = %e, "capacity advisor disabled"))
+                .ok();
         Self {
+            advisor: Mutex::new((advisor, None)),
             settings,
             changed: std::sync::Condvar::new(),
             inventory: std::sync::RwLock::new(Arc::new(Inventory {
@@ -448,6 +462,7 @@ impl Cluster {
                 boot_id,
                 workers,
                 last_report: None,
+                reports: 0,
             },
         );
         info!(node = name, id, role = ?role, %geneve, restarted, "node registered");
@@ -720,6 +735,7 @@ impl Cluster {
     pub fn report(&self, id: u32, load: NodeLoad) {
         if let Some(n) = self.state().nodes.get_mut(&id) {
             n.last_report = Some(load);
+            n.reports += 1;
         }
     }
 
@@ -1028,10 +1044,65 @@ impl Cluster {
         self.fire_data_nodes(st, &pb::directive::Op::SetRelays(relays));
     }
 
+    /// Steps the capacity advisor if its τ has passed (from [`Cluster::tick`]).
+    fn advise(&self, now: Instant) {
+        let mut advisor = self
+            .advisor
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let (Some(a), last) = &mut *advisor else {
+            return;
+        };
+        if last.is_some_and(|t| now.saturating_duration_since(t) < a.tau()) {
+            return;
+        }
+        *last = Some(now);
+        let inventory = self.inventory();
+        let input = {
+            let st = self.state();
+            crate::capacity::Input {
+                nodes: st
+                    .nodes
+                    .iter()
+                    .filter(|(_, n)| n.role == Role::Data)
+                    .map(|(id, n)| crate::capacity::NodeInput {
+                        id: *id,
+                        name: n.name.clone(),
+                        usable: n.alive && !n.draining,
+                        load: n.last_report.clone().map(|l| (n.reports, l)),
+                    })
+                    .collect(),
+                placement: st.placement.iter().map(|(t, n)| (*t, *n)).collect(),
+                tunnels: inventory
+                    .tunnels
+                    .values()
+                    .map(|t| (t.id, (t.name.clone(), t.rate_limit_mbit)))
+                    .collect(),
+            }
+        };
+        if let Err(e) = a.step(now, std::time::SystemTime::now(), &input) {
+            warn!(error = %e, "capacity advisor step failed");
+        }
+    }
+
+    /// What the capacity advisor found (`protego ctl capacity`).
+    pub fn capacity(&self) -> serde_json::Value {
+        let advisor = self
+            .advisor
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        match &advisor.0 {
+            Some(a) => a.describe(),
+            None => {
+                serde_json::json!({ "error": "the capacity advisor is disabled (see the log)" })
+            }
+        }
+    }
+
     /// Periodic work (every 100 ms or so): forgets the steering of retired SPIs whose grace
     /// ended, resends whole tables to steer nodes that missed an update (one at a time per
-    /// node), and rekeys again the tunnels whose CHILD_SA found no live data node (paced by
-    /// [`REKEY_RETRY`]).
+    /// node), rekeys again the tunnels whose CHILD_SA found no live data node (paced by
+    /// [`REKEY_RETRY`]), and steps the capacity advisor every report interval.
     pub fn tick(&self, now: Instant) {
         let mut st = self.state();
         let mut due = Vec::new();
@@ -1103,6 +1174,7 @@ impl Cluster {
                 .tasks
                 .send(Task::Rekey(rekey, "retry: no live data node held it"));
         }
+        self.advise(now);
     }
 
     // ---- operator commands ----

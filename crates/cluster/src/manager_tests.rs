@@ -78,6 +78,7 @@ fn fresh_bed() -> Bed {
             directive_timeout: Duration::from_millis(200),
             report_interval: Duration::from_secs(1),
             geneve: "10.0.0.10:6081".parse().unwrap(),
+            node_capacity_mbit: 5000,
         },
         tunnels,
         pb::DataConfig {

@@ -175,6 +175,7 @@ async fn handle(
         Some(pb::node_message::Msg::Ack(ack)) => link.complete(ack),
         Some(pb::node_message::Msg::Report(r)) => {
             let load = NodeLoad {
+                interval_ms: r.interval_ms,
                 utilization: r.utilization.clamp(0.0, 1.0),
                 tunnel_bytes: r
                     .tunnels

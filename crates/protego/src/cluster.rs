@@ -156,6 +156,10 @@ pub(crate) struct CtlArgs {
 enum CtlCommand {
     /// The data and steer nodes: role, address, liveness, tunnels, load.
     Nodes,
+    /// The capacity advisor (issue 5's provisioning model on the data nodes' load reports):
+    /// used and predicted capacity, the reserve, hotspots, and its decisions with their reasons
+    /// (shown, not carried out yet).
+    Capacity,
     /// Move a tunnel to another data node without loss: rekey with the peer, install the new
     /// SA on the target, steer it there, delete the old SA once the peer uses the new one.
     Migrate {
@@ -289,6 +293,7 @@ pub(crate) fn run_ctl(args: &CtlArgs) -> ExitCode {
             }
         }
         CtlCommand::Nodes => Request::Nodes,
+        CtlCommand::Capacity => Request::Capacity,
         CtlCommand::Migrate { tunnel, to } => Request::Migrate {
             tunnel: tunnel.clone(),
             to: to.clone(),

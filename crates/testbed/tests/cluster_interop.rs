@@ -115,8 +115,28 @@ fn tunnel_through_steer_and_data_nodes_and_migration() -> Result<()> {
         assert_eq!(answer["ok"], true, "{answer}");
         assert_eq!(holder(&cluster)?.as_deref(), Some(other.as_str()));
         ping_all_vms(&topo, 0, 3)?;
-        eprintln!("{}", cluster.nodes()?);
-        eprintln!("{}", cluster.log(&other)?);
+        // The capacity advisor models the live data nodes from their reports.
+        let capacity = wait_for("a capacity advisor step", Duration::from_secs(10), || {
+            let c = cluster.control("capacity")?;
+            Ok(if c["step"]["tunnels"] == 1 {
+                Probe::Ready(c)
+            } else {
+                Probe::NotYet(c.to_string())
+            })
+        })?;
+        eprintln!("capacity: {capacity}");
+        assert_eq!(capacity["mode"], "advise", "{capacity}");
+        let step = &capacity["step"];
+        assert_eq!(
+            step["nodes"].as_array().map(Vec::len),
+            Some(2),
+            "{capacity}"
+        );
+        assert!(step["required"].as_u64() >= Some(1), "{capacity}");
+        assert!(
+            step["hotspots"].as_array().is_some_and(Vec::is_empty),
+            "{capacity}"
+        );
         Ok(())
     })();
     if result.is_err() {

@@ -110,6 +110,9 @@ pub struct ClusterConfig {
     /// stop (a crashed active node is replaced in about half a second whatever the TTL: the
     /// standby probes it).
     pub lease: std::time::Duration,
+    /// A data node's capacity in Mbit/s, the unit of the capacity advisor
+    /// (`protego ctl capacity`).
+    pub node_capacity_mbit: u32,
 }
 
 /// Where a tunnel's decrypted traffic goes.

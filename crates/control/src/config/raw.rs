@@ -56,6 +56,7 @@ pub(crate) struct RawCluster {
     pub(crate) report_interval: Option<Spanned<DurationValue>>,
     pub(crate) directive_timeout: Option<Spanned<DurationValue>>,
     pub(crate) lease: Option<Spanned<DurationValue>>,
+    pub(crate) node_capacity_mbit: Option<Spanned<i64>>,
 }
 
 /// `[store]`: where the control plane keeps its durable state.

@@ -63,6 +63,8 @@ pub enum Request {
     },
     /// The data and steer nodes of the distributed form, with their load and tunnels.
     Nodes,
+    /// The capacity advisor's view of the data nodes (distributed form).
+    Capacity,
     /// Move a tunnel to another data node without loss (distributed form).
     Migrate {
         /// Tunnel name.
@@ -125,6 +127,7 @@ impl Request {
         }
         match (command, argument) {
             ("nodes", None) => Ok(Request::Nodes),
+            ("capacity", None) => Ok(Request::Capacity),
             ("drain", Some(n)) => Ok(Request::Drain { node: n.to_owned() }),
             ("undrain", Some(n)) => Ok(Request::Undrain { node: n.to_owned() }),
             ("drain" | "undrain", None) => Err(format!("{command} needs a node name")),
@@ -145,10 +148,13 @@ impl Request {
             ("initiate" | "terminate" | "rekey" | "rekey-ike", None) => {
                 Err(format!("{command} needs a tunnel name"))
             }
-            ("status" | "ping" | "nodes", Some(_)) => Err(format!("{command} takes no argument")),
+            ("status" | "ping" | "nodes" | "capacity", Some(_)) => {
+                Err(format!("{command} takes no argument"))
+            }
             (other, _) => Err(format!(
                 "unknown command {other:?} (status, ping, initiate NAME, terminate NAME, \
-                 rekey NAME, rekey-ike NAME, nodes, migrate TUNNEL NODE, drain NODE, undrain NODE)"
+                 rekey NAME, rekey-ike NAME, nodes, capacity, migrate TUNNEL NODE, drain NODE, \
+                 undrain NODE)"
             )),
         }
     }
@@ -287,6 +293,7 @@ impl RequestHandler for Responder {
                 Err(v) => return v,
             },
             Request::Nodes => return distributed_only("nodes"),
+            Request::Capacity => return distributed_only("capacity"),
             Request::Migrate { .. } => return distributed_only("migrate"),
             Request::Drain { .. } => return distributed_only("drain"),
             Request::Undrain { .. } => return distributed_only("undrain"),

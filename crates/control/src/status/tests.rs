@@ -371,7 +371,7 @@ impl RequestHandler for Fake {
             | Request::RekeyIke { tunnel } => {
                 json!({ "error": format!("unknown tunnel {tunnel:?}") })
             }
-            Request::Nodes => distributed_only("nodes"),
+            Request::Nodes | Request::Capacity => distributed_only("nodes"),
             Request::Migrate { .. } | Request::Drain { .. } | Request::Undrain { .. } => {
                 distributed_only("moves")
             }

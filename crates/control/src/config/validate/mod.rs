@@ -132,6 +132,8 @@ pub(crate) fn validate_with(
 const DEFAULT_REPORT_INTERVAL: Duration = Duration::from_secs(1);
 /// Default `[cluster] directive_timeout`.
 const DEFAULT_DIRECTIVE_TIMEOUT: Duration = Duration::from_secs(2);
+/// Default capacity of a data node for the capacity advisor, Mbit/s (the paper's 5 Gbit/s).
+const DEFAULT_NODE_CAPACITY_MBIT: u32 = 5000;
 
 /// Most data plane workers a configuration may ask for.
 const MAX_WORKERS: usize = 1024;
@@ -697,6 +699,20 @@ impl Validator<'_, '_> {
                     crate::election::DEFAULT_TTL,
                     Duration::from_secs(1)..=Duration::from_secs(60),
                 )?,
+            },
+            node_capacity_mbit: match &c.node_capacity_mbit {
+                None => DEFAULT_NODE_CAPACITY_MBIT,
+                Some(v) => u32::try_from(*v.get_ref())
+                    .ok()
+                    .filter(|m| (1..=10_000_000).contains(m))
+                    .ok_or_else(|| {
+                        self.err(
+                            v.span(),
+                            S,
+                            "node_capacity_mbit",
+                            "must be between 1 and 10000000 (Mbit/s)",
+                        )
+                    })?,
             },
         })
     }
