@@ -1,11 +1,14 @@
 //! The `protego` command: `up` runs a gateway node (data plane, IKEv2 control loop per
 //! RFC 7296, status socket) from a configuration file, `check` validates a configuration,
-//! `status` shows the tunnels of a running node, `bench` measures the data plane, and `certs`
-//! makes a development CA and node certificates for the distributed form's mutual TLS.
+//! `status` shows the tunnels of a running node, `bench` measures the data plane, `certs`
+//! makes a development CA and node certificates for the distributed form's mutual TLS,
+//! `control`/`data`/`steer` run the distributed form's nodes, `ctl` operates a running node,
+//! and `sim` replays a day of tunnel demand through the elastic provisioning model.
 
 mod bench;
 mod certs;
 mod cluster;
+mod sim;
 mod up;
 
 use clap::{Parser, Subcommand};
@@ -109,6 +112,11 @@ enum Command {
     /// Operate a running node: apply a changed configuration; on a control node of the
     /// distributed form also list nodes, migrate a tunnel, drain a data node.
     Ctl(cluster::CtlArgs),
+    /// Replay a day of tunnel demand (a CSV trace or a generated one) through the elastic
+    /// provisioning model and its baselines: active capacity, violations, the daily bandwidth
+    /// guarantee and the saving against dedicated VM pairs (the paper's §7.4, Table 2,
+    /// Figure 11).
+    Sim(sim::SimArgs),
 }
 
 fn main() -> ExitCode {
@@ -139,6 +147,7 @@ fn main() -> ExitCode {
             cluster::run_node(cluster::NodeKind::Steer, &config, &log_level)
         }
         Command::Ctl(args) => cluster::run_ctl(&args),
+        Command::Sim(args) => sim::run(&args),
     }
 }
 
@@ -261,6 +270,17 @@ mod tests {
         ])
         .unwrap();
         assert!(matches!(cli.command, Command::Bench(_)));
+        let cli = Cli::try_parse_from([
+            "protego",
+            "sim",
+            "--generate",
+            "paper",
+            "--seed",
+            "3",
+            "--json",
+        ])
+        .unwrap();
+        assert!(matches!(cli.command, Command::Sim(_)));
         assert!(
             Cli::try_parse_from(["protego", "bench", "--strongswan-only"]).is_err(),
             "--strongswan-only needs --compare-strongswan"

@@ -56,7 +56,8 @@
 //! Modules: [`usage`] (U_i), [`aggregate`](mod@aggregate) (Y, C, the reserve),
 //! [`placement`] (Best Fit, BFD, hotspot selection), [`nodes`] (the node hierarchy),
 //! [`cluster`] (nodes, tunnels and placement), [`plan`] (decisions and reasons),
-//! [`planner`] (one provisioning step).
+//! [`planner`] (one provisioning step), [`trace`] (demand traces: generation and CSV),
+//! [`sim`] (replaying a trace through the planner and the baselines, §7.4).
 
 pub mod aggregate;
 pub mod cluster;
@@ -67,6 +68,8 @@ pub mod nodes;
 pub mod placement;
 pub mod plan;
 pub mod planner;
+pub mod sim;
+pub mod trace;
 pub mod usage;
 
 pub use aggregate::{
@@ -82,4 +85,9 @@ pub use placement::{
 };
 pub use plan::{Action, ConsolidationOutcome, Decision, Plan, Reason, Reservation};
 pub use planner::{ConsolidationMode, Planner, PlannerConfig};
+pub use sim::{
+    compare, run_policy, sweep, Comparison, MinuteStats, Policy, Progress, Run, SimConfig,
+    SimError, Summary, SweepRow,
+};
+pub use trace::{generate, Trace, TraceError, TraceParams};
 pub use usage::{UsageBook, UsageConfig, UsageHistogram, DEFAULT_BINS, DEFAULT_WINDOW, MAX_BINS};

@@ -1,0 +1,933 @@
+//! The provisioning simulator (the paper's §7.4): replays a demand [`Trace`] minute by minute
+//! through the [`Planner`] and measures what the tenants would get and what it costs, beside
+//! the baselines it is compared with.
+//!
+//! # Timing
+//!
+//! The planner can only react to what it has measured. For every minute `t` of the trace:
+//!
+//! 1. **Serve** minute `t`'s demand with the placement and the active nodes decided before it.
+//!    This minute's active capacity is the active nodes × the node capacity.
+//! 2. **Measure** at its end (every τ): each tunnel's α is its mean demand over the last τ;
+//!    it goes into the cluster ([`Cluster::set_alpha`]) and the usage book
+//!    ([`UsageBook::record`]). Nodes whose start latency has passed become inactive
+//!    ([`Cluster::advance`]).
+//! 3. **Plan** at the end of the minute ([`Planner::plan`], with the time of the last
+//!    consolidation, which is recorded whenever a plan reports one) and apply the plan
+//!    ([`Cluster::apply_plan`]); it is in force from minute `t + 1`.
+//!
+//! So a burst is seen one τ after it began, as in a live cluster. Before minute 0 the planner
+//! places the tunnels once on minute 0's demand (a cluster does not start empty).
+//!
+//! **Warm start** ([`SimConfig::warm_start`], on by default): the usage histograms start
+//! primed with the trace itself, standing for the previous day's history a running cluster
+//! has, so the reserve of §5.3 is the one the paper computes from its day of data (22 nodes
+//! for its trace) from the first minute. Without it, every histogram starts from one sample and
+//! the reserve grows as the day is seen. Priming touches only the reserve (how many nodes are
+//! kept active or inactive), never where a tunnel goes: placement sees nothing ahead.
+//!
+//! # Violations and the daily bandwidth guarantee
+//!
+//! A node is **overloaded** in a minute when its tunnels' demand exceeds its capacity (1 in the
+//! paper's units, not T_H: T_H only sets how full the planner fills nodes). Following §7.4, the
+//! node's packet scheduler is taken to be perfectly fair (max-min fair): on an overloaded node
+//! the tunnels whose demand is under the fair share are still served in full and the others
+//! get the fair share; a tunnel is **under-served** in that minute when it gets less than its
+//! demand. A tunnel on no active node (waiting for a node to start) is under-served whenever
+//! it has demand.
+//!
+//! §7.4 defines `DailyBandwidthGuarantee = (TotalAvailableMinutes − MinutesOfViolation) /
+//! TotalAvailableMinutes` and reports it as the "99th-percentile guarantee": the bandwidth
+//! guarantee of 99 % of the tunnels is met for that share of the time. Here a minute is a
+//! **violation minute** when fewer than [`SimConfig::guarantee_fraction`] (0.99) of the
+//! tunnels are served in full (for 170 tunnels: when 2 or more are under-served), and
+//! [`Summary::guarantee_pct`] is the share of the other minutes. Two stricter and looser
+//! readings are reported beside it: [`Summary::overload_minutes`] counts minutes with any
+//! overloaded node (every tunnel's guarantee, no fair scheduler), and
+//! [`Summary::tunnel_guarantee_pct`] is, per tunnel, the share of minutes it was served in
+//! full, at the tunnel below which 1 % of the tunnels lie.
+//!
+//! # Cost
+//!
+//! [`Summary::active_capacity_gbps`] is the mean over the minutes of the active nodes'
+//! capacity, and [`Summary::saving_pct`] is `1 − that / dedicated`, where dedicated is one VM
+//! pair per tunnel sized for its cap ([`Trace::dedicated_capacity`]: 510 Gbit/s for the paper's
+//! 170 tunnels of 1.5 Gbit/s), as the paper counts it. Inactive nodes are not counted (the
+//! paper's saving counts active capacity); [`Summary::reserved_capacity_gbps`] shows them.
+//!
+//! # Baselines
+//!
+//! [`compare`] runs, on the same trace:
+//!
+//! - [`Policy::Protego`]: the planner as configured (by default
+//!   [`ConsolidationMode::WhenFewerNodes`]: a due consolidation is adopted only when it saves
+//!   a node or relieves a hotspot), driven the way [`SimConfig::sizing`] and
+//!   [`SimConfig::drain`] say: by default ([`SimConfig::paper`]) exactly like the paper's
+//!   algorithm apart from the consolidation mode. Two caller-side improvements can be turned
+//!   on: **sizing** gives the planner, instead of each tunnel's last measurement, e.g. the
+//!   highest of its last two ([`Sizing::Envelope`]), so a tunnel that just jumped is packed
+//!   at its new level and one that just dipped is not packed at its dip; **drain**
+//!   ([`drain`]) gives a node back as soon as its tunnels fit elsewhere under T_H instead of
+//!   waiting for the next consolidation, since migrations cost no throughput.
+//! - [`Policy::Paper`]: the paper's algorithm as published: the same planner with
+//!   [`ConsolidationMode::Always`], so every due Best Fit Decreasing packing is adopted. Its
+//!   other steps are the paper's (Best Fit under T_H, hotspot relief by the fewest largest
+//!   tunnels, empty nodes deactivated, the `⌈C / T_H⌉` reserve). The planner deactivates empty
+//!   nodes every step rather than only after a consolidation, which changes nothing: only a
+//!   consolidation can empty a node, as hotspot relief always leaves a tunnel behind.
+//! - [`Policy::Dedicated`]: one VM pair per tunnel; nothing is ever violated.
+//! - [`Policy::StaticPeak`]: a fixed number of nodes, enough for the day's peak aggregate at
+//!   T_H (`⌈peak / (T_H · node capacity)⌉`), all active all day. Its capacity never changes;
+//!   its placement is re-balanced every minute on the previous minute's demand (largest
+//!   tunnel first onto the least loaded node), so it is judged by the same rules.
+//! - [`Policy::LowerBound`]: `⌈total demand / node capacity⌉` nodes every minute, with the
+//!   demand of that very minute and traffic split freely across nodes. No policy can use less
+//!   capacity and still serve everything; it is a bound, not a policy, and counts as never
+//!   violated.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use crate::cluster::Cluster;
+use crate::error::ProvisionError;
+use crate::ids::{NodeId, TunnelId};
+use crate::nodes::NodeState;
+use crate::plan::{Action, Plan};
+use crate::planner::{ConsolidationMode, Planner, PlannerConfig};
+use crate::trace::{Trace, TraceError};
+use crate::usage::UsageBook;
+
+/// Slack when comparing a node's demand with its capacity, Gbit/s (floating-point rounding).
+const LOAD_TOLERANCE: f64 = 1e-9;
+
+/// The paper's Table 2 (§7.4, its own trace), for comparison: consolidation interval
+/// (minutes), active capacity (Gbit/s), 99th-percentile guarantee (%), resource saving (%).
+pub const PAPER_TABLE2: [(u64, f64, f64, f64); 5] = [
+    (3, 61.23, 90.21, 88.00),
+    (5, 66.17, 93.07, 87.03),
+    (10, 73.97, 96.84, 85.50),
+    (30, 88.34, 98.24, 82.68),
+    (60, 93.22, 98.63, 81.72),
+];
+
+/// What the simulator rejects.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum SimError {
+    /// The model rejected a configuration or a step.
+    #[error(transparent)]
+    Provision(#[from] ProvisionError),
+    /// The trace is unusable.
+    #[error(transparent)]
+    Trace(#[from] TraceError),
+    /// A simulator setting out of range.
+    #[error("simulator config: {field} = {value}: {reason}")]
+    InvalidConfig {
+        /// The setting.
+        field: &'static str,
+        /// The rejected value, as written.
+        value: String,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
+}
+
+/// The simulator's settings: the model's parameters and how the guarantee is judged.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SimConfig {
+    /// The model's parameters, loads in Gbit/s (`node_capacity` is a node's Gbit/s). τ must be
+    /// a whole number of minutes (the trace's step); the consolidation interval and the start
+    /// latency are counted from the simulated clock.
+    pub planner: PlannerConfig,
+    /// The share of tunnels that must be served in full for a minute to count as available
+    /// (the paper's 99th percentile: 0.99), in `(0, 1]`.
+    pub guarantee_fraction: f64,
+    /// Prime the usage histograms with the trace (see the module docs).
+    pub warm_start: bool,
+    /// How [`Policy::Protego`] sizes tunnels for the planner (the paper's algorithm always uses
+    /// the last measurement).
+    pub sizing: Sizing,
+    /// After every plan of [`Policy::Protego`], empty the least loaded active nodes whose
+    /// tunnels all fit elsewhere under the fill limit (see [`drain`]).
+    pub drain: bool,
+}
+
+/// The usage α a tunnel is given to the planner with, from its measurements (the usage
+/// histograms always get the measurements themselves).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Sizing {
+    /// The last measurement, as the paper does.
+    Measured,
+    /// The highest of the last `steps` measurements.
+    Envelope {
+        /// How many measurements, at least 1.
+        steps: usize,
+    },
+    /// The last measurement plus `z` times the tunnel's recent step-to-step variation (the
+    /// root of an exponentially weighted mean of squared changes, with `half_life` steps),
+    /// capped at the tunnel's cap.
+    Headroom {
+        /// Standard deviations of headroom, not negative.
+        z: f64,
+        /// Half-life of the weighting, in measurements (above zero).
+        half_life: f64,
+    },
+}
+
+impl core::str::FromStr for Sizing {
+    type Err = String;
+
+    /// Parses `measured`, `envelope:N` (N ≥ 1) or `headroom:Z,H` (Z ≥ 0, H > 0).
+    fn from_str(text: &str) -> Result<Self, String> {
+        let text = text.trim();
+        let bad = || {
+            format!(
+                "sizing `{text}`: expected `measured`, `envelope:N` (N >= 1) or `headroom:Z,H` \
+                 (Z >= 0, H > 0)"
+            )
+        };
+        if text == "measured" {
+            return Ok(Self::Measured);
+        }
+        if let Some(n) = text.strip_prefix("envelope:") {
+            let steps: usize = n.trim().parse().map_err(|_| bad())?;
+            if steps == 0 {
+                return Err(bad());
+            }
+            return Ok(Self::Envelope { steps });
+        }
+        if let Some(rest) = text.strip_prefix("headroom:") {
+            let (z, h) = rest.split_once(',').ok_or_else(bad)?;
+            let z: f64 = z.trim().parse().map_err(|_| bad())?;
+            let half_life: f64 = h.trim().parse().map_err(|_| bad())?;
+            if !(z.is_finite() && z >= 0.0 && half_life.is_finite() && half_life > 0.0) {
+                return Err(bad());
+            }
+            return Ok(Self::Headroom { z, half_life });
+        }
+        Err(bad())
+    }
+}
+
+impl core::fmt::Display for Sizing {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            Self::Measured => f.write_str("measured"),
+            Self::Envelope { steps } => write!(f, "envelope:{steps}"),
+            Self::Headroom { z, half_life } => write!(f, "headroom:{z},{half_life}"),
+        }
+    }
+}
+
+/// Turns each tunnel's measurements into the α the planner packs.
+struct Sizer {
+    sizing: Sizing,
+    /// Per tunnel: the recent measurements (newest last), for `Envelope`.
+    recent: Vec<std::collections::VecDeque<f64>>,
+    /// Per tunnel: last measurement and mean squared change, for `Headroom`.
+    last: Vec<Option<f64>>,
+    var: Vec<f64>,
+}
+
+impl Sizer {
+    fn new(sizing: Sizing, tunnels: usize) -> Self {
+        Self {
+            sizing,
+            recent: vec![std::collections::VecDeque::new(); tunnels],
+            last: vec![None; tunnels],
+            var: vec![0.0; tunnels],
+        }
+    }
+
+    /// Takes tunnel `i`'s new measurement; returns its size, at most `cap`.
+    fn size(&mut self, i: usize, alpha: f64, cap: f64) -> f64 {
+        match self.sizing {
+            Sizing::Measured => alpha,
+            Sizing::Envelope { steps } => {
+                let recent = &mut self.recent[i];
+                recent.push_back(alpha);
+                while recent.len() > steps.max(1) {
+                    recent.pop_front();
+                }
+                recent.iter().copied().fold(alpha, f64::max)
+            }
+            Sizing::Headroom { z, half_life } => {
+                let keep = 0.5f64.powf(1.0 / half_life);
+                if let Some(previous) = self.last[i] {
+                    let change = alpha - previous;
+                    self.var[i] = keep * self.var[i] + (1.0 - keep) * change * change;
+                }
+                self.last[i] = Some(alpha);
+                (alpha + z * self.var[i].sqrt()).min(cap)
+            }
+        }
+    }
+}
+
+impl SimConfig {
+    /// The paper's §7.4 setting in Gbit/s: nodes of 5 Gbit/s, tunnels of `cap_gbps`
+    /// (1.5 in the paper, σ = 0.3 node), T_H = 0.9, ε = 0.05, τ = 1 minute, 10-minute
+    /// consolidation, 3-minute node starts, 100-bin histograms over a day, a 99 % guarantee,
+    /// warm start.
+    pub fn paper(cap_gbps: f64) -> Self {
+        Self {
+            // The paper's §7.4 parameters (PlannerConfig's defaults) in Gbit/s.
+            planner: PlannerConfig {
+                node_capacity: 5.0,
+                default_sigma: cap_gbps,
+                ..PlannerConfig::default()
+            },
+            guarantee_fraction: 0.99,
+            warm_start: true,
+            sizing: Sizing::Measured,
+            drain: false,
+        }
+    }
+
+    /// The same setting with another consolidation interval, in minutes.
+    pub fn with_consolidation_minutes(mut self, minutes: u64) -> Self {
+        self.planner.consolidation_interval = Duration::from_secs(minutes.saturating_mul(60));
+        self
+    }
+
+    /// The consolidation interval in whole minutes (rounded down).
+    pub fn consolidation_minutes(&self) -> u64 {
+        self.planner.consolidation_interval.as_secs() / 60
+    }
+
+    /// Checks the settings, naming the first that is out of range.
+    pub fn validate(&self) -> Result<(), SimError> {
+        self.planner.validate()?;
+        self.tau_minutes()?;
+        if !(self.guarantee_fraction > 0.0 && self.guarantee_fraction <= 1.0) {
+            return Err(SimError::InvalidConfig {
+                field: "guarantee_fraction",
+                value: self.guarantee_fraction.to_string(),
+                reason: "must be in (0, 1]",
+            });
+        }
+        Ok(())
+    }
+
+    /// τ in minutes: a whole number of minutes, at least 1.
+    fn tau_minutes(&self) -> Result<usize, SimError> {
+        let tau = self.planner.tau;
+        if !tau.as_secs().is_multiple_of(60) || tau.subsec_nanos() != 0 || tau.as_secs() == 0 {
+            return Err(SimError::InvalidConfig {
+                field: "tau",
+                value: format!("{tau:?}"),
+                reason: "must be a whole number of minutes (the trace's step), at least 1",
+            });
+        }
+        usize::try_from(tau.as_secs() / 60).map_err(|_| SimError::InvalidConfig {
+            field: "tau",
+            value: format!("{tau:?}"),
+            reason: "too long",
+        })
+    }
+}
+
+/// A provisioning policy the simulator runs (see the module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Policy {
+    /// The planner as configured.
+    Protego,
+    /// The paper's algorithm as published: the planner with [`ConsolidationMode::Always`].
+    Paper,
+    /// One VM pair per tunnel.
+    Dedicated,
+    /// A fixed number of nodes for the day's peak aggregate.
+    StaticPeak,
+    /// `⌈total demand / node capacity⌉` nodes every minute (a bound).
+    LowerBound,
+}
+
+impl Policy {
+    /// A short name: `protego`, `paper`, `dedicated`, `static_peak`, `lower_bound`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Protego => "protego",
+            Self::Paper => "paper",
+            Self::Dedicated => "dedicated",
+            Self::StaticPeak => "static_peak",
+            Self::LowerBound => "lower_bound",
+        }
+    }
+}
+
+/// What happened in one minute.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct MinuteStats {
+    /// Aggregate demand, Gbit/s.
+    pub demand_gbps: f64,
+    /// Capacity of the active nodes (or VMs), Gbit/s.
+    pub active_gbps: f64,
+    /// Capacity of the active and inactive nodes (the reserve of §5.3), Gbit/s.
+    pub reserved_gbps: f64,
+    /// Active nodes (for [`Policy::Dedicated`]: VMs).
+    pub active_nodes: u32,
+    /// Nodes whose demand exceeded their capacity.
+    pub overloaded_nodes: u32,
+    /// Tunnels that got less than their demand.
+    pub underserved_tunnels: u32,
+    /// Demand that was not served, Gbit/s.
+    pub unserved_gbps: f64,
+    /// Tunnel migrations the plan at the end of this minute made.
+    pub migrations: u32,
+}
+
+/// A run's figures over the whole trace (see the module docs for the definitions).
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct Summary {
+    /// Minutes simulated.
+    pub minutes: usize,
+    /// Mean aggregate demand, Gbit/s.
+    pub mean_demand_gbps: f64,
+    /// Mean capacity of the active nodes, Gbit/s (Table 2's "Active VM Capacity").
+    pub active_capacity_gbps: f64,
+    /// Highest capacity of the active nodes in any minute, Gbit/s.
+    pub peak_active_capacity_gbps: f64,
+    /// Mean capacity of the active and inactive nodes, Gbit/s.
+    pub reserved_capacity_gbps: f64,
+    /// `100 · (1 − active_capacity / dedicated capacity)` (Table 2's "Resource Saving").
+    pub saving_pct: f64,
+    /// The daily bandwidth guarantee, % of minutes in which at least the guarantee fraction
+    /// of tunnels were served in full (Table 2's "99th-percentile Guarantee").
+    pub guarantee_pct: f64,
+    /// Minutes in which more than the tolerated share of tunnels were under-served.
+    pub violation_minutes: usize,
+    /// Minutes in which any node was overloaded.
+    pub overload_minutes: usize,
+    /// Sum over the minutes of the overloaded nodes.
+    pub overloaded_node_minutes: usize,
+    /// Per tunnel, the % of minutes it was served in full; the value that the guarantee
+    /// fraction of tunnels reach or exceed.
+    pub tunnel_guarantee_pct: f64,
+    /// Demand not served, % of all demand.
+    pub unserved_pct: f64,
+    /// Tunnel migrations over the run.
+    pub migrations: u64,
+}
+
+/// One policy's run over a trace.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Run {
+    /// The policy.
+    pub policy: Policy,
+    /// The consolidation interval, minutes (0 for policies without one).
+    pub consolidation_minutes: u64,
+    /// Every minute.
+    pub minutes: Vec<MinuteStats>,
+    /// The figures over the trace.
+    pub summary: Summary,
+}
+
+/// Where a long run is, for progress reports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Progress<'a> {
+    /// The run: a policy name and its consolidation interval, e.g. `protego 10 min`.
+    pub run: &'a str,
+    /// Minutes done.
+    pub minute: usize,
+    /// Minutes in the trace.
+    pub minutes: usize,
+}
+
+/// The result of [`compare`]: the planner and every baseline on one trace.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Comparison {
+    /// The planner as configured.
+    pub protego: Run,
+    /// The paper's algorithm.
+    pub paper: Run,
+    /// One VM pair per tunnel.
+    pub dedicated: Run,
+    /// Fixed nodes for the peak.
+    pub static_peak: Run,
+    /// The per-minute lower bound.
+    pub lower_bound: Run,
+}
+
+impl Comparison {
+    /// The baselines with their names, in a fixed order.
+    pub fn baselines(&self) -> [(&'static str, &Run); 4] {
+        [
+            (Policy::Dedicated.name(), &self.dedicated),
+            (Policy::StaticPeak.name(), &self.static_peak),
+            (Policy::Paper.name(), &self.paper),
+            (Policy::LowerBound.name(), &self.lower_bound),
+        ]
+    }
+}
+
+/// One consolidation interval of [`sweep`]: the planner and the paper's algorithm.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SweepRow {
+    /// The consolidation interval, minutes.
+    pub consolidation_minutes: u64,
+    /// The planner as configured.
+    pub protego: Run,
+    /// The paper's algorithm.
+    pub paper: Run,
+}
+
+/// Runs the planner and every baseline on `trace` (see the module docs). `origin` is the
+/// simulated clock's minute 0 (any instant); `progress` is called after every simulated step.
+pub fn compare(
+    trace: &Trace,
+    config: &SimConfig,
+    origin: Instant,
+    progress: &mut dyn FnMut(Progress<'_>),
+) -> Result<Comparison, SimError> {
+    config.validate()?;
+    Ok(Comparison {
+        protego: run_policy(trace, config, Policy::Protego, origin, progress)?,
+        paper: run_policy(trace, config, Policy::Paper, origin, progress)?,
+        dedicated: run_policy(trace, config, Policy::Dedicated, origin, progress)?,
+        static_peak: run_policy(trace, config, Policy::StaticPeak, origin, progress)?,
+        lower_bound: run_policy(trace, config, Policy::LowerBound, origin, progress)?,
+    })
+}
+
+/// Runs the planner and the paper's algorithm for every consolidation interval in
+/// `intervals` (minutes, each at least 1) on `trace`: the trade-off of Table 2.
+pub fn sweep(
+    trace: &Trace,
+    config: &SimConfig,
+    intervals: &[u64],
+    origin: Instant,
+    progress: &mut dyn FnMut(Progress<'_>),
+) -> Result<Vec<SweepRow>, SimError> {
+    let mut rows = Vec::with_capacity(intervals.len());
+    for &minutes in intervals {
+        if minutes == 0 {
+            return Err(SimError::InvalidConfig {
+                field: "consolidation interval",
+                value: "0".into(),
+                reason: "must be at least 1 minute",
+            });
+        }
+        let config = config.clone().with_consolidation_minutes(minutes);
+        config.validate()?;
+        rows.push(SweepRow {
+            consolidation_minutes: minutes,
+            protego: run_policy(trace, &config, Policy::Protego, origin, progress)?,
+            paper: run_policy(trace, &config, Policy::Paper, origin, progress)?,
+        });
+    }
+    Ok(rows)
+}
+
+/// Runs one policy on `trace` (see [`compare`]).
+pub fn run_policy(
+    trace: &Trace,
+    config: &SimConfig,
+    policy: Policy,
+    origin: Instant,
+    progress: &mut dyn FnMut(Progress<'_>),
+) -> Result<Run, SimError> {
+    config.validate()?;
+    match policy {
+        Policy::Protego => run_planner(
+            trace,
+            config,
+            policy,
+            config.planner.consolidation,
+            origin,
+            progress,
+        ),
+        Policy::Paper => run_planner(
+            trace,
+            config,
+            policy,
+            ConsolidationMode::Always,
+            origin,
+            progress,
+        ),
+        Policy::Dedicated => Ok(run_dedicated(trace, config)),
+        Policy::StaticPeak => Ok(run_static_peak(trace, config)),
+        Policy::LowerBound => Ok(run_lower_bound(trace, config)),
+    }
+}
+
+/// Counts who is served in one minute, per node, and keeps per-tunnel tallies.
+struct Judge<'a> {
+    trace: &'a Trace,
+    config: &'a SimConfig,
+    /// Minutes each tunnel was served in full.
+    served: Vec<usize>,
+    minutes: Vec<MinuteStats>,
+}
+
+impl<'a> Judge<'a> {
+    fn new(trace: &'a Trace, config: &'a SimConfig) -> Self {
+        Self {
+            trace,
+            config,
+            served: vec![0; trace.tunnels()],
+            minutes: Vec::with_capacity(trace.minutes()),
+        }
+    }
+
+    /// Judges one minute: `groups` holds, per node, the indices of the tunnels on it; tunnels
+    /// in no group are on no active node.
+    fn minute(
+        &mut self,
+        minute: usize,
+        groups: &[Vec<usize>],
+        active_nodes: u32,
+        reserved_nodes: u32,
+    ) -> &mut MinuteStats {
+        let demand = self.trace.minute(minute);
+        let capacity = self.config.planner.node_capacity;
+        let mut placed = vec![false; demand.len()];
+        let mut stats = MinuteStats {
+            demand_gbps: demand.iter().sum(),
+            active_gbps: f64::from(active_nodes) * capacity,
+            reserved_gbps: f64::from(reserved_nodes) * capacity,
+            active_nodes,
+            ..MinuteStats::default()
+        };
+        for group in groups {
+            let mut tunnels: Vec<(usize, f64)> = group
+                .iter()
+                .filter_map(|&i| demand.get(i).map(|&d| (i, d)))
+                .collect();
+            for &(i, _) in &tunnels {
+                placed[i] = true;
+            }
+            let load: f64 = tunnels.iter().map(|t| t.1).sum();
+            if load <= capacity + LOAD_TOLERANCE {
+                for &(i, _) in &tunnels {
+                    self.served[i] += 1;
+                }
+                continue;
+            }
+            stats.overloaded_nodes += 1;
+            stats.unserved_gbps += load - capacity;
+            // Max-min fair shares: smallest demands first, each served in full while it is
+            // under the fair share of what is left.
+            tunnels.sort_by(|a, b| a.1.total_cmp(&b.1));
+            let mut left = capacity;
+            for (k, &(i, d)) in tunnels.iter().enumerate() {
+                let share = left / (tunnels.len() - k) as f64;
+                if d <= share + LOAD_TOLERANCE {
+                    left -= d;
+                    self.served[i] += 1;
+                } else {
+                    stats.underserved_tunnels +=
+                        u32::try_from(tunnels.len() - k).unwrap_or(u32::MAX);
+                    break;
+                }
+            }
+        }
+        for (i, &d) in demand.iter().enumerate() {
+            if placed[i] {
+                continue;
+            }
+            if d > 0.0 {
+                stats.underserved_tunnels += 1;
+                stats.unserved_gbps += d;
+            } else {
+                self.served[i] += 1;
+            }
+        }
+        self.minutes.push(stats);
+        let last = self.minutes.len() - 1;
+        &mut self.minutes[last]
+    }
+
+    fn finish(self, policy: Policy, consolidation_minutes: u64) -> Run {
+        let summary = summarize(self.trace, self.config, &self.minutes, &self.served);
+        Run {
+            policy,
+            consolidation_minutes,
+            minutes: self.minutes,
+            summary,
+        }
+    }
+}
+
+/// The figures of a run from its minutes and the per-tunnel served minutes.
+fn summarize(
+    trace: &Trace,
+    config: &SimConfig,
+    minutes: &[MinuteStats],
+    served: &[usize],
+) -> Summary {
+    let count = minutes.len().max(1) as f64;
+    let n = trace.tunnels();
+    let needed = ((config.guarantee_fraction * n as f64) - 1e-9)
+        .ceil()
+        .clamp(1.0, n as f64) as usize;
+    let tolerated = n - needed;
+    let violation_minutes = minutes
+        .iter()
+        .filter(|m| m.underserved_tunnels as usize > tolerated)
+        .count();
+    let demand: f64 = minutes.iter().map(|m| m.demand_gbps).sum();
+    let unserved: f64 = minutes.iter().map(|m| m.unserved_gbps).sum();
+    let active = minutes.iter().map(|m| m.active_gbps).sum::<f64>() / count;
+    let mut per_tunnel: Vec<usize> = served.to_vec();
+    per_tunnel.sort_unstable_by(|a, b| b.cmp(a));
+    let tunnel_served = per_tunnel.get(needed - 1).copied().unwrap_or(0);
+    Summary {
+        minutes: minutes.len(),
+        mean_demand_gbps: demand / count,
+        active_capacity_gbps: active,
+        peak_active_capacity_gbps: minutes.iter().map(|m| m.active_gbps).fold(0.0, f64::max),
+        reserved_capacity_gbps: minutes.iter().map(|m| m.reserved_gbps).sum::<f64>() / count,
+        saving_pct: 100.0 * (1.0 - active / trace.dedicated_capacity()),
+        guarantee_pct: 100.0 * (minutes.len() - violation_minutes) as f64 / count,
+        violation_minutes,
+        overload_minutes: minutes.iter().filter(|m| m.overloaded_nodes > 0).count(),
+        overloaded_node_minutes: minutes.iter().map(|m| m.overloaded_nodes as usize).sum(),
+        tunnel_guarantee_pct: 100.0 * tunnel_served as f64 / count,
+        unserved_pct: if demand > 0.0 {
+            100.0 * unserved / demand
+        } else {
+            0.0
+        },
+        migrations: minutes.iter().map(|m| u64::from(m.migrations)).sum(),
+    }
+}
+
+fn to_u32(n: usize) -> u32 {
+    u32::try_from(n).unwrap_or(u32::MAX)
+}
+
+/// The planner run (see the module docs for the timing).
+fn run_planner(
+    trace: &Trace,
+    config: &SimConfig,
+    policy: Policy,
+    mode: ConsolidationMode,
+    origin: Instant,
+    progress: &mut dyn FnMut(Progress<'_>),
+) -> Result<Run, SimError> {
+    let tau = config.tau_minutes()?;
+    let mut planner_config = config.planner.clone();
+    planner_config.consolidation = mode;
+    let planner = Planner::new(planner_config)?;
+    let label = format!("{} {} min", policy.name(), config.consolidation_minutes());
+    let ids: Vec<TunnelId> = trace.ids().iter().map(|&id| TunnelId(id)).collect();
+    let mut usage = UsageBook::new(planner.config().usage_config())?;
+    let mut cluster = Cluster::new();
+    for (i, &id) in ids.iter().enumerate() {
+        usage.set_sigma(id, trace.caps()[i])?;
+        cluster.add_tunnel(id, trace.demand(0, i))?;
+    }
+    let steps = trace.minutes() / tau;
+    let measured = |step: usize, i: usize| -> f64 {
+        (step * tau..(step + 1) * tau)
+            .map(|m| trace.demand(m, i))
+            .sum::<f64>()
+            / tau as f64
+    };
+    if config.warm_start {
+        for step in 0..steps {
+            for (i, &id) in ids.iter().enumerate() {
+                usage.record(id, measured(step, i))?;
+            }
+        }
+    }
+    let mut sizer = Sizer::new(
+        if policy == Policy::Paper {
+            Sizing::Measured
+        } else {
+            config.sizing
+        },
+        ids.len(),
+    );
+    let seed_nodes = planner.reservation(&cluster, &usage)?.required;
+    for k in 0..seed_nodes {
+        cluster.add_node(NodeId(k), NodeState::Inactive)?;
+    }
+    let plan = planner.plan(&cluster, &usage, origin, None)?;
+    cluster.apply_plan(&plan)?;
+    let mut last_consolidation = plan.consolidation.map(|_| origin);
+
+    let index: BTreeMap<TunnelId, usize> = ids.iter().enumerate().map(|(i, &id)| (id, i)).collect();
+    let mut judge = Judge::new(trace, config);
+    for t in 0..trace.minutes() {
+        let counts = cluster.counts();
+        let mut groups: BTreeMap<NodeId, Vec<usize>> = BTreeMap::new();
+        for (id, state) in cluster.tunnels() {
+            let Some(node) = state.node else { continue };
+            if cluster.node_state(node).is_some_and(NodeState::is_active) {
+                if let Some(&i) = index.get(&id) {
+                    groups.entry(node).or_default().push(i);
+                }
+            }
+        }
+        let groups: Vec<Vec<usize>> = groups.into_values().collect();
+        let stats = judge.minute(t, &groups, to_u32(counts.active), to_u32(counts.reserve()));
+
+        if (t + 1).is_multiple_of(tau) {
+            let step = t / tau;
+            let now = origin
+                .checked_add(Duration::from_secs(60 * (t as u64 + 1)))
+                .unwrap_or(origin);
+            for (i, &id) in ids.iter().enumerate() {
+                let alpha = measured(step, i);
+                cluster.set_alpha(id, sizer.size(i, alpha, trace.caps()[i]))?;
+                usage.record(id, alpha)?;
+            }
+            cluster.advance(now);
+            let plan = planner.plan(&cluster, &usage, now, last_consolidation)?;
+            cluster.apply_plan(&plan)?;
+            if plan.consolidation.is_some() {
+                last_consolidation = Some(now);
+            }
+            stats.migrations = migrations(&plan);
+            if config.drain && policy == Policy::Protego {
+                let limit = planner.config().limit();
+                stats.migrations = stats
+                    .migrations
+                    .saturating_add(to_u32(drain(&mut cluster, limit)?));
+            }
+        }
+        progress(Progress {
+            run: &label,
+            minute: t + 1,
+            minutes: trace.minutes(),
+        });
+    }
+    Ok(judge.finish(policy, config.consolidation_minutes()))
+}
+
+/// Migration-aware consolidation between consolidations: takes the active nodes from the least
+/// loaded up, and empties each whose tunnels (largest first) all fit on the other active nodes
+/// by Best Fit under `limit`; emptied nodes are deactivated. Migrations cost no throughput
+/// (§4.5), so a node that can be given back is given back at once instead of at the next
+/// consolidation; no node is filled above the limit, so no hotspot is made. Returns the
+/// number of migrations.
+pub fn drain(cluster: &mut Cluster, limit: f64) -> Result<usize, ProvisionError> {
+    let mut loads = cluster.active_loads();
+    let mut order: Vec<(NodeId, f64)> = loads.iter().map(|(&n, &l)| (n, l)).collect();
+    order.sort_by(|a, b| a.1.total_cmp(&b.1).then(a.0.cmp(&b.0)));
+    let mut moved = 0;
+    for (node, _) in order {
+        let mut tunnels: Vec<(TunnelId, f64)> = cluster
+            .tunnels_on(node)
+            .filter_map(|t| cluster.tunnel(t).map(|s| (t, s.alpha)))
+            .collect();
+        crate::placement::sort_decreasing(&mut tunnels);
+        let mut trial = loads.clone();
+        trial.remove(&node);
+        let mut moves = Vec::with_capacity(tunnels.len());
+        for &(tunnel, alpha) in &tunnels {
+            match crate::placement::best_fit(trial.iter().map(|(&n, &l)| (n, l)), alpha, limit) {
+                Some(to) => {
+                    if let Some(load) = trial.get_mut(&to) {
+                        *load += alpha;
+                    }
+                    moves.push(Action::Migrate {
+                        tunnel,
+                        from: node,
+                        to,
+                    });
+                }
+                None => break,
+            }
+        }
+        if moves.len() < tunnels.len() || trial.is_empty() {
+            continue;
+        }
+        for action in &moves {
+            cluster.apply(action)?;
+        }
+        cluster.apply(&Action::Deactivate { node })?;
+        moved += moves.len();
+        loads = trial;
+    }
+    Ok(moved)
+}
+
+fn migrations(plan: &Plan) -> u32 {
+    to_u32(
+        plan.decisions
+            .iter()
+            .filter(|d| matches!(d.action, Action::Migrate { .. }))
+            .count(),
+    )
+}
+
+/// One VM pair per tunnel: capacity twice the caps, nothing ever violated.
+fn run_dedicated(trace: &Trace, config: &SimConfig) -> Run {
+    let capacity = trace.dedicated_capacity();
+    let vms = to_u32(trace.tunnels().saturating_mul(2));
+    let minutes: Vec<MinuteStats> = (0..trace.minutes())
+        .map(|m| MinuteStats {
+            demand_gbps: trace.minute(m).iter().sum(),
+            active_gbps: capacity,
+            reserved_gbps: capacity,
+            active_nodes: vms,
+            ..MinuteStats::default()
+        })
+        .collect();
+    let served = vec![trace.minutes(); trace.tunnels()];
+    let summary = summarize(trace, config, &minutes, &served);
+    Run {
+        policy: Policy::Dedicated,
+        consolidation_minutes: 0,
+        minutes,
+        summary,
+    }
+}
+
+/// Fixed nodes for the peak, re-balanced every minute on the previous minute's demand.
+fn run_static_peak(trace: &Trace, config: &SimConfig) -> Run {
+    let limit = config.planner.limit();
+    let nodes = (((trace.peak_total() - LOAD_TOLERANCE) / limit)
+        .ceil()
+        .max(1.0)) as usize;
+    let count = to_u32(nodes);
+    let mut judge = Judge::new(trace, config);
+    for t in 0..trace.minutes() {
+        let previous = trace.minute(t.saturating_sub(1));
+        let mut order: Vec<(usize, f64)> = previous.iter().copied().enumerate().collect();
+        order.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+        let mut loads: Vec<f64> = vec![0.0; nodes];
+        let mut groups: Vec<Vec<usize>> = vec![Vec::new(); nodes];
+        for (i, d) in order {
+            let (k, _) = loads
+                .iter()
+                .enumerate()
+                .min_by(|a, b| a.1.total_cmp(b.1).then(a.0.cmp(&b.0)))
+                .unwrap_or((0, &0.0));
+            loads[k] += d;
+            groups[k].push(i);
+        }
+        judge.minute(t, &groups, count, count);
+    }
+    judge.finish(Policy::StaticPeak, 0)
+}
+
+/// `⌈total demand / node capacity⌉` nodes every minute, everything served.
+fn run_lower_bound(trace: &Trace, config: &SimConfig) -> Run {
+    let capacity = config.planner.node_capacity;
+    let minutes: Vec<MinuteStats> = (0..trace.minutes())
+        .map(|m| {
+            let demand: f64 = trace.minute(m).iter().sum();
+            let nodes = to_u32(((demand - LOAD_TOLERANCE) / capacity).ceil().max(0.0) as usize);
+            MinuteStats {
+                demand_gbps: demand,
+                active_gbps: f64::from(nodes) * capacity,
+                reserved_gbps: f64::from(nodes) * capacity,
+                active_nodes: nodes,
+                ..MinuteStats::default()
+            }
+        })
+        .collect();
+    let served = vec![trace.minutes(); trace.tunnels()];
+    let summary = summarize(trace, config, &minutes, &served);
+    Run {
+        policy: Policy::LowerBound,
+        consolidation_minutes: 0,
+        minutes,
+        summary,
+    }
+}
+
+#[cfg(test)]
+mod tests;
