@@ -31,7 +31,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
-use tracing::{debug, info, warn};
+use tracing::{debug, error, info, warn};
 use wire::EspSpi;
 
 /// How long steer nodes keep steering a removed CHILD_SA's SPI: the data node's grace for
@@ -1069,6 +1069,7 @@ impl Cluster {
                         id: *id,
                         name: n.name.clone(),
                         usable: n.alive && !n.draining,
+                        alive: n.alive,
                         load: n.last_report.clone().map(|l| (n.reports, l)),
                     })
                     .collect(),
@@ -1080,8 +1081,17 @@ impl Cluster {
                     .collect(),
             }
         };
-        if let Err(e) = a.step(now, std::time::SystemTime::now(), &input) {
-            warn!(error = %e, "capacity advisor step failed");
+        // A fault in the model must not take the cluster's periodic work down with it.
+        let step = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            a.step(now, std::time::SystemTime::now(), &input)
+        }));
+        match step {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => warn!(error = %e, "capacity advisor step failed"),
+            Err(_) => {
+                error!("capacity advisor panicked; disabled");
+                advisor.0 = None;
+            }
         }
     }
 

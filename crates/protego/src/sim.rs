@@ -30,6 +30,9 @@ use plot::{Axis, Chart, Series, Style};
 /// The paper's Table 2 (interval, active capacity, guarantee, saving).
 const PUBLISHED: [(u64, f64, f64, f64); 5] = provision::sim::PAPER_TABLE2;
 
+/// How many nodes one tunnel's cap may span at most (`--node-capacity` sanity bound).
+const MAX_NODES_PER_CAP: f64 = 100.0;
+
 /// Options of `protego sim`.
 #[derive(Debug, Clone, clap::Args)]
 #[command(group(clap::ArgGroup::new("source").required(true).args(["trace", "generate"])))]
@@ -230,6 +233,16 @@ pub(crate) fn run(args: &SimArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    // Nodes far smaller than a tunnel's cap would need an unbounded number of them.
+    let largest_cap = trace.caps().iter().copied().fold(0.0, f64::max);
+    if config.planner.node_capacity * MAX_NODES_PER_CAP < largest_cap {
+        eprintln!(
+            "error: --node-capacity {} Gbit/s: at least 1/{MAX_NODES_PER_CAP} of the largest \
+             tunnel cap ({largest_cap} Gbit/s)",
+            config.planner.node_capacity
+        );
+        return ExitCode::from(2);
+    }
     let mut reporter = Reporter {
         quiet: args.quiet,
         last: Instant::now(),

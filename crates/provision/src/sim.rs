@@ -22,9 +22,10 @@
 //! **Warm start** ([`SimConfig::warm_start`], on by default): the usage histograms start
 //! primed with the trace itself, standing for the previous day's history a running cluster
 //! has, so the reserve of §5.3 is the one the paper computes from its day of data (22 nodes
-//! for its trace) from the first minute. Without it, every histogram starts from one sample and
-//! the reserve grows as the day is seen. Priming touches only the reserve (how many nodes are
-//! kept active or inactive), never where a tunnel goes: placement sees nothing ahead.
+//! for its trace) from the first minute. Without it, every histogram starts from the prior (the
+//! tunnel at its cap: the largest reserve) and follows the day as it is seen. Priming touches
+//! the reserve (how many nodes are kept active or inactive, and so whether an inactive node is
+//! at hand when a tunnel needs one); placement itself sees nothing ahead.
 //!
 //! # Violations and the daily bandwidth guarantee
 //!
@@ -92,7 +93,7 @@ use crate::cluster::Cluster;
 use crate::error::ProvisionError;
 use crate::ids::{NodeId, TunnelId};
 use crate::nodes::NodeState;
-use crate::plan::{Action, Plan};
+use crate::plan::Action;
 use crate::planner::{ConsolidationMode, Planner, PlannerConfig};
 use crate::trace::{Trace, TraceError};
 use crate::usage::UsageBook;
@@ -773,18 +774,27 @@ fn run_planner(
                 usage.record(id, alpha)?;
             }
             cluster.advance(now);
+            let before: BTreeMap<TunnelId, Option<NodeId>> =
+                cluster.tunnels().map(|(t, st)| (t, st.node)).collect();
             let plan = planner.plan(&cluster, &usage, now, last_consolidation)?;
             cluster.apply_plan(&plan)?;
             if plan.consolidation.is_some() {
                 last_consolidation = Some(now);
             }
-            stats.migrations = migrations(&plan);
             if config.drain && policy == Policy::Protego {
-                let limit = planner.config().limit();
-                stats.migrations = stats
-                    .migrations
-                    .saturating_add(to_u32(drain(&mut cluster, limit)?));
+                drain(&mut cluster, planner.config().limit())?;
             }
+            // A tunnel that ends the step on another node moved once, however many times the
+            // plan and the drain moved it.
+            stats.migrations = to_u32(
+                cluster
+                    .tunnels()
+                    .filter(|(t, st)| {
+                        matches!((before.get(t).copied().flatten(), st.node),
+                            (Some(a), Some(b)) if a != b)
+                    })
+                    .count(),
+            );
         }
         progress(Progress {
             run: &label,
@@ -841,15 +851,6 @@ pub fn drain(cluster: &mut Cluster, limit: f64) -> Result<usize, ProvisionError>
         loads = trial;
     }
     Ok(moved)
-}
-
-fn migrations(plan: &Plan) -> u32 {
-    to_u32(
-        plan.decisions
-            .iter()
-            .filter(|d| matches!(d.action, Action::Migrate { .. }))
-            .count(),
-    )
 }
 
 /// One VM pair per tunnel: capacity twice the caps, nothing ever violated.

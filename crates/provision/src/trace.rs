@@ -19,9 +19,10 @@
 use core::fmt;
 use std::collections::BTreeMap;
 
-/// The most entries (minutes × tunnels) a trace may hold: 10⁸, 800 MB of demands. A CSV asking
-/// for more (a stray huge minute or tunnel number) is rejected instead of allocated.
-pub const MAX_TRACE_ENTRIES: usize = 100_000_000;
+/// The most entries (minutes × tunnels) a trace may hold: 10⁷ (e.g. 170 tunnels for 40 days),
+/// about 160 MB while a CSV is read. A CSV asking for more (a stray huge minute or tunnel
+/// number) is rejected instead of allocated.
+pub const MAX_TRACE_ENTRIES: usize = 10_000_000;
 
 /// The CSV header of a trace.
 pub const CSV_HEADER: &str = "minute,tunnel,gbps";

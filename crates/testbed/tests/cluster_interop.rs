@@ -76,6 +76,7 @@ fn bring_up(
     let site = site_charon(topo, tun)?;
     site.initiate("net", UP)?;
     let child = site.wait_child_installed("net", UP)?;
+    warm_up(topo, tun.site)?;
     ping_all_vms(topo, tun.site, 3)?;
     Ok((site, child))
 }
@@ -116,7 +117,8 @@ fn tunnel_through_steer_and_data_nodes_and_migration() -> Result<()> {
         assert_eq!(holder(&cluster)?.as_deref(), Some(other.as_str()));
         ping_all_vms(&topo, 0, 3)?;
         // The capacity advisor models the live data nodes from their reports.
-        let capacity = wait_for("a capacity advisor step", Duration::from_secs(10), || {
+        // The advisor steps every 10 s at the most often.
+        let capacity = wait_for("a capacity advisor step", Duration::from_secs(25), || {
             let c = cluster.control("capacity")?;
             Ok(if c["step"]["tunnels"] == 1 {
                 Probe::Ready(c)

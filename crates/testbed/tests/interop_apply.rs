@@ -58,6 +58,7 @@ fn applied_tenants_and_tunnels_change_live_and_survive_a_restart() -> Result<()>
         let site0 = site_charon(&topo, &first)?;
         site0.initiate("net", UP)?;
         site0.wait_child_installed("net", UP)?;
+        warm_up(&topo, 0)?;
         ping_all_vms(&topo, 0, 5)?;
         let first_spis = ike_spis(&gw, &first.name)?;
         assert!(first_spis.is_some());
@@ -100,6 +101,7 @@ fn applied_tenants_and_tunnels_change_live_and_survive_a_restart() -> Result<()>
         let site1 = site_charon(&topo, &second)?;
         site1.initiate("net", UP)?;
         site1.wait_child_installed("net", UP)?;
+        warm_up(&topo, 1)?;
         ping_all_vms(&topo, 1, 5)?;
         ping_all_vms(&topo, 0, 5)?;
 

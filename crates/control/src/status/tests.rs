@@ -371,7 +371,8 @@ impl RequestHandler for Fake {
             | Request::RekeyIke { tunnel } => {
                 json!({ "error": format!("unknown tunnel {tunnel:?}") })
             }
-            Request::Nodes | Request::Capacity => distributed_only("nodes"),
+            Request::Nodes => distributed_only("nodes"),
+            Request::Capacity => distributed_only("capacity"),
             Request::Migrate { .. } | Request::Drain { .. } | Request::Undrain { .. } => {
                 distributed_only("moves")
             }

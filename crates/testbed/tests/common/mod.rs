@@ -105,6 +105,32 @@ pub fn site_charon_with(
     Ok(charon)
 }
 
+/// Waits (at most 5 s) until every VM of the site's tenant answers one ping from the site: a
+/// tunnel just set up may still be resolving neighbours on the way (the first packet to a VM
+/// waits for its ARP answer), which is not what the caller measures.
+pub fn warm_up(topo: &Topology, site: usize) -> Result<()> {
+    let s = &topo.sites[site];
+    for vm in &topo.tenants[s.tenant].vms {
+        wait_for(
+            &format!("a first reply from vm {}", vm.addr),
+            Duration::from_secs(5),
+            || {
+                let ping = traffic::ping(
+                    &s.ns,
+                    vm.addr.addr,
+                    &PingOptions::new(1, Duration::from_millis(10)).from(s.lan_addr),
+                )?;
+                Ok(if ping.all_received() {
+                    Probe::Ready(())
+                } else {
+                    Probe::NotYet(format!("{ping:?}"))
+                })
+            },
+        )?;
+    }
+    Ok(())
+}
+
 /// Pings every VM of the site's tenant from the site's LAN address; asserts nothing is lost.
 pub fn ping_all_vms(topo: &Topology, site: usize, count: u32) -> Result<()> {
     let s = &topo.sites[site];
