@@ -109,11 +109,16 @@ pub fn site_charon_with(
 /// tunnel just set up may still be resolving neighbours on the way (the first packet to a VM
 /// waits for its ARP answer), which is not what the caller measures.
 pub fn warm_up(topo: &Topology, site: usize) -> Result<()> {
+    warm_up_within(topo, site, Duration::from_secs(5))
+}
+
+/// [`warm_up`] waiting at most `timeout`.
+pub fn warm_up_within(topo: &Topology, site: usize, timeout: Duration) -> Result<()> {
     let s = &topo.sites[site];
     for vm in &topo.tenants[s.tenant].vms {
         wait_for(
             &format!("a first reply from vm {}", vm.addr),
-            Duration::from_secs(5),
+            timeout,
             || {
                 let ping = traffic::ping(
                     &s.ns,
