@@ -104,13 +104,36 @@ fn fresh_bed() -> Bed {
 
 impl Bed {
     fn join(&mut self, name: &str, role: Role, boot: u64) -> u32 {
+        self.join_holding(name, role, boot, Vec::new())
+    }
+
+    /// Registers a node whose Hello reports `installed`.
+    fn join_holding(
+        &mut self,
+        name: &str,
+        role: Role,
+        boot: u64,
+        installed: Vec<InstalledChild>,
+    ) -> u32 {
         let link = Arc::new(FakeLink::default());
         self.links.insert(name.into(), Arc::clone(&link));
         let addr = format!("10.0.0.{}:6081", 20 + self.links.len())
             .parse()
             .unwrap();
         self.cluster
-            .register(registration(name, role, addr, boot, Vec::new()), link)
+            .register(registration(name, role, addr, boot, installed), link)
+    }
+
+    /// The last whole steering tables sent to steer node `name`.
+    fn last_tables(&self, name: &str) -> pb::SteerTables {
+        self.ops(name)
+            .into_iter()
+            .rev()
+            .find_map(|op| match op {
+                Op::SteerTables(t) => Some(t),
+                _ => None,
+            })
+            .expect("whole tables")
     }
 
     fn ops(&self, name: &str) -> Vec<Op> {
@@ -514,21 +537,15 @@ fn a_new_control_node_adopts_what_data_nodes_hold_and_rekeys_only_the_rest() {
     let mut b = fresh_bed();
     b.join("steer1", Role::Steer, 1);
     // data1 still holds tunnel 1's two SAs (the newer sending) and an SA of tunnel 2.
-    let link = Arc::new(FakeLink::default());
-    b.links.insert("data1".into(), Arc::clone(&link));
-    let d1 = b.cluster.register(
-        registration(
-            "data1",
-            Role::Data,
-            "10.0.0.30:6081".parse().unwrap(),
-            1,
-            vec![
-                held(1, 0x1000, false),
-                held(1, 0x1001, true),
-                held(2, 0x2000, true),
-            ],
-        ),
-        link,
+    let d1 = b.join_holding(
+        "data1",
+        Role::Data,
+        1,
+        vec![
+            held(1, 0x1000, false),
+            held(1, 0x1001, true),
+            held(2, 0x2000, true),
+        ],
     );
     // Until the control loop reconciled, the steer node keeps the tables it has (a new
     // control node must not shrink them while other data nodes are still reconnecting).
@@ -548,15 +565,7 @@ fn a_new_control_node_adopts_what_data_nodes_hold_and_rekeys_only_the_rest() {
         .any(|op| matches!(op, Op::RemoveChild(r) if r.inbound_spi == 0x1000)));
     // Then steering is rebuilt whole: the SPIs (0x1000 for its grace) and the sending SAs'
     // selectors.
-    let tables = b
-        .ops("steer1")
-        .into_iter()
-        .rev()
-        .find_map(|op| match op {
-            Op::SteerTables(t) => Some(t),
-            _ => None,
-        })
-        .expect("whole tables");
+    let tables = b.last_tables("steer1");
     let spis: Vec<(u32, u32)> = tables.spis.iter().map(|s| (s.spi, s.node)).collect();
     assert_eq!(spis, [(0x1000, d1), (0x1001, d1), (0x2000, d1)]);
     let sel: Vec<(u32, u32)> = tables.vnis[0]
@@ -566,36 +575,13 @@ fn a_new_control_node_adopts_what_data_nodes_hold_and_rekeys_only_the_rest() {
         .collect();
     assert_eq!(sel, [(1, d1), (2, d1)]);
     // A data node arriving late with a known SA still has it adopted.
-    let late_known = Arc::new(FakeLink::default());
-    b.links.insert("data3".into(), Arc::clone(&late_known));
-    b.cluster.register(
-        registration(
-            "data3",
-            Role::Data,
-            "10.0.0.32:6081".parse().unwrap(),
-            1,
-            vec![held(3, 0x3000, true)],
-        ),
-        late_known,
-    );
+    b.join_holding("data3", Role::Data, 1, vec![held(3, 0x3000, true)]);
     assert!(!b
         .ops("data3")
         .iter()
         .any(|op| matches!(op, Op::RemoveChild(_))));
     // After reconciling, a node arriving with an SA nobody knows is told to remove it.
-    let late = Arc::new(FakeLink::default());
-    b.links.insert("data2".into(), Arc::clone(&late));
-    b.cluster.register(
-        Registration {
-            name: "data2".into(),
-            role: Role::Data,
-            geneve: "10.0.0.31:6081".parse().unwrap(),
-            boot_id: 1,
-            workers: 2,
-            installed: vec![held(3, 0x4000, true)],
-        },
-        late,
-    );
+    b.join_holding("data2", Role::Data, 1, vec![held(3, 0x4000, true)]);
     assert!(b
         .ops("data2")
         .iter()
@@ -610,17 +596,11 @@ fn a_claim_that_does_not_match_the_restored_sa_is_removed_and_rekeyed() {
     // IKE SA did not negotiate; 0x3000 as it is.
     let mut wrong_ts = held(1, 0x1000, true);
     wrong_ts.remote_ts = held(2, 0x9999, false).remote_ts;
-    let link = Arc::new(FakeLink::default());
-    b.links.insert("data1".into(), Arc::clone(&link));
-    b.cluster.register(
-        registration(
-            "data1",
-            Role::Data,
-            "10.0.0.30:6081".parse().unwrap(),
-            1,
-            vec![wrong_ts, held(1, 0x2000, false), held(3, 0x3000, true)],
-        ),
-        link,
+    b.join_holding(
+        "data1",
+        Role::Data,
+        1,
+        vec![wrong_ts, held(1, 0x2000, false), held(3, 0x3000, true)],
     );
     let mut lost = b
         .cluster
@@ -642,15 +622,7 @@ fn a_claim_that_does_not_match_the_restored_sa_is_removed_and_rekeyed() {
     removed.sort_unstable();
     assert_eq!(removed, [0x1000, 0x2000]);
     // The selectors steered are those of the SA held as described only.
-    let tables = b
-        .ops("steer1")
-        .into_iter()
-        .rev()
-        .find_map(|op| match op {
-            Op::SteerTables(t) => Some(t),
-            _ => None,
-        })
-        .expect("whole tables");
+    let tables = b.last_tables("steer1");
     let tunnels: Vec<u32> = tables
         .vnis
         .iter()
@@ -658,18 +630,7 @@ fn a_claim_that_does_not_match_the_restored_sa_is_removed_and_rekeyed() {
         .collect();
     assert_eq!(tunnels, [3]);
     // A node arriving after reconcile with a known SPI but a wrong description is refused.
-    let late = Arc::new(FakeLink::default());
-    b.links.insert("data2".into(), Arc::clone(&late));
-    b.cluster.register(
-        registration(
-            "data2",
-            Role::Data,
-            "10.0.0.31:6081".parse().unwrap(),
-            1,
-            vec![held(2, 0x3000, true)],
-        ),
-        late,
-    );
+    b.join_holding("data2", Role::Data, 1, vec![held(2, 0x3000, true)]);
     assert!(b
         .ops("data2")
         .iter()
@@ -682,17 +643,11 @@ fn reconcile_keeps_sas_of_a_rekeyed_ike_sa_and_a_sender_per_tunnel() {
     b.join("steer1", Role::Steer, 1);
     // data1 holds tunnel 1's old SA 0x1000 as sending (no restored IKE SA knows it) and the
     // current 0x1001, which the restored state lists under the IKE SA an IKE rekey made.
-    let link = Arc::new(FakeLink::default());
-    b.links.insert("data1".into(), Arc::clone(&link));
-    let d1 = b.cluster.register(
-        registration(
-            "data1",
-            Role::Data,
-            "10.0.0.30:6081".parse().unwrap(),
-            1,
-            vec![held(1, 0x1001, false), held(1, 0x1000, true)],
-        ),
-        link,
+    let d1 = b.join_holding(
+        "data1",
+        Role::Data,
+        1,
+        vec![held(1, 0x1001, false), held(1, 0x1000, true)],
     );
     let mut current = known(1, 0x1001);
     current.ike.responder = IkeSpi(0x99);
@@ -701,15 +656,7 @@ fn reconcile_keeps_sas_of_a_rekeyed_ike_sa_and_a_sender_per_tunnel() {
         lost.is_empty(),
         "the SA handed to the new IKE SA is kept: {lost:?}"
     );
-    let tables = b
-        .ops("steer1")
-        .into_iter()
-        .rev()
-        .find_map(|op| match op {
-            Op::SteerTables(t) => Some(t),
-            _ => None,
-        })
-        .expect("whole tables");
+    let tables = b.last_tables("steer1");
     let sel: Vec<(u32, u32)> = tables.vnis[0]
         .selectors
         .iter()
@@ -719,18 +666,7 @@ fn reconcile_keeps_sas_of_a_rekeyed_ike_sa_and_a_sender_per_tunnel() {
     // Once removed, a restored SA is not adopted again from a node that kept it.
     b.cluster
         .remove_child(TunnelId(1), EspSpi(0x1001), EspSpi(0x1001 + 0x100000));
-    let late = Arc::new(FakeLink::default());
-    b.links.insert("data2".into(), Arc::clone(&late));
-    b.cluster.register(
-        registration(
-            "data2",
-            Role::Data,
-            "10.0.0.31:6081".parse().unwrap(),
-            1,
-            vec![held(1, 0x1001, true)],
-        ),
-        late,
-    );
+    b.join_holding("data2", Role::Data, 1, vec![held(1, 0x1001, true)]);
     assert!(b
         .ops("data2")
         .iter()
