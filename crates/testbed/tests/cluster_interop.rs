@@ -64,6 +64,32 @@ fn holder(cluster: &ProtegoCluster) -> Result<Option<String>> {
     cluster.sa_holder()
 }
 
+/// Two tenants (`ta` VNI 4301, `tb` VNI 4302 with its own VNet and site LAN), one VM each on
+/// its own host.
+fn two_tenants() -> Result<protego_testbed::TopologySpec> {
+    let mut second = tenant(
+        "tb",
+        4302,
+        false,
+        vec![protego_testbed::topology::VmSpec { host: 1 }],
+    )?;
+    second.vnet = "10.3.0.0/24".parse()?;
+    second.sites[0].lan = "10.4.0.0/24".parse()?;
+    Ok(protego_testbed::TopologySpec {
+        tenants: vec![
+            tenant(
+                "ta",
+                4301,
+                false,
+                vec![protego_testbed::topology::VmSpec { host: 0 }],
+            )?,
+            second,
+        ],
+        hosts: 2,
+        ..protego_testbed::TopologySpec::default()
+    })
+}
+
 /// Starts the site's charon, brings the tunnel up from it and checks traffic to every VM;
 /// returns the charon and its installed CHILD_SA.
 fn bring_up(
@@ -600,33 +626,7 @@ fn drain_loses_nothing() -> Result<()> {
 #[test]
 fn rate_limit_keeps_one_tenant_from_taking_anothers_capacity() -> Result<()> {
     let bed = Testbed::new()?;
-    let spec = protego_testbed::TopologySpec {
-        tenants: vec![
-            tenant(
-                "ta",
-                4301,
-                false,
-                vec![protego_testbed::topology::VmSpec { host: 0 }],
-            )?,
-            protego_testbed::topology::TenantSpec {
-                vnet: "10.3.0.0/24".parse()?,
-                sites: vec![protego_testbed::topology::SiteSpec {
-                    lan: "10.4.0.0/24".parse()?,
-                    lan6: None,
-                    behind_nat: false,
-                }],
-                ..tenant(
-                    "tb",
-                    4302,
-                    false,
-                    vec![protego_testbed::topology::VmSpec { host: 1 }],
-                )?
-            },
-        ],
-        hosts: 2,
-        ..protego_testbed::TopologySpec::default()
-    };
-    let topo = Topology::build(&bed, spec)?;
+    let topo = Topology::build(&bed, two_tenants()?)?;
     let mut limited = GatewayTunnel::for_site(&topo, 0, PSK);
     limited.extra.push("rate_limit = 5".to_owned());
     let free = GatewayTunnel::for_site(&topo, 1, PSK);
@@ -718,28 +718,7 @@ fn applied_configuration_runs_live_and_after_a_control_takeover() -> Result<()> 
         return Ok(());
     }
     let bed = Testbed::new()?;
-    let mut second_tenant = tenant(
-        "tb",
-        4302,
-        false,
-        vec![protego_testbed::topology::VmSpec { host: 1 }],
-    )?;
-    second_tenant.vnet = "10.3.0.0/24".parse()?;
-    second_tenant.sites[0].lan = "10.4.0.0/24".parse()?;
-    let spec = protego_testbed::TopologySpec {
-        tenants: vec![
-            tenant(
-                "ta",
-                4301,
-                false,
-                vec![protego_testbed::topology::VmSpec { host: 0 }],
-            )?,
-            second_tenant,
-        ],
-        hosts: 2,
-        ..protego_testbed::TopologySpec::default()
-    };
-    let topo = Topology::build(&bed, spec)?;
+    let topo = Topology::build(&bed, two_tenants()?)?;
     let first = GatewayTunnel::for_site(&topo, 0, PSK);
     let mut added = GatewayTunnel::for_site(&topo, 1, PSK);
     added.extra.push("rate_limit = 50".to_owned());
