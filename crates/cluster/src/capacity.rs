@@ -1,9 +1,12 @@
 //! The elastic provisioning model of issue 5 (the `provision` crate) run on the live cluster's
-//! load reports, for `protego ctl capacity`: what the model would reserve, which data nodes are
-//! hotspots, and the decisions it takes each τ with their reasons.
+//! load reports: what the model reserves, which data nodes are hotspots, and the decisions it
+//! takes each τ with their reasons (`protego ctl capacity`).
 //!
-//! This is the autoscaler's advisory mode: the decisions are shown, not carried out (moving
-//! tunnels and starting or stopping data nodes on its own comes with the node provider).
+//! With `[cluster.autoscale] mode = "advise"` (the default) the decisions are shown, not
+//! carried out. With `mode = "act"` the cluster carries them out
+//! ([`crate::manager::Cluster`]'s autoscaler step): migrations are zero-loss moves, activation
+//! and deactivation unpark and park data nodes, starts and stops go to the node provider
+//! ([`crate::provider`]).
 //!
 //! Units: loads are throughput in Mbit/s, both directions of a tunnel together, against a
 //! data node's capacity `[cluster] node_capacity_mbit`; the paper's CPU share of a tunnel is
@@ -12,32 +15,35 @@
 //! (the steer nodes limit each direction), or 30 % of a node without one (the paper's σ).
 
 use crate::manager::NodeLoad;
+use crate::provider::ProvidedState;
+use control::config::{AutoscaleConfig, AutoscaleMode};
 use ike::TunnelId;
 use provision::{
-    Cluster as Model, NodeId, NodeState, Plan, Planner, PlannerConfig, ProvisionError, UsageBook,
+    Action, Cluster as Model, Decision, NodeId, NodeState, Plan, Planner, PlannerConfig,
+    ProvisionError, UsageBook,
 };
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::fmt;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 /// Decisions kept for `protego ctl capacity`.
 const HISTORY: usize = 50;
 
-/// The shortest step: a plan of 10 000 tunnels takes about 0.15 s, and the steps run in the
-/// cluster's tick thread. With the default window of 1440 samples the histograms then cover
-/// four hours (the paper's one-minute τ: a day).
-pub(crate) const MIN_TAU: Duration = Duration::from_secs(10);
-
-/// One data node as the model sees it.
+/// One data node as the model sees it: registered, or only known to the node provider.
 #[derive(Debug, Clone)]
 pub(crate) struct NodeInput {
     /// Its id in the cluster.
     pub(crate) id: u32,
     /// Its name.
     pub(crate) name: String,
-    /// Alive and not drained by an operator (drained nodes are left out of the model).
-    pub(crate) usable: bool,
-    /// Alive (its reports count).
+    /// Registered and alive (its reports count).
     pub(crate) alive: bool,
+    /// Drained by an operator: left out of the model.
+    pub(crate) draining: bool,
+    /// Parked by the autoscaler: held in reserve (inactive), no tunnel is placed on it.
+    pub(crate) parked: bool,
+    /// What the node provider says of it, if the provider manages it.
+    pub(crate) provided: Option<ProvidedState>,
     /// Its last load report and that report's number (a report is recorded once).
     pub(crate) load: Option<(u64, NodeLoad)>,
 }
@@ -45,7 +51,7 @@ pub(crate) struct NodeInput {
 /// The cluster's state for one step.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Input {
-    /// Every registered data node.
+    /// Every registered data node, and every node the provider manages.
     pub(crate) nodes: Vec<NodeInput>,
     /// Where each placed tunnel is.
     pub(crate) placement: Vec<(TunnelId, u32)>,
@@ -53,138 +59,179 @@ pub(crate) struct Input {
     pub(crate) tunnels: BTreeMap<TunnelId, (String, Option<u32>)>,
 }
 
-/// The advisor: the usage histograms and the planner, stepped every τ.
-pub(crate) struct Advisor {
+/// What became of one decision.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Outcome {
+    /// Shown only (advise mode).
+    Advised,
+    /// Carried out.
+    Done,
+    /// Not carried out, and why.
+    Skipped(String),
+}
+
+/// The autoscaler's model: the usage histograms and the planner, stepped every τ.
+pub(crate) struct Autoscaler {
     planner: Planner,
     usage: UsageBook,
+    mode: AutoscaleMode,
     node_capacity: f64,
     last_consolidation: Option<Instant>,
     /// The report number last recorded per node.
     recorded: HashMap<u32, u64>,
     /// Tunnels with a usage histogram.
-    seen: std::collections::HashSet<TunnelId>,
+    seen: HashSet<TunnelId>,
     last: Option<Step>,
-    history: VecDeque<(u64, String)>,
+    /// Decisions with what became of them, newest last.
+    history: VecDeque<Entry>,
+    /// The decisions of the last step with their outcomes (what the history compares to).
+    previous: Vec<(Action, Outcome)>,
+}
+
+/// One decision in the history.
+struct Entry {
+    at_ms: u64,
+    text: String,
+    outcome: Outcome,
 }
 
 /// What the last step found.
 struct Step {
     at_ms: u64,
     plan: Plan,
-    loads: BTreeMap<u32, f64>,
-    names: HashMap<u32, String>,
+    /// Each node in the model before the plan: its name, state and load.
+    nodes: Vec<(String, NodeState, f64)>,
     tunnels: usize,
     demand: f64,
-    /// The plan's decisions with node and tunnel names.
-    decisions: Vec<String>,
+    /// The plan's decisions with node and tunnel names, and their outcomes.
+    decisions: Vec<(String, Outcome)>,
 }
 
-/// True if two actions advise the same thing (a start's expected time moves with the clock).
-fn same_advice(a: &provision::Action, b: &provision::Action) -> bool {
-    use provision::Action;
+/// True if two actions are the same decision (a start's expected time moves with the clock).
+fn same_action(a: &Action, b: &Action) -> bool {
     match (a, b) {
         (Action::Start { node: x, .. }, Action::Start { node: y, .. }) => x == y,
         _ => a == b,
     }
 }
 
-/// `text` (a decision as the planner prints it, with `node<id>` and `tunnel<id>`) with the
-/// names of the nodes and tunnels.
-fn with_names(
-    text: &str,
-    nodes: &HashMap<u32, String>,
-    tunnels: &BTreeMap<TunnelId, (String, Option<u32>)>,
-) -> String {
-    let mut out = String::with_capacity(text.len());
-    let mut rest = text;
-    while !rest.is_empty() {
-        let next = ["node", "tunnel"]
-            .iter()
-            .filter_map(|w| rest.find(w).map(|i| (i, *w)))
-            .min();
-        let Some((i, word)) = next else {
-            out.push_str(rest);
-            break;
-        };
-        let after = &rest[i + word.len()..];
-        let digits = after.len() - after.trim_start_matches(|c: char| c.is_ascii_digit()).len();
-        let boundary = rest[..i]
-            .chars()
-            .next_back()
-            .is_none_or(|c| !c.is_alphanumeric());
-        let name = (boundary && digits > 0)
-            .then(|| after[..digits].parse::<u32>().ok())
-            .flatten()
-            .and_then(|id| match word {
-                "node" => nodes.get(&id).cloned(),
-                _ => tunnels.get(&TunnelId(id)).map(|(n, _)| n.clone()),
-            });
-        out.push_str(&rest[..i]);
-        match name {
-            Some(n) => {
-                out.push_str(&n);
-                rest = &after[digits..];
-            }
-            None => {
-                out.push_str(word);
-                rest = after;
-            }
-        }
-    }
-    out
+/// Names decisions the way operators know the nodes and tunnels; a node the cluster does not
+/// know (a start the planner numbered itself) is "a new data node".
+pub(crate) struct Naming<'a> {
+    pub(crate) nodes: &'a HashMap<u32, String>,
+    pub(crate) tunnels: &'a BTreeMap<TunnelId, (String, Option<u32>)>,
 }
 
-impl Advisor {
-    /// An advisor for data nodes of `node_capacity_mbit`, stepped every `tau` (at least
-    /// [`MIN_TAU`]).
-    pub(crate) fn new(node_capacity_mbit: u32, tau: Duration) -> Result<Self, ProvisionError> {
-        let tau = tau.max(MIN_TAU);
+impl provision::Names for Naming<'_> {
+    fn node(&self, node: NodeId, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.nodes.get(&node.0) {
+            Some(name) => f.write_str(name),
+            None => write!(f, "a new data node ({node})"),
+        }
+    }
+
+    fn tunnel(&self, tunnel: provision::TunnelId, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.tunnels.get(&TunnelId(tunnel.0)) {
+            Some((name, _)) => f.write_str(name),
+            None => write!(f, "{tunnel}"),
+        }
+    }
+}
+
+impl Autoscaler {
+    /// An autoscaler for data nodes of `node_capacity_mbit`, with the model's parameters from
+    /// `config`.
+    pub(crate) fn new(
+        node_capacity_mbit: u32,
+        config: &AutoscaleConfig,
+    ) -> Result<Self, ProvisionError> {
         let node_capacity = f64::from(node_capacity_mbit.max(1));
         let defaults = PlannerConfig::default();
-        let config = PlannerConfig {
+        let planner = Planner::new(PlannerConfig {
             node_capacity,
             default_sigma: defaults.default_sigma * node_capacity,
-            tau,
+            hotspot_threshold: config.hotspot_threshold,
+            epsilon: config.epsilon,
+            tau: config.interval,
+            consolidation_interval: config.consolidation_interval,
+            start_latency: config.start_latency,
+            min_reserved_nodes: config.min_nodes,
             ..defaults
-        };
-        let planner = Planner::new(config)?;
+        })?;
         let usage = UsageBook::new(planner.config().usage_config())?;
         Ok(Self {
             planner,
             usage,
+            mode: config.mode,
             node_capacity,
             last_consolidation: None,
             recorded: HashMap::new(),
-            seen: std::collections::HashSet::new(),
+            seen: HashSet::new(),
             last: None,
             history: VecDeque::new(),
+            previous: Vec::new(),
         })
     }
 
-    /// How often the advisor wants a step.
+    /// How often the autoscaler wants a step.
     pub(crate) fn tau(&self) -> Duration {
         self.planner.config().tau
     }
 
-    /// One step: records the new reports' usage, builds the model of the usable data nodes
-    /// and their tunnels, and plans.
+    /// Advise or act.
+    pub(crate) fn mode(&self) -> AutoscaleMode {
+        self.mode
+    }
+
+    /// The model state of node `n` (`None`: left out), given whether tunnels are placed on it.
+    fn model_state(&self, n: &NodeInput, holds_tunnels: bool, now: Instant) -> Option<NodeState> {
+        let leaving = matches!(n.provided, Some(ProvidedState::Stopping));
+        if n.alive {
+            return match (n.draining || leaving, n.parked && !holds_tunnels) {
+                (true, _) => None,
+                (false, true) => Some(NodeState::Inactive),
+                (false, false) => Some(NodeState::Active),
+            };
+        }
+        match &n.provided {
+            Some(ProvidedState::Running { started_at }) => Some(NodeState::Starting {
+                ready_at: started_at
+                    .map_or(now, |s| s + self.planner.config().start_latency)
+                    .max(now),
+            }),
+            Some(
+                ProvidedState::Stopped | ProvidedState::Stopping | ProvidedState::Failed { .. },
+            ) => Some(NodeState::ShutDown),
+            None => None,
+        }
+    }
+
+    /// One step: records the new reports' usage, builds the model of the data nodes and their
+    /// tunnels, and plans. The caller carries the plan out (act mode) and hands the outcomes
+    /// to [`Autoscaler::record`].
     pub(crate) fn step(
         &mut self,
         now: Instant,
         wall: SystemTime,
         input: &Input,
-    ) -> Result<(), ProvisionError> {
+    ) -> Result<Plan, ProvisionError> {
         let mut model = Model::new();
-        let mut usable: HashMap<u32, bool> = HashMap::new();
+        let mut states: HashMap<u32, NodeState> = HashMap::new();
         let mut alpha: HashMap<TunnelId, f64> = HashMap::new();
         // This step's new measurements, summed over the nodes of a tunnel (two during a move).
         let mut fresh_alpha: HashMap<TunnelId, f64> = HashMap::new();
-        let mut names = HashMap::new();
+        let holding: HashSet<u32> = input
+            .placement
+            .iter()
+            .filter(|(t, _)| input.tunnels.contains_key(t))
+            .map(|(_, n)| *n)
+            .collect();
+        let mut nodes = Vec::new();
         for n in &input.nodes {
-            usable.insert(n.id, n.usable);
-            names.insert(n.id, n.name.clone());
-            if n.usable {
-                model.add_node(NodeId(n.id), NodeState::Active)?;
+            if let Some(state) = self.model_state(n, holding.contains(&n.id), now) {
+                model.add_node(NodeId(n.id), state)?;
+                states.insert(n.id, state);
+                nodes.push((n.id, n.name.clone(), state));
             }
             // A lost node's last report no longer describes anything.
             let Some((seq, load)) = n.load.as_ref().filter(|_| n.alive) else {
@@ -215,15 +262,15 @@ impl Advisor {
             }
         }
         // Tunnels no longer configured are forgotten.
-        for gone in self
+        let gone: Vec<TunnelId> = self
             .seen
             .iter()
             .filter(|t| !input.tunnels.contains_key(t))
             .copied()
-            .collect::<Vec<_>>()
-        {
-            self.usage.remove(provision::TunnelId(gone.0));
-            self.seen.remove(&gone);
+            .collect();
+        for t in gone {
+            self.usage.remove(provision::TunnelId(t.0));
+            self.seen.remove(&t);
         }
         self.seen
             .extend(fresh_alpha.keys().filter(|t| input.tunnels.contains_key(t)));
@@ -238,7 +285,8 @@ impl Advisor {
                 .min(self.sigma(input, *tunnel));
             let t = provision::TunnelId(tunnel.0);
             model.add_tunnel(t, a)?;
-            if usable.get(node).copied().unwrap_or(false) {
+            // A tunnel on a node left out of the model (or not active) is placed anew.
+            if states.get(node).is_some_and(|s| s.is_active()) {
                 model.assign(t, NodeId(*node))?;
             }
         }
@@ -251,41 +299,55 @@ impl Advisor {
         let at_ms = wall
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_millis() as u64);
-        let decisions: Vec<String> = plan
-            .decisions
-            .iter()
-            .map(|d| with_names(&d.to_string(), &names, &input.tunnels))
-            .collect();
-        // Advice is not carried out, so the same decisions come back every step (with new
-        // figures in their reasons): the history keeps a decision whose action is new.
-        let previous: Vec<provision::Action> = self
-            .last
-            .iter()
-            .flat_map(|l| l.plan.decisions.iter().map(|d| d.action))
-            .collect();
-        for (d, text) in plan.decisions.iter().zip(&decisions) {
-            if previous.iter().any(|p| same_advice(p, &d.action)) {
-                continue;
-            }
-            if self.history.len() == HISTORY {
-                self.history.pop_front();
-            }
-            self.history.push_back((at_ms, text.clone()));
-        }
+        let loads = model.active_loads();
         self.last = Some(Step {
             at_ms,
-            loads: model
-                .active_loads()
+            nodes: nodes
                 .into_iter()
-                .map(|(n, l)| (n.0, l.max(0.0)))
+                .map(|(id, name, state)| {
+                    let load = loads.get(&NodeId(id)).copied().unwrap_or(0.0).max(0.0);
+                    (name, state, load)
+                })
                 .collect(),
-            names,
             tunnels: model.tunnel_count(),
             demand: model.total_load(),
-            plan,
-            decisions,
+            plan: plan.clone(),
+            decisions: Vec::new(),
         });
-        Ok(())
+        Ok(plan)
+    }
+
+    /// Records what became of the last step's decisions (in the plan's order; advise mode:
+    /// [`Outcome::Advised`] for each). The history keeps a decision unless the last step took
+    /// the same one with the same outcome (advice, and decisions that cannot be carried out,
+    /// come back every step with new figures in their reasons).
+    pub(crate) fn record(&mut self, names: &Naming<'_>, outcomes: Vec<Outcome>) {
+        let Some(step) = self.last.as_mut() else {
+            return;
+        };
+        let decisions: &[Decision] = &step.plan.decisions;
+        let mut previous = Vec::with_capacity(decisions.len());
+        step.decisions.clear();
+        for (d, outcome) in decisions.iter().zip(outcomes) {
+            let text = d.named(names).to_string();
+            let repeated = self
+                .previous
+                .iter()
+                .any(|(a, o)| same_action(a, &d.action) && *o == outcome);
+            if !repeated {
+                if self.history.len() == HISTORY {
+                    self.history.pop_front();
+                }
+                self.history.push_back(Entry {
+                    at_ms: step.at_ms,
+                    text: text.clone(),
+                    outcome: outcome.clone(),
+                });
+            }
+            previous.push((d.action, outcome.clone()));
+            step.decisions.push((text, outcome));
+        }
+        self.previous = previous;
     }
 
     /// A tunnel's cap σ in Mbit/s: both directions of its rate limit, else the default.
@@ -305,60 +367,86 @@ impl Advisor {
             "epsilon": config.epsilon,
             "tau_ms": config.tau.as_millis() as u64,
             "consolidation_interval_s": config.consolidation_interval.as_secs(),
+            "start_latency_s": config.start_latency.as_secs(),
+            "min_nodes": config.min_reserved_nodes,
             "default_sigma_mbit": config.default_sigma,
         });
+        let entry = |text: &str, outcome: &Outcome| {
+            let (done, why) = match outcome {
+                Outcome::Advised => (serde_json::Value::Null, None),
+                Outcome::Done => (true.into(), None),
+                Outcome::Skipped(why) => (false.into(), Some(why.clone())),
+            };
+            serde_json::json!({ "decision": text, "carried_out": done, "not_carried_out_because": why })
+        };
         let history: Vec<serde_json::Value> = self
             .history
             .iter()
-            .map(|(at, d)| serde_json::json!({ "at_ms": at, "decision": d }))
+            .map(|e| {
+                let mut v = entry(&e.text, &e.outcome);
+                v["at_ms"] = e.at_ms.into();
+                v
+            })
             .collect();
+        let mode = self.mode.as_str();
+        let note = match self.mode {
+            AutoscaleMode::Advise => "advise mode: decisions are shown, not carried out",
+            AutoscaleMode::Act => "act mode: decisions are carried out",
+        };
         let Some(step) = &self.last else {
             return serde_json::json!({
-                "mode": "advise",
+                "mode": mode,
+                "note": note,
                 "model": model,
                 "step": null,
                 "decisions": history,
-                "note": "no step yet: the first comes one report interval after start",
+                "waiting": "no step yet: the first comes one interval after start",
             });
         };
         let r = &step.plan.reservation;
+        let limit = config.hotspot_threshold;
         let nodes: Vec<serde_json::Value> = step
-            .loads
+            .nodes
             .iter()
-            .map(|(id, load)| {
+            .map(|(name, state, load)| {
                 serde_json::json!({
-                    "node": step.names.get(id).cloned().unwrap_or_default(),
+                    "node": name,
+                    "state": state.name(),
                     "used_mbit": load,
                     "utilization": load / self.node_capacity,
-                    "hotspot": load / self.node_capacity > config.hotspot_threshold,
+                    "hotspot": state.is_active() && load / self.node_capacity > limit,
                 })
             })
             .collect();
-        let name = |n: &NodeId| {
-            step.names
-                .get(&n.0)
-                .cloned()
-                .unwrap_or_else(|| n.to_string())
+        let count = |wanted: fn(&NodeState) -> bool| {
+            step.nodes.iter().filter(|(_, s, _)| wanted(s)).count()
         };
         serde_json::json!({
-            "mode": "advise",
-            "note": "decisions are shown, not carried out",
+            "mode": mode,
+            "note": note,
             "model": model,
             "step": {
                 "at_ms": step.at_ms,
                 "tunnels": step.tunnels,
                 "used_mbit": step.demand,
                 "nodes": nodes,
-                "active": r.active,
-                "reserved": r.reserved,
+                "before": {
+                    "active": count(|s| s.is_active()),
+                    "reserved": count(|s| s.is_reserved()),
+                    "hotspots": nodes.iter().filter(|n| n["hotspot"] == true).count(),
+                },
+                "after": {
+                    "active": r.active,
+                    "reserved": r.reserved,
+                    "hotspots": step.plan.hotspots.len(),
+                    "unplaced": step.plan.unplaced.len(),
+                },
                 "required": r.required,
                 "predicted_mbit": r.capacity,
                 "predicted_nodes": r.capacity_nodes,
                 "mean_mbit": r.mean,
-                "hotspots": step.plan.hotspots.iter().map(name).collect::<Vec<_>>(),
-                "unplaced": step.plan.unplaced.len(),
                 "consolidated": step.plan.consolidation.is_some(),
-                "decisions": step.decisions,
+                "decisions": step.decisions.iter().map(|(t, o)| entry(t, o)).collect::<Vec<_>>(),
             },
             "decisions": history,
         })
@@ -380,24 +468,21 @@ mod tests {
         }
     }
 
+    fn node(id: u32, seq: u64, mbit: &[(u32, f64)]) -> NodeInput {
+        NodeInput {
+            id,
+            name: format!("data{id}"),
+            alive: true,
+            draining: false,
+            parked: false,
+            provided: None,
+            load: Some((seq, load(1000, mbit))),
+        }
+    }
+
     fn input(seq: u64, a: &[(u32, f64)], b: &[(u32, f64)]) -> Input {
         Input {
-            nodes: vec![
-                NodeInput {
-                    id: 1,
-                    name: "data1".into(),
-                    usable: true,
-                    alive: true,
-                    load: Some((seq, load(1000, a))),
-                },
-                NodeInput {
-                    id: 2,
-                    name: "data2".into(),
-                    usable: true,
-                    alive: true,
-                    load: Some((seq, load(1000, b))),
-                },
-            ],
+            nodes: vec![node(1, seq, a), node(2, seq, b)],
             placement: a
                 .iter()
                 .map(|(t, _)| (TunnelId(*t), 1))
@@ -409,15 +494,35 @@ mod tests {
         }
     }
 
+    fn config(mode: AutoscaleMode) -> AutoscaleConfig {
+        AutoscaleConfig {
+            mode,
+            interval: Duration::from_secs(1),
+            ..AutoscaleConfig::default()
+        }
+    }
+
+    /// Steps and records the outcomes as advice; returns the plan.
+    fn advise(a: &mut Autoscaler, at: Instant, input: &Input) -> Plan {
+        let plan = a.step(at, SystemTime::now(), input).unwrap();
+        let nodes: HashMap<u32, String> =
+            input.nodes.iter().map(|n| (n.id, n.name.clone())).collect();
+        let names = Naming {
+            nodes: &nodes,
+            tunnels: &input.tunnels,
+        };
+        a.record(&names, vec![Outcome::Advised; plan.decisions.len()]);
+        plan
+    }
+
     #[test]
     fn a_hot_node_and_the_reserve_are_shown_with_reasons() {
-        let mut a = Advisor::new(5000, Duration::from_secs(1)).unwrap();
+        let mut a = Autoscaler::new(5000, &config(AutoscaleMode::Advise)).unwrap();
         let t0 = Instant::now();
         assert!(a.describe()["step"].is_null());
         // data1 carries 4 × 1.2 Gbit/s = 4.8 of 5 Gbit/s (above T_H = 0.9); data2 a little.
         let hot = [(1, 1200.0), (2, 1200.0), (3, 1200.0), (4, 1200.0)];
-        a.step(t0, SystemTime::now(), &input(1, &hot, &[(5, 100.0)]))
-            .unwrap();
+        advise(&mut a, t0, &input(1, &hot, &[(5, 100.0)]));
         let d = a.describe();
         let step = &d["step"];
         assert_eq!(d["mode"], "advise");
@@ -426,11 +531,12 @@ mod tests {
             (step["used_mbit"].as_f64().unwrap() - 4900.0).abs() < 1.0,
             "{d}"
         );
+        assert_eq!(step["before"]["hotspots"], 1, "{d}");
         let decisions: Vec<&str> = step["decisions"]
             .as_array()
             .unwrap()
             .iter()
-            .map(|v| v.as_str().unwrap())
+            .map(|v| v["decision"].as_str().unwrap())
             .collect();
         // The first step consolidates; either way tunnels leave data1, named as operators
         // know them, and no node stays above T_H.
@@ -440,22 +546,21 @@ mod tests {
                 .any(|d| d.starts_with("migrate t") && d.contains("data1 -> data2")),
             "{decisions:?}"
         );
-        assert!(step["hotspots"].as_array().unwrap().is_empty(), "{d}");
+        assert!(step["decisions"][0]["carried_out"].is_null(), "{d}");
+        assert_eq!(step["after"]["hotspots"], 0, "{d}");
         assert!(step["required"].as_u64().unwrap() >= 2, "{d}");
         assert_eq!(d["decisions"].as_array().unwrap().len(), decisions.len());
         let first = decisions.len();
         // The same report again is not recorded twice; a drained node leaves the model.
         let mut again = input(1, &hot, &[(5, 100.0)]);
-        again.nodes[1].usable = false;
-        a.step(t0 + Duration::from_secs(1), SystemTime::now(), &again)
-            .unwrap();
+        again.nodes[1].draining = true;
+        advise(&mut a, t0 + Duration::from_secs(1), &again);
         let d = a.describe();
         let nodes = d["step"]["nodes"].as_array().unwrap();
         assert!(nodes.iter().all(|n| n["node"] != "data2"), "{d}");
         // Advice repeated from one step to the next is kept in the history once.
         let repeated = d["step"]["decisions"].as_array().unwrap().len();
-        a.step(t0 + Duration::from_secs(2), SystemTime::now(), &again)
-            .unwrap();
+        advise(&mut a, t0 + Duration::from_secs(2), &again);
         let d = a.describe();
         assert_eq!(
             d["decisions"].as_array().unwrap().len(),
@@ -466,50 +571,76 @@ mod tests {
 
     #[test]
     fn first_reports_and_lost_nodes_do_not_count() {
-        let mut a = Advisor::new(5000, Duration::from_secs(1)).unwrap();
-        assert_eq!(a.tau(), MIN_TAU);
+        let mut a = Autoscaler::new(5000, &config(AutoscaleMode::Advise)).unwrap();
+        assert_eq!(a.tau(), Duration::from_secs(1));
         let mut i = input(1, &[(1, 1000.0)], &[(2, 1000.0)]);
         // data1's first report covers its whole life (no interval); data2 was lost.
         if let Some((_, l)) = i.nodes[0].load.as_mut() {
             l.interval_ms = 0;
         }
         i.nodes[1].alive = false;
-        i.nodes[1].usable = false;
-        a.step(Instant::now(), SystemTime::now(), &i).unwrap();
+        advise(&mut a, Instant::now(), &i);
         let d = a.describe();
         assert_eq!(d["step"]["used_mbit"].as_f64(), Some(0.0), "{d}");
-        assert!(a
-            .usage
-            .get(provision::TunnelId(1))
-            .is_none_or(|h| h.samples() == 0));
-        assert!(a
-            .usage
-            .get(provision::TunnelId(2))
-            .is_none_or(|h| h.samples() == 0));
+        for t in [1, 2] {
+            assert!(a
+                .usage
+                .get(provision::TunnelId(t))
+                .is_none_or(|h| h.samples() == 0));
+        }
     }
 
     #[test]
-    fn decisions_name_nodes_and_tunnels() {
+    fn decisions_name_nodes_and_tunnels_and_new_nodes_say_so() {
         let nodes: HashMap<u32, String> =
             [(1, "data1".to_owned()), (12, "data12".to_owned())].into();
         let tunnels: BTreeMap<TunnelId, (String, Option<u32>)> =
             [(TunnelId(1), ("acme-hq".to_owned(), None))].into();
-        assert_eq!(
-            with_names(
-                "migrate tunnel1 node12 -> node1: node1 is a hotspot; node7 subnode1",
-                &nodes,
-                &tunnels
-            ),
-            "migrate acme-hq data12 -> data1: data1 is a hotspot; node7 subnode1"
+        let names = Naming {
+            nodes: &nodes,
+            tunnels: &tunnels,
+        };
+        let migrate = Decision {
+            action: Action::Migrate {
+                tunnel: provision::TunnelId(1),
+                from: NodeId(12),
+                to: NodeId(1),
+            },
+            reason: provision::Reason::Hotspot {
+                node: NodeId(12),
+                load: 1.0,
+                limit: 0.9,
+                alpha: 0.2,
+            },
+        };
+        let text = migrate.named(&names).to_string();
+        assert!(
+            text.starts_with("migrate acme-hq data12 -> data1: data12 is a hotspot"),
+            "{text}"
+        );
+        let start = Decision {
+            action: Action::Start {
+                node: NodeId(7),
+                ready_at: Instant::now(),
+            },
+            reason: provision::Reason::Empty,
+        };
+        assert!(
+            start
+                .named(&names)
+                .to_string()
+                .starts_with("start a new data node (node7)"),
+            "{}",
+            start.named(&names)
         );
     }
 
     #[test]
     fn caps_follow_rate_limits_and_unknown_tunnels_are_ignored() {
-        let mut a = Advisor::new(5000, Duration::from_secs(1)).unwrap();
+        let mut a = Autoscaler::new(5000, &config(AutoscaleMode::Advise)).unwrap();
         let mut i = input(1, &[(1, 9000.0), (99, 100.0)], &[]);
         i.tunnels.get_mut(&TunnelId(1)).unwrap().1 = Some(500);
-        a.step(Instant::now(), SystemTime::now(), &i).unwrap();
+        advise(&mut a, Instant::now(), &i);
         let d = a.describe();
         // Tunnel 1 is capped at twice its 500 Mbit/s limit; tunnel 99 is not configured.
         assert_eq!(d["step"]["tunnels"], 1, "{d}");
@@ -517,5 +648,100 @@ mod tests {
             (d["step"]["used_mbit"].as_f64().unwrap() - 1000.0).abs() < 1e-6,
             "{d}"
         );
+    }
+
+    #[test]
+    fn nodes_map_onto_the_hierarchy() {
+        let a = Autoscaler::new(5000, &config(AutoscaleMode::Act)).unwrap();
+        let now = Instant::now();
+        let base = node(1, 1, &[]);
+        let with = |f: fn(&mut NodeInput)| {
+            let mut n = base.clone();
+            f(&mut n);
+            n
+        };
+        assert_eq!(a.model_state(&base, false, now), Some(NodeState::Active));
+        // Parked: inactive while empty; a parked node that holds tunnels is still serving.
+        let parked = with(|n| n.parked = true);
+        assert_eq!(
+            a.model_state(&parked, false, now),
+            Some(NodeState::Inactive)
+        );
+        assert_eq!(a.model_state(&parked, true, now), Some(NodeState::Active));
+        // Drained by an operator, or being stopped: out of the model.
+        assert_eq!(
+            a.model_state(&with(|n| n.draining = true), false, now),
+            None
+        );
+        let stopping = with(|n| n.provided = Some(ProvidedState::Stopping));
+        assert_eq!(a.model_state(&stopping, false, now), None);
+        // Not registered: the provider's word.
+        let lost = with(|n| n.alive = false);
+        assert_eq!(a.model_state(&lost, false, now), None);
+        let mut booting = lost.clone();
+        booting.provided = Some(ProvidedState::Running {
+            started_at: Some(now),
+        });
+        assert_eq!(
+            a.model_state(&booting, false, now),
+            Some(NodeState::Starting {
+                ready_at: now + Duration::from_secs(180)
+            })
+        );
+        for state in [
+            ProvidedState::Stopped,
+            ProvidedState::Stopping,
+            ProvidedState::Failed {
+                reason: "exited with status 1".into(),
+            },
+        ] {
+            let mut n = lost.clone();
+            n.provided = Some(state);
+            assert_eq!(a.model_state(&n, false, now), Some(NodeState::ShutDown));
+        }
+    }
+
+    #[test]
+    fn outcomes_are_shown_and_repeated_failures_kept_once() {
+        let mut a = Autoscaler::new(5000, &config(AutoscaleMode::Act)).unwrap();
+        let t0 = Instant::now();
+        // One node with nothing on it and a parked one: the reserve wants at least one node.
+        let mut i = input(1, &[(1, 100.0)], &[]);
+        i.nodes[1].parked = true;
+        let record = |a: &mut Autoscaler, at: Instant| {
+            let plan = a.step(at, SystemTime::now(), &i).unwrap();
+            let nodes: HashMap<u32, String> =
+                i.nodes.iter().map(|n| (n.id, n.name.clone())).collect();
+            let names = Naming {
+                nodes: &nodes,
+                tunnels: &i.tunnels,
+            };
+            let outcomes = plan
+                .decisions
+                .iter()
+                .map(|_| Outcome::Skipped("no node provider is configured".into()))
+                .collect();
+            a.record(&names, outcomes);
+            plan.decisions.len()
+        };
+        let n = record(&mut a, t0);
+        let d = a.describe();
+        assert_eq!(d["mode"], "act");
+        for (i, v) in d["step"]["decisions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .enumerate()
+        {
+            assert_eq!(v["carried_out"], false, "{i}: {d}");
+            assert_eq!(
+                v["not_carried_out_because"],
+                "no node provider is configured"
+            );
+        }
+        let before = d["decisions"].as_array().unwrap().len();
+        assert_eq!(before, n);
+        record(&mut a, t0 + Duration::from_secs(1));
+        assert_eq!(a.describe()["decisions"].as_array().unwrap().len(), before);
     }
 }

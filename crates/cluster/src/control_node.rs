@@ -59,6 +59,9 @@ pub enum ControlNodeError {
     /// Stopped by a signal while standing by.
     #[error("stopped while standing by")]
     Cancelled,
+    /// The node provider (`[cluster.autoscale.local]`) cannot run.
+    #[error("[cluster.autoscale.local]: {0}")]
+    Provider(crate::provider::ProviderError),
     /// The gRPC server.
     #[error("gRPC server on {addr}: {reason}")]
     Grpc {
@@ -258,20 +261,31 @@ impl ControlNode {
         )
         .map_err(NodeError::Dataplane)?;
         let (tasks_tx, tasks_rx) = crossbeam_channel::unbounded();
-        let cluster = Arc::new(Cluster::new(
+        let provider: Option<Arc<dyn crate::provider::NodeProvider>> = match &cc.autoscale.local {
+            Some(local) => Some(Arc::new(
+                crate::provider::LocalProvider::new(local).map_err(ControlNodeError::Provider)?,
+            )),
+            None => None,
+        };
+        let cluster = Cluster::new(
             Settings {
                 name: cc.name.clone(),
                 directive_timeout: cc.directive_timeout,
                 report_interval: cc.report_interval,
                 geneve: cc.geneve,
                 node_capacity_mbit: cc.node_capacity_mbit,
+                autoscale: cc.autoscale.clone(),
             },
             tunnel_meta(config),
             rpc::convert::data_config_to_pb(&config.dataplane.vnets, &config.dataplane.tunnels),
             ike,
             tasks_tx,
             to_control,
-        ));
+        );
+        let cluster = Arc::new(match provider {
+            Some(p) => cluster.with_provider(p),
+            None => cluster,
+        });
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .thread_name("protego-control-grpc")
@@ -350,6 +364,23 @@ impl ControlNode {
                         while !stop.load(Ordering::Relaxed) {
                             std::thread::sleep(TICK);
                             cluster.tick(Instant::now());
+                        }
+                    })
+                    .map_err(NodeError::Start)?,
+            );
+        }
+        {
+            // The model's step takes up to a few hundred milliseconds on large clusters, and
+            // a provider may be slow to answer: not in the tick thread.
+            let cluster = Arc::clone(&cluster);
+            let stop = Arc::clone(&stop);
+            threads.push(
+                std::thread::Builder::new()
+                    .name("protego-autoscaler".into())
+                    .spawn(move || {
+                        while !stop.load(Ordering::Relaxed) {
+                            std::thread::sleep(TICK);
+                            cluster.autoscale(Instant::now());
                         }
                     })
                     .map_err(NodeError::Start)?,

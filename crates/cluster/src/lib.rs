@@ -7,6 +7,7 @@
 //! - [`ike_relay`]: IKE between the control node and the steer nodes, inside Geneve.
 //! - [`agent`]: the node side of a session; [`data_node`]: `protego data`.
 //! - [`node_config`]: the data and steer nodes' configuration file.
+//! - [`provider`]: node providers, which start and stop data nodes for the autoscaler.
 //! - [`steer_node`]: `protego steer`; [`control_node`]: `protego control`.
 
 pub mod agent;
@@ -17,6 +18,7 @@ pub mod ike_relay;
 pub mod link;
 pub mod manager;
 pub mod node_config;
+pub mod provider;
 pub mod service;
 pub mod steer_node;
 

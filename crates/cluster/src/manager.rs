@@ -31,7 +31,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
-use tracing::{debug, error, info, warn};
+use tracing::{debug, info, warn};
 use wire::EspSpi;
 
 /// How long steer nodes keep steering a removed CHILD_SA's SPI: the data node's grace for
@@ -75,8 +75,10 @@ pub struct Settings {
     pub report_interval: Duration,
     /// This control node's Geneve address (steer nodes send IKE there).
     pub geneve: SocketAddr,
-    /// A data node's capacity, Mbit/s (the capacity advisor's unit).
+    /// A data node's capacity, Mbit/s (the autoscaler's unit).
     pub node_capacity_mbit: u32,
+    /// The autoscaler's model and mode (`[cluster.autoscale]`).
+    pub autoscale: control::config::AutoscaleConfig,
 }
 
 /// One registered node.
@@ -89,10 +91,12 @@ struct Node {
     alive: bool,
     /// Being drained: no new CHILD_SAs are placed on it.
     draining: bool,
+    /// Held in reserve by the autoscaler (inactive): new CHILD_SAs go elsewhere if they can.
+    parked: bool,
     boot_id: u64,
     workers: u32,
     last_report: Option<NodeLoad>,
-    /// Reports received so far (tells the capacity advisor a report is new).
+    /// Reports received so far (tells the autoscaler a report is new).
     reports: u64,
 }
 
@@ -213,7 +217,12 @@ pub struct Cluster {
     changed: std::sync::Condvar,
     /// The elastic provisioning model on the load reports (`protego ctl capacity`), and when
     /// it last stepped. Never locked with `state` held.
-    advisor: Mutex<(Option<crate::capacity::Advisor>, Option<Instant>)>,
+    autoscaler: Mutex<(Option<crate::capacity::Autoscaler>, Option<Instant>)>,
+    /// Starts and stops data nodes for the autoscaler (act mode).
+    provider: Option<Arc<dyn crate::provider::NodeProvider>>,
+    /// The names of the data nodes the provider manages: they register parked (inactive),
+    /// as the paper's started node joins the reserve, until the autoscaler activates them.
+    provided: std::collections::HashSet<String>,
     /// The configured tunnels and the data nodes' VNets and bindings (replaced by an apply).
     inventory: std::sync::RwLock<Arc<Inventory>>,
     ike: IkeRelay,
@@ -267,12 +276,14 @@ impl Cluster {
         tasks: Sender<Task>,
         to_control: Sender<ToControl>,
     ) -> Self {
-        let advisor =
-            crate::capacity::Advisor::new(settings.node_capacity_mbit, settings.report_interval)
-                .map_err(|e| warn!(error = %e, "capacity advisor disabled"))
+        let autoscaler =
+            crate::capacity::Autoscaler::new(settings.node_capacity_mbit, &settings.autoscale)
+                .map_err(|e| warn!(error = %e, "autoscaler disabled"))
                 .ok();
         Self {
-            advisor: Mutex::new((advisor, None)),
+            autoscaler: Mutex::new((autoscaler, None)),
+            provider: None,
+            provided: std::collections::HashSet::new(),
             settings,
             changed: std::sync::Condvar::new(),
             inventory: std::sync::RwLock::new(Arc::new(Inventory {
@@ -284,6 +295,14 @@ impl Cluster {
             to_control,
             state: Mutex::new(State::default()),
         }
+    }
+
+    /// The cluster with `provider` starting and stopping data nodes for the autoscaler.
+    #[must_use]
+    pub fn with_provider(mut self, provider: Arc<dyn crate::provider::NodeProvider>) -> Self {
+        self.provided = provider.nodes().into_iter().map(|n| n.name).collect();
+        self.provider = Some(provider);
+        self
     }
 
     /// The current tunnels and VNets.
@@ -448,8 +467,13 @@ impl Cluster {
         let id = Self::id_of(&mut st, name);
         let previous = st.nodes.get(&id);
         let restarted = previous.is_some_and(|n| n.boot_id != boot_id || n.role != role);
-        // A drain outlives a reconnect (not a restart of the process).
+        // A drain or a park outlives a reconnect (not a restart of the process); a node the
+        // provider started joins the reserve.
         let draining = previous.is_some_and(|n| n.draining && !restarted);
+        let parked = match previous.filter(|_| !restarted) {
+            Some(n) => n.parked,
+            None => role == Role::Data && self.provided.contains(name),
+        };
         st.nodes.insert(
             id,
             Node {
@@ -459,6 +483,7 @@ impl Cluster {
                 link: Arc::clone(&link),
                 alive: true,
                 draining,
+                parked,
                 boot_id,
                 workers,
                 last_report: None,
@@ -743,7 +768,8 @@ impl Cluster {
 
     /// The data node for a new CHILD_SA of `tunnel`: its placement if that node is alive and
     /// not draining, else the live data node with the fewest tunnels (then lowest
-    /// utilization, then lowest id), never `exclude`.
+    /// utilization, then lowest id), never `exclude`, and a parked one only if no other is
+    /// left.
     fn choose(&self, st: &State, tunnel: TunnelId, exclude: Option<u32>) -> Option<u32> {
         let usable = |id: &u32| {
             Some(*id) != exclude
@@ -761,9 +787,15 @@ impl Cluster {
                 *count.entry(*n).or_default() += 1;
             }
         }
-        st.nodes
+        // Parked nodes (held in reserve by the autoscaler) only when no other can.
+        let unparked = st
+            .nodes
             .keys()
             .filter(|id| usable(id))
+            .any(|id| !st.nodes[id].parked);
+        st.nodes
+            .keys()
+            .filter(|id| usable(id) && !(unparked && st.nodes[*id].parked))
             .min_by(|a, b| {
                 let util = |id: &u32| {
                     st.nodes[id]
@@ -1044,75 +1076,10 @@ impl Cluster {
         self.fire_data_nodes(st, &pb::directive::Op::SetRelays(relays));
     }
 
-    /// Steps the capacity advisor if its τ has passed (from [`Cluster::tick`]).
-    fn advise(&self, now: Instant) {
-        let mut advisor = self
-            .advisor
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let (Some(a), last) = &mut *advisor else {
-            return;
-        };
-        if last.is_some_and(|t| now.saturating_duration_since(t) < a.tau()) {
-            return;
-        }
-        *last = Some(now);
-        let inventory = self.inventory();
-        let input = {
-            let st = self.state();
-            crate::capacity::Input {
-                nodes: st
-                    .nodes
-                    .iter()
-                    .filter(|(_, n)| n.role == Role::Data)
-                    .map(|(id, n)| crate::capacity::NodeInput {
-                        id: *id,
-                        name: n.name.clone(),
-                        usable: n.alive && !n.draining,
-                        alive: n.alive,
-                        load: n.last_report.clone().map(|l| (n.reports, l)),
-                    })
-                    .collect(),
-                placement: st.placement.iter().map(|(t, n)| (*t, *n)).collect(),
-                tunnels: inventory
-                    .tunnels
-                    .values()
-                    .map(|t| (t.id, (t.name.clone(), t.rate_limit_mbit)))
-                    .collect(),
-            }
-        };
-        // A fault in the model must not take the cluster's periodic work down with it.
-        let step = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            a.step(now, std::time::SystemTime::now(), &input)
-        }));
-        match step {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => warn!(error = %e, "capacity advisor step failed"),
-            Err(_) => {
-                error!("capacity advisor panicked; disabled");
-                advisor.0 = None;
-            }
-        }
-    }
-
-    /// What the capacity advisor found (`protego ctl capacity`).
-    pub fn capacity(&self) -> serde_json::Value {
-        let advisor = self
-            .advisor
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        match &advisor.0 {
-            Some(a) => a.describe(),
-            None => {
-                serde_json::json!({ "error": "the capacity advisor is disabled (see the log)" })
-            }
-        }
-    }
-
     /// Periodic work (every 100 ms or so): forgets the steering of retired SPIs whose grace
     /// ended, resends whole tables to steer nodes that missed an update (one at a time per
     /// node), rekeys again the tunnels whose CHILD_SA found no live data node (paced by
-    /// [`REKEY_RETRY`]), and steps the capacity advisor every report interval.
+    /// [`REKEY_RETRY`]).
     pub fn tick(&self, now: Instant) {
         let mut st = self.state();
         let mut due = Vec::new();
@@ -1184,7 +1151,6 @@ impl Cluster {
                 .tasks
                 .send(Task::Rekey(rekey, "retry: no live data node held it"));
         }
-        self.advise(now);
     }
 
     // ---- operator commands ----
@@ -1381,6 +1347,7 @@ impl Cluster {
                     "geneve": n.geneve.to_string(),
                     "alive": n.alive,
                     "draining": n.draining,
+                    "parked": n.parked,
                     "workers": n.workers,
                     "tunnels": tunnels,
                     "child_sas": children,
@@ -1796,6 +1763,9 @@ impl std::fmt::Debug for Cluster {
             .finish_non_exhaustive()
     }
 }
+
+#[path = "manager_autoscale.rs"]
+mod autoscale;
 
 #[cfg(test)]
 #[path = "manager_tests.rs"]

@@ -55,6 +55,11 @@ fn bed() -> Bed {
 
 /// A cluster whose control loop has not started yet (a new control node adopting).
 fn fresh_bed() -> Bed {
+    fresh_bed_with(control::config::AutoscaleConfig::default())
+}
+
+/// [`fresh_bed`] with the autoscaler configured as `autoscale`.
+fn fresh_bed_with(autoscale: control::config::AutoscaleConfig) -> Bed {
     let (tasks_tx, tasks) = crossbeam_channel::unbounded();
     let (to_control, _from) = crossbeam_channel::bounded(16);
     let ike = IkeRelay::bind(
@@ -79,6 +84,7 @@ fn fresh_bed() -> Bed {
             report_interval: Duration::from_secs(1),
             geneve: "10.0.0.10:6081".parse().unwrap(),
             node_capacity_mbit: 5000,
+            autoscale,
         },
         tunnels,
         pb::DataConfig {
@@ -728,4 +734,136 @@ fn events_are_only_taken_from_the_node_they_concern() {
     );
     b.cluster.event(holder, "holder", rekey(0x1000));
     assert!(matches!(from.try_recv(), Ok(ToControl::RekeyNeeded(spi)) if spi == EspSpi(0x1000)));
+}
+
+/// A node provider that records what it is asked and manages `data3`.
+#[derive(Default)]
+struct FakeProvider {
+    calls: Mutex<Vec<(bool, String)>>,
+    running: AtomicBool,
+}
+
+impl crate::provider::NodeProvider for FakeProvider {
+    fn kind(&self) -> &'static str {
+        "fake"
+    }
+
+    fn nodes(&self) -> Vec<crate::provider::ProvidedNode> {
+        let state = if self.running.load(Ordering::Relaxed) {
+            crate::provider::ProvidedState::Running { started_at: None }
+        } else {
+            crate::provider::ProvidedState::Stopped
+        };
+        vec![crate::provider::ProvidedNode {
+            name: "data3".into(),
+            state,
+        }]
+    }
+
+    fn start(&self, name: &str) -> Result<(), crate::provider::ProviderError> {
+        self.calls.lock().unwrap().push((true, name.into()));
+        self.running.store(true, Ordering::Relaxed);
+        Ok(())
+    }
+
+    fn stop(&self, name: &str) -> Result<(), crate::provider::ProviderError> {
+        self.calls.lock().unwrap().push((false, name.into()));
+        self.running.store(false, Ordering::Relaxed);
+        Ok(())
+    }
+}
+
+/// A report of `mbit` per tunnel over one second.
+fn mbit_report(mbit: &[(u32, u64)]) -> NodeLoad {
+    NodeLoad {
+        interval_ms: 1000,
+        tunnel_bytes: mbit.iter().map(|(t, m)| (*t, m * 1_000_000 / 8)).collect(),
+        ..NodeLoad::default()
+    }
+}
+
+#[test]
+fn the_autoscaler_relieves_a_hotspot_parks_and_starts_nodes() {
+    let provider = Arc::new(FakeProvider::default());
+    let mut b = fresh_bed_with(control::config::AutoscaleConfig {
+        mode: control::config::AutoscaleMode::Act,
+        interval: Duration::from_secs(1),
+        consolidation_interval: Duration::from_secs(1),
+        ..control::config::AutoscaleConfig::default()
+    });
+    b.cluster = std::mem::replace(&mut b.cluster, fresh_bed().cluster)
+        .with_provider(Arc::clone(&provider) as Arc<dyn crate::provider::NodeProvider>);
+    assert!(b.cluster.reconcile(&[]).is_empty());
+    let d1 = b.join("data1", Role::Data, 1);
+    b.join("steer1", Role::Steer, 1);
+    for t in 1..=3 {
+        b.cluster
+            .install_child(&child(t, 0x1000 * t, None, true))
+            .unwrap();
+    }
+    let d2 = b.join("data2", Role::Data, 1);
+    b.rekeys();
+    // Without a rate limit a tunnel's σ is 30 % of a node: allow t2 and t3 more.
+    b.cluster
+        .set_rate_limits(&[(TunnelId(2), Some(2500)), (TunnelId(3), Some(2500))].into());
+    // data1 carries 200 + 2500 + 2200 Mbit/s of 5000 (t1 is capped at twice its 100 Mbit/s).
+    b.cluster
+        .report(d1, mbit_report(&[(1, 200), (2, 2500), (3, 2200)]));
+    b.cluster
+        .report(d1, mbit_report(&[(1, 200), (2, 2500), (3, 2200)]));
+    let t0 = Instant::now();
+    b.cluster.autoscale(t0);
+    // Best Fit Decreasing keeps t2 and t1 together and moves t3: a zero-loss move by rekey.
+    assert_eq!(b.rekeys(), vec![TunnelId(3)]);
+    assert_eq!(b.cluster.state().placement[&TunnelId(3)], d2);
+    let c = b.cluster.capacity();
+    assert_eq!(c["mode"], "act", "{c}");
+    let decisions = c["step"]["decisions"].as_array().unwrap();
+    assert!(
+        decisions.iter().any(|d| d["decision"]
+            .as_str()
+            .unwrap()
+            .starts_with("migrate t3 data1 -> data2")
+            && d["carried_out"] == true),
+        "{c}"
+    );
+    assert_eq!(c["provider"]["kind"], "fake", "{c}");
+    assert_eq!(c["provider"]["nodes"][0]["state"], "stopped", "{c}");
+    // Not again before τ.
+    b.cluster.autoscale(t0 + Duration::from_millis(500));
+    assert!(b.rekeys().is_empty());
+
+    // Load falls: everything fits on one node; the emptied node is parked at once (its old
+    // CHILD_SA may still be leaving) and takes no new CHILD_SA while another can.
+    b.cluster.report(d1, mbit_report(&[(1, 50), (2, 100)]));
+    b.cluster.report(d2, mbit_report(&[(3, 100)]));
+    b.cluster.autoscale(t0 + Duration::from_secs(2));
+    assert_eq!(b.rekeys(), vec![TunnelId(3)]);
+    assert_eq!(b.cluster.state().placement[&TunnelId(3)], d1);
+    assert!(b.cluster.state().nodes[&d2].parked);
+    {
+        let st = b.cluster.state();
+        assert_eq!(b.cluster.choose(&st, TunnelId(2), None), Some(d1));
+    }
+    assert_eq!(b.cluster.describe()["nodes"][2]["parked"], true);
+    assert!(provider.calls.lock().unwrap().is_empty());
+
+    // Demand far above two nodes: the reserve asks for a third, which the provider starts.
+    for _ in 0..3 {
+        b.cluster
+            .report(d1, mbit_report(&[(1, 200), (2, 5000), (3, 5000)]));
+    }
+    b.cluster.autoscale(t0 + Duration::from_secs(4));
+    assert_eq!(
+        provider.calls.lock().unwrap().first(),
+        Some(&(true, "data3".to_owned())),
+        "{}",
+        b.cluster.capacity()
+    );
+    let c = b.cluster.capacity();
+    assert_eq!(c["provider"]["nodes"][0]["state"], "running", "{c}");
+    // It joins the reserve parked (inactive), until the autoscaler activates it.
+    let d3 = b.join("data3", Role::Data, 1);
+    assert!(b.cluster.state().nodes[&d3].parked);
+    assert!(!b.cluster.state().nodes[&d1].parked);
 }

@@ -83,7 +83,7 @@ pub use nodes::{NodeCounts, NodePlan, NodeState};
 pub use placement::{
     best_fit, best_fit_decreasing, fits, hotspot_selection, volume_lower_bound, FIT_TOLERANCE,
 };
-pub use plan::{Action, ConsolidationOutcome, Decision, Plan, Reason, Reservation};
+pub use plan::{Action, ById, ConsolidationOutcome, Decision, Names, Plan, Reason, Reservation};
 pub use planner::{ConsolidationMode, Planner, PlannerConfig};
 pub use sim::{
     compare, run_policy, sweep, Comparison, MinuteStats, Policy, Progress, Run, SimConfig,

@@ -1,12 +1,60 @@
 //! What a [`crate::Planner`] decides in one step: a list of [`Decision`]s, each an
 //! [`Action`] with the [`Reason`] for it, plus the reserve it computed. Every type prints in
-//! words, for operators (`protego ctl capacity` shows the last decisions and why).
+//! words, for operators (`protego ctl capacity` shows the last decisions and why). `Display`
+//! names nodes and tunnels by id (`node3`, `tunnel7`); [`Action::named`], [`Reason::named`] and
+//! [`Decision::named`] print the same text with the names a [`Names`] gives them.
 
 use core::fmt;
 use std::time::Instant;
 
 use crate::ids::{NodeId, TunnelId};
 use crate::nodes::{NodePlan, NodeState};
+
+/// How printed decisions name nodes and tunnels (see [`Decision::named`]). Both methods default
+/// to the id (`node3`, `tunnel7`), so an implementation can fall back to them for ids it does
+/// not know.
+pub trait Names {
+    /// Writes `node`'s name (default: `node<id>`).
+    fn node(&self, node: NodeId, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{node}")
+    }
+
+    /// Writes `tunnel`'s name (default: `tunnel<id>`).
+    fn tunnel(&self, tunnel: TunnelId, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{tunnel}")
+    }
+}
+
+/// The ids as they are (`node3`, `tunnel7`): what `Display` prints.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ById;
+
+impl Names for ById {}
+
+/// A node printed through a [`Names`].
+struct NodeName<'a>(&'a dyn Names, NodeId);
+
+impl fmt::Display for NodeName<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.node(self.1, f)
+    }
+}
+
+/// A tunnel printed through a [`Names`].
+struct TunnelName<'a>(&'a dyn Names, TunnelId);
+
+impl fmt::Display for TunnelName<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.tunnel(self.1, f)
+    }
+}
+
+/// A value printed with its nodes and tunnels named by a [`Names`]; what the `named` methods
+/// return.
+struct Named<'a, T> {
+    value: &'a T,
+    names: &'a dyn Names,
+}
 
 /// One change to the cluster. Apply it with [`crate::Cluster::apply`]; in a live cluster,
 /// `Place` and `Migrate` are tunnel migrations by rekeying and the node actions go to the node
@@ -54,16 +102,40 @@ pub enum Action {
     },
 }
 
+impl Action {
+    /// Prints the action with its nodes and tunnels named by `names` (`Display` is
+    /// `self.named(&ById)`).
+    pub fn named<'a>(&'a self, names: &'a dyn Names) -> impl fmt::Display + 'a {
+        Named { value: self, names }
+    }
+}
+
+impl fmt::Display for Named<'_, Action> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let node = |node| NodeName(self.names, node);
+        let tunnel = |tunnel| TunnelName(self.names, tunnel);
+        match *self.value {
+            Action::Place { tunnel: t, node: n } => {
+                write!(f, "place {} on {}", tunnel(t), node(n))
+            }
+            Action::Migrate {
+                tunnel: t,
+                from,
+                to,
+            } => {
+                write!(f, "migrate {} {} -> {}", tunnel(t), node(from), node(to))
+            }
+            Action::Activate { node: n } => write!(f, "activate {}", node(n)),
+            Action::Deactivate { node: n } => write!(f, "deactivate {}", node(n)),
+            Action::Start { node: n, .. } => write!(f, "start {}", node(n)),
+            Action::Stop { node: n } => write!(f, "stop {}", node(n)),
+        }
+    }
+}
+
 impl fmt::Display for Action {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::Place { tunnel, node } => write!(f, "place {tunnel} on {node}"),
-            Self::Migrate { tunnel, from, to } => write!(f, "migrate {tunnel} {from} -> {to}"),
-            Self::Activate { node } => write!(f, "activate {node}"),
-            Self::Deactivate { node } => write!(f, "deactivate {node}"),
-            Self::Start { node, .. } => write!(f, "start {node}"),
-            Self::Stop { node } => write!(f, "stop {node}"),
-        }
+        self.named(&ById).fmt(f)
     }
 }
 
@@ -166,47 +238,65 @@ pub enum Reason {
     },
 }
 
+impl Reason {
+    /// Prints the reason with its nodes and tunnels named by `names` (`Display` is
+    /// `self.named(&ById)`).
+    pub fn named<'a>(&'a self, names: &'a dyn Names) -> impl fmt::Display + 'a {
+        Named { value: self, names }
+    }
+}
+
 impl fmt::Display for Reason {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match *self {
-            Self::NewTunnel { alpha } => {
+        self.named(&ById).fmt(f)
+    }
+}
+
+impl fmt::Display for Named<'_, Reason> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        use Reason as R;
+        match *self.value {
+            R::NewTunnel { alpha } => {
                 write!(f, "new tunnel (α = {alpha:.4}), best fit")
             }
-            Self::NodeNotActive { node, state, alpha } => write!(
+            R::NodeNotActive { node, state, alpha } => write!(
                 f,
-                "its node {node} is {state}, not active (α = {alpha:.4}), best fit"
+                "its node {} is {state}, not active (α = {alpha:.4}), best fit",
+                NodeName(self.names, node)
             ),
-            Self::Overflow { alpha, load, limit } => write!(
+            R::Overflow { alpha, load, limit } => write!(
                 f,
                 "no node has room for α = {alpha:.4} and no inactive node is left: least loaded \
                  active node, now at {load:.4} > limit {limit:.4}"
             ),
-            Self::Hotspot {
+            R::Hotspot {
                 node,
                 load,
                 limit,
                 alpha,
             } => write!(
                 f,
-                "{node} is a hotspot (β = {load:.4} > limit {limit:.4}); α = {alpha:.4} is among \
-                 the fewest largest tunnels whose sum exceeds β − limit = {:.4}, best fit",
+                "{} is a hotspot (β = {load:.4} > limit {limit:.4}); α = {alpha:.4} is among the \
+                 fewest largest tunnels whose sum exceeds β − limit = {:.4}, best fit",
+                NodeName(self.names, node),
                 load - limit
             ),
-            Self::Consolidation { active, nodes } => write!(
+            R::Consolidation { active, nodes } => write!(
                 f,
                 "consolidation: best fit decreasing packs all tunnels into {nodes} node(s), \
                  {active} active"
             ),
-            Self::NothingFits {
+            R::NothingFits {
                 tunnel,
                 alpha,
                 limit,
             } => write!(
                 f,
-                "no active node has room for {tunnel} (α = {alpha:.4}) under limit {limit:.4}"
+                "no active node has room for {} (α = {alpha:.4}) under limit {limit:.4}",
+                TunnelName(self.names, tunnel)
             ),
-            Self::Empty => f.write_str("empty: held in reserve, rejoins instantly"),
-            Self::BelowReserve {
+            R::Empty => f.write_str("empty: held in reserve, rejoins instantly"),
+            R::BelowReserve {
                 capacity,
                 epsilon,
                 threshold,
@@ -218,12 +308,12 @@ impl fmt::Display for Reason {
                  T_H = {threshold}: {required} node(s) required, {reserved} reserved (active + \
                  inactive + starting)"
             ),
-            Self::Stranded { tunnels, nodes } => write!(
+            R::Stranded { tunnels, nodes } => write!(
                 f,
                 "{tunnels} tunnel(s) found no room and no inactive node: {nodes} more node(s) \
                  needed now"
             ),
-            Self::AboveReserve {
+            R::AboveReserve {
                 capacity,
                 epsilon,
                 threshold,
@@ -249,9 +339,28 @@ pub struct Decision {
     pub reason: Reason,
 }
 
+impl Decision {
+    /// Prints the decision with its nodes and tunnels named by `names`, e.g. "migrate acme-hq
+    /// data2 -> data1: data2 is a hotspot ..." (`Display` is `self.named(&ById)`).
+    pub fn named<'a>(&'a self, names: &'a dyn Names) -> impl fmt::Display + 'a {
+        Named { value: self, names }
+    }
+}
+
+impl fmt::Display for Named<'_, Decision> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{}: {}",
+            self.value.action.named(self.names),
+            self.value.reason.named(self.names)
+        )
+    }
+}
+
 impl fmt::Display for Decision {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}: {}", self.action, self.reason)
+        self.named(&ById).fmt(f)
     }
 }
 
@@ -378,5 +487,215 @@ impl fmt::Display for Plan {
             write!(f, "\nhotspots left: {:?}", self.hotspots)?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use super::*;
+
+    /// Operator names for some ids; the others print as ids through the default methods.
+    #[derive(Default)]
+    struct Map {
+        nodes: HashMap<NodeId, &'static str>,
+        tunnels: HashMap<TunnelId, &'static str>,
+    }
+
+    impl Names for Map {
+        fn node(&self, node: NodeId, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            match self.nodes.get(&node) {
+                Some(name) => f.write_str(name),
+                None => ById.node(node, f),
+            }
+        }
+
+        fn tunnel(&self, tunnel: TunnelId, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            match self.tunnels.get(&tunnel) {
+                Some(name) => f.write_str(name),
+                None => ById.tunnel(tunnel, f),
+            }
+        }
+    }
+
+    fn names() -> Map {
+        Map {
+            nodes: HashMap::from([(NodeId(1), "data1"), (NodeId(2), "data2")]),
+            tunnels: HashMap::from([(TunnelId(7), "acme-hq")]),
+        }
+    }
+
+    /// Every action and every reason that names a node or a tunnel, with what `Display` and
+    /// `named(&names())` print.
+    fn actions() -> Vec<(Action, &'static str, &'static str)> {
+        let ready_at = Instant::now();
+        vec![
+            (
+                Action::Place {
+                    tunnel: TunnelId(7),
+                    node: NodeId(1),
+                },
+                "place tunnel7 on node1",
+                "place acme-hq on data1",
+            ),
+            (
+                Action::Migrate {
+                    tunnel: TunnelId(7),
+                    from: NodeId(2),
+                    to: NodeId(1),
+                },
+                "migrate tunnel7 node2 -> node1",
+                "migrate acme-hq data2 -> data1",
+            ),
+            (
+                Action::Activate { node: NodeId(2) },
+                "activate node2",
+                "activate data2",
+            ),
+            (
+                Action::Deactivate { node: NodeId(1) },
+                "deactivate node1",
+                "deactivate data1",
+            ),
+            (
+                Action::Start {
+                    node: NodeId(2),
+                    ready_at,
+                },
+                "start node2",
+                "start data2",
+            ),
+            (Action::Stop { node: NodeId(1) }, "stop node1", "stop data1"),
+            // Unknown ids fall back to the id.
+            (
+                Action::Migrate {
+                    tunnel: TunnelId(8),
+                    from: NodeId(2),
+                    to: NodeId(9),
+                },
+                "migrate tunnel8 node2 -> node9",
+                "migrate tunnel8 data2 -> node9",
+            ),
+        ]
+    }
+
+    fn reasons() -> Vec<(Reason, &'static str, &'static str)> {
+        vec![
+            (
+                Reason::NodeNotActive {
+                    node: NodeId(2),
+                    state: NodeState::ShutDown,
+                    alpha: 0.25,
+                },
+                "its node node2 is shut down, not active (α = 0.2500), best fit",
+                "its node data2 is shut down, not active (α = 0.2500), best fit",
+            ),
+            (
+                Reason::Hotspot {
+                    node: NodeId(2),
+                    load: 1.0,
+                    limit: 0.9,
+                    alpha: 0.3,
+                },
+                "node2 is a hotspot (β = 1.0000 > limit 0.9000); α = 0.3000 is among the fewest \
+                 largest tunnels whose sum exceeds β − limit = 0.1000, best fit",
+                "data2 is a hotspot (β = 1.0000 > limit 0.9000); α = 0.3000 is among the fewest \
+                 largest tunnels whose sum exceeds β − limit = 0.1000, best fit",
+            ),
+            (
+                Reason::NothingFits {
+                    tunnel: TunnelId(7),
+                    alpha: 0.5,
+                    limit: 0.9,
+                },
+                "no active node has room for tunnel7 (α = 0.5000) under limit 0.9000",
+                "no active node has room for acme-hq (α = 0.5000) under limit 0.9000",
+            ),
+            // Unknown ids fall back to the id.
+            (
+                Reason::NodeNotActive {
+                    node: NodeId(5),
+                    state: NodeState::Inactive,
+                    alpha: 0.1,
+                },
+                "its node node5 is inactive, not active (α = 0.1000), best fit",
+                "its node node5 is inactive, not active (α = 0.1000), best fit",
+            ),
+            (
+                Reason::NothingFits {
+                    tunnel: TunnelId(3),
+                    alpha: 0.5,
+                    limit: 0.9,
+                },
+                "no active node has room for tunnel3 (α = 0.5000) under limit 0.9000",
+                "no active node has room for tunnel3 (α = 0.5000) under limit 0.9000",
+            ),
+            // No ids at all: the same either way.
+            (
+                Reason::NewTunnel { alpha: 0.2 },
+                "new tunnel (α = 0.2000), best fit",
+                "new tunnel (α = 0.2000), best fit",
+            ),
+            (
+                Reason::Empty,
+                "empty: held in reserve, rejoins instantly",
+                "empty: held in reserve, rejoins instantly",
+            ),
+        ]
+    }
+
+    #[test]
+    fn actions_print_names() {
+        let names = names();
+        for (action, by_id, named) in actions() {
+            assert_eq!(action.to_string(), by_id);
+            assert_eq!(action.named(&ById).to_string(), by_id);
+            assert_eq!(action.named(&names).to_string(), named);
+        }
+    }
+
+    #[test]
+    fn reasons_print_names() {
+        let names = names();
+        for (reason, by_id, named) in reasons() {
+            assert_eq!(reason.to_string(), by_id);
+            assert_eq!(reason.named(&ById).to_string(), by_id);
+            assert_eq!(reason.named(&names).to_string(), named);
+        }
+    }
+
+    #[test]
+    fn decisions_print_names() {
+        let names = names();
+        for (action, action_by_id, action_named) in actions() {
+            for (reason, reason_by_id, reason_named) in reasons() {
+                let decision = Decision { action, reason };
+                let by_id = format!("{action_by_id}: {reason_by_id}");
+                assert_eq!(decision.to_string(), by_id);
+                assert_eq!(decision.named(&ById).to_string(), by_id);
+                assert_eq!(
+                    decision.named(&names).to_string(),
+                    format!("{action_named}: {reason_named}")
+                );
+            }
+        }
+        let decision = Decision {
+            action: Action::Migrate {
+                tunnel: TunnelId(7),
+                from: NodeId(2),
+                to: NodeId(1),
+            },
+            reason: Reason::Hotspot {
+                node: NodeId(2),
+                load: 1.0,
+                limit: 0.9,
+                alpha: 0.3,
+            },
+        };
+        assert!(decision
+            .named(&names)
+            .to_string()
+            .starts_with("migrate acme-hq data2 -> data1: data2 is a hotspot (β = 1.0000"));
     }
 }

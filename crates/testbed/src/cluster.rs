@@ -145,6 +145,16 @@ pub struct ClusterSpec {
     pub extra_data: Vec<String>,
     /// Extra lines for the steer node's `[steer]` table, verbatim.
     pub extra_steer: Vec<String>,
+    /// Data nodes the control nodes' `local` node provider starts and stops
+    /// (`[cluster.autoscale.local]`), named after the [`ClusterSpec::data`] ones: each gets
+    /// its namespace, certificate and configuration, and runs only when the autoscaler
+    /// starts it. [`ProtegoCluster`] kills those still running when it is dropped (by the
+    /// PIDs in the provider's pid files).
+    pub provided_data: usize,
+    /// Extra lines for the control nodes' `[cluster.autoscale]` table, verbatim (e.g.
+    /// `mode = "act"`); the table is written when this or
+    /// [`ClusterSpec::provided_data`] is not empty.
+    pub extra_autoscale: Vec<String>,
     /// Log filter of every node: `--log-level` of `protego control`, `RUST_LOG` of
     /// `protego data` and `protego steer`.
     pub log_level: String,
@@ -168,6 +178,8 @@ impl Default for ClusterSpec {
             extra_control: Vec::new(),
             extra_data: Vec::new(),
             extra_steer: Vec::new(),
+            provided_data: 0,
+            extra_autoscale: Vec::new(),
             log_level: "info,protego_ike=debug".to_owned(),
             ready_timeout: Duration::from_secs(30),
         }
@@ -201,8 +213,11 @@ impl ClusterSpec {
                 "only the etcd store takes extra [store] lines".to_owned(),
             );
         }
-        if self.data > MAX_DATA {
-            return bad("data", format!("at most {MAX_DATA} data nodes"));
+        if self.data + self.provided_data > MAX_DATA {
+            return bad(
+                "data",
+                format!("at most {MAX_DATA} data nodes, provided ones included"),
+            );
         }
         for (field, d) in [
             ("report_interval", self.report_interval),
@@ -340,6 +355,10 @@ pub struct ProtegoCluster {
     /// The router in front of two steer nodes.
     router: Option<EcmpRouter>,
     ready_timeout: Duration,
+    /// Data nodes the control nodes' `local` provider starts: name and namespace.
+    provided: Vec<(String, Netns)>,
+    /// The provider's `run_dir` (pid files and logs).
+    provider_dir: PathBuf,
 }
 
 /// Where a node runs and how it is named, before it starts.
@@ -394,6 +413,16 @@ impl ProtegoCluster {
                 plan.push(Placement { name, role, place });
             }
         }
+        let mut provided = Vec::with_capacity(spec.provided_data);
+        for i in spec.data + 1..=spec.data + spec.provided_data {
+            let name = format!("data{i}");
+            let place = topo.add_underlay_node(bed, &format!("{label}-{name}"))?;
+            provided.push(Placement {
+                name,
+                role: ClusterRole::Data,
+                place,
+            });
+        }
         let router = if spec.steers == 1 {
             let gw = &topo.gateway;
             plan.push(Placement {
@@ -424,7 +453,7 @@ impl ProtegoCluster {
         // One CA, one certificate per node naming it (CN, DNS) and its underlay address (IP).
         let pki = Pki::new(dir.join("pki"));
         pki.init(bin)?;
-        for p in &plan {
+        for p in plan.iter().chain(&provided) {
             pki.issue(bin, &p.name, p.role, p.place.underlay.addr)?;
         }
 
@@ -458,6 +487,33 @@ impl ProtegoCluster {
         if tunnels.iter().any(|t| t.outer_ipv6) {
             vips.push(topo.gateway.wan6.addr);
         }
+        // The provider's nodes: configurations only; the control node runs them.
+        let provider_dir = dir.join("provider");
+        let mut autoscale = String::new();
+        if spec.provided_data > 0 || !spec.extra_autoscale.is_empty() {
+            let _ = writeln!(autoscale, "\n[cluster.autoscale]");
+            for line in &spec.extra_autoscale {
+                let _ = writeln!(autoscale, "{line}");
+            }
+        }
+        if !provided.is_empty() {
+            let _ = writeln!(autoscale, "\n[cluster.autoscale.local]");
+            let _ = writeln!(autoscale, "command = {:?}", bin.display().to_string());
+            let _ = writeln!(
+                autoscale,
+                "run_dir = {:?}",
+                provider_dir.display().to_string()
+            );
+            for p in &provided {
+                let config = dir.join(format!("{}.toml", p.name));
+                let geneve = SocketAddr::new(p.place.underlay.addr, GENEVE_PORT);
+                let text = data_config(&p.name, &pki, &controls, geneve, &spec.extra_data);
+                std::fs::write(&config, text).map_err(|e| Error::io("write config", &config, e))?;
+                let _ = writeln!(autoscale, "\n[[cluster.autoscale.local.node]]");
+                let _ = writeln!(autoscale, "config = {:?}", config.display().to_string());
+                let _ = writeln!(autoscale, "netns = {:?}", p.place.ns.name());
+            }
+        }
         let mut prepared = Vec::with_capacity(plan.len());
         for p in plan {
             let addr = p.place.underlay.addr;
@@ -484,6 +540,7 @@ impl ProtegoCluster {
                         spec.report_interval,
                         &spec.extra_control,
                     ));
+                    text.push_str(&autoscale);
                     (own.join("protego.toml"), Some(socket), text)
                 }
                 ClusterRole::Data => (
@@ -543,9 +600,32 @@ impl ProtegoCluster {
             etcd_node,
             router,
             ready_timeout: spec.ready_timeout,
+            provided: provided.into_iter().map(|p| (p.name, p.place.ns)).collect(),
+            provider_dir,
         };
         cluster.wait_ready()?;
         Ok(cluster)
+    }
+
+    /// The data nodes the control nodes' `local` provider may start
+    /// ([`ClusterSpec::provided_data`]).
+    pub fn provided_data_names(&self) -> Vec<String> {
+        self.provided.iter().map(|(n, _)| n.clone()).collect()
+    }
+
+    /// The PID of provided data node `name` if the provider's pid file names a process that
+    /// runs (with the recorded start time).
+    pub fn provided_pid(&self, name: &str) -> Option<i32> {
+        let text = std::fs::read_to_string(self.provider_dir.join(format!("{name}.pid"))).ok()?;
+        let mut fields = text.split_whitespace();
+        let pid: i32 = fields.next()?.parse().ok()?;
+        let start: u64 = fields.next()?.parse().ok()?;
+        (pid > 0 && process_start_time(pid) == Some(start)).then_some(pid)
+    }
+
+    /// The log of provided data node `name` (the provider appends every run's output to it).
+    pub fn provided_log(&self, name: &str) -> String {
+        std::fs::read_to_string(self.provider_dir.join(format!("{name}.log"))).unwrap_or_default()
     }
 
     /// The cluster's directory (configurations, PKI, control sockets).
@@ -991,6 +1071,50 @@ impl ProtegoCluster {
                 ),
             })
     }
+}
+
+impl Drop for ProtegoCluster {
+    /// Stops the control nodes (so that no provider starts another data node), then kills
+    /// the data nodes their `local` provider started, by the PIDs of its pid files; the other
+    /// processes stop when their handles drop.
+    fn drop(&mut self) {
+        if self.provided.is_empty() {
+            return;
+        }
+        for node in self.nodes.iter().filter(|n| n.role == ClusterRole::Control) {
+            node.stopped.store(true, Ordering::Relaxed);
+            node.process.stop();
+        }
+        for (name, _) in &self.provided {
+            if let Some(pid) = self.provided_pid(name) {
+                // SAFETY: kill(2) with a PID our provider started and recorded, whose start
+                // time was just checked; no memory is involved.
+                unsafe {
+                    libc::kill(pid, libc::SIGKILL);
+                }
+                for _ in 0..100 {
+                    if process_start_time(pid).is_none() {
+                        break;
+                    }
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+            }
+        }
+    }
+}
+
+/// The start time of process `pid` (field 22 of `/proc/PID/stat`, clock ticks since boot),
+/// `None` if it does not run (a zombie counts as gone).
+fn process_start_time(pid: i32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) may hold spaces and parentheses: fields after the last ')'.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let mut fields = rest.split_whitespace();
+    if fields.next()? == "Z" {
+        return None;
+    }
+    // Field 3 was the state; the start time is field 22.
+    fields.nth(18)?.parse().ok()
 }
 
 /// The development PKI of a cluster: `protego certs` writes `ca.pem`, `ca.key`, `<node>.pem`

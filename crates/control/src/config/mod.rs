@@ -87,7 +87,7 @@ pub struct Gateway {
 }
 
 /// `[cluster]`: how a control node of the distributed form meets its data and steer nodes.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct ClusterConfig {
     /// This control node's name (its certificate's CN).
     pub name: String,
@@ -113,6 +113,90 @@ pub struct ClusterConfig {
     /// A data node's capacity in Mbit/s, the unit of the capacity advisor
     /// (`protego ctl capacity`).
     pub node_capacity_mbit: u32,
+    /// `[cluster.autoscale]`: the elastic provisioning model and what it may do.
+    pub autoscale: AutoscaleConfig,
+}
+
+/// Whether the autoscaler carries its decisions out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum AutoscaleMode {
+    /// Decisions are shown (`protego ctl capacity`), not carried out.
+    #[default]
+    Advise,
+    /// Decisions are carried out: tunnels are migrated, nodes parked and unparked, and
+    /// started and stopped through the node provider.
+    Act,
+}
+
+impl AutoscaleMode {
+    /// The mode as the file spells it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Advise => "advise",
+            Self::Act => "act",
+        }
+    }
+}
+
+/// `[cluster.autoscale]` (see docs/configuration.md and docs/provisioning.md).
+#[derive(Debug, Clone, PartialEq)]
+pub struct AutoscaleConfig {
+    /// Advise or act.
+    pub mode: AutoscaleMode,
+    /// τ: how often the model steps (a new usage sample per tunnel each step).
+    pub interval: std::time::Duration,
+    /// How often tunnels are consolidated by Best Fit Decreasing.
+    pub consolidation_interval: std::time::Duration,
+    /// T_H: the hotspot threshold and fill limit, a fraction of a node in `(0, 1]`.
+    pub hotspot_threshold: f64,
+    /// ε: the tolerated probability that the aggregate exceeds the reserve, in `[0, 1)`.
+    pub epsilon: f64,
+    /// How long a started data node takes to register (the model's start latency).
+    pub start_latency: std::time::Duration,
+    /// The fewest data nodes kept reserved (active + inactive + starting).
+    pub min_nodes: u32,
+    /// `[cluster.autoscale.local]`: the `local` node provider, if configured.
+    pub local: Option<LocalProviderConfig>,
+}
+
+impl Default for AutoscaleConfig {
+    /// Advise mode with the paper's §7.4 parameters: τ = 10 s (the paper's is a minute; a
+    /// plan of 10 000 tunnels takes about 0.15 s), 10-minute consolidation, T_H = 0.9,
+    /// ε = 0.05, 3-minute starts, one node at least, no provider.
+    fn default() -> Self {
+        Self {
+            mode: AutoscaleMode::Advise,
+            interval: std::time::Duration::from_secs(10),
+            consolidation_interval: std::time::Duration::from_secs(600),
+            hotspot_threshold: 0.9,
+            epsilon: 0.05,
+            start_latency: std::time::Duration::from_secs(180),
+            min_nodes: 1,
+            local: None,
+        }
+    }
+}
+
+/// `[cluster.autoscale.local]`: runs `protego data` processes on this host.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LocalProviderConfig {
+    /// The `protego` executable (`None`: the running one).
+    pub command: Option<PathBuf>,
+    /// Where the provider keeps a pid file and a log per node.
+    pub run_dir: PathBuf,
+    /// How long a stopped node may take to exit after SIGTERM before it is killed.
+    pub stop_timeout: std::time::Duration,
+    /// The data nodes it may start, in order.
+    pub nodes: Vec<LocalNodeConfig>,
+}
+
+/// One `[[cluster.autoscale.local.node]]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LocalNodeConfig {
+    /// The data node's configuration file (`protego data -c FILE`).
+    pub config: PathBuf,
+    /// The network namespace to run it in (`ip netns exec NAME`), if any.
+    pub netns: Option<String>,
 }
 
 /// Where a tunnel's decrypted traffic goes.

@@ -57,6 +57,40 @@ pub(crate) struct RawCluster {
     pub(crate) directive_timeout: Option<Spanned<DurationValue>>,
     pub(crate) lease: Option<Spanned<DurationValue>>,
     pub(crate) node_capacity_mbit: Option<Spanned<i64>>,
+    pub(crate) autoscale: Option<RawAutoscale>,
+}
+
+/// `[cluster.autoscale]`: the elastic provisioning model and what it may do.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawAutoscale {
+    pub(crate) mode: Option<Spanned<String>>,
+    pub(crate) interval: Option<Spanned<DurationValue>>,
+    pub(crate) consolidation_interval: Option<Spanned<DurationValue>>,
+    pub(crate) hotspot_threshold: Option<Spanned<f64>>,
+    pub(crate) epsilon: Option<Spanned<f64>>,
+    pub(crate) start_latency: Option<Spanned<DurationValue>>,
+    pub(crate) min_nodes: Option<Spanned<i64>>,
+    pub(crate) local: Option<RawLocalProvider>,
+}
+
+/// `[cluster.autoscale.local]`: the `local` node provider.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawLocalProvider {
+    pub(crate) command: Option<Spanned<String>>,
+    pub(crate) run_dir: Spanned<String>,
+    pub(crate) stop_timeout: Option<Spanned<DurationValue>>,
+    #[serde(default)]
+    pub(crate) node: Vec<Spanned<RawLocalNode>>,
+}
+
+/// One `[[cluster.autoscale.local.node]]`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawLocalNode {
+    pub(crate) config: Spanned<String>,
+    pub(crate) netns: Option<Spanned<String>>,
 }
 
 /// `[store]`: where the control plane keeps its durable state.

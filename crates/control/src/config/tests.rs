@@ -1140,3 +1140,88 @@ fn cluster_section_defaults_and_limits() {
         .to_string();
     assert!(e.contains("report_interval"), "{e}");
 }
+
+#[test]
+fn cluster_autoscale_defaults_values_and_errors() {
+    let s = Scratch::new();
+    let cluster = |extra: &str| {
+        format!(
+            "{}\n[cluster]\nname = \"control1\"\ngrpc = \"10.0.0.1:7300\"\ngeneve = \"10.0.0.1:6081\"\n\
+             ca = \"pki/ca.pem\"\ncert = \"pki/c1.pem\"\nkey = \"pki/c1.key\"\n\
+             report_interval = \"15s\"\n{extra}\n",
+            with_tunnel(TUNNEL_A)
+        )
+    };
+    // Without the table: advise, τ = the report interval (at least 10 s), the paper's values.
+    let a = s.parse(&cluster("")).unwrap().cluster.unwrap().autoscale;
+    assert_eq!(a.mode, crate::config::AutoscaleMode::Advise);
+    assert_eq!(a.interval, Duration::from_secs(15));
+    assert_eq!(a.consolidation_interval, Duration::from_secs(600));
+    assert_eq!(
+        (a.hotspot_threshold, a.epsilon, a.min_nodes),
+        (0.9, 0.05, 1)
+    );
+    assert!(a.local.is_none());
+    let a = s
+        .parse(&cluster(
+            "[cluster.autoscale]\nmode = \"act\"\ninterval = \"2s\"\nhotspot_threshold = 0.8\n\
+             epsilon = 0.01\nstart_latency = \"20s\"\nmin_nodes = 2\n\
+             [cluster.autoscale.local]\nrun_dir = \"run\"\n\
+             [[cluster.autoscale.local.node]]\nconfig = \"data3.toml\"\nnetns = \"dn3\"\n\
+             [[cluster.autoscale.local.node]]\nconfig = \"/etc/protego/data4.toml\"\n",
+        ))
+        .unwrap()
+        .cluster
+        .unwrap()
+        .autoscale;
+    assert_eq!(a.mode, crate::config::AutoscaleMode::Act);
+    assert_eq!(a.interval, Duration::from_secs(2));
+    assert_eq!(
+        (a.hotspot_threshold, a.epsilon, a.min_nodes),
+        (0.8, 0.01, 2)
+    );
+    assert_eq!(a.start_latency, Duration::from_secs(20));
+    let local = a.local.unwrap();
+    assert_eq!(local.run_dir, s.0.join("run"));
+    assert_eq!(local.command, None);
+    assert_eq!(local.stop_timeout, Duration::from_secs(10));
+    assert_eq!(local.nodes.len(), 2);
+    assert_eq!(local.nodes[0].config, s.0.join("data3.toml"));
+    assert_eq!(local.nodes[0].netns.as_deref(), Some("dn3"));
+    assert_eq!(
+        local.nodes[1].config,
+        std::path::PathBuf::from("/etc/protego/data4.toml")
+    );
+    for (bad, key) in [
+        ("mode = \"auto\"", "mode"),
+        ("interval = \"500ms\"", "interval"),
+        ("hotspot_threshold = 1.5", "hotspot_threshold"),
+        ("epsilon = 1.0", "epsilon"),
+        ("min_nodes = 0", "min_nodes"),
+        ("surprise = 1", "surprise"),
+    ] {
+        let e = s
+            .parse(&cluster(&format!("[cluster.autoscale]\n{bad}")))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(key), "{bad}: {e}");
+    }
+    for (bad, key) in [
+        ("run_dir = \"\"", "run_dir"),
+        (
+            "run_dir = \"r\"\n[[cluster.autoscale.local.node]]\nconfig = \"d.toml\"\nnetns = \"a/b\"",
+            "netns",
+        ),
+        (
+            "run_dir = \"r\"\n[[cluster.autoscale.local.node]]\nconfig = \"d.toml\"\n\
+             [[cluster.autoscale.local.node]]\nconfig = \"d.toml\"",
+            "same data node twice",
+        ),
+    ] {
+        let e = s
+            .parse(&cluster(&format!("[cluster.autoscale.local]\n{bad}")))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(key), "{bad}: {e}");
+    }
+}

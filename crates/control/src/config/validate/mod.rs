@@ -5,11 +5,13 @@
 
 mod tunnel;
 
-use super::raw::{RawCluster, RawFile, RawGateway, RawStore, RawVnet, StringList};
+use super::raw::{
+    RawAutoscale, RawCluster, RawFile, RawGateway, RawLocalProvider, RawStore, RawVnet, StringList,
+};
 use super::{
-    ClusterConfig, Config, Gateway, LogFormat, Source, StoreConfig, StoredPsks, Tunnel,
-    TunnelInside, DEFAULT_CONTROL_SOCKET, DEFAULT_ETCD_PREFIX, DEFAULT_ETCD_TIMEOUT,
-    DEFAULT_STORE_PATH,
+    AutoscaleConfig, AutoscaleMode, ClusterConfig, Config, Gateway, LocalNodeConfig,
+    LocalProviderConfig, LogFormat, Source, StoreConfig, StoredPsks, Tunnel, TunnelInside,
+    DEFAULT_CONTROL_SOCKET, DEFAULT_ETCD_PREFIX, DEFAULT_ETCD_TIMEOUT, DEFAULT_STORE_PATH,
 };
 use crate::error::ConfigError;
 use crate::store::EtcdOptions;
@@ -134,6 +136,8 @@ const DEFAULT_REPORT_INTERVAL: Duration = Duration::from_secs(1);
 const DEFAULT_DIRECTIVE_TIMEOUT: Duration = Duration::from_secs(2);
 /// Default capacity of a data node for the capacity advisor, Mbit/s (the paper's 5 Gbit/s).
 const DEFAULT_NODE_CAPACITY_MBIT: u32 = 5000;
+/// How long a stopped local data node may take to exit before SIGKILL.
+const DEFAULT_STOP_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Most data plane workers a configuration may ask for.
 const MAX_WORKERS: usize = 1024;
@@ -665,6 +669,12 @@ impl Validator<'_, '_> {
                     ),
                 )),
             };
+        let report_interval = interval(
+            &c.report_interval,
+            "report_interval",
+            DEFAULT_REPORT_INTERVAL,
+            Duration::from_millis(100)..=Duration::from_secs(60),
+        )?;
         Ok(ClusterConfig {
             name: c.name.get_ref().clone(),
             grpc: socket(&c.grpc, "grpc")?,
@@ -672,12 +682,7 @@ impl Validator<'_, '_> {
             ca: file(&c.ca, "ca")?,
             cert: file(&c.cert, "cert")?,
             key: file(&c.key, "key")?,
-            report_interval: interval(
-                &c.report_interval,
-                "report_interval",
-                DEFAULT_REPORT_INTERVAL,
-                Duration::from_millis(100)..=Duration::from_secs(60),
-            )?,
+            report_interval,
             directive_timeout: interval(
                 &c.directive_timeout,
                 "directive_timeout",
@@ -714,6 +719,196 @@ impl Validator<'_, '_> {
                         )
                     })?,
             },
+            autoscale: self.autoscale(c.autoscale.as_ref(), report_interval)?,
+        })
+    }
+
+    /// `[cluster.autoscale]`: the model's parameters, the mode and the provider. τ defaults
+    /// to the report interval `report`, at least 10 s.
+    fn autoscale(
+        &self,
+        raw: Option<&RawAutoscale>,
+        report: Duration,
+    ) -> Result<AutoscaleConfig, Box<ConfigError>> {
+        const S: &str = "cluster.autoscale";
+        let defaults = AutoscaleConfig::default();
+        let defaults = AutoscaleConfig {
+            interval: report.max(defaults.interval),
+            ..AutoscaleConfig::default()
+        };
+        let Some(raw) = raw else {
+            return Ok(defaults);
+        };
+        let duration =
+            |section: &str,
+             value: &Option<Spanned<super::raw::DurationValue>>,
+             key: &str,
+             default: Duration,
+             range: std::ops::RangeInclusive<Duration>| match value {
+                None => Ok(default),
+                Some(d) if range.contains(&d.get_ref().0) => Ok(d.get_ref().0),
+                Some(d) => Err(self.err(
+                    d.span(),
+                    section,
+                    key,
+                    format!(
+                        "must be between {} and {}",
+                        super::format_duration(*range.start()),
+                        super::format_duration(*range.end())
+                    ),
+                )),
+            };
+        let fraction = |value: &Option<Spanned<f64>>,
+                        key: &str,
+                        default: f64,
+                        ok: fn(f64) -> bool,
+                        what: &str| match value {
+            None => Ok(default),
+            Some(v) if ok(*v.get_ref()) => Ok(*v.get_ref()),
+            Some(v) => Err(self.err(v.span(), S, key, format!("must be {what}"))),
+        };
+        let mode = match &raw.mode {
+            None => AutoscaleMode::Advise,
+            Some(m) => match m.get_ref().as_str() {
+                "advise" => AutoscaleMode::Advise,
+                "act" => AutoscaleMode::Act,
+                _ => {
+                    return Err(self.err(
+                        m.span(),
+                        S,
+                        "mode",
+                        "must be \"advise\" (show decisions) or \"act\" (carry them out)",
+                    ))
+                }
+            },
+        };
+        let local = match &raw.local {
+            None => None,
+            Some(l) => Some(self.local_provider(l)?),
+        };
+        Ok(AutoscaleConfig {
+            mode,
+            interval: duration(
+                S,
+                &raw.interval,
+                "interval",
+                defaults.interval,
+                Duration::from_secs(1)..=Duration::from_secs(3600),
+            )?,
+            consolidation_interval: duration(
+                S,
+                &raw.consolidation_interval,
+                "consolidation_interval",
+                defaults.consolidation_interval,
+                Duration::from_secs(1)..=Duration::from_secs(86_400),
+            )?,
+            hotspot_threshold: fraction(
+                &raw.hotspot_threshold,
+                "hotspot_threshold",
+                defaults.hotspot_threshold,
+                |v| v > 0.0 && v <= 1.0,
+                "a fraction of a node above 0 and at most 1 (e.g. 0.9)",
+            )?,
+            epsilon: fraction(
+                &raw.epsilon,
+                "epsilon",
+                defaults.epsilon,
+                |v| (0.0..1.0).contains(&v),
+                "a probability at least 0 and below 1 (e.g. 0.05)",
+            )?,
+            start_latency: duration(
+                S,
+                &raw.start_latency,
+                "start_latency",
+                defaults.start_latency,
+                Duration::from_secs(1)..=Duration::from_secs(3600),
+            )?,
+            min_nodes: match &raw.min_nodes {
+                None => defaults.min_nodes,
+                Some(v) => u32::try_from(*v.get_ref())
+                    .ok()
+                    .filter(|n| (1..=10_000).contains(n))
+                    .ok_or_else(|| {
+                        self.err(v.span(), S, "min_nodes", "must be between 1 and 10000")
+                    })?,
+            },
+            local,
+        })
+    }
+
+    /// `[cluster.autoscale.local]`.
+    fn local_provider(
+        &self,
+        l: &RawLocalProvider,
+    ) -> Result<LocalProviderConfig, Box<ConfigError>> {
+        const S: &str = "cluster.autoscale.local";
+        let path = |value: &Spanned<String>, section: &str, key: &str| {
+            if value.get_ref().trim().is_empty() {
+                return Err(self.err(value.span(), section, key, "must not be empty"));
+            }
+            Ok(self.relative_path(value.get_ref().trim()))
+        };
+        let mut nodes: Vec<LocalNodeConfig> = Vec::with_capacity(l.node.len());
+        for n in &l.node {
+            const N: &str = "[cluster.autoscale.local.node]";
+            let config = path(&n.get_ref().config, N, "config")?;
+            if nodes.iter().any(|o| o.config == config) {
+                return Err(self.err(
+                    n.get_ref().config.span(),
+                    N,
+                    "config",
+                    "lists the same data node twice",
+                ));
+            }
+            let netns = match &n.get_ref().netns {
+                None => None,
+                Some(ns) => {
+                    let name = ns.get_ref().trim();
+                    let ok = !name.is_empty()
+                        && name.len() <= 64
+                        && name != "."
+                        && name != ".."
+                        && name
+                            .chars()
+                            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
+                    if !ok {
+                        return Err(self.err(
+                            ns.span(),
+                            N,
+                            "netns",
+                            "must be a network namespace name (letters, digits, '-', '_', '.'; at most 64)",
+                        ));
+                    }
+                    Some(name.to_owned())
+                }
+            };
+            nodes.push(LocalNodeConfig { config, netns });
+        }
+        Ok(LocalProviderConfig {
+            command: l
+                .command
+                .as_ref()
+                .map(|c| path(c, S, "command"))
+                .transpose()?,
+            run_dir: path(&l.run_dir, S, "run_dir")?,
+            stop_timeout: match &l.stop_timeout {
+                None => DEFAULT_STOP_TIMEOUT,
+                Some(d)
+                    if (Duration::from_millis(100)..=Duration::from_secs(300))
+                        .contains(&d.get_ref().0) =>
+                {
+                    d.get_ref().0
+                }
+                Some(d) => {
+                    return Err(self.err(
+                        d.span(),
+                        S,
+                        "stop_timeout",
+                        "must be between 100ms and 5m",
+                    ))
+                }
+            },
+            nodes,
         })
     }
 

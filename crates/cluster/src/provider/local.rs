@@ -1,0 +1,1146 @@
+//! The `local` node provider: data nodes as `protego data -c FILE` processes on the control
+//! node's host, each optionally in its own network namespace (`ip netns exec NAME`).
+//!
+//! Each configured node is known by the `[node] name` of its data node file. Starting it
+//! runs `[ip netns exec NETNS] COMMAND data -c FILE` (COMMAND: `command`, or the running
+//! `protego`) in a session of its own, with stdin from `/dev/null` and the control node's
+//! environment, so that signals sent to the control node's process group never reach it and
+//! it keeps running when the control node exits.
+//!
+//! Files in `run_dir` (created with mode 0700 if missing), per node:
+//!
+//! - `NAME.pid`: `PID STARTTIME` and a newline, while the provider believes the node runs
+//!   (see [`pid_file`]). STARTTIME is field 22 of `/proc/PID/stat` (clock ticks after boot),
+//!   so a PID the kernel has reused for another process is never taken for the node. The
+//!   file is replaced atomically and removed once the node is gone.
+//! - `NAME.log`: the node's standard output and error, appended across runs (see
+//!   [`log_file`]).
+//!
+//! **Adoption.** Data nodes outlive the control node: dropping a [`LocalProvider`] stops
+//! nothing. A new provider on the same `run_dir` (the next active control node) reads the pid
+//! files: a node whose process still runs with the recorded start time is reported
+//! [`ProvidedState::Running`] with `started_at: None`, and can be stopped like any other; a
+//! stale pid file is removed and the node is [`ProvidedState::Stopped`].
+//!
+//! **Stopping.** `stop` sends SIGTERM and reports the node [`ProvidedState::Stopping`]; if it
+//! has not exited `stop_timeout` later, the next `nodes` sends SIGKILL. Signals are sent only
+//! while the PID still has the recorded start time. A node that exits while stopping is
+//! `Stopped`; one that exits on its own is [`ProvidedState::Failed`] (with its exit status,
+//! or "no longer running" for an adopted node) until it is started again.
+//!
+//! **Use.** In the control node's configuration (paths relative to that file):
+//!
+//! ```toml
+//! [cluster.autoscale]
+//! mode = "act"
+//!
+//! [cluster.autoscale.local]
+//! run_dir = "/run/protego/nodes"       # pid files and logs
+//! # command = "/usr/local/bin/protego"  # default: the running protego
+//! stop_timeout = "10s"                 # SIGTERM, then SIGKILL after this
+//!
+//! [[cluster.autoscale.local.node]]
+//! config = "data3.toml"                # its [node] name is the node's name
+//! netns = "dn3"                        # optional: ip netns exec dn3 ...
+//! ```
+//!
+//! An operator finds a node's PID in `run_dir/NAME.pid` and its output in
+//! `run_dir/NAME.log`. To stop every data node for good, stop the control node (or set the
+//! autoscaler to advise) first, then send SIGTERM to the PIDs in the pid files.
+
+use super::{NodeProvider, ProvidedNode, ProvidedState, ProviderError};
+use crate::node_config::NodeConfig;
+use control::config::LocalProviderConfig;
+use std::fs::{self, OpenOptions};
+use std::io::{self, Write};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+use tracing::{info, warn};
+
+/// The pid file of node `name` in `run_dir`: `run_dir/NAME.pid`, holding `PID STARTTIME`
+/// and a newline while the node runs, where STARTTIME is field 22 of `/proc/PID/stat`
+/// (the process's start time in clock ticks after boot).
+pub fn pid_file(run_dir: &Path, name: &str) -> PathBuf {
+    run_dir.join(format!("{name}.pid"))
+}
+
+/// The log file of node `name` in `run_dir`: `run_dir/NAME.log`, the node's standard output
+/// and error, appended across runs.
+pub fn log_file(run_dir: &Path, name: &str) -> PathBuf {
+    run_dir.join(format!("{name}.log"))
+}
+
+/// Runs data nodes as `protego data` processes on this host (see the module documentation).
+///
+/// Dropping it stops nothing: the data nodes outlive the control node, and a new provider on
+/// the same `run_dir` adopts them.
+pub struct LocalProvider {
+    command: PathBuf,
+    run_dir: PathBuf,
+    stop_timeout: Duration,
+    state: Mutex<State>,
+}
+
+struct State {
+    /// In configuration order.
+    nodes: Vec<Node>,
+    /// Children killed because their start could not be completed, reaped by `nodes`.
+    orphans: Vec<Child>,
+}
+
+struct Node {
+    name: String,
+    config: PathBuf,
+    netns: Option<String>,
+    run: Run,
+}
+
+enum Run {
+    Stopped,
+    Failed(String),
+    Running {
+        process: Process,
+        started_at: Option<Instant>,
+    },
+    Stopping {
+        process: Process,
+        since: Instant,
+        killed: bool,
+    },
+}
+
+impl Run {
+    fn provided(&self) -> ProvidedState {
+        match self {
+            Run::Stopped => ProvidedState::Stopped,
+            Run::Failed(reason) => ProvidedState::Failed {
+                reason: reason.clone(),
+            },
+            Run::Running { started_at, .. } => ProvidedState::Running {
+                started_at: *started_at,
+            },
+            Run::Stopping { .. } => ProvidedState::Stopping,
+        }
+    }
+}
+
+/// A data node's process: started by this provider (`child`) or adopted.
+struct Process {
+    pid: libc::pid_t,
+    start_time: u64,
+    child: Option<Child>,
+}
+
+/// How a process ended.
+enum Exit {
+    Status(ExitStatus),
+    Gone,
+}
+
+impl Process {
+    /// Whether it has ended, without blocking (reaps it if it is this provider's child).
+    fn poll(&mut self) -> Option<Exit> {
+        if let Some(child) = &mut self.child {
+            match child.try_wait() {
+                Ok(Some(status)) => return Some(Exit::Status(status)),
+                Ok(None) => return None,
+                // Reaped elsewhere (e.g. SIGCHLD ignored): look at /proc instead.
+                Err(_) => {}
+            }
+        }
+        if is_running(self.pid, self.start_time) {
+            None
+        } else {
+            Some(Exit::Gone)
+        }
+    }
+
+    /// Sends `signal` if the PID is still this process; `Ok(false)` if it is gone.
+    fn signal(&self, signal: libc::c_int) -> io::Result<bool> {
+        // Never 0 or negative: those would signal process groups.
+        if self.pid <= 0 {
+            return Ok(false);
+        }
+        match proc_stat(self.pid) {
+            Some(stat) if stat.start_time == self.start_time => {}
+            _ => return Ok(false),
+        }
+        // SAFETY: kill has no memory-safety preconditions.
+        if unsafe { libc::kill(self.pid, signal) } == 0 {
+            return Ok(true);
+        }
+        let e = io::Error::last_os_error();
+        if e.raw_os_error() == Some(libc::ESRCH) {
+            Ok(false)
+        } else {
+            Err(e)
+        }
+    }
+}
+
+/// What this provider reads from `/proc/PID/stat`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct ProcStat {
+    /// Field 3 (`R`, `S`, `Z`, …).
+    state: char,
+    /// Field 22, clock ticks after boot.
+    start_time: u64,
+}
+
+/// Parses a `/proc/PID/stat` line. The command name (field 2) is in parentheses and may
+/// itself contain spaces and parentheses, so the fields are counted after the last `)`.
+fn parse_stat(text: &str) -> Option<ProcStat> {
+    let rest = &text[text.rfind(')')? + 1..];
+    let mut fields = rest.split_whitespace();
+    let state = fields.next()?.chars().next()?;
+    // Fields 4 to 21 lie between the state (3) and the start time (22).
+    let start_time = fields.nth(22 - 4)?.parse().ok()?;
+    Some(ProcStat { state, start_time })
+}
+
+fn proc_stat(pid: libc::pid_t) -> Option<ProcStat> {
+    if pid <= 0 {
+        return None;
+    }
+    parse_stat(&fs::read_to_string(format!("/proc/{pid}/stat")).ok()?)
+}
+
+/// Whether `pid` is a live (not zombie) process that started at `start_time`.
+fn is_running(pid: libc::pid_t, start_time: u64) -> bool {
+    proc_stat(pid).is_some_and(|s| s.start_time == start_time && !matches!(s.state, 'Z' | 'X'))
+}
+
+/// Parses a pid file's `PID STARTTIME`.
+fn parse_pid_file(text: &str) -> Option<(libc::pid_t, u64)> {
+    let mut fields = text.split_whitespace();
+    let pid: libc::pid_t = fields.next()?.parse().ok()?;
+    let start_time = fields.next()?.parse().ok()?;
+    (pid > 0 && fields.next().is_none()).then_some((pid, start_time))
+}
+
+/// Writes `name`'s pid file through a temporary file and a rename.
+fn write_pid_file(run_dir: &Path, name: &str, pid: libc::pid_t, start_time: u64) -> io::Result<()> {
+    let tmp = run_dir.join(format!(".{name}.pid.tmp"));
+    let mut file = OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o644)
+        .open(&tmp)?;
+    file.write_all(format!("{pid} {start_time}\n").as_bytes())?;
+    drop(file);
+    fs::rename(&tmp, pid_file(run_dir, name))
+}
+
+/// Removes `name`'s pid file if it still names this process (not a later one's).
+fn remove_pid_file(run_dir: &Path, name: &str, pid: libc::pid_t, start_time: u64) {
+    let path = pid_file(run_dir, name);
+    match fs::read_to_string(&path) {
+        Ok(text) if parse_pid_file(&text) == Some((pid, start_time)) => {
+            if let Err(e) = fs::remove_file(&path) {
+                warn!(node = %name, file = %path.display(), error = %e, "cannot remove the pid file");
+            }
+        }
+        Ok(_) => {}
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => {
+            warn!(node = %name, file = %path.display(), error = %e, "cannot read the pid file")
+        }
+    }
+}
+
+/// Finds `program` in the directories of `PATH`.
+fn find_on_path(program: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .map(|dir| dir.join(program))
+        .find(|p| p.is_file())
+}
+
+/// Reads `name`'s pid file: the node's process if it still runs; removes a stale file.
+fn adopt(run_dir: &Path, name: &str) -> Result<Run, ProviderError> {
+    let path = pid_file(run_dir, name);
+    let text = match fs::read_to_string(&path) {
+        Ok(text) => text,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Run::Stopped),
+        Err(e) => {
+            return Err(ProviderError::Config(format!(
+                "cannot read the pid file {}: {e}",
+                path.display()
+            )))
+        }
+    };
+    if let Some((pid, start_time)) = parse_pid_file(&text) {
+        if is_running(pid, start_time) {
+            info!(node = %name, pid, "adopted running data node");
+            return Ok(Run::Running {
+                process: Process {
+                    pid,
+                    start_time,
+                    child: None,
+                },
+                started_at: None,
+            });
+        }
+    }
+    info!(node = %name, file = %path.display(), "removing stale pid file: the data node is not running");
+    if let Err(e) = fs::remove_file(&path) {
+        warn!(node = %name, file = %path.display(), error = %e, "cannot remove the stale pid file");
+    }
+    Ok(Run::Stopped)
+}
+
+impl LocalProvider {
+    /// Loads the data node files of `config` for their names, creates `run_dir` if needed
+    /// and adopts the nodes that already run (see the module documentation).
+    ///
+    /// A node file that cannot be loaded, has no `[data]` section or repeats another's name
+    /// is a [`ProviderError::Config`] naming the file.
+    pub fn new(config: &LocalProviderConfig) -> Result<Self, ProviderError> {
+        let command = match &config.command {
+            Some(command) => command.clone(),
+            None => std::env::current_exe().map_err(|e| {
+                ProviderError::Config(format!(
+                    "cannot find the running protego executable (set command): {e}"
+                ))
+            })?,
+        };
+        let mut nodes: Vec<Node> = Vec::with_capacity(config.nodes.len());
+        for n in &config.nodes {
+            let file = NodeConfig::load(&n.config)
+                .map_err(|e| ProviderError::Config(format!("data node file: {e}")))?;
+            if file.data.is_none() {
+                return Err(ProviderError::Config(format!(
+                    "{}: has no [data] section (the local provider runs data nodes only)",
+                    n.config.display()
+                )));
+            }
+            if let Some(other) = nodes.iter().find(|o| o.name == file.node.name) {
+                return Err(ProviderError::Config(format!(
+                    "{}: node name {:?} is also the name in {}",
+                    n.config.display(),
+                    file.node.name,
+                    other.config.display()
+                )));
+            }
+            nodes.push(Node {
+                name: file.node.name,
+                config: n.config.clone(),
+                netns: n.netns.clone(),
+                run: Run::Stopped,
+            });
+        }
+        fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&config.run_dir)
+            .map_err(|e| {
+                ProviderError::Config(format!(
+                    "cannot create run_dir {}: {e}",
+                    config.run_dir.display()
+                ))
+            })?;
+        for node in &mut nodes {
+            node.run = adopt(&config.run_dir, &node.name)?;
+        }
+        Ok(Self {
+            command,
+            run_dir: config.run_dir.clone(),
+            stop_timeout: config.stop_timeout,
+            state: Mutex::new(State {
+                nodes,
+                orphans: Vec::new(),
+            }),
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Brings `node`'s state up to date: reaps an exited process, escalates a stop.
+    fn refresh(&self, node: &mut Node, now: Instant) {
+        node.run = match std::mem::replace(&mut node.run, Run::Stopped) {
+            Run::Running {
+                mut process,
+                started_at,
+            } => match process.poll() {
+                None => Run::Running {
+                    process,
+                    started_at,
+                },
+                Some(exit) => {
+                    let what = match exit {
+                        Exit::Status(status) => describe(status),
+                        Exit::Gone => "no longer running".to_owned(),
+                    };
+                    let log = log_file(&self.run_dir, &node.name);
+                    let reason = format!("{what} (its output is in {})", log.display());
+                    warn!(node = %node.name, pid = process.pid, reason = %what, "data node exited");
+                    remove_pid_file(&self.run_dir, &node.name, process.pid, process.start_time);
+                    Run::Failed(reason)
+                }
+            },
+            Run::Stopping {
+                mut process,
+                since,
+                mut killed,
+            } => match process.poll() {
+                Some(_) => {
+                    info!(node = %node.name, pid = process.pid, "data node stopped");
+                    remove_pid_file(&self.run_dir, &node.name, process.pid, process.start_time);
+                    Run::Stopped
+                }
+                None => {
+                    if !killed && now.saturating_duration_since(since) >= self.stop_timeout {
+                        killed = true;
+                        match process.signal(libc::SIGKILL) {
+                            Ok(_) => warn!(
+                                node = %node.name,
+                                pid = process.pid,
+                                timeout = ?self.stop_timeout,
+                                "data node did not exit after SIGTERM; sent SIGKILL"
+                            ),
+                            Err(e) => warn!(
+                                node = %node.name,
+                                pid = process.pid,
+                                error = %e,
+                                "data node did not exit after SIGTERM and cannot be killed"
+                            ),
+                        }
+                    }
+                    Run::Stopping {
+                        process,
+                        since,
+                        killed,
+                    }
+                }
+            },
+            other => other,
+        };
+    }
+
+    /// Runs `node`'s process and writes its pid file.
+    fn spawn(&self, node: &Node, orphans: &mut Vec<Child>) -> Result<Process, ProviderError> {
+        let failed = |reason: String| ProviderError::Failed {
+            action: "start",
+            node: node.name.clone(),
+            reason,
+        };
+        let log_path = log_file(&self.run_dir, &node.name);
+        let stdout = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .mode(0o600)
+            .open(&log_path)
+            .map_err(|e| failed(format!("cannot open its log {}: {e}", log_path.display())))?;
+        let stderr = stdout
+            .try_clone()
+            .map_err(|e| failed(format!("cannot open its log {}: {e}", log_path.display())))?;
+        let mut command = match &node.netns {
+            Some(netns) => {
+                let ip = find_on_path("ip").ok_or_else(|| {
+                    failed(format!(
+                        "`ip` (iproute2) is not on PATH; it is needed to run in network namespace {netns:?}"
+                    ))
+                })?;
+                let mut c = Command::new(ip);
+                // `ip netns exec` execs the command, so the PID is the data node's.
+                c.args(["netns", "exec", netns.as_str()]).arg(&self.command);
+                c
+            }
+            None => Command::new(&self.command),
+        };
+        command
+            .arg("data")
+            .arg("-c")
+            .arg(&node.config)
+            .stdin(Stdio::null())
+            .stdout(stdout)
+            .stderr(stderr);
+        // SAFETY: the closure runs in the forked child before exec and only calls setsid,
+        // which is async-signal-safe; it allocates nothing and touches no locks.
+        unsafe {
+            command.pre_exec(|| {
+                if libc::setsid() == -1 {
+                    return Err(io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let child = command.spawn().map_err(|e| {
+            let program = if node.netns.is_some() {
+                Path::new("ip")
+            } else {
+                self.command.as_path()
+            };
+            failed(format!("cannot run {}: {e}", program.display()))
+        })?;
+        let Ok(pid) = libc::pid_t::try_from(child.id()) else {
+            let reason = format!("PID {} is out of range", child.id());
+            abandon(child, orphans);
+            return Err(failed(reason));
+        };
+        // The child is not reaped yet, so its /proc entry exists even if it already exited.
+        let Some(stat) = proc_stat(pid) else {
+            abandon(child, orphans);
+            return Err(failed(format!("cannot read /proc/{pid}/stat")));
+        };
+        if let Err(e) = write_pid_file(&self.run_dir, &node.name, pid, stat.start_time) {
+            abandon(child, orphans);
+            return Err(failed(format!(
+                "cannot write its pid file {} (the process was killed): {e}",
+                pid_file(&self.run_dir, &node.name).display()
+            )));
+        }
+        info!(
+            node = %node.name,
+            pid,
+            netns = node.netns.as_deref().unwrap_or("-"),
+            log = %log_path.display(),
+            "started data node"
+        );
+        Ok(Process {
+            pid,
+            start_time: stat.start_time,
+            child: Some(child),
+        })
+    }
+}
+
+/// Kills a child whose start could not be completed; `nodes` reaps it later.
+fn abandon(mut child: Child, orphans: &mut Vec<Child>) {
+    let _ = child.kill();
+    if let Ok(None) = child.try_wait() {
+        orphans.push(child);
+    }
+}
+
+/// "exited with status N" or "killed by signal N".
+fn describe(status: ExitStatus) -> String {
+    match (status.code(), status.signal()) {
+        (Some(code), _) => format!("exited with status {code}"),
+        (None, Some(signal)) => format!("killed by signal {signal}"),
+        (None, None) => format!("exited ({status})"),
+    }
+}
+
+impl NodeProvider for LocalProvider {
+    fn kind(&self) -> &'static str {
+        "local"
+    }
+
+    /// Every configured node in configuration order. Reaps exited processes and sends
+    /// SIGKILL to nodes still running `stop_timeout` after SIGTERM; never waits.
+    fn nodes(&self) -> Vec<ProvidedNode> {
+        let mut state = self.lock();
+        let State { nodes, orphans } = &mut *state;
+        orphans.retain_mut(|child| matches!(child.try_wait(), Ok(None)));
+        let now = Instant::now();
+        nodes
+            .iter_mut()
+            .map(|node| {
+                self.refresh(node, now);
+                ProvidedNode {
+                    name: node.name.clone(),
+                    state: node.run.provided(),
+                }
+            })
+            .collect()
+    }
+
+    /// Runs the node unless it runs already (then nothing changes). A node that is still
+    /// stopping is not started: the call fails with "still stopping", and the autoscaler's
+    /// next attempt after the process has exited starts it. Nothing is queued, so a start
+    /// never outlives the autoscaler's wish.
+    fn start(&self, name: &str) -> Result<(), ProviderError> {
+        let mut state = self.lock();
+        let State { nodes, orphans } = &mut *state;
+        let node = nodes
+            .iter_mut()
+            .find(|n| n.name == name)
+            .ok_or_else(|| ProviderError::UnknownNode(name.to_owned()))?;
+        let now = Instant::now();
+        self.refresh(node, now);
+        match &node.run {
+            Run::Running { .. } => Ok(()),
+            Run::Stopping { since, .. } => Err(ProviderError::Failed {
+                action: "start",
+                node: node.name.clone(),
+                reason: format!(
+                    "it is still stopping (SIGTERM sent {:.1?} ago); it can start once it has exited",
+                    now.saturating_duration_since(*since)
+                ),
+            }),
+            Run::Stopped | Run::Failed(_) => match self.spawn(node, orphans) {
+                Ok(process) => {
+                    node.run = Run::Running {
+                        process,
+                        started_at: Some(now),
+                    };
+                    Ok(())
+                }
+                Err(e) => {
+                    if let ProviderError::Failed { reason, .. } = &e {
+                        node.run = Run::Failed(reason.clone());
+                    }
+                    Err(e)
+                }
+            },
+        }
+    }
+
+    /// Sends SIGTERM to a running node (the node is then stopping; `nodes` escalates to
+    /// SIGKILL after `stop_timeout`). A node that is not running is left as it is.
+    fn stop(&self, name: &str) -> Result<(), ProviderError> {
+        let mut state = self.lock();
+        let node = state
+            .nodes
+            .iter_mut()
+            .find(|n| n.name == name)
+            .ok_or_else(|| ProviderError::UnknownNode(name.to_owned()))?;
+        let now = Instant::now();
+        self.refresh(node, now);
+        match std::mem::replace(&mut node.run, Run::Stopped) {
+            Run::Running {
+                process,
+                started_at,
+            } => match process.signal(libc::SIGTERM) {
+                Ok(_) => {
+                    info!(node = %node.name, pid = process.pid, "stopping data node (SIGTERM)");
+                    node.run = Run::Stopping {
+                        process,
+                        since: now,
+                        killed: false,
+                    };
+                    Ok(())
+                }
+                Err(e) => {
+                    let pid = process.pid;
+                    node.run = Run::Running {
+                        process,
+                        started_at,
+                    };
+                    Err(ProviderError::Failed {
+                        action: "stop",
+                        node: node.name.clone(),
+                        reason: format!("cannot send SIGTERM to PID {pid}: {e}"),
+                    })
+                }
+            },
+            other => {
+                node.run = other;
+                Ok(())
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use control::config::LocalNodeConfig;
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    /// Held while writing a script and while forking: a script being written in one thread
+    /// while another forks would make exec fail with "text file busy".
+    static FORK: Mutex<()> = Mutex::new(());
+
+    fn fork_lock() -> MutexGuard<'static, ()> {
+        FORK.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A temporary directory; on drop, kills the processes the test started (by PID and
+    /// start time) and removes the directory.
+    struct TestDir {
+        path: PathBuf,
+        started: Mutex<Vec<(libc::pid_t, u64)>>,
+    }
+
+    impl TestDir {
+        fn new(tag: &str) -> Self {
+            static N: AtomicU32 = AtomicU32::new(0);
+            let path = std::env::temp_dir().join(format!(
+                "protego-local-{tag}-{}-{}",
+                std::process::id(),
+                N.fetch_add(1, Ordering::Relaxed)
+            ));
+            let _ = fs::remove_dir_all(&path);
+            fs::create_dir_all(&path).unwrap();
+            Self {
+                path,
+                started: Mutex::new(Vec::new()),
+            }
+        }
+
+        fn run_dir(&self) -> PathBuf {
+            self.path.join("run")
+        }
+
+        /// Writes an executable shell script.
+        fn script(&self, name: &str, body: &str) -> PathBuf {
+            let path = self.path.join(name);
+            let _fork = fork_lock();
+            fs::write(&path, format!("#!/bin/sh\n{body}\n")).unwrap();
+            fs::set_permissions(&path, fs::Permissions::from_mode(0o755)).unwrap();
+            path
+        }
+
+        /// Writes a data node file for `name` (`data = false`: without `[data]`).
+        fn node_file(&self, file: &str, name: &str, data: bool) -> PathBuf {
+            let path = self.path.join(file);
+            let mut text = format!(
+                "[node]\nname = \"{name}\"\nca = \"ca.pem\"\ncert = \"{name}.pem\"\nkey = \"{name}.key\"\n\
+                 [[node.control]]\nname = \"control1\"\naddress = \"10.255.0.10:7300\"\n"
+            );
+            if data {
+                text.push_str("[data]\ngeneve = \"10.255.0.21:6081\"\n");
+            }
+            fs::write(&path, text).unwrap();
+            path
+        }
+
+        fn config(
+            &self,
+            command: &Path,
+            nodes: Nodes,
+            stop_timeout: Duration,
+        ) -> LocalProviderConfig {
+            LocalProviderConfig {
+                command: Some(command.to_owned()),
+                run_dir: self.run_dir(),
+                stop_timeout,
+                nodes: nodes
+                    .iter()
+                    .map(|(config, netns)| LocalNodeConfig {
+                        config: config.to_path_buf(),
+                        netns: netns.map(str::to_owned),
+                    })
+                    .collect(),
+            }
+        }
+
+        /// Starts `name` and records its process for the cleanup.
+        fn start(&self, provider: &LocalProvider, name: &str) -> Result<(), ProviderError> {
+            let result = {
+                let _fork = fork_lock();
+                provider.start(name)
+            };
+            if let Some((pid, start_time)) = self.pid_of(name) {
+                self.started.lock().unwrap().push((pid, start_time));
+            }
+            result
+        }
+
+        fn pid_of(&self, name: &str) -> Option<(libc::pid_t, u64)> {
+            parse_pid_file(&fs::read_to_string(pid_file(&self.run_dir(), name)).ok()?)
+        }
+    }
+
+    impl Drop for TestDir {
+        fn drop(&mut self) {
+            let started = self.started.lock().unwrap_or_else(|e| e.into_inner());
+            for &(pid, start_time) in started.iter() {
+                let process = Process {
+                    pid,
+                    start_time,
+                    child: None,
+                };
+                let _ = process.signal(libc::SIGKILL);
+            }
+            let _ = fs::remove_dir_all(&self.path);
+        }
+    }
+
+    fn state_of(provider: &LocalProvider, name: &str) -> ProvidedState {
+        provider
+            .nodes()
+            .into_iter()
+            .find(|n| n.name == name)
+            .map(|n| n.state)
+            .unwrap()
+    }
+
+    /// Polls `nodes()` until `name`'s state satisfies `want` (10 s at most).
+    fn wait_for(
+        provider: &LocalProvider,
+        name: &str,
+        want: impl Fn(&ProvidedState) -> bool,
+    ) -> ProvidedState {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let state = state_of(provider, name);
+            if want(&state) {
+                return state;
+            }
+            assert!(Instant::now() < deadline, "{name} still {state:?}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Waits until `pid` runs `sleep` (the script has set itself up and exec'd).
+    fn wait_exec(pid: libc::pid_t) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default() != "sleep\n" {
+            assert!(Instant::now() < deadline, "PID {pid} never ran sleep");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    const LONG: Duration = Duration::from_secs(30);
+
+    /// Data node files and their network namespaces.
+    type Nodes<'a> = &'a [(&'a Path, Option<&'a str>)];
+
+    #[test]
+    fn provider_parses_proc_stat_and_pid_files() {
+        let line =
+            "4242 (a) b (c)) S 1 4242 4242 0 -1 4194560 1 0 0 0 0 0 0 0 20 0 1 0 987654 1000 200";
+        assert_eq!(
+            parse_stat(line),
+            Some(ProcStat {
+                state: 'S',
+                start_time: 987654
+            })
+        );
+        assert_eq!(parse_stat("1 (x) S 1 2"), None);
+        assert_eq!(parse_stat("garbage"), None);
+        let own = proc_stat(std::process::id() as libc::pid_t).unwrap();
+        assert!(own.start_time > 0);
+        assert!(is_running(
+            std::process::id() as libc::pid_t,
+            own.start_time
+        ));
+        assert!(!is_running(
+            std::process::id() as libc::pid_t,
+            own.start_time + 1
+        ));
+        assert_eq!(parse_pid_file("12 345\n"), Some((12, 345)));
+        for bad in ["", "12", "0 5", "-1 5", "12 x", "12 5 6"] {
+            assert_eq!(parse_pid_file(bad), None, "{bad:?}");
+        }
+        assert_eq!(
+            pid_file(Path::new("/run/p"), "data1"),
+            Path::new("/run/p/data1.pid")
+        );
+    }
+
+    #[test]
+    fn provider_starts_and_stops_a_node() {
+        let dir = TestDir::new("start");
+        let command = dir.script("protego", "echo \"args: $*\"\nexec sleep 600");
+        let file = dir.node_file("data1.toml", "data1", true);
+        let provider = LocalProvider::new(&dir.config(&command, &[(&file, None)], LONG)).unwrap();
+        assert_eq!(provider.kind(), "local");
+        assert_eq!(
+            provider.nodes(),
+            vec![ProvidedNode {
+                name: "data1".into(),
+                state: ProvidedState::Stopped
+            }]
+        );
+        let mode = fs::metadata(dir.run_dir()).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o700);
+
+        dir.start(&provider, "data1").unwrap();
+        assert!(matches!(
+            state_of(&provider, "data1"),
+            ProvidedState::Running {
+                started_at: Some(_)
+            }
+        ));
+        let (pid, start_time) = dir.pid_of("data1").unwrap();
+        assert_eq!(proc_stat(pid).unwrap().start_time, start_time);
+        // SAFETY: getsid has no preconditions.
+        assert_eq!(unsafe { libc::getsid(pid) }, pid, "runs in its own session");
+        wait_exec(pid);
+
+        // Starting a running node changes nothing.
+        dir.start(&provider, "data1").unwrap();
+        assert_eq!(dir.pid_of("data1"), Some((pid, start_time)));
+
+        let log = fs::read_to_string(log_file(&dir.run_dir(), "data1")).unwrap();
+        assert!(
+            log.contains(&format!("args: data -c {}", file.display())),
+            "{log}"
+        );
+
+        provider.stop("data1").unwrap();
+        assert_eq!(state_of(&provider, "data1"), ProvidedState::Stopping);
+        provider.stop("data1").unwrap();
+        wait_for(&provider, "data1", |s| *s == ProvidedState::Stopped);
+        assert!(!pid_file(&dir.run_dir(), "data1").exists());
+        provider.stop("data1").unwrap();
+        assert_eq!(state_of(&provider, "data1"), ProvidedState::Stopped);
+    }
+
+    #[test]
+    fn provider_kills_a_node_that_ignores_sigterm() {
+        let dir = TestDir::new("kill");
+        let command = dir.script("protego", "trap '' TERM\nexec sleep 600");
+        let file = dir.node_file("data1.toml", "data1", true);
+        let timeout = Duration::from_millis(300);
+        let provider =
+            LocalProvider::new(&dir.config(&command, &[(&file, None)], timeout)).unwrap();
+        dir.start(&provider, "data1").unwrap();
+        let (pid, start_time) = dir.pid_of("data1").unwrap();
+        wait_exec(pid);
+
+        let asked = Instant::now();
+        provider.stop("data1").unwrap();
+        std::thread::sleep(Duration::from_millis(100));
+        assert_eq!(state_of(&provider, "data1"), ProvidedState::Stopping);
+        assert!(is_running(pid, start_time), "SIGTERM is ignored");
+        match dir.start(&provider, "data1") {
+            Err(ProviderError::Failed { action, reason, .. }) => {
+                assert_eq!(action, "start");
+                assert!(reason.contains("still stopping"), "{reason}");
+            }
+            other => panic!("{other:?}"),
+        }
+        wait_for(&provider, "data1", |s| *s == ProvidedState::Stopped);
+        assert!(asked.elapsed() >= timeout);
+        assert!(!is_running(pid, start_time));
+    }
+
+    #[test]
+    fn provider_reports_a_node_that_exits_and_restarts_it() {
+        let dir = TestDir::new("exit");
+        let ok = dir.path.join("ok");
+        let command = dir.script(
+            "protego",
+            &format!(
+                "if [ -e {} ]; then exec sleep 600; fi\nexit 3",
+                ok.display()
+            ),
+        );
+        let file = dir.node_file("data1.toml", "data1", true);
+        let provider = LocalProvider::new(&dir.config(&command, &[(&file, None)], LONG)).unwrap();
+        dir.start(&provider, "data1").unwrap();
+        let state = wait_for(&provider, "data1", |s| {
+            matches!(s, ProvidedState::Failed { .. })
+        });
+        let ProvidedState::Failed { reason } = state else {
+            unreachable!()
+        };
+        assert!(reason.starts_with("exited with status 3"), "{reason}");
+        assert!(!pid_file(&dir.run_dir(), "data1").exists());
+        // It stays failed until started again; stopping it changes nothing.
+        provider.stop("data1").unwrap();
+        assert!(matches!(
+            state_of(&provider, "data1"),
+            ProvidedState::Failed { .. }
+        ));
+
+        fs::write(&ok, "").unwrap();
+        dir.start(&provider, "data1").unwrap();
+        let (pid, _) = dir.pid_of("data1").unwrap();
+        wait_exec(pid);
+        assert!(matches!(
+            state_of(&provider, "data1"),
+            ProvidedState::Running { .. }
+        ));
+        provider.stop("data1").unwrap();
+        wait_for(&provider, "data1", |s| *s == ProvidedState::Stopped);
+    }
+
+    #[test]
+    fn provider_adopts_running_nodes() {
+        let dir = TestDir::new("adopt");
+        let command = dir.script("protego", "exec sleep 600");
+        let file1 = dir.node_file("data1.toml", "data1", true);
+        let file2 = dir.node_file("data2.toml", "data2", true);
+        let config = dir.config(&command, &[(&file1, None), (&file2, None)], LONG);
+        let first = LocalProvider::new(&config).unwrap();
+        dir.start(&first, "data1").unwrap();
+        dir.start(&first, "data2").unwrap();
+        let (pid1, _) = dir.pid_of("data1").unwrap();
+        let (pid2, _) = dir.pid_of("data2").unwrap();
+        wait_exec(pid1);
+        wait_exec(pid2);
+
+        // A second provider (the next control node) finds both running.
+        let second = LocalProvider::new(&config).unwrap();
+        let adopted = ProvidedState::Running { started_at: None };
+        assert_eq!(
+            second.nodes(),
+            vec![
+                ProvidedNode {
+                    name: "data1".into(),
+                    state: adopted.clone()
+                },
+                ProvidedNode {
+                    name: "data2".into(),
+                    state: adopted.clone()
+                }
+            ]
+        );
+        second.start("data1").unwrap();
+        assert_eq!(state_of(&second, "data1"), adopted);
+
+        // It stops an adopted node.
+        second.stop("data1").unwrap();
+        assert_eq!(state_of(&second, "data1"), ProvidedState::Stopping);
+        wait_for(&second, "data1", |s| *s == ProvidedState::Stopped);
+        assert!(!pid_file(&dir.run_dir(), "data1").exists());
+
+        // An adopted node killed behind its back is no longer running.
+        // SAFETY: kill has no memory-safety preconditions; pid2 is this test's process.
+        assert_eq!(unsafe { libc::kill(pid2, libc::SIGKILL) }, 0);
+        let state = wait_for(&second, "data2", |s| {
+            matches!(s, ProvidedState::Failed { .. })
+        });
+        assert!(
+            matches!(&state, ProvidedState::Failed { reason } if reason.starts_with("no longer running")),
+            "{state:?}"
+        );
+        assert!(!pid_file(&dir.run_dir(), "data2").exists());
+
+        // The first provider (their parent) sees them killed.
+        let state = wait_for(&first, "data1", |s| {
+            matches!(s, ProvidedState::Failed { .. })
+        });
+        assert!(
+            matches!(&state, ProvidedState::Failed { reason } if reason.starts_with("killed by signal 15")),
+            "{state:?}"
+        );
+    }
+
+    #[test]
+    fn provider_removes_stale_pid_files() {
+        let dir = TestDir::new("stale");
+        let command = dir.script("protego", "exec sleep 600");
+        let files: Vec<PathBuf> = (1..=3)
+            .map(|i| dir.node_file(&format!("data{i}.toml"), &format!("data{i}"), true))
+            .collect();
+        let nodes: Vec<(&Path, Option<&str>)> = files.iter().map(|f| (f.as_path(), None)).collect();
+        let config = dir.config(&command, &nodes, LONG);
+        fs::create_dir_all(dir.run_dir()).unwrap();
+        let own = std::process::id() as libc::pid_t;
+        let own_start = proc_stat(own).unwrap().start_time;
+        let run_dir = dir.run_dir();
+        // A PID above any pid_max, this test's PID with another start time, garbage.
+        fs::write(pid_file(&run_dir, "data1"), "1073741823 5\n").unwrap();
+        fs::write(
+            pid_file(&run_dir, "data2"),
+            format!("{own} {}\n", own_start + 1),
+        )
+        .unwrap();
+        fs::write(pid_file(&run_dir, "data3"), "not a pid file").unwrap();
+        let provider = LocalProvider::new(&config).unwrap();
+        for node in provider.nodes() {
+            assert_eq!(node.state, ProvidedState::Stopped, "{}", node.name);
+            assert!(!pid_file(&run_dir, &node.name).exists(), "{}", node.name);
+        }
+        // The provider treats a stale node as stopped: it starts normally.
+        dir.start(&provider, "data2").unwrap();
+        let (pid, _) = dir.pid_of("data2").unwrap();
+        assert_ne!(pid, own);
+        wait_exec(pid);
+        provider.stop("data2").unwrap();
+        wait_for(&provider, "data2", |s| *s == ProvidedState::Stopped);
+    }
+
+    #[test]
+    fn provider_rejects_unknown_nodes_and_bad_configs() {
+        let dir = TestDir::new("config");
+        let command = dir.script("protego", "exec sleep 600");
+        let file1 = dir.node_file("data1.toml", "data1", true);
+        let provider = LocalProvider::new(&dir.config(&command, &[(&file1, None)], LONG)).unwrap();
+        assert!(
+            matches!(provider.start("data9"), Err(ProviderError::UnknownNode(n)) if n == "data9")
+        );
+        assert!(
+            matches!(provider.stop("data9"), Err(ProviderError::UnknownNode(n)) if n == "data9")
+        );
+
+        let steer = dir.node_file("steer1.toml", "steer1", false);
+        let twin = dir.node_file("twin.toml", "data1", true);
+        let missing = dir.path.join("missing.toml");
+        let cases: [(Nodes, &Path); 3] = [
+            (&[(&file1, None), (&steer, None)], &steer),
+            (&[(&file1, None), (&twin, None)], &twin),
+            (&[(&missing, None)], &missing),
+        ];
+        for (nodes, culprit) in cases {
+            match LocalProvider::new(&dir.config(&command, nodes, LONG)) {
+                Err(ProviderError::Config(message)) => assert!(
+                    message.contains(&culprit.display().to_string()),
+                    "{message}"
+                ),
+                Err(e) => panic!("{e}"),
+                Ok(_) => panic!("{} accepted", culprit.display()),
+            }
+        }
+    }
+
+    /// Deletes a network namespace on drop.
+    struct Netns(String);
+
+    impl Drop for Netns {
+        fn drop(&mut self) {
+            let _fork = fork_lock();
+            let _ = Command::new("ip").args(["netns", "del", &self.0]).status();
+        }
+    }
+
+    #[test]
+    fn provider_runs_nodes_in_their_netns() {
+        if find_on_path("ip").is_none() {
+            eprintln!("skipped: `ip` (iproute2) is not on PATH");
+            return;
+        }
+        let dir = TestDir::new("netns");
+        let command = dir.script("protego", "exec sleep 600");
+        let file1 = dir.node_file("data1.toml", "data1", true);
+        let file2 = dir.node_file("data2.toml", "data2", true);
+        let missing = format!("protego-lp-missing-{}", std::process::id());
+        assert!(!Path::new("/run/netns").join(&missing).exists());
+        let ns = Netns(format!("protego-lp-{}", std::process::id()));
+        {
+            let _fork = fork_lock();
+            let status = Command::new("ip")
+                .args(["netns", "add", &ns.0])
+                .status()
+                .unwrap();
+            assert!(status.success(), "ip netns add {}", ns.0);
+        }
+        let provider = LocalProvider::new(&dir.config(
+            &command,
+            &[
+                (&file1, Some(ns.0.as_str())),
+                (&file2, Some(missing.as_str())),
+            ],
+            LONG,
+        ))
+        .unwrap();
+
+        // The PID is the data node's, inside the namespace.
+        dir.start(&provider, "data1").unwrap();
+        let (pid, _) = dir.pid_of("data1").unwrap();
+        wait_exec(pid);
+        let inside = fs::metadata(format!("/proc/{pid}/ns/net")).unwrap().ino();
+        let netns = fs::metadata(Path::new("/run/netns").join(&ns.0))
+            .unwrap()
+            .ino();
+        assert_eq!(inside, netns);
+
+        // `ip netns exec` of a namespace that does not exist fails.
+        dir.start(&provider, "data2").unwrap();
+        let state = wait_for(&provider, "data2", |s| {
+            matches!(s, ProvidedState::Failed { .. })
+        });
+        assert!(
+            matches!(&state, ProvidedState::Failed { reason } if reason.starts_with("exited with status")),
+            "{state:?}"
+        );
+
+        provider.stop("data1").unwrap();
+        wait_for(&provider, "data1", |s| *s == ProvidedState::Stopped);
+    }
+}

@@ -1,0 +1,284 @@
+//! The autoscaler driving a live cluster (`[cluster.autoscale] mode = "act"`) against real
+//! strongSwan peers: one control node, one data node started with the cluster, a second
+//! that only the control node's `local` node provider starts (in its own namespace), and one
+//! steer node; two tenants whose traffic ramps up and down with iperf3 at set rates.
+//!
+//! With 30 Mbit/s data nodes (T_H = 0.9: 27 Mbit/s), two tunnels at 20 Mbit/s make the first
+//! node a hotspot that no active node can relieve: the autoscaler starts the second node
+//! through the provider, which joins the reserve (inactive), then activates it and moves a
+//! tunnel there. When the traffic stops, consolidation brings both tunnels onto one node and
+//! the emptied node is parked (inactive, warm). 50 Hz pings on both tenants run throughout
+//! and none may be lost.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use common::*;
+
+use protego_testbed::cluster::{ClusterSpec, ProtegoCluster};
+use protego_testbed::protego::GatewayTunnel;
+use protego_testbed::traffic::{self, IperfOptions, IperfResult, PingOptions, PingStats};
+use protego_testbed::wait::{wait_for, Probe};
+use protego_testbed::{Result, Testbed, Topology};
+
+/// A data node's capacity in the test (Mbit/s, both directions).
+const NODE_MBIT: u32 = 30;
+/// Each tenant's traffic over time: (Mbit/s, seconds). 2 × 8 fits a node, 2 × 20 does not.
+const RAMP: [(u64, u64); 3] = [(8, 5), (20, 20), (4, 4)];
+/// Pings per round at 50 Hz; rounds follow each other until the test is done.
+const PINGS: u32 = 250;
+
+/// Which data node each tunnel is placed on, and the data nodes holding CHILD_SAs.
+fn placement(cluster: &ProtegoCluster) -> Result<(BTreeMap<String, String>, Vec<String>)> {
+    let nodes = cluster.nodes()?;
+    let mut placed = BTreeMap::new();
+    let mut holding = Vec::new();
+    for n in nodes["nodes"].as_array().into_iter().flatten() {
+        if n["role"] != "data" {
+            continue;
+        }
+        let name = n["name"].as_str().unwrap_or_default().to_owned();
+        for t in n["tunnels"].as_array().into_iter().flatten() {
+            if let Some(t) = t.as_str() {
+                placed.insert(t.to_owned(), name.clone());
+            }
+        }
+        if n["child_sas"].as_array().is_some_and(|c| !c.is_empty()) {
+            holding.push(name);
+        }
+    }
+    Ok((placed, holding))
+}
+
+/// The autoscaler's view of node `name`: its model state ("active", "inactive", ...).
+fn model_state(capacity: &serde_json::Value, name: &str) -> Option<String> {
+    capacity["step"]["nodes"]
+        .as_array()?
+        .iter()
+        .find(|n| n["node"] == name)
+        .and_then(|n| n["state"].as_str().map(str::to_owned))
+}
+
+/// Every decision in the autoscaler's history that was carried out.
+fn done(capacity: &serde_json::Value) -> Vec<String> {
+    capacity["decisions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|d| d["carried_out"] == true)
+        .filter_map(|d| d["decision"].as_str().map(str::to_owned))
+        .collect()
+}
+
+/// Runs [`RAMP`] from site `site`'s LAN to VM 0 of its tenant, one iperf3 TCP run per step.
+fn ramp_thread(
+    topo: &Topology,
+    site: usize,
+    port: u16,
+) -> std::thread::JoinHandle<Result<Vec<IperfResult>>> {
+    let s = &topo.sites[site];
+    let vm = &topo.tenants[s.tenant].vms[0];
+    let (ns, bind, dst) = (s.ns.clone(), s.lan_addr, vm.addr.addr);
+    std::thread::spawn(move || {
+        let mut out = Vec::new();
+        for (mbit, secs) in RAMP {
+            let mut o = IperfOptions::tcp(Duration::from_secs(secs));
+            o.bind = Some(bind);
+            o.port = port;
+            o.tcp_bitrate = Some(mbit * 1_000_000);
+            // Small writes: iperf3's default 128 KiB block leaves in one burst, above the steer
+            // node's rate-limit bucket (20 ms at the rate, at least 64 KiB).
+            o.length = Some(8192);
+            out.push(traffic::iperf3_client(&ns, dst, &o)?);
+        }
+        Ok(out)
+    })
+}
+
+#[test]
+fn autoscaler_starts_activates_relieves_and_consolidates_without_loss() -> Result<()> {
+    let bed = Testbed::new()?;
+    let topo = Topology::build(&bed, numbered_tenants(&[("ta", 4401), ("tb", 4402)])?)?;
+    let tunnels: Vec<GatewayTunnel> = (0..2)
+        .map(|s| {
+            let mut t = GatewayTunnel::for_site(&topo, s, PSK);
+            // σ = twice the limit, capped at a node: each tunnel may use the whole node.
+            t.extra.push("rate_limit = 25".to_owned());
+            t
+        })
+        .collect();
+    let spec = ClusterSpec {
+        data: 1,
+        provided_data: 1,
+        extra_control: vec![format!("node_capacity_mbit = {NODE_MBIT}")],
+        extra_autoscale: vec![
+            "mode = \"act\"".to_owned(),
+            "interval = \"1s\"".to_owned(),
+            "consolidation_interval = \"15s\"".to_owned(),
+            "start_latency = \"5s\"".to_owned(),
+        ],
+        ..ClusterSpec::default()
+    };
+    let cluster = ProtegoCluster::start(&bed, &topo, &tunnels, &spec)?;
+    let provided = cluster.provided_data_names();
+    assert_eq!(provided, vec!["data2".to_owned()]);
+    let result = (|| -> Result<()> {
+        let mut sites = Vec::new();
+        for tun in &tunnels {
+            let site = site_charon(&topo, tun)?;
+            site.initiate("net", UP)?;
+            site.wait_child_installed("net", UP)?;
+            sites.push(site);
+        }
+        for s in 0..topo.sites.len() {
+            warm_up(&topo, s)?;
+        }
+        // The provider's node is not running: both tunnels are on data1.
+        let (placed, _) = placement(&cluster)?;
+        assert!(placed.values().all(|n| n == "data1"), "{placed:?}");
+        assert_eq!(cluster.provided_pid("data2"), None);
+
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let pings: Vec<_> = (0..topo.sites.len())
+            .map(|s| {
+                let site = &topo.sites[s];
+                let vm = &topo.tenants[site.tenant].vms[0];
+                let (ns, src, dst) = (site.ns.clone(), site.lan_addr, vm.addr.addr);
+                let stop = std::sync::Arc::clone(&stop);
+                std::thread::spawn(move || -> Result<(u32, u32)> {
+                    let o = PingOptions::new(PINGS, Duration::from_millis(20)).from(src);
+                    let (mut sent, mut received) = (0, 0);
+                    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        let p: PingStats = traffic::ping(&ns, dst, &o)?;
+                        sent += p.transmitted;
+                        received += p.received;
+                    }
+                    Ok((sent, received))
+                })
+            })
+            .collect();
+        let t0 = Instant::now();
+        let servers = (0..topo.sites.len())
+            .map(|s| {
+                let vm = &topo.tenants[topo.sites[s].tenant].vms[0];
+                traffic::iperf3_server(&vm.ns, vm.addr.addr, 5301 + s as u16)
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let ramps: Vec<_> = (0..topo.sites.len())
+            .map(|s| ramp_thread(&topo, s, 5301 + s as u16))
+            .collect();
+
+        // Ramp up: data1 becomes a hotspot; the provider starts data2, which is activated
+        // and takes one tunnel (moved by rekey, the old SA deleted after).
+        let spread = wait_for(
+            "one tunnel on each data node",
+            Duration::from_secs(30),
+            || {
+                let (placed, holding) = placement(&cluster)?;
+                let on: std::collections::BTreeSet<&String> = placed.values().collect();
+                Ok(if on.len() == 2 && holding.len() == 2 {
+                    Probe::Ready(placed)
+                } else {
+                    Probe::NotYet(format!("{placed:?}; {}", cluster.control("capacity")?))
+                })
+            },
+        )?;
+        let spread_at = t0.elapsed();
+        let capacity = cluster.control("capacity")?;
+        let decisions = done(&capacity);
+        eprintln!("spread after {spread_at:?}: {spread:?}; carried out: {decisions:#?}");
+        assert!(cluster.provided_pid("data2").is_some(), "data2 runs");
+        for wanted in ["start data2", "activate data2", "migrate "] {
+            assert!(
+                decisions.iter().any(|d| d.starts_with(wanted)),
+                "no {wanted:?} among {decisions:#?}"
+            );
+        }
+        assert!(
+            decisions
+                .iter()
+                .any(|d| d.starts_with("migrate ") && d.contains("data1 is a hotspot")),
+            "the move relieves data1: {decisions:#?}"
+        );
+        assert_eq!(capacity["provider"]["nodes"][0]["state"], "running");
+
+        // Ramp down: the next consolidation packs both tunnels onto one node and parks the
+        // other (warm: it stays registered).
+        let ramps: Vec<Vec<IperfResult>> = ramps
+            .into_iter()
+            .map(|r| r.join().expect("iperf3 thread"))
+            .collect::<Result<_>>()?;
+        drop(servers);
+        let (kept, parked) = wait_for(
+            "both tunnels on one data node and the other parked",
+            Duration::from_secs(40),
+            || {
+                let (placed, holding) = placement(&cluster)?;
+                let capacity = cluster.control("capacity")?;
+                let on: std::collections::BTreeSet<&String> = placed.values().collect();
+                let parked = ["data1", "data2"]
+                    .into_iter()
+                    .find(|n| model_state(&capacity, n).as_deref() == Some("inactive"));
+                Ok(match (on.len(), holding.len(), parked) {
+                    (1, 1, Some(p)) if !on.contains(&p.to_owned()) => {
+                        Probe::Ready((holding[0].clone(), p.to_owned()))
+                    }
+                    _ => Probe::NotYet(format!("{placed:?}; {}", capacity["step"])),
+                })
+            },
+        )?;
+        let capacity = cluster.control("capacity")?;
+        eprintln!(
+            "consolidated onto {kept} after {:?}, {parked} parked; step: {:#}",
+            t0.elapsed(),
+            capacity["step"]
+        );
+        assert!(
+            done(&capacity)
+                .iter()
+                .any(|d| d.starts_with(&format!("deactivate {parked}"))),
+            "{capacity:#}"
+        );
+        let nodes = cluster.nodes()?;
+        let parked_node = nodes["nodes"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|n| n["name"] == parked.as_str())
+            .cloned()
+            .unwrap_or_default();
+        assert_eq!(parked_node["alive"], true, "{parked_node}");
+        assert_eq!(parked_node["parked"], true, "{parked_node}");
+
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let pings: Vec<(u32, u32)> = pings
+            .into_iter()
+            .map(|p| p.join().expect("ping thread"))
+            .collect::<Result<_>>()?;
+        for (s, ramp) in ramps.iter().enumerate() {
+            eprintln!(
+                "tenant {s}: iperf3 {:?} Mbit/s, retransmits {:?}",
+                ramp.iter()
+                    .map(|r| format!("{:.1}", r.received_bps / 1e6))
+                    .collect::<Vec<_>>(),
+                ramp.iter().map(|r| r.retransmits).collect::<Vec<_>>()
+            );
+        }
+        for (s, (sent, received)) in pings.iter().enumerate() {
+            eprintln!("tenant {s}: pings {received}/{sent}");
+            assert_eq!(sent, received, "tenant {s} lost pings");
+        }
+        drop(sites);
+        Ok(())
+    })();
+    if result.is_err() {
+        eprintln!("{}", cluster.log_tails(60));
+        for name in &provided {
+            eprintln!("--- {name} (provider log)\n{}", cluster.provided_log(name));
+        }
+    }
+    cluster.stop_all();
+    result
+}
