@@ -42,6 +42,8 @@ pub(crate) struct NodeInput {
     pub(crate) draining: bool,
     /// Parked by the autoscaler: held in reserve (inactive), no tunnel is placed on it.
     pub(crate) parked: bool,
+    /// The autoscaler asked the provider to stop it.
+    pub(crate) leaving: bool,
     /// What the node provider says of it, if the provider manages it.
     pub(crate) provided: Option<ProvidedState>,
     /// Its last load report and that report's number (a report is recorded once).
@@ -185,7 +187,7 @@ impl Autoscaler {
 
     /// The model state of node `n` (`None`: left out), given whether tunnels are placed on it.
     fn model_state(&self, n: &NodeInput, holds_tunnels: bool, now: Instant) -> Option<NodeState> {
-        let leaving = matches!(n.provided, Some(ProvidedState::Stopping));
+        let leaving = n.leaving || matches!(n.provided, Some(ProvidedState::Stopping));
         if n.alive {
             return match (n.draining || leaving, n.parked && !holds_tunnels) {
                 (true, _) => None,
@@ -475,6 +477,7 @@ mod tests {
             alive: true,
             draining: false,
             parked: false,
+            leaving: false,
             provided: None,
             load: Some((seq, load(1000, mbit))),
         }
@@ -675,6 +678,7 @@ mod tests {
         );
         let stopping = with(|n| n.provided = Some(ProvidedState::Stopping));
         assert_eq!(a.model_state(&stopping, false, now), None);
+        assert_eq!(a.model_state(&with(|n| n.leaving = true), false, now), None);
         // Not registered: the provider's word.
         let lost = with(|n| n.alive = false);
         assert_eq!(a.model_state(&lost, false, now), None);

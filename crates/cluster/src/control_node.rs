@@ -59,9 +59,6 @@ pub enum ControlNodeError {
     /// Stopped by a signal while standing by.
     #[error("stopped while standing by")]
     Cancelled,
-    /// The node provider (`[cluster.autoscale.local]`) cannot run.
-    #[error("[cluster.autoscale.local]: {0}")]
-    Provider(crate::provider::ProviderError),
     /// The gRPC server.
     #[error("gRPC server on {addr}: {reason}")]
     Grpc {
@@ -261,12 +258,21 @@ impl ControlNode {
         )
         .map_err(NodeError::Dataplane)?;
         let (tasks_tx, tasks_rx) = crossbeam_channel::unbounded();
-        let provider: Option<Arc<dyn crate::provider::NodeProvider>> = match &cc.autoscale.local {
-            Some(local) => Some(Arc::new(
-                crate::provider::LocalProvider::new(local).map_err(ControlNodeError::Provider)?,
-            )),
-            None => None,
-        };
+        // Only act mode starts and stops nodes. A provider that cannot run must not keep a
+        // standby from taking over: the autoscaler then says no provider is configured.
+        let provider: Option<Arc<dyn crate::provider::NodeProvider>> =
+            match (&cc.autoscale.local, cc.autoscale.mode) {
+                (Some(local), control::config::AutoscaleMode::Act) => {
+                    match crate::provider::LocalProvider::new(local) {
+                        Ok(p) => Some(Arc::new(p)),
+                        Err(e) => {
+                            error!(error = %e, "node provider disabled: [cluster.autoscale.local]");
+                            None
+                        }
+                    }
+                }
+                _ => None,
+            };
         let cluster = Cluster::new(
             Settings {
                 name: cc.name.clone(),

@@ -93,6 +93,8 @@ struct Node {
     draining: bool,
     /// Held in reserve by the autoscaler (inactive): new CHILD_SAs go elsewhere if they can.
     parked: bool,
+    /// The autoscaler asked the node provider to stop it: nothing is placed on it any more.
+    leaving: bool,
     boot_id: u64,
     workers: u32,
     last_report: Option<NodeLoad>,
@@ -220,8 +222,9 @@ pub struct Cluster {
     autoscaler: Mutex<(Option<crate::capacity::Autoscaler>, Option<Instant>)>,
     /// Starts and stops data nodes for the autoscaler (act mode).
     provider: Option<Arc<dyn crate::provider::NodeProvider>>,
-    /// The names of the data nodes the provider manages: they register parked (inactive),
-    /// as the paper's started node joins the reserve, until the autoscaler activates them.
+    /// The names of the data nodes the provider manages (act mode): they register parked
+    /// (inactive), as the paper's started node joins the reserve, until the autoscaler
+    /// activates them; a node that arrives holding CHILD_SAs (a takeover) is not parked.
     provided: std::collections::HashSet<String>,
     /// The configured tunnels and the data nodes' VNets and bindings (replaced by an apply).
     inventory: std::sync::RwLock<Arc<Inventory>>,
@@ -472,7 +475,7 @@ impl Cluster {
         let draining = previous.is_some_and(|n| n.draining && !restarted);
         let parked = match previous.filter(|_| !restarted) {
             Some(n) => n.parked,
-            None => role == Role::Data && self.provided.contains(name),
+            None => role == Role::Data && installed.is_empty() && self.provided.contains(name),
         };
         st.nodes.insert(
             id,
@@ -484,6 +487,7 @@ impl Cluster {
                 alive: true,
                 draining,
                 parked,
+                leaving: false,
                 boot_id,
                 workers,
                 last_report: None,
@@ -776,7 +780,7 @@ impl Cluster {
                 && st
                     .nodes
                     .get(id)
-                    .is_some_and(|n| n.role == Role::Data && n.alive && !n.draining)
+                    .is_some_and(|n| n.role == Role::Data && n.alive && !n.draining && !n.leaving)
         };
         if let Some(p) = st.placement.get(&tunnel).filter(|p| usable(p)) {
             return Some(*p);

@@ -111,6 +111,7 @@ impl Cluster {
                 alive: n.alive,
                 draining: n.draining,
                 parked: n.parked,
+                leaving: n.leaving,
                 provided: None,
                 load: n.last_report.clone().map(|l| (n.reports, l)),
             })
@@ -128,6 +129,7 @@ impl Cluster {
                         alive: false,
                         draining: false,
                         parked: false,
+                        leaving: false,
                         provided: Some(p.state),
                         load: None,
                     });
@@ -156,6 +158,14 @@ impl Cluster {
         let mut provider_calls: Vec<(usize, bool, String)> = Vec::new();
         {
             let mut st = self.state();
+            // A parked node that holds tunnels (a fallback placement, a takeover) is serving:
+            // the model counted it active.
+            let serving: Vec<u32> = st.placement.values().copied().collect();
+            for id in serving {
+                if let Some(n) = st.nodes.get_mut(&id) {
+                    n.parked = false;
+                }
+            }
             for (i, d) in plan.decisions.iter().enumerate() {
                 let outcome = match d.action {
                     Action::Activate { node } => match st.nodes.get_mut(&node.0) {
@@ -249,8 +259,17 @@ impl Cluster {
                             (Some(_), Some(m), _) if !m.alive => {
                                 Outcome::Skipped("it is still starting".into())
                             }
-                            (Some(_), Some(n), _) => {
-                                provider_calls.push((i, false, n.name.clone()));
+                            (Some(_), Some(m), _)
+                                if !matches!(m.provided, Some(ProvidedState::Running { .. })) =>
+                            {
+                                Outcome::Skipped("the node provider does not run it".into())
+                            }
+                            (Some(_), Some(m), _) => {
+                                // Nothing is placed on it from now on, not even as a fallback.
+                                if let Some(n) = st.nodes.get_mut(&node.0) {
+                                    n.leaving = true;
+                                }
+                                provider_calls.push((i, false, m.name.clone()));
                                 Outcome::Done
                             }
                         }
@@ -274,6 +293,14 @@ impl Cluster {
                     ),
                     Err(e) => {
                         warn!(node = %name, error = %e, "autoscaler: node provider refused");
+                        if !start {
+                            let mut st = self.state();
+                            if let Some(id) = st.ids.get(&name).copied() {
+                                if let Some(n) = st.nodes.get_mut(&id) {
+                                    n.leaving = false;
+                                }
+                            }
+                        }
                         outcomes[i] = Outcome::Skipped(match e {
                             ProviderError::UnknownNode(_) => {
                                 "the node provider does not manage it".into()
