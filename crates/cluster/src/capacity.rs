@@ -59,7 +59,22 @@ pub(crate) struct Input {
     pub(crate) placement: Vec<(TunnelId, u32)>,
     /// Each configured tunnel's rate limit (Mbit/s per direction) and name.
     pub(crate) tunnels: BTreeMap<TunnelId, (String, Option<u32>)>,
+    /// A node provider is configured.
+    pub(crate) provider: bool,
 }
+
+/// A provider node's starts: when it was last started (or last seen failing) and how many
+/// times in a row it failed (exited on its own, or never registered).
+#[derive(Debug, Clone, Copy)]
+struct Starts {
+    at: Instant,
+    failures: u32,
+    /// The current failure is counted.
+    counted: bool,
+}
+
+/// The longest a failing node is left out before it is tried again.
+const MAX_BACKOFF: Duration = Duration::from_secs(3600);
 
 /// What became of one decision.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -88,6 +103,8 @@ pub(crate) struct Autoscaler {
     history: VecDeque<Entry>,
     /// The decisions of the last step with their outcomes (what the history compares to).
     previous: Vec<(Action, Outcome)>,
+    /// Provider nodes' starts and failures, by node id.
+    starts: HashMap<u32, Starts>,
 }
 
 /// One decision in the history.
@@ -101,8 +118,8 @@ struct Entry {
 struct Step {
     at_ms: u64,
     plan: Plan,
-    /// Each node in the model before the plan: its name, state and load.
-    nodes: Vec<(String, NodeState, f64)>,
+    /// Each node in the model before the plan: its name, state, load and whether parked.
+    nodes: Vec<(String, NodeState, f64, bool)>,
     tunnels: usize,
     demand: f64,
     /// The plan's decisions with node and tunnel names, and their outcomes.
@@ -158,6 +175,7 @@ impl Autoscaler {
             consolidation_interval: config.consolidation_interval,
             start_latency: config.start_latency,
             min_reserved_nodes: config.min_nodes,
+            stop_slack: config.stop_slack,
             ..defaults
         })?;
         let usage = UsageBook::new(planner.config().usage_config())?;
@@ -172,6 +190,7 @@ impl Autoscaler {
             last: None,
             history: VecDeque::new(),
             previous: Vec::new(),
+            starts: HashMap::new(),
         })
     }
 
@@ -185,11 +204,33 @@ impl Autoscaler {
         self.mode
     }
 
-    /// The model state of node `n` (`None`: left out), given whether tunnels are placed on it.
-    fn model_state(&self, n: &NodeInput, holds_tunnels: bool, now: Instant) -> Option<NodeState> {
+    /// How long a node that failed `failures` times in a row is left out: the start latency
+    /// (at least 10 s), doubled for each further failure, at most an hour.
+    fn backoff(&self, failures: u32) -> Duration {
+        let base = self
+            .planner
+            .config()
+            .start_latency
+            .max(Duration::from_secs(10));
+        base.saturating_mul(1 << failures.saturating_sub(1).min(12))
+            .min(MAX_BACKOFF)
+    }
+
+    /// The model state of node `n` (`None`: left out), given whether tunnels are placed on it
+    /// and whether a node provider is configured.
+    fn model_state(
+        &self,
+        n: &NodeInput,
+        holds_tunnels: bool,
+        provider: bool,
+        now: Instant,
+    ) -> Option<NodeState> {
         let leaving = n.leaving || matches!(n.provided, Some(ProvidedState::Stopping));
         if n.alive {
-            return match (n.draining || leaving, n.parked && !holds_tunnels) {
+            // A parked node the provider cannot stop stays in the pool as an empty active
+            // node: as inactive, the planner would pick it to stop before the provider's.
+            let reserve = n.parked && !holds_tunnels && (n.provided.is_some() || !provider);
+            return match (n.draining || leaving, reserve) {
                 (true, _) => None,
                 (false, true) => Some(NodeState::Inactive),
                 (false, false) => Some(NodeState::Active),
@@ -201,11 +242,47 @@ impl Autoscaler {
                     .map_or(now, |s| s + self.planner.config().start_latency)
                     .max(now),
             }),
-            Some(
-                ProvidedState::Stopped | ProvidedState::Stopping | ProvidedState::Failed { .. },
-            ) => Some(NodeState::ShutDown),
+            Some(ProvidedState::Stopped | ProvidedState::Stopping) => Some(NodeState::ShutDown),
+            // A failing node is left out for its backoff, so that the next stopped one is
+            // started instead.
+            Some(ProvidedState::Failed { .. }) => match self.starts.get(&n.id) {
+                Some(s) if now < s.at + self.backoff(s.failures) => None,
+                _ => Some(NodeState::ShutDown),
+            },
             None => None,
         }
+    }
+
+    /// Counts a failure of node `id` at `now` (it exited on its own, or never registered).
+    pub(crate) fn note_failure(&mut self, id: u32, now: Instant) {
+        let s = self.starts.entry(id).or_insert(Starts {
+            at: now,
+            failures: 0,
+            counted: false,
+        });
+        if !s.counted {
+            s.failures += 1;
+            s.counted = true;
+            s.at = now;
+        }
+    }
+
+    /// Provider nodes started at least twice their start latency (and 10 s) ago that have
+    /// not registered: they are stopped and count as failed.
+    pub(crate) fn stuck(&self, input: &Input, now: Instant) -> Vec<(u32, String)> {
+        let limit = self.planner.config().start_latency * 2 + Duration::from_secs(10);
+        input
+            .nodes
+            .iter()
+            .filter(|n| !n.alive)
+            .filter(|n| match n.provided {
+                Some(ProvidedState::Running {
+                    started_at: Some(s),
+                }) => now.saturating_duration_since(s) > limit,
+                _ => false,
+            })
+            .map(|n| (n.id, n.name.clone()))
+            .collect()
     }
 
     /// One step: records the new reports' usage, builds the model of the data nodes and their
@@ -230,10 +307,18 @@ impl Autoscaler {
             .collect();
         let mut nodes = Vec::new();
         for n in &input.nodes {
-            if let Some(state) = self.model_state(n, holding.contains(&n.id), now) {
+            match (&n.provided, n.alive) {
+                // Registered: the failures in a row are over.
+                (_, true) => {
+                    self.starts.remove(&n.id);
+                }
+                (Some(ProvidedState::Failed { .. }), false) => self.note_failure(n.id, now),
+                _ => {}
+            }
+            if let Some(state) = self.model_state(n, holding.contains(&n.id), input.provider, now) {
                 model.add_node(NodeId(n.id), state)?;
                 states.insert(n.id, state);
-                nodes.push((n.id, n.name.clone(), state));
+                nodes.push((n.id, n.name.clone(), state, n.parked));
             }
             // A lost node's last report no longer describes anything.
             let Some((seq, load)) = n.load.as_ref().filter(|_| n.alive) else {
@@ -306,9 +391,9 @@ impl Autoscaler {
             at_ms,
             nodes: nodes
                 .into_iter()
-                .map(|(id, name, state)| {
+                .map(|(id, name, state, parked)| {
                     let load = loads.get(&NodeId(id)).copied().unwrap_or(0.0).max(0.0);
-                    (name, state, load)
+                    (name, state, load, parked)
                 })
                 .collect(),
             tunnels: model.tunnel_count(),
@@ -323,7 +408,7 @@ impl Autoscaler {
     /// [`Outcome::Advised`] for each). The history keeps a decision unless the last step took
     /// the same one with the same outcome (advice, and decisions that cannot be carried out,
     /// come back every step with new figures in their reasons).
-    pub(crate) fn record(&mut self, names: &Naming<'_>, outcomes: Vec<Outcome>) {
+    pub(crate) fn record(&mut self, now: Instant, names: &Naming<'_>, outcomes: Vec<Outcome>) {
         let Some(step) = self.last.as_mut() else {
             return;
         };
@@ -345,6 +430,15 @@ impl Autoscaler {
                     text: text.clone(),
                     outcome: outcome.clone(),
                 });
+            }
+            if let (Action::Start { node, .. }, Outcome::Done) = (&d.action, &outcome) {
+                let s = self.starts.entry(node.0).or_insert(Starts {
+                    at: now,
+                    failures: 0,
+                    counted: false,
+                });
+                s.at = now;
+                s.counted = false;
             }
             previous.push((d.action, outcome.clone()));
             step.decisions.push((text, outcome));
@@ -371,6 +465,7 @@ impl Autoscaler {
             "consolidation_interval_s": config.consolidation_interval.as_secs(),
             "start_latency_s": config.start_latency.as_secs(),
             "min_nodes": config.min_reserved_nodes,
+            "stop_slack": config.stop_slack,
             "default_sigma_mbit": config.default_sigma,
         });
         let entry = |text: &str, outcome: &Outcome| {
@@ -410,10 +505,11 @@ impl Autoscaler {
         let nodes: Vec<serde_json::Value> = step
             .nodes
             .iter()
-            .map(|(name, state, load)| {
+            .map(|(name, state, load, parked)| {
                 serde_json::json!({
                     "node": name,
                     "state": state.name(),
+                    "parked": parked,
                     "used_mbit": load,
                     "utilization": load / self.node_capacity,
                     "hotspot": state.is_active() && load / self.node_capacity > limit,
@@ -421,7 +517,7 @@ impl Autoscaler {
             })
             .collect();
         let count = |wanted: fn(&NodeState) -> bool| {
-            step.nodes.iter().filter(|(_, s, _)| wanted(s)).count()
+            step.nodes.iter().filter(|(_, s, _, _)| wanted(s)).count()
         };
         serde_json::json!({
             "mode": mode,
@@ -494,6 +590,7 @@ mod tests {
             tunnels: (1..=6)
                 .map(|t| (TunnelId(t), (format!("t{t}"), Some(1000))))
                 .collect(),
+            provider: false,
         }
     }
 
@@ -514,7 +611,7 @@ mod tests {
             nodes: &nodes,
             tunnels: &input.tunnels,
         };
-        a.record(&names, vec![Outcome::Advised; plan.decisions.len()]);
+        a.record(at, &names, vec![Outcome::Advised; plan.decisions.len()]);
         plan
     }
 
@@ -663,31 +760,40 @@ mod tests {
             f(&mut n);
             n
         };
-        assert_eq!(a.model_state(&base, false, now), Some(NodeState::Active));
+        assert_eq!(
+            a.model_state(&base, false, true, now),
+            Some(NodeState::Active)
+        );
         // Parked: inactive while empty; a parked node that holds tunnels is still serving.
         let parked = with(|n| n.parked = true);
         assert_eq!(
-            a.model_state(&parked, false, now),
+            a.model_state(&parked, false, false, now),
             Some(NodeState::Inactive)
         );
-        assert_eq!(a.model_state(&parked, true, now), Some(NodeState::Active));
+        assert_eq!(
+            a.model_state(&parked, true, false, now),
+            Some(NodeState::Active)
+        );
         // Drained by an operator, or being stopped: out of the model.
         assert_eq!(
-            a.model_state(&with(|n| n.draining = true), false, now),
+            a.model_state(&with(|n| n.draining = true), false, true, now),
             None
         );
         let stopping = with(|n| n.provided = Some(ProvidedState::Stopping));
-        assert_eq!(a.model_state(&stopping, false, now), None);
-        assert_eq!(a.model_state(&with(|n| n.leaving = true), false, now), None);
+        assert_eq!(a.model_state(&stopping, false, true, now), None);
+        assert_eq!(
+            a.model_state(&with(|n| n.leaving = true), false, true, now),
+            None
+        );
         // Not registered: the provider's word.
         let lost = with(|n| n.alive = false);
-        assert_eq!(a.model_state(&lost, false, now), None);
+        assert_eq!(a.model_state(&lost, false, true, now), None);
         let mut booting = lost.clone();
         booting.provided = Some(ProvidedState::Running {
             started_at: Some(now),
         });
         assert_eq!(
-            a.model_state(&booting, false, now),
+            a.model_state(&booting, false, true, now),
             Some(NodeState::Starting {
                 ready_at: now + Duration::from_secs(180)
             })
@@ -701,8 +807,75 @@ mod tests {
         ] {
             let mut n = lost.clone();
             n.provided = Some(state);
-            assert_eq!(a.model_state(&n, false, now), Some(NodeState::ShutDown));
+            assert_eq!(
+                a.model_state(&n, false, true, now),
+                Some(NodeState::ShutDown)
+            );
         }
+        // With a provider, a parked node it does not manage stays in the pool (empty,
+        // active): the planner must not pick it to stop; a managed one is inactive.
+        assert_eq!(
+            a.model_state(&parked, false, false, now),
+            Some(NodeState::Inactive)
+        );
+        assert_eq!(
+            a.model_state(&parked, false, true, now),
+            Some(NodeState::Active)
+        );
+        let mut managed = parked.clone();
+        managed.provided = Some(ProvidedState::Running { started_at: None });
+        assert_eq!(
+            a.model_state(&managed, false, true, now),
+            Some(NodeState::Inactive)
+        );
+    }
+
+    #[test]
+    fn failing_nodes_back_off_and_stuck_ones_are_found() {
+        let mut a = Autoscaler::new(5000, &config(AutoscaleMode::Act)).unwrap();
+        let now = Instant::now();
+        let mut n = node(3, 1, &[]);
+        n.alive = false;
+        n.provided = Some(ProvidedState::Failed {
+            reason: "exited with status 1".into(),
+        });
+        // Failed, never started by us: may be started.
+        assert_eq!(
+            a.model_state(&n, false, true, now),
+            Some(NodeState::ShutDown)
+        );
+        // Each failure in a row doubles the time it is left out (start latency 3 min).
+        a.note_failure(3, now);
+        assert_eq!(a.model_state(&n, false, true, now), None);
+        let later = now + Duration::from_secs(181);
+        assert_eq!(
+            a.model_state(&n, false, true, later),
+            Some(NodeState::ShutDown)
+        );
+        a.starts.get_mut(&3).unwrap().counted = false;
+        a.note_failure(3, later);
+        assert_eq!(a.backoff(2), Duration::from_secs(360));
+        assert_eq!(
+            a.model_state(&n, false, true, later + Duration::from_secs(200)),
+            None
+        );
+        assert_eq!(a.backoff(40), MAX_BACKOFF);
+        // Started 6 min 10 s ago and not registered: stuck.
+        let mut starting = node(4, 1, &[]);
+        starting.alive = false;
+        starting.provided = Some(ProvidedState::Running {
+            started_at: Some(now),
+        });
+        let input = Input {
+            nodes: vec![starting],
+            provider: true,
+            ..Input::default()
+        };
+        assert!(a.stuck(&input, now + Duration::from_secs(300)).is_empty());
+        assert_eq!(
+            a.stuck(&input, now + Duration::from_secs(371)),
+            vec![(4, "data4".to_owned())]
+        );
     }
 
     #[test]
@@ -725,7 +898,7 @@ mod tests {
                 .iter()
                 .map(|_| Outcome::Skipped("no node provider is configured".into()))
                 .collect();
-            a.record(&names, outcomes);
+            a.record(at, &names, outcomes);
             plan.decisions.len()
         };
         let n = record(&mut a, t0);

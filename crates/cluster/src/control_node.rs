@@ -209,6 +209,9 @@ pub struct ControlNode {
     server: Option<StatusServer>,
     runtime: Option<tokio::runtime::Runtime>,
     stop: Arc<AtomicBool>,
+    /// Stops the autoscaler first at shutdown: a node handing over must not start or stop
+    /// data nodes while the next active node's provider adopts them.
+    autoscaling: Arc<AtomicBool>,
     threads: Vec<JoinHandle<()>>,
 }
 
@@ -375,18 +378,21 @@ impl ControlNode {
                     .map_err(NodeError::Start)?,
             );
         }
+        let autoscaling = Arc::new(AtomicBool::new(true));
         {
             // The model's step takes up to a few hundred milliseconds on large clusters, and
             // a provider may be slow to answer: not in the tick thread.
             let cluster = Arc::clone(&cluster);
-            let stop = Arc::clone(&stop);
+            let run = Arc::clone(&autoscaling);
             threads.push(
                 std::thread::Builder::new()
                     .name("protego-autoscaler".into())
                     .spawn(move || {
-                        while !stop.load(Ordering::Relaxed) {
+                        while run.load(Ordering::Relaxed) {
                             std::thread::sleep(TICK);
-                            cluster.autoscale(Instant::now());
+                            if run.load(Ordering::Relaxed) {
+                                cluster.autoscale(Instant::now());
+                            }
                         }
                     })
                     .map_err(NodeError::Start)?,
@@ -414,6 +420,7 @@ impl ControlNode {
             server: Some(server),
             runtime: Some(runtime),
             stop,
+            autoscaling,
             threads,
         })
     }
@@ -446,6 +453,7 @@ impl ControlNode {
     /// without the peers noticing; a single control node deletes its IKE SAs (as
     /// `protego up`), waiting at most `grace` for the peers' answers.
     pub fn shutdown(mut self, grace: Duration) {
+        self.autoscaling.store(false, Ordering::Relaxed);
         if let Some(s) = self.server.take() {
             s.shutdown();
         }

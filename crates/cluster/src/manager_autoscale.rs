@@ -34,10 +34,25 @@ impl Cluster {
             return;
         };
         if last.is_some_and(|t| now.saturating_duration_since(t) < a.tau()) {
+            // The provider escalates stops and reaps its processes when asked for its nodes.
+            if let Some(p) = &self.provider {
+                drop(p.nodes());
+            }
             return;
         }
         *last = Some(now);
         let (input, names) = self.autoscale_input();
+        // Nodes started long ago that never registered (a wrong certificate or control
+        // address, a hung process): stopped, and counted as failed.
+        if let Some(p) = &self.provider {
+            for (id, name) in a.stuck(&input, now) {
+                warn!(node = %name, "autoscaler: started data node never registered; stopping it");
+                if let Err(e) = p.stop(&name) {
+                    warn!(node = %name, error = %e, "autoscaler: node provider refused");
+                }
+                a.note_failure(id, now);
+            }
+        }
         // A fault in the model must not take the control node down with it.
         let step = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             let plan = a.step(now, std::time::SystemTime::now(), &input)?;
@@ -49,7 +64,7 @@ impl Cluster {
                 nodes: &names,
                 tunnels: &input.tunnels,
             };
-            a.record(&naming, outcomes);
+            a.record(now, &naming, outcomes);
             Ok::<(), provision::ProvisionError>(())
         }));
         match step {
@@ -139,6 +154,7 @@ impl Cluster {
         }
         let names = nodes.iter().map(|n| (n.id, n.name.clone())).collect();
         let input = Input {
+            provider: self.provider.is_some(),
             nodes,
             placement: st.placement.iter().map(|(t, n)| (*t, *n)).collect(),
             tunnels: inventory

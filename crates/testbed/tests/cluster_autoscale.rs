@@ -52,13 +52,13 @@ fn placement(cluster: &ProtegoCluster) -> Result<(BTreeMap<String, String>, Vec<
     Ok((placed, holding))
 }
 
-/// The autoscaler's view of node `name`: its model state ("active", "inactive", ...).
-fn model_state(capacity: &serde_json::Value, name: &str) -> Option<String> {
+/// Whether the autoscaler holds node `name` in reserve (parked: registered, warm, empty).
+fn parked(capacity: &serde_json::Value, name: &str) -> bool {
     capacity["step"]["nodes"]
-        .as_array()?
-        .iter()
-        .find(|n| n["node"] == name)
-        .and_then(|n| n["state"].as_str().map(str::to_owned))
+        .as_array()
+        .into_iter()
+        .flatten()
+        .any(|n| n["node"] == name && n["parked"] == true)
 }
 
 /// Every decision in the autoscaler's history that was carried out.
@@ -220,7 +220,7 @@ fn autoscaler_starts_activates_relieves_and_consolidates_without_loss() -> Resul
                 let on: std::collections::BTreeSet<&String> = placed.values().collect();
                 let parked = ["data1", "data2"]
                     .into_iter()
-                    .find(|n| model_state(&capacity, n).as_deref() == Some("inactive"));
+                    .find(|n| parked(&capacity, n));
                 Ok(match (on.len(), holding.len(), parked) {
                     (1, 1, Some(p)) if !on.contains(&p.to_owned()) => {
                         Probe::Ready((holding[0].clone(), p.to_owned()))

@@ -155,6 +155,9 @@ pub struct AutoscaleConfig {
     pub start_latency: std::time::Duration,
     /// The fewest data nodes kept reserved (active + inactive + starting).
     pub min_nodes: u32,
+    /// Reserved nodes tolerated above what the model requires before one is stopped
+    /// (hysteresis: a start takes `start_latency`).
+    pub stop_slack: u32,
     /// `[cluster.autoscale.local]`: the `local` node provider, if configured.
     pub local: Option<LocalProviderConfig>,
 }
@@ -172,6 +175,7 @@ impl Default for AutoscaleConfig {
             epsilon: 0.05,
             start_latency: std::time::Duration::from_secs(180),
             min_nodes: 1,
+            stop_slack: 0,
             local: None,
         }
     }

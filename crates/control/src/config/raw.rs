@@ -71,6 +71,7 @@ pub(crate) struct RawAutoscale {
     pub(crate) epsilon: Option<Spanned<f64>>,
     pub(crate) start_latency: Option<Spanned<DurationValue>>,
     pub(crate) min_nodes: Option<Spanned<i64>>,
+    pub(crate) stop_slack: Option<Spanned<i64>>,
     pub(crate) local: Option<RawLocalProvider>,
 }
 

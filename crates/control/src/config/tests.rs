@@ -1198,6 +1198,7 @@ fn cluster_autoscale_defaults_values_and_errors() {
         ("hotspot_threshold = 1.5", "hotspot_threshold"),
         ("epsilon = 1.0", "epsilon"),
         ("min_nodes = 0", "min_nodes"),
+        ("stop_slack = -1", "stop_slack"),
         ("surprise = 1", "surprise"),
     ] {
         let e = s

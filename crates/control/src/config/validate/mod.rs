@@ -832,6 +832,15 @@ impl Validator<'_, '_> {
                         self.err(v.span(), S, "min_nodes", "must be between 1 and 10000")
                     })?,
             },
+            stop_slack: match &raw.stop_slack {
+                None => defaults.stop_slack,
+                Some(v) => u32::try_from(*v.get_ref())
+                    .ok()
+                    .filter(|n| *n <= 10_000)
+                    .ok_or_else(|| {
+                        self.err(v.span(), S, "stop_slack", "must be between 0 and 10000")
+                    })?,
+            },
             local,
         })
     }
