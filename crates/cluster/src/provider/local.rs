@@ -871,7 +871,12 @@ mod tests {
         );
 
         provider.stop("data1").unwrap();
-        assert_eq!(state_of(&provider, "data1"), ProvidedState::Stopping);
+        // `sleep` exits at once on SIGTERM: it may be gone by the time we look.
+        let state = state_of(&provider, "data1");
+        assert!(
+            matches!(state, ProvidedState::Stopping | ProvidedState::Stopped),
+            "{state:?}"
+        );
         provider.stop("data1").unwrap();
         wait_for(&provider, "data1", |s| *s == ProvidedState::Stopped);
         assert!(!pid_file(&dir.run_dir(), "data1").exists());
