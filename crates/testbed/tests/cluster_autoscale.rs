@@ -140,6 +140,7 @@ fn autoscaler_starts_activates_relieves_and_consolidates_without_loss() -> Resul
         assert!(placed.values().all(|n| n == "data1"), "{placed:?}");
         assert_eq!(cluster.provided_pid("data2"), None);
 
+        let t0 = Instant::now();
         let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
         let pings: Vec<_> = (0..topo.sites.len())
             .map(|s| {
@@ -151,7 +152,15 @@ fn autoscaler_starts_activates_relieves_and_consolidates_without_loss() -> Resul
                     let o = PingOptions::new(PINGS, Duration::from_millis(20)).from(src);
                     let (mut sent, mut received) = (0, 0);
                     while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        let began = t0.elapsed();
                         let p: PingStats = traffic::ping(&ns, dst, &o)?;
+                        if p.lost() > 0 {
+                            eprintln!(
+                                "tenant {s}: {} of {} pings lost in the round from {began:?}",
+                                p.lost(),
+                                p.transmitted
+                            );
+                        }
                         sent += p.transmitted;
                         received += p.received;
                     }
@@ -159,7 +168,6 @@ fn autoscaler_starts_activates_relieves_and_consolidates_without_loss() -> Resul
                 })
             })
             .collect();
-        let t0 = Instant::now();
         let servers = (0..topo.sites.len())
             .map(|s| {
                 let vm = &topo.tenants[topo.sites[s].tenant].vms[0];
