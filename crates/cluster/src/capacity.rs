@@ -105,6 +105,10 @@ pub(crate) struct Autoscaler {
     previous: Vec<(Action, Outcome)>,
     /// Provider nodes' starts and failures, by node id.
     starts: HashMap<u32, Starts>,
+    /// Each tunnel's size for placement, from its measurements.
+    sizer: provision::Sizer,
+    /// Each tunnel's size at its last measurement.
+    sizes: HashMap<TunnelId, f64>,
 }
 
 /// One decision in the history.
@@ -176,6 +180,7 @@ impl Autoscaler {
             start_latency: config.start_latency,
             min_reserved_nodes: config.min_nodes,
             stop_slack: config.stop_slack,
+            drain: config.drain,
             ..defaults
         })?;
         let usage = UsageBook::new(planner.config().usage_config())?;
@@ -191,6 +196,8 @@ impl Autoscaler {
             history: VecDeque::new(),
             previous: Vec::new(),
             starts: HashMap::new(),
+            sizer: provision::Sizer::new(config.sizing),
+            sizes: HashMap::new(),
         })
     }
 
@@ -346,6 +353,7 @@ impl Autoscaler {
                 let t = provision::TunnelId(tunnel.0);
                 self.usage.set_sigma(t, cap)?;
                 self.usage.record(t, mbit.min(cap))?;
+                self.sizes.insert(tunnel, self.sizer.size(t, mbit, cap));
             }
         }
         // Tunnels no longer configured are forgotten.
@@ -357,6 +365,8 @@ impl Autoscaler {
             .collect();
         for t in gone {
             self.usage.remove(provision::TunnelId(t.0));
+            self.sizer.forget(provision::TunnelId(t.0));
+            self.sizes.remove(&t);
             self.seen.remove(&t);
         }
         self.seen
@@ -365,11 +375,11 @@ impl Autoscaler {
             if !input.tunnels.contains_key(tunnel) {
                 continue;
             }
-            let a = alpha
-                .get(tunnel)
-                .copied()
-                .unwrap_or(0.0)
-                .min(self.sigma(input, *tunnel));
+            // Sized as configured (e.g. the higher of its last two measurements), never below
+            // what it carries now.
+            let now_mbit = alpha.get(tunnel).copied().unwrap_or(0.0);
+            let sized = self.sizes.get(tunnel).copied().unwrap_or(0.0);
+            let a = now_mbit.max(sized).min(self.sigma(input, *tunnel));
             let t = provision::TunnelId(tunnel.0);
             model.add_tunnel(t, a)?;
             // A tunnel on a node left out of the model (or not active) is placed anew.
@@ -466,6 +476,8 @@ impl Autoscaler {
             "start_latency_s": config.start_latency.as_secs(),
             "min_nodes": config.min_reserved_nodes,
             "stop_slack": config.stop_slack,
+            "sizing": self.sizer.sizing().to_string(),
+            "drain": config.drain,
             "default_sigma_mbit": config.default_sigma,
         });
         let entry = |text: &str, outcome: &Outcome| {

@@ -833,11 +833,17 @@ fn the_autoscaler_relieves_a_hotspot_parks_and_starts_nodes() {
     b.cluster.autoscale(t0 + Duration::from_millis(500));
     assert!(b.rekeys().is_empty());
 
-    // Load falls: everything fits on one node; the emptied node is parked at once (its old
-    // CHILD_SA may still be leaving) and takes no new CHILD_SA while another can.
+    // Load falls. Tunnels are sized at the higher of their last two measurements: the first
+    // low report changes nothing; at the second everything fits on one node, and the emptied
+    // node is parked at once (its old CHILD_SA may still be leaving) and takes no new
+    // CHILD_SA while another can.
     b.cluster.report(d1, mbit_report(&[(1, 50), (2, 100)]));
     b.cluster.report(d2, mbit_report(&[(3, 100)]));
     b.cluster.autoscale(t0 + Duration::from_secs(2));
+    assert!(b.rekeys().is_empty());
+    b.cluster.report(d1, mbit_report(&[(1, 50), (2, 100)]));
+    b.cluster.report(d2, mbit_report(&[(3, 100)]));
+    b.cluster.autoscale(t0 + Duration::from_secs(3));
     assert_eq!(b.rekeys(), vec![TunnelId(3)]);
     assert_eq!(b.cluster.state().placement[&TunnelId(3)], d1);
     assert!(b.cluster.state().nodes[&d2].parked);
@@ -853,7 +859,7 @@ fn the_autoscaler_relieves_a_hotspot_parks_and_starts_nodes() {
         b.cluster
             .report(d1, mbit_report(&[(1, 200), (2, 5000), (3, 5000)]));
     }
-    b.cluster.autoscale(t0 + Duration::from_secs(4));
+    b.cluster.autoscale(t0 + Duration::from_secs(5));
     assert_eq!(
         provider.calls.lock().unwrap().first(),
         Some(&(true, "data3".to_owned())),

@@ -69,6 +69,7 @@ pub mod placement;
 pub mod plan;
 pub mod planner;
 pub mod sim;
+pub mod sizing;
 pub mod trace;
 pub mod usage;
 
@@ -89,5 +90,6 @@ pub use sim::{
     compare, run_policy, sweep, Comparison, MinuteStats, Policy, Progress, Run, SimConfig,
     SimError, Summary, SweepRow,
 };
+pub use sizing::{Sizer, Sizing};
 pub use trace::{generate, Trace, TraceError, TraceParams};
 pub use usage::{UsageBook, UsageConfig, UsageHistogram, DEFAULT_BINS, DEFAULT_WINDOW, MAX_BINS};

@@ -197,6 +197,16 @@ pub enum Reason {
         /// The fill limit, `T_H · node capacity`.
         limit: f64,
     },
+    /// Drain (Protego's): every tunnel of this node fits on the other active nodes under the
+    /// limit, so the node is emptied now rather than at the next consolidation.
+    Drain {
+        /// The node emptied.
+        node: NodeId,
+        /// Its load β_j before.
+        load: f64,
+        /// The fill limit, `T_H · node capacity`.
+        limit: f64,
+    },
     /// The active node holds no tunnel: it is held in reserve (it rejoins instantly).
     Empty,
     /// Fewer nodes are reserved (active + inactive + starting) than the model requires:
@@ -294,6 +304,12 @@ impl fmt::Display for Named<'_, Reason> {
                 f,
                 "no active node has room for {} (α = {alpha:.4}) under limit {limit:.4}",
                 TunnelName(self.names, tunnel)
+            ),
+            R::Drain { node, load, limit } => write!(
+                f,
+                "drain: every tunnel of {} (β = {load:.4}) fits on the other active nodes under \
+                 limit {limit:.4}, so it is given back now",
+                NodeName(self.names, node)
             ),
             R::Empty => f.write_str("empty: held in reserve, rejoins instantly"),
             R::BelowReserve {

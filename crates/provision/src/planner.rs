@@ -27,6 +27,10 @@
 //!    reserved as active + inactive + starting. Missing nodes are started (listed shut-down
 //!    nodes first, lowest number first, then new numbers); a surplus above
 //!    `stop_slack` stops inactive nodes, highest number first.
+//! 6. With [`PlannerConfig::drain`] (Protego's, off by default), **drain**: from the least
+//!    loaded active node up, a node whose tunnels all fit on the other active nodes under the
+//!    limit is emptied by migration and deactivated. It runs after the reserve, so a node
+//!    drained now stays in reserve until the next step.
 //!
 //! A simulator calls it once per interval and applies the plan with [`Cluster::apply_plan`]
 //! (and [`Cluster::advance`] for nodes that finished starting); a live autoscaler calls it
@@ -88,6 +92,10 @@ pub struct PlannerConfig {
     pub stop_slack: u32,
     /// When a due consolidation adopts its placement.
     pub consolidation: ConsolidationMode,
+    /// Drain (Protego's, not the paper's): after hotspot relief, empty the least loaded
+    /// active nodes whose tunnels all fit on the other active nodes under the limit, without
+    /// waiting for the next consolidation (migrations lose nothing).
+    pub drain: bool,
 }
 
 impl Default for PlannerConfig {
@@ -108,6 +116,7 @@ impl Default for PlannerConfig {
             min_reserved_nodes: 1,
             stop_slack: 0,
             consolidation: ConsolidationMode::default(),
+            drain: false,
         }
     }
 }
@@ -252,6 +261,11 @@ impl Planner {
             work.act(Action::Deactivate { node }, Reason::Empty)?;
         }
         let mut reservation = self.reserve(&mut work, usage, now, &stranded)?;
+        // After the reserve: a node drained now is held in reserve until the next step (a
+        // stop in the same step would leave no inactive node for the next peak).
+        if self.config.drain {
+            self.drain(&mut work)?;
+        }
 
         let counts = work.cluster.counts();
         reservation.reserved = to_u32(counts.reserve_with_starting());
@@ -464,6 +478,59 @@ impl Planner {
                     None => stranded.push((tunnel, alpha)),
                 }
             }
+        }
+        Ok(())
+    }
+
+    /// Step 6 (with [`PlannerConfig::drain`]): from the least loaded active node up, empty
+    /// each whose tunnels (largest first) all fit by Best Fit on the other active nodes under
+    /// the limit, and deactivate it. No node is filled above the limit, so no hotspot is made.
+    fn drain(&self, work: &mut Work) -> Result<(), ProvisionError> {
+        let mut loads = work.loads.clone();
+        let mut order: Vec<(NodeId, f64)> = loads.iter().map(|(&n, &l)| (n, l)).collect();
+        order.sort_by(|a, b| a.1.total_cmp(&b.1).then(a.0.cmp(&b.0)));
+        for (node, load) in order {
+            let mut tunnels: Vec<(TunnelId, f64)> = work
+                .cluster
+                .tunnels_on(node)
+                .filter_map(|t| work.cluster.tunnel(t).map(|s| (t, s.alpha)))
+                .collect();
+            if tunnels.is_empty() {
+                continue;
+            }
+            sort_decreasing(&mut tunnels);
+            let mut trial = loads.clone();
+            trial.remove(&node);
+            let mut moves = Vec::with_capacity(tunnels.len());
+            for &(tunnel, alpha) in &tunnels {
+                let Some(to) = best_fit(trial.iter().map(|(&n, &l)| (n, l)), alpha, work.limit)
+                else {
+                    break;
+                };
+                if let Some(l) = trial.get_mut(&to) {
+                    *l += alpha;
+                }
+                moves.push((tunnel, to));
+            }
+            if moves.len() < tunnels.len() || trial.is_empty() {
+                continue;
+            }
+            for (tunnel, to) in moves {
+                work.act(
+                    Action::Migrate {
+                        tunnel,
+                        from: node,
+                        to,
+                    },
+                    Reason::Drain {
+                        node,
+                        load,
+                        limit: work.limit,
+                    },
+                )?;
+            }
+            work.act(Action::Deactivate { node }, Reason::Empty)?;
+            loads = trial;
         }
         Ok(())
     }

@@ -68,7 +68,7 @@
 //!   on: **sizing** gives the planner, instead of each tunnel's last measurement, e.g. the
 //!   highest of its last two ([`Sizing::Envelope`]), so a tunnel that just jumped is packed
 //!   at its new level and one that just dipped is not packed at its dip; **drain**
-//!   ([`drain`]) gives a node back as soon as its tunnels fit elsewhere under T_H instead of
+//!   ([`PlannerConfig::drain`]) gives a node back as soon as its tunnels fit elsewhere under T_H instead of
 //!   waiting for the next consolidation, since migrations cost no throughput.
 //! - [`Policy::Paper`]: the paper's algorithm as published: the same planner with
 //!   [`ConsolidationMode::Always`], so every due Best Fit Decreasing packing is adopted. Its
@@ -93,8 +93,8 @@ use crate::cluster::Cluster;
 use crate::error::ProvisionError;
 use crate::ids::{NodeId, TunnelId};
 use crate::nodes::NodeState;
-use crate::plan::Action;
 use crate::planner::{ConsolidationMode, Planner, PlannerConfig};
+pub use crate::sizing::{Sizer, Sizing};
 use crate::trace::{Trace, TraceError};
 use crate::usage::UsageBook;
 
@@ -147,121 +147,9 @@ pub struct SimConfig {
     /// How [`Policy::Protego`] sizes tunnels for the planner (the paper's algorithm always uses
     /// the last measurement).
     pub sizing: Sizing,
-    /// After every plan of [`Policy::Protego`], empty the least loaded active nodes whose
-    /// tunnels all fit elsewhere under the fill limit (see [`drain`]).
+    /// Run [`Policy::Protego`]'s planner with [`PlannerConfig::drain`]: empty the least loaded
+    /// active nodes whose tunnels all fit elsewhere under the fill limit.
     pub drain: bool,
-}
-
-/// The usage α a tunnel is given to the planner with, from its measurements (the usage
-/// histograms always get the measurements themselves).
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub enum Sizing {
-    /// The last measurement, as the paper does.
-    Measured,
-    /// The highest of the last `steps` measurements.
-    Envelope {
-        /// How many measurements, at least 1.
-        steps: usize,
-    },
-    /// The last measurement plus `z` times the tunnel's recent step-to-step variation (the
-    /// root of an exponentially weighted mean of squared changes, with `half_life` steps),
-    /// capped at the tunnel's cap.
-    Headroom {
-        /// Standard deviations of headroom, not negative.
-        z: f64,
-        /// Half-life of the weighting, in measurements (above zero).
-        half_life: f64,
-    },
-}
-
-impl core::str::FromStr for Sizing {
-    type Err = String;
-
-    /// Parses `measured`, `envelope:N` (N ≥ 1) or `headroom:Z,H` (Z ≥ 0, H > 0).
-    fn from_str(text: &str) -> Result<Self, String> {
-        let text = text.trim();
-        let bad = || {
-            format!(
-                "sizing `{text}`: expected `measured`, `envelope:N` (N >= 1) or `headroom:Z,H` \
-                 (Z >= 0, H > 0)"
-            )
-        };
-        if text == "measured" {
-            return Ok(Self::Measured);
-        }
-        if let Some(n) = text.strip_prefix("envelope:") {
-            let steps: usize = n.trim().parse().map_err(|_| bad())?;
-            if steps == 0 {
-                return Err(bad());
-            }
-            return Ok(Self::Envelope { steps });
-        }
-        if let Some(rest) = text.strip_prefix("headroom:") {
-            let (z, h) = rest.split_once(',').ok_or_else(bad)?;
-            let z: f64 = z.trim().parse().map_err(|_| bad())?;
-            let half_life: f64 = h.trim().parse().map_err(|_| bad())?;
-            if !(z.is_finite() && z >= 0.0 && half_life.is_finite() && half_life > 0.0) {
-                return Err(bad());
-            }
-            return Ok(Self::Headroom { z, half_life });
-        }
-        Err(bad())
-    }
-}
-
-impl core::fmt::Display for Sizing {
-    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        match self {
-            Self::Measured => f.write_str("measured"),
-            Self::Envelope { steps } => write!(f, "envelope:{steps}"),
-            Self::Headroom { z, half_life } => write!(f, "headroom:{z},{half_life}"),
-        }
-    }
-}
-
-/// Turns each tunnel's measurements into the α the planner packs.
-struct Sizer {
-    sizing: Sizing,
-    /// Per tunnel: the recent measurements (newest last), for `Envelope`.
-    recent: Vec<std::collections::VecDeque<f64>>,
-    /// Per tunnel: last measurement and mean squared change, for `Headroom`.
-    last: Vec<Option<f64>>,
-    var: Vec<f64>,
-}
-
-impl Sizer {
-    fn new(sizing: Sizing, tunnels: usize) -> Self {
-        Self {
-            sizing,
-            recent: vec![std::collections::VecDeque::new(); tunnels],
-            last: vec![None; tunnels],
-            var: vec![0.0; tunnels],
-        }
-    }
-
-    /// Takes tunnel `i`'s new measurement; returns its size, at most `cap`.
-    fn size(&mut self, i: usize, alpha: f64, cap: f64) -> f64 {
-        match self.sizing {
-            Sizing::Measured => alpha,
-            Sizing::Envelope { steps } => {
-                let recent = &mut self.recent[i];
-                recent.push_back(alpha);
-                while recent.len() > steps.max(1) {
-                    recent.pop_front();
-                }
-                recent.iter().copied().fold(alpha, f64::max)
-            }
-            Sizing::Headroom { z, half_life } => {
-                let keep = 0.5f64.powf(1.0 / half_life);
-                if let Some(previous) = self.last[i] {
-                    let change = alpha - previous;
-                    self.var[i] = keep * self.var[i] + (1.0 - keep) * change * change;
-                }
-                self.last[i] = Some(alpha);
-                (alpha + z * self.var[i].sqrt()).min(cap)
-            }
-        }
-    }
 }
 
 impl SimConfig {
@@ -708,6 +596,8 @@ fn run_planner(
     let tau = config.tau_minutes()?;
     let mut planner_config = config.planner.clone();
     planner_config.consolidation = mode;
+    // The paper's algorithm never drains; Protego drains as configured.
+    planner_config.drain = policy == Policy::Protego && config.drain;
     let planner = Planner::new(planner_config)?;
     let label = format!("{} {} min", policy.name(), config.consolidation_minutes());
     let ids: Vec<TunnelId> = trace.ids().iter().map(|&id| TunnelId(id)).collect();
@@ -731,14 +621,11 @@ fn run_planner(
             }
         }
     }
-    let mut sizer = Sizer::new(
-        if policy == Policy::Paper {
-            Sizing::Measured
-        } else {
-            config.sizing
-        },
-        ids.len(),
-    );
+    let mut sizer = Sizer::new(if policy == Policy::Paper {
+        Sizing::Measured
+    } else {
+        config.sizing
+    });
     let seed_nodes = planner.reservation(&cluster, &usage)?.required;
     for k in 0..seed_nodes {
         cluster.add_node(NodeId(k), NodeState::Inactive)?;
@@ -770,7 +657,7 @@ fn run_planner(
                 .unwrap_or(origin);
             for (i, &id) in ids.iter().enumerate() {
                 let alpha = measured(step, i);
-                cluster.set_alpha(id, sizer.size(i, alpha, trace.caps()[i]))?;
+                cluster.set_alpha(id, sizer.size(id, alpha, trace.caps()[i]))?;
                 usage.record(id, alpha)?;
             }
             cluster.advance(now);
@@ -780,9 +667,6 @@ fn run_planner(
             cluster.apply_plan(&plan)?;
             if plan.consolidation.is_some() {
                 last_consolidation = Some(now);
-            }
-            if config.drain && policy == Policy::Protego {
-                drain(&mut cluster, planner.config().limit())?;
             }
             // A tunnel that ends the step on another node moved once, however many times the
             // plan and the drain moved it.
@@ -803,54 +687,6 @@ fn run_planner(
         });
     }
     Ok(judge.finish(policy, config.consolidation_minutes()))
-}
-
-/// Migration-aware consolidation between consolidations: takes the active nodes from the least
-/// loaded up, and empties each whose tunnels (largest first) all fit on the other active nodes
-/// by Best Fit under `limit`; emptied nodes are deactivated. Migrations cost no throughput
-/// (§4.5), so a node that can be given back is given back at once instead of at the next
-/// consolidation; no node is filled above the limit, so no hotspot is made. Returns the
-/// number of migrations.
-pub fn drain(cluster: &mut Cluster, limit: f64) -> Result<usize, ProvisionError> {
-    let mut loads = cluster.active_loads();
-    let mut order: Vec<(NodeId, f64)> = loads.iter().map(|(&n, &l)| (n, l)).collect();
-    order.sort_by(|a, b| a.1.total_cmp(&b.1).then(a.0.cmp(&b.0)));
-    let mut moved = 0;
-    for (node, _) in order {
-        let mut tunnels: Vec<(TunnelId, f64)> = cluster
-            .tunnels_on(node)
-            .filter_map(|t| cluster.tunnel(t).map(|s| (t, s.alpha)))
-            .collect();
-        crate::placement::sort_decreasing(&mut tunnels);
-        let mut trial = loads.clone();
-        trial.remove(&node);
-        let mut moves = Vec::with_capacity(tunnels.len());
-        for &(tunnel, alpha) in &tunnels {
-            match crate::placement::best_fit(trial.iter().map(|(&n, &l)| (n, l)), alpha, limit) {
-                Some(to) => {
-                    if let Some(load) = trial.get_mut(&to) {
-                        *load += alpha;
-                    }
-                    moves.push(Action::Migrate {
-                        tunnel,
-                        from: node,
-                        to,
-                    });
-                }
-                None => break,
-            }
-        }
-        if moves.len() < tunnels.len() || trial.is_empty() {
-            continue;
-        }
-        for action in &moves {
-            cluster.apply(action)?;
-        }
-        cluster.apply(&Action::Deactivate { node })?;
-        moved += moves.len();
-        loads = trial;
-    }
-    Ok(moved)
 }
 
 /// One VM pair per tunnel: capacity twice the caps, nothing ever violated.

@@ -158,6 +158,12 @@ pub struct AutoscaleConfig {
     /// Reserved nodes tolerated above what the model requires before one is stopped
     /// (hysteresis: a start takes `start_latency`).
     pub stop_slack: u32,
+    /// How tunnels are sized for placement (`"envelope:2"`: the higher of the last two
+    /// measurements; `"measured"`: the last one, as the paper does).
+    pub sizing: provision::Sizing,
+    /// Give a node back as soon as its tunnels fit on the others, not at the next
+    /// consolidation (Protego's; the paper waits).
+    pub drain: bool,
     /// `[cluster.autoscale.local]`: the `local` node provider, if configured.
     pub local: Option<LocalProviderConfig>,
 }
@@ -165,7 +171,9 @@ pub struct AutoscaleConfig {
 impl Default for AutoscaleConfig {
     /// Advise mode with the paper's §7.4 parameters: τ = 10 s (the paper's is a minute; a
     /// plan of 10 000 tunnels takes about 0.15 s), 10-minute consolidation, T_H = 0.9,
-    /// ε = 0.05, 3-minute starts, one node at least, no provider.
+    /// ε = 0.05, 3-minute starts, one node at least, no provider; and Protego's two changes
+    /// to the paper's algorithm (docs/provisioning.md): envelope sizing over two
+    /// measurements, and drain.
     fn default() -> Self {
         Self {
             mode: AutoscaleMode::Advise,
@@ -176,6 +184,8 @@ impl Default for AutoscaleConfig {
             start_latency: std::time::Duration::from_secs(180),
             min_nodes: 1,
             stop_slack: 0,
+            sizing: provision::Sizing::Envelope { steps: 2 },
+            drain: true,
             local: None,
         }
     }

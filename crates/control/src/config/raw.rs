@@ -72,6 +72,8 @@ pub(crate) struct RawAutoscale {
     pub(crate) start_latency: Option<Spanned<DurationValue>>,
     pub(crate) min_nodes: Option<Spanned<i64>>,
     pub(crate) stop_slack: Option<Spanned<i64>>,
+    pub(crate) sizing: Option<Spanned<String>>,
+    pub(crate) drain: Option<bool>,
     pub(crate) local: Option<RawLocalProvider>,
 }
 

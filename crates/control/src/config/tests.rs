@@ -1162,10 +1162,13 @@ fn cluster_autoscale_defaults_values_and_errors() {
         (0.9, 0.05, 1)
     );
     assert!(a.local.is_none());
+    assert_eq!(a.sizing, provision::Sizing::Envelope { steps: 2 });
+    assert!(a.drain);
     let a = s
         .parse(&cluster(
             "[cluster.autoscale]\nmode = \"act\"\ninterval = \"2s\"\nhotspot_threshold = 0.8\n\
              epsilon = 0.01\nstart_latency = \"20s\"\nmin_nodes = 2\n\
+             sizing = \"measured\"\ndrain = false\n\
              [cluster.autoscale.local]\nrun_dir = \"run\"\n\
              [[cluster.autoscale.local.node]]\nconfig = \"data3.toml\"\nnetns = \"dn3\"\n\
              [[cluster.autoscale.local.node]]\nconfig = \"/etc/protego/data4.toml\"\n",
@@ -1181,6 +1184,8 @@ fn cluster_autoscale_defaults_values_and_errors() {
         (0.8, 0.01, 2)
     );
     assert_eq!(a.start_latency, Duration::from_secs(20));
+    assert_eq!(a.sizing, provision::Sizing::Measured);
+    assert!(!a.drain);
     let local = a.local.unwrap();
     assert_eq!(local.run_dir, s.0.join("run"));
     assert_eq!(local.command, None);
@@ -1199,6 +1204,8 @@ fn cluster_autoscale_defaults_values_and_errors() {
         ("epsilon = 1.0", "epsilon"),
         ("min_nodes = 0", "min_nodes"),
         ("stop_slack = -1", "stop_slack"),
+        ("sizing = \"envelope:0\"", "sizing"),
+        ("drain = \"yes\"", "drain"),
         ("surprise = 1", "surprise"),
     ] {
         let e = s

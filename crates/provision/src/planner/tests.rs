@@ -581,3 +581,67 @@ fn consolidation_is_due_after_the_interval() {
     // A clock that went backwards does not make consolidation due.
     assert!(!p.consolidation_due(now, Some(now + MINUTE)));
 }
+
+#[test]
+fn drain_gives_back_nodes_whose_tunnels_fit_elsewhere() {
+    let active = NodeState::Active;
+    // Node 1 (0.1) and node 2 (0.2) fit elsewhere under T_H = 0.9 (Best Fit: 0.1 onto node
+    // 4's 0.7, 0.2 onto node 3's 0.5); nodes 3 and 4 then do not.
+    // Node 5 is empty: it is deactivated, never drained into.
+    let (cluster, usage) = setup(
+        &[
+            (1, active),
+            (2, active),
+            (3, active),
+            (4, active),
+            (5, active),
+        ],
+        &[
+            (1, 0.1, Some(1)),
+            (2, 0.2, Some(2)),
+            (3, 0.5, Some(3)),
+            (4, 0.7, Some(4)),
+        ],
+    );
+    let now = Instant::now();
+    // A consolidation was just done: only drain can give nodes back.
+    let plain = planner().plan(&cluster, &usage, now, Some(now)).unwrap();
+    assert!(actions(&plain)
+        .iter()
+        .all(|a| !matches!(a, Action::Migrate { .. })));
+    let draining = Planner::new(PlannerConfig {
+        drain: true,
+        ..config()
+    })
+    .unwrap();
+    let plan = draining.plan(&cluster, &usage, now, Some(now)).unwrap();
+    let moves: Vec<Action> = actions(&plan)
+        .into_iter()
+        .filter(|a| matches!(a, Action::Migrate { .. }))
+        .collect();
+    assert_eq!(moves, vec![migrate(1, 1, 4), migrate(2, 2, 3)], "{plan}");
+    for node in [1, 2, 5] {
+        assert!(
+            plan.decisions
+                .iter()
+                .any(|d| d.action == Action::Deactivate { node: NodeId(node) }),
+            "{plan}"
+        );
+    }
+    let reason = plan
+        .decisions
+        .iter()
+        .find(|d| matches!(d.reason, Reason::Drain { .. }))
+        .map(|d| d.reason.to_string())
+        .unwrap_or_default();
+    assert!(
+        reason.starts_with("drain: every tunnel of node1"),
+        "{reason}"
+    );
+    // Nothing is filled above the limit.
+    let mut after = cluster.clone();
+    after.apply_plan(&plan).unwrap();
+    assert!(after.hotspots(config().limit()).is_empty());
+    assert!((after.load(NodeId(3)) - 0.7).abs() < 1e-9);
+    assert!((after.load(NodeId(4)) - 0.8).abs() < 1e-9);
+}

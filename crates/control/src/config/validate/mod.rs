@@ -832,6 +832,14 @@ impl Validator<'_, '_> {
                         self.err(v.span(), S, "min_nodes", "must be between 1 and 10000")
                     })?,
             },
+            sizing: match &raw.sizing {
+                None => defaults.sizing,
+                Some(v) => v
+                    .get_ref()
+                    .parse()
+                    .map_err(|e: String| self.err(v.span(), S, "sizing", e))?,
+            },
+            drain: raw.drain.unwrap_or(defaults.drain),
             stop_slack: match &raw.stop_slack {
                 None => defaults.stop_slack,
                 Some(v) => u32::try_from(*v.get_ref())
