@@ -6,8 +6,9 @@
 //! With 30 Mbit/s data nodes (T_H = 0.9: 27 Mbit/s), two tunnels at 20 Mbit/s make the first
 //! node a hotspot that no active node can relieve: the autoscaler starts the second node
 //! through the provider, which joins the reserve (inactive), then activates it and moves a
-//! tunnel there. When the traffic stops, consolidation brings both tunnels onto one node and
-//! the emptied node is parked (inactive, warm). 50 Hz pings on both tenants run throughout
+//! tunnel there. When the traffic falls, the drain (a node whose tunnels fit elsewhere is given
+//! back at once; otherwise the next consolidation) brings both tunnels onto one node and the
+//! emptied node is parked (inactive, warm). 50 Hz pings on both tenants run throughout
 //! and none may be lost.
 
 mod common;
@@ -212,8 +213,8 @@ fn autoscaler_starts_activates_relieves_and_consolidates_without_loss() -> Resul
         );
         assert_eq!(capacity["provider"]["nodes"][0]["state"], "running");
 
-        // Ramp down: the next consolidation packs both tunnels onto one node and parks the
-        // other (warm: it stays registered).
+        // Ramp down: the drain (or the next consolidation) packs both tunnels onto one node
+        // and parks the other (warm: it stays registered).
         let ramps: Vec<Vec<IperfResult>> = ramps
             .into_iter()
             .map(|r| r.join().expect("iperf3 thread"))
