@@ -451,19 +451,21 @@ fn killed_control_node_is_replaced_without_stopping_esp() -> Result<()> {
             )
         })?;
         ping_all_vms(&topo, 0, 5)?;
-        // Idle: both sides check liveness over the IKE SA the standby took over, and both
-        // get answers.
+        // Idle: liveness is checked over the IKE SA the standby took over, and answered. With
+        // the same dpd_delay on both sides, whichever side checks first keeps the other from
+        // checking (each only checks after hearing nothing for dpd_delay), so either
+        // direction counts; strongSwan's own requests to the standby were answered above (its
+        // rekeys).
         let idle_from = site.log().len();
         std::thread::sleep(Duration::from_millis(3500));
         let idle = site.log().get(idle_from..).unwrap_or_default().to_owned();
+        let swan_checked =
+            idle.contains("sending DPD request") && idle.contains("parsed INFORMATIONAL response");
+        let protego_checked = idle.contains("parsed INFORMATIONAL request")
+            && idle.contains("generating INFORMATIONAL response");
         assert!(
-            idle.contains("sending DPD request") && idle.contains("parsed INFORMATIONAL response"),
-            "strongSwan's DPD got no answer:\n{idle}"
-        );
-        assert!(
-            idle.contains("parsed INFORMATIONAL request")
-                && idle.contains("generating INFORMATIONAL response"),
-            "Protego sent no DPD (or strongSwan did not answer it):\n{idle}"
+            swan_checked || protego_checked,
+            "no liveness check was answered while idle:\n{idle}"
         );
         assert!(
             site.list_sas()?.iter().any(|s| s.is_established()),
