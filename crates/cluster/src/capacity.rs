@@ -181,6 +181,7 @@ impl Autoscaler {
             min_reserved_nodes: config.min_nodes,
             stop_slack: config.stop_slack,
             drain: config.drain,
+            window: config.window,
             ..defaults
         })?;
         let usage = UsageBook::new(planner.config().usage_config())?;
@@ -478,6 +479,7 @@ impl Autoscaler {
             "stop_slack": config.stop_slack,
             "sizing": self.sizer.sizing().to_string(),
             "drain": config.drain,
+            "window": config.window,
             "default_sigma_mbit": config.default_sigma,
         });
         let entry = |text: &str, outcome: &Outcome| {

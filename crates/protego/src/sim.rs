@@ -30,6 +30,9 @@ use plot::{Axis, Chart, Series, Style};
 /// The paper's Table 2 (interval, active capacity, guarantee, saving).
 const PUBLISHED: [(u64, f64, f64, f64); 5] = provision::sim::PAPER_TABLE2;
 
+/// A CSV trace's cap σ when `--cap` is not given (the paper's 1.5 Gbit/s).
+const DEFAULT_CAP_GBPS: f64 = 1.5;
+
 /// How many nodes one tunnel's cap may span at most (`--node-capacity` sanity bound).
 const MAX_NODES_PER_CAP: f64 = 100.0;
 
@@ -51,9 +54,10 @@ pub(crate) struct SimArgs {
     /// Also write the generated trace to this file as CSV.
     #[arg(long, value_name = "FILE", conflicts_with = "trace")]
     write_trace: Option<PathBuf>,
-    /// Every tunnel's cap σ (its rate limit) for a CSV trace, Gbit/s.
-    #[arg(long, value_name = "GBPS", default_value_t = 1.5)]
-    cap: f64,
+    /// Every tunnel's cap σ (its rate limit) for a CSV trace, Gbit/s (default 1.5; a generated
+    /// trace has the preset's caps).
+    #[arg(long, value_name = "GBPS", conflicts_with = "generate")]
+    cap: Option<f64>,
     /// Consolidation interval, minutes.
     #[arg(long, value_name = "N", default_value_t = 10)]
     consolidation_minutes: u64,
@@ -143,10 +147,15 @@ fn parse_intervals(text: &str) -> Result<Vec<u64>, String> {
 }
 
 impl SimArgs {
+    /// The tunnels' cap σ, Gbit/s.
+    fn cap(&self) -> f64 {
+        self.cap.unwrap_or(DEFAULT_CAP_GBPS)
+    }
+
     /// The simulator settings these options ask for.
     fn config(&self) -> Result<SimConfig, String> {
         let mut config =
-            SimConfig::paper(self.cap).with_consolidation_minutes(self.consolidation_minutes);
+            SimConfig::paper(self.cap()).with_consolidation_minutes(self.consolidation_minutes);
         if self.consolidation_minutes == 0 {
             return Err("--consolidation-minutes: must be at least 1".into());
         }
@@ -168,8 +177,8 @@ impl SimArgs {
         if let Some(path) = &self.trace {
             let text = std::fs::read_to_string(path)
                 .map_err(|e| format!("cannot read the trace {}: {e}", path.display()))?;
-            let trace =
-                Trace::from_csv(&text, self.cap).map_err(|e| format!("{}: {e}", path.display()))?;
+            let trace = Trace::from_csv(&text, self.cap())
+                .map_err(|e| format!("{}: {e}", path.display()))?;
             return Ok((path.display().to_string(), trace));
         }
         let params = TraceParams::paper();
@@ -808,6 +817,10 @@ mod tests {
         assert!(args(&["--trace", "x.csv", "--generate", "paper"]).is_err());
         assert!(args(&["--generate", "other"]).is_err());
         assert!(args(&["--trace", "x.csv", "--seed", "3"]).is_err());
+        // A generated trace has the preset's caps: --cap would be ignored, so it is refused.
+        assert!(args(&["--generate", "paper", "--cap", "2"]).is_err());
+        let a = args(&["--trace", "x.csv", "--cap", "2"]).unwrap();
+        assert_eq!(a.config().unwrap().planner.default_sigma, 2.0);
         let a = args(&[
             "--trace",
             "x.csv",

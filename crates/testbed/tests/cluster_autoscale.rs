@@ -3,13 +3,14 @@
 //! that only the control node's `local` node provider starts (in its own namespace), and one
 //! steer node; two tenants whose traffic ramps up and down with iperf3 at set rates.
 //!
-//! With 30 Mbit/s data nodes (T_H = 0.9: 27 Mbit/s), two tunnels at 20 Mbit/s make the first
-//! node a hotspot that no active node can relieve: the autoscaler starts the second node
-//! through the provider, which joins the reserve (inactive), then activates it and moves a
-//! tunnel there. When the traffic falls, the drain (a node whose tunnels fit elsewhere is given
-//! back at once; otherwise the next consolidation) brings both tunnels onto one node and the
-//! emptied node is parked (inactive, warm). 50 Hz pings on both tenants run throughout
-//! and none may be lost.
+//! With 30 Mbit/s data nodes (T_H = 0.9: 27 Mbit/s), tunnels at 16 and 24 Mbit/s make the
+//! first node a hotspot that no active node can relieve: the autoscaler starts the second node
+//! through the provider, which joins the reserve (inactive), then activates it and moves the
+//! larger tunnel there. When the traffic falls, the drain (a node whose tunnels fit elsewhere
+//! is given back at once; otherwise the next consolidation) brings both tunnels onto one node
+//! and the emptied node is parked (inactive, warm); once the peak has left the usage window
+//! the reserve needs one node, and the provider stops the parked one. 50 Hz pings on both
+//! tenants run throughout and none may be lost.
 
 mod common;
 
@@ -26,8 +27,11 @@ use protego_testbed::{Result, Testbed, Topology};
 
 /// A data node's capacity in the test (Mbit/s, both directions).
 const NODE_MBIT: u32 = 30;
-/// Each tenant's traffic over time: (Mbit/s, seconds). 2 × 8 fits a node, 2 × 20 does not.
-const RAMP: [(u64, u64); 3] = [(8, 5), (20, 20), (4, 4)];
+/// Each tenant's traffic over time: (Mbit/s, seconds). 8 + 8 fits a node, 16 + 24 does not;
+/// tenant tb's tunnel, the larger, is the one moved off the hotspot, and later the smaller,
+/// so its node is the one given back: tenant ta's 14 is above half the limit, so ta's node
+/// can only be emptied onto a node carrying less than ta, which would be emptied first.
+const RAMPS: [[(u64, u64); 3]; 2] = [[(8, 5), (16, 20), (14, 8)], [(8, 5), (24, 20), (1, 8)]];
 /// Pings per round at 50 Hz; rounds follow each other until the test is done.
 const PINGS: u32 = 250;
 
@@ -73,7 +77,8 @@ fn done(capacity: &serde_json::Value) -> Vec<String> {
         .collect()
 }
 
-/// Runs [`RAMP`] from site `site`'s LAN to VM 0 of its tenant, one iperf3 TCP run per step.
+/// Runs site `site`'s [`RAMPS`] from its LAN to VM 0 of its tenant, one iperf3 TCP run per
+/// step.
 fn ramp_thread(
     topo: &Topology,
     site: usize,
@@ -84,7 +89,7 @@ fn ramp_thread(
     let (ns, bind, dst) = (s.ns.clone(), s.lan_addr, vm.addr.addr);
     std::thread::spawn(move || {
         let mut out = Vec::new();
-        for (mbit, secs) in RAMP {
+        for (mbit, secs) in RAMPS[site] {
             let mut o = IperfOptions::tcp(Duration::from_secs(secs));
             o.bind = Some(bind);
             o.port = port;
@@ -99,14 +104,15 @@ fn ramp_thread(
 }
 
 #[test]
-fn autoscaler_starts_activates_relieves_and_consolidates_without_loss() -> Result<()> {
+fn autoscaler_starts_activates_relieves_consolidates_and_stops_without_loss() -> Result<()> {
     let bed = Testbed::new()?;
     let topo = Topology::build(&bed, numbered_tenants(&[("ta", 4401), ("tb", 4402)])?)?;
     let tunnels: Vec<GatewayTunnel> = (0..2)
         .map(|s| {
             let mut t = GatewayTunnel::for_site(&topo, s, PSK);
-            // σ = twice the limit, capped at a node: each tunnel may use the whole node.
-            t.extra.push("rate_limit = 25".to_owned());
+            // σ = twice the limit, capped at a node: each tunnel may use the whole node. (Well
+            // above the rates sent: the steer nodes drop what exceeds it, pings included.)
+            t.extra.push("rate_limit = 40".to_owned());
             t
         })
         .collect();
@@ -119,6 +125,8 @@ fn autoscaler_starts_activates_relieves_and_consolidates_without_loss() -> Resul
             "interval = \"1s\"".to_owned(),
             "consolidation_interval = \"15s\"".to_owned(),
             "start_latency = \"5s\"".to_owned(),
+            // 15 s of samples: the reserve falls back 15 s after the peak.
+            "window = 15".to_owned(),
         ],
         ..ClusterSpec::default()
     };
@@ -250,6 +258,13 @@ fn autoscaler_starts_activates_relieves_and_consolidates_without_loss() -> Resul
                 .any(|d| d.starts_with(&format!("deactivate {parked}"))),
             "{capacity:#}"
         );
+        assert_eq!(
+            parked,
+            "data2",
+            "tenant tb's tunnel, the smaller after the ramp, was on data2: data2 is given back; \
+             decisions: {:#?}",
+            cluster.control("capacity")?["decisions"]
+        );
         let nodes = cluster.nodes()?;
         let parked_node = nodes["nodes"]
             .as_array()
@@ -261,6 +276,34 @@ fn autoscaler_starts_activates_relieves_and_consolidates_without_loss() -> Resul
         assert_eq!(parked_node["alive"], true, "{parked_node}");
         assert_eq!(parked_node["parked"], true, "{parked_node}");
 
+        // The peak leaves the 15-sample window: one node is enough, and the provider stops
+        // the parked node it runs (once no late packet can still reach it).
+        let stopped_after = wait_for(
+            "the provider to stop data2",
+            Duration::from_secs(60),
+            || {
+                let capacity = cluster.control("capacity")?;
+                let state = capacity["provider"]["nodes"][0]["state"].clone();
+                Ok(
+                    if state == "stopped" && cluster.provided_pid("data2").is_none() {
+                        Probe::Ready(t0.elapsed())
+                    } else {
+                        Probe::NotYet(format!("data2 {state}; {}", capacity["step"]))
+                    },
+                )
+            },
+        )?;
+        let capacity = cluster.control("capacity")?;
+        eprintln!(
+            "data2 stopped after {stopped_after:?}; decisions: {:#?}",
+            done(&capacity)
+        );
+        assert!(
+            done(&capacity).iter().any(|d| d.starts_with("stop data2")),
+            "{capacity:#}"
+        );
+        let (placed, _) = placement(&cluster)?;
+        assert!(placed.values().all(|n| n == "data1"), "{placed:?}");
         stop.store(true, std::sync::atomic::Ordering::Relaxed);
         let pings: Vec<(u32, u32)> = pings
             .into_iter()

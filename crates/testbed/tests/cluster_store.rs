@@ -142,6 +142,59 @@ fn etcd_outage<T>(
     Ok((out?, figures?, t_stop, t_cont))
 }
 
+/// A short etcd outage with a rekey in it, and what must hold of it.
+struct Outage<'a> {
+    cluster: &'a ProtegoCluster,
+    control: &'a str,
+    site: &'a Charon,
+    pinger: &'a OutagePing,
+}
+
+impl Outage<'_> {
+    /// Stops etcd for [`SHORT_OUTAGE`] and runs `start` (a rekey of the CHILD_SA `spi_in`,
+    /// started by either side) in it. Checks that a commit failed and the request or answer
+    /// waited for its commit, with the error shown, that ESP flowed, and that once etcd is
+    /// back the commits went through and nothing waits. `before` is (commits, failures)
+    /// before; returns the new CHILD_SA and the same figures after.
+    fn rekey(
+        &self,
+        what: &str,
+        spi_in: &str,
+        before: (u64, u64),
+        start: impl FnOnce() -> Result<()>,
+    ) -> Result<(protego_testbed::strongswan::ChildSa, (u64, u64))> {
+        let ((), during, t_stop, t_cont) =
+            etcd_outage(self.cluster, self.control, SHORT_OUTAGE, start)?;
+        let rekeyed_at = Instant::now();
+        let child = self.site.wait_child_rekeyed("net", spi_in, UP)?;
+        let rekey = rekeyed_at.elapsed();
+        let (commits, failures, held, after) = store_stats(self.cluster, self.control)?;
+        let flowing = replies_between(self.pinger, t_stop, t_cont);
+        eprintln!(
+            "{what} in an outage: store during it {during}; after it {after}; rekey done {} ms \
+             after etcd came back; {flowing} ping replies during the outage",
+            rekey.as_millis()
+        );
+        assert!(
+            during["failures"].as_u64().unwrap_or_default() > before.1,
+            "{what}: a commit failed during the outage: {during}"
+        );
+        assert!(
+            during["held"].as_u64().unwrap_or_default() > 0,
+            "{what}: it waited for its commit: {during}"
+        );
+        assert!(during["error"].is_string(), "{what}: {during}");
+        assert!(failures > before.1 && commits > before.0, "{what}: {after}");
+        assert_eq!(held, 0, "{what}: nothing waits once etcd is back: {after}");
+        assert!(after["error"].is_null(), "{what}: {after}");
+        assert!(
+            flowing >= 10,
+            "{what}: ESP flowed during the outage ({flowing} replies)"
+        );
+        Ok((child, (commits, failures)))
+    }
+}
+
 /// Short outages: ESP flows, commits fail and are retried, the rekeys started by either side
 /// during them complete after, and the standby finds everything committed after a `kill -9`
 /// of the active control node.
@@ -171,65 +224,23 @@ fn etcd_outage_shorter_than_the_lease_loses_nothing() -> Result<()> {
         std::thread::sleep(Duration::from_millis(300));
         let t_first = epoch_secs(SystemTime::now());
         let (commits0, failures0, _, _) = store_stats(&cluster, &active)?;
-
+        let outage = Outage {
+            cluster: &cluster,
+            control: &active,
+            site: &site,
+            pinger: &pinger,
+        };
         // A rekey Protego starts while etcd is away: its request waits for its commit.
-        let ((), during, t_stop, t_cont) = etcd_outage(&cluster, &active, SHORT_OUTAGE, || {
-            cluster.control(&format!("rekey {}", tun.name)).map(drop)
-        })?;
-        let rekeyed_at = Instant::now();
-        let second = site.wait_child_rekeyed("net", &child.spi_in, UP)?;
-        let protego_rekey = rekeyed_at.elapsed();
-        let (commits1, failures1, held1, after) = store_stats(&cluster, &active)?;
-        let flowing = replies_between(&pinger, t_stop, t_cont);
-        eprintln!(
-            "Protego's rekey in an outage: store during it {during}; after it {after}; rekey \
-             done {} ms after etcd came back; {flowing} ping replies during the outage",
-            protego_rekey.as_millis()
-        );
-        assert!(
-            during["failures"].as_u64().unwrap_or_default() > failures0,
-            "a commit failed during the outage: {during}"
-        );
-        assert!(
-            during["held"].as_u64().unwrap_or_default() > 0,
-            "the rekey request waited for its commit: {during}"
-        );
-        assert!(during["error"].is_string(), "{during}");
-        assert!(failures1 > failures0 && commits1 > commits0, "{after}");
-        assert_eq!(held1, 0, "nothing waits once etcd is back: {after}");
-        assert!(after["error"].is_null(), "{after}");
-        assert!(
-            flowing >= 10,
-            "ESP flowed during the outage ({flowing} replies)"
-        );
-
+        let (second, after) = outage.rekey(
+            "Protego's rekey",
+            &child.spi_in,
+            (commits0, failures0),
+            || cluster.control(&format!("rekey {}", tun.name)).map(drop),
+        )?;
         // A rekey strongSwan starts while etcd is away: the answer waits for its commit.
-        let ((), during, t_stop2, t_cont2) =
-            etcd_outage(&cluster, &active, SHORT_OUTAGE, || site.rekey_child("net"))?;
-        let rekeyed_at = Instant::now();
-        let third = site.wait_child_rekeyed("net", &second.spi_in, UP)?;
-        let swan_rekey = rekeyed_at.elapsed();
-        let (commits2, failures2, held2, after) = store_stats(&cluster, &active)?;
-        let flowing2 = replies_between(&pinger, t_stop2, t_cont2);
-        eprintln!(
-            "strongSwan's rekey in an outage: store during it {during}; after it {after}; rekey \
-             done {} ms after etcd came back; {flowing2} ping replies during the outage",
-            swan_rekey.as_millis()
-        );
-        assert!(
-            during["failures"].as_u64().unwrap_or_default() > failures1,
-            "a commit failed during the outage: {during}"
-        );
-        assert!(
-            during["held"].as_u64().unwrap_or_default() > 0,
-            "the answer waited for its commit: {during}"
-        );
-        assert!(failures2 > failures1 && commits2 > commits1, "{after}");
-        assert_eq!(held2, 0, "{after}");
-        assert!(
-            flowing2 >= 10,
-            "ESP flowed during the outage ({flowing2} replies)"
-        );
+        let (third, _) = outage.rekey("strongSwan's rekey", &second.spi_in, after, || {
+            site.rekey_child("net")
+        })?;
         ping_all_vms(&topo, 0, 3)?;
         let gap = longest_gap(&pinger.replies(), t_first);
         eprintln!(

@@ -164,6 +164,8 @@ pub struct AutoscaleConfig {
     /// Give a node back as soon as its tunnels fit on the others, not at the next
     /// consolidation (Protego's; the paper waits).
     pub drain: bool,
+    /// Samples each tunnel's usage histogram keeps (it covers `window · interval`).
+    pub window: usize,
     /// `[cluster.autoscale.local]`: the `local` node provider, if configured.
     pub local: Option<LocalProviderConfig>,
 }
@@ -186,6 +188,7 @@ impl Default for AutoscaleConfig {
             stop_slack: 0,
             sizing: provision::Sizing::Envelope { steps: 2 },
             drain: true,
+            window: provision::DEFAULT_WINDOW,
             local: None,
         }
     }

@@ -1168,7 +1168,7 @@ fn cluster_autoscale_defaults_values_and_errors() {
         .parse(&cluster(
             "[cluster.autoscale]\nmode = \"act\"\ninterval = \"2s\"\nhotspot_threshold = 0.8\n\
              epsilon = 0.01\nstart_latency = \"20s\"\nmin_nodes = 2\n\
-             sizing = \"measured\"\ndrain = false\n\
+             sizing = \"measured\"\ndrain = false\nwindow = 60\n\
              [cluster.autoscale.local]\nrun_dir = \"run\"\n\
              [[cluster.autoscale.local.node]]\nconfig = \"data3.toml\"\nnetns = \"dn3\"\n\
              [[cluster.autoscale.local.node]]\nconfig = \"/etc/protego/data4.toml\"\n",
@@ -1186,6 +1186,7 @@ fn cluster_autoscale_defaults_values_and_errors() {
     assert_eq!(a.start_latency, Duration::from_secs(20));
     assert_eq!(a.sizing, provision::Sizing::Measured);
     assert!(!a.drain);
+    assert_eq!(a.window, 60);
     let local = a.local.unwrap();
     assert_eq!(local.run_dir, s.0.join("run"));
     assert_eq!(local.command, None);
@@ -1206,6 +1207,7 @@ fn cluster_autoscale_defaults_values_and_errors() {
         ("stop_slack = -1", "stop_slack"),
         ("sizing = \"envelope:0\"", "sizing"),
         ("drain = \"yes\"", "drain"),
+        ("window = 5", "window"),
         ("surprise = 1", "surprise"),
     ] {
         let e = s

@@ -651,24 +651,12 @@ impl Validator<'_, '_> {
             }
             Ok(self.relative_path(value.get_ref().trim()))
         };
-        let interval =
-            |value: &Option<Spanned<super::raw::DurationValue>>,
-             key: &str,
-             default: Duration,
-             range: std::ops::RangeInclusive<Duration>| match value {
-                None => Ok(default),
-                Some(d) if range.contains(&d.get_ref().0) => Ok(d.get_ref().0),
-                Some(d) => Err(self.err(
-                    d.span(),
-                    S,
-                    key,
-                    format!(
-                        "must be between {} and {}",
-                        super::format_duration(*range.start()),
-                        super::format_duration(*range.end())
-                    ),
-                )),
-            };
+        let interval = |value: &Option<Spanned<super::raw::DurationValue>>,
+                        key: &str,
+                        default: Duration,
+                        range: std::ops::RangeInclusive<Duration>| {
+            self.duration_in(value, S, key, default, range)
+        };
         let report_interval = interval(
             &c.report_interval,
             "report_interval",
@@ -723,6 +711,31 @@ impl Validator<'_, '_> {
         })
     }
 
+    /// A duration key of `section`: `default` when absent, else within `range`.
+    fn duration_in(
+        &self,
+        value: &Option<Spanned<super::raw::DurationValue>>,
+        section: &str,
+        key: &str,
+        default: Duration,
+        range: std::ops::RangeInclusive<Duration>,
+    ) -> Result<Duration, Box<ConfigError>> {
+        match value {
+            None => Ok(default),
+            Some(d) if range.contains(&d.get_ref().0) => Ok(d.get_ref().0),
+            Some(d) => Err(self.err(
+                d.span(),
+                section,
+                key,
+                format!(
+                    "must be between {} and {}",
+                    super::format_duration(*range.start()),
+                    super::format_duration(*range.end())
+                ),
+            )),
+        }
+    }
+
     /// `[cluster.autoscale]`: the model's parameters, the mode and the provider. τ defaults
     /// to the report interval `report`, at least 10 s.
     fn autoscale(
@@ -739,25 +752,12 @@ impl Validator<'_, '_> {
         let Some(raw) = raw else {
             return Ok(defaults);
         };
-        let duration =
-            |section: &str,
-             value: &Option<Spanned<super::raw::DurationValue>>,
-             key: &str,
-             default: Duration,
-             range: std::ops::RangeInclusive<Duration>| match value {
-                None => Ok(default),
-                Some(d) if range.contains(&d.get_ref().0) => Ok(d.get_ref().0),
-                Some(d) => Err(self.err(
-                    d.span(),
-                    section,
-                    key,
-                    format!(
-                        "must be between {} and {}",
-                        super::format_duration(*range.start()),
-                        super::format_duration(*range.end())
-                    ),
-                )),
-            };
+        let duration = |value: &Option<Spanned<super::raw::DurationValue>>,
+                        key: &str,
+                        default: Duration,
+                        range: std::ops::RangeInclusive<Duration>| {
+            self.duration_in(value, S, key, default, range)
+        };
         let fraction = |value: &Option<Spanned<f64>>,
                         key: &str,
                         default: f64,
@@ -789,14 +789,12 @@ impl Validator<'_, '_> {
         Ok(AutoscaleConfig {
             mode,
             interval: duration(
-                S,
                 &raw.interval,
                 "interval",
                 defaults.interval,
                 Duration::from_secs(1)..=Duration::from_secs(3600),
             )?,
             consolidation_interval: duration(
-                S,
                 &raw.consolidation_interval,
                 "consolidation_interval",
                 defaults.consolidation_interval,
@@ -817,7 +815,6 @@ impl Validator<'_, '_> {
                 "a probability at least 0 and below 1 (e.g. 0.05)",
             )?,
             start_latency: duration(
-                S,
                 &raw.start_latency,
                 "start_latency",
                 defaults.start_latency,
@@ -840,6 +837,20 @@ impl Validator<'_, '_> {
                     .map_err(|e: String| self.err(v.span(), S, "sizing", e))?,
             },
             drain: raw.drain.unwrap_or(defaults.drain),
+            window: match &raw.window {
+                None => defaults.window,
+                Some(v) => usize::try_from(*v.get_ref())
+                    .ok()
+                    .filter(|n| (10..=100_000).contains(n))
+                    .ok_or_else(|| {
+                        self.err(
+                            v.span(),
+                            S,
+                            "window",
+                            "must be between 10 and 100000 samples",
+                        )
+                    })?,
+            },
             stop_slack: match &raw.stop_slack {
                 None => defaults.stop_slack,
                 Some(v) => u32::try_from(*v.get_ref())
