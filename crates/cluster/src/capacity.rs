@@ -224,39 +224,33 @@ impl Autoscaler {
             .min(MAX_BACKOFF)
     }
 
-    /// The model state of node `n` (`None`: left out), given whether tunnels are placed on it
-    /// and whether a node provider is configured.
-    fn model_state(
-        &self,
-        n: &NodeInput,
-        holds_tunnels: bool,
-        provider: bool,
-        now: Instant,
-    ) -> Option<NodeState> {
+    /// The model state of node `n` (`None`: left out), given whether tunnels are placed on it.
+    fn model_state(&self, n: &NodeInput, holds_tunnels: bool, now: Instant) -> Option<NodeState> {
         let leaving = n.leaving || matches!(n.provided, Some(ProvidedState::Stopping));
         if n.alive {
-            // A parked node the provider cannot stop stays in the pool as an empty active
-            // node: as inactive, the planner would pick it to stop before the provider's.
-            let reserve = n.parked && !holds_tunnels && (n.provided.is_some() || !provider);
+            let reserve = n.parked && !holds_tunnels;
             return match (n.draining || leaving, reserve) {
                 (true, _) => None,
                 (false, true) => Some(NodeState::Inactive),
                 (false, false) => Some(NodeState::Active),
             };
         }
+        // A node that failed (exited on its own, or never registered and was stopped) is left
+        // out for its backoff, so that the next stopped one is started instead.
+        let backing_off = self
+            .starts
+            .get(&n.id)
+            .is_some_and(|s| s.failures > 0 && now < s.at + self.backoff(s.failures));
         match &n.provided {
             Some(ProvidedState::Running { started_at }) => Some(NodeState::Starting {
                 ready_at: started_at
                     .map_or(now, |s| s + self.planner.config().start_latency)
                     .max(now),
             }),
-            Some(ProvidedState::Stopped | ProvidedState::Stopping) => Some(NodeState::ShutDown),
-            // A failing node is left out for its backoff, so that the next stopped one is
-            // started instead.
-            Some(ProvidedState::Failed { .. }) => match self.starts.get(&n.id) {
-                Some(s) if now < s.at + self.backoff(s.failures) => None,
-                _ => Some(NodeState::ShutDown),
-            },
+            Some(_) if backing_off => None,
+            Some(
+                ProvidedState::Stopped | ProvidedState::Stopping | ProvidedState::Failed { .. },
+            ) => Some(NodeState::ShutDown),
             None => None,
         }
     }
@@ -316,15 +310,26 @@ impl Autoscaler {
         let mut nodes = Vec::new();
         for n in &input.nodes {
             match (&n.provided, n.alive) {
-                // Registered: the failures in a row are over.
+                // Registered: a new failure counts again; up for its backoff, the failures in a
+                // row are over.
                 (_, true) => {
-                    self.starts.remove(&n.id);
+                    if let Some(s) = self.starts.get(&n.id).copied() {
+                        if now >= s.at + self.backoff(s.failures.max(1)) {
+                            self.starts.remove(&n.id);
+                        } else if let Some(s) = self.starts.get_mut(&n.id) {
+                            s.counted = false;
+                        }
+                    }
                 }
                 (Some(ProvidedState::Failed { .. }), false) => self.note_failure(n.id, now),
                 _ => {}
             }
-            if let Some(state) = self.model_state(n, holding.contains(&n.id), input.provider, now) {
+            if let Some(state) = self.model_state(n, holding.contains(&n.id), now) {
                 model.add_node(NodeId(n.id), state)?;
+                // With a provider, a node it does not manage cannot be stopped.
+                if input.provider && n.provided.is_none() {
+                    model.pin(NodeId(n.id))?;
+                }
                 states.insert(n.id, state);
                 nodes.push((n.id, n.name.clone(), state, n.parked));
             }
@@ -774,40 +779,31 @@ mod tests {
             f(&mut n);
             n
         };
-        assert_eq!(
-            a.model_state(&base, false, true, now),
-            Some(NodeState::Active)
-        );
+        assert_eq!(a.model_state(&base, false, now), Some(NodeState::Active));
         // Parked: inactive while empty; a parked node that holds tunnels is still serving.
         let parked = with(|n| n.parked = true);
         assert_eq!(
-            a.model_state(&parked, false, false, now),
+            a.model_state(&parked, false, now),
             Some(NodeState::Inactive)
         );
-        assert_eq!(
-            a.model_state(&parked, true, false, now),
-            Some(NodeState::Active)
-        );
+        assert_eq!(a.model_state(&parked, true, now), Some(NodeState::Active));
         // Drained by an operator, or being stopped: out of the model.
         assert_eq!(
-            a.model_state(&with(|n| n.draining = true), false, true, now),
+            a.model_state(&with(|n| n.draining = true), false, now),
             None
         );
         let stopping = with(|n| n.provided = Some(ProvidedState::Stopping));
-        assert_eq!(a.model_state(&stopping, false, true, now), None);
-        assert_eq!(
-            a.model_state(&with(|n| n.leaving = true), false, true, now),
-            None
-        );
+        assert_eq!(a.model_state(&stopping, false, now), None);
+        assert_eq!(a.model_state(&with(|n| n.leaving = true), false, now), None);
         // Not registered: the provider's word.
         let lost = with(|n| n.alive = false);
-        assert_eq!(a.model_state(&lost, false, true, now), None);
+        assert_eq!(a.model_state(&lost, false, now), None);
         let mut booting = lost.clone();
         booting.provided = Some(ProvidedState::Running {
             started_at: Some(now),
         });
         assert_eq!(
-            a.model_state(&booting, false, true, now),
+            a.model_state(&booting, false, now),
             Some(NodeState::Starting {
                 ready_at: now + Duration::from_secs(180)
             })
@@ -821,27 +817,31 @@ mod tests {
         ] {
             let mut n = lost.clone();
             n.provided = Some(state);
-            assert_eq!(
-                a.model_state(&n, false, true, now),
-                Some(NodeState::ShutDown)
-            );
+            assert_eq!(a.model_state(&n, false, now), Some(NodeState::ShutDown));
         }
-        // With a provider, a parked node it does not manage stays in the pool (empty,
-        // active): the planner must not pick it to stop; a managed one is inactive.
-        assert_eq!(
-            a.model_state(&parked, false, false, now),
-            Some(NodeState::Inactive)
-        );
-        assert_eq!(
-            a.model_state(&parked, false, true, now),
-            Some(NodeState::Active)
-        );
-        let mut managed = parked.clone();
+    }
+
+    #[test]
+    fn only_nodes_the_provider_runs_are_stopped() {
+        let mut a = Autoscaler::new(5000, &config(AutoscaleMode::Act)).unwrap();
+        // data1 serves; data2 (static) and data3 (the provider's) are parked and empty.
+        let mut i = input(1, &[(1, 100.0)], &[]);
+        i.nodes[1].parked = true;
+        let mut managed = node(3, 1, &[]);
+        managed.parked = true;
         managed.provided = Some(ProvidedState::Running { started_at: None });
-        assert_eq!(
-            a.model_state(&managed, false, true, now),
-            Some(NodeState::Inactive)
-        );
+        i.nodes.push(managed);
+        i.provider = true;
+        let plan = a.step(Instant::now(), SystemTime::now(), &i).unwrap();
+        let stops: Vec<NodeId> = plan
+            .decisions
+            .iter()
+            .filter_map(|d| match d.action {
+                Action::Stop { node } => Some(node),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(stops, vec![NodeId(3)], "{plan}");
     }
 
     #[test]
@@ -854,26 +854,23 @@ mod tests {
             reason: "exited with status 1".into(),
         });
         // Failed, never started by us: may be started.
-        assert_eq!(
-            a.model_state(&n, false, true, now),
-            Some(NodeState::ShutDown)
-        );
+        assert_eq!(a.model_state(&n, false, now), Some(NodeState::ShutDown));
         // Each failure in a row doubles the time it is left out (start latency 3 min).
         a.note_failure(3, now);
-        assert_eq!(a.model_state(&n, false, true, now), None);
+        assert_eq!(a.model_state(&n, false, now), None);
         let later = now + Duration::from_secs(181);
-        assert_eq!(
-            a.model_state(&n, false, true, later),
-            Some(NodeState::ShutDown)
-        );
+        assert_eq!(a.model_state(&n, false, later), Some(NodeState::ShutDown));
         a.starts.get_mut(&3).unwrap().counted = false;
         a.note_failure(3, later);
         assert_eq!(a.backoff(2), Duration::from_secs(360));
         assert_eq!(
-            a.model_state(&n, false, true, later + Duration::from_secs(200)),
+            a.model_state(&n, false, later + Duration::from_secs(200)),
             None
         );
         assert_eq!(a.backoff(40), MAX_BACKOFF);
+        // A node stopped because it never registered backs off too.
+        n.provided = Some(ProvidedState::Stopped);
+        assert_eq!(a.model_state(&n, false, later), None);
         // Started 6 min 10 s ago and not registered: stuck.
         let mut starting = node(4, 1, &[]);
         starting.alive = false;

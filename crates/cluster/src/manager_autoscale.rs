@@ -170,6 +170,8 @@ impl Cluster {
     fn carry_out(&self, plan: &Plan, input: &Input) -> Vec<Outcome> {
         let mut outcomes = Vec::with_capacity(plan.decisions.len());
         let mut rekey: Vec<TunnelId> = Vec::new();
+        // Where each moved tunnel was: one moved and moved back is not rekeyed.
+        let mut origin: HashMap<TunnelId, Option<u32>> = HashMap::new();
         // Starts and stops are asked of the provider without the state lock held.
         let mut provider_calls: Vec<(usize, bool, String)> = Vec::new();
         {
@@ -219,7 +221,8 @@ impl Cluster {
                             Some(n) if n.role == Role::Data && n.alive && !n.draining => {
                                 n.parked = false;
                                 if st.placement.get(&t) != Some(&node.0) {
-                                    st.placement.insert(t, node.0);
+                                    let was = st.placement.insert(t, node.0);
+                                    origin.entry(t).or_insert(was);
                                     if st.children.values().any(|c| c.tunnel == t) {
                                         rekey.push(t);
                                     }
@@ -293,6 +296,10 @@ impl Cluster {
                 };
                 outcomes.push(outcome);
             }
+            // Each tunnel rekeyed once, and only if it ends elsewhere.
+            rekey.sort_unstable();
+            rekey.dedup();
+            rekey.retain(|t| origin.get(t).copied().flatten() != st.placement.get(t).copied());
         }
         if let Some(provider) = &self.provider {
             for (i, start, name) in provider_calls {

@@ -29,6 +29,8 @@ pub struct TunnelState {
 struct NodeEntry {
     state: NodeState,
     tunnels: BTreeSet<TunnelId>,
+    /// Cannot be stopped (no provider manages it).
+    pinned: bool,
 }
 
 /// Nodes, tunnels and the placement of tunnels on nodes (see the module docs).
@@ -58,6 +60,7 @@ impl Cluster {
             NodeEntry {
                 state,
                 tunnels: BTreeSet::new(),
+                pinned: false,
             },
         );
         Ok(())
@@ -87,6 +90,22 @@ impl Cluster {
             .ok_or(ProvisionError::UnknownNode { node })?;
         entry.state = state;
         Ok(())
+    }
+
+    /// Marks a listed node as one that cannot be stopped (e.g. no node provider manages it):
+    /// the planner never stops it, and drains it only after the nodes it can stop.
+    pub fn pin(&mut self, node: NodeId) -> Result<(), ProvisionError> {
+        let entry = self
+            .nodes
+            .get_mut(&node)
+            .ok_or(ProvisionError::UnknownNode { node })?;
+        entry.pinned = true;
+        Ok(())
+    }
+
+    /// Whether the node is pinned ([`Cluster::pin`]).
+    pub fn is_pinned(&self, node: NodeId) -> bool {
+        self.nodes.get(&node).is_some_and(|e| e.pinned)
     }
 
     /// A node's state, if listed.

@@ -1206,6 +1206,7 @@ fn cluster_autoscale_defaults_values_and_errors() {
         ("min_nodes = 0", "min_nodes"),
         ("stop_slack = -1", "stop_slack"),
         ("sizing = \"envelope:0\"", "sizing"),
+        ("sizing = \"envelope:5000\"", "sizing"),
         ("drain = \"yes\"", "drain"),
         ("window = 5", "window"),
         ("surprise = 1", "surprise"),

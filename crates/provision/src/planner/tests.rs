@@ -645,3 +645,29 @@ fn drain_gives_back_nodes_whose_tunnels_fit_elsewhere() {
     assert!((after.load(NodeId(3)) - 0.7).abs() < 1e-9);
     assert!((after.load(NodeId(4)) - 0.8).abs() < 1e-9);
 }
+
+#[test]
+fn pinned_nodes_are_not_stopped_and_drained_last() {
+    let (active, inactive) = (NodeState::Active, NodeState::Inactive);
+    // Node 1 (pinned) and node 2 carry 0.1 each; nodes 3 (pinned) and 4 are inactive.
+    let (mut cluster, usage) = setup(
+        &[(1, active), (2, active), (3, inactive), (4, inactive)],
+        &[(1, 0.1, Some(1)), (2, 0.1, Some(2))],
+    );
+    cluster.pin(NodeId(1)).unwrap();
+    cluster.pin(NodeId(3)).unwrap();
+    let now = Instant::now();
+    let planner = Planner::new(PlannerConfig {
+        drain: true,
+        ..config()
+    })
+    .unwrap();
+    let plan = planner.plan(&cluster, &usage, now, Some(now)).unwrap();
+    let acts = actions(&plan);
+    // The surplus is taken from the node that can be stopped; the pinned one stays.
+    assert!(acts.contains(&Action::Stop { node: NodeId(4) }), "{plan}");
+    assert!(!acts.contains(&Action::Stop { node: NodeId(3) }), "{plan}");
+    // Both active nodes are equally loaded: the one that can be stopped is drained.
+    assert!(acts.contains(&migrate(2, 2, 1)), "{plan}");
+    assert!(!acts.iter().any(|a| *a == migrate(1, 1, 2)), "{plan}");
+}

@@ -831,10 +831,18 @@ impl Validator<'_, '_> {
             },
             sizing: match &raw.sizing {
                 None => defaults.sizing,
-                Some(v) => v
-                    .get_ref()
-                    .parse()
-                    .map_err(|e: String| self.err(v.span(), S, "sizing", e))?,
+                Some(v) => match v.get_ref().parse() {
+                    Ok(provision::Sizing::Envelope { steps }) if steps > 1000 => {
+                        return Err(self.err(
+                            v.span(),
+                            S,
+                            "sizing",
+                            "envelope:N: N must be at most 1000 measurements",
+                        ))
+                    }
+                    Ok(sizing) => sizing,
+                    Err(e) => return Err(self.err(v.span(), S, "sizing", e)),
+                },
             },
             drain: raw.drain.unwrap_or(defaults.drain),
             window: match &raw.window {
