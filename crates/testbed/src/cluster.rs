@@ -755,6 +755,15 @@ impl ProtegoCluster {
                 p.log_tail(lines)
             );
         }
+        for (name, _) in &self.provided {
+            let log = self.provided_log(name);
+            let tail: Vec<&str> = log.lines().rev().take(lines).collect();
+            let _ = writeln!(
+                out,
+                "---- {name} (data, started by the local provider) ----\n{}",
+                tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+            );
+        }
         out
     }
 
@@ -782,6 +791,21 @@ impl ProtegoCluster {
                     .ok_or_else(|| self.no_control())
             }
         }
+    }
+
+    /// The active control node ([`ProtegoCluster::active_control`]) and a standby: another
+    /// control node of the cluster. Fails if the cluster has a single control node.
+    pub fn active_and_standby(&self) -> Result<(String, String)> {
+        let active = self.active_control()?.to_owned();
+        let standby = self
+            .control_node_names()
+            .into_iter()
+            .find(|n| *n != active)
+            .ok_or_else(|| Error::InvalidSpec {
+                field: format!("cluster {}", self.label),
+                reason: "a standby needs two control nodes".to_owned(),
+            })?;
+        Ok((active, standby))
     }
 
     /// Sends one request line to the control socket of the active control node (see

@@ -21,7 +21,7 @@ use common::*;
 
 use protego_testbed::cluster::{ClusterSpec, ProtegoCluster};
 use protego_testbed::protego::GatewayTunnel;
-use protego_testbed::traffic::{self, IperfOptions, IperfResult, PingOptions, PingStats};
+use protego_testbed::traffic::{self, IperfResult, PingOptions, PingStats};
 use protego_testbed::wait::{wait_for, Probe};
 use protego_testbed::{Result, Testbed, Topology};
 
@@ -77,32 +77,6 @@ fn done(capacity: &serde_json::Value) -> Vec<String> {
         .collect()
 }
 
-/// Runs site `site`'s [`RAMPS`] from its LAN to VM 0 of its tenant, one iperf3 TCP run per
-/// step.
-fn ramp_thread(
-    topo: &Topology,
-    site: usize,
-    port: u16,
-) -> std::thread::JoinHandle<Result<Vec<IperfResult>>> {
-    let s = &topo.sites[site];
-    let vm = &topo.tenants[s.tenant].vms[0];
-    let (ns, bind, dst) = (s.ns.clone(), s.lan_addr, vm.addr.addr);
-    std::thread::spawn(move || {
-        let mut out = Vec::new();
-        for (mbit, secs) in RAMPS[site] {
-            let mut o = IperfOptions::tcp(Duration::from_secs(secs));
-            o.bind = Some(bind);
-            o.port = port;
-            o.tcp_bitrate = Some(mbit * 1_000_000);
-            // Small writes: iperf3's default 128 KiB block leaves in one burst, above the steer
-            // node's rate-limit bucket (20 ms at the rate, at least 64 KiB).
-            o.length = Some(8192);
-            out.push(traffic::iperf3_client(&ns, dst, &o)?);
-        }
-        Ok(out)
-    })
-}
-
 #[test]
 fn autoscaler_starts_activates_relieves_consolidates_and_stops_without_loss() -> Result<()> {
     let bed = Testbed::new()?;
@@ -134,7 +108,7 @@ fn autoscaler_starts_activates_relieves_consolidates_and_stops_without_loss() ->
     let cluster = ProtegoCluster::start(&bed, &topo, &tunnels, &spec)?;
     let provided = cluster.provided_data_names();
     assert_eq!(provided, vec!["data2".to_owned()]);
-    let result = (|| -> Result<()> {
+    with_logs(&cluster, || {
         let mut sites = Vec::new();
         for tun in &tunnels {
             let site = site_charon(&topo, tun)?;
@@ -185,7 +159,9 @@ fn autoscaler_starts_activates_relieves_consolidates_and_stops_without_loss() ->
             })
             .collect::<Result<Vec<_>>>()?;
         let ramps: Vec<_> = (0..topo.sites.len())
-            .map(|s| ramp_thread(&topo, s, 5301 + s as u16))
+            // Small writes: iperf3's default 128 KiB block leaves in one burst, above the steer
+            // node's rate-limit bucket (20 ms at the rate, at least 64 KiB).
+            .map(|s| iperf_thread(&topo, s, 5301 + s as u16, RAMPS[s].to_vec(), Some(8192)))
             .collect();
 
         // Ramp up: data1 becomes a hotspot; the provider starts data2, which is activated
@@ -325,13 +301,5 @@ fn autoscaler_starts_activates_relieves_consolidates_and_stops_without_loss() ->
         }
         drop(sites);
         Ok(())
-    })();
-    if result.is_err() {
-        eprintln!("{}", cluster.log_tails(60));
-        for name in &provided {
-            eprintln!("--- {name} (provider log)\n{}", cluster.provided_log(name));
-        }
-    }
-    cluster.stop_all();
-    result
+    })
 }

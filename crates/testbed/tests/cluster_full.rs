@@ -26,7 +26,7 @@ use common::*;
 use protego_testbed::cluster::{ClusterSpec, ClusterStore, ProtegoCluster};
 use protego_testbed::protego::GatewayTunnel;
 use protego_testbed::strongswan::{Charon, ChildSa};
-use protego_testbed::traffic::{self, IperfOptions, PingOptions, PingStats};
+use protego_testbed::traffic::{self, PingOptions, PingStats};
 use protego_testbed::wait::{wait_for, Probe};
 use protego_testbed::{Cmd, Process, Result, Testbed, Topology};
 
@@ -113,16 +113,6 @@ impl Full {
             })
         })
     }
-}
-
-/// Runs `body`; on failure prints every node's log tail. Stops the cluster either way.
-fn with_logs(cluster: &ProtegoCluster, body: impl FnOnce() -> Result<()>) -> Result<()> {
-    let result = body();
-    if result.is_err() {
-        eprintln!("{}", cluster.log_tails(80));
-    }
-    cluster.stop_all();
-    result
 }
 
 /// `count` pings at `interval` from site `site`'s LAN to VM 0 of its tenant, in a thread.
@@ -325,18 +315,8 @@ fn three_tenants_isolation_migration_and_drain() -> Result<()> {
         let s0 = &topo.sites[tun.site];
         let vm0 = &topo.tenants[s0.tenant].vms[0];
         let server = traffic::iperf3_server(&vm0.ns, vm0.addr.addr, 5201)?;
-        let iperf = {
-            let ns = s0.ns.clone();
-            let (bind, dst) = (s0.lan_addr, vm0.addr.addr);
-            std::thread::spawn(move || {
-                let mut o = IperfOptions::tcp(Duration::from_secs(5));
-                o.bind = Some(bind);
-                o.port = 5201;
-                // Below what strongSwan's userspace ESP carries without dropping.
-                o.tcp_bitrate = Some(20_000_000);
-                traffic::iperf3_client(&ns, dst, &o)
-            })
-        };
+        // 20 Mbit/s: below what strongSwan's userspace ESP carries without dropping.
+        let iperf = iperf_thread(topo, tun.site, 5201, vec![(20, 5)], None);
         let pings: Vec<_> = (0..topo.sites.len())
             .map(|s| ping_thread(topo, s, 4500, Duration::from_millis(1)))
             .collect();
@@ -357,7 +337,7 @@ fn three_tenants_isolation_migration_and_drain() -> Result<()> {
             .into_iter()
             .map(|p| p.join().expect("ping thread"))
             .collect::<Result<_>>()?;
-        let iperf = iperf.join().expect("iperf3 thread")?;
+        let iperf = iperf_result(iperf)?;
         drop(server);
         eprintln!(
             "migration of {} {from} -> {to} in {} ms; pings received {:?}; iperf3 {:.1} Mbit/s, \
@@ -505,13 +485,7 @@ fn three_tenants_survive_each_kind_of_node_killed() -> Result<()> {
             .map(|(site, _)| site.wait_child_installed("net", UP))
             .collect::<Result<_>>()?;
         let charon_seen: Vec<usize> = sites.iter().map(|(s, _)| s.log().len()).collect();
-        let active = full.cluster.active_control()?.to_owned();
-        let standby = full
-            .cluster
-            .control_node_names()
-            .into_iter()
-            .find(|n| *n != active)
-            .expect("two control nodes");
+        let (active, standby) = full.cluster.active_and_standby()?;
         let t0 = epoch_secs(SystemTime::now());
         let killed_at = Instant::now();
         full.cluster.kill(&active)?;

@@ -33,16 +33,6 @@ fn up(bed: &Testbed) -> Result<(Topology, GatewayTunnel, ProtegoCluster)> {
     Ok((topo, tun, cluster))
 }
 
-/// Runs `body`; on failure prints every node's log tail. Stops the cluster either way.
-fn with_logs(cluster: &ProtegoCluster, body: impl FnOnce() -> Result<()>) -> Result<()> {
-    let result = body();
-    if result.is_err() {
-        eprintln!("{}", cluster.log_tails(80));
-    }
-    cluster.stop_all();
-    result
-}
-
 /// Every ESP packet of a capture as (SPI, sequence number); fails on a repeated pair, the
 /// sign of a reused sequence number (RFC 4303 §3.3.3), across every SA the migrations made.
 fn assert_no_sequence_reused(pcap: &std::path::Path) -> Result<usize> {
@@ -189,18 +179,8 @@ fn migration_under_load_loses_nothing() -> Result<()> {
             "migration",
         )?;
         let server = traffic::iperf3_server(&vm.ns, vm.addr.addr, 5201)?;
-        let iperf = {
-            let ns = s.ns.clone();
-            let (bind, dst) = (s.lan_addr, vm.addr.addr);
-            std::thread::spawn(move || {
-                let mut o = IperfOptions::tcp(Duration::from_secs(6));
-                o.bind = Some(bind);
-                o.port = 5201;
-                // Below what strongSwan's userspace ESP carries without dropping.
-                o.tcp_bitrate = Some(20_000_000);
-                traffic::iperf3_client(&ns, dst, &o)
-            })
-        };
+        // 20 Mbit/s: below what strongSwan's userspace ESP carries without dropping.
+        let iperf = iperf_thread(&topo, 0, 5201, vec![(20, 6)], None);
         let ping = {
             let ns = s.ns.clone();
             let (src, dst) = (s.lan_addr, vm.addr.addr);
@@ -227,7 +207,7 @@ fn migration_under_load_loses_nothing() -> Result<()> {
             moves.push(format!("{from} -> {to} in {} ms", answer["ms"]));
         }
         let ping = ping.join().expect("ping thread")?;
-        let iperf = iperf.join().expect("iperf3 thread")?;
+        let iperf = iperf_result(iperf)?;
         drop(server);
         let pcap = cap.stop();
         let esp = assert_no_sequence_reused(&pcap)?;
@@ -379,12 +359,7 @@ fn killed_control_node_is_replaced_without_stopping_esp() -> Result<()> {
         site.initiate("net", UP)?;
         let child = site.wait_child_installed("net", UP)?;
         ping_all_vms(&topo, 0, 3)?;
-        let active = cluster.active_control()?.to_owned();
-        let standby = cluster
-            .control_node_names()
-            .into_iter()
-            .find(|n| *n != active)
-            .expect("two control nodes");
+        let (active, standby) = cluster.active_and_standby()?;
         let before = site.list_sas()?.into_iter().next().expect("one IKE SA");
         let charon_seen = site.log().len();
         let pinger = OutagePing::start(&topo)?;
@@ -744,12 +719,7 @@ fn applied_configuration_runs_live_and_after_a_control_takeover() -> Result<()> 
         let before = site_b.list_sas()?.into_iter().next().expect("one IKE SA");
 
         // The active node dies; the standby reads the applied configuration from etcd.
-        let active = cluster.active_control()?.to_owned();
-        let standby = cluster
-            .control_node_names()
-            .into_iter()
-            .find(|n| *n != active)
-            .expect("two control nodes");
+        let (active, standby) = cluster.active_and_standby()?;
         let charon_seen = site_b.log().len();
         cluster.kill(&active)?;
         let status = wait_for("the standby to take over", Duration::from_secs(15), || {

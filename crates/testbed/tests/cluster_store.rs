@@ -61,21 +61,19 @@ fn up(bed: &Testbed) -> Result<(Topology, GatewayTunnel, ProtegoCluster)> {
     Ok((topo, tun, cluster))
 }
 
-/// Runs `body`; on failure prints every node's and etcd's log tail. Stops the cluster (and
-/// etcd, woken first) either way.
-fn with_logs(cluster: &ProtegoCluster, body: impl FnOnce() -> Result<()>) -> Result<()> {
-    let result = body();
-    if let Some((etcd, _)) = cluster.etcd() {
-        etcd.process.signal(libc::SIGCONT);
-        if result.is_err() {
-            eprintln!("---- etcd ----\n{}", etcd.process.log_tail(30));
+/// [`with_logs`], with etcd woken first (a failed outage test may leave it stopped) and its log
+/// tail printed on failure too.
+fn with_store_logs(cluster: &ProtegoCluster, body: impl FnOnce() -> Result<()>) -> Result<()> {
+    with_logs(cluster, || {
+        let result = body();
+        if let Some((etcd, _)) = cluster.etcd() {
+            etcd.process.signal(libc::SIGCONT);
+            if result.is_err() {
+                eprintln!("---- etcd ----\n{}", etcd.process.log_tail(30));
+            }
         }
-    }
-    if result.is_err() {
-        eprintln!("{}", cluster.log_tails(80));
-    }
-    cluster.stop_all();
-    result
+        result
+    })
 }
 
 /// The store figures of control node `name`'s `status`: (commits, failures, held).
@@ -207,17 +205,12 @@ fn etcd_outage_shorter_than_the_lease_loses_nothing() -> Result<()> {
     let started = Instant::now();
     let bed = Testbed::new()?;
     let (topo, tun, cluster) = up(&bed)?;
-    with_logs(&cluster, || {
+    with_store_logs(&cluster, || {
         let site = site_charon(&topo, &tun)?;
         site.initiate("net", UP)?;
         let child = site.wait_child_installed("net", UP)?;
         ping_all_vms(&topo, 0, 3)?;
-        let active = cluster.active_control()?.to_owned();
-        let standby = cluster
-            .control_node_names()
-            .into_iter()
-            .find(|n| *n != active)
-            .expect("two control nodes");
+        let (active, standby) = cluster.active_and_standby()?;
         let ike = the_ike_sa(&site)?;
         let charon_seen = site.log().len();
         let pinger = OutagePing::start(&topo)?;
@@ -310,7 +303,7 @@ fn etcd_outage_longer_than_the_lease_hands_over_after_it() -> Result<()> {
     let started = Instant::now();
     let bed = Testbed::new()?;
     let (topo, tun, cluster) = up(&bed)?;
-    with_logs(&cluster, || {
+    with_store_logs(&cluster, || {
         // strongSwan retransmits after 1 s, then 1.8 s, 3.2 s...: the rekey it started in the
         // outage is answered soon after the standby took over.
         let settings = CharonSettings {
@@ -323,12 +316,7 @@ fn etcd_outage_longer_than_the_lease_hands_over_after_it() -> Result<()> {
         site.initiate("net", UP)?;
         let child = site.wait_child_installed("net", UP)?;
         ping_all_vms(&topo, 0, 3)?;
-        let active = cluster.active_control()?.to_owned();
-        let standby = cluster
-            .control_node_names()
-            .into_iter()
-            .find(|n| *n != active)
-            .expect("two control nodes");
+        let (active, standby) = cluster.active_and_standby()?;
         let ike = the_ike_sa(&site)?;
         let charon_seen = site.log().len();
         let pinger = OutagePing::start(&topo)?;

@@ -8,10 +8,11 @@ pub mod ike_craft;
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use protego_testbed::cluster::ProtegoCluster;
 use protego_testbed::protego::{GatewayTunnel, ProtegoGateway};
 use protego_testbed::strongswan::{Charon, CharonSettings, Connection, SwanctlConfig};
 use protego_testbed::topology::{SiteSpec, TenantSpec, VmSpec};
-use protego_testbed::traffic::{self, PingOptions};
+use protego_testbed::traffic::{self, IperfOptions, IperfResult, PingOptions};
 use protego_testbed::wait::{wait_for, Probe};
 use protego_testbed::{Cmd, Process, Result, Topology, TopologySpec};
 
@@ -224,4 +225,48 @@ impl OutagePing {
             },
         )
     }
+}
+
+/// iperf3 TCP from site `site`'s LAN to VM 0 of its tenant (whose server listens on `port`),
+/// in a thread: one run per `(Mbit/s, seconds)` step, with writes of `length` bytes if given.
+pub fn iperf_thread(
+    topo: &Topology,
+    site: usize,
+    port: u16,
+    steps: Vec<(u64, u64)>,
+    length: Option<u32>,
+) -> std::thread::JoinHandle<Result<Vec<IperfResult>>> {
+    let s = &topo.sites[site];
+    let vm = &topo.tenants[s.tenant].vms[0];
+    let (ns, bind, dst) = (s.ns.clone(), s.lan_addr, vm.addr.addr);
+    std::thread::spawn(move || {
+        let mut out = Vec::with_capacity(steps.len());
+        for (mbit, secs) in steps {
+            let mut o = IperfOptions::tcp(Duration::from_secs(secs));
+            o.bind = Some(bind);
+            o.port = port;
+            o.tcp_bitrate = Some(mbit * 1_000_000);
+            o.length = length;
+            out.push(traffic::iperf3_client(&ns, dst, &o)?);
+        }
+        Ok(out)
+    })
+}
+
+/// Waits for an [`iperf_thread`] of one step and returns that run.
+pub fn iperf_result(
+    thread: std::thread::JoinHandle<Result<Vec<IperfResult>>>,
+) -> Result<IperfResult> {
+    let mut runs = thread.join().expect("iperf3 thread")?;
+    Ok(runs.remove(0))
+}
+
+/// Runs `body`; on failure prints every cluster node's log tail. Stops the cluster either way.
+pub fn with_logs(cluster: &ProtegoCluster, body: impl FnOnce() -> Result<()>) -> Result<()> {
+    let result = body();
+    if result.is_err() {
+        eprintln!("{}", cluster.log_tails(80));
+    }
+    cluster.stop_all();
+    result
 }
