@@ -24,6 +24,13 @@ use wire::{EspSpi, IkeSpi};
 use zeroize::Zeroizing;
 
 const MAGIC: &[u8; 4] = b"PIKE";
+/// How far a restored SA's IV counter jumps ahead of the stored one. Every state is stored
+/// before the message that depends on it leaves, so the stored counter is never behind what
+/// was sent; but whoever can write the store could put back an older copy of a record, and
+/// with AES-GCM a counter that goes back repeats a nonce under the same key (RFC 5282 §3:
+/// the IV must not repeat for a key). The gap keeps the IVs fresh unless 2^32 messages were
+/// protected since that older copy; the 64-bit counter allows 2^32 restores.
+pub(crate) const RESTORE_IV_GAP: u64 = 1 << 32;
 /// 2: the IKE SA's hard lifetime timer (`over_time`) joined the timers.
 const VERSION: u8 = 2;
 
@@ -482,7 +489,10 @@ pub(crate) fn decode(bytes: &[u8], now: Instant, age: Duration) -> Result<IkeSa,
     } else {
         None
     };
-    sa.iv_counter = r.u64()?;
+    sa.iv_counter = r
+        .u64()?
+        .checked_add(RESTORE_IV_GAP)
+        .ok_or(Error::Snapshot("IV counter exhausted"))?;
     sa.established = Some(r.ago(now)?);
     sa.last_received = r.ago(now)?;
     sa.last_sent = r.ago(now)?;

@@ -8,11 +8,11 @@ use crate::keys::{nat_hash, psk_auth, ChildKeyMat, CookieSecrets, IkeKeys};
 use crate::proposal::{
     check_esp_response, esp_offer, ike_offer, select_esp, select_ike, EspAlgs, IkeAlgs,
 };
-use crate::sa::IkeSa;
+use crate::sa::{IkeSa, SaState};
 use crate::*;
 use crypto::{DhGroup, Encr, Integ, Prf, SeededRng};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 use wire::ike::{
     ExchangeType, Message, NotifyPayload, NotifyType, Payload, Proposal, ProtocolId, Transform,
     TransformType,
@@ -588,4 +588,21 @@ fn error_notify_mapping() {
     };
     assert_eq!(e.notify(), Some(NotifyType::UNSUPPORTED_CRITICAL_PAYLOAD));
     assert_eq!(e.notify_data(), vec![99]);
+}
+
+#[test]
+fn a_restored_sa_never_reuses_an_iv() {
+    // A store written back to an older copy of the record must not make the restored SA
+    // protect new messages with IVs (AES-GCM nonces) it already used.
+    let now = Instant::now();
+    let mut sa = rfc7634_sa(false);
+    sa.state = SaState::Established;
+    sa.established = Some(now);
+    sa.iv_counter = 7;
+    let older = crate::snapshot::encode(&sa, now).expect("an established SA is snapshotted");
+    let restored = crate::snapshot::decode(&older, now, Duration::ZERO).expect("restores");
+    assert_eq!(restored.iv_counter, 7 + crate::snapshot::RESTORE_IV_GAP);
+    sa.iv_counter = u64::MAX - 1;
+    let worn = crate::snapshot::encode(&sa, now).expect("snapshot");
+    assert!(crate::snapshot::decode(&worn, now, Duration::ZERO).is_err());
 }
