@@ -3,7 +3,8 @@
 #
 #   make setup   install/check system packages (Debian 12) and cargo
 #   make build   debug build of the whole workspace (all binaries)
-#   make test    setup + build + cargo test --workspace (unit + interop tests), then the
+#   make test    setup + build + preflight (what the tests will find) + cargo test --workspace
+#                (unit + interop tests; a missing requirement fails, never skips), then the
 #                loom models of the lock-free ESP state (own target dir: --cfg loom)
 #   make demo    setup + release build + run the namespace demo (DEMO_ARGS=...)
 #   make bench   setup + release build + `protego bench` (BENCH_ARGS=..., e.g. --quick --compare-strongswan)
@@ -31,8 +32,12 @@ build: setup
 release: setup
 	$(CARGO) build --workspace --release
 
+# Under `make test` a test whose program or kernel feature is missing fails (naming what to
+# install) instead of skipping: PROTEGO_TEST_STRICT=1 (see crates/testreq). The preflight
+# prints what the tests will find before they run.
 test: build
-	$(CARGO) test --workspace
+	PROTEGO_TEST_STRICT=1 $(CARGO) run -q -p protego-testreq --bin protego-preflight
+	PROTEGO_TEST_STRICT=1 $(CARGO) test --workspace
 	RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom $(CARGO) test -p protego-esp --release --lib loom
 
 demo: release

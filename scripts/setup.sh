@@ -10,11 +10,12 @@
 #        VERBOSE=1 scripts/setup.sh  (show apt output)
 set -euo pipefail
 
-PACKAGES=(
-    strongswan-charon strongswan-swanctl charon-systemd libcharon-extra-plugins
-    iperf3 tshark nftables conntrack iproute2 iputils-ping procps tcpdump ethtool
-    etcd-server protobuf-compiler make
-)
+# Every package the build, the demo and the tests use: the second column of
+# scripts/requirements.tsv (one home for the list; the tests name the same packages
+# when something is missing).
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+mapfile -t PACKAGES < <(awk -F'\t' '!/^#/ && NF >= 2 { print $2 }' "$HERE/requirements.tsv" | sort -u)
+[[ ${#PACKAGES[@]} -gt 0 ]] || { printf 'setup: error: no packages in %s\n' "$HERE/requirements.tsv" >&2; exit 1; }
 # System units shipped by the packages above that must not run: the tests start
 # their own charon (per network namespace) and their own etcd.
 UNITS=(strongswan.service strongswan-starter.service ipsec.service etcd.service)

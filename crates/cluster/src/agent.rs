@@ -35,7 +35,14 @@ pub trait Applier: Send + Sync + 'static {
     fn apply(&self, op: pb::directive::Op) -> Result<(), String>;
     /// The report for the interval since the last one.
     fn report(&self) -> pb::Report;
+    /// The session with control has been down for [`CONTROL_LOST_INTERVALS`] report
+    /// intervals (and no new one was welcomed meanwhile): control counts the node as lost.
+    fn control_lost(&self) {}
 }
+
+/// After this many report intervals without a session, a node counts as lost to control
+/// ([`Applier::control_lost`]).
+pub const CONTROL_LOST_INTERVALS: u32 = 2;
 
 /// Runs sessions until `stop` is set: `events` are sent to the control node of the current
 /// session (events while there is none are dropped: the node repeats what matters).
@@ -48,6 +55,8 @@ pub async fn run(
 ) {
     let mut backoff = MIN_BACKOFF;
     let mut next = 0usize;
+    // Counts welcomed sessions: a loss timer that finds it moved on does nothing.
+    let sessions = Arc::new(std::sync::atomic::AtomicU64::new(0));
     // Failed attempts in a row: the first is a warning, then one in REPEAT_WARNING (the
     // others at debug), so that a long control outage does not flood the log.
     let mut failures = 0u64;
@@ -55,7 +64,32 @@ pub async fn run(
         let endpoint = &endpoints[next % endpoints.len()];
         next += 1;
         let started = Instant::now();
-        let result = session(endpoint, &tls, &applier, &mut events, &stop).await;
+        let mut welcomed = None;
+        let result = session(
+            endpoint,
+            &tls,
+            &applier,
+            &mut events,
+            &stop,
+            (&mut welcomed, &sessions),
+        )
+        .await;
+        if let Some(interval) = welcomed {
+            // The session was up: tell the applier once it has been down long enough (unless
+            // another one was welcomed meanwhile).
+            let generation = sessions.load(Ordering::SeqCst);
+            let (sessions, applier) = (Arc::clone(&sessions), Arc::clone(&applier));
+            tokio::spawn(async move {
+                tokio::time::sleep(interval * CONTROL_LOST_INTERVALS).await;
+                if sessions.load(Ordering::SeqCst) == generation {
+                    warn!(
+                        intervals = CONTROL_LOST_INTERVALS,
+                        "no session with control for two report intervals"
+                    );
+                    let _ = tokio::task::spawn_blocking(move || applier.control_lost()).await;
+                }
+            });
+        }
         if started.elapsed() > Duration::from_secs(10) {
             backoff = MIN_BACKOFF;
             failures = 0;
@@ -87,6 +121,7 @@ async fn session(
     applier: &Arc<dyn Applier>,
     events: &mut mpsc::UnboundedReceiver<pb::NodeEvent>,
     stop: &AtomicBool,
+    (welcomed, sessions): (&mut Option<Duration>, &std::sync::atomic::AtomicU64),
 ) -> Result<(), String> {
     let url = format!("https://{}", endpoint.address);
     let mut client = rpc::connect(&url, tls, &endpoint.name, CONNECT_TIMEOUT)
@@ -116,8 +151,10 @@ async fn session(
         _ => return Err("control did not answer with Welcome".into()),
     };
     info!(control = %welcome.control_name, node_id = welcome.node_id, term = welcome.term, "registered with control");
-    applier.welcomed(&welcome);
     let interval = Duration::from_millis(u64::from(welcome.report_interval_ms).clamp(100, 60_000));
+    *welcomed = Some(interval);
+    sessions.fetch_add(1, Ordering::SeqCst);
+    applier.welcomed(&welcome);
     let mut reports = tokio::time::interval(interval);
     reports.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     reports.tick().await;

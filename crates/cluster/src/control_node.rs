@@ -83,6 +83,7 @@ pub fn elect(config: &Config, cancel: &Receiver<()>) -> Result<Option<Election>,
     let mut options =
         ElectionOptions::new(etcd.endpoints.clone(), etcd.prefix.clone(), cc.name.clone());
     options.ttl = cc.lease;
+    options.access = etcd.access.clone();
     let election = Election::start(&options)?;
     // Where the other control nodes can probe this one, and how this one finds the leader.
     let peers = match Peers::connect(etcd) {
@@ -248,7 +249,11 @@ impl ControlNode {
                 }
                 _ => config.store.open()?,
             };
-        let mut store = store;
+        // Records are sealed with `[store] encryption_key_file`'s key, read now: a standby
+        // that takes over reads the key file as it is then.
+        let mut store: Box<dyn control::store::Store> = Box::new(
+            control::store::SealedStore::open(store, &config.store_encryption)?,
+        );
         let (config, _) =
             control::applied::effective(config.clone(), &mut *store, discard_applied)?;
         let config = &config;

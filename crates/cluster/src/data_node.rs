@@ -220,6 +220,8 @@ fn build_report(stats: &DataplaneStats, last: &mut LastReport, now: Instant) -> 
                 bytes_out: now.2.saturating_sub(before.2),
                 packets_out: now.3.saturating_sub(before.3),
                 rate_dropped: 0,
+                rate_dropped_bytes_in: 0,
+                rate_dropped_bytes_out: 0,
             }
         })
         .collect();
@@ -265,6 +267,7 @@ pub(crate) fn op_name(op: &pb::directive::Op) -> &'static str {
         Op::SetSelectors(_) => "set_selectors",
         Op::SetNodes(_) => "set_nodes",
         Op::SetRateLimit(_) => "set_rate_limit",
+        Op::SetRateLimits(_) => "set_rate_limits",
     }
 }
 

@@ -1,4 +1,4 @@
-//! Protego's distributed form (DESIGN.md §2–3): separate control, data and steer nodes.
+//! Protego's distributed form (docs/architecture.md, "The picture", "Moving tunnels"): separate control, data and steer nodes.
 //!
 //! - [`manager`]: the control node's registry of nodes, placement of CHILD_SAs on data nodes,
 //!   the steer nodes' tables, and the moves (migration, drain, data node failover). It is the

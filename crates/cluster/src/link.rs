@@ -49,6 +49,20 @@ impl Ack {
     }
 }
 
+impl Ack {
+    /// The node's answer if it comes by `deadline` (`None`: not yet; the answer can still be
+    /// polled later). Taken once: a later poll after an answer sees [`LinkError::Closed`].
+    pub fn poll_until(&self, deadline: Instant) -> Option<Result<(), LinkError>> {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match self.0.recv_timeout(left) {
+            Ok(Ok(())) => Some(Ok(())),
+            Ok(Err(reason)) => Some(Err(LinkError::Refused(reason))),
+            Err(RecvTimeoutError::Timeout) => None,
+            Err(RecvTimeoutError::Disconnected) => Some(Err(LinkError::Closed)),
+        }
+    }
+}
+
 /// Sends directives to one node.
 pub trait NodeLink: Send + Sync {
     /// Queues `op` for the node; the returned [`Ack`] completes with its answer.

@@ -12,7 +12,7 @@
 //!   are still delivered), then forget it.
 //! - `send_ike` sends through a steer node, from the VIP ([`crate::ike_relay`]).
 //!
-//! Moves (DESIGN.md §3) change the placement and rekey: the new CHILD_SA lands on the new
+//! Moves (docs/architecture.md, "Moving tunnels") change the placement and rekey: the new CHILD_SA lands on the new
 //! node while the old one keeps working, and the old one is deleted only once the rekey is
 //! done ([`Cluster::migrate`], [`Cluster::drain`], data node failover).
 //!
@@ -123,6 +123,10 @@ pub struct NodeLoad {
     pub drops: BTreeMap<String, u64>,
     /// Packets the steer node dropped per tunnel by rate limit (steer reports).
     pub rate_dropped: BTreeMap<u32, u64>,
+    /// Per tunnel, what the steer node's limiter admitted and dropped each way during the
+    /// interval (steer reports): the demand its share of the tunnel's limit follows.
+    #[serde(skip)]
+    pub rate_usage: BTreeMap<u32, steer::TunnelUsage>,
 }
 
 /// One installed CHILD_SA.
@@ -209,6 +213,29 @@ struct State {
     /// CHILD_SAs data nodes hold are adopted as they are. Afterwards a held CHILD_SA the
     /// control loop does not know is removed from its node.
     reconciled: bool,
+    /// The steer nodes' demand per tunnel and what each was sent, which divides each tunnel's
+    /// limit among them (what they may enforce together stays within the tunnel's limit).
+    shares: steer::RateShares,
+    /// Shares sent to steer nodes whose answers have not come yet (a lowered share counts at
+    /// its old value until then).
+    share_acks: Vec<ShareAck>,
+}
+
+/// Shares sent to a steer node, awaiting its answer.
+struct ShareAck {
+    node: u32,
+    shares: Vec<(steer::TunnelId, steer::Share)>,
+    ack: Ack,
+}
+
+/// How long control keeps a lost steer node's shares reserved: the steer node drops to its
+/// fallbacks after [`crate::agent::CONTROL_LOST_INTERVALS`] report intervals without a
+/// session, and may notice the session's end up to an HTTP/2 keepalive interval and timeout
+/// after control does.
+pub fn share_grace(report_interval: Duration) -> Duration {
+    report_interval * crate::agent::CONTROL_LOST_INTERVALS
+        + rpc::KEEPALIVE_INTERVAL
+        + rpc::KEEPALIVE_TIMEOUT
 }
 
 /// The cluster: registry, placement, steering. Shared by the control loop (as its
@@ -279,6 +306,7 @@ impl Cluster {
         tasks: Sender<Task>,
         to_control: Sender<ToControl>,
     ) -> Self {
+        let settings_report_interval = settings.report_interval;
         let autoscaler =
             crate::capacity::Autoscaler::new(settings.node_capacity_mbit, &settings.autoscale)
                 .map_err(|e| warn!(error = %e, "autoscaler disabled"))
@@ -296,7 +324,13 @@ impl Cluster {
             ike,
             tasks,
             to_control,
-            state: Mutex::new(State::default()),
+            state: Mutex::new(State {
+                shares: steer::RateShares::new(steer::ShareConfig {
+                    lost_grace: share_grace(settings_report_interval),
+                    ..steer::ShareConfig::default()
+                }),
+                ..State::default()
+            }),
         }
     }
 
@@ -335,9 +369,9 @@ impl Cluster {
             }
             *inv = Arc::new(next);
         }
-        let st = self.state();
+        let mut st = self.state();
         if st.reconciled {
-            self.push_tables(&st);
+            self.push_tables(&mut st);
         }
     }
 
@@ -468,6 +502,11 @@ impl Cluster {
         let name = name.as_str();
         let mut st = self.state();
         let id = Self::id_of(&mut st, name);
+        if role == Role::Steer {
+            st.shares.add_node(steer::NodeId(id));
+        } else {
+            st.shares.remove_node(steer::NodeId(id));
+        }
         let previous = st.nodes.get(&id);
         let restarted = previous.is_some_and(|n| n.boot_id != boot_id || n.role != role);
         // A drain or a park outlives a reconnect (not a restart of the process); a node the
@@ -527,18 +566,26 @@ impl Cluster {
                 }
                 rekey = Self::due(&mut st, rekey, now);
                 if st.reconciled {
-                    self.push_tables(&st);
+                    self.push_tables(&mut st);
                 }
             }
             Role::Steer => {
                 if st.reconciled {
-                    let tables = self.steer_tables(&st);
-                    self.fire(&*link, pb::directive::Op::SteerTables(tables), name);
+                    // Its shares first (the others' lowered ones go out now, their growth once
+                    // they confirmed), then its tables with its own.
+                    self.rebalance(&mut st, now, Some(id));
+                    let tables = self.steer_tables(&st, id);
+                    self.send_tables(&mut st, id, &*link, tables, name);
                 }
                 self.push_relays(&st);
             }
         }
         drop(st);
+        if role == Role::Steer {
+            // The newcomer starts with what the others gave up: wait for them to confirm (not
+            // for the newcomer, whose session starts once this returns).
+            self.settle_shares(self.deadline(), Some(id));
+        }
         if !rekey.is_empty() {
             let _ = self.tasks.send(Task::Rekey(rekey, "data node available"));
         }
@@ -570,6 +617,11 @@ impl Cluster {
                     n.alive = false;
                 }
                 self.push_relays(&st);
+                // It may still forward with its shares: they stay reserved for a grace (see
+                // `share_grace`), then only its fallbacks.
+                let now = Instant::now();
+                st.shares.node_lost(steer::NodeId(id), now);
+                self.rebalance(&mut st, now, None);
             }
         }
     }
@@ -760,11 +812,28 @@ impl Cluster {
         orphans
     }
 
-    /// A node's report.
+    /// A node's report. A live steer node's report re-divides the tunnels' limits among the
+    /// steer nodes: shares that moved enough are sent (see [`steer::RateShares::update`]).
     pub fn report(&self, id: u32, load: NodeLoad) {
-        if let Some(n) = self.state().nodes.get_mut(&id) {
-            n.last_report = Some(load);
-            n.reports += 1;
+        let mut st = self.state();
+        let Some(n) = st.nodes.get_mut(&id) else {
+            return;
+        };
+        let steer_usage = (n.role == Role::Steer && n.alive).then(|| {
+            (
+                std::time::Duration::from_millis(u64::from(load.interval_ms)),
+                load.rate_usage.clone(),
+            )
+        });
+        n.last_report = Some(load);
+        n.reports += 1;
+        if let Some((interval, usage)) = steer_usage {
+            let usage = usage.into_iter().map(|(t, u)| (steer::TunnelId(t), u));
+            // A zero interval (a steer node that predates the division) pins it to an equal
+            // share; either way the division is looked at again.
+            st.shares.handle_report(steer::NodeId(id), interval, usage);
+            self.poll_share_acks(&mut st);
+            self.rebalance(&mut st, Instant::now(), None);
         }
     }
 
@@ -933,24 +1002,218 @@ impl Cluster {
             .collect()
     }
 
-    fn limits(&self) -> Vec<pb::RateLimit> {
+    /// Every limited tunnel's share as last sent to every steer node.
+    fn all_shares(&self, st: &State) -> BTreeMap<(u32, TunnelId), steer::Share> {
+        let mut out = BTreeMap::new();
+        for t in self.inventory().tunnels.values() {
+            if t.rate_limit_mbit.is_none() {
+                continue;
+            }
+            for node in st.nodes.keys() {
+                if let Some(share) = st
+                    .shares
+                    .sent(steer::NodeId(*node), steer::TunnelId(t.id.0))
+                {
+                    out.insert((*node, t.id), share);
+                }
+            }
+        }
+        out
+    }
+
+    /// The limited tunnels and their limits, bit/s.
+    fn tunnel_limits(&self) -> Vec<(steer::TunnelId, u64)> {
         self.inventory()
             .tunnels
             .values()
             .filter_map(|t| {
-                let mbit = u64::from(t.rate_limit_mbit?);
-                Some(pb::RateLimit {
-                    tunnel: t.id.0,
-                    bits_per_second: mbit * 1_000_000,
-                    burst_bytes: burst_bytes(mbit),
-                })
+                Some((
+                    steer::TunnelId(t.id.0),
+                    u64::from(t.rate_limit_mbit?) * 1_000_000,
+                ))
             })
             .collect()
     }
 
-    /// The whole steering state, including the SPIs of removed CHILD_SAs still in their
-    /// grace.
-    fn steer_tables(&self, st: &State) -> pb::SteerTables {
+    /// Moves the steer nodes' shares toward the division (call with the state lock held):
+    /// each live steer node but `except` (whose whole tables are on their way) gets its
+    /// changed shares in one directive, nodes with a lowered share first. Nothing before the
+    /// control loop reconciled (the nodes keep what they have).
+    fn rebalance(&self, st: &mut State, now: Instant, except: Option<u32>) {
+        if !st.reconciled {
+            return;
+        }
+        let batches = st.shares.update(&self.tunnel_limits(), now);
+        for (node, shares) in batches {
+            if Some(node.0) == except {
+                continue;
+            }
+            let Some((name, link)) = st
+                .nodes
+                .get(&node.0)
+                .filter(|n| n.alive && n.role == Role::Steer)
+                .map(|n| (n.name.clone(), Arc::clone(&n.link)))
+            else {
+                continue;
+            };
+            self.send_shares(st, node.0, &*link, &name, shares);
+        }
+    }
+
+    /// Queues `shares` to steer node `node` and keeps the answer to wait for: one
+    /// `SetRateLimits`, or per tunnel a `SetRateLimit` to a steer node that predates the
+    /// division.
+    fn send_shares(
+        &self,
+        st: &mut State,
+        node: u32,
+        link: &dyn NodeLink,
+        name: &str,
+        shares: Vec<(steer::TunnelId, steer::Share)>,
+    ) {
+        let mut ops = Vec::new();
+        for &(tunnel, share) in &shares {
+            match rpc::convert::share_to_pb(tunnel, Some(share)) {
+                Ok(r) => {
+                    debug!(node = %name, tunnel = tunnel.0, inbound_bps = share.limit.inbound.bits_per_second, outbound_bps = share.limit.outbound.bits_per_second, fallback_bps = share.fallback_bits_per_second, "rate limit share");
+                    ops.push(((tunnel, share), r));
+                }
+                Err(e) => {
+                    warn!(node = %name, tunnel = tunnel.0, error = %e, "rate limit share not expressible")
+                }
+            }
+        }
+        let submitted: Vec<(Vec<(steer::TunnelId, steer::Share)>, pb::directive::Op)> =
+            if st.shares.legacy(steer::NodeId(node)) {
+                ops.into_iter()
+                    .map(|(s, r)| (vec![s], pb::directive::Op::SetRateLimit(r)))
+                    .collect()
+            } else if ops.is_empty() {
+                Vec::new()
+            } else {
+                let (shares, limits): (Vec<_>, Vec<_>) = ops.into_iter().unzip();
+                vec![(
+                    shares,
+                    pb::directive::Op::SetRateLimits(pb::RateLimits { limits }),
+                )]
+            };
+        for (shares, op) in submitted {
+            match link.submit(op) {
+                Ok(ack) => st.share_acks.push(ShareAck { node, shares, ack }),
+                Err(e) => warn!(node = name, error = %e, "cannot send a directive"),
+            }
+        }
+    }
+
+    /// Queues whole `tables` to steer node `id`, keeping the answer (it confirms the shares
+    /// they carry).
+    fn send_tables(
+        &self,
+        st: &mut State,
+        id: u32,
+        link: &dyn NodeLink,
+        tables: pb::SteerTables,
+        name: &str,
+    ) {
+        let shares = Self::shares_of(&tables);
+        match link.submit(pb::directive::Op::SteerTables(tables)) {
+            Ok(ack) => st.share_acks.push(ShareAck {
+                node: id,
+                shares,
+                ack,
+            }),
+            Err(e) => warn!(node = name, error = %e, "cannot send a directive"),
+        }
+    }
+
+    /// The shares whole tables carry.
+    fn shares_of(tables: &pb::SteerTables) -> Vec<(steer::TunnelId, steer::Share)> {
+        tables
+            .limits
+            .iter()
+            .filter_map(|l| match rpc::convert::share_from_pb(l) {
+                Ok((t, s)) => Some((t, s?)),
+                Err(_) => None,
+            })
+            .collect()
+    }
+
+    /// Takes the answers to shares that came (call with the state lock held): confirmed
+    /// shares free what a lowered one gave up.
+    fn poll_share_acks(&self, st: &mut State) {
+        let now = Instant::now();
+        let acks = std::mem::take(&mut st.share_acks);
+        for a in acks {
+            match a.ack.poll_until(now) {
+                None => st.share_acks.push(a),
+                Some(Ok(())) => {
+                    for (t, share) in a.shares {
+                        st.shares.confirm(steer::NodeId(a.node), t, share);
+                    }
+                }
+                // Refused or closed: what the node holds stays counted at the most it may be.
+                Some(Err(_)) => {}
+            }
+        }
+    }
+
+    /// Waits until `deadline` (without the lock) for the steer nodes' answers to their
+    /// shares, except `skip`'s, then sends the growth they make room for.
+    fn settle_shares(&self, deadline: Instant, skip: Option<u32>) {
+        let waiting: Vec<ShareAck> = {
+            let mut st = self.state();
+            let (skipped, waiting) = std::mem::take(&mut st.share_acks)
+                .into_iter()
+                .partition(|a| Some(a.node) == skip);
+            st.share_acks = skipped;
+            waiting
+        };
+        let answers: Vec<_> = waiting
+            .into_iter()
+            .map(|a| {
+                let answer = a.ack.poll_until(deadline);
+                (a, answer)
+            })
+            .collect();
+        let mut st = self.state();
+        for (a, answer) in answers {
+            match answer {
+                None => st.share_acks.push(a),
+                Some(Ok(())) => {
+                    for (t, share) in a.shares {
+                        st.shares.confirm(steer::NodeId(a.node), t, share);
+                    }
+                }
+                Some(Err(_)) => {}
+            }
+        }
+        self.poll_share_acks(&mut st);
+        self.rebalance(&mut st, Instant::now(), None);
+    }
+
+    /// The tunnels' limits at steer node `node`: its shares as last sent (a node outside the
+    /// division, which never gets tables, would get the floor).
+    fn limits(&self, st: &State, node: u32) -> Vec<pb::RateLimit> {
+        self.tunnel_limits()
+            .into_iter()
+            .filter_map(|(tunnel, bps)| {
+                let share = st.shares.sent(steer::NodeId(node), tunnel).unwrap_or_else(|| {
+                    steer::Share {
+                        limit: st.shares.outsider_share(bps),
+                        fallback_bits_per_second: 0,
+                    }
+                });
+                rpc::convert::share_to_pb(tunnel, Some(share))
+                    .map_err(|e| warn!(node, tunnel = tunnel.0, error = %e, "rate limit share not expressible"))
+                    .ok()
+            })
+            .collect()
+    }
+
+    /// The whole steering state of steer node `node` (the tables are the same for every steer
+    /// node, the rate limits are its shares), including the SPIs of removed CHILD_SAs still in
+    /// their grace.
+    fn steer_tables(&self, st: &State, node: u32) -> pb::SteerTables {
         let mut spis: Vec<pb::SteerSpi> = st
             .children
             .iter()
@@ -983,7 +1246,7 @@ impl Cluster {
             nodes: Some(self.steer_nodes(st)),
             spis,
             vnis,
-            limits: self.limits(),
+            limits: self.limits(st, node),
         }
     }
 
@@ -1051,15 +1314,14 @@ impl Cluster {
         }
     }
 
-    /// Queues the whole tables to every live steer node.
-    fn push_tables(&self, st: &State) {
-        let tables = self.steer_tables(st);
-        for (_, name, link) in Self::steers(st) {
-            self.fire(
-                &*link,
-                pb::directive::Op::SteerTables(tables.clone()),
-                &name,
-            );
+    /// Queues the whole tables to every live steer node (each with its shares of the limits).
+    fn push_tables(&self, st: &mut State) {
+        // The shares move with the tables, which carry each node's.
+        let _carried = st.shares.update(&self.tunnel_limits(), Instant::now());
+        let mut tables = self.steer_tables(st, 0);
+        for (id, name, link) in Self::steers(st) {
+            tables.limits = self.limits(st, id);
+            self.send_tables(st, id, &*link, tables.clone(), &name);
         }
     }
 
@@ -1121,11 +1383,16 @@ impl Cluster {
                     continue;
                 };
                 let (name, link) = (n.name.clone(), Arc::clone(&n.link));
-                let ack = link.submit(pb::directive::Op::SteerTables(self.steer_tables(&st)));
+                let tables = self.steer_tables(&st, id);
+                let shares = Self::shares_of(&tables);
+                let ack = link.submit(pb::directive::Op::SteerTables(tables));
                 st.resyncing.insert(id);
-                full.push((id, name, ack));
+                full.push((id, name, ack, shares));
             }
         }
+        // Answers to shares, the growth they make room for, lost steer nodes' graces.
+        self.poll_share_acks(&mut st);
+        self.rebalance(&mut st, now, None);
         // Tunnels whose CHILD_SA has no live node, now that one may be there.
         let stranded: Vec<TunnelId> = self
             .unplaced(&st)
@@ -1141,13 +1408,20 @@ impl Cluster {
         drop(st);
         self.await_steers(pending);
         let deadline = self.deadline();
-        for (id, name, ack) in full {
+        for (id, name, ack, shares) in full {
             let result = ack.and_then(|a| a.wait_until(deadline));
             let mut st = self.state();
             st.resyncing.remove(&id);
-            if let Err(e) = result {
-                warn!(node = %name, error = %e, "steer node did not take its whole tables; retrying");
-                st.resync.push(id);
+            match result {
+                Ok(()) => {
+                    for (t, share) in shares {
+                        st.shares.confirm(steer::NodeId(id), t, share);
+                    }
+                }
+                Err(e) => {
+                    warn!(node = %name, error = %e, "steer node did not take its whole tables; retrying");
+                    st.resync.push(id);
+                }
             }
         }
         if !rekey.is_empty() {
@@ -1328,6 +1602,18 @@ impl Cluster {
     pub fn describe(&self) -> serde_json::Value {
         let inventory = self.inventory();
         let st = self.state();
+        // Each steer node's shares of the tunnels' limits, bit/s each way.
+        let mut shares: BTreeMap<u32, serde_json::Map<String, serde_json::Value>> = BTreeMap::new();
+        for ((node, tunnel), l) in self.all_shares(&st) {
+            shares.entry(node).or_default().insert(
+                tunnel.0.to_string(),
+                serde_json::json!({
+                    "inbound_bps": l.limit.inbound.bits_per_second,
+                    "outbound_bps": l.limit.outbound.bits_per_second,
+                    "fallback_bps": l.fallback_bits_per_second,
+                }),
+            );
+        }
         let nodes: Vec<serde_json::Value> = st
             .nodes
             .iter()
@@ -1356,6 +1642,8 @@ impl Cluster {
                     "tunnels": tunnels,
                     "child_sas": children,
                     "load": n.last_report,
+                    "reports": n.reports,
+                    "rate_shares": shares.remove(id).unwrap_or_default(),
                 })
             })
             .collect();
@@ -1381,11 +1669,6 @@ impl Cluster {
             .map(|n| n.name.clone())
             .collect()
     }
-}
-
-/// The token bucket depth for a rate: 20 ms at the rate, at least 64 KiB (a GSO train).
-fn burst_bytes(mbit: u64) -> u64 {
-    (mbit * 1_000_000 / 8 / 50).max(64 * 1024)
 }
 
 impl DataPath for Cluster {
@@ -1454,7 +1737,7 @@ impl DataPath for Cluster {
         st.rekey_at.retain(|t, _| inventory.tunnels.contains_key(t));
         self.fire_data_nodes(&st, &pb::directive::Op::DataConfig(data_config));
         if st.reconciled {
-            self.push_tables(&st);
+            self.push_tables(&mut st);
         }
         info!(
             vnets = vnets.len(),
@@ -1718,7 +2001,7 @@ impl DataPath for Cluster {
             .collect();
         // Now the steer nodes' tables can be replaced whole: every node that came has been
         // adopted.
-        self.push_tables(&st);
+        self.push_tables(&mut st);
         self.push_relays(&st);
         drop(st);
         info!(

@@ -873,3 +873,238 @@ fn the_autoscaler_relieves_a_hotspot_parks_and_starts_nodes() {
     assert!(b.cluster.state().nodes[&d3].parked);
     assert!(!b.cluster.state().nodes[&d1].parked);
 }
+
+/// Tunnel `tunnel`'s (inbound, outbound) bit/s in `limits`.
+fn limit_of(limits: &[pb::RateLimit], tunnel: u32) -> (u64, u64) {
+    let l = limits
+        .iter()
+        .find(|l| l.tunnel == tunnel)
+        .expect("the tunnel is limited");
+    let (_, l) = rpc::convert::rate_limit_from_pb(l).expect("a valid limit");
+    let l = l.expect("a limit");
+    (l.inbound.bits_per_second, l.outbound.bits_per_second)
+}
+
+/// The shares of `tunnel` in `ops` (whole tables, `SetRateLimits` and `SetRateLimit`), in
+/// order.
+fn shares_in(ops: &[Op], tunnel: u32) -> Vec<(u64, u64)> {
+    let mut out = Vec::new();
+    for op in ops {
+        match op {
+            Op::SetRateLimit(l) if l.tunnel == tunnel => {
+                out.push(limit_of(std::slice::from_ref(l), tunnel))
+            }
+            Op::SetRateLimits(r) if r.limits.iter().any(|l| l.tunnel == tunnel) => {
+                out.push(limit_of(&r.limits, tunnel))
+            }
+            Op::SteerTables(t) if t.limits.iter().any(|l| l.tunnel == tunnel) => {
+                out.push(limit_of(&t.limits, tunnel))
+            }
+            _ => {}
+        }
+    }
+    out
+}
+
+/// The shares of `tunnel` sent to `name` since the last look.
+fn set_limits(b: &Bed, name: &str, tunnel: u32) -> Vec<(u64, u64)> {
+    shares_in(&b.ops(name), tunnel)
+}
+
+/// A steer report of one second: tunnel 1 outbound `admitted` and `dropped` bit/s.
+fn steer_report(admitted: u64, dropped: u64) -> NodeLoad {
+    let usage = steer::TunnelUsage {
+        inbound: steer::Usage::default(),
+        outbound: steer::Usage {
+            admitted_bytes: admitted / 8,
+            dropped_bytes: dropped / 8,
+        },
+    };
+    NodeLoad {
+        interval_ms: 1000,
+        rate_usage: [(1, usage)].into(),
+        ..NodeLoad::default()
+    }
+}
+
+/// A steer report of one second: tunnel 1 outbound `admitted` bit/s, nothing dropped.
+fn light_report(admitted: u64) -> NodeLoad {
+    steer_report(admitted, 0)
+}
+
+const M: u64 = 1_000_000;
+
+/// Two steer nodes holding tunnel 1's 100 Mbit/s half each, confirmed.
+fn two_steer_nodes(b: &mut Bed) -> (u32, u32) {
+    let s1 = b.join("steer1", Role::Steer, 1);
+    let s2 = b.join("steer2", Role::Steer, 1);
+    assert_eq!(set_limits(b, "steer1", 1).last(), Some(&(50 * M, 50 * M)));
+    assert_eq!(set_limits(b, "steer2", 1).last(), Some(&(50 * M, 50 * M)));
+    (s1, s2)
+}
+
+#[test]
+fn a_tunnels_limit_is_divided_among_the_steer_nodes_by_their_reports() {
+    let mut b = bed();
+    b.join("steer1", Role::Steer, 1);
+    // Alone: tunnel 1's whole 100 Mbit/s, both ways; the tunnels without a limit have none.
+    let alone = b.last_tables("steer1").limits;
+    assert_eq!(limit_of(&alone, 1), (100 * M, 100 * M));
+    assert_eq!(alone.len(), 1, "{alone:?}");
+    // A second steer node joins: the first is cut to half, and the newcomer gets its half
+    // once the first confirmed (before its session even starts).
+    let s2 = b.join("steer2", Role::Steer, 1);
+    assert_eq!(set_limits(&b, "steer1", 1), vec![(50 * M, 50 * M)]);
+    assert_eq!(
+        set_limits(&b, "steer2", 1),
+        vec![(1, 1), (50 * M, 50 * M)],
+        "tables with nothing free yet, then the half steer1 gave up"
+    );
+    let s1 = b.cluster.node_id("steer1");
+    // The router sends nearly all the tunnel's outbound flows to steer1, which drops; steer2
+    // sees a trickle and keeps the floor (10 % of an equal share). steer1 grows once steer2
+    // confirmed its cut (the next tick). Nobody carried inbound: equal halves.
+    b.cluster.report(s1, steer_report(50 * M, 100 * M));
+    b.cluster.report(s2, steer_report(M, 0));
+    assert_eq!(set_limits(&b, "steer2", 1), vec![(50 * M, 5 * M)]);
+    assert_eq!(set_limits(&b, "steer1", 1), vec![]);
+    b.cluster.tick(Instant::now());
+    assert_eq!(set_limits(&b, "steer1", 1), vec![(50 * M, 95 * M)]);
+    // The same reports again change nothing: no directive.
+    b.cluster.report(s1, steer_report(95 * M, 50 * M));
+    b.cluster.report(s2, steer_report(M, 0));
+    b.cluster.tick(Instant::now());
+    assert_eq!(set_limits(&b, "steer1", 1), vec![]);
+    assert_eq!(set_limits(&b, "steer2", 1), vec![]);
+    // Whole tables (an apply) carry each node's share.
+    b.cluster
+        .set_rate_limits(&[(TunnelId(1), Some(100))].into());
+    assert_eq!(
+        limit_of(&b.last_tables("steer1").limits, 1),
+        (50 * M, 95 * M)
+    );
+    assert_eq!(
+        limit_of(&b.last_tables("steer2").limits, 1),
+        (50 * M, 5 * M)
+    );
+}
+
+#[test]
+fn shares_that_wobble_by_a_few_percent_are_not_sent_again() {
+    let mut b = bed();
+    let (s1, s2) = two_steer_nodes(&mut b);
+    // Both carry a little without drops: 60 / 40 of the limit by their demands.
+    b.cluster.report(s1, light_report(30 * M));
+    b.cluster.report(s2, light_report(20 * M));
+    b.cluster.tick(Instant::now());
+    b.cluster.tick(Instant::now());
+    assert_eq!(set_limits(&b, "steer1", 1).last(), Some(&(50 * M, 60 * M)));
+    assert_eq!(set_limits(&b, "steer2", 1).last(), Some(&(50 * M, 40 * M)));
+    // Their demand moves by a few percent from report to report: the targets move by less
+    // than 10 %, and no directive goes out.
+    for (a, c) in [(32, 20), (29, 21), (31, 19), (30, 20)] {
+        b.cluster.report(s1, light_report(a * M));
+        b.cluster.report(s2, light_report(c * M));
+        b.cluster.tick(Instant::now());
+        assert_eq!(set_limits(&b, "steer1", 1), vec![], "{a}/{c}");
+        assert_eq!(set_limits(&b, "steer2", 1), vec![], "{a}/{c}");
+    }
+}
+
+#[test]
+fn changed_shares_of_several_tunnels_go_in_one_directive() {
+    let mut b = bed();
+    let (s1, s2) = two_steer_nodes(&mut b);
+    b.cluster
+        .set_rate_limits(&[(TunnelId(1), Some(100)), (TunnelId(2), Some(100))].into());
+    b.cluster.tick(Instant::now());
+    b.clear();
+    let both = |bytes: u64| {
+        let u = steer::TunnelUsage {
+            inbound: steer::Usage::default(),
+            outbound: steer::Usage {
+                admitted_bytes: bytes / 8,
+                dropped_bytes: 0,
+            },
+        };
+        NodeLoad {
+            interval_ms: 1000,
+            rate_usage: [(1, u), (2, u)].into(),
+            ..NodeLoad::default()
+        }
+    };
+    b.cluster.report(s1, both(40 * M));
+    b.cluster.report(s2, both(M));
+    let ops = b.ops("steer2");
+    assert_eq!(ops.len(), 1, "{ops:?}");
+    let Op::SetRateLimits(r) = &ops[0] else {
+        panic!("one SetRateLimits, not {ops:?}");
+    };
+    let tunnels: Vec<u32> = r.limits.iter().map(|l| l.tunnel).collect();
+    assert_eq!(tunnels, vec![1, 2]);
+}
+
+#[test]
+fn a_lost_steer_nodes_share_is_handed_on_only_after_its_grace() {
+    let mut b = bed();
+    let (_, s2) = two_steer_nodes(&mut b);
+    let link: Arc<dyn NodeLink> = b.links["steer2"].clone();
+    b.links["steer2"].closed.store(true, Ordering::Relaxed);
+    b.cluster.session_ended(s2, &link);
+    let ended = Instant::now();
+    // steer2 may still forward with its half (partitioned from control only): steer1 gets
+    // nothing more during the grace.
+    b.cluster.tick(ended);
+    b.cluster.tick(ended + Duration::from_secs(4));
+    assert_eq!(set_limits(&b, "steer1", 1), vec![]);
+    // After the grace steer2 holds at most its fallback (it dropped to it on its own): 10 %
+    // of an equal share. steer1 gets the rest.
+    assert_eq!(share_grace(Duration::from_secs(1)), Duration::from_secs(5));
+    b.cluster.tick(ended + Duration::from_secs(5));
+    assert_eq!(set_limits(&b, "steer1", 1), vec![(95 * M, 95 * M)]);
+    // steer2 comes back: it starts from its fallback, and gets its half once steer1
+    // confirmed giving it up.
+    b.links["steer2"].closed.store(false, Ordering::Relaxed);
+    b.join("steer2", Role::Steer, 1);
+    assert_eq!(set_limits(&b, "steer1", 1), vec![(50 * M, 50 * M)]);
+    assert_eq!(
+        set_limits(&b, "steer2", 1),
+        vec![(5 * M, 5 * M), (50 * M, 50 * M)]
+    );
+}
+
+#[test]
+fn a_steer_node_without_report_intervals_gets_an_equal_share_per_tunnel() {
+    let mut b = bed();
+    let (s1, s2) = two_steer_nodes(&mut b);
+    // steer2 predates the division: its reports carry no interval. It gets one limit for
+    // both ways, no fallback, in a directive it knows (SetRateLimit).
+    b.cluster.report(
+        s2,
+        NodeLoad {
+            interval_ms: 0,
+            ..steer_report(90 * M, 10 * M)
+        },
+    );
+    let ops = b.ops("steer2");
+    let [Op::SetRateLimit(l)] = ops.as_slice() else {
+        panic!("one SetRateLimit, not {ops:?}");
+    };
+    assert_eq!(l.bits_per_second, 50 * M);
+    assert_eq!(l.outbound_bits_per_second, 0, "the same both ways");
+    assert_eq!(l.fallback_bits_per_second, 0);
+    // steer1 cannot take more than the other half, however much it drops.
+    b.cluster.report(s1, steer_report(50 * M, 200 * M));
+    b.cluster.tick(Instant::now());
+    assert_eq!(set_limits(&b, "steer1", 1), vec![]);
+}
+
+#[test]
+fn a_steer_node_outside_the_division_would_get_the_floor_not_the_limit() {
+    let mut b = bed();
+    two_steer_nodes(&mut b);
+    let st = b.cluster.state();
+    let limits = b.cluster.limits(&st, 99);
+    // 10 % of an equal share among three.
+    assert_eq!(limit_of(&limits, 1), (3_333_333, 3_333_333));
+}

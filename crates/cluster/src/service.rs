@@ -189,6 +189,23 @@ async fn handle(
                     .filter(|t| t.rate_dropped > 0)
                     .map(|t| (t.tunnel, t.rate_dropped))
                     .collect(),
+                rate_usage: r
+                    .tunnels
+                    .iter()
+                    .map(|t| {
+                        let usage = |admitted_bytes, dropped_bytes| steer::Usage {
+                            admitted_bytes,
+                            dropped_bytes,
+                        };
+                        (
+                            t.tunnel,
+                            steer::TunnelUsage {
+                                inbound: usage(t.bytes_in, t.rate_dropped_bytes_in),
+                                outbound: usage(t.bytes_out, t.rate_dropped_bytes_out),
+                            },
+                        )
+                    })
+                    .collect(),
             };
             cluster.report(id, load);
         }

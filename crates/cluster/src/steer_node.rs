@@ -15,9 +15,10 @@ use rpc::pb;
 use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 use steer::{HealthConfig, NodeId, SpiEntry};
 use steernode::{SteerConfig, SteerEvent, SteerNode, SteerStats, SteerTables, VniSteering};
-use tracing::info;
+use tracing::{info, warn};
 use wire::vxlan::Vni;
 use wire::EspSpi;
 
@@ -38,8 +39,11 @@ struct SteerApplier {
     name: String,
     node: Arc<SteerNode>,
     boot_id: u64,
-    /// Per-tunnel cumulative counters at the last report.
-    last: Mutex<BTreeMap<u32, (u64, u64, u64)>>,
+    /// What the last report counted, and when.
+    last: Mutex<LastReport>,
+    /// This node's shares of the tunnels' limits as control last sent them (with their
+    /// fallbacks, applied once control counts the node as lost).
+    shares: Mutex<BTreeMap<steer::TunnelId, steer::Share>>,
 }
 
 impl SteerApplier {
@@ -98,11 +102,38 @@ impl SteerApplier {
         )
     }
 
-    fn limit(r: &pb::RateLimit) -> (steer::TunnelId, Option<steer::RateLimit>) {
-        let limit = (r.bits_per_second > 0)
-            .then(|| steer::RateLimit::new(r.bits_per_second, r.burst_bytes.max(1)));
-        (steer::TunnelId(r.tunnel), limit)
+    /// This node's share of a tunnel's limit (`None`: not limited), checked.
+    fn share(
+        field: &str,
+        r: &pb::RateLimit,
+    ) -> Result<(steer::TunnelId, Option<steer::Share>), String> {
+        rpc::convert::share_from_pb(r).map_err(|e| format!("{field}.{e}"))
     }
+
+    /// Takes new shares: the forwarder enforces them, and they are remembered with their
+    /// fallbacks.
+    fn set_shares(&self, shares: Vec<(steer::TunnelId, Option<steer::Share>)>) {
+        let mut held = self.shares.lock().unwrap_or_else(|e| e.into_inner());
+        for (t, s) in shares {
+            self.node.set_rate_limit(t, s.map(|s| s.limit));
+            match s {
+                Some(s) => held.insert(t, s),
+                None => held.remove(&t),
+            };
+        }
+    }
+}
+
+/// What a steer node that lost control enforces: each share lowered to its fallback (shares
+/// without one stay).
+fn fallen_back(
+    shares: &BTreeMap<steer::TunnelId, steer::Share>,
+) -> Vec<(steer::TunnelId, steer::TunnelLimit)> {
+    shares
+        .iter()
+        .filter(|(_, s)| s.fallen_back() != s.limit)
+        .map(|(&t, s)| (t, s.fallen_back()))
+        .collect()
 }
 
 impl Applier for SteerApplier {
@@ -129,6 +160,12 @@ impl Applier for SteerApplier {
                     Some(n) => Self::nodes(n)?,
                     None => (None, Vec::new()),
                 };
+                let shares = t
+                    .limits
+                    .iter()
+                    .enumerate()
+                    .map(|(i, l)| Self::share(&format!("steer_tables.limits[{i}]"), l))
+                    .collect::<Result<Vec<_>, _>>()?;
                 let tables = SteerTables {
                     control,
                     data_nodes,
@@ -138,11 +175,9 @@ impl Applier for SteerApplier {
                         .iter()
                         .map(Self::vni_steering)
                         .collect::<Result<_, _>>()?,
-                    rate_limits: t
-                        .limits
+                    rate_limits: shares
                         .iter()
-                        .map(Self::limit)
-                        .filter_map(|(t, l)| Some((t, l?)))
+                        .filter_map(|(t, s)| Some((*t, s.as_ref()?.limit)))
                         .collect(),
                 };
                 let counts = (
@@ -151,6 +186,10 @@ impl Applier for SteerApplier {
                     tables.data_nodes.len(),
                 );
                 self.node.replace_all(tables).map_err(e)?;
+                *self.shares.lock().unwrap_or_else(|e| e.into_inner()) = shares
+                    .into_iter()
+                    .filter_map(|(t, s)| Some((t, s?)))
+                    .collect();
                 info!(
                     spis = counts.0,
                     vnis = counts.1,
@@ -180,8 +219,18 @@ impl Applier for SteerApplier {
                 self.node.set_data_nodes(data).map_err(e)
             }
             Op::SetRateLimit(r) => {
-                let (t, l) = Self::limit(&r);
-                self.node.set_rate_limit(t, l);
+                let share = Self::share("set_rate_limit", &r)?;
+                self.set_shares(vec![share]);
+                Ok(())
+            }
+            Op::SetRateLimits(r) => {
+                let shares = r
+                    .limits
+                    .iter()
+                    .enumerate()
+                    .map(|(i, l)| Self::share(&format!("set_rate_limits.limits[{i}]"), l))
+                    .collect::<Result<Vec<_>, _>>()?;
+                self.set_shares(shares);
                 Ok(())
             }
             other => Err(format!("{} is not a steer node directive", op_name(&other))),
@@ -191,32 +240,91 @@ impl Applier for SteerApplier {
     fn report(&self) -> pb::Report {
         let stats = self.node.stats();
         let mut last = self.last.lock().unwrap_or_else(|e| e.into_inner());
-        build_report(&stats, &mut last)
+        let now = Instant::now();
+        // The first report covers everything since the node started; never 0 ms (which
+        // marks a steer node that measures no interval).
+        let interval = last
+            .at
+            .replace(now)
+            .map_or(Duration::ZERO, |at| now.saturating_duration_since(at))
+            .max(Duration::from_millis(1));
+        build_report(&stats, &mut last.tunnels, interval)
+    }
+
+    /// Control counts this node as lost (it may give its shares to the other steer nodes):
+    /// each tunnel drops to its fallback, until new tables come.
+    fn control_lost(&self) {
+        let shares = self.shares.lock().unwrap_or_else(|e| e.into_inner());
+        let lowered = fallen_back(&shares);
+        if !lowered.is_empty() {
+            warn!(
+                tunnels = lowered.len(),
+                "no session with control: rate limits drop to their fallback shares"
+            );
+        }
+        for (t, l) in lowered {
+            self.node.set_rate_limit(t, Some(l));
+        }
     }
 }
 
-/// Per-tunnel traffic and rate-limit drops since the last report, and the drop counters.
-fn build_report(stats: &SteerStats, last: &mut BTreeMap<u32, (u64, u64, u64)>) -> pb::Report {
+/// A tunnel's cumulative counters at the last report.
+#[derive(Debug, Clone, Copy, Default)]
+struct Counted {
+    bytes_in: u64,
+    bytes_out: u64,
+    dropped_packets: u64,
+    dropped_bytes_in: u64,
+    dropped_bytes_out: u64,
+}
+
+/// What the last report counted.
+#[derive(Debug, Default)]
+struct LastReport {
+    /// When it was built.
+    at: Option<Instant>,
+    /// Per tunnel.
+    tunnels: BTreeMap<u32, Counted>,
+}
+
+/// Per-tunnel traffic and rate-limit drops during `interval` (since the last report), and the
+/// drop counters.
+fn build_report(
+    stats: &SteerStats,
+    last: &mut BTreeMap<u32, Counted>,
+    interval: Duration,
+) -> pb::Report {
     let mut tunnels = Vec::new();
     for (t, s) in &stats.tunnels {
-        let now = (
-            s.inbound.admitted_bytes,
-            s.outbound.admitted_bytes,
-            s.inbound.dropped_packets + s.outbound.dropped_packets,
-        );
+        let now = Counted {
+            bytes_in: s.inbound.admitted_bytes,
+            bytes_out: s.outbound.admitted_bytes,
+            dropped_packets: s
+                .inbound
+                .dropped_packets
+                .wrapping_add(s.outbound.dropped_packets),
+            dropped_bytes_in: s.inbound.dropped_bytes,
+            dropped_bytes_out: s.outbound.dropped_bytes,
+        };
         let before = last.insert(t.0, now).unwrap_or_default();
         tunnels.push(pb::TunnelUsage {
             tunnel: t.0,
             cpu_ns: 0,
-            bytes_in: now.0.saturating_sub(before.0),
+            bytes_in: now.bytes_in.saturating_sub(before.bytes_in),
             packets_in: 0,
-            bytes_out: now.1.saturating_sub(before.1),
+            bytes_out: now.bytes_out.saturating_sub(before.bytes_out),
             packets_out: 0,
-            rate_dropped: now.2.saturating_sub(before.2),
+            rate_dropped: now.dropped_packets.saturating_sub(before.dropped_packets),
+            rate_dropped_bytes_in: now.dropped_bytes_in.saturating_sub(before.dropped_bytes_in),
+            rate_dropped_bytes_out: now
+                .dropped_bytes_out
+                .saturating_sub(before.dropped_bytes_out),
         });
     }
+    // Tunnels no longer counted are forgotten.
+    last.retain(|t, _| stats.tunnels.contains_key(&steer::TunnelId(*t)));
     pb::Report {
-        interval_ms: 0,
+        interval_ms: u32::try_from(interval.as_millis()).unwrap_or(u32::MAX),
         utilization: 0.0,
         tunnels,
         drops: stats
@@ -261,7 +369,11 @@ impl SteerNodeProcess {
             name: config.node.name.clone(),
             node: Arc::clone(&node),
             boot_id: boot_id(),
-            last: Mutex::new(BTreeMap::new()),
+            last: Mutex::new(LastReport {
+                at: Some(Instant::now()),
+                tunnels: BTreeMap::new(),
+            }),
+            shares: Mutex::new(BTreeMap::new()),
         });
         let agent = Agent::start(
             "steer",
@@ -291,5 +403,41 @@ impl SteerNodeProcess {
     pub fn shutdown(mut self) {
         self.agent.shutdown();
         self.node.shutdown();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_steer_node_that_lost_control_drops_each_share_to_its_fallback() {
+        const M: u64 = 1_000_000;
+        let limit = |bps| steer::RateLimit::new(bps, steer::burst_bytes(bps));
+        let share = |inbound, outbound, fallback| steer::Share {
+            limit: steer::TunnelLimit {
+                inbound: limit(inbound),
+                outbound: limit(outbound),
+            },
+            fallback_bits_per_second: fallback,
+        };
+        let shares: BTreeMap<steer::TunnelId, steer::Share> = [
+            (steer::TunnelId(1), share(95 * M, 3 * M, 5 * M)),
+            // Already at or below its fallback: unchanged, not listed.
+            (steer::TunnelId(2), share(4 * M, 4 * M, 5 * M)),
+            // No fallback (an old control node): kept.
+            (steer::TunnelId(3), share(80 * M, 80 * M, 0)),
+        ]
+        .into();
+        assert_eq!(
+            fallen_back(&shares),
+            vec![(
+                steer::TunnelId(1),
+                steer::TunnelLimit {
+                    inbound: limit(5 * M),
+                    outbound: limit(3 * M),
+                }
+            )]
+        );
     }
 }

@@ -668,6 +668,94 @@ pub fn load_tls(ca_path: &Path, cert_path: &Path, key_path: &Path) -> Result<Nod
     })
 }
 
+/// TLS material of a client of a service outside Protego's own PKI (the etcd store): the CA
+/// certificate the service's certificate must chain to and, optionally, a client certificate
+/// and its private key. `Debug` omits the key.
+#[derive(Clone, PartialEq, Eq)]
+pub struct ClientTls {
+    ca_der: Vec<u8>,
+    identity: Option<(Vec<u8>, Zeroizing<Vec<u8>>)>,
+}
+
+impl fmt::Debug for ClientTls {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ClientTls")
+            .field("client_certificate", &self.identity.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+impl ClientTls {
+    /// The CA certificate, DER.
+    pub fn ca_der(&self) -> &[u8] {
+        &self.ca_der
+    }
+
+    /// The client certificate, DER, and its private key, PKCS#8 DER (secret: never log it), if
+    /// there are.
+    pub fn identity_der(&self) -> Option<(&[u8], &Zeroizing<Vec<u8>>)> {
+        self.identity
+            .as_ref()
+            .map(|(cert, key)| (cert.as_slice(), key))
+    }
+
+    /// The CA certificate, PEM.
+    pub fn ca_pem(&self) -> String {
+        pem_encode(CERT_LABEL, &self.ca_der).to_string()
+    }
+
+    /// The client certificate, PEM, if there is one.
+    pub fn cert_pem(&self) -> Option<String> {
+        let (cert, _) = self.identity.as_ref()?;
+        Some(pem_encode(CERT_LABEL, cert).to_string())
+    }
+
+    /// The client's private key, PKCS#8 PEM, if there is one. Secret: never log it.
+    pub fn key_pem(&self) -> Option<Zeroizing<String>> {
+        let (_, key) = self.identity.as_ref()?;
+        Some(pem_encode(KEY_LABEL, key))
+    }
+}
+
+/// Reads the TLS files of a client of a service outside Protego's PKI (the etcd store): the
+/// CA certificate `ca_path` (a CA within its validity) and, if `identity` names them, a client
+/// certificate (within its validity) and its private key (PKCS#8, not accessible to other
+/// users, matching the certificate).
+///
+/// Unlike [`load_tls`], the client certificate's subject is not checked (the service decides
+/// what it means), and it need not be signed by `ca_path`'s CA (the service may trust another
+/// CA for its clients). Each file holds exactly one PEM block of its kind; chains are not
+/// supported.
+pub fn load_client_tls(
+    ca_path: &Path,
+    identity: Option<(&Path, &Path)>,
+) -> Result<ClientTls, CertError> {
+    let ca_der = read_pem(ca_path, CERT_LABEL, false)?;
+    let ca = parse_cert(ca_path, &ca_der)?;
+    check_ca(ca_path, &ca)?;
+    check_time(ca_path, &ca)?;
+    let identity = match identity {
+        None => None,
+        Some((cert_path, key_path)) => {
+            let cert_der = read_pem(cert_path, CERT_LABEL, false)?;
+            let cert = parse_cert(cert_path, &cert_der)?;
+            if cert.is_ca() {
+                return Err(invalid(
+                    cert_path,
+                    "a CA certificate, not a client certificate",
+                ));
+            }
+            check_time(cert_path, &cert)?;
+            let key = load_key(key_path, cert_path, &cert)?;
+            Some((cert_der.to_vec(), Zeroizing::new(key.serialize_der())))
+        }
+    };
+    Ok(ClientTls {
+        ca_der: ca_der.to_vec(),
+        identity,
+    })
+}
+
 /// Who a node certificate names: see [`identity_of`].
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct NodeIdentity {

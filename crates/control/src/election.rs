@@ -37,8 +37,9 @@
 //! adds the [`Fence`] of the term they were made in ([`Election::fence`]) to its guard, i.e.
 //! *`P/leader`'s create revision is the term* and *its value is this node's name*. A deposed
 //! leader's transaction then fails as a whole and writes nothing, whatever its clock says,
-//! since a new leader's key has another create revision. (The [`EtcdStore`] does not fence its
-//! commits yet; [`Fence::compares`] is what its guard would add.)
+//! since a new leader's key has another create revision. The [`EtcdStore`] of the active
+//! control node is fenced so ([`EtcdStore::fenced`]): every commit's guard holds
+//! [`Fence::compares`].
 //!
 //! # Safety: a leader steps down before its lease can expire
 //!
@@ -98,11 +99,14 @@
 //! election can start in either order, and an election never runs on a prefix that belongs
 //! to a newer Protego or to another program. `P/leader` lies outside the store's `P/ike_sas/`.
 //!
-//! Like the store, this speaks plain gRPC to `http://` endpoints only (no TLS or
-//! authentication yet). Node names must be unique: two nodes of one name would both show as
-//! that leader.
+//! The election connects as the store does ([`ElectionOptions::access`], the store's
+//! [`EtcdAccess`]): TLS to `https://` endpoints with the same CA and client certificate, and the
+//! same etcd user, whose token is fetched again whenever etcd says it expired (every failed
+//! session also reconnects, which authenticates anew). The user's role must allow read and
+//! write under the prefix: the leader key, the lease attached to it, and its revocation all lie
+//! there. Node names must be unique: two nodes of one name would both show as that leader.
 
-use crate::store::{EtcdOptions, EtcdStore, StoreError};
+use crate::store::{explain_etcd_error, EtcdAccess, EtcdOptions, EtcdStore, StoreError};
 use crossbeam_channel::{Receiver, Sender, TrySendError};
 use etcd_client::{
     Client, Compare, CompareOp, ConnectOptions, KeyValue, LeaseKeepAliveStream, LeaseKeeper,
@@ -148,6 +152,9 @@ pub struct ElectionOptions {
     /// Upper bound of each request to etcd (connecting, a grant, a campaign, a resign);
     /// [`DEFAULT_TIMEOUT`].
     pub timeout: Duration,
+    /// TLS and authentication, the same as the store's ([`EtcdAccess::default`]: plain
+    /// `http://`, no user).
+    pub access: EtcdAccess,
 }
 
 impl ElectionOptions {
@@ -159,6 +166,7 @@ impl ElectionOptions {
             name: name.into(),
             ttl: DEFAULT_TTL,
             timeout: DEFAULT_TIMEOUT,
+            access: EtcdAccess::default(),
         }
     }
 }
@@ -344,6 +352,7 @@ impl Election {
             endpoints: options.endpoints.clone(),
             prefix: prefix.to_owned(),
             timeout: options.timeout,
+            access: options.access.clone(),
         })
         .map_err(|source| ElectionError::Store {
             election: describe.clone(),
@@ -376,6 +385,10 @@ impl Election {
             name: options.name.clone(),
             ttl: options.ttl,
             timeout: options.timeout,
+            connect_options: options
+                .access
+                .connect_options(options.timeout)
+                .with_require_leader(true),
             shared: shared.clone(),
             changes: changes_tx,
             ready: ready_tx,
@@ -647,6 +660,8 @@ struct Worker {
     /// The TTL asked for.
     ttl: Duration,
     timeout: Duration,
+    /// How each connection is made: the timeout, "require leader", TLS and the etcd user.
+    connect_options: ConnectOptions,
     shared: Arc<Shared>,
     changes: Sender<RoleChange>,
     /// Told once the role is known.
@@ -718,9 +733,7 @@ impl Worker {
             Some(client) => client,
             None => {
                 let endpoint = self.endpoints[self.next].clone();
-                let options = ConnectOptions::new()
-                    .with_connect_timeout(self.timeout)
-                    .with_require_leader(true);
+                let options = self.connect_options.clone();
                 let connect = Client::connect([endpoint], Some(options));
                 match self.request("connect", connect).await {
                     Ok(client) => self.client.insert(client).clone(),
@@ -1031,14 +1044,16 @@ impl Worker {
                 warn!(node = %self.name, "leader election: role unknown (etcd unreachable)")
             }
         }
-        if role != Role::Unknown {
-            let _ = self.ready.try_send(());
-        }
+        let known = role != Role::Unknown;
         match self.changes.try_send(RoleChange { previous, role }) {
             Ok(()) | Err(TrySendError::Disconnected(_)) => {}
             Err(TrySendError::Full(_)) => {
                 debug!(node = %self.name, "leader election: change channel full; dropped a change")
             }
+        }
+        // After the change is on the channel: whoever `Election::start` returned to finds it.
+        if known {
+            let _ = self.ready.try_send(());
         }
     }
 
@@ -1058,9 +1073,7 @@ impl Worker {
             let client = match self.client.take() {
                 Some(client) => Ok(client),
                 None => {
-                    let options = ConnectOptions::new()
-                        .with_connect_timeout(self.timeout)
-                        .with_require_leader(true);
+                    let options = self.connect_options.clone();
                     let connect = Client::connect([endpoint.clone()], Some(options));
                     self.request_until("connect", connect, deadline, Accept::Nothing)
                         .await
@@ -1122,7 +1135,10 @@ impl Worker {
         match self.race(request, Some(deadline), accept).await {
             Waited::Done(Ok(answer)) => Ok(answer),
             Waited::Done(Err(e)) if lease_gone(&e) => Err(Failure::LeaseGone),
-            Waited::Done(Err(e)) => Err(Failure::Etcd(format!("{what}: {}", cause(&e)))),
+            Waited::Done(Err(e)) => Err(Failure::Etcd(format!(
+                "{what}: {}",
+                explain_etcd_error(cause(&e))
+            ))),
             Waited::TimedOut => Err(Failure::Etcd(format!(
                 "{what}: no answer within {:?}",
                 self.timeout

@@ -106,6 +106,7 @@ fn election_single_node() {
         endpoints: vec![etcd.url()],
         prefix: prefix.into(),
         timeout: Duration::from_secs(1),
+        access: Default::default(),
     })
     .unwrap();
     store.commit(&[put(1, b"one")]).unwrap();
@@ -417,6 +418,7 @@ fn election_revoked_leader_is_replaced_at_once() {
         endpoints: vec![etcd.url()],
         prefix: prefix.into(),
         timeout: Duration::from_secs(1),
+        access: Default::default(),
     })
     .unwrap();
     let addr: std::net::SocketAddr = "10.0.0.1:7300".parse().unwrap();
@@ -452,6 +454,7 @@ fn election_fenced_store_refuses_a_deposed_leader() {
         endpoints: vec![etcd.url()],
         prefix: prefix.into(),
         timeout: Duration::from_secs(1),
+        access: Default::default(),
     };
     let mut fenced = EtcdStore::connect(&options)
         .unwrap()

@@ -12,8 +12,8 @@
 //! reach it) costs a needless takeover, never two active nodes.
 
 use crate::election::ElectionError;
-use crate::store::{DetachedRuntime, EtcdOptions};
-use etcd_client::{Client, ConnectOptions};
+use crate::store::{explain_etcd_error, token_refused, DetachedRuntime, EtcdOptions};
+use etcd_client::Client;
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -48,8 +48,9 @@ impl Peers {
             .enable_all()
             .build()
             .map_err(|e| fail(format!("runtime: {e}")))?;
-        let connect = ConnectOptions::new()
-            .with_connect_timeout(options.timeout)
+        let connect = options
+            .access
+            .connect_options(options.timeout)
             .with_timeout(options.timeout);
         let client = runtime
             .block_on(async {
@@ -60,7 +61,7 @@ impl Peers {
                 .await
             })
             .map_err(|_| fail(format!("no etcd answered within {:?}", options.timeout)))?
-            .map_err(|e| fail(e.to_string()))?;
+            .map_err(|e| fail(explain_etcd_error(e.to_string())))?;
         Ok(Peers {
             runtime: DetachedRuntime::new(runtime),
             client,
@@ -85,31 +86,47 @@ impl Peers {
         }
     }
 
-    fn run<T, F>(&self, what: &str, f: F) -> Result<T, ElectionError>
+    /// Sends `request` on the client, bounded by the timeout. If etcd no longer accepts the
+    /// client's auth token (users or roles changed since it was issued), authenticates again
+    /// and sends it once more.
+    fn run<T, F, Fut>(&self, what: &str, request: F) -> Result<T, ElectionError>
     where
-        F: std::future::Future<Output = Result<T, etcd_client::Error>>,
+        F: Fn(Client) -> Fut,
+        Fut: std::future::Future<Output = Result<T, etcd_client::Error>>,
     {
+        let attempts = async {
+            match request(self.client.clone()).await {
+                Err(etcd_client::Error::GRpcStatus(status)) if token_refused(status.message()) => {
+                    self.client.refresh_token().await?;
+                    request(self.client.clone()).await
+                }
+                other => other,
+            }
+        };
         self.runtime
-            .block_on(async { tokio::time::timeout(self.timeout, f).await })
+            .block_on(async { tokio::time::timeout(self.timeout, attempts).await })
             .map_err(|_| self.failed(what, format!("no answer within {:?}", self.timeout)))?
-            .map_err(|e| self.failed(what, e))
+            .map_err(|e| self.failed(what, explain_etcd_error(e.to_string())))
     }
 
     /// Publishes this control node's gRPC address (where a standby probes it).
     pub fn publish(&self, name: &str, grpc: SocketAddr) -> Result<(), ElectionError> {
-        let mut kv = self.client.kv_client();
         let key = self.member_key(name);
-        self.run("publish the control node's address", async move {
-            kv.put(key, grpc.to_string(), None).await.map(|_| ())
+        self.run("publish the control node's address", |client| {
+            let key = key.clone();
+            async move {
+                let mut kv = client.kv_client();
+                kv.put(key, grpc.to_string(), None).await.map(|_| ())
+            }
         })
     }
 
     /// The published gRPC address of control node `name`, if any.
     pub fn address(&self, name: &str) -> Result<Option<SocketAddr>, ElectionError> {
-        let mut kv = self.client.kv_client();
         let key = self.member_key(name);
-        let answer = self.run("read a control node's address", async move {
-            kv.get(key, None).await
+        let answer = self.run("read a control node's address", |client| {
+            let key = key.clone();
+            async move { client.kv_client().get(key, None).await }
         })?;
         Ok(answer
             .kvs()
@@ -121,12 +138,11 @@ impl Peers {
     /// Revokes the lease of the current leader if it is still `expected` (it may have changed
     /// meanwhile: then nothing happens). Returns whether a lease was revoked.
     pub fn revoke_leader(&self, expected: &str) -> Result<bool, ElectionError> {
-        let mut kv = self.client.kv_client();
         let key = self.leader_key();
-        let answer = self.run(
-            "read the leader key",
-            async move { kv.get(key, None).await },
-        )?;
+        let answer = self.run("read the leader key", |client| {
+            let key = key.clone();
+            async move { client.kv_client().get(key, None).await }
+        })?;
         let Some(leader) = answer.kvs().first() else {
             return Ok(false);
         };
@@ -134,9 +150,8 @@ impl Peers {
             return Ok(false);
         }
         let lease = leader.lease();
-        let mut leases = self.client.lease_client();
-        self.run("revoke the leader's lease", async move {
-            leases.revoke(lease).await.map(|_| ())
+        self.run("revoke the leader's lease", |client| async move {
+            client.lease_client().revoke(lease).await.map(|_| ())
         })?;
         Ok(true)
     }

@@ -1,5 +1,5 @@
 //! Checks that `SaCipher::seal_in_place` / `open_in_place` / `iv_from_counter` make no heap
-//! allocation per call (DESIGN.md §6: no allocation per packet), with a counting global
+//! allocation per call (docs/architecture.md, "Performance rules": no allocation per packet), with a counting global
 //! allocator. This sees Rust allocations only; the aws-lc C paths used per call (EVP AEAD
 //! seal/open, AES-CBC, `HMAC_CTX_copy_ex`, which is a memcpy) were reviewed to allocate nothing.
 

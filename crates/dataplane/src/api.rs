@@ -57,7 +57,7 @@ pub struct TunnelBinding {
     pub inside: Inside,
 }
 
-/// Relay mode (DESIGN.md §2): the node sits behind steer nodes that own the public
+/// Relay mode (docs/architecture.md, "The picture"): the node sits behind steer nodes that own the public
 /// addresses (VIPs). The steer nodes forward ESP-in-UDP from peers and VXLAN from cloud hosts
 /// inside Geneve (RFC 8926) frames whose payload is the whole original IP/UDP datagram
 /// (`wire::relay`); the data plane sends its encrypted output back to a steer node in the same

@@ -3,7 +3,7 @@
 //! `esp` crate, and the inside interfaces — VXLAN (RFC 7348) toward cloud hosts, where the
 //! gateway is each VNet's router (ARP, IPv6 ND, longest-prefix routes to host VTEPs), or a TUN
 //! device for the standalone case. In relay mode (a data node of the distributed form,
-//! DESIGN.md §2) the outside is a Geneve socket toward steer nodes instead of public IKE and
+//! docs/architecture.md, "The picture") the outside is a Geneve socket toward steer nodes instead of public IKE and
 //! NAT-T sockets.
 //!
 //! # Use

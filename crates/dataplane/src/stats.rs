@@ -1,4 +1,4 @@
-//! Counters: every dropped packet is counted under a [`DropReason`] reason (DESIGN.md §7), per
+//! Counters: every dropped packet is counted under a [`DropReason`] reason (docs/architecture.md, "Bad input and faults"), per
 //! CHILD_SA counters live beside the SA. Threads count into a local [`DropCounts`] and add it to
 //! the shared atomics once per batch.
 

@@ -68,10 +68,8 @@ fn ns_path(ns: &File) -> String {
 fn gateway_namespace() {
     // SAFETY: unshare(2) affects only the calling thread's namespaces.
     if unsafe { libc::unshare(libc::CLONE_NEWNET) } != 0 {
-        eprintln!(
-            "SKIP kernel_vxlan: cannot create a network namespace: {}",
-            std::io::Error::last_os_error()
-        );
+        let why = std::io::Error::last_os_error();
+        testreq::netns_refused("linux_vxlan_host_and_vm_reach_the_peer_and_back", &why);
         return;
     }
     let host = new_netns();

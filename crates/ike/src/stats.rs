@@ -1,5 +1,5 @@
 //! Node-wide counters of the IKE messages an [`Endpoint`](crate::Endpoint) dropped or refused,
-//! by reason (DESIGN.md §7: every bad packet is dropped *and counted*). Each received datagram
+//! by reason (docs/architecture.md, "Bad input and faults": every bad packet is dropped *and counted*). Each received datagram
 //! that is not processed as a valid message is counted under exactly one reason. The reasons
 //! follow RFC 7296: §2.1 (retransmissions answered from the cache), §2.2 (message IDs and the
 //! window), §2.5 (version and syntax), §2.6 (cookies), §2.7 and §1.2 (IKE_SA_INIT refusals),

@@ -1,4 +1,4 @@
-//! Hostile input against established endpoints (DESIGN.md §7): every kind of bad datagram is
+//! Hostile input against established endpoints (docs/architecture.md, "Bad input and faults"): every kind of bad datagram is
 //! dropped and counted under its [`IkeDrop`] reason exactly once (RFC 7296 §2.1 retransmissions,
 //! §2.2 message IDs, §2.5 syntax, §2.6 cookies, §2.7/§1.2 IKE_SA_INIT refusals, §2.15
 //! authentication, §2.21 ICV failures), and random bytes and random mutations of every datagram

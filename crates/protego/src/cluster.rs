@@ -156,9 +156,9 @@ pub(crate) struct CtlArgs {
 enum CtlCommand {
     /// The data and steer nodes: role, address, liveness, tunnels, load.
     Nodes,
-    /// The capacity advisor (issue 5's provisioning model on the data nodes' load reports):
-    /// used and predicted capacity, the reserve, hotspots, and its decisions with their reasons
-    /// (shown, not carried out yet).
+    /// The autoscaler (the provisioning model on the data nodes' load reports): used and
+    /// predicted capacity, the reserve, hotspots, and its decisions with their reasons; with
+    /// `[cluster.autoscale] mode = "act"` whether each was carried out.
     Capacity,
     /// Move a tunnel to another data node without loss: rekey with the peer, install the new
     /// SA on the target, steer it there, delete the old SA once the peer uses the new one.
@@ -180,6 +180,12 @@ enum CtlCommand {
         /// The data node.
         node: String,
     },
+    /// The state store: `rotate-key` makes a new encryption key current (works on `protego up` and on
+    /// the active control node).
+    Store {
+        #[command(subcommand)]
+        command: StoreCommand,
+    },
     /// Replace the running tenants, VNets and tunnels with FILE's, validated whole first
     /// (nothing changes on an error). Works on `protego up` and on the active control node.
     /// FILE may be a whole configuration file (its [gateway], [store] and [cluster] are
@@ -197,6 +203,54 @@ enum CtlCommand {
         #[arg(long)]
         json: bool,
     },
+}
+
+/// `protego ctl store ...`.
+#[derive(Debug, Clone, clap::Subcommand)]
+enum StoreCommand {
+    /// Make a new key current for new records. In the distributed form, first append the new
+    /// key's line to `[store] encryption_key_file` on every control node (`printf '%u %s\n'
+    /// "0x$(openssl rand -hex 4)" "$(openssl rand -hex 32)"` makes one), then run this on the
+    /// active node: it re-reads its key file and makes the file's last key current. If that is
+    /// already current (`protego up`, one node), it generates a key under a random id and
+    /// appends it to the file (replaced atomically, mode 0600). Records under older keys are
+    /// re-encrypted in the background (`protego status` shows the progress).
+    RotateKey {
+        /// Print the node's JSON answer instead of the instructions.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// What `protego ctl store rotate-key` prints: the new key id and what the operator must do.
+fn rotation_summary(answer: &serde_json::Value) -> String {
+    let id = answer["key_id"].as_u64().unwrap_or(0);
+    let file = answer["key_file"].as_str().unwrap_or("the key file");
+    let pending = answer["reencrypt_pending"].as_u64().unwrap_or(0);
+    let generated = answer["generated"].as_bool().unwrap_or(false);
+    let mut out = if generated {
+        format!(
+            "generated store encryption key {id} and appended it to {file}; new records are \
+             sealed with it now.\n\
+             With other control nodes, append the line of key {id} from {file} to their key \
+             files now: a node without it cannot read the store when it takes over. (Next \
+             time, add the new key to every node's key file first, then run rotate-key: see \
+             docs/operations.md.)\n"
+        )
+    } else {
+        format!(
+            "key {id}, the last line of {file}, is now the current store encryption key; new \
+             records are sealed with it now.\n\
+             Every other control node's key file must hold key {id} as well.\n"
+        )
+    };
+    out.push_str(&format!(
+        "{pending} record(s) under older keys are being re-encrypted in the background; \
+         `protego status` shows the progress.\n\
+         Remove an older key from the key files (on every node) only once `protego status` \
+         shows no record under it.\n"
+    ));
+    out
 }
 
 /// The request of `protego ctl apply -f FILE`: the file's text and absolute path (the node
@@ -276,14 +330,17 @@ pub(crate) fn run_ctl(args: &CtlArgs) -> ExitCode {
         Ok(s) => s,
         Err(code) => return code,
     };
-    let mut json = true;
+    // How to print the answer instead of its JSON.
+    let mut summary: Option<fn(&serde_json::Value) -> String> = None;
     let request = match &args.command {
         CtlCommand::Apply {
             file,
             dry_run,
-            json: as_json,
+            json,
         } => {
-            json = *as_json;
+            if !json {
+                summary = Some(apply_summary);
+            }
             match apply_request(file, *dry_run) {
                 Ok(r) => r,
                 Err(e) => {
@@ -291,6 +348,14 @@ pub(crate) fn run_ctl(args: &CtlArgs) -> ExitCode {
                     return ExitCode::FAILURE;
                 }
             }
+        }
+        CtlCommand::Store {
+            command: StoreCommand::RotateKey { json },
+        } => {
+            if !json {
+                summary = Some(rotation_summary);
+            }
+            Request::RotateStoreKey
         }
         CtlCommand::Nodes => Request::Nodes,
         CtlCommand::Capacity => Request::Capacity,
@@ -303,8 +368,8 @@ pub(crate) fn run_ctl(args: &CtlArgs) -> ExitCode {
     };
     // Moves wait for the peer's rekey: allow them time.
     match control::status::query_with_timeout(&socket, &request, CTL_TIMEOUT) {
-        Ok(answer) if !json => {
-            print!("{}", apply_summary(&answer));
+        Ok(answer) if summary.is_some() => {
+            print!("{}", summary.map_or_else(String::new, |f| f(&answer)));
             ExitCode::SUCCESS
         }
         Ok(answer) => {
@@ -328,5 +393,32 @@ pub(crate) fn run_ctl(args: &CtlArgs) -> ExitCode {
             eprintln!("error: {e}");
             ExitCode::FAILURE
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::rotation_summary;
+    use serde_json::json;
+
+    #[test]
+    fn rotation_summary_says_what_to_do_on_the_other_nodes() {
+        let answer = |generated: bool| {
+            json!({"ok": true, "key_id": 3_054_198_966_u32, "key_file": "/etc/protego/store.keys",
+                "generated": generated, "reencrypt_pending": 12})
+        };
+        let taken = rotation_summary(&answer(false));
+        assert!(
+            taken.starts_with("key 3054198966, the last line of /etc/protego/store.keys, is now")
+                && taken.contains("12 record(s)"),
+            "{taken}"
+        );
+        let generated = rotation_summary(&answer(true));
+        assert!(
+            generated.starts_with("generated store encryption key 3054198966")
+                && generated.contains("append the line of key 3054198966")
+                && generated.contains("docs/operations.md"),
+            "{generated}"
+        );
     }
 }

@@ -109,8 +109,9 @@ enum Command {
         #[arg(long, value_name = "FILTER", default_value = "info")]
         log_level: String,
     },
-    /// Operate a running node: apply a changed configuration; on a control node of the
-    /// distributed form also list nodes, migrate a tunnel, drain a data node.
+    /// Operate a running node: apply a changed configuration, rotate the store's encryption
+    /// key; on a control node of the distributed form also list nodes, migrate a tunnel, drain a
+    /// data node.
     Ctl(cluster::CtlArgs),
     /// Replay a day of tunnel demand (a CSV trace or a generated one) through the elastic
     /// provisioning model and its baselines: active capacity, violations, the daily bandwidth
@@ -291,6 +292,9 @@ mod tests {
             Cli::try_parse_from(["protego", "ctl", "migrate", "t1", "--to", "data2"]).unwrap();
         assert!(matches!(cli.command, Command::Ctl(_)));
         assert!(Cli::try_parse_from(["protego", "ctl", "migrate", "t1"]).is_err());
+        let cli = Cli::try_parse_from(["protego", "ctl", "store", "rotate-key"]).unwrap();
+        assert!(matches!(cli.command, Command::Ctl(_)));
+        assert!(Cli::try_parse_from(["protego", "ctl", "store"]).is_err());
         let cli = Cli::try_parse_from(["protego", "data", "-c", "d.toml"]).unwrap();
         assert!(matches!(cli.command, Command::Data { .. }));
         let cli = Cli::try_parse_from(["protego", "check"]).unwrap();

@@ -120,7 +120,12 @@ fn serve(config: Config, discard_applied: bool) -> Result<(), UpError> {
 
     // The store first: a second instance on the same file stops here, before any socket.
     // It may hold tenants, VNets and tunnels applied with `protego ctl apply`.
-    let mut store = config.store.open()?;
+    // Records are sealed with `[store] encryption_key_file`'s key (without one, a warning says
+    // that they are in clear).
+    let mut store: Box<dyn control::store::Store> = Box::new(control::store::SealedStore::open(
+        config.store.open()?,
+        &config.store_encryption,
+    )?);
     let (config, _) = control::applied::effective(config, &mut *store, discard_applied)?;
     let config = &config;
     let (to_control, from_dataplane) = crossbeam_channel::bounded(CONTROL_QUEUE);

@@ -29,7 +29,7 @@ use dataplane::{Inside, InstalledChild, Route, TunnelBinding, VnetConfig};
 use ike::{ChildKeys, ChildSaInfo, IkeSpis, TrafficSelector, TunnelId};
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
-use steer::{AddrRange, NodeId, PortRange, RateLimit, SelectorEntry, SpiEntry};
+use steer::{AddrRange, NodeId, PortRange, RateLimit, SelectorEntry, SpiEntry, TunnelLimit};
 use wire::vxlan::Vni;
 use wire::{EspSpi, IkeSpi};
 use zeroize::Zeroizing;
@@ -854,55 +854,114 @@ pub fn vni_selectors_from_pb(vni: &pb::VniSelectors) -> Result<VniSelectors> {
     })
 }
 
-/// A tunnel's rate limit as the protocol writes it; `None` is no limit (zero rate on the
-/// wire).
+/// A tunnel's rate limit at a steer node (each direction's) as the protocol writes it; `None`
+/// is no limit (zero rate on the wire). The outbound fields stay zero when outbound is the same
+/// as inbound.
 ///
 /// A limit of 0 bit/s (which in [`RateLimit`] blocks the tunnel) has no encoding - zero means
 /// no limit on the wire - and neither has a burst of 0 bytes (which admits nothing): both are
 /// errors.
 pub fn rate_limit_to_pb(
     tunnel: steer::TunnelId,
-    limit: Option<RateLimit>,
+    limit: Option<TunnelLimit>,
 ) -> Result<pb::RateLimit> {
-    match limit {
-        None => Ok(pb::RateLimit {
+    let Some(l) = limit else {
+        return Ok(pb::RateLimit {
             tunnel: tunnel.0,
-            bits_per_second: 0,
-            burst_bytes: 0,
-        }),
-        Some(l) => {
-            check_limit(l.bits_per_second, l.burst_bytes)?;
-            Ok(pb::RateLimit {
-                tunnel: tunnel.0,
-                bits_per_second: l.bits_per_second,
-                burst_bytes: l.burst_bytes,
-            })
+            ..pb::RateLimit::default()
+        });
+    };
+    for (prefix, d) in [("", l.inbound), ("outbound_", l.outbound)] {
+        if d.bits_per_second == 0 {
+            return err(
+                format!("{prefix}bits_per_second"),
+                "0 (blocked) has no encoding: zero means no limit",
+            );
         }
+        check_limit(prefix, d.bits_per_second, d.burst_bytes)?;
     }
+    let (out_bps, out_burst) = if l.outbound == l.inbound {
+        (0, 0)
+    } else {
+        (l.outbound.bits_per_second, l.outbound.burst_bytes)
+    };
+    Ok(pb::RateLimit {
+        tunnel: tunnel.0,
+        bits_per_second: l.inbound.bits_per_second,
+        burst_bytes: l.inbound.burst_bytes,
+        outbound_bits_per_second: out_bps,
+        outbound_burst_bytes: out_burst,
+        fallback_bits_per_second: 0,
+    })
 }
 
-fn check_limit(bits_per_second: u64, burst_bytes: u64) -> Result<()> {
+/// A steer node's share of a tunnel's limit with its fallback (`None`: no limit), as
+/// [`rate_limit_to_pb`] writes it.
+pub fn share_to_pb(tunnel: steer::TunnelId, share: Option<steer::Share>) -> Result<pb::RateLimit> {
+    let mut r = rate_limit_to_pb(tunnel, share.map(|s| s.limit))?;
+    r.fallback_bits_per_second = share.map_or(0, |s| s.fallback_bits_per_second);
+    Ok(r)
+}
+
+/// Checks a steer node's share of a tunnel's limit and its fallback (see
+/// [`rate_limit_from_pb`]; a fallback needs a limit).
+pub fn share_from_pb(limit: &pb::RateLimit) -> Result<(steer::TunnelId, Option<steer::Share>)> {
+    let (tunnel, l) = rate_limit_from_pb(limit)?;
+    Ok((
+        tunnel,
+        l.map(|limit_each_way| steer::Share {
+            limit: limit_each_way,
+            fallback_bits_per_second: limit.fallback_bits_per_second,
+        }),
+    ))
+}
+
+/// Checks one direction's rate and burst (`prefix` names the direction's fields).
+fn check_limit(prefix: &str, bits_per_second: u64, burst_bytes: u64) -> Result<()> {
     match (bits_per_second, burst_bytes) {
         (0, 0) => Ok(()),
         (0, _) => err(
-            "burst_bytes",
+            format!("{prefix}burst_bytes"),
             format!("{burst_bytes} with no limit (0 bit/s): expected 0"),
         ),
         (_, 0) => err(
-            "burst_bytes",
+            format!("{prefix}burst_bytes"),
             "0 admits no packet: expected at least the largest packet's size",
         ),
         _ => Ok(()),
     }
 }
 
-/// Checks a tunnel's rate limit: no limit (`None`) when the rate is 0, and then the burst 0
-/// too; otherwise a burst of at least one byte.
-pub fn rate_limit_from_pb(limit: &pb::RateLimit) -> Result<(steer::TunnelId, Option<RateLimit>)> {
-    check_limit(limit.bits_per_second, limit.burst_bytes)?;
+/// Checks a tunnel's rate limit at a steer node: no limit (`None`) when the rate is 0, and then
+/// every other field 0 too; otherwise a burst of at least one byte, and the outbound fields
+/// either both 0 (outbound as inbound) or a rate with a burst of at least one byte.
+pub fn rate_limit_from_pb(limit: &pb::RateLimit) -> Result<(steer::TunnelId, Option<TunnelLimit>)> {
+    check_limit("", limit.bits_per_second, limit.burst_bytes)?;
+    check_limit(
+        "outbound_",
+        limit.outbound_bits_per_second,
+        limit.outbound_burst_bytes,
+    )?;
     let tunnel = steer::TunnelId(limit.tunnel);
-    Ok(match limit.bits_per_second {
-        0 => (tunnel, None),
-        bps => (tunnel, Some(RateLimit::new(bps, limit.burst_bytes))),
-    })
+    if limit.bits_per_second == 0 {
+        if limit.outbound_bits_per_second != 0 {
+            return err(
+                "outbound_bits_per_second",
+                "an outbound limit without an inbound one (bits_per_second 0: no limit)",
+            );
+        }
+        if limit.fallback_bits_per_second != 0 {
+            return err(
+                "fallback_bits_per_second",
+                "a fallback without a limit (bits_per_second 0: no limit)",
+            );
+        }
+        return Ok((tunnel, None));
+    }
+    let inbound = RateLimit::new(limit.bits_per_second, limit.burst_bytes);
+    let outbound = match limit.outbound_bits_per_second {
+        0 => inbound,
+        bps => RateLimit::new(bps, limit.outbound_burst_bytes),
+    };
+    Ok((tunnel, Some(TunnelLimit { inbound, outbound })))
 }

@@ -2,8 +2,10 @@
 
 use core::fmt;
 
-/// A data node (the paper's GPN), as numbered by the control node. Small and `Copy`: it is
-/// what the steering tables return per packet; the I/O layer maps it to the node's address.
+/// A node as numbered by the control node: a data node (the paper's GPN) in the steering
+/// tables, or a steer node where the control node divides rate limits
+/// ([`crate::RateShares`]). Small and `Copy`: it is what the steering tables return per
+/// packet; the I/O layer maps it to the node's address.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
 pub struct NodeId(pub u32);
 

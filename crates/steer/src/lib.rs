@@ -12,8 +12,10 @@
 //! Steering is stateless: the forwarding decision depends only on the tables and the packet,
 //! so two steer nodes holding the same tables may run side by side. The tables are `Clone`
 //! snapshots the I/O layer builds off the hot path and swaps in whole. Rate limiters and the
-//! health monitor hold per-node state; with several steer nodes each keeps its own (the
-//! control node divides a tunnel's rate among them).
+//! health monitor hold per-node state; with several steer nodes each keeps its own. A
+//! tunnel's limit holds for the tunnel as a whole: the control node divides it among the live
+//! steer nodes by the traffic each reports ([`RateShares`], re-divided after every report),
+//! and each node enforces its share.
 //!
 //! Time is always an explicit `now: Instant` argument, as in the other protocol crates.
 
@@ -23,6 +25,7 @@ pub mod health;
 mod ids;
 pub mod rate;
 pub mod selector;
+pub mod share;
 pub mod spi;
 
 pub use error::SteerError;
@@ -31,5 +34,9 @@ pub use ids::{NodeId, ProbeId, TunnelId};
 pub use rate::{RateLimit, RateLimiters, TokenBucket, TunnelCounters};
 pub use selector::{
     AddrRange, Flow, IndexStats, PortRange, Selector, SelectorEntry, SelectorTable,
+};
+pub use share::{
+    burst_bytes, Direction, RateShares, Share, ShareBatch, ShareConfig, TunnelLimit, TunnelUsage,
+    Usage,
 };
 pub use spi::{SpiEntry, SpiTable};

@@ -10,7 +10,9 @@
 //!
 //! [`RateLimiters`] keeps one bucket and one set of counters per tunnel. Use one per direction
 //! (inbound ESP, outbound VXLAN). With several steer nodes in parallel each enforces its own
-//! buckets, so the control node gives each node its share of a tunnel's rate.
+//! buckets with the limit it is given: the control node gives each node its share of a
+//! tunnel's rate, divided by the traffic each reports ([`crate::share`]), so the shares add up
+//! to the tunnel's limit.
 
 use std::collections::HashMap;
 use std::time::Instant;

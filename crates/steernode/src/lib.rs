@@ -1,5 +1,5 @@
 //! The Protego steer node (the paper's GIN and GEN, Son et al., ATC '17, §4.3 and §6.1;
-//! DESIGN.md §2): the process that owns the public VIPs and forwards between peers, cloud
+//! docs/architecture.md, "The picture"): the process that owns the public VIPs and forwards between peers, cloud
 //! hosts and the control and data nodes, over the decisions of the `steer` crate.
 //!
 //! Sockets:
@@ -26,7 +26,8 @@
 //!   again, are reported as [`SteerEvent`]s. Nothing is forwarded to a dead node.
 //!
 //! Every decision depends only on the tables and the datagram, so two steer nodes with the
-//! same tables can run side by side (each keeps its own rate-limit buckets and probes).
+//! same tables can run side by side (each keeps its own probes, and its own rate-limit
+//! buckets, filled at the share of each tunnel's limit the control node gives it).
 //! Anything malformed or unexpected is dropped and counted by [`DropReason`], never a panic.
 
 mod classify;

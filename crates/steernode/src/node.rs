@@ -8,7 +8,7 @@ use std::thread::JoinHandle;
 use std::time::Instant;
 
 use crossbeam_channel::Receiver;
-use steer::{NodeId, RateLimit, SelectorEntry, SpiEntry, TunnelId};
+use steer::{NodeId, RateLimit, SelectorEntry, SpiEntry, TunnelId, TunnelLimit};
 use wire::vxlan::Vni;
 use wire::EspSpi;
 
@@ -241,12 +241,14 @@ impl SteerNode {
         })
     }
 
-    /// Limits `tunnel` (each direction separately) to `limit` from now, or with `None` lifts
-    /// its limit. A tunnel without a limit is not limited.
-    pub fn set_rate_limit(&self, tunnel: TunnelId, limit: Option<RateLimit>) {
+    /// Limits `tunnel` to `limit` from now (inbound ESP and outbound VXLAN each to theirs; a
+    /// [`RateLimit`] converts into the same limit both ways), or with `None` lifts its limit. A
+    /// tunnel without a limit is not limited. With several steer nodes, `limit` is this node's
+    /// share of the tunnel's (see [`steer::RateShares`]).
+    pub fn set_rate_limit(&self, tunnel: TunnelId, limit: Option<TunnelLimit>) {
         let now = Instant::now();
-        lock(&self.shared.inbound).set_limit(tunnel, now, limit);
-        lock(&self.shared.outbound).set_limit(tunnel, now, limit);
+        lock(&self.shared.inbound).set_limit(tunnel, now, limit.map(|l| l.inbound));
+        lock(&self.shared.outbound).set_limit(tunnel, now, limit.map(|l| l.outbound));
     }
 
     /// Replaces the whole steering state at once (after the steer node (re)registers with the
@@ -276,9 +278,17 @@ impl SteerNode {
                     .flat_map(|(_, v)| v.selectors.iter().map(|e| e.tunnel)),
             )
             .collect();
-        for dir in [&self.shared.inbound, &self.shared.outbound] {
+        for (dir, direction) in [
+            (&self.shared.inbound, steer::Direction::Inbound),
+            (&self.shared.outbound, steer::Direction::Outbound),
+        ] {
+            let limits: Vec<(TunnelId, RateLimit)> = tables
+                .rate_limits
+                .iter()
+                .map(|(t, l)| (*t, l.get(direction)))
+                .collect();
             let mut d = lock(dir);
-            d.set_all(&tables.rate_limits, now);
+            d.set_all(&limits, now);
             d.retain_counters(|t| mentioned.contains(&t));
         }
         self.shared.tables.store(new);
@@ -303,17 +313,22 @@ impl SteerNode {
             .underlay_counters
             .add_to(&mut forwarded, &mut dropped);
         let mut tunnels = std::collections::BTreeMap::<TunnelId, TunnelStats>::new();
+        // Both directions are limited or neither (`set_rate_limit`, `replace_all`).
+        let mut inbound_limits = std::collections::BTreeMap::new();
         let inbound = lock(&self.shared.inbound).report();
         for (t, (limit, c)) in inbound {
-            let e = tunnels.entry(t).or_default();
-            e.limit = limit;
-            e.inbound = c;
+            tunnels.entry(t).or_default().inbound = c;
+            if let Some(l) = limit {
+                inbound_limits.insert(t, l);
+            }
         }
         let outbound = lock(&self.shared.outbound).report();
         for (t, (limit, c)) in outbound {
             let e = tunnels.entry(t).or_default();
-            e.limit = e.limit.or(limit);
             e.outbound = c;
+            if let (Some(&inbound), Some(outbound)) = (inbound_limits.get(&t), limit) {
+                e.limit = Some(TunnelLimit { inbound, outbound });
+            }
         }
         let (health, revive, nodes) = lock(&self.shared.health).stats();
         SteerStats {

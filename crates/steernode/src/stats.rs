@@ -7,7 +7,7 @@
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use steer::{HealthStats, NodeId, NodeStatus, RateLimit, TunnelCounters, TunnelId};
+use steer::{HealthStats, NodeId, NodeStatus, TunnelCounters, TunnelId, TunnelLimit};
 
 macro_rules! reasons {
     ($(#[$m:meta])* $name:ident { $($(#[$vm:meta])* $v:ident => $s:literal,)* }) => {
@@ -215,8 +215,8 @@ impl DropStats {
 /// One tunnel's traffic through this steer node.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct TunnelStats {
-    /// Its rate limit (each direction is limited to it separately), if any.
-    pub limit: Option<RateLimit>,
+    /// Its rate limit at this node (each direction's), if any.
+    pub limit: Option<TunnelLimit>,
     /// Inbound: ESP from peers to data nodes (admitted = forwarded, dropped = over the rate).
     pub inbound: TunnelCounters,
     /// Outbound: VXLAN from hosts to data nodes.

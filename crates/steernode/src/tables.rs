@@ -7,7 +7,7 @@ use std::collections::{HashMap, HashSet};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, RwLock};
 
-use steer::{NodeId, RateLimit, SelectorEntry, SelectorTable, SpiEntry, SpiTable, TunnelId};
+use steer::{NodeId, SelectorEntry, SelectorTable, SpiEntry, SpiTable, TunnelId, TunnelLimit};
 use wire::vxlan::Vni;
 use wire::EspSpi;
 
@@ -41,8 +41,9 @@ pub struct SteerTables {
     pub spis: Vec<(EspSpi, SpiEntry)>,
     /// Outbound steering per VNI.
     pub vnis: Vec<(Vni, VniSteering)>,
-    /// Per-tunnel rate limits; tunnels not listed are not limited.
-    pub rate_limits: Vec<(TunnelId, RateLimit)>,
+    /// Per-tunnel rate limits (this node's shares, each direction's); tunnels not listed are
+    /// not limited.
+    pub rate_limits: Vec<(TunnelId, TunnelLimit)>,
 }
 
 /// Who sent a Geneve frame.
@@ -331,7 +332,7 @@ mod tests {
                     gateway_ips: vec![],
                 },
             )],
-            rate_limits: vec![(TunnelId(1), RateLimit::mbit(1, 1500))],
+            rate_limits: vec![(TunnelId(1), steer::RateLimit::mbit(1, 1500).into())],
         };
         let t = Tables::build(&good).unwrap();
         assert_eq!(t.spis.node(EspSpi(0x1000)), Some(NodeId(1)));

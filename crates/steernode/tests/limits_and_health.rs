@@ -40,8 +40,8 @@ fn a_limited_tunnel_loses_its_excess_while_another_is_unaffected() {
     const BURST: u64 = 4_000; // bytes
     const SIZE: usize = 1_000;
     const COUNT: u64 = 300;
-    steer.set_rate_limit(limited, Some(RateLimit::new(RATE, BURST)));
-    steer.set_rate_limit(free, Some(RateLimit::mbit(10_000, 1 << 20)));
+    steer.set_rate_limit(limited, Some(RateLimit::new(RATE, BURST).into()));
+    steer.set_rate_limit(free, Some(RateLimit::mbit(10_000, 1 << 20).into()));
 
     let start = Instant::now();
     for seq in 0..COUNT as u32 {
@@ -65,7 +65,7 @@ fn a_limited_tunnel_loses_its_excess_while_another_is_unaffected() {
     let elapsed = start.elapsed();
     let l = s.tunnels[&limited];
     let f = s.tunnels[&free];
-    assert_eq!(l.limit, Some(RateLimit::new(RATE, BURST)));
+    assert_eq!(l.limit, Some(RateLimit::new(RATE, BURST).into()));
     // The bucket starts full: the burst always passes.
     let burst_packets = BURST / SIZE as u64;
     assert!(l.inbound.admitted_packets >= burst_packets, "{l:?}");

@@ -13,11 +13,17 @@
 //!
 //! ```text
 //! cluster<n>/pki/ca.pem ca.key <node>.pem <node>.key   protego certs init / issue
+//! cluster<n>/store.keys                                 the control nodes' store key file
 //! cluster<n>/control1/protego.toml                      [gateway] ... [store] [cluster]
 //! cluster<n>/control1/protego.sock                      its control socket
 //! cluster<n>/control1/state.redb, <tunnel>.psk          file store, PSKs
 //! cluster<n>/data1.toml, steer1.toml                    [node] [[node.control]] [data]/[steer]
 //! ```
+//!
+//! Every control node seals its store's records with the key of `store.keys` (`[store]
+//! encryption_key_file`, mode 0600, one file shared by the cluster's control nodes, as
+//! docs/operations.md has every control node hold the same keys), so a takeover reads records
+//! another node sealed; [`ProtegoCluster::store_key_file`] names it.
 //!
 //! Namespaces are `<run tag>-cl<n>-<node>` (and `-cl<n>-etcd`), process logs
 //! `logs/cl<n>-<node>.log` (`cl<n>-<node>-r<k>` after the `k`-th restart).
@@ -48,7 +54,7 @@ use std::process::ExitStatus;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
-use crate::etcd::Etcd;
+use crate::etcd::{Etcd, EtcdPki};
 use crate::protego::socket_request;
 use crate::protego::{render_config_with_store, GatewayTunnel};
 use crate::router::EcmpRouter;
@@ -62,6 +68,9 @@ pub const GRPC_PORT: u16 = 7300;
 pub const GENEVE_PORT: u16 = 6081;
 /// Client port of the etcd store ([`ClusterStore::Etcd`]); its peer port is the next one.
 pub const ETCD_CLIENT_PORT: u16 = 2379;
+/// The etcd user of the control nodes ([`ClusterStore::Etcd`]): its role may read and write
+/// the cluster's key prefix only.
+pub const ETCD_USER: &str = "protego";
 /// Most control nodes a cluster may have.
 pub const MAX_CONTROLS: usize = 2;
 /// Most steer nodes a cluster may have (two share the VIP behind an ECMP router, see the
@@ -87,7 +96,10 @@ pub enum ClusterStore {
     /// [`crate::protego::render_config`] writes it); two control nodes then share nothing.
     File,
     /// One etcd ([`crate::etcd::Etcd`]) in a namespace of its own on the underlay, shared by
-    /// every control node.
+    /// every control node, set up as docs/operations.md says: TLS on its client and peer URLs,
+    /// client certificates required (each control node has its own, from a CA of etcd's, in
+    /// `cluster<n>/etcd-pki/`), and authentication on, the control nodes logging in as
+    /// [`ETCD_USER`], whose role may read and write `/protego/cl<n>/` only.
     Etcd,
 }
 
@@ -359,6 +371,8 @@ pub struct ProtegoCluster {
     provided: Vec<(String, Netns)>,
     /// The provider's `run_dir` (pid files and logs).
     provider_dir: PathBuf,
+    /// The control nodes' `[store] encryption_key_file`.
+    store_keys: PathBuf,
 }
 
 /// Where a node runs and how it is named, before it starts.
@@ -457,20 +471,51 @@ impl ProtegoCluster {
             pki.issue(bin, &p.name, p.role, p.place.underlay.addr)?;
         }
 
-        // The store.
+        // The store: etcd with TLS, client certificates and authentication.
+        let etcd_prefix = format!("/protego/{label}");
         let (etcd, etcd_node) = match spec.store {
             ClusterStore::File => (None, None),
             ClusterStore::Etcd => {
                 let node = topo.add_underlay_node(bed, &format!("{label}-etcd"))?;
-                let etcd = Etcd::start(&node.ns, &label, node.underlay.addr, ETCD_CLIENT_PORT)?;
+                let clients: Vec<&str> = plan
+                    .iter()
+                    .filter(|p| p.role == ClusterRole::Control)
+                    .map(|p| p.name.as_str())
+                    .collect();
+                let etcd_pki =
+                    EtcdPki::create(bin, &dir.join("etcd-pki"), node.underlay.addr, &clients)?;
+                let mut etcd = Etcd::start(
+                    &node.ns,
+                    &label,
+                    node.underlay.addr,
+                    ETCD_CLIENT_PORT,
+                    &etcd_pki,
+                )?;
+                etcd.enable_auth(&[(ETCD_USER, &format!("{etcd_prefix}/"))])?;
                 (Some(etcd), Some(node))
             }
         };
-        let store = etcd.as_ref().map(|e| {
-            let mut lines = etcd_store_lines(&e.client_url);
+        // One store key file for the cluster's control nodes.
+        let store_keys = dir.join("store.keys");
+        write_store_key_file(&store_keys)?;
+        // A control node's [store] lines (with etcd, its own client certificate); every one
+        // seals its records with the cluster's key.
+        let store = |name: &str| {
+            let mut lines = match &etcd {
+                Some(e) => etcd_store_lines(&e.client_url, &etcd_prefix, &e.pki, name),
+                // The file store beside the control socket, as `render_config` puts it.
+                None => vec![format!(
+                    "path = {:?}",
+                    dir.join(name).join("state.redb").display().to_string()
+                )],
+            };
             lines.extend(spec.extra_store.iter().cloned());
+            lines.push(format!(
+                "encryption_key_file = {:?}",
+                store_keys.display().to_string()
+            ));
             lines
-        });
+        };
 
         // Every configuration and command line.
         let controls: Vec<(String, SocketAddr)> = plan
@@ -530,7 +575,7 @@ impl ProtegoCluster {
                         &socket,
                         &own,
                         &spec.extra_gateway,
-                        store.as_deref(),
+                        Some(&store(&p.name)),
                     )?;
                     text.push_str(&cluster_section(
                         &p.name,
@@ -602,9 +647,16 @@ impl ProtegoCluster {
             ready_timeout: spec.ready_timeout,
             provided: provided.into_iter().map(|p| (p.name, p.place.ns)).collect(),
             provider_dir,
+            store_keys,
         };
         cluster.wait_ready()?;
         Ok(cluster)
+    }
+
+    /// The control nodes' store key file (`[store] encryption_key_file`, shared by them): a
+    /// test rotating the key appends to it, or gives a node a file of its own.
+    pub fn store_key_file(&self) -> &Path {
+        &self.store_keys
     }
 
     /// The data nodes the control nodes' `local` provider may start
@@ -1224,12 +1276,40 @@ fn toml_strings<T: std::fmt::Display>(items: &[T]) -> String {
     format!("[{}]", quoted.join(", "))
 }
 
-/// The `[store]` lines of the etcd backend at `client_url`.
-fn etcd_store_lines(client_url: &str) -> Vec<String> {
+/// The `[store]` lines of the etcd backend at `client_url`, under `prefix`, for control node
+/// `name`: the etcd CA, the node's client certificate and key, and the [`ETCD_USER`] with its
+/// password file.
+fn etcd_store_lines(client_url: &str, prefix: &str, pki: &EtcdPki, name: &str) -> Vec<String> {
+    let path = |p: PathBuf| format!("{:?}", p.display().to_string());
     vec![
         "backend = \"etcd\"".to_owned(),
         format!("endpoints = {}", toml_strings(&[client_url])),
+        format!("prefix = {prefix:?}"),
+        format!("ca = {}", path(pki.ca())),
+        format!("cert = {}", path(pki.cert(name))),
+        format!("key = {}", path(pki.key(name))),
+        format!("username = {ETCD_USER:?}"),
+        format!("password_file = {}", path(pki.password_file(ETCD_USER))),
     ]
+}
+
+/// Writes a store key file at `path` (mode 0600): one key, id 1, from the system's random
+/// generator.
+fn write_store_key_file(path: &Path) -> Result<()> {
+    use std::io::{Read, Write};
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut key = [0u8; 32];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut key))
+        .map_err(|e| Error::io("read", Path::new("/dev/urandom"), e))?;
+    let hex: String = key.iter().map(|b| format!("{b:02x}")).collect();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+        .and_then(|mut f| writeln!(f, "# the cluster's store key (ID HEX)\n1 {hex}"))
+        .map_err(|e| Error::io("write store key file", path, e))
 }
 
 /// The `[cluster]` table appended to a control node's gateway configuration.
@@ -1466,11 +1546,20 @@ mod tests {
 
     #[test]
     fn etcd_store_and_commands() {
+        let pki = EtcdPki {
+            dir: PathBuf::from("/run/t/etcd-pki"),
+        };
         assert_eq!(
-            etcd_store_lines("http://10.255.0.54:2379"),
+            etcd_store_lines("https://10.255.0.54:2379", "/protego/cl0", &pki, "control1"),
             vec![
-                "backend = \"etcd\"".to_owned(),
-                "endpoints = [\"http://10.255.0.54:2379\"]".to_owned()
+                "backend = \"etcd\"",
+                "endpoints = [\"https://10.255.0.54:2379\"]",
+                "prefix = \"/protego/cl0\"",
+                "ca = \"/run/t/etcd-pki/ca.pem\"",
+                "cert = \"/run/t/etcd-pki/control1.pem\"",
+                "key = \"/run/t/etcd-pki/control1.key\"",
+                "username = \"protego\"",
+                "password_file = \"/run/t/etcd-pki/protego.password\"",
             ]
         );
         let config = Path::new("/run/t/c.toml");
@@ -1567,6 +1656,8 @@ mod tests {
 
     /// A stand-in for `protego`: `certs` writes empty files, the nodes log one line and sleep
     /// (`data_branch` replaces what `data` does).
+    /// A stand-in `protego` binary: `certs` makes real certificates with `openssl` (etcd needs
+    /// them), `data` runs `data_branch`, `control` and `steer` print and sleep.
     fn fake_protego(dir: &Path, data_branch: &str) -> PathBuf {
         let path = dir.join("fake-protego");
         let script = format!(
@@ -1574,10 +1665,12 @@ mod tests {
              echo \"$*\" >> \"$(dirname \"$0\")/calls\"\n\
              case \"$1\" in\n\
              certs)\n\
-               sub=$2; shift 2\n\
-               while [ $# -gt 0 ]; do case \"$1\" in --dir) dir=$2; shift 2;; --name) name=$2; shift 2;; *) shift;; esac; done\n\
+               sub=$2; shift 2; ip=\n\
+               while [ $# -gt 0 ]; do case \"$1\" in --dir) dir=$2; shift 2;; --name) name=$2; shift 2;; --ip) ip=$2; shift 2;; *) shift;; esac; done\n\
                mkdir -p \"$dir\"\n\
-               if [ \"$sub\" = init ]; then : > \"$dir/ca.pem\"; : > \"$dir/ca.key\"; else : > \"$dir/$name.pem\"; : > \"$dir/$name.key\"; fi;;\n\
+               new=\"openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 2 -config /dev/null\"\n\
+               if [ \"$sub\" = init ]; then $new -keyout \"$dir/ca.key\" -out \"$dir/ca.pem\" -subj /CN=fake-ca -addext basicConstraints=critical,CA:TRUE -addext keyUsage=keyCertSign 2>/dev/null\n\
+               else $new -keyout \"$dir/$name.key\" -out \"$dir/$name.pem\" -subj \"/CN=$name\" -CA \"$dir/ca.pem\" -CAkey \"$dir/ca.key\" -addext extendedKeyUsage=serverAuth,clientAuth ${{ip:+-addext subjectAltName=IP:$ip}} 2>/dev/null; fi;;\n\
              data) {data_branch};;\n\
              control|steer) echo \"fake $1 up\"; exec sleep 600;;\n\
              *) echo \"unknown command $1\" >&2; exit 2;;\n\
@@ -1804,13 +1897,30 @@ mod tests {
         etcd.process.check_running().expect("etcd runs");
         // control1 .50, control2 .51, data1 .52, then etcd.
         assert_eq!(node.underlay.to_string(), "10.255.0.53/24");
-        assert_eq!(etcd.client_url, "http://10.255.0.53:2379");
+        assert_eq!(etcd.client_url, "https://10.255.0.53:2379");
+        // TLS with client certificates, and authentication on: the control nodes' user may
+        // write their prefix only, a client without the user nothing.
+        let pw = etcd.pki.password_file(ETCD_USER);
+        let user = Some((ETCD_USER, pw.as_path()));
+        let cluster_dir = cluster.dir().file_name().unwrap().to_string_lossy();
+        let key = format!("/protego/cl{}/x", cluster_dir.trim_start_matches("cluster"));
+        etcd.etcdctl_as(user, "control1", &["put", &key, "1"])
+            .expect("the user writes its prefix");
+        assert!(etcd
+            .etcdctl_as(user, "control1", &["put", "/x", "1"])
+            .is_err());
+        assert!(etcd.etcdctl_as(None, "control1", &["get", &key]).is_err());
+        assert!(etcd.etcdctl(&["get", &key]).unwrap().contains(&key));
         for name in ["control1", "control2"] {
             let text = std::fs::read_to_string(cluster.node(name).unwrap().config_path()).unwrap();
             assert!(
                 text.contains(
-                    "\n[store]\nbackend = \"etcd\"\nendpoints = [\"http://10.255.0.53:2379\"]\n"
+                    "\n[store]\nbackend = \"etcd\"\nendpoints = [\"https://10.255.0.53:2379\"]\n"
                 ),
+                "{text}"
+            );
+            assert!(
+                text.contains(&format!("/etcd-pki/{name}.key\"\n")),
                 "{text}"
             );
             assert!(!text.contains("state.redb"), "{text}");

@@ -1,7 +1,6 @@
 //! Running external commands (ip, nft, swanctl, ping, iperf3, ...) with a time
 //! limit, captured output, and errors that quote the command line and its stderr.
 
-use std::ffi::OsString;
 use std::io::Read;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::mpsc;
@@ -263,14 +262,10 @@ fn shell_quote(s: &str) -> String {
     }
 }
 
-/// Whether `program` can be found on `PATH` (or is an existing absolute path).
+/// Whether `program` can be found on `PATH` (or is an existing absolute path); see
+/// [`testreq::find`].
 pub fn program_exists(program: &str) -> bool {
-    if program.contains('/') {
-        return std::path::Path::new(program).is_file();
-    }
-    let path =
-        std::env::var_os("PATH").unwrap_or_else(|| OsString::from("/usr/sbin:/usr/bin:/sbin:/bin"));
-    std::env::split_paths(&path).any(|dir| dir.join(program).is_file())
+    testreq::find(program).is_some()
 }
 
 #[cfg(test)]

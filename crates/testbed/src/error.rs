@@ -19,7 +19,10 @@ pub enum Error {
     },
 
     /// A required program is not installed (run `scripts/setup.sh`).
-    #[error("required program `{program}` not found (run scripts/setup.sh)")]
+    #[error(
+        "required program `{program}` not found (scripts/setup.sh installs it: Debian package {})",
+        testreq::package_of(program).unwrap_or("see scripts/requirements.tsv")
+    )]
     MissingProgram {
         /// The program looked for.
         program: String,

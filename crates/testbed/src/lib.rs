@@ -19,7 +19,8 @@
 //! - [`traffic`] measures: ping loss, iperf3 throughput, pcap captures.
 //! - [`inject`] sends hand-made UDP datagrams from inside a namespace, attaches an extra
 //!   host to the WAN and reads the UDP datagrams of a pcap (robustness tests).
-//! - [`etcd::Etcd`] runs a single-member etcd for distributed-store tests.
+//! - [`etcd::Etcd`] runs a single-member etcd for distributed-store tests, with TLS, client
+//!   certificates and users as docs/operations.md sets it up.
 //! - [`cluster::ProtegoCluster`] runs Protego's distributed form on a topology (control,
 //!   data and steer nodes, their PKI, optionally etcd).
 //! - [`Topology`] builds the standard picture (sites, optional NAT, gateway,

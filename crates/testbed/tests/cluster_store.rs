@@ -198,7 +198,7 @@ impl Outage<'_> {
 /// of the active control node.
 #[test]
 fn etcd_outage_shorter_than_the_lease_loses_nothing() -> Result<()> {
-    if skip_without_etcd() {
+    if skip_without_etcd("etcd_outage_shorter_than_the_lease_loses_nothing") {
         return Ok(());
     }
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
@@ -296,7 +296,7 @@ fn etcd_outage_shorter_than_the_lease_loses_nothing() -> Result<()> {
 /// production a supervisor restarts it, and it stands by).
 #[test]
 fn etcd_outage_longer_than_the_lease_hands_over_after_it() -> Result<()> {
-    if skip_without_etcd() {
+    if skip_without_etcd("etcd_outage_longer_than_the_lease_hands_over_after_it") {
         return Ok(());
     }
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());

@@ -1,4 +1,4 @@
-//! Hostile packets against a live Protego gateway (DESIGN.md §7): with a real tunnel to a
+//! Hostile packets against a live Protego gateway (docs/architecture.md, "Bad input and faults"): with a real tunnel to a
 //! strongSwan site up, an attacker on the WAN (and the site's own namespace, from a port charon
 //! does not use) sends truncated and random IKE datagrams, messages with bad lengths and payload
 //! chains, IKE_SA_INIT requests with garbage or unacceptable contents, replays of captured IKE

@@ -1,32 +1,74 @@
-//! The test bed's service helpers against the real programs: etcd in a
+//! The test bed's service helpers against the real programs: etcd with TLS and users in a
 //! namespace, iperf3 and ping over a plain veth link, leftovers swept.
 
 use std::net::{IpAddr, Ipv4Addr};
 use std::time::Duration;
 
-use protego_testbed::etcd::Etcd;
+use protego_testbed::etcd::{Etcd, EtcdPki};
 use protego_testbed::traffic::{self, IperfOptions, PingOptions};
-use protego_testbed::{Cmd, Result, Testbed};
+use protego_testbed::{workspace_bin, Cmd, Result, Testbed};
 
+/// etcd as the cluster tests run it: TLS with client certificates required, authentication
+/// on, and a user whose role reaches its prefix only. A client without a certificate, or with
+/// a wrong password, gets nothing; the user cannot read outside its prefix.
 #[test]
-fn etcd_starts_in_a_namespace() -> Result<()> {
+fn etcd_starts_in_a_namespace_with_tls_and_users() -> Result<()> {
     let bed = Testbed::new()?;
     let ns = bed.netns("store")?;
     let addr = IpAddr::V4(Ipv4Addr::LOCALHOST);
-    let etcd = Etcd::start(&ns, "s1", addr, 2379)?;
-    assert_eq!(etcd.client_url, "http://127.0.0.1:2379");
-    // The v3 gRPC gateway answers plain HTTP: put and read back a key.
-    let put = r#"{"key":"cHJvdGVnbw==","value":"b2s="}"#;
-    let out = ns.exec(Cmd::new("bash").args([
-        "-c",
-        &format!(
-            "exec 3<>/dev/tcp/127.0.0.1/2379; printf 'POST /v3/kv/put HTTP/1.1\\r\\nHost: x\\r\\nContent-Length: {}\\r\\nConnection: close\\r\\n\\r\\n%s' '{put}' >&3; cat <&3",
-            put.len()
-        ),
+    let bin = workspace_bin("protego")?;
+    let pki = EtcdPki::create(&bin, &bed.dir().join("etcd-pki"), addr, &["node"])?;
+    let mut etcd = Etcd::start(&ns, "s1", addr, 2379, &pki)?;
+    assert_eq!(etcd.client_url, "https://127.0.0.1:2379");
+    etcd.etcdctl(&["put", "/outside", "secret"])?;
+    etcd.enable_auth(&[("protego", "/protego/s1/")])?;
+
+    let password = pki.password_file("protego");
+    let user = Some(("protego", password.as_path()));
+    etcd.etcdctl_as(user, "node", &["put", "/protego/s1/k", "v"])?;
+    let read = etcd.etcdctl_as(user, "node", &["get", "/protego/s1/k"])?;
+    assert_eq!(read, "/protego/s1/k\nv\n");
+    let outside = etcd.etcdctl_as(user, "node", &["get", "/outside"]);
+    assert!(
+        outside
+            .as_ref()
+            .is_err_and(|e| e.to_string().contains("permission denied")),
+        "{outside:?}"
+    );
+    // A wrong password.
+    let wrong = bed.dir().join("wrong.password");
+    std::fs::write(&wrong, "wrong\n").map_err(|e| io_error(&wrong, e))?;
+    let refused = etcd.etcdctl_as(Some(("protego", &wrong)), "node", &["get", "/protego/s1/k"]);
+    assert!(
+        refused
+            .as_ref()
+            .is_err_and(|e| e.to_string().contains("authentication failed")),
+        "{refused:?}"
+    );
+    // The certificate without the user: its CN is no etcd user.
+    assert!(etcd
+        .etcdctl_as(None, "node", &["get", "/protego/s1/k"])
+        .is_err());
+    // No client certificate at all: the TLS handshake is refused.
+    let no_cert = ns.exec_output(Cmd::new("etcdctl").args([
+        "--endpoints=https://127.0.0.1:2379".to_owned(),
+        format!("--cacert={}", pki.ca().display()),
+        "--dial-timeout=2s".to_owned(),
+        "get".to_owned(),
+        "/protego/s1/k".to_owned(),
     ]))?;
-    assert!(out.starts_with("HTTP/1.1 200"), "{out}");
+    assert!(!no_cert.success(), "{no_cert:?}");
+    assert!(!no_cert.stdout.contains("/protego/s1/k"), "{no_cert:?}");
     etcd.process.check_running()?;
     bed.teardown()
+}
+
+fn io_error(path: &std::path::Path, e: std::io::Error) -> protego_testbed::Error {
+    protego_testbed::Error::Io {
+        action: "write",
+        path: path.to_owned(),
+        source: e,
+    }
 }
 
 #[test]

@@ -24,7 +24,7 @@
 //!
 //! Opt Len and Length count 4-byte words; Opt Len excludes the 8-byte fixed header and
 //! Length excludes the 4-byte option header. The payload follows the options and runs to the
-//! end of the UDP datagram. Between Protego's steer and data nodes (DESIGN.md §2) the payload
+//! end of the UDP datagram. Between Protego's steer and data nodes (docs/architecture.md, "The picture") the payload
 //! is the whole packet the peer sent, outer IPv4/IPv6 and UDP headers included, so Protocol
 //! Type is 0x0800 or 0x86DD.
 //!

@@ -1,4 +1,4 @@
-//! The datagram a steer node relays inside Geneve (DESIGN.md §2): the whole IPv4 or IPv6
+//! The datagram a steer node relays inside Geneve (docs/architecture.md, "The picture"): the whole IPv4 or IPv6
 //! packet with its UDP header, so the node behind the steer node sees the peer's address and
 //! port, and the steer node sees where to send an answer from and to.
 //!

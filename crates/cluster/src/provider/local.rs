@@ -1100,8 +1100,7 @@ mod tests {
 
     #[test]
     fn provider_runs_nodes_in_their_netns() {
-        if find_on_path("ip").is_none() {
-            eprintln!("skipped: `ip` (iproute2) is not on PATH");
+        if !testreq::program("provider_runs_nodes_in_their_netns", "ip") {
             return;
         }
         let dir = TestDir::new("netns");

@@ -632,15 +632,10 @@ fn pem_round_trips() {
     assert_eq!(blocks[0].der.as_slice(), [0, 1, 2]);
 }
 
-fn openssl() -> Option<&'static str> {
-    let found = Command::new("openssl")
-        .arg("version")
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if !found {
-        eprintln!("SKIPPED: openssl not found; the interoperability check did not run");
-    }
-    found.then_some("openssl")
+/// `Some("openssl")` if openssl is installed; otherwise the test `test` fails under `make test`
+/// and in CI, and skips elsewhere (see `testreq`).
+fn openssl(test: &str) -> Option<&'static str> {
+    testreq::program(test, "openssl").then_some("openssl")
 }
 
 fn run_openssl(args: &[&str], dir: &Path) -> String {
@@ -660,7 +655,9 @@ fn run_openssl(args: &[&str], dir: &Path) -> String {
 
 #[test]
 fn openssl_verifies_and_reads_our_certificates() {
-    let Some(_) = openssl() else { return };
+    let Some(_) = openssl("openssl_verifies_and_reads_our_certificates") else {
+        return;
+    };
     let (dir, _, _) = setup();
     let out = run_openssl(&["verify", "-CAfile", "ca.pem", "node1.pem"], &dir.0);
     assert_eq!(out.trim(), "node1.pem: OK");
@@ -714,7 +711,9 @@ fn openssl_verifies_and_reads_our_certificates() {
 
 #[test]
 fn certificates_made_by_openssl_load() {
-    let Some(_) = openssl() else { return };
+    let Some(_) = openssl("certificates_made_by_openssl_load") else {
+        return;
+    };
     let dir = Scratch::new();
     std::fs::create_dir_all(&dir.0).unwrap();
     let d = &dir.0;

@@ -299,6 +299,9 @@ pub struct Config {
     pub dataplane: dataplane::DataplaneConfig,
     /// `[store]`.
     pub store: StoreConfig,
+    /// `[store] encryption_key_file` and `accept_cleartext`: how the records are sealed
+    /// ([`crate::store::SealedStore`]), whatever the backend.
+    pub store_encryption: crate::store::EncryptionOptions,
     /// `[cluster]`: present on the control nodes of the distributed form (`protego control`).
     pub cluster: Option<ClusterConfig>,
     /// Things that are allowed but worth an operator's attention (world-readable PSK files, key

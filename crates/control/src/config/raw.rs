@@ -102,10 +102,17 @@ pub(crate) struct RawLocalNode {
 #[serde(deny_unknown_fields)]
 pub(crate) struct RawStore {
     pub(crate) backend: Option<Spanned<String>>,
+    pub(crate) encryption_key_file: Option<Spanned<String>>,
+    pub(crate) accept_cleartext: Option<Spanned<bool>>,
     pub(crate) path: Option<Spanned<String>>,
     pub(crate) endpoints: Option<Spanned<StringList>>,
     pub(crate) prefix: Option<Spanned<String>>,
     pub(crate) timeout: Option<Spanned<DurationValue>>,
+    pub(crate) ca: Option<Spanned<String>>,
+    pub(crate) cert: Option<Spanned<String>>,
+    pub(crate) key: Option<Spanned<String>>,
+    pub(crate) username: Option<Spanned<String>>,
+    pub(crate) password_file: Option<Spanned<String>>,
 }
 
 /// `[gateway]`: node-wide settings.

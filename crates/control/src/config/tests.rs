@@ -965,6 +965,66 @@ fn store_errors_name_the_key() {
 }
 
 #[test]
+fn store_encryption_options() {
+    let s = Scratch::new();
+    let base = with_tunnel(TUNNEL_A);
+    assert_eq!(
+        s.parse(&base).unwrap().store_encryption,
+        crate::store::EncryptionOptions::default(),
+        "no key file by default: records in clear"
+    );
+    // Relative to the configuration file's directory, as psk_file; for every backend.
+    for backend in [
+        "file",
+        "memory",
+        "etcd\"\nendpoints = \"http://127.0.0.1:2379",
+    ] {
+        let text = format!(
+            "{base}\n[store]\nbackend = \"{backend}\"\nencryption_key_file = \"keys/store.keys\"\n"
+        );
+        assert_eq!(
+            s.parse(&text).unwrap().store_encryption,
+            crate::store::EncryptionOptions {
+                key_file: Some(s.0.join("keys/store.keys")),
+                accept_cleartext: false,
+            }
+        );
+    }
+    let text = format!(
+        "{base}\n[store]\nencryption_key_file = \"/etc/protego/store.keys\"\naccept_cleartext = true\n"
+    );
+    assert_eq!(
+        s.parse(&text).unwrap().store_encryption,
+        crate::store::EncryptionOptions {
+            key_file: Some(PathBuf::from("/etc/protego/store.keys")),
+            accept_cleartext: true,
+        }
+    );
+}
+
+#[test]
+fn store_encryption_errors_name_the_key() {
+    let base = with_tunnel(TUNNEL_A);
+    let text = format!("{base}\n[store]\nencryption_key_file = \"\"\n");
+    expect_error(
+        &text,
+        "encryption_key_file",
+        "encryption_key_file",
+        "must not be empty",
+    );
+    let text = format!("{base}\n[store]\naccept_cleartext = true\n");
+    expect_error(
+        &text,
+        "accept_cleartext",
+        "accept_cleartext",
+        "only means something with encryption_key_file",
+    );
+    let text =
+        format!("{base}\n[store]\nencryption_key_file = \"k\"\naccept_cleartext = \"yes\"\n");
+    expect_error(&text, "accept_cleartext", "accept_cleartext", "bool");
+}
+
+#[test]
 fn etcd_store_options() {
     let s = Scratch::new();
     let base = with_tunnel(TUNNEL_A);
@@ -980,6 +1040,7 @@ fn etcd_store_options() {
             ],
             prefix: "/protego/prod".into(),
             timeout: Duration::from_millis(500),
+            access: Default::default(),
         })
     );
     let text =
@@ -990,6 +1051,7 @@ fn etcd_store_options() {
             endpoints: vec!["http://127.0.0.1:2379".into()],
             prefix: DEFAULT_ETCD_PREFIX.into(),
             timeout: DEFAULT_ETCD_TIMEOUT,
+            access: Default::default(),
         })
     );
 }
@@ -1002,12 +1064,7 @@ fn etcd_store_errors_name_the_key() {
     let text = format!("{base}\n[store]\nbackend = \"etcd\"\nendpoints = [\"127.0.0.1:2379\"]\n");
     expect_error(&text, "endpoints =", "endpoints", "not an etcd client URL");
     let text = format!("{base}\n[store]\nbackend = \"etcd\"\nendpoints = [\"https://e:2379\"]\n");
-    expect_error(
-        &text,
-        "endpoints =",
-        "endpoints",
-        "TLS to etcd is not supported yet",
-    );
+    expect_error(&text, "endpoints =", "ca", "https:// endpoints need `ca`");
     let text = format!(
         "{base}\n[store]\nbackend = \"etcd\"\nendpoints = \"http://h:1\"\nprefix = \"protego\"\n"
     );

@@ -44,6 +44,7 @@ const TRANSMIT_BUFFER: usize = 65_536;
 enum Command {
     Status(Sender<(Vec<IkeSaStatus>, IkeStats)>),
     StoreStats(Sender<StoreStats>),
+    RotateStoreKey(Sender<Result<crate::store::KeyRotation, crate::store::StoreError>>),
     Initiate(TunnelId, Sender<Result<(), CommandFailure>>),
     Terminate(TunnelId, Sender<Result<(), CommandFailure>>),
     RekeyChild(TunnelId, Sender<Result<(), CommandFailure>>),
@@ -117,6 +118,19 @@ impl ControlHandle {
             .map_err(|_| Error::ControlStopped)?;
         rx.recv_timeout(COMMAND_TIMEOUT)
             .map_err(|_| Error::ControlStopped)
+    }
+
+    /// Makes a new store encryption key current (`protego ctl store rotate-key`: the key file's
+    /// last key if the operator appended one, else a generated one): new records are sealed with it at once, and the records under older keys
+    /// are re-encrypted in the background (`protego status` shows the progress).
+    pub fn rotate_store_key(&self) -> Result<crate::store::KeyRotation, Error> {
+        let (tx, rx) = bounded(1);
+        self.commands
+            .send(Command::RotateStoreKey(tx))
+            .map_err(|_| Error::ControlStopped)?;
+        rx.recv_timeout(COMMAND_TIMEOUT)
+            .map_err(|_| Error::ControlStopped)?
+            .map_err(Error::Store)
     }
 
     /// Initiates the tunnel now (`swanctl --initiate`).
@@ -504,6 +518,7 @@ impl Driver {
                 self.endpoint.poll_timeout(),
                 self.shutdown_deadline,
                 self.persist.retry_at(),
+                self.persist.reseal_at(),
             ]
             .into_iter()
             .flatten()
@@ -547,6 +562,9 @@ impl Driver {
             self.on_timeout(now);
             self.drain();
             self.restart_dead(now);
+            // Every datagram of the round has left: re-encrypt a few records now, if due and
+            // no IKE datagram is waiting (the wait is bounded, see `persist`).
+            self.persist.reseal(Instant::now(), !data.is_empty());
         }
         if self.shutdown_deadline.is_some() {
             self.forget_all();
@@ -613,6 +631,9 @@ impl Driver {
             }
             Command::StoreStats(reply) => {
                 let _ = reply.send(self.persist.stats());
+            }
+            Command::RotateStoreKey(reply) => {
+                let _ = reply.send(self.persist.rotate_key());
             }
             Command::Initiate(tunnel, reply) => {
                 let result = if self.shutdown_deadline.is_some() {

@@ -9,6 +9,9 @@
 //! restart) and the commit is retried every [`RETRY`]; forwarding is not affected, since the
 //! data path does not wait for the store. The held datagrams leave once a commit succeeds.
 //!
+//! Re-encryption of the records under an older key ([`Persister::reseal`], after a key
+//! rotation) runs apart from these rounds, in small batches after a round's datagrams have left.
+//!
 //! A record in the store is the engine's snapshot behind a small header with the wall-clock time
 //! it was written, so a restore knows how long the SA's timers have been running meanwhile
 //! ([`ike::Endpoint::restore_aged`]), and the name of its tunnel: tunnels are numbered by their
@@ -36,6 +39,15 @@ const SLOW_COMMIT: Duration = Duration::from_millis(200);
 const MAX_BATCH: usize = 64;
 /// How many commit latencies are kept for the percentiles.
 const LATENCY_SAMPLES: usize = 1024;
+/// Most records re-encrypted in one round ([`Store::reseal`], after a key rotation or to
+/// encrypt records stored in clear): each is read, sealed and committed by the control loop, so
+/// the work is spread out.
+const RESEAL_BATCH: usize = 16;
+/// The pause between two rounds of re-encryption.
+const RESEAL_INTERVAL: Duration = Duration::from_millis(100);
+/// How long a due round of re-encryption gives way to IKE datagrams waiting to be handled; then
+/// it runs anyway, so a busy gateway still finishes re-encrypting.
+const RESEAL_MAX_DEFER: Duration = Duration::from_secs(1);
 
 /// Magic of a stored record: "Protego STate", version 1.
 const MAGIC: &[u8; 4] = b"PST1";
@@ -115,6 +127,9 @@ pub struct StoreStats {
     pub held: usize,
     /// The last failure, while the store is failing.
     pub error: Option<String>,
+    /// How the records are encrypted at rest: key file, current key, records per key.
+    #[serde(default)]
+    pub encryption: Option<crate::store::EncryptionStatus>,
 }
 
 /// The control loop's side of the store.
@@ -134,6 +149,10 @@ pub(crate) struct Persister {
     /// IKE SAs deleted from the store with an applied configuration while they are still
     /// being deleted with their peers: their later states are not stored.
     doomed: std::collections::HashSet<u64>,
+    /// When the next round of re-encryption may run; `None` once none is left.
+    reseal_at: Option<Instant>,
+    /// Why the last re-encryption failed, while it fails.
+    reseal_error: Option<String>,
 }
 
 impl Persister {
@@ -150,6 +169,9 @@ impl Persister {
             records: 0,
             latencies: VecDeque::new(),
             doomed: std::collections::HashSet::new(),
+            // Records found under an older key (or in clear) at the start are re-encrypted.
+            reseal_at: Some(Instant::now()),
+            reseal_error: None,
         }
     }
 
@@ -248,6 +270,65 @@ impl Persister {
             }
         }
         self.commit(now)
+    }
+
+    /// Adds a new current key to the store's key file (`protego ctl store rotate-key`) and
+    /// starts re-encrypting the records under older keys.
+    pub(crate) fn rotate_key(&mut self) -> Result<crate::store::KeyRotation, StoreError> {
+        let rotation = self.store.rotate_key()?;
+        self.reseal_at = Some(Instant::now());
+        Ok(rotation)
+    }
+
+    /// When the next round of re-encryption is due, while records are left to re-encrypt.
+    pub(crate) fn reseal_at(&self) -> Option<Instant> {
+        // While changes wait for a failing store, its retry wakes the loop instead.
+        self.reseal_at
+            .filter(|_| self.pending.is_empty() && self.held.is_empty())
+    }
+
+    /// One round of re-encryption, if one is due: at most [`RESEAL_BATCH`] records, committed
+    /// like the loop's own changes (they never overtake a newer state: every change of the loop
+    /// is already committed). The control loop calls it after a round, once the round's
+    /// datagrams have left, never between a commit and the datagrams that wait for it: the
+    /// store's round trips are not added to an IKE exchange. It does nothing while changes or
+    /// datagrams wait for the store, nor while `busy` (IKE datagrams are waiting to be handled)
+    /// unless it has been due for [`RESEAL_MAX_DEFER`]. True if it ran.
+    pub(crate) fn reseal(&mut self, now: Instant, busy: bool) -> bool {
+        let Some(due) = self.reseal_at else {
+            return false;
+        };
+        if now < due
+            || !self.pending.is_empty()
+            || !self.held.is_empty()
+            || (busy && now < due + RESEAL_MAX_DEFER)
+        {
+            return false;
+        }
+        match self.store.reseal(RESEAL_BATCH) {
+            Ok(0) => {
+                self.reseal_at = None;
+                if self.reseal_error.take().is_some() {
+                    info!(store = %self.store.describe(), "state store records re-encrypted");
+                }
+            }
+            Ok(done) => {
+                self.commits += 1;
+                self.records += done as u64;
+                self.reseal_error = None;
+                self.reseal_at = Some(now + RESEAL_INTERVAL);
+            }
+            Err(e) => {
+                let message = e.to_string();
+                if self.reseal_error.as_deref() != Some(message.as_str()) {
+                    warn!(store = %self.store.describe(), error = %message,
+                        "cannot re-encrypt state store records; retrying");
+                }
+                self.reseal_error = Some(message);
+                self.reseal_at = Some(now + RETRY);
+            }
+        }
+        true
     }
 
     /// Forgets stored IKE SAs (ones that cannot be restored, or all of them at shutdown), in
@@ -398,6 +479,10 @@ impl Persister {
             commit_us_p99: pick(0.99),
             held: self.held.len(),
             error: self.error.clone(),
+            encryption: self.store.encryption().map(|mut e| {
+                e.error.clone_from(&self.reseal_error);
+                e
+            }),
         }
     }
 }
@@ -517,6 +602,70 @@ mod tests {
             (200, 0, None)
         );
         assert!(stats.failures >= 1);
+    }
+
+    /// The key id in the header of a record sealed by [`crate::store::SealedStore`].
+    fn key_id(record: &[u8]) -> u32 {
+        u32::from_be_bytes(record[5..9].try_into().unwrap())
+    }
+
+    #[test]
+    fn reencryption_runs_after_the_round_not_inside_it() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = std::env::temp_dir().join(format!(
+            "protego-persist-reseal-test-{}",
+            std::process::id()
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        let keys = dir.join("store.keys");
+        let line = |id: u32, byte: &str| format!("{id} {}\n", byte.repeat(32));
+        std::fs::write(&keys, line(1, "11")).unwrap();
+        std::fs::set_permissions(&keys, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let inner = MemoryStore::default();
+        let sizes = std::sync::Arc::default();
+        let limited = Limited {
+            inner: inner.clone(),
+            sizes: std::sync::Arc::clone(&sizes),
+        };
+        let options = crate::store::EncryptionOptions {
+            key_file: Some(keys.clone()),
+            accept_cleartext: false,
+        };
+        let sealed = crate::store::SealedStore::open(Box::new(limited), &options).unwrap();
+        let mut p = Persister::new(Box::new(sealed));
+        let start = Instant::now();
+        assert!(p.save(start, (1..=20).map(saved).collect(), |_| String::new()));
+        // The operator adds key 2, then rotates: 20 records are under the old key.
+        std::fs::write(&keys, format!("{}{}", line(1, "11"), line(2, "22"))).unwrap();
+        let rotation = p.rotate_key().unwrap();
+        assert_eq!((rotation.key_id, rotation.generated), (2, false));
+        let now = Instant::now();
+        let commits =
+            |sizes: &std::sync::Arc<std::sync::Mutex<Vec<usize>>>| sizes.lock().unwrap().len();
+        // A round (an IKE exchange) commits its own change only: its datagrams must not wait
+        // for re-encryption.
+        let before = commits(&sizes);
+        assert!(p.save(now, vec![saved(100)], |_| String::new()));
+        assert_eq!(commits(&sizes) - before, 1, "only the round's own commit");
+        assert_eq!(key_id(&inner.ike_sa(100).unwrap()), 2);
+        assert!((1..=20).all(|spi| key_id(&inner.ike_sa(spi).unwrap()) == 1));
+        // After the round: IKE datagrams waiting put it off, for a bounded time.
+        assert!(p.reseal_at().is_some_and(|t| t <= now));
+        assert!(!p.reseal(now, true));
+        assert_eq!(commits(&sizes) - before, 1);
+        let mut at = now + RESEAL_MAX_DEFER;
+        assert!(p.reseal(at, true), "deferred long enough");
+        assert_eq!(sizes.lock().unwrap().last(), Some(&RESEAL_BATCH));
+        assert!(!p.reseal(at, false), "the next batch waits RESEAL_INTERVAL");
+        while p.reseal_at().is_some() {
+            at += RESEAL_INTERVAL;
+            p.reseal(at, false);
+        }
+        assert!(sizes.lock().unwrap()[before..]
+            .iter()
+            .all(|&n| n <= RESEAL_BATCH));
+        assert!((1..=20).all(|spi| key_id(&inner.ike_sa(spi).unwrap()) == 2));
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

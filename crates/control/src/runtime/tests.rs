@@ -359,19 +359,28 @@ impl Node {
     }
 }
 
-/// Two nodes wired to each other; `a` initiates (start_action = "start"), `b` responds.
-fn pair(name: &str, gateway_extra_a: &str, extra_a: &str, extra_b: &str) -> (Node, Node) {
-    let _ = logs();
-    let dir = scratch_dir();
-    let config_a = config(&dir.0, 'a', name, true, gateway_extra_a, extra_a);
-    let config_b = config(&dir.0, 'b', name, false, "", extra_b);
-    // Wire the paths before the loops start so the first IKE_SA_INIT is not lost.
+/// One side of [`wired_paths`]: a fake data path, and the channel into its control loop.
+type Wired = (Arc<FakePath>, Sender<ToControl>, Receiver<ToControl>);
+
+/// Two fake data paths wired to each other before any loop starts (so the first IKE_SA_INIT is
+/// not lost): what one sends reaches the other's control loop.
+fn wired_paths() -> (Wired, Wired) {
     let path_a = Arc::new(FakePath::default());
     let path_b = Arc::new(FakePath::default());
     let (tx_a, rx_a) = crossbeam_channel::unbounded();
     let (tx_b, rx_b) = crossbeam_channel::unbounded();
     *path_a.peer.lock().unwrap() = Some(tx_b.clone());
     *path_b.peer.lock().unwrap() = Some(tx_a.clone());
+    ((path_a, tx_a, rx_a), (path_b, tx_b, rx_b))
+}
+
+/// Two nodes wired to each other; `a` initiates (start_action = "start"), `b` responds.
+fn pair(name: &str, gateway_extra_a: &str, extra_a: &str, extra_b: &str) -> (Node, Node) {
+    let _ = logs();
+    let dir = scratch_dir();
+    let config_a = config(&dir.0, 'a', name, true, gateway_extra_a, extra_a);
+    let config_b = config(&dir.0, 'b', name, false, "", extra_b);
+    let ((path_a, tx_a, rx_a), (path_b, tx_b, rx_b)) = wired_paths();
     let mut b = Node {
         config: config_b,
         path: path_b,
@@ -1217,3 +1226,5 @@ fn a_tunnel_moved_to_another_tenant_starts_anew_under_a_fresh_id() {
     });
     assert!(a.control().handle().initiate(TunnelId(1)).is_err());
 }
+
+mod sealed;

@@ -83,6 +83,59 @@ fn render_store(out: &mut String, s: &crate::runtime::StoreStats) {
             s.held
         );
     }
+    if let Some(e) = &s.encryption {
+        render_encryption(out, e);
+    }
+}
+
+/// How the store's records are encrypted, and how far a re-encryption got.
+fn render_encryption(out: &mut String, e: &crate::store::EncryptionStatus) {
+    let records = e
+        .records
+        .iter()
+        .map(|(key, n)| match key.as_str() {
+            "clear" => format!("{n} in clear"),
+            _ => format!("{n} under key {key}"),
+        })
+        .collect::<Vec<_>>()
+        .join(", ");
+    let records = if records.is_empty() {
+        "no records".to_owned()
+    } else {
+        records
+    };
+    match (&e.key_file, e.current_key) {
+        (Some(file), Some(current)) => {
+            let _ = writeln!(
+                out,
+                "  encryption: AES-256-GCM-SIV, key file {}, current key {current}; {records}",
+                file.display()
+            );
+            if e.reencrypt_pending > 0 {
+                let _ = writeln!(
+                    out,
+                    "  re-encrypting: {} records left ({} done)",
+                    e.reencrypt_pending, e.reencrypted
+                );
+            }
+            if e.accept_cleartext {
+                let _ = writeln!(
+                    out,
+                    "  accept_cleartext is set: remove it once no record is in clear"
+                );
+            }
+        }
+        _ => {
+            let _ = writeln!(
+                out,
+                "  encryption: OFF, IKE keys and PSKs are stored in clear (set [store] \
+                 encryption_key_file); {records}"
+            );
+        }
+    }
+    if let Some(error) = &e.error {
+        let _ = writeln!(out, "  re-encryption FAILING: {error}");
+    }
 }
 
 /// One line per data plane worker: CPU, packets and batches.

@@ -2,7 +2,8 @@
 //! JSON document per answer line. A request is either bare words (`status`, `ping`,
 //! `initiate NAME`, `terminate NAME`, `rekey NAME`, `rekey-ike NAME`, and on a control node of
 //! the distributed form `nodes`, `migrate TUNNEL NODE`, `drain NODE`, `undrain NODE`) or a
-//! JSON object (`{"command":"status"}`); an answer is the command's JSON document, or
+//! JSON object (`{"command":"status"}`), plus `rotate-store-key` (`protego ctl store
+//! rotate-key`); an answer is the command's JSON document, or
 //! `{"error":"..."}`. `apply` is JSON only: `{"command":"apply","file":PATH,"text":TEXT,
 //! "dry_run":false}` (what `protego ctl apply -f FILE` sends); a request line may be up to
 //! 16 MiB long for it.
@@ -82,6 +83,9 @@ pub enum Request {
         /// Node name.
         node: String,
     },
+    /// Add a new current key to the store's encryption key file and re-encrypt the records
+    /// under older keys in the background (`protego ctl store rotate-key`).
+    RotateStoreKey,
     /// Replace the running tenants, VNets and tunnels (`protego ctl apply -f FILE`).
     Apply {
         /// The file's path: relative `psk_file`s are read from its directory (by the node).
@@ -133,6 +137,7 @@ impl Request {
             ("drain" | "undrain", None) => Err(format!("{command} needs a node name")),
             ("status", None) => Ok(Request::Status),
             ("ping", None) => Ok(Request::Ping),
+            ("rotate-store-key", None) => Ok(Request::RotateStoreKey),
             ("initiate", Some(t)) => Ok(Request::Initiate {
                 tunnel: t.to_owned(),
             }),
@@ -148,13 +153,13 @@ impl Request {
             ("initiate" | "terminate" | "rekey" | "rekey-ike", None) => {
                 Err(format!("{command} needs a tunnel name"))
             }
-            ("status" | "ping" | "nodes" | "capacity", Some(_)) => {
+            ("status" | "ping" | "nodes" | "capacity" | "rotate-store-key", Some(_)) => {
                 Err(format!("{command} takes no argument"))
             }
             (other, _) => Err(format!(
                 "unknown command {other:?} (status, ping, initiate NAME, terminate NAME, \
                  rekey NAME, rekey-ike NAME, nodes, capacity, migrate TUNNEL NODE, drain NODE, \
-                 undrain NODE)"
+                 undrain NODE, rotate-store-key)"
             )),
         }
     }
@@ -292,6 +297,15 @@ impl RequestHandler for Responder {
                 Ok(id) => self.control.rekey_ike(id).map(|()| json!({ "ok": true })),
                 Err(v) => return v,
             },
+            Request::RotateStoreKey => self.control.rotate_store_key().map(|r| {
+                json!({
+                    "ok": true,
+                    "key_id": r.key_id,
+                    "key_file": r.key_file,
+                    "generated": r.generated,
+                    "reencrypt_pending": r.reencrypt_pending,
+                })
+            }),
             Request::Nodes => return distributed_only("nodes"),
             Request::Capacity => return distributed_only("capacity"),
             Request::Migrate { .. } => return distributed_only("migrate"),

@@ -377,6 +377,7 @@ impl RequestHandler for Fake {
                 distributed_only("moves")
             }
             Request::Apply { file, .. } => json!({ "file": file }),
+            Request::RotateStoreKey => json!({ "error": "no key file" }),
         }
     }
 }
@@ -496,6 +497,7 @@ fn store_figures_and_failure_are_shown() {
         commit_us_p99: 8_000,
         held: 2,
         error: Some("disk full".into()),
+        encryption: None,
     });
     let text = render_text(&report);
     assert!(
@@ -511,4 +513,45 @@ fn store_figures_and_failure_are_shown() {
     assert_eq!(json["store"]["commit_us_p99"], 8_000);
     let back: StatusReport = serde_json::from_value(json).unwrap();
     assert_eq!(back, report);
+}
+
+#[test]
+fn store_encryption_and_its_progress_are_shown() {
+    let mut report = sample_report();
+    let mut stats = crate::runtime::StoreStats {
+        backend: "etcd http://127.0.0.1:2379 prefix /protego".into(),
+        ..Default::default()
+    };
+    stats.encryption = Some(crate::store::EncryptionStatus::default());
+    report.store = Some(stats.clone());
+    let text = render_text(&report);
+    assert!(text.contains("encryption: OFF"), "{text}");
+    stats.encryption = Some(crate::store::EncryptionStatus {
+        key_file: Some("/etc/protego/store.keys".into()),
+        current_key: Some(2),
+        keys: vec![1, 2],
+        records: [("1".to_owned(), 30), ("2".to_owned(), 12)].into(),
+        reencrypt_pending: 30,
+        reencrypted: 11,
+        accept_cleartext: false,
+        error: Some("state store etcd: commit failed".into()),
+    });
+    report.store = Some(stats);
+    let text = render_text(&report);
+    assert!(
+        text.contains(
+            "encryption: AES-256-GCM-SIV, key file /etc/protego/store.keys, current key 2; \
+             30 under key 1, 12 under key 2"
+        ) && text.contains("re-encrypting: 30 records left (11 done)")
+            && text.contains("re-encryption FAILING: state store etcd: commit failed"),
+        "{text}"
+    );
+    let json: Value = serde_json::to_value(&report).unwrap();
+    assert_eq!(json["store"]["encryption"]["current_key"], 2);
+    assert_eq!(json["store"]["encryption"]["records"]["1"], 30);
+    // A document from a node without this field still reads.
+    let mut old = json.clone();
+    old["store"].as_object_mut().unwrap().remove("encryption");
+    let back: StatusReport = serde_json::from_value(old).unwrap();
+    assert!(back.store.unwrap().encryption.is_none());
 }

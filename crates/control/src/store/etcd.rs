@@ -2,7 +2,8 @@
 //! an [etcd](https://etcd.io) v3 cluster; see its docs for the layout, the requests, and what
 //! is left to the operator.
 
-use super::{Change, Snapshot, Store, StoreError};
+use super::etcd_access::{explain, token_refused};
+use super::{Change, EtcdAccess, Snapshot, Store, StoreError};
 use etcd_client::{Client, Compare, CompareOp, ConnectOptions, GetOptions, Txn, TxnOp};
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
@@ -27,6 +28,8 @@ pub struct EtcdOptions {
     pub prefix: String,
     /// Upper bound for connecting and for each request (commit, read).
     pub timeout: Duration,
+    /// TLS and authentication ([`EtcdAccess::default`]: plain `http://`, no user).
+    pub access: EtcdAccess,
 }
 
 /// The etcd store: the IKE state of one Protego cluster, under one key prefix in an
@@ -98,15 +101,27 @@ pub struct EtcdOptions {
 ///
 /// Snapshots hold keys (see the [`store` module](super)): anyone who can read `P/` in etcd, or
 /// etcd's data directory, its backups or its network traffic, can decrypt and forge the traffic
-/// of every SA stored there, and deleted snapshots stay in etcd's history until it is
-/// compacted. Operators must run etcd with TLS (client and peer) and authentication, give the
-/// Protego nodes a role restricted to their prefix, and protect etcd's data directory and
-/// backups like private keys.
+/// of every SA stored there (unless the store is sealed with an encryption key), and deleted
+/// snapshots stay in etcd's history until it is compacted.
 ///
-/// **This backend does not configure TLS or authentication yet**: it speaks plain gRPC to
-/// `http://` endpoints and refuses `https://` ones, so today it is only fit for an etcd reached
-/// over a trusted path (loopback, or a network protected otherwise, e.g. by IPsec). The
-/// snapshots' bytes also pass through gRPC's buffers, which are not wiped after use.
+/// [`EtcdOptions::access`] secures the connections ([`EtcdAccess`]): with `https://` endpoints
+/// the client verifies etcd's certificate against a CA of its own choosing (never the system's
+/// roots) and may present a client certificate (etcd's `--client-cert-auth`); with a user, it
+/// authenticates to etcd with its password and authenticates again whenever etcd says the
+/// token expired or predates a change of users and roles (the request is sent again on a new
+/// connection, which authenticates anew). A refusal fails [`EtcdStore::connect`] with an error
+/// saying so: `TLS handshake refused by etcd` (etcd wants a client certificate it trusts; with
+/// TLS 1.3 etcd may only close the connection, so the store then makes a TLS handshake of its
+/// own to read etcd's alert), `TLS handshake refused: etcd's certificate does not verify`,
+/// `authentication failed`, or `permission denied` (the user's role does not reach the
+/// prefix). Plain `http://` is for an etcd reached over a path protected otherwise (loopback,
+/// or IPsec).
+///
+/// Operators should run etcd with TLS on client and peer URLs, client certificates and
+/// authentication, give the Protego nodes a user whose role may read and write their prefix
+/// only, and protect etcd's data directory and backups like private keys (docs/operations.md,
+/// "Securing etcd"). The snapshots' bytes, the client's private key and the password also pass
+/// through gRPC's and rustls' buffers, which are not wiped after use.
 ///
 /// # Threads
 ///
@@ -118,6 +133,8 @@ pub struct EtcdStore {
     clients: Mutex<Clients>,
     endpoints: Vec<String>,
     timeout: Duration,
+    /// How each client connects: the timeout, "require leader", TLS and the etcd user.
+    connect_options: ConnectOptions,
     keys: Keys,
     describe: String,
     /// The leadership every commit requires (the distributed form's active control node).
@@ -203,8 +220,9 @@ impl EtcdStore {
     /// Writes the schema key if the prefix is empty; fails with [`StoreError::RemoteSchema`] if
     /// the prefix was written with a newer schema, with [`StoreError::RemoteCorrupt`] if it holds
     /// keys but no valid schema key, and with [`StoreError::Connect`] if the options are invalid
-    /// (no endpoints, an `https://` endpoint, an empty prefix, a zero timeout) or etcd does not
-    /// answer in time.
+    /// (no endpoints, `https://` endpoints without TLS or `http://` ones with it, an empty
+    /// prefix, a zero timeout), etcd refuses the node (TLS, user, permissions: see the type's
+    /// "Security") or does not answer in time.
     pub fn connect(options: &EtcdOptions) -> Result<EtcdStore, StoreError> {
         let prefix = options.prefix.trim_end_matches('/');
         let describe = format!("etcd {} prefix {prefix}", options.endpoints.join(","));
@@ -215,11 +233,10 @@ impl EtcdStore {
         if options.endpoints.is_empty() {
             return Err(refuse("no endpoints configured".into()));
         }
-        if let Some(url) = options.endpoints.iter().find(|u| u.starts_with("https://")) {
-            return Err(refuse(format!(
-                "endpoint {url}: TLS is not supported by this backend yet (only http:// endpoints)"
-            )));
-        }
+        options
+            .access
+            .check_endpoints(&options.endpoints)
+            .map_err(refuse)?;
         if let Some(url) = options.endpoints.iter().find(|u| u.trim().is_empty()) {
             return Err(refuse(format!("empty endpoint {url:?}")));
         }
@@ -243,13 +260,23 @@ impl EtcdStore {
             }),
             endpoints: options.endpoints.clone(),
             timeout: options.timeout,
+            connect_options: options
+                .access
+                .connect_options(options.timeout)
+                .with_require_leader(true),
             keys: Keys::new(prefix),
             describe,
             fence: None,
             revisions: Mutex::new(HashMap::new()),
         };
-        store.init_schema()?;
-        Ok(store)
+        match store.init_schema() {
+            Ok(()) => Ok(store),
+            Err(StoreError::Connect { store, detail }) => Err(StoreError::Connect {
+                detail: connect_hint(options, detail),
+                store,
+            }),
+            Err(e) => Err(e),
+        }
     }
 
     /// Makes every commit conditional on `fence`: the election's leader key still names this
@@ -350,9 +377,7 @@ impl EtcdStore {
         let mut clients = self.clients.lock().unwrap_or_else(PoisonError::into_inner);
         let clients = &mut *clients;
         let count = self.endpoints.len();
-        let options = ConnectOptions::new()
-            .with_connect_timeout(self.timeout)
-            .with_require_leader(true);
+        let options = &self.connect_options;
         // The last failure of each endpoint.
         let mut failures: Vec<Option<String>> = vec![None; count];
         let mut tried = vec![false; count];
@@ -383,12 +408,18 @@ impl EtcdStore {
                 };
                 let client = match &clients.by_endpoint[i] {
                     Some(client) => client.clone(),
-                    // Lazy: this sends nothing, the request below connects.
+                    // Lazy: this sends nothing, the request below connects (with a user, it
+                    // authenticates first).
                     None => {
                         let endpoint = [&self.endpoints[i]];
                         let connect = Client::connect(endpoint, Some(options.clone()));
                         match timeout_at(give_up, connect).await {
                             Ok(Ok(client)) => clients.by_endpoint[i].insert(client).clone(),
+                            Ok(Err(e)) if !retryable(&e) => {
+                                // etcd refused the user or password: so would every member.
+                                failures[i] = Some(cause(&e));
+                                return Err(());
+                            }
                             Ok(Err(e)) => {
                                 failures[i] = Some(cause(&e));
                                 continue;
@@ -433,12 +464,12 @@ impl EtcdStore {
         let outcome = self.runtime.block_on(attempts);
         outcome.map_err(|()| {
             let mut text = String::new();
-            for (endpoint, failure) in self.endpoints.iter().zip(&failures) {
+            for (endpoint, failure) in self.endpoints.iter().zip(failures) {
                 if let Some(failure) = failure {
                     if !text.is_empty() {
                         text.push_str("; ");
                     }
-                    text.push_str(&format!("{endpoint}: {failure}"));
+                    text.push_str(&format!("{endpoint}: {}", explain(failure)));
                 }
             }
             if text.is_empty() {
@@ -762,6 +793,20 @@ impl Store for EtcdStore {
         Ok(kv.map(|kv| Zeroizing::new(kv.value().to_vec())))
     }
 
+    fn read_ike_sa(&self, spi: u64) -> Result<Option<Snapshot>, StoreError> {
+        let key = self.keys.ike_sa(spi);
+        let response = self
+            .call(|mut client| {
+                let key = key.clone();
+                async move { client.get(key, None).await }
+            })
+            .map_err(|detail| self.read_error(detail))?;
+        let kv = response.kvs().first();
+        self.revisions()
+            .insert(key, kv.map_or(0, etcd_client::KeyValue::mod_revision));
+        Ok(kv.map(|kv| Zeroizing::new(kv.value().to_vec())))
+    }
+
     fn describe(&self) -> String {
         self.describe.clone()
     }
@@ -838,11 +883,51 @@ fn retryable(e: &etcd_client::Error) -> bool {
     use tonic::Code;
     match e {
         etcd_client::Error::TransportError(_) | etcd_client::Error::IoError(_) => true,
+        // A token etcd no longer accepts: a new connection authenticates again.
+        etcd_client::Error::GRpcStatus(status) if token_refused(status.message()) => true,
         etcd_client::Error::GRpcStatus(status) => matches!(
             status.code(),
             Code::Unavailable | Code::Unknown | Code::Cancelled | Code::DeadlineExceeded
         ),
         _ => false,
+    }
+}
+
+/// `detail` (why connecting failed), with what the operator should know: that etcd's
+/// authentication is on but no user is configured, or why etcd refused the TLS handshake if it
+/// closed the connection and a handshake of our own shows it did (with TLS 1.3 etcd checks the
+/// client's certificate after the client finished its side, and the alert it sends is lost
+/// under HTTP/2: the client only sees the connection closed).
+fn connect_hint(options: &EtcdOptions, detail: String) -> String {
+    if options.access.user.is_none() && detail.contains("permission denied") {
+        return format!(
+            "{detail}; no etcd user is configured (username, password_file): with \
+             authentication on, etcd takes the client certificate's CN as the user"
+        );
+    }
+    let Some(tls) = options.access.tls.as_ref() else {
+        return detail;
+    };
+    if !super::etcd_access::closed_connection(&detail) {
+        return detail;
+    }
+    // The probes share the timeout.
+    let each = options.timeout / u32::try_from(options.endpoints.len()).unwrap_or(u32::MAX);
+    let refusals: Vec<String> = options
+        .endpoints
+        .iter()
+        .filter_map(|endpoint| {
+            let alert = super::etcd_access::probe_tls(endpoint, tls, each)?;
+            Some(format!("{endpoint}: {}", explain(alert)))
+        })
+        .collect();
+    if refusals.is_empty() {
+        detail
+    } else {
+        format!(
+            "{} (the request failed with: {detail})",
+            refusals.join("; ")
+        )
     }
 }
 

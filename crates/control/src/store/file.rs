@@ -287,6 +287,17 @@ impl Store for FileStore {
     fn describe(&self) -> String {
         format!("file {}", self.path.display())
     }
+
+    fn read_ike_sa(&self, spi: u64) -> Result<Option<Snapshot>, StoreError> {
+        let read = self.db.begin_read().map_err(|e| self.read_error(e))?;
+        let table = match read.open_table(IKE_SAS) {
+            Ok(table) => table,
+            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(None),
+            Err(e) => return Err(self.read_error(e)),
+        };
+        let value = table.get(spi).map_err(|e| self.read_error(e))?;
+        Ok(value.map(|v| Zeroizing::new(v.value().to_vec())))
+    }
 }
 
 impl fmt::Debug for FileStore {

@@ -116,6 +116,21 @@ impl Store for MemoryStore {
     fn describe(&self) -> String {
         "memory".into()
     }
+
+    fn at_rest(&self) -> bool {
+        false
+    }
+
+    fn read_ike_sa(&self, spi: u64) -> Result<Option<Snapshot>, StoreError> {
+        let shared = self.lock();
+        if shared.fail_reads {
+            return Err(StoreError::Read {
+                store: "memory".into(),
+                detail: "reads made to fail (test)".into(),
+            });
+        }
+        Ok(shared.ike_sas.get(&spi).cloned())
+    }
 }
 
 impl fmt::Debug for MemoryStore {

@@ -33,31 +33,57 @@
 //!   tests) and [`EtcdStore`] (replicated).
 //! - [`EtcdStore`] keeps the state in etcd, shared by several control nodes (see its docs).
 //!
+//! # Encryption at rest
+//!
+//! `protego up` and `protego control` put [`SealedStore`] over whichever backend they use: with
+//! `[store] encryption_key_file` (keys read by `keyring`, format documented there) it seals
+//! every record with AES-256-GCM-SIV (a versioned header with the key id, a random nonce per record,
+//! the record's identity `ike_sa/<SPI>` or `config` as associated data) before the backend sees
+//! it, so the redb file and etcd hold no key material and no PSK. It opens records after reading
+//! them; a record under an unknown key id, one that fails authentication, or one in clear while a
+//! key file is set (unless `accept_cleartext`) is an error, never data the control plane runs.
+//! [`Store::rotate_key`] makes a newer key of the key file current (or adds one), and [`Store::reseal`]
+//! re-encrypts the older records a few at a time through [`Store::commit`]. Without a key file
+//! records are written in clear, as the backends store them, and a warning says so at start.
+//!
 //! # Protecting the file
 //!
 //! [`FileStore`] creates its file with mode 0600 and missing parent directories with mode 0700,
-//! and tightens an existing file that other users could read. The file must be protected, and
-//! backed up, like a private key: a copy of it decrypts all traffic, captured before or after,
-//! of every SA it holds, and lets its holder pose as this gateway on those SAs until they are
-//! rekeyed; losing it costs every peer a new IKE_SA_INIT and IKE_AUTH after a restart. A deleted or replaced snapshot may linger in the file's free pages
-//! until they are reused, so the file as a whole, not only its live entries, is secret. Only one
+//! and tightens an existing file that other users could read. Without encryption the file must
+//! be protected, and backed up, like a private key: a copy of it decrypts all traffic, captured
+//! before or after, of every SA it holds, and lets its holder pose as this gateway on those SAs
+//! until they are rekeyed; with encryption the key file takes that role (keep it apart from the
+//! store and its backups). Losing either costs every peer a new IKE_SA_INIT and IKE_AUTH after a
+//! restart. A deleted or replaced snapshot may linger in the file's free pages until they are
+//! reused, so the file as a whole, not only its live entries, is secret. Only one
 //! process may have the file open at a time (the second open fails with
 //! [`StoreError::Locked`]).
 
 mod etcd;
+mod etcd_access;
 mod file;
+mod keyring;
 mod memory;
+mod sealed;
 
 #[cfg(test)]
 pub(crate) mod etcd_tests;
+#[cfg(test)]
+mod etcd_tls_tests;
+#[cfg(test)]
+mod sealed_tests;
 #[cfg(test)]
 pub(crate) mod tests;
 
 pub(crate) use etcd::DetachedRuntime;
 pub use etcd::{EtcdOptions, EtcdStore};
+pub(crate) use etcd_access::{explain as explain_etcd_error, token_refused};
+pub use etcd_access::{read_password_file, EtcdAccess, EtcdUser};
 pub use file::FileStore;
 pub use memory::MemoryStore;
+pub use sealed::SealedStore;
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::path::PathBuf;
 use zeroize::Zeroizing;
@@ -130,6 +156,44 @@ pub trait Store: Send {
     /// What the store is, for logs and `protego status`: e.g.
     /// `file /var/lib/protego/state.redb`, `memory`.
     fn describe(&self) -> String;
+
+    /// Whether records outlive the process (on disk or in etcd): only then are keys in clear
+    /// at rest, and worth a warning. [`MemoryStore`] keeps nothing.
+    fn at_rest(&self) -> bool {
+        true
+    }
+
+    /// The stored snapshot of the IKE SA with own SPI `spi`, if any. The default reads every
+    /// snapshot; the backends read only this one.
+    fn read_ike_sa(&self, spi: u64) -> Result<Option<Snapshot>, StoreError> {
+        Ok(self
+            .ike_sas()?
+            .into_iter()
+            .find_map(|(s, snapshot)| (s == spi).then_some(snapshot)))
+    }
+
+    /// How the records are encrypted ([`SealedStore`]); `None` for a bare backend.
+    fn encryption(&self) -> Option<EncryptionStatus> {
+        None
+    }
+
+    /// Re-encrypts up to `max` records that are not under the current key (after a rotation, or
+    /// records in clear), through [`Store::commit`]; returns how many it dealt with, 0 once none
+    /// is left. A bare backend has nothing to do.
+    fn reseal(&mut self, max: usize) -> Result<usize, StoreError> {
+        let _ = max;
+        Ok(0)
+    }
+
+    /// Makes a new key current (`protego ctl store rotate-key`): the key file's last key if the
+    /// operator appended one, else a generated one appended to the file. New writes use it at
+    /// once, and [`Store::reseal`] moves the older records to it. A bare backend, or a
+    /// [`SealedStore`] without a key file, fails with [`StoreError::NotEncrypted`].
+    fn rotate_key(&mut self) -> Result<KeyRotation, StoreError> {
+        Err(StoreError::NotEncrypted {
+            store: self.describe(),
+        })
+    }
 }
 
 impl<S: Store + ?Sized> Store for Box<S> {
@@ -148,6 +212,76 @@ impl<S: Store + ?Sized> Store for Box<S> {
     fn describe(&self) -> String {
         (**self).describe()
     }
+
+    fn at_rest(&self) -> bool {
+        (**self).at_rest()
+    }
+
+    fn read_ike_sa(&self, spi: u64) -> Result<Option<Snapshot>, StoreError> {
+        (**self).read_ike_sa(spi)
+    }
+
+    fn encryption(&self) -> Option<EncryptionStatus> {
+        (**self).encryption()
+    }
+
+    fn reseal(&mut self, max: usize) -> Result<usize, StoreError> {
+        (**self).reseal(max)
+    }
+
+    fn rotate_key(&mut self) -> Result<KeyRotation, StoreError> {
+        (**self).rotate_key()
+    }
+}
+
+/// `[store] encryption_key_file` and `accept_cleartext`: how [`SealedStore`] seals the records.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct EncryptionOptions {
+    /// The key file (see the `keyring` format in the module docs); `None`: records in clear.
+    pub key_file: Option<PathBuf>,
+    /// Read records stored in clear although a key file is set (once, to encrypt a store
+    /// written without one); they are then re-encrypted in the background.
+    pub accept_cleartext: bool,
+}
+
+/// How the records are encrypted, for `protego status`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct EncryptionStatus {
+    /// The key file; `None`: records are written in clear.
+    pub key_file: Option<PathBuf>,
+    /// The id of the key new records are sealed with.
+    pub current_key: Option<u32>,
+    /// The ids of every key loaded.
+    pub keys: Vec<u32>,
+    /// How many records lie under each key id (`clear`: not encrypted), as far as this node
+    /// read and wrote them (it reads every record when it starts).
+    pub records: BTreeMap<String, u64>,
+    /// Records not under the current key yet (being re-encrypted in the background). An older
+    /// key may be removed from the key file, on every node, once this is 0 and `records` no
+    /// longer names it.
+    pub reencrypt_pending: u64,
+    /// Records re-encrypted since the start.
+    pub reencrypted: u64,
+    /// Whether records in clear are accepted (`[store] accept_cleartext`).
+    pub accept_cleartext: bool,
+    /// Why the last re-encryption failed, while it fails.
+    #[serde(default)]
+    pub error: Option<String>,
+}
+
+/// The outcome of [`Store::rotate_key`].
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct KeyRotation {
+    /// The new current key's id.
+    pub key_id: u32,
+    /// The key file it is in.
+    pub key_file: PathBuf,
+    /// True if the key was generated and appended to the key file (no newer key was in it);
+    /// false if it is the key the operator added to the file beforehand.
+    #[serde(default)]
+    pub generated: bool,
+    /// Records under older keys, to re-encrypt.
+    pub reencrypt_pending: u64,
 }
 
 /// Why the store failed. Each variant names the file, or for errors after the open, the store
@@ -243,6 +377,76 @@ pub enum StoreError {
         found: u64,
         /// The schema version this build reads and writes.
         supported: u64,
+    },
+    /// The encryption key file cannot be used (`line` 0: the whole file).
+    #[error(
+        "state store encryption key file {path}{at}: {detail}",
+        path = path.display(),
+        at = if *line > 0 { format!(":{line}") } else { String::new() }
+    )]
+    KeyFile {
+        /// The key file.
+        path: PathBuf,
+        /// The offending line (1-based), or 0.
+        line: usize,
+        /// What is wrong (never the key).
+        detail: String,
+    },
+    /// A record is sealed with a key id the key file does not hold (or no key file is set).
+    #[error(
+        "state store {store}: record {record} is sealed with key id {key_id}, {missing}",
+        missing = if key_file.is_empty() {
+            "but [store] has no encryption_key_file".to_owned()
+        } else {
+            format!(
+                "which the key file {key_file} does not hold: add that key's line (from the key \
+                 file of the node that made it current) to {key_file}; every control node's key \
+                 file must hold every key in use (docs/operations.md, \"Encrypting the store\")"
+            )
+        }
+    )]
+    UnknownKey {
+        /// The store, as [`Store::describe`] puts it.
+        store: String,
+        /// The record (`ike_sa/<SPI>` or `config`).
+        record: String,
+        /// The key id in the record.
+        key_id: u32,
+        /// The key file (empty: none configured).
+        key_file: String,
+    },
+    /// A sealed record cannot be opened: damaged, altered, moved or truncated, or sealed under
+    /// another key with the same id.
+    #[error("state store {store}: record {record} cannot be opened: {detail}")]
+    Unsealed {
+        /// The store, as [`Store::describe`] puts it.
+        store: String,
+        /// The record (`ike_sa/<SPI>` or `config`).
+        record: String,
+        /// What failed.
+        detail: String,
+    },
+    /// A record is in clear although a key file is configured, and `accept_cleartext` is off.
+    #[error(
+        "state store {store}: record {record} is stored in clear, but [store] \
+         encryption_key_file is set: refused (whoever can write the store could have planted \
+         it). If this store was written before the key file was configured, start once with \
+         [store] accept_cleartext = true to encrypt it"
+    )]
+    Cleartext {
+        /// The store, as [`Store::describe`] puts it.
+        store: String,
+        /// The record (`ike_sa/<SPI>` or `config`).
+        record: String,
+    },
+    /// A key rotation was asked of a store without a key file.
+    #[error(
+        "state store {store} is not encrypted: set [store] encryption_key_file to encrypt it \
+         (then keys can be rotated)"
+    )]
+    NotEncrypted {
+        /// The store, as [`Store::describe`] puts it.
+        store: String,
     },
     /// A remote store holds data that is not a Protego state store's (another program's, or
     /// damaged).

@@ -6,7 +6,7 @@
 //!   plane, ESP opened and handed to its inside interface.
 //! - [`vxlan`]: the VNet side (RFC 7348): frames from hosts (ARP, ND, IP to the gateway) and
 //!   delivery of decrypted packets to VMs.
-//! - [`relay`]: relay mode, Geneve frames from and to steer nodes (DESIGN.md §2).
+//! - [`relay`]: relay mode, Geneve frames from and to steer nodes (docs/architecture.md, "The picture").
 //! - [`seal`]: outbound ESP toward the peer (or, in relay mode, a steer node).
 //! - [`tun`]: the TUN side.
 

@@ -1,4 +1,4 @@
-//! Relay mode (DESIGN.md §2): the node sits behind steer nodes, which own the public address
+//! Relay mode (docs/architecture.md, "The picture"): the node sits behind steer nodes, which own the public address
 //! (VIP) and forward to it, inside Geneve (RFC 8926, UDP 6081), the whole IP/UDP datagram a
 //! peer or a cloud host sent to the VIP (`wire::relay`).
 //!

@@ -480,12 +480,34 @@ proptest! {
     #[test]
     fn rate_limit_round_trip(
         tunnel in any::<u32>(),
-        limit in proptest::option::of((1..=u64::MAX, 1..=u64::MAX)),
+        limit in proptest::option::of((1..=u64::MAX, 1..=u64::MAX, 1..=u64::MAX, 1..=u64::MAX)),
+        same in any::<bool>(),
     ) {
         let tunnel = steer::TunnelId(tunnel);
-        let limit = limit.map(|(bps, burst)| RateLimit::new(bps, burst));
+        let limit = limit.map(|(bps, burst, out_bps, out_burst)| {
+            let inbound = RateLimit::new(bps, burst);
+            let outbound = if same { inbound } else { RateLimit::new(out_bps, out_burst) };
+            steer::TunnelLimit { inbound, outbound }
+        });
         let msg = rate_limit_to_pb(tunnel, limit).expect("expressible");
         prop_assert_eq!(rate_limit_from_pb(&msg), Ok((tunnel, limit)));
+    }
+
+    #[test]
+    fn share_round_trip(
+        tunnel in any::<u32>(),
+        share in proptest::option::of((1..=u64::MAX, 1..=u64::MAX, 1..=u64::MAX, 0..=u64::MAX)),
+    ) {
+        let tunnel = steer::TunnelId(tunnel);
+        let share = share.map(|(bps, burst, out_bps, fallback)| steer::Share {
+            limit: steer::TunnelLimit {
+                inbound: RateLimit::new(bps, burst),
+                outbound: RateLimit::new(out_bps, burst),
+            },
+            fallback_bits_per_second: fallback,
+        });
+        let msg = share_to_pb(tunnel, share).expect("expressible");
+        prop_assert_eq!(share_from_pb(&msg), Ok((tunnel, share)));
     }
 
     #[test]
@@ -657,6 +679,9 @@ proptest! {
             tunnel: ints[3],
             bits_per_second: limit.0 % 3,
             burst_bytes: limit.1,
+            outbound_bits_per_second: limit.1 % 3,
+            outbound_burst_bytes: limit.0,
+            fallback_bits_per_second: limit.0 % 2,
         });
         for t in &texts {
             let _ = socket_addr_from_pb("a", t);
@@ -1077,6 +1102,7 @@ fn steer_errors_name_the_field() {
         tunnel: 1,
         bits_per_second,
         burst_bytes,
+        ..pb::RateLimit::default()
     };
     assert_eq!(
         rate_limit_from_pb(&limit(0, 0)),
@@ -1094,8 +1120,55 @@ fn steer_errors_name_the_field() {
             .field,
         "burst_bytes"
     );
-    assert!(rate_limit_to_pb(steer::TunnelId(1), Some(RateLimit::new(0, 1500))).is_err());
-    assert!(rate_limit_to_pb(steer::TunnelId(1), Some(RateLimit::new(1, 0))).is_err());
+    assert!(rate_limit_to_pb(steer::TunnelId(1), Some(RateLimit::new(0, 1500).into())).is_err());
+    assert!(rate_limit_to_pb(steer::TunnelId(1), Some(RateLimit::new(1, 0).into())).is_err());
+    // Directions apart: outbound without inbound, and an outbound burst without a rate.
+    let outbound_only = pb::RateLimit {
+        outbound_bits_per_second: 5,
+        outbound_burst_bytes: 1500,
+        ..limit(0, 0)
+    };
+    assert_eq!(
+        rate_limit_from_pb(&outbound_only)
+            .expect_err("no inbound limit")
+            .field,
+        "outbound_bits_per_second"
+    );
+    let burst_only = pb::RateLimit {
+        outbound_burst_bytes: 1500,
+        ..limit(5, 1500)
+    };
+    assert_eq!(
+        rate_limit_from_pb(&burst_only)
+            .expect_err("outbound burst without rate")
+            .field,
+        "outbound_burst_bytes"
+    );
+    let both = pb::RateLimit {
+        outbound_bits_per_second: 7,
+        outbound_burst_bytes: 3000,
+        ..limit(5, 1500)
+    };
+    let fallback_only = pb::RateLimit {
+        fallback_bits_per_second: 5,
+        ..limit(0, 0)
+    };
+    assert_eq!(
+        share_from_pb(&fallback_only)
+            .expect_err("a fallback without a limit")
+            .field,
+        "fallback_bits_per_second"
+    );
+    assert_eq!(
+        rate_limit_from_pb(&both),
+        Ok((
+            steer::TunnelId(1),
+            Some(steer::TunnelLimit {
+                inbound: RateLimit::new(5, 1500),
+                outbound: RateLimit::new(7, 3000),
+            })
+        ))
+    );
 }
 
 #[test]

@@ -1,5 +1,5 @@
 //! Protego's own account of a negotiation, cross-checked against the wire: the node-wide IKE
-//! drop counters of `protego status --json` (`ike_drops`, DESIGN.md §7), which count every
+//! drop counters of `protego status --json` (`ike_drops`, docs/architecture.md, "Bad input and faults"), which count every
 //! refused or dropped IKE datagram by reason (RFC 7296 §2.6 COOKIE demands, §1.2
 //! INVALID_KE_PAYLOAD refusals, ...).
 

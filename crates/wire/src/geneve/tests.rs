@@ -689,8 +689,7 @@ impl Drop for TempFile {
 
 #[test]
 fn tshark_decodes_built_frames() {
-    if Command::new("tshark").arg("--version").output().is_err() {
-        println!("SKIPPED tshark_decodes_built_frames: tshark is not installed");
+    if !testreq::program("tshark_decodes_built_frames", "tshark") {
         return;
     }
     let inner = peer_packet(1);

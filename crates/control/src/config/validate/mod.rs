@@ -3,6 +3,7 @@
 //! files. The first error found is returned, located at the offending key. Tunnel tables are
 //! checked in `tunnel.rs`.
 
+mod etcd_access;
 mod tunnel;
 
 use super::raw::{
@@ -66,6 +67,7 @@ pub(crate) fn validate_with(
     };
     let (gateway, endpoint, extra) = v.gateway(&raw.gateway)?;
     let store = v.store(raw.store.as_ref())?;
+    let store_encryption = v.store_encryption(raw.store.as_ref())?;
     let cluster = raw.cluster.as_ref().map(|c| v.cluster(c)).transpose()?;
     let tenants = v.tenants(&raw)?;
     let vnets = v.vnets(&raw, &tenants)?;
@@ -125,6 +127,7 @@ pub(crate) fn validate_with(
         tunnels: tunnels.into_iter().map(|t| t.tunnel).collect(),
         dataplane,
         store,
+        store_encryption,
         cluster,
         warnings: v.warnings,
     })
@@ -190,6 +193,49 @@ impl Validator<'_, '_> {
             .error(span, Some(section.to_owned()), Some(key), message)
     }
 
+    /// `[store] encryption_key_file` (relative to the configuration file's directory, as
+    /// `psk_file`) and `accept_cleartext`, for every backend. The key file itself is read when
+    /// the store is opened ([`crate::store::SealedStore::open`]).
+    fn store_encryption(
+        &self,
+        raw: Option<&Spanned<RawStore>>,
+    ) -> Result<crate::store::EncryptionOptions, Box<ConfigError>> {
+        const S: &str = "store";
+        let Some(raw) = raw.map(Spanned::get_ref) else {
+            return Ok(crate::store::EncryptionOptions::default());
+        };
+        let key_file = match &raw.encryption_key_file {
+            Some(p) if p.get_ref().trim().is_empty() => {
+                return Err(self.err(p.span(), S, "encryption_key_file", "must not be empty"));
+            }
+            Some(p) => {
+                let path = Path::new(p.get_ref());
+                Some(match self.src.file.parent() {
+                    Some(dir) if path.is_relative() => dir.join(path),
+                    _ => path.to_owned(),
+                })
+            }
+            None => None,
+        };
+        let accept_cleartext = match &raw.accept_cleartext {
+            Some(a) if *a.get_ref() && key_file.is_none() => {
+                return Err(self.err(
+                    a.span(),
+                    S,
+                    "accept_cleartext",
+                    "only means something with encryption_key_file (without a key file every \
+                     record is in clear)",
+                ));
+            }
+            Some(a) => *a.get_ref(),
+            None => false,
+        };
+        Ok(crate::store::EncryptionOptions {
+            key_file,
+            accept_cleartext,
+        })
+    }
+
     /// `[store]`: the file backend by default.
     fn store(&self, raw: Option<&Spanned<RawStore>>) -> Result<StoreConfig, Box<ConfigError>> {
         const S: &str = "store";
@@ -217,6 +263,14 @@ impl Validator<'_, '_> {
             ("endpoints", raw.endpoints.as_ref().map(Spanned::span)),
             ("prefix", raw.prefix.as_ref().map(Spanned::span)),
             ("timeout", raw.timeout.as_ref().map(Spanned::span)),
+            ("ca", raw.ca.as_ref().map(Spanned::span)),
+            ("cert", raw.cert.as_ref().map(Spanned::span)),
+            ("key", raw.key.as_ref().map(Spanned::span)),
+            ("username", raw.username.as_ref().map(Spanned::span)),
+            (
+                "password_file",
+                raw.password_file.as_ref().map(Spanned::span),
+            ),
         ];
         match backend {
             "file" => {
@@ -264,7 +318,7 @@ impl Validator<'_, '_> {
     }
 
     /// The etcd backend's keys: `endpoints` (required, http:// or https:// URLs), `prefix`,
-    /// `timeout`.
+    /// `timeout`, and TLS and authentication (`etcd_access.rs`).
     fn etcd(&self, raw: &RawStore) -> Result<EtcdOptions, Box<ConfigError>> {
         const S: &str = "store";
         let Some(list) = &raw.endpoints else {
@@ -290,14 +344,6 @@ impl Validator<'_, '_> {
                     format!(
                         "{url:?} is not an etcd client URL (http://HOST:PORT or https://HOST:PORT)"
                     ),
-                ));
-            }
-            if url.starts_with("https://") {
-                return Err(self.err(
-                    list.span(),
-                    S,
-                    "endpoints",
-                    format!("{url:?}: TLS to etcd is not supported yet; reach etcd over a private network with http://"),
                 ));
             }
             endpoints.push(url.to_owned());
@@ -332,10 +378,24 @@ impl Validator<'_, '_> {
             Some(t) => t.get_ref().0,
             None => DEFAULT_ETCD_TIMEOUT,
         };
+        let https = endpoints
+            .iter()
+            .filter(|e| e.starts_with("https://"))
+            .count();
+        if https > 0 && https < endpoints.len() {
+            return Err(self.err(
+                list.span(),
+                S,
+                "endpoints",
+                "mixes http:// and https:// URLs: use https:// for every endpoint",
+            ));
+        }
+        let access = self.etcd_access(raw, https > 0, list.span())?;
         Ok(EtcdOptions {
             endpoints,
             prefix,
             timeout,
+            access,
         })
     }
 
