@@ -110,6 +110,18 @@ impl SteerApplier {
         rpc::convert::share_from_pb(r).map_err(|e| format!("{field}.{e}"))
     }
 
+    /// [`Self::share`] of every limit of a list, each error naming `field[i]`.
+    fn shares(
+        field: &str,
+        limits: &[pb::RateLimit],
+    ) -> Result<Vec<(steer::TunnelId, Option<steer::Share>)>, String> {
+        limits
+            .iter()
+            .enumerate()
+            .map(|(i, l)| Self::share(&format!("{field}[{i}]"), l))
+            .collect()
+    }
+
     /// Takes new shares: the forwarder enforces them, and they are remembered with their
     /// fallbacks.
     fn set_shares(&self, shares: Vec<(steer::TunnelId, Option<steer::Share>)>) {
@@ -160,12 +172,7 @@ impl Applier for SteerApplier {
                     Some(n) => Self::nodes(n)?,
                     None => (None, Vec::new()),
                 };
-                let shares = t
-                    .limits
-                    .iter()
-                    .enumerate()
-                    .map(|(i, l)| Self::share(&format!("steer_tables.limits[{i}]"), l))
-                    .collect::<Result<Vec<_>, _>>()?;
+                let shares = Self::shares("steer_tables.limits", &t.limits)?;
                 let tables = SteerTables {
                     control,
                     data_nodes,
@@ -224,13 +231,7 @@ impl Applier for SteerApplier {
                 Ok(())
             }
             Op::SetRateLimits(r) => {
-                let shares = r
-                    .limits
-                    .iter()
-                    .enumerate()
-                    .map(|(i, l)| Self::share(&format!("set_rate_limits.limits[{i}]"), l))
-                    .collect::<Result<Vec<_>, _>>()?;
-                self.set_shares(shares);
+                self.set_shares(Self::shares("set_rate_limits.limits", &r.limits)?);
                 Ok(())
             }
             other => Err(format!("{} is not a steer node directive", op_name(&other))),

@@ -295,14 +295,10 @@ impl Persister {
     /// datagrams wait for the store, nor while `busy` (IKE datagrams are waiting to be handled)
     /// unless it has been due for [`RESEAL_MAX_DEFER`]. True if it ran.
     pub(crate) fn reseal(&mut self, now: Instant, busy: bool) -> bool {
-        let Some(due) = self.reseal_at else {
+        let Some(due) = self.reseal_at() else {
             return false;
         };
-        if now < due
-            || !self.pending.is_empty()
-            || !self.held.is_empty()
-            || (busy && now < due + RESEAL_MAX_DEFER)
-        {
+        if now < due || (busy && now < due + RESEAL_MAX_DEFER) {
             return false;
         }
         match self.store.reseal(RESEAL_BATCH) {
@@ -604,9 +600,8 @@ mod tests {
         assert!(stats.failures >= 1);
     }
 
-    /// The key id in the header of a record sealed by [`crate::store::SealedStore`].
     fn key_id(record: &[u8]) -> u32 {
-        u32::from_be_bytes(record[5..9].try_into().unwrap())
+        crate::store::sealed_key_id(record).expect("a sealed record")
     }
 
     #[test]

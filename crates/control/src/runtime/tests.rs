@@ -340,6 +340,20 @@ fn node(config: Config, dir: Arc<Scratch>) -> Node {
 }
 
 impl Node {
+    /// A node over a memory store of its own, its control loop started on one side of
+    /// [`wired_paths`].
+    fn start(config: Config, (path, to_control, rx): Wired, dir: &Arc<Scratch>) -> Node {
+        Node {
+            config,
+            path,
+            control: None,
+            to_control,
+            store: MemoryStore::default(),
+            _dir: Arc::clone(dir),
+        }
+        .with_receiver(rx)
+    }
+
     fn with_receiver(mut self, rx: Receiver<ToControl>) -> Self {
         let datapath: Arc<dyn DataPath> = self.path.clone();
         let rng = Box::new(crypto::SeededRng::new(
@@ -380,25 +394,9 @@ fn pair(name: &str, gateway_extra_a: &str, extra_a: &str, extra_b: &str) -> (Nod
     let dir = scratch_dir();
     let config_a = config(&dir.0, 'a', name, true, gateway_extra_a, extra_a);
     let config_b = config(&dir.0, 'b', name, false, "", extra_b);
-    let ((path_a, tx_a, rx_a), (path_b, tx_b, rx_b)) = wired_paths();
-    let mut b = Node {
-        config: config_b,
-        path: path_b,
-        control: None,
-        to_control: tx_b,
-        store: MemoryStore::default(),
-        _dir: Arc::clone(&dir),
-    };
-    b = b.with_receiver(rx_b);
-    let mut a = Node {
-        config: config_a,
-        path: path_a,
-        control: None,
-        to_control: tx_a,
-        store: MemoryStore::default(),
-        _dir: dir,
-    };
-    a = a.with_receiver(rx_a);
+    let (wired_a, wired_b) = wired_paths();
+    let b = Node::start(config_b, wired_b, &dir);
+    let a = Node::start(config_a, wired_a, &dir);
     (a, b)
 }
 

@@ -23,8 +23,8 @@ const INVALID_TOKEN: &str = "invalid auth token";
 const OLD_AUTH_REVISION: &str = "revision of auth store is old";
 
 /// The security of the connections to etcd: TLS, and an etcd user. The default is neither
-/// (plain `http://`, no authentication). `Debug` omits the key and the password.
-#[derive(Clone, Default, PartialEq, Eq)]
+/// (plain `http://`, no authentication). `Debug` omits the key and the password (theirs do).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct EtcdAccess {
     /// TLS for `https://` endpoints; `None` with `http://` endpoints.
     pub tls: Option<ClientTls>,
@@ -40,15 +40,6 @@ pub struct EtcdUser {
     pub name: String,
     /// The password. Secret: never log it.
     pub password: Zeroizing<String>,
-}
-
-impl fmt::Debug for EtcdAccess {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("EtcdAccess")
-            .field("tls", &self.tls)
-            .field("user", &self.user)
-            .finish()
-    }
 }
 
 impl fmt::Debug for EtcdUser {

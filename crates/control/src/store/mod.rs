@@ -81,6 +81,8 @@ pub(crate) use etcd_access::{explain as explain_etcd_error, token_refused};
 pub use etcd_access::{read_password_file, EtcdAccess, EtcdUser};
 pub use file::FileStore;
 pub use memory::MemoryStore;
+#[cfg(test)]
+pub(crate) use sealed::key_id_of as sealed_key_id;
 pub use sealed::SealedStore;
 
 use std::collections::BTreeMap;

@@ -118,6 +118,15 @@ pub(crate) fn seal(keys: &KeyRing, key_id: u32, id: RecordId, plaintext: &[u8]) 
     out
 }
 
+/// The key id in a sealed record's header; `None` for a record in clear, or one too short to
+/// hold a header.
+pub(crate) fn key_id_of(record: &[u8]) -> Option<u32> {
+    let id = record.strip_prefix(MAGIC)?.get(1..5)?;
+    Some(u32::from_be_bytes(
+        id.try_into().expect("a range of four bytes"),
+    ))
+}
+
 /// What an opened record was: its plaintext, and the key that sealed it (`None`: in clear).
 pub(crate) struct Opened {
     pub(crate) plaintext: Snapshot,
@@ -148,7 +157,7 @@ pub(crate) fn open(
     if record[4] != VERSION {
         return Err(OpenError::Version(record[4]));
     }
-    let key_id = u32::from_be_bytes([record[5], record[6], record[7], record[8]]);
+    let key_id = key_id_of(record).expect("a record of a header's length has a key id");
     let keys = keys.ok_or(OpenError::NoKeyFile(key_id))?;
     let key = keys.key(key_id).ok_or(OpenError::UnknownKey(key_id))?;
     let mut nonce = [0u8; NONCE_LEN];

@@ -33,8 +33,7 @@ fn sealed(inner: &MemoryStore, key_file: Option<&Path>, accept_cleartext: bool) 
 
 /// The key id in a sealed record's header.
 fn key_id_of(record: &[u8]) -> u32 {
-    assert!(record.starts_with(MAGIC), "not sealed: {record:?}");
-    u32::from_be_bytes(record[5..9].try_into().unwrap())
+    super::sealed::key_id_of(record).unwrap_or_else(|| panic!("not sealed: {record:?}"))
 }
 
 fn contains(haystack: &[u8], needle: &[u8]) -> bool {

@@ -67,16 +67,8 @@ fn negotiate(
         "",
     );
     let config_b = config(&dir.0, 'b', name, false, "", "");
-    let ((path_a, tx_a, rx_a), (path_b, tx_b, rx_b)) = wired_paths();
-    let b = Node {
-        config: config_b,
-        path: path_b,
-        control: None,
-        to_control: tx_b,
-        store: MemoryStore::default(),
-        _dir: Arc::clone(&dir),
-    }
-    .with_receiver(rx_b);
+    let ((path_a, tx_a, rx_a), wired_b) = wired_paths();
+    let b = Node::start(config_b, wired_b, &dir);
     let mut a = Node {
         control: Some(start_a(&config_a, &path_a, rx_a, open(&dir.0))),
         config: config_a,
