@@ -1,5 +1,6 @@
 //! Cryptographic building blocks for Protego: the IANA transform registry (RFC 7296 §3.3.2,
-//! IANA "IKEv2 Transform Attribute Types"), PRFs and prf+ (RFC 7296 §2.13), key exchange groups
+//! IANA "IKEv2 Transform Attribute Types"; defined once in `wire::ike`, re-exported in
+//! [`transform`]), PRFs and prf+ (RFC 7296 §2.13), key exchange groups
 //! (RFC 3526 MODP-2048, RFC 5903 ECP-256/384, RFC 8031 Curve25519) and the keyed ciphers used by
 //! both the IKE SK payload (RFC 7296 §3.14, RFC 5282) and ESP (RFC 4303, RFC 4106, RFC 7634,
 //! RFC 3602 + RFC 4868).

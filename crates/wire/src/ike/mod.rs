@@ -36,7 +36,8 @@ pub use nonce::{NoncePayload, MAX_NONCE_LEN, MIN_NONCE_LEN};
 pub use notify::NotifyPayload;
 pub use payload::{chain_len, emit_chain, parse_chain, Encrypted, Payload, UnknownPayload};
 pub use registry::{
-    AuthMethod, ExchangeType, IdType, NotifyType, PayloadType, ProtocolId, TransformType, TsType,
+    AuthMethod, EncrId, EsnId, ExchangeType, IdType, IntegId, KeId, NotifyType, PayloadType, PrfId,
+    ProtocolId, TransformType, TsType,
 };
 pub use sa::{Attribute, AttributeValue, Proposal, SaPayload, Transform, ATTR_KEY_LENGTH};
 pub use sk::{emit_encrypted, strip_padding, SealLayout};
