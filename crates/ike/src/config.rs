@@ -8,9 +8,7 @@ use std::net::IpAddr;
 use std::time::Duration;
 use zeroize::Zeroizing;
 
-/// Identifies a configured tunnel (a swanctl "connection") within a node.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct TunnelId(pub u32);
+pub use ids::TunnelId;
 
 /// An IKE identity (RFC 7296 §3.5).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
