@@ -25,6 +25,8 @@ use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::sync::Arc;
 
+pub use wire::flow::Flow;
+use wire::flow::Ports;
 use wire::ike::TrafficSelector;
 use wire::vxlan::Vni;
 
@@ -125,7 +127,9 @@ impl AddrRange {
     }
 }
 
-/// An inclusive range of ports, valid by construction (start not above end).
+/// A selector's ports, valid by construction: an inclusive range (start not above end), or
+/// OPAQUE (start 65535, end 0 as IKEv2 encodes it). What they cover is `wire::flow::Ports`'
+/// meaning, the one the data node applies too.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct PortRange {
     start: u16,
@@ -133,18 +137,24 @@ pub struct PortRange {
 }
 
 impl PortRange {
-    /// Every port (and every packet of a protocol without ports, see [`Flow`]).
+    /// Every port, and every packet without ports (see [`Flow`]).
     pub const ANY: Self = Self {
         start: 0,
         end: u16::MAX,
     };
 
-    /// The ports `start..=end`.
+    /// OPAQUE (RFC 4301 §4.4.1.1): only packets whose ports are not available.
+    pub const OPAQUE: Self = Self {
+        start: u16::MAX,
+        end: 0,
+    };
+
+    /// The ports `start..=end`, or OPAQUE for 65535–0; any other reversed range is an error.
     pub fn new(start: u16, end: u16) -> Result<Self, SteerError> {
-        if start > end {
-            return Err(SteerError::InvertedPortRange { start, end });
+        match Ports::from_fields(start, end) {
+            Some(_) => Ok(Self { start, end }),
+            None => Err(SteerError::InvertedPortRange { start, end }),
         }
-        Ok(Self { start, end })
     }
 
     /// A single port.
@@ -155,19 +165,32 @@ impl PortRange {
         }
     }
 
-    /// First port.
+    /// First port (65535 for OPAQUE).
     pub const fn start(&self) -> u16 {
         self.start
     }
 
-    /// Last port.
+    /// Last port (0 for OPAQUE).
     pub const fn end(&self) -> u16 {
         self.end
     }
 
-    /// True if `port` lies in the range.
-    pub const fn contains(&self, port: u16) -> bool {
-        self.start <= port && port <= self.end
+    /// The ports as `wire::flow` matches them.
+    pub const fn ports(&self) -> Ports {
+        if self.start > self.end {
+            Ports::Opaque
+        } else {
+            Ports::Range {
+                start: self.start,
+                end: self.end,
+            }
+        }
+    }
+
+    /// True if a packet with this port (`None`: without ports) is covered.
+    #[inline]
+    pub fn matches(&self, port: Option<u16>) -> bool {
+        self.ports().matches(port)
     }
 }
 
@@ -227,33 +250,16 @@ impl Selector {
     }
 
     /// True if the selector covers `flow`: both addresses in range, the protocol equal (or the
-    /// selector's 0), both ports in range.
+    /// selector's 0), both ports covered as `wire::flow::Ports` says (a packet without ports
+    /// meets only "any" and OPAQUE). The same answer as the negotiated traffic selectors give
+    /// through `wire::ike::TrafficSelector::covers` on the data node.
     pub fn matches(&self, flow: &Flow) -> bool {
         self.dst.contains(flow.dst)
             && self.src.contains(flow.src)
             && (self.proto == 0 || self.proto == flow.proto)
-            && self.sport.contains(flow.sport)
-            && self.dport.contains(flow.dport)
+            && self.sport.matches(flow.sport)
+            && self.dport.matches(flow.dport)
     }
-}
-
-/// The inner packet's header fields a lookup needs.
-///
-/// For protocols without ports, pass 0 for both: a selector's port ranges must then include 0
-/// (a full range does). For ICMP, RFC 4301 §4.4.1.1 puts the message type and code where the
-/// ports would be; pass them as `sport` and `dport` if selectors are built that way.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct Flow {
-    /// Source address.
-    pub src: IpAddr,
-    /// Destination address (same family as `src`, or nothing matches).
-    pub dst: IpAddr,
-    /// IP protocol (IPv4 Protocol / IPv6 upper-layer Next Header).
-    pub proto: u8,
-    /// Source port (0 without ports).
-    pub sport: u16,
-    /// Destination port (0 without ports).
-    pub dport: u16,
 }
 
 /// One outbound steering rule: a tunnel's selector and the data node holding its SA.

@@ -12,7 +12,7 @@
 //! - [`geneve`]: a frame from a data or control node: a datagram to send out of a VIP, a
 //!   probe reply, or both.
 
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 use std::ops::Range;
 
 use steer::{Flow, SelectorEntry, SpiEntry};
@@ -20,7 +20,8 @@ use wire::arp::ArpPacket;
 use wire::esp::UdpEncap;
 use wire::ethernet::{EtherType, EthernetRepr};
 use wire::geneve::HealthProbe;
-use wire::ip::{IpProtocol, Ipv4Packet, Ipv6Packet, IPV6_HEADER_LEN};
+use wire::flow::InnerIp;
+use wire::ip::IpProtocol;
 use wire::relay;
 use wire::vxlan::{Vni, VxlanPacket};
 
@@ -139,102 +140,21 @@ pub(crate) struct InnerFlow {
     pub(crate) neighbour_discovery: bool,
 }
 
-/// IP protocols whose first 4 payload bytes are the source and destination ports.
-const PORT_PROTOCOLS: [IpProtocol; 4] = [
-    IpProtocol::TCP,
-    IpProtocol::UDP,
-    IpProtocol::SCTP,
-    IpProtocol(136), // UDP-Lite
-];
-
 /// ICMPv6 types of neighbour discovery (RFC 4861 §4): router solicitation (133) to redirect
 /// (137).
 const ND_TYPES: std::ops::RangeInclusive<u8> = 133..=137;
 
-/// Reads the selector fields of an IPv4 or IPv6 packet; `None` if it does not parse.
-///
-/// Ports as the data plane's selector check reads them: TCP, UDP, SCTP and UDP-Lite give
-/// theirs; ICMP and ICMPv6 give type and code (type << 8 | code) as both ports (RFC 7296
-/// §3.13.1 matches them on either selector); other protocols, non-first fragments and
-/// truncated headers give 0. IPv6 extension headers are walked to the upper layer.
+/// Reads the selector fields of an IPv4 or IPv6 packet with `wire::flow`, the parser the data
+/// node uses too; `None` if it does not parse.
 pub(crate) fn inner_flow(packet: &[u8]) -> Option<InnerFlow> {
-    let (src, dst, proto, l4): (IpAddr, IpAddr, IpProtocol, Option<&[u8]>) =
-        match packet.first()? >> 4 {
-            4 => {
-                let p = Ipv4Packet::new_checked(packet).ok()?;
-                // check_len passed: header_len <= total_len <= packet.len().
-                let payload = packet.get(p.header_len()..usize::from(p.total_len()))?;
-                let l4 = (p.frag_offset() == 0).then_some(payload);
-                (p.src_addr().into(), p.dst_addr().into(), p.protocol(), l4)
-            }
-            6 => {
-                let p = Ipv6Packet::new_checked(packet).ok()?;
-                let payload = packet.get(IPV6_HEADER_LEN..p.total_len())?;
-                let (proto, l4) = upper_layer_v6(p.next_header(), payload);
-                (p.src_addr().into(), p.dst_addr().into(), proto, l4)
-            }
-            _ => return None,
-        };
-    let (sport, dport) = match l4 {
-        Some(h) if PORT_PROTOCOLS.contains(&proto) && h.len() >= 4 => (
-            u16::from_be_bytes([h[0], h[1]]),
-            u16::from_be_bytes([h[2], h[3]]),
-        ),
-        Some(h) if (proto == IpProtocol::ICMP || proto == IpProtocol::ICMPV6) && h.len() >= 2 => {
-            let tc = u16::from_be_bytes([h[0], h[1]]);
-            (tc, tc)
-        }
-        _ => (0, 0),
-    };
-    let neighbour_discovery = proto == IpProtocol::ICMPV6
-        && src.is_ipv6()
-        && l4
-            .and_then(|h| h.first())
-            .is_some_and(|t| ND_TYPES.contains(t));
+    let flow = InnerIp::parse(packet)?.flow;
+    let neighbour_discovery = flow.proto == IpProtocol::ICMPV6.0
+        && flow.src.is_ipv6()
+        && flow.icmp_type().is_some_and(|t| ND_TYPES.contains(&t));
     Some(InnerFlow {
-        flow: Flow {
-            src,
-            dst,
-            proto: proto.0,
-            sport,
-            dport,
-        },
+        flow,
         neighbour_discovery,
     })
-}
-
-/// Walks IPv6 extension headers (hop-by-hop, routing, destination options, fragment; RFC 8200
-/// §4) to the upper-layer protocol and header; the header is `None` behind a non-first
-/// fragment, a truncated chain or a chain too long to follow.
-fn upper_layer_v6(mut next: IpProtocol, mut rest: &[u8]) -> (IpProtocol, Option<&[u8]>) {
-    for _ in 0..8 {
-        match next {
-            IpProtocol::HOPOPT | IpProtocol::IPV6_ROUTE | IpProtocol::IPV6_OPTS => {
-                if rest.len() < 8 {
-                    return (next, None);
-                }
-                let len = (usize::from(rest[1]) + 1) * 8;
-                if rest.len() < len {
-                    return (next, None);
-                }
-                next = IpProtocol(rest[0]);
-                rest = &rest[len..];
-            }
-            IpProtocol::IPV6_FRAG => {
-                if rest.len() < 8 {
-                    return (next, None);
-                }
-                let offset = u16::from_be_bytes([rest[2], rest[3]]) & 0xfff8;
-                next = IpProtocol(rest[0]);
-                if offset != 0 {
-                    return (next, None);
-                }
-                rest = &rest[8..];
-            }
-            _ => return (next, Some(rest)),
-        }
-    }
-    (next, None)
 }
 
 /// A datagram a node asks us to send from a VIP socket.

@@ -8,6 +8,7 @@ pub mod error;
 pub mod esp;
 pub mod ethernet;
 mod field;
+pub mod flow;
 pub mod geneve;
 pub mod ike;
 pub mod ip;

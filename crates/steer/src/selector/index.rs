@@ -24,6 +24,8 @@
 
 use std::net::IpAddr;
 
+use wire::flow::port_key;
+
 use super::{Flow, IndexStats, Range, SelectorEntry};
 
 /// Fewest rules a layer must take to be worth a binary search.
@@ -37,8 +39,9 @@ struct Rule<A> {
     dst: (A, A),
     src: (A, A),
     proto: u8,
-    sport: (u16, u16),
-    dport: (u16, u16),
+    /// Port bounds as `wire::flow::port_key`s.
+    sport: (u32, u32),
+    dport: (u32, u32),
     /// Position in the VNI's list.
     entry: u32,
 }
@@ -50,8 +53,8 @@ impl<A: Copy + Ord> Rule<A> {
             dst,
             src,
             proto: s.proto,
-            sport: (s.sport.start(), s.sport.end()),
-            dport: (s.dport.start(), s.dport.end()),
+            sport: s.sport.ports().key_bounds(),
+            dport: s.dport.ports().key_bounds(),
             entry,
         }
     }
@@ -82,8 +85,8 @@ struct Key<A> {
     src: A,
     dst: A,
     proto: u8,
-    sport: u16,
-    dport: u16,
+    sport: u32,
+    dport: u32,
 }
 
 /// Which address a layer is sorted on.
@@ -257,15 +260,15 @@ impl VniIndex {
                 src: u32::from(src),
                 dst: u32::from(dst),
                 proto: flow.proto,
-                sport: flow.sport,
-                dport: flow.dport,
+                sport: port_key(flow.sport),
+                dport: port_key(flow.dport),
             }),
             (IpAddr::V6(src), IpAddr::V6(dst)) => self.v6.lookup(&Key {
                 src: u128::from(src),
                 dst: u128::from(dst),
                 proto: flow.proto,
-                sport: flow.sport,
-                dport: flow.dport,
+                sport: port_key(flow.sport),
+                dport: port_key(flow.dport),
             }),
             _ => None,
         }

@@ -30,8 +30,8 @@ fn flow(src: &str, dst: &str, proto: u8, sport: u16, dport: u16) -> Flow {
         src: src.parse().unwrap(),
         dst: dst.parse().unwrap(),
         proto,
-        sport,
-        dport,
+        sport: Some(sport),
+        dport: Some(dport),
     }
 }
 
@@ -118,13 +118,20 @@ fn from_traffic_selectors_combines_protocols() {
             remote: 17
         })
     );
-    // OPAQUE ports (RFC 7296 §3.13.1: start 65535, end 0) are not steerable.
+    // OPAQUE ports (RFC 7296 §3.13.1: start 65535, end 0) steer the packets without ports,
+    // as the data node's selector check lets them through; other reversed ranges are refused.
+    let opaque =
+        Selector::from_traffic_selectors(&local, &ts(17, "1.1.1.1", "1.1.1.1", 65535, 0)).unwrap();
+    assert_eq!(opaque.dport, PortRange::OPAQUE);
+    let udp = |dport| Flow {
+        dport,
+        ..flow("10.0.0.1", "1.1.1.1", 17, 1, 1)
+    };
+    assert!(opaque.matches(&udp(None)));
+    assert!(!opaque.matches(&udp(Some(53))));
     assert_eq!(
-        Selector::from_traffic_selectors(&local, &ts(17, "1.1.1.1", "1.1.1.1", 65535, 0)),
-        Err(SteerError::InvertedPortRange {
-            start: 65535,
-            end: 0
-        })
+        Selector::from_traffic_selectors(&local, &ts(17, "1.1.1.1", "1.1.1.1", 54, 53)),
+        Err(SteerError::InvertedPortRange { start: 54, end: 53 })
     );
 }
 
@@ -266,8 +273,8 @@ fn many_disjoint_tunnels_are_indexed() {
             src: v4("172.16.3.3"),
             dst: IpAddr::V4(dst),
             proto: 6,
-            sport: 1000,
-            dport: 443,
+            sport: Some(1000),
+            dport: Some(443),
         };
         assert_eq!(t.lookup(vni(42), &f).map(|e| e.tunnel), Some(TunnelId(i)));
     }
@@ -338,8 +345,8 @@ fn nested_ranges_keep_list_order() {
                 src: v4("1.2.3.4"),
                 dst,
                 proto: 6,
-                sport: 1,
-                dport: 1,
+                sport: Some(1),
+                dport: Some(1),
             };
             assert_eq!(t.lookup(vni(1), &f), linear(&entries, &f), "{f:?}");
         }
@@ -371,8 +378,9 @@ fn arb_v6_range() -> impl Strategy<Value = AddrRange> {
 
 fn arb_ports() -> impl Strategy<Value = PortRange> {
     prop_oneof![
-        Just(PortRange::ANY),
-        (0u16..6, 0u16..3).prop_map(|(p, w)| PortRange::new(p, p + w).unwrap()),
+        4 => Just(PortRange::ANY),
+        4 => (0u16..6, 0u16..3).prop_map(|(p, w)| PortRange::new(p, p + w).unwrap()),
+        1 => Just(PortRange::OPAQUE),
     ]
 }
 
@@ -408,8 +416,8 @@ fn arb_flow() -> impl Strategy<Value = Flow> {
     (
         addrs,
         prop_oneof![Just(6u8), Just(17), Just(1)],
-        0u16..8,
-        0u16..8,
+        proptest::option::weighted(0.9, 0u16..8),
+        proptest::option::weighted(0.9, 0u16..8),
     )
         .prop_map(|((src, dst), proto, sport, dport)| Flow {
             src,
@@ -477,11 +485,102 @@ proptest! {
                 src: s.src.start(),
                 dst: s.dst.end(),
                 proto: if s.proto == 0 { 6 } else { s.proto },
-                sport: s.sport.start(),
-                dport: s.dport.end(),
+                sport: (s.sport != PortRange::OPAQUE).then_some(s.sport.start()),
+                dport: (s.dport != PortRange::OPAQUE).then_some(s.dport.end()),
             };
             prop_assert_eq!(t.lookup(vni(7), &f), linear(&entries, &f));
             prop_assert!(t.lookup(vni(7), &f).is_some());
+        }
+    }
+}
+
+/// A traffic selector as a peer may negotiate it: addresses of either family (sometimes mixed
+/// with the other side's), any protocol, ports "any", a range, OPAQUE or reversed.
+fn arb_ts() -> impl Strategy<Value = TrafficSelector> {
+    let v4 = (0u32..16, 0u32..8).prop_map(|(a, w)| {
+        let s = 0x0a00_0000 + a;
+        (IpAddr::V4(s.into()), IpAddr::V4((s + w).into()))
+    });
+    let v6 = (0u128..16, 0u128..8).prop_map(|(a, w)| {
+        let s = (0xfd00_u128 << 112) + a;
+        (IpAddr::V6(s.into()), IpAddr::V6((s + w).into()))
+    });
+    let ports = prop_oneof![
+        3 => Just((0u16, 65535u16)),
+        3 => (0u16..6, 0u16..3).prop_map(|(p, w)| (p, p + w)),
+        1 => Just((65535, 0)),
+        1 => (1u16..6).prop_map(|p| (p, p - 1)),
+    ];
+    (
+        prop_oneof![4 => v4, 1 => v6],
+        prop_oneof![Just(0u8), Just(1), Just(6), Just(17), Just(58)],
+        ports,
+    )
+        .prop_map(|((start, end), ip_proto, (start_port, end_port))| TrafficSelector {
+            ip_proto,
+            start_port,
+            end_port,
+            start,
+            end,
+        })
+}
+
+/// Flows in the small address space of [`arb_ts`], so that most selectors cover some of them,
+/// with ports often absent (fragments, protocols without ports).
+fn arb_dense_flow() -> impl Strategy<Value = Flow> {
+    let addrs = prop_oneof![
+        4 => (0u32..24, 0u32..24).prop_map(|(s, d)| {
+            (IpAddr::V4((0x0a00_0000 + s).into()), IpAddr::V4((0x0a00_0000 + d).into()))
+        }),
+        1 => (0u128..24, 0u128..24).prop_map(|(s, d)| {
+            let base = 0xfd00_u128 << 112;
+            (IpAddr::V6((base + s).into()), IpAddr::V6((base + d).into()))
+        }),
+    ];
+    let port = || proptest::option::weighted(0.7, 0u16..8);
+    (addrs, prop_oneof![Just(1u8), Just(6), Just(17), Just(47), Just(58)], port(), port())
+        .prop_map(|((src, dst), proto, sport, dport)| Flow {
+            src,
+            dst,
+            proto,
+            sport,
+            dport,
+        })
+}
+
+proptest! {
+    /// One meaning of a selector match: the steer node's compiled selector (and its index)
+    /// covers a flow exactly when the negotiated traffic selectors do, as the data node checks
+    /// them (`TrafficSelector::covers` on both sides); a pair that cannot be compiled covers
+    /// nothing.
+    #[test]
+    fn steering_agrees_with_the_negotiated_selectors(
+        pairs in prop::collection::vec((arb_ts(), arb_ts()), 1..6),
+        flows in prop::collection::vec(arb_dense_flow(), 1..48),
+    ) {
+        let compiled: Vec<Option<Selector>> = pairs
+            .iter()
+            .map(|(local, remote)| Selector::from_traffic_selectors(local, remote).ok())
+            .collect();
+        let entries: Vec<SelectorEntry> = compiled
+            .iter()
+            .enumerate()
+            .filter_map(|(i, s)| s.map(|s| entry(s, i as u32, 1)))
+            .filter(|e| e.selector.src.is_ipv4() == e.selector.dst.is_ipv4())
+            .collect();
+        let mut t = SelectorTable::new();
+        t.set_vni(vni(9), entries).unwrap();
+        for f in &flows {
+            for ((local, remote), s) in pairs.iter().zip(&compiled) {
+                let negotiated = local.covers(f.src, f.proto, f.sport)
+                    && remote.covers(f.dst, f.proto, f.dport);
+                let steered = s.is_some_and(|s| s.matches(f));
+                prop_assert_eq!(steered, negotiated, "{:?} -> {:?} for {:?}", local, remote, f);
+            }
+            let first = pairs.iter().position(|(l, r)| {
+                l.covers(f.src, f.proto, f.sport) && r.covers(f.dst, f.proto, f.dport)
+            });
+            prop_assert_eq!(t.lookup(vni(9), f).map(|e| e.tunnel.0 as usize), first);
         }
     }
 }

@@ -43,6 +43,20 @@ pub struct TrafficSelector {
 }
 
 impl TrafficSelector {
+    /// True if this selector covers one side of a packet: `addr` in range, `proto` matching
+    /// and `port` (`None`: the packet has no ports) as [`crate::flow::Ports`] says. The one
+    /// meaning of a selector match, shared by the data and steer nodes.
+    pub fn covers(&self, addr: IpAddr, proto: u8, port: Option<u16>) -> bool {
+        crate::flow::side_covers(
+            (self.start, self.end),
+            self.ip_proto,
+            (self.start_port, self.end_port),
+            addr,
+            proto,
+            port,
+        )
+    }
+
     /// The TS type for the address family.
     pub fn ts_type(&self) -> TsType {
         match self.start {
