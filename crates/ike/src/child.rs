@@ -108,10 +108,10 @@ pub(crate) fn lower_nonce(a: &[u8], b: &[u8]) -> Vec<u8> {
 fn ts_payloads(tsi: &[TrafficSelector], tsr: &[TrafficSelector]) -> [Payload; 2] {
     [
         Payload::TsI(TsPayload {
-            selectors: tsi.iter().map(TrafficSelector::to_wire).collect(),
+            selectors: tsi.to_vec(),
         }),
         Payload::TsR(TsPayload {
-            selectors: tsr.iter().map(TrafficSelector::to_wire).collect(),
+            selectors: tsr.to_vec(),
         }),
     ]
 }
@@ -145,7 +145,7 @@ fn one_ts(payloads: &[Payload], initiator: bool) -> Option<&TsPayload> {
 }
 
 fn to_config_ts(t: &TsPayload) -> Vec<TrafficSelector> {
-    t.selectors.iter().map(TrafficSelector::from_wire).collect()
+    t.selectors.clone()
 }
 
 impl IkeSa {

@@ -1190,14 +1190,16 @@ fn selector_entry_refuses_what_cannot_be_steered() {
     )
     .expect_err("families differ");
     assert_eq!(e.field, "remote");
-    let e = selector_entry(
+    // OPAQUE ports are steered (to the packets without ports), as the data node lets them
+    // through its selector check.
+    let opaque = selector_entry(
         &t("10.1.0.0/24[tcp/opaque]"),
         &t("10.2.0.0/24"),
         steer::TunnelId(1),
         NodeId(1),
     )
-    .expect_err("OPAQUE");
-    assert_eq!(e.field, "local");
+    .expect("OPAQUE is steerable");
+    assert_eq!(opaque.selector.sport, PortRange::OPAQUE);
     let ok = selector_entry(
         &t("10.1.0.0/24"),
         &t("10.2.0.0/24[tcp/443]"),

@@ -41,7 +41,7 @@ pub use registry::{
 };
 pub use sa::{Attribute, AttributeValue, Proposal, SaPayload, Transform, ATTR_KEY_LENGTH};
 pub use sk::{emit_encrypted, strip_padding, SealLayout};
-pub use ts::{TrafficSelector, TsPayload};
+pub use ts::{TrafficSelector, TsPayload, TsSyntaxError};
 pub use vendor::VendorIdPayload;
 
 #[cfg(test)]

@@ -26,8 +26,15 @@ use super::{
 };
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-/// One traffic selector: an address range with a protocol and port range. The TS type is
-/// implied by the address family.
+mod text;
+
+pub use text::TsSyntaxError;
+
+/// One traffic selector (RFC 7296 §3.13.1): an address range with a protocol (0: any) and a
+/// port range (0-65535: any; 65535-0: OPAQUE). The TS type is implied by the address family.
+/// The one definition for the codec, the IKE engine, the data plane and the steer tables;
+/// swanctl's text form and the set operations are in `ts/text.rs`, what it covers of a packet in
+/// [`TrafficSelector::covers`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct TrafficSelector {
     /// IP protocol ID (0 = any).
@@ -65,7 +72,7 @@ impl TrafficSelector {
         }
     }
 
-    fn parse(r: &mut Reader<'_>) -> Result<Self, IkeWireError> {
+    fn decode(r: &mut Reader<'_>) -> Result<Self, IkeWireError> {
         let ts_type = TsType(r.u8()?);
         let ip_proto = r.u8()?;
         let len = usize::from(r.u16()?);
@@ -158,7 +165,7 @@ impl TsPayload {
         let _reserved = r.take(3)?;
         let mut selectors = Vec::with_capacity(usize::from(count));
         for _ in 0..count {
-            selectors.push(TrafficSelector::parse(&mut r)?);
+            selectors.push(TrafficSelector::decode(&mut r)?);
         }
         r.finish()?;
         Ok(Self { selectors })
