@@ -100,12 +100,15 @@ mod api;
 mod batch;
 mod control;
 mod dataplane;
+mod feature;
 mod inner;
+mod io;
 mod lane;
 mod out;
 mod overlay;
-mod path;
+mod pipeline;
 mod pool;
+mod relays;
 mod sa;
 mod select;
 mod shared;
@@ -124,3 +127,4 @@ pub use api::{
     WorkerStats,
 };
 pub use dataplane::{BoundAddrs, Dataplane};
+pub use feature::{Direction, Feature, FeatureBatch, FeatureChain, PacketMeta};

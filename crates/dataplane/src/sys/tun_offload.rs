@@ -6,8 +6,8 @@
 //! per write. Checksums follow RFC 1071, with the pseudo headers of RFC 9293 §3.1, RFC 768 and
 //! RFC 8200 §8.1.
 //!
-//! The read side lives in [`split`] ([`split_frame`]), the write side in [`writer`]
-//! ([`TunWriter`]); this file holds what both use: the header, the offload flags, the drop
+//! The read side lives in [`split`] ([`split_frame`](split::split_frame)), the write side in [`writer`]
+//! ([`TunWriter`](writer::TunWriter)); this file holds what both use: the header, the offload flags, the drop
 //! reasons and the checksum arithmetic.
 
 // The TUN worker moves to this API in issue 3's dataplane rewrite; until then parts are only
@@ -328,12 +328,9 @@ fn fill_l4_checksum(seg: &mut [u8], v6: bool, l4: usize, proto: u8) {
 }
 
 #[path = "tun_offload/split.rs"]
-mod split;
+pub(crate) mod split;
 #[path = "tun_offload/writer.rs"]
-mod writer;
-
-pub(crate) use split::{split_frame, SplitFault};
-pub(crate) use writer::{FlushStats, Push, TunWriter};
+pub(crate) mod writer;
 
 #[cfg(test)]
 #[path = "tun_offload/tests/mod.rs"]

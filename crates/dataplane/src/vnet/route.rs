@@ -3,14 +3,14 @@
 //! a lookup costs at most one probe per distinct length and never allocates.
 
 use crate::api::Route;
-use std::collections::HashMap;
+use rustc_hash::FxHashMap;
 use std::net::IpAddr;
 
 /// Longest-prefix-match table (IPv4 and IPv6 kept apart).
 #[derive(Debug, Default, Clone)]
 pub(crate) struct RouteTable {
-    v4: Vec<(u8, HashMap<u32, IpAddr>)>,
-    v6: Vec<(u8, HashMap<u128, IpAddr>)>,
+    v4: Vec<(u8, FxHashMap<u32, IpAddr>)>,
+    v6: Vec<(u8, FxHashMap<u128, IpAddr>)>,
 }
 
 fn mask4(len: u8) -> u32 {
@@ -75,7 +75,7 @@ impl RouteTable {
                 let slot = match self.v4.iter_mut().position(|(l, _)| *l == r.len) {
                     Some(i) => &mut self.v4[i].1,
                     None => {
-                        self.v4.push((r.len, HashMap::new()));
+                        self.v4.push((r.len, FxHashMap::default()));
                         &mut self.v4.last_mut().expect("just pushed").1
                     }
                 };
@@ -94,7 +94,7 @@ impl RouteTable {
                 let slot = match self.v6.iter_mut().position(|(l, _)| *l == r.len) {
                     Some(i) => &mut self.v6[i].1,
                     None => {
-                        self.v6.push((r.len, HashMap::new()));
+                        self.v6.push((r.len, FxHashMap::default()));
                         &mut self.v6.last_mut().expect("just pushed").1
                     }
                 };

@@ -1,14 +1,18 @@
 //! The relay path driven in memory, like `path/tests.rs`: Geneve frames from a (fake) steer
-//! node are handed to [`relay::receive`] and the send batch is inspected instead of sent. The
+//! node are handed to the relay lane's graph ([`crate::pipeline::graph::relay`]) and the send batch is inspected instead of sent. The
 //! Geneve and VTEP sockets are opened on loopback (to build the shared state), nothing is
 //! sent on them.
 
-use super::{receive, Pass, Relays, HEARD_WINDOW_MS};
+use super::{binding, vnet};
 use crate::api::{
     DataplaneConfig, DataplaneError, Inside, RelayConfig, ToControl, TunnelBinding, VnetConfig,
 };
-use crate::path::tests::{binding, vnet};
-use crate::shared::{Out, Shared};
+use crate::io::output::Output;
+use crate::out::Out;
+use crate::pipeline::classify::Pass;
+use crate::pipeline::graph::relay as receive;
+use crate::relays::{Relays, HEARD_WINDOW_MS};
+use crate::shared::Shared;
 use crate::stats::DropReason;
 use crate::testutil::{arp, child, ip, parse_vxlan, ts, udp4, vxlan as vxlan_frame, Peer};
 use ike::ChildSaInfo;
@@ -84,9 +88,9 @@ fn env_with(vnets: Vec<VnetConfig>, tunnels: Vec<TunnelBinding>) -> Env {
     let (tx, rx) = crossbeam_channel::unbounded();
     let sh = Shared::open(config(vnets, tunnels), tx).expect("relay mode opens");
     Env {
+        out: Output::standalone(&sh, 16),
         sh,
         rx,
-        out: Out::new(16),
         dead: Vec::new(),
     }
 }
@@ -130,7 +134,7 @@ impl Env {
     }
 
     fn relay_sock(&self) -> usize {
-        self.sh.relay_sock.expect("relay mode")
+        self.sh.io.relay_sock.expect("relay mode")
     }
 
     fn gw_mac(&self, vnet: usize) -> [u8; 6] {
@@ -259,7 +263,7 @@ fn relayed_esp_is_delivered_to_the_host_directly() {
     let (sock, dst, d) = &sent[0];
     assert_eq!(*dst, SocketAddr::new(ip(HOST), 4789));
     assert_eq!(
-        *sock, e.sh.vteps[0].recv,
+        *sock, e.sh.io.vteps[0].recv,
         "from the VTEP, not the Geneve socket"
     );
     let (vni, _, _, ty, payload) = parse_vxlan(d);
@@ -273,7 +277,10 @@ fn relayed_esp_is_delivered_to_the_host_directly() {
     assert_eq!(sent.len(), 1, "{sent:?}");
     let (sock, dst, d) = &sent[0];
     assert_eq!(*dst, SocketAddr::new(ip(HOST), 4789));
-    assert!(e.sh.vteps[0].pool.contains(sock), "flow-hashed source port");
+    assert!(
+        e.sh.io.vteps[0].pool.contains(sock),
+        "flow-hashed source port"
+    );
     assert_to_vm(d, 100, b"to the vm");
     // Resolved now: the next packet goes at once.
     e.recv(STEER, esp_frame(&peer, sa(PEER), &[], b"again"));
@@ -598,7 +605,7 @@ fn steer_nodes_are_replaced_at_run_time() {
     e.out.use_tables(Arc::clone(&t));
     let inner = udp4("10.0.0.5", 1000, "192.168.0.9", 2000, 64, b"d");
     let child = Arc::clone(&t.vnet_out[0][0]);
-    crate::path::seal::queue(&mut e.out, &e.sh, &child, &inner);
+    crate::pipeline::seal::queue(&mut e.out, &e.sh, &child, &inner);
     assert!(e.sent().is_empty());
     assert_eq!(e.drops(DropReason::RelayNoSteer), 1);
     // No sequence number was used for it: the next packet carries number 3.
