@@ -241,7 +241,7 @@ impl Dataplane {
         let frame = relays::ike_frame(local, remote, marker, payload)
             .map_err(|e| fail(io::ErrorKind::InvalidInput, e.to_string()))?;
         sh.io
-            .send_to(relay_sock, &frame, steer)
+            .send_datagram(relay_sock, &frame, steer)
             .map_err(|source| DataplaneError::Send { to: steer, source })
     }
 }
@@ -290,9 +290,9 @@ impl DataPath for Dataplane {
             let mut buf = Vec::with_capacity(NON_ESP_MARKER.len() + payload.len());
             buf.extend_from_slice(&NON_ESP_MARKER);
             buf.extend_from_slice(payload);
-            sh.io.send_to(sock, &buf, remote)
+            sh.io.send_datagram(sock, &buf, remote)
         } else {
-            sh.io.send_to(sock, payload, remote)
+            sh.io.send_datagram(sock, payload, remote)
         };
         result.map_err(|source| DataplaneError::Send { to: remote, source })
     }

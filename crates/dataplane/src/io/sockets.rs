@@ -213,7 +213,7 @@ impl Sockets {
 
     /// Sends one datagram from socket `sock` to `dst` at once (the control plane's slow path:
     /// IKE messages and NAT keepalives; the packet path sends batches).
-    pub(crate) fn send_to(&self, sock: usize, buf: &[u8], dst: SocketAddr) -> io::Result<()> {
+    pub(crate) fn send_datagram(&self, sock: usize, buf: &[u8], dst: SocketAddr) -> io::Result<()> {
         self.socks[sock].send_to(buf, dst)
     }
 
