@@ -10,7 +10,7 @@
 //! IKE:                classify (to the control plane)
 //! ```
 //!
-//! A packet whose tenant has a feature chain for its direction is held ([`Held`]) with what
+//! A packet whose tenant has a feature chain for its direction is held ([`Held`](crate::feature::Held)) with what
 //! it needs to go on; at the end of the pass ([`end_pass`]) the chains run over the held
 //! packets, batch-wise, and the survivors continue to encap or seal in the order they were
 //! held. Without chains nothing is held and each packet goes through all stages at once.
