@@ -47,7 +47,8 @@ impl Direction {
     }
 }
 
-/// What a stage knows about one packet besides its bytes.
+/// What a stage knows about one packet besides its bytes (its tenant is the batch's,
+/// [`FeatureBatch::tenant`]: a batch holds one tenant's packets).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PacketMeta {
     /// The tunnel the packet came out of (inbound) or goes into (outbound; chosen by the

@@ -8,6 +8,7 @@
 
 use crate::inner::{self, InnerIp};
 use crate::out::Out;
+use crate::pipeline::classify::Via;
 use crate::stats::DropReason;
 use crate::tables::Tables;
 use crate::vnet::Vnet;
@@ -17,8 +18,6 @@ use wire::ethernet::{EtherType, EthernetAddress, EthernetFrame, ETHERNET_HEADER_
 use wire::ip::{IpProtocol, IpVersion};
 use wire::ndp::{ICMPV6_NEIGHBOR_ADVERT, ICMPV6_NEIGHBOR_SOLICIT};
 use wire::vxlan::{VxlanPacket, VXLAN_HEADER_LEN};
-
-use super::classify::Via;
 
 /// What a VXLAN datagram's frame carries; ranges are into the datagram.
 pub(crate) enum Frame<'t> {
