@@ -4,7 +4,7 @@
 //! as a new snapshot.
 //!
 //! In relay mode a CHILD_SA's local address is a steer node's VIP, not one of ours: its ESP
-//! leaves from the Geneve socket, wrapped for the steer node (see `path::relay`).
+//! leaves from the Geneve socket, wrapped for the steer node (see `relays`).
 
 use crate::api::DataplaneError;
 use crate::sa::SaPair;

@@ -430,6 +430,16 @@ pub struct FeatureBatch<'a> {
     live: &'a [usize],
 }
 
+impl std::fmt::Debug for FeatureBatch<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FeatureBatch")
+            .field("tenant", &self.tenant)
+            .field("direction", &self.direction)
+            .field("packets", &self.live.len())
+            .finish_non_exhaustive()
+    }
+}
+
 impl FeatureBatch<'_> {
     /// The tenant all the packets belong to.
     pub fn tenant(&self) -> &str {

@@ -1,4 +1,4 @@
-//! The relay path driven in memory, like `path/tests.rs`: Geneve frames from a (fake) steer
+//! The relay path driven in memory, like `pipeline/tests.rs`: Geneve frames from a (fake) steer
 //! node are handed to the relay lane's graph ([`crate::pipeline::graph::relay`]) and the send batch is inspected instead of sent. The
 //! Geneve and VTEP sockets are opened on loopback (to build the shared state), nothing is
 //! sent on them.
