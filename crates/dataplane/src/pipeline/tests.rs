@@ -1,6 +1,6 @@
-//! The packet paths driven in memory: datagrams are handed to the lanes' graph entry points (`pipeline::graph`) directly and
-//! the send batch is inspected instead of sent. Sockets are opened (on loopback, to build the
-//! shared state) but nothing is sent on them.
+//! The packet paths driven in memory: datagrams are handed to the lanes' graph entry points
+//! (`pipeline::graph`) directly and the send batch is inspected instead of sent. Sockets are
+//! opened (on loopback, to build the shared state) but nothing is sent on them.
 
 use super::classify::Via;
 use super::graph;
