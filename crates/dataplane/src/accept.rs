@@ -6,7 +6,7 @@
 //! order: after a burst of losses longer than the window between two batches in flight, the
 //! earlier batch's packets would be refused as too old although they arrived in order. So the
 //! workers only verify and decrypt ([`crate::sa::SaPair::open_unaccepted`]) and record an
-//! [`AcceptJob`] for every authentic packet in the send batch that carries what the packet
+//! [`AcceptJob`](crate::batch::AcceptJob) for every authentic packet in the send batch that carries what the packet
 //! produced. The lane's ordered sender, which takes batches in ticket (arrival) order, accepts
 //! them ([`accept_batch`]) right before sending; the output of a refused packet is left out.
 //! The window therefore decides exactly as it would on one core, whatever the number of
@@ -21,28 +21,10 @@ use crate::batch::TxBatch;
 use crate::shared::Shared;
 use crate::stats::{DropCounts, DropReason};
 use crate::tables::Child;
-use esp::Unaccepted;
 use std::net::SocketAddr;
 use std::ops::Range;
 use std::sync::Arc;
 use wire::EspSpi;
-
-/// An authentic inbound ESP packet waiting for the window's decision.
-#[derive(Debug, Clone)]
-pub(crate) struct AcceptJob {
-    /// The inbound SA (the key of `Tables::by_spi` in the batch's tables).
-    pub(crate) spi: EspSpi,
-    /// What the window decides on.
-    pub(crate) packet: Unaccepted,
-    /// The bytes of the send batch holding what the packet produced (empty: nothing).
-    pub(crate) output: Range<usize>,
-    /// Why the packet is dropped once accepted (its payload was unusable), if it is.
-    pub(crate) fail: Option<DropReason>,
-    /// Where it arrived.
-    pub(crate) local: SocketAddr,
-    /// Where it came from.
-    pub(crate) src: SocketAddr,
-}
 
 /// Accepts the packets of `tx` in order. The output ranges of refused packets are appended
 /// to `dead` (in ascending order) for the sender to leave out; drops are counted in `drops`.

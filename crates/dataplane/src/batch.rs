@@ -5,11 +5,14 @@
 //!
 //! Batches are allocated once per thread; filling and draining them does not allocate.
 
-use crate::accept::AcceptJob;
+use crate::stats::DropReason;
 use crate::tables::Tables;
+use esp::Unaccepted;
 use netio::{OutMsg, RX_SLOT};
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::ops::Range;
 use std::sync::Arc;
+use wire::EspSpi;
 
 /// The most segments put in one GSO message (the kernel's UDP_MAX_SEGMENTS is at least 64).
 pub(crate) const MAX_GSO_SEGMENTS: usize = 64;
@@ -52,6 +55,24 @@ impl TxMsg {
         let end = self.start.saturating_add(self.len).min(data.len());
         OutMsg::train(self.dst, &data[self.start.min(end)..end], self.seg)
     }
+}
+
+/// An authentic inbound ESP packet waiting for the replay window's decision (see
+/// [`crate::accept`]), carried by the send batch holding what it produced.
+#[derive(Debug, Clone)]
+pub(crate) struct AcceptJob {
+    /// The inbound SA (the key of `Tables::by_spi` in the batch's tables).
+    pub(crate) spi: EspSpi,
+    /// What the window decides on.
+    pub(crate) packet: Unaccepted,
+    /// The bytes of the send batch holding what the packet produced (empty: nothing).
+    pub(crate) output: Range<usize>,
+    /// Why the packet is dropped once accepted (its payload was unusable), if it is.
+    pub(crate) fail: Option<DropReason>,
+    /// Where it arrived.
+    pub(crate) local: SocketAddr,
+    /// Where it came from.
+    pub(crate) src: SocketAddr,
 }
 
 /// Outgoing datagrams packed back to back.

@@ -4,7 +4,7 @@
 //! as a new snapshot.
 //!
 //! In relay mode a CHILD_SA's local address is a steer node's VIP, not one of ours: its ESP
-//! leaves from the Geneve socket, wrapped for the steer node (see `path::relay`).
+//! leaves from the Geneve socket, wrapped for the steer node (see `relays`).
 
 use crate::api::DataplaneError;
 use crate::sa::SaPair;
@@ -52,7 +52,7 @@ impl Shared {
         if child.local_ts.is_empty() || child.remote_ts.is_empty() {
             return Err(install_error(child, "no traffic selectors"));
         }
-        if self.relay_sock.is_some() && child.local.is_ipv4() != child.remote.is_ipv4() {
+        if self.io.relay_sock.is_some() && child.local.is_ipv4() != child.remote.is_ipv4() {
             return Err(install_error(
                 child,
                 format!(
@@ -61,7 +61,7 @@ impl Shared {
                 ),
             ));
         }
-        let sock = self.outer_sock(child.local.ip()).ok_or_else(|| {
+        let sock = self.io.outer_sock(child.local.ip()).ok_or_else(|| {
             install_error(child, format!("no NAT-T socket on {}", child.local.ip()))
         })?;
         let sa = SaPair::new(child, rekey_after).map_err(|e| install_error(child, e))?;
@@ -132,11 +132,11 @@ impl Shared {
         local: SocketAddr,
         remote: SocketAddr,
     ) {
-        if self.relay_sock.is_some() && local.is_ipv4() != remote.is_ipv4() {
+        if self.io.relay_sock.is_some() && local.is_ipv4() != remote.is_ipv4() {
             tracing::warn!(tunnel = tunnel.0, %local, %remote, "update_peer: addresses of different families; keeping the old ones");
             return;
         }
-        let Some(sock) = self.outer_sock(local.ip()) else {
+        let Some(sock) = self.io.outer_sock(local.ip()) else {
             tracing::warn!(tunnel = tunnel.0, %local, "update_peer: no NAT-T socket on the new local address; keeping the old one");
             return;
         };

@@ -1,5 +1,5 @@
 //! [`Dataplane`]: opens the sockets and the TUN device, runs the worker threads (every worker
-//! serves every input, see [`crate::worker`] and [`crate::lane`]), and implements
+//! serves every input, see `worker` and `lane`), and implements
 //! [`DataPath`] for the control plane. Workers block in `poll` on the inputs and the shutdown
 //! eventfd; [`Dataplane::shutdown`] signals it and joins them.
 //!
@@ -11,7 +11,8 @@ use crate::api::{
     DataPath, DataplaneConfig, DataplaneError, DataplaneStats, InstalledChild, ToControl,
     TunnelBinding, VnetConfig, WorkerStats,
 };
-use crate::path::relay;
+use crate::feature::{Direction, FeatureChain};
+use crate::relays;
 use crate::shared::Shared;
 use crossbeam_channel::Sender;
 use ike::{ChildSaInfo, IkeSpis, TunnelId};
@@ -76,21 +77,9 @@ impl Dataplane {
                 .map_err(|source| DataplaneError::Start { source })
         };
         let result = (|| {
-            for (i, l) in shared.listen.iter().enumerate() {
-                tracing::info!(ike = %shared.socks[l.ike].local_addr(), natt = %shared.socks[l.natt].local_addr(),
-                    gro = shared.socks[l.natt].gro(), gso = shared.socks[l.natt].gso(), listen = i, "listening");
-            }
-            for v in &shared.vteps {
-                tracing::info!(vtep = %shared.socks[v.recv].local_addr(), "VXLAN VTEP up");
-            }
-            if let Some(sock) = shared.relay_sock {
-                let s = &shared.socks[sock];
-                tracing::info!(geneve = %s.local_addr(), gro = s.gro(), gso = s.gso(),
-                    steer = ?shared.cfg.relay.as_ref().map(|r| &r.steer), "relay mode: receiving from steer nodes");
-            }
-            if let Some(t) = &shared.tun {
-                tracing::info!(device = t.name(), "TUN device up");
-            }
+            shared
+                .io
+                .log_opened(shared.cfg.relay.as_ref().map(|r| &r.steer));
             for id in 0..shared.workers {
                 let sh = Arc::clone(&shared);
                 threads.push(spawn(
@@ -128,23 +117,11 @@ impl Dataplane {
 
     /// Where the sockets are bound.
     pub fn local_addrs(&self) -> BoundAddrs {
-        let sh = &self.shared;
+        let io = &self.shared.io;
         BoundAddrs {
-            ike: sh
-                .listen
-                .iter()
-                .map(|l| sh.socks[l.ike].local_addr())
-                .collect(),
-            natt: sh
-                .listen
-                .iter()
-                .map(|l| sh.socks[l.natt].local_addr())
-                .collect(),
-            vxlan: sh
-                .vteps
-                .iter()
-                .map(|v| sh.socks[v.recv].local_addr())
-                .collect(),
+            ike: io.listen.iter().map(|l| io.local_addr(l.ike)).collect(),
+            natt: io.listen.iter().map(|l| io.local_addr(l.natt)).collect(),
+            vxlan: io.vteps.iter().map(|v| io.local_addr(v.recv)).collect(),
             relay: self.relay_addr(),
         }
     }
@@ -152,8 +129,8 @@ impl Dataplane {
     /// Relay mode: the address the Geneve socket is bound to (with the kernel's port if 0
     /// was asked for); None outside relay mode. Also in [`local_addrs`](Self::local_addrs).
     pub fn relay_addr(&self) -> Option<SocketAddr> {
-        let sh = &self.shared;
-        sh.relay_sock.map(|s| sh.socks[s].local_addr())
+        let io = &self.shared.io;
+        io.relay_sock.map(|s| io.local_addr(s))
     }
 
     /// The gateway MAC the VNet with (current) configuration index `vnet` answers ARP/ND
@@ -205,9 +182,25 @@ impl Dataplane {
         self.shared.set_inside(vnets, tunnels)
     }
 
+    /// Sets `tenant`'s feature chain for `direction` (an empty chain removes it): the stages
+    /// every packet of the tenant's tunnels runs through, in order, after decryption
+    /// (inbound) or before encryption (outbound); see [`Feature`](crate::Feature). Workers
+    /// use it from their next batch on. Each stage's drop reasons are added to
+    /// [`DataplaneStats::drops`] (a reason keeps its counter when chains are replaced).
+    /// Errors: a drop reason that is one of the data plane's own or named twice in the chain
+    /// ([`DataplaneError::Config`]); nothing changes then.
+    pub fn set_feature_chain(
+        &self,
+        tenant: &str,
+        direction: Direction,
+        chain: FeatureChain,
+    ) -> Result<(), DataplaneError> {
+        self.shared.set_feature_chain(tenant, direction, chain)
+    }
+
     /// Relay mode: sends an IKE message (or a NAT keepalive, the single byte 0xFF) from
     /// `local`, a steer node's VIP on the IKE or NAT-T port, to `remote`, wrapped for the
-    /// steer node ESP goes through (see [`relay::Relays::output`]).
+    /// steer node ESP goes through (see [`relays::Relays::output`]).
     fn send_relayed(
         &self,
         relay_sock: usize,
@@ -245,10 +238,10 @@ impl Dataplane {
                 "no steer node to relay through".into(),
             ));
         };
-        let frame = relay::ike_frame(local, remote, marker, payload)
+        let frame = relays::ike_frame(local, remote, marker, payload)
             .map_err(|e| fail(io::ErrorKind::InvalidInput, e.to_string()))?;
-        sh.socks[relay_sock]
-            .send_to(&frame, steer)
+        sh.io
+            .send_datagram(relay_sock, &frame, steer)
             .map_err(|source| DataplaneError::Send { to: steer, source })
     }
 }
@@ -279,10 +272,10 @@ impl DataPath for Dataplane {
         payload: &[u8],
     ) -> Result<(), DataplaneError> {
         let sh = &self.shared;
-        if let Some(relay_sock) = sh.relay_sock {
+        if let Some(relay_sock) = sh.io.relay_sock {
             return self.send_relayed(relay_sock, local, remote, payload);
         }
-        let Some((sock, marker)) = sh.ike_sock(local) else {
+        let Some((sock, marker)) = sh.io.ike_sock(local) else {
             return Err(DataplaneError::Send {
                 to: remote,
                 source: io::Error::new(
@@ -291,16 +284,15 @@ impl DataPath for Dataplane {
                 ),
             });
         };
-        let sock = &sh.socks[sock];
         // RFC 3948 §2.3: a NAT keepalive is the single octet 0xFF, without the marker.
         let result = if marker && payload != [NAT_KEEPALIVE] {
             // RFC 3948 §2.2: IKE on the NAT-T port is preceded by the 4-byte non-ESP marker.
             let mut buf = Vec::with_capacity(NON_ESP_MARKER.len() + payload.len());
             buf.extend_from_slice(&NON_ESP_MARKER);
             buf.extend_from_slice(payload);
-            sock.send_to(&buf, remote)
+            sh.io.send_datagram(sock, &buf, remote)
         } else {
-            sock.send_to(payload, remote)
+            sh.io.send_datagram(sock, payload, remote)
         };
         result.map_err(|source| DataplaneError::Send { to: remote, source })
     }
@@ -320,7 +312,11 @@ impl DataPath for Dataplane {
                     busy_ns: w.busy_ns.load(Ordering::Relaxed),
                 })
                 .collect(),
-            drops: sh.drops.snapshot(),
+            drops: {
+                let mut d = sh.drops.snapshot();
+                d.extend(sh.feature_drops.snapshot());
+                d
+            },
             relay_probes_answered: sh.relay_probes_answered.load(Ordering::Relaxed),
         }
     }

@@ -48,7 +48,7 @@ pub(crate) enum LaneKind {
     /// The TUN device.
     Tun,
     /// Relay mode: the Geneve socket. It carries both directions, so its batches are
-    /// processed in two passes (see `path::relay`): the outbound packets under the dispatch
+    /// processed in two passes (see `pipeline::classify`): the outbound packets under the dispatch
     /// stage, the inbound ones after it.
     Relay,
 }

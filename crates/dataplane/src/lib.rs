@@ -62,6 +62,21 @@
 //! and the socket falls back to single datagrams (a GSO train above the path MTU is resent as
 //! single, fragmentable datagrams).
 //!
+//! # Pipeline
+//! Packets move through named stages over batches (docs/architecture.md, "The pipeline"):
+//! input (`io::input`: `recvmmsg` with GRO, TUN reads) → classify → ESP open | VXLAN decap →
+//! the tenant's feature chain → ESP seal | VXLAN encap → output (`io::output`: replay window
+//! acceptance, `sendmmsg` with GSO, TUN writes). Each stage is a module of `pipeline` (or `io`)
+//! that imports only shared state and earlier stages; `pipeline::graph` wires them per lane.
+//! Only `sys` and `io` touch sockets and the TUN device (checked by `tests/layering.rs`).
+//!
+//! The per-tenant feature chain ([`Dataplane::set_feature_chain`]) is an ordered list of
+//! [`Feature`] stages per tenant and [`Direction`], empty by default: inbound after decryption
+//! and the selector check, outbound after the CHILD_SA is chosen and before sealing. A stage
+//! sees a [`FeatureBatch`] of one tenant's inner IP packets with their [`PacketMeta`], may
+//! rewrite them in place and drop them with reasons counted in [`DataplaneStats::drops`].
+//! Without chains the packet path pays one branch per packet.
+//!
 //! # Packet paths
 //! - ESP from a peer: SPI lookup, open in place, RFC 4301 §5.2 inbound selector check, then
 //!   into the VNet (TTL decremented, longest-prefix route to the host VTEP, VM MAC resolved by
@@ -100,12 +115,15 @@ mod api;
 mod batch;
 mod control;
 mod dataplane;
+mod feature;
 mod inner;
+mod io;
 mod lane;
 mod out;
 mod overlay;
-mod path;
+mod pipeline;
 mod pool;
+mod relays;
 mod sa;
 mod select;
 mod shared;
@@ -124,3 +142,4 @@ pub use api::{
     WorkerStats,
 };
 pub use dataplane::{BoundAddrs, Dataplane};
+pub use feature::{Direction, Feature, FeatureBatch, FeatureChain, PacketMeta};

@@ -1,6 +1,8 @@
-//! What a worker writes to: [`Out`] holds the send batch being filled (from the worker's
-//! pool), the ESP packets waiting to be sealed in it, the batch's drop counts and the
-//! worker's neighbour memos; [`Worker`] adds the receive batch.
+//! The send batch a worker fills, shared by every stage that produces output: [`Out`] holds
+//! the batch being filled (from the worker's pool), the ESP packets waiting to be sealed in
+//! it, the packets held for the tenants' feature chains, the batch's drop counts and the
+//! worker's neighbour memos. The stages import this module; it imports none of them: a
+//! finished batch goes to the output stage through the [`Transmit`] trait.
 //!
 //! Within a lane (see [`crate::lane`]) a full send batch is handed to the lane's ordered
 //! sender under the batch's ticket and a fresh one is taken from the pool; outside a lane
@@ -15,23 +17,29 @@
 //! once the packet is sealed (the inner IPv6 UDP checksum covers the ciphertext): no copy,
 //! and equal-size datagrams to one steer node still form GSO trains.
 
-use crate::accept::{accept_batch, is_dead, AcceptJob};
-use crate::batch::{TxBatch, TxMsg};
-use crate::path::relay;
+use crate::batch::{AcceptJob, TxBatch};
+use crate::feature::Held;
+use crate::relays;
 use crate::shared::{rx_slots, tx_batch_size, Shared};
 use crate::stats::{DropCounts, DropReason};
-use crate::sys::tun::TunReadBatch;
-use crate::sys::tun_offload::TunWriter;
 use crate::tables::{Child, Tables};
 use crate::vnet::neigh::NeighMemo;
-use netio::{RecvBatch, SendScratch, RX_SLOT};
+use netio::RX_SLOT;
 use std::cell::Cell;
 use std::net::{IpAddr, SocketAddr};
-use std::ops::Range;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 use wire::EspSpi;
+
+/// The output stage as the send batch sees it (implemented by
+/// [`crate::io::output::Output`]): sends a finished batch. The lane's ordered sender calls it
+/// in ticket order, once per batch (one dynamic call per batch, none per packet).
+pub(crate) trait Transmit: Send {
+    /// Accepts the batch's inbound ESP packets and sends its datagrams and TUN packets;
+    /// counts what it drops in `drops`.
+    fn transmit(&mut self, sh: &Shared, tx: &TxBatch, drops: &mut DropCounts);
+}
 
 /// The destination address recorded for TUN packets in a send batch (unused by the device).
 pub(crate) const TUN_DST: SocketAddr = crate::batch::UNSPECIFIED;
@@ -57,41 +65,6 @@ pub(crate) struct SealJob {
     pub(crate) child: EspSpi,
 }
 
-/// A worker's thread-local state.
-pub(crate) struct Worker {
-    /// Worker index.
-    pub(crate) id: usize,
-    /// Received datagrams (and the `recvmmsg` scratch).
-    pub(crate) rx: RecvBatch,
-    /// Frames read from the TUN device (if there is one), GSO super-packets split.
-    pub(crate) tun_rx: Option<TunReadBatch>,
-    /// Output side.
-    pub(crate) out: Out,
-}
-
-impl Worker {
-    /// Worker `id` of `sh`, its first send batch taken from its pool.
-    pub(crate) fn new(sh: &Shared, id: usize) -> Self {
-        let slots = rx_slots(sh.cfg.batch);
-        let mut out = Out::new(sh.cfg.batch);
-        out.worker = Some(id);
-        out.tx = sh.pools[id].take(&sh.waker);
-        out.sending.wire.tun = sh.tun.as_ref().map(|t| {
-            let (msgs, bytes) = tx_batch_size(sh.cfg.batch);
-            TunWriter::new(t.offloads(), bytes, msgs)
-        });
-        Self {
-            id,
-            rx: RecvBatch::new(slots),
-            tun_rx: sh
-                .tun
-                .as_ref()
-                .map(|_| TunReadBatch::new(slots * RX_SLOT, slots)),
-            out,
-        }
-    }
-}
-
 /// The lane and ticket of the batch being processed.
 #[derive(Debug, Clone, Copy)]
 struct InLane {
@@ -113,8 +86,10 @@ pub(crate) struct Out {
     pub(crate) resolved: NeighMemo,
     /// Recent learnings (frames from VMs).
     pub(crate) learned: NeighMemo,
+    /// Packets held for the tenants' feature chains until the end of the pass.
+    pub(crate) held: Held,
     /// The worker owning this (None: standalone, flushes send directly).
-    worker: Option<usize>,
+    pub(crate) worker: Option<usize>,
     in_lane: Option<InLane>,
     /// The SA tables of the current batch (for sealing queued packets).
     tables: Option<Arc<Tables>>,
@@ -128,13 +103,14 @@ pub(crate) struct Out {
     /// since its [`Mark`]).
     generation: u64,
     parts: Vec<TxBatch>,
-    /// What sending needs (scratch space, the TUN writer).
-    sending: Sending,
+    /// The output stage (scratch space, the TUN writer).
+    output: Box<dyn Transmit>,
 }
 
 impl Out {
-    /// Standalone output for batches of `batch` datagrams.
-    pub(crate) fn new(batch: usize) -> Self {
+    /// Output for batches of `batch` datagrams through the output stage `output`; standalone
+    /// (flushes send at once) until [`worker`](Self::worker) is set and batches are begun.
+    pub(crate) fn new(batch: usize, output: Box<dyn Transmit>) -> Self {
         let (msgs, bytes) = tx_batch_size(batch);
         Self {
             tx: TxBatch::new(msgs, bytes, true),
@@ -143,6 +119,7 @@ impl Out {
             requests: Vec::new(),
             resolved: NeighMemo::default(),
             learned: NeighMemo::default(),
+            held: Held::new(rx_slots(batch) * RX_SLOT),
             worker: None,
             in_lane: None,
             tables: None,
@@ -151,15 +128,7 @@ impl Out {
             seals: Vec::with_capacity(msgs),
             generation: 0,
             parts: Vec::new(),
-            sending: Sending {
-                wire: Wire {
-                    scratch: SendScratch::default(),
-                    tun: None,
-                },
-                grouped: Vec::with_capacity(msgs),
-                staging: TxBatch::new(msgs, bytes, true),
-                dead: Vec::with_capacity(msgs),
-            },
+            output,
         }
     }
 
@@ -178,7 +147,7 @@ impl Out {
     }
 
     /// Relay mode: where datagrams toward peers go in this batch (the first steer node of the
-    /// batch's tables heard from recently, see [`relay::Relays::output`], chosen once per
+    /// batch's tables heard from recently, see [`relays::Relays::output`], chosen once per
     /// batch); None without one.
     #[inline]
     pub(crate) fn relay_output(&self) -> Option<SocketAddr> {
@@ -323,7 +292,7 @@ impl Out {
                     if job.prefix == 0 {
                         return Ok(());
                     }
-                    relay::write_headers(buf, child.local, child.remote, job.len)
+                    relays::write_headers(buf, child.local, child.remote, job.len)
                         .map_err(|e| format!("relay headers: {e}"))
                 });
             if let Err(e) = sealed {
@@ -357,14 +326,14 @@ impl Out {
             (Some(InLane { lane, ticket }), Some(worker)) => {
                 let fresh = sh.pools[worker].take(&sh.waker);
                 let part = std::mem::replace(&mut self.tx, fresh);
-                let (sending, drops) = (&mut self.sending, &mut self.drops);
+                let (output, drops) = (&mut self.output, &mut self.drops);
                 sh.lanes[lane].submit(ticket, part, last, &mut self.parts, |p| {
-                    sending.send(sh, &p, drops);
+                    output.transmit(sh, &p, drops);
                     sh.pools[p.owner].give(p);
                 });
             }
             _ => {
-                self.sending.send(sh, &self.tx, &mut self.drops);
+                self.output.transmit(sh, &self.tx, &mut self.drops);
                 self.tx.clear();
             }
         }
@@ -389,194 +358,9 @@ pub(crate) struct Egress {
     pub(crate) prefix: usize,
 }
 
-/// What a worker needs to send batches (for its own lane turns and for other workers'
-/// batches it sends as the lane's sender).
-struct Sending {
-    /// What hands datagrams and TUN packets to the kernel.
-    wire: Wire,
-    /// A batch's messages grouped by socket (reused).
-    grouped: Vec<TxMsg>,
-    /// A batch's datagrams copied in socket order (reused; see [`Sending::send`]).
-    staging: TxBatch,
-    /// Output of inbound packets the replay window refused (reused; see [`crate::accept`]).
-    dead: Vec<Range<usize>>,
-}
-
 /// A position in the send batch being filled (see [`Out::mark`]).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Mark {
     generation: u64,
     used: usize,
-}
-
-/// The system-call side of sending.
-struct Wire {
-    /// sendmmsg scratch.
-    scratch: SendScratch,
-    /// Coalesces packets written to the TUN device into GSO super-packets.
-    tun: Option<TunWriter>,
-}
-
-impl Sending {
-    /// Sends a batch: the messages of each socket in one `sendmmsg` series; packets for the
-    /// TUN device coalesced per flow and written once per batch.
-    ///
-    /// When sockets alternate (decrypted packets of many flows toward hosts leave from the
-    /// VTEP's source-port sockets, chosen by flow hash), the datagrams are first copied into
-    /// a staging batch grouped by socket, where equal-size datagrams to one host join into
-    /// GSO trains again: a copy costs far less than a socket buffer and a trip through the
-    /// stack per datagram. A flow always uses one socket and grouping keeps the order within
-    /// a socket, so every flow keeps its order.
-    ///
-    /// Inbound ESP packets the batch carries are accepted first; if the window refuses one,
-    /// the batch is sent through the staging copy without its output.
-    fn send(&mut self, sh: &Shared, tx: &TxBatch, drops: &mut DropCounts) {
-        self.dead.clear();
-        if !tx.accepts.is_empty() {
-            accept_batch(sh, tx, &mut self.dead, drops);
-        }
-        let msgs = tx.messages();
-        if !self.dead.is_empty() || msgs.windows(2).any(|w| w[0].sock != w[1].sock) {
-            let lost = regroup(tx, &self.dead, &mut self.grouped, &mut self.staging);
-            drops.add_n(DropReason::TooBig, lost);
-            self.wire.send_runs(sh, &self.staging, drops);
-            self.staging.clear();
-        } else {
-            self.wire.send_runs(sh, tx, drops);
-        }
-        if let (Some(w), Some(dev)) = (self.wire.tun.as_mut(), &sh.tun) {
-            if !w.is_empty() {
-                let st = w.flush(dev);
-                drops.add_n(DropReason::TunWrite, st.failed as u64);
-            }
-        }
-    }
-}
-
-impl Wire {
-    /// Sends each run of consecutive messages of one socket with one `sendmmsg` series.
-    fn send_runs(&mut self, sh: &Shared, tx: &TxBatch, drops: &mut DropCounts) {
-        let msgs = tx.messages();
-        let mut i = 0;
-        while i < msgs.len() {
-            let sock = msgs[i].sock;
-            let mut j = i + 1;
-            while j < msgs.len() && msgs[j].sock == sock {
-                j += 1;
-            }
-            if sock == TUN_SOCK {
-                self.write_tun(sh, tx.data(), &msgs[i..j], drops);
-            } else {
-                match sh.socks.get(sock) {
-                    Some(s) => {
-                        let data = tx.data();
-                        let out = msgs[i..j].iter().map(|m| m.out(data));
-                        let r = s.send_batch(out, &mut self.scratch);
-                        drops.add_n(DropReason::SendError, r.failed);
-                    }
-                    None => {
-                        let n: usize = msgs[i..j].iter().map(|m| m.segments()).sum();
-                        drops.add_n(DropReason::NoSocket, n as u64);
-                    }
-                }
-            }
-            i = j;
-        }
-    }
-
-    fn write_tun(&mut self, sh: &Shared, data: &[u8], msgs: &[TxMsg], drops: &mut DropCounts) {
-        let (Some(w), Some(dev)) = (self.tun.as_mut(), &sh.tun) else {
-            let n: usize = msgs.iter().map(|m| m.segments()).sum();
-            drops.add_n(DropReason::TunWrite, n as u64);
-            return;
-        };
-        for m in msgs {
-            let bytes = &data[m.start.min(data.len())..(m.start + m.len).min(data.len())];
-            for pkt in bytes.chunks(m.seg.max(1)) {
-                let (queued, flushed) = w.push_or_flush(dev, pkt);
-                drops.add_n(DropReason::TunWrite, flushed.failed as u64);
-                if !queued {
-                    drops.add(DropReason::TunWrite);
-                }
-            }
-        }
-    }
-}
-
-/// Copies the datagrams of `tx` into `staging` grouped by socket (in their order within each
-/// socket), where consecutive equal-size datagrams to one destination form GSO trains again,
-/// leaving out those that start in a `dead` range (ascending). Returns the datagrams that did
-/// not fit (none when `staging` is as large as `tx`).
-fn regroup(
-    tx: &TxBatch,
-    dead: &[Range<usize>],
-    grouped: &mut Vec<TxMsg>,
-    staging: &mut TxBatch,
-) -> u64 {
-    grouped.clear();
-    grouped.extend_from_slice(tx.messages());
-    // Offsets in the batch are unique and rise with the order of the messages: as a tie-break
-    // they make the unstable (allocation-free) sort stable.
-    grouped.sort_unstable_by_key(|m| (m.sock, m.start));
-    staging.clear();
-    let data = tx.data();
-    let mut lost = 0;
-    for m in grouped.iter() {
-        let bytes = &data[m.start.min(data.len())..(m.start + m.len).min(data.len())];
-        for (i, d) in bytes.chunks(m.seg.max(1)).enumerate() {
-            if !dead.is_empty() && is_dead(dead, m.start + i * m.seg.max(1)) {
-                continue;
-            }
-            match staging.room(d.len()) {
-                Some(room) => {
-                    room[..d.len()].copy_from_slice(d);
-                    staging.commit(m.sock, m.dst, d.len());
-                }
-                None => lost += 1,
-            }
-        }
-    }
-    lost
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn regrouping_keeps_each_sockets_order_and_rebuilds_trains() {
-        let dst = SocketAddr::from(([10, 0, 0, 2], 4789));
-        let mut tx = TxBatch::new(64, 1 << 16, true);
-        // Flows on sockets 1, 2, 3 interleaved: no two consecutive datagrams share a socket.
-        for i in 0..12u8 {
-            let room = tx.room(100).expect("room");
-            room[0] = i;
-            tx.commit(1 + usize::from(i % 3), dst, 100);
-        }
-        assert_eq!(tx.messages().len(), 12);
-        let mut grouped = Vec::new();
-        let mut staging = TxBatch::new(64, 1 << 16, true);
-        assert_eq!(regroup(&tx, &[], &mut grouped, &mut staging), 0);
-        let m = staging.messages();
-        assert_eq!(m.len(), 3, "one GSO train per socket: {m:?}");
-        assert!(m.iter().all(|t| t.segments() == 4 && t.seg == 100));
-        let order: Vec<(usize, u8)> = staging.datagrams().map(|(s, _, d)| (s, d[0])).collect();
-        assert_eq!(
-            order,
-            vec![
-                (1, 0),
-                (1, 3),
-                (1, 6),
-                (1, 9),
-                (2, 1),
-                (2, 4),
-                (2, 7),
-                (2, 10),
-                (3, 2),
-                (3, 5),
-                (3, 8),
-                (3, 11)
-            ]
-        );
-    }
 }

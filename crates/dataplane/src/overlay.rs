@@ -12,7 +12,7 @@
 use crate::api::{DataplaneError, Inside, TunnelBinding, VnetConfig};
 use crate::vnet::Vnet;
 use ike::TunnelId;
-use std::collections::HashMap;
+use rustc_hash::FxHashMap;
 use std::net::IpAddr;
 use std::sync::Arc;
 use wire::vxlan::Vni;
@@ -36,10 +36,10 @@ pub(crate) struct Overlay {
     /// VNets, by index ([`Inside::Vnet`] and `Tables::vnet_out` use it).
     pub(crate) vnets: Vec<Arc<Vnet>>,
     /// (VTEP index, VNI) -> VNet index, for VXLAN received on a VTEP socket.
-    pub(crate) by_vtep: HashMap<(usize, Vni), usize>,
+    pub(crate) by_vtep: FxHashMap<(usize, Vni), usize>,
     /// VNI -> VNet index, for VXLAN relayed by a steer node (relay mode only: VNIs are
     /// unique there).
-    pub(crate) by_vni: HashMap<Vni, usize>,
+    pub(crate) by_vni: FxHashMap<Vni, usize>,
     /// Tunnel bindings.
     pub(crate) tunnels: Vec<TunnelBinding>,
     /// The configuration each VNet was built from (to keep unchanged VNets on a change).
@@ -65,8 +65,8 @@ impl Overlay {
     ) -> Result<Self, DataplaneError> {
         validate(vnets, &tunnels, rules)?;
         let mut built = Vec::with_capacity(vnets.len());
-        let mut by_vtep = HashMap::with_capacity(vnets.len());
-        let mut by_vni = HashMap::new();
+        let mut by_vtep = FxHashMap::with_capacity_and_hasher(vnets.len(), Default::default());
+        let mut by_vni = FxHashMap::default();
         for (i, cfg) in vnets.iter().enumerate() {
             let Some(vtep) = rules.vteps.iter().position(|v| *v == cfg.vtep) else {
                 return Err(config_err(

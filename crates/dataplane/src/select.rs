@@ -7,9 +7,7 @@
 use ike::TrafficSelector;
 use std::net::IpAddr;
 
-mod index;
-
-pub(crate) use index::{SelectorIndex, LINEAR_MAX};
+pub(crate) mod index;
 
 /// IP protocol numbers whose first 4 payload bytes are source and destination ports.
 const PORT_PROTOCOLS: [u8; 4] = [6, 17, 132, 136]; // TCP, UDP, SCTP, UDP-Lite

@@ -1,28 +1,28 @@
 //! State shared by the data plane's threads and its control interface: the validated
-//! configuration, the socket table, the VTEPs, the published tables (SAs, VNets and tunnel
-//! bindings, steer nodes) and the counters; and the per-thread
-//! [`Worker`](crate::out::Worker) holding a thread's batches and scratch space.
+//! configuration, the I/O stage's socket table ([`Sockets`]), the published tables (SAs, VNets
+//! and tunnel bindings, steer nodes, feature chains), the lanes and send batch pools, and the
+//! counters. The pipeline's stages import this module; it imports none of them.
 
 use crate::api::{
     DataplaneConfig, DataplaneError, RelayConfig, ToControl, TunnelBinding, VnetConfig,
 };
-use crate::lane::{Lane, LaneKind};
+use crate::feature::{Direction, FeatureChain, FeatureDrops};
+use crate::io::sockets::Sockets;
+use crate::lane::Lane;
 use crate::overlay::{Overlay, Rules};
-use crate::path::relay::Relays;
 use crate::pool::TxPool;
+use crate::relays::Relays;
 use crate::stats::{DropCounters, WorkerCounters};
-use crate::sys::tun::Tun;
-use crate::sys::tun_offload::Offloads;
 use crate::tables::{Published, Registry};
 use crossbeam_channel::{Sender, TrySendError};
-use netio::{SendMode, SocketOptions, UdpSocket, Waker, RX_SLOT};
+use netio::{Waker, RX_SLOT};
 use std::net::{IpAddr, SocketAddr};
-use std::os::fd::AsRawFd;
-use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-pub(crate) use crate::out::Out;
+/// Period of the neighbour cache housekeeping.
+pub(crate) const HOUSEKEEPING: Duration = Duration::from_millis(250);
 
 /// Most workers (threads processing packets).
 pub(crate) const MAX_WORKERS: usize = 1024;
@@ -43,28 +43,6 @@ pub(crate) const POOL_BATCHES: usize = 3;
 /// Ethernet toward hosts, or ESP header, IV, padding and ICV toward peers, in relay mode
 /// behind up to 56 bytes of Geneve, IPv6 and UDP headers; ARP/ND answers, probe replies).
 const TX_SLACK_PER_PACKET: usize = 160;
-
-/// Socket buffer size asked for, each way (the kernel may clamp it).
-const SOCKET_BUFFER: usize = 4 << 20;
-
-/// How long a send waits for socket buffer space, at most three times per batch, before the
-/// rest of the batch is dropped.
-const SEND_BLOCK: Duration = Duration::from_millis(50);
-
-/// How the data plane opens a socket: UDP GRO on receive if `gro`, UDP GSO on send if `gso`.
-/// A socket that is not read (`recv` false) gets a minimal receive buffer, so that stray
-/// datagrams to it cannot pile up.
-fn socket_options(gro: bool, gso: bool, recv: bool) -> SocketOptions {
-    SocketOptions {
-        recv_buffer: if recv { SOCKET_BUFFER } else { 1 },
-        send_buffer: SOCKET_BUFFER,
-        gro,
-        gso,
-        timestamps: false,
-        queue_drops: false,
-        send_mode: SendMode::Bounded(SEND_BLOCK),
-    }
-}
 
 /// Receive slots per batch for a configured `batch` size.
 pub(crate) fn rx_slots(batch: usize) -> usize {
@@ -97,53 +75,22 @@ pub(crate) fn allowed_cpus() -> Vec<usize> {
         .collect()
 }
 
-/// Source ports per VTEP for VXLAN toward hosts: the flow hash picks one (RFC 7348 §5).
-pub(crate) const VXLAN_SOURCE_PORTS: usize = 16;
-
-/// One local VTEP: the socket on the VXLAN port that receives from hosts, and the sockets
-/// on ephemeral ports whose source ports carry the flow entropy.
-#[derive(Debug, Clone)]
-pub(crate) struct Vtep {
-    /// Underlay address.
-    pub(crate) ip: IpAddr,
-    /// Socket index of the receiving socket (also sends ARP/ND).
-    pub(crate) recv: usize,
-    /// Socket indexes of the source-port pool.
-    pub(crate) pool: Vec<usize>,
-}
-
-/// A listen address: its IKE and NAT-T sockets.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Listen {
-    /// Address.
-    pub(crate) ip: IpAddr,
-    /// Socket index on the IKE port.
-    pub(crate) ike: usize,
-    /// Socket index on the NAT-T port.
-    pub(crate) natt: usize,
-}
-
 /// Everything the threads share.
 pub(crate) struct Shared {
     /// The configuration as given at start (VNets and tunnel bindings may have been replaced
     /// since: the current ones are in the published tables' overlay).
     pub(crate) cfg: DataplaneConfig,
-    /// Every socket; messages name them by index.
-    pub(crate) socks: Vec<Arc<UdpSocket>>,
-    /// Listen addresses (none in relay mode).
-    pub(crate) listen: Vec<Listen>,
-    /// Local VTEPs (fixed at start).
-    pub(crate) vteps: Vec<Vtep>,
-    /// Relay mode: index of the Geneve socket.
-    pub(crate) relay_sock: Option<usize>,
-    /// The TUN device, if configured.
-    pub(crate) tun: Option<Tun>,
+    /// Every socket and the TUN device (the I/O stage's; the other stages name sockets by
+    /// index).
+    pub(crate) io: Sockets,
     /// SA tables (and VNets, bindings, steer nodes) for the packet path.
     pub(crate) tables: Published,
     /// SA registry for the control path.
     registry: Mutex<Registry>,
     /// Drop counters.
     pub(crate) drops: DropCounters,
+    /// Drop counters of the feature chains' stages, by reason name.
+    pub(crate) feature_drops: FeatureDrops,
     /// Relay health probes answered.
     pub(crate) relay_probes_answered: AtomicU64,
     /// Messages to the control plane.
@@ -327,54 +274,7 @@ impl Shared {
             Self::rules(&cfg, &vtep_ips),
             None,
         )?;
-        let mut socks = Vec::new();
-        let mut open = |addr: SocketAddr, opts: SocketOptions| -> Result<usize, DataplaneError> {
-            let s = UdpSocket::bind(addr, &opts)
-                .map_err(|source| DataplaneError::Bind { addr, source })?;
-            socks.push(Arc::new(s));
-            Ok(socks.len() - 1)
-        };
-        let esp_opts = socket_options(true, true, true);
-        let mut listen = Vec::with_capacity(cfg.listen.len());
-        for ip in &cfg.listen {
-            let ike = open(
-                SocketAddr::new(*ip, cfg.ike_port),
-                socket_options(false, false, true),
-            )?;
-            let natt = open(SocketAddr::new(*ip, cfg.natt_port), esp_opts)?;
-            listen.push(Listen { ip: *ip, ike, natt });
-        }
-        let relay_sock = match &cfg.relay {
-            Some(r) => Some(open(r.listen, esp_opts)?),
-            None => None,
-        };
-        let mut vteps = Vec::with_capacity(vtep_ips.len());
-        for ip in vtep_ips {
-            // In relay mode hosts send to the steer nodes, not here: the VTEP's main socket
-            // only sends (ARP/ND), from an ephemeral port.
-            let recv = match relay_sock {
-                None => open(SocketAddr::new(ip, cfg.vxlan_port), esp_opts)?,
-                Some(_) => open(SocketAddr::new(ip, 0), socket_options(false, true, false))?,
-            };
-            let mut pool = Vec::with_capacity(VXLAN_SOURCE_PORTS);
-            for _ in 0..VXLAN_SOURCE_PORTS {
-                pool.push(open(
-                    SocketAddr::new(ip, 0),
-                    socket_options(false, true, false),
-                )?);
-            }
-            vteps.push(Vtep { ip, recv, pool });
-        }
-        let tun =
-            match &cfg.tun_name {
-                Some(name) => Some(Tun::open_with(name, Offloads::ALL).map_err(|source| {
-                    DataplaneError::Tun {
-                        name: name.clone(),
-                        source,
-                    }
-                })?),
-                None => None,
-            };
+        let io = Sockets::open(&cfg, &vtep_ips)?;
         let waker = Waker::new().map_err(|source| DataplaneError::Start { source })?;
         let relays = cfg
             .relay
@@ -401,55 +301,18 @@ impl Shared {
             .map(|w| TxPool::new(w, POOL_BATCHES, msgs, bytes))
             .collect();
         let in_flight = workers * POOL_BATCHES;
-        let mut lanes = Vec::new();
-        for (i, l) in listen.iter().enumerate() {
-            for (kind, sock) in [
-                (LaneKind::Ike { listen: i }, l.ike),
-                (LaneKind::Natt { listen: i }, l.natt),
-            ] {
-                lanes.push(Lane::new(
-                    kind,
-                    socks[sock].as_raw_fd(),
-                    in_flight,
-                    POOL_BATCHES,
-                ));
-            }
-        }
-        if let Some(sock) = relay_sock {
-            lanes.push(Lane::new(
-                LaneKind::Relay,
-                socks[sock].as_raw_fd(),
-                in_flight,
-                POOL_BATCHES,
-            ));
-        } else {
-            for (i, v) in vteps.iter().enumerate() {
-                lanes.push(Lane::new(
-                    LaneKind::Vtep { vtep: i },
-                    socks[v.recv].as_raw_fd(),
-                    in_flight,
-                    POOL_BATCHES,
-                ));
-            }
-        }
-        if let Some(t) = &tun {
-            lanes.push(Lane::new(
-                LaneKind::Tun,
-                t.raw_fd(),
-                in_flight,
-                POOL_BATCHES,
-            ));
-        }
+        let lanes = io
+            .inputs()
+            .into_iter()
+            .map(|(kind, fd)| Lane::new(kind, fd, in_flight, POOL_BATCHES))
+            .collect();
         Ok(Self {
             cfg,
-            socks,
-            listen,
-            vteps,
-            relay_sock,
-            tun,
+            io,
             tables,
             registry: Mutex::new(registry),
             drops: DropCounters::default(),
+            feature_drops: FeatureDrops::default(),
             relay_probes_answered: AtomicU64::new(0),
             to_control,
             waker,
@@ -458,7 +321,7 @@ impl Shared {
             worker_cpus,
             pools,
             worker_stats: (0..workers).map(|_| WorkerCounters::default()).collect(),
-            housekeeping: Mutex::new(Instant::now() + crate::worker::HOUSEKEEPING),
+            housekeeping: Mutex::new(Instant::now() + HOUSEKEEPING),
             stop: AtomicBool::new(false),
         })
     }
@@ -479,7 +342,7 @@ impl Shared {
         vnets: &[VnetConfig],
         tunnels: &[TunnelBinding],
     ) -> Result<(), DataplaneError> {
-        let vtep_ips: Vec<IpAddr> = self.vteps.iter().map(|v| v.ip).collect();
+        let vtep_ips: Vec<IpAddr> = self.io.vteps.iter().map(|v| v.ip).collect();
         let rules = Self::rules(&self.cfg, &vtep_ips);
         // Building is the whole check (each VNet's own fields, then across them); the result
         // is dropped. The previous overlay is not needed to validate.
@@ -493,7 +356,7 @@ impl Shared {
         vnets: Vec<VnetConfig>,
         tunnels: Vec<TunnelBinding>,
     ) -> Result<(), DataplaneError> {
-        let vtep_ips: Vec<IpAddr> = self.vteps.iter().map(|v| v.ip).collect();
+        let vtep_ips: Vec<IpAddr> = self.io.vteps.iter().map(|v| v.ip).collect();
         let rules = Self::rules(&self.cfg, &vtep_ips);
         let mut reg = self.registry();
         let overlay = Overlay::build(&vnets, tunnels, rules, Some(reg.overlay()))?;
@@ -531,6 +394,26 @@ impl Shared {
         Ok(())
     }
 
+    /// Sets `tenant`'s feature chain for `direction` (empty: removes it) and publishes it.
+    pub(crate) fn set_feature_chain(
+        &self,
+        tenant: &str,
+        direction: Direction,
+        chain: FeatureChain,
+    ) -> Result<(), DataplaneError> {
+        let run = if chain.is_empty() {
+            None
+        } else {
+            Some(self.feature_drops.prepare(tenant, direction, &chain)?)
+        };
+        let mut reg = self.registry();
+        reg.set_chain(tenant, direction, run);
+        self.publish(&reg);
+        drop(reg);
+        tracing::info!(tenant, ?direction, stages = ?chain, "feature chain set");
+        Ok(())
+    }
+
     /// The registry (a poisoned lock still holds a consistent registry: every edit is one
     /// map operation).
     pub(crate) fn registry(&self) -> MutexGuard<'_, Registry> {
@@ -542,38 +425,16 @@ impl Shared {
         self.tables.store(reg.snapshot());
     }
 
-    /// The NAT-T socket on `ip`.
-    pub(crate) fn natt_sock(&self, ip: IpAddr) -> Option<usize> {
-        self.listen.iter().find(|l| l.ip == ip).map(|l| l.natt)
-    }
-
-    /// The socket ESP of a CHILD_SA whose local address is `ip` leaves from: the NAT-T
-    /// socket on `ip`, or in relay mode (where `ip` is a steer node's VIP) the Geneve socket.
-    pub(crate) fn outer_sock(&self, ip: IpAddr) -> Option<usize> {
-        self.relay_sock.or_else(|| self.natt_sock(ip))
-    }
-
-    /// The socket for sending IKE from `local`: (socket, add the non-ESP marker).
-    pub(crate) fn ike_sock(&self, local: SocketAddr) -> Option<(usize, bool)> {
-        let family_match = |l: &&Listen| {
-            l.ip == local.ip() || (local.ip().is_unspecified() && l.ip.is_ipv4() == local.is_ipv4())
-        };
-        self.listen.iter().filter(family_match).find_map(|l| {
-            if self.socks[l.natt].local_addr().port() == local.port() {
-                Some((l.natt, true))
-            } else if self.socks[l.ike].local_addr().port() == local.port() {
-                Some((l.ike, false))
-            } else {
-                None
-            }
-        })
-    }
-
     /// Hands a message to the control plane; false if it could not take it.
     pub(crate) fn tell_control(&self, msg: ToControl) -> bool {
         match self.to_control.try_send(msg) {
             Ok(()) => true,
             Err(TrySendError::Full(_)) | Err(TrySendError::Disconnected(_)) => false,
         }
+    }
+
+    /// True once shutdown began.
+    pub(crate) fn stopping(&self) -> bool {
+        self.stop.load(Ordering::Relaxed)
     }
 }

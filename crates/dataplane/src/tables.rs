@@ -14,41 +14,24 @@
 //! state of everything the control plane may change at run time.
 
 use crate::api::{ChildStats, Inside, InstalledChild};
+use crate::feature::{ChainConfig, ChainRun, Direction, FeatureTable};
 use crate::overlay::Overlay;
-use crate::path::relay::Relays;
+use crate::relays::Relays;
 use crate::sa::SaPair;
-use crate::select::{FlowKey, SelectorIndex, LINEAR_MAX};
+use crate::select::index::{SelectorIndex, LINEAR_MAX};
+use crate::select::FlowKey;
 use crate::stats::ChildCounters;
 use ike::{IkeSpis, TrafficSelector, TunnelId};
-use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
+use rustc_hash::FxHashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Instant;
 use wire::EspSpi;
 
-/// Hasher for SPIs: our inbound SPIs are random, so a multiplicative mix suffices (the keys
-/// are ours; the network only probes).
-#[derive(Default, Clone, Copy)]
-pub(crate) struct SpiHasher(u64);
-
-impl Hasher for SpiHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for b in bytes {
-            self.0 = (self.0.rotate_left(8) ^ u64::from(*b)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-        }
-    }
-    fn write_u32(&mut self, v: u32) {
-        self.0 = (u64::from(v) ^ self.0).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    }
-}
-
-/// Map keyed by SPI.
-pub(crate) type SpiMap<V> = HashMap<EspSpi, V, BuildHasherDefault<SpiHasher>>;
+/// Map keyed by SPI (our inbound SPIs are random, so a fast non-keyed hash suffices: the
+/// keys are ours, the network only probes).
+pub(crate) type SpiMap<V> = FxHashMap<EspSpi, V>;
 
 /// The mutable, shared part of a CHILD_SA pair: ESP state and counters.
 pub(crate) struct ChildState {
@@ -220,6 +203,8 @@ pub(crate) struct Tables {
     pub(crate) overlay: Arc<Overlay>,
     /// Relay mode: the steer nodes (None: not in relay mode).
     pub(crate) relays: Option<Arc<Relays>>,
+    /// The tenants' feature chains, by tunnel.
+    pub(crate) features: FeatureTable,
 }
 
 impl Tables {
@@ -253,6 +238,7 @@ pub(crate) struct Registry {
     next_order: u64,
     overlay: Arc<Overlay>,
     relays: Option<Arc<Relays>>,
+    chains: ChainConfig,
 }
 
 impl Registry {
@@ -263,7 +249,13 @@ impl Registry {
             next_order: 0,
             overlay,
             relays,
+            chains: ChainConfig::default(),
         }
+    }
+
+    /// Sets (None: clears) `tenant`'s feature chain for `direction`.
+    pub(crate) fn set_chain(&mut self, tenant: &str, direction: Direction, run: Option<ChainRun>) {
+        self.chains.set(tenant, direction, run);
     }
 
     /// The current VNets and tunnel bindings.
@@ -475,6 +467,12 @@ impl Registry {
             tun_out: index(tun_out),
             overlay: Arc::clone(&self.overlay),
             relays: self.relays.clone(),
+            features: self.chains.table(
+                self.overlay
+                    .tunnels
+                    .iter()
+                    .map(|b| (b.tunnel, b.tenant.as_str())),
+            ),
         }
     }
 

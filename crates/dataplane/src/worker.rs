@@ -8,30 +8,57 @@
 //! dispatch stage until its batch is handed to the sender: one pair of clock reads per
 //! batch), reported as `WorkerStats::busy_ns` for the node's utilization.
 //!
+//! A batch goes through the pipeline (docs/architecture.md, "The pipeline"): the input stage
+//! ([`crate::io::input`]) fills the worker's receive batch, the graph
+//! ([`crate::pipeline::graph`]) runs the stages over its packets into the worker's send batch
+//! ([`Out`]), and the lane's ordered sender hands it to the output stage
+//! ([`crate::io::output`]).
+//!
 //! Per batch, not per packet: one `recvmmsg` (UDP GRO trains split into their segments here),
-//! one snapshot of the SA tables, one lock of the dispatch stage and one of the lane's order,
-//! counters folded into the shared ones. Per packet there is no allocation, lock or system
-//! call on the ESP and VXLAN paths.
+//! one snapshot of the SA tables (with the feature chains), one lock of the dispatch stage and
+//! one of the lane's order, counters folded into the shared ones. Per packet there is no
+//! allocation, lock or system call on the ESP and VXLAN paths.
 
 use crate::batch::UNSPECIFIED;
+use crate::io::input::{self, RxBatch};
+use crate::io::output::Output;
 use crate::lane::LaneKind;
-use crate::out::Worker;
-use crate::path::relay::{self, Pass};
-use crate::path::vxlan::{self, Via};
-use crate::path::{tun, underlay};
-use crate::shared::Shared;
+use crate::out::Out;
+use crate::pipeline::classify::{Pass, Via};
+use crate::pipeline::{encap, graph};
+use crate::shared::{Shared, HOUSEKEEPING};
 use crate::stats::DropReason;
-use crate::sys::tun_offload::TunDrop;
+use crate::tables::Tables;
 use netio::{Poller, Ready};
 use std::net::SocketAddr;
 use std::os::fd::RawFd;
-use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 /// Batches taken from one lane before the worker looks at the others again.
 const BATCHES_PER_WAKE: usize = 8;
-/// Period of the neighbour cache housekeeping.
-pub(crate) const HOUSEKEEPING: Duration = Duration::from_millis(250);
+/// A worker's thread-local state.
+struct Worker {
+    /// Worker index.
+    id: usize,
+    /// Received datagrams or TUN packets.
+    rx: RxBatch,
+    /// Output side.
+    out: Out,
+}
+
+impl Worker {
+    /// Worker `id` of `sh`, its first send batch taken from its pool.
+    fn new(sh: &Shared, id: usize) -> Self {
+        let mut out = Out::new(sh.cfg.batch, Box::new(Output::new(sh, sh.cfg.batch)));
+        out.worker = Some(id);
+        out.tx = sh.pools[id].take(&sh.waker);
+        Self {
+            id,
+            rx: RxBatch::new(sh),
+            out,
+        }
+    }
+}
 
 /// How a batch went.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -109,7 +136,7 @@ fn batch(sh: &Shared, w: &mut Worker, lane: usize) -> Batch {
         return Batch::Empty;
     };
     let started = Instant::now();
-    let (n, more) = receive(sh, w, l.kind);
+    let (n, more) = input::receive(sh, &mut w.rx, l.kind, &mut w.out.drops);
     if n == 0 {
         return Batch::Empty;
     }
@@ -134,7 +161,9 @@ fn batch(sh: &Shared, w: &mut Worker, lane: usize) -> Batch {
         process(sh, w, l.kind, now, Pass::All)
     };
     w.out.finish(sh);
-    sh.worker_stats[w.id].batch(packets, started.elapsed());
+    let busy = started.elapsed();
+    sh.worker_stats[w.id].batch(packets, busy);
+    w.out.held.batch_done(packets, busy);
     if more {
         Batch::Full
     } else {
@@ -142,57 +171,9 @@ fn batch(sh: &Shared, w: &mut Worker, lane: usize) -> Batch {
     }
 }
 
-/// Fills the worker's receive batch from the lane's input; returns the datagrams (or TUN
-/// frames) read and whether more is probably waiting.
-fn receive(sh: &Shared, w: &mut Worker, kind: LaneKind) -> (usize, bool) {
-    let sock = match kind {
-        LaneKind::Ike { listen } => sh.listen[listen].ike,
-        LaneKind::Natt { listen } => sh.listen[listen].natt,
-        LaneKind::Vtep { vtep } => sh.vteps[vtep].recv,
-        LaneKind::Relay => match sh.relay_sock {
-            Some(s) => s,
-            None => return (0, false),
-        },
-        LaneKind::Tun => {
-            let (Some(dev), Some(rb)) = (&sh.tun, w.tun_rx.as_mut()) else {
-                return (0, false);
-            };
-            return match dev.read_batch(rb, rb.frames().len().max(w.rx.capacity())) {
-                Ok(r) => {
-                    for (why, n) in rb.drops().iter() {
-                        w.out.drops.add_n(tun_drop(why), n);
-                    }
-                    (r.frames, !r.would_block)
-                }
-                Err(e) => {
-                    tracing::debug!(device = dev.name(), error = %e, "TUN read failed");
-                    (0, false)
-                }
-            };
-        }
-    };
-    match sh.socks[sock].recv_batch(&mut w.rx) {
-        Ok(n) => (n, n == w.rx.capacity()),
-        Err(e) => {
-            tracing::debug!(lane = ?kind, error = %e, "receive failed");
-            (0, false)
-        }
-    }
-}
-
-fn tun_drop(why: TunDrop) -> DropReason {
-    match why {
-        TunDrop::Short => DropReason::TunShortRead,
-        TunDrop::Truncated => DropReason::TunReadTruncated,
-        TunDrop::BadHeader => DropReason::TunVnetBadHeader,
-        TunDrop::GsoMalformed => DropReason::TunGsoMalformed,
-        TunDrop::GsoTooLarge => DropReason::TunGsoTooLarge,
-    }
-}
-
-/// Runs the TUN lane's path over every packet read (super-packets already split).
-fn process_tun(sh: &Shared, w: &mut Worker, tables: &crate::tables::Tables) -> u64 {
-    let Some(rb) = w.tun_rx.as_mut() else {
+/// Runs the TUN lane's graph over every packet read (super-packets already split).
+fn process_tun(sh: &Shared, w: &mut Worker, tables: &Tables) -> u64 {
+    let Some(rb) = w.rx.tun.as_mut() else {
         return 0;
     };
     let mut packets = 0;
@@ -200,29 +181,39 @@ fn process_tun(sh: &Shared, w: &mut Worker, tables: &crate::tables::Tables) -> u
         let (f, bytes) = rb.frame_mut(i);
         for pkt in bytes.chunks_mut(f.stride.max(1)) {
             packets += 1;
-            tun::outbound(&mut w.out, sh, tables, pkt);
+            graph::tun(&mut w.out, sh, tables, pkt);
         }
     }
     packets
 }
 
-/// Runs the lane's path over every datagram (GRO segments one by one); returns the number of
-/// packets. `pass` splits a relay batch (see [`Pass`]); a datagram the kernel truncated or
-/// that is empty is counted by the pass that runs first.
+/// Runs the lane's graph over every datagram (GRO segments one by one), then the feature
+/// chains over what it held; returns the number of packets. `pass` splits a relay batch (see
+/// [`Pass`]); a datagram the kernel truncated or that is empty is counted by the pass that
+/// runs first.
 fn process(sh: &Shared, w: &mut Worker, kind: LaneKind, now: Instant, pass: Pass) -> u64 {
     let tables = w.out.tables();
-    if kind == LaneKind::Tun {
-        return process_tun(sh, w, &tables);
-    }
-    let local = match kind {
-        LaneKind::Ike { listen } => sh.socks[sh.listen[listen].ike].local_addr(),
-        LaneKind::Natt { listen } => sh.socks[sh.listen[listen].natt].local_addr(),
-        LaneKind::Vtep { vtep } => sh.socks[sh.vteps[vtep].recv].local_addr(),
-        LaneKind::Tun | LaneKind::Relay => UNSPECIFIED,
+    let packets = if kind == LaneKind::Tun {
+        process_tun(sh, w, &tables)
+    } else {
+        process_datagrams(sh, w, &tables, kind, now, pass)
     };
+    graph::end_pass(&mut w.out, sh, &tables, now);
+    packets
+}
+
+fn process_datagrams(
+    sh: &Shared,
+    w: &mut Worker,
+    tables: &Tables,
+    kind: LaneKind,
+    now: Instant,
+    pass: Pass,
+) -> u64 {
+    let local = sh.io.lane_local(kind);
     let first = pass != Pass::Parallel;
     let mut packets = 0;
-    for (meta, data) in w.rx.iter_mut() {
+    for (meta, data) in w.rx.datagrams.iter_mut() {
         let o = &mut w.out;
         if meta.truncated {
             if first {
@@ -243,18 +234,18 @@ fn process(sh: &Shared, w: &mut Worker, kind: LaneKind, now: Instant, pass: Pass
         let from = (local, meta.src.unwrap_or(UNSPECIFIED));
         for segment in data.chunks_mut(meta.seg) {
             packets += 1;
-            handle(o, sh, &tables, kind, now, from, segment, pass);
+            handle(o, sh, tables, kind, now, from, segment, pass);
         }
     }
     packets
 }
 
-/// One datagram that arrived on `local` from `src` (`from`).
+/// One datagram that arrived on `local` from `src` (`from`): the lane's entry into the graph.
 #[allow(clippy::too_many_arguments)]
 fn handle(
-    o: &mut crate::out::Out,
+    o: &mut Out,
     sh: &Shared,
-    t: &crate::tables::Tables,
+    t: &Tables,
     kind: LaneKind,
     now: Instant,
     (local, src): (SocketAddr, SocketAddr),
@@ -262,12 +253,12 @@ fn handle(
     pass: Pass,
 ) {
     match kind {
-        LaneKind::Ike { .. } => underlay::ike(o, sh, local, src, data),
-        LaneKind::Natt { .. } => underlay::natt(o, sh, t, now, local, src, data),
-        LaneKind::Vtep { vtep } => vxlan::receive(o, sh, t, now, Via::Vtep(vtep), src, data),
-        LaneKind::Relay => relay::receive(o, sh, t, now, src, data, pass),
+        LaneKind::Ike { .. } => graph::ike(o, sh, local, src, data),
+        LaneKind::Natt { .. } => graph::natt(o, sh, t, now, local, src, data),
+        LaneKind::Vtep { vtep } => graph::vxlan(o, sh, t, now, Via::Vtep(vtep), src, data),
+        LaneKind::Relay => graph::relay(o, sh, t, now, src, data, pass),
         // TUN packets are read into their own batch (process_tun).
-        LaneKind::Tun => tun::outbound(o, sh, t, data),
+        LaneKind::Tun => graph::tun(o, sh, t, data),
     }
 }
 
@@ -304,15 +295,8 @@ fn housekeeping(sh: &Shared, w: &mut Worker) {
         let tables = sh.tables.load();
         w.out
             .begin(lane, ticket, std::sync::Arc::clone(&tables), now);
-        vxlan::housekeeping(&mut w.out, sh, &tables, vtep, now);
+        encap::housekeeping(&mut w.out, sh, &tables, vtep, now);
         w.out.finish(sh);
     }
     sh.expire_retired(now);
-}
-
-impl Shared {
-    /// True once shutdown began.
-    pub(crate) fn stopping(&self) -> bool {
-        self.stop.load(Ordering::Relaxed)
-    }
 }

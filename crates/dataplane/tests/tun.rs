@@ -38,7 +38,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use testutil::{child, ip, ts, udp4, Peer};
 use tun::{Tun, TunReadBatch};
-use tun_offload::{Offloads, TunWriter};
+use tun_offload::writer::TunWriter;
+use tun_offload::Offloads;
 use wire::ip::Ipv4Packet;
 
 /// `super::cvt` of the included `tun.rs`.
@@ -292,7 +293,7 @@ fn relay(tun: &Tun, stop: &AtomicBool) -> RelayStats {
     let mut st = RelayStats::default();
     let mut batch = TunReadBatch::new(1 << 20, 64);
     let mut w = TunWriter::new(tun.offloads(), 1 << 20, 1024);
-    let account = |st: &mut RelayStats, f: tun_offload::FlushStats| {
+    let account = |st: &mut RelayStats, f: tun_offload::writer::FlushStats| {
         st.writes += f.writes;
         st.super_writes += f.super_packets;
         st.packets_out += f.packets;

@@ -24,10 +24,9 @@
 // used by the tests. Remove this allowance with the switch.
 
 use super::cvt;
-use super::tun_offload::{
-    split_frame, FlushStats, Offloads, Push, SplitFault, TunDrop, TunDrops, TunWriter, VnetHdr,
-    MAX_IP_PACKET, VNET_HDR_LEN,
-};
+use super::tun_offload::split::{split_frame, SplitFault};
+use super::tun_offload::writer::{FlushStats, Push, TunWriter};
+use super::tun_offload::{Offloads, TunDrop, TunDrops, VnetHdr, MAX_IP_PACKET, VNET_HDR_LEN};
 use std::ffi::CString;
 use std::io::{self, IoSlice};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};

@@ -2,12 +2,12 @@
 //! `IFF_VNET_HDR` TUN device (virtio 1.x §5.1.6, legacy 10-byte layout in host byte order), the
 //! split of the kernel's GSO super-packets into ordinary IP packets (TCP segmentation as
 //! RFC 9293 §3.1 fields and RFC 791 / RFC 8200 §3 headers require; UDP segmentation for USO),
-//! and [`TunWriter`], which coalesces consecutive packets of one flow into one GSO super-packet
+//! and [`TunWriter`](writer::TunWriter), which coalesces consecutive packets of one flow into one GSO super-packet
 //! per write. Checksums follow RFC 1071, with the pseudo headers of RFC 9293 §3.1, RFC 768 and
 //! RFC 8200 §8.1.
 //!
-//! The read side lives in [`split`] ([`split_frame`]), the write side in [`writer`]
-//! ([`TunWriter`]); this file holds what both use: the header, the offload flags, the drop
+//! The read side lives in [`split`] ([`split_frame`](split::split_frame)), the write side in [`writer`]
+//! ([`TunWriter`](writer::TunWriter)); this file holds what both use: the header, the offload flags, the drop
 //! reasons and the checksum arithmetic.
 
 // The TUN worker moves to this API in issue 3's dataplane rewrite; until then parts are only
@@ -17,7 +17,7 @@
 pub(crate) const VNET_HDR_LEN: usize = 10;
 /// The largest IP packet a TUN device carries: an IPv6 header and a 65535-byte payload.
 pub(crate) const MAX_IP_PACKET: usize = 40 + 65535;
-/// The most segments [`TunWriter`] puts into one super-packet (the kernel's UDP_MAX_SEGMENTS
+/// The most segments [`TunWriter`](writer::TunWriter) puts into one super-packet (the kernel's UDP_MAX_SEGMENTS
 /// is at least 64; the TCP limit is far higher).
 pub(crate) const MAX_SEGMENTS: usize = 64;
 
@@ -328,12 +328,9 @@ fn fill_l4_checksum(seg: &mut [u8], v6: bool, l4: usize, proto: u8) {
 }
 
 #[path = "tun_offload/split.rs"]
-mod split;
+pub(crate) mod split;
 #[path = "tun_offload/writer.rs"]
-mod writer;
-
-pub(crate) use split::{split_frame, SplitFault};
-pub(crate) use writer::{FlushStats, Push, TunWriter};
+pub(crate) mod writer;
 
 #[cfg(test)]
 #[path = "tun_offload/tests/mod.rs"]

@@ -4,15 +4,15 @@
 
 use crate::api::Route;
 use ipnet::IpNet;
-use std::collections::HashMap;
+use rustc_hash::FxHashMap;
 use std::net::IpAddr;
 
 /// Longest-prefix-match table (IPv4 and IPv6 kept apart): per prefix length present, its
 /// netmask and the hosts by network address.
 #[derive(Debug, Default, Clone)]
 pub(crate) struct RouteTable {
-    v4: Vec<(u8, u32, HashMap<u32, IpAddr>)>,
-    v6: Vec<(u8, u128, HashMap<u128, IpAddr>)>,
+    v4: Vec<(u8, u32, FxHashMap<u32, IpAddr>)>,
+    v6: Vec<(u8, u128, FxHashMap<u128, IpAddr>)>,
 }
 
 /// Why a route is invalid.
@@ -85,7 +85,7 @@ impl RouteTable {
 /// Adds `network/len -> host` to the per-length tables of one family; true if the prefix was
 /// there already.
 fn insert<A: Copy + Eq + std::hash::Hash>(
-    tables: &mut Vec<(u8, A, HashMap<A, IpAddr>)>,
+    tables: &mut Vec<(u8, A, FxHashMap<A, IpAddr>)>,
     len: u8,
     mask: impl Into<A>,
     network: impl Into<A>,
@@ -94,7 +94,7 @@ fn insert<A: Copy + Eq + std::hash::Hash>(
     let slot = match tables.iter().position(|(l, _, _)| *l == len) {
         Some(i) => &mut tables[i].2,
         None => {
-            tables.push((len, mask.into(), HashMap::new()));
+            tables.push((len, mask.into(), FxHashMap::default()));
             &mut tables.last_mut().expect("just pushed").2
         }
     };

@@ -3,6 +3,8 @@
 //! coalesce -> split round trips (unit and property tests). Every checksum is checked with
 //! [`naive_sum`], written independently of the code under test.
 
+use super::split::{split_frame, SplitFault};
+use super::writer::{FlushStats, Push, TunWriter};
 use super::*;
 use proptest::prelude::*;
 

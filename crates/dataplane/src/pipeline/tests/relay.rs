@@ -1,14 +1,19 @@
-//! The relay path driven in memory, like `path/tests.rs`: Geneve frames from a (fake) steer
-//! node are handed to [`relay::receive`] and the send batch is inspected instead of sent. The
+//! The relay path driven in memory, like `pipeline/tests.rs`: Geneve frames from a (fake) steer
+//! node are handed to the relay lane's graph ([`crate::pipeline::graph::relay`]) and the send batch is inspected instead of sent. The
 //! Geneve and VTEP sockets are opened on loopback (to build the shared state), nothing is
 //! sent on them.
 
-use super::{receive, Pass, Relays, HEARD_WINDOW_MS};
+use super::{binding, vnet};
 use crate::api::{
     DataplaneConfig, DataplaneError, Inside, RelayConfig, ToControl, TunnelBinding, VnetConfig,
 };
-use crate::path::tests::{binding, vnet};
-use crate::shared::{Out, Shared};
+use crate::feature::{Direction, Feature, FeatureBatch, FeatureChain};
+use crate::io::output::Output;
+use crate::out::Out;
+use crate::pipeline::classify::Pass;
+use crate::pipeline::graph::{end_pass, relay as receive};
+use crate::relays::{Relays, HEARD_WINDOW_MS};
+use crate::shared::Shared;
 use crate::stats::DropReason;
 use crate::testutil::{arp, child, ip, parse_vxlan, ts, udp4, vxlan as vxlan_frame, Peer};
 use ike::ChildSaInfo;
@@ -84,9 +89,9 @@ fn env_with(vnets: Vec<VnetConfig>, tunnels: Vec<TunnelBinding>) -> Env {
     let (tx, rx) = crossbeam_channel::unbounded();
     let sh = Shared::open(config(vnets, tunnels), tx).expect("relay mode opens");
     Env {
+        out: Output::standalone(&sh, 16),
         sh,
         rx,
-        out: Out::new(16),
         dead: Vec::new(),
     }
 }
@@ -130,7 +135,7 @@ impl Env {
     }
 
     fn relay_sock(&self) -> usize {
-        self.sh.relay_sock.expect("relay mode")
+        self.sh.io.relay_sock.expect("relay mode")
     }
 
     fn gw_mac(&self, vnet: usize) -> [u8; 6] {
@@ -152,6 +157,8 @@ impl Env {
         for f in &mut frames {
             receive(&mut self.out, &self.sh, &t, now, sa(from), f, Pass::Serial);
         }
+        // As the worker does at the end of each pass: the feature chains' held packets.
+        end_pass(&mut self.out, &self.sh, &t, now);
         for f in &mut frames {
             receive(
                 &mut self.out,
@@ -163,6 +170,7 @@ impl Env {
                 Pass::Parallel,
             );
         }
+        end_pass(&mut self.out, &self.sh, &t, now);
         self.out.seal_queued();
         let tx = &mut self.out.tx;
         crate::accept::accept_batch(&self.sh, tx, &mut self.dead, &mut self.out.drops);
@@ -259,7 +267,7 @@ fn relayed_esp_is_delivered_to_the_host_directly() {
     let (sock, dst, d) = &sent[0];
     assert_eq!(*dst, SocketAddr::new(ip(HOST), 4789));
     assert_eq!(
-        *sock, e.sh.vteps[0].recv,
+        *sock, e.sh.io.vteps[0].recv,
         "from the VTEP, not the Geneve socket"
     );
     let (vni, _, _, ty, payload) = parse_vxlan(d);
@@ -273,7 +281,10 @@ fn relayed_esp_is_delivered_to_the_host_directly() {
     assert_eq!(sent.len(), 1, "{sent:?}");
     let (sock, dst, d) = &sent[0];
     assert_eq!(*dst, SocketAddr::new(ip(HOST), 4789));
-    assert!(e.sh.vteps[0].pool.contains(sock), "flow-hashed source port");
+    assert!(
+        e.sh.io.vteps[0].pool.contains(sock),
+        "flow-hashed source port"
+    );
     assert_to_vm(d, 100, b"to the vm");
     // Resolved now: the next packet goes at once.
     e.recv(STEER, esp_frame(&peer, sa(PEER), &[], b"again"));
@@ -289,6 +300,84 @@ fn relayed_esp_is_delivered_to_the_host_directly() {
     e.recv(STEER, replay);
     assert!(e.sent().is_empty());
     assert_eq!(e.drops(DropReason::EspReplay), 1);
+}
+
+/// Drops the packets whose first UDP payload byte is odd.
+struct DropOdd(&'static [&'static str]);
+
+impl Feature for DropOdd {
+    fn name(&self) -> &'static str {
+        "drop_odd"
+    }
+
+    fn drop_reasons(&self) -> &'static [&'static str] {
+        self.0
+    }
+
+    fn process(&self, batch: &mut FeatureBatch<'_>) {
+        for i in 0..batch.len() {
+            if batch.packet(i).get(28).is_some_and(|b| b % 2 == 1) {
+                batch.drop_packet(i, 0);
+            }
+        }
+    }
+}
+
+#[test]
+fn feature_chains_run_on_both_passes_of_the_relay_lane() {
+    let mut e = env();
+    let c = e.child(0x1001, vip(4500), sa(PEER));
+    e.sh.install_child(&c).expect("install");
+    let peer = Peer::of(&c);
+    for (dir, reason) in [
+        (Direction::Outbound, &["odd_out"][..]),
+        (Direction::Inbound, &["odd_in"][..]),
+    ] {
+        let chain = FeatureChain::new().with(Arc::new(DropOdd(reason)));
+        e.sh.set_feature_chain("a", dir, chain).expect("chain");
+    }
+    let feature_drops = |e: &Env, name: &str| {
+        e.sh.feature_drops
+            .snapshot()
+            .into_iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v)
+    };
+    // VM -> peer (the serial pass): the even ones leave, sealed in order.
+    let frames = (0..6u8)
+        .map(|i| e.relayed_from_vm(100, 0, &[i; 300]))
+        .collect();
+    e.recv_batch(STEER, frames);
+    let sent = e.sent();
+    let firsts: Vec<u8> = sent
+        .iter()
+        .map(|(_, _, d)| {
+            let f = parse_frame(d).expect("a relay frame");
+            let dg = f.datagram.expect("datagram");
+            peer.open(&d[dg.payload]).expect("the peer opens it")[28]
+        })
+        .collect();
+    assert_eq!(firsts, vec![0, 2, 4]);
+    assert_eq!(feature_drops(&e, "odd_out"), Some(3));
+    // Peer -> VM (the parallel pass), the VM's MAC resolved first.
+    e.vm_answers_arp(100, 0);
+    e.sent();
+    let frames = (0..4u8)
+        .map(|i| esp_frame(&peer, sa(PEER), &[], &[i]))
+        .collect();
+    e.recv_batch(STEER, frames);
+    let sent = e.sent();
+    assert_eq!(sent.len(), 2, "{sent:?}");
+    assert_to_vm(&sent[0].2, 100, &[0]);
+    assert_to_vm(&sent[1].2, 100, &[2]);
+    assert_eq!(feature_drops(&e, "odd_in"), Some(2));
+    // The dropped packets were authentic: the replay window took them all.
+    assert_eq!(e.sh.registry().stats()[0].packets_in, 4);
+    assert_eq!(
+        e.total_drops(),
+        0,
+        "no drop under the data plane's own reasons"
+    );
 }
 
 #[test]
@@ -598,7 +687,7 @@ fn steer_nodes_are_replaced_at_run_time() {
     e.out.use_tables(Arc::clone(&t));
     let inner = udp4("10.0.0.5", 1000, "192.168.0.9", 2000, 64, b"d");
     let child = Arc::clone(&t.vnet_out[0][0]);
-    crate::path::seal::queue(&mut e.out, &e.sh, &child, &inner);
+    crate::pipeline::seal::queue(&mut e.out, &e.sh, &child, &inner);
     assert!(e.sent().is_empty());
     assert_eq!(e.drops(DropReason::RelayNoSteer), 1);
     // No sequence number was used for it: the next packet carries number 3.

@@ -1,19 +1,22 @@
-//! The VNet side over VXLAN (RFC 7348). From hosts: the VNI must be a VNet configured on this
-//! VTEP and the sender one of its route hosts; ARP (RFC 826) and neighbour discovery
-//! (RFC 4861) are answered and teach the neighbour cache; IP frames to the gateway's MAC are
-//! routed (TTL decremented, RFC 1812 §5.3.1) into the CHILD_SA whose selectors cover them,
-//! chosen only among the tunnels of that VNet (tenant isolation). Toward hosts: a decrypted
-//! packet is routed by longest prefix to its host, its MAC resolved, and sent as
-//! Ethernet(gateway MAC -> VM MAC) in VXLAN, the UDP source port chosen by a flow hash (§5).
+//! The encap stage, toward the inside interface. Input: a decrypted inner packet that passed
+//! its tenant's inbound feature chain, with its CHILD_SA's inside interface. Output: VXLAN
+//! datagrams in the send batch, or a TUN packet (queued in the batch so it keeps the lane's
+//! order).
 //!
-//! In relay mode the hosts send to the steer nodes' VIP, which relay the datagrams here
-//! ([`super::relay`]): the VNet is then found by VNI alone ([`Via::Relay`]), the sender is the
-//! datagram's inner source. Toward hosts nothing changes: VXLAN leaves from the VTEP.
+//! Into a VNet (RFC 7348, RFC 1812 forwarding): the packet is routed by longest prefix to its
+//! host (TTL decremented, RFC 1812 §5.3.1), its VM's MAC resolved, and sent as
+//! Ethernet(gateway MAC -> VM MAC) in VXLAN, the UDP source port chosen by a flow hash (§5).
+//! This stage also owns the VNet's L2 side: ARP (RFC 826) and neighbour discovery (RFC 4861)
+//! packets the decap stage found are answered here and teach the neighbour cache, whose
+//! waiting packets leave when their MAC is learned; the housekeeping retries requests.
+//!
+//! In relay mode VXLAN toward hosts leaves from the node's VTEP as well (hosts send to the
+//! steer nodes' VIP).
 
-use super::seal;
 use crate::inner::{self, InnerIp};
+use crate::out::{Out, TUN_DST, TUN_SOCK};
 use crate::select::FlowKey;
-use crate::shared::{Out, Shared};
+use crate::shared::Shared;
 use crate::stats::DropReason;
 use crate::tables::Tables;
 use crate::vnet::neigh::{Mac, Resolution};
@@ -21,65 +24,16 @@ use crate::vnet::{arp, nd, write_frame_header, Vnet, FRAME_HEADER_LEN};
 use std::net::{IpAddr, SocketAddr};
 use std::time::Instant;
 use wire::arp::{ArpPacket, ArpRepr};
-use wire::ethernet::{EtherType, EthernetAddress, EthernetFrame, ETHERNET_HEADER_LEN};
-use wire::ip::{IpProtocol, IpVersion, Ipv6Packet};
-use wire::ndp::{NdpRepr, ICMPV6_NEIGHBOR_ADVERT, ICMPV6_NEIGHBOR_SOLICIT};
-use wire::vxlan::{VxlanPacket, VXLAN_HEADER_LEN};
+use wire::ethernet::{EtherType, EthernetAddress};
+use wire::ip::{IpVersion, Ipv6Packet};
+use wire::ndp::NdpRepr;
 
 /// Minimum Ethernet payload (60-byte frames without FCS); ARP frames are padded to it.
 const MIN_ETHERNET_PAYLOAD: usize = 46;
 
-/// How a VXLAN datagram reached us.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Via {
-    /// On the socket of local VTEP (index).
-    Vtep(usize),
-    /// Relayed by a steer node (relay mode).
-    Relay,
-}
-
-/// A VXLAN datagram (UDP payload) from `src`.
-pub(crate) fn receive(
-    o: &mut Out,
-    sh: &Shared,
-    t: &Tables,
-    now: Instant,
-    via: Via,
-    src: SocketAddr,
-    data: &mut [u8],
-) {
-    let vni = match VxlanPacket::new_checked(&data[..]) {
-        // RFC 7348 §5: the I flag MUST be set for a valid VNI.
-        Ok(vx) if vx.has_vni() => vx.vni(),
-        _ => return o.drop_packet(DropReason::VxlanMalformed),
-    };
-    let found = match via {
-        Via::Vtep(vtep) => t.overlay.by_vtep.get(&(vtep, vni)),
-        Via::Relay => t.overlay.by_vni.get(&vni),
-    };
-    let Some(vnet) = found.and_then(|&vi| t.overlay.vnets.get(vi)) else {
-        return o.drop_packet(DropReason::VxlanUnknownVni);
-    };
-    let host = src.ip();
-    if !vnet.hosts.contains(&host) {
-        return o.drop_packet(DropReason::VxlanUnknownHost);
-    }
-    let frame = &mut data[VXLAN_HEADER_LEN..];
-    let (dst_mac, src_mac, ethertype) = match EthernetFrame::new_checked(&frame[..]) {
-        Ok(eth) if eth.src_addr().is_unicast() => (eth.dst_addr(), eth.src_addr(), eth.ethertype()),
-        _ => return o.drop_packet(DropReason::VxlanMalformed),
-    };
-    let payload = &mut frame[ETHERNET_HEADER_LEN..];
-    match ethertype {
-        EtherType::ARP => arp_in(o, sh, vnet, host, now, dst_mac, payload),
-        EtherType::IPV4 | EtherType::IPV6 => {
-            ip_in(o, sh, t, vnet, host, now, src_mac, dst_mac, payload)
-        }
-        _ => o.drop_packet(DropReason::VxlanEthertype),
-    }
-}
-
-fn arp_in(
+/// An ARP packet from `host` in `vnet` (frame to `dst_mac`): answered if it asks for the
+/// gateway, learned from if its sender lives behind `host`.
+pub(crate) fn arp(
     o: &mut Out,
     sh: &Shared,
     vnet: &Vnet,
@@ -120,59 +74,27 @@ fn arp_in(
     }
 }
 
-#[allow(clippy::too_many_arguments)]
-fn ip_in(
+/// Learns the MAC of the sender of an IP frame to the gateway (`src` from `src_mac`, if it
+/// lives behind `host`), unless this worker learned it recently.
+pub(crate) fn learn_from_ip(
     o: &mut Out,
     sh: &Shared,
-    t: &Tables,
     vnet: &Vnet,
     host: IpAddr,
     now: Instant,
+    src: IpAddr,
     src_mac: EthernetAddress,
-    dst_mac: EthernetAddress,
-    payload: &mut [u8],
 ) {
-    let Some(parsed) = inner::parse(payload) else {
-        return o.drop_packet(DropReason::VxlanMalformed);
-    };
-    let pkt = &mut payload[..parsed.len];
-    let is_nd = parsed.version == IpVersion::V6
-        && parsed.flow.proto == IpProtocol::ICMPV6.0
-        && matches!(
-            parsed.flow.src_port.map(|p| (p >> 8) as u8),
-            Some(ICMPV6_NEIGHBOR_SOLICIT | ICMPV6_NEIGHBOR_ADVERT)
-        );
-    if is_nd {
-        return nd_in(o, sh, vnet, host, now, src_mac, dst_mac, pkt);
+    if o.learned.get(vnet.id, src, now) != Some(src_mac.0) && vnet.lives_behind(src, host) {
+        learn(o, sh, vnet, host, now, src, src_mac.0, true);
+        o.learned.put(vnet.id, src, src_mac.0, now);
     }
-    if dst_mac != vnet.mac {
-        return o.drop_packet(DropReason::VxlanNotForGateway);
-    }
-    let flow = parsed.flow;
-    if o.learned.get(vnet.id, flow.src, now) != Some(src_mac.0) && vnet.lives_behind(flow.src, host)
-    {
-        learn(o, sh, vnet, host, now, flow.src, src_mac.0, true);
-        o.learned.put(vnet.id, flow.src, src_mac.0, now);
-    }
-    if vnet.is_gateway(flow.dst) {
-        return o.drop_packet(DropReason::ToGateway);
-    }
-    // Tenant isolation: only this VNet's tunnels are candidates.
-    let Some(child) = t
-        .vnet_out
-        .get(vnet.index)
-        .and_then(|c| Tables::select(c, &flow))
-    else {
-        return o.drop_packet(DropReason::VxlanNoTunnel);
-    };
-    if !inner::decrement_hop(pkt) {
-        return o.drop_packet(DropReason::TtlExceeded);
-    }
-    seal::queue(o, sh, child, pkt);
 }
 
+/// A neighbour solicitation or advertisement from `host` in `vnet`: answered if it asks for
+/// the gateway, learned from if its sender lives behind `host`.
 #[allow(clippy::too_many_arguments)]
-fn nd_in(
+pub(crate) fn nd(
     o: &mut Out,
     sh: &Shared,
     vnet: &Vnet,
@@ -314,7 +236,7 @@ fn emit_ip(
 
 /// The socket whose source port carries this flow (RFC 7348 §5).
 fn source_socket(sh: &Shared, vnet: &Vnet, flow: &FlowKey) -> usize {
-    let vtep = &sh.vteps[vnet.vtep];
+    let vtep = &sh.io.vteps[vnet.vtep];
     if vtep.pool.is_empty() {
         vtep.recv
     } else {
@@ -343,7 +265,7 @@ fn send_frame(
     let padded = n.max(MIN_ETHERNET_PAYLOAD);
     room[FRAME_HEADER_LEN + n..FRAME_HEADER_LEN + padded].fill(0);
     o.tx.commit(
-        sh.vteps[vnet.vtep].recv,
+        sh.io.vteps[vnet.vtep].recv,
         SocketAddr::new(host, sh.cfg.vxlan_port),
         FRAME_HEADER_LEN + padded,
     );
@@ -406,4 +328,18 @@ pub(crate) fn housekeeping(
         }
         o.requests = requests;
     }
+}
+
+/// A decrypted packet for the TUN device: queued in the send batch, so it is written in the
+/// lane's order like datagrams are sent (the kernel forwards it and decrements the TTL
+/// itself).
+pub(crate) fn deliver_tun(o: &mut Out, sh: &Shared, pkt: &[u8]) {
+    if sh.io.tun.is_none() {
+        return o.drop_packet(DropReason::TunWrite);
+    }
+    let Some(room) = o.room(sh, pkt.len()) else {
+        return;
+    };
+    room[..pkt.len()].copy_from_slice(pkt);
+    o.tx.commit(TUN_SOCK, TUN_DST, pkt.len());
 }

@@ -1,10 +1,13 @@
-//! The packet paths driven in memory: datagrams are handed to the path functions directly and
-//! the send batch is inspected instead of sent. Sockets are opened (on loopback, to build the
-//! shared state) but nothing is sent on them.
+//! The packet paths driven in memory: datagrams are handed to the lanes' graph entry points
+//! (`pipeline::graph`) directly and the send batch is inspected instead of sent. Sockets are
+//! opened (on loopback, to build the shared state) but nothing is sent on them.
 
-use super::{underlay, vxlan};
+use super::classify::Via;
+use super::graph;
 use crate::api::{DataplaneConfig, Inside, Route, ToControl, TunnelBinding, VnetConfig};
-use crate::shared::{Out, Shared};
+use crate::io::output::Output;
+use crate::out::Out;
+use crate::shared::Shared;
 use crate::stats::DropReason;
 use crate::testutil::{arp, child, ip, parse_vxlan, ts, udp4, vxlan as vxlan_frame, Peer};
 use crossbeam_channel::Receiver;
@@ -86,9 +89,9 @@ fn env() -> Env {
         match Shared::open(cfg, tx) {
             Ok(sh) => {
                 return Env {
+                    out: Output::standalone(&sh, 16),
                     sh,
                     rx,
-                    out: Out::new(16),
                     dead: Vec::new(),
                 }
             }
@@ -101,7 +104,7 @@ fn env() -> Env {
 
 impl Env {
     fn natt(&self) -> SocketAddr {
-        self.sh.socks[self.sh.listen[0].natt].local_addr()
+        self.sh.io.local_addr(self.sh.io.listen[0].natt)
     }
 
     fn host(&self) -> SocketAddr {
@@ -123,12 +126,12 @@ impl Env {
     fn recv_from_host(&mut self, from: SocketAddr, mut data: Vec<u8>) {
         let t = self.sh.tables.load();
         self.out.use_tables(std::sync::Arc::clone(&t));
-        vxlan::receive(
+        graph::vxlan(
             &mut self.out,
             &self.sh,
             &t,
             Instant::now(),
-            vxlan::Via::Vtep(0),
+            Via::Vtep(0),
             from,
             &mut data,
         );
@@ -156,7 +159,7 @@ impl Env {
         let t = self.sh.tables.load();
         self.out.use_tables(std::sync::Arc::clone(&t));
         let local = self.natt();
-        underlay::natt(
+        graph::natt(
             &mut self.out,
             &self.sh,
             &t,
@@ -832,3 +835,5 @@ fn vnets_and_bindings_are_replaced_at_run_time_on_the_start_vteps() {
         other => panic!("expected a config error, got {other:?}"),
     }
 }
+
+mod relay;

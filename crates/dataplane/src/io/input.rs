@@ -1,0 +1,90 @@
+//! The input stage: fills a worker's receive batch from one lane's input. One `recvmmsg` per
+//! batch on a socket (UDP GRO trains stay whole here: the classify stage walks their
+//! segments), or one batch of frames read from the TUN device (GSO super-packets split into
+//! IP packets, see `sys::tun_offload`). Later inputs (AF_PACKET, AF_XDP) are further arms of
+//! [`receive`] filling the same [`RxBatch`].
+
+use crate::lane::LaneKind;
+use crate::shared::{rx_slots, Shared};
+use crate::stats::{DropCounts, DropReason};
+use crate::sys::tun::TunReadBatch;
+use crate::sys::tun_offload::TunDrop;
+use netio::{RecvBatch, RX_SLOT};
+
+/// A worker's receive batch: datagrams with their metadata (source, GRO segment size,
+/// truncation), or for the TUN lane IP packets read from the device.
+pub(crate) struct RxBatch {
+    /// Received datagrams (and the `recvmmsg` scratch).
+    pub(crate) datagrams: RecvBatch,
+    /// Frames read from the TUN device (if there is one), GSO super-packets split.
+    pub(crate) tun: Option<TunReadBatch>,
+}
+
+impl RxBatch {
+    /// Receive batches sized for `sh`'s configured batch.
+    pub(crate) fn new(sh: &Shared) -> Self {
+        let slots = rx_slots(sh.cfg.batch);
+        Self {
+            datagrams: RecvBatch::new(slots),
+            tun: sh
+                .io
+                .tun
+                .as_ref()
+                .map(|_| TunReadBatch::new(slots * RX_SLOT, slots)),
+        }
+    }
+}
+
+/// Fills `rx` from the lane's input; returns the datagrams (or TUN frames) read and whether
+/// more is probably waiting. Frames the TUN device delivered unusable are counted in `drops`.
+pub(crate) fn receive(
+    sh: &Shared,
+    rx: &mut RxBatch,
+    kind: LaneKind,
+    drops: &mut DropCounts,
+) -> (usize, bool) {
+    let io = &sh.io;
+    let sock = match kind {
+        LaneKind::Ike { listen } => io.listen[listen].ike,
+        LaneKind::Natt { listen } => io.listen[listen].natt,
+        LaneKind::Vtep { vtep } => io.vteps[vtep].recv,
+        LaneKind::Relay => match io.relay_sock {
+            Some(s) => s,
+            None => return (0, false),
+        },
+        LaneKind::Tun => {
+            let (Some(dev), Some(rb)) = (&io.tun, rx.tun.as_mut()) else {
+                return (0, false);
+            };
+            return match dev.read_batch(rb, rb.frames().len().max(rx.datagrams.capacity())) {
+                Ok(r) => {
+                    for (why, n) in rb.drops().iter() {
+                        drops.add_n(tun_drop(why), n);
+                    }
+                    (r.frames, !r.would_block)
+                }
+                Err(e) => {
+                    tracing::debug!(device = dev.name(), error = %e, "TUN read failed");
+                    (0, false)
+                }
+            };
+        }
+    };
+    match io.socks[sock].recv_batch(&mut rx.datagrams) {
+        Ok(n) => (n, n == rx.datagrams.capacity()),
+        Err(e) => {
+            tracing::debug!(lane = ?kind, error = %e, "receive failed");
+            (0, false)
+        }
+    }
+}
+
+fn tun_drop(why: TunDrop) -> DropReason {
+    match why {
+        TunDrop::Short => DropReason::TunShortRead,
+        TunDrop::Truncated => DropReason::TunReadTruncated,
+        TunDrop::BadHeader => DropReason::TunVnetBadHeader,
+        TunDrop::GsoMalformed => DropReason::TunGsoMalformed,
+        TunDrop::GsoTooLarge => DropReason::TunGsoTooLarge,
+    }
+}

@@ -1,0 +1,238 @@
+//! The socket table of the I/O stage: every UDP socket the data plane opens (IKE and NAT-T per
+//! listen address, the VTEPs' receiving and source-port sockets, the Geneve socket in relay
+//! mode) and the TUN device, opened once at start and named by index everywhere else. Only
+//! this stage ([`crate::io`]) and `sys/` touch them; the other stages write socket indexes
+//! into send batches.
+//!
+//! Sockets: per listen address one on the IKE port and one on the NAT-T port (IPv6 sockets are
+//! IPV6_V6ONLY; all bind concrete addresses, so no IP_PKTINFO is needed); per local VTEP one
+//! on the VXLAN port, which receives from hosts and sends ARP/ND, plus
+//! [`VXLAN_SOURCE_PORTS`] send-only sockets on ephemeral ports whose source ports carry the
+//! flow hash of RFC 7348 §5. UDP GRO and GSO are used where the kernel accepts them.
+
+use crate::api::{DataplaneConfig, DataplaneError};
+use crate::lane::LaneKind;
+use crate::sys::tun::Tun;
+use crate::sys::tun_offload::Offloads;
+use netio::{SendMode, SocketOptions, UdpSocket};
+use std::io;
+use std::net::{IpAddr, SocketAddr};
+use std::os::fd::{AsRawFd, RawFd};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Socket buffer size asked for, each way (the kernel may clamp it).
+const SOCKET_BUFFER: usize = 4 << 20;
+
+/// How long a send waits for socket buffer space, at most three times per batch, before the
+/// rest of the batch is dropped.
+const SEND_BLOCK: Duration = Duration::from_millis(50);
+
+/// Source ports per VTEP for VXLAN toward hosts: the flow hash picks one (RFC 7348 §5).
+pub(crate) const VXLAN_SOURCE_PORTS: usize = 16;
+
+/// An unused address (the source of a TUN frame, the local address of lanes without one).
+pub(crate) const UNSPECIFIED: SocketAddr = crate::batch::UNSPECIFIED;
+
+/// How the data plane opens a socket: UDP GRO on receive if `gro`, UDP GSO on send if `gso`.
+/// A socket that is not read (`recv` false) gets a minimal receive buffer, so that stray
+/// datagrams to it cannot pile up.
+fn socket_options(gro: bool, gso: bool, recv: bool) -> SocketOptions {
+    SocketOptions {
+        recv_buffer: if recv { SOCKET_BUFFER } else { 1 },
+        send_buffer: SOCKET_BUFFER,
+        gro,
+        gso,
+        timestamps: false,
+        queue_drops: false,
+        send_mode: SendMode::Bounded(SEND_BLOCK),
+    }
+}
+
+/// One local VTEP: the socket on the VXLAN port that receives from hosts, and the sockets
+/// on ephemeral ports whose source ports carry the flow entropy.
+#[derive(Debug, Clone)]
+pub(crate) struct Vtep {
+    /// Underlay address.
+    pub(crate) ip: IpAddr,
+    /// Socket index of the receiving socket (also sends ARP/ND).
+    pub(crate) recv: usize,
+    /// Socket indexes of the source-port pool.
+    pub(crate) pool: Vec<usize>,
+}
+
+/// A listen address: its IKE and NAT-T sockets.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Listen {
+    /// Address.
+    pub(crate) ip: IpAddr,
+    /// Socket index on the IKE port.
+    pub(crate) ike: usize,
+    /// Socket index on the NAT-T port.
+    pub(crate) natt: usize,
+}
+
+/// Every socket and the TUN device.
+pub(crate) struct Sockets {
+    /// Every socket; messages name them by index.
+    pub(crate) socks: Vec<Arc<UdpSocket>>,
+    /// Listen addresses (none in relay mode).
+    pub(crate) listen: Vec<Listen>,
+    /// Local VTEPs (fixed at start).
+    pub(crate) vteps: Vec<Vtep>,
+    /// Relay mode: index of the Geneve socket.
+    pub(crate) relay_sock: Option<usize>,
+    /// The TUN device, if configured.
+    pub(crate) tun: Option<Tun>,
+}
+
+impl Sockets {
+    /// Opens the sockets of `cfg` (validated) with VTEPs on `vtep_ips`, and the TUN device.
+    pub(crate) fn open(cfg: &DataplaneConfig, vtep_ips: &[IpAddr]) -> Result<Self, DataplaneError> {
+        let mut socks = Vec::new();
+        let mut open = |addr: SocketAddr, opts: SocketOptions| -> Result<usize, DataplaneError> {
+            let s = UdpSocket::bind(addr, &opts)
+                .map_err(|source| DataplaneError::Bind { addr, source })?;
+            socks.push(Arc::new(s));
+            Ok(socks.len() - 1)
+        };
+        let esp_opts = socket_options(true, true, true);
+        let mut listen = Vec::with_capacity(cfg.listen.len());
+        for ip in &cfg.listen {
+            let ike = open(
+                SocketAddr::new(*ip, cfg.ike_port),
+                socket_options(false, false, true),
+            )?;
+            let natt = open(SocketAddr::new(*ip, cfg.natt_port), esp_opts)?;
+            listen.push(Listen { ip: *ip, ike, natt });
+        }
+        let relay_sock = match &cfg.relay {
+            Some(r) => Some(open(r.listen, esp_opts)?),
+            None => None,
+        };
+        let mut vteps = Vec::with_capacity(vtep_ips.len());
+        for &ip in vtep_ips {
+            // In relay mode hosts send to the steer nodes, not here: the VTEP's main socket
+            // only sends (ARP/ND), from an ephemeral port.
+            let recv = match relay_sock {
+                None => open(SocketAddr::new(ip, cfg.vxlan_port), esp_opts)?,
+                Some(_) => open(SocketAddr::new(ip, 0), socket_options(false, true, false))?,
+            };
+            let mut pool = Vec::with_capacity(VXLAN_SOURCE_PORTS);
+            for _ in 0..VXLAN_SOURCE_PORTS {
+                pool.push(open(
+                    SocketAddr::new(ip, 0),
+                    socket_options(false, true, false),
+                )?);
+            }
+            vteps.push(Vtep { ip, recv, pool });
+        }
+        let tun =
+            match &cfg.tun_name {
+                Some(name) => Some(Tun::open_with(name, Offloads::ALL).map_err(|source| {
+                    DataplaneError::Tun {
+                        name: name.clone(),
+                        source,
+                    }
+                })?),
+                None => None,
+            };
+        Ok(Self {
+            socks,
+            listen,
+            vteps,
+            relay_sock,
+            tun,
+        })
+    }
+
+    /// The inputs, one lane each, with the descriptor workers poll: IKE and NAT-T sockets per
+    /// listen address, then the Geneve socket (relay mode) or the VTEPs' receiving sockets,
+    /// then the TUN device.
+    pub(crate) fn inputs(&self) -> Vec<(LaneKind, RawFd)> {
+        let mut inputs = Vec::new();
+        for (i, l) in self.listen.iter().enumerate() {
+            inputs.push((LaneKind::Ike { listen: i }, self.socks[l.ike].as_raw_fd()));
+            inputs.push((LaneKind::Natt { listen: i }, self.socks[l.natt].as_raw_fd()));
+        }
+        if let Some(sock) = self.relay_sock {
+            inputs.push((LaneKind::Relay, self.socks[sock].as_raw_fd()));
+        } else {
+            for (i, v) in self.vteps.iter().enumerate() {
+                inputs.push((LaneKind::Vtep { vtep: i }, self.socks[v.recv].as_raw_fd()));
+            }
+        }
+        if let Some(t) = &self.tun {
+            inputs.push((LaneKind::Tun, t.raw_fd()));
+        }
+        inputs
+    }
+
+    /// The address socket `sock` is bound to.
+    pub(crate) fn local_addr(&self, sock: usize) -> SocketAddr {
+        self.socks[sock].local_addr()
+    }
+
+    /// The local address datagrams of lane `kind` arrive on (unspecified for the TUN device and
+    /// the Geneve socket, whose datagrams carry their own).
+    pub(crate) fn lane_local(&self, kind: LaneKind) -> SocketAddr {
+        match kind {
+            LaneKind::Ike { listen } => self.local_addr(self.listen[listen].ike),
+            LaneKind::Natt { listen } => self.local_addr(self.listen[listen].natt),
+            LaneKind::Vtep { vtep } => self.local_addr(self.vteps[vtep].recv),
+            LaneKind::Tun | LaneKind::Relay => UNSPECIFIED,
+        }
+    }
+
+    /// The NAT-T socket on `ip`.
+    pub(crate) fn natt_sock(&self, ip: IpAddr) -> Option<usize> {
+        self.listen.iter().find(|l| l.ip == ip).map(|l| l.natt)
+    }
+
+    /// The socket ESP of a CHILD_SA whose local address is `ip` leaves from: the NAT-T
+    /// socket on `ip`, or in relay mode (where `ip` is a steer node's VIP) the Geneve socket.
+    pub(crate) fn outer_sock(&self, ip: IpAddr) -> Option<usize> {
+        self.relay_sock.or_else(|| self.natt_sock(ip))
+    }
+
+    /// The socket for sending IKE from `local`: (socket, add the non-ESP marker).
+    pub(crate) fn ike_sock(&self, local: SocketAddr) -> Option<(usize, bool)> {
+        let family_match = |l: &&Listen| {
+            l.ip == local.ip() || (local.ip().is_unspecified() && l.ip.is_ipv4() == local.is_ipv4())
+        };
+        self.listen.iter().filter(family_match).find_map(|l| {
+            if self.socks[l.natt].local_addr().port() == local.port() {
+                Some((l.natt, true))
+            } else if self.socks[l.ike].local_addr().port() == local.port() {
+                Some((l.ike, false))
+            } else {
+                None
+            }
+        })
+    }
+
+    /// Sends one datagram from socket `sock` to `dst` at once (the control plane's slow path:
+    /// IKE messages and NAT keepalives; the packet path sends batches).
+    pub(crate) fn send_datagram(&self, sock: usize, buf: &[u8], dst: SocketAddr) -> io::Result<()> {
+        self.socks[sock].send_to(buf, dst)
+    }
+
+    /// Logs what was opened.
+    pub(crate) fn log_opened(&self, steer: Option<&Vec<SocketAddr>>) {
+        for (i, l) in self.listen.iter().enumerate() {
+            tracing::info!(ike = %self.socks[l.ike].local_addr(), natt = %self.socks[l.natt].local_addr(),
+                gro = self.socks[l.natt].gro(), gso = self.socks[l.natt].gso(), listen = i, "listening");
+        }
+        for v in &self.vteps {
+            tracing::info!(vtep = %self.socks[v.recv].local_addr(), "VXLAN VTEP up");
+        }
+        if let Some(sock) = self.relay_sock {
+            let s = &self.socks[sock];
+            tracing::info!(geneve = %s.local_addr(), gro = s.gro(), gso = s.gso(),
+                steer = ?steer, "relay mode: receiving from steer nodes");
+        }
+        if let Some(t) = &self.tun {
+            tracing::info!(device = t.name(), "TUN device up");
+        }
+    }
+}

@@ -1,0 +1,139 @@
+//! The VXLAN decap stage (RFC 7348): input one VXLAN datagram from a host (from the classify
+//! stage), output what its Ethernet frame carries ([`Frame`]): an IP packet to the gateway for
+//! the feature chain and the seal stage, or an ARP / neighbour discovery packet for the VNet's
+//! L2 side (the encap stage answers them), with the VNet it belongs to; or a counted drop. The
+//! VNI must be a VNet configured on the receiving VTEP (relay mode: the VNet of the VNI) and
+//! the sender one of its route hosts; the frame must come from a unicast MAC and, for IP
+//! other than neighbour discovery, be addressed to the gateway's MAC.
+
+use crate::inner::{self, InnerIp};
+use crate::out::Out;
+use crate::pipeline::classify::Via;
+use crate::stats::DropReason;
+use crate::tables::Tables;
+use crate::vnet::Vnet;
+use std::net::{IpAddr, SocketAddr};
+use std::ops::Range;
+use wire::ethernet::{EtherType, EthernetAddress, EthernetFrame, ETHERNET_HEADER_LEN};
+use wire::ip::{IpProtocol, IpVersion};
+use wire::ndp::{ICMPV6_NEIGHBOR_ADVERT, ICMPV6_NEIGHBOR_SOLICIT};
+use wire::vxlan::{VxlanPacket, VXLAN_HEADER_LEN};
+
+/// What a VXLAN datagram's frame carries; ranges are into the datagram.
+pub(crate) enum Frame<'t> {
+    /// An ARP packet.
+    Arp {
+        /// Its VNet.
+        vnet: &'t Vnet,
+        /// The sending host.
+        host: IpAddr,
+        /// The frame's destination MAC.
+        dst_mac: EthernetAddress,
+        /// The ARP packet.
+        at: Range<usize>,
+    },
+    /// An IPv6 neighbour solicitation or advertisement.
+    Nd {
+        /// Its VNet.
+        vnet: &'t Vnet,
+        /// The sending host.
+        host: IpAddr,
+        /// The frame's source MAC.
+        src_mac: EthernetAddress,
+        /// The frame's destination MAC.
+        dst_mac: EthernetAddress,
+        /// The IPv6 packet.
+        at: Range<usize>,
+    },
+    /// An IP packet sent to the gateway's MAC.
+    Ip {
+        /// Its VNet.
+        vnet: &'t Vnet,
+        /// The sending host.
+        host: IpAddr,
+        /// The frame's source MAC (the sending VM's).
+        src_mac: EthernetAddress,
+        /// The IP packet (without trailing Ethernet padding).
+        at: Range<usize>,
+        /// What it is.
+        parsed: InnerIp,
+    },
+}
+
+/// Decapsulates a VXLAN datagram (UDP payload) from `src`.
+pub(crate) fn decap<'t>(
+    o: &mut Out,
+    t: &'t Tables,
+    via: Via,
+    src: SocketAddr,
+    data: &[u8],
+) -> Option<Frame<'t>> {
+    let vni = match VxlanPacket::new_checked(data) {
+        // RFC 7348 §5: the I flag MUST be set for a valid VNI.
+        Ok(vx) if vx.has_vni() => vx.vni(),
+        _ => return drop(o, DropReason::VxlanMalformed),
+    };
+    let found = match via {
+        Via::Vtep(vtep) => t.overlay.by_vtep.get(&(vtep, vni)),
+        Via::Relay => t.overlay.by_vni.get(&vni),
+    };
+    let Some(vnet) = found.and_then(|&vi| t.overlay.vnets.get(vi)) else {
+        return drop(o, DropReason::VxlanUnknownVni);
+    };
+    let host = src.ip();
+    if !vnet.hosts.contains(&host) {
+        return drop(o, DropReason::VxlanUnknownHost);
+    }
+    let frame = &data[VXLAN_HEADER_LEN..];
+    let (dst_mac, src_mac, ethertype) = match EthernetFrame::new_checked(frame) {
+        Ok(eth) if eth.src_addr().is_unicast() => (eth.dst_addr(), eth.src_addr(), eth.ethertype()),
+        _ => return drop(o, DropReason::VxlanMalformed),
+    };
+    let start = VXLAN_HEADER_LEN + ETHERNET_HEADER_LEN;
+    let payload = &data[start..];
+    match ethertype {
+        EtherType::ARP => Some(Frame::Arp {
+            vnet,
+            host,
+            dst_mac,
+            at: start..data.len(),
+        }),
+        EtherType::IPV4 | EtherType::IPV6 => {
+            let Some(parsed) = inner::parse(payload) else {
+                return drop(o, DropReason::VxlanMalformed);
+            };
+            let at = start..start + parsed.len;
+            let is_nd = parsed.version == IpVersion::V6
+                && parsed.flow.proto == IpProtocol::ICMPV6.0
+                && matches!(
+                    parsed.flow.src_port.map(|p| (p >> 8) as u8),
+                    Some(ICMPV6_NEIGHBOR_SOLICIT | ICMPV6_NEIGHBOR_ADVERT)
+                );
+            if is_nd {
+                return Some(Frame::Nd {
+                    vnet,
+                    host,
+                    src_mac,
+                    dst_mac,
+                    at,
+                });
+            }
+            if dst_mac != vnet.mac {
+                return drop(o, DropReason::VxlanNotForGateway);
+            }
+            Some(Frame::Ip {
+                vnet,
+                host,
+                src_mac,
+                at,
+                parsed,
+            })
+        }
+        _ => drop(o, DropReason::VxlanEthertype),
+    }
+}
+
+fn drop<T>(o: &mut Out, reason: DropReason) -> Option<T> {
+    o.drop_packet(reason);
+    None
+}
