@@ -143,3 +143,4 @@ pub use api::{
 };
 pub use dataplane::{BoundAddrs, Dataplane};
 pub use feature::{Direction, Feature, FeatureBatch, FeatureChain, PacketMeta};
+pub use select::carries_outbound;

@@ -18,8 +18,8 @@ use crate::feature::{ChainConfig, ChainRun, Direction, FeatureTable};
 use crate::overlay::Overlay;
 use crate::relays::Relays;
 use crate::sa::SaPair;
+use crate::select;
 use crate::select::index::{SelectorIndex, LINEAR_MAX};
-use crate::select::FlowKey;
 use crate::stats::ChildCounters;
 use ike::{IkeSpis, TrafficSelector, TunnelId};
 use rustc_hash::FxHashMap;
@@ -27,6 +27,7 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Instant;
+use wire::flow::Flow;
 use wire::EspSpi;
 
 /// Map keyed by SPI (our inbound SPIs are random, so a fast non-keyed hash suffices: the
@@ -110,13 +111,13 @@ pub(crate) struct Child {
 impl Child {
     /// RFC 4301 §5.2 inbound check: the decrypted packet's source must be in the remote
     /// selectors and its destination in the local ones.
-    pub(crate) fn admits_inbound(&self, flow: &FlowKey) -> bool {
-        flow.matches(&self.remote_ts, &self.local_ts)
+    pub(crate) fn admits_inbound(&self, flow: &Flow) -> bool {
+        select::covers(flow, &self.remote_ts, &self.local_ts)
     }
 
     /// Outbound: source in the local selectors, destination in the remote ones.
-    pub(crate) fn covers_outbound(&self, flow: &FlowKey) -> bool {
-        flow.matches(&self.local_ts, &self.remote_ts)
+    pub(crate) fn covers_outbound(&self, flow: &Flow) -> bool {
+        select::covers(flow, &self.local_ts, &self.remote_ts)
     }
 
     fn with_addrs(&self, local: SocketAddr, remote: SocketAddr, sock: usize) -> Self {
@@ -211,10 +212,7 @@ impl Tables {
     /// The CHILD_SA among `candidates` whose selectors cover an outbound packet: the first in
     /// their order, found through the destination index.
     #[inline]
-    pub(crate) fn select<'a>(
-        candidates: &'a OutboundSet,
-        flow: &FlowKey,
-    ) -> Option<&'a Arc<Child>> {
+    pub(crate) fn select<'a>(candidates: &'a OutboundSet, flow: &Flow) -> Option<&'a Arc<Child>> {
         candidates
             .index
             .select(&candidates.children, flow, |c, f| c.covers_outbound(f))

@@ -19,8 +19,8 @@ use steer::{Flow, SelectorEntry, SpiEntry};
 use wire::arp::ArpPacket;
 use wire::esp::UdpEncap;
 use wire::ethernet::{EtherType, EthernetRepr};
-use wire::geneve::HealthProbe;
 use wire::flow::InnerIp;
+use wire::geneve::HealthProbe;
 use wire::ip::IpProtocol;
 use wire::relay;
 use wire::vxlan::{Vni, VxlanPacket};
@@ -217,5 +217,7 @@ pub(crate) fn geneve(
     Ok(action)
 }
 
+#[cfg(test)]
+mod agree;
 #[cfg(test)]
 mod tests;

@@ -202,7 +202,10 @@ impl Ports {
     /// "any" reaches up to the key of "no ports", OPAQUE is that key alone.
     pub const fn key_bounds(self) -> (u32, u32) {
         match self {
-            Self::Range { start: 0, end: u16::MAX } => (0, NO_PORTS),
+            Self::Range {
+                start: 0,
+                end: u16::MAX,
+            } => (0, NO_PORTS),
             Self::Range { start, end } => (start as u32, end as u32),
             Self::Opaque => (NO_PORTS, NO_PORTS),
         }
@@ -222,6 +225,17 @@ pub const fn port_key(port: Option<u16>) -> u32 {
     }
 }
 
+/// True if `addr` lies within `start..=end`, all three of one family (a range whose ends differ
+/// in family covers nothing).
+#[inline]
+pub fn addr_in((start, end): (IpAddr, IpAddr), addr: IpAddr) -> bool {
+    match (start, end, addr) {
+        (IpAddr::V4(s), IpAddr::V4(e), IpAddr::V4(a)) => s <= a && a <= e,
+        (IpAddr::V6(s), IpAddr::V6(e), IpAddr::V6(a)) => s <= a && a <= e,
+        _ => false,
+    }
+}
+
 /// True if one selector side covers a packet's side: `addr` within `start..=end` (same
 /// family), `proto` equal to the selector's unless that is 0, and the port as [`Ports`] says.
 /// A reversed port range other than OPAQUE covers nothing.
@@ -233,13 +247,7 @@ pub fn side_covers(
     proto: u8,
     port: Option<u16>,
 ) -> bool {
-    let (start, end) = range;
-    let in_range = match (start, end, addr) {
-        (IpAddr::V4(s), IpAddr::V4(e), IpAddr::V4(a)) => s <= a && a <= e,
-        (IpAddr::V6(s), IpAddr::V6(e), IpAddr::V6(a)) => s <= a && a <= e,
-        _ => false,
-    };
-    in_range
+    addr_in(range, addr)
         && (ip_proto == 0 || ip_proto == proto)
         && Ports::from_fields(ports.0, ports.1).is_some_and(|p| p.matches(port))
 }

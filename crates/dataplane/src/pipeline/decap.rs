@@ -6,7 +6,7 @@
 //! the sender one of its route hosts; the frame must come from a unicast MAC and, for IP
 //! other than neighbour discovery, be addressed to the gateway's MAC.
 
-use crate::inner::{self, InnerIp};
+use crate::inner::InnerIp;
 use crate::out::Out;
 use crate::pipeline::classify::Via;
 use crate::stats::DropReason;
@@ -99,14 +99,14 @@ pub(crate) fn decap<'t>(
             at: start..data.len(),
         }),
         EtherType::IPV4 | EtherType::IPV6 => {
-            let Some(parsed) = inner::parse(payload) else {
+            let Some(parsed) = InnerIp::parse(payload) else {
                 return drop(o, DropReason::VxlanMalformed);
             };
             let at = start..start + parsed.len;
             let is_nd = parsed.version == IpVersion::V6
                 && parsed.flow.proto == IpProtocol::ICMPV6.0
                 && matches!(
-                    parsed.flow.src_port.map(|p| (p >> 8) as u8),
+                    parsed.flow.icmp_type(),
                     Some(ICMPV6_NEIGHBOR_SOLICIT | ICMPV6_NEIGHBOR_ADVERT)
                 );
             if is_nd {

@@ -15,7 +15,6 @@
 
 use crate::inner::{self, InnerIp};
 use crate::out::{Out, TUN_DST, TUN_SOCK};
-use crate::select::FlowKey;
 use crate::shared::Shared;
 use crate::stats::DropReason;
 use crate::tables::Tables;
@@ -25,6 +24,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::time::Instant;
 use wire::arp::{ArpPacket, ArpRepr};
 use wire::ethernet::{EtherType, EthernetAddress};
+use wire::flow::Flow;
 use wire::ip::{IpVersion, Ipv6Packet};
 use wire::ndp::NdpRepr;
 
@@ -154,7 +154,7 @@ fn learn(
 ) {
     let waiting = vnet.neigh().learn(ip, mac, now, create);
     for pkt in waiting.into_iter().flatten() {
-        match inner::parse(&pkt) {
+        match InnerIp::parse(&pkt) {
             Some(parsed) => emit_ip(o, sh, vnet, host, mac, &pkt[..parsed.len], &parsed),
             None => o.drop_packet(DropReason::InnerMalformed),
         }
@@ -235,7 +235,7 @@ fn emit_ip(
 }
 
 /// The socket whose source port carries this flow (RFC 7348 §5).
-fn source_socket(sh: &Shared, vnet: &Vnet, flow: &FlowKey) -> usize {
+fn source_socket(sh: &Shared, vnet: &Vnet, flow: &Flow) -> usize {
     let vtep = &sh.io.vteps[vnet.vtep];
     if vtep.pool.is_empty() {
         vtep.recv

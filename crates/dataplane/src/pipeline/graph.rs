@@ -22,7 +22,7 @@ use super::open::{self, Opened};
 use super::seal;
 use crate::api::Inside;
 use crate::feature::{Direction, PacketMeta, Resume};
-use crate::inner::{self, InnerIp};
+use crate::inner::InnerIp;
 use crate::out::Out;
 use crate::shared::Shared;
 use crate::stats::DropReason;
@@ -276,7 +276,7 @@ pub(crate) fn end_pass(o: &mut Out, sh: &Shared, t: &Tables, now: Instant) {
                 return o.defer_accept(o.mark(), opened.job(None));
             }
             // A stage may have rewritten the headers: parse again.
-            match inner::parse(pkt) {
+            match InnerIp::parse(pkt) {
                 Some(parsed) => {
                     let len = parsed.len.min(pkt.len());
                     to_inside(o, sh, t, now, &opened, &mut pkt[..len], &parsed);

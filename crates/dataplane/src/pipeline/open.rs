@@ -7,7 +7,7 @@
 //! that has to wait outside the batch is accepted at once ([`Opened::accept_now`]).
 
 use crate::batch::AcceptJob;
-use crate::inner::{self, InnerIp};
+use crate::inner::InnerIp;
 use crate::out::Out;
 use crate::sa::InnerPacket;
 use crate::shared::Shared;
@@ -79,7 +79,7 @@ pub(crate) fn admit<'d>(
         o.drop_packet(DropReason::EspMalformed);
         return None;
     };
-    let Some(parsed) = inner::parse(pkt).filter(|p| p.version == version) else {
+    let Some(parsed) = InnerIp::parse(pkt).filter(|p| p.version == version) else {
         o.drop_packet(DropReason::InnerMalformed);
         counters.count_drop_in();
         return None;

@@ -21,15 +21,15 @@
 //! toward the steer node carries its own relay headers.
 
 use crate::api::ToControl;
-use crate::inner;
+use crate::inner::{self, InnerIp};
 use crate::out::{Egress, Out};
 use crate::relays;
-use crate::select::FlowKey;
 use crate::shared::Shared;
 use crate::stats::DropReason;
 use crate::tables::{Child, Tables};
 use crate::vnet::Vnet;
 use std::sync::Arc;
+use wire::flow::Flow;
 
 /// The largest UDP payload over IPv4 (65535 - 20 - 8); IPv6 allows 20 more, we keep one limit.
 const MAX_UDP_PAYLOAD: usize = 65507;
@@ -41,7 +41,7 @@ pub(crate) fn select_vnet<'t>(
     t: &'t Tables,
     vnet: &Vnet,
     pkt: &mut [u8],
-    flow: &FlowKey,
+    flow: &Flow,
 ) -> Option<&'t Arc<Child>> {
     if vnet.is_gateway(flow.dst) {
         o.drop_packet(DropReason::ToGateway);
@@ -70,7 +70,7 @@ pub(crate) fn select_tun<'t>(
     t: &'t Tables,
     pkt: &[u8],
 ) -> Option<(&'t Arc<Child>, usize)> {
-    let Some(parsed) = inner::parse(pkt) else {
+    let Some(parsed) = InnerIp::parse(pkt) else {
         o.drop_packet(DropReason::TunMalformed);
         return None;
     };

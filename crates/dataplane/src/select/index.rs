@@ -18,7 +18,7 @@
 use ike::TrafficSelector;
 use std::net::IpAddr;
 
-use super::FlowKey;
+use wire::flow::Flow;
 
 /// Up to this many children the linear scan is cheaper than a binary search.
 pub(crate) const LINEAR_MAX: usize = 4;
@@ -231,8 +231,8 @@ impl SelectorIndex {
     pub(crate) fn select<'a, T>(
         &self,
         children: &'a [T],
-        flow: &FlowKey,
-        covers: impl Fn(&T, &FlowKey) -> bool,
+        flow: &Flow,
+        covers: impl Fn(&T, &Flow) -> bool,
     ) -> Option<&'a T> {
         let candidates = match (&self.mode, flow.dst) {
             (Mode::Linear, _) => return children.iter().find(|c| covers(c, flow)),

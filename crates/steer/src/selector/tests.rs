@@ -516,13 +516,15 @@ fn arb_ts() -> impl Strategy<Value = TrafficSelector> {
         prop_oneof![Just(0u8), Just(1), Just(6), Just(17), Just(58)],
         ports,
     )
-        .prop_map(|((start, end), ip_proto, (start_port, end_port))| TrafficSelector {
-            ip_proto,
-            start_port,
-            end_port,
-            start,
-            end,
-        })
+        .prop_map(
+            |((start, end), ip_proto, (start_port, end_port))| TrafficSelector {
+                ip_proto,
+                start_port,
+                end_port,
+                start,
+                end,
+            },
+        )
 }
 
 /// Flows in the small address space of [`arb_ts`], so that most selectors cover some of them,
@@ -538,7 +540,12 @@ fn arb_dense_flow() -> impl Strategy<Value = Flow> {
         }),
     ];
     let port = || proptest::option::weighted(0.7, 0u16..8);
-    (addrs, prop_oneof![Just(1u8), Just(6), Just(17), Just(47), Just(58)], port(), port())
+    (
+        addrs,
+        prop_oneof![Just(1u8), Just(6), Just(17), Just(47), Just(58)],
+        port(),
+        port(),
+    )
         .prop_map(|((src, dst), proto, sport, dport)| Flow {
             src,
             dst,

@@ -408,7 +408,10 @@ fn icmp_type_and_code_are_both_ports_and_fragments_have_none() {
     let f = inner_flow(&frag).unwrap();
     assert_eq!((f.flow.sport, f.flow.dport), (None, None));
     let f = inner_flow(&udp4("10.0.0.5", "192.168.1.7", 1234, 53)).unwrap();
-    assert_eq!((f.flow.proto, f.flow.sport, f.flow.dport), (17, Some(1234), Some(53)));
+    assert_eq!(
+        (f.flow.proto, f.flow.sport, f.flow.dport),
+        (17, Some(1234), Some(53))
+    );
     // An ICMPv6 echo is not neighbour discovery.
     let pkt = ip6(
         "2001:db8:a::5",

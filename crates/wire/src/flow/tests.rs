@@ -7,7 +7,9 @@ fn ip(s: &str) -> IpAddr {
 /// An IPv4 header (no options) with `proto`, fragment offset `frag` (8-byte units) and `l4`.
 fn v4(proto: u8, frag: u16, l4: &[u8]) -> Vec<u8> {
     let total = 20 + l4.len();
-    let mut p = vec![0x45, 0, 0, 0, 0, 0, 0, 0, 64, proto, 0, 0, 10, 0, 0, 1, 10, 0, 0, 2];
+    let mut p = vec![
+        0x45, 0, 0, 0, 0, 0, 0, 0, 64, proto, 0, 0, 10, 0, 0, 1, 10, 0, 0, 2,
+    ];
     p[2..4].copy_from_slice(&u16::try_from(total).expect("len").to_be_bytes());
     p[6..8].copy_from_slice(&frag.to_be_bytes());
     p.extend_from_slice(l4);
@@ -35,7 +37,9 @@ fn ports_of_tcp_udp_and_icmp() {
     let f = InnerIp::parse(&v4(6, 0, &TCP_12345_443)).expect("tcp").flow;
     assert_eq!((f.src, f.dst, f.proto), (ip("10.0.0.1"), ip("10.0.0.2"), 6));
     assert_eq!((f.sport, f.dport), (Some(12345), Some(443)));
-    let echo = InnerIp::parse(&v4(1, 0, &[8, 0, 0xab, 0xcd])).expect("icmp").flow;
+    let echo = InnerIp::parse(&v4(1, 0, &[8, 0, 0xab, 0xcd]))
+        .expect("icmp")
+        .flow;
     assert_eq!((echo.sport, echo.dport), (Some(0x0800), Some(0x0800)));
     assert_eq!(echo.icmp_type(), Some(8));
     let gre = InnerIp::parse(&v4(47, 0, &[0; 8])).expect("gre").flow;
@@ -46,9 +50,17 @@ fn ports_of_tcp_udp_and_icmp() {
 
 #[test]
 fn non_first_fragments_have_no_ports() {
-    let first = InnerIp::parse(&v4(6, 0x2000, &TCP_12345_443)).expect("first").flow;
-    assert_eq!(first.dport, Some(443), "MF set, offset 0: the first fragment");
-    let later = InnerIp::parse(&v4(6, 3, &TCP_12345_443)).expect("later").flow;
+    let first = InnerIp::parse(&v4(6, 0x2000, &TCP_12345_443))
+        .expect("first")
+        .flow;
+    assert_eq!(
+        first.dport,
+        Some(443),
+        "MF set, offset 0: the first fragment"
+    );
+    let later = InnerIp::parse(&v4(6, 3, &TCP_12345_443))
+        .expect("later")
+        .flow;
     assert_eq!((later.sport, later.dport), (None, None));
     // IPv6: a fragment header with offset 0 is walked; a non-zero offset hides the ports.
     let frag = |offset: u16| {
@@ -73,7 +85,9 @@ fn ipv6_extension_headers_are_walked_to_the_upper_layer() {
     assert_eq!(p.len, 40 + 12);
     assert_eq!((p.flow.proto, p.flow.icmp_type()), (58, Some(135)));
     // A truncated extension header, and a chain of 9 destination options headers.
-    let f = InnerIp::parse(&v6(60, &[6, 1, 0, 0, 0, 0, 0, 0])).expect("truncated").flow;
+    let f = InnerIp::parse(&v6(60, &[6, 1, 0, 0, 0, 0, 0, 0]))
+        .expect("truncated")
+        .flow;
     assert_eq!((f.proto, f.sport), (60, None));
     let mut chain = Vec::new();
     for _ in 0..9 {
@@ -112,8 +126,22 @@ fn side_covers_checks_family_range_protocol_and_ports() {
     assert!(side_covers(lan, 0, (0, 65535), ip("10.1.2.3"), 6, None));
     assert!(!side_covers(lan, 0, (0, 65535), ip("10.2.0.0"), 6, None));
     assert!(!side_covers(lan, 0, (0, 65535), ip("::1"), 6, None));
-    assert!(side_covers(lan, 6, (443, 443), ip("10.1.0.1"), 6, Some(443)));
-    assert!(!side_covers(lan, 6, (443, 443), ip("10.1.0.1"), 17, Some(443)));
+    assert!(side_covers(
+        lan,
+        6,
+        (443, 443),
+        ip("10.1.0.1"),
+        6,
+        Some(443)
+    ));
+    assert!(!side_covers(
+        lan,
+        6,
+        (443, 443),
+        ip("10.1.0.1"),
+        17,
+        Some(443)
+    ));
     assert!(!side_covers(lan, 6, (10, 9), ip("10.1.0.1"), 6, None));
     assert!(side_covers(lan, 6, (65535, 0), ip("10.1.0.1"), 6, None));
 }

@@ -82,7 +82,7 @@ impl TrafficSelector {
 
     /// True if `addr` lies within the address range (ignores protocol and ports).
     pub fn contains_addr(&self, addr: IpAddr) -> bool {
-        same_family(self.start, addr) && self.start <= addr && addr <= self.end
+        crate::flow::addr_in((self.start, self.end), addr)
     }
 
     /// The intersection of two selectors, if not empty (RFC 7296 §2.9 narrowing).
@@ -186,4 +186,3 @@ fn parse_range(s: &str) -> Option<(IpAddr, IpAddr)> {
     let a: IpAddr = s.trim().parse().ok()?;
     Some((a, a))
 }
-
