@@ -26,6 +26,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::sync::Arc;
 
 pub use wire::flow::Flow;
+use ipnet::IpNet;
 use wire::flow::Ports;
 use wire::ike::TrafficSelector;
 use wire::vxlan::Vni;
@@ -72,19 +73,8 @@ impl AddrRange {
 
     /// The addresses of the prefix `addr/len` (host bits of `addr` are ignored).
     pub fn prefix(addr: IpAddr, len: u8) -> Result<Self, SteerError> {
-        match addr {
-            IpAddr::V4(a) if len <= 32 => {
-                let mask = u32::MAX.checked_shl(32 - u32::from(len)).unwrap_or(0);
-                let start = u32::from(a) & mask;
-                Ok(Self(Range::V4(start, start | !mask)))
-            }
-            IpAddr::V6(a) if len <= 128 => {
-                let mask = u128::MAX.checked_shl(128 - u32::from(len)).unwrap_or(0);
-                let start = u128::from(a) & mask;
-                Ok(Self(Range::V6(start, start | !mask)))
-            }
-            _ => Err(SteerError::InvalidPrefix { addr, len }),
-        }
+        let net = IpNet::new(addr, len).map_err(|_| SteerError::InvalidPrefix { addr, len })?;
+        Self::new(net.network(), net.broadcast())
     }
 
     /// A single address.
