@@ -12,6 +12,7 @@
 
 pub mod agent;
 mod capacity;
+pub mod core;
 pub mod control_node;
 pub mod data_node;
 pub mod ike_relay;

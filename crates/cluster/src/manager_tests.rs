@@ -3,7 +3,7 @@
 use super::*;
 use crate::link::{Ack, LinkError, NodeLink};
 use crypto::Encr;
-use ike::ChildKeys;
+use ike::{ChildKeys, TrafficSelector};
 use pb::directive::Op;
 use std::sync::atomic::{AtomicBool, Ordering};
 use wire::IkeSpi;
@@ -815,7 +815,7 @@ fn the_autoscaler_relieves_a_hotspot_parks_and_starts_nodes() {
     b.cluster.autoscale(t0);
     // Best Fit Decreasing keeps t2 and t1 together and moves t3: a zero-loss move by rekey.
     assert_eq!(b.rekeys(), vec![TunnelId(3)]);
-    assert_eq!(b.cluster.state().placement[&TunnelId(3)], d2);
+    assert_eq!(b.cluster.state().core.placement()[&TunnelId(3)], d2);
     let c = b.cluster.capacity();
     assert_eq!(c["mode"], "act", "{c}");
     let decisions = c["step"]["decisions"].as_array().unwrap();
@@ -845,11 +845,11 @@ fn the_autoscaler_relieves_a_hotspot_parks_and_starts_nodes() {
     b.cluster.report(d2, mbit_report(&[(3, 100)]));
     b.cluster.autoscale(t0 + Duration::from_secs(3));
     assert_eq!(b.rekeys(), vec![TunnelId(3)]);
-    assert_eq!(b.cluster.state().placement[&TunnelId(3)], d1);
-    assert!(b.cluster.state().nodes[&d2].parked);
+    assert_eq!(b.cluster.state().core.placement()[&TunnelId(3)], d1);
+    assert!(b.cluster.state().core.nodes()[&d2].parked);
     {
         let st = b.cluster.state();
-        assert_eq!(b.cluster.choose(&st, TunnelId(2), None), Some(d1));
+        assert_eq!(st.core.choose(TunnelId(2), None), Some(d1));
     }
     assert_eq!(b.cluster.describe()["nodes"][2]["parked"], true);
     assert!(provider.calls.lock().unwrap().is_empty());
@@ -870,8 +870,8 @@ fn the_autoscaler_relieves_a_hotspot_parks_and_starts_nodes() {
     assert_eq!(c["provider"]["nodes"][0]["state"], "running", "{c}");
     // It joins the reserve parked (inactive), until the autoscaler activates it.
     let d3 = b.join("data3", Role::Data, 1);
-    assert!(b.cluster.state().nodes[&d3].parked);
-    assert!(!b.cluster.state().nodes[&d1].parked);
+    assert!(b.cluster.state().core.nodes()[&d3].parked);
+    assert!(!b.cluster.state().core.nodes()[&d1].parked);
 }
 
 /// Tunnel `tunnel`'s (inbound, outbound) bit/s in `limits`.
@@ -1104,7 +1104,12 @@ fn a_steer_node_outside_the_division_would_get_the_floor_not_the_limit() {
     let mut b = bed();
     two_steer_nodes(&mut b);
     let st = b.cluster.state();
-    let limits = b.cluster.limits(&st, 99);
+    let limits: Vec<pb::RateLimit> = st
+        .core
+        .limits(99)
+        .into_iter()
+        .map(|(t, s)| rpc::convert::share_to_pb(t, Some(s)).unwrap())
+        .collect();
     // 10 % of an equal share among three.
     assert_eq!(limit_of(&limits, 1), (3_333_333, 3_333_333));
 }
