@@ -29,6 +29,9 @@ mod placement;
 mod steering;
 mod types;
 
+#[cfg(test)]
+mod sim;
+
 pub use autoscale::{PlanEffects, ProviderCall};
 pub use types::*;
 
