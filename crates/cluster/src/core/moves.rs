@@ -66,16 +66,32 @@ impl ClusterCore {
             e.installing = None;
         }
         if !ok {
-            self.emit(
-                node,
-                Directive::RemoveChild {
-                    tunnel: child.tunnel,
-                    inbound_spi: child.inbound_spi,
-                    outbound_spi: child.outbound_spi,
-                },
-                Await::Nothing,
-            );
+            // A node whose session ended gets nothing; if it comes back holding the SA, its
+            // Hello's orphan is removed then.
+            if self.nodes.get(&node).is_some_and(|n| n.session_open) {
+                self.emit(
+                    node,
+                    Directive::RemoveChild {
+                        tunnel: child.tunnel,
+                        inbound_spi: child.inbound_spi,
+                        outbound_spi: child.outbound_spi,
+                    },
+                    Await::Nothing,
+                );
+            }
             self.rekey_at.entry(child.tunnel).or_insert(now);
+            return;
+        }
+        // Its node may have been declared dead while the install waited for its answer: it
+        // holds the SA then as a lost node does (detached, told to remove it if it comes
+        // back, the tunnel rekeyed elsewhere); nothing is steered to it and the tunnel's
+        // sending SA stays what it was.
+        if !self.nodes.get(&node).is_some_and(|n| n.alive) {
+            if let Some(e) = self.children.get_mut(&child.inbound_spi) {
+                e.last_node = Some(node);
+            }
+            let rekey = self.due(vec![child.tunnel], now);
+            self.rekey(rekey, "data node lost during an install");
             return;
         }
         let live = |n: Option<u32>| n.is_some_and(|n| self.nodes.get(&n).is_some_and(|n| n.alive));

@@ -217,7 +217,10 @@ impl World {
     fn apply(&mut self, o: &Outgoing) -> bool {
         let name = self.name(o.node);
         let Some(node) = self.core.node(o.node).cloned() else {
-            self.fail(&format!("{:?} to unregistered node {}", o.directive, o.node));
+            self.fail(&format!(
+                "{:?} to unregistered node {}",
+                o.directive, o.node
+            ));
         };
         if self.closed.contains(&o.node) {
             self.fail(&format!(
@@ -226,7 +229,10 @@ impl World {
             ));
         }
         if o.directive.for_data_node() != (node.role == Role::Data) {
-            self.fail(&format!("{:?} to {name}, a {:?} node", o.directive, node.role));
+            self.fail(&format!(
+                "{:?} to {name}, a {:?} node",
+                o.directive, node.role
+            ));
         }
         let alive = |w: &Self, id: u32| w.core.node(id).is_some_and(|n| n.alive);
         match &o.directive {
@@ -250,7 +256,10 @@ impl World {
     fn apply_data(&mut self, name: &str, d: &Directive, wait: Await) -> bool {
         let lose_answer = matches!(wait, Await::Install(_)) && self.chance(5);
         let child = match d {
-            Directive::InstallChild { tunnel, inbound_spi } => self
+            Directive::InstallChild {
+                tunnel,
+                inbound_spi,
+            } => self
                 .control
                 .get(tunnel)
                 .and_then(|cs| cs.iter().find(|c| c.inbound_spi == *inbound_spi))
@@ -342,7 +351,11 @@ impl World {
         if !self.core.reconciled {
             return;
         }
-        for (sname, s) in self.steer.iter().filter(|(_, s)| s.up && s.session && s.synced) {
+        for (sname, s) in self
+            .steer
+            .iter()
+            .filter(|(_, s)| s.up && s.session && s.synced)
+        {
             for (spi, n) in &s.spis {
                 let Some(c) = self.core.children.get(spi) else {
                     continue;
@@ -369,11 +382,7 @@ impl World {
                     if !running && !settled {
                         continue;
                     }
-                    let holds = running
-                        && self.data[&holder]
-                            .held
-                            .values()
-                            .any(|h| h.tunnel == *t);
+                    let holds = running && self.data[&holder].held.values().any(|h| h.tunnel == *t);
                     if !holds {
                         self.fail(&format!(
                             "{sname} steers tunnel {}'s selectors to {holder}, which holds no SA of it",
@@ -468,7 +477,8 @@ impl World {
     }
 
     fn record(&mut self, what: String) {
-        self.log.push(format!("[{:>6} ms] {what}", self.offset.as_millis()));
+        self.log
+            .push(format!("[{:>6} ms] {what}", self.offset.as_millis()));
     }
 
     fn join_data(&mut self) {
@@ -498,7 +508,9 @@ impl World {
             Hello {
                 name: name.to_owned(),
                 role,
-                geneve: format!("10.0.0.{}:6081", 20 + id).parse().expect("an address"),
+                geneve: format!("10.0.0.{}:6081", 20 + id)
+                    .parse()
+                    .expect("an address"),
                 boot_id: boot,
                 workers: 2,
                 installed,
@@ -523,7 +535,11 @@ impl World {
         self.hello(&name, Role::Steer, boot, Vec::new());
     }
 
-    fn pick(&mut self, data: bool, want: impl Fn(&DataModel, &SteerModel) -> bool) -> Option<String> {
+    fn pick(
+        &mut self,
+        data: bool,
+        want: impl Fn(&DataModel, &SteerModel) -> bool,
+    ) -> Option<String> {
         let names: Vec<String> = if data {
             let blank = SteerModel::default();
             self.data
@@ -573,7 +589,9 @@ impl World {
         let Some(name) = self.pick(true, |m, _| m.up && m.session) else {
             return;
         };
-        self.record(format!("{name}'s session drops (the process keeps running)"));
+        self.record(format!(
+            "{name}'s session drops (the process keeps running)"
+        ));
         self.data.get_mut(&name).expect("picked").session = false;
         self.session_ended(&name);
     }
@@ -663,7 +681,14 @@ impl World {
             Ok(node) => {
                 self.install_answer = None;
                 self.deliver();
-                let ok = self.install_answer.take().unwrap_or(false);
+                let answer = self.install_answer.take().unwrap_or(false);
+                // The shell waits for the answer without the lock: anything else may happen
+                // meanwhile.
+                if self.chance(30) {
+                    self.meanwhile(node);
+                }
+                let name = self.name(node);
+                let ok = answer && self.data.get(&name).is_some_and(|m| m.up && m.session);
                 self.stats.installed += u64::from(ok);
                 let now = self.now();
                 self.core.handle_install_answer(&child, node, ok, now);
@@ -679,8 +704,46 @@ impl World {
         }
     }
 
+    /// Something that happens while an install on `node` waits for its answer.
+    fn meanwhile(&mut self, node: u32) {
+        let name = self.name(node);
+        self.record(format!("while the install on {name} waits:"));
+        match self.below(8) {
+            0 => self.tick(),
+            1 => {
+                let (id, now) = (node, self.now());
+                self.record(format!("a steer node declares {name} dead"));
+                self.core.handle_node_dead(id, now);
+            }
+            2 => {
+                self.record(format!("{name} dies"));
+                let m = self.data.get_mut(&name).expect("a data node");
+                m.up = false;
+                m.held.clear();
+                if std::mem::take(&mut m.session) {
+                    self.session_ended(&name);
+                }
+            }
+            3 => {
+                let m = self.data.get_mut(&name).expect("a data node");
+                if std::mem::take(&mut m.session) {
+                    self.record(format!("{name}'s session drops"));
+                    self.session_ended(&name);
+                }
+            }
+            4 => self.join_data(),
+            5 => self.migrate(),
+            6 => self.drain(),
+            _ => self.report(),
+        }
+        self.deliver();
+    }
+
     fn remove(&mut self, c: &NewChild) {
-        self.record(format!("control removes {} of tunnel {}", c.inbound_spi, c.tunnel.0));
+        self.record(format!(
+            "control removes {} of tunnel {}",
+            c.inbound_spi, c.tunnel.0
+        ));
         if let Some(cs) = self.control.get_mut(&c.tunnel) {
             cs.retain(|x| x.inbound_spi != c.inbound_spi);
         }
@@ -736,7 +799,11 @@ impl World {
         let to = format!("data{}", self.below(4));
         let r = self.core.handle_migrate(&format!("t{}", t.0), &to);
         self.stats.moves += u64::from(r.is_ok());
-        self.record(format!("migrate tunnel {} to {to}: {:?}", t.0, r.map(|_| ())));
+        self.record(format!(
+            "migrate tunnel {} to {to}: {:?}",
+            t.0,
+            r.map(|_| ())
+        ));
     }
 
     fn drain(&mut self) {
