@@ -422,8 +422,11 @@ impl ClusterCore {
     /// A node's session ended. A data node's CHILD_SAs are moved (the process may be gone).
     /// A steer node stays in the data nodes' relay list, behind the live ones: its forwarding
     /// may be fine, and a list must never become empty.
+    ///
+    /// Whether the node still receives directives is the link's state
+    /// ([`ClusterCore::handle_link_closed`]): the session's end may be seen before its link
+    /// closes.
     pub fn handle_session_ended(&mut self, id: u32, now: Instant) {
-        self.handle_link_closed(id);
         let Some(role) = self.nodes.get(&id).map(|n| n.role) else {
             return;
         };

@@ -582,6 +582,8 @@ impl World {
         let id = self.id(name);
         self.closed.insert(id);
         let now = self.now();
+        // The link of a session that ended is closed.
+        self.core.handle_link_closed(id);
         self.core.handle_session_ended(id, now);
     }
 

@@ -141,6 +141,7 @@ fn an_install_answered_after_its_node_was_lost_is_neither_steered_nor_removed_th
     let b = child(0x20);
     core.handle_install(b.clone()).unwrap();
     drop(core.poll_outbox());
+    core.handle_link_closed(d);
     core.handle_session_ended(d, now);
     drop(core.poll_outbox());
     core.handle_install_answer(&b, d, false, now);
