@@ -1,7 +1,9 @@
 //! Protego's distributed form (docs/architecture.md, "The picture", "Moving tunnels"): separate control, data and steer nodes.
 //!
-//! - [`manager`]: the control node's registry of nodes, placement of CHILD_SAs on data nodes,
-//!   the steer nodes' tables, and the moves (migration, drain, data node failover). It is the
+//! - [`core`]: the control node's registry of nodes, placement of CHILD_SAs on data nodes,
+//!   the steer nodes' tables, and the moves (migration, drain, data node failover), as a
+//!   state machine without I/O.
+//! - [`manager`]: the shell around the core (links, locks, waits, protobuf). It is the
 //!   [`dataplane::DataPath`] the IKE control loop drives.
 //! - [`service`]: the control node's gRPC service (one session per node, mutual TLS).
 //! - [`ike_relay`]: IKE between the control node and the steer nodes, inside Geneve.
@@ -12,6 +14,7 @@
 
 pub mod agent;
 mod capacity;
+pub mod core;
 pub mod control_node;
 pub mod data_node;
 pub mod ike_relay;

@@ -11,12 +11,11 @@
 //! Each decision that cannot be carried out says why (`protego ctl capacity`); the next step
 //! plans again from what the cluster then is.
 
-use super::{Cluster, Role, Task};
-use crate::capacity::{Input, Naming, NodeInput, Outcome};
+use super::Cluster;
+use crate::capacity::{Input, Naming, Outcome};
 use crate::provider::{ProvidedState, ProviderError};
 use control::config::AutoscaleMode;
-use ike::TunnelId;
-use provision::{Action, Plan};
+use provision::Plan;
 use std::collections::HashMap;
 use std::time::Instant;
 use tracing::{error, info, warn};
@@ -114,195 +113,24 @@ impl Cluster {
             .as_ref()
             .map(|p| p.nodes())
             .unwrap_or_default();
-        let inventory = self.inventory();
-        let mut st = self.state();
-        let mut nodes: Vec<NodeInput> = st
-            .nodes
-            .iter()
-            .filter(|(_, n)| n.role == Role::Data)
-            .map(|(id, n)| NodeInput {
-                id: *id,
-                name: n.name.clone(),
-                alive: n.alive,
-                draining: n.draining,
-                parked: n.parked,
-                leaving: n.leaving,
-                provided: None,
-                load: n.last_report.clone().map(|l| (n.reports, l)),
-            })
-            .collect();
-        for p in provided {
-            let id = Self::id_of(&mut st, &p.name);
-            match nodes.iter_mut().find(|n| n.id == id) {
-                Some(n) => n.provided = Some(p.state),
-                // Not registered (or a steer node of the same name, which the provider's
-                // configuration check rules out): only the provider knows it.
-                None if st.nodes.get(&id).is_none_or(|n| n.role == Role::Data) => {
-                    nodes.push(NodeInput {
-                        id,
-                        name: p.name,
-                        alive: false,
-                        draining: false,
-                        parked: false,
-                        leaving: false,
-                        provided: Some(p.state),
-                        load: None,
-                    });
-                }
-                None => {}
-            }
-        }
-        let names = nodes.iter().map(|n| (n.id, n.name.clone())).collect();
-        let input = Input {
-            provider: self.provider.is_some(),
-            nodes,
-            placement: st.placement.iter().map(|(t, n)| (*t, *n)).collect(),
-            tunnels: inventory
-                .tunnels
-                .values()
-                .map(|t| (t.id, (t.name.clone(), t.rate_limit_mbit)))
-                .collect(),
-        };
-        (input, names)
+        self.state()
+            .core
+            .autoscale_input(self.provider.is_some(), provided)
     }
 
     /// Carries out `plan`'s decisions in order; returns what became of each.
     fn carry_out(&self, plan: &Plan, input: &Input) -> Vec<Outcome> {
-        let mut outcomes = Vec::with_capacity(plan.decisions.len());
-        let mut rekey: Vec<TunnelId> = Vec::new();
-        // Where each moved tunnel was: one moved and moved back is not rekeyed.
-        let mut origin: HashMap<TunnelId, Option<u32>> = HashMap::new();
+        let (effects, q) = {
+            let mut sh = self.state();
+            let effects = sh.core.handle_plan(plan, input, self.provider.is_some());
+            let q = self.carry(&mut sh, None);
+            (effects, q)
+        };
+        let mut outcomes = effects.outcomes;
         // Starts and stops are asked of the provider without the state lock held.
-        let mut provider_calls: Vec<(usize, bool, String)> = Vec::new();
-        {
-            let mut st = self.state();
-            // A parked node that holds tunnels (a fallback placement, a takeover) is serving:
-            // the model counted it active.
-            let serving: Vec<u32> = st.placement.values().copied().collect();
-            for id in serving {
-                if let Some(n) = st.nodes.get_mut(&id) {
-                    n.parked = false;
-                }
-            }
-            for (i, d) in plan.decisions.iter().enumerate() {
-                let outcome = match d.action {
-                    Action::Activate { node } => match st.nodes.get_mut(&node.0) {
-                        Some(n) if n.role == Role::Data && n.alive && !n.draining => {
-                            if n.parked {
-                                n.parked = false;
-                                info!(node = %n.name, "autoscaler: data node activated");
-                            }
-                            Outcome::Done
-                        }
-                        _ => Outcome::Skipped("the node is not a live data node".into()),
-                    },
-                    Action::Deactivate { node } => {
-                        // Its last CHILD_SAs may still be leaving (a migration of this same
-                        // plan): parking only keeps new ones away.
-                        let holds = st.placement.values().any(|n| *n == node.0);
-                        match st.nodes.get_mut(&node.0) {
-                            _ if holds => Outcome::Skipped("tunnels are still on it".into()),
-                            Some(n) if n.role == Role::Data => {
-                                if !n.parked {
-                                    n.parked = true;
-                                    info!(node = %n.name, "autoscaler: data node parked (inactive)");
-                                }
-                                Outcome::Done
-                            }
-                            _ => Outcome::Skipped("the node is not registered".into()),
-                        }
-                    }
-                    Action::Place { tunnel, node }
-                    | Action::Migrate {
-                        tunnel, to: node, ..
-                    } => {
-                        let t = TunnelId(tunnel.0);
-                        match st.nodes.get_mut(&node.0) {
-                            Some(n) if n.role == Role::Data && n.alive && !n.draining => {
-                                n.parked = false;
-                                if st.placement.get(&t) != Some(&node.0) {
-                                    let was = st.placement.insert(t, node.0);
-                                    origin.entry(t).or_insert(was);
-                                    if st.children.values().any(|c| c.tunnel == t) {
-                                        rekey.push(t);
-                                    }
-                                }
-                                Outcome::Done
-                            }
-                            _ => Outcome::Skipped("the target is not a live data node".into()),
-                        }
-                    }
-                    Action::Start { node, .. } => {
-                        let stopped = input.nodes.iter().find(|n| {
-                            n.id == node.0
-                                && !n.alive
-                                && matches!(
-                                    n.provided,
-                                    Some(ProvidedState::Stopped | ProvidedState::Failed { .. })
-                                )
-                        });
-                        match (&self.provider, stopped) {
-                            (None, _) => Outcome::Skipped("no node provider is configured".into()),
-                            (Some(_), None) => Outcome::Skipped(
-                                "the node provider has no stopped data node left".into(),
-                            ),
-                            (Some(_), Some(n)) => {
-                                provider_calls.push((i, true, n.name.clone()));
-                                Outcome::Done
-                            }
-                        }
-                    }
-                    Action::Stop { node } => {
-                        // Not while a CHILD_SA is on it, nor while steer nodes still send it
-                        // late packets of removed ones (their grace).
-                        let holds = st.placement.values().any(|n| *n == node.0)
-                            || st.children.values().any(|c| c.node == Some(node.0))
-                            || st.retiring.iter().any(|r| r.node == Some(node.0));
-                        let managed = input
-                            .nodes
-                            .iter()
-                            .find(|n| n.id == node.0 && n.provided.is_some());
-                        match (&self.provider, managed, st.nodes.get(&node.0)) {
-                            (None, _, _) => {
-                                Outcome::Skipped("no node provider is configured".into())
-                            }
-                            (Some(_), None, _) => {
-                                Outcome::Skipped("the node provider does not manage it".into())
-                            }
-                            _ if holds => Outcome::Skipped("tunnels are still on it".into()),
-                            (Some(_), Some(_), Some(n)) if n.alive && !n.parked => {
-                                Outcome::Skipped("it is active".into())
-                            }
-                            // A node stops from the reserve, once it has joined it: a start
-                            // is not undone before the node could be used.
-                            (Some(_), Some(m), _) if !m.alive => {
-                                Outcome::Skipped("it is still starting".into())
-                            }
-                            (Some(_), Some(m), _)
-                                if !matches!(m.provided, Some(ProvidedState::Running { .. })) =>
-                            {
-                                Outcome::Skipped("the node provider does not run it".into())
-                            }
-                            (Some(_), Some(m), _) => {
-                                // Nothing is placed on it from now on, not even as a fallback.
-                                if let Some(n) = st.nodes.get_mut(&node.0) {
-                                    n.leaving = true;
-                                }
-                                provider_calls.push((i, false, m.name.clone()));
-                                Outcome::Done
-                            }
-                        }
-                    }
-                };
-                outcomes.push(outcome);
-            }
-            // Each tunnel rekeyed once, and only if it ends elsewhere.
-            rekey.sort_unstable();
-            rekey.dedup();
-            rekey.retain(|t| origin.get(t).copied().flatten() != st.placement.get(t).copied());
-        }
         if let Some(provider) = &self.provider {
-            for (i, start, name) in provider_calls {
+            for call in effects.provider_calls {
+                let (i, start, name) = (call.decision, call.start, call.name);
                 let result = if start {
                     provider.start(&name)
                 } else {
@@ -317,12 +145,7 @@ impl Cluster {
                     Err(e) => {
                         warn!(node = %name, error = %e, "autoscaler: node provider refused");
                         if !start {
-                            let mut st = self.state();
-                            if let Some(id) = st.ids.get(&name).copied() {
-                                if let Some(n) = st.nodes.get_mut(&id) {
-                                    n.leaving = false;
-                                }
-                            }
+                            self.state().core.handle_stop_refused(&name);
                         }
                         outcomes[i] = Outcome::Skipped(match e {
                             ProviderError::UnknownNode(_) => {
@@ -334,10 +157,7 @@ impl Cluster {
                 }
             }
         }
-        if !rekey.is_empty() {
-            info!(tunnels = rekey.len(), "autoscaler: migrating tunnels");
-            let _ = self.tasks.send(Task::Rekey(rekey, "autoscaler"));
-        }
+        self.finish(q);
         outcomes
     }
 }

@@ -1,0 +1,165 @@
+//! Placement: which data node takes a tunnel's next CHILD_SA, which tunnels are stranded,
+//! and the pacing of their rekeys.
+
+use super::{ClusterCore, Role, REKEY_RETRY};
+use ike::TunnelId;
+use std::collections::HashMap;
+use std::time::Instant;
+
+impl ClusterCore {
+    /// The data node for a new CHILD_SA of `tunnel`: its placement if that node is alive and
+    /// not draining, else the live data node with the fewest tunnels (then lowest
+    /// utilization, then lowest id), never `exclude`, and a parked one only if no other is
+    /// left.
+    pub fn choose(&self, tunnel: TunnelId, exclude: Option<u32>) -> Option<u32> {
+        let usable = |id: &u32| {
+            Some(*id) != exclude
+                && self
+                    .nodes
+                    .get(id)
+                    .is_some_and(|n| n.role == Role::Data && n.alive && !n.draining && !n.leaving)
+        };
+        if let Some(p) = self.placement.get(&tunnel).filter(|p| usable(p)) {
+            return Some(*p);
+        }
+        let mut count: HashMap<u32, usize> = HashMap::new();
+        for (t, n) in &self.placement {
+            if *t != tunnel {
+                *count.entry(*n).or_default() += 1;
+            }
+        }
+        // Parked nodes (held in reserve by the autoscaler) only when no other can.
+        let unparked = self
+            .nodes
+            .keys()
+            .filter(|id| usable(id))
+            .any(|id| !self.nodes[id].parked);
+        self.nodes
+            .keys()
+            .filter(|id| usable(id) && !(unparked && self.nodes[*id].parked))
+            .min_by(|a, b| {
+                let util = |id: &u32| {
+                    self.nodes[id]
+                        .last_report
+                        .as_ref()
+                        .map_or(0.0, |r| r.utilization)
+                };
+                count
+                    .get(a)
+                    .copied()
+                    .unwrap_or(0)
+                    .cmp(&count.get(b).copied().unwrap_or(0))
+                    .then(util(a).total_cmp(&util(b)))
+                    .then(a.cmp(b))
+            })
+            .copied()
+    }
+
+    /// Tunnels with a CHILD_SA that no live data node holds.
+    pub fn unplaced(&self) -> Vec<TunnelId> {
+        let mut out: Vec<TunnelId> = self
+            .children
+            .values()
+            .filter(|c| {
+                c.node
+                    .is_none_or(|n| self.nodes.get(&n).is_none_or(|n| !n.alive))
+            })
+            .map(|c| c.tunnel)
+            .collect();
+        out.sort();
+        out.dedup();
+        out
+    }
+
+    /// Of `tunnels`, those not asked to rekey within [`REKEY_RETRY`]; records the request.
+    pub(crate) fn due(&mut self, tunnels: Vec<TunnelId>, now: Instant) -> Vec<TunnelId> {
+        tunnels
+            .into_iter()
+            .filter(|t| {
+                let due = self
+                    .rekey_at
+                    .get(t)
+                    .is_none_or(|at| now.duration_since(*at) >= REKEY_RETRY);
+                if due {
+                    self.rekey_at.insert(*t, now);
+                }
+                due
+            })
+            .collect()
+    }
+
+    /// Marks the CHILD_SAs on `id` as unplaced; returns their tunnels.
+    pub(crate) fn lose_node_children(&mut self, id: u32) -> Vec<TunnelId> {
+        let mut lost = Vec::new();
+        for c in self.children.values_mut().filter(|c| c.node == Some(id)) {
+            c.node = None;
+            c.last_node = Some(id);
+            lost.push(c.tunnel);
+        }
+        lost
+    }
+
+    /// Makes the newest remaining CHILD_SA of `tunnel` (if any) its sending one, unless one
+    /// already sends.
+    pub(crate) fn promote_sender(&mut self, tunnel: TunnelId) {
+        if self
+            .children
+            .values()
+            .any(|c| c.tunnel == tunnel && c.sending)
+        {
+            return;
+        }
+        let next = self
+            .children
+            .iter()
+            .filter(|(_, c)| c.tunnel == tunnel)
+            .max_by_key(|(_, c)| c.seq)
+            .map(|(spi, _)| *spi);
+        if let Some(c) = next.and_then(|spi| self.children.get_mut(&spi)) {
+            c.sending = true;
+        }
+    }
+
+    /// Marks data node `id` lost: its CHILD_SAs are detached, its tunnels placed elsewhere,
+    /// the steer nodes told, the tunnels rekeyed.
+    pub(crate) fn lost(&mut self, id: u32, why: &'static str, now: Instant) {
+        if let Some(n) = self.nodes.get_mut(&id) {
+            n.alive = false;
+            tracing::warn!(node = %n.name, id, why, "data node lost");
+        }
+        let mut tunnels = self.lose_node_children(id);
+        tunnels.extend(
+            self.placement
+                .iter()
+                .filter(|(_, n)| **n == id)
+                .map(|(t, _)| *t),
+        );
+        tunnels.sort();
+        tunnels.dedup();
+        for t in &tunnels {
+            match self.choose(*t, Some(id)) {
+                Some(node) => {
+                    self.placement.insert(*t, node);
+                }
+                None => {
+                    self.placement.remove(t);
+                }
+            }
+        }
+        for d in self.all_vni_directives() {
+            self.emit_steers(&d, super::Await::Steer);
+        }
+        let nodes = self.steer_nodes();
+        self.emit_steers(&super::Directive::SetNodes(nodes), super::Await::Steer);
+        if !tunnels.is_empty() {
+            tracing::info!(
+                node = id,
+                tunnels = tunnels.len(),
+                why,
+                "moving the tunnels of a lost data node"
+            );
+        }
+        let tunnels = self.due(tunnels, now);
+        self.rekey(tunnels, why);
+    }
+}

@@ -1,0 +1,150 @@
+//! Seeded runs of the cluster core's simulation. `PROTEGO_SIM_SEEDS=N` runs N seeds instead
+//! of the default; `PROTEGO_SIM_SEED=S` runs seed S alone.
+
+use super::{Stats, World, EVENTS};
+
+/// Seeds run by a plain `cargo test`.
+const DEFAULT_SEEDS: u64 = 300;
+
+fn seeds() -> std::ops::Range<u64> {
+    if let Some(s) = std::env::var("PROTEGO_SIM_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+    {
+        return s..s + 1;
+    }
+    let n = std::env::var("PROTEGO_SIM_SEEDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(DEFAULT_SEEDS);
+    0..n
+}
+
+/// Runs `seed` for [`EVENTS`] events, checking the invariants after each.
+fn run(seed: u64) -> World {
+    let mut w = World::new(seed);
+    for _ in 0..EVENTS {
+        w.step();
+    }
+    w
+}
+
+#[test]
+fn seeded_runs_keep_the_invariants() {
+    let mut total = Stats::default();
+    for seed in seeds() {
+        let s = run(seed).stats;
+        total.installed += s.installed;
+        total.deleted_after_steering += s.deleted_after_steering;
+        total.failovers += s.failovers;
+        total.moves += s.moves;
+        total.plan_done += s.plan_done;
+        total.takeovers += s.takeovers;
+        total.refused += s.refused;
+    }
+    println!("{total:?}");
+    // The runs reach the states the invariants are about (a single seed may not).
+    if seeds().count() >= 100 {
+        let Stats {
+            installed,
+            deleted_after_steering,
+            failovers,
+            moves,
+            plan_done,
+            takeovers,
+            refused,
+        } = total;
+        for (what, n) in [
+            ("installs", installed),
+            ("deletions after the steering moved", deleted_after_steering),
+            ("failovers", failovers),
+            ("moves", moves),
+            ("autoscaler decisions", plan_done),
+            ("takeovers", takeovers),
+            ("refused updates", refused),
+        ] {
+            assert!(n > 0, "no run went through {what}");
+        }
+    }
+}
+
+/// Found by the simulation: an install whose node's session ended while the install waited
+/// for its answer sent that node a RemoveChild (a directive to a dead node).
+#[test]
+fn seed_0_a_failed_install_sends_nothing_to_a_closed_session() {
+    run(0);
+}
+
+/// Found by the simulation: an install acknowledged by a data node the steer nodes declared
+/// dead while it waited was steered to that node (its SPI and the tunnel's selectors).
+#[test]
+fn seed_10_an_install_on_a_node_declared_dead_meanwhile_is_not_steered() {
+    run(10);
+}
+
+/// The two bugs above, on the core alone.
+#[test]
+fn an_install_answered_after_its_node_was_lost_is_neither_steered_nor_removed_through_a_closed_session(
+) {
+    use crate::core::*;
+    use std::time::{Duration, Instant};
+    let now = Instant::now();
+    let mut core = ClusterCore::new(
+        "10.0.0.10:6081".parse().unwrap(),
+        Default::default(),
+        super::tunnels(),
+        Default::default(),
+        Duration::from_secs(5),
+    );
+    core.handle_reconcile(&[], now);
+    let hello = |name: &str, role| Hello {
+        name: name.into(),
+        role,
+        geneve: "10.0.0.20:6081".parse().unwrap(),
+        boot_id: 1,
+        workers: 1,
+        installed: Vec::new(),
+    };
+    core.handle_hello(hello("steer1", Role::Steer), now);
+    let d = core.handle_hello(hello("data1", Role::Data), now);
+    drop(core.poll_outbox());
+    let child = |spi: u32| NewChild {
+        tunnel: ike::TunnelId(1),
+        ike: ike::IkeSpis {
+            initiator: wire::IkeSpi(1),
+            responder: wire::IkeSpi(2),
+        },
+        inbound_spi: wire::EspSpi(spi),
+        outbound_spi: wire::EspSpi(spi + 1),
+        outbound_active: true,
+        local_ts: vec![super::ts("10.1.0.0/24")],
+        remote_ts: vec![super::ts("192.168.1.0/24")],
+    };
+    // Declared dead while its install waits: the node's yes steers nothing to it.
+    let a = child(0x10);
+    assert_eq!(core.handle_install(a.clone()), Ok(d));
+    drop(core.poll_outbox());
+    core.handle_node_dead(d, now);
+    drop(core.poll_outbox());
+    core.handle_install_answer(&a, d, true, now);
+    let out = core.poll_outbox();
+    assert!(
+        !out.send
+            .iter()
+            .any(|o| matches!(o.directive, Directive::SetSpi { .. })),
+        "{:?}",
+        out.send
+    );
+    assert_eq!(core.children()[&a.inbound_spi].node, None);
+    // Its session ends while an install waits: no RemoveChild goes to it.
+    core.handle_node_alive(d, now);
+    let b = child(0x20);
+    core.handle_install(b.clone()).unwrap();
+    drop(core.poll_outbox());
+    core.handle_link_closed(d);
+    core.handle_session_ended(d, now);
+    drop(core.poll_outbox());
+    core.handle_install_answer(&b, d, false, now);
+    let out = core.poll_outbox();
+    assert!(out.send.iter().all(|o| o.node != d), "{:?}", out.send);
+}

@@ -1,0 +1,198 @@
+//! The shell's protobuf and JSON side: the core's [`Directive`]s as the directives nodes
+//! receive, and its [`Status`] as `protego ctl nodes` prints it.
+
+use crate::core::{Directive, Status, SteerNodes, VniSelectors};
+use ike::ChildSaInfo;
+use rpc::pb;
+use std::collections::BTreeMap;
+use tracing::{debug, warn};
+
+/// `directive` as the protobuf directive for node `name`, and the shares it should carry but
+/// cannot express (not confirmed by its answer); None if nothing of it can be sent.
+/// `install` is the CHILD_SA an install directive stands for.
+pub(super) fn to_pb(
+    directive: &Directive,
+    config: &pb::DataConfig,
+    install: Option<&ChildSaInfo>,
+    name: &str,
+) -> Option<(pb::directive::Op, Vec<steer::TunnelId>)> {
+    use pb::directive::Op;
+    let op = match directive {
+        Directive::DataConfig => Op::DataConfig(config.clone()),
+        Directive::Relays(steer) => Op::SetRelays(pb::Relays {
+            steer: steer.iter().map(ToString::to_string).collect(),
+        }),
+        Directive::InstallChild { inbound_spi, .. } => {
+            let child = install.filter(|c| c.inbound_spi == *inbound_spi)?;
+            Op::InstallChild(rpc::convert::child_to_pb(child))
+        }
+        Directive::RemoveChild {
+            tunnel,
+            inbound_spi,
+            outbound_spi,
+        } => Op::RemoveChild(pb::RemoveChild {
+            tunnel: tunnel.0,
+            inbound_spi: inbound_spi.0,
+            outbound_spi: outbound_spi.0,
+        }),
+        Directive::SetSpi { spi, node, tunnel } => Op::SetSpi(pb::SteerSpi {
+            spi: spi.0,
+            node: *node,
+            tunnel: tunnel.0,
+        }),
+        Directive::RemoveSpi(spi) => Op::RemoveSpi(pb::RemoveSpi { spi: spi.0 }),
+        Directive::SetNodes(n) => Op::SetNodes(nodes_to_pb(n)),
+        Directive::SetSelectors(v) => Op::SetSelectors(vni_to_pb(v)),
+        Directive::SteerTables(t) => {
+            let (limits, unsent) = shares_to_pb(&t.limits, name, true);
+            let op = Op::SteerTables(pb::SteerTables {
+                nodes: Some(nodes_to_pb(&t.nodes)),
+                spis: t
+                    .spis
+                    .iter()
+                    .map(|(spi, node, tunnel)| pb::SteerSpi {
+                        spi: spi.0,
+                        node: *node,
+                        tunnel: tunnel.0,
+                    })
+                    .collect(),
+                vnis: t.vnis.iter().map(vni_to_pb).collect(),
+                limits,
+            });
+            return Some((op, unsent));
+        }
+        Directive::SetShares(shares) => {
+            for (tunnel, share) in shares {
+                debug!(node = %name, tunnel = tunnel.0, inbound_bps = share.limit.inbound.bits_per_second, outbound_bps = share.limit.outbound.bits_per_second, fallback_bps = share.fallback_bits_per_second, "rate limit share");
+            }
+            let (limits, unsent) = shares_to_pb(shares, name, false);
+            if limits.is_empty() {
+                return None;
+            }
+            return Some((Op::SetRateLimits(pb::RateLimits { limits }), unsent));
+        }
+        Directive::SetShare(tunnel, share) => {
+            debug!(node = %name, tunnel = tunnel.0, inbound_bps = share.limit.inbound.bits_per_second, outbound_bps = share.limit.outbound.bits_per_second, fallback_bps = share.fallback_bits_per_second, "rate limit share");
+            let (mut limits, _) = shares_to_pb(&[(*tunnel, *share)], name, false);
+            return limits.pop().map(|r| (Op::SetRateLimit(r), Vec::new()));
+        }
+    };
+    Some((op, Vec::new()))
+}
+
+/// Shares as rate limits; the tunnels of those not expressible (or, `confirmable`, whose
+/// expression does not carry a limit back) come second.
+fn shares_to_pb(
+    shares: &[(steer::TunnelId, steer::Share)],
+    name: &str,
+    confirmable: bool,
+) -> (Vec<pb::RateLimit>, Vec<steer::TunnelId>) {
+    let mut limits = Vec::new();
+    let mut unsent = Vec::new();
+    for &(tunnel, share) in shares {
+        match rpc::convert::share_to_pb(tunnel, Some(share)) {
+            Ok(r) => {
+                if confirmable && !matches!(rpc::convert::share_from_pb(&r), Ok((_, Some(_)))) {
+                    unsent.push(tunnel);
+                }
+                limits.push(r);
+            }
+            Err(e) => {
+                warn!(node = %name, tunnel = tunnel.0, error = %e, "rate limit share not expressible");
+                unsent.push(tunnel);
+            }
+        }
+    }
+    (limits, unsent)
+}
+
+fn nodes_to_pb(n: &SteerNodes) -> pb::SteerNodes {
+    pb::SteerNodes {
+        data: n
+            .data
+            .iter()
+            .map(|d| pb::DataNode {
+                node: d.node,
+                name: d.name.clone(),
+                geneve: d.geneve.to_string(),
+            })
+            .collect(),
+        control: n.control.to_string(),
+    }
+}
+
+/// One VNI's selectors; a pair the steer nodes cannot express is logged and left out.
+fn vni_to_pb(v: &VniSelectors) -> pb::VniSelectors {
+    let mut selectors = Vec::new();
+    for s in &v.selectors {
+        match rpc::convert::selector_entry(
+            &s.local,
+            &s.remote,
+            steer::TunnelId(s.tunnel.0),
+            steer::NodeId(s.node),
+        ) {
+            Ok(e) => selectors.push(rpc::convert::selector_to_pb(&e)),
+            Err(e) => {
+                warn!(tunnel = s.tunnel.0, error = %e, "traffic selector pair cannot be steered");
+            }
+        }
+    }
+    // Deterministic order: steer nodes receive identical tables.
+    selectors.sort_by(|a, b| {
+        (a.tunnel, &a.dst_start, &a.src_start).cmp(&(b.tunnel, &b.dst_start, &b.src_start))
+    });
+    pb::VniSelectors {
+        vni: v.vni,
+        selectors,
+        neighbour_nodes: v.neighbour_nodes.clone(),
+        gateway_ips: v.gateway_ips.clone(),
+    }
+}
+
+/// `status` as `protego ctl nodes` prints it (`control`: this control node's name).
+pub(super) fn status_json(control: &str, status: &Status) -> serde_json::Value {
+    let nodes: Vec<serde_json::Value> = status
+        .nodes
+        .iter()
+        .map(|n| {
+            // Each steer node's shares of the tunnels' limits, bit/s each way.
+            let shares: serde_json::Map<String, serde_json::Value> = n
+                .rate_shares
+                .iter()
+                .map(|(tunnel, l)| {
+                    (
+                        tunnel.0.to_string(),
+                        serde_json::json!({
+                            "inbound_bps": l.limit.inbound.bits_per_second,
+                            "outbound_bps": l.limit.outbound.bits_per_second,
+                            "fallback_bps": l.fallback_bits_per_second,
+                        }),
+                    )
+                })
+                .collect::<BTreeMap<_, _>>()
+                .into_iter()
+                .collect();
+            let children: Vec<String> = n
+                .child_sas
+                .iter()
+                .map(|(spi, out)| format!("{spi}/{out}"))
+                .collect();
+            serde_json::json!({
+                "id": n.id,
+                "name": n.name,
+                "role": n.role,
+                "geneve": n.geneve.to_string(),
+                "alive": n.alive,
+                "draining": n.draining,
+                "parked": n.parked,
+                "workers": n.workers,
+                "tunnels": n.tunnels,
+                "child_sas": children,
+                "load": n.load,
+                "reports": n.reports,
+                "rate_shares": shares,
+            })
+        })
+        .collect();
+    serde_json::json!({ "control": control, "nodes": nodes })
+}
