@@ -154,7 +154,7 @@ impl provision::Names for Naming<'_> {
     }
 
     fn tunnel(&self, tunnel: provision::TunnelId, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self.tunnels.get(&TunnelId(tunnel.0)) {
+        match self.tunnels.get(&tunnel) {
             Some((name, _)) => f.write_str(name),
             None => write!(f, "{tunnel}"),
         }
@@ -356,7 +356,7 @@ impl Autoscaler {
         for (&tunnel, &mbit) in &fresh_alpha {
             if input.tunnels.contains_key(&tunnel) {
                 let cap = self.sigma(input, tunnel);
-                let t = provision::TunnelId(tunnel.0);
+                let t = tunnel;
                 self.usage.set_sigma(t, cap)?;
                 self.usage.record(t, mbit.min(cap))?;
                 self.sizes.insert(tunnel, self.sizer.size(t, mbit, cap));
@@ -370,8 +370,8 @@ impl Autoscaler {
             .copied()
             .collect();
         for t in gone {
-            self.usage.remove(provision::TunnelId(t.0));
-            self.sizer.forget(provision::TunnelId(t.0));
+            self.usage.remove(t);
+            self.sizer.forget(t);
             self.sizes.remove(&t);
             self.seen.remove(&t);
         }
@@ -386,7 +386,7 @@ impl Autoscaler {
             let now_mbit = alpha.get(tunnel).copied().unwrap_or(0.0);
             let sized = self.sizes.get(tunnel).copied().unwrap_or(0.0);
             let a = now_mbit.max(sized).min(self.sigma(input, *tunnel));
-            let t = provision::TunnelId(tunnel.0);
+            let t = *tunnel;
             model.add_tunnel(t, a)?;
             // A tunnel on a node left out of the model (or not active) is placed anew.
             if states.get(node).is_some_and(|s| s.is_active()) {

@@ -128,7 +128,7 @@ fn vni_to_pb(v: &VniSelectors) -> pb::VniSelectors {
         match rpc::convert::selector_entry(
             &s.local,
             &s.remote,
-            steer::TunnelId(s.tunnel.0),
+            s.tunnel,
             steer::NodeId(s.node),
         ) {
             Ok(e) => selectors.push(rpc::convert::selector_to_pb(&e)),

@@ -147,7 +147,7 @@ impl ClusterCore {
                 | Action::Migrate {
                     tunnel, to: node, ..
                 } => {
-                    let t = TunnelId(tunnel.0);
+                    let t = tunnel;
                     match self.nodes.get_mut(&node.0) {
                         Some(n) if n.role == Role::Data && n.alive && !n.draining => {
                             n.parked = false;

@@ -240,7 +240,7 @@ impl ClusterCore {
             for node in self.nodes.keys() {
                 if let Some(share) = self
                     .shares
-                    .sent(steer::NodeId(*node), steer::TunnelId(t.id.0))
+                    .sent(steer::NodeId(*node), t.id)
                 {
                     out.insert((*node, t.id), share);
                 }

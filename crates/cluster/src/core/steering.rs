@@ -104,7 +104,7 @@ impl ClusterCore {
             .values()
             .filter_map(|t| {
                 Some((
-                    steer::TunnelId(t.id.0),
+                    t.id,
                     u64::from(t.rate_limit_mbit?) * 1_000_000,
                 ))
             })

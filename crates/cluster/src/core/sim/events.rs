@@ -387,7 +387,7 @@ impl World {
         let mut decisions = Vec::new();
         for _ in 0..1 + self.below(3) {
             let node = provision::NodeId(ids[self.below(ids.len())]);
-            let tunnel = provision::TunnelId(self.random_tunnel().0);
+            let tunnel = self.random_tunnel();
             let action = match self.below(6) {
                 0 => provision::Action::Activate { node },
                 1 => provision::Action::Deactivate { node },
