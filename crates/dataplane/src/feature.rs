@@ -575,3 +575,91 @@ impl FeatureBatch<'_> {
         self.packets[self.live[i]].dropped.is_some()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Drops every packet for its first reason.
+    struct DropAll(&'static [&'static str]);
+
+    impl Feature for DropAll {
+        fn name(&self) -> &'static str {
+            "drop_all"
+        }
+
+        fn drop_reasons(&self) -> &'static [&'static str] {
+            self.0
+        }
+
+        fn process(&self, batch: &mut FeatureBatch<'_>) {
+            for i in 0..batch.len() {
+                batch.drop_packet(i, 0);
+            }
+        }
+    }
+
+    fn config(drops: &FeatureDrops, tenants: &[&str]) -> ChainConfig {
+        let mut c = ChainConfig::default();
+        for t in tenants {
+            let chain = FeatureChain::new().with(Arc::new(DropAll(&["x"])));
+            let run = drops
+                .prepare(t, Direction::Outbound, &chain)
+                .expect("chain");
+            c.set(t, Direction::Outbound, Some(run));
+        }
+        c
+    }
+
+    #[test]
+    fn the_tun_chain_is_the_tenant_of_its_tunnels_or_found_per_tunnel() {
+        let drops = FeatureDrops::default();
+        let c = config(&drops, &["a"]);
+        let vnets = || ["a", "b"].into_iter();
+        // One tenant on the TUN: its chain, before any choice.
+        let t = c.table(vnets(), [(TunnelId(1), "a", true)].into_iter());
+        assert!(matches!(t.tun_outbound(), TunChain::One(r) if &*r.tenant == "a"));
+        assert!(t.vnet_outbound(0).is_some() && t.vnet_outbound(1).is_none());
+        // The TUN tenant has no chain.
+        let t = c.table(vnets(), [(TunnelId(2), "b", true)].into_iter());
+        assert!(matches!(t.tun_outbound(), TunChain::None));
+        // Two tenants share the TUN: found through the first choice's tunnel.
+        let t = c.table(
+            vnets(),
+            [(TunnelId(1), "a", true), (TunnelId(2), "b", true)].into_iter(),
+        );
+        assert!(matches!(t.tun_outbound(), TunChain::ByTunnel));
+        assert!(t.chain(TunnelId(1), Direction::Outbound).is_some());
+        assert!(t.chain(TunnelId(2), Direction::Outbound).is_none());
+    }
+
+    #[test]
+    fn drops_are_added_per_reason_once_and_a_full_hold_refuses() {
+        let drops = FeatureDrops::default();
+        let chain = FeatureChain::new().with(Arc::new(DropAll(&["x", "y"])));
+        let run = Arc::new(
+            drops
+                .prepare("a", Direction::Inbound, &chain)
+                .expect("chain"),
+        );
+        let meta = PacketMeta {
+            tunnel: Some(TunnelId(1)),
+            direction: Direction::Inbound,
+            inside: Inside::Tun,
+        };
+        let mut held: Held<u8> = Held::new(10);
+        for i in 0..3 {
+            assert!(held.hold(&run, &[i; 3], meta.clone(), i));
+        }
+        assert!(!held.hold(&run, &[9; 3], meta, 9), "10 bytes hold three");
+        held.run(Instant::now());
+        let mut seen = Vec::new();
+        held.drain(|r, _, pkt, dropped| seen.push((r, pkt[0], dropped)));
+        assert_eq!(seen, vec![(0, 0, true), (1, 1, true), (2, 2, true)]);
+        assert_eq!(
+            drops.snapshot(),
+            vec![("a/x".to_owned(), 3), ("a/y".to_owned(), 0)]
+        );
+        assert!(held.is_empty());
+    }
+}
