@@ -184,11 +184,13 @@ impl Dataplane {
 
     /// Sets `tenant`'s feature chain for `direction` (an empty chain removes it): the stages
     /// every packet of the tenant's tunnels runs through, in order, after decryption
-    /// (inbound) or before encryption (outbound); see [`Feature`](crate::Feature). Workers
-    /// use it from their next batch on. Each stage's drop reasons are added to
-    /// [`DataplaneStats::drops`] (a reason keeps its counter when chains are replaced).
-    /// Errors: a drop reason that is one of the data plane's own or named twice in the chain
-    /// ([`DataplaneError::Config`]); nothing changes then.
+    /// (inbound) or before the CHILD_SA is chosen and the packet encrypted (outbound); see
+    /// [`Feature`](crate::Feature). Workers use it from their next batch on. Each stage's drop
+    /// reasons are added to [`DataplaneStats::drops`] as `<tenant>/<reason>` (a tenant's
+    /// reason keeps its counter when chains are replaced). Errors: a drop reason that is one
+    /// of the data plane's own or named twice in the chain ([`DataplaneError::Config`]);
+    /// nothing changes then, no counter included. Not on the [`DataPath`](crate::DataPath)
+    /// trait yet: the control plane configures no chain until the ACL and NAT stages arrive.
     pub fn set_feature_chain(
         &self,
         tenant: &str,

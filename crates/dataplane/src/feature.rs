@@ -8,7 +8,9 @@
 //! A stage sees a [`FeatureBatch`]: packets of one tenant and one direction, with per-packet
 //! metadata ([`PacketMeta`]). It may rewrite packets in place (same length) and drop packets
 //! with a counted reason: each stage names its reasons ([`Feature::drop_reasons`]) and they are
-//! shown in `DataplaneStats::drops` beside the fixed reasons.
+//! shown in `DataplaneStats::drops` beside the fixed reasons, per tenant: `<tenant>/<reason>`
+//! (two tenants whose stages drop for the same reason have two counters; the ACL and policer
+//! of the next issues report per tenant).
 //!
 //! Configuration goes through the data plane's registry and is published with the SA tables
 //! ([`FeatureTable`] in [`crate::tables::Tables`]): workers read it once per batch. When no
@@ -16,18 +18,25 @@
 //! whose tenant has a chain is copied into the worker's [`Held`] buffer and its chain runs at
 //! the end of the pass, before the packet goes on to the seal or encap stage (so a tunnel's
 //! packets keep their order: all of them take the same way).
+//!
+//! Inbound, the tenant is the tunnel's that opened the packet. Outbound, the chain runs before
+//! the CHILD_SA is chosen (the seal stage chooses on the packet as the chain left it, so a
+//! stage that rewrites addresses, such as a source NAT, is checked against the selectors): the
+//! tenant is the VNet's for a packet from a VNet; for a packet read from the TUN device it is
+//! the tenant of the tunnels bound to the TUN when they all belong to one tenant. When TUN
+//! tunnels of several tenants share the device, the device alone does not tell the tenant: a
+//! first choice on the packet as read names it, the tenant's chain runs, and the seal stage
+//! chooses again on the result, among the TUN tunnels, keeping the packet only if that choice
+//! is a tunnel of the same tenant (else `tun_no_tunnel`).
 
 use crate::api::{DataplaneError, Inside};
 use crate::stats::DropReason;
-use esp::Unaccepted;
 use ike::TunnelId;
 use rustc_hash::FxHashMap;
 use std::collections::HashMap;
-use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use wire::EspSpi;
 
 /// Which way packets cross the gateway.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -51,12 +60,12 @@ impl Direction {
 /// [`FeatureBatch::tenant`]: a batch holds one tenant's packets).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PacketMeta {
-    /// The tunnel the packet came out of (inbound) or goes into (outbound; chosen by the
-    /// CHILD_SA's selectors before the chain runs).
-    pub tunnel: TunnelId,
+    /// The tunnel the packet came out of (inbound). None outbound: the seal stage chooses the
+    /// CHILD_SA (and so the tunnel) after the chain, on the packet as the chain left it.
+    pub tunnel: Option<TunnelId>,
     /// Which way it goes.
     pub direction: Direction,
-    /// The inside interface it comes from or goes to.
+    /// The inside interface it comes from (outbound) or goes to (inbound).
     pub inside: Inside,
 }
 
@@ -67,9 +76,10 @@ pub trait Feature: Send + Sync {
     fn name(&self) -> &'static str;
 
     /// The reasons the stage drops packets for, as shown in `DataplaneStats::drops`
-    /// ([`FeatureBatch::drop_packet`] takes an index into this list). They must differ from
-    /// the data plane's own reasons and from other stages' reasons. A stage that names none
-    /// gets one counter named after the stage.
+    /// ([`FeatureBatch::drop_packet`] takes an index into this list) under
+    /// `<tenant>/<reason>`. They must differ from the data plane's own reasons and from the
+    /// reasons of the other stages of the same chain. A stage that names none gets one counter
+    /// named after the stage.
     fn drop_reasons(&self) -> &'static [&'static str] {
         &[]
     }
@@ -133,36 +143,35 @@ pub(crate) struct ChainRun {
 /// A stage and the counters of its drop reasons (same order).
 type StageRun = (Arc<dyn Feature>, Vec<Arc<AtomicU64>>);
 
-/// Node-wide counters of the feature stages' drop reasons, by name; a name keeps its counter
-/// when chains are replaced.
+/// Counters of the feature stages' drop reasons, by tenant and reason name; a (tenant, name)
+/// keeps its counter when chains are replaced.
 #[derive(Default)]
-pub(crate) struct FeatureDrops(Mutex<Vec<(&'static str, Arc<AtomicU64>)>>);
+pub(crate) struct FeatureDrops(Mutex<Vec<(String, Arc<AtomicU64>)>>);
 
 impl FeatureDrops {
-    fn counters(&self) -> std::sync::MutexGuard<'_, Vec<(&'static str, Arc<AtomicU64>)>> {
+    fn counters(&self) -> std::sync::MutexGuard<'_, Vec<(String, Arc<AtomicU64>)>> {
         self.0.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Resolves `chain`'s drop reasons to counters (creating those not seen before) for
-    /// `tenant` and `direction`. Errors: a reason that is one of the data plane's own, or
-    /// that two stages of the chain both name.
+    /// Resolves `chain`'s drop reasons to `tenant`'s counters for `direction`. The whole chain
+    /// is checked before any counter is created (a refused chain leaves no name behind).
+    /// Errors: a reason that is one of the data plane's own, or that two stages of the chain
+    /// both name.
     pub(crate) fn prepare(
         &self,
         tenant: &str,
         direction: Direction,
         chain: &FeatureChain,
     ) -> Result<ChainRun, DataplaneError> {
+        let reasons = |stage: &Arc<dyn Feature>| -> Vec<&'static str> {
+            match stage.drop_reasons() {
+                [] => vec![stage.name()],
+                r => r.to_vec(),
+            }
+        };
         let mut names: Vec<&'static str> = Vec::new();
-        let mut stages = Vec::with_capacity(chain.stages.len());
-        let mut counters = self.counters();
         for stage in &chain.stages {
-            let fallback = [stage.name()];
-            let reasons = match stage.drop_reasons() {
-                [] => &fallback[..],
-                r => r,
-            };
-            let mut slots = Vec::with_capacity(reasons.len());
-            for &name in reasons {
+            for name in reasons(stage) {
                 if DropReason::ALL.iter().any(|d| d.name() == name) || names.contains(&name) {
                     return Err(DataplaneError::Config {
                         field: format!("feature_chain.{}", stage.name()),
@@ -170,18 +179,30 @@ impl FeatureDrops {
                     });
                 }
                 names.push(name);
-                let slot = match counters.iter().find(|(n, _)| *n == name) {
-                    Some((_, c)) => Arc::clone(c),
-                    None => {
-                        let c = Arc::new(AtomicU64::new(0));
-                        counters.push((name, Arc::clone(&c)));
-                        c
-                    }
-                };
-                slots.push(slot);
             }
-            stages.push((Arc::clone(stage), slots));
         }
+        let mut counters = self.counters();
+        let stages = chain
+            .stages
+            .iter()
+            .map(|stage| {
+                let slots = reasons(stage)
+                    .into_iter()
+                    .map(|name| {
+                        let key = format!("{tenant}/{name}");
+                        match counters.iter().find(|(n, _)| *n == key) {
+                            Some((_, c)) => Arc::clone(c),
+                            None => {
+                                let c = Arc::new(AtomicU64::new(0));
+                                counters.push((key, Arc::clone(&c)));
+                                c
+                            }
+                        }
+                    })
+                    .collect();
+                (Arc::clone(stage), slots)
+            })
+            .collect();
         Ok(ChainRun {
             tenant: Arc::from(tenant),
             direction,
@@ -189,11 +210,12 @@ impl FeatureDrops {
         })
     }
 
-    /// Name and value of every feature drop reason, in the order they were first configured.
+    /// Name (`<tenant>/<reason>`) and value of every feature drop reason, in the order they
+    /// were first configured.
     pub(crate) fn snapshot(&self) -> Vec<(String, u64)> {
         self.counters()
             .iter()
-            .map(|(n, c)| ((*n).to_owned(), c.load(Ordering::Relaxed)))
+            .map(|(n, c)| (n.clone(), c.load(Ordering::Relaxed)))
             .collect()
     }
 }
@@ -212,27 +234,69 @@ impl ChainConfig {
         }
     }
 
-    /// The published form for tunnels bound as `bindings` ((tunnel, tenant) pairs).
+    /// The published form for VNets of tenants `vnets` (by VNet index) and tunnels bound as
+    /// `bindings` ((tunnel, tenant, bound to the TUN device) triples).
     pub(crate) fn table<'a>(
         &self,
-        bindings: impl Iterator<Item = (TunnelId, &'a str)>,
+        vnets: impl Iterator<Item = &'a str>,
+        bindings: impl Iterator<Item = (TunnelId, &'a str, bool)>,
     ) -> FeatureTable {
+        if self.0.is_empty() {
+            return FeatureTable::default();
+        }
+        let out = Direction::Outbound.index();
+        let vnet_out = vnets
+            .map(|tenant| self.0.get(tenant).and_then(|pair| pair[out].clone()))
+            .collect();
         let mut by_tunnel = FxHashMap::default();
-        if !self.0.is_empty() {
-            for (tunnel, tenant) in bindings {
-                if let Some(pair) = self.0.get(tenant) {
-                    by_tunnel.insert(tunnel, pair.clone());
-                }
+        let mut tun_tenants: Vec<&str> = Vec::new();
+        for (tunnel, tenant, tun) in bindings {
+            if tun && !tun_tenants.contains(&tenant) {
+                tun_tenants.push(tenant);
+            }
+            if let Some(pair) = self.0.get(tenant) {
+                by_tunnel.insert(tunnel, pair.clone());
             }
         }
-        FeatureTable { by_tunnel }
+        let tun_out = match tun_tenants[..] {
+            [] => TunChain::None,
+            [tenant] => match self.0.get(tenant).and_then(|pair| pair[out].clone()) {
+                Some(run) => TunChain::One(run),
+                None => TunChain::None,
+            },
+            _ => TunChain::ByTunnel,
+        };
+        FeatureTable {
+            any: true,
+            by_tunnel,
+            vnet_out,
+            tun_out,
+        }
     }
 }
 
-/// The published chains, resolved per tunnel (through its tenant) when the snapshot is built.
+/// The outbound chain of packets read from the TUN device.
+#[derive(Default)]
+pub(crate) enum TunChain {
+    /// None runs.
+    #[default]
+    None,
+    /// The TUN tunnels all belong to one tenant, which has this chain.
+    One(Arc<ChainRun>),
+    /// The TUN tunnels belong to several tenants: a first choice of CHILD_SA names the tenant
+    /// ([`FeatureTable::chain`] of its tunnel).
+    ByTunnel,
+}
+
+/// The published chains: inbound by tunnel (through its tenant), outbound by VNet index and
+/// for the TUN device, resolved when the snapshot is built.
 #[derive(Default)]
 pub(crate) struct FeatureTable {
+    /// Some tenant has a chain.
+    any: bool,
     by_tunnel: FxHashMap<TunnelId, [Option<Arc<ChainRun>>; 2]>,
+    vnet_out: Vec<Option<Arc<ChainRun>>>,
+    tun_out: TunChain,
 }
 
 impl FeatureTable {
@@ -240,32 +304,27 @@ impl FeatureTable {
     /// no tenant has a chain.
     #[inline]
     pub(crate) fn chain(&self, tunnel: TunnelId, direction: Direction) -> Option<&Arc<ChainRun>> {
-        if self.by_tunnel.is_empty() {
+        if !self.any {
             return None;
         }
         self.by_tunnel.get(&tunnel)?[direction.index()].as_ref()
     }
-}
 
-/// How a held packet goes on once its chain let it through.
-#[derive(Debug, Clone, Copy)]
-pub(crate) enum Resume {
-    /// Decrypted: to the inside interface, then accepted by the replay window.
-    Inbound {
-        /// Inbound SPI of the CHILD_SA that opened it.
-        spi: EspSpi,
-        /// What the replay window decides on.
-        packet: Unaccepted,
-        /// Where the ESP packet arrived.
-        local: SocketAddr,
-        /// Where it came from.
-        src: SocketAddr,
-    },
-    /// To be sealed with the CHILD_SA of this inbound SPI.
-    Outbound {
-        /// Inbound SPI of the chosen CHILD_SA (the key of `Tables::by_spi`).
-        spi: EspSpi,
-    },
+    /// The outbound chain of VNet `index`'s tenant, if it has one. Costs one branch when no
+    /// tenant has a chain.
+    #[inline]
+    pub(crate) fn vnet_outbound(&self, index: usize) -> Option<&Arc<ChainRun>> {
+        if !self.any {
+            return None;
+        }
+        self.vnet_out.get(index)?.as_ref()
+    }
+
+    /// The outbound chain of packets read from the TUN device.
+    #[inline]
+    pub(crate) fn tun_outbound(&self) -> &TunChain {
+        &self.tun_out
+    }
 }
 
 /// A packet held for its chain.
@@ -277,32 +336,42 @@ pub(crate) struct HeldPacket {
     chain: usize,
     /// (stage, reason) that dropped it.
     dropped: Option<(usize, usize)>,
-    /// How it goes on.
-    pub(crate) resume: Resume,
 }
 
 /// A worker's packets held for their chains during one pass over a batch, copied out of the
 /// receive batch (one copy per packet of a tenant with a chain; nothing for the others). The
-/// buffer is allocated the first time a packet is held, sized for a whole receive batch.
-pub(crate) struct Held {
+/// buffer is allocated the first time a packet is held, sized for the largest input a lane
+/// delivers in one batch (a receive batch, or a TUN read batch with a split super-packet).
+///
+/// The copy is what lets the stages before the chain stay per packet: they hand the graph
+/// a slice of the receive batch without its place in it, and in a relay lane the same
+/// frames are read by two passes.
+pub(crate) struct Held<R> {
     capacity: usize,
     buf: Vec<u8>,
     packets: Vec<HeldPacket>,
+    /// How each packet goes on once its chain let it through (same order as `packets`).
+    resumes: Vec<R>,
     chains: Vec<Arc<ChainRun>>,
     live: Vec<usize>,
+    /// Drops of the current run: (chain, stage, reason) and how many (one counter add per
+    /// reason per run).
+    tally: Vec<((usize, usize, usize), u64)>,
     /// Chains that ran in the current lane batch, with the packets each saw.
     ran: Vec<(Arc<ChainRun>, usize)>,
 }
 
-impl Held {
-    /// Room for `capacity` bytes of packets (a receive batch; allocated on first use).
+impl<R> Held<R> {
+    /// Room for `capacity` bytes of packets (allocated on first use).
     pub(crate) fn new(capacity: usize) -> Self {
         Self {
             capacity,
             buf: Vec::new(),
             packets: Vec::new(),
+            resumes: Vec::new(),
             chains: Vec::new(),
             live: Vec::new(),
+            tally: Vec::new(),
             ran: Vec::new(),
         }
     }
@@ -319,7 +388,7 @@ impl Held {
         chain: &Arc<ChainRun>,
         pkt: &[u8],
         meta: PacketMeta,
-        resume: Resume,
+        resume: R,
     ) -> bool {
         if self.buf.capacity() == 0 {
             self.buf.reserve_exact(self.capacity);
@@ -342,8 +411,8 @@ impl Held {
             meta,
             chain,
             dropped: None,
-            resume,
         });
+        self.resumes.push(resume);
         true
     }
 
@@ -385,24 +454,31 @@ impl Held {
                 }
             }
         }
+        self.tally.clear();
         for p in &self.packets {
             if let Some((stage, reason)) = p.dropped {
-                let slots = &self.chains[p.chain].stages[stage].1;
-                if let Some(c) = slots.get(reason.min(slots.len().saturating_sub(1))) {
-                    c.fetch_add(1, Ordering::Relaxed);
+                let key = (p.chain, stage, reason);
+                match self.tally.iter_mut().find(|(k, _)| *k == key) {
+                    Some((_, n)) => *n += 1,
+                    None => self.tally.push((key, 1)),
                 }
+            }
+        }
+        for &((chain, stage, reason), n) in &self.tally {
+            let slots = &self.chains[chain].stages[stage].1;
+            if let Some(c) = slots.get(reason.min(slots.len().saturating_sub(1))) {
+                c.fetch_add(n, Ordering::Relaxed);
             }
         }
     }
 
-    /// The held packets in the order they were held: (packet, bytes, dropped by its chain).
-    /// Empties the buffer.
-    pub(crate) fn drain(&mut self, mut f: impl FnMut(&HeldPacket, &mut [u8], bool)) {
-        for p in &self.packets {
+    /// The held packets in the order they were held: (how it goes on, the chain that ran,
+    /// bytes, dropped by its chain). Empties the buffer.
+    pub(crate) fn drain(&mut self, mut f: impl FnMut(R, &Arc<ChainRun>, &mut [u8], bool)) {
+        for (p, resume) in self.packets.drain(..).zip(self.resumes.drain(..)) {
             let bytes = &mut self.buf[p.start..p.start + p.len];
-            f(p, bytes, p.dropped.is_some());
+            f(resume, &self.chains[p.chain], bytes, p.dropped.is_some());
         }
-        self.packets.clear();
         self.buf.clear();
         self.chains.clear();
     }
@@ -497,5 +573,93 @@ impl FeatureBatch<'_> {
     /// True if packet `i` was dropped by this stage.
     pub fn is_dropped(&self, i: usize) -> bool {
         self.packets[self.live[i]].dropped.is_some()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Drops every packet for its first reason.
+    struct DropAll(&'static [&'static str]);
+
+    impl Feature for DropAll {
+        fn name(&self) -> &'static str {
+            "drop_all"
+        }
+
+        fn drop_reasons(&self) -> &'static [&'static str] {
+            self.0
+        }
+
+        fn process(&self, batch: &mut FeatureBatch<'_>) {
+            for i in 0..batch.len() {
+                batch.drop_packet(i, 0);
+            }
+        }
+    }
+
+    fn config(drops: &FeatureDrops, tenants: &[&str]) -> ChainConfig {
+        let mut c = ChainConfig::default();
+        for t in tenants {
+            let chain = FeatureChain::new().with(Arc::new(DropAll(&["x"])));
+            let run = drops
+                .prepare(t, Direction::Outbound, &chain)
+                .expect("chain");
+            c.set(t, Direction::Outbound, Some(run));
+        }
+        c
+    }
+
+    #[test]
+    fn the_tun_chain_is_the_tenant_of_its_tunnels_or_found_per_tunnel() {
+        let drops = FeatureDrops::default();
+        let c = config(&drops, &["a"]);
+        let vnets = || ["a", "b"].into_iter();
+        // One tenant on the TUN: its chain, before any choice.
+        let t = c.table(vnets(), [(TunnelId(1), "a", true)].into_iter());
+        assert!(matches!(t.tun_outbound(), TunChain::One(r) if &*r.tenant == "a"));
+        assert!(t.vnet_outbound(0).is_some() && t.vnet_outbound(1).is_none());
+        // The TUN tenant has no chain.
+        let t = c.table(vnets(), [(TunnelId(2), "b", true)].into_iter());
+        assert!(matches!(t.tun_outbound(), TunChain::None));
+        // Two tenants share the TUN: found through the first choice's tunnel.
+        let t = c.table(
+            vnets(),
+            [(TunnelId(1), "a", true), (TunnelId(2), "b", true)].into_iter(),
+        );
+        assert!(matches!(t.tun_outbound(), TunChain::ByTunnel));
+        assert!(t.chain(TunnelId(1), Direction::Outbound).is_some());
+        assert!(t.chain(TunnelId(2), Direction::Outbound).is_none());
+    }
+
+    #[test]
+    fn drops_are_added_per_reason_once_and_a_full_hold_refuses() {
+        let drops = FeatureDrops::default();
+        let chain = FeatureChain::new().with(Arc::new(DropAll(&["x", "y"])));
+        let run = Arc::new(
+            drops
+                .prepare("a", Direction::Inbound, &chain)
+                .expect("chain"),
+        );
+        let meta = PacketMeta {
+            tunnel: Some(TunnelId(1)),
+            direction: Direction::Inbound,
+            inside: Inside::Tun,
+        };
+        let mut held: Held<u8> = Held::new(10);
+        for i in 0..3 {
+            assert!(held.hold(&run, &[i; 3], meta.clone(), i));
+        }
+        assert!(!held.hold(&run, &[9; 3], meta, 9), "10 bytes hold three");
+        held.run(Instant::now());
+        let mut seen = Vec::new();
+        held.drain(|r, _, pkt, dropped| seen.push((r, pkt[0], dropped)));
+        assert_eq!(seen, vec![(0, 0, true), (1, 1, true), (2, 2, true)]);
+        assert_eq!(
+            drops.snapshot(),
+            vec![("a/x".to_owned(), 3), ("a/y".to_owned(), 0)]
+        );
+        assert!(held.is_empty());
     }
 }

@@ -72,9 +72,11 @@
 //!
 //! The per-tenant feature chain ([`Dataplane::set_feature_chain`]) is an ordered list of
 //! [`Feature`] stages per tenant and [`Direction`], empty by default: inbound after decryption
-//! and the selector check, outbound after the CHILD_SA is chosen and before sealing. A stage
-//! sees a [`FeatureBatch`] of one tenant's inner IP packets with their [`PacketMeta`], may
-//! rewrite them in place and drop them with reasons counted in [`DataplaneStats::drops`].
+//! and the selector check, outbound before the seal stage chooses the CHILD_SA (on the packet
+//! as the chain left it, so a rewrite is checked against the selectors). A stage sees a
+//! [`FeatureBatch`] of one tenant's inner IP packets with their [`PacketMeta`], may rewrite
+//! them in place and drop them with reasons counted per tenant in [`DataplaneStats::drops`]
+//! (`<tenant>/<reason>`).
 //! Without chains the packet path pays one branch per packet.
 //!
 //! # Packet paths

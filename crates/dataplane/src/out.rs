@@ -20,11 +20,12 @@
 use crate::batch::{AcceptJob, TxBatch};
 use crate::feature::Held;
 use crate::relays;
-use crate::shared::{rx_slots, tx_batch_size, Shared};
+use crate::shared::{tx_batch_size, Shared};
 use crate::stats::{DropCounts, DropReason};
 use crate::tables::{Child, Tables};
 use crate::vnet::neigh::NeighMemo;
-use netio::RX_SLOT;
+use crate::vnet::Vnet;
+use esp::Unaccepted;
 use std::cell::Cell;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::Ordering;
@@ -65,6 +66,30 @@ pub(crate) struct SealJob {
     pub(crate) child: EspSpi,
 }
 
+/// How a packet held for its tenant's feature chain goes on once the chain let it through.
+pub(crate) enum Resume {
+    /// Decrypted: to the CHILD_SA's inside interface, then accepted by its replay window.
+    Inbound {
+        /// The CHILD_SA that opened it.
+        child: Arc<Child>,
+        /// What the replay window decides on.
+        packet: Unaccepted,
+        /// Where the ESP packet arrived.
+        local: SocketAddr,
+        /// Where it came from.
+        src: SocketAddr,
+    },
+    /// From this VNet: to the seal stage, which chooses the CHILD_SA among the VNet's tunnels.
+    FromVnet(Arc<Vnet>),
+    /// Read from the TUN device: to the seal stage, which chooses among the TUN tunnels. With
+    /// `same_tenant` (TUN tunnels of several tenants) the choice must be a tunnel whose tenant
+    /// has the chain that ran.
+    FromTun {
+        /// The chosen tunnel's tenant must be the chain's.
+        same_tenant: bool,
+    },
+}
+
 /// The lane and ticket of the batch being processed.
 #[derive(Debug, Clone, Copy)]
 struct InLane {
@@ -87,7 +112,7 @@ pub(crate) struct Out {
     /// Recent learnings (frames from VMs).
     pub(crate) learned: NeighMemo,
     /// Packets held for the tenants' feature chains until the end of the pass.
-    pub(crate) held: Held,
+    pub(crate) held: Held<Resume>,
     /// The worker owning this (None: standalone, flushes send directly).
     pub(crate) worker: Option<usize>,
     in_lane: Option<InLane>,
@@ -108,9 +133,11 @@ pub(crate) struct Out {
 }
 
 impl Out {
-    /// Output for batches of `batch` datagrams through the output stage `output`; standalone
-    /// (flushes send at once) until [`worker`](Self::worker) is set and batches are begun.
-    pub(crate) fn new(batch: usize, output: Box<dyn Transmit>) -> Self {
+    /// Output for batches of `batch` datagrams through the output stage `output`, holding up
+    /// to `hold` bytes of packets for the feature chains (the largest input a lane delivers
+    /// in one batch); standalone (flushes send at once) until [`worker`](Self::worker) is set
+    /// and batches are begun.
+    pub(crate) fn new(batch: usize, hold: usize, output: Box<dyn Transmit>) -> Self {
         let (msgs, bytes) = tx_batch_size(batch);
         Self {
             tx: TxBatch::new(msgs, bytes, true),
@@ -119,7 +146,7 @@ impl Out {
             requests: Vec::new(),
             resolved: NeighMemo::default(),
             learned: NeighMemo::default(),
-            held: Held::new(rx_slots(batch) * RX_SLOT),
+            held: Held::new(hold),
             worker: None,
             in_lane: None,
             tables: None,

@@ -92,6 +92,8 @@ drops! {
     NoSocket = "no_socket",
     /// The packet (with ESP overhead) does not fit a datagram.
     TooBig = "too_big",
+    /// A packet for a tenant's feature chain found the worker's hold buffer full.
+    FeatureHoldFull = "feature_hold_full",
     /// The outbound SA's sequence numbers are exhausted, or sealing failed.
     EspSeal = "esp_seal",
     /// The kernel refused to send.

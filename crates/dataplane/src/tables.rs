@@ -204,7 +204,7 @@ pub(crate) struct Tables {
     pub(crate) overlay: Arc<Overlay>,
     /// Relay mode: the steer nodes (None: not in relay mode).
     pub(crate) relays: Option<Arc<Relays>>,
-    /// The tenants' feature chains, by tunnel.
+    /// The tenants' feature chains (inbound by tunnel, outbound by VNet and for the TUN).
     pub(crate) features: FeatureTable,
 }
 
@@ -466,10 +466,11 @@ impl Registry {
             overlay: Arc::clone(&self.overlay),
             relays: self.relays.clone(),
             features: self.chains.table(
+                self.overlay.vnets.iter().map(|v| v.tenant.as_str()),
                 self.overlay
                     .tunnels
                     .iter()
-                    .map(|b| (b.tunnel, b.tenant.as_str())),
+                    .map(|b| (b.tunnel, b.tenant.as_str(), b.inside == Inside::Tun)),
             ),
         }
     }

@@ -49,7 +49,11 @@ struct Worker {
 impl Worker {
     /// Worker `id` of `sh`, its first send batch taken from its pool.
     fn new(sh: &Shared, id: usize) -> Self {
-        let mut out = Out::new(sh.cfg.batch, Box::new(Output::new(sh, sh.cfg.batch)));
+        let mut out = Out::new(
+            sh.cfg.batch,
+            input::largest_batch(sh.cfg.batch),
+            Box::new(Output::new(sh, sh.cfg.batch)),
+        );
         out.worker = Some(id);
         out.tx = sh.pools[id].take(&sh.waker);
         Self {

@@ -56,7 +56,11 @@ impl Feature for Count {
             let meta = batch.meta(i);
             assert_eq!(
                 (meta.tunnel, meta.direction, &meta.inside),
-                (ike::TunnelId(1), self.direction, &Inside::Vnet(0))
+                (
+                    (self.direction == Direction::Inbound).then_some(ike::TunnelId(1)),
+                    self.direction,
+                    &Inside::Vnet(0)
+                )
             );
             if let Some(b) = batch.packet_mut(i).get_mut(PAYLOAD + 1) {
                 *b = self.mark;
@@ -212,8 +216,8 @@ fn feature_chains_count_rewrite_and_drop_both_ways() {
     s.dp.set_feature_chain("acme", Direction::Inbound, in_chain)
         .expect("inbound chain");
     let st = s.dp.stats();
-    assert_eq!(drop_count(&st, "test_odd_out"), Some(0));
-    assert_eq!(drop_count(&st, "test_odd_in"), Some(0));
+    assert_eq!(drop_count(&st, "acme/test_odd_out"), Some(0));
+    assert_eq!(drop_count(&st, "acme/test_odd_in"), Some(0));
     assert_eq!(
         drop_count(&st, "esp_replay"),
         Some(0),
@@ -238,7 +242,8 @@ fn feature_chains_count_rewrite_and_drop_both_ways() {
     got.sort_unstable();
     assert_eq!(got, vec![0, 2, 4, 6, 8]);
     wait_stats(&s.dp, "outbound drops counted", |st| {
-        drop_count(st, "test_odd_out") == Some(5) && count_out.charged.load(Ordering::Relaxed) == 10
+        drop_count(st, "acme/test_odd_out") == Some(5)
+            && count_out.charged.load(Ordering::Relaxed) == 10
     });
     assert_eq!(count_out.seen.load(Ordering::Relaxed), 10);
 
@@ -262,7 +267,7 @@ fn feature_chains_count_rewrite_and_drop_both_ways() {
     got.sort_unstable();
     assert_eq!(got, vec![0, 2, 4, 6, 8]);
     wait_stats(&s.dp, "inbound drops counted", |st| {
-        drop_count(st, "test_odd_in") == Some(5)
+        drop_count(st, "acme/test_odd_in") == Some(5)
             && count_in.charged.load(Ordering::Relaxed) == 10
             && st.children[0].packets_in == 10
     });
@@ -279,5 +284,173 @@ fn feature_chains_count_rewrite_and_drop_both_ways() {
     let inner = peer.open(&recv(&s.peer)).expect("peer opens");
     assert_eq!((inner[PAYLOAD], inner[PAYLOAD + 1]), (7, 0));
     assert_eq!(count_out.seen.load(Ordering::Relaxed), 10);
-    assert_eq!(drop_count(&s.dp.stats(), "test_odd_out"), Some(5));
+    assert_eq!(drop_count(&s.dp.stats(), "acme/test_odd_out"), Some(5));
+}
+
+/// A source NAT: rewrites the inner IPv4 source `from.x` of outbound packets to `to.x` (the
+/// first three bytes of the address), fixing the header checksum and clearing the UDP one
+/// (optional over IPv4, RFC 768).
+struct SourceNat {
+    from: [u8; 3],
+    to: [u8; 3],
+}
+
+/// The IPv4 header checksum of `h` (its checksum field taken as zero).
+fn ipv4_checksum(h: &[u8]) -> u16 {
+    let mut sum: u32 = 0;
+    for (i, w) in h.chunks(2).enumerate() {
+        if i != 5 {
+            sum += u32::from(u16::from_be_bytes([w[0], w[1]]));
+        }
+    }
+    while sum > 0xffff {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    !(sum as u16)
+}
+
+impl Feature for SourceNat {
+    fn name(&self) -> &'static str {
+        "test_snat"
+    }
+
+    fn process(&self, batch: &mut FeatureBatch<'_>) {
+        assert_eq!(batch.direction(), Direction::Outbound);
+        for i in 0..batch.len() {
+            assert_eq!(batch.meta(i).tunnel, None, "chosen after the chain");
+            let p = batch.packet_mut(i);
+            if p[12..15] != self.from {
+                continue;
+            }
+            p[12..15].copy_from_slice(&self.to);
+            let c = ipv4_checksum(&p[..20]);
+            p[10..12].copy_from_slice(&c.to_be_bytes());
+            p[26..28].copy_from_slice(&[0, 0]);
+        }
+    }
+}
+
+#[test]
+fn outbound_chain_runs_before_the_child_sa_choice() {
+    let s = setup();
+    let c = child(
+        1,
+        0x1001,
+        0x2001,
+        s.natt,
+        s.peer.local_addr().expect("addr"),
+        ts("10.0.0.0", "10.0.0.255"),
+        ts("192.168.0.0", "192.168.0.255"),
+    );
+    s.dp.install_child(&c).expect("install");
+    let peer = Peer::of(&c);
+    let gw_mac = s.dp.gateway_mac(0).expect("vnet 0");
+    let send = |src: &str, tag: u8| {
+        let inner = udp4(src, 1000, "192.168.0.9", 2000, 64, &[tag, 0, 0, 0]);
+        s.host
+            .send_to(&vxlan(100, gw_mac, VM_MAC, EtherType::IPV4, &inner), s.vtep)
+            .expect("send vxlan");
+    };
+    let no_tunnel = |st: &DataplaneStats| drop_count(st, "vxlan_no_tunnel").unwrap_or(0);
+
+    // Without a chain, a source outside every tunnel's selectors has no tunnel.
+    send("172.16.0.5", 1);
+    wait_stats(&s.dp, "no tunnel without NAT", |st| no_tunnel(st) == 1);
+
+    // A NAT of 172.16.0.0/24 into the tunnel's 10.0.0.0/24: the packet leaves sealed in it.
+    let nat = FeatureChain::new().with(Arc::new(SourceNat {
+        from: [172, 16, 0],
+        to: [10, 0, 0],
+    }));
+    s.dp.set_feature_chain("acme", Direction::Outbound, nat)
+        .expect("nat chain");
+    send("172.16.0.5", 2);
+    let inner = peer.open(&recv(&s.peer)).expect("sealed in tunnel 1");
+    assert_eq!(&inner[12..16], &[10, 0, 0, 5], "translated source");
+    assert_eq!(
+        (inner[PAYLOAD], inner[8]),
+        (2, 63),
+        "forwarded after the chain"
+    );
+    assert_eq!(
+        u16::from_be_bytes([inner[10], inner[11]]),
+        ipv4_checksum(&inner[..20]),
+        "header checksum valid after NAT and TTL decrement"
+    );
+    assert_eq!(no_tunnel(&s.dp.stats()), 1);
+
+    // A NAT out of every tunnel's selectors: dropped for having no tunnel, not sent.
+    let away = FeatureChain::new().with(Arc::new(SourceNat {
+        from: [10, 0, 0],
+        to: [10, 9, 9],
+    }));
+    s.dp.set_feature_chain("acme", Direction::Outbound, away)
+        .expect("nat chain");
+    send("10.0.0.5", 3);
+    wait_stats(&s.dp, "no tunnel after NAT", |st| no_tunnel(st) == 2);
+    s.dp.set_feature_chain("acme", Direction::Outbound, FeatureChain::new())
+        .expect("cleared");
+    send("10.0.0.5", 4);
+    let inner = peer.open(&recv(&s.peer)).expect("peer opens");
+    assert_eq!(inner[PAYLOAD], 4, "the rewritten packet was never sent");
+}
+
+#[test]
+fn drop_counters_are_per_tenant_and_a_refused_chain_leaves_none() {
+    let s = setup();
+    let names = |dp: &Dataplane| -> Vec<String> {
+        dp.stats()
+            .drops
+            .into_iter()
+            .map(|(n, _)| n)
+            .filter(|n| n.contains('/'))
+            .collect()
+    };
+    // The second stage clashes: the first one's reason must not be left behind.
+    let refused = FeatureChain::new()
+        .with(Arc::new(DropOdd {
+            reasons: &["test_first"],
+        }))
+        .with(Arc::new(DropOdd {
+            reasons: &["esp_auth"],
+        }));
+    assert!(matches!(
+        s.dp.set_feature_chain("acme", Direction::Inbound, refused),
+        Err(DataplaneError::Config { .. })
+    ));
+    let twice = FeatureChain::new()
+        .with(Arc::new(DropOdd {
+            reasons: &["test_first"],
+        }))
+        .with(Arc::new(DropOdd {
+            reasons: &["test_first"],
+        }));
+    assert!(s
+        .dp
+        .set_feature_chain("acme", Direction::Inbound, twice)
+        .is_err());
+    assert_eq!(names(&s.dp), Vec::<String>::new(), "nothing changed");
+
+    // One reason name in two tenants' chains: two counters.
+    for tenant in ["acme", "globex"] {
+        let chain = FeatureChain::new().with(Arc::new(DropOdd {
+            reasons: &["test_odd"],
+        }));
+        s.dp.set_feature_chain(tenant, Direction::Outbound, chain)
+            .expect("chain");
+    }
+    assert_eq!(names(&s.dp), vec!["acme/test_odd", "globex/test_odd"]);
+
+    // Only acme's counts acme's drops.
+    let gw_mac = s.dp.gateway_mac(0).expect("vnet 0");
+    for i in [1u8, 3] {
+        let inner = udp4("10.0.0.5", 1000, "192.168.0.9", 2000, 64, &[i, 0, 0, 0]);
+        s.host
+            .send_to(&vxlan(100, gw_mac, VM_MAC, EtherType::IPV4, &inner), s.vtep)
+            .expect("send vxlan");
+    }
+    wait_stats(&s.dp, "acme's drops", |st| {
+        drop_count(st, "acme/test_odd") == Some(2)
+    });
+    assert_eq!(drop_count(&s.dp.stats(), "globex/test_odd"), Some(0));
 }

@@ -35,6 +35,13 @@ impl RxBatch {
     }
 }
 
+/// The most bytes of packets one receive batch of a lane can deliver for a configured
+/// `batch`: a datagram batch, or a TUN read batch (which holds at least two of the largest
+/// reads: a split 64 KiB super-packet takes about 67 KiB).
+pub(crate) fn largest_batch(batch: usize) -> usize {
+    TunReadBatch::bytes_for(rx_slots(batch) * RX_SLOT)
+}
+
 /// Fills `rx` from the lane's input; returns the datagrams (or TUN frames) read and whether
 /// more is probably waiting. Frames the TUN device delivered unusable are counted in `drops`.
 pub(crate) fn receive(
@@ -86,5 +93,20 @@ fn tun_drop(why: TunDrop) -> DropReason {
         TunDrop::BadHeader => DropReason::TunVnetBadHeader,
         TunDrop::GsoMalformed => DropReason::TunGsoMalformed,
         TunDrop::GsoTooLarge => DropReason::TunGsoTooLarge,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_largest_batch_holds_a_split_super_packet_even_at_batch_one() {
+        // A 64 KiB TCP super-packet of 1448-byte segments is about 67 KiB once split.
+        for batch in [1, 2, 32, 64, 1000] {
+            let n = largest_batch(batch);
+            assert!(n >= 67 * 1024, "batch {batch}: {n}");
+            assert!(n >= rx_slots(batch) * RX_SLOT, "batch {batch}: {n}");
+        }
     }
 }

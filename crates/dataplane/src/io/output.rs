@@ -60,7 +60,11 @@ impl Output {
     /// A worker's output stage and its send batch (tests: no pool, no lane).
     #[cfg(test)]
     pub(crate) fn standalone(sh: &Shared, batch: usize) -> Out {
-        Out::new(batch, Box::new(Self::new(sh, batch)))
+        Out::new(
+            batch,
+            super::input::largest_batch(batch),
+            Box::new(Self::new(sh, batch)),
+        )
     }
 }
 

@@ -14,6 +14,7 @@ use crate::tables::Tables;
 use crate::vnet::Vnet;
 use std::net::{IpAddr, SocketAddr};
 use std::ops::Range;
+use std::sync::Arc;
 use wire::ethernet::{EtherType, EthernetAddress, EthernetFrame, ETHERNET_HEADER_LEN};
 use wire::ip::{IpProtocol, IpVersion};
 use wire::ndp::{ICMPV6_NEIGHBOR_ADVERT, ICMPV6_NEIGHBOR_SOLICIT};
@@ -24,7 +25,7 @@ pub(crate) enum Frame<'t> {
     /// An ARP packet.
     Arp {
         /// Its VNet.
-        vnet: &'t Vnet,
+        vnet: &'t Arc<Vnet>,
         /// The sending host.
         host: IpAddr,
         /// The frame's destination MAC.
@@ -35,7 +36,7 @@ pub(crate) enum Frame<'t> {
     /// An IPv6 neighbour solicitation or advertisement.
     Nd {
         /// Its VNet.
-        vnet: &'t Vnet,
+        vnet: &'t Arc<Vnet>,
         /// The sending host.
         host: IpAddr,
         /// The frame's source MAC.
@@ -48,7 +49,7 @@ pub(crate) enum Frame<'t> {
     /// An IP packet sent to the gateway's MAC.
     Ip {
         /// Its VNet.
-        vnet: &'t Vnet,
+        vnet: &'t Arc<Vnet>,
         /// The sending host.
         host: IpAddr,
         /// The frame's source MAC (the sending VM's).

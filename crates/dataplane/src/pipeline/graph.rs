@@ -5,15 +5,18 @@
 //! ```text
 //! NAT-T / relay ESP:  classify -> open -> [inbound chain] -> encap (VXLAN | TUN)
 //! VTEP / relay VXLAN: classify -> decap -> ARP/ND: encap (answers)
-//!                                       -> IP: seal::select_vnet -> [outbound chain] -> seal
-//! TUN:                seal::select_tun -> [outbound chain] -> seal
+//!                                       -> IP: [outbound chain] -> seal (select_vnet, queue)
+//! TUN:                [outbound chain] -> seal (select_tun, queue)
 //! IKE:                classify (to the control plane)
 //! ```
 //!
-//! A packet whose tenant has a feature chain for its direction is held ([`Held`](crate::feature::Held)) with what
-//! it needs to go on; at the end of the pass ([`end_pass`]) the chains run over the held
-//! packets, batch-wise, and the survivors continue to encap or seal in the order they were
-//! held. Without chains nothing is held and each packet goes through all stages at once.
+//! A packet whose tenant has a feature chain for its direction is held
+//! ([`Held`](crate::feature::Held)) with what it needs to go on ([`Resume`]); at the end of
+//! the pass ([`end_pass`]) the chains run over the held packets, batch-wise, and the
+//! survivors continue to encap or seal in the order they were held. Without chains nothing is
+//! held and each packet goes through all stages at once. The outbound chain runs before the
+//! seal stage chooses the CHILD_SA: the choice (and a VNet packet's TTL decrement) is made
+//! on the packet as the chain left it, so the selectors cover what is sent.
 
 use super::classify::{self, Class, Pass, Via};
 use super::decap::{self, Frame};
@@ -21,12 +24,12 @@ use super::encap;
 use super::open::{self, Opened};
 use super::seal;
 use crate::api::Inside;
-use crate::feature::{Direction, PacketMeta, Resume};
+use crate::feature::{Direction, PacketMeta, TunChain};
 use crate::inner::InnerIp;
-use crate::out::Out;
+use crate::out::{Out, Resume};
 use crate::shared::Shared;
 use crate::stats::DropReason;
-use crate::tables::{Child, Tables};
+use crate::tables::Tables;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Instant;
@@ -81,12 +84,45 @@ pub(crate) fn relay(
     }
 }
 
-/// A packet read from the TUN device.
+/// A packet read from the TUN device: the outbound chain of the TUN tunnels' tenant, or
+/// straight to seal.
 pub(crate) fn tun(o: &mut Out, sh: &Shared, t: &Tables, pkt: &mut [u8]) {
-    let Some((child, len)) = seal::select_tun(o, t, pkt) else {
-        return;
+    let (chain, same_tenant, len) = match t.features.tun_outbound() {
+        TunChain::None => {
+            if let Some((child, len)) = seal::select_tun(o, t, pkt) {
+                seal::queue(o, sh, child, &pkt[..len]);
+            }
+            return;
+        }
+        TunChain::One(chain) => {
+            let Some(parsed) = InnerIp::parse(pkt) else {
+                return o.drop_packet(DropReason::TunMalformed);
+            };
+            (chain, false, parsed.len.min(pkt.len()))
+        }
+        TunChain::ByTunnel => {
+            // Several tenants share the device: a first choice on the packet as read names
+            // the tenant; the seal stage chooses again after the chain.
+            let Some((child, len)) = seal::select_tun(o, t, pkt) else {
+                return;
+            };
+            let Some(chain) = t.features.chain(child.tunnel, Direction::Outbound) else {
+                return seal::queue(o, sh, child, &pkt[..len]);
+            };
+            (chain, true, len)
+        }
     };
-    outbound(o, sh, t, child, &mut pkt[..len]);
+    let meta = PacketMeta {
+        tunnel: None,
+        direction: Direction::Outbound,
+        inside: Inside::Tun,
+    };
+    if !o
+        .held
+        .hold(chain, &pkt[..len], meta, Resume::FromTun { same_tenant })
+    {
+        o.drop_packet(DropReason::FeatureHoldFull);
+    }
 }
 
 /// Hands a classified datagram to its next stage.
@@ -133,18 +169,18 @@ fn from_peer(
             let child = opened.child;
             if let Some(chain) = t.features.chain(child.tunnel, Direction::Inbound) {
                 let meta = PacketMeta {
-                    tunnel: child.tunnel,
+                    tunnel: Some(child.tunnel),
                     direction: Direction::Inbound,
                     inside: child.inside.clone(),
                 };
                 let resume = Resume::Inbound {
-                    spi,
+                    child: Arc::clone(child),
                     packet: opened.packet,
                     local: opened.local,
                     src: opened.src,
                 };
                 if !o.held.hold(chain, pkt, meta, resume) {
-                    o.drop_packet(DropReason::TooBig);
+                    o.drop_packet(DropReason::FeatureHoldFull);
                     o.defer_accept(o.mark(), opened.job(None));
                 }
                 return;
@@ -219,30 +255,25 @@ fn from_host(
         }) => {
             encap::learn_from_ip(o, sh, vnet, host, now, parsed.flow.src, src_mac);
             let pkt = &mut data[at];
+            if let Some(chain) = t.features.vnet_outbound(vnet.index) {
+                let meta = PacketMeta {
+                    tunnel: None,
+                    direction: Direction::Outbound,
+                    inside: Inside::Vnet(vnet.index),
+                };
+                if !o
+                    .held
+                    .hold(chain, pkt, meta, Resume::FromVnet(Arc::clone(vnet)))
+                {
+                    o.drop_packet(DropReason::FeatureHoldFull);
+                }
+                return;
+            }
             if let Some(child) = seal::select_vnet(o, t, vnet, pkt, &parsed.flow) {
-                outbound(o, sh, t, child, pkt);
+                seal::queue(o, sh, child, pkt);
             }
         }
     }
-}
-
-/// An outbound packet whose CHILD_SA is chosen: the outbound chain or straight to seal.
-fn outbound(o: &mut Out, sh: &Shared, t: &Tables, child: &Arc<Child>, pkt: &mut [u8]) {
-    if let Some(chain) = t.features.chain(child.tunnel, Direction::Outbound) {
-        let meta = PacketMeta {
-            tunnel: child.tunnel,
-            direction: Direction::Outbound,
-            inside: child.inside.clone(),
-        };
-        let resume = Resume::Outbound {
-            spi: child.inbound_spi,
-        };
-        if !o.held.hold(chain, pkt, meta, resume) {
-            o.drop_packet(DropReason::TooBig);
-        }
-        return;
-    }
-    seal::queue(o, sh, child, pkt);
 }
 
 /// Ends a pass over a lane batch: runs the feature chains over the packets held in it and
@@ -254,20 +285,16 @@ pub(crate) fn end_pass(o: &mut Out, sh: &Shared, t: &Tables, now: Instant) {
     }
     let mut held = std::mem::replace(&mut o.held, crate::feature::Held::new(0));
     held.run(now);
-    held.drain(|p, pkt, dropped| match p.resume {
+    held.drain(|resume, chain, pkt, dropped| match resume {
         Resume::Inbound {
-            spi,
+            child,
             packet,
             local,
             src,
         } => {
-            let Some(child) = t.by_spi.get(&spi) else {
-                // Cannot happen: the tables are those the packet was opened with.
-                return o.drop_packet(DropReason::EspReplay);
-            };
             let opened = Opened {
-                child,
-                spi,
+                child: &child,
+                spi: child.inbound_spi,
                 packet,
                 local,
                 src,
@@ -287,14 +314,32 @@ pub(crate) fn end_pass(o: &mut Out, sh: &Shared, t: &Tables, now: Instant) {
                 }
             }
         }
-        Resume::Outbound { spi } => {
-            if dropped {
+        Resume::FromVnet(_) | Resume::FromTun { .. } if dropped => {}
+        Resume::FromVnet(vnet) => {
+            // The seal stage chooses on the packet as the chain left it.
+            let Some(parsed) = InnerIp::parse(pkt) else {
+                return o.drop_packet(DropReason::VxlanMalformed);
+            };
+            let len = parsed.len.min(pkt.len());
+            let pkt = &mut pkt[..len];
+            if let Some(child) = seal::select_vnet(o, t, &vnet, pkt, &parsed.flow) {
+                seal::queue(o, sh, child, pkt);
+            }
+        }
+        Resume::FromTun { same_tenant } => {
+            let Some((child, len)) = seal::select_tun(o, t, pkt) else {
                 return;
+            };
+            if same_tenant
+                && !t
+                    .features
+                    .chain(child.tunnel, Direction::Outbound)
+                    .is_some_and(|c| Arc::ptr_eq(c, chain))
+            {
+                // A tunnel of another tenant: tenant isolation.
+                return o.drop_packet(DropReason::TunNoTunnel);
             }
-            match t.by_spi.get(&spi) {
-                Some(child) => seal::queue(o, sh, child, pkt),
-                None => o.drop_packet(DropReason::EspSeal),
-            }
+            seal::queue(o, sh, child, &pkt[..len]);
         }
     });
     o.held = held;

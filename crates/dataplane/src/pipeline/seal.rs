@@ -1,10 +1,10 @@
 //! The ESP seal stage. Input: an inner packet from the inside interface (decapsulated from a
 //! VNet's VXLAN or read from the TUN device); output: an ESP-in-UDP datagram committed to the
-//! send batch, or a counted drop. First the CHILD_SA is chosen ([`select_vnet`],
-//! [`select_tun`]: the first whose negotiated selectors cover the packet, among the tunnels of
-//! that VNet only — tenant isolation — or among the TUN tunnels; a VNet packet is forwarded,
-//! its TTL decremented, RFC 1812 §5.3.1); the tenant's outbound feature chain runs after
-//! that choice; then [`queue`] seals.
+//! send batch, or a counted drop. The tenant's outbound feature chain, if any, has already
+//! run: the stage sees the packet as the chain left it. First the CHILD_SA is chosen
+//! ([`select_vnet`], [`select_tun`]: the first whose negotiated selectors cover the packet,
+//! among the tunnels of that VNet only — tenant isolation — or among the TUN tunnels; a VNet
+//! packet is forwarded, its TTL decremented, RFC 1812 §5.3.1); then [`queue`] seals.
 //!
 //! Outbound ESP (RFC 4303 §3.3) in UDP (RFC 3948 §2.1), in two steps. At dispatch, in the
 //! lane's arrival order: a sequence number is allocated (§3.3.3: never reused, never cycled)

@@ -396,7 +396,7 @@ impl TunReadBatch {
     /// room for two reads; a 64 KiB TCP super-packet of 1448-byte segments takes about 67 KiB
     /// once split).
     pub(crate) fn new(bytes: usize, max_frames: usize) -> Self {
-        let bytes = bytes.max(2 * READ_ROOM);
+        let bytes = Self::bytes_for(bytes);
         let max_frames = max_frames.max(1);
         Self {
             buf: vec![0u8; bytes].into_boxed_slice(),
@@ -408,6 +408,12 @@ impl TunReadBatch {
             pending: vec![0u8; READ_ROOM].into_boxed_slice(),
             pending_len: 0,
         }
+    }
+
+    /// The buffer size of a batch asked for `bytes` (at least room for two reads; never less
+    /// than `bytes`).
+    pub(crate) fn bytes_for(bytes: usize) -> usize {
+        bytes.max(2 * READ_ROOM)
     }
 
     /// The frames read.

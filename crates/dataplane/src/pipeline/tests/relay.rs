@@ -358,7 +358,7 @@ fn feature_chains_run_on_both_passes_of_the_relay_lane() {
         })
         .collect();
     assert_eq!(firsts, vec![0, 2, 4]);
-    assert_eq!(feature_drops(&e, "odd_out"), Some(3));
+    assert_eq!(feature_drops(&e, "a/odd_out"), Some(3));
     // Peer -> VM (the parallel pass), the VM's MAC resolved first.
     e.vm_answers_arp(100, 0);
     e.sent();
@@ -370,7 +370,7 @@ fn feature_chains_run_on_both_passes_of_the_relay_lane() {
     assert_eq!(sent.len(), 2, "{sent:?}");
     assert_to_vm(&sent[0].2, 100, &[0]);
     assert_to_vm(&sent[1].2, 100, &[2]);
-    assert_eq!(feature_drops(&e, "odd_in"), Some(2));
+    assert_eq!(feature_drops(&e, "a/odd_in"), Some(2));
     // The dropped packets were authentic: the replay window took them all.
     assert_eq!(e.sh.registry().stats()[0].packets_in, 4);
     assert_eq!(
