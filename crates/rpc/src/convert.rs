@@ -25,7 +25,7 @@ use crate::pb;
 use control::certs::NodeRole;
 use crypto::transform::{EncrId, IntegId, KeId};
 use crypto::{DhGroup, Encr, Integ};
-use dataplane::{Inside, InstalledChild, Route, TunnelBinding, VnetConfig};
+use datapath::{Inside, InstalledChild, Route, TunnelBinding, VnetConfig};
 use ike::{ChildKeys, ChildSaInfo, IkeSpis, TrafficSelector, TunnelId};
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};

@@ -262,9 +262,9 @@ fn example_file_is_valid() {
     assert_eq!(dp.vnets[0].routes.len(), 2);
     assert_eq!(dp.vnets[0].routes[1].len, 25);
     assert_eq!(dp.tunnels.len(), 4);
-    assert_eq!(dp.tunnels[0].inside, dataplane::Inside::Vnet(0));
-    assert_eq!(dp.tunnels[2].inside, dataplane::Inside::Vnet(1));
-    assert_eq!(dp.tunnels[3].inside, dataplane::Inside::Tun);
+    assert_eq!(dp.tunnels[0].inside, datapath::Inside::Vnet(0));
+    assert_eq!(dp.tunnels[2].inside, datapath::Inside::Vnet(1));
+    assert_eq!(dp.tunnels[3].inside, datapath::Inside::Tun);
     assert_eq!(dp.tun_name.as_deref(), Some("protego0"));
     assert_eq!(dp.vxlan_port, 4789);
 }

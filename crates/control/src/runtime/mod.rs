@@ -20,7 +20,7 @@ use crate::keylog::KeyLog;
 use crate::status::format_ts;
 use crate::store::Store;
 use crossbeam_channel::{bounded, Receiver, Select, Sender};
-use dataplane::{DataPath, ToControl};
+use datapath::{DataPath, ToControl};
 use ike::{
     DeleteReason, DpdAction, Endpoint, Event, IkeSaStatus, IkeSpis, IkeStats, StartAction, TunnelId,
 };
@@ -402,7 +402,7 @@ struct Driver {
     persist: Persister,
     /// CHILD_SAs of restored IKE SAs, to reconcile with the data path at the start of the
     /// loop (those it no longer holds are rekeyed).
-    restored: Vec<dataplane::KnownChild>,
+    restored: Vec<datapath::KnownChild>,
     /// Set by a test's abort: leave the loop now.
     aborted: bool,
     /// The configuration running now (the file's, or the last applied).
@@ -423,7 +423,7 @@ fn restore(
     persist: &mut Persister,
     tunnels: &HashMap<TunnelId, TunnelInfo>,
     now: Instant,
-) -> Result<Vec<dataplane::KnownChild>, crate::store::StoreError> {
+) -> Result<Vec<datapath::KnownChild>, crate::store::StoreError> {
     let records = persist.load()?;
     let mut restored = std::collections::HashSet::new();
     let wall = std::time::SystemTime::now();
@@ -463,13 +463,13 @@ fn restore(
         }
     }
     // One status read for all (restoring 10 000 SAs must not cost 10 000 of them).
-    let children: Vec<dataplane::KnownChild> = endpoint
+    let children: Vec<datapath::KnownChild> = endpoint
         .status(now)
         .iter()
         .filter(|s| restored.contains(&s.ike))
         .filter_map(|s| Some((s.tunnel?, s)))
         .flat_map(|(tunnel, s)| {
-            s.children.iter().map(move |c| dataplane::KnownChild {
+            s.children.iter().map(move |c| datapath::KnownChild {
                 tunnel,
                 ike: s.ike,
                 inbound_spi: c.inbound_spi,

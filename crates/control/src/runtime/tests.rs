@@ -6,7 +6,7 @@ use super::*;
 use crate::status::{Responder, TunnelDirectory, TunnelState};
 use crate::store::MemoryStore;
 use crate::Config;
-use dataplane::{ChildStats, DataplaneError, DataplaneStats, IkeDatagram};
+use datapath::{ChildStats, DataplaneError, DataplaneStats, IkeDatagram};
 use ike::{ChildSaInfo, IkeSpis};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -153,8 +153,8 @@ impl DataPath for FakePath {
 
     fn check_inside(
         &self,
-        _vnets: &[dataplane::VnetConfig],
-        _tunnels: &[dataplane::TunnelBinding],
+        _vnets: &[datapath::VnetConfig],
+        _tunnels: &[datapath::TunnelBinding],
     ) -> Result<(), DataplaneError> {
         if self.refuse_inside.load(Ordering::SeqCst) {
             return Err(DataplaneError::Unsupported {
@@ -167,8 +167,8 @@ impl DataPath for FakePath {
 
     fn set_inside(
         &self,
-        _vnets: Vec<dataplane::VnetConfig>,
-        tunnels: Vec<dataplane::TunnelBinding>,
+        _vnets: Vec<datapath::VnetConfig>,
+        tunnels: Vec<datapath::TunnelBinding>,
     ) -> Result<(), DataplaneError> {
         self.calls
             .lock()

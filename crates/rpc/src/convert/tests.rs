@@ -406,7 +406,7 @@ proptest! {
     #[test]
     fn installed_round_trip(parts in arb_child(), sending in any::<bool>()) {
         let info = parts.build();
-        let held = dataplane::InstalledChild {
+        let held = datapath::InstalledChild {
             tunnel: info.tunnel,
             ike: info.ike,
             inbound_spi: info.inbound_spi,

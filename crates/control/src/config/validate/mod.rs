@@ -16,7 +16,7 @@ use super::{
 };
 use crate::error::ConfigError;
 use crate::store::EtcdOptions;
-use dataplane::{DataplaneConfig, Inside, Route, TunnelBinding, VnetConfig};
+use datapath::{DataplaneConfig, Inside, Route, TunnelBinding, VnetConfig};
 use std::net::IpAddr;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
