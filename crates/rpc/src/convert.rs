@@ -21,8 +21,8 @@
 //! keys into [`Zeroizing`] buffers without copying them. Neither can reach the copies in
 //! tonic's encode and decode buffers.
 
+use crate::certs::NodeRole;
 use crate::pb;
-use control::certs::NodeRole;
 use crypto::transform::{EncrId, IntegId, KeId};
 use crypto::{DhGroup, Encr, Integ};
 use datapath::{Inside, InstalledChild, Route, TunnelBinding, VnetConfig};

@@ -138,7 +138,7 @@ pub struct EtcdStore {
     keys: Keys,
     describe: String,
     /// The leadership every commit requires (the distributed form's active control node).
-    fence: Option<crate::election::Fence>,
+    fence: Option<super::Fence>,
     /// The modification revision this store last saw for each key it wrote or read (0: known
     /// absent). Every put or delete is guarded by it, so a commit that timed out and reaches
     /// etcd late, after a newer one, changes nothing (see [`EtcdStore::commit`]).
@@ -148,10 +148,11 @@ pub struct EtcdStore {
 /// A Tokio runtime that is shut down in the background when dropped: a plain drop waits for
 /// its blocking tasks (the resolver's `getaddrinfo` calls), which with an unreachable DNS
 /// server could hold the caller far beyond the configured timeout.
-pub(crate) struct DetachedRuntime(std::mem::ManuallyDrop<tokio::runtime::Runtime>);
+pub struct DetachedRuntime(std::mem::ManuallyDrop<tokio::runtime::Runtime>);
 
 impl DetachedRuntime {
-    pub(crate) fn new(runtime: tokio::runtime::Runtime) -> Self {
+    /// Wraps `runtime`.
+    pub fn new(runtime: tokio::runtime::Runtime) -> Self {
         Self(std::mem::ManuallyDrop::new(runtime))
     }
 }
@@ -280,9 +281,9 @@ impl EtcdStore {
     }
 
     /// Makes every commit conditional on `fence`: the election's leader key still names this
-    /// node in the same term ([`crate::election::Fence::compares`]). A deposed leader's commit
+    /// node in the same term ([`super::Fence::compares`]). A deposed leader's commit
     /// then fails whole and writes nothing, whatever its own view of its role.
-    pub fn fenced(mut self, fence: crate::election::Fence) -> Self {
+    pub fn fenced(mut self, fence: super::Fence) -> Self {
         self.fence = Some(fence);
         self
     }

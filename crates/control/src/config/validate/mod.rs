@@ -749,7 +749,7 @@ impl Validator<'_, '_> {
                 other => interval(
                     other,
                     "lease",
-                    crate::election::DEFAULT_TTL,
+                    crate::store::DEFAULT_LEASE_TTL,
                     Duration::from_secs(1)..=Duration::from_secs(60),
                 )?,
             },

@@ -106,7 +106,9 @@
 //! write under the prefix: the leader key, the lease attached to it, and its revocation all lie
 //! there. Node names must be unique: two nodes of one name would both show as that leader.
 
-use crate::store::{explain_etcd_error, EtcdAccess, EtcdOptions, EtcdStore, StoreError};
+use control::store::{explain_etcd_error, EtcdAccess, EtcdOptions, EtcdStore, StoreError};
+/// The leader's term and the fence of its writes, which the store checks (defined with it).
+pub use control::store::{Fence, Term};
 use crossbeam_channel::{Receiver, Sender, TrySendError};
 use etcd_client::{
     Client, Compare, CompareOp, ConnectOptions, KeyValue, LeaseKeepAliveStream, LeaseKeeper,
@@ -123,7 +125,7 @@ use tracing::{debug, info, warn};
 
 /// The default lease TTL: the shortest etcd grants (see the [module docs](self) for the etcd
 /// settings it needs).
-pub const DEFAULT_TTL: Duration = Duration::from_secs(1);
+pub const DEFAULT_TTL: Duration = control::store::DEFAULT_LEASE_TTL;
 /// The default bound of each request to etcd.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(500);
 /// The longest lease TTL accepted.
@@ -171,24 +173,6 @@ impl ElectionOptions {
     }
 }
 
-/// A leader's term: the etcd revision that created its leader key. Each new leader has a
-/// higher term than every earlier one.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct Term(i64);
-
-impl Term {
-    /// The etcd revision at which the leader key of this term was created (positive).
-    pub fn revision(self) -> i64 {
-        self.0
-    }
-}
-
-impl fmt::Display for Term {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}", self.0)
-    }
-}
-
 /// What this node is, as far as it knows now.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Role {
@@ -223,29 +207,6 @@ pub struct RoleChange {
     pub previous: Role,
     /// The role now.
     pub role: Role,
-}
-
-/// What a leader's fenced etcd transactions must check: that `key` still holds `name` as
-/// created in `term`. See the [module docs](self).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Fence {
-    /// The leader key, `<prefix>/leader`.
-    pub key: String,
-    /// The leader's name (the key's value).
-    pub name: String,
-    /// The term (the key's create revision).
-    pub term: Term,
-}
-
-impl Fence {
-    /// The comparisons to add to a transaction's guard: it then applies only while this term
-    /// lasts.
-    pub fn compares(&self) -> [Compare; 2] {
-        [
-            Compare::create_revision(self.key.clone(), CompareOp::Equal, self.term.0),
-            Compare::value(self.key.clone(), CompareOp::Equal, self.name.clone()),
-        ]
-    }
 }
 
 /// Why an election could not start, or could not resign.
@@ -401,7 +362,7 @@ impl Election {
         let thread = std::thread::Builder::new()
             .name("protego-election".into())
             .spawn(move || {
-                let runtime = crate::store::DetachedRuntime::new(runtime);
+                let runtime = control::store::DetachedRuntime::new(runtime);
                 runtime.block_on(worker.run())
             })
             .map_err(|e| ElectionError::Start {
@@ -922,7 +883,7 @@ impl Worker {
         }
         info!(node = %self.name, term = revision, "leader election: won");
         self.holder = Holder::Us {
-            term: Term(revision),
+            term: Term::from_revision(revision),
             since: Instant::now(),
         };
         Ok(Some(revision))
@@ -957,7 +918,7 @@ impl Worker {
             // A deletion (its key-value has no versions).
             Holder::Nobody
         } else if ours {
-            let term = Term(kv.create_revision());
+            let term = Term::from_revision(kv.create_revision());
             match &self.holder {
                 Holder::Us { term: held, since } if *held == term => Holder::Us {
                     term,
@@ -1034,7 +995,7 @@ impl Worker {
         };
         match &role {
             Role::Leader { term, .. } => {
-                info!(node = %self.name, term = term.0, "leader election: leader")
+                info!(node = %self.name, term = term.revision(), "leader election: leader")
             }
             Role::Standby { leader } => {
                 info!(node = %self.name, leader = leader.as_deref().unwrap_or("-"),
@@ -1266,5 +1227,4 @@ fn cause(e: &etcd_client::Error) -> String {
 }
 
 #[cfg(test)]
-#[path = "election_tests.rs"]
 mod tests;
