@@ -3,6 +3,7 @@
 //! "IKEv2 Cipher Suites" documentation).
 
 use crypto::{DhGroup, Encr, Integ, Prf};
+use ipnet::{IpNet, IpSubnets, Ipv4Subnets, Ipv6Subnets};
 use std::fmt;
 use std::net::IpAddr;
 use std::time::Duration;
@@ -512,43 +513,24 @@ fn same_family(a: IpAddr, b: IpAddr) -> bool {
     a.is_ipv4() == b.is_ipv4()
 }
 
-fn addr_bits(a: IpAddr) -> (u128, u32) {
-    match a {
-        IpAddr::V4(a) => (u128::from(u32::from(a)), 32),
-        IpAddr::V6(a) => (u128::from(a), 128),
-    }
-}
-
 /// The prefix length if `start..=end` is exactly one CIDR block.
-fn prefix_len(start: IpAddr, end: IpAddr) -> Option<u32> {
-    if !same_family(start, end) {
-        return None;
-    }
-    let (s, bits) = addr_bits(start);
-    let (e, _) = addr_bits(end);
-    let host = s ^ e;
-    if host.count_ones() != host.trailing_ones() || s & host != 0 || e & host != host {
-        return None;
-    }
-    Some(bits - host.count_ones())
+fn prefix_len(start: IpAddr, end: IpAddr) -> Option<u8> {
+    let mut blocks = match (start, end) {
+        (IpAddr::V4(s), IpAddr::V4(e)) => IpSubnets::from(Ipv4Subnets::new(s, e, 0)),
+        (IpAddr::V6(s), IpAddr::V6(e)) => IpSubnets::from(Ipv6Subnets::new(s, e, 0)),
+        _ => return None,
+    };
+    let first = blocks.next()?;
+    blocks.next().is_none().then_some(first.prefix_len())
 }
 
 /// Parses `ADDR`, `ADDR/PREFIX` or `ADDR-ADDR`.
 fn parse_range(s: &str) -> Option<(IpAddr, IpAddr)> {
     if let Some((a, p)) = s.split_once('/') {
         let a: IpAddr = a.trim().parse().ok()?;
-        let (v, bits) = addr_bits(a);
-        let p: u32 = p.trim().parse().ok()?;
-        if p > bits {
-            return None;
-        }
-        // `checked_shl` covers a /0 over 128 bits, where the host part is every bit.
-        let host: u128 = 1u128.checked_shl(bits - p).map_or(u128::MAX, |b| b - 1);
-        let (s, e) = (v & !host, v | host);
-        return Some(match a {
-            IpAddr::V4(_) => (IpAddr::V4((s as u32).into()), IpAddr::V4((e as u32).into())),
-            IpAddr::V6(_) => (IpAddr::V6(s.into()), IpAddr::V6(e.into())),
-        });
+        // Host bits of `a` are ignored: the range is the whole block.
+        let net = IpNet::new(a, p.trim().parse().ok()?).ok()?;
+        return Some((net.network(), net.broadcast()));
     }
     if let Some((a, b)) = s.split_once('-') {
         let a: IpAddr = a.trim().parse().ok()?;

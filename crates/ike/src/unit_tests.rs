@@ -353,6 +353,34 @@ fn proposal_parsing() {
 }
 
 #[test]
+fn traffic_selector_display_names_exact_cidr_blocks() {
+    for (text, shown) in [
+        ("10.1.0.77/24", "10.1.0.0/24"),
+        ("0.0.0.0/0", "0.0.0.0/0"),
+        ("::/0", "::/0"),
+        ("10.1.0.5", "10.1.0.5/32"),
+        ("255.255.255.255", "255.255.255.255/32"),
+        (
+            "ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff",
+            "ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff/128",
+        ),
+        ("10.1.0.0-10.1.1.255", "10.1.0.0/23"),
+        ("128.0.0.0-255.255.255.255", "128.0.0.0/1"),
+        ("fd00::-fd00::ffff", "fd00::/112"),
+        ("10.1.0.1-10.1.0.9", "10.1.0.1..10.1.0.9"),
+        ("10.1.0.0-10.1.0.254", "10.1.0.0..10.1.0.254"),
+        ("10.1.0.128-10.1.1.127", "10.1.0.128..10.1.1.127"),
+        ("0.0.0.1-255.255.255.255", "0.0.0.1..255.255.255.255"),
+    ] {
+        let ts = TrafficSelector::parse(text).unwrap();
+        assert_eq!(ts.to_string(), shown, "{text}");
+        // Display writes a range as `a..b`; the parser reads it as `a-b`.
+        let reparsed = TrafficSelector::parse(&shown.replace("..", "-")).unwrap();
+        assert_eq!(reparsed, ts, "{shown}");
+    }
+}
+
+#[test]
 fn traffic_selector_parsing_and_intersection() {
     let t = TrafficSelector::parse("10.1.0.0/24").unwrap();
     assert_eq!(

@@ -27,6 +27,7 @@ use crypto::transform::{EncrId, IntegId, KeId};
 use crypto::{DhGroup, Encr, Integ};
 use datapath::{Inside, InstalledChild, Route, TunnelBinding, VnetConfig};
 use ike::{ChildKeys, ChildSaInfo, IkeSpis, TrafficSelector, TunnelId};
+use ipnet::IpNet;
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use steer::{AddrRange, NodeId, PortRange, RateLimit, SelectorEntry, SpiEntry, TunnelLimit};
@@ -511,13 +512,10 @@ pub fn route_from_pb(route: &pb::Route) -> Result<Route> {
         )
     };
     let (addr, len) = route.prefix.split_once('/').ok_or_else(bad_prefix)?;
-    let prefix: IpAddr = addr.parse().map_err(|_| bad_prefix())?;
+    let addr: IpAddr = addr.parse().map_err(|_| bad_prefix())?;
     let len: u8 = len.parse().map_err(|_| bad_prefix())?;
-    let (bits, width) = match prefix {
-        IpAddr::V4(a) => (u128::from(u32::from(a)), 32),
-        IpAddr::V6(a) => (u128::from(a), 128),
-    };
-    if u32::from(len) > width {
+    let Ok(net) = IpNet::new(addr, len) else {
+        let width = if addr.is_ipv4() { 32 } else { 128 };
         return err(
             "prefix",
             format!(
@@ -525,16 +523,16 @@ pub fn route_from_pb(route: &pb::Route) -> Result<Route> {
                 route.prefix
             ),
         );
-    }
-    // The host part: the low `width - len` bits (all of them for /0).
-    let host_mask = 1u128
-        .checked_shl(width - u32::from(len))
-        .map_or(u128::MAX, |b| b - 1);
-    if bits & host_mask != 0 {
+    };
+    if net.network() != addr {
         return err("prefix", format!("{:?}: host bits are set", route.prefix));
     }
     let host = unicast_from_pb("host", &route.host)?;
-    Ok(Route { prefix, len, host })
+    Ok(Route {
+        prefix: net.addr(),
+        len: net.prefix_len(),
+        host,
+    })
 }
 
 /// A VNet as the protocol writes it (its `vtep` is the data node's own: not sent).

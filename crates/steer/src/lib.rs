@@ -18,9 +18,13 @@
 //! and each node enforces its share.
 //!
 //! Time is always an explicit `now: Instant` argument, as in the other protocol crates.
+//!
+//! The per-packet tables (SPIs, VNIs, tunnels) hash with `rustc-hash`'s `FxHasher`, not
+//! SipHash: their keys are chosen by the control node, never by a peer, so a table cannot be
+//! flooded with colliding keys (a peer only chooses which key is looked up), and no hash value
+//! leaves the process, so it need be neither keyed nor stable across versions.
 
 mod error;
-mod hash;
 pub mod health;
 mod ids;
 pub mod rate;

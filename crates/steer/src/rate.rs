@@ -14,10 +14,9 @@
 //! tunnel's rate, divided by the traffic each reports ([`crate::share`]), so the shares add up
 //! to the tunnel's limit.
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap;
 use std::time::Instant;
 
-use crate::hash::IdBuildHasher;
 use crate::ids::TunnelId;
 
 /// Credit units per byte: 8 bits of 10⁹ nanobits.
@@ -183,7 +182,7 @@ struct Limited {
 /// steers; this covers the moment between a steering rule and its limit arriving.)
 #[derive(Debug, Clone, Default)]
 pub struct RateLimiters {
-    tunnels: HashMap<TunnelId, Limited, IdBuildHasher>,
+    tunnels: FxHashMap<TunnelId, Limited>,
     unlimited: TunnelCounters,
 }
 

@@ -21,7 +21,7 @@
 
 mod index;
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::sync::Arc;
 
@@ -29,7 +29,6 @@ use wire::ike::TrafficSelector;
 use wire::vxlan::Vni;
 
 use crate::error::SteerError;
-use crate::hash::IdBuildHasher;
 use crate::ids::{NodeId, TunnelId};
 
 use index::VniIndex;
@@ -292,7 +291,7 @@ struct VniSelectors {
 /// (VNI, flow) → [`SelectorEntry`] (see the module docs).
 #[derive(Debug, Clone, Default)]
 pub struct SelectorTable {
-    vnis: HashMap<Vni, Arc<VniSelectors>, IdBuildHasher>,
+    vnis: FxHashMap<Vni, Arc<VniSelectors>>,
 }
 
 impl SelectorTable {

@@ -9,12 +9,11 @@
 //! Updates are incremental ([`SpiTable::insert`], [`SpiTable::remove`]); the table is `Clone`,
 //! so the I/O layer can edit a copy and swap it in as the next snapshot.
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap;
 
 use wire::EspSpi;
 
 use crate::error::SteerError;
-use crate::hash::IdBuildHasher;
 use crate::ids::{NodeId, TunnelId};
 
 /// Where an inbound SPI goes.
@@ -29,7 +28,7 @@ pub struct SpiEntry {
 /// Inbound ESP SPI → [`SpiEntry`] (see the module docs).
 #[derive(Debug, Clone, Default)]
 pub struct SpiTable {
-    map: HashMap<EspSpi, SpiEntry, IdBuildHasher>,
+    map: FxHashMap<EspSpi, SpiEntry>,
 }
 
 impl SpiTable {
@@ -115,6 +114,23 @@ mod tests {
         assert_eq!(t.remove(EspSpi(0x1000)), Some(entry(2, 7)));
         assert_eq!(t.remove(EspSpi(0x1000)), None);
         assert!(t.is_empty());
+    }
+
+    #[test]
+    fn aligned_spis_spread_over_low_and_high_hash_bits() {
+        // hashbrown picks the bucket from the low bits and the tag from the top 7: SPIs that
+        // a peer's allocator aligns (here on 4 KiB) must still spread over both.
+        use core::hash::BuildHasher;
+        let b = rustc_hash::FxBuildHasher;
+        let (mut low, mut high) = ([0u32; 64], [0u32; 64]);
+        for i in 0..6400u32 {
+            let h = b.hash_one(EspSpi(i << 12));
+            low[(h & 63) as usize] += 1;
+            high[(h >> 58) as usize] += 1;
+        }
+        for buckets in [low, high] {
+            assert!(buckets.iter().all(|&n| n > 50 && n < 150), "{buckets:?}");
+        }
     }
 
     #[test]

@@ -7,7 +7,7 @@
 //! health monitor's lock and its direction's rate-limit lock once; no lock is taken per
 //! packet. Forwarded datagrams are counted when queued; send failures are counted apart.
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -58,7 +58,7 @@ pub(crate) struct Shared {
     /// Index of the VXLAN socket.
     pub(crate) vxlan: usize,
     /// VIP socket address -> socket index.
-    pub(crate) vip_socks: HashMap<SocketAddr, usize>,
+    pub(crate) vip_socks: FxHashMap<SocketAddr, usize>,
     /// The steering tables.
     pub(crate) tables: Published,
     /// Failure detection.

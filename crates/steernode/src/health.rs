@@ -10,6 +10,7 @@
 //! live nodes', 1: the dead nodes'). Probe ids count up from 1, so 2⁶³ of them are never
 //! reached.
 
+use rustc_hash::FxHashMap;
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
@@ -107,7 +108,7 @@ impl Health {
     /// start over as alive; removed nodes are forgotten; others keep their state.
     pub(crate) fn set_nodes(
         &mut self,
-        old: &HashMap<NodeId, SocketAddr>,
+        old: &FxHashMap<NodeId, SocketAddr>,
         new: &[(NodeId, SocketAddr)],
         now: Instant,
     ) {
@@ -263,7 +264,7 @@ mod tests {
         let n = NodeId(7);
         let t0 = Instant::now();
         h.set_nodes(
-            &HashMap::new(),
+            &FxHashMap::default(),
             &[(n, "10.0.0.1:6081".parse().unwrap())],
             t0,
         );
@@ -315,7 +316,7 @@ mod tests {
         let n = NodeId(1);
         let a: SocketAddr = "10.0.0.1:6081".parse().unwrap();
         let t0 = Instant::now();
-        h.set_nodes(&HashMap::new(), &[(n, a)], t0);
+        h.set_nodes(&FxHashMap::default(), &[(n, a)], t0);
         let mut now = t0;
         while h.is_alive(n) == Some(true) && now < t0 + Duration::from_secs(5) {
             now += Duration::from_millis(5);
@@ -324,7 +325,7 @@ mod tests {
         }
         assert_eq!(rx.try_recv(), Ok(SteerEvent::NodeDead(n)));
         // Same node, same address: kept as it is (dead).
-        let old: HashMap<_, _> = [(n, a)].into_iter().collect();
+        let old: FxHashMap<_, _> = [(n, a)].into_iter().collect();
         h.set_nodes(&old, &[(n, a)], now);
         assert_eq!(h.is_alive(n), Some(false));
         assert!(h.on_tick(now + Duration::from_secs(1)).is_empty());

@@ -3,7 +3,8 @@
 //! without one (which `RateLimiters` only counts together), so every tunnel's traffic shows
 //! in the stats.
 
-use std::collections::{BTreeMap, HashMap};
+use rustc_hash::FxHashMap;
+use std::collections::BTreeMap;
 use std::time::Instant;
 
 use steer::{RateLimit, RateLimiters, TunnelCounters, TunnelId};
@@ -14,7 +15,7 @@ pub(crate) struct Direction {
     limited: RateLimiters,
     /// Counters of tunnels without a limit (and what limited tunnels counted before their
     /// limit was removed).
-    unlimited: HashMap<TunnelId, TunnelCounters>,
+    unlimited: FxHashMap<TunnelId, TunnelCounters>,
 }
 
 impl Direction {

@@ -1,7 +1,7 @@
 //! [`SteerNode`]: a running steer node — its sockets, its two forwarding threads and the
 //! control interface that updates its tables, reads its counters and stops it.
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -63,7 +63,7 @@ impl SteerNode {
         config.validate()?;
         let mut socks = Vec::new();
         let mut roles = Vec::new();
-        let mut vip_socks = HashMap::new();
+        let mut vip_socks = FxHashMap::default();
         let (mut ike, mut natt) = (Vec::new(), Vec::new());
         for &vip in &config.vips {
             for (role, name, port, list) in [

@@ -2,8 +2,13 @@
 //! behind an `Arc`, taken once per batch and swapped whole on every update (the control path
 //! edits a copy), so updates never stall forwarding. Also the input type of a whole-state
 //! update ([`SteerTables`]) and its validation.
+//!
+//! The maps read per frame hash with `rustc-hash`'s `FxHasher` rather than SipHash, for the
+//! reason the `steer` crate gives: their keys (node ids and addresses, VNIs) come from the
+//! control node, not from peers, and no hash value leaves the process.
 
-use std::collections::{HashMap, HashSet};
+use rustc_hash::FxHashMap;
+use std::collections::HashSet;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, RwLock};
 
@@ -70,17 +75,17 @@ pub(crate) struct Tables {
     /// The control node's Geneve address.
     pub(crate) control: Option<SocketAddr>,
     /// Data node -> Geneve address.
-    pub(crate) nodes: HashMap<NodeId, SocketAddr>,
+    pub(crate) nodes: FxHashMap<NodeId, SocketAddr>,
     /// Exact sender address -> node.
-    senders: HashMap<SocketAddr, Sender>,
+    senders: FxHashMap<SocketAddr, Sender>,
     /// Sender IP -> node, for frames from another port of a node's address.
-    sender_ips: HashMap<IpAddr, Sender>,
+    sender_ips: FxHashMap<IpAddr, Sender>,
     /// Inbound SPIs.
     pub(crate) spis: SpiTable,
     /// Outbound selectors.
     pub(crate) selectors: SelectorTable,
     /// Per VNI: neighbour nodes and gateway addresses.
-    pub(crate) vnis: HashMap<Vni, Arc<VniExtra>>,
+    pub(crate) vnis: FxHashMap<Vni, Arc<VniExtra>>,
 }
 
 impl Tables {
@@ -206,7 +211,7 @@ impl Tables {
     }
 }
 
-fn add_sender<K: std::hash::Hash + Eq>(map: &mut HashMap<K, Sender>, key: K, who: Sender) {
+fn add_sender<K: std::hash::Hash + Eq>(map: &mut FxHashMap<K, Sender>, key: K, who: Sender) {
     map.entry(key)
         .and_modify(|s| {
             if *s != who {

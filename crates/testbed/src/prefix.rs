@@ -5,14 +5,13 @@ use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::str::FromStr;
 
+use ipnet::IpNet;
+
 use crate::error::{Error, Result};
 
 /// A network prefix: the network address (host bits zero) and its length.
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
-pub struct Prefix {
-    network: IpAddr,
-    len: u8,
-}
+pub struct Prefix(IpNet);
 
 /// An address on an interface together with the length of its subnet.
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
@@ -23,94 +22,71 @@ pub struct IfAddr {
     pub len: u8,
 }
 
-fn max_len(addr: IpAddr) -> u8 {
-    if addr.is_ipv4() {
-        32
-    } else {
-        128
-    }
-}
-
-fn to_bits(addr: IpAddr) -> u128 {
-    match addr {
-        IpAddr::V4(a) => u128::from(u32::from(a)),
-        IpAddr::V6(a) => u128::from(a),
-    }
-}
-
-fn from_bits(v4: bool, bits: u128) -> IpAddr {
-    if v4 {
-        // Callers keep v4 values below 2^32.
-        IpAddr::V4(Ipv4Addr::from(bits as u32))
-    } else {
-        IpAddr::V6(Ipv6Addr::from(bits))
-    }
-}
-
-fn mask(v4: bool, len: u8) -> u128 {
-    let width = if v4 { 32 } else { 128 };
-    let all: u128 = if v4 { u128::from(u32::MAX) } else { u128::MAX };
-    if len == 0 {
-        0
-    } else {
-        all & (all << (width - u32::from(len)))
-    }
+/// `addr/len` as an [`IpNet`] (host bits kept); fails if `len` is too long for the family.
+fn net(addr: IpAddr, len: u8) -> Result<IpNet> {
+    IpNet::new(addr, len).map_err(|_| Error::InvalidSpec {
+        field: format!("{addr}/{len}"),
+        reason: format!(
+            "prefix length exceeds {}",
+            if addr.is_ipv4() { 32 } else { 128 }
+        ),
+    })
 }
 
 impl Prefix {
     /// The prefix `addr/len`; host bits of `addr` are cleared.
     pub fn new(addr: IpAddr, len: u8) -> Result<Prefix> {
-        if len > max_len(addr) {
-            return Err(Error::InvalidSpec {
-                field: format!("{addr}/{len}"),
-                reason: format!("prefix length exceeds {}", max_len(addr)),
-            });
-        }
-        let bits = to_bits(addr) & mask(addr.is_ipv4(), len);
-        Ok(Prefix {
-            network: from_bits(addr.is_ipv4(), bits),
-            len,
-        })
+        Ok(Prefix(net(addr, len)?.trunc()))
     }
 
     /// The network address.
     pub fn network(&self) -> IpAddr {
-        self.network
+        self.0.network()
     }
 
     /// The prefix length.
     pub fn prefix_len(&self) -> u8 {
-        self.len
+        self.0.prefix_len()
     }
 
     /// Whether this is an IPv4 prefix.
     pub fn is_ipv4(&self) -> bool {
-        self.network.is_ipv4()
+        self.0.network().is_ipv4()
     }
 
     /// Whether `addr` lies inside the prefix.
     pub fn contains(&self, addr: IpAddr) -> bool {
-        addr.is_ipv4() == self.is_ipv4()
-            && to_bits(addr) & mask(self.is_ipv4(), self.len) == to_bits(self.network)
+        self.0.contains(&addr)
     }
 
     /// The `n`-th address of the prefix (0 is the network address itself).
     pub fn host(&self, n: u128) -> Result<IpAddr> {
-        let host_bits = u32::from(max_len(self.network) - self.len);
-        if host_bits < 128 && n >> host_bits != 0 {
-            return Err(Error::InvalidSpec {
-                field: self.to_string(),
-                reason: format!("host number {n} does not fit the prefix"),
-            });
-        }
-        Ok(from_bits(self.is_ipv4(), to_bits(self.network) | n))
+        let too_big = || Error::InvalidSpec {
+            field: self.to_string(),
+            reason: format!("host number {n} does not fit the prefix"),
+        };
+        Ok(match self.0 {
+            IpNet::V4(p) => {
+                let n = u32::try_from(n).map_err(|_| too_big())?;
+                if n & !u32::from(p.hostmask()) != 0 {
+                    return Err(too_big());
+                }
+                IpAddr::V4(Ipv4Addr::from(u32::from(p.network()) | n))
+            }
+            IpNet::V6(p) => {
+                if n & !u128::from(p.hostmask()) != 0 {
+                    return Err(too_big());
+                }
+                IpAddr::V6(Ipv6Addr::from(u128::from(p.network()) | n))
+            }
+        })
     }
 
     /// The `n`-th address of the prefix as an interface address with this prefix length.
     pub fn if_addr(&self, n: u128) -> Result<IfAddr> {
         Ok(IfAddr {
             addr: self.host(n)?,
-            len: self.len,
+            len: self.prefix_len(),
         })
     }
 }
@@ -118,7 +94,7 @@ impl Prefix {
 impl IfAddr {
     /// `addr/len`; fails if `len` is too long for the address family.
     pub fn new(addr: IpAddr, len: u8) -> Result<IfAddr> {
-        Prefix::new(addr, len)?;
+        net(addr, len)?;
         Ok(IfAddr { addr, len })
     }
 
@@ -129,11 +105,12 @@ impl IfAddr {
 
     /// The address as a host prefix (`/32` or `/128`).
     pub fn host_prefix(&self) -> Prefix {
-        Prefix::new(self.addr, max_len(self.addr)).expect("a full-length prefix is always valid")
+        Prefix(IpNet::from(self.addr))
     }
 }
 
-fn parse_pair(s: &str) -> Result<(IpAddr, u8)> {
+/// `ADDRESS/LENGTH`, or a bare address as a full-length prefix; host bits are kept.
+fn parse_net(s: &str) -> Result<IpNet> {
     let bad = |reason: &str| Error::Parse {
         what: "IP prefix",
         detail: reason.to_owned(),
@@ -144,35 +121,37 @@ fn parse_pair(s: &str) -> Result<(IpAddr, u8)> {
         None => (s, None),
     };
     let addr: IpAddr = addr.parse().map_err(|_| bad("not an IP address"))?;
-    let len = match len {
-        Some(l) => l.parse::<u8>().map_err(|_| bad("bad prefix length"))?,
-        None => max_len(addr),
+    let net = match len {
+        Some(l) => {
+            let len = l.parse::<u8>().map_err(|_| bad("bad prefix length"))?;
+            IpNet::new(addr, len).map_err(|_| bad("prefix length too long"))?
+        }
+        None => IpNet::from(addr),
     };
-    if len > max_len(addr) {
-        return Err(bad("prefix length too long"));
-    }
-    Ok((addr, len))
+    Ok(net)
 }
 
 impl FromStr for Prefix {
     type Err = Error;
     fn from_str(s: &str) -> Result<Prefix> {
-        let (addr, len) = parse_pair(s)?;
-        Prefix::new(addr, len)
+        Ok(Prefix(parse_net(s)?.trunc()))
     }
 }
 
 impl FromStr for IfAddr {
     type Err = Error;
     fn from_str(s: &str) -> Result<IfAddr> {
-        let (addr, len) = parse_pair(s)?;
-        IfAddr::new(addr, len)
+        let net = parse_net(s)?;
+        Ok(IfAddr {
+            addr: net.addr(),
+            len: net.prefix_len(),
+        })
     }
 }
 
 impl fmt::Display for Prefix {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}/{}", self.network, self.len)
+        fmt::Display::fmt(&self.0, f)
     }
 }
 

@@ -3,30 +3,16 @@
 //! a lookup costs at most one probe per distinct length and never allocates.
 
 use crate::api::Route;
+use ipnet::IpNet;
 use std::collections::HashMap;
 use std::net::IpAddr;
 
-/// Longest-prefix-match table (IPv4 and IPv6 kept apart).
+/// Longest-prefix-match table (IPv4 and IPv6 kept apart): per prefix length present, its
+/// netmask and the hosts by network address.
 #[derive(Debug, Default, Clone)]
 pub(crate) struct RouteTable {
-    v4: Vec<(u8, HashMap<u32, IpAddr>)>,
-    v6: Vec<(u8, HashMap<u128, IpAddr>)>,
-}
-
-fn mask4(len: u8) -> u32 {
-    if len == 0 {
-        0
-    } else {
-        u32::MAX << (32 - u32::from(len.min(32)))
-    }
-}
-
-fn mask6(len: u8) -> u128 {
-    if len == 0 {
-        0
-    } else {
-        u128::MAX << (128 - u32::from(len.min(128)))
-    }
+    v4: Vec<(u8, u32, HashMap<u32, IpAddr>)>,
+    v6: Vec<(u8, u128, HashMap<u128, IpAddr>)>,
 }
 
 /// Why a route is invalid.
@@ -63,45 +49,16 @@ impl RouteTable {
     }
 
     fn insert(&mut self, r: &Route) -> Result<(), RouteError> {
-        match r.prefix {
-            IpAddr::V4(p) => {
-                if r.len > 32 {
-                    return Err(RouteError::Length);
-                }
-                let key = u32::from(p);
-                if key & !mask4(r.len) != 0 {
-                    return Err(RouteError::HostBits);
-                }
-                let slot = match self.v4.iter_mut().position(|(l, _)| *l == r.len) {
-                    Some(i) => &mut self.v4[i].1,
-                    None => {
-                        self.v4.push((r.len, HashMap::new()));
-                        &mut self.v4.last_mut().expect("just pushed").1
-                    }
-                };
-                if slot.insert(key, r.host).is_some() {
-                    return Err(RouteError::Duplicate);
-                }
-            }
-            IpAddr::V6(p) => {
-                if r.len > 128 {
-                    return Err(RouteError::Length);
-                }
-                let key = u128::from(p);
-                if key & !mask6(r.len) != 0 {
-                    return Err(RouteError::HostBits);
-                }
-                let slot = match self.v6.iter_mut().position(|(l, _)| *l == r.len) {
-                    Some(i) => &mut self.v6[i].1,
-                    None => {
-                        self.v6.push((r.len, HashMap::new()));
-                        &mut self.v6.last_mut().expect("just pushed").1
-                    }
-                };
-                if slot.insert(key, r.host).is_some() {
-                    return Err(RouteError::Duplicate);
-                }
-            }
+        let net = IpNet::new(r.prefix, r.len).map_err(|_| RouteError::Length)?;
+        if net.network() != r.prefix {
+            return Err(RouteError::HostBits);
+        }
+        let duplicate = match net {
+            IpNet::V4(n) => insert(&mut self.v4, n.prefix_len(), n.netmask(), n.addr(), r.host),
+            IpNet::V6(n) => insert(&mut self.v6, n.prefix_len(), n.netmask(), n.addr(), r.host),
+        };
+        if duplicate {
+            return Err(RouteError::Duplicate);
         }
         Ok(())
     }
@@ -113,16 +70,35 @@ impl RouteTable {
                 let a = u32::from(a);
                 self.v4
                     .iter()
-                    .find_map(|(len, m)| m.get(&(a & mask4(*len))).copied())
+                    .find_map(|(_, mask, m)| m.get(&(a & mask)).copied())
             }
             IpAddr::V6(a) => {
                 let a = u128::from(a);
                 self.v6
                     .iter()
-                    .find_map(|(len, m)| m.get(&(a & mask6(*len))).copied())
+                    .find_map(|(_, mask, m)| m.get(&(a & mask)).copied())
             }
         }
     }
+}
+
+/// Adds `network/len -> host` to the per-length tables of one family; true if the prefix was
+/// there already.
+fn insert<A: Copy + Eq + std::hash::Hash>(
+    tables: &mut Vec<(u8, A, HashMap<A, IpAddr>)>,
+    len: u8,
+    mask: impl Into<A>,
+    network: impl Into<A>,
+    host: IpAddr,
+) -> bool {
+    let slot = match tables.iter().position(|(l, _, _)| *l == len) {
+        Some(i) => &mut tables[i].2,
+        None => {
+            tables.push((len, mask.into(), HashMap::new()));
+            &mut tables.last_mut().expect("just pushed").2
+        }
+    };
+    slot.insert(network.into(), host).is_some()
 }
 
 #[cfg(test)]

@@ -17,6 +17,7 @@ use super::{
 use crate::error::ConfigError;
 use crate::store::EtcdOptions;
 use datapath::{DataplaneConfig, Inside, Route, TunnelBinding, VnetConfig};
+use ipnet::IpNet;
 use std::net::IpAddr;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
@@ -1153,8 +1154,9 @@ impl Validator<'_, '_> {
         let mut routes: Vec<Route> = Vec::with_capacity(n.routes.len());
         for r in &n.routes {
             let r = r.get_ref();
-            let (prefix, len) = parse_prefix(r.prefix.get_ref())
+            let net = parse_prefix(r.prefix.get_ref())
                 .map_err(|m| self.err(r.prefix.span(), s, "routes.prefix", m))?;
+            let (prefix, len) = (net.addr(), net.prefix_len());
             let host = self.ip(&r.host, s, "routes.host")?;
             if host.is_ipv4() != vtep.is_ipv4() {
                 return Err(self.err(
@@ -1251,7 +1253,7 @@ impl Validator<'_, '_> {
 }
 
 /// Parses `ADDRESS/LEN`, rejecting host bits, as `ip route` does.
-fn parse_prefix(text: &str) -> Result<(IpAddr, u8), String> {
+fn parse_prefix(text: &str) -> Result<IpNet, String> {
     let (addr, len) = text.trim().split_once('/').ok_or_else(|| {
         format!("{text:?} is not a prefix (expected ADDRESS/LENGTH, e.g. 10.2.0.0/24)")
     })?;
@@ -1259,25 +1261,16 @@ fn parse_prefix(text: &str) -> Result<(IpAddr, u8), String> {
         .parse()
         .map_err(|_| format!("{text:?}: {addr:?} is not an IP address"))?;
     let max = if addr.is_ipv4() { 32 } else { 128 };
-    let len: u8 = len
+    let net = len
         .parse()
         .ok()
-        .filter(|l| *l <= max)
+        .and_then(|len| IpNet::new(addr, len).ok())
         .ok_or_else(|| format!("{text:?}: prefix length must be 0..={max}"))?;
-    let host_bits_set = match addr {
-        IpAddr::V4(a) => {
-            let bits = u32::from(a);
-            len < 32 && bits & (u32::MAX >> len) != 0
-        }
-        IpAddr::V6(a) => {
-            let bits = u128::from(a);
-            len < 128 && bits & (u128::MAX >> len) != 0
-        }
-    };
-    if host_bits_set {
+    if net.network() != addr {
         return Err(format!(
-            "{text:?} has host bits set beyond the /{len} prefix"
+            "{text:?} has host bits set beyond the /{} prefix",
+            net.prefix_len()
         ));
     }
-    Ok((addr, len))
+    Ok(net)
 }
