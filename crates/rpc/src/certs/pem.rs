@@ -86,7 +86,7 @@ impl Body {
 /// Whether `c` is in the base64 alphabet, in time independent of `c`: `base64ct` decodes it
 /// with `A` (zero bits) after it, which fails only for a character outside the alphabet.
 fn is_base64(c: u8) -> bool {
-    Base64Unpadded::decode(&[c, b'A'], &mut [0u8; 1]).is_ok()
+    Base64Unpadded::decode([c, b'A'], &mut [0u8; 1]).is_ok()
 }
 
 /// Every PEM block in `text`; text around blocks is ignored.
