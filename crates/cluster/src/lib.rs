@@ -9,6 +9,8 @@
 //! - [`node_config`]: the data and steer nodes' configuration file.
 //! - [`provider`]: node providers, which start and stop data nodes for the autoscaler.
 //! - [`steer_node`]: `protego steer`; [`control_node`]: `protego control`.
+//! - [`election`]: which control node is active (the holder of an etcd lease), and [`peers`]:
+//!   the control nodes' addresses, for a faster takeover.
 
 pub mod agent;
 mod capacity;
