@@ -5,7 +5,7 @@
 //! forwarding with the tables it has and reconnects.
 
 use crate::node_config::ControlEndpoint;
-use control::certs::NodeTls;
+use rpc::certs::NodeTls;
 use rpc::pb;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;

@@ -9,17 +9,17 @@
 //! `nodes`, `migrate`, `drain` and `undrain` added to the commands of `protego up`.
 
 use crate::data_node::NodeError;
+use crate::election::{Election, ElectionOptions, Role};
 use crate::ike_relay::IkeRelay;
 use crate::manager::{Cluster, ClusterError, Settings, Task, TunnelMeta};
+use crate::peers::Peers;
 use crate::service::ControlService;
-use control::certs::NodeRole;
 use control::config::StoreConfig;
-use control::election::{Election, ElectionOptions, Role};
-use control::peers::Peers;
 use control::status::{Request, RequestHandler, TunnelDirectory};
 use control::{Config, ControlHandle, ControlPlane, Responder, StatusServer};
 use crossbeam_channel::{Receiver, RecvTimeoutError};
 use dataplane::{DataPath, Inside};
+use rpc::certs::NodeRole;
 use serde_json::{json, Value};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -55,7 +55,7 @@ pub enum ControlNodeError {
     Store(#[from] control::store::StoreError),
     /// The leader election through etcd.
     #[error("leader election: {0}")]
-    Election(#[from] control::election::ElectionError),
+    Election(#[from] crate::election::ElectionError),
     /// Stopped by a signal while standing by.
     #[error("stopped while standing by")]
     Cancelled,
@@ -70,7 +70,7 @@ pub enum ControlNodeError {
 }
 
 /// With the etcd store, control nodes elect the active one through an etcd lease
-/// (`control::election`): blocks until this node is the leader, or `cancel` yields (a signal).
+/// (`crate::election`): blocks until this node is the leader, or `cancel` yields (a signal).
 /// Returns `None` without etcd (one control node, nothing to elect).
 pub fn elect(config: &Config, cancel: &Receiver<()>) -> Result<Option<Election>, ControlNodeError> {
     let StoreConfig::Etcd(etcd) = &config.store else {
@@ -141,7 +141,7 @@ const REVOKE_HOLD_DOWN: Duration = Duration::from_secs(30);
 /// A standby's watch on the leader: a TCP connection to its published gRPC address every
 /// [`LEADER_PROBE`]; after [`LEADER_MISSES`] refused or timed-out connections in a row, the
 /// leader's lease is revoked so the election does not wait for it to expire
-/// (`control::peers`).
+/// (`crate::peers`).
 #[derive(Default)]
 struct LeaderWatchdog {
     leader: String,
@@ -231,7 +231,7 @@ impl ControlNode {
             .cluster
             .clone()
             .ok_or_else(|| ControlNodeError::NoCluster(config.path.clone()))?;
-        let tls = control::certs::load_tls(&cc.ca, &cc.cert, &cc.key).map_err(NodeError::Tls)?;
+        let tls = rpc::certs::load_tls(&cc.ca, &cc.cert, &cc.key).map_err(NodeError::Tls)?;
         if tls.name() != cc.name || tls.role() != NodeRole::Control {
             return Err(NodeError::Identity {
                 cert_name: tls.name().to_owned(),

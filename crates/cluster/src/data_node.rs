@@ -9,8 +9,8 @@
 
 use crate::agent::{Agent, Applier};
 use crate::node_config::{DataSection, NodeConfig};
-use control::certs::{NodeRole, NodeTls};
 use dataplane::{DataPath, Dataplane, DataplaneConfig, DataplaneStats, RelayConfig, ToControl};
+use rpc::certs::{NodeRole, NodeTls};
 use rpc::pb;
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -34,7 +34,7 @@ pub enum NodeError {
     },
     /// TLS files.
     #[error("TLS: {0}")]
-    Tls(#[from] control::certs::CertError),
+    Tls(#[from] rpc::certs::CertError),
     /// The certificate is for another node or role.
     #[error("the certificate is for {cert_name:?} ({cert_role}), not {name:?} ({role})")]
     Identity {
@@ -61,7 +61,7 @@ pub enum NodeError {
 /// Loads and checks the node's TLS material against its name and role.
 pub fn load_node_tls(config: &NodeConfig, role: NodeRole) -> Result<NodeTls, NodeError> {
     let n = &config.node;
-    let tls = control::certs::load_tls(&n.ca, &n.cert, &n.key)?;
+    let tls = rpc::certs::load_tls(&n.ca, &n.cert, &n.key)?;
     if tls.name() != n.name || tls.role() != role {
         return Err(NodeError::Identity {
             cert_name: tls.name().to_owned(),

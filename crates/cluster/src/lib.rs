@@ -11,16 +11,20 @@
 //! - [`node_config`]: the data and steer nodes' configuration file.
 //! - [`provider`]: node providers, which start and stop data nodes for the autoscaler.
 //! - [`steer_node`]: `protego steer`; [`control_node`]: `protego control`.
+//! - [`election`]: which control node is active (the holder of an etcd lease), and [`peers`]:
+//!   the control nodes' addresses, for a faster takeover.
 
 pub mod agent;
 mod capacity;
 pub mod core;
 pub mod control_node;
 pub mod data_node;
+pub mod election;
 pub mod ike_relay;
 pub mod link;
 pub mod manager;
 pub mod node_config;
+pub mod peers;
 pub mod provider;
 pub mod service;
 pub mod steer_node;

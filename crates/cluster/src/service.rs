@@ -9,7 +9,7 @@
 
 use crate::link::{NodeLink, SessionLink};
 use crate::manager::{Cluster, NodeLoad, Registration, Role, MAX_INSTALLED};
-use control::certs::NodeRole;
+use rpc::certs::NodeRole;
 use rpc::pb;
 use std::net::SocketAddr;
 use std::pin::Pin;

@@ -10,7 +10,7 @@
 use crate::agent::{Agent, Applier};
 use crate::data_node::{boot_id, load_node_tls, op_name, NodeError};
 use crate::node_config::NodeConfig;
-use control::certs::NodeRole;
+use rpc::certs::NodeRole;
 use rpc::pb;
 use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};

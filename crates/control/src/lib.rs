@@ -13,15 +13,14 @@
 //! every peer, bounded wait), then stop the data plane.
 
 pub mod applied;
-pub mod certs;
 pub mod config;
-pub mod election;
 mod error;
 mod keylog;
-pub mod peers;
 pub mod runtime;
 pub mod status;
 pub mod store;
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;
 
 pub use config::Config;
 pub use error::{ConfigError, Error};

@@ -113,7 +113,6 @@
 //! the time they spend on batches ([`WorkerStats::busy_ns`]) for the node's utilization.
 
 mod accept;
-mod api;
 mod batch;
 mod control;
 mod dataplane;
@@ -137,6 +136,10 @@ mod worker;
 
 #[cfg(test)]
 mod testutil;
+
+// The interface types live in the `datapath` crate (so the control plane and the RPC layer
+// need not link the data plane); `crate::api` names them here.
+use datapath as api;
 
 pub use api::{
     ChildStats, DataPath, DataplaneConfig, DataplaneError, DataplaneStats, IkeDatagram, Inside,

@@ -1,8 +1,8 @@
 //! `protego certs`: a development CA and node certificates for mutual TLS between Protego's
-//! processes (`control::certs` does the work; see it for what the certificates contain).
+//! processes (`rpc::certs` does the work; see it for what the certificates contain).
 
 use clap::{Subcommand, ValueEnum};
-use control::certs::{
+use rpc::certs::{
     self, CaOptions, CertAuthority, CertError, NodeRequest, NodeRole, SubjectAltName, Validity,
     DEFAULT_CA_DAYS, DEFAULT_CA_NAME, DEFAULT_NODE_DAYS,
 };

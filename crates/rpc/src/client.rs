@@ -1,11 +1,11 @@
 //! The node's side: a [`ClusterClient`] over a mutually authenticated channel to the control
 //! node.
 
+use crate::certs::NodeTls;
 use crate::error::{chain, tls_failure, RpcError};
 use crate::pb::cluster_client::ClusterClient;
 use crate::tls::{client_identity_tls, control_verifier, ensure_crypto_provider};
 use crate::{KEEPALIVE_INTERVAL, KEEPALIVE_TIMEOUT, MAX_MESSAGE_LEN};
-use control::certs::NodeTls;
 use std::time::Duration;
 use tonic::transport::{Channel, Endpoint};
 

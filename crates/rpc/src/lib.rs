@@ -1,9 +1,10 @@
 //! Protego's cluster protocol: gRPC (tonic) between the active control node and its data and
-//! steer nodes, over mutual TLS with the cluster's own CA (`protego certs`, [`control::certs`]).
+//! steer nodes, over mutual TLS with the cluster's own CA (`protego certs`, [`certs`]).
 //!
 //! The protocol is defined in `proto/cluster.proto` (package `protego.cluster.v1`); [`pb`] is
-//! the generated code. This crate adds what every participant needs around it: TLS set-up from
-//! a node's certificate files ([`tls`]), checked conversions between the messages and
+//! the generated code. This crate adds what every participant needs around it: the cluster's PKI
+//! (the development CA, node certificates, and loading and checking them: [`certs`]), TLS set-up
+//! from a node's certificate files ([`tls`]), checked conversions between the messages and
 //! Protego's own types ([`convert`]), and a small client/server layer ([`connect`],
 //! [`serve`]) with one error type ([`RpcError`]).
 //!
@@ -35,7 +36,7 @@
 //! as the control node's tunnel numbers.
 //!
 //! # TLS rules
-//! - Both ends hold a certificate issued by the cluster CA ([`control::certs::load_tls`] loads
+//! - Both ends hold a certificate issued by the cluster CA ([`certs::load_tls`] loads
 //!   and checks a node's files). The CA is the only trust anchor: system roots are never used.
 //! - The server ([`serve`], [`tls::server_tls`]) requires a client certificate that chains to
 //!   the CA; a client without one, or with one from another CA, fails the handshake.
@@ -53,6 +54,7 @@
 //! and redacts them from `Debug`), only ever inside the TLS session. The node's private key is
 //! copied into tonic's TLS configuration, which does not zeroize it (see [`tls`]).
 
+pub mod certs;
 pub mod convert;
 mod error;
 mod pb_ext;
@@ -82,8 +84,8 @@ pub mod pb {
     tonic::include_proto!("protego.cluster.v1");
 }
 
+pub use certs::{NodeIdentity, NodeRole, NodeTls};
 pub use client::connect;
-pub use control::certs::{NodeIdentity, NodeRole, NodeTls};
 pub use error::{tls_failure, RpcError};
 pub use server::{serve, serve_on, server, verify_hello, MAX_MESSAGE_LEN};
 pub use tls::{identity_from_der, peer_identity};

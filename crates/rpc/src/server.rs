@@ -1,10 +1,10 @@
 //! The control node's side: a tonic server for a [`Cluster`] implementation, with mutual TLS.
 
+use crate::certs::{NodeIdentity, NodeRole, NodeTls};
 use crate::error::{chain, RpcError};
 use crate::pb::cluster_server::{Cluster, ClusterServer};
 use crate::tls::{ensure_crypto_provider, server_tls};
 use crate::{pb, KEEPALIVE_INTERVAL, KEEPALIVE_TIMEOUT};
-use control::certs::{NodeIdentity, NodeRole, NodeTls};
 use std::future::Future;
 use std::net::SocketAddr;
 use tokio::net::TcpListener;

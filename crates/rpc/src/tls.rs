@@ -1,5 +1,5 @@
 //! Mutual TLS from a node's certificate files ([`NodeTls`], loaded and checked by
-//! [`control::certs::load_tls`]): tonic's server and client configurations, the client's check
+//! [`crate::certs::load_tls`]): tonic's server and client configurations, the client's check
 //! that the server is a control node, and reading the peer's identity from its certificate.
 //!
 //! rustls runs on aws-lc-rs: building a server or a connection installs its provider as the
@@ -10,8 +10,8 @@
 //! configuration lives, and rustls keeps the parsed key for as long as the server or channel
 //! does.
 
+use crate::certs::{identity_of, NodeIdentity, NodeRole, NodeTls};
 use crate::error::{chain, RpcError};
-use control::certs::{identity_of, NodeIdentity, NodeRole, NodeTls};
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::client::WebPkiServerVerifier;
 use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
@@ -144,7 +144,7 @@ impl ServerCertVerifier for RoleVerifier {
         };
         let identity = identity_of(end_entity.as_ref()).map_err(|e| {
             refuse(RoleError::NotANode(match e {
-                control::certs::CertError::Peer(reason) => reason,
+                crate::certs::CertError::Peer(reason) => reason,
                 other => other.to_string(),
             }))
         })?;
@@ -198,11 +198,11 @@ pub fn peer_identity<T>(request: &tonic::Request<T>) -> Result<NodeIdentity, Rpc
 
 /// The name (CN) and role (OU) of a node certificate, DER (the peer's leaf certificate, as the
 /// TLS handshake verified it: this does not check the chain or the validity). Uses
-/// [`control::certs::identity_of`], which also requires a node certificate's extensions.
+/// [`crate::certs::identity_of`], which also requires a node certificate's extensions.
 pub fn identity_from_der(der: &[u8]) -> Result<NodeIdentity, RpcError> {
     identity_of(der).map_err(|e| RpcError::PeerIdentity {
         reason: match e {
-            control::certs::CertError::Peer(reason) => reason,
+            crate::certs::CertError::Peer(reason) => reason,
             other => other.to_string(),
         },
     })

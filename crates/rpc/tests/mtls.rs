@@ -1,9 +1,9 @@
 //! Mutual TLS between a node and a control node over 127.0.0.1, with certificates made by
-//! `control::certs` in a temporary directory: who gets in, who is refused, and what the server
+//! `rpc::certs` in a temporary directory: who gets in, who is refused, and what the server
 //! learns about the client.
 
-use control::certs::{generate_ca, issue, load_tls, NodeRole, NodeTls, SubjectAltName};
 use protego_rpc as rpc;
+use rpc::certs::{generate_ca, issue, load_tls, NodeRole, NodeTls, SubjectAltName};
 use rpc::pb::{self, node_message, ControlMessage, NodeMessage};
 use rpc::{Cluster, ClusterClient, RpcError};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};

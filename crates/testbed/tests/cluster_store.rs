@@ -4,7 +4,7 @@
 //! by stopping its process (SIGSTOP: connections stay open, nothing is answered; SIGCONT
 //! ends the outage).
 //!
-//! How long etcd may be away depends on the leader's lease (`control::election`): the TTL
+//! How long etcd may be away depends on the leader's lease (`cluster::election`): the TTL
 //! is 1 s (`DEFAULT_TTL`, not configurable), a keep-alive goes out every TTL/3, and a leader
 //! takes itself to hold the role only until TTL − TTL/5 after its last answered keep-alive was
 //! sent. Whatever the phase of its keep-alives, a leader therefore keeps its role through an

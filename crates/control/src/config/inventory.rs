@@ -269,7 +269,7 @@ pub fn plan(old: &Config, new: &Config) -> ConfigPlan {
             .collect(),
         ..ConfigPlan::default()
     };
-    let key = |v: &dataplane::VnetConfig| format!("{}/{}", v.tenant, v.name);
+    let key = |v: &datapath::VnetConfig| format!("{}/{}", v.tenant, v.name);
     for v in &new.dataplane.vnets {
         match old
             .dataplane

@@ -3,7 +3,7 @@
 //!
 //! [`Config::load`] reads and validates the whole file before anything starts and produces the
 //! IKE engine's [`ike::EndpointConfig`] and one [`ike::PeerConfig`] per tunnel, plus the data
-//! plane's [`dataplane::DataplaneConfig`]. Every error names the file, line, column and key.
+//! plane's [`datapath::DataplaneConfig`]. Every error names the file, line, column and key.
 
 mod duration;
 mod inventory;
@@ -296,7 +296,7 @@ pub struct Config {
     /// names ([`Config::keep_ids`]).
     pub tunnels: Vec<Tunnel>,
     /// The data plane's configuration.
-    pub dataplane: dataplane::DataplaneConfig,
+    pub dataplane: datapath::DataplaneConfig,
     /// `[store]`.
     pub store: StoreConfig,
     /// `[store] encryption_key_file` and `accept_cleartext`: how the records are sealed

@@ -16,7 +16,7 @@ pub use server::{
 };
 
 use crate::config::{Config, TunnelInside};
-use dataplane::DataplaneStats;
+use datapath::DataplaneStats;
 use ike::{IkeSaState, IkeSaStatus, IkeStats, TrafficSelector, TunnelId};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashMap};
@@ -236,7 +236,7 @@ impl StatusReport {
                 by_tunnel.entry(t).or_default().push(s);
             }
         }
-        let counters: HashMap<EspSpi, &dataplane::ChildStats> =
+        let counters: HashMap<EspSpi, &datapath::ChildStats> =
             stats.children.iter().map(|c| (c.inbound_spi, c)).collect();
         let tunnels = directory
             .0
@@ -317,7 +317,7 @@ pub fn ike_state_name(state: IkeSaState) -> &'static str {
     }
 }
 
-fn ike_report(s: &IkeSaStatus, by_spi: &HashMap<EspSpi, &dataplane::ChildStats>) -> IkeSaReport {
+fn ike_report(s: &IkeSaStatus, by_spi: &HashMap<EspSpi, &datapath::ChildStats>) -> IkeSaReport {
     let children = s
         .children
         .iter()
@@ -326,7 +326,7 @@ fn ike_report(s: &IkeSaStatus, by_spi: &HashMap<EspSpi, &dataplane::ChildStats>)
                 .get(&c.inbound_spi)
                 .copied()
                 .filter(|st| st.tunnel.is_none_or(|t| Some(t) == s.tunnel));
-            let get = |f: fn(&dataplane::ChildStats) -> u64| counters.map_or(0, f);
+            let get = |f: fn(&datapath::ChildStats) -> u64| counters.map_or(0, f);
             ChildSaReport {
                 spi_in: c.inbound_spi.to_string(),
                 spi_out: c.outbound_spi.to_string(),

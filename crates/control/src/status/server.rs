@@ -11,7 +11,7 @@
 use super::{StatusReport, TunnelDirectory};
 use crate::error::Error;
 use crate::runtime::{ApplyOutcome, ApplyRequest, ControlHandle};
-use dataplane::DataPath;
+use datapath::DataPath;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use std::io::{BufRead, BufReader, Read, Write};

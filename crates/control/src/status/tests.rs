@@ -3,7 +3,7 @@
 
 use super::*;
 use crate::error::Error;
-use dataplane::{ChildStats, DataplaneStats};
+use datapath::{ChildStats, DataplaneStats};
 use ike::{
     ChildSaStatus, IkeDrop, IkeSaState, IkeSaStatus, IkeSpis, IkeStats, TrafficSelector, TunnelId,
 };
@@ -88,13 +88,13 @@ fn sample_report() -> StatusReport {
             ..ChildStats::default()
         }],
         workers: vec![
-            dataplane::WorkerStats {
+            datapath::WorkerStats {
                 cpu: Some(0),
                 packets: 700,
                 batches: 30,
                 busy_ns: 0,
             },
-            dataplane::WorkerStats {
+            datapath::WorkerStats {
                 cpu: None,
                 packets: 300,
                 batches: 20,

@@ -1,11 +1,11 @@
 //! How a Protego node reaches etcd safely: TLS to `https://` endpoints (a CA certificate to verify
 //! etcd, and a client certificate for etcd's `--client-cert-auth`) and etcd's user/password
-//! authentication. Shared by the [`EtcdStore`](super::EtcdStore), the leader election
-//! ([`crate::election`]) and the control nodes' address book ([`crate::peers`]), so all three
+//! authentication. Shared by the [`EtcdStore`](super::EtcdStore), the leader election and the
+//! control nodes' address book (the `cluster` crate's `election` and `peers`), so all three
 //! connect alike.
 
-use crate::certs::ClientTls;
 use etcd_client::{Certificate, ConnectOptions, Identity, TlsOptions};
+use rpc::certs::ClientTls;
 use std::fmt;
 use std::io::Read;
 use std::path::Path;
@@ -75,7 +75,7 @@ impl EtcdAccess {
 
     /// The etcd client's options for these settings: connecting bounded by `timeout`, TLS if
     /// configured, and the user, whose token is fetched again whenever etcd says it expired.
-    pub(crate) fn connect_options(&self, timeout: Duration) -> ConnectOptions {
+    pub fn connect_options(&self, timeout: Duration) -> ConnectOptions {
         let mut options = ConnectOptions::new().with_connect_timeout(timeout);
         if let Some(tls) = &self.tls {
             let mut config = TlsOptions::new().ca_certificate(Certificate::from_pem(tls.ca_pem()));
@@ -157,14 +157,14 @@ pub fn read_password_file(path: &Path) -> Result<Zeroizing<String>, String> {
 
 /// Whether etcd refused a request for its auth token (expired, or older than a change of
 /// users and roles): a new connection, which authenticates again, may succeed.
-pub(crate) fn token_refused(detail: &str) -> bool {
+pub fn token_refused(detail: &str) -> bool {
     detail.contains(INVALID_TOKEN) || detail.contains(OLD_AUTH_REVISION)
 }
 
 /// `detail` (an etcd client error as one line) with what it means for the operator when etcd
 /// refused the node's credentials: a wrong user or password, a missing permission, or a TLS
 /// handshake etcd or the node refused.
-pub(crate) fn explain(detail: String) -> String {
+pub fn explain(detail: String) -> String {
     let lower = detail.to_ascii_lowercase();
     let hint = if lower.contains("authentication failed") {
         "authentication failed: etcd refused the user name or password"

@@ -61,6 +61,7 @@
 
 mod etcd;
 mod etcd_access;
+mod fence;
 mod file;
 mod keyring;
 mod memory;
@@ -75,10 +76,11 @@ mod sealed_tests;
 #[cfg(test)]
 pub(crate) mod tests;
 
-pub(crate) use etcd::DetachedRuntime;
+pub use etcd::DetachedRuntime;
 pub use etcd::{EtcdOptions, EtcdStore};
-pub(crate) use etcd_access::{explain as explain_etcd_error, token_refused};
+pub use etcd_access::{explain as explain_etcd_error, token_refused};
 pub use etcd_access::{read_password_file, EtcdAccess, EtcdUser};
+pub use fence::{Fence, Term, DEFAULT_LEASE_TTL};
 pub use file::FileStore;
 pub use memory::MemoryStore;
 #[cfg(test)]

@@ -4,8 +4,8 @@
 use super::keyring::tests::tempdir::Dir;
 use super::keyring::tests::{key_line, write_key_file};
 use super::sealed::{open, OpenError, RecordId, HEADER, MAGIC};
-use super::tests::put;
 use super::*;
+use crate::testing::put;
 use std::path::Path;
 
 /// A snapshot that is easy to find in raw bytes.

@@ -1,5 +1,6 @@
 use super::file::{IKE_SAS, META, SCHEMA_KEY, SCHEMA_VERSION};
 use super::*;
+use crate::testing::put;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -36,13 +37,6 @@ impl Drop for Scratch {
 
 fn mode(path: &Path) -> u32 {
     std::fs::metadata(path).unwrap().permissions().mode() & 0o7777
-}
-
-pub(crate) fn put(spi: u64, bytes: &[u8]) -> Change {
-    Change::PutIkeSa {
-        spi,
-        snapshot: Zeroizing::new(bytes.to_vec()),
-    }
 }
 
 pub(super) fn contents(store: &dyn Store) -> Vec<(u64, Vec<u8>)> {

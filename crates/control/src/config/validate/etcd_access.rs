@@ -61,7 +61,7 @@ impl Validator<'_, '_> {
             let identity_paths = identity
                 .as_ref()
                 .map(|(cert, key)| (cert.as_path(), key.as_path()));
-            let tls = crate::certs::load_client_tls(&ca_path, identity_paths).map_err(|e| {
+            let tls = rpc::certs::load_client_tls(&ca_path, identity_paths).map_err(|e| {
                 // Say which key's file failed: the error names the file.
                 let text = e.to_string();
                 let (key, span) = match &identity {

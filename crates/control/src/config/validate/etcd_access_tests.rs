@@ -1,9 +1,9 @@
 //! Tests of `[store]`'s etcd TLS and authentication keys: what a valid set gives, and that each
 //! mistake is reported at its line with its key.
 
-use crate::certs::{self, NodeRole};
 use crate::config::{Config, StoreConfig};
 use crate::error::Error;
+use rpc::certs::{self, NodeRole};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -5,8 +5,8 @@
 //! from the sealed records; without one every key is found (so the search can fail).
 
 use super::*;
-use crate::store::etcd_tests::{Etcd, Raw};
 use crate::store::{EncryptionOptions, EtcdOptions, EtcdStore, FileStore, SealedStore};
+use crate::testing::{Etcd, Raw};
 
 /// Every key in the key log under `dir`: the hex fields of at least 16 bytes of both tables
 /// (SK_ei, SK_er and, with integrity algorithms, SK_ai, SK_ar; the ESP keys with their salt).

@@ -12,7 +12,7 @@
 //! reach it) costs a needless takeover, never two active nodes.
 
 use crate::election::ElectionError;
-use crate::store::{explain_etcd_error, token_refused, DetachedRuntime, EtcdOptions};
+use control::store::{explain_etcd_error, token_refused, DetachedRuntime, EtcdOptions};
 use etcd_client::Client;
 use std::net::SocketAddr;
 use std::time::Duration;

@@ -1,11 +1,11 @@
 //! Tests of [`crate::election`] against a real etcd, with the harness of the store's etcd tests
-//! (this module is declared in `store/etcd_tests.rs` to reach it): one etcd per test, on
-//! loopback ports of its own, killed and removed whatever the outcome.
+//! (`control::testing`): one etcd per test, on loopback ports of its own, killed and removed
+//! whatever the outcome; and against an etcd secured as docs/operations.md says.
 
 use crate::election::{Election, ElectionError, ElectionOptions, Role, RoleChange, Term};
-use crate::store::etcd_tests::{free_port, Etcd, Raw};
-use crate::store::tests::put;
-use crate::store::{EtcdOptions, EtcdStore, Store};
+use control::store::{EtcdOptions, EtcdStore, Store};
+use control::testing::{free_port, put, Etcd, Raw, Secured, PASSWORD, PREFIX};
+use etcd_client::{Client, ConnectOptions, TlsOptions};
 use std::time::{Duration, Instant};
 
 /// etcd grants 1 s leases only with an election timeout of at most 700 ms (see the election's
@@ -476,4 +476,83 @@ fn election_fenced_store_refuses_a_deposed_leader() {
         .map(|(s, _)| s)
         .collect();
     assert_eq!(spis, [1], "the deposed leader's commit wrote nothing");
+}
+
+/// How long the secured etcd's test waits for a role.
+const SECURED_WAIT: Duration = Duration::from_secs(5);
+
+/// etcd forgets an idle auth token after `--auth-token-ttl` (here 1 s): the store, the
+/// election and its fencing carry on, authenticating again.
+#[test]
+fn secured_etcd_expired_tokens_are_renewed_for_store_and_election() {
+    let flags = [
+        "--auth-token-ttl",
+        "1",
+        "--heartbeat-interval",
+        "100",
+        "--election-timeout",
+        "500",
+    ];
+    let Some(s) = Secured::start(&flags) else {
+        return;
+    };
+    let right = s.access(Some("node"), Some(("protego", PASSWORD)));
+    let start = |name: &str| {
+        let mut options = ElectionOptions::new(vec![s.etcd.url()], PREFIX, name);
+        options.access = right.clone();
+        Election::start(&options).unwrap()
+    };
+    let a = start("a");
+    wait_until("a leads", SECURED_WAIT, || a.is_leader());
+    let b = start("b");
+    wait_until("b stands by", SECURED_WAIT, || {
+        b.role()
+            == Role::Standby {
+                leader: Some("a".into()),
+            }
+    });
+    let mut fenced = EtcdStore::connect(&s.options(PREFIX, right.clone()))
+        .unwrap()
+        .fenced(a.fence().unwrap());
+    fenced.commit(&[put(1, b"before")]).unwrap();
+    // A client that does not authenticate again shows the tokens do expire.
+    let tls = right.tls.as_ref().unwrap();
+    let once = ConnectOptions::new()
+        .with_user("protego", PASSWORD)
+        .with_tls(
+            TlsOptions::new()
+                .ca_certificate(etcd_client::Certificate::from_pem(tls.ca_pem()))
+                .identity(etcd_client::Identity::from_pem(
+                    tls.cert_pem().unwrap(),
+                    tls.key_pem().unwrap().as_bytes(),
+                )),
+        );
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let mut stale = runtime
+        .block_on(Client::connect([s.etcd.url()], Some(once)))
+        .unwrap();
+    std::thread::sleep(Duration::from_secs(3));
+    let e = runtime
+        .block_on(stale.get(format!("{PREFIX}/schema"), None))
+        .unwrap_err();
+    assert!(e.to_string().contains("invalid auth token"), "{e}");
+
+    // The store's and the standby's tokens are as old.
+    fenced.commit(&[put(2, b"after expiry")]).unwrap();
+    assert!(a.is_leader());
+    a.resign().unwrap();
+    wait_until("b takes over", SECURED_WAIT, || b.is_leader());
+    let err = fenced.commit(&[put(3, b"deposed")]).unwrap_err();
+    assert!(err.to_string().contains("no longer the leader"), "{err}");
+    let spis: Vec<u64> = fenced
+        .ike_sas()
+        .unwrap()
+        .into_iter()
+        .map(|(s, _)| s)
+        .collect();
+    assert_eq!(spis, [1, 2]);
+    drop(b);
 }
