@@ -131,7 +131,8 @@ fn peer_config(i: u32, cipher: Cipher) -> Result<PeerConfig> {
         ike_proposals: vec![IkeProposal::parse(IKE_PROPOSAL).map_err(bad)?],
         esp_proposals: vec![EspProposal::parse(cipher.esp_proposal()).map_err(bad)?],
         local_ts: vec![
-            TrafficSelector::parse(&format!("{}/32", net::tunnel_addr(i))).map_err(|e| bad(e.into()))?,
+            TrafficSelector::parse(&format!("{}/32", net::tunnel_addr(i)))
+                .map_err(|e| bad(e.into()))?,
         ],
         remote_ts: vec![TrafficSelector::parse(net::VNET).map_err(|e| bad(e.into()))?],
         ike_rekey_time: Duration::ZERO,

@@ -52,8 +52,7 @@ fn config(mode: AutoscaleMode) -> AutoscaleConfig {
 /// Steps and records the outcomes as advice; returns the plan.
 fn advise(a: &mut Autoscaler, at: Instant, input: &Input) -> Plan {
     let plan = a.step(at, SystemTime::now(), input).unwrap();
-    let nodes: HashMap<u32, String> =
-        input.nodes.iter().map(|n| (n.id, n.name.clone())).collect();
+    let nodes: HashMap<u32, String> = input.nodes.iter().map(|n| (n.id, n.name.clone())).collect();
     let names = Naming {
         nodes: &nodes,
         tunnels: &input.tunnels,
@@ -139,8 +138,7 @@ fn first_reports_and_lost_nodes_do_not_count() {
 
 #[test]
 fn decisions_name_nodes_and_tunnels_and_new_nodes_say_so() {
-    let nodes: HashMap<u32, String> =
-        [(1, "data1".to_owned()), (12, "data12".to_owned())].into();
+    let nodes: HashMap<u32, String> = [(1, "data1".to_owned()), (12, "data12".to_owned())].into();
     let tunnels: BTreeMap<TunnelId, (String, Option<u32>)> =
         [(TunnelId(1), ("acme-hq".to_owned(), None))].into();
     let names = Naming {
@@ -326,8 +324,7 @@ fn outcomes_are_shown_and_repeated_failures_kept_once() {
     i.nodes[1].parked = true;
     let record = |a: &mut Autoscaler, at: Instant| {
         let plan = a.step(at, SystemTime::now(), &i).unwrap();
-        let nodes: HashMap<u32, String> =
-            i.nodes.iter().map(|n| (n.id, n.name.clone())).collect();
+        let nodes: HashMap<u32, String> = i.nodes.iter().map(|n| (n.id, n.name.clone())).collect();
         let names = Naming {
             nodes: &nodes,
             tunnels: &i.tunnels,

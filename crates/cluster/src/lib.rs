@@ -16,8 +16,8 @@
 
 pub mod agent;
 mod capacity;
-pub mod core;
 pub mod control_node;
+pub mod core;
 pub mod data_node;
 pub mod election;
 pub mod ike_relay;

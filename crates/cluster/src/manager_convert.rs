@@ -125,12 +125,7 @@ fn nodes_to_pb(n: &SteerNodes) -> pb::SteerNodes {
 fn vni_to_pb(v: &VniSelectors) -> pb::VniSelectors {
     let mut selectors = Vec::new();
     for s in &v.selectors {
-        match rpc::convert::selector_entry(
-            &s.local,
-            &s.remote,
-            s.tunnel,
-            steer::NodeId(s.node),
-        ) {
+        match rpc::convert::selector_entry(&s.local, &s.remote, s.tunnel, steer::NodeId(s.node)) {
             Ok(e) => selectors.push(rpc::convert::selector_to_pb(&e)),
             Err(e) => {
                 warn!(tunnel = s.tunnel.0, error = %e, "traffic selector pair cannot be steered");

@@ -1,6 +1,7 @@
 //! The data plane's public interface: configuration, the [`DataPath`] trait the control plane
 //! drives, and the messages it sends back.
 
+use ids::TenantId;
 use ike::{ChildSaInfo, IkeSpis, TunnelId};
 use std::net::{IpAddr, SocketAddr};
 use wire::EspSpi;
@@ -19,8 +20,8 @@ pub struct Route {
 /// A tenant's virtual network reached over VXLAN.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct VnetConfig {
-    /// Owning tenant's name.
-    pub tenant: String,
+    /// Owning tenant.
+    pub tenant: TenantId,
     /// VNet name (unique per tenant).
     pub name: String,
     /// VXLAN network identifier (24 bits).
@@ -52,7 +53,7 @@ pub struct TunnelBinding {
     /// Its name, for stats.
     pub name: String,
     /// Its tenant.
-    pub tenant: String,
+    pub tenant: TenantId,
     /// Where its traffic goes.
     pub inside: Inside,
 }

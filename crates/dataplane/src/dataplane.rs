@@ -193,7 +193,7 @@ impl Dataplane {
     /// trait yet: the control plane configures no chain until the ACL and NAT stages arrive.
     pub fn set_feature_chain(
         &self,
-        tenant: &str,
+        tenant: &ids::TenantId,
         direction: Direction,
         chain: FeatureChain,
     ) -> Result<(), DataplaneError> {

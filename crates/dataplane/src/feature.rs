@@ -31,6 +31,7 @@
 
 use crate::api::{DataplaneError, Inside};
 use crate::stats::DropReason;
+use ids::TenantId;
 use ike::TunnelId;
 use rustc_hash::FxHashMap;
 use std::collections::HashMap;
@@ -91,7 +92,7 @@ pub trait Feature: Send + Sync {
     /// to the output stage: `seen` of the batch's `packets` went through this stage, and the
     /// worker spent `busy` on the whole batch (receive to hand-over). A CPU-charging stage
     /// charges the tenant its share here. By default nothing.
-    fn batch_done(&self, tenant: &str, seen: usize, packets: u64, busy: Duration) {
+    fn batch_done(&self, tenant: &TenantId, seen: usize, packets: u64, busy: Duration) {
         let _ = (tenant, seen, packets, busy);
     }
 }
@@ -135,7 +136,7 @@ impl FeatureChain {
 
 /// A chain ready to run: its stages with their drop counters resolved.
 pub(crate) struct ChainRun {
-    tenant: Arc<str>,
+    tenant: TenantId,
     direction: Direction,
     stages: Vec<StageRun>,
 }
@@ -159,7 +160,7 @@ impl FeatureDrops {
     /// both name.
     pub(crate) fn prepare(
         &self,
-        tenant: &str,
+        tenant: &TenantId,
         direction: Direction,
         chain: &FeatureChain,
     ) -> Result<ChainRun, DataplaneError> {
@@ -204,7 +205,7 @@ impl FeatureDrops {
             })
             .collect();
         Ok(ChainRun {
-            tenant: Arc::from(tenant),
+            tenant: tenant.clone(),
             direction,
             stages,
         })
@@ -222,12 +223,12 @@ impl FeatureDrops {
 
 /// The chains as the control side edits them: per tenant, inbound and outbound.
 #[derive(Default)]
-pub(crate) struct ChainConfig(HashMap<String, [Option<Arc<ChainRun>>; 2]>);
+pub(crate) struct ChainConfig(HashMap<TenantId, [Option<Arc<ChainRun>>; 2]>);
 
 impl ChainConfig {
     /// Sets (None: clears) `tenant`'s chain for `direction`.
-    pub(crate) fn set(&mut self, tenant: &str, direction: Direction, run: Option<ChainRun>) {
-        let entry = self.0.entry(tenant.to_owned()).or_default();
+    pub(crate) fn set(&mut self, tenant: &TenantId, direction: Direction, run: Option<ChainRun>) {
+        let entry = self.0.entry(tenant.clone()).or_default();
         entry[direction.index()] = run.map(Arc::new);
         if entry.iter().all(Option::is_none) {
             self.0.remove(tenant);
@@ -497,7 +498,7 @@ impl<R> Held<R> {
 /// The packets of one tenant and direction that a stage processes: indexes `0..len()` name the
 /// packets its earlier stages let through, in arrival order.
 pub struct FeatureBatch<'a> {
-    tenant: &'a str,
+    tenant: &'a TenantId,
     direction: Direction,
     now: Instant,
     stage: usize,
@@ -518,7 +519,7 @@ impl std::fmt::Debug for FeatureBatch<'_> {
 
 impl FeatureBatch<'_> {
     /// The tenant all the packets belong to.
-    pub fn tenant(&self) -> &str {
+    pub fn tenant(&self) -> &TenantId {
         self.tenant
     }
 
@@ -602,11 +603,12 @@ mod tests {
     fn config(drops: &FeatureDrops, tenants: &[&str]) -> ChainConfig {
         let mut c = ChainConfig::default();
         for t in tenants {
+            let t = TenantId::new(t).expect("tenant");
             let chain = FeatureChain::new().with(Arc::new(DropAll(&["x"])));
             let run = drops
-                .prepare(t, Direction::Outbound, &chain)
+                .prepare(&t, Direction::Outbound, &chain)
                 .expect("chain");
-            c.set(t, Direction::Outbound, Some(run));
+            c.set(&t, Direction::Outbound, Some(run));
         }
         c
     }
@@ -618,7 +620,7 @@ mod tests {
         let vnets = || ["a", "b"].into_iter();
         // One tenant on the TUN: its chain, before any choice.
         let t = c.table(vnets(), [(TunnelId(1), "a", true)].into_iter());
-        assert!(matches!(t.tun_outbound(), TunChain::One(r) if &*r.tenant == "a"));
+        assert!(matches!(t.tun_outbound(), TunChain::One(r) if r.tenant == "a"));
         assert!(t.vnet_outbound(0).is_some() && t.vnet_outbound(1).is_none());
         // The TUN tenant has no chain.
         let t = c.table(vnets(), [(TunnelId(2), "b", true)].into_iter());
@@ -639,7 +641,11 @@ mod tests {
         let chain = FeatureChain::new().with(Arc::new(DropAll(&["x", "y"])));
         let run = Arc::new(
             drops
-                .prepare("a", Direction::Inbound, &chain)
+                .prepare(
+                    &TenantId::new("a").expect("tenant"),
+                    Direction::Inbound,
+                    &chain,
+                )
                 .expect("chain"),
         );
         let meta = PacketMeta {

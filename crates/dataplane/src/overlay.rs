@@ -217,7 +217,7 @@ mod tests {
 
     fn vnet(tenant: &str, name: &str, vni: u32, vtep: &str) -> VnetConfig {
         VnetConfig {
-            tenant: tenant.into(),
+            tenant: ids::TenantId::new(tenant).expect("tenant"),
             name: name.into(),
             vni,
             gateway_ips: vec![ip("10.0.0.1")],
@@ -234,7 +234,7 @@ mod tests {
         TunnelBinding {
             tunnel: TunnelId(tunnel),
             name: format!("t{tunnel}"),
-            tenant: tenant.into(),
+            tenant: ids::TenantId::new(tenant).expect("tenant"),
             inside,
         }
     }

@@ -397,7 +397,7 @@ impl Shared {
     /// Sets `tenant`'s feature chain for `direction` (empty: removes it) and publishes it.
     pub(crate) fn set_feature_chain(
         &self,
-        tenant: &str,
+        tenant: &ids::TenantId,
         direction: Direction,
         chain: FeatureChain,
     ) -> Result<(), DataplaneError> {
@@ -410,7 +410,7 @@ impl Shared {
         reg.set_chain(tenant, direction, run);
         self.publish(&reg);
         drop(reg);
-        tracing::info!(tenant, ?direction, stages = ?chain, "feature chain set");
+        tracing::info!(%tenant, ?direction, stages = ?chain, "feature chain set");
         Ok(())
     }
 

@@ -252,7 +252,12 @@ impl Registry {
     }
 
     /// Sets (None: clears) `tenant`'s feature chain for `direction`.
-    pub(crate) fn set_chain(&mut self, tenant: &str, direction: Direction, run: Option<ChainRun>) {
+    pub(crate) fn set_chain(
+        &mut self,
+        tenant: &ids::TenantId,
+        direction: Direction,
+        run: Option<ChainRun>,
+    ) {
         self.chains.set(tenant, direction, run);
     }
 

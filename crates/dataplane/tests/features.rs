@@ -69,7 +69,7 @@ impl Feature for Count {
         self.seen.fetch_add(batch.len() as u64, Ordering::Relaxed);
     }
 
-    fn batch_done(&self, tenant: &str, seen: usize, packets: u64, busy: Duration) {
+    fn batch_done(&self, tenant: &ids::TenantId, seen: usize, packets: u64, busy: Duration) {
         assert_eq!(tenant, "acme");
         assert!(seen as u64 <= packets && busy > Duration::ZERO);
         self.charged.fetch_add(seen as u64, Ordering::Relaxed);
@@ -194,7 +194,11 @@ fn feature_chains_count_rewrite_and_drop_both_ways() {
         reasons: &["esp_replay"],
     }));
     assert!(matches!(
-        s.dp.set_feature_chain("acme", Direction::Inbound, clash),
+        s.dp.set_feature_chain(
+            &ids::TenantId::new("acme").expect("tenant"),
+            Direction::Inbound,
+            clash
+        ),
         Err(DataplaneError::Config { .. })
     ));
 
@@ -211,10 +215,18 @@ fn feature_chains_count_rewrite_and_drop_both_ways() {
             reasons: &["test_odd_in"],
         }));
     assert_eq!(out_chain.len(), 2);
-    s.dp.set_feature_chain("acme", Direction::Outbound, out_chain)
-        .expect("outbound chain");
-    s.dp.set_feature_chain("acme", Direction::Inbound, in_chain)
-        .expect("inbound chain");
+    s.dp.set_feature_chain(
+        &ids::TenantId::new("acme").expect("tenant"),
+        Direction::Outbound,
+        out_chain,
+    )
+    .expect("outbound chain");
+    s.dp.set_feature_chain(
+        &ids::TenantId::new("acme").expect("tenant"),
+        Direction::Inbound,
+        in_chain,
+    )
+    .expect("inbound chain");
     let st = s.dp.stats();
     assert_eq!(drop_count(&st, "acme/test_odd_out"), Some(0));
     assert_eq!(drop_count(&st, "acme/test_odd_in"), Some(0));
@@ -275,8 +287,12 @@ fn feature_chains_count_rewrite_and_drop_both_ways() {
     assert_eq!(drop_count(&s.dp.stats(), "esp_replay"), Some(0));
 
     // An empty chain removes the tenant's: packets pass untouched again.
-    s.dp.set_feature_chain("acme", Direction::Outbound, FeatureChain::new())
-        .expect("cleared");
+    s.dp.set_feature_chain(
+        &ids::TenantId::new("acme").expect("tenant"),
+        Direction::Outbound,
+        FeatureChain::new(),
+    )
+    .expect("cleared");
     let inner = udp4("10.0.0.5", 1000, "192.168.0.9", 2000, 64, &[7, 0, 0, 0]);
     s.host
         .send_to(&vxlan(100, gw_mac, VM_MAC, EtherType::IPV4, &inner), s.vtep)
@@ -362,8 +378,12 @@ fn outbound_chain_runs_before_the_child_sa_choice() {
         from: [172, 16, 0],
         to: [10, 0, 0],
     }));
-    s.dp.set_feature_chain("acme", Direction::Outbound, nat)
-        .expect("nat chain");
+    s.dp.set_feature_chain(
+        &ids::TenantId::new("acme").expect("tenant"),
+        Direction::Outbound,
+        nat,
+    )
+    .expect("nat chain");
     send("172.16.0.5", 2);
     let inner = peer.open(&recv(&s.peer)).expect("sealed in tunnel 1");
     assert_eq!(&inner[12..16], &[10, 0, 0, 5], "translated source");
@@ -384,12 +404,20 @@ fn outbound_chain_runs_before_the_child_sa_choice() {
         from: [10, 0, 0],
         to: [10, 9, 9],
     }));
-    s.dp.set_feature_chain("acme", Direction::Outbound, away)
-        .expect("nat chain");
+    s.dp.set_feature_chain(
+        &ids::TenantId::new("acme").expect("tenant"),
+        Direction::Outbound,
+        away,
+    )
+    .expect("nat chain");
     send("10.0.0.5", 3);
     wait_stats(&s.dp, "no tunnel after NAT", |st| no_tunnel(st) == 2);
-    s.dp.set_feature_chain("acme", Direction::Outbound, FeatureChain::new())
-        .expect("cleared");
+    s.dp.set_feature_chain(
+        &ids::TenantId::new("acme").expect("tenant"),
+        Direction::Outbound,
+        FeatureChain::new(),
+    )
+    .expect("cleared");
     send("10.0.0.5", 4);
     let inner = peer.open(&recv(&s.peer)).expect("peer opens");
     assert_eq!(inner[PAYLOAD], 4, "the rewritten packet was never sent");
@@ -415,7 +443,11 @@ fn drop_counters_are_per_tenant_and_a_refused_chain_leaves_none() {
             reasons: &["esp_auth"],
         }));
     assert!(matches!(
-        s.dp.set_feature_chain("acme", Direction::Inbound, refused),
+        s.dp.set_feature_chain(
+            &ids::TenantId::new("acme").expect("tenant"),
+            Direction::Inbound,
+            refused
+        ),
         Err(DataplaneError::Config { .. })
     ));
     let twice = FeatureChain::new()
@@ -427,7 +459,11 @@ fn drop_counters_are_per_tenant_and_a_refused_chain_leaves_none() {
         }));
     assert!(s
         .dp
-        .set_feature_chain("acme", Direction::Inbound, twice)
+        .set_feature_chain(
+            &ids::TenantId::new("acme").expect("tenant"),
+            Direction::Inbound,
+            twice
+        )
         .is_err());
     assert_eq!(names(&s.dp), Vec::<String>::new(), "nothing changed");
 
@@ -436,8 +472,12 @@ fn drop_counters_are_per_tenant_and_a_refused_chain_leaves_none() {
         let chain = FeatureChain::new().with(Arc::new(DropOdd {
             reasons: &["test_odd"],
         }));
-        s.dp.set_feature_chain(tenant, Direction::Outbound, chain)
-            .expect("chain");
+        s.dp.set_feature_chain(
+            &ids::TenantId::new(tenant).expect("tenant"),
+            Direction::Outbound,
+            chain,
+        )
+        .expect("chain");
     }
     assert_eq!(names(&s.dp), vec!["acme/test_odd", "globex/test_odd"]);
 

@@ -117,7 +117,7 @@ fn gateway_namespace() {
         natt_port: 0,
         vxlan_port: 4789,
         vnets: vec![VnetConfig {
-            tenant: "acme".into(),
+            tenant: ids::TenantId::new("acme").expect("tenant"),
             name: "prod".into(),
             vni: 100,
             gateway_ips: vec![ip("10.0.0.1")],
@@ -131,7 +131,7 @@ fn gateway_namespace() {
         tunnels: vec![TunnelBinding {
             tunnel: ike::TunnelId(1),
             name: "site".into(),
-            tenant: "acme".into(),
+            tenant: ids::TenantId::new("acme").expect("tenant"),
             inside: Inside::Vnet(0),
         }],
         tun_name: None,

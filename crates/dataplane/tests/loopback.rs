@@ -355,7 +355,7 @@ fn invalid_configuration_names_the_field() {
         tunnels: vec![TunnelBinding {
             tunnel: ike::TunnelId(1),
             name: "t".into(),
-            tenant: "x".into(),
+            tenant: ids::TenantId::new("x").expect("tenant"),
             inside: Inside::Vnet(3),
         }],
         tun_name: None,

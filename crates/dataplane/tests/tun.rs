@@ -86,7 +86,7 @@ fn private_netns_round_trip() {
         tunnels: vec![TunnelBinding {
             tunnel: ike::TunnelId(7),
             name: "lan".into(),
-            tenant: "site".into(),
+            tenant: ids::TenantId::new("site").expect("tenant"),
             inside: Inside::Tun,
         }],
         tun_name: Some("ptun0".into()),

@@ -53,9 +53,10 @@ pub const TENANT_MAX_LEN: usize = 64;
 #[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct TenantId(Arc<str>);
 
-/// Why a string is not a tenant name.
+/// Why a string is not a name (of a tenant, or of anything else the operator names by the same
+/// rule: VNets, tunnels).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum InvalidTenant {
+pub enum InvalidName {
     /// The name is empty.
     #[error("must not be empty")]
     Empty,
@@ -64,16 +65,23 @@ pub enum InvalidTenant {
     Invalid(String),
 }
 
+/// Checks a name by the rule of tenant names: 1 to [`TENANT_MAX_LEN`] ASCII letters, digits,
+/// `-`, `_` and `.`.
+pub fn check_name(name: &str) -> Result<(), InvalidName> {
+    if name.is_empty() {
+        return Err(InvalidName::Empty);
+    }
+    let allowed = |c: char| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.');
+    if name.len() > TENANT_MAX_LEN || !name.chars().all(allowed) {
+        return Err(InvalidName::Invalid(name.to_owned()));
+    }
+    Ok(())
+}
+
 impl TenantId {
-    /// Checks `name` and makes it a tenant id.
-    pub fn new(name: &str) -> Result<Self, InvalidTenant> {
-        if name.is_empty() {
-            return Err(InvalidTenant::Empty);
-        }
-        let allowed = |c: char| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.');
-        if name.len() > TENANT_MAX_LEN || !name.chars().all(allowed) {
-            return Err(InvalidTenant::Invalid(name.to_owned()));
-        }
+    /// Checks `name` ([`check_name`]) and makes it a tenant id.
+    pub fn new(name: &str) -> Result<Self, InvalidName> {
+        check_name(name)?;
         Ok(Self(name.into()))
     }
 
@@ -113,6 +121,12 @@ impl PartialEq<str> for TenantId {
     }
 }
 
+impl PartialEq<String> for TenantId {
+    fn eq(&self, other: &String) -> bool {
+        *self.0 == **other
+    }
+}
+
 impl PartialEq<&str> for TenantId {
     fn eq(&self, other: &&str) -> bool {
         &*self.0 == *other
@@ -120,7 +134,7 @@ impl PartialEq<&str> for TenantId {
 }
 
 impl std::str::FromStr for TenantId {
-    type Err = InvalidTenant;
+    type Err = InvalidName;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         Self::new(s)
     }
@@ -150,11 +164,11 @@ mod tests {
             assert_eq!(t.as_str(), ok);
             assert_eq!(t.to_string(), ok);
         }
-        assert_eq!(TenantId::new(""), Err(InvalidTenant::Empty));
+        assert_eq!(TenantId::new(""), Err(InvalidName::Empty));
         for bad in ["a b", "ä", "a/b", &"x".repeat(TENANT_MAX_LEN + 1), "a\n"] {
             assert_eq!(
                 TenantId::new(bad),
-                Err(InvalidTenant::Invalid(bad.to_owned())),
+                Err(InvalidName::Invalid(bad.to_owned())),
                 "{bad:?}"
             );
         }

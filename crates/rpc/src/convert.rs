@@ -26,6 +26,7 @@ use crate::pb;
 use crypto::transform::{EncrId, IntegId, KeId};
 use crypto::{DhGroup, Encr, Integ};
 use datapath::{Inside, InstalledChild, Route, TunnelBinding, VnetConfig};
+use ids::{InvalidName, TenantId};
 use ike::{ChildKeys, ChildSaInfo, IkeSpis, TrafficSelector, TunnelId};
 use ipnet::IpNet;
 use std::fmt;
@@ -193,6 +194,14 @@ fn name_from_pb(field: &str, name: &str) -> Result<String> {
         return err(field, "empty");
     }
     Ok(name.to_owned())
+}
+
+/// Checks a tenant field: a tenant name as the configuration allows it (`ids::TenantId`).
+fn tenant_from_pb(field: &str, name: &str) -> Result<TenantId> {
+    TenantId::new(name).map_err(|e| match e {
+        InvalidName::Empty => ConvertError::new(field, "empty"),
+        e => ConvertError::new(field, e.to_string()),
+    })
 }
 
 /// The protocol's role of a node in its Hello: data and steer nodes only (control nodes do not

@@ -25,8 +25,8 @@ use rustc_hash::FxHashMap;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::sync::Arc;
 
-pub use wire::flow::Flow;
 use ipnet::IpNet;
+pub use wire::flow::Flow;
 use wire::flow::Ports;
 use wire::ike::TrafficSelector;
 use wire::vxlan::Vni;

@@ -238,10 +238,7 @@ impl ClusterCore {
                 continue;
             }
             for node in self.nodes.keys() {
-                if let Some(share) = self
-                    .shares
-                    .sent(steer::NodeId(*node), t.id)
-                {
+                if let Some(share) = self.shares.sent(steer::NodeId(*node), t.id) {
                     out.insert((*node, t.id), share);
                 }
             }

@@ -102,12 +102,7 @@ impl ClusterCore {
     pub(crate) fn tunnel_limits(&self) -> Vec<(steer::TunnelId, u64)> {
         self.tunnels
             .values()
-            .filter_map(|t| {
-                Some((
-                    t.id,
-                    u64::from(t.rate_limit_mbit?) * 1_000_000,
-                ))
-            })
+            .filter_map(|t| Some((t.id, u64::from(t.rate_limit_mbit?) * 1_000_000)))
             .collect()
     }
 

@@ -63,12 +63,7 @@ impl TestDir {
         path
     }
 
-    fn config(
-        &self,
-        command: &Path,
-        nodes: Nodes,
-        stop_timeout: Duration,
-    ) -> LocalProviderConfig {
+    fn config(&self, command: &Path, nodes: Nodes, stop_timeout: Duration) -> LocalProviderConfig {
         LocalProviderConfig {
             command: Some(command.to_owned()),
             run_dir: self.run_dir(),
@@ -248,8 +243,7 @@ fn provider_kills_a_node_that_ignores_sigterm() {
     let command = dir.script("protego", "trap '' TERM\nexec sleep 600");
     let file = dir.node_file("data1.toml", "data1", true);
     let timeout = Duration::from_millis(300);
-    let provider =
-        LocalProvider::new(&dir.config(&command, &[(&file, None)], timeout)).unwrap();
+    let provider = LocalProvider::new(&dir.config(&command, &[(&file, None)], timeout)).unwrap();
     dir.start(&provider, "data1").unwrap();
     let (pid, start_time) = dir.pid_of("data1").unwrap();
     wait_exec(pid);
@@ -419,12 +413,8 @@ fn provider_rejects_unknown_nodes_and_bad_configs() {
     let command = dir.script("protego", "exec sleep 600");
     let file1 = dir.node_file("data1.toml", "data1", true);
     let provider = LocalProvider::new(&dir.config(&command, &[(&file1, None)], LONG)).unwrap();
-    assert!(
-        matches!(provider.start("data9"), Err(ProviderError::UnknownNode(n)) if n == "data9")
-    );
-    assert!(
-        matches!(provider.stop("data9"), Err(ProviderError::UnknownNode(n)) if n == "data9")
-    );
+    assert!(matches!(provider.start("data9"), Err(ProviderError::UnknownNode(n)) if n == "data9"));
+    assert!(matches!(provider.stop("data9"), Err(ProviderError::UnknownNode(n)) if n == "data9"));
 
     let steer = dir.node_file("steer1.toml", "steer1", false);
     let twin = dir.node_file("twin.toml", "data1", true);

@@ -166,9 +166,9 @@ impl Config {
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct ConfigPlan {
     /// Tenants that are new.
-    pub tenants_added: Vec<String>,
+    pub tenants_added: Vec<ids::TenantId>,
     /// Tenants that are gone.
-    pub tenants_removed: Vec<String>,
+    pub tenants_removed: Vec<ids::TenantId>,
     /// VNets that are new.
     pub vnets_added: Vec<String>,
     /// VNets whose VNI, gateway addresses, VTEP or routes change (their tunnels' SAs follow

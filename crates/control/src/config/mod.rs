@@ -18,6 +18,7 @@ pub use duration::{format_duration, parse_duration};
 pub use inventory::{plan, tunnel_change, ConfigPlan, StoredPsks, TunnelChange};
 
 use crate::error::{ConfigError, Error};
+use ids::TenantId;
 use std::net::IpAddr;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
@@ -231,7 +232,7 @@ pub struct Tunnel {
     /// The IKE engine's view of the tunnel (holds the PSK).
     pub peer: ike::PeerConfig,
     /// The tenant it belongs to.
-    pub tenant: String,
+    pub tenant: TenantId,
     /// Where its traffic goes.
     pub inside: TunnelInside,
     /// The IKE proposals as written (after `default` expansion), for summaries.
@@ -290,7 +291,7 @@ pub struct Config {
     /// The IKE engine's node-wide settings.
     pub endpoint: ike::EndpointConfig,
     /// Tenant names in file order.
-    pub tenants: Vec<String>,
+    pub tenants: Vec<TenantId>,
     /// Tunnels in file order. Ids are assigned in file order (1, 2, ...) when a file is read;
     /// a configuration applied to a running node keeps the ids of tunnels that keep their
     /// names ([`Config::keep_ids`]).

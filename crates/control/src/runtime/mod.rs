@@ -370,7 +370,7 @@ impl Drop for ControlPlane {
 /// What the loop needs to know about a tunnel beyond the engine's view.
 struct TunnelInfo {
     name: String,
-    tenant: String,
+    tenant: ids::TenantId,
     start_action: StartAction,
     dpd_action: DpdAction,
     /// No longer configured (an apply removed it); kept while its SAs are being deleted, so

@@ -17,6 +17,7 @@ pub use server::{
 
 use crate::config::{Config, TunnelInside};
 use datapath::DataplaneStats;
+use ids::TenantId;
 use ike::{IkeSaState, IkeSaStatus, IkeStats, TrafficSelector, TunnelId};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashMap};
@@ -93,7 +94,7 @@ pub struct TunnelStatus {
     /// Name (`[[tunnel]] name`).
     pub name: String,
     /// Tenant.
-    pub tenant: String,
+    pub tenant: TenantId,
     /// `vnet:NAME` or `tun`.
     pub inside: String,
     /// Summary state.
@@ -175,7 +176,7 @@ pub struct TunnelEntry {
     /// Its name.
     pub name: String,
     /// Its tenant.
-    pub tenant: String,
+    pub tenant: TenantId,
     /// `vnet:NAME` or `tun`.
     pub inside: String,
     /// Configured peer addresses.

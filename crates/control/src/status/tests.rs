@@ -21,7 +21,7 @@ fn directory() -> TunnelDirectory {
     let entry = |id, name: &str, tenant: &str| TunnelEntry {
         id: TunnelId(id),
         name: name.into(),
-        tenant: tenant.into(),
+        tenant: ids::TenantId::new(tenant).expect("tenant"),
         inside: "vnet:prod".into(),
         remote_addrs: vec!["192.0.2.2".parse().unwrap()],
         local_id: "gw.example".into(),

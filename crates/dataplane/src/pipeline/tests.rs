@@ -35,7 +35,7 @@ struct Env {
 /// A VNet of `tenant` (10.0.0.0/24 behind the host VTEP, gateway 10.0.0.1).
 pub(super) fn vnet(tenant: &str, vni: u32) -> VnetConfig {
     VnetConfig {
-        tenant: tenant.into(),
+        tenant: ids::TenantId::new(tenant).expect("tenant"),
         name: format!("{tenant}-net"),
         vni,
         gateway_ips: vec![ip("10.0.0.1")],
@@ -53,7 +53,7 @@ pub(super) fn binding(tunnel: u32, tenant: &str, inside: Inside) -> TunnelBindin
     TunnelBinding {
         tunnel: TunnelId(tunnel),
         name: format!("t{tunnel}"),
-        tenant: tenant.into(),
+        tenant: ids::TenantId::new(tenant).expect("tenant"),
         inside,
     }
 }

@@ -56,7 +56,7 @@ mod tests {
 
     fn vnet() -> Vnet {
         let cfg = VnetConfig {
-            tenant: "t".into(),
+            tenant: ids::TenantId::new("t").expect("tenant"),
             name: "n".into(),
             vni: 100,
             gateway_ips: vec!["10.0.0.1".parse().expect("ip")],

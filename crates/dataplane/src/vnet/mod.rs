@@ -62,7 +62,7 @@ pub(crate) struct Vnet {
     /// new one): the key of the workers' neighbour memos, so a memo never outlives its VNet.
     pub(crate) id: usize,
     /// Tenant name (logs).
-    pub(crate) tenant: String,
+    pub(crate) tenant: ids::TenantId,
     /// VNet name (logs).
     pub(crate) name: String,
     /// VXLAN network identifier.
@@ -189,7 +189,7 @@ mod tests {
 
     pub(crate) fn cfg(vni: u32) -> VnetConfig {
         VnetConfig {
-            tenant: "t".into(),
+            tenant: ids::TenantId::new("t").expect("tenant"),
             name: "n".into(),
             vni,
             gateway_ips: vec!["10.0.0.1".parse().expect("ip")],

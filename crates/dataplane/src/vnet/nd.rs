@@ -149,7 +149,7 @@ mod tests {
 
     fn vnet() -> Vnet {
         let cfg = VnetConfig {
-            tenant: "t".into(),
+            tenant: ids::TenantId::new("t").expect("tenant"),
             name: "n".into(),
             vni: 100,
             gateway_ips: vec!["2001:db8::1".parse().expect("ip")],
@@ -205,7 +205,7 @@ mod tests {
     #[test]
     fn dual_stack_ipv6_gateway_is_answered() {
         let cfg = VnetConfig {
-            tenant: "t".into(),
+            tenant: ids::TenantId::new("t").expect("tenant"),
             name: "n".into(),
             vni: 100,
             gateway_ips: vec![

@@ -12,7 +12,7 @@ fn ip(s: &str) -> IpAddr {
 /// 10.0.0.0/24 behind the host VTEP 127.0.0.2.
 pub(crate) fn loopback_vnet() -> VnetConfig {
     VnetConfig {
-        tenant: "acme".into(),
+        tenant: ids::TenantId::new("acme").expect("tenant"),
         name: "prod".into(),
         vni: 100,
         gateway_ips: vec![ip("10.0.0.1")],
@@ -30,7 +30,7 @@ pub(crate) fn site_tunnel(inside: Inside) -> TunnelBinding {
     TunnelBinding {
         tunnel: ike::TunnelId(1),
         name: "site".into(),
-        tenant: "acme".into(),
+        tenant: ids::TenantId::new("acme").expect("tenant"),
         inside,
     }
 }

@@ -46,7 +46,7 @@ pub fn route_from_pb(route: &pb::Route) -> Result<Route> {
 /// A VNet as the protocol writes it (its `vtep` is the data node's own: not sent).
 pub fn vnet_to_pb(vnet: &VnetConfig) -> pb::Vnet {
     pb::Vnet {
-        tenant: vnet.tenant.clone(),
+        tenant: vnet.tenant.to_string(),
         name: vnet.name.clone(),
         vni: vnet.vni,
         gateway_ips: vnet.gateway_ips.iter().map(IpAddr::to_string).collect(),
@@ -61,7 +61,7 @@ pub fn vnet_from_pb(vnet: &pb::Vnet, vtep: IpAddr) -> Result<VnetConfig> {
     if !is_unicast(vtep) {
         return err("vtep", format!("{vtep} is not a unicast address"));
     }
-    let tenant = name_from_pb("tenant", &vnet.tenant)?;
+    let tenant = tenant_from_pb("tenant", &vnet.tenant)?;
     let name = name_from_pb("name", &vnet.name)?;
     let vni = vni_from_pb("vni", vnet.vni)?.get();
     let gateway_ips = each("gateway_ips", &vnet.gateway_ips, |s| unicast_from_pb("", s))?;
@@ -99,7 +99,7 @@ pub fn tunnel_binding_to_pb(binding: &TunnelBinding) -> pb::TunnelBinding {
     pb::TunnelBinding {
         tunnel: binding.tunnel.0,
         name: binding.name.clone(),
-        tenant: binding.tenant.clone(),
+        tenant: binding.tenant.to_string(),
         vnet: match binding.inside {
             // No list of VNets has 2^32 entries; an index beyond u32 (impossible) would arrive
             // as u32::MAX and be refused as out of range.
@@ -115,7 +115,7 @@ pub fn tunnel_binding_from_pb(binding: &pb::TunnelBinding) -> Result<TunnelBindi
     Ok(TunnelBinding {
         tunnel: TunnelId(binding.tunnel),
         name: name_from_pb("name", &binding.name)?,
-        tenant: name_from_pb("tenant", &binding.tenant)?,
+        tenant: tenant_from_pb("tenant", &binding.tenant)?,
         inside: match binding.vnet {
             Some(index) => Inside::Vnet(index_from_pb("vnet", index)?),
             None => Inside::Tun,

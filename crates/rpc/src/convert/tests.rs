@@ -220,6 +220,10 @@ fn arb_name() -> impl Strategy<Value = String> {
     "[a-z][a-z0-9-]{0,11}"
 }
 
+fn arb_tenant() -> impl Strategy<Value = ids::TenantId> {
+    arb_name().prop_map(|n| ids::TenantId::new(&n).expect("a valid tenant name"))
+}
+
 fn arb_route(v6_hosts: bool) -> impl Strategy<Value = Route> {
     (
         any::<bool>(),
@@ -259,7 +263,7 @@ fn arb_gateways() -> impl Strategy<Value = Vec<IpAddr>> {
 /// A VNet on `vtep`.
 fn arb_vnet(vtep: IpAddr) -> impl Strategy<Value = VnetConfig> {
     (
-        arb_name(),
+        arb_tenant(),
         arb_name(),
         0..=Vni::MAX,
         arb_gateways(),
@@ -298,7 +302,10 @@ fn arb_data_config() -> impl Strategy<Value = (IpAddr, Vec<VnetConfig>, Vec<Tunn
                 .map(|(i, (id, name, pick))| {
                     let (tenant, inside) = match (pick as usize).checked_rem(vnets.len() + 1) {
                         Some(k) if k < vnets.len() => (vnets[k].tenant.clone(), Inside::Vnet(k)),
-                        _ => (format!("t{pick}"), Inside::Tun),
+                        _ => (
+                            ids::TenantId::new(&format!("t{pick}")).expect("tenant"),
+                            Inside::Tun,
+                        ),
                     };
                     TunnelBinding {
                         tunnel: TunnelId(id.wrapping_mul(8).wrapping_add(i as u32)),

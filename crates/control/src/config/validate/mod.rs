@@ -20,6 +20,7 @@ use super::{
 use crate::error::ConfigError;
 use crate::store::EtcdOptions;
 use datapath::{DataplaneConfig, Inside, Route, TunnelBinding, VnetConfig};
+use ids::TenantId;
 use ipnet::IpNet;
 use std::net::IpAddr;
 use std::ops::Range;
@@ -215,57 +216,42 @@ impl Validator<'_, '_> {
         }
     }
 
-    /// Tenant names with the line each was defined on.
-    fn tenants(&self, raw: &RawFile) -> Result<Vec<(String, usize)>, Box<ConfigError>> {
-        let mut out: Vec<(String, usize)> = Vec::new();
+    /// Tenants with the line each was defined on.
+    fn tenants(&self, raw: &RawFile) -> Result<Vec<(TenantId, usize)>, Box<ConfigError>> {
+        let mut out: Vec<(TenantId, usize)> = Vec::new();
         for t in &raw.tenant {
             let name = &t.get_ref().name;
             let section = "[[tenant]]";
-            self.check_name(name, section)?;
-            if let Some((_, line)) = out.iter().find(|(n, _)| n == name.get_ref()) {
+            let tenant = TenantId::new(name.get_ref())
+                .map_err(|e| self.err(name.span(), section, "name", e.to_string()))?;
+            if let Some((_, line)) = out.iter().find(|(n, _)| *n == tenant) {
                 return Err(self.err(
                     name.span(),
                     section,
                     "name",
-                    format!(
-                        "tenant {:?} is already defined on line {line}",
-                        name.get_ref()
-                    ),
+                    format!("tenant {tenant:?} is already defined on line {line}"),
                 ));
             }
-            out.push((name.get_ref().clone(), self.line(&name.span())));
+            out.push((tenant, self.line(&name.span())));
         }
         Ok(out)
     }
 
+    /// Checks a VNet's or tunnel's name by the rule of tenant names (`ids::check_name`).
     fn check_name(&self, name: &Spanned<String>, section: &str) -> Result<(), Box<ConfigError>> {
-        let n = name.get_ref();
-        if n.is_empty() {
-            return Err(self.err(name.span(), section, "name", "must not be empty"));
-        }
-        if n.len() > 64
-            || !n
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
-        {
-            return Err(self.err(
-                name.span(),
-                section,
-                "name",
-                format!("{n:?} is not a valid name (up to 64 characters: letters, digits, - _ .)"),
-            ));
-        }
-        Ok(())
+        ids::check_name(name.get_ref())
+            .map_err(|e| self.err(name.span(), section, "name", e.to_string()))
     }
 
+    /// The defined tenant `tenant` names.
     fn tenant_ref(
         &self,
         tenant: &Spanned<String>,
-        tenants: &[(String, usize)],
+        tenants: &[(TenantId, usize)],
         section: &str,
-    ) -> Result<(), Box<ConfigError>> {
-        if tenants.iter().any(|(n, _)| n == tenant.get_ref()) {
-            return Ok(());
+    ) -> Result<TenantId, Box<ConfigError>> {
+        if let Some((t, _)) = tenants.iter().find(|(n, _)| n == tenant.get_ref()) {
+            return Ok(t.clone());
         }
         let known: Vec<&str> = tenants.iter().map(|(n, _)| n.as_str()).collect();
         let hint = if known.is_empty() {
@@ -284,7 +270,7 @@ impl Validator<'_, '_> {
     fn vnets(
         &self,
         raw: &RawFile,
-        tenants: &[(String, usize)],
+        tenants: &[(TenantId, usize)],
     ) -> Result<Vec<CheckedVnet>, Box<ConfigError>> {
         let mut out: Vec<CheckedVnet> = Vec::new();
         for n in &raw.vnet {
@@ -297,16 +283,16 @@ impl Validator<'_, '_> {
     fn vnet(
         &self,
         n: &RawVnet,
-        tenants: &[(String, usize)],
+        tenants: &[(TenantId, usize)],
         done: &[CheckedVnet],
     ) -> Result<CheckedVnet, Box<ConfigError>> {
         let section = format!("[[vnet]] {:?}", n.name.get_ref());
         let s = section.as_str();
         self.check_name(&n.name, s)?;
-        self.tenant_ref(&n.tenant, tenants, s)?;
+        let tenant = self.tenant_ref(&n.tenant, tenants, s)?;
         if let Some(other) = done
             .iter()
-            .find(|o| o.config.tenant == *n.tenant.get_ref() && o.config.name == *n.name.get_ref())
+            .find(|o| o.config.tenant == tenant && o.config.name == *n.name.get_ref())
         {
             return Err(self.err(
                 n.name.span(),
@@ -370,7 +356,7 @@ impl Validator<'_, '_> {
         }
         Ok(CheckedVnet {
             config: VnetConfig {
-                tenant: n.tenant.get_ref().clone(),
+                tenant,
                 name: n.name.get_ref().clone(),
                 vni,
                 gateway_ips,

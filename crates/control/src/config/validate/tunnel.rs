@@ -9,6 +9,7 @@ use super::{
 use crate::config::raw::{DurationValue, RawTunnel, StringList};
 use crate::config::{format_duration, Gateway, Tunnel, TunnelInside};
 use crate::error::ConfigError;
+use ids::TenantId;
 use ike::{
     DpdAction, EspProposal, Identity, IkeProposal, PeerConfig, StartAction, TrafficSelector,
     TunnelId,
@@ -28,7 +29,7 @@ impl Validator<'_, '_> {
         index: usize,
         t: &Spanned<RawTunnel>,
         gateway: &Gateway,
-        tenants: &[(String, usize)],
+        tenants: &[(TenantId, usize)],
         vnets: &[CheckedVnet],
         done: &[CheckedTunnel],
     ) -> Result<CheckedTunnel, Box<ConfigError>> {
@@ -49,8 +50,7 @@ impl Validator<'_, '_> {
                 ),
             ));
         }
-        self.tenant_ref(&t.tenant, tenants, s)?;
-        let tenant = t.tenant.get_ref().clone();
+        let tenant = self.tenant_ref(&t.tenant, tenants, s)?;
         let inside = self.inside(t, &tenant, vnets, s)?;
 
         let remote_addrs = self.addresses(t.remote_addrs.as_ref(), s, "remote_addrs", true)?;
@@ -346,7 +346,7 @@ impl Validator<'_, '_> {
     fn inside(
         &self,
         t: &RawTunnel,
-        tenant: &str,
+        tenant: &TenantId,
         vnets: &[CheckedVnet],
         s: &str,
     ) -> Result<TunnelInside, Box<ConfigError>> {
@@ -383,7 +383,7 @@ impl Validator<'_, '_> {
                 let name = v.get_ref();
                 if vnets
                     .iter()
-                    .any(|n| n.config.tenant == tenant && n.config.name == *name)
+                    .any(|n| n.config.tenant == *tenant && n.config.name == *name)
                 {
                     return Ok(TunnelInside::Vnet(name.clone()));
                 }

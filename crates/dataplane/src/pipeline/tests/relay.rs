@@ -334,7 +334,8 @@ fn feature_chains_run_on_both_passes_of_the_relay_lane() {
         (Direction::Inbound, &["odd_in"][..]),
     ] {
         let chain = FeatureChain::new().with(Arc::new(DropOdd(reason)));
-        e.sh.set_feature_chain("a", dir, chain).expect("chain");
+        e.sh.set_feature_chain(&ids::TenantId::new("a").expect("tenant"), dir, chain)
+            .expect("chain");
     }
     let feature_drops = |e: &Env, name: &str| {
         e.sh.feature_drops

@@ -254,6 +254,11 @@ fn data_config_errors_name_the_field() {
     };
     fails(vnet(|v| v.vni = 1 << 24), "vnets[0].vni", "24 bits");
     fails(vnet(|v| v.tenant.clear()), "vnets[0].tenant", "empty");
+    fails(
+        vnet(|v| v.tenant = "acme corp".into()),
+        "vnets[0].tenant",
+        "not a valid name",
+    );
     fails(vnet(|v| v.name.clear()), "vnets[0].name", "empty");
     fails(
         vnet(|v| v.gateway_ips.clear()),
@@ -335,6 +340,11 @@ fn data_config_errors_name_the_field() {
         config(vec![], vec![binding(1, "", None)]),
         "tunnels[0].tenant",
         "empty",
+    );
+    fails(
+        config(vec![], vec![binding(1, &"x".repeat(65), None)]),
+        "tunnels[0].tenant",
+        "not a valid name",
     );
 
     let e = vnet_from_pb(&good_vnet(), v4("0.0.0.0")).expect_err("bad VTEP");
