@@ -16,7 +16,7 @@
 //! The NAT rebinding check (RFC 7296 §2.23) runs here too: only a packet that the window
 //! accepted as the newest of its SA may move the SA to its source address.
 
-use crate::api::ToControl;
+use datapath::ToControl;
 use crate::batch::TxBatch;
 use crate::shared::Shared;
 use crate::stats::{DropCounts, DropReason};

@@ -6,7 +6,7 @@
 //! In relay mode a CHILD_SA's local address is a steer node's VIP, not one of ours: its ESP
 //! leaves from the Geneve socket, wrapped for the steer node (see `relays`).
 
-use crate::api::DataplaneError;
+use datapath::DataplaneError;
 use crate::sa::SaPair;
 use crate::shared::Shared;
 use crate::stats::ChildCounters;

@@ -7,7 +7,7 @@
 //! the TUN device); the steer nodes and the inside configuration (VNets, tunnel bindings) are
 //! replaced at run time with [`Dataplane::set_relays`] and [`Dataplane::set_inside`].
 
-use crate::api::{
+use datapath::{
     DataPath, DataplaneConfig, DataplaneError, DataplaneStats, InstalledChild, ToControl,
     TunnelBinding, VnetConfig, WorkerStats,
 };

@@ -29,7 +29,7 @@
 //! chooses again on the result, among the TUN tunnels, keeping the packet only if that choice
 //! is a tunnel of the same tenant (else `tun_no_tunnel`).
 
-use crate::api::{DataplaneError, Inside};
+use datapath::{DataplaneError, Inside};
 use crate::stats::DropReason;
 use ids::TenantId;
 use ike::TunnelId;

@@ -138,10 +138,8 @@ mod worker;
 mod testutil;
 
 // The interface types live in the `datapath` crate (so the control plane and the RPC layer
-// need not link the data plane); `crate::api` names them here.
-use datapath as api;
-
-pub use api::{
+// need not link the data plane); the modules here use them from there.
+pub use datapath::{
     ChildStats, DataPath, DataplaneConfig, DataplaneError, DataplaneStats, IkeDatagram, Inside,
     InstalledChild, KnownChild, RelayConfig, Route, ToControl, TunnelBinding, VnetConfig,
     WorkerStats,

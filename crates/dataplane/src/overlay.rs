@@ -9,7 +9,7 @@
 //! VNets, plus in relay mode the node's VTEP address, `RelayConfig::vtep`); a VNet given
 //! later must use one of them.
 
-use crate::api::{DataplaneError, Inside, TunnelBinding, VnetConfig};
+use datapath::{DataplaneError, Inside, TunnelBinding, VnetConfig};
 use crate::vnet::Vnet;
 use ike::TunnelId;
 use rustc_hash::FxHashMap;
@@ -209,7 +209,7 @@ fn validate(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::Route;
+    use datapath::Route;
 
     fn ip(s: &str) -> IpAddr {
         s.parse().expect("ip")

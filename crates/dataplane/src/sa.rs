@@ -2,7 +2,7 @@
 //! (inbound keys open what the peer sends, outbound keys seal what we send, RFC 7296 §2.17),
 //! with `esp`'s errors mapped onto the data plane's drop reasons.
 
-use crate::api::ChildStats;
+use datapath::ChildStats;
 use crate::stats::DropReason;
 use crypto::SaCipher;
 use esp::{

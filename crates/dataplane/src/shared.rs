@@ -3,7 +3,7 @@
 //! and tunnel bindings, steer nodes, feature chains), the lanes and send batch pools, and the
 //! counters. The pipeline's stages import this module; it imports none of them.
 
-use crate::api::{
+use datapath::{
     DataplaneConfig, DataplaneError, RelayConfig, ToControl, TunnelBinding, VnetConfig,
 };
 use crate::feature::{Direction, FeatureChain, FeatureDrops};

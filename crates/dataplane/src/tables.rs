@@ -13,7 +13,7 @@
 //! bindings) and, in relay mode, the steer nodes ([`Relays`]), so a batch sees one consistent
 //! state of everything the control plane may change at run time.
 
-use crate::api::{ChildStats, Inside, InstalledChild};
+use datapath::{ChildStats, Inside, InstalledChild};
 use crate::feature::{ChainConfig, ChainRun, Direction, FeatureTable};
 use crate::overlay::Overlay;
 use crate::relays::Relays;
@@ -43,7 +43,7 @@ pub(crate) struct ChildState {
     /// RekeyNeeded was sent for the outbound SA.
     pub(crate) rekey_requested: AtomicBool,
     /// The last new peer address reported to the control plane (see
-    /// [`ToControl::PeerAddressSeen`](crate::api::ToControl::PeerAddressSeen)). Only read
+    /// [`ToControl::PeerAddressSeen`](datapath::ToControl::PeerAddressSeen)). Only read
     /// when authenticated ESP arrives from an address other than the SA's.
     pub(crate) moved_reported: Mutex<Option<SocketAddr>>,
 }

@@ -29,7 +29,7 @@
 //! lane; probes are answered); after the stage is released, in parallel with other workers,
 //! the ESP from peers (as on a NAT-T lane).
 
-use crate::api::{IkeDatagram, ToControl};
+use datapath::{IkeDatagram, ToControl};
 use crate::out::Out;
 use crate::relays::RELAY_VNI;
 use crate::shared::Shared;

@@ -23,7 +23,7 @@ use super::decap::{self, Frame};
 use super::encap;
 use super::open::{self, Opened};
 use super::seal;
-use crate::api::Inside;
+use datapath::Inside;
 use crate::feature::{Direction, PacketMeta, TunChain};
 use crate::inner::InnerIp;
 use crate::out::{Out, Resume};

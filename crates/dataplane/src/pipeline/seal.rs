@@ -20,7 +20,7 @@
 //! when it is sealed ([`relays::write_headers`]), so every segment of a GSO train
 //! toward the steer node carries its own relay headers.
 
-use crate::api::ToControl;
+use datapath::ToControl;
 use crate::inner::{self, InnerIp};
 use crate::out::{Egress, Out};
 use crate::relays;

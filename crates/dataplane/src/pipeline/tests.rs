@@ -4,7 +4,7 @@
 
 use super::classify::Via;
 use super::graph;
-use crate::api::{DataplaneConfig, Inside, Route, ToControl, TunnelBinding, VnetConfig};
+use datapath::{DataplaneConfig, Inside, Route, ToControl, TunnelBinding, VnetConfig};
 use crate::io::output::Output;
 use crate::out::Out;
 use crate::shared::Shared;

@@ -52,7 +52,7 @@ pub(crate) fn request(vnet: &Vnet, target: Ipv4Addr) -> ArpRepr {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::{Route, VnetConfig};
+    use datapath::{Route, VnetConfig};
 
     fn vnet() -> Vnet {
         let cfg = VnetConfig {

@@ -7,7 +7,7 @@ pub(crate) mod nd;
 pub(crate) mod neigh;
 pub(crate) mod route;
 
-use crate::api::{DataplaneError, VnetConfig};
+use datapath::{DataplaneError, VnetConfig};
 use neigh::{Mac, NeighCache};
 use route::RouteTable;
 use std::collections::HashSet;
@@ -185,7 +185,7 @@ pub(crate) fn write_frame_header(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::Route;
+    use datapath::Route;
 
     pub(crate) fn cfg(vni: u32) -> VnetConfig {
         VnetConfig {

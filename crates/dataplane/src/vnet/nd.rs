@@ -144,7 +144,7 @@ pub(crate) fn solicit(vnet: &Vnet, target: Ipv6Addr) -> NdOut {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::{Route, VnetConfig};
+    use datapath::{Route, VnetConfig};
     use wire::ip::Ipv6Packet;
 
     fn vnet() -> Vnet {

@@ -2,7 +2,7 @@
 //! behind which it lives. One hash table per prefix length present, probed from the longest:
 //! a lookup costs at most one probe per distinct length and never allocates.
 
-use crate::api::Route;
+use datapath::Route;
 use ipnet::IpNet;
 use rustc_hash::FxHashMap;
 use std::net::IpAddr;

@@ -4,7 +4,7 @@
 //! sent on them.
 
 use super::{binding, vnet};
-use crate::api::{
+use datapath::{
     DataplaneConfig, DataplaneError, Inside, RelayConfig, ToControl, TunnelBinding, VnetConfig,
 };
 use crate::feature::{Direction, Feature, FeatureBatch, FeatureChain};
