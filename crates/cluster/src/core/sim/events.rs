@@ -249,8 +249,31 @@ impl World {
                 let ok = answer && self.data.get(&name).is_some_and(|m| m.up && m.session);
                 self.stats.installed += u64::from(ok);
                 let now = self.now();
-                self.core.handle_install_answer(&child, node, ok, now);
+                if self.core.handle_install_answer(&child, ok, now) != Some(node) {
+                    self.fail(&format!(
+                        "the answer of {}'s install on {name} was not taken for {name}",
+                        child.inbound_spi
+                    ));
+                }
                 self.deliver();
+                // A late duplicate of the answer (or of its opposite) changes nothing.
+                if self.chance(5) {
+                    let again = self.chance(50);
+                    self.record(format!(
+                        "{name}'s answer to {} comes again (ok {again})",
+                        child.inbound_spi
+                    ));
+                    let ignored = self.core.ignored_answers();
+                    if self
+                        .core
+                        .handle_install_answer(&child, again, now)
+                        .is_some()
+                        || self.core.ignored_answers() != ignored + 1
+                        || !self.core.poll_outbox().is_empty()
+                    {
+                        self.fail("a duplicate install answer was taken");
+                    }
+                }
                 ok
             }
             Err(_) => false,

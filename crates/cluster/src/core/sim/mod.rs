@@ -421,6 +421,12 @@ impl World {
             if c.sending {
                 *senders.entry(c.tunnel).or_default() += 1;
             }
+            // The control loop fed every install's answer back within its event.
+            if let Some(n) = c.installing {
+                self.fail(&format!(
+                    "{spi}'s install on {n} still pending after its answer"
+                ));
+            }
             let Some(n) = c.node else { continue };
             let node = self.core.node(n);
             if !node.is_some_and(|n| n.alive && n.role == Role::Data) {
