@@ -232,6 +232,7 @@ impl World {
             "control installs {} on tunnel {} (outbound_active {outbound_active})",
             child.inbound_spi, tunnel.0
         ));
+        self.last_install.insert(tunnel, self.offset);
         let older: Vec<NewChild> = self.control.get(&tunnel).cloned().unwrap_or_default();
         // The IKE SA holds it whatever the data path says.
         self.control.entry(tunnel).or_default().push(child.clone());
@@ -328,6 +329,7 @@ impl World {
         if let Some(cs) = self.control.get_mut(&c.tunnel) {
             cs.retain(|x| x.inbound_spi != c.inbound_spi);
         }
+        self.reported_lost.remove(&c.inbound_spi);
         let now = self.now();
         self.core
             .handle_remove(c.tunnel, c.inbound_spi, c.outbound_spi, now);
@@ -523,6 +525,9 @@ impl World {
             .collect();
         let now = self.now();
         let lost = self.core.handle_reconcile(&known, now);
+        // Reported to the control loop, which rekeys their tunnels: the core need not hold
+        // them.
+        self.reported_lost.extend(lost.iter().copied());
         let tunnels: BTreeSet<TunnelId> = known
             .iter()
             .filter(|k| lost.contains(&k.inbound_spi))
