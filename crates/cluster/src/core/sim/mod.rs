@@ -10,7 +10,7 @@
 //! Invariants are checked as every directive is delivered and after every event (see
 //! [`World::check`]): the steering against the model nodes, and the core's CHILD_SAs against
 //! the model control loop's ([`World::check_control`]). A failure panics with the seed and
-//! the last events.
+//! the last events; any other panic of a run names its seed too (`tests::run`).
 
 use super::*;
 use crate::capacity::Outcome;

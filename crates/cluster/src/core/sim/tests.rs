@@ -20,8 +20,25 @@ fn seeds() -> std::ops::Range<u64> {
     0..n
 }
 
+/// Names the seed of a run that panics, whatever panicked (an invariant, or the core or the
+/// simulation itself: an index out of bounds, an unwrap).
+struct SeedGuard(u64);
+
+impl Drop for SeedGuard {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!(
+                "cluster simulation: seed {} panicked; replay it with PROTEGO_SIM_SEED={} \
+                 cargo test -p protego-cluster --lib sim",
+                self.0, self.0
+            );
+        }
+    }
+}
+
 /// Runs `seed` for [`EVENTS`] events, checking the invariants after each.
 fn run(seed: u64) -> World {
+    let _guard = SeedGuard(seed);
     let mut w = World::new(seed);
     for _ in 0..EVENTS {
         w.step();
