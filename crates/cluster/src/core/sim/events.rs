@@ -258,8 +258,9 @@ impl World {
                 }
                 self.deliver();
                 // A late duplicate of the answer (or of its opposite) changes nothing.
-                if self.chance(5) {
-                    let again = self.chance(50);
+                let roll = self.dup_rng.next_u64() % 100;
+                if roll < 5 {
+                    let again = roll < 2;
                     self.record(format!(
                         "{name}'s answer to {} comes again (ok {again})",
                         child.inbound_spi
@@ -274,6 +275,7 @@ impl World {
                     {
                         self.fail("a duplicate install answer was taken");
                     }
+                    self.stats.duplicates += 1;
                 }
                 ok
             }

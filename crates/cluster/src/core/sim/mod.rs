@@ -55,6 +55,9 @@ struct SteerModel {
 pub(super) struct World {
     seed: u64,
     rng: SeededRng,
+    /// Whether an install's answer comes twice: drawn apart from `rng`, so a seed's events
+    /// stay what they were before duplicates were simulated (the regression seeds replay).
+    dup_rng: SeededRng,
     base: Instant,
     offset: Duration,
     pub(super) core: ClusterCore,
@@ -100,6 +103,8 @@ pub(super) struct Stats {
     pub(super) takeovers: u64,
     /// Steering updates refused (then resynced).
     pub(super) refused: u64,
+    /// Install answers fed back a second time (and ignored).
+    pub(super) duplicates: u64,
 }
 
 fn ts(net: &str) -> TrafficSelector {
@@ -134,6 +139,7 @@ impl World {
         let mut w = Self {
             seed,
             rng: SeededRng::new(seed),
+            dup_rng: SeededRng::new(seed ^ 0x5eed_d0b1_e000_0000),
             base: Instant::now(),
             offset: Duration::ZERO,
             core: new_core(),

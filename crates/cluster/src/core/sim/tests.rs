@@ -58,6 +58,7 @@ fn seeded_runs_keep_the_invariants() {
         total.plan_done += s.plan_done;
         total.takeovers += s.takeovers;
         total.refused += s.refused;
+        total.duplicates += s.duplicates;
     }
     println!("{total:?}");
     // The runs reach the states the invariants are about (a single seed may not).
@@ -70,6 +71,7 @@ fn seeded_runs_keep_the_invariants() {
             plan_done,
             takeovers,
             refused,
+            duplicates,
         } = total;
         for (what, n) in [
             ("installs", installed),
@@ -79,21 +81,30 @@ fn seeded_runs_keep_the_invariants() {
             ("autoscaler decisions", plan_done),
             ("takeovers", takeovers),
             ("refused updates", refused),
+            ("duplicate install answers", duplicates),
         ] {
             assert!(n > 0, "no run went through {what}");
         }
     }
 }
 
-/// Found by the simulation: an install whose node's session ended while the install waited
-/// for its answer sent that node a RemoveChild (a directive to a dead node).
+/// Replays a case the simulation found: the session of the data node an install was sent to
+/// ends while the install waits for its answer, which then says "not installed". Pins the
+/// core's contract that it addresses no directive to a node whose session ended (the
+/// simulation checks it at every directive): the node is not told to remove the SA then
+/// (if it comes back holding it, its Hello's orphan is removed). Not a harmful bug of the
+/// code before the split: there the RemoveChild was sent on the closed link, and the send
+/// failed with a warning.
 #[test]
 fn seed_0_a_failed_install_sends_nothing_to_a_closed_session() {
     run(0);
 }
 
-/// Found by the simulation: an install acknowledged by a data node the steer nodes declared
-/// dead while it waited was steered to that node (its SPI and the tunnel's selectors).
+/// Replays a case the simulation found: a data node a steer node declared dead while an
+/// install waited for its answer acknowledges the install. Pins that nothing is steered to
+/// it (its SPI, or the tunnel's selectors if it would become the sending SA): the SA stays
+/// detached and the tunnel is rekeyed elsewhere. This was a bug of the code before the
+/// split too, which steered the SPI to the node declared dead.
 #[test]
 fn seed_10_an_install_on_a_node_declared_dead_meanwhile_is_not_steered() {
     run(10);
@@ -140,7 +151,10 @@ fn child(spi: u32) -> crate::core::NewChild {
     }
 }
 
-/// The two regressions above, on the core alone.
+/// The two cases above, on the core alone: a yes from a node declared dead meanwhile
+/// steers nothing to it (a bug before the split), and a no after the node's session ended
+/// sends that node nothing (before the split: a send on a closed link, failed and logged,
+/// harmless).
 #[test]
 fn an_install_answered_after_its_node_was_lost_is_neither_steered_nor_removed_through_a_closed_session(
 ) {
