@@ -571,7 +571,7 @@ impl DataPath for Cluster {
 
         let mut sh = self.state();
         sh.core
-            .handle_install_answer(&new, node, answer.is_ok(), Instant::now());
+            .handle_install_answer(&new, answer.is_ok(), Instant::now());
         let sending = sh
             .core
             .children()

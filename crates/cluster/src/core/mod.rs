@@ -17,7 +17,8 @@
 //!    [`Outbox::ike_steers`]: the steer nodes IKE goes through, when it changed.
 //!
 //! Waiting for an answer is an explicit state of the core: an install in flight is a
-//! [`ChildEntry`] with `installing` set until [`ClusterCore::handle_install_answer`]; shares
+//! [`ChildEntry`] with `installing` set to its node until [`ClusterCore::handle_install_answer`],
+//! which takes the node from there and ignores an answer with no install pending; shares
 //! and whole tables sent to steer nodes are pending until their answer or its absence is
 //! fed back.
 //!
@@ -89,6 +90,8 @@ pub struct ClusterCore {
     /// its old value until then), by token.
     pub(crate) share_acks: Vec<ShareAck>,
     pub(crate) next_token: u64,
+    /// Install answers ignored because no install of their CHILD_SA was pending.
+    pub(crate) ignored_answers: u64,
     pub(crate) outbox: Outbox,
 }
 
@@ -126,6 +129,7 @@ impl ClusterCore {
             }),
             share_acks: Vec::new(),
             next_token: 1,
+            ignored_answers: 0,
             outbox: Outbox::default(),
         }
     }
@@ -181,6 +185,12 @@ impl ClusterCore {
     /// Removed CHILD_SAs still steered for their grace.
     pub fn retiring(&self) -> &[Retiring] {
         &self.retiring
+    }
+
+    /// How many install answers were ignored because no install of their CHILD_SA was
+    /// pending (duplicates, or answers for an SA removed meanwhile).
+    pub fn ignored_answers(&self) -> u64 {
+        self.ignored_answers
     }
 
     /// True once the control loop reconciled its restored CHILD_SAs.

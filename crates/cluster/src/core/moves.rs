@@ -56,15 +56,32 @@ impl ClusterCore {
         Ok(node)
     }
 
-    /// Data node `node`'s answer to the install of `child` (`ok` false: refused, timed out
-    /// or its session closed, at `now`). Installed: the steer nodes steer its SPI to the node
-    /// and, when it becomes the tunnel's sending SA, the tunnel's selectors too. Not
-    /// installed: it may still arrive there, so the node is told to remove it, and the
-    /// tunnel is rekeyed later (paced).
-    pub fn handle_install_answer(&mut self, child: &NewChild, node: u32, ok: bool, now: Instant) {
-        if let Some(e) = self.children.get_mut(&child.inbound_spi) {
-            e.installing = None;
-        }
+    /// The answer to the install of `child` (`ok` false: refused, timed out or its session
+    /// closed, at `now`), from the data node its install is pending on (the `installing` of
+    /// its [`ChildEntry`]). Installed: the steer nodes steer its SPI to the node and, when it
+    /// becomes the tunnel's sending SA, the tunnel's selectors too. Not installed: it may
+    /// still arrive there, so the node is told to remove it, and the tunnel is rekeyed later
+    /// (paced).
+    ///
+    /// An answer for a CHILD_SA with no install pending (a duplicate, or a stale one for an
+    /// SA removed meanwhile) changes nothing: it is logged and counted
+    /// ([`ClusterCore::ignored_answers`]). Returns the node the answer was taken for.
+    pub fn handle_install_answer(
+        &mut self,
+        child: &NewChild,
+        ok: bool,
+        now: Instant,
+    ) -> Option<u32> {
+        let Some(node) = self
+            .children
+            .get_mut(&child.inbound_spi)
+            .and_then(|e| e.installing.take())
+        else {
+            self.ignored_answers += 1;
+            warn!(tunnel = child.tunnel.0, spi_in = %child.inbound_spi, ok,
+                "an install answer for a CHILD_SA with no install pending; ignored");
+            return None;
+        };
         if !ok {
             // A node whose session ended gets nothing; if it comes back holding the SA, its
             // Hello's orphan is removed then.
@@ -80,7 +97,7 @@ impl ClusterCore {
                 );
             }
             self.rekey_at.entry(child.tunnel).or_insert(now);
-            return;
+            return Some(node);
         }
         // Its node may have been declared dead while the install waited for its answer: it
         // holds the SA then as a lost node does (detached, told to remove it if it comes
@@ -92,7 +109,7 @@ impl ClusterCore {
             }
             let rekey = self.due(vec![child.tunnel], now);
             self.rekey(rekey, "data node lost during an install");
-            return;
+            return Some(node);
         }
         let live = |n: Option<u32>| n.is_some_and(|n| self.nodes.get(&n).is_some_and(|n| n.alive));
         let has_sender = self
@@ -126,6 +143,7 @@ impl ClusterCore {
                 self.emit_steers(&d, Await::Steer);
             }
         }
+        Some(node)
     }
 
     /// The control loop removed a CHILD_SA: the newest remaining SA of the tunnel sends once

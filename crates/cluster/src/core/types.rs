@@ -107,7 +107,8 @@ pub struct ChildEntry {
     /// come back still holding it: it is told to remove it).
     pub last_node: Option<u32>,
     /// The data node its install was sent to, until the node's answer is fed back
-    /// ([`super::ClusterCore::handle_install_answer`]).
+    /// ([`super::ClusterCore::handle_install_answer`], which takes the node from here and
+    /// ignores an answer when it is None).
     pub installing: Option<u32>,
     /// Its outbound SPI.
     pub outbound_spi: EspSpi,

@@ -232,6 +232,7 @@ impl World {
             "control installs {} on tunnel {} (outbound_active {outbound_active})",
             child.inbound_spi, tunnel.0
         ));
+        self.last_install.insert(tunnel, self.offset);
         let older: Vec<NewChild> = self.control.get(&tunnel).cloned().unwrap_or_default();
         // The IKE SA holds it whatever the data path says.
         self.control.entry(tunnel).or_default().push(child.clone());
@@ -249,8 +250,33 @@ impl World {
                 let ok = answer && self.data.get(&name).is_some_and(|m| m.up && m.session);
                 self.stats.installed += u64::from(ok);
                 let now = self.now();
-                self.core.handle_install_answer(&child, node, ok, now);
+                if self.core.handle_install_answer(&child, ok, now) != Some(node) {
+                    self.fail(&format!(
+                        "the answer of {}'s install on {name} was not taken for {name}",
+                        child.inbound_spi
+                    ));
+                }
                 self.deliver();
+                // A late duplicate of the answer (or of its opposite) changes nothing.
+                let roll = self.dup_rng.next_u64() % 100;
+                if roll < 5 {
+                    let again = roll < 2;
+                    self.record(format!(
+                        "{name}'s answer to {} comes again (ok {again})",
+                        child.inbound_spi
+                    ));
+                    let ignored = self.core.ignored_answers();
+                    if self
+                        .core
+                        .handle_install_answer(&child, again, now)
+                        .is_some()
+                        || self.core.ignored_answers() != ignored + 1
+                        || !self.core.poll_outbox().is_empty()
+                    {
+                        self.fail("a duplicate install answer was taken");
+                    }
+                    self.stats.duplicates += 1;
+                }
                 ok
             }
             Err(_) => false,
@@ -305,6 +331,7 @@ impl World {
         if let Some(cs) = self.control.get_mut(&c.tunnel) {
             cs.retain(|x| x.inbound_spi != c.inbound_spi);
         }
+        self.reported_lost.remove(&c.inbound_spi);
         let now = self.now();
         self.core
             .handle_remove(c.tunnel, c.inbound_spi, c.outbound_spi, now);
@@ -500,6 +527,9 @@ impl World {
             .collect();
         let now = self.now();
         let lost = self.core.handle_reconcile(&known, now);
+        // Reported to the control loop, which rekeys their tunnels: the core need not hold
+        // them.
+        self.reported_lost.extend(lost.iter().copied());
         let tunnels: BTreeSet<TunnelId> = known
             .iter()
             .filter(|k| lost.contains(&k.inbound_spi))

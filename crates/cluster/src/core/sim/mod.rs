@@ -8,7 +8,9 @@
 //! refuse an update and a data node's answer to an install may be lost.
 //!
 //! Invariants are checked as every directive is delivered and after every event (see
-//! [`World::check`]); a failure panics with the seed and the last events.
+//! [`World::check`]): the steering against the model nodes, and the core's CHILD_SAs against
+//! the model control loop's ([`World::check_control`]). A failure panics with the seed and
+//! the last events; any other panic of a run names its seed too (`tests::run`).
 
 use super::*;
 use crate::capacity::Outcome;
@@ -53,6 +55,9 @@ struct SteerModel {
 pub(super) struct World {
     seed: u64,
     rng: SeededRng,
+    /// Whether an install's answer comes twice: drawn apart from `rng`, so a seed's events
+    /// stay what they were before duplicates were simulated (the regression seeds replay).
+    dup_rng: SeededRng,
     base: Instant,
     offset: Duration,
     pub(super) core: ClusterCore,
@@ -62,6 +67,14 @@ pub(super) struct World {
     closed: BTreeSet<u32>,
     /// The control loop's CHILD_SAs per tunnel, oldest first.
     control: BTreeMap<TunnelId, Vec<NewChild>>,
+    /// CHILD_SAs of the control loop a takeover's reconciliation reported lost (no data
+    /// node held them): the core may not know them.
+    reported_lost: BTreeSet<EspSpi>,
+    /// When each tunnel first had CHILD_SAs in the control loop, none on a live data node,
+    /// and a usable data node (still so after every event since).
+    stranded_since: BTreeMap<TunnelId, Duration>,
+    /// When the control loop last installed a CHILD_SA of each tunnel.
+    last_install: BTreeMap<TunnelId, Duration>,
     /// Rekeys the core asked for, not yet carried out.
     rekeys: VecDeque<TunnelId>,
     next_spi: u32,
@@ -90,6 +103,8 @@ pub(super) struct Stats {
     pub(super) takeovers: u64,
     /// Steering updates refused (then resynced).
     pub(super) refused: u64,
+    /// Install answers fed back a second time (and ignored).
+    pub(super) duplicates: u64,
 }
 
 fn ts(net: &str) -> TrafficSelector {
@@ -124,6 +139,7 @@ impl World {
         let mut w = Self {
             seed,
             rng: SeededRng::new(seed),
+            dup_rng: SeededRng::new(seed ^ 0x5eed_d0b1_e000_0000),
             base: Instant::now(),
             offset: Duration::ZERO,
             core: new_core(),
@@ -131,6 +147,9 @@ impl World {
             steer: BTreeMap::new(),
             closed: BTreeSet::new(),
             control: TUNNELS.iter().map(|&t| (TunnelId(t), Vec::new())).collect(),
+            reported_lost: BTreeSet::new(),
+            stranded_since: BTreeMap::new(),
+            last_install: BTreeMap::new(),
             rekeys: VecDeque::new(),
             next_spi: 0x1000,
             install_answer: None,
@@ -413,13 +432,85 @@ impl World {
         }
     }
 
+    /// The core's CHILD_SAs against the control loop's: the core holds every CHILD_SA the
+    /// control loop holds (unless a takeover reported it lost) and none other, and a tunnel
+    /// whose CHILD_SAs are on no live data node gets one there once a usable data node exists:
+    /// at the latest at the first tick [`REKEY_RETRY`] (the pacing of its rekeys) after that
+    /// node came or after the tunnel's last install attempt.
+    fn check_control(&mut self) {
+        for c in self.control.values().flatten() {
+            if !self.core.children.contains_key(&c.inbound_spi)
+                && !self.reported_lost.contains(&c.inbound_spi)
+            {
+                self.fail(&format!(
+                    "the control loop holds {} of tunnel {}, the core forgot it",
+                    c.inbound_spi, c.tunnel.0
+                ));
+            }
+        }
+        for (spi, c) in &self.core.children {
+            if !self.control[&c.tunnel]
+                .iter()
+                .any(|x| x.inbound_spi == *spi)
+            {
+                self.fail(&format!(
+                    "the core holds {spi} of tunnel {}, which the control loop does not",
+                    c.tunnel.0
+                ));
+            }
+        }
+        let usable = self.core.nodes.iter().any(|(id, n)| {
+            n.role == Role::Data
+                && n.alive
+                && !n.draining
+                && !n.leaving
+                && self
+                    .data
+                    .get(&self.name(*id))
+                    .is_some_and(|m| m.up && m.session)
+        });
+        for (t, cs) in &self.control {
+            let placed = self.core.children.values().any(|c| {
+                c.tunnel == *t
+                    && c.node
+                        .is_some_and(|n| self.core.node(n).is_some_and(|n| n.alive))
+            });
+            if cs.is_empty() || placed || !usable {
+                self.stranded_since.remove(t);
+                continue;
+            }
+            let since = *self.stranded_since.entry(*t).or_insert(self.offset);
+            // The core asked for its rekey; the control loop has yet to carry it out.
+            if self.rekeys.contains(t) {
+                continue;
+            }
+            let last = self.last_install.get(t).copied().unwrap_or_default();
+            if self.offset >= since.max(last) + REKEY_RETRY {
+                self.fail(&format!(
+                    "tunnel {} has no CHILD_SA on a live data node since {} ms though a usable \
+                     one exists (last install attempt at {} ms)",
+                    t.0,
+                    since.as_millis(),
+                    last.as_millis()
+                ));
+            }
+        }
+    }
+
     /// Every invariant, after an event.
-    fn check(&self) {
+    fn check(&mut self) {
+        self.check_control();
         self.check_steering(true);
         let mut senders: HashMap<TunnelId, usize> = HashMap::new();
         for (spi, c) in &self.core.children {
             if c.sending {
                 *senders.entry(c.tunnel).or_default() += 1;
+            }
+            // The control loop fed every install's answer back within its event.
+            if let Some(n) = c.installing {
+                self.fail(&format!(
+                    "{spi}'s install on {n} still pending after its answer"
+                ));
             }
             let Some(n) = c.node else { continue };
             let node = self.core.node(n);
