@@ -16,11 +16,11 @@
 //! The NAT rebinding check (RFC 7296 §2.23) runs here too: only a packet that the window
 //! accepted as the newest of its SA may move the SA to its source address.
 
-use datapath::ToControl;
 use crate::batch::TxBatch;
 use crate::shared::Shared;
 use crate::stats::{DropCounts, DropReason};
 use crate::tables::Child;
+use datapath::ToControl;
 use std::net::SocketAddr;
 use std::ops::Range;
 use std::sync::Arc;

@@ -6,11 +6,11 @@
 //! In relay mode a CHILD_SA's local address is a steer node's VIP, not one of ours: its ESP
 //! leaves from the Geneve socket, wrapped for the steer node (see `relays`).
 
-use datapath::DataplaneError;
 use crate::sa::SaPair;
 use crate::shared::Shared;
 use crate::stats::ChildCounters;
 use crate::tables::{Child, ChildState};
+use datapath::DataplaneError;
 use ike::{ChildSaInfo, IkeSpis, TunnelId};
 use std::net::SocketAddr;
 use std::sync::atomic::AtomicBool;

@@ -7,14 +7,14 @@
 //! the TUN device); the steer nodes and the inside configuration (VNets, tunnel bindings) are
 //! replaced at run time with [`Dataplane::set_relays`] and [`Dataplane::set_inside`].
 
-use datapath::{
-    DataPath, DataplaneConfig, DataplaneError, DataplaneStats, InstalledChild, ToControl,
-    TunnelBinding, VnetConfig, WorkerStats,
-};
 use crate::feature::{Direction, FeatureChain};
 use crate::relays;
 use crate::shared::Shared;
 use crossbeam_channel::Sender;
+use datapath::{
+    DataPath, DataplaneConfig, DataplaneError, DataplaneStats, InstalledChild, ToControl,
+    TunnelBinding, VnetConfig, WorkerStats,
+};
 use ike::{ChildSaInfo, IkeSpis, TunnelId};
 use std::io;
 use std::net::SocketAddr;

@@ -29,8 +29,8 @@
 //! chooses again on the result, among the TUN tunnels, keeping the packet only if that choice
 //! is a tunnel of the same tenant (else `tun_no_tunnel`).
 
-use datapath::{DataplaneError, Inside};
 use crate::stats::DropReason;
+use datapath::{DataplaneError, Inside};
 use ids::TenantId;
 use ike::TunnelId;
 use rustc_hash::FxHashMap;

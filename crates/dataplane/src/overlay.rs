@@ -9,8 +9,8 @@
 //! VNets, plus in relay mode the node's VTEP address, `RelayConfig::vtep`); a VNet given
 //! later must use one of them.
 
-use datapath::{DataplaneError, Inside, TunnelBinding, VnetConfig};
 use crate::vnet::Vnet;
+use datapath::{DataplaneError, Inside, TunnelBinding, VnetConfig};
 use ike::TunnelId;
 use rustc_hash::FxHashMap;
 use std::net::IpAddr;

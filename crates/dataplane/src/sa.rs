@@ -2,9 +2,9 @@
 //! (inbound keys open what the peer sends, outbound keys seal what we send, RFC 7296 §2.17),
 //! with `esp`'s errors mapped onto the data plane's drop reasons.
 
-use datapath::ChildStats;
 use crate::stats::DropReason;
 use crypto::SaCipher;
+use datapath::ChildStats;
 use esp::{
     EspError, InboundSa, Opened, OutboundSa, SaConfig, Unaccepted, DEFAULT_REPLAY_WINDOW,
     MAX_REPLAY_WINDOW, MIN_REPLAY_WINDOW,

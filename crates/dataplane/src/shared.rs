@@ -3,9 +3,6 @@
 //! and tunnel bindings, steer nodes, feature chains), the lanes and send batch pools, and the
 //! counters. The pipeline's stages import this module; it imports none of them.
 
-use datapath::{
-    DataplaneConfig, DataplaneError, RelayConfig, ToControl, TunnelBinding, VnetConfig,
-};
 use crate::feature::{Direction, FeatureChain, FeatureDrops};
 use crate::io::sockets::Sockets;
 use crate::lane::Lane;
@@ -15,6 +12,9 @@ use crate::relays::Relays;
 use crate::stats::{DropCounters, WorkerCounters};
 use crate::tables::{Published, Registry};
 use crossbeam_channel::{Sender, TrySendError};
+use datapath::{
+    DataplaneConfig, DataplaneError, RelayConfig, ToControl, TunnelBinding, VnetConfig,
+};
 use netio::{Waker, RX_SLOT};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

@@ -13,7 +13,6 @@
 //! bindings) and, in relay mode, the steer nodes ([`Relays`]), so a batch sees one consistent
 //! state of everything the control plane may change at run time.
 
-use datapath::{ChildStats, Inside, InstalledChild};
 use crate::feature::{ChainConfig, ChainRun, Direction, FeatureTable};
 use crate::overlay::Overlay;
 use crate::relays::Relays;
@@ -21,6 +20,7 @@ use crate::sa::SaPair;
 use crate::select;
 use crate::select::index::{SelectorIndex, LINEAR_MAX};
 use crate::stats::ChildCounters;
+use datapath::{ChildStats, Inside, InstalledChild};
 use ike::{IkeSpis, TrafficSelector, TunnelId};
 use rustc_hash::FxHashMap;
 use std::net::SocketAddr;

@@ -10,10 +10,10 @@
 //! [`VXLAN_SOURCE_PORTS`] send-only sockets on ephemeral ports whose source ports carry the
 //! flow hash of RFC 7348 §5. UDP GRO and GSO are used where the kernel accepts them.
 
-use datapath::{DataplaneConfig, DataplaneError};
 use crate::lane::LaneKind;
 use crate::sys::tun::Tun;
 use crate::sys::tun_offload::Offloads;
+use datapath::{DataplaneConfig, DataplaneError};
 use netio::{SendMode, SocketOptions, UdpSocket};
 use std::io;
 use std::net::{IpAddr, SocketAddr};

@@ -29,12 +29,12 @@
 //! lane; probes are answered); after the stage is released, in parallel with other workers,
 //! the ESP from peers (as on a NAT-T lane).
 
-use datapath::{IkeDatagram, ToControl};
 use crate::out::Out;
 use crate::relays::RELAY_VNI;
 use crate::shared::Shared;
 use crate::stats::DropReason;
 use crate::tables::Tables;
+use datapath::{IkeDatagram, ToControl};
 use std::net::SocketAddr;
 use std::ops::Range;
 use std::time::Instant;

@@ -20,7 +20,6 @@
 //! when it is sealed ([`relays::write_headers`]), so every segment of a GSO train
 //! toward the steer node carries its own relay headers.
 
-use datapath::ToControl;
 use crate::inner::{self, InnerIp};
 use crate::out::{Egress, Out};
 use crate::relays;
@@ -28,6 +27,7 @@ use crate::shared::Shared;
 use crate::stats::DropReason;
 use crate::tables::{Child, Tables};
 use crate::vnet::Vnet;
+use datapath::ToControl;
 use std::sync::Arc;
 use wire::flow::Flow;
 

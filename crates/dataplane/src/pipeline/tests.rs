@@ -4,13 +4,13 @@
 
 use super::classify::Via;
 use super::graph;
-use datapath::{DataplaneConfig, Inside, Route, ToControl, TunnelBinding, VnetConfig};
 use crate::io::output::Output;
 use crate::out::Out;
 use crate::shared::Shared;
 use crate::stats::DropReason;
 use crate::testutil::{arp, child, ip, parse_vxlan, ts, udp4, vxlan as vxlan_frame, Peer};
 use crossbeam_channel::Receiver;
+use datapath::{DataplaneConfig, Inside, Route, ToControl, TunnelBinding, VnetConfig};
 use ike::{ChildSaInfo, TunnelId};
 use std::net::SocketAddr;
 use std::time::Instant;

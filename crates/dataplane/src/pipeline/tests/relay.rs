@@ -4,9 +4,6 @@
 //! sent on them.
 
 use super::{binding, vnet};
-use datapath::{
-    DataplaneConfig, DataplaneError, Inside, RelayConfig, ToControl, TunnelBinding, VnetConfig,
-};
 use crate::feature::{Direction, Feature, FeatureBatch, FeatureChain};
 use crate::io::output::Output;
 use crate::out::Out;
@@ -16,6 +13,9 @@ use crate::relays::{Relays, HEARD_WINDOW_MS};
 use crate::shared::Shared;
 use crate::stats::DropReason;
 use crate::testutil::{arp, child, ip, parse_vxlan, ts, udp4, vxlan as vxlan_frame, Peer};
+use datapath::{
+    DataplaneConfig, DataplaneError, Inside, RelayConfig, ToControl, TunnelBinding, VnetConfig,
+};
 use ike::ChildSaInfo;
 use proptest::prelude::*;
 use std::net::SocketAddr;
