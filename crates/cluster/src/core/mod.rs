@@ -640,15 +640,18 @@ impl ClusterCore {
         });
     }
 
-    /// Queues `directive` to every live steer node.
-    pub(crate) fn emit_steers(&mut self, directive: &Directive, wait: Await) {
-        let steers: Vec<u32> = self
-            .nodes
+    /// The ids of the live steer nodes.
+    pub(crate) fn live_steers(&self) -> Vec<u32> {
+        self.nodes
             .iter()
             .filter(|(_, n)| n.role == Role::Steer && n.alive)
             .map(|(id, _)| *id)
-            .collect();
-        for id in steers {
+            .collect()
+    }
+
+    /// Queues `directive` to every live steer node.
+    pub(crate) fn emit_steers(&mut self, directive: &Directive, wait: Await) {
+        for id in self.live_steers() {
             self.emit(id, directive.clone(), wait);
         }
     }

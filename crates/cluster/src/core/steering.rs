@@ -225,13 +225,7 @@ impl ClusterCore {
         // The shares move with the tables, which carry each node's.
         let limits = self.tunnel_limits();
         let _carried = self.shares.update(&limits, now);
-        let steers: Vec<u32> = self
-            .nodes
-            .iter()
-            .filter(|(_, n)| n.role == Role::Steer && n.alive)
-            .map(|(id, _)| *id)
-            .collect();
-        for id in steers {
+        for id in self.live_steers() {
             let tables = self.steer_tables(id);
             self.send_tables(id, tables, false);
         }
