@@ -64,6 +64,9 @@ pub struct Trace {
     minutes: usize,
     /// Minute-major: `demand[minute * tunnels + index]`.
     demand: Vec<f64>,
+    /// The minute each tunnel comes into existence (0 for all unless set with
+    /// [`Trace::with_arrivals`]); its demand is 0 before.
+    arrivals: Vec<usize>,
 }
 
 impl Trace {
@@ -124,12 +127,50 @@ impl Trace {
                 )));
             }
         }
+        let arrivals = vec![0; ids.len()];
         Ok(Self {
             ids,
             caps,
             minutes,
             demand,
+            arrivals,
         })
+    }
+
+    /// The same trace with tunnels that come into existence during it: `arrivals[index]` is
+    /// the first minute of tunnel `index` (0: there from the start). Errors: not one arrival per
+    /// tunnel, an arrival at or past the last minute, or a demand above 0 before its tunnel's
+    /// arrival.
+    pub fn with_arrivals(mut self, arrivals: Vec<usize>) -> Result<Self, TraceError> {
+        if arrivals.len() != self.ids.len() {
+            return Err(TraceError::Invalid(format!(
+                "{} arrivals for {} tunnels",
+                arrivals.len(),
+                self.ids.len()
+            )));
+        }
+        for (index, &at) in arrivals.iter().enumerate() {
+            let id = self.ids[index];
+            if at >= self.minutes {
+                return Err(TraceError::Invalid(format!(
+                    "tunnel {id}: arrival at minute {at}, the trace ends at minute {}",
+                    self.minutes - 1
+                )));
+            }
+            if let Some(m) = (0..at).find(|&m| self.demand(m, index) > 0.0) {
+                return Err(TraceError::Invalid(format!(
+                    "tunnel {id}: demand in minute {m}, before its arrival at minute {at}"
+                )));
+            }
+        }
+        self.arrivals = arrivals;
+        Ok(self)
+    }
+
+    /// The first minute of tunnel `index` (0 for a tunnel there from the start, and for an
+    /// unknown index).
+    pub fn arrival(&self, index: usize) -> usize {
+        self.arrivals.get(index).copied().unwrap_or(0)
     }
 
     /// Number of tunnels.

@@ -365,3 +365,46 @@ fn rng_is_uniform_enough_and_its_helpers_stay_in_range() {
     assert_eq!(rng.below(0), 0);
     assert_ne!(Rng::stream(1, 1).next_u64(), Rng::stream(1, 2).next_u64());
 }
+
+#[test]
+fn arrivals_are_checked_against_the_demand() {
+    let trace = Trace::new(
+        vec![1, 2],
+        vec![1.0, 1.0],
+        3,
+        vec![0.5, 0.0, 0.5, 0.0, 0.5, 0.3],
+    )
+    .expect("valid");
+    assert_eq!(trace.arrival(1), 0);
+    let late = trace
+        .clone()
+        .with_arrivals(vec![0, 2])
+        .expect("tunnel 2 idle before minute 2");
+    assert_eq!(
+        (late.arrival(0), late.arrival(1), late.arrival(9)),
+        (0, 2, 0)
+    );
+    let err = trace
+        .clone()
+        .with_arrivals(vec![1, 0])
+        .expect_err("demand before arrival");
+    assert!(
+        err.to_string().contains("tunnel 1: demand in minute 0"),
+        "{err}"
+    );
+    let err = trace
+        .clone()
+        .with_arrivals(vec![0, 3])
+        .expect_err("past the end");
+    assert!(
+        err.to_string().contains("the trace ends at minute 2"),
+        "{err}"
+    );
+    let err = trace
+        .with_arrivals(vec![0])
+        .expect_err("one arrival missing");
+    assert!(
+        err.to_string().contains("1 arrivals for 2 tunnels"),
+        "{err}"
+    );
+}
