@@ -22,10 +22,13 @@ use std::collections::BTreeMap;
 mod generate;
 mod params;
 
+pub use generate::generate;
 #[cfg(test)]
 pub(crate) use generate::Rng;
-pub use generate::generate;
-pub use params::TraceParams;
+pub use params::{
+    Arrivals, BurstHeight, BurstLength, GlobalShock, GroupBursts, HourlyBase, LevelShifts, OnOff,
+    Pareto, TraceParams,
+};
 
 /// The most entries (minutes × tunnels) a trace may hold: 10⁷ (e.g. 170 tunnels for 40 days),
 /// about 160 MB while a CSV is read. A CSV asking for more (a stray huge minute or tunnel

@@ -25,12 +25,34 @@ use super::{TraceError, MAX_TRACE_ENTRIES};
 /// - `J_i(t)`: **jitter**, independent every minute, lognormal with mean 1 and
 ///   log-standard deviation [`jitter_sd`](Self::jitter_sd).
 /// - `B_i(t)`: **bursts**: each minute a tunnel not in a burst starts one with probability
-///   `bursts_per_day / minutes_per_day`; a burst lasts a geometric number of minutes of mean
-///   [`burst_minutes`](Self::burst_minutes) and multiplies the demand by a factor uniform in
-///   [`burst_factor`](Self::burst_factor) (1 outside bursts).
+///   `bursts_per_day / minutes_per_day`; a burst lasts a number of minutes drawn by
+///   [`burst_length`](Self::burst_length) (by default geometric of mean
+///   [`burst_minutes`](Self::burst_minutes)) and multiplies the demand by a factor drawn by
+///   [`burst_height`](Self::burst_height) (by default uniform in
+///   [`burst_factor`](Self::burst_factor)); 1 outside bursts.
 /// - `s`: one **scale** for all tunnels, found by bisection so that the mean aggregate demand
 ///   after capping is [`mean_total_gbps`](Self::mean_total_gbps).
-/// - `cap`: every tunnel's cap [`cap_gbps`](Self::cap_gbps) (its rate limit).
+/// - `cap`: every tunnel's cap [`cap_gbps`](Self::cap_gbps) (its rate limit), or one of
+///   [`cap_mix`](Self::cap_mix).
+///
+/// The paper's model stops there. The other families ([`super::TraceFamily`]) add parts that
+/// are off by default (`None`, empty), multiplying the product above by:
+///
+/// - `O_i(t)` ([`on_off`](Self::on_off)): 0 or 1, a two-state Markov chain for a share of the
+///   tunnels (a tenant that sends, then stops).
+/// - `G_g(t)` ([`group_bursts`](Self::group_bursts)): bursts of a whole tenant group at once.
+/// - `X(t)` ([`global_shock`](Self::global_shock)): slow variation shared by every tunnel
+///   (an event that moves all tenants).
+/// - `L_i(t)` ([`level_shifts`](Self::level_shifts)): a level that jumps at random times and
+///   stays until the next jump (a tenant that moves a service in or out).
+/// - `H_i(t)` ([`hourly_base`](Self::hourly_base)): random points every hour, linearly
+///   interpolated in between (a series known only by its hourly means, as the paper's §7.4
+///   describes its trace).
+/// - and sets the demand of a share of the tunnels to 0 before their arrival
+///   ([`arrivals`](Self::arrivals), recorded with [`super::Trace::with_arrivals`]).
+///
+/// With [`cap_mix`](Self::cap_mix) set, the mean weight `w_i` is also multiplied by
+/// `σ_i / mean σ`, so a tunnel's demand is in proportion to its rate limit.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TraceParams {
     /// Number of tunnels.
@@ -67,6 +89,125 @@ pub struct TraceParams {
     pub burst_minutes: f64,
     /// Range of the factor a burst multiplies demand by, low ≤ high, low at least 1.
     pub burst_factor: (f64, f64),
+    /// How long a burst lasts.
+    pub burst_length: BurstLength,
+    /// How much a burst multiplies demand by.
+    pub burst_height: BurstHeight,
+    /// The caps of the tunnels, in turn (tunnel `i` gets `cap_mix[i % len]`); empty: every
+    /// tunnel gets [`cap_gbps`](Self::cap_gbps).
+    pub cap_mix: Vec<f64>,
+    /// Tunnels that switch on and off.
+    pub on_off: Option<OnOff>,
+    /// Bursts of a whole tenant group at once.
+    pub group_bursts: Option<GroupBursts>,
+    /// Slow variation shared by every tunnel.
+    pub global_shock: Option<GlobalShock>,
+    /// Levels that jump and stay.
+    pub level_shifts: Option<LevelShifts>,
+    /// A base interpolated between random hourly points.
+    pub hourly_base: Option<HourlyBase>,
+    /// Tunnels that come into existence during the trace.
+    pub arrivals: Option<Arrivals>,
+}
+
+/// A Pareto law cut at a maximum: `min(max, scale · U^(−1/shape))`, `U` uniform in (0, 1].
+/// Heavy-tailed: for `shape` ≤ 2 its variance (before the cut) is infinite.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Pareto {
+    /// The smallest value (above zero).
+    pub scale: f64,
+    /// The tail index α (above zero; smaller is heavier).
+    pub shape: f64,
+    /// The largest value (at least `scale`).
+    pub max: f64,
+}
+
+/// How long a burst lasts ([`TraceParams::burst_length`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum BurstLength {
+    /// Geometric, mean [`TraceParams::burst_minutes`] (the paper preset).
+    Geometric,
+    /// Pareto minutes, rounded down, at least 1: most bursts short, a few very long.
+    Pareto(Pareto),
+}
+
+/// What a burst multiplies demand by ([`TraceParams::burst_height`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum BurstHeight {
+    /// Uniform in [`TraceParams::burst_factor`] (the paper preset).
+    Uniform,
+    /// `1 +` a Pareto draw: most bursts mild, a few far above the tunnel's usual demand (the
+    /// cap still bounds the demand).
+    Pareto(Pareto),
+}
+
+/// Tunnels that switch on and off ([`TraceParams::on_off`]): each minute an "on" tunnel
+/// switches off with probability `1 / on_minutes`, an "off" one on with probability
+/// `1 / off_minutes`; it starts in either at random in proportion. Its demand is 0 while off.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct OnOff {
+    /// The share of the tunnels that do this, in `[0, 1]` (rounded to a whole number of
+    /// tunnels, chosen at random).
+    pub fraction: f64,
+    /// Mean length of an "on" period, minutes (at least 1).
+    pub on_minutes: f64,
+    /// Mean length of an "off" period, minutes (at least 1).
+    pub off_minutes: f64,
+}
+
+/// Bursts of a whole tenant group ([`TraceParams::group_bursts`]): each minute a group not in
+/// a burst starts one with probability `per_day / minutes_per_day`; it lasts a geometric
+/// number of minutes of mean `minutes` and multiplies the demand of every tunnel of the group
+/// by one factor uniform in `factor`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct GroupBursts {
+    /// Bursts a group starts per day on average (not negative).
+    pub per_day: f64,
+    /// Mean length, minutes (at least 1).
+    pub minutes: f64,
+    /// Range of the factor, low ≤ high, low at least 1.
+    pub factor: (f64, f64),
+}
+
+/// Slow variation shared by every tunnel ([`TraceParams::global_shock`]): lognormal with mean
+/// 1, an AR(1) process in log space like the slow variation.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct GlobalShock {
+    /// Log-standard deviation (not negative).
+    pub sd: f64,
+    /// Correlation time, minutes (above zero).
+    pub minutes: f64,
+}
+
+/// Levels that jump and stay ([`TraceParams::level_shifts`]): each minute a tunnel's level
+/// jumps with probability `per_day / minutes_per_day` to a new value, log-uniform in
+/// `factor`, and keeps it until its next jump (the level starts at 1).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LevelShifts {
+    /// Jumps per tunnel per day on average (not negative).
+    pub per_day: f64,
+    /// Range of the level after a jump, above zero, low ≤ high.
+    pub factor: (f64, f64),
+}
+
+/// A base interpolated between random points ([`TraceParams::hourly_base`]): every `minutes`
+/// minutes a tunnel gets a point, lognormal with mean 1 and log-standard deviation `sd`, and
+/// its factor runs linearly from one point to the next.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct HourlyBase {
+    /// Log-standard deviation of the points (not negative).
+    pub sd: f64,
+    /// Minutes between points (at least 1; 60 for hourly).
+    pub minutes: usize,
+}
+
+/// Tunnels that come into existence during the trace ([`TraceParams::arrivals`]): a share of
+/// the tunnels, chosen at random, each arriving at a minute uniform from 1 to the last.
+/// Their demand is 0 before.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Arrivals {
+    /// The share of the tunnels, in `[0, 1]` (rounded to a whole number of tunnels).
+    pub fraction: f64,
 }
 
 impl TraceParams {
@@ -99,7 +240,31 @@ impl TraceParams {
             bursts_per_day: 2.0,
             burst_minutes: 10.0,
             burst_factor: (1.5, 4.0),
+            burst_length: BurstLength::Geometric,
+            burst_height: BurstHeight::Uniform,
+            cap_mix: Vec::new(),
+            on_off: None,
+            group_bursts: None,
+            global_shock: None,
+            level_shifts: None,
+            hourly_base: None,
+            arrivals: None,
         }
+    }
+
+    /// Every tunnel's cap σ_i, Gbit/s, in tunnel order.
+    pub fn caps(&self) -> Vec<f64> {
+        if self.cap_mix.is_empty() {
+            return vec![self.cap_gbps; self.tunnels];
+        }
+        (0..self.tunnels)
+            .map(|i| self.cap_mix[i % self.cap_mix.len()])
+            .collect()
+    }
+
+    /// The sum of the caps, Gbit/s (255 for the paper preset).
+    pub fn cap_total(&self) -> f64 {
+        self.caps().iter().sum()
     }
 
     /// Checks every field, naming the first that is out of range.
@@ -124,7 +289,7 @@ impl TraceParams {
             return Err(bad(
                 "minutes",
                 self.minutes.to_string(),
-                "minutes × tunnels must be at most 10^8",
+                "minutes × tunnels must be at most 10^7",
             ));
         }
         if !(self.minutes_per_day.is_finite() && self.minutes_per_day > 0.0) {
@@ -141,15 +306,21 @@ impl TraceParams {
                 "must be finite and above zero",
             ));
         }
-        let most = self.tunnels as f64 * self.cap_gbps;
+        if let Some(&c) = self.cap_mix.iter().find(|&&c| !(c.is_finite() && c > 0.0)) {
+            return Err(bad(
+                "cap_mix",
+                c.to_string(),
+                "every cap must be finite and above zero",
+            ));
+        }
         if !(self.mean_total_gbps.is_finite()
             && self.mean_total_gbps > 0.0
-            && self.mean_total_gbps < most)
+            && self.mean_total_gbps < self.cap_total())
         {
             return Err(bad(
                 "mean_total_gbps",
                 self.mean_total_gbps.to_string(),
-                "must be above zero and below tunnels × cap_gbps",
+                "must be above zero and below the sum of the caps",
             ));
         }
         for (field, v) in [
@@ -213,6 +384,113 @@ impl TraceParams {
                 format!("({lo}, {hi})"),
                 "must be finite, 1 <= low <= high",
             ));
+        }
+        self.validate_parts()
+    }
+
+    /// Checks the optional parts (see [`Self::validate`]).
+    fn validate_parts(&self) -> Result<(), TraceError> {
+        let bad = |field, value: String, reason| TraceError::InvalidParams {
+            field,
+            value,
+            reason,
+        };
+        let pareto = |field, p: &Pareto| {
+            let ok = p.scale.is_finite()
+                && p.scale > 0.0
+                && p.shape.is_finite()
+                && p.shape > 0.0
+                && p.max.is_finite()
+                && p.max >= p.scale;
+            if ok {
+                Ok(())
+            } else {
+                Err(bad(
+                    field,
+                    format!("{p:?}"),
+                    "scale and shape must be finite and above zero, max finite and >= scale",
+                ))
+            }
+        };
+        let at_least_one = |v: f64| v.is_finite() && v >= 1.0;
+        // Finite, not negative and at most 10^6 (a range excludes NaN and infinities).
+        let rate = |v: f64| (0.0..=1e6).contains(&v);
+        let share = |v: f64| (0.0..=1.0).contains(&v);
+        if let BurstLength::Pareto(p) = &self.burst_length {
+            pareto("burst_length", p)?;
+        }
+        if let BurstHeight::Pareto(p) = &self.burst_height {
+            pareto("burst_height", p)?;
+        }
+        if let Some(o) = &self.on_off {
+            if !(share(o.fraction) && at_least_one(o.on_minutes) && at_least_one(o.off_minutes)) {
+                return Err(bad(
+                    "on_off",
+                    format!("{o:?}"),
+                    "fraction must be in [0, 1], on and off minutes finite and at least 1",
+                ));
+            }
+        }
+        if let Some(g) = &self.group_bursts {
+            let (lo, hi) = g.factor;
+            if !(rate(g.per_day)
+                && at_least_one(g.minutes)
+                && lo.is_finite()
+                && hi.is_finite()
+                && lo >= 1.0
+                && lo <= hi)
+            {
+                return Err(bad(
+                    "group_bursts",
+                    format!("{g:?}"),
+                    "per_day must be finite and not negative, minutes at least 1, \
+                     1 <= low <= high",
+                ));
+            }
+        }
+        if let Some(g) = &self.global_shock {
+            if !(rate(g.sd) && g.minutes.is_finite() && g.minutes > 0.0) {
+                return Err(bad(
+                    "global_shock",
+                    format!("{g:?}"),
+                    "sd must be finite and not negative, minutes finite and above zero",
+                ));
+            }
+        }
+        if let Some(l) = &self.level_shifts {
+            let (lo, hi) = l.factor;
+            if !(rate(l.per_day) && lo.is_finite() && hi.is_finite() && lo > 0.0 && lo <= hi) {
+                return Err(bad(
+                    "level_shifts",
+                    format!("{l:?}"),
+                    "per_day must be finite and not negative, 0 < low <= high",
+                ));
+            }
+        }
+        if let Some(h) = &self.hourly_base {
+            if !rate(h.sd) || h.minutes == 0 {
+                return Err(bad(
+                    "hourly_base",
+                    format!("{h:?}"),
+                    "sd must be finite and not negative, minutes at least 1",
+                ));
+            }
+        }
+        if let Some(a) = &self.arrivals {
+            if !share(a.fraction) {
+                return Err(bad(
+                    "arrivals",
+                    format!("{a:?}"),
+                    "fraction must be in [0, 1]",
+                ));
+            }
+            if self.minutes < 2 {
+                return Err(bad(
+                    "minutes",
+                    self.minutes.to_string(),
+                    "must be at least 2 for tunnels to arrive",
+                ));
+            }
         }
         Ok(())
     }

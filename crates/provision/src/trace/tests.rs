@@ -437,6 +437,10 @@ fn the_paper_preset_is_unchanged() {
             ..TraceParams::paper()
         };
         let trace = generate(&params, seed).unwrap();
-        assert_eq!(fingerprint(&trace), expected, "{minutes} minutes, seed {seed}");
+        assert_eq!(
+            fingerprint(&trace),
+            expected,
+            "{minutes} minutes, seed {seed}"
+        );
     }
 }
