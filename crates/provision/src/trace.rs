@@ -7,6 +7,9 @@
 //! per-tunnel means, slow and fast variation, bursts up to the cap, and tenants whose tunnels
 //! move together. [`TraceParams::paper`] matches the statistics the paper gives (170 tunnels,
 //! 24 h at 1-minute steps, caps of 1.5 Gbit/s, a mean aggregate of about 57.5 Gbit/s).
+//! [`TraceFamily`] names the presets the simulator is evaluated on (`paper`, `bursty`,
+//! `together`, `heldout`) and gives each its seeds by [`Role`], so that settings are never
+//! tuned on the seeds they are reported on.
 //!
 //! Traces are read and written as CSV with the header `minute,tunnel,gbps`
 //! ([`Trace::from_csv`], [`Trace::to_csv`]); this module only turns text into a trace and
@@ -19,9 +22,12 @@
 use core::fmt;
 use std::collections::BTreeMap;
 
+mod family;
 mod generate;
 mod params;
+mod stats;
 
+pub use family::{Role, TraceFamily, LOAD_RATIO};
 pub use generate::generate;
 #[cfg(test)]
 pub(crate) use generate::Rng;
@@ -29,6 +35,7 @@ pub use params::{
     Arrivals, BurstHeight, BurstLength, GlobalShock, GroupBursts, HourlyBase, LevelShifts, OnOff,
     Pareto, TraceParams,
 };
+pub use stats::{TraceStats, RISE_MINUTES};
 
 /// The most entries (minutes × tunnels) a trace may hold: 10⁷ (e.g. 170 tunnels for 40 days),
 /// about 160 MB while a CSV is read. A CSV asking for more (a stray huge minute or tunnel
@@ -62,6 +69,20 @@ pub enum TraceError {
     /// A trace whose shape or values are inconsistent (see [`Trace::new`]).
     #[error("trace: {0}")]
     Invalid(String),
+    /// A name that is no [`TraceFamily`].
+    #[error("unknown trace family `{0}`: expected paper, bursty, together or heldout")]
+    UnknownFamily(String),
+    /// A name that is no [`Role`].
+    #[error("unknown seed role `{0}`: expected tune, report or heldout")]
+    UnknownRole(String),
+    /// A seed asked of a family for a role it has none for ([`TraceFamily::has_role`]).
+    #[error("the {family} family has no {role} seeds")]
+    NoSeeds {
+        /// The family's name.
+        family: &'static str,
+        /// The role's name.
+        role: &'static str,
+    },
 }
 
 /// Demand of every tunnel in every minute (see the module docs).
