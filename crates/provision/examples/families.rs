@@ -84,7 +84,7 @@ fn main() -> ExitCode {
         let (seed, trace) = trace;
         let s = TraceStats::of(&trace);
         println!(
-            "| {family} | {role}, {} | {seed:#018x} | {} × {} | {:.1} | {:.2} | {:.4} | {:.2} \
+            "| {family} | {role}, {} | {seed} | {} × {} | {:.1} | {:.2} | {:.4} | {:.2} \
              | {:.4} | {:.2} | {} |",
             o.k,
             trace.tunnels(),
