@@ -94,7 +94,7 @@ use crate::error::ProvisionError;
 use crate::ids::{NodeId, TunnelId};
 use crate::nodes::NodeState;
 use crate::planner::{ConsolidationMode, Planner, PlannerConfig};
-pub use crate::sizing::{Sizer, Sizing};
+pub use crate::sizing::{Defaults, Sizer, Sizing};
 use crate::trace::{Trace, TraceError};
 use crate::usage::UsageBook;
 
@@ -150,6 +150,9 @@ pub struct SimConfig {
     /// Run [`Policy::Protego`]'s planner with [`PlannerConfig::drain`]: empty the least loaded
     /// active nodes whose tunnels all fit elsewhere under the fill limit.
     pub drain: bool,
+    /// The first minute judged: the minutes before it run normally (a warm-up in which every
+    /// learner and histogram follows the trace) but count in no figure of the [`Summary`].
+    pub score_from_minute: usize,
 }
 
 impl SimConfig {
@@ -169,6 +172,17 @@ impl SimConfig {
             warm_start: true,
             sizing: Sizing::Measured,
             drain: false,
+            score_from_minute: 0,
+        }
+    }
+
+    /// [`SimConfig::paper`] with Protego's sizing and drain ([`Defaults::PROTEGO`]): what
+    /// `protego sim` runs by default.
+    pub fn protego(cap_gbps: f64) -> Self {
+        Self {
+            sizing: Defaults::PROTEGO.sizing,
+            drain: Defaults::PROTEGO.drain,
+            ..Self::paper(cap_gbps)
         }
     }
 
@@ -262,12 +276,14 @@ pub struct MinuteStats {
     pub unserved_gbps: f64,
     /// Tunnel migrations the plan at the end of this minute made.
     pub migrations: u32,
+    /// Tunnels that exist in this minute (from their arrival, [`Trace::arrival`]).
+    pub tunnels: u32,
 }
 
 /// A run's figures over the whole trace (see the module docs for the definitions).
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct Summary {
-    /// Minutes simulated.
+    /// Minutes judged (from [`SimConfig::score_from_minute`] to the end).
     pub minutes: usize,
     /// Mean aggregate demand, Gbit/s.
     pub mean_demand_gbps: f64,
@@ -415,6 +431,13 @@ pub fn run_policy(
     progress: &mut dyn FnMut(Progress<'_>),
 ) -> Result<Run, SimError> {
     config.validate()?;
+    if config.score_from_minute >= trace.minutes() {
+        return Err(SimError::InvalidConfig {
+            field: "score_from_minute",
+            value: config.score_from_minute.to_string(),
+            reason: "must be before the trace's last minute",
+        });
+    }
     match policy {
         Policy::Protego => run_planner(
             trace,
@@ -442,8 +465,10 @@ pub fn run_policy(
 struct Judge<'a> {
     trace: &'a Trace,
     config: &'a SimConfig,
-    /// Minutes each tunnel was served in full.
+    /// Judged minutes each tunnel was served in full.
     served: Vec<usize>,
+    /// Judged minutes each tunnel existed in.
+    existed: Vec<usize>,
     minutes: Vec<MinuteStats>,
 }
 
@@ -453,12 +478,14 @@ impl<'a> Judge<'a> {
             trace,
             config,
             served: vec![0; trace.tunnels()],
+            existed: vec![0; trace.tunnels()],
             minutes: Vec::with_capacity(trace.minutes()),
         }
     }
 
     /// Judges one minute: `groups` holds, per node, the indices of the tunnels on it; tunnels
-    /// in no group are on no active node.
+    /// in no group are on no active node. A tunnel before its arrival is not judged. The
+    /// per-tunnel tallies count only minutes from [`SimConfig::score_from_minute`].
     fn minute(
         &mut self,
         minute: usize,
@@ -468,17 +495,23 @@ impl<'a> Judge<'a> {
     ) -> &mut MinuteStats {
         let demand = self.trace.minute(minute);
         let capacity = self.config.planner.node_capacity;
+        let exists: Vec<bool> = (0..demand.len())
+            .map(|i| self.trace.arrival(i) <= minute)
+            .collect();
         let mut placed = vec![false; demand.len()];
+        let mut full = vec![false; demand.len()];
         let mut stats = MinuteStats {
             demand_gbps: demand.iter().sum(),
             active_gbps: f64::from(active_nodes) * capacity,
             reserved_gbps: f64::from(reserved_nodes) * capacity,
             active_nodes,
+            tunnels: to_u32(exists.iter().filter(|&&e| e).count()),
             ..MinuteStats::default()
         };
         for group in groups {
             let mut tunnels: Vec<(usize, f64)> = group
                 .iter()
+                .filter(|&&i| exists.get(i).copied().unwrap_or(false))
                 .filter_map(|&i| demand.get(i).map(|&d| (i, d)))
                 .collect();
             for &(i, _) in &tunnels {
@@ -487,7 +520,7 @@ impl<'a> Judge<'a> {
             let load: f64 = tunnels.iter().map(|t| t.1).sum();
             if load <= capacity + LOAD_TOLERANCE {
                 for &(i, _) in &tunnels {
-                    self.served[i] += 1;
+                    full[i] = true;
                 }
                 continue;
             }
@@ -501,7 +534,7 @@ impl<'a> Judge<'a> {
                 let share = left / (tunnels.len() - k) as f64;
                 if d <= share + LOAD_TOLERANCE {
                     left -= d;
-                    self.served[i] += 1;
+                    full[i] = true;
                 } else {
                     stats.underserved_tunnels +=
                         u32::try_from(tunnels.len() - k).unwrap_or(u32::MAX);
@@ -510,14 +543,20 @@ impl<'a> Judge<'a> {
             }
         }
         for (i, &d) in demand.iter().enumerate() {
-            if placed[i] {
+            if placed[i] || !exists[i] {
                 continue;
             }
             if d > 0.0 {
                 stats.underserved_tunnels += 1;
                 stats.unserved_gbps += d;
             } else {
-                self.served[i] += 1;
+                full[i] = true;
+            }
+        }
+        if minute >= self.config.score_from_minute {
+            for i in (0..demand.len()).filter(|&i| exists[i]) {
+                self.existed[i] += 1;
+                self.served[i] += usize::from(full[i]);
             }
         }
         self.minutes.push(stats);
@@ -526,7 +565,13 @@ impl<'a> Judge<'a> {
     }
 
     fn finish(self, policy: Policy, consolidation_minutes: u64) -> Run {
-        let summary = summarize(self.trace, self.config, &self.minutes, &self.served);
+        let summary = summarize(
+            self.trace,
+            self.config,
+            &self.minutes,
+            &self.served,
+            &self.existed,
+        );
         Run {
             policy,
             consolidation_minutes,
@@ -536,29 +581,65 @@ impl<'a> Judge<'a> {
     }
 }
 
-/// The figures of a run from its minutes and the per-tunnel served minutes.
+/// Per tunnel, the judged minutes it exists in (for policies that serve everything).
+fn existence(trace: &Trace, config: &SimConfig) -> Vec<usize> {
+    (0..trace.tunnels())
+        .map(|i| {
+            trace
+                .minutes()
+                .saturating_sub(trace.arrival(i).max(config.score_from_minute))
+        })
+        .collect()
+}
+
+/// Tunnels that exist in `minute`.
+fn existing(trace: &Trace, minute: usize) -> u32 {
+    to_u32(
+        (0..trace.tunnels())
+            .filter(|&i| trace.arrival(i) <= minute)
+            .count(),
+    )
+}
+
+/// The figures of a run from its minutes (those from [`SimConfig::score_from_minute`] on)
+/// and, per tunnel, the judged minutes it was served in full and existed in.
 fn summarize(
     trace: &Trace,
     config: &SimConfig,
     minutes: &[MinuteStats],
     served: &[usize],
+    existed: &[usize],
 ) -> Summary {
+    let minutes = minutes.get(config.score_from_minute..).unwrap_or(&[]);
     let count = minutes.len().max(1) as f64;
-    let n = trace.tunnels();
-    let needed = ((config.guarantee_fraction * n as f64) - 1e-9)
-        .ceil()
-        .clamp(1.0, n as f64) as usize;
-    let tolerated = n - needed;
+    // The tunnels that must be served in full in a minute of `n` tunnels.
+    let needed = |n: usize| {
+        ((config.guarantee_fraction * n as f64) - 1e-9)
+            .ceil()
+            .clamp(1.0, n.max(1) as f64) as usize
+    };
     let violation_minutes = minutes
         .iter()
-        .filter(|m| m.underserved_tunnels as usize > tolerated)
+        .filter(|m| {
+            let n = m.tunnels as usize;
+            m.underserved_tunnels as usize > n.saturating_sub(needed(n))
+        })
         .count();
     let demand: f64 = minutes.iter().map(|m| m.demand_gbps).sum();
     let unserved: f64 = minutes.iter().map(|m| m.unserved_gbps).sum();
     let active = minutes.iter().map(|m| m.active_gbps).sum::<f64>() / count;
-    let mut per_tunnel: Vec<usize> = served.to_vec();
-    per_tunnel.sort_unstable_by(|a, b| b.cmp(a));
-    let tunnel_served = per_tunnel.get(needed - 1).copied().unwrap_or(0);
+    // Per tunnel (that existed in a judged minute), the share of its minutes served in full.
+    let mut per_tunnel: Vec<f64> = served
+        .iter()
+        .zip(existed)
+        .filter(|(_, &e)| e > 0)
+        .map(|(&s, &e)| s as f64 / e as f64)
+        .collect();
+    per_tunnel.sort_unstable_by(|a, b| b.total_cmp(a));
+    let tunnel_served = per_tunnel
+        .get(needed(per_tunnel.len()) - 1)
+        .copied()
+        .unwrap_or(0.0);
     Summary {
         minutes: minutes.len(),
         mean_demand_gbps: demand / count,
@@ -570,7 +651,7 @@ fn summarize(
         violation_minutes,
         overload_minutes: minutes.iter().filter(|m| m.overloaded_nodes > 0).count(),
         overloaded_node_minutes: minutes.iter().map(|m| m.overloaded_nodes as usize).sum(),
-        tunnel_guarantee_pct: 100.0 * tunnel_served as f64 / count,
+        tunnel_guarantee_pct: 100.0 * tunnel_served,
         unserved_pct: if demand > 0.0 {
             100.0 * unserved / demand
         } else {
@@ -601,11 +682,14 @@ fn run_planner(
     let planner = Planner::new(planner_config)?;
     let label = format!("{} {} min", policy.name(), config.consolidation_minutes());
     let ids: Vec<TunnelId> = trace.ids().iter().map(|&id| TunnelId(id)).collect();
+    let caps = trace.caps();
     let mut usage = UsageBook::new(planner.config().usage_config())?;
     let mut cluster = Cluster::new();
     for (i, &id) in ids.iter().enumerate() {
-        usage.set_sigma(id, trace.caps()[i])?;
-        cluster.add_tunnel(id, trace.demand(0, i))?;
+        usage.set_sigma(id, caps[i])?;
+        if trace.arrival(i) == 0 {
+            cluster.add_tunnel(id, trace.demand(0, i))?;
+        }
     }
     let steps = trace.minutes() / tau;
     let measured = |step: usize, i: usize| -> f64 {
@@ -615,17 +699,26 @@ fn run_planner(
             / tau as f64
     };
     if config.warm_start {
-        for step in 0..steps {
+        // The previous day's history: the warm-up when there is one, else (as the paper's
+        // reserve is computed) the trace itself. Only the usage histograms are primed.
+        let primed = match config.score_from_minute {
+            0 => steps,
+            warm_up => warm_up / tau,
+        };
+        for step in 0..primed {
             for (i, &id) in ids.iter().enumerate() {
-                usage.record(id, measured(step, i))?;
+                if trace.arrival(i) < (step + 1) * tau {
+                    usage.record(id, measured(step, i))?;
+                }
             }
         }
     }
-    let mut sizer = Sizer::new(if policy == Policy::Paper {
+    let sizing = if policy == Policy::Paper {
         Sizing::Measured
     } else {
         config.sizing
-    });
+    };
+    let mut sizer = Sizer::for_planner(sizing, planner.config())?;
     let seed_nodes = planner.reservation(&cluster, &usage)?.required;
     for k in 0..seed_nodes {
         cluster.add_node(NodeId(k), NodeState::Inactive)?;
@@ -655,15 +748,37 @@ fn run_planner(
             let now = origin
                 .checked_add(Duration::from_secs(60 * (t as u64 + 1)))
                 .unwrap_or(origin);
+            // What a live autoscaler sees at the end of the step: every active node's load
+            // over it (the placement did not change within it), then every tunnel's α.
+            sizer.observe_nodes(
+                groups
+                    .iter()
+                    .map(|g| g.iter().map(|&i| measured(step, i)).sum::<f64>()),
+            );
             for (i, &id) in ids.iter().enumerate() {
+                if trace.arrival(i) > t {
+                    continue;
+                }
                 let alpha = measured(step, i);
-                cluster.set_alpha(id, sizer.size(id, alpha, trace.caps()[i]))?;
+                cluster.set_alpha(id, sizer.size(id, alpha, caps[i]))?;
+                cluster.set_settling(id, false)?;
                 usage.record(id, alpha)?;
+            }
+            // Tunnels that arrive in the next step come in now, at their prior size, and
+            // settle until their first measurement.
+            for (i, &id) in ids.iter().enumerate() {
+                let arrival = trace.arrival(i);
+                if arrival > t && arrival <= t + tau {
+                    cluster.add_tunnel(id, sizer.prior(caps[i]))?;
+                    cluster.set_settling(id, true)?;
+                }
             }
             cluster.advance(now);
             let before: BTreeMap<TunnelId, Option<NodeId>> =
                 cluster.tunnels().map(|(t, st)| (t, st.node)).collect();
-            let plan = planner.plan(&cluster, &usage, now, last_consolidation)?;
+            let hint = sizer.hint();
+            let plan =
+                planner.plan_with(&cluster, &usage, now, last_consolidation, hint.as_ref())?;
             cluster.apply_plan(&plan)?;
             if plan.consolidation.is_some() {
                 last_consolidation = Some(now);
@@ -699,11 +814,12 @@ fn run_dedicated(trace: &Trace, config: &SimConfig) -> Run {
             active_gbps: capacity,
             reserved_gbps: capacity,
             active_nodes: vms,
+            tunnels: existing(trace, m),
             ..MinuteStats::default()
         })
         .collect();
-    let served = vec![trace.minutes(); trace.tunnels()];
-    let summary = summarize(trace, config, &minutes, &served);
+    let existed = existence(trace, config);
+    let summary = summarize(trace, config, &minutes, &existed, &existed);
     Run {
         policy: Policy::Dedicated,
         consolidation_minutes: 0,
@@ -752,12 +868,13 @@ fn run_lower_bound(trace: &Trace, config: &SimConfig) -> Run {
                 active_gbps: f64::from(nodes) * capacity,
                 reserved_gbps: f64::from(nodes) * capacity,
                 active_nodes: nodes,
+                tunnels: existing(trace, m),
                 ..MinuteStats::default()
             }
         })
         .collect();
-    let served = vec![trace.minutes(); trace.tunnels()];
-    let summary = summarize(trace, config, &minutes, &served);
+    let existed = existence(trace, config);
+    let summary = summarize(trace, config, &minutes, &existed, &existed);
     Run {
         policy: Policy::LowerBound,
         consolidation_minutes: 0,
@@ -766,5 +883,7 @@ fn run_lower_bound(trace: &Trace, config: &SimConfig) -> Run {
     }
 }
 
+#[cfg(test)]
+mod arrival_tests;
 #[cfg(test)]
 mod tests;

@@ -671,3 +671,106 @@ fn pinned_nodes_are_not_stopped_and_drained_last() {
     assert!(acts.contains(&migrate(2, 2, 1)), "{plan}");
     assert!(!acts.iter().any(|a| *a == migrate(1, 1, 2)), "{plan}");
 }
+
+#[test]
+fn a_settling_tunnel_is_left_where_it_is_until_measured() {
+    let active = NodeState::Active;
+    // As in the drain test: node 1 (0.1) would be drained onto node 4, and a due
+    // consolidation would pack everything into fewer nodes.
+    let (mut cluster, usage) = setup(
+        &[(1, active), (2, active), (3, active), (4, active)],
+        &[
+            (1, 0.1, Some(1)),
+            (2, 0.2, Some(2)),
+            (3, 0.5, Some(3)),
+            (4, 0.7, Some(4)),
+        ],
+    );
+    cluster.set_settling(TunnelId(1), true).unwrap();
+    let draining = Planner::new(PlannerConfig {
+        drain: true,
+        ..config()
+    })
+    .unwrap();
+    let now = Instant::now();
+    for last in [Some(now), None] {
+        let plan = draining.plan(&cluster, &usage, now, last).unwrap();
+        assert!(
+            actions(&plan).iter().all(|a| !matches!(
+                a,
+                Action::Migrate {
+                    tunnel: TunnelId(1),
+                    ..
+                } | Action::Deactivate { node: NodeId(1) }
+            )),
+            "{plan}"
+        );
+        // The other tunnels still move: node 2's 0.2 joins node 3 (drain or consolidation).
+        assert!(
+            actions(&plan).iter().any(|a| matches!(
+                a,
+                Action::Migrate {
+                    tunnel: TunnelId(2),
+                    ..
+                }
+            )),
+            "{plan}"
+        );
+    }
+    // Measured, it is drained as before.
+    cluster.set_settling(TunnelId(1), false).unwrap();
+    let plan = draining.plan(&cluster, &usage, now, Some(now)).unwrap();
+    assert!(actions(&plan).contains(&migrate(1, 1, 4)), "{plan}");
+    assert!(cluster.set_settling(TunnelId(9), true).is_err());
+}
+
+#[test]
+fn a_reserve_hint_keeps_more_nodes_ready_and_says_why() {
+    let (cluster, usage) = setup(
+        &[(0, NodeState::Active), (1, NodeState::Inactive)],
+        &[(1, 0.3, Some(0))],
+    );
+    let planner = planner();
+    let now = Instant::now();
+    let plain = planner.plan(&cluster, &usage, now, Some(now)).unwrap();
+    let hint = ReserveHint {
+        nodes: 4,
+        level: 0.3,
+        rise: 2.5,
+        horizon: 4,
+        fragmentation: 1.2,
+    };
+    assert_eq!(
+        planner
+            .plan_with(&cluster, &usage, now, Some(now), None)
+            .unwrap(),
+        plain
+    );
+    let plan = planner
+        .plan_with(&cluster, &usage, now, Some(now), Some(&hint))
+        .unwrap();
+    assert!(plain.reservation.required < 4, "{plain}");
+    assert_eq!(plan.reservation.required, 4);
+    let starts: Vec<&Decision> = plan
+        .decisions
+        .iter()
+        .filter(|d| matches!(d.action, Action::Start { .. }))
+        .collect();
+    assert_eq!(starts.len(), 2, "{plan}");
+    assert!(
+        starts[0]
+            .reason
+            .to_string()
+            .starts_with("aggregate forecast: sized load 0.300 may rise by 2.500 within 4"),
+        "{}",
+        starts[0]
+    );
+    // A hint below what the model needs changes nothing.
+    let low = ReserveHint { nodes: 0, ..hint };
+    assert_eq!(
+        planner
+            .plan_with(&cluster, &usage, now, Some(now), Some(&low))
+            .unwrap(),
+        plain
+    );
+}
