@@ -19,8 +19,21 @@
 //! So a burst is seen one τ after it began, as in a live cluster. Before minute 0 the planner
 //! places the tunnels once on minute 0's demand (a cluster does not start empty).
 //!
+//! **Arrivals** ([`Trace::arrival`]): a tunnel is neither placed nor judged before its first
+//! minute. It joins the cluster at the plan before that minute, at [`Sizer::prior`] (the
+//! population prior with [`Sizing::Adaptive`], 0 otherwise), and is settling
+//! ([`Cluster::set_settling`]) until its first measurement.
+//!
+//! **Adaptive sizing**: at the end of every step, before the tunnels' α, the sizer gets what a
+//! live autoscaler sees, each active node's load over the step
+//! ([`Sizer::observe_nodes`]); its reserve hint goes to [`Planner::plan_with`]. It never sees
+//! demand ahead, and the warm start never primes it.
+//!
+//! **Warm-up** ([`SimConfig::score_from_minute`]): the minutes before it run normally but
+//! count in no figure.
+//!
 //! **Warm start** ([`SimConfig::warm_start`], on by default): the usage histograms start
-//! primed with the trace itself, standing for the previous day's history a running cluster
+//! primed with the warm-up minutes when there is a warm-up, else with the trace itself, standing for the previous day's history a running cluster
 //! has, so the reserve of §5.3 is the one the paper computes from its day of data (22 nodes
 //! for its trace) from the first minute. Without it, every histogram starts from the prior (the
 //! tunnel at its cap: the largest reserve) and follows the day as it is seen. Priming touches

@@ -160,7 +160,8 @@ pub struct AutoscaleConfig {
     /// (hysteresis: a start takes `start_latency`).
     pub stop_slack: u32,
     /// How tunnels are sized for placement (`"envelope:2"`: the higher of the last two
-    /// measurements; `"measured"`: the last one, as the paper does).
+    /// measurements; `"measured"`: the last one, as the paper does; `"adaptive"`: see
+    /// `provision::forecast`).
     pub sizing: provision::Sizing,
     /// Give a node back as soon as its tunnels fit on the others, not at the next
     /// consolidation (Protego's; the paper waits).
@@ -175,8 +176,8 @@ impl Default for AutoscaleConfig {
     /// Advise mode with the paper's §7.4 parameters: τ = 10 s (the paper's is a minute; a
     /// plan of 10 000 tunnels takes about 0.15 s), 10-minute consolidation, T_H = 0.9,
     /// ε = 0.05, 3-minute starts, one node at least, no provider; and Protego's two changes
-    /// to the paper's algorithm (docs/provisioning.md): envelope sizing over two
-    /// measurements, and drain.
+    /// to the paper's algorithm (docs/provisioning.md, `provision::Defaults::PROTEGO`):
+    /// envelope sizing over two measurements, and drain.
     fn default() -> Self {
         Self {
             mode: AutoscaleMode::Advise,
@@ -187,8 +188,8 @@ impl Default for AutoscaleConfig {
             start_latency: std::time::Duration::from_secs(180),
             min_nodes: 1,
             stop_slack: 0,
-            sizing: provision::Sizing::Envelope { steps: 2 },
-            drain: true,
+            sizing: provision::Defaults::PROTEGO.sizing,
+            drain: provision::Defaults::PROTEGO.drain,
             window: provision::DEFAULT_WINDOW,
             local: None,
         }
