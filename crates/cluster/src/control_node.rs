@@ -83,6 +83,7 @@ pub fn elect(config: &Config, cancel: &Receiver<()>) -> Result<Option<Election>,
     let mut options =
         ElectionOptions::new(etcd.endpoints.clone(), etcd.prefix.clone(), cc.name.clone());
     options.ttl = cc.lease;
+    options.connect_timeout = etcd.connect_timeout;
     options.access = etcd.access.clone();
     let election = Election::start(&options)?;
     // Where the other control nodes can probe this one, and how this one finds the leader.

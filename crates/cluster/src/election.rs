@@ -128,6 +128,8 @@ use tracing::{debug, info, warn};
 pub const DEFAULT_TTL: Duration = control::store::DEFAULT_LEASE_TTL;
 /// The default bound of each request to etcd.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(500);
+/// Default [`ElectionOptions::connect_timeout`]: the store's default `[store] connect_timeout`.
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = control::config::DEFAULT_ETCD_CONNECT_TIMEOUT;
 /// The longest lease TTL accepted.
 const MAX_TTL: Duration = Duration::from_secs(3600);
 /// The longest node name accepted, in bytes.
@@ -154,6 +156,10 @@ pub struct ElectionOptions {
     /// Upper bound of each request to etcd (connecting, a grant, a campaign, a resign);
     /// [`DEFAULT_TIMEOUT`].
     pub timeout: Duration,
+    /// Upper bound of [`Election::start`]'s first connection to etcd (TCP, TLS, authentication)
+    /// and its check of the prefix, tried again with backoff within it (the store's
+    /// `connect_timeout`); [`DEFAULT_CONNECT_TIMEOUT`].
+    pub connect_timeout: Duration,
     /// TLS and authentication, the same as the store's ([`EtcdAccess::default`]: plain
     /// `http://`, no user).
     pub access: EtcdAccess,
@@ -168,6 +174,7 @@ impl ElectionOptions {
             name: name.into(),
             ttl: DEFAULT_TTL,
             timeout: DEFAULT_TIMEOUT,
+            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             access: EtcdAccess::default(),
         }
     }
@@ -307,12 +314,16 @@ impl Election {
         if options.timeout.is_zero() {
             return Err(invalid("the timeout must not be zero"));
         }
+        if options.connect_timeout.is_zero() {
+            return Err(invalid("the connect_timeout must not be zero"));
+        }
         // Checks the endpoints and the prefix as the store does, and writes or checks the
         // schema key.
         let store = EtcdStore::connect(&EtcdOptions {
             endpoints: options.endpoints.clone(),
             prefix: prefix.to_owned(),
             timeout: options.timeout,
+            connect_timeout: options.connect_timeout.max(options.timeout),
             access: options.access.clone(),
         })
         .map_err(|source| ElectionError::Store {

@@ -35,8 +35,9 @@ impl std::fmt::Debug for Peers {
 }
 
 impl Peers {
-    /// Connects to the store's etcd (any of its endpoints), with its timeout per request.
-    /// Call it from a plain thread, not from inside an async runtime.
+    /// Connects to the store's etcd (any of its endpoints), within its connect timeout (the
+    /// first connection authenticates), then with its timeout per request. Call it from a plain
+    /// thread, not from inside an async runtime.
     pub fn connect(options: &EtcdOptions) -> Result<Peers, ElectionError> {
         let prefix = options.prefix.trim_end_matches('/').to_owned();
         let describe = format!("etcd {} prefix {prefix}", options.endpoints.join(","));
@@ -48,19 +49,23 @@ impl Peers {
             .enable_all()
             .build()
             .map_err(|e| fail(format!("runtime: {e}")))?;
-        let connect = options
-            .access
-            .connect_options(options.timeout)
-            .with_timeout(options.timeout);
+        // No per-request timeout of the client's own: it would bound authenticating too.
+        // `run` bounds each request.
+        let connect = options.access.connect_options(options.connect_timeout);
         let client = runtime
             .block_on(async {
                 tokio::time::timeout(
-                    options.timeout,
+                    options.connect_timeout,
                     Client::connect(options.endpoints.clone(), Some(connect)),
                 )
                 .await
             })
-            .map_err(|_| fail(format!("no etcd answered within {:?}", options.timeout)))?
+            .map_err(|_| {
+                fail(format!(
+                    "no etcd answered within the {:?} connect_timeout",
+                    options.connect_timeout
+                ))
+            })?
             .map_err(|e| fail(explain_etcd_error(e.to_string())))?;
         Ok(Peers {
             runtime: DetachedRuntime::new(runtime),

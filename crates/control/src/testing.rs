@@ -381,6 +381,7 @@ impl Secured {
             endpoints: vec![self.etcd.url()],
             prefix: prefix.into(),
             timeout: TIMEOUT,
+            connect_timeout: TIMEOUT,
             access,
         }
     }

@@ -8,15 +8,16 @@ mod common;
 #[path = "../src/testutil.rs"]
 mod testutil;
 
+use common::{drop_count, drop_counter, recv, wait_stats, Started};
 use protego_dataplane::{
-    DataPath, Dataplane, DataplaneConfig, DataplaneError, DataplaneStats, Direction, Feature,
-    FeatureBatch, FeatureChain, Inside,
+    DataPath, Dataplane, DataplaneError, DataplaneStats, Direction, Feature, FeatureBatch,
+    FeatureChain, Inside,
 };
 use std::net::{SocketAddr, UdpSocket};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
-use testutil::{child, ip, parse_vxlan, ts, udp4, vxlan, Peer};
+use std::time::Duration;
+use testutil::{parse_vxlan, udp4, vxlan, Peer};
 use wire::ethernet::EtherType;
 
 const VM_MAC: [u8; 6] = [0x52, 0x54, 0, 0, 0, 5];
@@ -109,82 +110,21 @@ struct Setup {
 }
 
 fn setup() -> Setup {
-    for _ in 0..20 {
-        let host = UdpSocket::bind("127.0.0.2:0").expect("host socket");
-        let port = host.local_addr().expect("addr").port();
-        let cfg = DataplaneConfig {
-            listen: vec![ip("127.0.0.1")],
-            ike_port: 0,
-            natt_port: 0,
-            vxlan_port: port,
-            vnets: vec![common::loopback_vnet()],
-            tunnels: vec![common::site_tunnel(Inside::Vnet(0))],
-            tun_name: None,
-            batch: 32,
-            workers: 2,
-            cpus: vec![],
-            pin_workers: false,
-            busy_poll: Duration::ZERO,
-            relay: None,
-        };
-        let (tx, _rx) = crossbeam_channel::unbounded();
-        let dp = match Dataplane::start(cfg, tx) {
-            Ok(dp) => dp,
-            Err(DataplaneError::Bind { .. }) => continue,
-            Err(e) => panic!("start: {e}"),
-        };
-        let addrs = dp.local_addrs();
-        let peer = UdpSocket::bind("127.0.0.1:0").expect("peer socket");
-        for s in [&host, &peer] {
-            s.set_read_timeout(Some(Duration::from_secs(5)))
-                .expect("timeout");
-        }
-        return Setup {
-            dp,
-            host,
-            peer,
-            natt: addrs.natt[0],
-            vtep: addrs.vxlan[0],
-        };
-    }
-    panic!("no free port for the VXLAN socket");
-}
-
-fn recv(s: &UdpSocket) -> Vec<u8> {
-    let mut buf = vec![0u8; 65536];
-    let (n, _) = s.recv_from(&mut buf).expect("datagram within 5 s");
-    buf.truncate(n);
-    buf
-}
-
-fn drop_count(s: &DataplaneStats, name: &str) -> Option<u64> {
-    s.drops.iter().find(|(n, _)| n == name).map(|(_, v)| *v)
-}
-
-fn wait_stats(dp: &Dataplane, what: &str, f: impl Fn(&DataplaneStats) -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        let s = dp.stats();
-        if f(&s) {
-            return;
-        }
-        assert!(Instant::now() < deadline, "{what}: {s:?}");
-        std::thread::sleep(Duration::from_millis(5));
+    let Started { dp, host, .. } = common::start_beside_host(common::config);
+    let addrs = dp.local_addrs();
+    Setup {
+        dp,
+        host,
+        peer: common::bind("127.0.0.1:0"),
+        natt: addrs.natt[0],
+        vtep: addrs.vxlan[0],
     }
 }
 
 #[test]
 fn feature_chains_count_rewrite_and_drop_both_ways() {
     let s = setup();
-    let c = child(
-        1,
-        0x1001,
-        0x2001,
-        s.natt,
-        s.peer.local_addr().expect("addr"),
-        ts("10.0.0.0", "10.0.0.255"),
-        ts("192.168.0.0", "192.168.0.255"),
-    );
+    let c = common::site_child(s.natt, s.peer.local_addr().expect("addr"));
     s.dp.install_child(&c).expect("install");
     let peer = Peer::of(&c);
     let gw_mac = s.dp.gateway_mac(0).expect("vnet 0");
@@ -228,10 +168,10 @@ fn feature_chains_count_rewrite_and_drop_both_ways() {
     )
     .expect("inbound chain");
     let st = s.dp.stats();
-    assert_eq!(drop_count(&st, "acme/test_odd_out"), Some(0));
-    assert_eq!(drop_count(&st, "acme/test_odd_in"), Some(0));
+    assert_eq!(drop_counter(&st, "acme/test_odd_out"), Some(0));
+    assert_eq!(drop_counter(&st, "acme/test_odd_in"), Some(0));
     assert_eq!(
-        drop_count(&st, "esp_replay"),
+        drop_counter(&st, "esp_replay"),
         Some(0),
         "own reasons unchanged"
     );
@@ -246,7 +186,7 @@ fn feature_chains_count_rewrite_and_drop_both_ways() {
     }
     let mut got = Vec::new();
     for _ in 0..5 {
-        let inner = peer.open(&recv(&s.peer)).expect("peer opens");
+        let inner = peer.open(&recv(&s.peer).0).expect("peer opens");
         assert_eq!(inner[PAYLOAD + 1], 0xa0, "rewritten by the outbound chain");
         assert_eq!(inner[8], 63, "forwarded: TTL decremented");
         got.push(inner[PAYLOAD]);
@@ -254,7 +194,7 @@ fn feature_chains_count_rewrite_and_drop_both_ways() {
     got.sort_unstable();
     assert_eq!(got, vec![0, 2, 4, 6, 8]);
     wait_stats(&s.dp, "outbound drops counted", |st| {
-        drop_count(st, "acme/test_odd_out") == Some(5)
+        drop_counter(st, "acme/test_odd_out") == Some(5)
             && count_out.charged.load(Ordering::Relaxed) == 10
     });
     assert_eq!(count_out.seen.load(Ordering::Relaxed), 10);
@@ -268,7 +208,7 @@ fn feature_chains_count_rewrite_and_drop_both_ways() {
     }
     let mut got = Vec::new();
     while got.len() < 5 {
-        let (vni, dst, _, ty, payload) = parse_vxlan(&recv(&s.host));
+        let (vni, dst, _, ty, payload) = parse_vxlan(&recv(&s.host).0);
         if ty != EtherType::IPV4 {
             continue;
         }
@@ -279,12 +219,12 @@ fn feature_chains_count_rewrite_and_drop_both_ways() {
     got.sort_unstable();
     assert_eq!(got, vec![0, 2, 4, 6, 8]);
     wait_stats(&s.dp, "inbound drops counted", |st| {
-        drop_count(st, "acme/test_odd_in") == Some(5)
+        drop_counter(st, "acme/test_odd_in") == Some(5)
             && count_in.charged.load(Ordering::Relaxed) == 10
             && st.children[0].packets_in == 10
     });
     assert_eq!(count_in.seen.load(Ordering::Relaxed), 10);
-    assert_eq!(drop_count(&s.dp.stats(), "esp_replay"), Some(0));
+    assert_eq!(drop_counter(&s.dp.stats(), "esp_replay"), Some(0));
 
     // An empty chain removes the tenant's: packets pass untouched again.
     s.dp.set_feature_chain(
@@ -297,10 +237,10 @@ fn feature_chains_count_rewrite_and_drop_both_ways() {
     s.host
         .send_to(&vxlan(100, gw_mac, VM_MAC, EtherType::IPV4, &inner), s.vtep)
         .expect("send vxlan");
-    let inner = peer.open(&recv(&s.peer)).expect("peer opens");
+    let inner = peer.open(&recv(&s.peer).0).expect("peer opens");
     assert_eq!((inner[PAYLOAD], inner[PAYLOAD + 1]), (7, 0));
     assert_eq!(count_out.seen.load(Ordering::Relaxed), 10);
-    assert_eq!(drop_count(&s.dp.stats(), "acme/test_odd_out"), Some(5));
+    assert_eq!(drop_counter(&s.dp.stats(), "acme/test_odd_out"), Some(5));
 }
 
 /// A source NAT: rewrites the inner IPv4 source `from.x` of outbound packets to `to.x` (the
@@ -349,15 +289,7 @@ impl Feature for SourceNat {
 #[test]
 fn outbound_chain_runs_before_the_child_sa_choice() {
     let s = setup();
-    let c = child(
-        1,
-        0x1001,
-        0x2001,
-        s.natt,
-        s.peer.local_addr().expect("addr"),
-        ts("10.0.0.0", "10.0.0.255"),
-        ts("192.168.0.0", "192.168.0.255"),
-    );
+    let c = common::site_child(s.natt, s.peer.local_addr().expect("addr"));
     s.dp.install_child(&c).expect("install");
     let peer = Peer::of(&c);
     let gw_mac = s.dp.gateway_mac(0).expect("vnet 0");
@@ -367,7 +299,7 @@ fn outbound_chain_runs_before_the_child_sa_choice() {
             .send_to(&vxlan(100, gw_mac, VM_MAC, EtherType::IPV4, &inner), s.vtep)
             .expect("send vxlan");
     };
-    let no_tunnel = |st: &DataplaneStats| drop_count(st, "vxlan_no_tunnel").unwrap_or(0);
+    let no_tunnel = |st: &DataplaneStats| drop_count(st, "vxlan_no_tunnel");
 
     // Without a chain, a source outside every tunnel's selectors has no tunnel.
     send("172.16.0.5", 1);
@@ -385,7 +317,7 @@ fn outbound_chain_runs_before_the_child_sa_choice() {
     )
     .expect("nat chain");
     send("172.16.0.5", 2);
-    let inner = peer.open(&recv(&s.peer)).expect("sealed in tunnel 1");
+    let inner = peer.open(&recv(&s.peer).0).expect("sealed in tunnel 1");
     assert_eq!(&inner[12..16], &[10, 0, 0, 5], "translated source");
     assert_eq!(
         (inner[PAYLOAD], inner[8]),
@@ -419,7 +351,7 @@ fn outbound_chain_runs_before_the_child_sa_choice() {
     )
     .expect("cleared");
     send("10.0.0.5", 4);
-    let inner = peer.open(&recv(&s.peer)).expect("peer opens");
+    let inner = peer.open(&recv(&s.peer).0).expect("peer opens");
     assert_eq!(inner[PAYLOAD], 4, "the rewritten packet was never sent");
 }
 
@@ -490,7 +422,7 @@ fn drop_counters_are_per_tenant_and_a_refused_chain_leaves_none() {
             .expect("send vxlan");
     }
     wait_stats(&s.dp, "acme's drops", |st| {
-        drop_count(st, "acme/test_odd") == Some(2)
+        drop_counter(st, "acme/test_odd") == Some(2)
     });
-    assert_eq!(drop_count(&s.dp.stats(), "globex/test_odd"), Some(0));
+    assert_eq!(drop_counter(&s.dp.stats(), "globex/test_odd"), Some(0));
 }

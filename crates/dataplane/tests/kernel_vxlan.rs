@@ -7,18 +7,17 @@
 //! The namespaces are anonymous (held by file descriptors, gone when the test ends). Needs
 //! CAP_SYS_ADMIN and CAP_NET_ADMIN; without them it prints why and passes vacuously.
 
+mod common;
 #[path = "../src/testutil.rs"]
 mod testutil;
 
-use protego_dataplane::{
-    DataPath, Dataplane, DataplaneConfig, Inside, Route, TunnelBinding, VnetConfig,
-};
+use protego_dataplane::{DataPath, Dataplane, DataplaneConfig};
 use std::fs::File;
 use std::net::UdpSocket;
 use std::os::fd::AsRawFd;
 use std::process::Command;
 use std::time::Duration;
-use testutil::{child, ip, ts, udp4, Peer};
+use testutil::{udp4, Peer};
 use wire::ip::Ipv4Packet;
 
 fn run(args: &[&str]) {
@@ -112,35 +111,9 @@ fn gateway_namespace() {
     });
 
     let cfg = DataplaneConfig {
-        listen: vec![ip("127.0.0.1")],
-        ike_port: 0,
-        natt_port: 0,
-        vxlan_port: 4789,
-        vnets: vec![VnetConfig {
-            tenant: ids::TenantId::new("acme").expect("tenant"),
-            name: "prod".into(),
-            vni: 100,
-            gateway_ips: vec![ip("10.0.0.1")],
-            vtep: ip("172.31.0.1"),
-            routes: vec![Route {
-                prefix: ip("10.0.0.0"),
-                len: 24,
-                host: ip("172.31.0.2"),
-            }],
-        }],
-        tunnels: vec![TunnelBinding {
-            tunnel: ike::TunnelId(1),
-            name: "site".into(),
-            tenant: ids::TenantId::new("acme").expect("tenant"),
-            inside: Inside::Vnet(0),
-        }],
-        tun_name: None,
-        batch: 32,
-        workers: 2,
-        cpus: vec![],
+        vnets: vec![common::vnet("172.31.0.1", "172.31.0.2")],
         pin_workers: true,
-        busy_poll: std::time::Duration::ZERO,
-        relay: None,
+        ..common::config(4789)
     };
     let (tx, _rx) = crossbeam_channel::unbounded();
     let dp = Dataplane::start(cfg, tx).expect("start");
@@ -148,15 +121,7 @@ fn gateway_namespace() {
     let peer = UdpSocket::bind("127.0.0.1:0").expect("peer");
     peer.set_read_timeout(Some(Duration::from_secs(10)))
         .expect("timeout");
-    let c = child(
-        1,
-        0x1001,
-        0x2001,
-        natt,
-        peer.local_addr().expect("addr"),
-        ts("10.0.0.0", "10.0.0.255"),
-        ts("192.168.0.0", "192.168.0.255"),
-    );
+    let c = common::site_child(natt, peer.local_addr().expect("addr"));
     dp.install_child(&c).expect("install");
     let p = Peer::of(&c);
 

@@ -6,6 +6,7 @@ mod common;
 #[path = "../src/testutil.rs"]
 mod testutil;
 
+use common::{drop_count, recv, wait_stats, Started};
 use crossbeam_channel::Receiver;
 use protego_dataplane::{
     DataPath, Dataplane, DataplaneConfig, DataplaneError, Inside, ToControl, TunnelBinding,
@@ -13,7 +14,7 @@ use protego_dataplane::{
 use std::net::{SocketAddr, UdpSocket};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use testutil::{arp, child, ip, parse_vxlan, ts, udp4, vxlan, Peer};
+use testutil::{arp, ip, parse_vxlan, udp4, vxlan, Peer};
 use wire::arp::{ArpOperation, ArpPacket, ArpRepr};
 use wire::ethernet::EtherType;
 use wire::ip::Ipv4Packet;
@@ -32,93 +33,33 @@ struct Setup {
 }
 
 fn setup(tunnel_inside: Inside) -> Setup {
-    for _ in 0..20 {
-        let host = UdpSocket::bind("127.0.0.2:0").expect("host socket");
-        let port = host.local_addr().expect("addr").port();
-        let cfg = DataplaneConfig {
-            listen: vec![ip("127.0.0.1"), ip("::1")],
-            ike_port: 0,
-            natt_port: 0,
-            vxlan_port: port,
-            vnets: vec![common::loopback_vnet()],
-            tunnels: vec![common::site_tunnel(tunnel_inside.clone())],
-            tun_name: None,
-            batch: 32,
-            workers: 2,
-            cpus: vec![],
-            pin_workers: true,
-            busy_poll: std::time::Duration::ZERO,
-            relay: None,
-        };
-        let (tx, rx) = crossbeam_channel::unbounded();
-        let dp = match Dataplane::start(cfg, tx) {
-            Ok(dp) => dp,
-            Err(DataplaneError::Bind { .. }) => continue,
-            Err(e) => panic!("start: {e}"),
-        };
-        let addrs = dp.local_addrs();
-        let peer = UdpSocket::bind("127.0.0.1:0").expect("peer socket");
-        for s in [&host, &peer] {
-            s.set_read_timeout(Some(Duration::from_secs(5)))
-                .expect("timeout");
-        }
-        return Setup {
-            dp,
-            rx,
-            host,
-            peer,
-            natt: addrs.natt[0],
-            natt6: addrs.natt[1],
-            ike: addrs.ike[0],
-            vtep: addrs.vxlan[0],
-        };
+    let Started { dp, rx, host } = common::start_beside_host(|port| DataplaneConfig {
+        listen: vec![ip("127.0.0.1"), ip("::1")],
+        tunnels: vec![common::site_tunnel(tunnel_inside.clone())],
+        pin_workers: true,
+        ..common::config(port)
+    });
+    let addrs = dp.local_addrs();
+    Setup {
+        dp,
+        rx,
+        host,
+        peer: common::bind("127.0.0.1:0"),
+        natt: addrs.natt[0],
+        natt6: addrs.natt[1],
+        ike: addrs.ike[0],
+        vtep: addrs.vxlan[0],
     }
-    panic!("no free port for the VXLAN socket");
 }
 
 impl Setup {
     fn child(&self) -> ike::ChildSaInfo {
-        child(
-            1,
-            0x1001,
-            0x2001,
-            self.natt,
-            self.peer.local_addr().expect("addr"),
-            ts("10.0.0.0", "10.0.0.255"),
-            ts("192.168.0.0", "192.168.0.255"),
-        )
+        common::site_child(self.natt, self.peer.local_addr().expect("addr"))
     }
 
     fn gw_mac(&self) -> [u8; 6] {
         self.dp.gateway_mac(0).expect("vnet 0")
     }
-
-    fn recv(s: &UdpSocket) -> (Vec<u8>, SocketAddr) {
-        let mut buf = vec![0u8; 65536];
-        let (n, from) = s.recv_from(&mut buf).expect("datagram within 5 s");
-        buf.truncate(n);
-        (buf, from)
-    }
-
-    /// Waits until `f(stats)` holds.
-    fn wait_stats(&self, what: &str, f: impl Fn(&protego_dataplane::DataplaneStats) -> bool) {
-        let deadline = Instant::now() + Duration::from_secs(5);
-        loop {
-            let s = self.dp.stats();
-            if f(&s) {
-                return;
-            }
-            assert!(Instant::now() < deadline, "{what}: {s:?}");
-            std::thread::sleep(Duration::from_millis(5));
-        }
-    }
-}
-
-fn drop_count(s: &protego_dataplane::DataplaneStats, name: &str) -> u64 {
-    s.drops
-        .iter()
-        .find(|(n, _)| n == name)
-        .map_or(0, |(_, v)| *v)
 }
 
 #[test]
@@ -133,7 +74,7 @@ fn esp_to_vm_and_back_through_vxlan() {
     s.peer
         .send_to(&peer.seal(&inner), s.natt)
         .expect("send esp");
-    let (d, from) = Setup::recv(&s.host);
+    let (d, from) = recv(&s.host);
     assert_eq!(from, s.vtep, "ARP comes from the VTEP socket");
     let (vni, dst, src, ty, payload) = parse_vxlan(&d);
     assert_eq!(
@@ -155,7 +96,7 @@ fn esp_to_vm_and_back_through_vxlan() {
             s.vtep,
         )
         .expect("send arp");
-    let (d, from) = Setup::recv(&s.host);
+    let (d, from) = recv(&s.host);
     assert_ne!(
         from.port(),
         s.vtep.port(),
@@ -185,7 +126,7 @@ fn esp_to_vm_and_back_through_vxlan() {
     }
     let mut got = Vec::new();
     while got.len() < 40 {
-        let (d, from) = Setup::recv(&s.peer);
+        let (d, from) = recv(&s.peer);
         assert_eq!(from, s.natt, "ESP comes from the NAT-T socket");
         let inner = peer.open(&d).expect("peer opens");
         let p = Ipv4Packet::new_checked(&inner[..]).expect("ipv4");
@@ -194,7 +135,7 @@ fn esp_to_vm_and_back_through_vxlan() {
     }
     got.sort_unstable();
     assert_eq!(got, (0..40).collect::<Vec<u8>>());
-    s.wait_stats("children counted", |st| {
+    wait_stats(&s.dp, "children counted", |st| {
         st.children.len() == 1 && st.children[0].packets_in == 1 && st.children[0].packets_out == 40
     });
 }
@@ -207,7 +148,7 @@ fn malformed_replayed_and_forged_packets_are_counted() {
     let peer = Peer::of(&c);
     let good = peer.seal(&udp4("192.168.0.9", 2000, "10.0.0.5", 1000, 64, b"x"));
     s.peer.send_to(&good, s.natt).expect("send");
-    let _arp = Setup::recv(&s.host);
+    let _arp = recv(&s.host);
     s.peer.send_to(&good, s.natt).expect("replay");
     let mut forged = peer.seal(&udp4("192.168.0.9", 2000, "10.0.0.5", 1000, 64, b"y"));
     forged[20] ^= 0x40;
@@ -222,7 +163,7 @@ fn malformed_replayed_and_forged_packets_are_counted() {
             s.vtep,
         )
         .expect("unknown vni");
-    s.wait_stats("drops counted", |st| {
+    wait_stats(&s.dp, "drops counted", |st| {
         [
             "esp_replay",
             "esp_auth",
@@ -269,21 +210,21 @@ fn ike_datagrams_both_ways() {
 
     let to = s.peer.local_addr().expect("addr");
     s.dp.send_ike(s.natt, to, b"reply").expect("send_ike natt");
-    let (d, from) = Setup::recv(&s.peer);
+    let (d, from) = recv(&s.peer);
     assert_eq!(
         (from, d),
         (s.natt, b"\0\0\0\0reply".to_vec()),
         "RFC 3948 non-ESP marker added"
     );
     s.dp.send_ike(s.natt, to, &[0xff]).expect("keepalive");
-    let (d, from) = Setup::recv(&s.peer);
+    let (d, from) = recv(&s.peer);
     assert_eq!(
         (from, d),
         (s.natt, vec![0xff]),
         "RFC 3948 §2.3 NAT keepalive: one octet, no marker"
     );
     s.dp.send_ike(s.ike, to, b"reply").expect("send_ike ike");
-    let (d, from) = Setup::recv(&s.peer);
+    let (d, from) = recv(&s.peer);
     assert_eq!((from, d), (s.ike, b"reply".to_vec()));
     let nowhere: SocketAddr = "127.0.0.1:1".parse().expect("addr");
     assert!(s.dp.send_ike(nowhere, to, b"x").is_err());
@@ -292,19 +233,8 @@ fn ike_datagrams_both_ways() {
 #[test]
 fn esp_over_ipv6_outer_addresses() {
     let s = setup(Inside::Vnet(0));
-    let peer6 = UdpSocket::bind("[::1]:0").expect("v6 peer");
-    peer6
-        .set_read_timeout(Some(Duration::from_secs(5)))
-        .expect("timeout");
-    let c = child(
-        1,
-        0x1001,
-        0x2001,
-        s.natt6,
-        peer6.local_addr().expect("addr"),
-        ts("10.0.0.0", "10.0.0.255"),
-        ts("192.168.0.0", "192.168.0.255"),
-    );
+    let peer6 = common::bind("[::1]:0");
+    let c = common::site_child(s.natt6, peer6.local_addr().expect("addr"));
     s.dp.install_child(&c).expect("install");
     let peer = Peer::of(&c);
     for i in 0..10u8 {
@@ -317,7 +247,7 @@ fn esp_over_ipv6_outer_addresses() {
             .expect("send vxlan");
     }
     for _ in 0..10 {
-        let (d, from) = Setup::recv(&peer6);
+        let (d, from) = recv(&peer6);
         assert_eq!(from, s.natt6);
         peer.open(&d).expect("peer opens");
     }
@@ -329,7 +259,7 @@ fn esp_over_ipv6_outer_addresses() {
             s.natt6,
         )
         .expect("send");
-    let (d, _) = Setup::recv(&s.host);
+    let (d, _) = recv(&s.host);
     let (_, dst, _, ty, _) = parse_vxlan(&d);
     assert_eq!((dst, ty), (VM_MAC, EtherType::IPV4));
 }
@@ -347,10 +277,6 @@ fn shutdown_joins_promptly_and_is_idempotent() {
 fn invalid_configuration_names_the_field() {
     let (tx, _rx) = crossbeam_channel::unbounded();
     let cfg = DataplaneConfig {
-        listen: vec![ip("127.0.0.1")],
-        ike_port: 0,
-        natt_port: 0,
-        vxlan_port: 4789,
         vnets: vec![],
         tunnels: vec![TunnelBinding {
             tunnel: ike::TunnelId(1),
@@ -358,13 +284,8 @@ fn invalid_configuration_names_the_field() {
             tenant: ids::TenantId::new("x").expect("tenant"),
             inside: Inside::Vnet(3),
         }],
-        tun_name: None,
-        batch: 32,
-        workers: 2,
-        cpus: vec![],
         pin_workers: true,
-        busy_poll: std::time::Duration::ZERO,
-        relay: None,
+        ..common::config(4789)
     };
     match Dataplane::start(cfg, tx) {
         Err(DataplaneError::Config { field, .. }) => assert_eq!(field, "tunnels[0].inside"),

@@ -10,14 +10,13 @@ mod common;
 #[path = "../src/testutil.rs"]
 mod testutil;
 
-use protego_dataplane::{
-    DataPath, Dataplane, DataplaneConfig, DataplaneError, DataplaneStats, Inside,
-};
+use common::{drop_count, try_recv, Started};
+use protego_dataplane::{DataPath, Dataplane, DataplaneConfig};
 use std::net::{SocketAddr, UdpSocket};
 use std::os::fd::AsRawFd;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use testutil::{arp, child, ip, parse_vxlan, ts, udp4, vxlan, Peer};
+use testutil::{arp, parse_vxlan, udp4, vxlan, Peer};
 use wire::arp::ArpOperation;
 use wire::ethernet::EtherType;
 
@@ -48,48 +47,24 @@ struct Bed {
 }
 
 fn bed(workers: usize) -> Bed {
-    for _ in 0..20 {
-        let host = UdpSocket::bind("127.0.0.2:0").expect("host socket");
-        let port = host.local_addr().expect("addr").port();
-        let cfg = DataplaneConfig {
-            listen: vec![ip("127.0.0.1")],
-            ike_port: 0,
-            natt_port: 0,
-            vxlan_port: port,
-            vnets: vec![common::loopback_vnet()],
-            tunnels: vec![common::site_tunnel(Inside::Vnet(0))],
-            tun_name: None,
-            // One receive slot per batch (one GRO train of up to 128 packets), so a window of
-            // the paced sender spans several batches that the workers take in turn.
-            batch: 1,
-            workers,
-            cpus: vec![],
-            pin_workers: false,
-            busy_poll: std::time::Duration::ZERO,
-            relay: None,
-        };
-        let (tx, _rx) = crossbeam_channel::unbounded();
-        let dp = match Dataplane::start(cfg, tx) {
-            Ok(dp) => dp,
-            Err(DataplaneError::Bind { .. }) => continue,
-            Err(e) => panic!("start: {e}"),
-        };
-        let addrs = dp.local_addrs();
-        let peer = UdpSocket::bind("127.0.0.1:0").expect("peer socket");
-        for s in [&host, &peer] {
-            big_rcvbuf(s);
-            s.set_read_timeout(Some(Duration::from_secs(5)))
-                .expect("timeout");
-        }
-        return Bed {
-            dp,
-            host,
-            peer,
-            natt: addrs.natt[0],
-            vtep: addrs.vxlan[0],
-        };
+    let Started { dp, host, .. } = common::start_beside_host(|port| DataplaneConfig {
+        // One receive slot per batch (one GRO train of up to 128 packets), so a window of
+        // the paced sender spans several batches that the workers take in turn.
+        batch: 1,
+        workers,
+        ..common::config(port)
+    });
+    let addrs = dp.local_addrs();
+    let peer = common::bind("127.0.0.1:0");
+    big_rcvbuf(&host);
+    big_rcvbuf(&peer);
+    Bed {
+        dp,
+        host,
+        peer,
+        natt: addrs.natt[0],
+        vtep: addrs.vxlan[0],
     }
-    panic!("no free port for the VXLAN socket");
 }
 
 /// Sends `datagrams` to `to` in windows of `WINDOW`, waiting before each window until the
@@ -115,20 +90,6 @@ fn send_paced(b: &Bed, from: &UdpSocket, to: SocketAddr, datagrams: &[Vec<u8>]) 
     }
 }
 
-fn recv(s: &UdpSocket) -> Option<Vec<u8>> {
-    let mut buf = vec![0u8; 65536];
-    let (n, _) = s.recv_from(&mut buf).ok()?;
-    buf.truncate(n);
-    Some(buf)
-}
-
-fn drops(st: &DataplaneStats, name: &str) -> u64 {
-    st.drops
-        .iter()
-        .find(|(n, _)| n == name)
-        .map_or(0, |(_, v)| *v)
-}
-
 /// The index a test packet carries in its first 4 payload bytes.
 fn index_of(inner: &[u8]) -> u32 {
     u32::from_be_bytes(inner[28..32].try_into().expect("index"))
@@ -143,15 +104,7 @@ fn payload(i: u32) -> Vec<u8> {
 /// A bed with 2 workers, one CHILD_SA (replay window 64) installed, and the VM's MAC known.
 fn two_workers_one_tunnel() -> (Bed, Peer, [u8; 6]) {
     let b = bed(2);
-    let c = child(
-        1,
-        0x1001,
-        0x2001,
-        b.natt,
-        b.peer.local_addr().expect("addr"),
-        ts("10.0.0.0", "10.0.0.255"),
-        ts("192.168.0.0", "192.168.0.255"),
-    );
+    let c = common::site_child(b.natt, b.peer.local_addr().expect("addr"));
     b.dp.install_child(&c).expect("install");
     let peer = Peer::of(&c);
     let gw = b.dp.gateway_mac(0).expect("vnet");
@@ -182,7 +135,7 @@ fn inbound(b: &Bed, sealed: &[(u32, Vec<u8>)]) -> Vec<u32> {
         let host = b.host.try_clone().expect("clone");
         std::thread::spawn(move || {
             let mut got = Vec::new();
-            while let Some(d) = recv(&host) {
+            while let Some((d, _)) = try_recv(&host) {
                 let (_, _, _, ty, inner) = parse_vxlan(&d);
                 if ty == EtherType::IPV4 {
                     got.push(index_of(&inner));
@@ -209,7 +162,7 @@ fn one_tunnel_on_two_workers_keeps_order_and_the_replay_window_exact() {
     );
     let st = b.dp.stats();
     assert_eq!(
-        drops(&st, "esp_replay"),
+        drop_count(&st, "esp_replay"),
         0,
         "replay window refused packets: {st:?}"
     );
@@ -227,7 +180,7 @@ fn one_tunnel_on_two_workers_keeps_order_and_the_replay_window_exact() {
         let peer_sock = b.peer.try_clone().expect("clone");
         std::thread::spawn(move || {
             let mut got = Vec::new();
-            while let Some(d) = recv(&peer_sock) {
+            while let Some((d, _)) = try_recv(&peer_sock) {
                 let seq = u32::from_be_bytes(d[4..8].try_into().expect("seq"));
                 got.push((seq, d));
             }
@@ -272,7 +225,7 @@ fn losses_longer_than_the_window_between_batches_in_flight_refuse_nothing() {
     let got = inbound(&b, &sealed);
     let sent: Vec<u32> = sealed.iter().map(|(i, _)| *i).collect();
     let st = b.dp.stats();
-    assert_eq!(drops(&st, "esp_replay"), 0, "{st:?}");
+    assert_eq!(drop_count(&st, "esp_replay"), 0, "{st:?}");
     assert_eq!(got, sent, "{st:?}");
     let ch = &st.children[0];
     assert_eq!((ch.replay_window, ch.reordered_in), (64, 0), "{ch:?}");

@@ -8,13 +8,12 @@ mod common;
 #[path = "../src/testutil.rs"]
 mod testutil;
 
-use protego_dataplane::{
-    DataPath, Dataplane, DataplaneConfig, DataplaneError, DataplaneStats, Inside, RelayConfig,
-};
+use common::{bind, drop_count, recv, wait_stats, Started};
+use protego_dataplane::{DataPath, Dataplane, DataplaneConfig, Inside, RelayConfig};
 use std::net::{SocketAddr, UdpSocket};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use testutil::{arp, child, parse_vxlan, ts, udp4, vxlan, Peer};
+use testutil::{arp, parse_vxlan, udp4, vxlan, Peer};
 use wire::arp::{ArpOperation, ArpPacket, ArpRepr};
 use wire::ethernet::EtherType;
 use wire::geneve::{GeneveBuilder, GeneveRepr, HealthProbe, ProtegoOption};
@@ -43,66 +42,41 @@ struct Setup {
     vxlan_port: u16,
 }
 
-fn bind(addr: &str) -> UdpSocket {
-    let s = UdpSocket::bind(addr).expect("bind a loopback socket");
-    s.set_read_timeout(Some(Duration::from_secs(5)))
-        .expect("timeout");
-    s
-}
-
-fn setup() -> Setup {
-    for _ in 0..20 {
-        let host = bind("127.0.0.2:0");
-        let vxlan_port = host.local_addr().expect("addr").port();
-        let steer = bind("127.0.0.9:0");
-        let cfg = DataplaneConfig {
+/// A data plane in relay mode behind the steer node `steer`, its Geneve socket on 127.0.0.1,
+/// started beside the host's VTEP socket; `adjust` may change the configuration.
+fn start(steer: UdpSocket, adjust: impl Fn(DataplaneConfig) -> DataplaneConfig) -> Setup {
+    let steer_addr = steer.local_addr().expect("addr");
+    let Started { dp, host, .. } = common::start_beside_host(|vxlan_port| {
+        adjust(DataplaneConfig {
             listen: vec![],
             ike_port: 500,
             natt_port: 4500,
-            vxlan_port,
-            vnets: vec![common::loopback_vnet()],
-            tunnels: vec![common::site_tunnel(Inside::Vnet(0))],
-            tun_name: None,
-            batch: 32,
-            workers: 2,
-            cpus: vec![],
-            pin_workers: false,
-            busy_poll: Duration::ZERO,
             relay: Some(RelayConfig {
                 listen: sa("127.0.0.1:0"),
                 vtep: None,
-                steer: vec![steer.local_addr().expect("addr")],
+                steer: vec![steer_addr],
             }),
-        };
-        let (tx, _rx) = crossbeam_channel::unbounded();
-        let dp = match Dataplane::start(cfg, tx) {
-            Ok(dp) => dp,
-            Err(DataplaneError::Bind { .. }) | Err(DataplaneError::Config { .. }) => continue,
-            Err(e) => panic!("start: {e}"),
-        };
-        let addrs = dp.local_addrs();
-        assert!(
-            addrs.ike.is_empty() && addrs.natt.is_empty(),
-            "no public sockets"
-        );
-        let geneve = addrs.relay.expect("relay socket");
-        assert_eq!(dp.relay_addr(), Some(geneve));
-        return Setup {
-            dp,
-            steer,
-            host,
-            geneve,
-            vxlan_port,
-        };
+            ..common::config(vxlan_port)
+        })
+    });
+    Setup {
+        geneve: dp.local_addrs().relay.expect("relay socket"),
+        vxlan_port: host.local_addr().expect("addr").port(),
+        dp,
+        steer,
+        host,
     }
-    panic!("no free ports");
 }
 
-fn recv(s: &UdpSocket) -> (Vec<u8>, SocketAddr) {
-    let mut buf = vec![0u8; 65536];
-    let (n, from) = s.recv_from(&mut buf).expect("a datagram within 5 s");
-    buf.truncate(n);
-    (buf, from)
+fn setup() -> Setup {
+    let s = start(bind("127.0.0.9:0"), |cfg| cfg);
+    let addrs = s.dp.local_addrs();
+    assert!(
+        addrs.ike.is_empty() && addrs.natt.is_empty(),
+        "no public sockets"
+    );
+    assert_eq!(s.dp.relay_addr(), Some(s.geneve));
+    s
 }
 
 fn frame(src: SocketAddr, dst: SocketAddr, options: &[ProtegoOption], payload: &[u8]) -> Vec<u8> {
@@ -120,24 +94,9 @@ fn frame(src: SocketAddr, dst: SocketAddr, options: &[ProtegoOption], payload: &
     buf
 }
 
-fn drop_count(s: &DataplaneStats, name: &str) -> u64 {
-    s.drops
-        .iter()
-        .find(|(n, _)| n == name)
-        .map_or(0, |(_, v)| *v)
-}
-
 impl Setup {
     fn child(&self) -> ike::ChildSaInfo {
-        child(
-            1,
-            0x1001,
-            0x2001,
-            vip(4500),
-            sa(PEER),
-            ts("10.0.0.0", "10.0.0.255"),
-            ts("192.168.0.0", "192.168.0.255"),
-        )
+        common::site_child(vip(4500), sa(PEER))
     }
 
     fn gw_mac(&self) -> [u8; 6] {
@@ -149,18 +108,6 @@ impl Setup {
         let src = self.host.local_addr().expect("addr");
         let f = frame(src, vip(self.vxlan_port), &[], vxlan_datagram);
         self.steer.send_to(&f, self.geneve).expect("relay vxlan");
-    }
-
-    fn wait_stats(&self, what: &str, f: impl Fn(&DataplaneStats) -> bool) {
-        let deadline = Instant::now() + Duration::from_secs(5);
-        loop {
-            let s = self.dp.stats();
-            if f(&s) {
-                return;
-            }
-            assert!(Instant::now() < deadline, "{what}: {s:?}");
-            std::thread::sleep(Duration::from_millis(5));
-        }
     }
 }
 
@@ -229,7 +176,7 @@ fn relayed_esp_reaches_the_vm_and_vxlan_leaves_as_relayed_esp() {
     assert_eq!(sizes.len(), 1, "equal packets, equal frames: {sizes:?}");
     assert_eq!(got, (0..BURST).collect::<Vec<u8>>(), "in order");
     assert_eq!(seqs, (1..=u32::from(BURST)).collect::<Vec<u32>>());
-    s.wait_stats("children and workers counted", |st| {
+    wait_stats(&s.dp, "children and workers counted", |st| {
         st.children.len() == 1
             && st.children[0].packets_in == 1
             && st.children[0].packets_out == u64::from(BURST)
@@ -253,7 +200,7 @@ fn probes_are_answered_and_strangers_ignored() {
     // A stranger's probe is not answered.
     let stranger = bind("127.0.0.11:0");
     stranger.send_to(&buf[..n], s.geneve).expect("send");
-    s.wait_stats("stranger dropped", |st| {
+    wait_stats(&s.dp, "stranger dropped", |st| {
         drop_count(st, "relay_unknown_sender") == 1
     });
     s.steer.send_to(&buf[..n], s.geneve).expect("send");
@@ -262,7 +209,7 @@ fn probes_are_answered_and_strangers_ignored() {
     let f = parse_frame(&d).expect("reply");
     assert!(f.control && f.datagram.is_none());
     assert_eq!(f.probe_reply, Some(probe));
-    s.wait_stats("probe counted", |st| st.relay_probes_answered == 1);
+    wait_stats(&s.dp, "probe counted", |st| st.relay_probes_answered == 1);
     stranger
         .set_read_timeout(Some(Duration::from_millis(200)))
         .expect("timeout");
@@ -273,7 +220,9 @@ fn probes_are_answered_and_strangers_ignored() {
     );
     // Malformed frames are counted.
     s.steer.send_to(&buf[..5], s.geneve).expect("send");
-    s.wait_stats("malformed", |st| drop_count(st, "relay_malformed") == 1);
+    wait_stats(&s.dp, "malformed", |st| {
+        drop_count(st, "relay_malformed") == 1
+    });
 }
 
 #[test]
@@ -319,7 +268,7 @@ fn ike_and_keepalives_go_out_through_the_steer_node_which_can_change() {
     s.steer
         .send_to(&frame(peer, vip(4500), &[], &[0x12; 40]), s.geneve)
         .expect("send");
-    s.wait_stats("old steer refused", |st| {
+    wait_stats(&s.dp, "old steer refused", |st| {
         drop_count(st, "relay_unknown_sender") == 1
     });
     // No steer node: nothing can be sent.
@@ -417,70 +366,43 @@ fn unanswered_address_resolution_is_retried_by_housekeeping() {
 
 #[test]
 fn inside_configuration_arrives_after_start() {
-    for _ in 0..20 {
-        let host = bind("127.0.0.2:0");
-        let vxlan_port = host.local_addr().expect("addr").port();
-        let steer = bind("127.0.0.9:0");
-        let cfg = DataplaneConfig {
-            listen: vec![],
-            ike_port: 500,
-            natt_port: 4500,
-            vxlan_port,
-            vnets: vec![],
-            tunnels: vec![],
-            tun_name: None,
-            batch: 8,
-            workers: 1,
-            cpus: vec![],
-            pin_workers: false,
-            busy_poll: Duration::ZERO,
-            // The Geneve socket and the VTEP on different addresses.
-            relay: Some(RelayConfig {
-                listen: sa("127.0.0.3:0"),
-                vtep: Some("127.0.0.1".parse().expect("ip")),
-                steer: vec![steer.local_addr().expect("addr")],
-            }),
-        };
-        let (tx, _rx) = crossbeam_channel::unbounded();
-        let dp = match Dataplane::start(cfg, tx) {
-            Ok(dp) => dp,
-            Err(DataplaneError::Bind { .. }) | Err(DataplaneError::Config { .. }) => continue,
-            Err(e) => panic!("start: {e}"),
-        };
-        let s = Setup {
-            geneve: dp.local_addrs().relay.expect("relay"),
-            dp,
-            steer,
-            host,
-            vxlan_port,
-        };
-        let c = s.child();
-        assert!(s.dp.install_child(&c).is_err(), "tunnel not bound yet");
-        assert_eq!(s.dp.gateway_mac(0), None);
-        let path: &dyn DataPath = &*s.dp;
-        path.set_inside(
-            vec![common::loopback_vnet()],
-            vec![common::site_tunnel(Inside::Vnet(0))],
-        )
-        .expect("set_inside through DataPath");
-        s.dp.install_child(&c).expect("install");
-        let peer = Peer::of(&c);
-        let inner = udp4("10.0.0.5", 1000, "192.168.0.9", 2000, 64, b"up");
-        s.relay_from_host(&vxlan(100, s.gw_mac(), VM_MAC, EtherType::IPV4, &inner));
-        let (d, _) = recv(&s.steer);
-        let dg = parse_frame(&d).expect("frame").datagram.expect("datagram");
-        let got = peer.open(&d[dg.payload]).expect("opens");
-        assert_eq!(&got[28..], b"up");
-        assert_eq!(s.geneve.ip().to_string(), "127.0.0.3");
-        // Toward the host: from the VTEP address (the VM's MAC was learned from its frame).
-        let inner = udp4("192.168.0.9", 2000, "10.0.0.5", 1000, 64, b"down");
-        let esp = frame(sa(PEER), vip(4500), &[], &peer.seal(&inner));
-        s.steer.send_to(&esp, s.geneve).expect("relay esp");
-        let (d, from) = recv(&s.host);
-        assert_eq!(from.ip().to_string(), "127.0.0.1", "from the VTEP");
-        let (_, dst, _, _, payload) = parse_vxlan(&d);
-        assert_eq!((dst, &payload[28..]), (VM_MAC, &b"down"[..]));
-        return;
-    }
-    panic!("no free ports");
+    let s = start(bind("127.0.0.9:0"), |cfg| DataplaneConfig {
+        vnets: vec![],
+        tunnels: vec![],
+        batch: 8,
+        workers: 1,
+        // The Geneve socket and the VTEP on different addresses.
+        relay: cfg.relay.map(|r| RelayConfig {
+            listen: sa("127.0.0.3:0"),
+            vtep: Some("127.0.0.1".parse().expect("ip")),
+            ..r
+        }),
+        ..cfg
+    });
+    let c = s.child();
+    assert!(s.dp.install_child(&c).is_err(), "tunnel not bound yet");
+    assert_eq!(s.dp.gateway_mac(0), None);
+    let path: &dyn DataPath = &*s.dp;
+    path.set_inside(
+        vec![common::loopback_vnet()],
+        vec![common::site_tunnel(Inside::Vnet(0))],
+    )
+    .expect("set_inside through DataPath");
+    s.dp.install_child(&c).expect("install");
+    let peer = Peer::of(&c);
+    let inner = udp4("10.0.0.5", 1000, "192.168.0.9", 2000, 64, b"up");
+    s.relay_from_host(&vxlan(100, s.gw_mac(), VM_MAC, EtherType::IPV4, &inner));
+    let (d, _) = recv(&s.steer);
+    let dg = parse_frame(&d).expect("frame").datagram.expect("datagram");
+    let got = peer.open(&d[dg.payload]).expect("opens");
+    assert_eq!(&got[28..], b"up");
+    assert_eq!(s.geneve.ip().to_string(), "127.0.0.3");
+    // Toward the host: from the VTEP address (the VM's MAC was learned from its frame).
+    let inner = udp4("192.168.0.9", 2000, "10.0.0.5", 1000, 64, b"down");
+    let esp = frame(sa(PEER), vip(4500), &[], &peer.seal(&inner));
+    s.steer.send_to(&esp, s.geneve).expect("relay esp");
+    let (d, from) = recv(&s.host);
+    assert_eq!(from.ip().to_string(), "127.0.0.1", "from the VTEP");
+    let (_, dst, _, _, payload) = parse_vxlan(&d);
+    assert_eq!((dst, &payload[28..]), (VM_MAC, &b"down"[..]));
 }

@@ -16,6 +16,7 @@
 //! and elsewhere prints why and skips (see `testreq`). A kernel that refuses an offload is not
 //! a skip: the device then runs without it, and the test asserts that fallback instead.
 
+mod common;
 #[path = "../src/testutil.rs"]
 mod testutil;
 
@@ -36,7 +37,7 @@ use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use testutil::{child, ip, ts, udp4, Peer};
+use testutil::{child, ts, udp4, Peer};
 use tun::{Tun, TunReadBatch};
 use tun_offload::writer::TunWriter;
 use tun_offload::Offloads;
@@ -78,10 +79,6 @@ fn in_netns(test: &'static str, f: impl FnOnce() + Send + 'static) {
 
 fn private_netns_round_trip() {
     let cfg = DataplaneConfig {
-        listen: vec![ip("127.0.0.1")],
-        ike_port: 0,
-        natt_port: 0,
-        vxlan_port: 4789,
         vnets: vec![],
         tunnels: vec![TunnelBinding {
             tunnel: ike::TunnelId(7),
@@ -91,19 +88,13 @@ fn private_netns_round_trip() {
         }],
         tun_name: Some("ptun0".into()),
         batch: 16,
-        workers: 2,
-        cpus: vec![],
-        pin_workers: false,
-        busy_poll: std::time::Duration::ZERO,
-        relay: None,
+        ..common::config(4789)
     };
     let (tx, _rx) = crossbeam_channel::unbounded();
     let dp = Dataplane::start(cfg, tx).expect("start with TUN");
     sh(&["ip", "addr", "add", "10.9.0.1/24", "dev", "ptun0"]);
     sh(&["ip", "route", "add", "10.8.0.0/24", "dev", "ptun0"]);
-    let peer = UdpSocket::bind("127.0.0.1:0").expect("peer");
-    peer.set_read_timeout(Some(Duration::from_secs(5)))
-        .expect("timeout");
+    let peer = common::bind("127.0.0.1:0");
     let natt = dp.local_addrs().natt[0];
     let c = child(
         7,
@@ -118,9 +109,7 @@ fn private_netns_round_trip() {
     let p = Peer::of(&c);
 
     // LAN -> peer: the kernel routes into the TUN, the data plane seals.
-    let app = UdpSocket::bind("10.9.0.1:7000").expect("app socket");
-    app.set_read_timeout(Some(Duration::from_secs(5)))
-        .expect("timeout");
+    let app = common::bind("10.9.0.1:7000");
     app.send_to(b"ping", "10.8.0.7:9000").expect("send");
     let mut buf = vec![0u8; 2048];
     let (n, from) = peer.recv_from(&mut buf).expect("ESP from the data plane");
@@ -145,19 +134,9 @@ fn private_netns_round_trip() {
     // A packet to a destination no CHILD_SA covers is dropped and counted.
     sh(&["ip", "route", "add", "10.8.1.0/24", "dev", "ptun0"]);
     app.send_to(b"nowhere", "10.8.1.7:9000").expect("send");
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        let st = dp.stats();
-        if st
-            .drops
-            .iter()
-            .any(|(n, v)| n == "tun_no_tunnel" && *v >= 1)
-        {
-            break;
-        }
-        assert!(Instant::now() < deadline, "{st:?}");
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    common::wait_stats(&dp, "tun_no_tunnel counted", |st| {
+        common::drop_count(st, "tun_no_tunnel") >= 1
+    });
     dp.shutdown();
 }
 

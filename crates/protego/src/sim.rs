@@ -4,13 +4,14 @@
 //! the saving against a dedicated VM pair per tunnel; with `--intervals`, a table in the shape
 //! of the paper's Table 2; with `--plot`, charts in the shape of its Figure 11 (SVG and PNG).
 //!
-//! The trace is a CSV file (`minute,tunnel,gbps`) or generated (`--generate paper --seed S`,
-//! the paper's statistics; see `provision::trace`). The definitions (timing, violations,
-//! guarantee, baselines) are those of `provision::sim`. Protego runs with its defaults
-//! (`provision::Defaults::PROTEGO`: envelope sizing, the highest of a tunnel's last two
-//! measurements, and drain between consolidations) unless told otherwise (`--sizing
-//! measured --no-drain` is the planner driven exactly as the paper drives its algorithm);
-//! the paper's algorithm runs as published.
+//! The trace is a CSV file (`minute,tunnel,gbps`) or generated (`--generate FAMILY --seed S`,
+//! one of the families of `provision::trace::TraceFamily`, `paper` being the paper's
+//! statistics). The definitions (timing, violations, guarantee, baselines) are those of
+//! `provision::sim`. Protego runs with its defaults (`provision::Defaults::PROTEGO`: envelope
+//! sizing, the highest of a tunnel's last two measurements, and drain between
+//! consolidations) unless told otherwise (`--sizing measured --no-drain` is the planner
+//! driven exactly as the paper drives its algorithm); the paper's algorithm runs as
+//! published.
 
 mod font;
 mod plot;
@@ -22,6 +23,7 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use provision::sim::{Policy, Progress, Run, SimConfig, Summary};
+use provision::trace::TraceFamily;
 use provision::{generate, run_policy, Trace, TraceParams};
 use serde_json::{json, Value};
 
@@ -44,14 +46,25 @@ pub(crate) struct SimArgs {
     /// throughput in Gbit/s, minute by minute; a missing row is an idle minute).
     #[arg(long, value_name = "FILE")]
     trace: Option<PathBuf>,
-    /// Generate the trace instead: `paper` is the paper's statistics (170 tunnels, 24 h at
-    /// 1-minute steps, 1.5 Gbit/s caps, a mean aggregate of 57.5 Gbit/s).
-    #[arg(long, value_name = "PRESET", value_parser = ["paper"])]
+    /// Generate the trace instead, from a family (`provision::trace::TraceFamily`): `paper`
+    /// is the paper's statistics (170 tunnels, 24 h at 1-minute steps, 1.5 Gbit/s caps, a
+    /// mean aggregate of 57.5 Gbit/s); `bursty` adds heavy-tailed bursts, strong per-minute
+    /// jitter and on/off tunnels; `together` has few tenant groups that move together and a
+    /// shock shared by all; `heldout` has level shifts, an hourly interpolated base and mixed
+    /// caps (keep it for a final run). Every family has the paper's load (mean aggregate
+    /// 57.5/255 of the sum of the caps), and all but `paper` have 10 % of the tunnels arrive
+    /// during the trace.
+    #[arg(long, value_name = "FAMILY", value_parser = ["paper", "bursty", "together", "heldout"])]
     generate: Option<String>,
-    /// Seed of the generated trace (default 1).
+    /// Seed of the generated trace (default 1; the seeds meant for tuning and for reports
+    /// are `TraceFamily::seed`'s, printed by the provision crate's `families` example).
     #[arg(long, value_name = "S", conflicts_with = "trace")]
     seed: Option<u64>,
-    /// Also write the generated trace to this file as CSV.
+    /// Length of the generated trace, minutes (default 1440, one day; 2880 for two).
+    #[arg(long, value_name = "N", conflicts_with = "trace")]
+    minutes: Option<usize>,
+    /// Also write the generated trace to this file as CSV. The CSV holds the demand only:
+    /// read back with --trace, every tunnel gets the --cap and exists from minute 0.
     #[arg(long, value_name = "FILE", conflicts_with = "trace")]
     write_trace: Option<PathBuf>,
     /// Every tunnel's cap σ (its rate limit) for a CSV trace, Gbit/s (default 1.5; a generated
@@ -190,14 +203,27 @@ impl SimArgs {
                 .map_err(|e| format!("{}: {e}", path.display()))?;
             return Ok((path.display().to_string(), trace));
         }
-        let params = TraceParams::paper();
+        let family: TraceFamily = self
+            .generate
+            .as_deref()
+            .unwrap_or("paper")
+            .parse()
+            .map_err(|e| format!("--generate: {e}"))?;
+        let mut params = family.params();
+        if let Some(minutes) = self.minutes {
+            params = TraceParams { minutes, ..params };
+        }
         let seed = self.seed.unwrap_or(1);
         let trace = generate(&params, seed).map_err(|e| e.to_string())?;
         if let Some(path) = &self.write_trace {
             std::fs::write(path, trace.to_csv())
                 .map_err(|e| format!("cannot write the trace to {}: {e}", path.display()))?;
         }
-        Ok((format!("generated: paper preset, seed {seed}"), trace))
+        let source = format!(
+            "generated: {family} family, seed {seed}, {} minutes",
+            trace.minutes()
+        );
+        Ok((source, trace))
     }
 }
 
@@ -861,6 +887,38 @@ mod tests {
         assert!(bad.config().is_err());
         let bad = args(&["--trace", "x", "--tau-minutes", "0"]).unwrap();
         assert!(bad.config().unwrap_err().contains("tau"));
+    }
+
+    #[test]
+    fn every_family_can_be_generated() {
+        for (family, tunnels, arrivals) in [
+            ("paper", 170, 0),
+            ("bursty", 170, 17),
+            ("together", 170, 17),
+            ("heldout", 240, 24),
+        ] {
+            let a = args(&["--generate", family, "--seed", "4", "--minutes", "30"]).unwrap();
+            let (source, trace) = a.trace().unwrap();
+            assert_eq!(
+                source,
+                format!("generated: {family} family, seed 4, 30 minutes")
+            );
+            assert_eq!(
+                (trace.tunnels(), trace.minutes()),
+                (tunnels, 30),
+                "{family}"
+            );
+            let late = (0..tunnels).filter(|&i| trace.arrival(i) > 0).count();
+            assert_eq!(late, arrivals, "{family}");
+        }
+        // The paper family is the paper preset, one day by default.
+        let a = args(&["--generate", "paper", "--seed", "2"]).unwrap();
+        let paper = generate(&TraceParams::paper(), 2).unwrap();
+        assert_eq!(a.trace().unwrap().1, paper);
+        let a = args(&["--generate", "bursty", "--minutes", "0"]).unwrap();
+        assert!(a.trace().unwrap_err().contains("minutes"));
+        assert!(args(&["--trace", "x.csv", "--minutes", "60"]).is_err());
+        assert!(args(&["--generate", "Bursty"]).is_err());
     }
 
     #[test]

@@ -7,6 +7,9 @@
 //! per-tunnel means, slow and fast variation, bursts up to the cap, and tenants whose tunnels
 //! move together. [`TraceParams::paper`] matches the statistics the paper gives (170 tunnels,
 //! 24 h at 1-minute steps, caps of 1.5 Gbit/s, a mean aggregate of about 57.5 Gbit/s).
+//! [`TraceFamily`] names the presets the simulator is evaluated on (`paper`, `bursty`,
+//! `together`, `heldout`) and gives each its seeds by [`Role`], so that settings are never
+//! tuned on the seeds they are reported on.
 //!
 //! Traces are read and written as CSV with the header `minute,tunnel,gbps`
 //! ([`Trace::from_csv`], [`Trace::to_csv`]); this module only turns text into a trace and
@@ -18,6 +21,21 @@
 
 use core::fmt;
 use std::collections::BTreeMap;
+
+mod family;
+mod generate;
+mod params;
+mod stats;
+
+pub use family::{Role, TraceFamily, LOAD_RATIO};
+pub use generate::generate;
+#[cfg(test)]
+pub(crate) use generate::Rng;
+pub use params::{
+    Arrivals, BurstHeight, BurstLength, GlobalShock, GroupBursts, HourlyBase, LevelShifts, OnOff,
+    Pareto, TraceParams,
+};
+pub use stats::{TraceStats, RISE_MINUTES};
 
 /// The most entries (minutes × tunnels) a trace may hold: 10⁷ (e.g. 170 tunnels for 40 days),
 /// about 160 MB while a CSV is read. A CSV asking for more (a stray huge minute or tunnel
@@ -51,6 +69,20 @@ pub enum TraceError {
     /// A trace whose shape or values are inconsistent (see [`Trace::new`]).
     #[error("trace: {0}")]
     Invalid(String),
+    /// A name that is no [`TraceFamily`].
+    #[error("unknown trace family `{0}`: expected paper, bursty, together or heldout")]
+    UnknownFamily(String),
+    /// A name that is no [`Role`].
+    #[error("unknown seed role `{0}`: expected tune, report or heldout")]
+    UnknownRole(String),
+    /// A seed asked of a family for a role it has none for ([`TraceFamily::has_role`]).
+    #[error("the {family} family has no {role} seeds")]
+    NoSeeds {
+        /// The family's name.
+        family: &'static str,
+        /// The role's name.
+        role: &'static str,
+    },
 }
 
 /// Demand of every tunnel in every minute (see the module docs).
@@ -381,404 +413,6 @@ impl Trace {
         }
         let ids: Vec<u32> = index.keys().copied().collect();
         Self::new(ids, vec![cap; n], minutes, demand)
-    }
-}
-
-/// The parameters of the trace generator. Every tunnel's demand in minute `t` is
-///
-/// ```text
-/// d_i(t) = min(cap, s · w_i · D_i(t) · S_i(t) · J_i(t) · B_i(t))
-/// ```
-///
-/// - `w_i`: the tunnel's **mean weight**, lognormal with mean 1 and log-standard deviation
-///   [`mean_log_sd`](Self::mean_log_sd): heavy-tailed, so a few tunnels carry much of the
-///   traffic (some of them up to their cap) and many carry little.
-/// - `D_i(t) = 1 + a_i · cos(2π (t − p_g) / day)`: the **diurnal pattern**, amplitude `a_i`
-///   uniform in [`diurnal_amplitude`](Self::diurnal_amplitude), peak `p_g` shared by the
-///   tunnel's tenant group, uniform within ±[`peak_spread_minutes`](Self::peak_spread_minutes)
-///   of [`peak_minute`](Self::peak_minute). Its mean over a day is 1.
-/// - `S_i(t)`: **slow variation**, lognormal with mean 1 and log-standard deviation
-///   [`slow_sd`](Self::slow_sd), an AR(1) process in log space with correlation time
-///   [`slow_minutes`](Self::slow_minutes). Its log is `√c · G_g(t) + √(1 − c) · E_i(t)`:
-///   `G_g` is shared by the tunnel's **tenant group** (one of [`groups`](Self::groups),
-///   assigned at random), `E_i` is the tunnel's own, and `c` is
-///   [`group_correlation`](Self::group_correlation), the correlation of the slow variation of
-///   two tunnels of one group.
-/// - `J_i(t)`: **jitter**, independent every minute, lognormal with mean 1 and
-///   log-standard deviation [`jitter_sd`](Self::jitter_sd).
-/// - `B_i(t)`: **bursts**: each minute a tunnel not in a burst starts one with probability
-///   `bursts_per_day / minutes_per_day`; a burst lasts a geometric number of minutes of mean
-///   [`burst_minutes`](Self::burst_minutes) and multiplies the demand by a factor uniform in
-///   [`burst_factor`](Self::burst_factor) (1 outside bursts).
-/// - `s`: one **scale** for all tunnels, found by bisection so that the mean aggregate demand
-///   after capping is [`mean_total_gbps`](Self::mean_total_gbps).
-/// - `cap`: every tunnel's cap [`cap_gbps`](Self::cap_gbps) (its rate limit).
-#[derive(Debug, Clone, PartialEq)]
-pub struct TraceParams {
-    /// Number of tunnels.
-    pub tunnels: usize,
-    /// Number of 1-minute steps.
-    pub minutes: usize,
-    /// Minutes in a day (the period of the diurnal pattern).
-    pub minutes_per_day: f64,
-    /// Every tunnel's cap, Gbit/s (above zero).
-    pub cap_gbps: f64,
-    /// The mean aggregate demand to reach, Gbit/s (above zero, below `tunnels · cap_gbps`).
-    pub mean_total_gbps: f64,
-    /// Log-standard deviation of the per-tunnel mean weights (0: all tunnels alike).
-    pub mean_log_sd: f64,
-    /// Number of tenant groups (at least 1).
-    pub groups: usize,
-    /// Correlation of the slow variation of two tunnels of one group, in `[0, 1]`.
-    pub group_correlation: f64,
-    /// Range of the diurnal amplitude `a_i`, within `[0, 1]`, low ≤ high.
-    pub diurnal_amplitude: (f64, f64),
-    /// The minute of the day around which groups peak.
-    pub peak_minute: f64,
-    /// How far (minutes) a group's peak may be from `peak_minute`, either way.
-    pub peak_spread_minutes: f64,
-    /// Log-standard deviation of the slow variation (not negative).
-    pub slow_sd: f64,
-    /// Correlation time of the slow variation, minutes (above zero).
-    pub slow_minutes: f64,
-    /// Log-standard deviation of the per-minute jitter (not negative).
-    pub jitter_sd: f64,
-    /// Bursts a tunnel starts per day on average (not negative).
-    pub bursts_per_day: f64,
-    /// Mean length of a burst, minutes (at least 1).
-    pub burst_minutes: f64,
-    /// Range of the factor a burst multiplies demand by, low ≤ high, low at least 1.
-    pub burst_factor: (f64, f64),
-}
-
-impl TraceParams {
-    /// The statistics of the paper's §7.4 trace: 170 tunnels, 24 hours at 1-minute steps,
-    /// caps of 1.5 Gbit/s, a mean aggregate of 57.5 Gbit/s (the paper's 57.49).
-    ///
-    /// The paper gives nothing else about its trace, so the rest are assumptions, chosen
-    /// before any simulation was run and not tuned to its results: per-tunnel means
-    /// lognormal with log-sd 1.0 (the largest of 170 tunnels about 10× the mean, so a few sit
-    /// at their cap); 12 tenant groups whose slow variation is correlated 0.5; a diurnal
-    /// amplitude of 0.1–0.5 per tunnel peaking around 14:00 ± 3 h; slow variation of log-sd
-    /// 0.3 with a 20-minute correlation time; per-minute jitter of log-sd 0.1; two bursts a
-    /// day per tunnel of 10 minutes on average, 1.5–4× the demand.
-    pub fn paper() -> Self {
-        Self {
-            tunnels: 170,
-            minutes: 1440,
-            minutes_per_day: 1440.0,
-            cap_gbps: 1.5,
-            mean_total_gbps: 57.5,
-            mean_log_sd: 1.0,
-            groups: 12,
-            group_correlation: 0.5,
-            diurnal_amplitude: (0.1, 0.5),
-            peak_minute: 840.0,
-            peak_spread_minutes: 180.0,
-            slow_sd: 0.3,
-            slow_minutes: 20.0,
-            jitter_sd: 0.1,
-            bursts_per_day: 2.0,
-            burst_minutes: 10.0,
-            burst_factor: (1.5, 4.0),
-        }
-    }
-
-    /// Checks every field, naming the first that is out of range.
-    pub fn validate(&self) -> Result<(), TraceError> {
-        let bad = |field, value: String, reason| TraceError::InvalidParams {
-            field,
-            value,
-            reason,
-        };
-        let finite_nonneg = |v: f64| v.is_finite() && v >= 0.0;
-        if self.tunnels == 0 {
-            return Err(bad("tunnels", "0".into(), "must be at least 1"));
-        }
-        if self.minutes == 0 {
-            return Err(bad("minutes", "0".into(), "must be at least 1"));
-        }
-        if self
-            .tunnels
-            .checked_mul(self.minutes)
-            .is_none_or(|e| e > MAX_TRACE_ENTRIES)
-        {
-            return Err(bad(
-                "minutes",
-                self.minutes.to_string(),
-                "minutes × tunnels must be at most 10^8",
-            ));
-        }
-        if !(self.minutes_per_day.is_finite() && self.minutes_per_day > 0.0) {
-            return Err(bad(
-                "minutes_per_day",
-                self.minutes_per_day.to_string(),
-                "must be finite and above zero",
-            ));
-        }
-        if !(self.cap_gbps.is_finite() && self.cap_gbps > 0.0) {
-            return Err(bad(
-                "cap_gbps",
-                self.cap_gbps.to_string(),
-                "must be finite and above zero",
-            ));
-        }
-        let most = self.tunnels as f64 * self.cap_gbps;
-        if !(self.mean_total_gbps.is_finite()
-            && self.mean_total_gbps > 0.0
-            && self.mean_total_gbps < most)
-        {
-            return Err(bad(
-                "mean_total_gbps",
-                self.mean_total_gbps.to_string(),
-                "must be above zero and below tunnels × cap_gbps",
-            ));
-        }
-        for (field, v) in [
-            ("mean_log_sd", self.mean_log_sd),
-            ("slow_sd", self.slow_sd),
-            ("jitter_sd", self.jitter_sd),
-            ("bursts_per_day", self.bursts_per_day),
-            ("peak_spread_minutes", self.peak_spread_minutes),
-        ] {
-            if !finite_nonneg(v) || v > 1e6 {
-                return Err(bad(
-                    field,
-                    v.to_string(),
-                    "must be finite, not negative and at most 10^6",
-                ));
-            }
-        }
-        if !self.peak_minute.is_finite() {
-            return Err(bad(
-                "peak_minute",
-                self.peak_minute.to_string(),
-                "must be finite",
-            ));
-        }
-        if self.groups == 0 {
-            return Err(bad("groups", "0".into(), "must be at least 1"));
-        }
-        if !(0.0..=1.0).contains(&self.group_correlation) {
-            return Err(bad(
-                "group_correlation",
-                self.group_correlation.to_string(),
-                "must be in [0, 1]",
-            ));
-        }
-        let (lo, hi) = self.diurnal_amplitude;
-        if !(0.0..=1.0).contains(&lo) || !(0.0..=1.0).contains(&hi) || lo > hi {
-            return Err(bad(
-                "diurnal_amplitude",
-                format!("({lo}, {hi})"),
-                "must be within [0, 1], low <= high",
-            ));
-        }
-        if !(self.slow_minutes.is_finite() && self.slow_minutes > 0.0) {
-            return Err(bad(
-                "slow_minutes",
-                self.slow_minutes.to_string(),
-                "must be finite and above zero",
-            ));
-        }
-        if !(self.burst_minutes.is_finite() && self.burst_minutes >= 1.0) {
-            return Err(bad(
-                "burst_minutes",
-                self.burst_minutes.to_string(),
-                "must be finite and at least 1",
-            ));
-        }
-        let (lo, hi) = self.burst_factor;
-        if !(lo.is_finite() && hi.is_finite() && lo >= 1.0 && lo <= hi) {
-            return Err(bad(
-                "burst_factor",
-                format!("({lo}, {hi})"),
-                "must be finite, 1 <= low <= high",
-            ));
-        }
-        Ok(())
-    }
-}
-
-/// Generates a trace from `params` and `seed` (see [`TraceParams`]). The same parameters and
-/// seed always give the same trace. Each part of the model (weights, groups, variation,
-/// bursts) draws from its own stream of the seed, so changing one parameter does not reshuffle
-/// the others.
-pub fn generate(params: &TraceParams, seed: u64) -> Result<Trace, TraceError> {
-    params.validate()?;
-    let n = params.tunnels;
-    let minutes = params.minutes;
-    let day = params.minutes_per_day;
-
-    // Per-tunnel mean weights, lognormal with mean 1.
-    let mut rng = Rng::stream(seed, 1);
-    let sd = params.mean_log_sd;
-    let weights: Vec<f64> = (0..n)
-        .map(|_| (sd * rng.normal() - sd * sd / 2.0).exp())
-        .collect();
-
-    // Tenant groups and their diurnal peaks; per-tunnel diurnal amplitudes.
-    let mut rng = Rng::stream(seed, 2);
-    let group_of: Vec<usize> = (0..n).map(|_| rng.below(params.groups)).collect();
-    let peaks: Vec<f64> = (0..params.groups)
-        .map(|_| params.peak_minute + params.peak_spread_minutes * (2.0 * rng.unit() - 1.0))
-        .collect();
-    let (a_lo, a_hi) = params.diurnal_amplitude;
-    let amplitudes: Vec<f64> = (0..n).map(|_| a_lo + (a_hi - a_lo) * rng.unit()).collect();
-
-    // Slow variation: AR(1) with unit variance, one per group and one per tunnel.
-    let phi = (-1.0 / params.slow_minutes).exp();
-    let innovation = (1.0 - phi * phi).sqrt();
-    let c = params.group_correlation;
-    let (wg, wo) = (c.sqrt(), (1.0 - c).sqrt());
-    let slow_sd = params.slow_sd;
-    let mut group_rng = Rng::stream(seed, 3);
-    let mut own_rng = Rng::stream(seed, 4);
-    let mut jitter_rng = Rng::stream(seed, 5);
-    let mut burst_rng = Rng::stream(seed, 6);
-    let mut group_state: Vec<f64> = (0..params.groups).map(|_| group_rng.normal()).collect();
-    let mut own_state: Vec<f64> = (0..n).map(|_| own_rng.normal()).collect();
-    // Remaining minutes and factor of each tunnel's current burst.
-    let mut bursts: Vec<(u64, f64)> = vec![(0, 1.0); n];
-    let start_p = (params.bursts_per_day / day).min(1.0);
-    let end_p = 1.0 / params.burst_minutes;
-    let (b_lo, b_hi) = params.burst_factor;
-    let jsd = params.jitter_sd;
-
-    let mut raw = vec![0.0; n * minutes];
-    for t in 0..minutes {
-        if t > 0 {
-            for g in group_state.iter_mut() {
-                *g = phi * *g + innovation * group_rng.normal();
-            }
-            for e in own_state.iter_mut() {
-                *e = phi * *e + innovation * own_rng.normal();
-            }
-        }
-        for i in 0..n {
-            let g = group_of[i];
-            let angle = 2.0 * std::f64::consts::PI * (t as f64 - peaks[g]) / day;
-            let diurnal = 1.0 + amplitudes[i] * angle.cos();
-            let slow_log = slow_sd * (wg * group_state[g] + wo * own_state[i]);
-            let slow = (slow_log - slow_sd * slow_sd / 2.0).exp();
-            let jitter = (jsd * jitter_rng.normal() - jsd * jsd / 2.0).exp();
-            let burst = &mut bursts[i];
-            if burst.0 == 0 && burst_rng.unit() < start_p {
-                burst.0 = burst_rng.geometric(end_p);
-                burst.1 = b_lo + (b_hi - b_lo) * burst_rng.unit();
-            }
-            let factor = if burst.0 > 0 {
-                burst.0 -= 1;
-                burst.1
-            } else {
-                1.0
-            };
-            raw[t * n + i] = weights[i] * diurnal * slow * jitter * factor;
-        }
-    }
-
-    let cap = params.cap_gbps;
-    let scale = find_scale(&raw, cap, params.mean_total_gbps * minutes as f64)?;
-    let demand: Vec<f64> = raw.iter().map(|&x| (scale * x).min(cap)).collect();
-    let ids = (0..n)
-        .map(|i| u32::try_from(i).map_err(|_| TraceError::Invalid("too many tunnels".into())))
-        .collect::<Result<Vec<u32>, _>>()?;
-    Trace::new(ids, vec![cap; n], minutes, demand)
-}
-
-/// The scale `s` with `Σ min(cap, s · x) = target` (the sum is continuous and increasing in
-/// `s` up to where every value is capped), by bisection.
-fn find_scale(raw: &[f64], cap: f64, target: f64) -> Result<f64, TraceError> {
-    let total = |s: f64| raw.iter().map(|&x| (s * x).min(cap)).sum::<f64>();
-    let mut hi = 1.0;
-    let mut grown = 0;
-    while total(hi) < target {
-        hi *= 2.0;
-        grown += 1;
-        if grown > 200 {
-            return Err(TraceError::Invalid(
-                "the mean aggregate cannot be reached under the caps".into(),
-            ));
-        }
-    }
-    let mut lo = 0.0;
-    for _ in 0..100 {
-        let mid = 0.5 * (lo + hi);
-        if total(mid) < target {
-            lo = mid;
-        } else {
-            hi = mid;
-        }
-    }
-    Ok(hi)
-}
-
-/// xoshiro256\*\* (Blackman and Vigna), seeded by SplitMix64: small, fast and of good
-/// statistical quality; not for cryptography.
-#[derive(Debug, Clone)]
-pub(crate) struct Rng {
-    s: [u64; 4],
-}
-
-impl Rng {
-    /// A generator seeded from `seed` through SplitMix64.
-    pub(crate) fn new(seed: u64) -> Self {
-        let mut x = seed;
-        let mut next = || {
-            x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
-            let mut z = x;
-            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-            z ^ (z >> 31)
-        };
-        Self {
-            s: [next(), next(), next(), next()],
-        }
-    }
-
-    /// Stream `stream` of `seed`: an independent generator per purpose.
-    pub(crate) fn stream(seed: u64, stream: u64) -> Self {
-        Self::new(seed ^ stream.wrapping_mul(0xD1B5_4A32_D192_ED03))
-    }
-
-    /// The next 64 random bits.
-    pub(crate) fn next_u64(&mut self) -> u64 {
-        let result = self.s[1].wrapping_mul(5).rotate_left(7).wrapping_mul(9);
-        let t = self.s[1] << 17;
-        self.s[2] ^= self.s[0];
-        self.s[3] ^= self.s[1];
-        self.s[1] ^= self.s[2];
-        self.s[0] ^= self.s[3];
-        self.s[2] ^= t;
-        self.s[3] = self.s[3].rotate_left(45);
-        result
-    }
-
-    /// Uniform in `[0, 1)`, with 53 random bits.
-    pub(crate) fn unit(&mut self) -> f64 {
-        (self.next_u64() >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
-    }
-
-    /// Uniform in `0..n` (0 for `n = 0`).
-    pub(crate) fn below(&mut self, n: usize) -> usize {
-        ((self.unit() * n as f64) as usize).min(n.saturating_sub(1))
-    }
-
-    /// Standard normal (Box–Muller).
-    pub(crate) fn normal(&mut self) -> f64 {
-        let u1 = 1.0 - self.unit(); // in (0, 1]
-        let u2 = self.unit();
-        (-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos()
-    }
-
-    /// Geometric on `1, 2, …` with success probability `p` in `(0, 1]` (mean `1 / p`).
-    pub(crate) fn geometric(&mut self, p: f64) -> u64 {
-        if p >= 1.0 || p.is_nan() || p <= 0.0 {
-            return 1;
-        }
-        let u = 1.0 - self.unit(); // in (0, 1]
-        let k = (u.ln() / (1.0 - p).ln()).floor();
-        1 + (k.min(1e12) as u64)
     }
 }
 

@@ -439,6 +439,29 @@ impl Capture {
         &self.path
     }
 
+    /// Waits until the capture holds `at_least` packets matching the tshark display filter, at
+    /// most `limit`, and returns how many it holds (fewer if the time ran out). A packet a test
+    /// has seen arrive may not be in the file yet: tcpdump reads it from the kernel's ring when
+    /// it is next scheduled, which on a loaded machine can be after the test moved on, and
+    /// stopping it then loses it (SIGINT ends its loop with packets still in the ring). Call it
+    /// before [`Capture::stop`] when the traffic to count is known to have crossed.
+    pub fn wait_for_packets(
+        &self,
+        display_filter: &str,
+        at_least: usize,
+        limit: Duration,
+    ) -> usize {
+        let deadline = std::time::Instant::now() + limit;
+        loop {
+            // A file read while tcpdump appends to it may end inside a packet: not yet.
+            let seen = tshark_count(&self.path, display_filter).unwrap_or(0);
+            if seen >= at_least || std::time::Instant::now() >= deadline {
+                return seen;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
     /// Stops the capture (SIGINT, so tcpdump flushes) and returns the pcap path.
     pub fn stop(&self) -> PathBuf {
         self.process.stop_with(libc::SIGINT);

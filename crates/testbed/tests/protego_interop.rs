@@ -40,6 +40,11 @@ fn strongswan_initiates_traffic_reaches_vms_over_vxlan() -> Result<()> {
         "underlay",
     )?;
     ping_all_vms(&topo, 0, 30)?;
+    // Every request and reply crossed the underlay in VXLAN (ping_all_vms checks that each of
+    // the 2 × 30 requests got its reply; the CHILD_SA was installed and the gateway's ARP is
+    // resolved by then, and a packet waiting for it is queued, not lost): 120 frames. What may
+    // lag is tcpdump, which under load has not always read the last ones when ping returns.
+    cap.wait_for_packets("vxlan && icmp", 120, Duration::from_secs(10));
     let pcap = cap.stop();
     let rows = traffic::tshark_fields(&pcap, "vxlan && icmp", &["vxlan.vni"])?;
     assert!(

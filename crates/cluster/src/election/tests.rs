@@ -106,6 +106,7 @@ fn election_single_node() {
         endpoints: vec![etcd.url()],
         prefix: prefix.into(),
         timeout: Duration::from_secs(1),
+        connect_timeout: Duration::from_secs(1),
         access: Default::default(),
     })
     .unwrap();
@@ -333,7 +334,11 @@ fn election_bad_options() {
         "http://127.0.0.1:{}",
         free_port().local_addr().unwrap().port()
     );
-    let base = ElectionOptions::new(vec![closed.clone()], "/protego/bad", "a");
+    // An unreachable etcd is tried again until the connect timeout: a short one here.
+    let base = ElectionOptions {
+        connect_timeout: Duration::from_millis(500),
+        ..ElectionOptions::new(vec![closed.clone()], "/protego/bad", "a")
+    };
     let refused = |options: ElectionOptions, want: &str| {
         let err = Election::start(&options).unwrap_err();
         assert!(matches!(err, ElectionError::Options { .. }), "{err:?}");
@@ -376,12 +381,23 @@ fn election_bad_options() {
         },
         "timeout",
     );
+    refused(
+        ElectionOptions {
+            connect_timeout: Duration::ZERO,
+            ..base.clone()
+        },
+        "the connect_timeout must not be zero",
+    );
 
     // The endpoints and prefix are checked as the store checks them, and etcd must answer.
     let store_error = |options: ElectionOptions, want: &str| {
         let t = Instant::now();
         let err = Election::start(&options).unwrap_err();
-        assert!(t.elapsed() < 2 * options.timeout, "{:?}", t.elapsed());
+        assert!(
+            t.elapsed() < 2 * options.connect_timeout,
+            "{:?}",
+            t.elapsed()
+        );
         assert!(matches!(err, ElectionError::Store { .. }), "{err:?}");
         let text = err.to_string();
         assert!(text.contains(want) && text.contains("node \"a\""), "{text}");
@@ -418,6 +434,7 @@ fn election_revoked_leader_is_replaced_at_once() {
         endpoints: vec![etcd.url()],
         prefix: prefix.into(),
         timeout: Duration::from_secs(1),
+        connect_timeout: Duration::from_secs(1),
         access: Default::default(),
     })
     .unwrap();
@@ -454,6 +471,7 @@ fn election_fenced_store_refuses_a_deposed_leader() {
         endpoints: vec![etcd.url()],
         prefix: prefix.into(),
         timeout: Duration::from_secs(1),
+        connect_timeout: Duration::from_secs(1),
         access: Default::default(),
     };
     let mut fenced = EtcdStore::connect(&options)

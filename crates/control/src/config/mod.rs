@@ -48,6 +48,9 @@ pub enum StoreConfig {
 pub const DEFAULT_ETCD_PREFIX: &str = "/protego";
 /// Default bound of one etcd request (`[store] timeout`).
 pub const DEFAULT_ETCD_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
+/// Default bound of opening the etcd store at start (`[store] connect_timeout`), if `timeout`
+/// is not longer.
+pub const DEFAULT_ETCD_CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 
 impl StoreConfig {
     /// Opens the configured store.

@@ -108,6 +108,7 @@ pub(crate) struct RawStore {
     pub(crate) endpoints: Option<Spanned<StringList>>,
     pub(crate) prefix: Option<Spanned<String>>,
     pub(crate) timeout: Option<Spanned<DurationValue>>,
+    pub(crate) connect_timeout: Option<Spanned<DurationValue>>,
     pub(crate) ca: Option<Spanned<String>>,
     pub(crate) cert: Option<Spanned<String>>,
     pub(crate) key: Option<Spanned<String>>,

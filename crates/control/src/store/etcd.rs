@@ -10,13 +10,19 @@ use std::fmt;
 use std::future::Future;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
+use tracing::debug;
 use zeroize::Zeroizing;
 
 /// The schema version this build reads and writes.
 pub(super) const SCHEMA_VERSION: u64 = 1;
+/// The pause before a request to open the store is sent again, the first time.
+const FIRST_RETRY_PAUSE: Duration = Duration::from_millis(50);
+/// The longest pause before a request to open the store is sent again.
+const MAX_RETRY_PAUSE: Duration = Duration::from_secs(1);
 /// How many snapshots [`Store::ike_sas`] reads per request.
 pub(super) const PAGE: i64 = 512;
 
+mod connect;
 mod ops;
 /// The largest response accepted (a page of [`PAGE`] snapshots of up to 128 KiB each).
 const MAX_RESPONSE_BYTES: usize = 64 << 20;
@@ -28,8 +34,13 @@ pub struct EtcdOptions {
     pub endpoints: Vec<String>,
     /// Key prefix of this Protego cluster, e.g. `/protego/prod` (no trailing slash needed).
     pub prefix: String,
-    /// Upper bound for connecting and for each request (commit, read).
+    /// Upper bound of each request (a commit, a page of a read), reconnecting included.
     pub timeout: Duration,
+    /// Upper bound of opening the store ([`EtcdStore::connect`]): the first connection (TCP,
+    /// TLS handshake, authentication) and writing or checking the schema key, tried again with
+    /// backoff within this time. Longer than [`EtcdOptions::timeout`]: a node that starts
+    /// while etcd, or the machine, is slow should wait for it rather than fail.
+    pub connect_timeout: Duration,
     /// TLS and authentication ([`EtcdAccess::default`]: plain `http://`, no user).
     pub access: EtcdAccess,
 }
@@ -66,8 +77,11 @@ pub struct EtcdOptions {
 ///   and commits once more. An empty batch sends nothing.
 /// - [`Store::ike_sas`] is a linearizable range read of `P/ike_sas/`, in pages of 512
 ///   keys that all read the same revision, so it sees exactly the state after one commit.
-/// - Every request (connecting, a commit, each page of a read) is bounded by
-///   [`EtcdOptions::timeout`]: a store whose etcd is down, partitioned or without a leader
+/// - Opening the store is bounded by [`EtcdOptions::connect_timeout`]: a connection that
+///   fails is tried again after a pause that doubles (from 50 ms to 1 s), so a node started
+///   while etcd is starting, or slow to make its first TLS handshake and authenticate, waits
+///   for it. Every request after that (a commit, each page of a read, and the reconnecting it
+///   may need) is bounded by [`EtcdOptions::timeout`]: a store whose etcd is down, partitioned or without a leader
 ///   fails within that time instead of hanging. Requests are sent with etcd's "require leader"
 ///   flag, so a member cut off from its quorum fails them at once. A request whose connection
 ///   fails (refused, reset, a member without a leader) is sent again on a new connection and
@@ -183,6 +197,27 @@ struct Clients {
     current: usize,
 }
 
+/// What bounds one round of requests ([`EtcdStore::send`]): a deadline, and the setting it
+/// comes from, for the messages.
+struct Budget {
+    deadline: std::time::Instant,
+    /// The setting's value.
+    length: Duration,
+    /// The setting's name: `timeout` or `connect_timeout`.
+    setting: &'static str,
+    /// Whether a failure that may pass is tried again until the deadline (opening the store).
+    retry: bool,
+}
+
+/// Why a round of requests failed.
+struct Failure {
+    /// Each endpoint's last failure, for a [`StoreError`]'s detail.
+    detail: String,
+    /// Whether sending again cannot help: etcd's own answer (a refused user, a permission),
+    /// or a call from inside an async runtime.
+    last: bool,
+}
+
 /// The keys of one prefix.
 struct Keys {
     /// `P/schema`.
@@ -217,132 +252,12 @@ impl Keys {
 }
 
 impl EtcdStore {
-    /// Connects (bounded by `timeout`); fails with a clear [`StoreError`] naming the endpoints if
-    /// etcd cannot be reached.
-    ///
-    /// Writes the schema key if the prefix is empty; fails with [`StoreError::RemoteSchema`] if
-    /// the prefix was written with a newer schema, with [`StoreError::RemoteCorrupt`] if it holds
-    /// keys but no valid schema key, and with [`StoreError::Connect`] if the options are invalid
-    /// (no endpoints, `https://` endpoints without TLS or `http://` ones with it, an empty
-    /// prefix, a zero timeout), etcd refuses the node (TLS, user, permissions: see the type's
-    /// "Security") or does not answer in time.
-    pub fn connect(options: &EtcdOptions) -> Result<EtcdStore, StoreError> {
-        let prefix = options.prefix.trim_end_matches('/');
-        let describe = format!("etcd {} prefix {prefix}", options.endpoints.join(","));
-        let refuse = |detail: String| StoreError::Connect {
-            store: describe.clone(),
-            detail,
-        };
-        if options.endpoints.is_empty() {
-            return Err(refuse("no endpoints configured".into()));
-        }
-        options
-            .access
-            .check_endpoints(&options.endpoints)
-            .map_err(refuse)?;
-        if let Some(url) = options.endpoints.iter().find(|u| u.trim().is_empty()) {
-            return Err(refuse(format!("empty endpoint {url:?}")));
-        }
-        if prefix.is_empty() {
-            return Err(refuse(
-                "the key prefix must not be empty (use e.g. /protego/<cluster>)".into(),
-            ));
-        }
-        if options.timeout.is_zero() {
-            return Err(refuse("the timeout must not be zero".into()));
-        }
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .map_err(|e| refuse(format!("cannot start the client's runtime: {e}")))?;
-        let store = EtcdStore {
-            runtime: DetachedRuntime::new(runtime),
-            clients: Mutex::new(Clients {
-                by_endpoint: vec![None; options.endpoints.len()],
-                current: 0,
-            }),
-            endpoints: options.endpoints.clone(),
-            timeout: options.timeout,
-            connect_options: options
-                .access
-                .connect_options(options.timeout)
-                .with_require_leader(true),
-            keys: Keys::new(prefix),
-            describe,
-            fence: None,
-            revisions: Mutex::new(HashMap::new()),
-        };
-        match store.init_schema() {
-            Ok(()) => Ok(store),
-            Err(StoreError::Connect { store, detail }) => Err(StoreError::Connect {
-                detail: connect_hint(options, detail),
-                store,
-            }),
-            Err(e) => Err(e),
-        }
-    }
-
     /// Makes every commit conditional on `fence`: the election's leader key still names this
     /// node in the same term ([`super::Fence::compares`]). A deposed leader's commit
     /// then fails whole and writes nothing, whatever its own view of its role.
     pub fn fenced(mut self, fence: super::Fence) -> Self {
         self.fence = Some(fence);
         self
-    }
-
-    /// Writes the schema key into an empty prefix, or checks the one there.
-    /// Both requests together are bounded by the timeout.
-    fn init_schema(&self) -> Result<(), StoreError> {
-        let deadline = std::time::Instant::now() + self.timeout;
-        let connect_error = |detail| StoreError::Connect {
-            store: self.describe.clone(),
-            detail,
-        };
-        // Nothing under `P/` (every key's create revision is 0 only if there is none).
-        let empty = Compare::create_revision(self.keys.all.clone(), CompareOp::Equal, 0)
-            .with_range(self.keys.all_end.clone());
-        let txn = Txn::new().when([empty]).and_then([TxnOp::put(
-            self.keys.schema.clone(),
-            SCHEMA_VERSION.to_string(),
-            None,
-        )]);
-        let created = self
-            .call_until(deadline, |mut client| {
-                let txn = txn.clone();
-                async move { client.txn(txn).await }
-            })
-            .map_err(connect_error)?
-            .succeeded();
-        if created {
-            return Ok(());
-        }
-        let found = self.read_schema(deadline).map_err(connect_error)?;
-        match schema_version(found.as_deref()) {
-            Ok(()) => Ok(()),
-            Err(Mismatch::Newer(found)) => Err(self.schema_error(found)),
-            Err(Mismatch::Missing) => Err(self.corrupt(format!(
-                "it holds keys under {} but no schema key {} (another program's data?)",
-                self.keys.all, self.keys.schema
-            ))),
-            Err(Mismatch::Invalid(value)) => Err(self.corrupt(format!(
-                "invalid schema version {value:?} in {}",
-                self.keys.schema
-            ))),
-        }
-    }
-
-    /// The value of the schema key, if there is one.
-    fn read_schema(&self, deadline: std::time::Instant) -> Result<Option<Vec<u8>>, String> {
-        let key = self.keys.schema.clone();
-        let mut response = self.call_until(deadline, |mut client| {
-            let key = key.clone();
-            async move { client.get(key, None).await }
-        })?;
-        Ok(response
-            .take_kvs()
-            .into_iter()
-            .next()
-            .map(|kv| kv.into_key_value().1))
     }
 
     /// Runs one request, bounded by the timeout; the error is the cause, for a [`StoreError`]'s
@@ -370,12 +285,76 @@ impl EtcdStore {
         F: Fn(Client) -> Fut,
         Fut: Future<Output = Result<T, etcd_client::Error>>,
     {
+        self.call_within(&self.budget(deadline), request)
+    }
+
+    /// The budget of requests bounded by the timeout, until `deadline`: sent once.
+    fn budget(&self, deadline: std::time::Instant) -> Budget {
+        Budget {
+            deadline,
+            length: self.timeout,
+            setting: "timeout",
+            retry: false,
+        }
+    }
+
+    /// Sends `request` as [`EtcdStore::call`] does, within `budget`. A budget that retries
+    /// (opening the store) sends it again, while the failure may pass (etcd not listening yet, a
+    /// connection reset, a member without a leader, no answer in an endpoint's share of the
+    /// time), after a pause that doubles from [`FIRST_RETRY_PAUSE`] to [`MAX_RETRY_PAUSE`],
+    /// until the budget runs out.
+    fn call_within<T, F, Fut>(&self, budget: &Budget, request: F) -> Result<T, String>
+    where
+        F: Fn(Client) -> Fut,
+        Fut: Future<Output = Result<T, etcd_client::Error>>,
+    {
+        let mut pause = FIRST_RETRY_PAUSE;
+        loop {
+            match self.send(budget, &request) {
+                Ok(answer) => return Ok(answer),
+                Err(failure)
+                    if budget.retry
+                        && !failure.last
+                        && std::time::Instant::now() + pause < budget.deadline =>
+                {
+                    debug!(store = %self.describe, failure = %failure.detail, pause = ?pause, "etcd not reached yet, trying again");
+                    std::thread::sleep(pause);
+                    pause = (pause * 2).min(MAX_RETRY_PAUSE);
+                }
+                Err(failure) => return Err(failure.detail),
+            }
+        }
+    }
+
+    /// The value of the schema key, if there is one.
+    fn read_schema(&self, budget: &Budget) -> Result<Option<Vec<u8>>, String> {
+        let key = self.keys.schema.clone();
+        let mut response = self.call_within(budget, |mut client| {
+            let key = key.clone();
+            async move { client.get(key, None).await }
+        })?;
+        Ok(response
+            .take_kvs()
+            .into_iter()
+            .next()
+            .map(|kv| kv.into_key_value().1))
+    }
+
+    /// One round of [`EtcdStore::call`] over the endpoints, within `budget`.
+    fn send<T, F, Fut>(&self, budget: &Budget, request: &F) -> Result<T, Failure>
+    where
+        F: Fn(Client) -> Fut,
+        Fut: Future<Output = Result<T, etcd_client::Error>>,
+    {
         use tokio::time::{timeout_at, Instant};
         if tokio::runtime::Handle::try_current().is_ok() {
             // Blocking on the store's runtime there would panic.
             let refusal = "called from inside an async runtime; the etcd store blocks, call it \
                            from a plain thread";
-            return Err(refusal.into());
+            return Err(Failure {
+                detail: refusal.into(),
+                last: true,
+            });
         }
         let mut clients = self.clients.lock().unwrap_or_else(PoisonError::into_inner);
         let clients = &mut *clients;
@@ -386,8 +365,9 @@ impl EtcdStore {
         let mut tried = vec![false; count];
         let mut timed_out = vec![false; count];
         let first = clients.current;
+        let (length, setting) = (budget.length, budget.setting);
         let attempts = async {
-            let deadline = Instant::from_std(deadline);
+            let deadline = Instant::from_std(budget.deadline);
             for attempt in 0..2 * count {
                 let i = (first + attempt) % count;
                 let now = Instant::now();
@@ -401,12 +381,11 @@ impl EtcdStore {
                 let too_slow = || {
                     if untried > 1 {
                         format!(
-                            "no answer within {}ms (its share of the {:?} timeout)",
+                            "no answer within {}ms (its share of the {length:?} {setting})",
                             share.as_millis(),
-                            self.timeout
                         )
                     } else {
-                        format!("no answer within the {:?} timeout", self.timeout)
+                        format!("no answer within the {length:?} {setting}")
                     }
                 };
                 let client = match &clients.by_endpoint[i] {
@@ -421,7 +400,7 @@ impl EtcdStore {
                             Ok(Err(e)) if !retryable(&e) => {
                                 // etcd refused the user or password: so would every member.
                                 failures[i] = Some(cause(&e));
-                                return Err(());
+                                return Err(true);
                             }
                             Ok(Err(e)) => {
                                 failures[i] = Some(cause(&e));
@@ -444,7 +423,7 @@ impl EtcdStore {
                         // etcd's own answer: the same from any member.
                         clients.current = i;
                         failures[i] = Some(cause(&e));
-                        return Err(());
+                        return Err(true);
                     }
                     Ok(Err(e)) => {
                         clients.by_endpoint[i] = None;
@@ -461,11 +440,11 @@ impl EtcdStore {
                     }
                 }
             }
-            Err(())
+            Err(false)
         };
         // The timers are made inside the runtime, which they need.
         let outcome = self.runtime.block_on(attempts);
-        outcome.map_err(|()| {
+        outcome.map_err(|last| {
             let mut text = String::new();
             for (endpoint, failure) in self.endpoints.iter().zip(failures) {
                 if let Some(failure) = failure {
@@ -477,9 +456,9 @@ impl EtcdStore {
             }
             if text.is_empty() {
                 // The time ran out before a request could be sent.
-                text = format!("no answer within the {:?} timeout", self.timeout);
+                text = format!("no answer within the {length:?} {setting}");
             }
-            text
+            Failure { detail: text, last }
         })
     }
 
@@ -686,44 +665,6 @@ fn retryable(e: &etcd_client::Error) -> bool {
             Code::Unavailable | Code::Unknown | Code::Cancelled | Code::DeadlineExceeded
         ),
         _ => false,
-    }
-}
-
-/// `detail` (why connecting failed), with what the operator should know: that etcd's
-/// authentication is on but no user is configured, or why etcd refused the TLS handshake if it
-/// closed the connection and a handshake of our own shows it did (with TLS 1.3 etcd checks the
-/// client's certificate after the client finished its side, and the alert it sends is lost
-/// under HTTP/2: the client only sees the connection closed).
-fn connect_hint(options: &EtcdOptions, detail: String) -> String {
-    if options.access.user.is_none() && detail.contains("permission denied") {
-        return format!(
-            "{detail}; no etcd user is configured (username, password_file): with \
-             authentication on, etcd takes the client certificate's CN as the user"
-        );
-    }
-    let Some(tls) = options.access.tls.as_ref() else {
-        return detail;
-    };
-    if !super::etcd_access::closed_connection(&detail) {
-        return detail;
-    }
-    // The probes share the timeout.
-    let each = options.timeout / u32::try_from(options.endpoints.len()).unwrap_or(u32::MAX);
-    let refusals: Vec<String> = options
-        .endpoints
-        .iter()
-        .filter_map(|endpoint| {
-            let alert = super::etcd_access::probe_tls(endpoint, tls, each)?;
-            Some(format!("{endpoint}: {}", explain(alert)))
-        })
-        .collect();
-    if refusals.is_empty() {
-        detail
-    } else {
-        format!(
-            "{} (the request failed with: {detail})",
-            refusals.join("; ")
-        )
     }
 }
 

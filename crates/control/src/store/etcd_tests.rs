@@ -9,7 +9,7 @@ use crate::testing::{free_port, put, Etcd, Raw};
 use std::net::TcpListener;
 use std::time::{Duration, Instant};
 
-/// The request timeout of the stores under test.
+/// The request timeout of the stores under test, and the bound of opening them.
 const TIMEOUT: Duration = Duration::from_secs(1);
 
 fn options<S: AsRef<str>>(endpoints: &[S], prefix: &str) -> EtcdOptions {
@@ -17,6 +17,7 @@ fn options<S: AsRef<str>>(endpoints: &[S], prefix: &str) -> EtcdOptions {
         endpoints: endpoints.iter().map(|e| e.as_ref().to_owned()).collect(),
         prefix: prefix.into(),
         timeout: TIMEOUT,
+        connect_timeout: TIMEOUT,
         access: EtcdAccess::default(),
     }
 }
@@ -379,6 +380,13 @@ fn store_etcd_bad_options_and_unreachable_endpoints() {
         },
         "timeout",
     );
+    bad(
+        &EtcdOptions {
+            connect_timeout: Duration::ZERO,
+            ..options(&[&url], "/p")
+        },
+        "the connect_timeout must not be zero",
+    );
     bad(&options(&["http://[::1"], "/p"), "http://[::1");
 
     // Nothing listens on the port.
@@ -393,7 +401,7 @@ fn store_etcd_bad_options_and_unreachable_endpoints() {
         t.elapsed()
     );
 
-    // Something accepts connections but never answers: bounded by the timeout.
+    // Something accepts connections but never answers: bounded by the connect timeout.
     let silent = free_port();
     let silent_url = format!("http://{}", silent.local_addr().unwrap());
     let t = Instant::now();
@@ -401,7 +409,7 @@ fn store_etcd_bad_options_and_unreachable_endpoints() {
     let elapsed = t.elapsed();
     println!("connect to a silent server failed after {elapsed:?}: {text}");
     assert!(
-        elapsed >= TIMEOUT && text.contains("no answer within the 1s timeout"),
+        elapsed >= TIMEOUT && text.contains("no answer within the 1s connect_timeout"),
         "{text}"
     );
     drop(silent);
@@ -465,6 +473,57 @@ fn store_etcd_one_endpoint_of_two_down() {
             && text.contains(&format!("{}: no answer", silent_url_of(&silent))),
         "{text}"
     );
+}
+
+/// Forwards the connections `listener` accepts to `upstream`, each direction on a thread of its
+/// own; the first one is accepted only after `late` (until then the kernel holds it, and what
+/// the client sent, in the listener's backlog).
+fn forward_late(listener: TcpListener, upstream: std::net::SocketAddr, late: Duration) {
+    std::thread::spawn(move || {
+        std::thread::sleep(late);
+        for client in listener.incoming() {
+            let Ok(client) = client else { return };
+            let Ok(server) = std::net::TcpStream::connect(upstream) else {
+                return;
+            };
+            let pipe = |mut from: std::net::TcpStream, mut to: std::net::TcpStream| {
+                std::thread::spawn(move || {
+                    let _ = std::io::copy(&mut from, &mut to);
+                    let _ = to.shutdown(std::net::Shutdown::Write);
+                });
+            };
+            let (Ok(client2), Ok(server2)) = (client.try_clone(), server.try_clone()) else {
+                return;
+            };
+            pipe(client, server);
+            pipe(server2, client2);
+        }
+    });
+}
+
+/// A first connection much slower than the request timeout (here etcd's answer comes only once
+/// the listener accepts, 5 × `timeout` after the client connected) opens the store all the
+/// same: opening is bounded by `connect_timeout`, and the requests after it by `timeout`.
+#[test]
+fn store_etcd_slow_first_connection_opens_the_store() {
+    let Some(etcd) = Etcd::start() else { return };
+    let timeout = Duration::from_millis(100);
+    let listener = free_port();
+    let url = silent_url_of(&listener);
+    let upstream = etcd
+        .url()
+        .trim_start_matches("http://")
+        .parse()
+        .expect("etcd's URL is http://127.0.0.1:PORT");
+    forward_late(listener, upstream, timeout * 5);
+    let mut store = EtcdStore::connect(&EtcdOptions {
+        timeout,
+        connect_timeout: Duration::from_secs(30),
+        ..options(&[url], "/protego/slow")
+    })
+    .unwrap();
+    store.commit(&[put(1, b"after a slow start")]).unwrap();
+    assert_eq!(contents(&store), [(1, b"after a slow start".to_vec())]);
 }
 
 fn silent_url_of(listener: &TcpListener) -> String {

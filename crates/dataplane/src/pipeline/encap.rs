@@ -18,6 +18,7 @@ use crate::out::{Out, TUN_DST, TUN_SOCK};
 use crate::shared::Shared;
 use crate::stats::DropReason;
 use crate::tables::Tables;
+use crate::vnet::nd::NdOut;
 use crate::vnet::neigh::{Mac, Resolution};
 use crate::vnet::{arp, nd, write_frame_header, Vnet, FRAME_HEADER_LEN};
 use std::net::{IpAddr, SocketAddr};
@@ -49,29 +50,8 @@ pub(crate) fn arp(
         return o.drop_packet(DropReason::NeighIgnored);
     };
     let verdict = arp::handle(vnet, &repr);
-    let mut useful = false;
-    if let Some((ip, mac, create)) = verdict.learn {
-        if vnet.lives_behind(ip, host) {
-            learn(o, sh, vnet, host, now, ip, mac, create);
-            useful = true;
-        }
-    }
-    if let Some(reply) = verdict.reply {
-        send_frame(
-            o,
-            sh,
-            vnet,
-            host,
-            reply.target_hardware_addr.0,
-            EtherType::ARP,
-            reply.buffer_len(),
-            |b| reply.emit(b).ok(),
-        );
-        useful = true;
-    }
-    if !useful {
-        o.drop_packet(DropReason::NeighIgnored);
-    }
+    let answer = verdict.reply.map(Answer::Arp);
+    learn_and_answer(o, sh, vnet, host, now, verdict.learn, answer);
 }
 
 /// Learns the MAC of the sender of an IP frame to the gateway (`src` from `src_mac`, if it
@@ -115,15 +95,50 @@ pub(crate) fn nd(
         return o.drop_packet(DropReason::NeighIgnored);
     };
     let verdict = nd::handle(vnet, src, src_mac, &msg);
+    let answer = verdict.reply.map(Answer::Nd);
+    learn_and_answer(o, sh, vnet, host, now, verdict.learn, answer);
+}
+
+/// The gateway's answer to an ARP or ND packet, sent back to its sender.
+enum Answer {
+    /// An ARP reply (RFC 826), to its target hardware address.
+    Arp(ArpRepr),
+    /// A neighbour advertisement (RFC 4861 §7.2.4).
+    Nd(NdOut),
+}
+
+/// What the ARP and ND handling share once the protocol judged a packet from `host`: the
+/// sender is learned if it lives behind `host`, then the answer is sent; a packet that does
+/// neither is counted as ignored.
+#[allow(clippy::too_many_arguments)]
+fn learn_and_answer(
+    o: &mut Out,
+    sh: &Shared,
+    vnet: &Vnet,
+    host: IpAddr,
+    now: Instant,
+    sender: Option<(IpAddr, Mac, bool)>,
+    answer: Option<Answer>,
+) {
     let mut useful = false;
-    if let Some((ip, mac, create)) = verdict.learn {
+    if let Some((ip, mac, create)) = sender {
         if vnet.lives_behind(ip, host) {
             learn(o, sh, vnet, host, now, ip, mac, create);
             useful = true;
         }
     }
-    if let Some(reply) = verdict.reply {
-        send_frame(
+    match answer {
+        Some(Answer::Arp(reply)) => send_frame(
+            o,
+            sh,
+            vnet,
+            host,
+            reply.target_hardware_addr.0,
+            EtherType::ARP,
+            reply.buffer_len(),
+            |b| reply.emit(b).ok(),
+        ),
+        Some(Answer::Nd(reply)) => send_frame(
             o,
             sh,
             vnet,
@@ -132,11 +147,9 @@ pub(crate) fn nd(
             EtherType::IPV6,
             reply.len(),
             |b| reply.emit(b),
-        );
-        useful = true;
-    }
-    if !useful {
-        o.drop_packet(DropReason::NeighIgnored);
+        ),
+        None if !useful => o.drop_packet(DropReason::NeighIgnored),
+        None => {}
     }
 }
 

@@ -1,28 +1,47 @@
-//! Configuration shared by the loopback integration tests: the VNet whose VM 10.0.0.5 lives
-//! behind the host VTEP 127.0.0.2, and the tunnel bound to it.
+//! Set-up shared by the data plane's integration tests: the VNet whose VM 10.0.0.5 lives
+//! behind a host VTEP, the tunnel bound to it and its CHILD_SA, a configuration for tests to
+//! adjust, the start of a data plane beside a host VTEP socket on loopback (tried again on a
+//! port clash), sockets with a read timeout, and waiting for the statistics.
+//!
+//! Each test file uses only part of it, and includes `src/testutil.rs` as `testutil` next to
+//! it (the CHILD_SA is built with it).
+#![allow(dead_code)]
 
-use protego_dataplane::{Inside, Route, TunnelBinding, VnetConfig};
-use std::net::IpAddr;
+use crate::testutil::{child, ts};
+use crossbeam_channel::Receiver;
+use ike::ChildSaInfo;
+use protego_dataplane::{
+    DataPath, Dataplane, DataplaneConfig, DataplaneError, DataplaneStats, Inside, Route, ToControl,
+    TunnelBinding, VnetConfig,
+};
+use std::net::{IpAddr, SocketAddr, UdpSocket};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 fn ip(s: &str) -> IpAddr {
     s.parse().expect("ip address")
 }
 
-/// Tenant `acme`'s VNet `prod`, VNI 100, gateway 10.0.0.1, local VTEP 127.0.0.1, and
-/// 10.0.0.0/24 behind the host VTEP 127.0.0.2.
-pub(crate) fn loopback_vnet() -> VnetConfig {
+/// Tenant `acme`'s VNet `prod`, VNI 100, gateway 10.0.0.1, local VTEP `vtep`, and
+/// 10.0.0.0/24 behind the host VTEP `host`.
+pub(crate) fn vnet(vtep: &str, host: &str) -> VnetConfig {
     VnetConfig {
         tenant: ids::TenantId::new("acme").expect("tenant"),
         name: "prod".into(),
         vni: 100,
         gateway_ips: vec![ip("10.0.0.1")],
-        vtep: ip("127.0.0.1"),
+        vtep: ip(vtep),
         routes: vec![Route {
             prefix: ip("10.0.0.0"),
             len: 24,
-            host: ip("127.0.0.2"),
+            host: ip(host),
         }],
     }
+}
+
+/// [`vnet`] on loopback: local VTEP 127.0.0.1, host VTEP 127.0.0.2.
+pub(crate) fn loopback_vnet() -> VnetConfig {
+    vnet("127.0.0.1", "127.0.0.2")
 }
 
 /// Tunnel 1 (`site`) of tenant `acme`, its traffic to `inside`.
@@ -32,5 +51,116 @@ pub(crate) fn site_tunnel(inside: Inside) -> TunnelBinding {
         name: "site".into(),
         tenant: ids::TenantId::new("acme").expect("tenant"),
         inside,
+    }
+}
+
+/// The CHILD_SA of tunnel 1 (SPIs 0x1001 in, 0x2001 out) between the gateway's `local` and
+/// the peer's `remote`, for traffic between 10.0.0.0/24 and 192.168.0.0/24.
+pub(crate) fn site_child(local: SocketAddr, remote: SocketAddr) -> ChildSaInfo {
+    child(
+        1,
+        0x1001,
+        0x2001,
+        local,
+        remote,
+        ts("10.0.0.0", "10.0.0.255"),
+        ts("192.168.0.0", "192.168.0.255"),
+    )
+}
+
+/// The configuration the tests start from (each changes what it tests): IKE and NAT-T on
+/// ports of the kernel's choosing on 127.0.0.1, VXLAN on `vxlan_port`, [`loopback_vnet`] with
+/// tunnel 1 bound to it, two unpinned workers, batches of 32, no busy polling, no relay.
+pub(crate) fn config(vxlan_port: u16) -> DataplaneConfig {
+    DataplaneConfig {
+        listen: vec![ip("127.0.0.1")],
+        ike_port: 0,
+        natt_port: 0,
+        vxlan_port,
+        vnets: vec![loopback_vnet()],
+        tunnels: vec![site_tunnel(Inside::Vnet(0))],
+        tun_name: None,
+        batch: 32,
+        workers: 2,
+        cpus: vec![],
+        pin_workers: false,
+        busy_poll: Duration::ZERO,
+        relay: None,
+    }
+}
+
+/// A UDP socket bound to `addr`, with a read timeout of 5 s.
+pub(crate) fn bind(addr: &str) -> UdpSocket {
+    let s = UdpSocket::bind(addr).expect("bind a test socket");
+    s.set_read_timeout(Some(Duration::from_secs(5)))
+        .expect("timeout");
+    s
+}
+
+/// A data plane started by [`start_beside_host`].
+pub(crate) struct Started {
+    pub(crate) dp: Arc<Dataplane>,
+    /// What the data plane hands to the control plane.
+    pub(crate) rx: Receiver<ToControl>,
+    /// The host's VTEP socket on 127.0.0.2 (see [`bind`]); its port is the VXLAN port.
+    pub(crate) host: UdpSocket,
+}
+
+/// Starts the data plane `config(port)` describes, where `port` is the port of a fresh host
+/// VTEP socket on 127.0.0.2, so both ends of the VXLAN path use one port of the kernel's
+/// choosing. The data plane's own sockets may find that port taken on their addresses
+/// ([`DataplaneError::Bind`]), and in relay mode it may be one the configuration forbids (the
+/// NAT-T or IKE port, [`DataplaneError::Config`]): then it tries again with a new port, 20
+/// times at most.
+pub(crate) fn start_beside_host(mut config: impl FnMut(u16) -> DataplaneConfig) -> Started {
+    for _ in 0..20 {
+        let host = bind("127.0.0.2:0");
+        let cfg = config(host.local_addr().expect("addr").port());
+        let relay = cfg.relay.is_some();
+        let (tx, rx) = crossbeam_channel::unbounded();
+        match Dataplane::start(cfg, tx) {
+            Ok(dp) => return Started { dp, rx, host },
+            Err(DataplaneError::Bind { .. }) => continue,
+            Err(DataplaneError::Config { .. }) if relay => continue,
+            Err(e) => panic!("start: {e}"),
+        }
+    }
+    panic!("no free port for the VXLAN socket");
+}
+
+/// The next datagram on `s` and its sender, None when none came within the read timeout.
+pub(crate) fn try_recv(s: &UdpSocket) -> Option<(Vec<u8>, SocketAddr)> {
+    let mut buf = vec![0u8; 65536];
+    let (n, from) = s.recv_from(&mut buf).ok()?;
+    buf.truncate(n);
+    Some((buf, from))
+}
+
+/// The next datagram on `s` and its sender, which must come within the read timeout.
+pub(crate) fn recv(s: &UdpSocket) -> (Vec<u8>, SocketAddr) {
+    try_recv(s).expect("a datagram within the read timeout")
+}
+
+/// The drop counter `name`, None if the data plane has no such counter.
+pub(crate) fn drop_counter(st: &DataplaneStats, name: &str) -> Option<u64> {
+    st.drops.iter().find(|(n, _)| n == name).map(|(_, v)| *v)
+}
+
+/// The drop counter `name`, 0 if the data plane has no such counter.
+pub(crate) fn drop_count(st: &DataplaneStats, name: &str) -> u64 {
+    drop_counter(st, name).unwrap_or(0)
+}
+
+/// Waits until `f` holds for the data plane's statistics (5 s at most; the failure names
+/// `what`).
+pub(crate) fn wait_stats(dp: &Dataplane, what: &str, f: impl Fn(&DataplaneStats) -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let s = dp.stats();
+        if f(&s) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{what}: {s:?}");
+        std::thread::sleep(Duration::from_millis(5));
     }
 }

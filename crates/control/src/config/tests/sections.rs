@@ -115,6 +115,7 @@ fn etcd_store_options() {
             ],
             prefix: "/protego/prod".into(),
             timeout: Duration::from_millis(500),
+            connect_timeout: DEFAULT_ETCD_CONNECT_TIMEOUT,
             access: Default::default(),
         })
     );
@@ -126,6 +127,7 @@ fn etcd_store_options() {
             endpoints: vec!["http://127.0.0.1:2379".into()],
             prefix: DEFAULT_ETCD_PREFIX.into(),
             timeout: DEFAULT_ETCD_TIMEOUT,
+            connect_timeout: DEFAULT_ETCD_CONNECT_TIMEOUT,
             access: Default::default(),
         })
     );
@@ -156,6 +158,63 @@ fn etcd_store_errors_name_the_key() {
         &text,
         "endpoints =",
         "endpoints",
+        "only the \"etcd\" backend",
+    );
+}
+
+#[test]
+fn etcd_store_connect_timeout() {
+    let s = Scratch::new();
+    let base = format!(
+        "{}\n[store]\nbackend = \"etcd\"\nendpoints = \"http://h:1\"\n",
+        with_tunnel(TUNNEL_A)
+    );
+    let connect_timeout = |text: &str| match s.parse(text).unwrap().store {
+        StoreConfig::Etcd(options) => (options.timeout, options.connect_timeout),
+        other => panic!("{other:?}"),
+    };
+    // Its own value, independent of the requests' timeout.
+    assert_eq!(
+        connect_timeout(&format!(
+            "{base}timeout = \"100ms\"\nconnect_timeout = \"10s\"\n"
+        )),
+        (Duration::from_millis(100), Duration::from_secs(10))
+    );
+    // The default, and never shorter than the timeout.
+    assert_eq!(
+        connect_timeout(&format!("{base}timeout = \"100ms\"\n")),
+        (Duration::from_millis(100), DEFAULT_ETCD_CONNECT_TIMEOUT)
+    );
+    assert_eq!(
+        connect_timeout(&format!("{base}timeout = \"30s\"\n")),
+        (Duration::from_secs(30), Duration::from_secs(30))
+    );
+    assert_eq!(
+        connect_timeout(&format!(
+            "{base}timeout = \"2s\"\nconnect_timeout = \"2s\"\n"
+        )),
+        (Duration::from_secs(2), Duration::from_secs(2))
+    );
+
+    let text = format!("{base}connect_timeout = \"0s\"\n");
+    expect_error(&text, "connect_timeout =", "connect_timeout", "more than 0");
+    let text = format!("{base}timeout = \"3s\"\nconnect_timeout = \"500ms\"\n");
+    expect_error(
+        &text,
+        "connect_timeout =",
+        "connect_timeout",
+        "must not be shorter than timeout (3s)",
+    );
+    let text = format!("{base}connect_timeout = \"soon\"\n");
+    expect_error(&text, "connect_timeout =", "connect_timeout", "soon");
+    let text = format!(
+        "{}\n[store]\nconnect_timeout = \"5s\"\n",
+        with_tunnel(TUNNEL_A)
+    );
+    expect_error(
+        &text,
+        "connect_timeout =",
+        "connect_timeout",
         "only the \"etcd\" backend",
     );
 }

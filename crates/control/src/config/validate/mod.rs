@@ -15,7 +15,8 @@ use super::raw::{
 use super::{
     AutoscaleConfig, AutoscaleMode, ClusterConfig, Config, Gateway, LocalNodeConfig,
     LocalProviderConfig, LogFormat, Source, StoreConfig, StoredPsks, Tunnel, TunnelInside,
-    DEFAULT_CONTROL_SOCKET, DEFAULT_ETCD_PREFIX, DEFAULT_ETCD_TIMEOUT, DEFAULT_STORE_PATH,
+    DEFAULT_CONTROL_SOCKET, DEFAULT_ETCD_CONNECT_TIMEOUT, DEFAULT_ETCD_PREFIX,
+    DEFAULT_ETCD_TIMEOUT, DEFAULT_STORE_PATH,
 };
 use crate::error::ConfigError;
 use crate::store::EtcdOptions;

@@ -76,6 +76,10 @@ impl Validator<'_, '_> {
             ("endpoints", raw.endpoints.as_ref().map(Spanned::span)),
             ("prefix", raw.prefix.as_ref().map(Spanned::span)),
             ("timeout", raw.timeout.as_ref().map(Spanned::span)),
+            (
+                "connect_timeout",
+                raw.connect_timeout.as_ref().map(Spanned::span),
+            ),
             ("ca", raw.ca.as_ref().map(Spanned::span)),
             ("cert", raw.cert.as_ref().map(Spanned::span)),
             ("key", raw.key.as_ref().map(Spanned::span)),
@@ -131,7 +135,7 @@ impl Validator<'_, '_> {
     }
 
     /// The etcd backend's keys: `endpoints` (required, http:// or https:// URLs), `prefix`,
-    /// `timeout`, and TLS and authentication (`etcd_access.rs`).
+    /// `timeout`, `connect_timeout`, and TLS and authentication (`etcd_access.rs`).
     pub(super) fn etcd(&self, raw: &RawStore) -> Result<EtcdOptions, Box<ConfigError>> {
         const S: &str = "store";
         let Some(list) = &raw.endpoints else {
@@ -191,6 +195,26 @@ impl Validator<'_, '_> {
             Some(t) => t.get_ref().0,
             None => DEFAULT_ETCD_TIMEOUT,
         };
+        // Opening the store sends requests too: it gets at least `timeout`.
+        let connect_timeout = match &raw.connect_timeout {
+            Some(t) if t.get_ref().0.is_zero() => {
+                return Err(self.err(t.span(), S, "connect_timeout", "must be more than 0"));
+            }
+            Some(t) if t.get_ref().0 < timeout => {
+                return Err(self.err(
+                    t.span(),
+                    S,
+                    "connect_timeout",
+                    format!(
+                        "must not be shorter than timeout ({}): opening the store sends requests \
+                         too",
+                        crate::config::format_duration(timeout)
+                    ),
+                ));
+            }
+            Some(t) => t.get_ref().0,
+            None => DEFAULT_ETCD_CONNECT_TIMEOUT.max(timeout),
+        };
         let https = endpoints
             .iter()
             .filter(|e| e.starts_with("https://"))
@@ -208,6 +232,7 @@ impl Validator<'_, '_> {
             endpoints,
             prefix,
             timeout,
+            connect_timeout,
             access,
         })
     }

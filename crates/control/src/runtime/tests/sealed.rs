@@ -187,6 +187,7 @@ fn sealed_store_etcd_holds_no_negotiated_key() {
                 endpoints: vec![url.clone()],
                 prefix: prefix.into(),
                 timeout: Duration::from_secs(2),
+                connect_timeout: Duration::from_secs(2),
                 access: Default::default(),
             })
             .unwrap(),

@@ -88,7 +88,7 @@ impl Store for EtcdStore {
                 )));
             }
         }
-        let found = self.read_schema(deadline).map_err(|detail| {
+        let found = self.read_schema(&self.budget(deadline)).map_err(|detail| {
             self.write_error(format!(
                 "nothing written: the schema key {} is no longer {SCHEMA_VERSION}, and reading it \
                  failed: {detail}",
