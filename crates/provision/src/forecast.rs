@@ -11,24 +11,30 @@
 //! - Per tunnel: the step-to-step changes of its measurement α, in units of its cap σ, in a
 //!   [`DecayHist`]. Its next step's peak is predicted as `min(σ, α + σ · k · q)` with `q` the
 //!   [`RISE_QUANTILE`] of its own rises, or of the population's while it has fewer than
-//!   [`MIN_SAMPLES`] of its own (about 210 bytes per tunnel, beside its usage histogram).
+//!   [`MIN_SAMPLES`] of its own, or `q = 0` (the tunnel at its measurement, the paper's sizing)
+//!   while the population has fewer than [`MIN_SAMPLES`] rises: sizing every tunnel at its cap
+//!   until then would activate nodes for load that is not there (about 210 bytes per tunnel,
+//!   beside its usage histogram).
 //! - The calibrator (adaptive conformal inference, Gibbs & Candès 2021): after every step,
 //!   `k ← clamp(k + γ · (e − (1 − G*)), K_MIN, K_MAX)`, where `e` is 1 when any active node was
-//!   saturated in the step ([`saturated`]) and G* is [`crate::PlannerConfig::guarantee_target`].
+//!   saturated in the step ([`saturated`]) or a tunnel was on no active node (stranded, waiting
+//!   for one), and G* is [`crate::PlannerConfig::guarantee_target`].
 //!   In the long run the share of saturated steps is `1 − G*` (unless `k` sits at a bound).
 //! - The aggregate: the sum of the sizes, its largest rise within the next `h` steps
 //!   (`h = ⌈start latency / τ⌉ + 1`: the steps a node takes to start, plus the one in which the
 //!   need shows) in units of the sum of the caps, in a [`DecayHist`]; with the measured
-//!   fragmentation (active nodes per node's worth of sized load) it gives the nodes to keep
-//!   ready ([`ReserveHint`]). No tunnel is assumed independent of another.
+//!   fragmentation (active nodes per node needed for the sized load, `⌈S / limit⌉`) it gives the
+//!   nodes to keep ready ([`ReserveHint`]). No tunnel is assumed independent of another.
 //! - The prior: a new tunnel, before its first measurement, is sized at the [`RISE_QUANTILE`]
 //!   of earlier tunnels' first measurements (relative to their caps), or at its cap until
 //!   [`MIN_SAMPLES`] tunnels were seen.
 //!
 //! # Order of calls, once per τ
 //!
-//! 1. [`Forecaster::observe_nodes`] with the load of every active node over the step just
-//!    served (it updates `k` and closes the previous step's aggregate);
+//! 1. [`Forecaster::observe_step`] with the load of every active node over the step just
+//!    served and the number of tunnels that were on no active node in it (it updates `k`,
+//!    closes the previous step's aggregate and advances the forgetting: nothing else needs
+//!    calling once per step);
 //! 2. [`Forecaster::size`] for every measured tunnel (its size for the next step);
 //!    [`Forecaster::prior`] for a tunnel not yet measured;
 //! 3. [`Forecaster::hint`] for the planner's reserve.
@@ -296,7 +302,8 @@ pub struct ReserveHint {
     pub rise: f64,
     /// The horizon, in steps.
     pub horizon: u32,
-    /// Active nodes per node's worth of sized load (at least 1), as measured.
+    /// Active nodes per node needed for the sized load, `active / max(1, ⌈S / limit⌉)` (at
+    /// least 1), as measured.
     pub fragmentation: f64,
 }
 
@@ -311,7 +318,7 @@ pub struct Calibration {
     pub target: f64,
     /// Steps observed (with at least one active node).
     pub steps: u64,
-    /// Of them, steps with a saturated node.
+    /// Of them, steps with a saturated node or a stranded tunnel.
     pub saturated_steps: u64,
 }
 
@@ -354,7 +361,7 @@ struct Aggregate {
     sized: f64,
     caps: f64,
     count: usize,
-    /// Active nodes per node's worth of sized load, exponentially weighted.
+    /// Active nodes per node needed for the sized load, exponentially weighted.
     fragmentation: Option<f64>,
 }
 
@@ -399,17 +406,20 @@ impl Forecaster {
     }
 
     /// Starts a step: `loads` are the loads of the active nodes over the step just served (in
-    /// the unit of the node capacity), placed by the sizes of the step before. Updates `k`
-    /// (when there was an active node) and closes the previous step's aggregate.
-    pub fn observe_nodes(&mut self, loads: impl IntoIterator<Item = f64>) {
+    /// the unit of the node capacity), placed by the sizes of the step before, and `stranded`
+    /// the tunnels that were on no active node in it (waiting for a node: a live autoscaler's
+    /// unplaced tunnels). Updates `k` (when there was an active node or a stranded tunnel: the
+    /// step is an error when a node was saturated or a tunnel stranded), closes the previous
+    /// step's aggregate and advances the forgetting of the pooled rises.
+    pub fn observe_step(&mut self, loads: impl IntoIterator<Item = f64>, stranded: usize) {
         let mut active = 0usize;
-        let mut any = false;
+        let mut any = stranded > 0;
         for load in loads {
             active += 1;
             any |= saturated(load, self.config.node_capacity);
         }
         let c = &mut self.calibration;
-        if active > 0 {
+        if active > 0 || stranded > 0 {
             let error = if any { 1.0 } else { 0.0 };
             c.k = (c.k + c.gamma * (error - c.target)).clamp(K_MIN, K_MAX);
             c.steps += 1;
@@ -418,7 +428,10 @@ impl Forecaster {
         let keep = 0.5f64.powf(1.0 / self.config.half_life);
         let agg = &mut self.aggregate;
         if active > 0 && agg.sized > 0.0 {
-            let ratio = (active as f64 / (agg.sized / self.config.limit)).max(1.0);
+            // Against the whole nodes the load needs: a small load on one node is not
+            // fragmented (its ratio to a fraction of a node would be).
+            let needed = (agg.sized / self.config.limit - 1e-9).ceil().max(1.0);
+            let ratio = (active as f64 / needed).max(1.0);
             agg.fragmentation = Some(match agg.fragmentation {
                 Some(f) => keep * f + (1.0 - keep) * ratio,
                 None => ratio,
@@ -442,8 +455,15 @@ impl Forecaster {
         self.pooled.tick();
     }
 
+    /// [`Forecaster::observe_step`] without stranded tunnels.
+    pub fn observe_nodes(&mut self, loads: impl IntoIterator<Item = f64>) {
+        self.observe_step(loads, 0);
+    }
+
     /// Takes `tunnel`'s measurement `alpha` for the step (its cap `cap`) and returns its size
-    /// for the next: `min(cap, α + cap · k · q)`, never below `min(α, cap)`.
+    /// for the next: `min(cap, α + cap · k · q)`, never below `min(α, cap)`. `q` is the
+    /// tunnel's own rise quantile, else the population's, else (the population has fewer than
+    /// [`MIN_SAMPLES`] rises: the first steps) 0, so the first sizes are the measurements.
     pub fn size(&mut self, tunnel: TunnelId, alpha: f64, cap: f64) -> f64 {
         let floor = alpha.min(cap);
         if !(cap > 0.0 && cap.is_finite() && alpha.is_finite()) {
@@ -480,7 +500,7 @@ impl Forecaster {
         };
         let q = quantile
             .or_else(|| self.pooled_rise())
-            .unwrap_or(1.0)
+            .unwrap_or(0.0)
             .max(0.0);
         let sized = (alpha + cap * self.calibration.k * q).min(cap).max(floor);
         let agg = &mut self.aggregate;
@@ -520,9 +540,10 @@ impl Forecaster {
     }
 
     /// The nodes to keep ready for the horizon, once the aggregate has [`MIN_SAMPLES`] rises
-    /// and the current step has sizes: `⌈f · (S + Q) / limit⌉` with `S` the sum of this step's
+    /// and the current step has sizes: `⌈(f · S + Q) / limit⌉` with `S` the sum of this step's
     /// sizes, `Q` the `1 − ε` quantile of its rise within `h` steps and `f` the measured
-    /// fragmentation.
+    /// fragmentation (the placement's overhead on the load placed now; the rise is new load,
+    /// packed onto fresh nodes).
     pub fn hint(&self) -> Option<ReserveHint> {
         let agg = &self.aggregate;
         if agg.samples < MIN_SAMPLES || agg.count == 0 {
@@ -531,7 +552,7 @@ impl Forecaster {
         let q = agg.rises.quantile(1.0 - self.config.epsilon)?.max(0.0);
         let rise = q * agg.caps;
         let fragmentation = agg.fragmentation.unwrap_or(1.0).max(1.0);
-        let nodes = (fragmentation * (agg.sized + rise) / self.config.limit - 1e-9)
+        let nodes = ((fragmentation * agg.sized + rise) / self.config.limit - 1e-9)
             .ceil()
             .max(0.0);
         Some(ReserveHint {

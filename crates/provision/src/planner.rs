@@ -34,7 +34,8 @@
 //!    drained now stays in reserve until the next step.
 //!
 //! A **settling** tunnel ([`crate::TunnelState::settling`]: new, not measured yet) is placed
-//! in step 1 but then left where it is by consolidation, hotspot relief and drain.
+//! in step 1 but then left where it is by consolidation (its node is a bin already filled with
+//! the settling load, which counts among the packing's nodes), hotspot relief and drain.
 //!
 //! A simulator calls it once per interval and applies the plan with [`Cluster::apply_plan`]
 //! (and [`Cluster::advance`] for nodes that finished starting); a live autoscaler calls it
@@ -50,7 +51,9 @@ use crate::error::ProvisionError;
 use crate::forecast::ReserveHint;
 use crate::ids::{NodeId, TunnelId};
 use crate::nodes::NodeState;
-use crate::placement::{best_fit, best_fit_decreasing, hotspot_selection, sort_decreasing};
+use crate::placement::{
+    best_fit, best_fit_decreasing, best_fit_decreasing_onto, hotspot_selection, sort_decreasing,
+};
 use crate::plan::{Action, ConsolidationOutcome, Decision, Plan, Reason, Reservation};
 use crate::usage::{UsageBook, UsageConfig, UsageHistogram};
 
@@ -382,16 +385,24 @@ impl Planner {
     }
 
     /// Step 2: Best Fit Decreasing over all placed tunnels but the settling ones, which stay
-    /// where they are (hotspot relief then moves others off their node if it is too full).
+    /// where they are: each node holding settling tunnels is a bin already filled with their
+    /// load, kept on that node, which the packing may fill up to the limit.
     fn consolidate(&self, work: &mut Work) -> Result<ConsolidationOutcome, ProvisionError> {
         let active_before = work.loads.len();
-        let items: Vec<(TunnelId, f64)> = work
-            .cluster
-            .tunnels()
-            .filter(|(_, t)| !t.settling && t.node.is_some_and(|n| work.loads.contains_key(&n)))
-            .map(|(id, t)| (id, t.alpha))
-            .collect();
-        let bins = best_fit_decreasing(&items, work.limit);
+        let mut items: Vec<(TunnelId, f64)> = Vec::new();
+        let mut settled: BTreeMap<NodeId, f64> = BTreeMap::new();
+        for (id, t) in work.cluster.tunnels() {
+            let Some(node) = t.node.filter(|n| work.loads.contains_key(n)) else {
+                continue;
+            };
+            if t.settling {
+                *settled.entry(node).or_insert(0.0) += t.alpha;
+            } else {
+                items.push((id, t.alpha));
+            }
+        }
+        let filled: Vec<f64> = settled.values().copied().collect();
+        let bins = best_fit_decreasing_onto(&items, &filled, work.limit);
         let mut outcome = ConsolidationOutcome {
             active_before,
             bfd_nodes: bins.len(),
@@ -427,8 +438,10 @@ impl Planner {
                 .then(b.1 .1.total_cmp(&a.1 .1))
                 .then(a.0.cmp(&b.0))
         });
-        let mut bin_node: Vec<Option<NodeId>> = vec![None; bins.len()];
-        let mut used: BTreeSet<NodeId> = BTreeSet::new();
+        // The filled bins stay on their nodes.
+        let mut bin_node: Vec<Option<NodeId>> = settled.keys().copied().map(Some).collect();
+        bin_node.resize(bins.len(), None);
+        let mut used: BTreeSet<NodeId> = settled.keys().copied().collect();
         for ((bin, node), _) in pairs {
             if bin_node[bin].is_none() && !used.contains(&node) {
                 bin_node[bin] = Some(node);

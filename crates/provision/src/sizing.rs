@@ -111,7 +111,7 @@ impl core::fmt::Display for Sizing {
 
 /// Turns each tunnel's measurements into the α the planner packs.
 ///
-/// With [`Sizing::Adaptive`], call [`Sizer::observe_nodes`] once per τ before the step's
+/// With [`Sizing::Adaptive`], call [`Sizer::observe_step`] once per τ before the step's
 /// [`Sizer::size`] calls, and pass [`Sizer::hint`] to [`crate::Planner::plan_with`] (see
 /// [`crate::forecast`] for the order); for the other rules those two do nothing.
 #[derive(Debug, Clone)]
@@ -162,12 +162,18 @@ impl Sizer {
         self.forecaster.as_ref()
     }
 
-    /// Starts a step with the loads of the active nodes over the step just served
-    /// ([`Forecaster::observe_nodes`]); nothing for the other rules.
-    pub fn observe_nodes(&mut self, loads: impl IntoIterator<Item = f64>) {
+    /// Starts a step with the loads of the active nodes over the step just served and the
+    /// tunnels that were on no active node in it ([`Forecaster::observe_step`]); nothing for
+    /// the other rules.
+    pub fn observe_step(&mut self, loads: impl IntoIterator<Item = f64>, stranded: usize) {
         if let Some(f) = &mut self.forecaster {
-            f.observe_nodes(loads);
+            f.observe_step(loads, stranded);
         }
+    }
+
+    /// [`Sizer::observe_step`] without stranded tunnels.
+    pub fn observe_nodes(&mut self, loads: impl IntoIterator<Item = f64>) {
+        self.observe_step(loads, 0);
     }
 
     /// The size of a tunnel with cap `cap` before its first measurement: the population prior

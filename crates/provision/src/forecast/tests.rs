@@ -260,3 +260,54 @@ fn the_aggregate_forecast_keeps_nodes_for_the_rise_it_has_seen() {
     assert!(fragmented.fragmentation > 2.0, "{fragmented:?}");
     assert!(fragmented.nodes > 2 * floor, "{fragmented:?}");
 }
+
+#[test]
+fn before_the_population_has_rises_a_tunnel_is_sized_at_its_measurement() {
+    let mut f = forecaster();
+    f.observe_step([3.0], 0);
+    // No rise seen anywhere yet: q = 0, not the cap (which would activate nodes for load that
+    // is not there).
+    for t in 0..10 {
+        assert_eq!(f.size(TunnelId(t), 0.3, 1.5), 0.3);
+    }
+    // Once the population has MIN_SAMPLES rises, its quantile sizes a tunnel without its own.
+    for step in 0..3 {
+        f.observe_step([3.0], 0);
+        for t in 0..10 {
+            f.size(TunnelId(t), if step % 2 == 0 { 0.75 } else { 0.3 }, 1.5);
+        }
+    }
+    assert!(f.size(TunnelId(50), 0.3, 1.5) > 0.3 + 0.2);
+}
+
+#[test]
+fn a_stranded_tunnel_counts_as_an_error_step() {
+    let mut f = forecaster();
+    f.observe_step([1.0, 1.0], 1);
+    let c = f.calibration();
+    assert_eq!((c.steps, c.saturated_steps), (1, 1));
+    assert!(c.k > K_START);
+    // Tunnels waiting while no node is active yet: still a step, and an error.
+    f.observe_step([], 2);
+    assert_eq!(f.calibration().saturated_steps, 2);
+    // Neither saturated nor stranded: no error.
+    f.observe_step([1.0], 0);
+    let c = f.calibration();
+    assert_eq!((c.steps, c.saturated_steps), (3, 2));
+}
+
+#[test]
+fn a_small_load_on_one_node_is_not_fragmented() {
+    let mut f = forecaster();
+    // One tunnel at a steady 0.3 Gbit/s (a fifteenth of a node's limit) on 2 active nodes.
+    for _ in 0..(MIN_SAMPLES as usize + 10) {
+        f.observe_step([0.3, 0.0], 0);
+        f.size(TunnelId(1), 0.3, 1.5);
+    }
+    let hint = f.hint().unwrap();
+    // 2 active nodes for a load that needs 1: fragmentation 2 (not 2 / (0.3 / 4.5) = 30),
+    // applied to the load only; no rise, so one node.
+    assert!((hint.fragmentation - 2.0).abs() < 1e-9, "{hint:?}");
+    assert!(hint.rise < 0.01, "{hint:?}");
+    assert_eq!(hint.nodes, 1, "{hint:?}");
+}

@@ -774,3 +774,48 @@ fn a_reserve_hint_keeps_more_nodes_ready_and_says_why() {
         plain
     );
 }
+
+#[test]
+fn consolidation_counts_a_settling_tunnels_node_as_a_filled_bin() {
+    let active = NodeState::Active;
+    // Node 1 holds a settling tunnel (0.5) and two small measured ones; nodes 2 and 3 one
+    // tunnel of 0.3 each. Packing only the measured tunnels (0.8 in all) into one bin and
+    // putting it on node 1, which shares the most, would load node 1 with 1.3.
+    let (mut cluster, usage) = setup(
+        &[(1, active), (2, active), (3, active)],
+        &[
+            (1, 0.5, Some(1)),
+            (4, 0.1, Some(1)),
+            (5, 0.1, Some(1)),
+            (2, 0.3, Some(2)),
+            (3, 0.3, Some(3)),
+        ],
+    );
+    cluster.set_settling(TunnelId(1), true).unwrap();
+    let now = Instant::now();
+    let plan = planner().plan(&cluster, &usage, now, None).unwrap();
+    let outcome = plan.consolidation.unwrap();
+    // Node 1's 0.5 is a bin of its own that takes 0.4 more: two nodes, one saved.
+    assert_eq!((outcome.bfd_nodes, outcome.applied), (2, true), "{plan}");
+    assert!(
+        plan.decisions
+            .iter()
+            .all(|d| !matches!(d.reason, Reason::Hotspot { .. })),
+        "{plan}"
+    );
+    let mut after = cluster.clone();
+    after.apply_plan(&plan).unwrap();
+    assert!(after.hotspots(0.9).is_empty(), "{plan}");
+    assert_eq!(after.counts().active, 2, "{plan}");
+
+    // A node that holds only a settling tunnel stays active: beside it, packing node 2's two
+    // tunnels into one bin saves nothing, and the packing is not adopted.
+    let (mut cluster, usage) = setup(
+        &[(1, active), (2, active)],
+        &[(1, 0.5, Some(1)), (2, 0.5, Some(2)), (3, 0.3, Some(2))],
+    );
+    cluster.set_settling(TunnelId(1), true).unwrap();
+    let plan = planner().plan(&cluster, &usage, now, None).unwrap();
+    let outcome = plan.consolidation.unwrap();
+    assert_eq!((outcome.bfd_nodes, outcome.applied), (2, false), "{plan}");
+}
