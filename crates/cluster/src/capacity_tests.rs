@@ -357,3 +357,129 @@ fn outcomes_are_shown_and_repeated_failures_kept_once() {
     record(&mut a, t0 + Duration::from_secs(1));
     assert_eq!(a.describe()["decisions"].as_array().unwrap().len(), before);
 }
+
+fn adaptive(mode: AutoscaleMode) -> AutoscaleConfig {
+    AutoscaleConfig {
+        sizing: provision::Sizing::Adaptive,
+        ..config(mode)
+    }
+}
+
+/// data1 carries t1 (100 Mbit/s); t2 was just placed on data2 and has no report yet.
+fn new_tunnel_on_data2(seq: u64) -> Input {
+    let mut i = input(seq, &[(1, 100.0)], &[]);
+    i.placement.push((TunnelId(2), 2));
+    i
+}
+
+fn migrates(plan: &Plan, tunnel: u32) -> bool {
+    plan.decisions.iter().any(|d| {
+        matches!(d.action, Action::Migrate { tunnel: t, .. } if t == provision::TunnelId(tunnel))
+    })
+}
+
+#[test]
+fn adaptive_sizing_places_a_new_tunnel_at_the_prior_and_leaves_it_until_measured() {
+    let mut a = Autoscaler::new(5000, &adaptive(AutoscaleMode::Advise)).unwrap();
+    let t0 = Instant::now();
+    let plan = advise(&mut a, t0, &new_tunnel_on_data2(1));
+    // The prior before 20 tunnels were seen is the cap: twice the 1000 Mbit/s rate limit.
+    assert!(a.sizer.prior(2000.0) > 0.0);
+    let d = a.describe();
+    assert_eq!(d["step"]["settling"], 1, "{d}");
+    // data2 holds only t2, at its prior.
+    assert_eq!(d["step"]["nodes"][1]["node"], "data2", "{d}");
+    assert_eq!(
+        d["step"]["nodes"][1]["used_mbit"].as_f64(),
+        Some(a.sizer.prior(2000.0)),
+        "{d}"
+    );
+    // Consolidation is due and drain is on, yet t2 stays on data2.
+    assert!(!migrates(&plan, 2), "{plan}");
+    // Its first report ends the settling.
+    let mut measured = new_tunnel_on_data2(2);
+    measured.nodes[1] = node(2, 2, &[(2, 50.0)]);
+    advise(&mut a, t0 + Duration::from_secs(1), &measured);
+    assert_eq!(a.describe()["step"]["settling"], 0);
+}
+
+#[test]
+fn saturated_nodes_raise_the_calibrators_multiplier() {
+    let mut a = Autoscaler::new(5000, &adaptive(AutoscaleMode::Advise)).unwrap();
+    let t0 = Instant::now();
+    let k = |a: &Autoscaler| a.describe()["calibration"]["k"].as_f64().unwrap();
+    assert_eq!(k(&a), provision::forecast::K_START);
+    // data1 carries 4 × 1240 = 4960 of 5000 Mbit/s: saturated (at least 98 %).
+    let full = [(1, 1240.0), (2, 1240.0), (3, 1240.0), (4, 1240.0)];
+    let mut last = k(&a);
+    for seq in 1..=5 {
+        advise(
+            &mut a,
+            t0 + Duration::from_secs(seq),
+            &input(seq, &full, &[(5, 100.0)]),
+        );
+        let now = k(&a);
+        assert!(now > last, "step {seq}: {now} <= {last}");
+        last = now;
+    }
+    // A report already seen is not a new step.
+    advise(
+        &mut a,
+        t0 + Duration::from_secs(6),
+        &input(5, &full, &[(5, 100.0)]),
+    );
+    let d = a.describe();
+    let c = &d["calibration"];
+    assert_eq!(c["k"].as_f64(), Some(last), "{d}");
+    assert_eq!(
+        (c["steps"].as_u64(), c["saturated_steps"].as_u64()),
+        (Some(5), Some(5))
+    );
+    assert_eq!(c["recent_saturation_rate"].as_f64(), Some(1.0), "{d}");
+    assert!(
+        (c["target_saturation_rate"].as_f64().unwrap() - 0.03).abs() < 1e-9,
+        "{d}"
+    );
+    assert!(
+        d["step"]["reserve_hint"].is_null(),
+        "too few steps for a forecast: {d}"
+    );
+    // A step with no saturated node lowers it.
+    advise(
+        &mut a,
+        t0 + Duration::from_secs(7),
+        &input(7, &[(1, 100.0)], &[(5, 100.0)]),
+    );
+    assert!(k(&a) < last);
+}
+
+#[test]
+fn other_sizings_plan_as_before_and_show_no_calibration() {
+    for sizing in ["envelope:2", "measured"] {
+        let config = AutoscaleConfig {
+            sizing: sizing.parse().unwrap(),
+            ..config(AutoscaleMode::Advise)
+        };
+        let mut a = Autoscaler::new(5000, &config).unwrap();
+        let now = Instant::now();
+        let plan = advise(&mut a, now, &new_tunnel_on_data2(1));
+        // What the autoscaler planned before adaptive sizing: the unmeasured tunnel at 0, not
+        // settling, no forecast.
+        let mut model = Model::new();
+        for n in [1, 2] {
+            model.add_node(NodeId(n), NodeState::Active).unwrap();
+        }
+        for (t, alpha, n) in [(1, 100.0, 1), (2, 0.0, 2)] {
+            model.add_tunnel(provision::TunnelId(t), alpha).unwrap();
+            model.assign(provision::TunnelId(t), NodeId(n)).unwrap();
+        }
+        let before = a.planner.plan(&model, &a.usage, now, None).unwrap();
+        assert_eq!(plan, before, "{sizing}");
+        // The drain moves the new tunnel at once, as it did.
+        assert!(migrates(&plan, 2), "{sizing}: {plan}");
+        let d = a.describe();
+        assert!(d["calibration"].is_null(), "{d}");
+        assert!(d["step"]["reserve_hint"].is_null(), "{d}");
+        assert_eq!(d["step"]["settling"], 0, "{d}");
+    }
+}

@@ -113,7 +113,7 @@ pub(crate) struct SimArgs {
     #[arg(long)]
     no_drain: bool,
     /// Start the usage histograms empty instead of primed with the trace as the previous
-    /// day's history.
+    /// day's history (with `--score-from-minute` nothing is primed: the warm-up is the history).
     #[arg(long)]
     cold_start: bool,
     /// Judge only from this minute on: the minutes before run normally as a warm-up (every

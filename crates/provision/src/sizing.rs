@@ -141,8 +141,13 @@ impl Sizer {
     }
 
     /// A sizer for a planner with `config` (its capacity, T_H, ε, τ, start latency and
-    /// guarantee target set [`Sizing::Adaptive`]'s parameters).
+    /// guarantee target set [`Sizing::Adaptive`]'s parameters). Errors: with
+    /// [`Sizing::Adaptive`], those of [`ForecastConfig::from_planner`]; the other rules use no
+    /// forecast and take any configuration.
     pub fn for_planner(sizing: Sizing, config: &PlannerConfig) -> Result<Self, ProvisionError> {
+        if sizing != Sizing::Adaptive {
+            return Ok(Self::new(sizing));
+        }
         Ok(Self::with_forecast(
             sizing,
             ForecastConfig::from_planner(config)?,
@@ -169,11 +174,6 @@ impl Sizer {
         if let Some(f) = &mut self.forecaster {
             f.observe_step(loads, stranded);
         }
-    }
-
-    /// [`Sizer::observe_step`] without stranded tunnels.
-    pub fn observe_nodes(&mut self, loads: impl IntoIterator<Item = f64>) {
-        self.observe_step(loads, 0);
     }
 
     /// The size of a tunnel with cap `cap` before its first measurement: the population prior

@@ -169,6 +169,10 @@ pub struct AutoscaleConfig {
     /// Give a node back as soon as its tunnels fit on the others, not at the next
     /// consolidation (Protego's; the paper waits).
     pub drain: bool,
+    /// G*: the share of steps without a saturated data node that `"adaptive"` sizing aims
+    /// for, in `(0, 1)` (`provision::PlannerConfig::guarantee_target`; the other sizings
+    /// ignore it).
+    pub guarantee_target: f64,
     /// Samples each tunnel's usage histogram keeps (it covers `window · interval`).
     pub window: usize,
     /// `[cluster.autoscale.local]`: the `local` node provider, if configured.
@@ -193,6 +197,7 @@ impl Default for AutoscaleConfig {
             stop_slack: 0,
             sizing: provision::Defaults::PROTEGO.sizing,
             drain: provision::Defaults::PROTEGO.drain,
+            guarantee_target: provision::PlannerConfig::default().guarantee_target,
             window: provision::DEFAULT_WINDOW,
             local: None,
         }

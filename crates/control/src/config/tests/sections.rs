@@ -355,11 +355,12 @@ fn cluster_autoscale_defaults_values_and_errors() {
     assert!(a.local.is_none());
     assert_eq!(a.sizing, provision::Sizing::Envelope { steps: 2 });
     assert!(a.drain);
+    assert_eq!(a.guarantee_target, 0.97);
     let a = s
         .parse(&cluster(
             "[cluster.autoscale]\nmode = \"act\"\ninterval = \"2s\"\nhotspot_threshold = 0.8\n\
              epsilon = 0.01\nstart_latency = \"20s\"\nmin_nodes = 2\n\
-             sizing = \"measured\"\ndrain = false\nwindow = 60\n\
+             sizing = \"measured\"\ndrain = false\nwindow = 60\nguarantee_target = 0.99\n\
              [cluster.autoscale.local]\nrun_dir = \"run\"\n\
              [[cluster.autoscale.local.node]]\nconfig = \"data3.toml\"\nnetns = \"dn3\"\n\
              [[cluster.autoscale.local.node]]\nconfig = \"/etc/protego/data4.toml\"\n",
@@ -378,6 +379,7 @@ fn cluster_autoscale_defaults_values_and_errors() {
     assert_eq!(a.sizing, provision::Sizing::Measured);
     assert!(!a.drain);
     assert_eq!(a.window, 60);
+    assert_eq!(a.guarantee_target, 0.99);
     let local = a.local.unwrap();
     assert_eq!(local.run_dir, s.0.join("run"));
     assert_eq!(local.command, None);
@@ -400,6 +402,12 @@ fn cluster_autoscale_defaults_values_and_errors() {
         ("sizing = \"envelope:5000\"", "sizing"),
         ("drain = \"yes\"", "drain"),
         ("window = 5", "window"),
+        ("guarantee_target = 1.0", "guarantee_target"),
+        ("guarantee_target = 0.0", "guarantee_target"),
+        (
+            "sizing = \"adaptive\"\ninterval = \"1s\"\nstart_latency = \"10m\"",
+            "601 steps",
+        ),
         ("surprise = 1", "surprise"),
     ] {
         let e = s

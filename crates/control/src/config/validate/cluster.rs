@@ -170,7 +170,7 @@ impl Validator<'_, '_> {
             None => None,
             Some(l) => Some(self.local_provider(l)?),
         };
-        Ok(AutoscaleConfig {
+        let config = AutoscaleConfig {
             mode,
             interval: duration(
                 &raw.interval,
@@ -229,6 +229,13 @@ impl Validator<'_, '_> {
                 },
             },
             drain: raw.drain.unwrap_or(defaults.drain),
+            guarantee_target: fraction(
+                &raw.guarantee_target,
+                "guarantee_target",
+                defaults.guarantee_target,
+                |v| v > 0.0 && v < 1.0,
+                "a share of steps above 0 and below 1 (e.g. 0.97)",
+            )?,
             window: match &raw.window {
                 None => defaults.window,
                 Some(v) => usize::try_from(*v.get_ref())
@@ -253,7 +260,31 @@ impl Validator<'_, '_> {
                     })?,
             },
             local,
-        })
+        };
+        // Adaptive sizing forecasts the aggregate over the start latency in steps of τ, and
+        // keeps at most `MAX_HORIZON` of them.
+        if let Some(v) = raw
+            .sizing
+            .as_ref()
+            .filter(|_| config.sizing == provision::Sizing::Adaptive)
+        {
+            let steps = (config.start_latency.as_secs_f64() / config.interval.as_secs_f64()).ceil()
+                as usize
+                + 1;
+            if steps > provision::forecast::MAX_HORIZON {
+                return Err(self.err(
+                    v.span(),
+                    S,
+                    "sizing",
+                    format!(
+                        "\"adaptive\" forecasts over start_latency / interval + 1 = {steps} \
+                         steps, at most {}: raise interval or lower start_latency",
+                        provision::forecast::MAX_HORIZON
+                    ),
+                ));
+            }
+        }
+        Ok(config)
     }
 
     /// `[cluster.autoscale.local]`.
