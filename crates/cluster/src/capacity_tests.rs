@@ -437,7 +437,9 @@ fn saturated_nodes_raise_the_calibrators_multiplier() {
     );
     assert_eq!(c["recent_saturation_rate"].as_f64(), Some(1.0), "{d}");
     assert!(
-        (c["target_saturation_rate"].as_f64().unwrap() - 0.03).abs() < 1e-9,
+        // 2 · (1 − 0.97): provision::forecast::SATURATED_PER_VIOLATION saturated steps per
+        // violation minute.
+        (c["target_saturation_rate"].as_f64().unwrap() - 0.06).abs() < 1e-9,
         "{d}"
     );
     assert!(

@@ -9,6 +9,7 @@
 //!     [--family paper|bursty|together|heldout --role tune|report|heldout --count 5 [--final]]
 //!     [--seeds 1,2,3,4,5] [--minutes N] [--score-from-minute N]
 //!     [--intervals 3,5,10,30,60] [--sizing envelope:2] [--drain on] [--threshold 0.9]
+//!     [--guarantee-target 0.97]
 //! ```
 //!
 //! Two ways to choose the traces:
@@ -65,6 +66,7 @@ struct Options {
     sizing: Option<Sizing>,
     drain: Option<bool>,
     threshold: Option<f64>,
+    guarantee_target: Option<f64>,
 }
 
 fn options() -> Result<Options, String> {
@@ -80,6 +82,7 @@ fn options() -> Result<Options, String> {
         sizing: None,
         drain: None,
         threshold: None,
+        guarantee_target: None,
     };
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
@@ -98,6 +101,7 @@ fn options() -> Result<Options, String> {
             "--intervals" => o.intervals = parse_list(&value)?,
             "--sizing" => o.sizing = Some(value.parse()?),
             "--threshold" => o.threshold = Some(parse_number(&arg, &value)?),
+            "--guarantee-target" => o.guarantee_target = Some(parse_number(&arg, &value)?),
             "--drain" => {
                 o.drain = Some(match value.as_str() {
                     "on" => true,
@@ -171,9 +175,12 @@ fn run(o: &Options) -> Result<(), String> {
     if let Some(t) = o.threshold {
         config.planner.hotspot_threshold = t;
     }
+    if let Some(g) = o.guarantee_target {
+        config.planner.guarantee_target = g;
+    }
     println!(
         "traces: {} ({} seeds), {} minutes, judged from minute {}; Protego: sizing {}, drain {}, \
-         threshold {}",
+         threshold {}, guarantee target {}",
         match o.family {
             Some(f) => format!("family {f}, role {}", o.role),
             None => "paper preset, raw seeds".to_owned(),
@@ -184,6 +191,7 @@ fn run(o: &Options) -> Result<(), String> {
         config.sizing,
         if config.drain { "on" } else { "off" },
         config.planner.hotspot_threshold,
+        config.planner.guarantee_target,
     );
     let mut results = vec![Gathered::default(); o.intervals.len()];
     let (mut bound, mut peak) = (Vec::new(), Vec::new());
@@ -191,11 +199,22 @@ fn run(o: &Options) -> Result<(), String> {
         let trace = generate(&params, *seed).map_err(|e| e.to_string())?;
         eprintln!("trace {label} (seed {seed}): {trace}");
         let started = Instant::now();
-        let lower = run_policy(&trace, &config, Policy::LowerBound, Instant::now(), &mut |_| {})
-            .map_err(|e| e.to_string())?;
-        let static_peak =
-            run_policy(&trace, &config, Policy::StaticPeak, Instant::now(), &mut |_| {})
-                .map_err(|e| e.to_string())?;
+        let lower = run_policy(
+            &trace,
+            &config,
+            Policy::LowerBound,
+            Instant::now(),
+            &mut |_| {},
+        )
+        .map_err(|e| e.to_string())?;
+        let static_peak = run_policy(
+            &trace,
+            &config,
+            Policy::StaticPeak,
+            Instant::now(),
+            &mut |_| {},
+        )
+        .map_err(|e| e.to_string())?;
         bound.push(lower.summary.saving_pct);
         peak.push(static_peak.summary.guarantee_pct);
         let rows = sweep(&trace, &config, &o.intervals, Instant::now(), &mut |_| {})
