@@ -521,6 +521,20 @@ impl Forecaster {
         sized
     }
 
+    /// Counts a tunnel that has no new measurement this step (its node's report did not
+    /// come in time) at its last size `size`, cap `cap`, in the step's aggregate only: its own
+    /// forecast and the calibrator are left as they are. Without it the sum of the sizes
+    /// would dip for the step and its return look like a rise.
+    pub fn carry(&mut self, size: f64, cap: f64) {
+        if !(cap > 0.0 && cap.is_finite() && size.is_finite()) {
+            return;
+        }
+        let agg = &mut self.aggregate;
+        agg.sized += size.clamp(0.0, cap);
+        agg.caps += cap;
+        agg.count += 1;
+    }
+
     /// The population's [`RISE_QUANTILE`] rise, once it has [`MIN_SAMPLES`] rises.
     fn pooled_rise(&self) -> Option<f64> {
         (self.pooled_samples >= MIN_SAMPLES)
