@@ -418,10 +418,11 @@ impl Forecaster {
 
     /// Starts a step: `loads` are the loads of the active nodes over the step just served (in
     /// the unit of the node capacity), placed by the sizes of the step before, and `stranded`
-    /// the tunnels that were on no active node in it (waiting for a node: a live autoscaler's
-    /// unplaced tunnels). Updates `k` (when there was an active node or a stranded tunnel: the
-    /// step is an error when a node was saturated or a tunnel stranded), closes the previous
-    /// step's aggregate and advances the forgetting of the pooled rises.
+    /// the tunnels that were on no active node in it (waiting for a node: live, the tunnels
+    /// with a CHILD_SA that no active node holds). Updates `k` (when there was an active node
+    /// or a stranded tunnel: the step is an error when a node was saturated or a tunnel
+    /// stranded), closes the previous step's aggregate and advances the forgetting of the
+    /// pooled rises.
     pub fn observe_step(&mut self, loads: impl IntoIterator<Item = f64>, stranded: usize) {
         let mut active = 0usize;
         let mut any = stranded > 0;
