@@ -82,7 +82,7 @@ impl ClusterCore {
         let names = nodes.iter().map(|n| (n.id, n.name.clone())).collect();
         let live = |n: Option<u32>| n.is_some_and(|n| self.nodes.get(&n).is_some_and(|n| n.alive));
         let with_child: HashSet<TunnelId> = self.children.values().map(|c| c.tunnel).collect();
-        // A rekey's install in flight leaves the tunnel on the node of its old CHILD_SA.
+        // A CHILD_SA whose install to a live node is in flight (a first one, a rekey) is held.
         let held: HashSet<TunnelId> = self
             .children
             .values()
