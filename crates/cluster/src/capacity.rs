@@ -16,9 +16,10 @@
 //!
 //! Sizing is the simulator's ([`provision::Sizer`]): with `sizing = "adaptive"` each step
 //! first gives the sizer the active nodes' loads from their new reports, then the tunnels'
-//! new measurements; a tunnel not measured yet is placed at the sizer's prior and is settling
-//! (left where it is) until its first report, and the plan keeps the reserve the aggregate
-//! forecast asks for (docs/provisioning.md, "Adaptive sizing").
+//! new measurements (a tunnel measured before whose node sent no new report keeps its last
+//! size in the aggregate); a tunnel with a CHILD_SA not measured yet is placed at the sizer's
+//! prior and is settling (left where it is) until its first report, and the plan keeps the
+//! reserve the aggregate forecast asks for (docs/provisioning.md, "Adaptive sizing").
 
 use crate::manager::NodeLoad;
 use crate::provider::ProvidedState;
@@ -65,8 +66,14 @@ pub(crate) struct NodeInput {
 pub(crate) struct Input {
     /// Every registered data node, and every node the provider manages.
     pub(crate) nodes: Vec<NodeInput>,
-    /// Where each placed tunnel is.
+    /// Where each placed tunnel is (the node for its next CHILD_SA; a placement outlives the
+    /// tunnel's CHILD_SAs).
     pub(crate) placement: Vec<(TunnelId, u32)>,
+    /// The tunnels with a CHILD_SA (data nodes report only these).
+    pub(crate) with_child: HashSet<TunnelId>,
+    /// Of those, the ones none of whose CHILD_SAs is held by, or being installed on, a live
+    /// data node (a lost node's, or no data node could take them).
+    pub(crate) unplaced: HashSet<TunnelId>,
     /// Each configured tunnel's rate limit (Mbit/s per direction) and name.
     pub(crate) tunnels: BTreeMap<TunnelId, (String, Option<u32>)>,
     /// A node provider is configured.
@@ -385,13 +392,7 @@ impl Autoscaler {
         // As in the simulator: the active nodes' loads over the step just served and the
         // tunnels on no active node first, then the tunnels' new measurements (adaptive
         // sizing; nothing for the other rules).
-        let stranded = input
-            .placement
-            .iter()
-            .filter(|(t, n)| {
-                input.tunnels.contains_key(t) && !states.get(n).is_some_and(|s| s.is_active())
-            })
-            .count();
+        let stranded = Self::stranded(input, &states);
         self.observe_step(node_loads, stranded);
         for (&tunnel, &mbit) in &fresh_alpha {
             if input.tunnels.contains_key(&tunnel) {
@@ -400,6 +401,16 @@ impl Autoscaler {
                 self.usage.set_sigma(t, cap)?;
                 self.usage.record(t, mbit.min(cap))?;
                 self.sizes.insert(tunnel, self.sizer.size(t, mbit, cap));
+            }
+        }
+        // A tunnel whose node sent no new report this step keeps its last size in the
+        // aggregate: left out, the sum would dip and then look like a rise.
+        for tunnel in &input.with_child {
+            if input.tunnels.contains_key(tunnel) && !fresh_alpha.contains_key(tunnel) {
+                if let Some(&size) = self.sizes.get(tunnel) {
+                    let cap = self.sigma(input, *tunnel);
+                    self.sizer.carry(size, cap);
+                }
             }
         }
         // Tunnels no longer configured are forgotten.
@@ -424,14 +435,17 @@ impl Autoscaler {
                 continue;
             }
             // Sized as configured (e.g. the higher of its last two measurements), never below
-            // what it carries now. Before its first measurement, at the prior (adaptive
-            // sizing; 0 for the other rules), and with adaptive sizing settling: consolidation,
-            // hotspot relief and drain leave it where it is until it is measured.
+            // what it carries now. Before its first measurement and with a CHILD_SA, at the
+            // prior (adaptive sizing; 0 for the other rules), and with adaptive sizing
+            // settling: consolidation, hotspot relief and drain leave it where it is until it
+            // is measured. Without a CHILD_SA it carries nothing and no report will measure it
+            // (data nodes report only tunnels with one): 0, not settling.
             let cap = self.sigma(input, *tunnel);
             let now_mbit = alpha.get(tunnel).copied().unwrap_or(0.0);
             let (sized, unmeasured) = match self.sizes.get(tunnel) {
                 Some(&size) => (size, false),
-                None => (self.sizer.prior(cap), true),
+                None if input.with_child.contains(tunnel) => (self.sizer.prior(cap), true),
+                None => (0.0, false),
             };
             let a = now_mbit.max(sized).min(cap);
             let t = *tunnel;
@@ -519,6 +533,25 @@ impl Autoscaler {
             step.decisions.push((text, outcome));
         }
         self.previous = previous;
+    }
+
+    /// The configured tunnels with a CHILD_SA that are on no active node of the model: no
+    /// live data node holds their CHILD_SAs, or their placement is gone or on a node that is
+    /// not active. A tunnel without a CHILD_SA carries nothing, wherever its placement points.
+    fn stranded(input: &Input, states: &HashMap<u32, NodeState>) -> usize {
+        let placement: HashMap<TunnelId, u32> = input.placement.iter().copied().collect();
+        input
+            .with_child
+            .iter()
+            .filter(|t| input.tunnels.contains_key(t))
+            .filter(|t| {
+                input.unplaced.contains(t)
+                    || !placement
+                        .get(t)
+                        .and_then(|n| states.get(n))
+                        .is_some_and(|s| s.is_active())
+            })
+            .count()
     }
 
     /// Starts the sizer's step with the active nodes' loads over the step just served (Mbit/s)

@@ -418,10 +418,11 @@ impl Forecaster {
 
     /// Starts a step: `loads` are the loads of the active nodes over the step just served (in
     /// the unit of the node capacity), placed by the sizes of the step before, and `stranded`
-    /// the tunnels that were on no active node in it (waiting for a node: a live autoscaler's
-    /// unplaced tunnels). Updates `k` (when there was an active node or a stranded tunnel: the
-    /// step is an error when a node was saturated or a tunnel stranded), closes the previous
-    /// step's aggregate and advances the forgetting of the pooled rises.
+    /// the tunnels that were on no active node in it (waiting for a node: live, the tunnels
+    /// with a CHILD_SA that no active node holds). Updates `k` (when there was an active node
+    /// or a stranded tunnel: the step is an error when a node was saturated or a tunnel
+    /// stranded), closes the previous step's aggregate and advances the forgetting of the
+    /// pooled rises.
     pub fn observe_step(&mut self, loads: impl IntoIterator<Item = f64>, stranded: usize) {
         let mut active = 0usize;
         let mut any = stranded > 0;
@@ -519,6 +520,20 @@ impl Forecaster {
         agg.caps += cap;
         agg.count += 1;
         sized
+    }
+
+    /// Counts a tunnel that has no new measurement this step (its node's report did not
+    /// come in time) at its last size `size`, cap `cap`, in the step's aggregate only: its own
+    /// forecast and the calibrator are left as they are. Without it the sum of the sizes
+    /// would dip for the step and its return look like a rise.
+    pub fn carry(&mut self, size: f64, cap: f64) {
+        if !(cap > 0.0 && cap.is_finite() && size.is_finite()) {
+            return;
+        }
+        let agg = &mut self.aggregate;
+        agg.sized += size.clamp(0.0, cap);
+        agg.caps += cap;
+        agg.count += 1;
     }
 
     /// The population's [`RISE_QUANTILE`] rise, once it has [`MIN_SAMPLES`] rises.

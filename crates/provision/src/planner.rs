@@ -104,8 +104,11 @@ pub struct PlannerConfig {
     /// active nodes whose tunnels all fit on the other active nodes under the limit, without
     /// waiting for the next consolidation (migrations lose nothing).
     pub drain: bool,
-    /// G*: the share of steps without a saturated node that adaptive sizing aims for
-    /// ([`crate::Sizing::Adaptive`], [`crate::forecast`]), in `(0, 1)`. The default, 0.97, is
+    /// G*: the guarantee adaptive sizing aims for ([`crate::Sizing::Adaptive`],
+    /// [`crate::forecast`]), in `(0, 1)`: its calibrator aims at
+    /// [`crate::forecast::SATURATED_PER_VIOLATION`]` · (1 − G*)` error steps (a node saturated
+    /// or a tunnel stranded), at most half of them, so every G* up to 0.75 behaves the same
+    /// (the live configuration takes `[0.75, 1)`). The default, 0.97, is
     /// the paper's 96.84 % guarantee (its Table 2 at 10-minute consolidation) rounded up to the
     /// next whole percent; it was not tuned.
     pub guarantee_target: f64,

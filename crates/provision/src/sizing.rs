@@ -201,6 +201,14 @@ impl Sizer {
         }
     }
 
+    /// Counts a tunnel not measured this step at its last size `size` (cap `cap`) in the
+    /// step's aggregate ([`Forecaster::carry`]); nothing for the other rules.
+    pub fn carry(&mut self, size: f64, cap: f64) {
+        if let Some(f) = &mut self.forecaster {
+            f.carry(size, cap);
+        }
+    }
+
     /// Takes `tunnel`'s new measurement `alpha` (once per τ); returns its size, at most `cap`
     /// (and never below the measurement).
     pub fn size(&mut self, tunnel: TunnelId, alpha: f64, cap: f64) -> f64 {

@@ -169,9 +169,10 @@ pub struct AutoscaleConfig {
     /// Give a node back as soon as its tunnels fit on the others, not at the next
     /// consolidation (Protego's; the paper waits).
     pub drain: bool,
-    /// G*: the share of steps without a saturated data node that `"adaptive"` sizing aims
-    /// for, in `(0, 1)` (`provision::PlannerConfig::guarantee_target`; the other sizings
-    /// ignore it).
+    /// G*: the guarantee `"adaptive"` sizing aims for, in `[0.75, 1)`: its calibrator aims at
+    /// `provision::forecast::SATURATED_PER_VIOLATION · (1 − G*)` = `2 · (1 − G*)` of the steps
+    /// with a saturated data node (capped at one half, hence the lower bound)
+    /// (`provision::PlannerConfig::guarantee_target`; the other sizings ignore it).
     pub guarantee_target: f64,
     /// Samples each tunnel's usage histogram keeps (it covers `window · interval`).
     pub window: usize,

@@ -315,3 +315,27 @@ fn a_small_load_on_one_node_is_not_fragmented() {
     assert!(hint.rise < 0.01, "{hint:?}");
     assert_eq!(hint.nodes, 1, "{hint:?}");
 }
+
+#[test]
+fn a_carried_size_counts_in_the_aggregate_only() {
+    let mut f = forecaster();
+    let steady = |f: &mut Forecaster| {
+        f.observe_nodes([2.0]);
+        f.size(TunnelId(1), 1.0, 1.5);
+        f.size(TunnelId(2), 0.5, 1.5)
+    };
+    for _ in 0..30 {
+        steady(&mut f);
+    }
+    let before = f.hint().unwrap();
+    // Tunnel 2 not measured this step: carried at its last size, the sum does not dip and its
+    // own forecast is left as it was; a size that is not a number is ignored.
+    f.observe_nodes([2.0]);
+    f.size(TunnelId(1), 1.0, 1.5);
+    f.carry(0.5, 1.5);
+    f.carry(f64::NAN, 1.5);
+    let hint = f.hint().unwrap();
+    assert_eq!((hint.level, hint.rise), (before.level, before.rise));
+    assert_eq!(f.tunnels[&TunnelId(2)].samples, 29);
+    assert!((steady(&mut f) - 0.5).abs() < 1e-9);
+}

@@ -391,6 +391,20 @@ fn cluster_autoscale_defaults_values_and_errors() {
         local.nodes[1].config,
         std::path::PathBuf::from("/etc/protego/data4.toml")
     );
+    // The lowest guarantee taken; adaptive sizing steps no faster than the reports come.
+    let a = s
+        .parse(&cluster(
+            "[cluster.autoscale]\nsizing = \"adaptive\"\ninterval = \"15s\"\n\
+             guarantee_target = 0.75\n",
+        ))
+        .unwrap()
+        .cluster
+        .unwrap()
+        .autoscale;
+    assert_eq!(
+        (a.sizing, a.interval, a.guarantee_target),
+        (provision::Sizing::Adaptive, Duration::from_secs(15), 0.75)
+    );
     for (bad, key) in [
         ("mode = \"auto\"", "mode"),
         ("interval = \"500ms\"", "interval"),
@@ -404,6 +418,13 @@ fn cluster_autoscale_defaults_values_and_errors() {
         ("window = 5", "window"),
         ("guarantee_target = 1.0", "guarantee_target"),
         ("guarantee_target = 0.0", "guarantee_target"),
+        ("guarantee_target = 0.5", "at least 0.75 and below 1"),
+        ("guarantee_target = 0.7499", "guarantee_target"),
+        ("guarantee_target = nan", "guarantee_target"),
+        (
+            "sizing = \"adaptive\"\ninterval = \"10s\"",
+            "key `interval` in cluster.autoscale: with sizing = \"adaptive\" must be at least [cluster] report_interval (15s)",
+        ),
         (
             "sizing = \"adaptive\"\ninterval = \"1s\"\nstart_latency = \"10m\"",
             "601 steps",

@@ -3,6 +3,11 @@
 
 use super::*;
 
+/// The lowest `guarantee_target` (G*) taken: the calibrator aims at
+/// `provision::forecast::SATURATED_PER_VIOLATION · (1 − G*)` saturated steps, at most half of
+/// them, so every G* up to `1 − 0.5 / 2` behaves the same.
+const MIN_GUARANTEE_TARGET: f64 = 1.0 - 0.5 / provision::forecast::SATURATED_PER_VIOLATION;
+
 impl Validator<'_, '_> {
     /// `[cluster]`: every key checked; addresses must be explicit (not a wildcard) because
     /// nodes are told to reach them.
@@ -233,8 +238,13 @@ impl Validator<'_, '_> {
                 &raw.guarantee_target,
                 "guarantee_target",
                 defaults.guarantee_target,
-                |v| v > 0.0 && v < 1.0,
-                "a share of steps above 0 and below 1 (e.g. 0.97)",
+                |v| (MIN_GUARANTEE_TARGET..1.0).contains(&v),
+                &format!(
+                    "a guarantee at least {MIN_GUARANTEE_TARGET} and below 1 (e.g. 0.97): the \
+                     calibrator aims at {} · (1 − G*) saturated steps, at most half of them, so \
+                     every G* up to {MIN_GUARANTEE_TARGET} behaves the same",
+                    provision::forecast::SATURATED_PER_VIOLATION
+                ),
             )?,
             window: match &raw.window {
                 None => defaults.window,
@@ -283,6 +293,23 @@ impl Validator<'_, '_> {
                     ),
                 ));
             }
+        }
+        // Adaptive sizing forgets per step: a step without new load reports would still
+        // advance the forgetting, and see a node's old interval again.
+        if let Some(v) = raw
+            .interval
+            .as_ref()
+            .filter(|_| config.sizing == provision::Sizing::Adaptive && config.interval < report)
+        {
+            return Err(self.err(
+                v.span(),
+                S,
+                "interval",
+                format!(
+                    "with sizing = \"adaptive\" must be at least [cluster] report_interval \
+                     ({report:?}): each step needs new load reports from the data nodes"
+                ),
+            ));
         }
         Ok(config)
     }
