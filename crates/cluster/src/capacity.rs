@@ -13,6 +13,13 @@
 //! proportional to it for packets of one size, and the data nodes' per-tunnel CPU time is
 //! itself only an estimate from packet shares. A tunnel's cap σ is twice its `rate_limit`
 //! (the steer nodes limit each direction), or 30 % of a node without one (the paper's σ).
+//!
+//! Sizing is the simulator's ([`provision::Sizer`]): with `sizing = "adaptive"` each step
+//! first gives the sizer the active nodes' loads from their new reports, then the tunnels'
+//! new measurements (a tunnel measured before whose node sent no new report keeps its last
+//! size in the aggregate); a tunnel with a CHILD_SA not measured yet is placed at the sizer's
+//! prior and is settling (left where it is) until its first report, and the plan keeps the
+//! reserve the aggregate forecast asks for (docs/provisioning.md, "Adaptive sizing").
 
 use crate::manager::NodeLoad;
 use crate::provider::ProvidedState;
@@ -20,7 +27,7 @@ use control::config::{AutoscaleConfig, AutoscaleMode};
 use ike::TunnelId;
 use provision::{
     Action, Cluster as Model, Decision, NodeId, NodeState, Plan, Planner, PlannerConfig,
-    ProvisionError, UsageBook,
+    ProvisionError, ReserveHint, UsageBook,
 };
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::fmt;
@@ -28,6 +35,10 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 /// Decisions kept for `protego ctl capacity`.
 const HISTORY: usize = 50;
+
+/// Steps over which `protego ctl capacity` shows the recent saturation rate (an hour at the
+/// default τ of 10 s).
+const RECENT_STEPS: usize = 360;
 
 /// One data node as the model sees it: registered, or only known to the node provider.
 #[derive(Debug, Clone)]
@@ -55,8 +66,14 @@ pub(crate) struct NodeInput {
 pub(crate) struct Input {
     /// Every registered data node, and every node the provider manages.
     pub(crate) nodes: Vec<NodeInput>,
-    /// Where each placed tunnel is.
+    /// Where each placed tunnel is (the node for its next CHILD_SA; a placement outlives the
+    /// tunnel's CHILD_SAs).
     pub(crate) placement: Vec<(TunnelId, u32)>,
+    /// The tunnels with a CHILD_SA (data nodes report only these).
+    pub(crate) with_child: HashSet<TunnelId>,
+    /// Of those, the ones none of whose CHILD_SAs is held by, or being installed on, a live
+    /// data node (a lost node's, or no data node could take them).
+    pub(crate) unplaced: HashSet<TunnelId>,
     /// Each configured tunnel's rate limit (Mbit/s per direction) and name.
     pub(crate) tunnels: BTreeMap<TunnelId, (String, Option<u32>)>,
     /// A node provider is configured.
@@ -109,6 +126,9 @@ pub(crate) struct Autoscaler {
     sizer: provision::Sizer,
     /// Each tunnel's size at its last measurement.
     sizes: HashMap<TunnelId, f64>,
+    /// With adaptive sizing, whether a data node was saturated in each of the last steps the
+    /// calibrator counted (newest last, at most [`RECENT_STEPS`]).
+    recent: VecDeque<bool>,
 }
 
 /// One decision in the history.
@@ -128,6 +148,10 @@ struct Step {
     demand: f64,
     /// The plan's decisions with node and tunnel names, and their outcomes.
     decisions: Vec<(String, Outcome)>,
+    /// The adaptive forecast's reserve hint the plan was made with.
+    hint: Option<ReserveHint>,
+    /// Tunnels placed at their prior size, not measured yet.
+    settling: usize,
 }
 
 /// True if two actions are the same decision (a start's expected time moves with the clock).
@@ -182,8 +206,10 @@ impl Autoscaler {
             stop_slack: config.stop_slack,
             drain: config.drain,
             window: config.window,
+            guarantee_target: config.guarantee_target,
             ..defaults
         })?;
+        let sizer = provision::Sizer::for_planner(config.sizing, planner.config())?;
         let usage = UsageBook::new(planner.config().usage_config())?;
         Ok(Self {
             planner,
@@ -197,8 +223,9 @@ impl Autoscaler {
             history: VecDeque::new(),
             previous: Vec::new(),
             starts: HashMap::new(),
-            sizer: provision::Sizer::new(config.sizing),
+            sizer,
             sizes: HashMap::new(),
+            recent: VecDeque::new(),
         })
     }
 
@@ -308,6 +335,8 @@ impl Autoscaler {
             .map(|(_, n)| *n)
             .collect();
         let mut nodes = Vec::new();
+        // Each active node's load over the interval of its new report, in Mbit/s.
+        let mut node_loads = Vec::new();
         for n in &input.nodes {
             match (&n.provided, n.alive) {
                 // Registered: a new failure counts again; up for its backoff, the failures in a
@@ -344,15 +373,27 @@ impl Autoscaler {
                 continue;
             }
             let seconds = f64::from(load.interval_ms) / 1000.0;
+            let mut node_mbit = 0.0;
             for (&t, &bytes) in &load.tunnel_bytes {
                 let mbit = bytes as f64 * 8.0 / seconds / 1e6;
+                node_mbit += mbit;
                 let tunnel = TunnelId(t);
                 *alpha.entry(tunnel).or_default() += mbit;
                 if fresh {
                     *fresh_alpha.entry(tunnel).or_default() += mbit;
                 }
             }
+            // As in the simulator, the active nodes that hold tunnels.
+            if fresh && holding.contains(&n.id) && states.get(&n.id).is_some_and(|s| s.is_active())
+            {
+                node_loads.push(node_mbit);
+            }
         }
+        // As in the simulator: the active nodes' loads over the step just served and the
+        // tunnels on no active node first, then the tunnels' new measurements (adaptive
+        // sizing; nothing for the other rules).
+        let stranded = Self::stranded(input, &states);
+        self.observe_step(node_loads, stranded);
         for (&tunnel, &mbit) in &fresh_alpha {
             if input.tunnels.contains_key(&tunnel) {
                 let cap = self.sigma(input, tunnel);
@@ -360,6 +401,16 @@ impl Autoscaler {
                 self.usage.set_sigma(t, cap)?;
                 self.usage.record(t, mbit.min(cap))?;
                 self.sizes.insert(tunnel, self.sizer.size(t, mbit, cap));
+            }
+        }
+        // A tunnel whose node sent no new report this step keeps its last size in the
+        // aggregate: left out, the sum would dip and then look like a rise.
+        for tunnel in &input.with_child {
+            if input.tunnels.contains_key(tunnel) && !fresh_alpha.contains_key(tunnel) {
+                if let Some(&size) = self.sizes.get(tunnel) {
+                    let cap = self.sigma(input, *tunnel);
+                    self.sizer.carry(size, cap);
+                }
             }
         }
         // Tunnels no longer configured are forgotten.
@@ -377,25 +428,45 @@ impl Autoscaler {
         }
         self.seen
             .extend(fresh_alpha.keys().filter(|t| input.tunnels.contains_key(t)));
+        let adaptive = self.sizer.forecaster().is_some();
+        let mut settling = 0;
         for (tunnel, node) in &input.placement {
             if !input.tunnels.contains_key(tunnel) {
                 continue;
             }
             // Sized as configured (e.g. the higher of its last two measurements), never below
-            // what it carries now.
+            // what it carries now. Before its first measurement and with a CHILD_SA, at the
+            // prior (adaptive sizing; 0 for the other rules), and with adaptive sizing
+            // settling: consolidation, hotspot relief and drain leave it where it is until it
+            // is measured. Without a CHILD_SA it carries nothing and no report will measure it
+            // (data nodes report only tunnels with one): 0, not settling.
+            let cap = self.sigma(input, *tunnel);
             let now_mbit = alpha.get(tunnel).copied().unwrap_or(0.0);
-            let sized = self.sizes.get(tunnel).copied().unwrap_or(0.0);
-            let a = now_mbit.max(sized).min(self.sigma(input, *tunnel));
+            let (sized, unmeasured) = match self.sizes.get(tunnel) {
+                Some(&size) => (size, false),
+                None if input.with_child.contains(tunnel) => (self.sizer.prior(cap), true),
+                None => (0.0, false),
+            };
+            let a = now_mbit.max(sized).min(cap);
             let t = *tunnel;
             model.add_tunnel(t, a)?;
+            if adaptive && unmeasured {
+                model.set_settling(t, true)?;
+                settling += 1;
+            }
             // A tunnel on a node left out of the model (or not active) is placed anew.
             if states.get(node).is_some_and(|s| s.is_active()) {
                 model.assign(t, NodeId(*node))?;
             }
         }
-        let plan = self
-            .planner
-            .plan(&model, &self.usage, now, self.last_consolidation)?;
+        let hint = self.sizer.hint();
+        let plan = self.planner.plan_with(
+            &model,
+            &self.usage,
+            now,
+            self.last_consolidation,
+            hint.as_ref(),
+        )?;
         if plan.consolidation.is_some() {
             self.last_consolidation = Some(now);
         }
@@ -416,6 +487,8 @@ impl Autoscaler {
             demand: model.total_load(),
             plan: plan.clone(),
             decisions: Vec::new(),
+            hint,
+            settling,
         });
         Ok(plan)
     }
@@ -462,6 +535,65 @@ impl Autoscaler {
         self.previous = previous;
     }
 
+    /// The configured tunnels with a CHILD_SA that are on no active node of the model: no
+    /// live data node holds their CHILD_SAs, or their placement is gone or on a node that is
+    /// not active. A tunnel without a CHILD_SA carries nothing, wherever its placement points.
+    fn stranded(input: &Input, states: &HashMap<u32, NodeState>) -> usize {
+        let placement: HashMap<TunnelId, u32> = input.placement.iter().copied().collect();
+        input
+            .with_child
+            .iter()
+            .filter(|t| input.tunnels.contains_key(t))
+            .filter(|t| {
+                input.unplaced.contains(t)
+                    || !placement
+                        .get(t)
+                        .and_then(|n| states.get(n))
+                        .is_some_and(|s| s.is_active())
+            })
+            .count()
+    }
+
+    /// Starts the sizer's step with the active nodes' loads over the step just served (Mbit/s)
+    /// and the number of tunnels on no active node (adaptive sizing, nothing for the other
+    /// rules), and keeps whether the calibrator counted the step as saturated, for the recent
+    /// saturation rate.
+    fn observe_step(&mut self, loads: Vec<f64>, stranded: usize) {
+        let before = self.sizer.forecaster().map(|f| f.calibration());
+        self.sizer.observe_step(loads, stranded);
+        let after = self.sizer.forecaster().map(|f| f.calibration());
+        if let (Some(before), Some(after)) = (before, after) {
+            if after.steps > before.steps {
+                if self.recent.len() == RECENT_STEPS {
+                    self.recent.pop_front();
+                }
+                self.recent
+                    .push_back(after.saturated_steps > before.saturated_steps);
+            }
+        }
+    }
+
+    /// The adaptive calibrator's state for `protego ctl capacity` (null for the other rules).
+    fn describe_calibration(&self) -> serde_json::Value {
+        let Some(f) = self.sizer.forecaster() else {
+            return serde_json::Value::Null;
+        };
+        let c = f.calibration();
+        let rate =
+            |saturated: u64, steps: u64| (steps > 0).then(|| saturated as f64 / steps as f64);
+        let recent_saturated = self.recent.iter().filter(|&&s| s).count() as u64;
+        serde_json::json!({
+            "k": c.k,
+            "gamma": c.gamma,
+            "target_saturation_rate": c.target,
+            "steps": c.steps,
+            "saturated_steps": c.saturated_steps,
+            "saturation_rate": rate(c.saturated_steps, c.steps),
+            "recent_steps": self.recent.len(),
+            "recent_saturation_rate": rate(recent_saturated, self.recent.len() as u64),
+        })
+    }
+
     /// A tunnel's cap σ in Mbit/s: both directions of its rate limit, else the default.
     fn sigma(&self, input: &Input, tunnel: TunnelId) -> f64 {
         match input.tunnels.get(&tunnel).and_then(|(_, limit)| *limit) {
@@ -486,7 +618,9 @@ impl Autoscaler {
             "drain": config.drain,
             "window": config.window,
             "default_sigma_mbit": config.default_sigma,
+            "guarantee_target": config.guarantee_target,
         });
+        let calibration = self.describe_calibration();
         let entry = |text: &str, outcome: &Outcome| {
             let (done, why) = match outcome {
                 Outcome::Advised => (serde_json::Value::Null, None),
@@ -514,6 +648,7 @@ impl Autoscaler {
                 "mode": mode,
                 "note": note,
                 "model": model,
+                "calibration": calibration,
                 "step": null,
                 "decisions": history,
                 "waiting": "no step yet: the first comes one interval after start",
@@ -538,13 +673,24 @@ impl Autoscaler {
         let count = |wanted: fn(&NodeState) -> bool| {
             step.nodes.iter().filter(|(_, s, _, _)| wanted(s)).count()
         };
+        let hint = step.hint.map(|h| {
+            serde_json::json!({
+                "nodes": h.nodes,
+                "level_mbit": h.level,
+                "rise_mbit": h.rise,
+                "horizon_steps": h.horizon,
+                "fragmentation": h.fragmentation,
+            })
+        });
         serde_json::json!({
             "mode": mode,
             "note": note,
             "model": model,
+            "calibration": calibration,
             "step": {
                 "at_ms": step.at_ms,
                 "tunnels": step.tunnels,
+                "settling": step.settling,
                 "used_mbit": step.demand,
                 "nodes": nodes,
                 "before": {
@@ -562,6 +708,7 @@ impl Autoscaler {
                 "predicted_mbit": r.capacity,
                 "predicted_nodes": r.capacity_nodes,
                 "mean_mbit": r.mean,
+                "reserve_hint": hint,
                 "consolidated": step.plan.consolidation.is_some(),
                 "decisions": step.decisions.iter().map(|(t, o)| entry(t, o)).collect::<Vec<_>>(),
             },

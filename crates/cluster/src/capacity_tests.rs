@@ -38,6 +38,9 @@ fn input(seq: u64, a: &[(u32, f64)], b: &[(u32, f64)]) -> Input {
             .map(|t| (TunnelId(t), (format!("t{t}"), Some(1000))))
             .collect(),
         provider: false,
+        // The tunnels the nodes report have a CHILD_SA there.
+        with_child: a.iter().chain(b).map(|(t, _)| TunnelId(*t)).collect(),
+        unplaced: HashSet::new(),
     }
 }
 
@@ -356,4 +359,235 @@ fn outcomes_are_shown_and_repeated_failures_kept_once() {
     assert_eq!(before, n);
     record(&mut a, t0 + Duration::from_secs(1));
     assert_eq!(a.describe()["decisions"].as_array().unwrap().len(), before);
+}
+
+fn adaptive(mode: AutoscaleMode) -> AutoscaleConfig {
+    AutoscaleConfig {
+        sizing: provision::Sizing::Adaptive,
+        ..config(mode)
+    }
+}
+
+/// data1 carries t1 (100 Mbit/s); t2's CHILD_SA was just placed on data2 and has no report
+/// yet.
+fn new_tunnel_on_data2(seq: u64) -> Input {
+    let mut i = input(seq, &[(1, 100.0)], &[]);
+    i.placement.push((TunnelId(2), 2));
+    i.with_child.insert(TunnelId(2));
+    i
+}
+
+fn migrates(plan: &Plan, tunnel: u32) -> bool {
+    plan.decisions.iter().any(|d| {
+        matches!(d.action, Action::Migrate { tunnel: t, .. } if t == provision::TunnelId(tunnel))
+    })
+}
+
+#[test]
+fn adaptive_sizing_places_a_new_tunnel_at_the_prior_and_leaves_it_until_measured() {
+    let mut a = Autoscaler::new(5000, &adaptive(AutoscaleMode::Advise)).unwrap();
+    let t0 = Instant::now();
+    let plan = advise(&mut a, t0, &new_tunnel_on_data2(1));
+    // The prior before 20 tunnels were seen is the cap: twice the 1000 Mbit/s rate limit.
+    assert!(a.sizer.prior(2000.0) > 0.0);
+    let d = a.describe();
+    assert_eq!(d["step"]["settling"], 1, "{d}");
+    // data2 holds only t2, at its prior.
+    assert_eq!(d["step"]["nodes"][1]["node"], "data2", "{d}");
+    assert_eq!(
+        d["step"]["nodes"][1]["used_mbit"].as_f64(),
+        Some(a.sizer.prior(2000.0)),
+        "{d}"
+    );
+    // Consolidation is due and drain is on, yet t2 stays on data2.
+    assert!(!migrates(&plan, 2), "{plan}");
+    // Its first report ends the settling.
+    let mut measured = new_tunnel_on_data2(2);
+    measured.nodes[1] = node(2, 2, &[(2, 50.0)]);
+    advise(&mut a, t0 + Duration::from_secs(1), &measured);
+    assert_eq!(a.describe()["step"]["settling"], 0);
+}
+
+#[test]
+fn saturated_nodes_raise_the_calibrators_multiplier() {
+    let mut a = Autoscaler::new(5000, &adaptive(AutoscaleMode::Advise)).unwrap();
+    let t0 = Instant::now();
+    let k = |a: &Autoscaler| a.describe()["calibration"]["k"].as_f64().unwrap();
+    assert_eq!(k(&a), provision::forecast::K_START);
+    // data1 carries 4 × 1240 = 4960 of 5000 Mbit/s: saturated (at least 98 %).
+    let full = [(1, 1240.0), (2, 1240.0), (3, 1240.0), (4, 1240.0)];
+    let mut last = k(&a);
+    for seq in 1..=5 {
+        advise(
+            &mut a,
+            t0 + Duration::from_secs(seq),
+            &input(seq, &full, &[(5, 100.0)]),
+        );
+        let now = k(&a);
+        assert!(now > last, "step {seq}: {now} <= {last}");
+        last = now;
+    }
+    // A report already seen is not a new step.
+    advise(
+        &mut a,
+        t0 + Duration::from_secs(6),
+        &input(5, &full, &[(5, 100.0)]),
+    );
+    let d = a.describe();
+    let c = &d["calibration"];
+    assert_eq!(c["k"].as_f64(), Some(last), "{d}");
+    assert_eq!(
+        (c["steps"].as_u64(), c["saturated_steps"].as_u64()),
+        (Some(5), Some(5))
+    );
+    assert_eq!(c["recent_saturation_rate"].as_f64(), Some(1.0), "{d}");
+    assert!(
+        // 2 · (1 − 0.97): provision::forecast::SATURATED_PER_VIOLATION saturated steps per
+        // violation minute.
+        (c["target_saturation_rate"].as_f64().unwrap() - 0.06).abs() < 1e-9,
+        "{d}"
+    );
+    assert!(
+        d["step"]["reserve_hint"].is_null(),
+        "too few steps for a forecast: {d}"
+    );
+    // A step with no saturated node lowers it.
+    advise(
+        &mut a,
+        t0 + Duration::from_secs(7),
+        &input(7, &[(1, 100.0)], &[(5, 100.0)]),
+    );
+    assert!(k(&a) < last);
+}
+
+#[test]
+fn other_sizings_plan_as_before_and_show_no_calibration() {
+    for sizing in ["envelope:2", "measured"] {
+        let config = AutoscaleConfig {
+            sizing: sizing.parse().unwrap(),
+            ..config(AutoscaleMode::Advise)
+        };
+        let mut a = Autoscaler::new(5000, &config).unwrap();
+        let now = Instant::now();
+        let plan = advise(&mut a, now, &new_tunnel_on_data2(1));
+        // What the autoscaler planned before adaptive sizing: the unmeasured tunnel at 0, not
+        // settling, no forecast.
+        let mut model = Model::new();
+        for n in [1, 2] {
+            model.add_node(NodeId(n), NodeState::Active).unwrap();
+        }
+        for (t, alpha, n) in [(1, 100.0, 1), (2, 0.0, 2)] {
+            model.add_tunnel(provision::TunnelId(t), alpha).unwrap();
+            model.assign(provision::TunnelId(t), NodeId(n)).unwrap();
+        }
+        let before = a.planner.plan(&model, &a.usage, now, None).unwrap();
+        assert_eq!(plan, before, "{sizing}");
+        // The drain moves the new tunnel at once, as it did.
+        assert!(migrates(&plan, 2), "{sizing}: {plan}");
+        let d = a.describe();
+        assert!(d["calibration"].is_null(), "{d}");
+        assert!(d["step"]["reserve_hint"].is_null(), "{d}");
+        assert_eq!(d["step"]["settling"], 0, "{d}");
+    }
+}
+
+/// The calibrator's steps and error steps so far.
+fn error_steps(a: &Autoscaler) -> (u64, u64) {
+    let d = a.describe();
+    let c = &d["calibration"];
+    (
+        c["steps"].as_u64().unwrap(),
+        c["saturated_steps"].as_u64().unwrap(),
+    )
+}
+
+#[test]
+fn stranded_tunnels_are_those_with_a_child_sa_on_no_active_node() {
+    let mut a = Autoscaler::new(5000, &adaptive(AutoscaleMode::Advise)).unwrap();
+    let t0 = Instant::now();
+    // data1 carries t1 and t2, far from saturated; data2 is drained. t3's placement still
+    // points at data2 but its CHILD_SA is gone (a placement outlives it): not stranded.
+    let quiet = |seq: u64| {
+        let mut i = input(seq, &[(1, 100.0), (2, 100.0)], &[]);
+        i.nodes[1].draining = true;
+        i.placement.push((TunnelId(3), 2));
+        i
+    };
+    for seq in 1..=3 {
+        advise(&mut a, t0 + Duration::from_secs(seq), &quiet(seq));
+    }
+    assert_eq!(error_steps(&a), (3, 0));
+    let k = a.describe()["calibration"]["k"].as_f64().unwrap();
+    assert!(k < provision::forecast::K_START, "{k}");
+    // t4's CHILD_SA lost its node and no data node could take it (its placement is gone):
+    // stranded, an error step.
+    let mut lost = quiet(4);
+    lost.with_child.insert(TunnelId(4));
+    lost.unplaced.insert(TunnelId(4));
+    advise(&mut a, t0 + Duration::from_secs(4), &lost);
+    assert_eq!(error_steps(&a), (4, 1));
+    // Placed anew on data1 but its CHILD_SA not yet rekeyed there: still stranded.
+    let mut moving = quiet(5);
+    moving.with_child.insert(TunnelId(4));
+    moving.unplaced.insert(TunnelId(4));
+    moving.placement.push((TunnelId(4), 1));
+    advise(&mut a, t0 + Duration::from_secs(5), &moving);
+    assert_eq!(error_steps(&a), (5, 2));
+    // A CHILD_SA whose placement points at the drained node: stranded too.
+    let mut drained = quiet(6);
+    drained.with_child.insert(TunnelId(3));
+    advise(&mut a, t0 + Duration::from_secs(6), &drained);
+    assert_eq!(error_steps(&a), (6, 3));
+}
+
+#[test]
+fn a_tunnel_without_a_child_sa_is_not_sized_at_the_prior() {
+    let mut a = Autoscaler::new(5000, &adaptive(AutoscaleMode::Advise)).unwrap();
+    let t0 = Instant::now();
+    // t2 is placed on data2 but its CHILD_SA went away before data2 reported it: no report
+    // will ever measure it, so it carries nothing and does not settle.
+    for seq in 1..=3 {
+        let mut i = new_tunnel_on_data2(seq);
+        i.with_child.remove(&TunnelId(2));
+        advise(&mut a, t0 + Duration::from_secs(seq), &i);
+        let d = a.describe();
+        assert_eq!(d["step"]["settling"], 0, "{d}");
+        assert_eq!(
+            d["step"]["nodes"][1]["used_mbit"].as_f64(),
+            Some(0.0),
+            "{d}"
+        );
+    }
+}
+
+#[test]
+fn a_node_without_a_new_report_keeps_its_tunnels_in_the_aggregate() {
+    let config = AutoscaleConfig {
+        start_latency: Duration::from_secs(2),
+        ..adaptive(AutoscaleMode::Advise)
+    };
+    let mut a = Autoscaler::new(5000, &config).unwrap();
+    let t0 = Instant::now();
+    let level = |a: &Autoscaler| {
+        let d = a.describe();
+        d["step"]["reserve_hint"]["level_mbit"].as_f64()
+    };
+    // Steady load on both nodes until the aggregate forecast has its rises.
+    let mut seq = 0;
+    while level(&a).is_none() {
+        seq += 1;
+        assert!(seq < 100, "no reserve hint after {seq} steps");
+        advise(
+            &mut a,
+            t0 + Duration::from_secs(seq),
+            &input(seq, &[(1, 100.0)], &[(2, 300.0)]),
+        );
+    }
+    let steady = level(&a).unwrap();
+    assert!((steady - 400.0).abs() < 1.0, "{steady}");
+    // data2's next report is late: this step sees its last one again. t2 still counts.
+    let mut late = input(seq + 1, &[(1, 100.0)], &[(2, 300.0)]);
+    late.nodes[1] = node(2, seq, &[(2, 300.0)]);
+    advise(&mut a, t0 + Duration::from_secs(seq + 1), &late);
+    assert_eq!(level(&a), Some(steady));
 }

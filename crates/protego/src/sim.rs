@@ -6,10 +6,10 @@
 //!
 //! The trace is a CSV file (`minute,tunnel,gbps`) or generated (`--generate FAMILY --seed S`,
 //! one of the families of `provision::trace::TraceFamily`, `paper` being the paper's
-//! statistics). The definitions (timing, violations,
-//! guarantee, baselines) are those of `provision::sim`. Protego runs with envelope sizing
-//! (the highest of a tunnel's last two measurements) and drains nodes between
-//! consolidations unless told otherwise (`--sizing measured --no-drain` is the planner
+//! statistics). The definitions (timing, violations, guarantee, baselines) are those of
+//! `provision::sim`. Protego runs with its defaults (`provision::Defaults::PROTEGO`: envelope
+//! sizing, the highest of a tunnel's last two measurements, and drain between
+//! consolidations) unless told otherwise (`--sizing measured --no-drain` is the planner
 //! driven exactly as the paper drives its algorithm); the paper's algorithm runs as
 //! published.
 
@@ -101,19 +101,25 @@ pub(crate) struct SimArgs {
     #[arg(long, value_name = "M", default_value_t = 3)]
     start_latency_minutes: u64,
     /// How Protego sizes tunnels for the planner: `measured` (the last measurement, as the
-    /// paper), `envelope:N` (the highest of the last N measurements) or `headroom:Z,H` (the
-    /// last measurement plus Z times its recent variation, half-life H measurements). The
-    /// paper's algorithm always uses `measured`.
-    #[arg(long, value_name = "RULE", default_value = "envelope:2")]
+    /// paper), `envelope:N` (the highest of the last N measurements), `headroom:Z,H` (the
+    /// last measurement plus Z times its recent variation, half-life H measurements) or
+    /// `adaptive` (each tunnel's predicted peak from its own history, calibrated to the
+    /// guarantee target, with an aggregate forecast for the reserve). The paper's algorithm
+    /// always uses `measured`.
+    #[arg(long, value_name = "RULE", default_value_t = provision::Defaults::PROTEGO.sizing.to_string())]
     sizing: String,
     /// Do not give back nodes between consolidations (Protego drains a node as soon as its
     /// tunnels fit elsewhere under T_H).
     #[arg(long)]
     no_drain: bool,
     /// Start the usage histograms empty instead of primed with the trace as the previous
-    /// day's history.
+    /// day's history (with `--score-from-minute` nothing is primed: the warm-up is the history).
     #[arg(long)]
     cold_start: bool,
+    /// Judge only from this minute on: the minutes before run normally as a warm-up (every
+    /// learner and histogram follows them) but count in no figure.
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    score_from_minute: usize,
     /// No progress on stderr.
     #[arg(long)]
     quiet: bool,
@@ -168,7 +174,7 @@ impl SimArgs {
     /// The simulator settings these options ask for.
     fn config(&self) -> Result<SimConfig, String> {
         let mut config =
-            SimConfig::paper(self.cap()).with_consolidation_minutes(self.consolidation_minutes);
+            SimConfig::protego(self.cap()).with_consolidation_minutes(self.consolidation_minutes);
         if self.consolidation_minutes == 0 {
             return Err("--consolidation-minutes: must be at least 1".into());
         }
@@ -179,8 +185,11 @@ impl SimArgs {
         config.planner.start_latency =
             Duration::from_secs(self.start_latency_minutes.saturating_mul(60));
         config.sizing = self.sizing.parse().map_err(|e| format!("--{e}"))?;
-        config.drain = !self.no_drain;
+        if self.no_drain {
+            config.drain = false;
+        }
         config.warm_start = !self.cold_start;
+        config.score_from_minute = self.score_from_minute;
         config.validate().map_err(|e| e.to_string())?;
         Ok(config)
     }
@@ -426,6 +435,7 @@ fn to_json(o: &Outcome) -> Value {
             "sizing": c.sizing.to_string(),
             "drain": c.drain,
             "warm_start": c.warm_start,
+            "score_from_minute": c.score_from_minute,
         },
         "baselines": baselines,
         "intervals": intervals,
@@ -448,7 +458,7 @@ fn render_text(o: &Outcome) -> String {
     let _ = writeln!(
         s,
         "model: nodes of {} Gbit/s, T_H = {}, ε = {}, τ = {} min, consolidation every {} min, \
-         node start {} min; Protego sizing {}, drain {}; {} start",
+         node start {} min; Protego sizing {}, drain {}; {} start, judged from minute {}",
         c.planner.node_capacity,
         c.planner.hotspot_threshold,
         c.planner.epsilon,
@@ -458,6 +468,7 @@ fn render_text(o: &Outcome) -> String {
         c.sizing,
         if c.drain { "on" } else { "off" },
         if c.warm_start { "warm" } else { "cold" },
+        c.score_from_minute,
     );
     let _ = writeln!(
         s,
@@ -813,9 +824,7 @@ mod tests {
             ..TraceParams::paper()
         };
         let trace = generate(&params, 3).unwrap();
-        let mut config = SimConfig::paper(1.5);
-        config.sizing = Sizing::Envelope { steps: 2 };
-        config.drain = true;
+        let config = SimConfig::protego(1.5);
         let (protego, baselines, intervals) =
             simulate(&trace, &config, intervals, &mut |_| {}).unwrap();
         Outcome {
@@ -837,8 +846,10 @@ mod tests {
         assert_eq!(a.seed, Some(7));
         let c = a.config().unwrap();
         assert_eq!(c.consolidation_minutes(), 10);
+        assert_eq!(c.sizing, provision::Defaults::PROTEGO.sizing);
         assert_eq!(c.sizing, Sizing::Envelope { steps: 2 });
         assert!(c.drain && c.warm_start);
+        assert_eq!(c.score_from_minute, 0);
         assert!(args(&[]).is_err(), "a trace or --generate is required");
         assert!(args(&["--trace", "x.csv", "--generate", "paper"]).is_err());
         assert!(args(&["--generate", "other"]).is_err());
@@ -858,12 +869,17 @@ mod tests {
             "--cold-start",
             "--threshold",
             "0.8",
+            "--score-from-minute",
+            "60",
         ])
         .unwrap();
         let c = a.config().unwrap();
         assert_eq!(c.consolidation_minutes(), 30);
         assert_eq!(c.sizing, Sizing::Measured);
         assert!(!c.drain && !c.warm_start);
+        assert_eq!(c.score_from_minute, 60);
+        let a = args(&["--trace", "x.csv", "--sizing", "adaptive"]).unwrap();
+        assert_eq!(a.config().unwrap().sizing, Sizing::Adaptive);
         assert_eq!(c.planner.hotspot_threshold, 0.8);
         let bad = args(&["--trace", "x", "--threshold", "1.5"]).unwrap();
         assert!(bad.config().unwrap_err().contains("hotspot_threshold"));

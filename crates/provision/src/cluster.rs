@@ -23,6 +23,9 @@ pub struct TunnelState {
     pub alpha: f64,
     /// The node it is on, if any.
     pub node: Option<NodeId>,
+    /// Not measured yet (a new tunnel at its prior size): consolidation, hotspot relief and
+    /// drain leave it where it is ([`Cluster::set_settling`]).
+    pub settling: bool,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -187,8 +190,25 @@ impl Cluster {
         if self.tunnels.contains_key(&tunnel) {
             return Err(ProvisionError::DuplicateTunnel { tunnel });
         }
-        self.tunnels
-            .insert(tunnel, TunnelState { alpha, node: None });
+        self.tunnels.insert(
+            tunnel,
+            TunnelState {
+                alpha,
+                node: None,
+                settling: false,
+            },
+        );
+        Ok(())
+    }
+
+    /// Marks a tunnel as settling (not measured yet: the planner places it but moves it no
+    /// more until it is measured) or as measured.
+    pub fn set_settling(&mut self, tunnel: TunnelId, settling: bool) -> Result<(), ProvisionError> {
+        let state = self
+            .tunnels
+            .get_mut(&tunnel)
+            .ok_or(ProvisionError::UnknownTunnel { tunnel })?;
+        state.settling = settling;
         Ok(())
     }
 

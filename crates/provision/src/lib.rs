@@ -56,13 +56,15 @@
 //! Modules: [`usage`] (U_i), [`aggregate`](mod@aggregate) (Y, C, the reserve),
 //! [`placement`] (Best Fit, BFD, hotspot selection), [`nodes`] (the node hierarchy),
 //! [`cluster`] (nodes, tunnels and placement), [`plan`] (decisions and reasons),
-//! [`planner`] (one provisioning step), [`trace`] (demand traces: generation and CSV),
+//! [`planner`] (one provisioning step), [`sizing`] and [`forecast`] (the α a tunnel is
+//! packed at, and adaptive sizing and reserve), [`trace`] (demand traces: generation and CSV),
 //! [`sim`] (replaying a trace through the planner and the baselines, §7.4).
 
 pub mod aggregate;
 pub mod cluster;
 mod error;
 mod fft;
+pub mod forecast;
 mod ids;
 pub mod nodes;
 pub mod placement;
@@ -79,10 +81,11 @@ pub use aggregate::{
 };
 pub use cluster::{Cluster, TunnelState};
 pub use error::ProvisionError;
+pub use forecast::{Calibration, DecayHist, ForecastConfig, Forecaster, ReserveHint};
 pub use ids::{NodeId, TunnelId};
 pub use nodes::{NodeCounts, NodePlan, NodeState};
 pub use placement::{
-    best_fit, best_fit_decreasing, fits, hotspot_selection, volume_lower_bound, FIT_TOLERANCE,
+    best_fit, best_fit_decreasing, best_fit_decreasing_onto, fits, hotspot_selection, volume_lower_bound, FIT_TOLERANCE,
 };
 pub use plan::{Action, ById, ConsolidationOutcome, Decision, Names, Plan, Reason, Reservation};
 pub use planner::{ConsolidationMode, Planner, PlannerConfig};
@@ -90,6 +93,6 @@ pub use sim::{
     compare, run_policy, sweep, Comparison, MinuteStats, Policy, Progress, Run, SimConfig,
     SimError, Summary, SweepRow,
 };
-pub use sizing::{Sizer, Sizing};
+pub use sizing::{Defaults, Sizer, Sizing};
 pub use trace::{generate, Trace, TraceError, TraceParams};
 pub use usage::{UsageBook, UsageConfig, UsageHistogram, DEFAULT_BINS, DEFAULT_WINDOW, MAX_BINS};

@@ -61,10 +61,21 @@ pub(crate) fn sort_decreasing<K: Copy + Ord>(items: &mut [(K, f64)]) {
 /// were placed. Uses at most `11/9 · OPT + 6/9` bins (Dósa 2007) for items no larger than the
 /// limit. Costs `O(items · bins)`.
 pub fn best_fit_decreasing<K: Copy + Ord>(items: &[(K, f64)], limit: f64) -> Vec<Vec<K>> {
+    best_fit_decreasing_onto(items, &[], limit)
+}
+
+/// [`best_fit_decreasing`] onto bins already holding `filled` loads (items that stay where
+/// they are): the result starts with one bin per entry of `filled`, in its order, with the
+/// items Best Fit put there (maybe none), then the bins it opened.
+pub fn best_fit_decreasing_onto<K: Copy + Ord>(
+    items: &[(K, f64)],
+    filled: &[f64],
+    limit: f64,
+) -> Vec<Vec<K>> {
     let mut sorted = items.to_vec();
     sort_decreasing(&mut sorted);
-    let mut bins: Vec<Vec<K>> = Vec::new();
-    let mut loads: Vec<f64> = Vec::new();
+    let mut bins: Vec<Vec<K>> = vec![Vec::new(); filled.len()];
+    let mut loads: Vec<f64> = filled.to_vec();
     for (key, size) in sorted {
         match best_fit(loads.iter().copied().enumerate(), size, limit) {
             Some(bin) => {
@@ -152,6 +163,18 @@ mod tests {
     fn oversized_items_get_a_bin_of_their_own() {
         let bins = best_fit_decreasing(&[(1u32, 0.95), (2, 0.05), (3, 1.2)], 0.9);
         assert_eq!(bins, vec![vec![3], vec![1], vec![2]]);
+    }
+
+    #[test]
+    fn filled_bins_come_first_and_are_filled_up_to_the_limit() {
+        // Bins holding 0.7 and 0.95 (above the limit already); items 0.5, 0.2, 0.1.
+        let bins = best_fit_decreasing_onto(&[(1u32, 0.5), (2, 0.2), (3, 0.1)], &[0.7, 0.95], 0.9);
+        // 0.5 fits on neither: a new bin; 0.2 fills the first to the limit; 0.1 joins 0.5.
+        assert_eq!(bins, vec![vec![2], vec![], vec![1, 3]]);
+        assert_eq!(
+            best_fit_decreasing_onto(&[(1u32, 0.5)], &[], 0.9),
+            best_fit_decreasing(&[(1u32, 0.5)], 0.9)
+        );
     }
 
     #[test]

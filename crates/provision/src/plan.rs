@@ -231,6 +231,23 @@ pub enum Reason {
         /// How many nodes Best Fit Decreasing needs for them.
         nodes: usize,
     },
+    /// Fewer nodes are reserved than the aggregate forecast asks for (adaptive sizing,
+    /// [`crate::Forecaster::hint`]): the sum of the sizes plus its forecast rise within the
+    /// start horizon, times the measured fragmentation, at the fill limit.
+    AggregateForecast {
+        /// The sum of the sizes now, in the caller's unit.
+        level: f64,
+        /// Its forecast rise within the horizon (the `1 − ε` quantile), same unit.
+        rise: f64,
+        /// The horizon, in steps of τ.
+        horizon: u32,
+        /// Active nodes per node's worth of sized load.
+        fragmentation: f64,
+        /// Nodes required.
+        required: u32,
+        /// Nodes reserved before this action.
+        reserved: u32,
+    },
     /// More nodes are reserved than the model requires plus the configured slack.
     AboveReserve {
         /// C in nodes.
@@ -328,6 +345,19 @@ impl fmt::Display for Named<'_, Reason> {
                 f,
                 "{tunnels} tunnel(s) found no room and no inactive node: {nodes} more node(s) \
                  needed now"
+            ),
+            R::AggregateForecast {
+                level,
+                rise,
+                horizon,
+                fragmentation,
+                required,
+                reserved,
+            } => write!(
+                f,
+                "aggregate forecast: sized load {level:.3} may rise by {rise:.3} within \
+                 {horizon} step(s), fragmentation {fragmentation:.3}: {required} node(s) \
+                 required, {reserved} reserved (active + inactive + starting)"
             ),
             R::AboveReserve {
                 capacity,

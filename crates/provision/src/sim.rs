@@ -8,7 +8,8 @@
 //!
 //! 1. **Serve** minute `t`'s demand with the placement and the active nodes decided before it.
 //!    This minute's active capacity is the active nodes × the node capacity.
-//! 2. **Measure** at its end (every τ): each tunnel's α is its mean demand over the last τ;
+//! 2. **Measure** at its end (every τ): each tunnel's α is its mean demand over the last τ
+//!    (over the minutes from its arrival, for a tunnel that arrived within the step);
 //!    it goes into the cluster ([`Cluster::set_alpha`]) and the usage book
 //!    ([`UsageBook::record`]). Nodes whose start latency has passed become inactive
 //!    ([`Cluster::advance`]).
@@ -19,10 +20,28 @@
 //! So a burst is seen one τ after it began, as in a live cluster. Before minute 0 the planner
 //! places the tunnels once on minute 0's demand (a cluster does not start empty).
 //!
-//! **Warm start** ([`SimConfig::warm_start`], on by default): the usage histograms start
-//! primed with the trace itself, standing for the previous day's history a running cluster
-//! has, so the reserve of §5.3 is the one the paper computes from its day of data (22 nodes
-//! for its trace) from the first minute. Without it, every histogram starts from the prior (the
+//! **Arrivals** ([`Trace::arrival`]): a tunnel is neither placed nor judged before its first
+//! minute. It joins the cluster at the plan before the step of that minute (before minute 0
+//! for a first minute within the first step), at [`Sizer::prior`] (the population prior with
+//! [`Sizing::Adaptive`], 0 otherwise). With [`Sizing::Adaptive`] it is settling
+//! ([`Cluster::set_settling`]) until its first measurement; the other rules, and the paper's
+//! algorithm, place it as any other tunnel.
+//!
+//! **Adaptive sizing**: at the end of every step, before the tunnels' α, the sizer gets what a
+//! live autoscaler sees, each active node's load over the step and how many existing tunnels
+//! were on no active node ([`Sizer::observe_step`]); its reserve hint goes to
+//! [`Planner::plan_with`]. It never sees demand ahead, and the warm start never primes it.
+//!
+//! **Warm-up** ([`SimConfig::score_from_minute`]): the minutes before it run normally but
+//! count in no figure.
+//!
+//! **Warm start** ([`SimConfig::warm_start`], on by default): without a warm-up the usage
+//! histograms start primed with the trace itself, standing for the previous day's history a
+//! running cluster has, so the reserve of §5.3 is the one the paper computes from its day of
+//! data (22 nodes for its trace) from the first minute. With a warm-up nothing is primed: the
+//! warm-up is the history, each of its measurements recorded once as it is replayed, and
+//! `warm_start` changes nothing (a warm-up shorter than τ ends before the first measurement, so
+//! the first judged minutes are served as on a cold start). Without it, every histogram starts from the prior (the
 //! tunnel at its cap: the largest reserve) and follows the day as it is seen. Priming touches
 //! the reserve (how many nodes are kept active or inactive, and so whether an inactive node is
 //! at hand when a tunnel needs one); placement itself sees nothing ahead.
@@ -53,7 +72,9 @@
 //! [`Summary::active_capacity_gbps`] is the mean over the minutes of the active nodes'
 //! capacity, and [`Summary::saving_pct`] is `1 − that / dedicated`, where dedicated is one VM
 //! pair per tunnel sized for its cap ([`Trace::dedicated_capacity`]: 510 Gbit/s for the paper's
-//! 170 tunnels of 1.5 Gbit/s), as the paper counts it. Inactive nodes are not counted (the
+//! 170 tunnels of 1.5 Gbit/s), as the paper counts it. With arrivals, dedicated is the mean over
+//! the judged minutes of the pairs of the tunnels that exist in each (a tunnel not there yet
+//! needs no VM), and [`Policy::Dedicated`] runs exactly those pairs. Inactive nodes are not counted (the
 //! paper's saving counts active capacity); [`Summary::reserved_capacity_gbps`] shows them.
 //!
 //! # Baselines
@@ -76,7 +97,7 @@
 //!   tunnels, empty nodes deactivated, the `⌈C / T_H⌉` reserve). The planner deactivates empty
 //!   nodes every step rather than only after a consolidation, which changes nothing: only a
 //!   consolidation can empty a node, as hotspot relief always leaves a tunnel behind.
-//! - [`Policy::Dedicated`]: one VM pair per tunnel; nothing is ever violated.
+//! - [`Policy::Dedicated`]: one VM pair per tunnel that exists; nothing is ever violated.
 //! - [`Policy::StaticPeak`]: a fixed number of nodes, enough for the day's peak aggregate at
 //!   T_H (`⌈peak / (T_H · node capacity)⌉`), all active all day. Its capacity never changes;
 //!   its placement is re-balanced every minute on the previous minute's demand (largest
@@ -94,9 +115,10 @@ use crate::error::ProvisionError;
 use crate::ids::{NodeId, TunnelId};
 use crate::nodes::NodeState;
 use crate::planner::{ConsolidationMode, Planner, PlannerConfig};
-pub use crate::sizing::{Sizer, Sizing};
+pub use crate::sizing::{Defaults, Sizer, Sizing};
 use crate::trace::{Trace, TraceError};
 use crate::usage::UsageBook;
+use judge::{existence, existing, not_arrived, summarize, to_u32, Judge};
 
 /// Slack when comparing a node's demand with its capacity, Gbit/s (floating-point rounding).
 const LOAD_TOLERANCE: f64 = 1e-9;
@@ -142,7 +164,8 @@ pub struct SimConfig {
     /// The share of tunnels that must be served in full for a minute to count as available
     /// (the paper's 99th percentile: 0.99), in `(0, 1]`.
     pub guarantee_fraction: f64,
-    /// Prime the usage histograms with the trace (see the module docs).
+    /// Prime the usage histograms with the trace when there is no warm-up (see the module
+    /// docs).
     pub warm_start: bool,
     /// How [`Policy::Protego`] sizes tunnels for the planner (the paper's algorithm always uses
     /// the last measurement).
@@ -150,6 +173,10 @@ pub struct SimConfig {
     /// Run [`Policy::Protego`]'s planner with [`PlannerConfig::drain`]: empty the least loaded
     /// active nodes whose tunnels all fit elsewhere under the fill limit.
     pub drain: bool,
+    /// The first minute judged, below the trace's length: the minutes before it run normally
+    /// (a warm-up in which every learner and histogram follows the trace, and nothing is
+    /// primed) but count in no figure of the [`Summary`].
+    pub score_from_minute: usize,
 }
 
 impl SimConfig {
@@ -169,6 +196,17 @@ impl SimConfig {
             warm_start: true,
             sizing: Sizing::Measured,
             drain: false,
+            score_from_minute: 0,
+        }
+    }
+
+    /// [`SimConfig::paper`] with Protego's sizing and drain ([`Defaults::PROTEGO`]): what
+    /// `protego sim` runs by default.
+    pub fn protego(cap_gbps: f64) -> Self {
+        Self {
+            sizing: Defaults::PROTEGO.sizing,
+            drain: Defaults::PROTEGO.drain,
+            ..Self::paper(cap_gbps)
         }
     }
 
@@ -262,12 +300,14 @@ pub struct MinuteStats {
     pub unserved_gbps: f64,
     /// Tunnel migrations the plan at the end of this minute made.
     pub migrations: u32,
+    /// Tunnels that exist in this minute (from their arrival, [`Trace::arrival`]).
+    pub tunnels: u32,
 }
 
 /// A run's figures over the whole trace (see the module docs for the definitions).
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct Summary {
-    /// Minutes simulated.
+    /// Minutes judged (from [`SimConfig::score_from_minute`] to the end).
     pub minutes: usize,
     /// Mean aggregate demand, Gbit/s.
     pub mean_demand_gbps: f64,
@@ -277,7 +317,8 @@ pub struct Summary {
     pub peak_active_capacity_gbps: f64,
     /// Mean capacity of the active and inactive nodes, Gbit/s.
     pub reserved_capacity_gbps: f64,
-    /// `100 · (1 − active_capacity / dedicated capacity)` (Table 2's "Resource Saving").
+    /// `100 · (1 − active_capacity / dedicated capacity)` (Table 2's "Resource Saving"), the
+    /// dedicated capacity of the tunnels that exist in each judged minute, on average.
     pub saving_pct: f64,
     /// The daily bandwidth guarantee, % of minutes in which at least the guarantee fraction
     /// of tunnels were served in full (Table 2's "99th-percentile Guarantee").
@@ -415,6 +456,13 @@ pub fn run_policy(
     progress: &mut dyn FnMut(Progress<'_>),
 ) -> Result<Run, SimError> {
     config.validate()?;
+    if config.score_from_minute >= trace.minutes() {
+        return Err(SimError::InvalidConfig {
+            field: "score_from_minute",
+            value: config.score_from_minute.to_string(),
+            reason: "must be a minute of the trace (below its length): at least one is judged",
+        });
+    }
     match policy {
         Policy::Protego => run_planner(
             trace,
@@ -438,152 +486,6 @@ pub fn run_policy(
     }
 }
 
-/// Counts who is served in one minute, per node, and keeps per-tunnel tallies.
-struct Judge<'a> {
-    trace: &'a Trace,
-    config: &'a SimConfig,
-    /// Minutes each tunnel was served in full.
-    served: Vec<usize>,
-    minutes: Vec<MinuteStats>,
-}
-
-impl<'a> Judge<'a> {
-    fn new(trace: &'a Trace, config: &'a SimConfig) -> Self {
-        Self {
-            trace,
-            config,
-            served: vec![0; trace.tunnels()],
-            minutes: Vec::with_capacity(trace.minutes()),
-        }
-    }
-
-    /// Judges one minute: `groups` holds, per node, the indices of the tunnels on it; tunnels
-    /// in no group are on no active node.
-    fn minute(
-        &mut self,
-        minute: usize,
-        groups: &[Vec<usize>],
-        active_nodes: u32,
-        reserved_nodes: u32,
-    ) -> &mut MinuteStats {
-        let demand = self.trace.minute(minute);
-        let capacity = self.config.planner.node_capacity;
-        let mut placed = vec![false; demand.len()];
-        let mut stats = MinuteStats {
-            demand_gbps: demand.iter().sum(),
-            active_gbps: f64::from(active_nodes) * capacity,
-            reserved_gbps: f64::from(reserved_nodes) * capacity,
-            active_nodes,
-            ..MinuteStats::default()
-        };
-        for group in groups {
-            let mut tunnels: Vec<(usize, f64)> = group
-                .iter()
-                .filter_map(|&i| demand.get(i).map(|&d| (i, d)))
-                .collect();
-            for &(i, _) in &tunnels {
-                placed[i] = true;
-            }
-            let load: f64 = tunnels.iter().map(|t| t.1).sum();
-            if load <= capacity + LOAD_TOLERANCE {
-                for &(i, _) in &tunnels {
-                    self.served[i] += 1;
-                }
-                continue;
-            }
-            stats.overloaded_nodes += 1;
-            stats.unserved_gbps += load - capacity;
-            // Max-min fair shares: smallest demands first, each served in full while it is
-            // under the fair share of what is left.
-            tunnels.sort_by(|a, b| a.1.total_cmp(&b.1));
-            let mut left = capacity;
-            for (k, &(i, d)) in tunnels.iter().enumerate() {
-                let share = left / (tunnels.len() - k) as f64;
-                if d <= share + LOAD_TOLERANCE {
-                    left -= d;
-                    self.served[i] += 1;
-                } else {
-                    stats.underserved_tunnels +=
-                        u32::try_from(tunnels.len() - k).unwrap_or(u32::MAX);
-                    break;
-                }
-            }
-        }
-        for (i, &d) in demand.iter().enumerate() {
-            if placed[i] {
-                continue;
-            }
-            if d > 0.0 {
-                stats.underserved_tunnels += 1;
-                stats.unserved_gbps += d;
-            } else {
-                self.served[i] += 1;
-            }
-        }
-        self.minutes.push(stats);
-        let last = self.minutes.len() - 1;
-        &mut self.minutes[last]
-    }
-
-    fn finish(self, policy: Policy, consolidation_minutes: u64) -> Run {
-        let summary = summarize(self.trace, self.config, &self.minutes, &self.served);
-        Run {
-            policy,
-            consolidation_minutes,
-            minutes: self.minutes,
-            summary,
-        }
-    }
-}
-
-/// The figures of a run from its minutes and the per-tunnel served minutes.
-fn summarize(
-    trace: &Trace,
-    config: &SimConfig,
-    minutes: &[MinuteStats],
-    served: &[usize],
-) -> Summary {
-    let count = minutes.len().max(1) as f64;
-    let n = trace.tunnels();
-    let needed = ((config.guarantee_fraction * n as f64) - 1e-9)
-        .ceil()
-        .clamp(1.0, n as f64) as usize;
-    let tolerated = n - needed;
-    let violation_minutes = minutes
-        .iter()
-        .filter(|m| m.underserved_tunnels as usize > tolerated)
-        .count();
-    let demand: f64 = minutes.iter().map(|m| m.demand_gbps).sum();
-    let unserved: f64 = minutes.iter().map(|m| m.unserved_gbps).sum();
-    let active = minutes.iter().map(|m| m.active_gbps).sum::<f64>() / count;
-    let mut per_tunnel: Vec<usize> = served.to_vec();
-    per_tunnel.sort_unstable_by(|a, b| b.cmp(a));
-    let tunnel_served = per_tunnel.get(needed - 1).copied().unwrap_or(0);
-    Summary {
-        minutes: minutes.len(),
-        mean_demand_gbps: demand / count,
-        active_capacity_gbps: active,
-        peak_active_capacity_gbps: minutes.iter().map(|m| m.active_gbps).fold(0.0, f64::max),
-        reserved_capacity_gbps: minutes.iter().map(|m| m.reserved_gbps).sum::<f64>() / count,
-        saving_pct: 100.0 * (1.0 - active / trace.dedicated_capacity()),
-        guarantee_pct: 100.0 * (minutes.len() - violation_minutes) as f64 / count,
-        violation_minutes,
-        overload_minutes: minutes.iter().filter(|m| m.overloaded_nodes > 0).count(),
-        overloaded_node_minutes: minutes.iter().map(|m| m.overloaded_nodes as usize).sum(),
-        tunnel_guarantee_pct: 100.0 * tunnel_served as f64 / count,
-        unserved_pct: if demand > 0.0 {
-            100.0 * unserved / demand
-        } else {
-            0.0
-        },
-        migrations: minutes.iter().map(|m| u64::from(m.migrations)).sum(),
-    }
-}
-
-fn to_u32(n: usize) -> u32 {
-    u32::try_from(n).unwrap_or(u32::MAX)
-}
-
 /// The planner run (see the module docs for the timing).
 fn run_planner(
     trace: &Trace,
@@ -601,31 +503,38 @@ fn run_planner(
     let planner = Planner::new(planner_config)?;
     let label = format!("{} {} min", policy.name(), config.consolidation_minutes());
     let ids: Vec<TunnelId> = trace.ids().iter().map(|&id| TunnelId(id)).collect();
-    let mut usage = UsageBook::new(planner.config().usage_config())?;
-    let mut cluster = Cluster::new();
-    for (i, &id) in ids.iter().enumerate() {
-        usage.set_sigma(id, trace.caps()[i])?;
-        cluster.add_tunnel(id, trace.demand(0, i))?;
-    }
-    let steps = trace.minutes() / tau;
-    let measured = |step: usize, i: usize| -> f64 {
-        (step * tau..(step + 1) * tau)
-            .map(|m| trace.demand(m, i))
-            .sum::<f64>()
-            / tau as f64
-    };
-    if config.warm_start {
-        for step in 0..steps {
-            for (i, &id) in ids.iter().enumerate() {
-                usage.record(id, measured(step, i))?;
-            }
-        }
-    }
-    let mut sizer = Sizer::new(if policy == Policy::Paper {
+    let caps = trace.caps();
+    let sizing = if policy == Policy::Paper {
         Sizing::Measured
     } else {
         config.sizing
-    });
+    };
+    let mut sizer = Sizer::for_planner(sizing, planner.config())?;
+    let mut usage = UsageBook::new(planner.config().usage_config())?;
+    let mut cluster = Cluster::new();
+    for (i, &id) in ids.iter().enumerate() {
+        usage.set_sigma(id, caps[i])?;
+        match trace.arrival(i) {
+            0 => cluster.add_tunnel(id, trace.demand(0, i))?,
+            // Arriving within the first step: in before it, as at any later step.
+            arrival if arrival < tau => admit(&mut cluster, &sizer, id, caps[i])?,
+            _ => {}
+        }
+    }
+    let steps = trace.minutes() / tau;
+    let measured = |step: usize, i: usize| measurement(trace, tau, step, i);
+    if config.warm_start && config.score_from_minute == 0 {
+        // The previous day's history, as the paper's reserve is computed: the trace itself.
+        // Only the usage histograms are primed. With a warm-up, the warm-up is the history,
+        // recorded as it is replayed.
+        for step in 0..steps {
+            for (i, &id) in ids.iter().enumerate() {
+                if trace.arrival(i) < (step + 1) * tau {
+                    usage.record(id, measured(step, i))?;
+                }
+            }
+        }
+    }
     let seed_nodes = planner.reservation(&cluster, &usage)?.required;
     for k in 0..seed_nodes {
         cluster.add_node(NodeId(k), NodeState::Inactive)?;
@@ -649,21 +558,54 @@ fn run_planner(
         }
         let groups: Vec<Vec<usize>> = groups.into_values().collect();
         let stats = judge.minute(t, &groups, to_u32(counts.active), to_u32(counts.reserve()));
+        // Tunnels that exist but are on no active node (waiting for one).
+        let mut on_node = vec![false; ids.len()];
+        for &i in groups.iter().flatten() {
+            on_node[i] = true;
+        }
+        let stranded = (0..ids.len())
+            .filter(|&i| trace.arrival(i) <= t && !on_node[i])
+            .count();
 
         if (t + 1).is_multiple_of(tau) {
             let step = t / tau;
             let now = origin
                 .checked_add(Duration::from_secs(60 * (t as u64 + 1)))
                 .unwrap_or(origin);
+            // What a live autoscaler sees at the end of the step: every active node's load
+            // over it (the placement did not change within it) and the tunnels on no node,
+            // then every tunnel's α.
+            let node_load = |g: &Vec<usize>| {
+                let minutes = step * tau..(step + 1) * tau;
+                minutes
+                    .map(|m| g.iter().map(|&i| trace.demand(m, i)).sum::<f64>())
+                    .sum::<f64>()
+                    / tau as f64
+            };
+            sizer.observe_step(groups.iter().map(node_load), stranded);
             for (i, &id) in ids.iter().enumerate() {
+                if trace.arrival(i) > t {
+                    continue;
+                }
                 let alpha = measured(step, i);
-                cluster.set_alpha(id, sizer.size(id, alpha, trace.caps()[i]))?;
+                cluster.set_alpha(id, sizer.size(id, alpha, caps[i]))?;
+                cluster.set_settling(id, false)?;
                 usage.record(id, alpha)?;
+            }
+            // Tunnels that arrive in the next step come in now, at their prior size, and
+            // settle until their first measurement.
+            for (i, &id) in ids.iter().enumerate() {
+                let arrival = trace.arrival(i);
+                if arrival > t && arrival <= t + tau {
+                    admit(&mut cluster, &sizer, id, caps[i])?;
+                }
             }
             cluster.advance(now);
             let before: BTreeMap<TunnelId, Option<NodeId>> =
                 cluster.tunnels().map(|(t, st)| (t, st.node)).collect();
-            let plan = planner.plan(&cluster, &usage, now, last_consolidation)?;
+            let hint = sizer.hint();
+            let plan =
+                planner.plan_with(&cluster, &usage, now, last_consolidation, hint.as_ref())?;
             cluster.apply_plan(&plan)?;
             if plan.consolidation.is_some() {
                 last_consolidation = Some(now);
@@ -689,21 +631,52 @@ fn run_planner(
     Ok(judge.finish(policy, config.consolidation_minutes()))
 }
 
-/// One VM pair per tunnel: capacity twice the caps, nothing ever violated.
+/// Adds a tunnel before its first minute, at its prior size ([`Sizer::prior`]); with adaptive
+/// sizing it settles until its first measurement, while the other rules (and the paper's
+/// algorithm) place it as any other tunnel.
+fn admit(
+    cluster: &mut Cluster,
+    sizer: &Sizer,
+    id: TunnelId,
+    cap: f64,
+) -> Result<(), ProvisionError> {
+    cluster.add_tunnel(id, sizer.prior(cap))?;
+    if sizer.forecaster().is_some() {
+        cluster.set_settling(id, true)?;
+    }
+    Ok(())
+}
+
+/// Tunnel `i`'s measurement at the end of `step` (of `tau` minutes): its mean demand over the
+/// step's minutes from its arrival on (a tunnel measured only while it exists); 0 for a step
+/// that ends before its arrival.
+fn measurement(trace: &Trace, tau: usize, step: usize, i: usize) -> f64 {
+    let end = (step + 1) * tau;
+    let start = (step * tau).max(trace.arrival(i));
+    if start >= end {
+        return 0.0;
+    }
+    (start..end).map(|m| trace.demand(m, i)).sum::<f64>() / (end - start) as f64
+}
+
+/// One VM pair per tunnel that exists: capacity twice its caps, nothing ever violated.
 fn run_dedicated(trace: &Trace, config: &SimConfig) -> Run {
-    let capacity = trace.dedicated_capacity();
-    let vms = to_u32(trace.tunnels().saturating_mul(2));
     let minutes: Vec<MinuteStats> = (0..trace.minutes())
-        .map(|m| MinuteStats {
-            demand_gbps: trace.minute(m).iter().sum(),
-            active_gbps: capacity,
-            reserved_gbps: capacity,
-            active_nodes: vms,
-            ..MinuteStats::default()
+        .map(|m| {
+            let capacity = trace.dedicated_capacity() - not_arrived(trace, m);
+            let tunnels = existing(trace, m);
+            MinuteStats {
+                demand_gbps: trace.minute(m).iter().sum(),
+                active_gbps: capacity,
+                reserved_gbps: capacity,
+                active_nodes: tunnels.saturating_mul(2),
+                tunnels,
+                ..MinuteStats::default()
+            }
         })
         .collect();
-    let served = vec![trace.minutes(); trace.tunnels()];
-    let summary = summarize(trace, config, &minutes, &served);
+    let existed = existence(trace, config);
+    let summary = summarize(trace, config, &minutes, &existed, &existed);
     Run {
         policy: Policy::Dedicated,
         consolidation_minutes: 0,
@@ -752,12 +725,13 @@ fn run_lower_bound(trace: &Trace, config: &SimConfig) -> Run {
                 active_gbps: f64::from(nodes) * capacity,
                 reserved_gbps: f64::from(nodes) * capacity,
                 active_nodes: nodes,
+                tunnels: existing(trace, m),
                 ..MinuteStats::default()
             }
         })
         .collect();
-    let served = vec![trace.minutes(); trace.tunnels()];
-    let summary = summarize(trace, config, &minutes, &served);
+    let existed = existence(trace, config);
+    let summary = summarize(trace, config, &minutes, &existed, &existed);
     Run {
         policy: Policy::LowerBound,
         consolidation_minutes: 0,
@@ -766,5 +740,9 @@ fn run_lower_bound(trace: &Trace, config: &SimConfig) -> Run {
     }
 }
 
+mod judge;
+
+#[cfg(test)]
+mod arrival_tests;
 #[cfg(test)]
 mod tests;

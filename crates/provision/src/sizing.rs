@@ -4,12 +4,35 @@
 //! The paper packs each tunnel at its last measurement ([`Sizing::Measured`]). A tunnel that
 //! just jumped is then packed at its old level for a whole τ, and one that just dipped is
 //! packed at its dip, which the next step's rise turns into a hotspot. Protego's default
-//! ([`Sizing::Envelope`] of the last two measurements) packs at the higher of the two; see
-//! docs/provisioning.md for what it buys and costs.
+//! ([`Defaults::PROTEGO`]: [`Sizing::Envelope`] of the last two measurements) packs at the
+//! higher of the two; [`Sizing::Adaptive`] predicts each tunnel's next peak from its own
+//! history ([`crate::forecast`]). See docs/provisioning.md for what each buys and costs.
 
 use std::collections::{HashMap, VecDeque};
 
+use crate::error::ProvisionError;
+use crate::forecast::{ForecastConfig, Forecaster, ReserveHint};
 use crate::ids::TunnelId;
+use crate::planner::PlannerConfig;
+
+/// Protego's choices where the paper leaves the caller free, in one place: the simulator's
+/// command line, [`crate::SimConfig::protego`] and the live autoscaler's configuration take
+/// them from here.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Defaults {
+    /// How tunnels are sized for placement.
+    pub sizing: Sizing,
+    /// Whether nodes are drained between consolidations ([`PlannerConfig::drain`]).
+    pub drain: bool,
+}
+
+impl Defaults {
+    /// Envelope sizing over two measurements, and drain (docs/provisioning.md).
+    pub const PROTEGO: Self = Self {
+        sizing: Sizing::Envelope { steps: 2 },
+        drain: true,
+    };
+}
 
 /// The usage α a tunnel is given to the planner with, from its measurements (the usage
 /// histograms always get the measurements themselves).
@@ -31,22 +54,29 @@ pub enum Sizing {
         /// Half-life of the weighting, in measurements (above zero).
         half_life: f64,
     },
+    /// A prediction of the next step's peak from the tunnel's own rises, scaled by a
+    /// calibrator that aims at the guarantee target, with an aggregate forecast for the
+    /// reserve and a prior for tunnels not measured yet ([`crate::forecast`]).
+    Adaptive,
 }
 
 impl core::str::FromStr for Sizing {
     type Err = String;
 
-    /// Parses `measured`, `envelope:N` (N ≥ 1) or `headroom:Z,H` (Z ≥ 0, H > 0).
+    /// Parses `measured`, `envelope:N` (N ≥ 1), `headroom:Z,H` (Z ≥ 0, H > 0) or `adaptive`.
     fn from_str(text: &str) -> Result<Self, String> {
         let text = text.trim();
         let bad = || {
             format!(
-                "sizing `{text}`: expected `measured`, `envelope:N` (N >= 1) or `headroom:Z,H` \
-                 (Z >= 0, H > 0)"
+                "sizing `{text}`: expected `measured`, `envelope:N` (N >= 1), `headroom:Z,H` \
+                 (Z >= 0, H > 0) or `adaptive`"
             )
         };
         if text == "measured" {
             return Ok(Self::Measured);
+        }
+        if text == "adaptive" {
+            return Ok(Self::Adaptive);
         }
         if let Some(n) = text.strip_prefix("envelope:") {
             let steps: usize = n.trim().parse().map_err(|_| bad())?;
@@ -74,15 +104,21 @@ impl core::fmt::Display for Sizing {
             Self::Measured => f.write_str("measured"),
             Self::Envelope { steps } => write!(f, "envelope:{steps}"),
             Self::Headroom { z, half_life } => write!(f, "headroom:{z},{half_life}"),
+            Self::Adaptive => f.write_str("adaptive"),
         }
     }
 }
 
 /// Turns each tunnel's measurements into the α the planner packs.
+///
+/// With [`Sizing::Adaptive`], call [`Sizer::observe_step`] once per τ before the step's
+/// [`Sizer::size`] calls, and pass [`Sizer::hint`] to [`crate::Planner::plan_with`] (see
+/// [`crate::forecast`] for the order); for the other rules those two do nothing.
 #[derive(Debug, Clone)]
 pub struct Sizer {
     sizing: Sizing,
     tunnels: HashMap<TunnelId, History>,
+    forecaster: Option<Forecaster>,
 }
 
 /// What a [`Sizer`] keeps of one tunnel.
@@ -96,12 +132,60 @@ struct History {
 }
 
 impl Sizer {
-    /// A sizer that sizes every tunnel by `sizing`.
+    /// A sizer that sizes every tunnel by `sizing`; [`Sizing::Adaptive`] gets the parameters
+    /// of the default [`PlannerConfig`] (use [`Sizer::for_planner`] for a planner's own).
     pub fn new(sizing: Sizing) -> Self {
+        let config = ForecastConfig::from_planner(&PlannerConfig::default())
+            .expect("the default planner configuration is valid");
+        Self::with_forecast(sizing, config)
+    }
+
+    /// A sizer for a planner with `config` (its capacity, T_H, ε, τ, start latency and
+    /// guarantee target set [`Sizing::Adaptive`]'s parameters). Errors: with
+    /// [`Sizing::Adaptive`], those of [`ForecastConfig::from_planner`]; the other rules use no
+    /// forecast and take any configuration.
+    pub fn for_planner(sizing: Sizing, config: &PlannerConfig) -> Result<Self, ProvisionError> {
+        if sizing != Sizing::Adaptive {
+            return Ok(Self::new(sizing));
+        }
+        Ok(Self::with_forecast(
+            sizing,
+            ForecastConfig::from_planner(config)?,
+        ))
+    }
+
+    fn with_forecast(sizing: Sizing, config: ForecastConfig) -> Self {
         Self {
             sizing,
             tunnels: HashMap::new(),
+            forecaster: (sizing == Sizing::Adaptive).then(|| Forecaster::new(config)),
         }
+    }
+
+    /// The adaptive forecaster, with [`Sizing::Adaptive`].
+    pub fn forecaster(&self) -> Option<&Forecaster> {
+        self.forecaster.as_ref()
+    }
+
+    /// Starts a step with the loads of the active nodes over the step just served and the
+    /// tunnels that were on no active node in it ([`Forecaster::observe_step`]); nothing for
+    /// the other rules.
+    pub fn observe_step(&mut self, loads: impl IntoIterator<Item = f64>, stranded: usize) {
+        if let Some(f) = &mut self.forecaster {
+            f.observe_step(loads, stranded);
+        }
+    }
+
+    /// The size of a tunnel with cap `cap` before its first measurement: the population prior
+    /// with [`Sizing::Adaptive`] ([`Forecaster::prior`]), 0 for the other rules.
+    pub fn prior(&self, cap: f64) -> f64 {
+        self.forecaster.as_ref().map_or(0.0, |f| f.prior(cap))
+    }
+
+    /// The nodes the aggregate forecast asks the reserve for ([`Forecaster::hint`]); `None`
+    /// for the other rules.
+    pub fn hint(&self) -> Option<ReserveHint> {
+        self.forecaster.as_ref().and_then(Forecaster::hint)
     }
 
     /// Its sizing.
@@ -112,11 +196,25 @@ impl Sizer {
     /// Forgets `tunnel` (it was removed).
     pub fn forget(&mut self, tunnel: TunnelId) {
         self.tunnels.remove(&tunnel);
+        if let Some(f) = &mut self.forecaster {
+            f.forget(tunnel);
+        }
+    }
+
+    /// Counts a tunnel not measured this step at its last size `size` (cap `cap`) in the
+    /// step's aggregate ([`Forecaster::carry`]); nothing for the other rules.
+    pub fn carry(&mut self, size: f64, cap: f64) {
+        if let Some(f) = &mut self.forecaster {
+            f.carry(size, cap);
+        }
     }
 
     /// Takes `tunnel`'s new measurement `alpha` (once per τ); returns its size, at most `cap`
     /// (and never below the measurement).
     pub fn size(&mut self, tunnel: TunnelId, alpha: f64, cap: f64) -> f64 {
+        if let Some(f) = &mut self.forecaster {
+            return f.size(tunnel, alpha, cap);
+        }
         let h = self.tunnels.entry(tunnel).or_default();
         let sized = match self.sizing {
             Sizing::Measured => alpha,
@@ -137,6 +235,8 @@ impl Sizer {
                 h.last = Some(alpha);
                 alpha + z * h.var.sqrt()
             }
+            // Sized by the forecaster above.
+            Sizing::Adaptive => alpha,
         };
         sized.min(cap).max(alpha.min(cap))
     }
@@ -180,7 +280,7 @@ mod tests {
 
     #[test]
     fn sizing_rules_parse_and_print() {
-        for text in ["measured", "envelope:3", "headroom:1.5,4"] {
+        for text in ["measured", "envelope:3", "headroom:1.5,4", "adaptive"] {
             let sizing: Sizing = text.parse().unwrap();
             assert_eq!(sizing.to_string(), text);
         }

@@ -12,7 +12,7 @@ use crate::capacity::{Input, NodeInput, Outcome};
 use crate::provider::{ProvidedNode, ProvidedState};
 use ike::TunnelId;
 use provision::{Action, Plan};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use tracing::info;
 
 /// A start or stop the shell asks of the node provider.
@@ -80,10 +80,21 @@ impl ClusterCore {
             }
         }
         let names = nodes.iter().map(|n| (n.id, n.name.clone())).collect();
+        let live = |n: Option<u32>| n.is_some_and(|n| self.nodes.get(&n).is_some_and(|n| n.alive));
+        let with_child: HashSet<TunnelId> = self.children.values().map(|c| c.tunnel).collect();
+        // A CHILD_SA whose install to a live node is in flight (a first one, a rekey) is held.
+        let held: HashSet<TunnelId> = self
+            .children
+            .values()
+            .filter(|c| live(c.node) || live(c.installing))
+            .map(|c| c.tunnel)
+            .collect();
         let input = Input {
             provider,
             nodes,
             placement: self.placement.iter().map(|(t, n)| (*t, *n)).collect(),
+            unplaced: with_child.difference(&held).copied().collect(),
+            with_child,
             tunnels: self
                 .tunnels
                 .values()

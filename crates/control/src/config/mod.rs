@@ -163,11 +163,17 @@ pub struct AutoscaleConfig {
     /// (hysteresis: a start takes `start_latency`).
     pub stop_slack: u32,
     /// How tunnels are sized for placement (`"envelope:2"`: the higher of the last two
-    /// measurements; `"measured"`: the last one, as the paper does).
+    /// measurements; `"measured"`: the last one, as the paper does; `"adaptive"`: see
+    /// `provision::forecast`).
     pub sizing: provision::Sizing,
     /// Give a node back as soon as its tunnels fit on the others, not at the next
     /// consolidation (Protego's; the paper waits).
     pub drain: bool,
+    /// G*: the guarantee `"adaptive"` sizing aims for, in `[0.75, 1)`: its calibrator aims at
+    /// `provision::forecast::SATURATED_PER_VIOLATION · (1 − G*)` = `2 · (1 − G*)` of the steps
+    /// with a saturated data node (capped at one half, hence the lower bound)
+    /// (`provision::PlannerConfig::guarantee_target`; the other sizings ignore it).
+    pub guarantee_target: f64,
     /// Samples each tunnel's usage histogram keeps (it covers `window · interval`).
     pub window: usize,
     /// `[cluster.autoscale.local]`: the `local` node provider, if configured.
@@ -178,8 +184,8 @@ impl Default for AutoscaleConfig {
     /// Advise mode with the paper's §7.4 parameters: τ = 10 s (the paper's is a minute; a
     /// plan of 10 000 tunnels takes about 0.15 s), 10-minute consolidation, T_H = 0.9,
     /// ε = 0.05, 3-minute starts, one node at least, no provider; and Protego's two changes
-    /// to the paper's algorithm (docs/provisioning.md): envelope sizing over two
-    /// measurements, and drain.
+    /// to the paper's algorithm (docs/provisioning.md, `provision::Defaults::PROTEGO`):
+    /// envelope sizing over two measurements, and drain.
     fn default() -> Self {
         Self {
             mode: AutoscaleMode::Advise,
@@ -190,8 +196,9 @@ impl Default for AutoscaleConfig {
             start_latency: std::time::Duration::from_secs(180),
             min_nodes: 1,
             stop_slack: 0,
-            sizing: provision::Sizing::Envelope { steps: 2 },
-            drain: true,
+            sizing: provision::Defaults::PROTEGO.sizing,
+            drain: provision::Defaults::PROTEGO.drain,
+            guarantee_target: provision::PlannerConfig::default().guarantee_target,
             window: provision::DEFAULT_WINDOW,
             local: None,
         }

@@ -74,6 +74,7 @@ pub(crate) struct RawAutoscale {
     pub(crate) stop_slack: Option<Spanned<i64>>,
     pub(crate) sizing: Option<Spanned<String>>,
     pub(crate) drain: Option<bool>,
+    pub(crate) guarantee_target: Option<Spanned<f64>>,
     pub(crate) window: Option<Spanned<i64>>,
     pub(crate) local: Option<RawLocalProvider>,
 }

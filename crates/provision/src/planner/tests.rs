@@ -671,3 +671,151 @@ fn pinned_nodes_are_not_stopped_and_drained_last() {
     assert!(acts.contains(&migrate(2, 2, 1)), "{plan}");
     assert!(!acts.iter().any(|a| *a == migrate(1, 1, 2)), "{plan}");
 }
+
+#[test]
+fn a_settling_tunnel_is_left_where_it_is_until_measured() {
+    let active = NodeState::Active;
+    // As in the drain test: node 1 (0.1) would be drained onto node 4, and a due
+    // consolidation would pack everything into fewer nodes.
+    let (mut cluster, usage) = setup(
+        &[(1, active), (2, active), (3, active), (4, active)],
+        &[
+            (1, 0.1, Some(1)),
+            (2, 0.2, Some(2)),
+            (3, 0.5, Some(3)),
+            (4, 0.7, Some(4)),
+        ],
+    );
+    cluster.set_settling(TunnelId(1), true).unwrap();
+    let draining = Planner::new(PlannerConfig {
+        drain: true,
+        ..config()
+    })
+    .unwrap();
+    let now = Instant::now();
+    for last in [Some(now), None] {
+        let plan = draining.plan(&cluster, &usage, now, last).unwrap();
+        assert!(
+            actions(&plan).iter().all(|a| !matches!(
+                a,
+                Action::Migrate {
+                    tunnel: TunnelId(1),
+                    ..
+                } | Action::Deactivate { node: NodeId(1) }
+            )),
+            "{plan}"
+        );
+        // The other tunnels still move: node 2's 0.2 joins node 3 (drain or consolidation).
+        assert!(
+            actions(&plan).iter().any(|a| matches!(
+                a,
+                Action::Migrate {
+                    tunnel: TunnelId(2),
+                    ..
+                }
+            )),
+            "{plan}"
+        );
+    }
+    // Measured, it is drained as before.
+    cluster.set_settling(TunnelId(1), false).unwrap();
+    let plan = draining.plan(&cluster, &usage, now, Some(now)).unwrap();
+    assert!(actions(&plan).contains(&migrate(1, 1, 4)), "{plan}");
+    assert!(cluster.set_settling(TunnelId(9), true).is_err());
+}
+
+#[test]
+fn a_reserve_hint_keeps_more_nodes_ready_and_says_why() {
+    let (cluster, usage) = setup(
+        &[(0, NodeState::Active), (1, NodeState::Inactive)],
+        &[(1, 0.3, Some(0))],
+    );
+    let planner = planner();
+    let now = Instant::now();
+    let plain = planner.plan(&cluster, &usage, now, Some(now)).unwrap();
+    let hint = ReserveHint {
+        nodes: 4,
+        level: 0.3,
+        rise: 2.5,
+        horizon: 4,
+        fragmentation: 1.2,
+    };
+    assert_eq!(
+        planner
+            .plan_with(&cluster, &usage, now, Some(now), None)
+            .unwrap(),
+        plain
+    );
+    let plan = planner
+        .plan_with(&cluster, &usage, now, Some(now), Some(&hint))
+        .unwrap();
+    assert!(plain.reservation.required < 4, "{plain}");
+    assert_eq!(plan.reservation.required, 4);
+    let starts: Vec<&Decision> = plan
+        .decisions
+        .iter()
+        .filter(|d| matches!(d.action, Action::Start { .. }))
+        .collect();
+    assert_eq!(starts.len(), 2, "{plan}");
+    assert!(
+        starts[0]
+            .reason
+            .to_string()
+            .starts_with("aggregate forecast: sized load 0.300 may rise by 2.500 within 4"),
+        "{}",
+        starts[0]
+    );
+    // A hint below what the model needs changes nothing.
+    let low = ReserveHint { nodes: 0, ..hint };
+    assert_eq!(
+        planner
+            .plan_with(&cluster, &usage, now, Some(now), Some(&low))
+            .unwrap(),
+        plain
+    );
+}
+
+#[test]
+fn consolidation_counts_a_settling_tunnels_node_as_a_filled_bin() {
+    let active = NodeState::Active;
+    // Node 1 holds a settling tunnel (0.5) and two small measured ones; nodes 2 and 3 one
+    // tunnel of 0.3 each. Packing only the measured tunnels (0.8 in all) into one bin and
+    // putting it on node 1, which shares the most, would load node 1 with 1.3.
+    let (mut cluster, usage) = setup(
+        &[(1, active), (2, active), (3, active)],
+        &[
+            (1, 0.5, Some(1)),
+            (4, 0.1, Some(1)),
+            (5, 0.1, Some(1)),
+            (2, 0.3, Some(2)),
+            (3, 0.3, Some(3)),
+        ],
+    );
+    cluster.set_settling(TunnelId(1), true).unwrap();
+    let now = Instant::now();
+    let plan = planner().plan(&cluster, &usage, now, None).unwrap();
+    let outcome = plan.consolidation.unwrap();
+    // Node 1's 0.5 is a bin of its own that takes 0.4 more: two nodes, one saved.
+    assert_eq!((outcome.bfd_nodes, outcome.applied), (2, true), "{plan}");
+    assert!(
+        plan.decisions
+            .iter()
+            .all(|d| !matches!(d.reason, Reason::Hotspot { .. })),
+        "{plan}"
+    );
+    let mut after = cluster.clone();
+    after.apply_plan(&plan).unwrap();
+    assert!(after.hotspots(0.9).is_empty(), "{plan}");
+    assert_eq!(after.counts().active, 2, "{plan}");
+
+    // A node that holds only a settling tunnel stays active: beside it, packing node 2's two
+    // tunnels into one bin saves nothing, and the packing is not adopted.
+    let (mut cluster, usage) = setup(
+        &[(1, active), (2, active)],
+        &[(1, 0.5, Some(1)), (2, 0.5, Some(2)), (3, 0.3, Some(2))],
+    );
+    cluster.set_settling(TunnelId(1), true).unwrap();
+    let plan = planner().plan(&cluster, &usage, now, None).unwrap();
+    let outcome = plan.consolidation.unwrap();
+    assert_eq!((outcome.bfd_nodes, outcome.applied), (2, false), "{plan}");
+}

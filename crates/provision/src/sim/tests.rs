@@ -174,7 +174,11 @@ fn a_steady_load_is_packed_once_and_never_violated() {
 fn planner_runs_keep_the_invariants() {
     let trace = small_trace(3);
     let lb = run_lower_bound(&trace, &SimConfig::paper(1.5));
-    for sizing in [Sizing::Measured, Sizing::Envelope { steps: 2 }] {
+    for sizing in [
+        Sizing::Measured,
+        Sizing::Envelope { steps: 2 },
+        Sizing::Adaptive,
+    ] {
         let mut config = SimConfig::paper(1.5).with_consolidation_minutes(5);
         config.sizing = sizing;
         for policy in [Policy::Protego, Policy::Paper] {

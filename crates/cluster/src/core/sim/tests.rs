@@ -232,3 +232,33 @@ fn an_install_answer_with_no_install_pending_is_ignored() {
     assert!(core.poll_outbox().is_empty());
     assert_eq!(core.ignored_answers(), 4);
 }
+
+/// The autoscaler's input says which tunnels have a CHILD_SA and which of those no live data
+/// node holds: an install in flight to a live node is held, a lost node's CHILD_SA is not,
+/// and a placement left behind by a removed CHILD_SA is no CHILD_SA.
+#[test]
+fn the_autoscalers_input_knows_the_child_sas_and_the_unplaced() {
+    let now = std::time::Instant::now();
+    let (mut core, d) = small_core(now);
+    let t = ike::TunnelId(1);
+    let input = |core: &mut crate::core::ClusterCore| core.autoscale_input(false, Vec::new()).0;
+    let a = child(0x10);
+    assert_eq!(core.handle_install(a.clone()), Ok(d));
+    let i = input(&mut core);
+    assert!(i.with_child.contains(&t) && i.unplaced.is_empty(), "{i:?}");
+    core.handle_install_answer(&a, true, now);
+    assert!(input(&mut core).unplaced.is_empty());
+    core.handle_node_dead(d, now);
+    drop(core.poll_outbox());
+    let i = input(&mut core);
+    assert!(
+        i.with_child.contains(&t) && i.unplaced.contains(&t),
+        "{i:?}"
+    );
+    core.handle_node_alive(d, now);
+    drop(core.poll_outbox());
+    core.handle_remove(a.tunnel, a.inbound_spi, a.outbound_spi, now);
+    let i = input(&mut core);
+    assert!(i.with_child.is_empty() && i.unplaced.is_empty(), "{i:?}");
+    assert_eq!(i.placement, vec![(t, d)]);
+}

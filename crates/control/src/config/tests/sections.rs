@@ -355,11 +355,12 @@ fn cluster_autoscale_defaults_values_and_errors() {
     assert!(a.local.is_none());
     assert_eq!(a.sizing, provision::Sizing::Envelope { steps: 2 });
     assert!(a.drain);
+    assert_eq!(a.guarantee_target, 0.97);
     let a = s
         .parse(&cluster(
             "[cluster.autoscale]\nmode = \"act\"\ninterval = \"2s\"\nhotspot_threshold = 0.8\n\
              epsilon = 0.01\nstart_latency = \"20s\"\nmin_nodes = 2\n\
-             sizing = \"measured\"\ndrain = false\nwindow = 60\n\
+             sizing = \"measured\"\ndrain = false\nwindow = 60\nguarantee_target = 0.99\n\
              [cluster.autoscale.local]\nrun_dir = \"run\"\n\
              [[cluster.autoscale.local.node]]\nconfig = \"data3.toml\"\nnetns = \"dn3\"\n\
              [[cluster.autoscale.local.node]]\nconfig = \"/etc/protego/data4.toml\"\n",
@@ -378,6 +379,7 @@ fn cluster_autoscale_defaults_values_and_errors() {
     assert_eq!(a.sizing, provision::Sizing::Measured);
     assert!(!a.drain);
     assert_eq!(a.window, 60);
+    assert_eq!(a.guarantee_target, 0.99);
     let local = a.local.unwrap();
     assert_eq!(local.run_dir, s.0.join("run"));
     assert_eq!(local.command, None);
@@ -388,6 +390,20 @@ fn cluster_autoscale_defaults_values_and_errors() {
     assert_eq!(
         local.nodes[1].config,
         std::path::PathBuf::from("/etc/protego/data4.toml")
+    );
+    // The lowest guarantee taken; adaptive sizing steps no faster than the reports come.
+    let a = s
+        .parse(&cluster(
+            "[cluster.autoscale]\nsizing = \"adaptive\"\ninterval = \"15s\"\n\
+             guarantee_target = 0.75\n",
+        ))
+        .unwrap()
+        .cluster
+        .unwrap()
+        .autoscale;
+    assert_eq!(
+        (a.sizing, a.interval, a.guarantee_target),
+        (provision::Sizing::Adaptive, Duration::from_secs(15), 0.75)
     );
     for (bad, key) in [
         ("mode = \"auto\"", "mode"),
@@ -400,6 +416,19 @@ fn cluster_autoscale_defaults_values_and_errors() {
         ("sizing = \"envelope:5000\"", "sizing"),
         ("drain = \"yes\"", "drain"),
         ("window = 5", "window"),
+        ("guarantee_target = 1.0", "guarantee_target"),
+        ("guarantee_target = 0.0", "guarantee_target"),
+        ("guarantee_target = 0.5", "at least 0.75 and below 1"),
+        ("guarantee_target = 0.7499", "guarantee_target"),
+        ("guarantee_target = nan", "guarantee_target"),
+        (
+            "sizing = \"adaptive\"\ninterval = \"10s\"",
+            "key `interval` in cluster.autoscale: with sizing = \"adaptive\" must be at least [cluster] report_interval (15s)",
+        ),
+        (
+            "sizing = \"adaptive\"\ninterval = \"1s\"\nstart_latency = \"10m\"",
+            "601 steps",
+        ),
         ("surprise = 1", "surprise"),
     ] {
         let e = s

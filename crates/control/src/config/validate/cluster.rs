@@ -3,6 +3,11 @@
 
 use super::*;
 
+/// The lowest `guarantee_target` (G*) taken: the calibrator aims at
+/// `provision::forecast::SATURATED_PER_VIOLATION · (1 − G*)` saturated steps, at most half of
+/// them, so every G* up to `1 − 0.5 / 2` behaves the same.
+const MIN_GUARANTEE_TARGET: f64 = 1.0 - 0.5 / provision::forecast::SATURATED_PER_VIOLATION;
+
 impl Validator<'_, '_> {
     /// `[cluster]`: every key checked; addresses must be explicit (not a wildcard) because
     /// nodes are told to reach them.
@@ -170,7 +175,7 @@ impl Validator<'_, '_> {
             None => None,
             Some(l) => Some(self.local_provider(l)?),
         };
-        Ok(AutoscaleConfig {
+        let config = AutoscaleConfig {
             mode,
             interval: duration(
                 &raw.interval,
@@ -229,6 +234,18 @@ impl Validator<'_, '_> {
                 },
             },
             drain: raw.drain.unwrap_or(defaults.drain),
+            guarantee_target: fraction(
+                &raw.guarantee_target,
+                "guarantee_target",
+                defaults.guarantee_target,
+                |v| (MIN_GUARANTEE_TARGET..1.0).contains(&v),
+                &format!(
+                    "a guarantee at least {MIN_GUARANTEE_TARGET} and below 1 (e.g. 0.97): the \
+                     calibrator aims at {} · (1 − G*) saturated steps, at most half of them, so \
+                     every G* up to {MIN_GUARANTEE_TARGET} behaves the same",
+                    provision::forecast::SATURATED_PER_VIOLATION
+                ),
+            )?,
             window: match &raw.window {
                 None => defaults.window,
                 Some(v) => usize::try_from(*v.get_ref())
@@ -253,7 +270,48 @@ impl Validator<'_, '_> {
                     })?,
             },
             local,
-        })
+        };
+        // Adaptive sizing forecasts the aggregate over the start latency in steps of τ, and
+        // keeps at most `MAX_HORIZON` of them.
+        if let Some(v) = raw
+            .sizing
+            .as_ref()
+            .filter(|_| config.sizing == provision::Sizing::Adaptive)
+        {
+            let steps = (config.start_latency.as_secs_f64() / config.interval.as_secs_f64()).ceil()
+                as usize
+                + 1;
+            if steps > provision::forecast::MAX_HORIZON {
+                return Err(self.err(
+                    v.span(),
+                    S,
+                    "sizing",
+                    format!(
+                        "\"adaptive\" forecasts over start_latency / interval + 1 = {steps} \
+                         steps, at most {}: raise interval or lower start_latency",
+                        provision::forecast::MAX_HORIZON
+                    ),
+                ));
+            }
+        }
+        // Adaptive sizing forgets per step: a step without new load reports would still
+        // advance the forgetting, and see a node's old interval again.
+        if let Some(v) = raw
+            .interval
+            .as_ref()
+            .filter(|_| config.sizing == provision::Sizing::Adaptive && config.interval < report)
+        {
+            return Err(self.err(
+                v.span(),
+                S,
+                "interval",
+                format!(
+                    "with sizing = \"adaptive\" must be at least [cluster] report_interval \
+                     ({report:?}): each step needs new load reports from the data nodes"
+                ),
+            ));
+        }
+        Ok(config)
     }
 
     /// `[cluster.autoscale.local]`.
