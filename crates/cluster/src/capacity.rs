@@ -14,12 +14,13 @@
 //! itself only an estimate from packet shares. A tunnel's cap σ is twice its `rate_limit`
 //! (the steer nodes limit each direction), or 30 % of a node without one (the paper's σ).
 //!
-//! Sizing is the simulator's ([`provision::Sizer`]): with `sizing = "adaptive"` each step
-//! first gives the sizer the active nodes' loads from their new reports, then the tunnels'
-//! new measurements (a tunnel measured before whose node sent no new report keeps its last
-//! size in the aggregate); a tunnel with a CHILD_SA not measured yet is placed at the sizer's
-//! prior and is settling (left where it is) until its first report, and the plan keeps the
-//! reserve the aggregate forecast asks for (docs/provisioning.md, "Adaptive sizing").
+//! Sizing is the simulator's ([`provision::Sizer`]). Under every sizing rule a tunnel with a
+//! CHILD_SA not measured yet is placed at the sizer's prior (learned from earlier tunnels'
+//! first measurements) and is settling (left where it is) until its first report (issue 24).
+//! With `sizing = "adaptive"` each step first gives the sizer the active nodes' loads from
+//! their new reports, then the tunnels' new measurements (a tunnel measured before whose node
+//! sent no new report keeps its last size in the aggregate), and the plan keeps the reserve
+//! the aggregate forecast asks for (docs/provisioning.md, "Adaptive sizing").
 
 use crate::manager::NodeLoad;
 use crate::provider::ProvidedState;
@@ -428,18 +429,17 @@ impl Autoscaler {
         }
         self.seen
             .extend(fresh_alpha.keys().filter(|t| input.tunnels.contains_key(t)));
-        let adaptive = self.sizer.forecaster().is_some();
         let mut settling = 0;
         for (tunnel, node) in &input.placement {
             if !input.tunnels.contains_key(tunnel) {
                 continue;
             }
             // Sized as configured (e.g. the higher of its last two measurements), never below
-            // what it carries now. Before its first measurement and with a CHILD_SA, at the
-            // prior (adaptive sizing; 0 for the other rules), and with adaptive sizing
-            // settling: consolidation, hotspot relief and drain leave it where it is until it
-            // is measured. Without a CHILD_SA it carries nothing and no report will measure it
-            // (data nodes report only tunnels with one): 0, not settling.
+            // what it carries now. Before its first measurement and with a CHILD_SA, under
+            // every sizing rule (issue 24), at the sizer's prior and settling: consolidation,
+            // hotspot relief and drain leave it where it is until it is measured. Without a
+            // CHILD_SA it carries nothing and no report will measure it (data nodes report
+            // only tunnels with one): 0, not settling.
             let cap = self.sigma(input, *tunnel);
             let now_mbit = alpha.get(tunnel).copied().unwrap_or(0.0);
             let (sized, unmeasured) = match self.sizes.get(tunnel) {
@@ -450,7 +450,7 @@ impl Autoscaler {
             let a = now_mbit.max(sized).min(cap);
             let t = *tunnel;
             model.add_tunnel(t, a)?;
-            if adaptive && unmeasured {
+            if unmeasured {
                 model.set_settling(t, true)?;
                 settling += 1;
             }

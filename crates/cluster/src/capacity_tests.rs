@@ -130,7 +130,14 @@ fn first_reports_and_lost_nodes_do_not_count() {
     i.nodes[1].alive = false;
     advise(&mut a, Instant::now(), &i);
     let d = a.describe();
-    assert_eq!(d["step"]["used_mbit"].as_f64(), Some(0.0), "{d}");
+    // Neither report measures its tunnel: both (with a CHILD_SA) are at the prior and
+    // settling (issue 24), not at the 1000 Mbit/s the reports carry.
+    assert_eq!(d["step"]["settling"], 2, "{d}");
+    assert_eq!(
+        d["step"]["used_mbit"].as_f64(),
+        Some(2.0 * a.sizer.prior(2000.0)),
+        "{d}"
+    );
     for t in [1, 2] {
         assert!(a
             .usage
@@ -461,7 +468,7 @@ fn saturated_nodes_raise_the_calibrators_multiplier() {
 }
 
 #[test]
-fn other_sizings_plan_as_before_and_show_no_calibration() {
+fn other_sizings_settle_a_new_tunnel_at_the_prior_and_show_no_calibration() {
     for sizing in ["envelope:2", "measured"] {
         let config = AutoscaleConfig {
             sizing: sizing.parse().unwrap(),
@@ -470,24 +477,38 @@ fn other_sizings_plan_as_before_and_show_no_calibration() {
         let mut a = Autoscaler::new(5000, &config).unwrap();
         let now = Instant::now();
         let plan = advise(&mut a, now, &new_tunnel_on_data2(1));
-        // What the autoscaler planned before adaptive sizing: the unmeasured tunnel at 0, not
-        // settling, no forecast.
+        // Issue 24 requires it: under every sizing rule the unmeasured tunnel (with a
+        // CHILD_SA) is placed at the prior, not at 0, and settles until it is measured.
+        let prior = a.sizer.prior(2000.0);
+        assert!(prior > 0.0, "{sizing}");
         let mut model = Model::new();
         for n in [1, 2] {
             model.add_node(NodeId(n), NodeState::Active).unwrap();
         }
-        for (t, alpha, n) in [(1, 100.0, 1), (2, 0.0, 2)] {
+        for (t, alpha, n) in [(1, 100.0, 1), (2, prior, 2)] {
             model.add_tunnel(provision::TunnelId(t), alpha).unwrap();
             model.assign(provision::TunnelId(t), NodeId(n)).unwrap();
         }
-        let before = a.planner.plan(&model, &a.usage, now, None).unwrap();
-        assert_eq!(plan, before, "{sizing}");
-        // The drain moves the new tunnel at once, as it did.
-        assert!(migrates(&plan, 2), "{sizing}: {plan}");
+        model.set_settling(provision::TunnelId(2), true).unwrap();
+        let expected = a.planner.plan(&model, &a.usage, now, None).unwrap();
+        assert_eq!(plan, expected, "{sizing}");
+        // Drain is on, yet the new tunnel is not moved in its first step.
+        assert!(!migrates(&plan, 2), "{sizing}: {plan}");
         let d = a.describe();
+        assert_eq!(d["step"]["settling"], 1, "{d}");
+        assert_eq!(
+            d["step"]["nodes"][1]["used_mbit"].as_f64(),
+            Some(prior),
+            "{d}"
+        );
+        // No forecast with these rules.
         assert!(d["calibration"].is_null(), "{d}");
         assert!(d["step"]["reserve_hint"].is_null(), "{d}");
-        assert_eq!(d["step"]["settling"], 0, "{d}");
+        // Its first report ends the settling.
+        let mut measured = new_tunnel_on_data2(2);
+        measured.nodes[1] = node(2, 2, &[(2, 50.0)]);
+        advise(&mut a, now + Duration::from_secs(1), &measured);
+        assert_eq!(a.describe()["step"]["settling"], 0, "{sizing}");
     }
 }
 
@@ -542,21 +563,27 @@ fn stranded_tunnels_are_those_with_a_child_sa_on_no_active_node() {
 
 #[test]
 fn a_tunnel_without_a_child_sa_is_not_sized_at_the_prior() {
-    let mut a = Autoscaler::new(5000, &adaptive(AutoscaleMode::Advise)).unwrap();
-    let t0 = Instant::now();
-    // t2 is placed on data2 but its CHILD_SA went away before data2 reported it: no report
-    // will ever measure it, so it carries nothing and does not settle.
-    for seq in 1..=3 {
-        let mut i = new_tunnel_on_data2(seq);
-        i.with_child.remove(&TunnelId(2));
-        advise(&mut a, t0 + Duration::from_secs(seq), &i);
-        let d = a.describe();
-        assert_eq!(d["step"]["settling"], 0, "{d}");
-        assert_eq!(
-            d["step"]["nodes"][1]["used_mbit"].as_f64(),
-            Some(0.0),
-            "{d}"
-        );
+    for sizing in ["adaptive", "envelope:2", "measured"] {
+        let config = AutoscaleConfig {
+            sizing: sizing.parse().unwrap(),
+            ..config(AutoscaleMode::Advise)
+        };
+        let mut a = Autoscaler::new(5000, &config).unwrap();
+        let t0 = Instant::now();
+        // t2 is placed on data2 but its CHILD_SA went away before data2 reported it: no
+        // report will ever measure it, so it carries nothing and does not settle.
+        for seq in 1..=3 {
+            let mut i = new_tunnel_on_data2(seq);
+            i.with_child.remove(&TunnelId(2));
+            advise(&mut a, t0 + Duration::from_secs(seq), &i);
+            let d = a.describe();
+            assert_eq!(d["step"]["settling"], 0, "{sizing}: {d}");
+            assert_eq!(
+                d["step"]["nodes"][1]["used_mbit"].as_f64(),
+                Some(0.0),
+                "{sizing}: {d}"
+            );
+        }
     }
 }
 

@@ -26,9 +26,10 @@
 //!   need shows) in units of the sum of the caps, in a [`DecayHist`]; with the measured
 //!   fragmentation (active nodes per node needed for the sized load, `⌈S / limit⌉`) it gives the
 //!   nodes to keep ready ([`ReserveHint`]). No tunnel is assumed independent of another.
-//! - The prior: a new tunnel, before its first measurement, is sized at the [`RISE_QUANTILE`]
-//!   of earlier tunnels' first measurements (relative to their caps), or at its cap until
-//!   [`MIN_SAMPLES`] tunnels were seen.
+//! - The prior ([`Prior`]): a new tunnel, before its first measurement, is sized at the
+//!   [`RISE_QUANTILE`] of earlier tunnels' first measurements (relative to their caps), or at
+//!   its cap until [`MIN_SAMPLES`] tunnels were seen. It is the [`crate::Sizer`]'s, learned and
+//!   used under every sizing rule (issue 24), not only this one.
 //!
 //! # Order of calls, once per τ
 //!
@@ -37,7 +38,7 @@
 //!    closes the previous step's aggregate and advances the forgetting: nothing else needs
 //!    calling once per step);
 //! 2. [`Forecaster::size`] for every measured tunnel (its size for the next step);
-//!    [`Forecaster::prior`] for a tunnel not yet measured;
+//!    [`crate::Sizer::prior`] for a tunnel not yet measured;
 //! 3. [`Forecaster::hint`] for the planner's reserve.
 //!
 //! The parameters are fixed from first principles, before any evaluation; docs/provisioning.md
@@ -344,8 +345,7 @@ struct TunnelForecast {
     samples: u32,
 }
 
-/// The per-tunnel forecasts, the calibrator, the aggregate forecast and the prior (see the
-/// module docs).
+/// The per-tunnel forecasts, the calibrator and the aggregate forecast (see the module docs).
 #[derive(Debug, Clone)]
 pub struct Forecaster {
     config: ForecastConfig,
@@ -354,9 +354,6 @@ pub struct Forecaster {
     /// Every tunnel's rises, pooled (forgets per step): the prior for a tunnel's own.
     pooled: DecayHist,
     pooled_samples: u32,
-    /// New tunnels' first measurements relative to their caps.
-    levels: DecayHist,
-    tunnels_seen: u32,
     aggregate: Aggregate,
 }
 
@@ -390,8 +387,6 @@ impl Forecaster {
             },
             pooled: DecayHist::new(config.half_life),
             pooled_samples: 0,
-            levels: DecayHist::new(PRIOR_HALF_LIFE_TUNNELS),
-            tunnels_seen: 0,
             aggregate: Aggregate {
                 ring: VecDeque::with_capacity(config.horizon + 1),
                 rises: DecayHist::new(config.half_life),
@@ -497,8 +492,6 @@ impl Forecaster {
                 }
             }
             None => {
-                self.levels.push(x);
-                self.tunnels_seen = self.tunnels_seen.saturating_add(1);
                 self.tunnels.insert(
                     tunnel,
                     TunnelForecast {
@@ -543,18 +536,6 @@ impl Forecaster {
             .flatten()
     }
 
-    /// The size of a tunnel not yet measured, with cap `cap`: the [`RISE_QUANTILE`] of earlier
-    /// tunnels' first measurements relative to their caps, times `cap`; `cap` itself until
-    /// [`MIN_SAMPLES`] tunnels were seen.
-    pub fn prior(&self, cap: f64) -> f64 {
-        let level = (self.tunnels_seen >= MIN_SAMPLES)
-            .then(|| self.levels.quantile(RISE_QUANTILE))
-            .flatten()
-            .unwrap_or(1.0)
-            .clamp(0.0, 1.0);
-        cap * level
-    }
-
     /// Whether `tunnel` has been measured.
     pub fn is_measured(&self, tunnel: TunnelId) -> bool {
         self.tunnels.contains_key(&tunnel)
@@ -592,6 +573,54 @@ impl Forecaster {
             horizon: u32::try_from(self.config.horizon).unwrap_or(u32::MAX),
             fragmentation,
         })
+    }
+}
+
+/// The population prior: the size of a tunnel not yet measured, learned from earlier tunnels'
+/// first measurements relative to their caps (forgetting per tunnel, with
+/// [`PRIOR_HALF_LIFE_TUNNELS`]). A [`crate::Sizer`] keeps one under every sizing rule.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Prior {
+    /// New tunnels' first measurements relative to their caps.
+    levels: DecayHist,
+    seen: u32,
+}
+
+impl Default for Prior {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Prior {
+    /// A prior that has seen no tunnel (it sizes every tunnel at its cap).
+    pub fn new() -> Self {
+        Self {
+            levels: DecayHist::new(PRIOR_HALF_LIFE_TUNNELS),
+            seen: 0,
+        }
+    }
+
+    /// Takes a new tunnel's first measurement `alpha` (its cap `cap`); a cap that is not
+    /// positive and finite, or a measurement that is not finite, teaches nothing.
+    pub fn observe(&mut self, alpha: f64, cap: f64) {
+        if !(cap > 0.0 && cap.is_finite() && alpha.is_finite()) {
+            return;
+        }
+        self.levels.push((alpha / cap).clamp(0.0, 1.0));
+        self.seen = self.seen.saturating_add(1);
+    }
+
+    /// The size of a tunnel not yet measured, with cap `cap`: the [`RISE_QUANTILE`] of earlier
+    /// tunnels' first measurements relative to their caps, times `cap`; `cap` itself until
+    /// [`MIN_SAMPLES`] tunnels were seen.
+    pub fn size(&self, cap: f64) -> f64 {
+        let level = (self.seen >= MIN_SAMPLES)
+            .then(|| self.levels.quantile(RISE_QUANTILE))
+            .flatten()
+            .unwrap_or(1.0)
+            .clamp(0.0, 1.0);
+        cap * level
     }
 }
 

@@ -22,10 +22,10 @@
 //!
 //! **Arrivals** ([`Trace::arrival`]): a tunnel is neither placed nor judged before its first
 //! minute. It joins the cluster at the plan before the step of that minute (before minute 0
-//! for a first minute within the first step), at [`Sizer::prior`] (the population prior with
-//! [`Sizing::Adaptive`], 0 otherwise). With [`Sizing::Adaptive`] it is settling
-//! ([`Cluster::set_settling`]) until its first measurement; the other rules, and the paper's
-//! algorithm, place it as any other tunnel.
+//! for a first minute within the first step). With [`Policy::Protego`] it comes in at
+//! [`Sizer::prior`] (the population prior, under every sizing rule) and is settling
+//! ([`Cluster::set_settling`]) until its first measurement (issue 24); the paper's algorithm
+//! places it at 0 as any other tunnel.
 //!
 //! **Adaptive sizing**: at the end of every step, before the tunnels' α, the sizer gets what a
 //! live autoscaler sees, each active node's load over the step and how many existing tunnels
@@ -517,7 +517,7 @@ fn run_planner(
         match trace.arrival(i) {
             0 => cluster.add_tunnel(id, trace.demand(0, i))?,
             // Arriving within the first step: in before it, as at any later step.
-            arrival if arrival < tau => admit(&mut cluster, &sizer, id, caps[i])?,
+            arrival if arrival < tau => admit(&mut cluster, &sizer, policy, id, caps[i])?,
             _ => {}
         }
     }
@@ -592,12 +592,12 @@ fn run_planner(
                 cluster.set_settling(id, false)?;
                 usage.record(id, alpha)?;
             }
-            // Tunnels that arrive in the next step come in now, at their prior size, and
-            // settle until their first measurement.
+            // Tunnels that arrive in the next step come in now (with Protego at their prior
+            // size, settling until their first measurement).
             for (i, &id) in ids.iter().enumerate() {
                 let arrival = trace.arrival(i);
                 if arrival > t && arrival <= t + tau {
-                    admit(&mut cluster, &sizer, id, caps[i])?;
+                    admit(&mut cluster, &sizer, policy, id, caps[i])?;
                 }
             }
             cluster.advance(now);
@@ -631,20 +631,21 @@ fn run_planner(
     Ok(judge.finish(policy, config.consolidation_minutes()))
 }
 
-/// Adds a tunnel before its first minute, at its prior size ([`Sizer::prior`]); with adaptive
-/// sizing it settles until its first measurement, while the other rules (and the paper's
-/// algorithm) place it as any other tunnel.
+/// Adds a tunnel before its first minute. With [`Policy::Protego`], under every sizing rule,
+/// at its prior size ([`Sizer::prior`]) and settling until its first measurement (issue 24);
+/// the paper's algorithm, as published, places it at 0 as any other tunnel.
 fn admit(
     cluster: &mut Cluster,
     sizer: &Sizer,
+    policy: Policy,
     id: TunnelId,
     cap: f64,
 ) -> Result<(), ProvisionError> {
-    cluster.add_tunnel(id, sizer.prior(cap))?;
-    if sizer.forecaster().is_some() {
-        cluster.set_settling(id, true)?;
+    if policy == Policy::Paper {
+        return cluster.add_tunnel(id, 0.0);
     }
-    Ok(())
+    cluster.add_tunnel(id, sizer.prior(cap))?;
+    cluster.set_settling(id, true)
 }
 
 /// Tunnel `i`'s measurement at the end of `step` (of `tau` minutes): its mean demand over the

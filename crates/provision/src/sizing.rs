@@ -11,7 +11,7 @@
 use std::collections::{HashMap, VecDeque};
 
 use crate::error::ProvisionError;
-use crate::forecast::{ForecastConfig, Forecaster, ReserveHint};
+use crate::forecast::{ForecastConfig, Forecaster, Prior, ReserveHint};
 use crate::ids::TunnelId;
 use crate::planner::PlannerConfig;
 
@@ -111,6 +111,9 @@ impl core::fmt::Display for Sizing {
 
 /// Turns each tunnel's measurements into the α the planner packs.
 ///
+/// Under every rule it learns the population prior from each tunnel's first measurement
+/// ([`Sizer::prior`]: the size of a tunnel not measured yet, issue 24).
+///
 /// With [`Sizing::Adaptive`], call [`Sizer::observe_step`] once per τ before the step's
 /// [`Sizer::size`] calls, and pass [`Sizer::hint`] to [`crate::Planner::plan_with`] (see
 /// [`crate::forecast`] for the order); for the other rules those two do nothing.
@@ -119,6 +122,7 @@ pub struct Sizer {
     sizing: Sizing,
     tunnels: HashMap<TunnelId, History>,
     forecaster: Option<Forecaster>,
+    prior: Prior,
 }
 
 /// What a [`Sizer`] keeps of one tunnel.
@@ -159,6 +163,7 @@ impl Sizer {
             sizing,
             tunnels: HashMap::new(),
             forecaster: (sizing == Sizing::Adaptive).then(|| Forecaster::new(config)),
+            prior: Prior::new(),
         }
     }
 
@@ -176,10 +181,11 @@ impl Sizer {
         }
     }
 
-    /// The size of a tunnel with cap `cap` before its first measurement: the population prior
-    /// with [`Sizing::Adaptive`] ([`Forecaster::prior`]), 0 for the other rules.
+    /// The size of a tunnel with cap `cap` before its first measurement, under every rule:
+    /// the population prior ([`Prior::size`]), learned from earlier tunnels' first
+    /// measurements.
     pub fn prior(&self, cap: f64) -> f64 {
-        self.forecaster.as_ref().map_or(0.0, |f| f.prior(cap))
+        self.prior.size(cap)
     }
 
     /// The nodes the aggregate forecast asks the reserve for ([`Forecaster::hint`]); `None`
@@ -210,12 +216,19 @@ impl Sizer {
     }
 
     /// Takes `tunnel`'s new measurement `alpha` (once per τ); returns its size, at most `cap`
-    /// (and never below the measurement).
+    /// (and never below the measurement). A tunnel's first measurement (since it was last
+    /// forgotten) also teaches the prior.
     pub fn size(&mut self, tunnel: TunnelId, alpha: f64, cap: f64) -> f64 {
         if let Some(f) = &mut self.forecaster {
+            if !f.is_measured(tunnel) {
+                self.prior.observe(alpha, cap);
+            }
             return f.size(tunnel, alpha, cap);
         }
-        let h = self.tunnels.entry(tunnel).or_default();
+        let h = self.tunnels.entry(tunnel).or_insert_with(|| {
+            self.prior.observe(alpha, cap);
+            History::default()
+        });
         let sized = match self.sizing {
             Sizing::Measured => alpha,
             Sizing::Envelope { steps } => {
@@ -276,6 +289,42 @@ mod tests {
         );
         let mut s = Sizer::new(Sizing::Measured);
         assert_eq!(s.size(TunnelId(0), 0.7, 1.5), 0.7);
+    }
+
+    #[test]
+    fn every_rule_learns_the_prior_from_first_measurements() {
+        // Issue 24: a new tunnel gets the population prior under every rule, not 0.
+        for sizing in [
+            Sizing::Measured,
+            Sizing::Envelope { steps: 2 },
+            Sizing::Headroom {
+                z: 1.0,
+                half_life: 2.0,
+            },
+            Sizing::Adaptive,
+        ] {
+            let mut s = Sizer::new(sizing);
+            // Before enough tunnels were seen: the cap.
+            assert_eq!(s.prior(2.0), 2.0, "{sizing}");
+            // 40 tunnels whose first measurements are 0, 0.01, …, 0.39 of their cap: the 95 %
+            // quantile is near 0.37.
+            for t in 0..40 {
+                s.size(TunnelId(t), f64::from(t) * 0.01 * 1.5, 1.5);
+            }
+            let prior = s.prior(2.0);
+            assert!((prior - 0.37 * 2.0).abs() < 0.06, "{sizing}: {prior}");
+            // Only first measurements count: later ones of the same tunnels change nothing.
+            for t in 0..40 {
+                s.size(TunnelId(t), 1.5, 1.5);
+            }
+            assert_eq!(s.prior(2.0), prior, "{sizing}");
+            // A forgotten tunnel that comes back is new again: ten at their caps.
+            for t in 0..10 {
+                s.forget(TunnelId(t));
+                s.size(TunnelId(t), 1.5, 1.5);
+            }
+            assert!(s.prior(2.0) > prior + 0.2, "{sizing}: {}", s.prior(2.0));
+        }
     }
 
     #[test]

@@ -210,26 +210,26 @@ fn a_tunnel_without_history_uses_the_population() {
 
 #[test]
 fn the_prior_is_learned_from_first_measurements() {
-    let mut f = forecaster();
+    let mut p = Prior::new();
     // Before enough tunnels were seen: the cap.
-    assert_eq!(f.prior(2.0), 2.0);
-    for t in 0..(MIN_SAMPLES - 1) {
-        f.size(TunnelId(t), 0.3, 1.5);
+    assert_eq!(p.size(2.0), 2.0);
+    for _ in 0..(MIN_SAMPLES - 1) {
+        p.observe(0.3, 1.5);
     }
-    assert_eq!(f.prior(2.0), 2.0);
-    // 40 tunnels whose first measurements are 0, 0.01, …, 0.39 of their cap (the ones above
-    // were at 0.2): the 95 % quantile is near 0.37.
-    let mut f = forecaster();
+    assert_eq!(p.size(2.0), 2.0);
+    // Invalid caps or measurements teach nothing.
+    p.observe(0.3, 0.0);
+    p.observe(f64::NAN, 1.5);
+    p.observe(0.3, f64::INFINITY);
+    assert_eq!(p.size(2.0), 2.0);
+    // 40 tunnels whose first measurements are 0, 0.01, …, 0.39 of their cap: the 95 %
+    // quantile is near 0.37.
+    let mut p = Prior::new();
     for t in 0..40 {
-        f.size(TunnelId(t), f64::from(t) * 0.01 * 1.5, 1.5);
+        p.observe(f64::from(t) * 0.01 * 1.5, 1.5);
     }
-    let prior = f.prior(2.0);
+    let prior = p.size(2.0);
     assert!((prior - 0.37 * 2.0).abs() < 0.06, "{prior}");
-    // Only first measurements count: later ones of the same tunnels change nothing.
-    for t in 0..40 {
-        f.size(TunnelId(t), 1.5, 1.5);
-    }
-    assert_eq!(f.prior(2.0), prior);
 }
 
 #[test]

@@ -265,17 +265,29 @@ fn saving_counts_the_pairs_of_the_tunnels_that_exist() {
 
 #[test]
 fn the_paper_algorithm_leaves_no_tunnel_settling() {
-    for (sizing, settles) in [
-        (Sizing::Measured, false),
-        (Defaults::PROTEGO.sizing, false),
-        (Sizing::Adaptive, true),
+    // Issue 24: Protego gives an arriving tunnel the prior and lets it settle under every
+    // sizing rule; the paper's algorithm, as published, places it at 0 and may move it.
+    for sizing in [
+        Sizing::Measured,
+        Defaults::PROTEGO.sizing,
+        Sizing::Headroom {
+            z: 1.0,
+            half_life: 2.0,
+        },
+        Sizing::Adaptive,
     ] {
         let sizer = Sizer::new(sizing);
-        let mut cluster = Cluster::new();
-        admit(&mut cluster, &sizer, TunnelId(1), 1.5).unwrap();
-        let state = cluster.tunnel(TunnelId(1)).unwrap();
-        assert_eq!(state.settling, settles, "{sizing}");
-        assert_eq!(state.alpha, sizer.prior(1.5), "{sizing}");
+        for (policy, settles, alpha) in [
+            (Policy::Protego, true, sizer.prior(1.5)),
+            (Policy::Paper, false, 0.0),
+        ] {
+            let mut cluster = Cluster::new();
+            admit(&mut cluster, &sizer, policy, TunnelId(1), 1.5).unwrap();
+            let state = cluster.tunnel(TunnelId(1)).unwrap();
+            assert_eq!(state.settling, settles, "{sizing} {policy:?}");
+            assert_eq!(state.alpha, alpha, "{sizing} {policy:?}");
+        }
+        assert_eq!(sizer.prior(1.5), 1.5, "{sizing}");
     }
 }
 
