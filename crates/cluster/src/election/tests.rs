@@ -266,6 +266,29 @@ fn election_frozen_leader_steps_down_first() {
     );
 }
 
+/// After `event` (etcd thawed or restarted): waits until one of `a` and `b` leads and the
+/// other stands by for it, and prints how long it took and the term (`before`: the term then).
+fn leader_again<'e>(
+    a: &'e Election,
+    b: &'e Election,
+    event: &str,
+    before: Term,
+) -> (&'e Election, &'e Election) {
+    let took = wait_until(&format!("a leader after {event}"), 5 * TTL, || {
+        a.is_leader() || b.is_leader()
+    });
+    let (leader, standby) = if a.is_leader() { (a, b) } else { (b, a) };
+    println!(
+        "{event}: {} leads after {took:?}, term {} (was {before})",
+        leader.name(),
+        term(leader)
+    );
+    wait_until("the other standing by", TTL, || {
+        standby.role() == standby_of(leader)
+    });
+    (leader, standby)
+}
+
 #[test]
 fn election_etcd_outage() {
     let Some(mut etcd) = start_etcd() else { return };
@@ -289,18 +312,7 @@ fn election_etcd_outage() {
         std::thread::sleep(Duration::from_millis(10));
     }
     etcd.signal(libc::SIGCONT);
-    let took = wait_until("a leader after etcd thawed", 5 * TTL, || {
-        a.is_leader() || b.is_leader()
-    });
-    let (leader, standby) = if a.is_leader() { (&a, &b) } else { (&b, &a) };
-    println!(
-        "etcd thawed: {} leads after {took:?}, term {} (was {before})",
-        leader.name(),
-        term(leader)
-    );
-    wait_until("the other standing by", TTL, || {
-        standby.role() == standby_of(leader)
-    });
+    let (leader, _) = leader_again(&a, &b, "etcd thawed", before);
     assert!(term(leader) > before);
     let before = term(leader);
 
@@ -312,18 +324,7 @@ fn election_etcd_outage() {
     });
     assert!(!a.is_leader() && !b.is_leader());
     etcd.launch();
-    let took = wait_until("a leader after etcd restarted", 5 * TTL, || {
-        a.is_leader() || b.is_leader()
-    });
-    let (leader, standby) = if a.is_leader() { (&a, &b) } else { (&b, &a) };
-    println!(
-        "etcd restarted: {} leads after {took:?}, term {} (was {before})",
-        leader.name(),
-        term(leader)
-    );
-    wait_until("the other standing by", TTL, || {
-        standby.role() == standby_of(leader)
-    });
+    let (leader, standby) = leader_again(&a, &b, "etcd restarted", before);
     assert!(term(leader) >= before);
     assert!(!standby.is_leader());
 }

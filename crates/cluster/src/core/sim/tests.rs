@@ -136,6 +136,17 @@ fn small_core(now: std::time::Instant) -> (crate::core::ClusterCore, u32) {
 }
 
 /// A CHILD_SA of tunnel 1 with inbound SPI `spi`.
+/// No steer directive (SetSpi) in `out`.
+fn assert_steers_nothing(out: &crate::core::Outbox) {
+    assert!(
+        !out.send
+            .iter()
+            .any(|o| matches!(o.directive, crate::core::Directive::SetSpi { .. })),
+        "{:?}",
+        out.send
+    );
+}
+
 fn child(spi: u32) -> crate::core::NewChild {
     crate::core::NewChild {
         tunnel: ike::TunnelId(1),
@@ -158,7 +169,6 @@ fn child(spi: u32) -> crate::core::NewChild {
 #[test]
 fn an_install_answered_after_its_node_was_lost_is_neither_steered_nor_removed_through_a_closed_session(
 ) {
-    use crate::core::*;
     let now = std::time::Instant::now();
     let (mut core, d) = small_core(now);
     // Declared dead while its install waits: the node's yes steers nothing to it.
@@ -169,13 +179,7 @@ fn an_install_answered_after_its_node_was_lost_is_neither_steered_nor_removed_th
     drop(core.poll_outbox());
     core.handle_install_answer(&a, true, now);
     let out = core.poll_outbox();
-    assert!(
-        !out.send
-            .iter()
-            .any(|o| matches!(o.directive, Directive::SetSpi { .. })),
-        "{:?}",
-        out.send
-    );
+    assert_steers_nothing(&out);
     assert_eq!(core.children()[&a.inbound_spi].node, None);
     // Its session ends while an install waits: no RemoveChild goes to it.
     core.handle_node_alive(d, now);
@@ -195,7 +199,6 @@ fn an_install_answered_after_its_node_was_lost_is_neither_steered_nor_removed_th
 /// nothing and is counted.
 #[test]
 fn an_install_answer_with_no_install_pending_is_ignored() {
-    use crate::core::*;
     let now = std::time::Instant::now();
     let (mut core, d) = small_core(now);
     let a = child(0x10);
@@ -219,13 +222,7 @@ fn an_install_answer_with_no_install_pending_is_ignored() {
     drop(core.poll_outbox());
     assert_eq!(core.handle_install_answer(&b, true, now), None);
     let out = core.poll_outbox();
-    assert!(
-        !out.send
-            .iter()
-            .any(|o| matches!(o.directive, Directive::SetSpi { .. })),
-        "{:?}",
-        out.send
-    );
+    assert_steers_nothing(&out);
     assert!(!core.children().contains_key(&b.inbound_spi));
     // An answer for an SA never installed.
     assert_eq!(core.handle_install_answer(&child(0x30), false, now), None);
