@@ -28,7 +28,7 @@ use control::config::{AutoscaleConfig, AutoscaleMode};
 use ike::TunnelId;
 use provision::{
     Action, Cluster as Model, Decision, NodeId, NodeState, Plan, Planner, PlannerConfig,
-    ProvisionError, ReserveHint, UsageBook,
+    ProvisionError, ReserveHint, Size, UsageBook,
 };
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::fmt;
@@ -143,8 +143,9 @@ struct Entry {
 struct Step {
     at_ms: u64,
     plan: Plan,
-    /// Each node in the model before the plan: its name, state, load and whether parked.
-    nodes: Vec<(String, NodeState, f64, bool)>,
+    /// Each node in the model before the plan: its name, state, load, level (the load plus
+    /// the headroom its tunnels share, [`provision::Fill`]) and whether parked.
+    nodes: Vec<(String, NodeState, f64, f64, bool)>,
     tunnels: usize,
     demand: f64,
     /// The plan's decisions with node and tunnel names, and their outcomes.
@@ -450,6 +451,11 @@ impl Autoscaler {
             let a = now_mbit.max(sized).min(cap);
             let t = *tunnel;
             model.add_tunnel(t, a)?;
+            // Adaptive sizing's headroom, shared with the node's other tunnels (0 under the
+            // other rules and before the first measurement), within the cap.
+            if !unmeasured {
+                model.set_spread(t, self.sizer.spread(t).min(cap - a).max(0.0))?;
+            }
             if unmeasured {
                 model.set_settling(t, true)?;
                 settling += 1;
@@ -473,14 +479,20 @@ impl Autoscaler {
         let at_ms = wall
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_millis() as u64);
-        let loads = model.active_loads();
+        let fills = model.active_fills();
         self.last = Some(Step {
             at_ms,
             nodes: nodes
                 .into_iter()
                 .map(|(id, name, state, parked)| {
-                    let load = loads.get(&NodeId(id)).copied().unwrap_or(0.0).max(0.0);
-                    (name, state, load, parked)
+                    let fill = fills.get(&NodeId(id)).copied().unwrap_or_default();
+                    (
+                        name,
+                        state,
+                        fill.mean.max(0.0),
+                        fill.level().max(0.0),
+                        parked,
+                    )
                 })
                 .collect(),
             tunnels: model.tunnel_count(),
@@ -659,19 +671,23 @@ impl Autoscaler {
         let nodes: Vec<serde_json::Value> = step
             .nodes
             .iter()
-            .map(|(name, state, load, parked)| {
+            .map(|(name, state, load, level, parked)| {
                 serde_json::json!({
                     "node": name,
                     "state": state.name(),
                     "parked": parked,
                     "used_mbit": load,
+                    "level_mbit": level,
                     "utilization": load / self.node_capacity,
-                    "hotspot": state.is_active() && load / self.node_capacity > limit,
+                    "hotspot": state.is_active() && level / self.node_capacity > limit,
                 })
             })
             .collect();
         let count = |wanted: fn(&NodeState) -> bool| {
-            step.nodes.iter().filter(|(_, s, _, _)| wanted(s)).count()
+            step.nodes
+                .iter()
+                .filter(|(_, s, _, _, _)| wanted(s))
+                .count()
         };
         let hint = step.hint.map(|h| {
             serde_json::json!({

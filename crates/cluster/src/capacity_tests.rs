@@ -618,3 +618,45 @@ fn a_node_without_a_new_report_keeps_its_tunnels_in_the_aggregate() {
     advise(&mut a, t0 + Duration::from_secs(seq + 1), &late);
     assert_eq!(level(&a), Some(steady));
 }
+
+#[test]
+fn adaptive_sizing_shows_the_headroom_a_node_shares() {
+    let mut a = Autoscaler::new(5000, &adaptive(AutoscaleMode::Advise)).unwrap();
+    let t0 = Instant::now();
+    // Four tunnels on data1 that swing between 100 and 400 Mbit/s (caps 2000): after a few
+    // steps they have rises enough for a headroom.
+    let mut d = serde_json::Value::Null;
+    for seq in 1..=30u64 {
+        let m = if seq % 2 == 0 { 400.0 } else { 100.0 };
+        let a1 = [(1, m), (2, m), (3, m), (4, m)];
+        advise(
+            &mut a,
+            t0 + Duration::from_secs(seq),
+            &input(seq, &a1, &[(5, 100.0)]),
+        );
+        d = a.describe();
+    }
+    let data1 = &d["step"]["nodes"][0];
+    assert_eq!(data1["node"], "data1", "{d}");
+    let used = data1["used_mbit"].as_f64().unwrap();
+    let level = data1["level_mbit"].as_f64().unwrap();
+    // The level is the load plus one shared headroom, less than the four headrooms added:
+    // each tunnel's is at most its cap minus its size, and the node's is their root sum of
+    // squares, at most twice the largest.
+    assert!((used - 1600.0).abs() < 1.0, "{d}");
+    assert!(level > used + 100.0, "{d}");
+    assert!(level <= used + 2.0 * 1600.0, "{d}");
+    // Under any other rule there is no headroom: the level is the load.
+    let mut e = Autoscaler::new(5000, &config(AutoscaleMode::Advise)).unwrap();
+    advise(&mut e, t0, &input(1, &[(1, 400.0)], &[(5, 100.0)]));
+    advise(
+        &mut e,
+        t0 + Duration::from_secs(1),
+        &input(2, &[(1, 400.0)], &[(5, 100.0)]),
+    );
+    let d = e.describe();
+    assert_eq!(
+        d["step"]["nodes"][0]["level_mbit"], d["step"]["nodes"][0]["used_mbit"],
+        "{d}"
+    );
+}

@@ -12,7 +12,7 @@ use std::time::Instant;
 use crate::error::ProvisionError;
 use crate::ids::{NodeId, TunnelId};
 use crate::nodes::{NodeCounts, NodeState};
-use crate::placement::FIT_TOLERANCE;
+use crate::placement::{Fill, Size, FIT_TOLERANCE};
 use crate::plan::{Action, Plan};
 use crate::usage::check_sample;
 
@@ -21,11 +21,21 @@ use crate::usage::check_sample;
 pub struct TunnelState {
     /// Current usage α_i, in the caller's unit.
     pub alpha: f64,
+    /// Headroom on top of α_i that the tunnel shares with the others of its node (0 unless
+    /// set: see [`Fill`] and [`Cluster::set_spread`]).
+    pub spread: f64,
     /// The node it is on, if any.
     pub node: Option<NodeId>,
     /// Not measured yet (a new tunnel at its prior size): consolidation, hotspot relief and
     /// drain leave it where it is ([`Cluster::set_settling`]).
     pub settling: bool,
+}
+
+impl TunnelState {
+    /// What placement packs: α_i with its spread.
+    pub fn fill(&self) -> Fill {
+        Fill::new(self.alpha, self.spread)
+    }
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -137,6 +147,14 @@ impl Cluster {
             .sum()
     }
 
+    /// The node's fill: Σ α_i with the spreads of its tunnels (0 for an unknown node). Its mean
+    /// is [`Cluster::load`].
+    pub fn fill(&self, node: NodeId) -> Fill {
+        self.tunnels_on(node)
+            .filter_map(|t| self.tunnels.get(&t))
+            .fold(Fill::default(), |sum, t| sum + t.fill())
+    }
+
     /// The load of every active node, in node order.
     pub fn active_loads(&self) -> BTreeMap<NodeId, f64> {
         self.nodes
@@ -146,13 +164,24 @@ impl Cluster {
             .collect()
     }
 
-    /// Active nodes whose load is above `limit` (with [`FIT_TOLERANCE`]): (node, load),
-    /// highest load first.
+    /// The fill of every active node, in node order.
+    pub fn active_fills(&self) -> BTreeMap<NodeId, Fill> {
+        self.nodes
+            .iter()
+            .filter(|(_, e)| e.state.is_active())
+            .map(|(&id, _)| (id, self.fill(id)))
+            .collect()
+    }
+
+    /// Active nodes whose level (load plus shared spread, [`Fill`]) is above `limit` (with
+    /// [`FIT_TOLERANCE`]): (node, level), highest first. Without spreads the level is the
+    /// load.
     pub fn hotspots(&self, limit: f64) -> Vec<(NodeId, f64)> {
         let mut hot: Vec<(NodeId, f64)> = self
-            .active_loads()
+            .active_fills()
             .into_iter()
-            .filter(|&(_, load)| load > limit + FIT_TOLERANCE)
+            .map(|(node, fill)| (node, fill.level()))
+            .filter(|&(_, level)| level > limit + FIT_TOLERANCE)
             .collect();
         hot.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
         hot
@@ -194,6 +223,7 @@ impl Cluster {
             tunnel,
             TunnelState {
                 alpha,
+                spread: 0.0,
                 node: None,
                 settling: false,
             },
@@ -234,6 +264,18 @@ impl Cluster {
             .get_mut(&tunnel)
             .ok_or(ProvisionError::UnknownTunnel { tunnel })?;
         state.alpha = alpha;
+        Ok(())
+    }
+
+    /// Sets the headroom a tunnel shares with the others of its node (finite, not negative;
+    /// see [`Fill`]). 0 packs it at α_i alone, as the paper does.
+    pub fn set_spread(&mut self, tunnel: TunnelId, spread: f64) -> Result<(), ProvisionError> {
+        check_sample(Some(tunnel), spread)?;
+        let state = self
+            .tunnels
+            .get_mut(&tunnel)
+            .ok_or(ProvisionError::UnknownTunnel { tunnel })?;
+        state.spread = spread;
         Ok(())
     }
 

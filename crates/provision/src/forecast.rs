@@ -1,29 +1,33 @@
-//! Adaptive sizing and reserve (issue 24): each tunnel is sized at a prediction of its next
-//! step's peak learned from its own history, a calibrator scales every prediction so that the
-//! share of steps with a saturated node meets the guarantee target, and a forecast of the
-//! aggregate's rise over the node start latency tells the planner how many nodes to keep ready.
-//! Pure and deterministic: the caller feeds one step at a time.
+//! Adaptive sizing and reserve (issue 24): each tunnel is packed at its measurement with a
+//! headroom predicted from its own history, which it shares with the other tunnels of its node
+//! (the node's level is `Σ α + √(Σ headroom²)`, [`crate::Fill`]); a calibrator scales every
+//! headroom so that the share of steps with a saturated node meets the guarantee target, and a
+//! forecast of the aggregate's rise over the node start latency tells the planner how many
+//! nodes to keep ready. Pure and deterministic: the caller feeds one step at a time.
 //!
 //! # The parts
 //!
 //! - [`DecayHist`]: a histogram of values in `[−1, 1]` with 48 fixed bins (geometric in `|x|`,
 //!   fine near 0) and exponential forgetting; 204 bytes.
 //! - Per tunnel: the step-to-step changes of its measurement α, in units of its cap σ, in a
-//!   [`DecayHist`]. Its next step's peak is predicted as `min(σ, α + σ · k · q)` with `q` the
-//!   [`RISE_QUANTILE`] of its own rises, or of the population's while it has fewer than
+//!   [`DecayHist`]. Its size is α and its headroom (spread) `min(σ · k · q, σ − α)`, with `q`
+//!   the [`RISE_QUANTILE`] of its own rises, or of the population's while it has fewer than
 //!   [`MIN_SAMPLES`] of its own, or `q = 0` (the tunnel at its measurement, the paper's sizing)
 //!   while the population has fewer than [`MIN_SAMPLES`] rises: sizing every tunnel at its cap
 //!   until then would activate nodes for load that is not there (about 210 bytes per tunnel,
-//!   beside its usage histogram).
+//!   beside its usage histogram). Headrooms add as standard deviations do: a node of n
+//!   tunnels with headroom h each is filled to `Σ α + h · √n`, not `Σ α + n · h`, because its
+//!   tunnels rarely all rise at once; the calibrator makes up for tunnels that do.
 //! - The calibrator (adaptive conformal inference, Gibbs & Candès 2021): after every step,
 //!   `k ← clamp(k + γ · (e − r), K_MIN, K_MAX)`, where `e` is 1 when any active node was
 //!   saturated in the step ([`saturated`]) or a tunnel was on no active node (stranded, waiting
 //!   for one), and `r = SATURATED_PER_VIOLATION · (1 − G*)` with G* the guarantee target
 //!   ([`crate::PlannerConfig::guarantee_target`]). In the long run the share of saturated
 //!   steps is `r` (unless `k` sits at a bound).
-//! - The aggregate: the sum of the sizes, its largest rise within the next `h` steps
-//!   (`h = ⌈start latency / τ⌉ + 1`: the steps a node takes to start, plus the one in which the
-//!   need shows) in units of the sum of the caps, in a [`DecayHist`]; with the measured
+//! - The aggregate: the sum of the sizes (the measurements), its largest rise within the next
+//!   `h` steps (`h = ⌈start latency / τ⌉ + 1`: the steps a node takes to start, plus the one in
+//!   which the need shows) in units of the sum of the caps, in a [`DecayHist`] that forgets
+//!   over a day ([`AGGREGATE_HALF_LIFE`]), at its [`AGGREGATE_QUANTILE`]; with the measured
 //!   fragmentation (active nodes per node needed for the sized load, `⌈S / limit⌉`) it gives the
 //!   nodes to keep ready ([`ReserveHint`]). No tunnel is assumed independent of another.
 //! - The prior ([`Prior`]): a new tunnel, before its first measurement, is sized at the
@@ -88,6 +92,16 @@ pub const DAILY_SLACK: f64 = 0.01;
 /// The forgetting of the rise histograms, as a time: long enough for [`RISE_QUANTILE`] to rest
 /// on several samples, short against the diurnal cycle (hours).
 pub const HALF_LIFE: Duration = Duration::from_secs(3600);
+/// The forgetting of the aggregate's rises, as a time: a day. Surges that come a few times a
+/// day (a tenant group bursting as one, the morning ramp) are rare within an hour's memory,
+/// and a reserve sized from an hour would forget them between two of them. Chosen with
+/// [`AGGREGATE_QUANTILE`] on the families' tune seeds (docs/provisioning.md): against an
+/// hour and the reserve's ε, it keeps 1.5–4 Gbit/s more in inactive nodes on the `together`
+/// traces, for fewer minutes waiting for a node to start.
+pub const AGGREGATE_HALF_LIFE: Duration = Duration::from_secs(86_400);
+/// The quantile of the aggregate's rise the reserve hint covers (see
+/// [`AGGREGATE_HALF_LIFE`]): about 14 rises a day beyond it at τ = 1 minute.
+pub const AGGREGATE_QUANTILE: f64 = 0.99;
 /// The forgetting of the prior, in new tunnels: about 150 effective tunnels, so its 95 %
 /// quantile rests on several.
 pub const PRIOR_HALF_LIFE_TUNNELS: f64 = 50.0;
@@ -264,12 +278,12 @@ pub struct ForecastConfig {
     /// G*: the guarantee to aim for (the share of minutes with 99 % of the tunnels served), in
     /// `(0, 1)`; the calibrator aims at `SATURATED_PER_VIOLATION · (1 − G*)` saturated steps.
     pub guarantee_target: f64,
-    /// ε: the aggregate's rise is forecast at its `1 − ε` quantile.
-    pub epsilon: f64,
     /// h: the aggregate forecast's horizon in steps, 1 to [`MAX_HORIZON`].
     pub horizon: usize,
     /// The half-life of the rise histograms, in steps.
     pub half_life: f64,
+    /// The half-life of the aggregate's rises, in steps ([`AGGREGATE_HALF_LIFE`]).
+    pub aggregate_half_life: f64,
     /// γ: the calibrator's step.
     pub gamma: f64,
 }
@@ -295,9 +309,9 @@ impl ForecastConfig {
             node_capacity: config.node_capacity,
             limit: config.limit(),
             guarantee_target: config.guarantee_target,
-            epsilon: config.epsilon,
             horizon,
             half_life: (HALF_LIFE.as_secs_f64() / tau).max(1.0),
+            aggregate_half_life: (AGGREGATE_HALF_LIFE.as_secs_f64() / tau).max(1.0),
             gamma: (K_MAX - K_MIN) / (DAILY_SLACK * steps_per_day),
         })
     }
@@ -310,7 +324,8 @@ pub struct ReserveHint {
     pub nodes: u32,
     /// The sum of the sizes now, in the unit of the node capacity.
     pub level: f64,
-    /// The forecast rise of that sum within the horizon (its `1 − ε` quantile), same unit.
+    /// The forecast rise of that sum within the horizon (its [`AGGREGATE_QUANTILE`]), same
+    /// unit.
     pub rise: f64,
     /// The horizon, in steps.
     pub horizon: u32,
@@ -339,6 +354,8 @@ pub struct Calibration {
 struct TunnelForecast {
     /// The last measurement, in units of the cap.
     last: f32,
+    /// The headroom of its last size, in the caller's unit (see [`Forecaster::spread`]).
+    spread: f32,
     /// Step-to-step changes, in units of the cap.
     rises: DecayHist,
     /// How many changes it has seen (saturating).
@@ -389,7 +406,7 @@ impl Forecaster {
             pooled_samples: 0,
             aggregate: Aggregate {
                 ring: VecDeque::with_capacity(config.horizon + 1),
-                rises: DecayHist::new(config.half_life),
+                rises: DecayHist::new(config.aggregate_half_life),
                 samples: 0,
                 sized: 0.0,
                 caps: 0.0,
@@ -496,6 +513,7 @@ impl Forecaster {
                     tunnel,
                     TunnelForecast {
                         last: x as f32,
+                        spread: 0.0,
                         rises: DecayHist::new(self.config.half_life),
                         samples: 0,
                     },
@@ -507,12 +525,25 @@ impl Forecaster {
             .or_else(|| self.pooled_rise())
             .unwrap_or(0.0)
             .max(0.0);
-        let sized = (alpha + cap * self.calibration.k * q).min(cap).max(floor);
+        let spread = (cap * self.calibration.k * q).min(cap - floor).max(0.0);
+        if let Some(t) = self.tunnels.get_mut(&tunnel) {
+            t.spread = spread as f32;
+        }
         let agg = &mut self.aggregate;
-        agg.sized += sized;
+        agg.sized += floor;
         agg.caps += cap;
         agg.count += 1;
-        sized
+        floor
+    }
+
+    /// The headroom of `tunnel`'s last size ([`Forecaster::size`]): `min(σ · k · q, σ − α)`, in
+    /// the caller's unit; 0 for a tunnel not measured. The planner packs the tunnel as
+    /// `Fill::new(α, spread)` ([`crate::Fill`]), so the tunnels of a node share their headroom:
+    /// the node's level is `Σ α + √(Σ spread²)`.
+    pub fn spread(&self, tunnel: TunnelId) -> f64 {
+        self.tunnels
+            .get(&tunnel)
+            .map_or(0.0, |t| f64::from(t.spread))
     }
 
     /// Counts a tunnel that has no new measurement this step (its node's report did not
@@ -548,7 +579,7 @@ impl Forecaster {
 
     /// The nodes to keep ready for the horizon, once the aggregate has [`MIN_SAMPLES`] rises
     /// and the current step has sizes: `⌈(f · S + Q) / limit⌉` with `S` the sum of this step's
-    /// sizes, `Q` the `1 − ε` quantile of its rise within `h` steps and `f` the measured
+    /// sizes, `Q` the [`AGGREGATE_QUANTILE`] of its rise within `h` steps and `f` the measured
     /// fragmentation (the placement's overhead on the load placed now; the rise is new load,
     /// packed onto fresh nodes).
     pub fn hint(&self) -> Option<ReserveHint> {
@@ -556,7 +587,7 @@ impl Forecaster {
         if agg.samples < MIN_SAMPLES || agg.count == 0 {
             return None;
         }
-        let q = agg.rises.quantile(1.0 - self.config.epsilon)?.max(0.0);
+        let q = agg.rises.quantile(AGGREGATE_QUANTILE)?.max(0.0);
         let rise = q * agg.caps;
         let fragmentation = agg.fragmentation.unwrap_or(1.0).max(1.0);
         let nodes = ((fragmentation * agg.sized + rise) / self.config.limit - 1e-9)

@@ -86,7 +86,7 @@ pub use ids::{NodeId, TunnelId};
 pub use nodes::{NodeCounts, NodePlan, NodeState};
 pub use placement::{
     best_fit, best_fit_decreasing, best_fit_decreasing_onto, fits, hotspot_selection,
-    volume_lower_bound, FIT_TOLERANCE,
+    volume_lower_bound, Fill, Size, FIT_TOLERANCE,
 };
 pub use plan::{Action, ById, ConsolidationOutcome, Decision, Names, Plan, Reason, Reservation};
 pub use planner::{ConsolidationMode, Planner, PlannerConfig};

@@ -145,7 +145,7 @@ impl fmt::Display for Action {
 pub enum Reason {
     /// The tunnel had no node; Best Fit chose this one.
     NewTunnel {
-        /// The tunnel's usage α.
+        /// The tunnel's size: its usage α, plus its spread when it has one ([`crate::Fill`]).
         alpha: f64,
     },
     /// The tunnel's node is not active (it was deactivated or stopped with tunnels on it);
@@ -155,15 +155,15 @@ pub enum Reason {
         node: NodeId,
         /// That node's state.
         state: NodeState,
-        /// The tunnel's usage α.
+        /// The tunnel's size: its usage α, plus its spread when it has one ([`crate::Fill`]).
         alpha: f64,
     },
     /// No node had room for the tunnel and no inactive node was left, so it went to the least
     /// loaded active node, above the limit: a tunnel must be served somewhere.
     Overflow {
-        /// The tunnel's usage α.
+        /// The tunnel's size: its usage α, plus its spread when it has one ([`crate::Fill`]).
         alpha: f64,
-        /// The node's load with the tunnel.
+        /// The node's level with the tunnel (load plus shared spread).
         load: f64,
         /// The fill limit, `T_H · node capacity`.
         limit: f64,
@@ -173,11 +173,11 @@ pub enum Reason {
     Hotspot {
         /// The hotspot.
         node: NodeId,
-        /// Its load β_j when detected.
+        /// Its level when detected: β_j, plus its tunnels' shared spread.
         load: f64,
         /// The fill limit, `T_H · node capacity`.
         limit: f64,
-        /// The tunnel's usage α.
+        /// The tunnel's size: its usage α, plus its spread when it has one ([`crate::Fill`]).
         alpha: f64,
     },
     /// Periodic consolidation (§5.4): Best Fit Decreasing over all tunnels packs them into
@@ -192,7 +192,7 @@ pub enum Reason {
     NothingFits {
         /// The tunnel that did not fit.
         tunnel: TunnelId,
-        /// Its usage α.
+        /// Its size: its usage α, plus its spread when it has one.
         alpha: f64,
         /// The fill limit, `T_H · node capacity`.
         limit: f64,
@@ -202,7 +202,7 @@ pub enum Reason {
     Drain {
         /// The node emptied.
         node: NodeId,
-        /// Its load β_j before.
+        /// Its level before: β_j, plus its tunnels' shared spread.
         load: f64,
         /// The fill limit, `T_H · node capacity`.
         limit: f64,
@@ -237,7 +237,8 @@ pub enum Reason {
     AggregateForecast {
         /// The sum of the sizes now, in the caller's unit.
         level: f64,
-        /// Its forecast rise within the horizon (the `1 − ε` quantile), same unit.
+        /// Its forecast rise within the horizon (the quantile
+        /// [`crate::forecast::AGGREGATE_QUANTILE`]), same unit.
         rise: f64,
         /// The horizon, in steps of τ.
         horizon: u32,

@@ -53,6 +53,7 @@ use crate::ids::{NodeId, TunnelId};
 use crate::nodes::NodeState;
 use crate::placement::{
     best_fit, best_fit_decreasing, best_fit_decreasing_onto, hotspot_selection, sort_decreasing,
+    Fill, Size,
 };
 use crate::plan::{Action, ConsolidationOutcome, Decision, Plan, Reason, Reservation};
 use crate::usage::{UsageBook, UsageConfig, UsageHistogram};
@@ -277,7 +278,7 @@ impl Planner {
         hint: Option<&ReserveHint>,
     ) -> Result<Plan, ProvisionError> {
         let mut work = Work::new(cluster.clone(), self.config.limit());
-        let mut stranded: Vec<(TunnelId, f64)> = Vec::new();
+        let mut stranded: Vec<(TunnelId, Fill)> = Vec::new();
 
         self.place_orphans(&mut work, &mut stranded)?;
         let consolidation = if self.consolidation_due(now, last_consolidation) {
@@ -339,34 +340,35 @@ impl Planner {
     fn place_orphans(
         &self,
         work: &mut Work,
-        stranded: &mut Vec<(TunnelId, f64)>,
+        stranded: &mut Vec<(TunnelId, Fill)>,
     ) -> Result<(), ProvisionError> {
-        let mut orphans: Vec<(TunnelId, f64)> = work
+        let mut orphans: Vec<(TunnelId, Fill)> = work
             .cluster
             .tunnels()
             .filter(|(_, t)| t.node.is_none_or(|n| !work.loads.contains_key(&n)))
-            .map(|(id, t)| (id, t.alpha))
+            .map(|(id, t)| (id, t.fill()))
             .collect();
         sort_decreasing(&mut orphans);
-        for (tunnel, alpha) in orphans {
+        for (tunnel, fill) in orphans {
+            let alpha = fill.level();
             let from = work.cluster.tunnel(tunnel).and_then(|t| t.node);
             let reason = match from.and_then(|n| work.cluster.node_state(n).map(|s| (n, s))) {
                 Some((node, state)) => Reason::NodeNotActive { node, state, alpha },
                 None => Reason::NewTunnel { alpha },
             };
-            let (target, reason) = match work.fit_or_activate(tunnel, alpha, None)? {
+            let (target, reason) = match work.fit_or_activate(tunnel, fill, None)? {
                 Some(node) => (node, reason),
                 None => match work.least_loaded() {
                     Some((node, load)) => (
                         node,
                         Reason::Overflow {
                             alpha,
-                            load: load + alpha,
+                            load: (load + fill).level(),
                             limit: work.limit,
                         },
                     ),
                     None => {
-                        stranded.push((tunnel, alpha));
+                        stranded.push((tunnel, fill));
                         continue;
                     }
                 },
@@ -392,19 +394,19 @@ impl Planner {
     /// load, kept on that node, which the packing may fill up to the limit.
     fn consolidate(&self, work: &mut Work) -> Result<ConsolidationOutcome, ProvisionError> {
         let active_before = work.loads.len();
-        let mut items: Vec<(TunnelId, f64)> = Vec::new();
-        let mut settled: BTreeMap<NodeId, f64> = BTreeMap::new();
+        let mut items: Vec<(TunnelId, Fill)> = Vec::new();
+        let mut settled: BTreeMap<NodeId, Fill> = BTreeMap::new();
         for (id, t) in work.cluster.tunnels() {
             let Some(node) = t.node.filter(|n| work.loads.contains_key(n)) else {
                 continue;
             };
             if t.settling {
-                *settled.entry(node).or_insert(0.0) += t.alpha;
+                *settled.entry(node).or_default() += t.fill();
             } else {
-                items.push((id, t.alpha));
+                items.push((id, t.fill()));
             }
         }
-        let filled: Vec<f64> = settled.values().copied().collect();
+        let filled: Vec<Fill> = settled.values().copied().collect();
         let bins = best_fit_decreasing_onto(&items, &filled, work.limit);
         let mut outcome = ConsolidationOutcome {
             active_before,
@@ -502,23 +504,28 @@ impl Planner {
     fn relieve_hotspots(
         &self,
         work: &mut Work,
-        stranded: &mut Vec<(TunnelId, f64)>,
+        stranded: &mut Vec<(TunnelId, Fill)>,
     ) -> Result<(), ProvisionError> {
-        for (node, load) in work.cluster_hotspots() {
+        for (node, fill) in work.cluster_hotspots() {
+            let load = fill.level();
             // Settling tunnels stay: the others are chosen to relieve the node.
-            let tunnels: Vec<(TunnelId, f64)> = work
+            let tunnels: Vec<(TunnelId, Fill)> = work
                 .cluster
                 .tunnels_on(node)
                 .filter_map(|t| {
                     work.cluster
                         .tunnel(t)
                         .filter(|s| !s.settling)
-                        .map(|s| (t, s.alpha))
+                        .map(|s| (t, s.fill()))
                 })
                 .collect();
-            for tunnel in hotspot_selection(&tunnels, load, work.limit) {
-                let alpha = work.cluster.tunnel(tunnel).map_or(0.0, |t| t.alpha);
-                match work.fit_or_activate(tunnel, alpha, Some(node))? {
+            for tunnel in hotspot_selection(&tunnels, fill, work.limit) {
+                let size = work
+                    .cluster
+                    .tunnel(tunnel)
+                    .map_or(Fill::default(), |t| t.fill());
+                let alpha = size.level();
+                match work.fit_or_activate(tunnel, size, Some(node))? {
                     Some(to) => work.act(
                         Action::Migrate {
                             tunnel,
@@ -532,7 +539,7 @@ impl Planner {
                             alpha,
                         },
                     )?,
-                    None => stranded.push((tunnel, alpha)),
+                    None => stranded.push((tunnel, size)),
                 }
             }
         }
@@ -548,18 +555,18 @@ impl Planner {
         // Nodes that can be stopped first (pinned ones only after), least loaded first.
         let mut order: Vec<(bool, f64, NodeId)> = loads
             .iter()
-            .map(|(&n, &l)| (work.cluster.is_pinned(n), l, n))
+            .map(|(&n, &l)| (work.cluster.is_pinned(n), l.level(), n))
             .collect();
         order.sort_by(|a, b| a.0.cmp(&b.0).then(a.1.total_cmp(&b.1)).then(a.2.cmp(&b.2)));
         // A node that took tunnels earlier in the pass may still be emptied: a tunnel may then
         // move twice in one plan, and a caller carries out only where it ends (the simulator
         // counts one migration, the live cluster one rekey).
         for (_, _, node) in order {
-            let load = loads.get(&node).copied().unwrap_or(0.0);
-            let mut tunnels: Vec<(TunnelId, f64)> = work
+            let load = loads.get(&node).map_or(0.0, |l| l.level());
+            let mut tunnels: Vec<(TunnelId, Fill)> = work
                 .cluster
                 .tunnels_on(node)
-                .filter_map(|t| work.cluster.tunnel(t).map(|s| (t, s.alpha)))
+                .filter_map(|t| work.cluster.tunnel(t).map(|s| (t, s.fill())))
                 .collect();
             let settling = work
                 .cluster
@@ -611,7 +618,7 @@ impl Planner {
         work: &mut Work,
         usage: &UsageBook,
         now: Instant,
-        stranded: &[(TunnelId, f64)],
+        stranded: &[(TunnelId, Fill)],
         hint: Option<&ReserveHint>,
     ) -> Result<Reservation, ProvisionError> {
         let reservation = self.reservation(&work.cluster, usage)?;
@@ -697,15 +704,15 @@ fn to_u32(n: usize) -> u32 {
 /// The cluster as the plan changes it, with the loads of the active nodes kept up to date.
 struct Work {
     cluster: Cluster,
-    /// β_j of every active node.
-    loads: BTreeMap<NodeId, f64>,
+    /// β_j of every active node, with the spreads of its tunnels.
+    loads: BTreeMap<NodeId, Fill>,
     decisions: Vec<Decision>,
     limit: f64,
 }
 
 impl Work {
     fn new(cluster: Cluster, limit: f64) -> Self {
-        let loads = cluster.active_loads();
+        let loads = cluster.active_fills();
         Self {
             cluster,
             loads,
@@ -719,18 +726,24 @@ impl Work {
         self.cluster.apply(&action)?;
         match action {
             Action::Place { tunnel, node } => {
-                let alpha = self.cluster.tunnel(tunnel).map_or(0.0, |t| t.alpha);
-                *self.loads.entry(node).or_insert(0.0) += alpha;
+                let fill = self
+                    .cluster
+                    .tunnel(tunnel)
+                    .map_or(Fill::default(), |t| t.fill());
+                *self.loads.entry(node).or_default() += fill;
             }
             Action::Migrate { tunnel, from, to } => {
-                let alpha = self.cluster.tunnel(tunnel).map_or(0.0, |t| t.alpha);
+                let fill = self
+                    .cluster
+                    .tunnel(tunnel)
+                    .map_or(Fill::default(), |t| t.fill());
                 if let Some(load) = self.loads.get_mut(&from) {
-                    *load -= alpha;
+                    *load -= fill;
                 }
-                *self.loads.entry(to).or_insert(0.0) += alpha;
+                *self.loads.entry(to).or_default() += fill;
             }
             Action::Activate { node } => {
-                self.loads.insert(node, 0.0);
+                self.loads.insert(node, Fill::default());
             }
             Action::Deactivate { node } => {
                 self.loads.remove(&node);
@@ -746,7 +759,7 @@ impl Work {
     fn fit_or_activate(
         &mut self,
         tunnel: TunnelId,
-        alpha: f64,
+        size: Fill,
         exclude: Option<NodeId>,
     ) -> Result<Option<NodeId>, ProvisionError> {
         let candidates = self
@@ -754,7 +767,7 @@ impl Work {
             .iter()
             .filter(|(&n, _)| Some(n) != exclude)
             .map(|(&n, &load)| (n, load));
-        if let Some(node) = best_fit(candidates, alpha, self.limit) {
+        if let Some(node) = best_fit(candidates, size, self.limit) {
             return Ok(Some(node));
         }
         let inactive = self
@@ -766,7 +779,7 @@ impl Work {
             Some(node) => {
                 let reason = Reason::NothingFits {
                     tunnel,
-                    alpha,
+                    alpha: size.level(),
                     limit: self.limit,
                 };
                 self.act(Action::Activate { node }, reason)?;
@@ -776,23 +789,23 @@ impl Work {
         }
     }
 
-    /// The active node with the lowest load (ties: lowest number).
-    fn least_loaded(&self) -> Option<(NodeId, f64)> {
+    /// The active node with the lowest level (ties: lowest number).
+    fn least_loaded(&self) -> Option<(NodeId, Fill)> {
         self.loads
             .iter()
             .map(|(&n, &load)| (n, load))
-            .min_by(|a, b| a.1.total_cmp(&b.1).then(a.0.cmp(&b.0)))
+            .min_by(|a, b| a.1.level().total_cmp(&b.1.level()).then(a.0.cmp(&b.0)))
     }
 
-    /// Active nodes above the limit, highest load first, from the tracked loads.
-    fn cluster_hotspots(&self) -> Vec<(NodeId, f64)> {
-        let mut hot: Vec<(NodeId, f64)> = self
+    /// Active nodes above the limit, highest level first, from the tracked loads.
+    fn cluster_hotspots(&self) -> Vec<(NodeId, Fill)> {
+        let mut hot: Vec<(NodeId, Fill)> = self
             .loads
             .iter()
-            .filter(|(_, &load)| load > self.limit + crate::placement::FIT_TOLERANCE)
+            .filter(|(_, &load)| load.level() > self.limit + crate::placement::FIT_TOLERANCE)
             .map(|(&n, &load)| (n, load))
             .collect();
-        hot.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+        hot.sort_by(|a, b| b.1.level().total_cmp(&a.1.level()).then(a.0.cmp(&b.0)));
         hot
     }
 }

@@ -589,6 +589,7 @@ fn run_planner(
                 }
                 let alpha = measured(step, i);
                 cluster.set_alpha(id, sizer.size(id, alpha, caps[i]))?;
+                cluster.set_spread(id, sizer.spread(id))?;
                 cluster.set_settling(id, false)?;
                 usage.record(id, alpha)?;
             }

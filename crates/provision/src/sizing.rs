@@ -215,6 +215,13 @@ impl Sizer {
         }
     }
 
+    /// The headroom the planner adds to `tunnel`'s last size, shared with the other tunnels of
+    /// its node ([`Forecaster::spread`], set with [`crate::Cluster::set_spread`]); 0 under the
+    /// rules other than [`Sizing::Adaptive`].
+    pub fn spread(&self, tunnel: TunnelId) -> f64 {
+        self.forecaster.as_ref().map_or(0.0, |f| f.spread(tunnel))
+    }
+
     /// Takes `tunnel`'s new measurement `alpha` (once per τ); returns its size, at most `cap`
     /// (and never below the measurement). A tunnel's first measurement (since it was last
     /// forgotten) also teaches the prior.

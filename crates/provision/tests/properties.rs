@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 use proptest::prelude::*;
 use provision::{
     aggregate, aggregate_exact, best_fit, best_fit_decreasing, fits, hotspot_selection,
-    volume_lower_bound, Action, Cluster, NodeId, NodeState, Planner, PlannerConfig, TunnelId,
-    UsageBook, UsageHistogram, FIT_TOLERANCE,
+    volume_lower_bound, Action, Cluster, Fill, NodeId, NodeState, Planner, PlannerConfig, Size,
+    TunnelId, UsageBook, UsageHistogram, FIT_TOLERANCE,
 };
 
 /// The fewest bins of capacity `limit` that hold `sizes` (each at most `limit`), by branch
@@ -138,6 +138,37 @@ proptest! {
                 }
             }
         }
+    }
+
+    #[test]
+    fn a_fill_without_spread_packs_as_its_mean(items in sizes(40, 0.9)) {
+        let plain: Vec<(usize, f64)> = items.iter().copied().enumerate().collect();
+        let fills: Vec<(usize, Fill)> =
+            items.iter().map(|&a| Fill::from(a)).enumerate().collect();
+        prop_assert_eq!(best_fit_decreasing(&plain, 0.9), best_fit_decreasing(&fills, 0.9));
+    }
+
+    #[test]
+    fn bfd_with_spread_places_every_item_once_within_the_limit(
+        items in prop::collection::vec((0u32..=30, 0u32..=20), 0..40),
+    ) {
+        let shared: Vec<(usize, Fill)> = items
+            .iter()
+            .map(|&(a, h)| Fill::new(f64::from(a) / 100.0, f64::from(h) / 100.0))
+            .enumerate()
+            .collect();
+        let bins = best_fit_decreasing(&shared, 0.9);
+        let mut seen = vec![0usize; items.len()];
+        for bin in &bins {
+            let fill = bin.iter().fold(Fill::default(), |sum, &k| sum + shared[k].1);
+            prop_assert!(fill.level() <= 0.9 + FIT_TOLERANCE, "{fill:?}");
+            for &k in bin {
+                seen[k] += 1;
+            }
+        }
+        prop_assert!(seen.iter().all(|&n| n == 1));
+        // No packing of the means alone uses fewer nodes.
+        prop_assert!(bins.len() >= volume_lower_bound(shared.iter().map(|s| s.1.mean), 0.9));
     }
 
     #[test]
@@ -298,17 +329,25 @@ fn tree_aggregate_may_take_one_step_more_when_the_tail_equals_epsilon() {
 }
 
 /// A random cluster: nodes in every state (enough inactive ones to place everything), tunnels
-/// with α ≤ 0.3 on random active nodes or on none.
+/// with α ≤ 0.3 and a spread ≤ 0.2 (shared headroom, [`Fill`]; 0 for about half of them) on
+/// random active nodes or on none.
 #[derive(Debug, Clone)]
 struct Scenario {
     nodes: Vec<(u32, u8)>,
-    tunnels: Vec<(u32, u32, Option<usize>)>,
+    tunnels: Vec<(u32, u32, Option<usize>, u32)>,
 }
 
 fn scenario() -> impl Strategy<Value = Scenario> {
     (
         prop::collection::vec(0u8..4, 1..12),
-        prop::collection::vec((0u32..=30, prop::option::of(0usize..12)), 0..50),
+        prop::collection::vec(
+            (
+                0u32..=30,
+                prop::option::of(0usize..12),
+                prop_oneof![Just(0u32), 0u32..=20],
+            ),
+            0..50,
+        ),
     )
         .prop_map(|(states, tunnels)| Scenario {
             nodes: states
@@ -319,7 +358,7 @@ fn scenario() -> impl Strategy<Value = Scenario> {
             tunnels: tunnels
                 .into_iter()
                 .enumerate()
-                .map(|(i, (a, n))| (i as u32, a, n))
+                .map(|(i, (a, n, spread))| (i as u32, a, n, spread))
                 .collect(),
         })
 }
@@ -347,9 +386,12 @@ fn build(s: &Scenario, now: Instant) -> (Cluster, UsageBook) {
         .filter(|(_, st)| st.is_active())
         .map(|(n, _)| n)
         .collect();
-    for &(id, alpha, node) in &s.tunnels {
+    for &(id, alpha, node, spread) in &s.tunnels {
         let alpha = f64::from(alpha) / 100.0;
         cluster.add_tunnel(TunnelId(id), alpha).expect("tunnel");
+        cluster
+            .set_spread(TunnelId(id), f64::from(spread) / 100.0)
+            .expect("spread");
         usage.set_sigma(TunnelId(id), 0.3).expect("sigma");
         usage.record(TunnelId(id), alpha).expect("sample");
         if let (Some(n), false) = (node, active.is_empty()) {

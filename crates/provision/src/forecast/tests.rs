@@ -175,16 +175,21 @@ fn a_tunnel_is_sized_from_its_own_rises() {
         f.observe_nodes([3.0]);
         let a = 0.5 + if step % 2 == 0 { 0.01 } else { -0.01 };
         let b = if step % 2 == 0 { 0.2 } else { 0.8 };
-        last = (f.size(calm, a, 1.5), f.size(jumpy, b, 1.5));
-        assert!(last.0 >= a && last.0 <= 1.5 && last.1 >= b && last.1 <= 1.5);
+        // A tunnel is packed at its measurement, with a headroom within its cap.
+        assert_eq!((f.size(calm, a, 1.5), f.size(jumpy, b, 1.5)), (a, b));
+        last = (f.spread(calm), f.spread(jumpy));
+        assert!(last.0 >= 0.0 && a + last.0 <= 1.5 && last.1 >= 0.0 && b + last.1 <= 1.5);
     }
     // k ≈ 1 - 40 · γ · 0.06 ≈ 0.5: the calm tunnel's 95 % rise is 0.02, the jumpy one's 0.6.
     let k = f.calibration().k;
     assert!((0.4..0.65).contains(&k), "{k}");
-    assert!(last.0 - 0.49 < 0.05, "{last:?}");
-    assert!(last.1 - 0.8 > 0.2, "{last:?}");
-    // Sizes never exceed the cap, and a measurement above the cap is the cap.
+    assert!(last.0 < 0.05, "{last:?}");
+    assert!(last.1 > 0.2, "{last:?}");
+    // Sizes never exceed the cap, and a measurement above the cap is the cap, with no room
+    // left for headroom.
     assert_eq!(f.size(jumpy, 2.0, 1.5), 1.5);
+    assert_eq!(f.spread(jumpy), 0.0);
+    assert_eq!(f.spread(TunnelId(77)), 0.0);
     // A cap of 0 or a NaN cannot panic.
     assert_eq!(f.size(TunnelId(3), 0.1, 0.0), 0.0);
     assert_eq!(f.size(TunnelId(3), 0.1, f64::NAN), 0.1);
@@ -204,8 +209,9 @@ fn a_tunnel_without_history_uses_the_population() {
         }
     }
     // A newcomer's first measurement: sized with the population's rise, not at its level.
-    let size = f.size(TunnelId(99), 0.1, 1.5);
-    assert!(size > 0.1 + 0.3 * 1.5 * 0.5, "{size}");
+    assert_eq!(f.size(TunnelId(99), 0.1, 1.5), 0.1);
+    let spread = f.spread(TunnelId(99));
+    assert!(spread > 0.3 * 1.5 * 0.5, "{spread}");
 }
 
 #[test]
@@ -273,6 +279,7 @@ fn before_the_population_has_rises_a_tunnel_is_sized_at_its_measurement() {
     // is not there).
     for t in 0..10 {
         assert_eq!(f.size(TunnelId(t), 0.3, 1.5), 0.3);
+        assert_eq!(f.spread(TunnelId(t)), 0.0);
     }
     // Once the population has MIN_SAMPLES rises, its quantile sizes a tunnel without its own.
     for step in 0..3 {
@@ -281,7 +288,8 @@ fn before_the_population_has_rises_a_tunnel_is_sized_at_its_measurement() {
             f.size(TunnelId(t), if step % 2 == 0 { 0.75 } else { 0.3 }, 1.5);
         }
     }
-    assert!(f.size(TunnelId(50), 0.3, 1.5) > 0.3 + 0.2);
+    assert_eq!(f.size(TunnelId(50), 0.3, 1.5), 0.3);
+    assert!(f.spread(TunnelId(50)) > 0.2);
 }
 
 #[test]
