@@ -647,7 +647,11 @@ fn adaptive_sizing_shows_the_headroom_a_node_shares() {
     assert!(level > used + 100.0, "{d}");
     assert!(level <= used + 2.0 * 1600.0, "{d}");
     // Under any other rule there is no headroom: the level is the load.
-    let mut e = Autoscaler::new(5000, &config(AutoscaleMode::Advise)).unwrap();
+    let envelope = AutoscaleConfig {
+        sizing: provision::Sizing::Envelope { steps: 2 },
+        ..config(AutoscaleMode::Advise)
+    };
+    let mut e = Autoscaler::new(5000, &envelope).unwrap();
     advise(&mut e, t0, &input(1, &[(1, 400.0)], &[(5, 100.0)]));
     advise(
         &mut e,

@@ -56,6 +56,8 @@ fn the_autoscaler_relieves_a_hotspot_parks_and_starts_nodes() {
         mode: control::config::AutoscaleMode::Act,
         interval: Duration::from_secs(1),
         consolidation_interval: Duration::from_secs(1),
+        // The steps below follow envelope sizing (the higher of the last two measurements).
+        sizing: provision::Sizing::Envelope { steps: 2 },
         ..control::config::AutoscaleConfig::default()
     });
     b.cluster = std::mem::replace(&mut b.cluster, fresh_bed().cluster)

@@ -7,9 +7,9 @@
 //! The trace is a CSV file (`minute,tunnel,gbps`) or generated (`--generate FAMILY --seed S`,
 //! one of the families of `provision::trace::TraceFamily`, `paper` being the paper's
 //! statistics). The definitions (timing, violations, guarantee, baselines) are those of
-//! `provision::sim`. Protego runs with its defaults (`provision::Defaults::PROTEGO`: envelope
-//! sizing, the highest of a tunnel's last two measurements, and drain between
-//! consolidations) unless told otherwise (`--sizing measured --no-drain` is the planner
+//! `provision::sim`. Protego runs with its defaults (`provision::Defaults::PROTEGO`: adaptive
+//! sizing, each tunnel at its measurement with a calibrated headroom its node shares, and
+//! drain between consolidations) unless told otherwise (`--sizing measured --no-drain` is the planner
 //! driven exactly as the paper drives its algorithm); the paper's algorithm runs as
 //! published.
 
@@ -847,7 +847,7 @@ mod tests {
         let c = a.config().unwrap();
         assert_eq!(c.consolidation_minutes(), 10);
         assert_eq!(c.sizing, provision::Defaults::PROTEGO.sizing);
-        assert_eq!(c.sizing, Sizing::Envelope { steps: 2 });
+        assert_eq!(c.sizing, Sizing::Adaptive);
         assert!(c.drain && c.warm_start);
         assert_eq!(c.score_from_minute, 0);
         assert!(args(&[]).is_err(), "a trace or --generate is required");
@@ -986,7 +986,7 @@ mod tests {
             doc["intervals"][1]["protego"]["saving_pct"],
             doc["saving_pct"]
         );
-        assert_eq!(doc["model"]["sizing"], "envelope:2");
+        assert_eq!(doc["model"]["sizing"], "adaptive");
         assert_eq!(doc["trace"]["tunnels"], 30);
     }
 

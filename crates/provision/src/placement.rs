@@ -82,9 +82,16 @@ impl Size for Fill {
         self.mean
     }
 
-    /// `√var`; a variance left slightly below 0 by rounding counts as 0.
+    /// `√var`; a variance within [`FIT_TOLERANCE`] of 0 counts as 0. Adding and removing
+    /// tunnels leaves rounding residues in the variance, and the root magnifies one near 0
+    /// (a residue of 1e-17 would be a spread of 3e-9, beyond the tolerance); a spread below
+    /// √FIT_TOLERANCE ≈ 3e-5 of the caller's unit is not worth keeping.
     fn spread(self) -> f64 {
-        self.var.max(0.0).sqrt()
+        if self.var <= FIT_TOLERANCE {
+            0.0
+        } else {
+            self.var.sqrt()
+        }
     }
 }
 

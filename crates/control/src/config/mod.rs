@@ -162,9 +162,10 @@ pub struct AutoscaleConfig {
     /// Reserved nodes tolerated above what the model requires before one is stopped
     /// (hysteresis: a start takes `start_latency`).
     pub stop_slack: u32,
-    /// How tunnels are sized for placement (`"envelope:2"`: the higher of the last two
-    /// measurements; `"measured"`: the last one, as the paper does; `"adaptive"`: see
-    /// `provision::forecast`).
+    /// How tunnels are sized for placement (`"adaptive"`, the default: each at its
+    /// measurement with a calibrated headroom its node shares, see `provision::forecast`;
+    /// `"envelope:2"`: the higher of the last two measurements; `"measured"`: the last one, as
+    /// the paper does).
     pub sizing: provision::Sizing,
     /// Give a node back as soon as its tunnels fit on the others, not at the next
     /// consolidation (Protego's; the paper waits).
@@ -185,7 +186,7 @@ impl Default for AutoscaleConfig {
     /// plan of 10 000 tunnels takes about 0.15 s), 10-minute consolidation, T_H = 0.9,
     /// ε = 0.05, 3-minute starts, one node at least, no provider; and Protego's two changes
     /// to the paper's algorithm (docs/provisioning.md, `provision::Defaults::PROTEGO`):
-    /// envelope sizing over two measurements, and drain.
+    /// adaptive sizing and drain.
     fn default() -> Self {
         Self {
             mode: AutoscaleMode::Advise,

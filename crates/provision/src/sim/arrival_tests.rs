@@ -45,7 +45,11 @@ fn arrivals_trace() -> Trace {
 #[test]
 fn a_tunnel_is_judged_from_its_arrival() {
     let trace = arrivals_trace();
-    for sizing in [Sizing::Measured, Defaults::PROTEGO.sizing, Sizing::Adaptive] {
+    for sizing in [
+        Sizing::Measured,
+        Sizing::Envelope { steps: 2 },
+        Sizing::Adaptive,
+    ] {
         let mut config = SimConfig::paper(1.5);
         config.sizing = sizing;
         let run = run_policy(&trace, &config, Policy::Protego, Instant::now(), &mut quiet).unwrap();
@@ -150,7 +154,7 @@ fn adaptive_sizing_keeps_its_guarantee_when_volatility_steps_up() {
     };
     let adaptive = run(Sizing::Adaptive);
     let measured = run(Sizing::Measured);
-    let envelope = run(Defaults::PROTEGO.sizing);
+    let envelope = run(Sizing::Envelope { steps: 2 });
     // Its calibrated target is 97 %; the rules fixed in advance lose far more.
     let g = |r: &Run| r.summary.guarantee_pct;
     assert!(g(&adaptive) >= 95.0, "{:?}", adaptive.summary);
@@ -202,7 +206,11 @@ fn two_minute_steps(sizing: Sizing) -> SimConfig {
 #[test]
 fn a_tunnel_arriving_within_the_first_step_is_in_before_it() {
     let trace = mid_step_trace();
-    for sizing in [Sizing::Measured, Defaults::PROTEGO.sizing, Sizing::Adaptive] {
+    for sizing in [
+        Sizing::Measured,
+        Sizing::Envelope { steps: 2 },
+        Sizing::Adaptive,
+    ] {
         let config = two_minute_steps(sizing);
         for policy in [Policy::Protego, Policy::Paper] {
             let run = run_policy(&trace, &config, policy, Instant::now(), &mut quiet).unwrap();
@@ -269,7 +277,7 @@ fn the_paper_algorithm_leaves_no_tunnel_settling() {
     // sizing rule; the paper's algorithm, as published, places it at 0 and may move it.
     for sizing in [
         Sizing::Measured,
-        Defaults::PROTEGO.sizing,
+        Sizing::Envelope { steps: 2 },
         Sizing::Headroom {
             z: 1.0,
             half_life: 2.0,

@@ -353,7 +353,7 @@ fn cluster_autoscale_defaults_values_and_errors() {
         (0.9, 0.05, 1)
     );
     assert!(a.local.is_none());
-    assert_eq!(a.sizing, provision::Sizing::Envelope { steps: 2 });
+    assert_eq!(a.sizing, provision::Sizing::Adaptive);
     assert!(a.drain);
     assert_eq!(a.guarantee_target, 0.97);
     let a = s
