@@ -18,7 +18,7 @@ const MAX_LOAD: f64 = 0.95;
 
 /// The load factor [`Cuckoo::reserve`] sizes for: room to insert more without growing, and
 /// few entries pushed to their second bucket.
-pub(crate) const RESERVE_LOAD: f64 = 0.90;
+pub(crate) const RESERVE_LOAD: f64 = 0.85;
 
 /// Buckets a breadth-first search for a cuckoo path visits at most before the table grows.
 const SEARCH_MAX: usize = 256;

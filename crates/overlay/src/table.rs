@@ -13,7 +13,7 @@ use crate::key::{Key, V4Key, V6Key, Value, VnetId};
 pub const MAX_VNETS: u32 = 1 << 24;
 
 /// Keys a batched lookup hashes and prefetches before it reads the first bucket.
-pub const BATCH: usize = 32;
+pub const BATCH: usize = 64;
 
 /// The hash seed of [`OverlayTable::new`].
 const DEFAULT_SEED: u64 = 0x5851_f42d_4c95_7f2d;
