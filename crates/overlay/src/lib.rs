@@ -81,8 +81,12 @@
 //! them and prefetches their first buckets, then reads those buckets in order (by then mostly
 //! in the cache), prefetching the second bucket of the keys that need it, then reads those.
 //! The memory accesses of a batch overlap instead of following one another, so the cost per
-//! lookup grows little once the table leaves the CPU caches. The prefetch is
-//! `_mm_prefetch` on x86-64 (one `unsafe` call, see `prefetch.rs`) and nothing elsewhere.
+//! lookup grows little once the table leaves the CPU caches. Measured alternatives: groups of
+//! 16 reached 33 M/s with 16 M IPv4 entries against 38–55 M/s for 64, and 128 no more than
+//! 64; a rolling window (prefetching the key 24 places ahead, reading second buckets 12 keys
+//! after their prefetch) was within the noise of groups of 64, so the simpler groups stay.
+//! The prefetch is `_mm_prefetch` on x86-64 (one `unsafe` call, see `prefetch.rs`) and
+//! nothing elsewhere.
 //!
 //! # Why not a crate
 //!
@@ -106,7 +110,7 @@
 //!   copies of a reserved table (30 bytes per entry) are too.
 //! - IPv6: 128 / 5 = 25.6 bytes per slot: 30.1 at α = 0.85, 27 at 0.95, 54 just after a
 //!   doubling (a reservation avoids that).
-//! - Hosts: 4096 hosts cost about 200 KiB in all, 0.01 byte per entry at 16 M.
+//! - Hosts: 4096 hosts cost 284 KiB in all, 0.02 byte per entry at 16 M.
 //!
 //! Measured at 16 M entries pointing at 4096 hosts, all included: **15.1 bytes per IPv4
 //! entry** (230 MiB) and **30.1 bytes per IPv6 entry** (459 MiB), load factor 0.85; std's
@@ -115,29 +119,33 @@
 //! # Measured
 //!
 //! `cargo run -p protego-overlay --release --example table_bench` on this project's machine
-//! (2-core AMD EPYC, Zen 5 family, KVM, 32 MiB L3, 4 KiB pages, shared with other builds so
-//! figures vary by a third between runs; the ranges below are of three runs, load average
-//! 1.7 to 2.8). Lookups per second on one core, destinations uniformly random over all
-//! entries, 64 VNets, 4096 hosts:
+//! (2-core AMD EPYC, Zen 5 family, KVM, 32 MiB L3, 4 KiB pages), one run at load average 2.4
+//! (the machine is shared with other builds; figures vary by up to a third between runs).
+//! Millions of lookups per second on one core, destinations uniformly random over all
+//! entries, 64 VNets, 4096 hosts; bytes per entry all included; load: bulk load reserved
+//! from the size hint.
 //!
-//! | entries | family | single | batch 32 | batch 64 | HashMap+Fx | HashMap+Sip | load |
-//! |---|---|---|---|---|---|---|---|
-//! | 1 | IPv4 | 200–320 M | 118–150 M | 150–164 M | 290–430 M | 66–80 M | 0 |
-//! | 1 M | IPv4 | 30–50 M | 64–69 M | 59–65 M | 27–34 M | 8.5–10.5 M | 0.1 s |
-//! | 16 M | IPv4 | 11–15 M | 33–44 M | 38–54 M | 13.5–17 M | 3.9–5.7 M | 2.5–3.4 s |
-//! | 1 | IPv6 | 156–170 M | 116–123 M | 115–125 M | 328–350 M | 70 M | 0 |
-//! | 1 M | IPv6 | 11–13 M | 44 M | 45 M | 3.1–3.6 M | 5.4–6.6 M | 0.2–0.3 s |
-//! | 16 M | IPv6 | 7.7–9 M | 26–33 M | 35–39 M | 8.7–11 M | 2.1–2.2 M | 3.9–5.7 s |
+//! | family | entries | single | batch 32 | batch 64 | HashMap+Fx | HashMap+Sip | B/entry (hashbrown) | load |
+//! |---|---|---|---|---|---|---|---|---|
+//! | IPv4 | 1 | 331 | 178 | 189 | 416 | 73 | - | 0 |
+//! | IPv4 | 1 M | 44 | 58 | 61 | 34 | 10.2 | 15.4 (102.8) | 0.07 s |
+//! | IPv4 | 16 M | 15.4 | 39.9 | 46.7 | 14.9 | 4.9 | 15.1 (102.8) | 2.8 s |
+//! | IPv6 | 1 | 154 | 120 | 111 | 349 | 68 | - | 0 |
+//! | IPv6 | 1 M | 11.5 | 38 | 40 | 3.0 | 6.2 | 30.4 (102.8) | 0.21 s |
+//! | IPv6 | 16 M | 8.0 | 31.1 | 35.7 | 10.3 | 2.1 | 30.1 (102.8) | 4.8 s |
 //!
-//! At 16 M entries batches of 64 reach the 30 M lookups/s per core in both families
-//! and are 3 to 4 times as fast as single lookups and as hashbrown; hashbrown with FxHash
-//! degrades badly on IPv6 keys whose high bits are all alike. The 1-entry table is faster
-//! unbatched (the batch's bookkeeping costs about 3 ns a key when there is no miss to hide),
-//! so the cost of size for a batched caller is about 6.5 ns per lookup at 1 entry against
-//! 19–26 ns at 16 M. A bulk load of 16 M entries takes 2.5–5.7 s (budget: 30 s), and parsing a
-//! CSV route file runs at about 11 M lines/s (1.5 s for 16 M lines). With transparent huge
-//! pages for the table (`GLIBC_TUNABLES=glibc.malloc.hugetlb=1`, as this machine's THP is
-//! `madvise`), the 16 M IPv4 batched rate rose about 10 %.
+//! Over six runs at 16 M entries, batches of 64 gave 38–55 M/s for IPv4 and 28–39 M/s for
+//! IPv6 (single lookups 11–16 and 7–9, hashbrown with FxHash 13–18 and 9–12); with
+//! transparent huge pages for the table (`GLIBC_TUNABLES=glibc.malloc.hugetlb=1`, as this
+//! machine's THP is `madvise`) 53 and 44 M/s. So the 30 M lookups/s per core at 16 M
+//! entries is met for IPv4 with room, and for IPv6 in most runs; batches are 3 to 4 times as
+//! fast as single lookups and as hashbrown, which with FxHash also degrades badly on IPv6 keys
+//! whose high bits are all alike. The 1-entry table is faster unbatched (the batch's
+//! bookkeeping costs about 2–3 ns a key when there is no miss to hide); for a batched caller
+//! the cost of size is about 5 ns per lookup at 1 entry against about 21 ns at 16 M. A bulk
+//! load of 16 M entries takes 2.4–5.7 s (budget: 30 s; 4–8 s without a reservation, growing by
+//! doubling), and parsing a CSV route file runs at about 11.6 M lines/s (1.4 s for 16 M
+//! lines).
 
 mod cuckoo;
 mod hosts;

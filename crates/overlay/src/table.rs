@@ -5,7 +5,7 @@ use std::net::IpAddr;
 
 use wire::vxlan::Vni;
 
-use crate::cuckoo::{Cuckoo, GrowError, Probe};
+use crate::cuckoo::{Cuckoo, GrowError, Probe, EMPTY};
 use crate::hosts::{Hosts, HostsExhausted};
 use crate::key::{Key, V4Key, V6Key, Value, VnetId};
 
@@ -360,7 +360,9 @@ impl OverlayTable {
     }
 
     /// [`Self::get_batch`] for at most [`BATCH`] keys: hash and prefetch all primary buckets,
-    /// read them (prefetching the secondary buckets still needed), read those.
+    /// read them (prefetching the secondary buckets still needed), read those, then turn the
+    /// host indices found into values (a separate pass: composing `Value`s inside the probe
+    /// loop made the compiler go through the stack and stall on store forwarding).
     #[inline(always)]
     fn get_chunk(&self, keys: &[Key], out: &mut [Option<Value>]) {
         let mut hashes = [0u64; BATCH];
@@ -370,39 +372,48 @@ impl OverlayTable {
                 IpAddr::V6(a) => self.v6.start(&V6Key::new(k.vnet, a)),
             };
         }
-        let mut later = [(0usize, 0usize); BATCH];
+        let mut ids = [EMPTY; BATCH];
+        let mut later = [(0u32, 0usize); BATCH];
         let mut n_later = 0;
-        for (i, (k, o)) in keys.iter().zip(out.iter_mut()).enumerate() {
+        for (i, k) in keys.iter().enumerate() {
             let probe = match k.addr {
                 IpAddr::V4(a) => self.v4.primary(&V4Key::new(k.vnet, a), hashes[i]),
                 IpAddr::V6(a) => self.v6.primary(&V6Key::new(k.vnet, a), hashes[i]),
             };
-            *o = match probe {
-                Probe::Found(id) => self.value(k.vnet, id),
-                Probe::Absent => None,
+            match probe {
+                Probe::Found(id) => ids[i] = id,
+                Probe::Absent => {}
                 Probe::Secondary(b) => {
-                    later[n_later] = (i, b);
+                    later[n_later] = (i as u32, b);
                     n_later += 1;
-                    None
                 }
-            };
+            }
         }
         for &(i, b) in &later[..n_later] {
-            let (Some(k), Some(o)) = (keys.get(i), out.get_mut(i)) else {
+            let i = i as usize;
+            let Some(k) = keys.get(i) else {
                 continue;
             };
             let id = match k.addr {
                 IpAddr::V4(a) => self.v4.secondary(&V4Key::new(k.vnet, a), b),
                 IpAddr::V6(a) => self.v6.secondary(&V6Key::new(k.vnet, a), b),
             };
-            *o = id.and_then(|id| self.value(k.vnet, id));
+            ids[i] = id.unwrap_or(EMPTY);
+        }
+        for ((k, o), &id) in keys.iter().zip(out.iter_mut()).zip(&ids) {
+            *o = if id == EMPTY {
+                None
+            } else {
+                self.value(k.vnet, id)
+            };
         }
     }
 
     /// Inserts every (key, host) of `entries` (later duplicates replace earlier ones); returns
     /// how many were inserted. Reserves room first for the lower bound of the iterator's size
     /// hint, in the family of its first entry (route files are usually of one family; the
-    /// other grows as needed, by doubling). Stops at the first entry that fails: the entries
+    /// other grows as needed, by doubling). A parsed route file's iterator has no lower bound:
+    /// count its lines and call [`Self::reserve`] first to save the rebuilds. Stops at the first entry that fails: the entries
     /// before it stay in the table, the error says which one.
     pub fn load<I>(&mut self, entries: I) -> Result<usize, OverlayError>
     where

@@ -144,6 +144,28 @@ fn bad_input_is_refused_with_a_reason() {
 }
 
 #[test]
+fn a_reservation_past_what_the_table_can_address_is_refused() {
+    let mut t = table_with_vnets(1);
+    assert!(matches!(
+        t.reserve(usize::MAX, 0),
+        Err(OverlayError::CannotGrow {
+            family: Family::V4,
+            ..
+        })
+    ));
+    assert!(matches!(
+        t.reserve(0, 1 << 40),
+        Err(OverlayError::CannotGrow {
+            family: Family::V6,
+            ..
+        })
+    ));
+    assert_eq!(t.memory().v4 + t.memory().v6, 0, "nothing allocated");
+    t.insert(Key::new(VnetId(0), v4(1)), host(1))
+        .expect("still usable");
+}
+
+#[test]
 fn the_limit_refuses_new_keys_but_not_replacements() {
     let mut t = table_with_vnets(1);
     t.set_max_entries(Some(2));
