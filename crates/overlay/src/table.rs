@@ -171,7 +171,8 @@ impl OverlayTable {
     }
 
     /// Gives VNet `vnet` its VNI (for all its entries, present and future); returns the VNI it
-    /// replaced.
+    /// replaced. The VNIs are an array indexed by VNet number (4 bytes for every number up to
+    /// the highest given), so number VNets densely from 0.
     pub fn set_vnet(&mut self, vnet: VnetId, vni: Vni) -> Result<Option<Vni>, OverlayError> {
         if vnet.0 >= MAX_VNETS {
             return Err(OverlayError::VnetOutOfRange { vnet });
