@@ -103,7 +103,8 @@ pub(crate) struct SimArgs {
     /// How Protego sizes tunnels for the planner: `measured` (the last measurement, as the
     /// paper), `envelope:N` (the highest of the last N measurements), `headroom:Z,H` (the
     /// last measurement plus Z times its recent variation, half-life H measurements) or
-    /// `adaptive` (each tunnel's predicted peak from its own history, calibrated to the
+    /// `adaptive` (the default: each tunnel at its measurement with a headroom predicted
+    /// from its own history and shared with the other tunnels of its node, calibrated to the
     /// guarantee target, with an aggregate forecast for the reserve). The paper's algorithm
     /// always uses `measured`.
     #[arg(long, value_name = "RULE", default_value_t = provision::Defaults::PROTEGO.sizing.to_string())]

@@ -1,6 +1,7 @@
 //! Runs the provisioning simulator over several traces and prints, per consolidation
 //! interval, Protego's and the paper's algorithm's active capacity, guarantee, saving and
-//! migrations (each trace, then the mean over the traces with the lowest and highest), the
+//! migrations (each trace, then the mean over the traces with the lowest and highest, and the
+//! mean reserved capacity: active and inactive nodes), the
 //! per-minute lower bound's saving and static provisioning's guarantee (how much room a trace
 //! leaves), beside the paper's published Table 2.
 //!
@@ -249,7 +250,8 @@ fn run(o: &Options) -> Result<(), String> {
          provisioning for the peak keeps a guarantee of {s:.2} % [{slo:.2}, {shi:.2}]"
     );
     println!(
-        "mean over {} traces [lowest, highest]: capacity Gbit/s, guarantee %, saving %, migrations",
+        "mean over {} traces [lowest, highest]: active capacity Gbit/s, guarantee %, saving %, \
+         migrations, reserved (active + inactive) capacity Gbit/s",
         traces.len()
     );
     for (k, &minutes) in o.intervals.iter().enumerate() {
@@ -259,9 +261,10 @@ fn run(o: &Options) -> Result<(), String> {
             let (g, glo, ghi) = stats(&of(v, |s| s.guarantee_pct));
             let (s, slo, shi) = stats(&of(v, |s| s.saving_pct));
             let (m, _, _) = stats(&of(v, |s| s.migrations as f64));
+            let (r, _, _) = stats(&of(v, |s| s.reserved_capacity_gbps));
             println!(
                 "{minutes:>3} min {name} {c:6.2}  {g:6.2} [{glo:6.2}, {ghi:6.2}]  \
-                 {s:6.2} [{slo:6.2}, {shi:6.2}]  {m:7.0}"
+                 {s:6.2} [{slo:6.2}, {shi:6.2}]  {m:7.0}  {r:6.2}"
             );
         }
         let (pg, _, _) = stats(&of(protego, |s| s.guarantee_pct));
