@@ -81,6 +81,51 @@ pub struct RelayConfig {
     pub steer: Vec<SocketAddr>,
 }
 
+/// The VLAN tags that identify an attachment on its interface (issue 16 §1, the paper's L2
+/// "tunnel" between the customer's edge router and the gateway).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum AttachmentTags {
+    /// Q-in-Q: an 802.1ad S-tag (TPID 0x88a8, the customer) outside an 802.1Q C-tag (TPID
+    /// 0x8100, the VNet).
+    QinQ {
+        /// Outer (service) VLAN id, 1..=4094.
+        s_tag: u16,
+        /// Inner (customer) VLAN id, 1..=4094.
+        c_tag: u16,
+    },
+    /// One 802.1Q C-tag (TPID 0x8100).
+    Vlan {
+        /// VLAN id, 1..=4094.
+        c_tag: u16,
+    },
+}
+
+/// A customer attached at L2 (`[[attachment]]`): frames with `tags` on `interface` belong to
+/// VNet `vnet` of `tenant`. The gateway is the customer edge router's (CE's) next hop there:
+/// it answers ARP/ND for `gateway_ip` on the segment and sends toward the CE what the VNet
+/// routes to `routes`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AttachmentConfig {
+    /// Name (unique), for logs and stats.
+    pub name: String,
+    /// Owning tenant.
+    pub tenant: TenantId,
+    /// The tenant's VNet (by name, so that a VNet list replaced at run time keeps it).
+    pub vnet: String,
+    /// The customer-facing network interface (opened with an AF_PACKET ring at start).
+    pub interface: String,
+    /// The tag pair (or single tag) of the attachment on `interface`.
+    pub tags: AttachmentTags,
+    /// The gateway's address on the segment (answered to ARP, or ND for IPv6).
+    pub gateway_ip: IpAddr,
+    /// The CE's address on the segment, if known: only it teaches the CE's MAC, and the
+    /// gateway asks for it (ARP/ND) when it must send before the CE spoke.
+    pub ce_ip: Option<IpAddr>,
+    /// Prefixes behind the CE (its segment address included): the sources the CE may send
+    /// from, and the destinations VNet traffic is sent to the CE for.
+    pub routes: Vec<(IpAddr, u8)>,
+}
+
 /// Static configuration of the data plane.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DataplaneConfig {
@@ -116,6 +161,9 @@ pub struct DataplaneConfig {
     pub busy_poll: std::time::Duration,
     /// Relay mode behind steer nodes (None: the node owns its public addresses).
     pub relay: Option<RelayConfig>,
+    /// Customers attached at L2 over VLAN / Q-in-Q (fixed at start; their VNets are found by
+    /// name in the current VNets).
+    pub attachments: Vec<AttachmentConfig>,
 }
 
 /// A received IKE datagram (non-ESP marker removed).

@@ -11,6 +11,7 @@
 //! # fn main() -> Result<(), protego_dataplane::DataplaneError> {
 //! use protego_dataplane::{DataPath, Dataplane, DataplaneConfig};
 //! let cfg = DataplaneConfig {
+//!     attachments: vec![],
 //!     listen: vec!["192.0.2.1".parse().expect("address")],
 //!     ike_port: 500,
 //!     natt_port: 4500,

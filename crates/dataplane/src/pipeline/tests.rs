@@ -71,6 +71,7 @@ fn env() -> Env {
             .expect("free port")
             .port();
         let cfg = DataplaneConfig {
+            attachments: vec![],
             listen: vec![ip("127.0.0.1")],
             ike_port: 0,
             natt_port: 0,

@@ -3,6 +3,7 @@
 //! files. The first error found is returned, located at the offending key. Tunnel tables are
 //! checked in `tunnel.rs`.
 
+mod attachment;
 mod cluster;
 mod etcd_access;
 mod gateway;
@@ -101,6 +102,11 @@ pub(crate) fn validate_with(
             inside,
         });
     }
+    let mut attachments: Vec<attachment::CheckedAttachment> = Vec::new();
+    for a in &raw.attachment {
+        let checked = v.attachment(a, &tenants, &vnets, &attachments)?;
+        attachments.push(checked);
+    }
     let any_tun = tunnels.iter().any(|t| t.tunnel.inside == TunnelInside::Tun);
     if let Some(key) = &gateway.key_log {
         v.warnings.push(format!(
@@ -110,6 +116,7 @@ pub(crate) fn validate_with(
         ));
     }
     let dataplane = DataplaneConfig {
+        attachments: attachments.into_iter().map(|a| a.config).collect(),
         listen: gateway.listen.clone(),
         ike_port: gateway.ike_port,
         natt_port: gateway.natt_port,

@@ -52,6 +52,7 @@ fn vip(port: u16) -> SocketAddr {
 
 fn config(vnets: Vec<VnetConfig>, tunnels: Vec<TunnelBinding>) -> DataplaneConfig {
     DataplaneConfig {
+        attachments: vec![],
         listen: vec![],
         ike_port: 500,
         natt_port: 4500,
