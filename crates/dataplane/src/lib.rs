@@ -114,6 +114,7 @@
 //! the time they spend on batches ([`WorkerStats::busy_ns`]) for the node's utilization.
 
 mod accept;
+mod attach;
 mod batch;
 mod control;
 mod dataplane;
@@ -141,7 +142,7 @@ mod testutil;
 // The interface types live in the `datapath` crate (so the control plane and the RPC layer
 // need not link the data plane); the modules here use them from there.
 pub use datapath::{
-    ChildStats, DataPath, DataplaneConfig, DataplaneError, DataplaneStats, IkeDatagram, Inside,
+    AttachmentConfig, AttachmentTags, ChildStats, DataPath, DataplaneConfig, DataplaneError, DataplaneStats, IkeDatagram, Inside,
     InstalledChild, KnownChild, RelayConfig, Route, ToControl, TunnelBinding, VnetConfig,
     WorkerStats,
 };

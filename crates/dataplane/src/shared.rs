@@ -3,6 +3,7 @@
 //! and tunnel bindings, steer nodes, feature chains), the lanes and send batch pools, and the
 //! counters. The pipeline's stages import this module; it imports none of them.
 
+use crate::attach::AttachTable;
 use crate::feature::{Direction, FeatureChain, FeatureDrops};
 use crate::io::sockets::Sockets;
 use crate::lane::Lane;
@@ -112,6 +113,8 @@ pub(crate) struct Shared {
     pub(crate) housekeeping: Mutex<Instant>,
     /// Set at shutdown (workers busy with full batches check it between batches).
     pub(crate) stop: AtomicBool,
+    /// Customers attached at L2 (fixed at start).
+    pub(crate) attach: AttachTable,
 }
 
 fn config_err(field: impl Into<String>, reason: impl Into<String>) -> DataplaneError {
@@ -275,6 +278,12 @@ impl Shared {
             None,
         )?;
         let io = Sockets::open(&cfg, &vtep_ips)?;
+        let attach = AttachTable::new(&cfg.attachments, |i| {
+            let iface = io
+                .packet_iface(&cfg.attachments[i].interface)
+                .expect("Sockets::open opened every attachment's interface");
+            (iface, io.packet[iface].mac())
+        })?;
         let waker = Waker::new().map_err(|source| DataplaneError::Start { source })?;
         let relays = cfg
             .relay
@@ -282,7 +291,9 @@ impl Shared {
             .map(|r| Arc::new(Relays::new(r.steer.clone())));
         let registry = Registry::new(Arc::new(overlay), relays);
         let tables = Published::default();
-        tables.store(registry.snapshot());
+        let mut first = registry.snapshot();
+        first.attach = attach.view(&first.overlay.vnets);
+        tables.store(first);
         let allowed = allowed_cpus();
         let workers = match cfg.workers {
             0 => allowed.len().max(1),
@@ -323,6 +334,7 @@ impl Shared {
             worker_stats: (0..workers).map(|_| WorkerCounters::default()).collect(),
             housekeeping: Mutex::new(Instant::now() + HOUSEKEEPING),
             stop: AtomicBool::new(false),
+            attach,
         })
     }
 
@@ -422,7 +434,9 @@ impl Shared {
 
     /// Publishes the registry's current state to the packet path.
     pub(crate) fn publish(&self, reg: &Registry) {
-        self.tables.store(reg.snapshot());
+        let mut t = reg.snapshot();
+        t.attach = self.attach.view(&t.overlay.vnets);
+        self.tables.store(t);
     }
 
     /// Hands a message to the control plane; false if it could not take it.

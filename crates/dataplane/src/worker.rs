@@ -199,11 +199,29 @@ fn process(sh: &Shared, w: &mut Worker, kind: LaneKind, now: Instant, pass: Pass
     let tables = w.out.tables();
     let packets = if kind == LaneKind::Tun {
         process_tun(sh, w, &tables)
+    } else if let LaneKind::Attach { iface } = kind {
+        process_frames(sh, w, &tables, iface, now)
     } else {
         process_datagrams(sh, w, &tables, kind, now, pass)
     };
     graph::end_pass(&mut w.out, sh, &tables, now);
     packets
+}
+
+/// Runs the attachment graph over every frame read from packet interface `iface`.
+fn process_frames(sh: &Shared, w: &mut Worker, tables: &Tables, iface: usize, now: Instant) -> u64 {
+    let Some(fb) = w.rx.frames.as_mut() else {
+        return 0;
+    };
+    let n = fb.frames().len();
+    for i in 0..n {
+        if fb.frames()[i].truncated {
+            w.out.drop_packet(DropReason::Truncated);
+            continue;
+        }
+        graph::attach(&mut w.out, sh, tables, now, iface, fb.frame_mut(i));
+    }
+    n as u64
 }
 
 fn process_datagrams(
@@ -263,6 +281,8 @@ fn handle(
         LaneKind::Relay => graph::relay(o, sh, t, now, src, data, pass),
         // TUN packets are read into their own batch (process_tun).
         LaneKind::Tun => graph::tun(o, sh, t, data),
+        // Frames of attachment interfaces too (process_frames).
+        LaneKind::Attach { iface } => graph::attach(o, sh, t, now, iface, data),
     }
 }
 

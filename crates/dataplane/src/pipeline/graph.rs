@@ -7,6 +7,8 @@
 //! VTEP / relay VXLAN: classify -> decap -> ARP/ND: encap (answers)
 //!                                       -> IP: [outbound chain] -> seal (select_vnet, queue)
 //! TUN:                [outbound chain] -> seal (select_tun, queue)
+//! attachment (L2):    attach (tags -> attachment; ARP/ND) -> encap (VNet route, VXLAN)
+//! VTEP IP to a CE:    classify -> decap -> attach (tag, to the CE's MAC)
 //! IKE:                classify (to the control plane)
 //! ```
 //!
@@ -18,6 +20,7 @@
 //! seal stage chooses the CHILD_SA: the choice (and a VNet packet's TTL decrement) is made
 //! on the packet as the chain left it, so the selectors cover what is sent.
 
+use super::attach;
 use super::classify::{self, Class, Pass, Via};
 use super::decap::{self, Frame};
 use super::encap;
@@ -82,6 +85,18 @@ pub(crate) fn relay(
     if let Some(class) = classify::relay(o, sh, t, now, src, data, pass) {
         next(o, sh, t, now, class, data);
     }
+}
+
+/// A frame from a customer's edge router on attachment interface `iface`.
+pub(crate) fn attach(
+    o: &mut Out,
+    sh: &Shared,
+    t: &Tables,
+    now: Instant,
+    iface: usize,
+    frame: &mut [u8],
+) {
+    attach::from_ce(o, sh, t, now, iface, frame);
 }
 
 /// A packet read from the TUN device: the outbound chain of the TUN tunnels' tenant, or
@@ -255,6 +270,13 @@ fn from_host(
         }) => {
             encap::learn_from_ip(o, sh, vnet, host, now, parsed.flow.src, src_mac);
             let pkt = &mut data[at];
+            // Prefixes behind a customer's edge router attached to this VNet go there (one
+            // branch when the VNet has no attachment).
+            if !t.attach.by_vnet.is_empty()
+                && attach::to_ce(o, sh, t, now, vnet, host, pkt, &parsed)
+            {
+                return;
+            }
             if let Some(chain) = t.features.vnet_outbound(vnet.index) {
                 let meta = PacketMeta {
                     tunnel: None,

@@ -837,4 +837,5 @@ fn vnets_and_bindings_are_replaced_at_run_time_on_the_start_vteps() {
     }
 }
 
+mod attach;
 mod relay;
