@@ -4,6 +4,7 @@
 //! tenant (the same VM address in both VNets).
 //!
 //! ```text
+//!  site (strongSwan, red's LAN 10.1.0.0/24) ══ IKEv2/ESP ══ gw    (red's VNet served by both)
 //!  cea (10.99.0.2) ─┐ untagged                802.1ad S=100 / 802.1Q C=10
 //!  ceb (10.99.0.2) ─┼─ l2: protego-l2tag ══ trunk (veth) ══ gw: protego up ─ VXLAN ─ host0 ─ VMs
 //!  cex (10.99.0.2) ─┘                         S=200 / C=10; S=300 / C=10 (no attachment)
@@ -14,17 +15,20 @@
 //! tests run on are built without VLAN support (`CONFIG_VLAN_8021Q` unset), so the `l2`
 //! namespace runs `protego-l2tag`, which puts the same tags on in userspace and writes frames
 //! as they would be on the wire (the gateway's kernel still moves the outer tag into
-//! metadata, which Protego's ring reader writes back). Pings both ways for both customers,
+//! metadata, which Protego's ring reader writes back). Red also has an on-prem site with an
+//! IPsec tunnel into the same VNet, used at the same time. Pings both ways for both customers,
 //! isolation checked with captures on the VMs, and frames with an unknown tag pair or a
 //! spoofed source dropped and counted in `protego status --json`. Needs root and the tools
 //! from `scripts/setup.sh`, and the `protego` and `protego-l2tag` binaries built in the same
 //! profile (`make test` does both). Every namespace is this test's own and removed with it.
 
+mod common;
+
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
-use protego_testbed::protego::ProtegoGateway;
+use protego_testbed::protego::{GatewayTunnel, ProtegoGateway};
 use protego_testbed::topology::{TenantSpec, VmSpec};
 use protego_testbed::traffic::{self, PingOptions};
 use protego_testbed::{workspace_bin, Cmd, Netns, Result, Testbed, Topology, TopologySpec};
@@ -100,7 +104,11 @@ fn wait_drops(gw: &ProtegoGateway, reason: &str, at_least: u64) -> Result<u64> {
 fn two_customers_attached_over_qinq_reach_their_own_vms_both_ways() -> Result<()> {
     let bed = Testbed::new()?;
     let spec = TopologySpec {
-        tenants: vec![tenant("red", 1001)?, tenant("blue", 1002)?],
+        // Red has an on-prem site (IPsec) besides its attachment; blue only the attachment.
+        tenants: vec![
+            common::tenant("red", 1001, false, vec![VmSpec { host: 0 }])?,
+            tenant("blue", 1002)?,
+        ],
         hosts: 1,
         ..TopologySpec::default()
     };
@@ -134,7 +142,13 @@ fn two_customers_attached_over_qinq_reach_their_own_vms_both_ways() -> Result<()
     // Red names its CE's address (the gateway asks for its MAC); blue does not (learned).
     let tables = attachment("red-dc", "red", &trunk.peer, 100, true)
         + &attachment("blue-dc", "blue", &trunk.peer, 200, false);
-    let gw = ProtegoGateway::start_with_tables(&bed, &topo, &[], &[], &tables)?;
+    let tun = GatewayTunnel::for_site(&topo, 0, common::PSK);
+    let gw =
+        ProtegoGateway::start_with_tables(&bed, &topo, std::slice::from_ref(&tun), &[], &tables)?;
+    let site = common::site_charon(&topo, &tun)?;
+    site.initiate("net", common::UP)?;
+    site.wait_child_installed("net", common::UP)?;
+    common::warm_up(&topo, 0)?;
 
     let red_vm = &topo.tenants[0].vms[0];
     let blue_vm = &topo.tenants[1].vms[0];
@@ -169,35 +183,47 @@ fn two_customers_attached_over_qinq_reach_their_own_vms_both_ways() -> Result<()
     let p = traffic::ping(&blue_vm.ns, ce_ip, &fast)?;
     assert!(p.all_received(), "blue VM -> CE: {p:?}\n{}", gw.log());
 
-    // Isolation: both customers ping the same VM address at once, with payload sizes that
-    // mark them (IPv4 total length 20 + 8 + size); each VM sees only its own customer's.
+    // Isolation: both customers ping the same VM address at once, and red's site through its
+    // tunnel, with payload sizes that mark them (IPv4 total length 20 + 8 + size); each VM
+    // sees only its own tenant's.
     let red_cap = traffic::capture(&red_vm.ns, &red_vm.ifname, "icmp", "red")?;
     let blue_cap = traffic::capture(&blue_vm.ns, &blue_vm.ifname, "icmp", "blue")?;
-    let run = |ns: &Netns, size: u32| -> Result<()> {
+    let red_site = &topo.sites[0];
+    let run = |ns: &Netns, size: u32, from: Option<IpAddr>| -> Result<()> {
         let mut opts = PingOptions::new(40, Duration::from_millis(10));
         opts.size = Some(size);
+        opts.source = from;
         let p = traffic::ping(ns, vm_ip, &opts)?;
         assert!(p.all_received(), "size {size}: {p:?}");
         Ok(())
     };
     std::thread::scope(|scope| -> Result<()> {
-        let a = scope.spawn(|| run(&red_ce, 111));
-        let b = scope.spawn(|| run(&blue_ce, 222));
+        let a = scope.spawn(|| run(&red_ce, 111, None));
+        let b = scope.spawn(|| run(&blue_ce, 222, None));
+        let c = scope.spawn(|| run(&red_site.ns, 333, Some(red_site.lan_addr)));
         a.join().expect("red pinger")?;
         b.join().expect("blue pinger")?;
+        c.join().expect("red site pinger")?;
         Ok(())
     })?;
     red_cap.wait_for_packets("icmp && ip.len == 139", 80, Duration::from_secs(10));
+    red_cap.wait_for_packets("icmp && ip.len == 361", 80, Duration::from_secs(10));
     blue_cap.wait_for_packets("icmp && ip.len == 250", 80, Duration::from_secs(10));
     let (red, blue) = (red_cap.stop(), blue_cap.stop());
     let crossed = (
         traffic::tshark_count(&red, "icmp && ip.len == 250")?,
-        traffic::tshark_count(&blue, "icmp && ip.len == 139")?,
+        traffic::tshark_count(&blue, "icmp && ip.len == 139")?
+            + traffic::tshark_count(&blue, "icmp && ip.len == 361")?,
     );
     assert_eq!(
         crossed,
         (0, 0),
         "a customer's packets reached the other VNet"
+    );
+    let by_tunnel = traffic::tshark_count(&red, "icmp && ip.len == 361")?;
+    assert!(
+        by_tunnel >= 80,
+        "red's site through the tunnel: {by_tunnel}"
     );
     let own = (
         traffic::tshark_count(&red, "icmp && ip.len == 139")?,
