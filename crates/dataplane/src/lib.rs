@@ -89,6 +89,11 @@
 //!   MAC pick the CHILD_SA whose negotiated selectors cover (inner source, inner destination)
 //!   among that VNet's tunnels only, and are sealed and sent from the SA's local NAT-T socket.
 //! - TUN: packets read from the device pick a CHILD_SA among the TUN tunnels the same way.
+//! - A customer's edge router attached at L2 ([`AttachmentConfig`]): frames read from the
+//!   interface's AF_PACKET ring find their attachment by (interface, S-tag, C-tag), hence
+//!   its VNet; ARP/ND for the attachment's gateway address are answered, IP packets from
+//!   behind the CE lose their tags and enter the VNet as decrypted ESP does. VNet packets to
+//!   prefixes behind a CE leave tagged toward it, before the VNet's tunnels are considered.
 //!
 //! # Relay mode
 //! With [`DataplaneConfig::relay`] the node sits behind steer nodes that own the public
