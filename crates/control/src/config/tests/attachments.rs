@@ -175,3 +175,29 @@ fn duplicate_name() {
         "already defined on line",
     );
 }
+
+#[test]
+fn apply_keeps_attachments_and_refuses_to_remove_their_vnet() {
+    let s = Scratch::new();
+    let node = s.parse(&with_attachments(ATTACHMENTS)).expect("valid");
+    // An applied file may carry [[attachment]] tables: they are ignored (fixed at start).
+    let same = node
+        .with_inventory(&with_attachments(ATTACHMENTS), &s.0.join("same.toml"), None)
+        .expect("applied");
+    assert_eq!(same.dataplane.attachments, node.dataplane.attachments);
+    // Removing globex's VNet would leave its attachment without one.
+    let without_main = TENANTS.replace(
+        "[[vnet]]\ntenant = \"globex\"\nname = \"main\"\nvni = 200\ngateway_ip = \"10.2.0.1\"\nvtep = \"203.0.113.1\"\n",
+        "",
+    );
+    assert!(!without_main.contains("name = \"main\""));
+    match node.with_inventory(&without_main, &s.0.join("less.toml"), None) {
+        Err(Error::Config(e)) => {
+            let shown = e.to_string();
+            assert!(shown.contains("globex-main"), "{shown}");
+            assert_eq!(e.key.as_deref(), Some("vnet"));
+        }
+        Err(e) => panic!("unexpected error: {e}"),
+        Ok(_) => panic!("an attachment's VNet was removed"),
+    }
+}
