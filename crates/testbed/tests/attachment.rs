@@ -58,6 +58,8 @@ fn tenant(name: &str, vni: u32) -> Result<TenantSpec> {
 fn customer(bed: &Testbed, l2: &Netns, role: &str) -> Result<(Netns, String)> {
     let ns = bed.netns(role)?;
     let link = ns.veth_to(l2)?;
+    // Checksums filled on transmit, as a physical NIC does (see the cloud hosts' underlay).
+    ns.exec(Cmd::new("ethtool").args(["-K", &link.local, "tx", "off"]))?;
     ns.add_addr(&link.local, format!("{CE_IP}/24").parse()?)?;
     ns.add_route("10.2.0.0/24".parse()?, addr(GW_IP))?;
     Ok((ns, link.peer))

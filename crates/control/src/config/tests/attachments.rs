@@ -60,6 +60,14 @@ fn valid_attachments_reach_the_data_plane() {
         .routes
         .contains(&("192.168.0.0".parse().expect("ip"), 16)));
     assert_eq!(a[1].routes, vec![("10.99.0.0".parse().expect("ip"), 24)]);
+    let summary = cfg.summary();
+    assert!(
+        summary.contains(
+            "attachment acme-prod (tenant acme, vnet prod): eth1 Q-in-Q s_tag 100 c_tag 10, \
+             gateway 10.99.0.1, behind the CE 10.99.0.0/24 192.168.0.0/16 10.99.0.2/32"
+        ),
+        "{summary}"
+    );
 }
 
 #[test]
