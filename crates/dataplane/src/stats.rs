@@ -112,6 +112,8 @@ drops! {
     RelayControl = "relay_control",
     /// Relay mode: a packet toward a peer while no steer node is known.
     RelayNoSteer = "relay_no_steer",
+    /// Attachment: frames the kernel dropped because the interface's receive ring was full.
+    AttachRingFull = "attach_ring_full",
     /// Attachment: a frame whose tags are no attachment's on its interface (untagged, an
     /// unknown tag pair, a TPID other than 0x88a8 outside 0x8100 or 0x8100 alone).
     AttachUnknownTags = "attach_unknown_tags",

@@ -133,15 +133,22 @@ impl Sock {
         })?;
         // SAFETY: `raw` is a fresh descriptor.
         let fd = unsafe { OwnedFd::from_raw_fd(raw) };
-        let one: libc::c_int = 1;
-        for opt in [libc::PACKET_AUXDATA, libc::PACKET_IGNORE_OUTGOING] {
-            // SAFETY: `one` is a live c_int and its size is passed.
+        // One frame per system call is this tagger's pace: a deep receive queue keeps TCP
+        // bursts from overflowing it (SO_RCVBUFFORCE: root, beyond rmem_max).
+        let options = [
+            (libc::SOL_PACKET, libc::PACKET_AUXDATA, 1),
+            (libc::SOL_PACKET, libc::PACKET_IGNORE_OUTGOING, 1),
+            (libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, 32 << 20),
+        ];
+        for (level, opt, value) in options {
+            let value: libc::c_int = value;
+            // SAFETY: `value` is a live c_int and its size is passed.
             check(unsafe {
                 libc::setsockopt(
                     fd.as_raw_fd(),
-                    libc::SOL_PACKET,
+                    level,
                     opt,
-                    (&one as *const libc::c_int).cast(),
+                    (&value as *const libc::c_int).cast(),
                     std::mem::size_of::<libc::c_int>() as libc::socklen_t,
                 )
             })?;

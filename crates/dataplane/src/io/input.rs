@@ -69,7 +69,9 @@ pub(crate) fn receive(
             let (Some(sock), Some(fb)) = (io.packet.get(iface), rx.frames.as_mut()) else {
                 return (0, false);
             };
-            return sock.read_batch(fb);
+            let got = sock.read_batch(fb);
+            drops.add_n(DropReason::AttachRingFull, sock.take_losses());
+            return got;
         }
         LaneKind::Tun => {
             let (Some(dev), Some(rb)) = (&io.tun, rx.tun.as_mut()) else {

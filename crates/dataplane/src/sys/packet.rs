@@ -18,7 +18,7 @@
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::ptr;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Mutex;
 
 /// Bytes per ring block (the kernel hands the ring over block by block).
@@ -148,6 +148,8 @@ pub(crate) struct PacketSocket {
     /// The reading position; readers are serialised by their lane's dispatch stage, the lock
     /// makes it so for any caller.
     cursor: Mutex<Cursor>,
+    /// A block came back marked `TP_STATUS_LOSING`: the kernel dropped frames (ring full).
+    losing: AtomicBool,
 }
 
 // SAFETY: the ring is shared memory owned by this value until drop; it is read only under
@@ -254,6 +256,7 @@ impl PacketSocket {
                 read: 0,
                 offset: 0,
             }),
+            losing: AtomicBool::new(false),
         };
         // SAFETY: sockaddr_ll is plain data.
         let mut sll: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
@@ -316,8 +319,12 @@ impl PacketSocket {
         let mut cur = self.cursor.lock().unwrap_or_else(|p| p.into_inner());
         loop {
             let block = cur.block;
-            if self.status(block).load(Ordering::Acquire) & libc::TP_STATUS_USER == 0 {
+            let status = self.status(block).load(Ordering::Acquire);
+            if status & libc::TP_STATUS_USER == 0 {
                 return (out.frames.len(), false);
+            }
+            if status & libc::TP_STATUS_LOSING != 0 {
+                self.losing.store(true, Ordering::Relaxed);
             }
             let count = self.read_u32(block, BLOCK_NUM_PKTS);
             if cur.read == 0 {
@@ -390,6 +397,33 @@ impl PacketSocket {
             outgoing: pkttype == libc::PACKET_OUTGOING,
             vlan,
         })
+    }
+
+    /// The frames the kernel dropped because the ring was full, since the last call: read
+    /// (and reset) with `PACKET_STATISTICS` only after a block came back marked as losing, so
+    /// the common case costs no system call.
+    pub(crate) fn take_losses(&self) -> u64 {
+        if !self.losing.swap(false, Ordering::Relaxed) {
+            return 0;
+        }
+        // SAFETY: tpacket_stats_v3 is plain data.
+        let mut st: libc::tpacket_stats_v3 = unsafe { std::mem::zeroed() };
+        let mut len = std::mem::size_of::<libc::tpacket_stats_v3>() as libc::socklen_t;
+        // SAFETY: `st` is live and `len` its size.
+        let r = unsafe {
+            libc::getsockopt(
+                self.fd.as_raw_fd(),
+                libc::SOL_PACKET,
+                libc::PACKET_STATISTICS,
+                (&mut st as *mut libc::tpacket_stats_v3).cast(),
+                &mut len,
+            )
+        };
+        if r == 0 {
+            u64::from(st.tp_drops)
+        } else {
+            0
+        }
     }
 
     /// Sends `frames` with `sendmmsg`, [`SEND_CHUNK`] per call; waits up to 50 ms for room
