@@ -276,11 +276,8 @@ fn two_customers_attached_over_qinq_reach_their_own_vms_both_ways() -> Result<()
     let now = wait_drops(&gw, "attach_source", base + 3)?;
     assert!(now >= base + 3, "attach_source: {now} (before {base})");
 
-    let attach: BTreeMap<String, u64> = drops(&gw)?
-        .into_iter()
-        .filter(|(_, v)| *v > 0)
-        .collect();
-    eprintln!("drops: {attach:?}");
+    let nonzero: BTreeMap<String, u64> = drops(&gw)?.into_iter().filter(|(_, v)| *v > 0).collect();
+    eprintln!("drops: {nonzero:?}");
     bed.teardown()?;
     Ok(())
 }

@@ -7,8 +7,8 @@
 
 use crate::lane::LaneKind;
 use crate::shared::{rx_slots, Shared, MAX_SEGMENTS_PER_SLOT};
-use crate::sys::packet::FrameBatch;
 use crate::stats::{DropCounts, DropReason};
+use crate::sys::packet::FrameBatch;
 use crate::sys::tun::TunReadBatch;
 use crate::sys::tun_offload::TunDrop;
 use netio::{RecvBatch, RX_SLOT};

@@ -10,9 +10,9 @@ use crate::batch::{TxBatch, TxMsg};
 #[cfg(test)]
 use crate::out::Out;
 use crate::out::{Transmit, PACKET_SOCK_BASE, TUN_SOCK};
-use crate::sys::packet::PacketScratch;
 use crate::shared::{tx_batch_size, Shared};
 use crate::stats::{DropCounts, DropReason};
+use crate::sys::packet::PacketScratch;
 use crate::sys::tun_offload::writer::TunWriter;
 use netio::SendScratch;
 use std::ops::Range;

@@ -202,12 +202,7 @@ fn two_customers_with_one_address_plan_reach_their_own_vnets_both_ways() {
         assert_eq!(datagrams[0].0.ip(), ip(HOST));
         let (got_vni, dst, _, ty, payload) = parse_vxlan(&datagrams[0].1);
         assert_eq!((got_vni, dst, ty), (vni, VM_MAC, EtherType::IPV4));
-        assert_eq!(
-            Ipv4Packet::new_checked(&payload[..])
-                .expect("ip")
-                .ttl(),
-            63
-        );
+        assert_eq!(Ipv4Packet::new_checked(&payload[..]).expect("ip").ttl(), 63);
     }
 }
 
