@@ -13,9 +13,9 @@
 
 use crate::stats::DropReason;
 use crate::vnet::nd::NdOut;
-use crate::vnet::route::RouteTable;
 use crate::vnet::{link_local, Vnet};
-use datapath::{AttachmentConfig, AttachmentTags, DataplaneError, Route};
+use datapath::{AttachmentConfig, AttachmentTags, DataplaneError};
+use ipnet::IpNet;
 use rustc_hash::FxHashMap;
 use std::net::{IpAddr, Ipv6Addr};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -59,8 +59,9 @@ pub(crate) struct Attachment {
     pub(crate) gateway_ip: IpAddr,
     /// The CE's address, if configured.
     pub(crate) ce_ip: Option<IpAddr>,
-    /// The prefixes behind the CE (values unused: membership by longest prefix).
-    pub(crate) routes: RouteTable,
+    /// The prefixes behind the CE (a handful: a scan; the VNet's own route table is not
+    /// needed for "is it behind the CE").
+    pub(crate) routes: Vec<IpNet>,
     /// The gateway's MAC on the segment (the interface's).
     pub(crate) mac: EthernetAddress,
     /// The IPv6 link-local address of `mac` (source of ND messages for an IPv4 gateway).
@@ -84,19 +85,19 @@ impl Attachment {
         mac: [u8; 6],
     ) -> Result<Self, DataplaneError> {
         let field = |f: &str| format!("attachments[{index}].{f}");
-        let routes: Vec<Route> = cfg
-            .routes
-            .iter()
-            .map(|&(prefix, len)| Route {
-                prefix,
-                len,
-                host: cfg.gateway_ip,
-            })
-            .collect();
-        let routes = RouteTable::new(&routes).map_err(|(i, e)| DataplaneError::Config {
-            field: field(&format!("routes[{i}]")),
-            reason: e.to_string(),
-        })?;
+        let mut routes: Vec<IpNet> = Vec::with_capacity(cfg.routes.len());
+        for (i, &(prefix, len)) in cfg.routes.iter().enumerate() {
+            let bad = |reason: String| DataplaneError::Config {
+                field: field(&format!("routes[{i}]")),
+                reason,
+            };
+            let net = IpNet::new(prefix, len)
+                .map_err(|_| bad(format!("{prefix}/{len}: prefix length beyond the address")))?;
+            if net.network() != prefix {
+                return Err(bad(format!("{prefix}/{len} has host bits set")));
+            }
+            routes.push(net);
+        }
         if cfg.gateway_ip.is_unspecified() || cfg.gateway_ip.is_multicast() {
             return Err(DataplaneError::Config {
                 field: field("gateway_ip"),
@@ -124,7 +125,7 @@ impl Attachment {
 
     /// True if `ip` is behind the CE (a source it may send from, a destination sent to it).
     pub(crate) fn is_behind(&self, ip: IpAddr) -> bool {
-        self.routes.lookup(ip).is_some()
+        self.routes.iter().any(|n| n.contains(&ip))
     }
 
     /// The CE's MAC, once known.

@@ -277,6 +277,13 @@ fn attachments_find_their_own_tenants_vnet_by_name() {
     // A VNet list without acme's VNet leaves the attachment without one.
     let view = table.view(&vnets[..1]);
     assert_eq!(view.vnet, vec![None, Some(0)]);
+    // Prefixes are checked as the configuration does.
+    let mut host_bits = cfg("h", "acme", QINQ, None);
+    host_bits.routes = vec![(ip("10.99.0.1"), 24)];
+    assert!(matches!(
+        Attachment::new(4, &host_bits, 0, GW_MAC),
+        Err(DataplaneError::Config { field, .. }) if field == "attachments[4].routes[0]"
+    ));
     // The same tags twice on one interface are refused.
     let twice = vec![cfg("a", "acme", QINQ, None), cfg("b", "globex", QINQ, None)];
     assert!(matches!(
