@@ -125,6 +125,7 @@ mod overlay;
 mod pipeline;
 mod pool;
 mod relays;
+mod routes;
 mod sa;
 mod select;
 mod shared;
@@ -141,8 +142,8 @@ mod testutil;
 // need not link the data plane); the modules here use them from there.
 pub use datapath::{
     ChildStats, DataPath, DataplaneConfig, DataplaneError, DataplaneStats, IkeDatagram, Inside,
-    InstalledChild, KnownChild, RelayConfig, Route, ToControl, TunnelBinding, VnetConfig,
-    WorkerStats,
+    InstalledChild, KnownChild, RelayConfig, Route, RouteChange, RouteChangeReport, RouteStats,
+    ToControl, TunnelBinding, VmRoute, VnetConfig, VnetRouteStats, WorkerStats,
 };
 pub use dataplane::{BoundAddrs, Dataplane};
 pub use feature::{Direction, Feature, FeatureBatch, FeatureChain, PacketMeta};
