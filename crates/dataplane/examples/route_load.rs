@@ -3,7 +3,8 @@
 //! host) while it is that large, the snapshot a node stores and its restore, and the memory.
 //!
 //! `cargo run -p protego-dataplane --release --example route_load -- [N]`
-//! (loopback sockets on ports of the kernel's choosing; one worker).
+//! (loopback sockets: IKE and NAT-T on ports of the kernel's choosing, VXLAN on a port picked
+//! from the process id; one worker).
 
 use protego_dataplane::{
     DataPath, Dataplane, DataplaneConfig, Inside, Route, RouteChange, TunnelBinding, VmRoute,
@@ -23,7 +24,7 @@ fn main() {
         listen: vec![IpAddr::from([127, 0, 0, 1])],
         ike_port: 0,
         natt_port: 0,
-        vxlan_port: 0,
+        vxlan_port: 47_89 + 10_000 + (std::process::id() % 20_000) as u16,
         vnets: vec![VnetConfig {
             tenant: tenant.clone(),
             name: "prod".into(),
@@ -73,8 +74,8 @@ fn main() {
     let load = started.elapsed();
     let st = dp.route_stats();
     println!(
-        "bulk load: {} entries in {:.2} s (parse and check, insert into one copy, publish, \
-         replay on the other); table {} MiB for both copies, {:.1} B/entry ({:.1} per copy)",
+        "bulk load: {} entries in {:.2} s (parse and check, insert into one copy, publish, copy to \
+         the other); table {} MiB for both copies, {:.1} B/entry ({:.1} per copy)",
         r.added,
         load.as_secs_f64(),
         st.memory_bytes >> 20,
@@ -96,10 +97,10 @@ fn main() {
     }
     single.sort();
     println!(
-        "single change (a VM moves host) at {n} entries: median {} us, p99 {} us, max {} us",
-        single[500].as_micros(),
-        single[990].as_micros(),
-        single[999].as_micros()
+        "single change (a VM moves host) at {n} entries: median {:.1} us, p99 {:.1} us, max {:.1} us",
+        single[500].as_secs_f64() * 1e6,
+        single[990].as_secs_f64() * 1e6,
+        single[999].as_secs_f64() * 1e6
     );
     let started = Instant::now();
     let mut snap = Vec::new();

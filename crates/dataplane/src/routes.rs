@@ -14,8 +14,9 @@
 //!
 //! A bulk load is one operation over the route file's text: the writer parses and resolves
 //! the whole file first (a bad line changes nothing), then the operation inserts the entries
-//! into one copy, is published, and is replayed on the other right away (a second publish),
-//! so that the next single change does not wait for the replay.
+//! into one copy and is published; the other copy, once readers left it, becomes a memory
+//! copy of the new one (a second publish, right away, so that the next single change does
+//! not wait for it). Single changes are replayed, as left-right does.
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -163,8 +164,18 @@ impl Absorb<Op> for Routes {
         self.apply(op);
     }
 
-    fn absorb_second(&mut self, op: Op, _other: &Self) {
-        self.apply(&op);
+    /// A bulk change is not replayed but copied: `other` holds it (and possibly the changes
+    /// after it, which are replayed next and, all being overwrites, leave the same state),
+    /// and a copy of the table is a memory copy where a replay parses and inserts again.
+    fn absorb_second(&mut self, op: Op, other: &Self) {
+        match op {
+            Op::Bulk(_) => {
+                // Free this copy first: three copies of a large table at once are not needed.
+                *self = Routes::default();
+                *self = other.clone();
+            }
+            op => self.apply(&op),
+        }
     }
 
     fn sync_with(&mut self, first: &Self) {
@@ -213,10 +224,24 @@ pub(crate) struct RouteWriter {
     vnets: Vec<(TenantId, String, VnetId, Vni)>,
 }
 
-/// A route file's entries, resolved to VNet numbers (the file's text, parsed on each read).
+/// The configured VNets by name, for resolving route files (few: a scan, no allocation).
+#[derive(Clone)]
+struct Names(Vec<(String, String, VnetId)>);
+
+impl Names {
+    fn get(&self, tenant: &str, vnet: &str) -> Option<VnetId> {
+        self.0
+            .iter()
+            .find(|(t, v, _)| t == tenant && v == vnet)
+            .map(|(_, _, id)| *id)
+    }
+}
+
+/// A route file's entries, resolved to VNet numbers (the file's text, parsed on each read:
+/// no list of parsed entries is held).
 struct FileSource {
     text: Arc<str>,
-    vnets: HashMap<(String, String), VnetId>,
+    vnets: Names,
     size: (usize, usize),
 }
 
@@ -226,26 +251,44 @@ impl Source for FileSource {
     }
 
     fn each(&self, f: &mut dyn FnMut(Key, IpAddr)) {
-        let lookup = |t: &str, v: &str| self.vnets.get(&(t.to_owned(), v.to_owned())).copied();
+        let lookup = |t: &str, v: &str| self.vnets.get(t, v);
         for (key, host) in overlay::resolve_routes(&self.text, lookup).flatten() {
             f(key, host);
         }
     }
 }
 
-/// Entries already resolved (a restored snapshot).
-struct ListSource(Vec<(Key, IpAddr)>);
+/// A snapshot's entries of the VNets still configured (read again on each pass: no list of
+/// entries is held).
+struct SnapshotSource {
+    bytes: Arc<[u8]>,
+    /// The number of each of the snapshot's VNets, None for one no longer configured.
+    ids: Vec<Option<VnetId>>,
+    size: (usize, usize),
+}
 
-impl Source for ListSource {
+impl SnapshotSource {
+    /// Calls `f` with each usable entry, and `skip` for each other one.
+    fn scan(&self, f: &mut dyn FnMut(Key, IpAddr), skip: &mut dyn FnMut()) {
+        let Ok(snap) = overlay::read_snapshot(&self.bytes) else {
+            return;
+        };
+        for (vnet, addr, host) in snap.entries().flatten() {
+            match self.ids.get(vnet as usize).copied().flatten() {
+                Some(id) if unicast(addr) && unicast(host) => f(Key::new(id, addr), host),
+                _ => skip(),
+            }
+        }
+    }
+}
+
+impl Source for SnapshotSource {
     fn size(&self) -> (usize, usize) {
-        let v6 = self.0.iter().filter(|(k, _)| k.addr.is_ipv6()).count();
-        (self.0.len() - v6, v6)
+        self.size
     }
 
     fn each(&self, f: &mut dyn FnMut(Key, IpAddr)) {
-        for &(k, h) in &self.0 {
-            f(k, h);
-        }
+        self.scan(f, &mut || {});
     }
 }
 
@@ -380,18 +423,15 @@ impl RouteWriter {
                 self.w.append(Op::Remove(Key::new(vnet, address)));
             }
             RouteChange::Load(text) => {
-                let vnets: HashMap<(String, String), VnetId> = self
-                    .vnets
-                    .iter()
-                    .map(|(t, v, id, _)| ((t.as_str().to_owned(), v.clone()), *id))
-                    .collect();
+                let vnets = Names(
+                    self.vnets
+                        .iter()
+                        .map(|(t, v, id, _)| (t.as_str().to_owned(), v.clone(), *id))
+                        .collect(),
+                );
                 let (mut v4, mut v6) = (0, 0);
-                let (mut added, mut replaced) = (0, 0);
                 {
-                    let guard = self.w.enter();
-                    let table = guard.as_deref();
-                    let lookup =
-                        |t: &str, v: &str| vnets.get(&(t.to_owned(), v.to_owned())).copied();
+                    let lookup = |t: &str, v: &str| vnets.get(t, v);
                     for entry in overlay::resolve_routes(&text, lookup) {
                         let (key, _) = entry.map_err(|e| {
                             route_err(
@@ -405,21 +445,20 @@ impl RouteWriter {
                         } else {
                             v4 += 1;
                         }
-                        match table.and_then(|t| t.exact(key.vnet, key.addr)) {
-                            Some(_) => replaced += 1,
-                            None => added += 1,
-                        }
                     }
                 }
-                // A file naming an address twice counts it as added and replaced: the later
-                // line wins.
-                report.added = added;
-                report.replaced = replaced;
+                // Added: the growth of the table; replaced: the other lines (a file naming
+                // an address twice counts the second as replacing the first).
+                let before = self.read(|t| t.table.len());
                 self.w.append(Op::Bulk(Arc::new(FileSource {
                     text,
                     vnets,
                     size: (v4, v6),
                 })));
+                self.publish();
+                report.added = self.read(|t| t.table.len()).saturating_sub(before);
+                report.replaced = (v4 + v6).saturating_sub(report.added);
+                return Ok(report);
             }
             RouteChange::Restore(bytes) => {
                 let snap = overlay::read_snapshot(&bytes)
@@ -429,18 +468,27 @@ impl RouteWriter {
                     .iter()
                     .map(|(t, v)| self.configured(t, v))
                     .collect();
-                let mut list = Vec::with_capacity(snap.count);
-                for e in snap.entries() {
-                    let (vnet, addr, host) = e.map_err(|e| route_err(None, None, e.to_string()))?;
-                    match ids.get(vnet as usize).copied().flatten() {
-                        Some(id) if unicast(addr) && unicast(host) => {
-                            list.push((Key::new(id, addr), host));
+                // Checked whole (structure, hash) above; read again into each copy.
+                let mut source = SnapshotSource {
+                    bytes: Arc::clone(&bytes),
+                    ids,
+                    size: (0, 0),
+                };
+                let (mut v4, mut v6, mut skipped) = (0, 0, 0);
+                source.scan(
+                    &mut |k, _| {
+                        if k.addr.is_ipv6() {
+                            v6 += 1;
+                        } else {
+                            v4 += 1;
                         }
-                        _ => report.skipped += 1,
-                    }
-                }
-                report.added = list.len();
-                self.w.append(Op::Bulk(Arc::new(ListSource(list))));
+                    },
+                    &mut || skipped += 1,
+                );
+                source.size = (v4, v6);
+                report.added = v4 + v6;
+                report.skipped = skipped;
+                self.w.append(Op::Bulk(Arc::new(source)));
             }
         }
         self.publish();
