@@ -305,6 +305,149 @@ mod tests {
         }
     }
 
+    /// A data path holding per-VM routes in a map, for VNet acme/prod only.
+    #[derive(Default)]
+    struct Fake(Mutex<std::collections::BTreeMap<IpAddr, IpAddr>>);
+
+    impl DataPath for Fake {
+        fn install_child(&self, _: &ike::ChildSaInfo) -> Result<(), datapath::DataplaneError> {
+            Ok(())
+        }
+        fn remove_child(&self, _: ike::TunnelId, _: wire::EspSpi, _: wire::EspSpi) {}
+        fn update_peer(
+            &self,
+            _: ike::TunnelId,
+            _: ike::IkeSpis,
+            _: std::net::SocketAddr,
+            _: std::net::SocketAddr,
+        ) {
+        }
+        fn send_ike(
+            &self,
+            _: std::net::SocketAddr,
+            _: std::net::SocketAddr,
+            _: &[u8],
+        ) -> Result<(), datapath::DataplaneError> {
+            Ok(())
+        }
+        fn stats(&self) -> datapath::DataplaneStats {
+            datapath::DataplaneStats::default()
+        }
+        fn change_routes(
+            &self,
+            change: RouteChange,
+        ) -> Result<RouteChangeReport, datapath::DataplaneError> {
+            let mut m = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+            let mut r = RouteChangeReport::default();
+            match change {
+                RouteChange::Add(v) => {
+                    m.insert(v.address, v.host);
+                    r.added = 1;
+                }
+                RouteChange::Del { address, .. } => {
+                    r.removed = usize::from(m.remove(&address).is_some());
+                }
+                RouteChange::Load(text) => {
+                    for e in overlay::parse_routes(&text) {
+                        let e = e.map_err(|e| datapath::DataplaneError::Route {
+                            line: Some(e.line),
+                            field: e.field.map(|f| f.name()),
+                            reason: e.problem.to_string(),
+                        })?;
+                        m.insert(e.address, e.host);
+                        r.added += 1;
+                    }
+                }
+                RouteChange::Restore(bytes) => {
+                    let s = overlay::read_snapshot(&bytes).map_err(|e| {
+                        datapath::DataplaneError::Route {
+                            line: None,
+                            field: None,
+                            reason: e.to_string(),
+                        }
+                    })?;
+                    for (_, a, h) in s.entries().flatten() {
+                        m.insert(a, h);
+                        r.added += 1;
+                    }
+                }
+            }
+            Ok(r)
+        }
+        fn write_routes(
+            &self,
+            out: &mut dyn std::io::Write,
+        ) -> Result<usize, datapath::DataplaneError> {
+            let m = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+            overlay::write_snapshot(
+                out,
+                &[("acme", "prod")],
+                m.len(),
+                m.iter().map(|(a, h)| (0, *a, *h)),
+            )
+            .map_err(|e| datapath::DataplaneError::Route {
+                line: None,
+                field: None,
+                reason: e.to_string(),
+            })
+        }
+    }
+
+    fn add(vm: &str, host: &str) -> Recorded {
+        Recorded::Add(VmRoute {
+            tenant: TenantId::new("acme").expect("tenant"),
+            vnet: "prod".into(),
+            address: vm.parse().expect("ip"),
+            host: host.parse().expect("ip"),
+        })
+    }
+
+    /// Changes survive a restart: the snapshot of a load, the journal of single changes, and
+    /// a new snapshot written at start with the journal emptied.
+    #[test]
+    fn changes_survive_a_restart() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let state = dir.path().join("state.redb");
+        let (store, dp) = (RouteStore::beside(&state), Fake::default());
+        assert_eq!(store.restore(&dp).expect("empty"), Restored::default());
+        store
+            .load(
+                &dp,
+                Arc::from("acme,prod,10.0.0.5,192.0.2.1\nacme,prod,10.0.0.6,192.0.2.1\n"),
+            )
+            .expect("load");
+        store.apply(&dp, add("10.0.0.7", "192.0.2.2")).expect("add");
+        let del = Recorded::Del {
+            tenant: TenantId::new("acme").expect("tenant"),
+            vnet: "prod".into(),
+            address: "10.0.0.5".parse().expect("ip"),
+        };
+        store.apply(&dp, del).expect("del");
+        let journal = std::fs::read_to_string(&store.journal).expect("journal");
+        assert_eq!(journal.lines().count(), 2, "{journal}");
+        // A bad file is refused and recorded nowhere.
+        assert!(store
+            .load(&dp, Arc::from("acme,prod,10.0.0.8,nope\n"))
+            .is_err());
+        // The restart: a new data path, the same files.
+        let (store, again) = (RouteStore::beside(&state), Fake::default());
+        let r = store.restore(&again).expect("restored");
+        assert_eq!((r.snapshot, r.journal, r.skipped), (2, 2, 0));
+        let want = dp.0.lock().expect("lock").clone();
+        assert_eq!(*again.0.lock().expect("lock"), want);
+        assert_eq!(want.len(), 2);
+        assert_eq!(
+            std::fs::read_to_string(&store.journal).expect("journal"),
+            ""
+        );
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(store.path())
+            .expect("snapshot")
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600);
+    }
+
     #[test]
     fn files_sit_beside_the_state_store() {
         let s = RouteStore::beside(Path::new("/var/lib/protego/state.redb"));
