@@ -74,6 +74,12 @@ impl Routes {
         self.table.get(&Key::new(vnet, dst)).map(|v| v.host)
     }
 
+    /// True if there are no per-VM entries (the lookup stage then asks the prefixes only).
+    #[inline]
+    pub(crate) fn is_empty(&self) -> bool {
+        self.table.is_empty()
+    }
+
     /// Looks up every key of `keys` (at most `overlay::BATCH` per prefetched group), writing
     /// to `out`; nothing when the table is empty.
     pub(crate) fn exact_batch(&self, keys: &[Key], out: &mut [Option<Value>]) {

@@ -96,6 +96,15 @@ impl<'p, 't> Deliveries<'p, 't> {
             return;
         }
         self.len = 0;
+        if r.is_empty() {
+            // No per-VM entries: the prefixes answer, packet by packet, as before the stage.
+            for item in &mut self.items[..n] {
+                if let Some(d) = item.take() {
+                    to_inside(o, sh, t, r, now, &d.opened, d.pkt, &d.parsed, None);
+                }
+            }
+            return;
+        }
         let mut dsts = [(0, IpAddr::V4(Ipv4Addr::UNSPECIFIED)); overlay::BATCH];
         for (d, item) in dsts.iter_mut().zip(&self.items[..n]) {
             if let Some(item) = item {
