@@ -364,6 +364,16 @@ pub enum DataplaneError {
         /// Why.
         reason: String,
     },
+    /// A per-VM route change was refused (see [`DataPath::change_routes`]); nothing changed.
+    #[error("{}{reason}", line.map(|l| format!("line {l}{}: ", field.map(|f| format!(", field {f}")).unwrap_or_default())).unwrap_or_default())]
+    Route {
+        /// 1-based line of the route file or snapshot at fault, if one is.
+        line: Option<usize>,
+        /// The field at fault (`tenant`, `vnet`, `address`, `host`), if one is.
+        field: Option<&'static str>,
+        /// What is wrong.
+        reason: String,
+    },
     /// A send failed.
     #[error("send to {to}: {source}")]
     Send {
@@ -372,6 +382,83 @@ pub enum DataplaneError {
         /// The OS error.
         source: std::io::Error,
     },
+}
+
+/// One per-VM overlay route: the VM at `address` in VNet `vnet` of `tenant` runs on the host
+/// whose VTEP is `host` (issue 16 §2). It wins over the VNet's prefix [`Route`]s.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VmRoute {
+    /// The VNet's tenant.
+    pub tenant: TenantId,
+    /// The VNet's configured name.
+    pub vnet: String,
+    /// The VM's address.
+    pub address: IpAddr,
+    /// The underlay address of the VTEP of the host the VM runs on.
+    pub host: IpAddr,
+}
+
+/// A change of the per-VM overlay routes ([`DataPath::change_routes`]). Each is validated
+/// whole before anything applies: a bad line or an unknown VNet changes nothing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RouteChange {
+    /// Adds an entry, or points an existing one at a new host (the VM moved).
+    Add(VmRoute),
+    /// Removes the entry of `address` in VNet `vnet` of `tenant` (the VNet's prefix routes
+    /// apply to the address again).
+    Del {
+        /// The VNet's tenant.
+        tenant: TenantId,
+        /// The VNet's configured name.
+        vnet: String,
+        /// The VM's address.
+        address: IpAddr,
+    },
+    /// Adds or replaces every entry of a route file (`tenant,vnet,address,host` CSV or JSON
+    /// lines; see `overlay::routes`), all published at once.
+    Load(std::sync::Arc<str>),
+    /// Adds or replaces the entries of a snapshot written by [`DataPath::write_routes`];
+    /// entries of VNets no longer configured are skipped (and counted).
+    Restore(std::sync::Arc<[u8]>),
+}
+
+/// What a [`RouteChange`] did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RouteChangeReport {
+    /// Entries added.
+    pub added: usize,
+    /// Entries that existed and now point at another (or the same) host.
+    pub replaced: usize,
+    /// Entries removed.
+    pub removed: usize,
+    /// Entries skipped (a restored snapshot's entries of VNets no longer configured).
+    pub skipped: usize,
+}
+
+/// The per-VM routes of one VNet.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct VnetRouteStats {
+    /// The VNet's tenant.
+    pub tenant: String,
+    /// The VNet's name.
+    pub vnet: String,
+    /// IPv4 entries.
+    pub v4: usize,
+    /// IPv6 entries.
+    pub v6: usize,
+}
+
+/// The per-VM route table of a data path.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RouteStats {
+    /// Per configured VNet, in configuration order.
+    pub vnets: Vec<VnetRouteStats>,
+    /// Entries, all VNets.
+    pub entries: usize,
+    /// Distinct host VTEPs the entries point at.
+    pub hosts: usize,
+    /// Bytes the table holds, both published copies included.
+    pub memory_bytes: usize,
 }
 
 /// What the control plane needs from a data path, local or remote.
@@ -445,5 +532,29 @@ pub trait DataPath: Send + Sync {
             operation: "set_inside",
             reason: "this data path has a fixed inside configuration".into(),
         })
+    }
+    /// Changes the per-VM overlay routes, validated whole first ([`DataplaneError::Route`]
+    /// names the line and field; nothing changes then). Applied while forwarding: a batch
+    /// sees the table before or after the change, never a part of it. The default refuses
+    /// ([`DataplaneError::Unsupported`]).
+    fn change_routes(&self, change: RouteChange) -> Result<RouteChangeReport, DataplaneError> {
+        let _ = change;
+        Err(DataplaneError::Unsupported {
+            operation: "change_routes",
+            reason: "this data path has no per-VM routes".into(),
+        })
+    }
+    /// Writes every per-VM route as a compact snapshot that [`RouteChange::Restore`] reads
+    /// back; returns the entries written. The default refuses.
+    fn write_routes(&self, out: &mut dyn std::io::Write) -> Result<usize, DataplaneError> {
+        let _ = out;
+        Err(DataplaneError::Unsupported {
+            operation: "write_routes",
+            reason: "this data path has no per-VM routes".into(),
+        })
+    }
+    /// The per-VM route table's size. The default has none.
+    fn route_stats(&self) -> RouteStats {
+        RouteStats::default()
     }
 }

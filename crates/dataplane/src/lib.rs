@@ -132,6 +132,7 @@ mod overlay;
 mod pipeline;
 mod pool;
 mod relays;
+mod routes;
 mod sa;
 mod select;
 mod shared;
@@ -148,8 +149,9 @@ mod testutil;
 // need not link the data plane); the modules here use them from there.
 pub use datapath::{
     AttachmentConfig, AttachmentTags, ChildStats, DataPath, DataplaneConfig, DataplaneError,
-    DataplaneStats, IkeDatagram, Inside, InstalledChild, KnownChild, RelayConfig, Route, ToControl,
-    TunnelBinding, VnetConfig, WorkerStats,
+    DataplaneStats, IkeDatagram, Inside, InstalledChild, KnownChild, RelayConfig, Route,
+    RouteChange, RouteChangeReport, RouteStats, ToControl, TunnelBinding, VmRoute, VnetConfig,
+    VnetRouteStats, WorkerStats,
 };
 pub use dataplane::{BoundAddrs, Dataplane};
 pub use feature::{Direction, Feature, FeatureBatch, FeatureChain, PacketMeta};

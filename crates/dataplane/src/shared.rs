@@ -10,6 +10,7 @@ use crate::lane::Lane;
 use crate::overlay::{Overlay, Rules};
 use crate::pool::TxPool;
 use crate::relays::Relays;
+use crate::routes::{RouteReaders, RouteWriter};
 use crate::stats::{DropCounters, WorkerCounters};
 use crate::tables::{Published, Registry};
 use crossbeam_channel::{Sender, TrySendError};
@@ -88,6 +89,10 @@ pub(crate) struct Shared {
     pub(crate) tables: Published,
     /// SA registry for the control path.
     registry: Mutex<Registry>,
+    /// The per-VM routes' one writer (taken before `registry` when both are needed).
+    routes: Mutex<RouteWriter>,
+    /// Makes each worker's reader of the per-VM routes.
+    pub(crate) route_readers: RouteReaders,
     /// Drop counters.
     pub(crate) drops: DropCounters,
     /// Drop counters of the feature chains' stages, by reason name.
@@ -263,6 +268,17 @@ fn vtep_addresses(cfg: &DataplaneConfig) -> Vec<IpAddr> {
     ips
 }
 
+/// The per-VM route table's view of the VNets of `overlay`.
+fn route_vnets(
+    overlay: &Overlay,
+) -> Vec<(ids::TenantId, String, overlay::VnetId, wire::vxlan::Vni)> {
+    overlay
+        .vnets
+        .iter()
+        .map(|v| (v.tenant.clone(), v.name.clone(), v.key, v.vni))
+        .collect()
+}
+
 impl Shared {
     /// Validates `cfg` and opens every socket and the TUN device.
     pub(crate) fn open(
@@ -271,12 +287,15 @@ impl Shared {
     ) -> Result<Self, DataplaneError> {
         validate(&cfg)?;
         let vtep_ips = vtep_addresses(&cfg);
+        let (mut routes, route_readers) = RouteWriter::new();
         let overlay = Overlay::build(
             &cfg.vnets,
             cfg.tunnels.clone(),
             Self::rules(&cfg, &vtep_ips),
             None,
+            &mut |v| routes.vnet_id(&v.tenant, &v.name),
         )?;
+        routes.set_vnets(route_vnets(&overlay));
         let io = Sockets::open(&cfg, &vtep_ips)?;
         let attach = AttachTable::new(&cfg.attachments, |i| {
             let iface = io
@@ -322,6 +341,8 @@ impl Shared {
             io,
             tables,
             registry: Mutex::new(registry),
+            routes: Mutex::new(routes),
+            route_readers,
             drops: DropCounters::default(),
             feature_drops: FeatureDrops::default(),
             relay_probes_answered: AtomicU64::new(0),
@@ -358,7 +379,11 @@ impl Shared {
         let rules = Self::rules(&self.cfg, &vtep_ips);
         // Building is the whole check (each VNet's own fields, then across them); the result
         // is dropped. The previous overlay is not needed to validate.
-        Overlay::build(vnets, tunnels.to_vec(), rules, None).map(drop)
+        let routes = self.routes();
+        Overlay::build(vnets, tunnels.to_vec(), rules, None, &mut |v| {
+            routes.peek_id(&v.tenant, &v.name)
+        })
+        .map(drop)
     }
 
     /// Replaces the VNets and tunnel bindings (validated whole first); see
@@ -370,12 +395,19 @@ impl Shared {
     ) -> Result<(), DataplaneError> {
         let vtep_ips: Vec<IpAddr> = self.io.vteps.iter().map(|v| v.ip).collect();
         let rules = Self::rules(&self.cfg, &vtep_ips);
+        let mut routes = self.routes();
         let mut reg = self.registry();
-        let overlay = Overlay::build(&vnets, tunnels, rules, Some(reg.overlay()))?;
+        let overlay = Overlay::build(&vnets, tunnels, rules, Some(reg.overlay()), &mut |v| {
+            routes.vnet_id(&v.tenant, &v.name)
+        })?;
         let (vnet_count, tunnel_count) = (overlay.vnets.len(), overlay.tunnels.len());
+        let route_vnets = route_vnets(&overlay);
         let (rebound, removed) = reg.set_inside(Arc::new(overlay));
         self.publish(&reg);
         drop(reg);
+        // After the tables: a VNet's entries go once no batch can reach the VNet.
+        routes.set_vnets(route_vnets);
+        drop(routes);
         for (tunnel, spi) in &removed {
             tracing::warn!(tunnel = tunnel.0, spi_in = %spi, "CHILD_SA removed: its tunnel is no longer bound");
         }
@@ -424,6 +456,12 @@ impl Shared {
         drop(reg);
         tracing::info!(%tenant, ?direction, stages = ?chain, "feature chain set");
         Ok(())
+    }
+
+    /// The per-VM routes' writer (a poisoned lock still holds consistent copies: the table
+    /// changes only inside the `left-right` publication, which finishes or never starts).
+    pub(crate) fn routes(&self) -> MutexGuard<'_, RouteWriter> {
+        self.routes.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// The registry (a poisoned lock still holds a consistent registry: every edit is one

@@ -245,7 +245,7 @@ fn vnet(tenant: &str, name: &str, index: usize) -> Arc<Vnet> {
             host: ip("192.0.2.10"),
         }],
     };
-    Arc::new(Vnet::new(index, &c, 0).expect("vnet"))
+    Arc::new(Vnet::new(index, &c, 0, ::overlay::VnetId(index as u32)).expect("vnet"))
 }
 
 #[test]

@@ -21,6 +21,7 @@ use crate::attach::{self, Attachment, Request};
 use crate::batch::UNSPECIFIED;
 use crate::inner::{self, InnerIp};
 use crate::out::{Out, PACKET_SOCK_BASE};
+use crate::routes::Routes;
 use crate::shared::Shared;
 use crate::stats::DropReason;
 use crate::tables::Tables;
@@ -46,6 +47,7 @@ pub(crate) fn from_ce(
     o: &mut Out,
     sh: &Shared,
     t: &Tables,
+    r: &Routes,
     now: Instant,
     iface: usize,
     frame: &mut [u8],
@@ -103,7 +105,7 @@ pub(crate) fn from_ce(
             if a.teaches(src) {
                 a.learn_ce(tagged.src);
             }
-            encap::deliver(o, sh, t, now, vnet, pkt, &parsed, || Ok(()));
+            encap::deliver(o, sh, t, r, now, vnet, pkt, &parsed, || Ok(()));
         }
         _ => o.drop_packet(DropReason::AttachEthertype),
     }
@@ -197,6 +199,7 @@ pub(crate) fn to_ce(
     o: &mut Out,
     sh: &Shared,
     t: &Tables,
+    r: &Routes,
     now: Instant,
     vnet: &Vnet,
     host: IpAddr,
@@ -207,7 +210,7 @@ pub(crate) fn to_ce(
         return false;
     };
     // Only the VNet's own VMs (by its routes) speak to the CE through this host.
-    if !vnet.lives_behind(parsed.flow.src, host) {
+    if !vnet.lives_behind(r, parsed.flow.src, host) {
         o.drop_packet(DropReason::AttachVnetSource);
         return true;
     }

@@ -101,17 +101,36 @@ impl Env {
     fn recv_from_ce(&mut self, mut frame: Vec<u8>) {
         let t = self.sh.tables.load();
         self.out.use_tables(std::sync::Arc::clone(&t));
-        graph::attach(&mut self.out, &self.sh, &t, Instant::now(), 0, &mut frame);
+        let reader = self.sh.route_readers.reader();
+        let guard = reader.enter();
+        let r = guard
+            .as_deref()
+            .unwrap_or(crate::routes::RouteReader::empty());
+        graph::attach(
+            &mut self.out,
+            &self.sh,
+            &t,
+            r,
+            Instant::now(),
+            0,
+            &mut frame,
+        );
     }
 
     fn recv_from_host(&mut self, mut data: Vec<u8>) {
         let t = self.sh.tables.load();
         self.out.use_tables(std::sync::Arc::clone(&t));
         let from = SocketAddr::new(ip(HOST), self.sh.cfg.vxlan_port);
+        let reader = self.sh.route_readers.reader();
+        let guard = reader.enter();
+        let r = guard
+            .as_deref()
+            .unwrap_or(crate::routes::RouteReader::empty());
         graph::vxlan(
             &mut self.out,
             &self.sh,
             &t,
+            r,
             Instant::now(),
             Via::Vtep(0),
             from,
