@@ -7,7 +7,8 @@
 //!  site (strongSwan, red's LAN 10.1.0.0/24) ══ IKEv2/ESP ══ gw    (red's VNet served by both)
 //!  cea (10.99.0.2) ─┐ untagged                802.1ad S=100 / 802.1Q C=10
 //!  ceb (10.99.0.2) ─┼─ l2: protego-l2tag ══ trunk (veth) ══ gw: protego up ─ VXLAN ─ host0 ─ VMs
-//!  cex (10.99.0.2) ─┘                         S=200 / C=10; S=300 / C=10 (no attachment)
+//!  cex (10.99.0.2) ─┤                         S=200 / C=10; S=300 / C=10 (no attachment)
+//!  cev (10.98.0.2) ─┘                         802.1Q C=30 alone (blue's branch, kind = "vlan")
 //! ```
 //!
 //! The customer's edge router would tag with Linux VLAN sub-interfaces (`ip link add … type
@@ -56,12 +57,23 @@ fn tenant(name: &str, vni: u32) -> Result<TenantSpec> {
 /// A customer namespace behind the tagger: its untagged link into `l2`, the CE address, and a
 /// route to the VNet through the gateway.
 fn customer(bed: &Testbed, l2: &Netns, role: &str) -> Result<(Netns, String)> {
+    customer_on(bed, l2, role, CE_IP, GW_IP)
+}
+
+/// [`customer`] with the CE at `ce` and its next hop `gw` on a /24.
+fn customer_on(
+    bed: &Testbed,
+    l2: &Netns,
+    role: &str,
+    ce: &str,
+    gw: &str,
+) -> Result<(Netns, String)> {
     let ns = bed.netns(role)?;
     let link = ns.veth_to(l2)?;
     // Checksums filled on transmit, as a physical NIC does (see the cloud hosts' underlay).
     ns.exec(Cmd::new("ethtool").args(["-K", &link.local, "tx", "off"]))?;
-    ns.add_addr(&link.local, format!("{CE_IP}/24").parse()?)?;
-    ns.add_route("10.2.0.0/24".parse()?, addr(GW_IP))?;
+    ns.add_addr(&link.local, format!("{ce}/24").parse()?)?;
+    ns.add_route("10.2.0.0/24".parse()?, addr(gw))?;
     Ok((ns, link.peer))
 }
 
@@ -126,6 +138,8 @@ fn two_customers_attached_over_qinq_reach_their_own_vms_both_ways() -> Result<()
     let (red_ce, red_port) = customer(&bed, &l2, "cea")?;
     let (blue_ce, blue_port) = customer(&bed, &l2, "ceb")?;
     let (stranger, stranger_port) = customer(&bed, &l2, "cex")?;
+    // Blue's second site on one 802.1Q tag (kind = "vlan"), another segment into the same VNet.
+    let (blue2_ce, blue2_port) = customer_on(&bed, &l2, "cev", "10.98.0.2", "10.98.0.1")?;
     let tagger = workspace_bin("protego-l2tag")?;
     let _tagger = l2.spawn(
         "l2tag",
@@ -138,12 +152,20 @@ fn two_customers_attached_over_qinq_reach_their_own_vms_both_ways() -> Result<()
             format!("{blue_port}:200:10"),
             "--port".to_owned(),
             format!("{stranger_port}:300:10"),
+            "--port".to_owned(),
+            format!("{blue2_port}:0:30"),
         ]),
     )?;
 
     // Red names its CE's address (the gateway asks for its MAC); blue does not (learned).
     let tables = attachment("red-dc", "red", &trunk.peer, 100, true)
-        + &attachment("blue-dc", "blue", &trunk.peer, 200, false);
+        + &attachment("blue-dc", "blue", &trunk.peer, 200, false)
+        + &format!(
+            "[[attachment]]\nname = \"blue-branch\"\ntenant = \"blue\"\nvnet = \"vnet\"\n\
+             interface = {:?}\nkind = \"vlan\"\nc_tag = 30\ngateway_ip = \"10.98.0.1\"\n\
+             ce_ip = \"10.98.0.2\"\n",
+            trunk.peer
+        );
     let tun = GatewayTunnel::for_site(&topo, 0, common::PSK);
     let gw =
         ProtegoGateway::start_with_tables(&bed, &topo, std::slice::from_ref(&tun), &[], &tables)?;
@@ -184,6 +206,15 @@ fn two_customers_attached_over_qinq_reach_their_own_vms_both_ways() -> Result<()
     assert!(p.all_received(), "blue CE -> VM: {p:?}\n{}", gw.log());
     let p = traffic::ping(&blue_vm.ns, ce_ip, &fast)?;
     assert!(p.all_received(), "blue VM -> CE: {p:?}\n{}", gw.log());
+    // Blue's branch on a single VLAN tag reaches the same VM, and the VM it.
+    let p = traffic::ping(&blue2_ce, vm_ip, &fast)?;
+    assert!(
+        p.all_received(),
+        "blue branch (VLAN) -> VM: {p:?}\n{}",
+        gw.log()
+    );
+    let p = traffic::ping(&blue_vm.ns, addr("10.98.0.2"), &fast)?;
+    assert!(p.all_received(), "blue VM -> branch: {p:?}\n{}", gw.log());
 
     // Isolation: both customers ping the same VM address at once, and red's site through its
     // tunnel, with payload sizes that mark them (IPv4 total length 20 + 8 + size); each VM
