@@ -63,7 +63,16 @@ fn env() -> Env {
             pin_workers: false,
             busy_poll: std::time::Duration::ZERO,
             relay: None,
-            attachments: vec![attachment("a", "a", 100), attachment("b", "b", 200)],
+            attachments: vec![
+                attachment("a", "a", 100),
+                attachment("b", "b", 200),
+                // Tenant b's VNet also on an IPv6 segment.
+                AttachmentConfig {
+                    gateway_ip: ip("fd99::1"),
+                    routes: vec![(ip("fd99::"), 64)],
+                    ..attachment("b6", "b", 201)
+                },
+            ],
         };
         let (tx, _rx) = crossbeam_channel::unbounded();
         match Shared::open(cfg, tx) {
@@ -267,4 +276,56 @@ fn vnet_traffic_not_behind_a_ce_goes_on_to_the_tunnels() {
     e.recv_from_host(vxlan_frame(100, gw, VM_MAC, EtherType::IPV4, &pkt));
     assert_eq!(e.drops(DropReason::AttachVnetSource), 1);
     assert_eq!(e.sent(), (vec![], vec![]));
+}
+
+#[test]
+fn neighbour_solicitation_for_an_ipv6_gateway_is_answered_tagged() {
+    use crate::vnet::nd::NdOut;
+    use wire::ndp::{solicited_node_multicast, NdpRepr};
+    let mut e = env();
+    let gw: std::net::Ipv6Addr = "fd99::1".parse().expect("ip");
+    let ce: std::net::Ipv6Addr = "fd99::2".parse().expect("ip");
+    let group = solicited_node_multicast(&gw);
+    let ns = NdOut {
+        src: ce,
+        dst: group,
+        dst_mac: EthernetAddress::from_ipv6_multicast(&group).0,
+        msg: NdpRepr::NeighborSolicit {
+            target_addr: gw,
+            source_lladdr: Some(EthernetAddress(CE_B)),
+        },
+    };
+    let mut pkt = vec![0u8; ns.len()];
+    ns.emit(&mut pkt).expect("fits");
+    e.recv_from_ce(ce_frame(201, ns.dst_mac, CE_B, 0x86dd, &pkt));
+    let (frames, datagrams) = e.sent();
+    assert!(datagrams.is_empty());
+    assert_eq!(frames.len(), 1, "one advertisement");
+    let (eth, off) = EthernetRepr::parse(&frames[0].1).expect("frame");
+    assert!(
+        matches!(eth.vlans, VlanTags::Double { outer, inner } if outer.vid == 201 && inner.vid == 10)
+    );
+    assert_eq!((eth.dst_addr.0, eth.src_addr.0), (CE_B, e.gw_mac));
+    let ip6 = wire::ip::Ipv6Packet::new_checked(&frames[0].1[off..]).expect("ipv6");
+    assert_eq!((ip6.src_addr(), ip6.dst_addr()), (gw, ce));
+    match NdpRepr::parse(
+        &ip6.src_addr(),
+        &ip6.dst_addr(),
+        ip6.hop_limit(),
+        ip6.payload(),
+    ) {
+        Ok(NdpRepr::NeighborAdvert {
+            flags,
+            target_addr,
+            target_lladdr,
+        }) => {
+            assert!(flags.router && flags.solicited);
+            assert_eq!(target_addr, gw);
+            assert_eq!(target_lladdr, Some(EthernetAddress(e.gw_mac)));
+        }
+        other => panic!("not an NA: {other:?}"),
+    }
+    // The IPv4 attachment on S-tag 200 is another: it ignores IPv6 neighbour discovery.
+    e.recv_from_ce(ce_frame(200, ns.dst_mac, CE_B, 0x86dd, &pkt));
+    assert_eq!(e.drops(DropReason::NeighIgnored), 1);
 }
