@@ -209,3 +209,18 @@ fn apply_keeps_attachments_and_refuses_to_remove_their_vnet() {
         Ok(_) => panic!("an attachment's VNet was removed"),
     }
 }
+
+#[test]
+fn a_control_node_refuses_attachments() {
+    let text = format!(
+        "{}\n[cluster]\nname = \"control1\"\ngrpc = \"10.0.0.1:7300\"\ngeneve = \"10.0.0.1:6081\"\n\
+         ca = \"pki/ca.pem\"\ncert = \"pki/c1.pem\"\nkey = \"pki/c1.key\"\n",
+        with_attachments(ATTACHMENTS)
+    );
+    expect_error(
+        &text,
+        "name = \"acme-prod\"",
+        "name",
+        "served by `protego up` only",
+    );
+}

@@ -104,6 +104,17 @@ pub(crate) fn validate_with(
     }
     let mut attachments: Vec<attachment::CheckedAttachment> = Vec::new();
     for a in &raw.attachment {
+        if cluster.is_some() {
+            // The distributed form does not place attachments yet (issue 16 §1): refuse
+            // rather than ignore them.
+            return Err(v.err(
+                a.get_ref().name.span(),
+                "[[attachment]]",
+                "name",
+                "attachments are served by `protego up` only; a [cluster] control node does \
+                 not place them yet",
+            ));
+        }
         let checked = v.attachment(a, &tenants, &vnets, &attachments)?;
         attachments.push(checked);
     }
