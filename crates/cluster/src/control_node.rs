@@ -608,6 +608,11 @@ impl RequestHandler for ClusterResponder {
                     Err(e) => json!({ "error": e.to_string() }),
                 }
             }
+            Request::RouteAdd { .. } | Request::RouteDel { .. } | Request::RouteLoad { .. } => {
+                json!({
+                    "error": "per-VM routes are served by `protego up` only for now; the distributed form (control node as their source) is to follow"
+                })
+            }
             other => self.inner.handle(other),
         }
     }

@@ -275,6 +275,7 @@ pub(crate) fn op_name(op: &pb::directive::Op) -> &'static str {
 /// control sends them.
 fn dataplane_config(data: &DataSection) -> DataplaneConfig {
     DataplaneConfig {
+        attachments: vec![],
         listen: Vec::new(),
         ike_port: 500,
         natt_port: data.natt_port,

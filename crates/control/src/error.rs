@@ -75,6 +75,17 @@ pub enum Error {
     /// `protego ctl apply` refused a configuration; nothing changed.
     #[error("nothing applied: {0}")]
     Apply(String),
+    /// A per-VM route change was refused by the data path (nothing changed).
+    #[error("{0}")]
+    Route(#[from] datapath::DataplaneError),
+    /// The per-VM route file, snapshot or journal could not be read or written.
+    #[error("route store {path}: {reason}")]
+    RouteStore {
+        /// The file.
+        path: PathBuf,
+        /// What failed.
+        reason: String,
+    },
     /// The key log could not be opened or written.
     #[error("key log {path}: {source}")]
     KeyLog {

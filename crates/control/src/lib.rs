@@ -16,6 +16,7 @@ pub mod applied;
 pub mod config;
 mod error;
 mod keylog;
+pub mod routes;
 pub mod runtime;
 pub mod status;
 pub mod store;

@@ -81,6 +81,51 @@ pub struct RelayConfig {
     pub steer: Vec<SocketAddr>,
 }
 
+/// The VLAN tags that identify an attachment on its interface (issue 16 §1, the paper's L2
+/// "tunnel" between the customer's edge router and the gateway).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum AttachmentTags {
+    /// Q-in-Q: an 802.1ad S-tag (TPID 0x88a8, the customer) outside an 802.1Q C-tag (TPID
+    /// 0x8100, the VNet).
+    QinQ {
+        /// Outer (service) VLAN id, 1..=4094.
+        s_tag: u16,
+        /// Inner (customer) VLAN id, 1..=4094.
+        c_tag: u16,
+    },
+    /// One 802.1Q C-tag (TPID 0x8100).
+    Vlan {
+        /// VLAN id, 1..=4094.
+        c_tag: u16,
+    },
+}
+
+/// A customer attached at L2 (`[[attachment]]`): frames with `tags` on `interface` belong to
+/// VNet `vnet` of `tenant`. The gateway is the customer edge router's (CE's) next hop there:
+/// it answers ARP/ND for `gateway_ip` on the segment and sends toward the CE what the VNet
+/// routes to `routes`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AttachmentConfig {
+    /// Name (unique), for logs and stats.
+    pub name: String,
+    /// Owning tenant.
+    pub tenant: TenantId,
+    /// The tenant's VNet (by name, so that a VNet list replaced at run time keeps it).
+    pub vnet: String,
+    /// The customer-facing network interface (opened with an AF_PACKET ring at start).
+    pub interface: String,
+    /// The tag pair (or single tag) of the attachment on `interface`.
+    pub tags: AttachmentTags,
+    /// The gateway's address on the segment (answered to ARP, or ND for IPv6).
+    pub gateway_ip: IpAddr,
+    /// The CE's address on the segment, if known: only it teaches the CE's MAC, and the
+    /// gateway asks for it (ARP/ND) when it must send before the CE spoke.
+    pub ce_ip: Option<IpAddr>,
+    /// Prefixes behind the CE (its segment address included): the sources the CE may send
+    /// from, and the destinations VNet traffic is sent to the CE for.
+    pub routes: Vec<(IpAddr, u8)>,
+}
+
 /// Static configuration of the data plane.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DataplaneConfig {
@@ -116,6 +161,9 @@ pub struct DataplaneConfig {
     pub busy_poll: std::time::Duration,
     /// Relay mode behind steer nodes (None: the node owns its public addresses).
     pub relay: Option<RelayConfig>,
+    /// Customers attached at L2 over VLAN / Q-in-Q (fixed at start; their VNets are found by
+    /// name in the current VNets).
+    pub attachments: Vec<AttachmentConfig>,
 }
 
 /// A received IKE datagram (non-ESP marker removed).
@@ -316,6 +364,16 @@ pub enum DataplaneError {
         /// Why.
         reason: String,
     },
+    /// A per-VM route change was refused (see [`DataPath::change_routes`]); nothing changed.
+    #[error("{}{reason}", line.map(|l| format!("line {l}{}: ", field.map(|f| format!(", field {f}")).unwrap_or_default())).unwrap_or_default())]
+    Route {
+        /// 1-based line of the route file or snapshot at fault, if one is.
+        line: Option<usize>,
+        /// The field at fault (`tenant`, `vnet`, `address`, `host`), if one is.
+        field: Option<&'static str>,
+        /// What is wrong.
+        reason: String,
+    },
     /// A send failed.
     #[error("send to {to}: {source}")]
     Send {
@@ -324,6 +382,83 @@ pub enum DataplaneError {
         /// The OS error.
         source: std::io::Error,
     },
+}
+
+/// One per-VM overlay route: the VM at `address` in VNet `vnet` of `tenant` runs on the host
+/// whose VTEP is `host` (issue 16 §2). It wins over the VNet's prefix [`Route`]s.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VmRoute {
+    /// The VNet's tenant.
+    pub tenant: TenantId,
+    /// The VNet's configured name.
+    pub vnet: String,
+    /// The VM's address.
+    pub address: IpAddr,
+    /// The underlay address of the VTEP of the host the VM runs on.
+    pub host: IpAddr,
+}
+
+/// A change of the per-VM overlay routes ([`DataPath::change_routes`]). Each is validated
+/// whole before anything applies: a bad line or an unknown VNet changes nothing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RouteChange {
+    /// Adds an entry, or points an existing one at a new host (the VM moved).
+    Add(VmRoute),
+    /// Removes the entry of `address` in VNet `vnet` of `tenant` (the VNet's prefix routes
+    /// apply to the address again).
+    Del {
+        /// The VNet's tenant.
+        tenant: TenantId,
+        /// The VNet's configured name.
+        vnet: String,
+        /// The VM's address.
+        address: IpAddr,
+    },
+    /// Adds or replaces every entry of a route file (`tenant,vnet,address,host` CSV or JSON
+    /// lines; see `overlay::routes`), all published at once.
+    Load(std::sync::Arc<str>),
+    /// Adds or replaces the entries of a snapshot written by [`DataPath::write_routes`];
+    /// entries of VNets no longer configured are skipped (and counted).
+    Restore(std::sync::Arc<[u8]>),
+}
+
+/// What a [`RouteChange`] did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RouteChangeReport {
+    /// Entries added.
+    pub added: usize,
+    /// Entries that existed and now point at another (or the same) host.
+    pub replaced: usize,
+    /// Entries removed.
+    pub removed: usize,
+    /// Entries skipped (a restored snapshot's entries of VNets no longer configured).
+    pub skipped: usize,
+}
+
+/// The per-VM routes of one VNet.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct VnetRouteStats {
+    /// The VNet's tenant.
+    pub tenant: String,
+    /// The VNet's name.
+    pub vnet: String,
+    /// IPv4 entries.
+    pub v4: usize,
+    /// IPv6 entries.
+    pub v6: usize,
+}
+
+/// The per-VM route table of a data path.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RouteStats {
+    /// Per configured VNet, in configuration order.
+    pub vnets: Vec<VnetRouteStats>,
+    /// Entries, all VNets.
+    pub entries: usize,
+    /// Distinct host VTEPs the entries point at.
+    pub hosts: usize,
+    /// Bytes the table holds, both published copies included.
+    pub memory_bytes: usize,
 }
 
 /// What the control plane needs from a data path, local or remote.
@@ -397,5 +532,29 @@ pub trait DataPath: Send + Sync {
             operation: "set_inside",
             reason: "this data path has a fixed inside configuration".into(),
         })
+    }
+    /// Changes the per-VM overlay routes, validated whole first ([`DataplaneError::Route`]
+    /// names the line and field; nothing changes then). Applied while forwarding: a batch
+    /// sees the table before or after the change, never a part of it. The default refuses
+    /// ([`DataplaneError::Unsupported`]).
+    fn change_routes(&self, change: RouteChange) -> Result<RouteChangeReport, DataplaneError> {
+        let _ = change;
+        Err(DataplaneError::Unsupported {
+            operation: "change_routes",
+            reason: "this data path has no per-VM routes".into(),
+        })
+    }
+    /// Writes every per-VM route as a compact snapshot that [`RouteChange::Restore`] reads
+    /// back; returns the entries written. The default refuses.
+    fn write_routes(&self, out: &mut dyn std::io::Write) -> Result<usize, DataplaneError> {
+        let _ = out;
+        Err(DataplaneError::Unsupported {
+            operation: "write_routes",
+            reason: "this data path has no per-VM routes".into(),
+        })
+    }
+    /// The per-VM route table's size. The default has none.
+    fn route_stats(&self) -> RouteStats {
+        RouteStats::default()
     }
 }

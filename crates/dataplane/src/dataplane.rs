@@ -12,8 +12,8 @@ use crate::relays;
 use crate::shared::Shared;
 use crossbeam_channel::Sender;
 use datapath::{
-    DataPath, DataplaneConfig, DataplaneError, DataplaneStats, InstalledChild, ToControl,
-    TunnelBinding, VnetConfig, WorkerStats,
+    DataPath, DataplaneConfig, DataplaneError, DataplaneStats, InstalledChild, RouteChange,
+    RouteChangeReport, RouteStats, ToControl, TunnelBinding, VnetConfig, WorkerStats,
 };
 use ike::{ChildSaInfo, IkeSpis, TunnelId};
 use std::io;
@@ -345,5 +345,27 @@ impl DataPath for Dataplane {
         tunnels: Vec<TunnelBinding>,
     ) -> Result<(), DataplaneError> {
         Dataplane::set_inside(self, vnets, tunnels)
+    }
+
+    fn change_routes(&self, change: RouteChange) -> Result<RouteChangeReport, DataplaneError> {
+        let started = Instant::now();
+        let report = self.shared.routes().change(change)?;
+        tracing::info!(
+            added = report.added,
+            replaced = report.replaced,
+            removed = report.removed,
+            skipped = report.skipped,
+            elapsed_us = started.elapsed().as_micros() as u64,
+            "per-VM routes changed"
+        );
+        Ok(report)
+    }
+
+    fn write_routes(&self, out: &mut dyn io::Write) -> Result<usize, DataplaneError> {
+        self.shared.routes().write_snapshot(out)
+    }
+
+    fn route_stats(&self) -> RouteStats {
+        self.shared.routes().stats()
     }
 }

@@ -47,6 +47,11 @@ pub(crate) enum LaneKind {
     },
     /// The TUN device.
     Tun,
+    /// The AF_PACKET ring of a customer-facing interface (attachments, issue 16 §1).
+    Attach {
+        /// Index into `Sockets::packet`.
+        iface: usize,
+    },
     /// Relay mode: the Geneve socket. It carries both directions, so its batches are
     /// processed in two passes (see `pipeline::classify`): the outbound packets under the dispatch
     /// stage, the inbound ones after it.

@@ -11,6 +11,7 @@
 //! # fn main() -> Result<(), protego_dataplane::DataplaneError> {
 //! use protego_dataplane::{DataPath, Dataplane, DataplaneConfig};
 //! let cfg = DataplaneConfig {
+//!     attachments: vec![],
 //!     listen: vec!["192.0.2.1".parse().expect("address")],
 //!     ike_port: 500,
 //!     natt_port: 4500,
@@ -88,6 +89,11 @@
 //!   MAC pick the CHILD_SA whose negotiated selectors cover (inner source, inner destination)
 //!   among that VNet's tunnels only, and are sealed and sent from the SA's local NAT-T socket.
 //! - TUN: packets read from the device pick a CHILD_SA among the TUN tunnels the same way.
+//! - A customer's edge router attached at L2 ([`AttachmentConfig`]): frames read from the
+//!   interface's AF_PACKET ring find their attachment by (interface, S-tag, C-tag), hence
+//!   its VNet; ARP/ND for the attachment's gateway address are answered, IP packets from
+//!   behind the CE lose their tags and enter the VNet as decrypted ESP does. VNet packets to
+//!   prefixes behind a CE leave tagged toward it, before the VNet's tunnels are considered.
 //!
 //! # Relay mode
 //! With [`DataplaneConfig::relay`] the node sits behind steer nodes that own the public
@@ -113,6 +119,7 @@
 //! the time they spend on batches ([`WorkerStats::busy_ns`]) for the node's utilization.
 
 mod accept;
+mod attach;
 mod batch;
 mod control;
 mod dataplane;
@@ -125,6 +132,7 @@ mod overlay;
 mod pipeline;
 mod pool;
 mod relays;
+mod routes;
 mod sa;
 mod select;
 mod shared;
@@ -140,9 +148,10 @@ mod testutil;
 // The interface types live in the `datapath` crate (so the control plane and the RPC layer
 // need not link the data plane); the modules here use them from there.
 pub use datapath::{
-    ChildStats, DataPath, DataplaneConfig, DataplaneError, DataplaneStats, IkeDatagram, Inside,
-    InstalledChild, KnownChild, RelayConfig, Route, ToControl, TunnelBinding, VnetConfig,
-    WorkerStats,
+    AttachmentConfig, AttachmentTags, ChildStats, DataPath, DataplaneConfig, DataplaneError,
+    DataplaneStats, IkeDatagram, Inside, InstalledChild, KnownChild, RelayConfig, Route,
+    RouteChange, RouteChangeReport, RouteStats, ToControl, TunnelBinding, VmRoute, VnetConfig,
+    VnetRouteStats, WorkerStats,
 };
 pub use dataplane::{BoundAddrs, Dataplane};
 pub use feature::{Direction, Feature, FeatureBatch, FeatureChain, PacketMeta};

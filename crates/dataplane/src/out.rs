@@ -49,6 +49,11 @@ pub(crate) const TUN_DST: SocketAddr = crate::batch::UNSPECIFIED;
 /// to it keep the lane's order like datagrams do).
 pub(crate) const TUN_SOCK: usize = usize::MAX;
 
+/// Socket indexes from here on (below [`TUN_SOCK`]) stand for the AF_PACKET interfaces of
+/// attachments, `PACKET_SOCK_BASE + i` for interface `i` (frames toward customers' edge
+/// routers keep the lane's order like datagrams do).
+pub(crate) const PACKET_SOCK_BASE: usize = usize::MAX / 2;
+
 /// An ESP packet committed to the send batch but not sealed yet.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct SealJob {

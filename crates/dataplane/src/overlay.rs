@@ -12,6 +12,7 @@
 use crate::vnet::Vnet;
 use datapath::{DataplaneError, Inside, TunnelBinding, VnetConfig};
 use ike::TunnelId;
+use overlay::VnetId;
 use rustc_hash::FxHashMap;
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -57,11 +58,13 @@ impl Overlay {
     /// Validates `vnets` and `tunnels` whole (errors name the field, e.g. `vnets[2].vtep`,
     /// `tunnels[0].inside`) and builds the overlay, reusing the VNets of `previous` whose
     /// configuration and index are unchanged (their neighbour caches survive).
+    /// `key` gives each VNet its number in the per-VM route table.
     pub(crate) fn build(
         vnets: &[VnetConfig],
         tunnels: Vec<TunnelBinding>,
         rules: Rules<'_>,
         previous: Option<&Overlay>,
+        key: &mut dyn FnMut(&VnetConfig) -> VnetId,
     ) -> Result<Self, DataplaneError> {
         validate(vnets, &tunnels, rules)?;
         let mut built = Vec::with_capacity(vnets.len());
@@ -86,7 +89,7 @@ impl Overlay {
             });
             let vnet = match kept {
                 Some(v) => Arc::clone(v),
-                None => Arc::new(Vnet::new(i, cfg, vtep)?),
+                None => Arc::new(Vnet::new(i, cfg, vtep, key(cfg))?),
             };
             by_vtep.insert((vtep, vnet.vni), i);
             if rules.relay {
@@ -211,6 +214,15 @@ mod tests {
     use super::*;
     use datapath::Route;
 
+    fn build(
+        vnets: &[VnetConfig],
+        tunnels: Vec<TunnelBinding>,
+        rules: Rules<'_>,
+        previous: Option<&Overlay>,
+    ) -> Result<Overlay, DataplaneError> {
+        Overlay::build(vnets, tunnels, rules, previous, &mut |_| VnetId(0))
+    }
+
     fn ip(s: &str) -> IpAddr {
         s.parse().expect("ip")
     }
@@ -261,7 +273,7 @@ mod tests {
         let vteps = [ip("192.0.2.1")];
         let a = vnet("x", "a", 1, "192.0.2.1");
         let b = vnet("y", "b", 2, "192.0.2.1");
-        let first = Overlay::build(
+        let first = build(
             &[a.clone(), b.clone()],
             vec![bind(1, "x", Inside::Vnet(0))],
             rules(&vteps, true),
@@ -270,7 +282,7 @@ mod tests {
         .expect("valid");
         let mut b2 = b.clone();
         b2.routes[0].len = 16;
-        let second = Overlay::build(
+        let second = build(
             &[a.clone(), b2],
             vec![bind(1, "x", Inside::Vnet(0))],
             rules(&vteps, true),
@@ -280,8 +292,7 @@ mod tests {
         assert!(Arc::ptr_eq(&first.vnets[0], &second.vnets[0]), "kept");
         assert!(!Arc::ptr_eq(&first.vnets[1], &second.vnets[1]), "rebuilt");
         // The same VNet at another index is rebuilt (its index is part of it).
-        let third =
-            Overlay::build(&[b, a], vec![], rules(&vteps, true), Some(&second)).expect("valid");
+        let third = build(&[b, a], vec![], rules(&vteps, true), Some(&second)).expect("valid");
         assert!(!Arc::ptr_eq(&second.vnets[0], &third.vnets[1]));
         assert_eq!(third.by_vni.get(&Vni::new(1).expect("vni")), Some(&1));
         assert_eq!(third.by_vtep.get(&(0, Vni::new(2).expect("vni"))), Some(&0));
@@ -295,17 +306,12 @@ mod tests {
         // A VTEP without sockets.
         let far = vnet("x", "far", 3, "192.0.2.9");
         assert_eq!(
-            field(Overlay::build(
-                &[a.clone(), far],
-                vec![],
-                rules(&vteps, false),
-                None
-            )),
+            field(build(&[a.clone(), far], vec![], rules(&vteps, false), None)),
             "vnets[1].vtep"
         );
         // The same VNI on two VTEPs: fine without relay, refused in relay mode.
         let other = vnet("x", "other", 1, "192.0.2.2");
-        assert!(Overlay::build(
+        assert!(build(
             &[a.clone(), other.clone()],
             vec![],
             rules(&vteps, false),
@@ -313,7 +319,7 @@ mod tests {
         )
         .is_ok());
         assert_eq!(
-            field(Overlay::build(
+            field(build(
                 &[a.clone(), other],
                 vec![],
                 rules(&vteps, true),
@@ -332,7 +338,7 @@ mod tests {
             ),
         ] {
             assert_eq!(
-                field(Overlay::build(
+                field(build(
                     std::slice::from_ref(&a),
                     tunnels,
                     rules(&vteps, true),
@@ -345,14 +351,11 @@ mod tests {
         let mut bad = a.clone();
         bad.vni = 1 << 24;
         assert_eq!(
-            field(Overlay::build(&[bad], vec![], rules(&vteps, true), None)),
+            field(build(&[bad], vec![], rules(&vteps, true), None)),
             "vnets[0].vni"
         );
         let mut no_port = rules(&vteps, true);
         no_port.vxlan_port = 0;
-        assert_eq!(
-            field(Overlay::build(&[a], vec![], no_port, None)),
-            "vxlan_port"
-        );
+        assert_eq!(field(build(&[a], vec![], no_port, None)), "vxlan_port");
     }
 }

@@ -3,12 +3,14 @@
 //! and tunnel bindings, steer nodes, feature chains), the lanes and send batch pools, and the
 //! counters. The pipeline's stages import this module; it imports none of them.
 
+use crate::attach::AttachTable;
 use crate::feature::{Direction, FeatureChain, FeatureDrops};
 use crate::io::sockets::Sockets;
 use crate::lane::Lane;
 use crate::overlay::{Overlay, Rules};
 use crate::pool::TxPool;
 use crate::relays::Relays;
+use crate::routes::{RouteReaders, RouteWriter};
 use crate::stats::{DropCounters, WorkerCounters};
 use crate::tables::{Published, Registry};
 use crossbeam_channel::{Sender, TrySendError};
@@ -87,6 +89,10 @@ pub(crate) struct Shared {
     pub(crate) tables: Published,
     /// SA registry for the control path.
     registry: Mutex<Registry>,
+    /// The per-VM routes' one writer (taken before `registry` when both are needed).
+    routes: Mutex<RouteWriter>,
+    /// Makes each worker's reader of the per-VM routes.
+    pub(crate) route_readers: RouteReaders,
     /// Drop counters.
     pub(crate) drops: DropCounters,
     /// Drop counters of the feature chains' stages, by reason name.
@@ -112,6 +118,8 @@ pub(crate) struct Shared {
     pub(crate) housekeeping: Mutex<Instant>,
     /// Set at shutdown (workers busy with full batches check it between batches).
     pub(crate) stop: AtomicBool,
+    /// Customers attached at L2 (fixed at start).
+    pub(crate) attach: AttachTable,
 }
 
 fn config_err(field: impl Into<String>, reason: impl Into<String>) -> DataplaneError {
@@ -260,6 +268,17 @@ fn vtep_addresses(cfg: &DataplaneConfig) -> Vec<IpAddr> {
     ips
 }
 
+/// The per-VM route table's view of the VNets of `overlay`.
+fn route_vnets(
+    overlay: &Overlay,
+) -> Vec<(ids::TenantId, String, overlay::VnetId, wire::vxlan::Vni)> {
+    overlay
+        .vnets
+        .iter()
+        .map(|v| (v.tenant.clone(), v.name.clone(), v.key, v.vni))
+        .collect()
+}
+
 impl Shared {
     /// Validates `cfg` and opens every socket and the TUN device.
     pub(crate) fn open(
@@ -268,13 +287,22 @@ impl Shared {
     ) -> Result<Self, DataplaneError> {
         validate(&cfg)?;
         let vtep_ips = vtep_addresses(&cfg);
+        let (mut routes, route_readers) = RouteWriter::new();
         let overlay = Overlay::build(
             &cfg.vnets,
             cfg.tunnels.clone(),
             Self::rules(&cfg, &vtep_ips),
             None,
+            &mut |v| routes.vnet_id(&v.tenant, &v.name),
         )?;
+        routes.set_vnets(route_vnets(&overlay));
         let io = Sockets::open(&cfg, &vtep_ips)?;
+        let attach = AttachTable::new(&cfg.attachments, |i| {
+            let iface = io
+                .packet_iface(&cfg.attachments[i].interface)
+                .expect("Sockets::open opened every attachment's interface");
+            (iface, io.packet[iface].mac())
+        })?;
         let waker = Waker::new().map_err(|source| DataplaneError::Start { source })?;
         let relays = cfg
             .relay
@@ -282,7 +310,9 @@ impl Shared {
             .map(|r| Arc::new(Relays::new(r.steer.clone())));
         let registry = Registry::new(Arc::new(overlay), relays);
         let tables = Published::default();
-        tables.store(registry.snapshot());
+        let mut first = registry.snapshot();
+        first.attach = attach.view(&first.overlay.vnets);
+        tables.store(first);
         let allowed = allowed_cpus();
         let workers = match cfg.workers {
             0 => allowed.len().max(1),
@@ -311,6 +341,8 @@ impl Shared {
             io,
             tables,
             registry: Mutex::new(registry),
+            routes: Mutex::new(routes),
+            route_readers,
             drops: DropCounters::default(),
             feature_drops: FeatureDrops::default(),
             relay_probes_answered: AtomicU64::new(0),
@@ -323,6 +355,7 @@ impl Shared {
             worker_stats: (0..workers).map(|_| WorkerCounters::default()).collect(),
             housekeeping: Mutex::new(Instant::now() + HOUSEKEEPING),
             stop: AtomicBool::new(false),
+            attach,
         })
     }
 
@@ -346,7 +379,11 @@ impl Shared {
         let rules = Self::rules(&self.cfg, &vtep_ips);
         // Building is the whole check (each VNet's own fields, then across them); the result
         // is dropped. The previous overlay is not needed to validate.
-        Overlay::build(vnets, tunnels.to_vec(), rules, None).map(drop)
+        let routes = self.routes();
+        Overlay::build(vnets, tunnels.to_vec(), rules, None, &mut |v| {
+            routes.peek_id(&v.tenant, &v.name)
+        })
+        .map(drop)
     }
 
     /// Replaces the VNets and tunnel bindings (validated whole first); see
@@ -358,12 +395,19 @@ impl Shared {
     ) -> Result<(), DataplaneError> {
         let vtep_ips: Vec<IpAddr> = self.io.vteps.iter().map(|v| v.ip).collect();
         let rules = Self::rules(&self.cfg, &vtep_ips);
+        let mut routes = self.routes();
         let mut reg = self.registry();
-        let overlay = Overlay::build(&vnets, tunnels, rules, Some(reg.overlay()))?;
+        let overlay = Overlay::build(&vnets, tunnels, rules, Some(reg.overlay()), &mut |v| {
+            routes.vnet_id(&v.tenant, &v.name)
+        })?;
         let (vnet_count, tunnel_count) = (overlay.vnets.len(), overlay.tunnels.len());
+        let route_vnets = route_vnets(&overlay);
         let (rebound, removed) = reg.set_inside(Arc::new(overlay));
         self.publish(&reg);
         drop(reg);
+        // After the tables: a VNet's entries go once no batch can reach the VNet.
+        routes.set_vnets(route_vnets);
+        drop(routes);
         for (tunnel, spi) in &removed {
             tracing::warn!(tunnel = tunnel.0, spi_in = %spi, "CHILD_SA removed: its tunnel is no longer bound");
         }
@@ -414,6 +458,12 @@ impl Shared {
         Ok(())
     }
 
+    /// The per-VM routes' writer (a poisoned lock still holds consistent copies: the table
+    /// changes only inside the `left-right` publication, which finishes or never starts).
+    pub(crate) fn routes(&self) -> MutexGuard<'_, RouteWriter> {
+        self.routes.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     /// The registry (a poisoned lock still holds a consistent registry: every edit is one
     /// map operation).
     pub(crate) fn registry(&self) -> MutexGuard<'_, Registry> {
@@ -422,7 +472,9 @@ impl Shared {
 
     /// Publishes the registry's current state to the packet path.
     pub(crate) fn publish(&self, reg: &Registry) {
-        self.tables.store(reg.snapshot());
+        let mut t = reg.snapshot();
+        t.attach = self.attach.view(&t.overlay.vnets);
+        self.tables.store(t);
     }
 
     /// Hands a message to the control plane; false if it could not take it.

@@ -112,6 +112,27 @@ drops! {
     RelayControl = "relay_control",
     /// Relay mode: a packet toward a peer while no steer node is known.
     RelayNoSteer = "relay_no_steer",
+    /// Attachment: frames the kernel dropped because the interface's receive ring was full.
+    AttachRingFull = "attach_ring_full",
+    /// Attachment: a frame whose tags are no attachment's on its interface (untagged, an
+    /// unknown tag pair, a TPID other than 0x88a8 outside 0x8100 or 0x8100 alone).
+    AttachUnknownTags = "attach_unknown_tags",
+    /// Attachment: a frame too short for its tags, or an IP packet that does not parse.
+    AttachMalformed = "attach_malformed",
+    /// Attachment: an EtherType other than IPv4, IPv6 and ARP, or one that does not match the
+    /// packet's IP version.
+    AttachEthertype = "attach_ethertype",
+    /// Attachment: an IP frame from the CE not addressed to the gateway's MAC.
+    AttachNotForGateway = "attach_not_for_gateway",
+    /// Attachment: an IP packet from the CE whose source is not behind it (its `routes`).
+    AttachSource = "attach_source",
+    /// Attachment: its VNet is not (or no longer) configured.
+    AttachNoVnet = "attach_no_vnet",
+    /// Attachment: a packet for the CE while its MAC is not known yet.
+    AttachCeUnresolved = "attach_ce_unresolved",
+    /// Attachment: a packet for the CE from a host whose VNet routes do not place its source
+    /// there.
+    AttachVnetSource = "attach_vnet_source",
 }
 
 /// Number of drop reasons.

@@ -13,6 +13,7 @@
 //! bindings) and, in relay mode, the steer nodes ([`Relays`]), so a batch sees one consistent
 //! state of everything the control plane may change at run time.
 
+use crate::attach::AttachView;
 use crate::feature::{ChainConfig, ChainRun, Direction, FeatureTable};
 use crate::overlay::Overlay;
 use crate::relays::Relays;
@@ -206,6 +207,9 @@ pub(crate) struct Tables {
     pub(crate) relays: Option<Arc<Relays>>,
     /// The tenants' feature chains (inbound by tunnel, outbound by VNet and for the TUN).
     pub(crate) features: FeatureTable,
+    /// Which VNet each attachment serves, and each VNet's attachments (set by
+    /// `Shared::publish`).
+    pub(crate) attach: AttachView,
 }
 
 impl Tables {
@@ -477,6 +481,7 @@ impl Registry {
                     .iter()
                     .map(|b| (b.tunnel, b.tenant.as_str(), b.inside == Inside::Tun)),
             ),
+            attach: AttachView::default(),
         }
     }
 

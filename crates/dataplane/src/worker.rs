@@ -15,7 +15,8 @@
 //! ([`crate::io::output`]).
 //!
 //! Per batch, not per packet: one `recvmmsg` (UDP GRO trains split into their segments here),
-//! one snapshot of the SA tables (with the feature chains), one lock of the dispatch stage and
+//! one snapshot of the SA tables (with the feature chains), one entry into the published copy
+//! of the per-VM routes ([`crate::routes`]: the writer waits for it to end), one lock of the dispatch stage and
 //! one of the lane's order, counters folded into the shared ones. Per packet there is no
 //! allocation, lock or system call on the ESP and VXLAN paths.
 
@@ -25,7 +26,9 @@ use crate::io::output::Output;
 use crate::lane::LaneKind;
 use crate::out::Out;
 use crate::pipeline::classify::{Pass, Via};
+use crate::pipeline::graph::Deliveries;
 use crate::pipeline::{encap, graph};
+use crate::routes::{RouteReader, Routes};
 use crate::shared::{Shared, HOUSEKEEPING};
 use crate::stats::DropReason;
 use crate::tables::Tables;
@@ -81,6 +84,7 @@ pub(crate) fn run(sh: &Shared, id: usize) {
         pin(id, cpu);
     }
     let mut w = Worker::new(sh, id);
+    let routes = sh.route_readers.reader();
     let fds: Vec<RawFd> = sh.lanes.iter().map(|l| l.fd).collect();
     let mut poller = Poller::new(&fds, &sh.waker);
     let busy_poll = sh.cfg.busy_poll;
@@ -109,12 +113,12 @@ pub(crate) fn run(sh: &Shared, id: usize) {
         }
         for lane in (0..sh.lanes.len()).filter(|&i| poller.readable(i)) {
             for _ in 0..BATCHES_PER_WAKE {
-                if batch(sh, &mut w, lane) != Batch::Full || sh.stopping() {
+                if batch(sh, &mut w, &routes, lane) != Batch::Full || sh.stopping() {
                     break;
                 }
             }
         }
-        housekeeping(sh, &mut w);
+        housekeeping(sh, &mut w, &routes);
     }
 }
 
@@ -134,7 +138,7 @@ fn pin(worker: usize, cpu: usize) {
 }
 
 /// Receives and processes one batch of `lane`.
-fn batch(sh: &Shared, w: &mut Worker, lane: usize) -> Batch {
+fn batch(sh: &Shared, w: &mut Worker, routes: &RouteReader, lane: usize) -> Batch {
     let l = &sh.lanes[lane];
     let Some(mut stage) = l.dispatch(true) else {
         return Batch::Empty;
@@ -146,24 +150,27 @@ fn batch(sh: &Shared, w: &mut Worker, lane: usize) -> Batch {
     }
     let ticket = stage.ticket();
     let tables = sh.tables.load();
+    let guard = routes.enter();
+    let r = guard.as_deref().unwrap_or(RouteReader::empty());
     let now = started;
     w.out.begin(lane, ticket, tables, now);
     let packets = if l.kind == LaneKind::Relay {
         // Both directions: the outbound part in arrival order under the stage, the inbound
         // part (ESP from peers) in parallel after it.
-        let p = process(sh, w, l.kind, now, Pass::Serial);
+        let p = process(sh, w, r, l.kind, now, Pass::Serial);
         drop(stage);
-        process(sh, w, l.kind, now, Pass::Parallel);
+        process(sh, w, r, l.kind, now, Pass::Parallel);
         p
     } else if l.kind.is_outbound() {
         // Outbound: classification and sequence numbers in arrival order, under the stage.
-        let p = process(sh, w, l.kind, now, Pass::All);
+        let p = process(sh, w, r, l.kind, now, Pass::All);
         drop(stage);
         p
     } else {
         drop(stage);
-        process(sh, w, l.kind, now, Pass::All)
+        process(sh, w, r, l.kind, now, Pass::All)
     };
+    drop(guard);
     w.out.finish(sh);
     let busy = started.elapsed();
     sh.worker_stats[w.id].batch(packets, busy);
@@ -195,21 +202,54 @@ fn process_tun(sh: &Shared, w: &mut Worker, tables: &Tables) -> u64 {
 /// chains over what it held; returns the number of packets. `pass` splits a relay batch (see
 /// [`Pass`]); a datagram the kernel truncated or that is empty is counted by the pass that
 /// runs first.
-fn process(sh: &Shared, w: &mut Worker, kind: LaneKind, now: Instant, pass: Pass) -> u64 {
+fn process(
+    sh: &Shared,
+    w: &mut Worker,
+    r: &Routes,
+    kind: LaneKind,
+    now: Instant,
+    pass: Pass,
+) -> u64 {
     let tables = w.out.tables();
     let packets = if kind == LaneKind::Tun {
         process_tun(sh, w, &tables)
+    } else if let LaneKind::Attach { iface } = kind {
+        process_frames(sh, w, &tables, r, iface, now)
     } else {
-        process_datagrams(sh, w, &tables, kind, now, pass)
+        process_datagrams(sh, w, &tables, r, kind, now, pass)
     };
-    graph::end_pass(&mut w.out, sh, &tables, now);
+    graph::end_pass(&mut w.out, sh, &tables, r, now);
     packets
+}
+
+/// Runs the attachment graph over every frame read from packet interface `iface`.
+fn process_frames(
+    sh: &Shared,
+    w: &mut Worker,
+    tables: &Tables,
+    r: &Routes,
+    iface: usize,
+    now: Instant,
+) -> u64 {
+    let Some(fb) = w.rx.frames.as_mut() else {
+        return 0;
+    };
+    let n = fb.frames().len();
+    for i in 0..n {
+        if fb.frames()[i].truncated {
+            w.out.drop_packet(DropReason::Truncated);
+            continue;
+        }
+        graph::attach(&mut w.out, sh, tables, r, now, iface, fb.frame_mut(i));
+    }
+    n as u64
 }
 
 fn process_datagrams(
     sh: &Shared,
     w: &mut Worker,
     tables: &Tables,
+    r: &Routes,
     kind: LaneKind,
     now: Instant,
     pass: Pass,
@@ -217,6 +257,7 @@ fn process_datagrams(
     let local = sh.io.lane_local(kind);
     let first = pass != Pass::Parallel;
     let mut packets = 0;
+    let mut d = Deliveries::new();
     for (meta, data) in w.rx.datagrams.iter_mut() {
         let o = &mut w.out;
         if meta.truncated {
@@ -238,31 +279,36 @@ fn process_datagrams(
         let from = (local, meta.src.unwrap_or(UNSPECIFIED));
         for segment in data.chunks_mut(meta.seg) {
             packets += 1;
-            handle(o, sh, tables, kind, now, from, segment, pass);
+            handle(o, sh, tables, r, kind, now, from, segment, pass, &mut d);
         }
     }
+    d.flush(&mut w.out, sh, tables, r, now);
     packets
 }
 
 /// One datagram that arrived on `local` from `src` (`from`): the lane's entry into the graph.
 #[allow(clippy::too_many_arguments)]
-fn handle(
+fn handle<'p, 't>(
     o: &mut Out,
     sh: &Shared,
-    t: &Tables,
+    t: &'t Tables,
+    r: &Routes,
     kind: LaneKind,
     now: Instant,
     (local, src): (SocketAddr, SocketAddr),
-    data: &mut [u8],
+    data: &'p mut [u8],
     pass: Pass,
+    d: &mut Deliveries<'p, 't>,
 ) {
     match kind {
         LaneKind::Ike { .. } => graph::ike(o, sh, local, src, data),
-        LaneKind::Natt { .. } => graph::natt(o, sh, t, now, local, src, data),
-        LaneKind::Vtep { vtep } => graph::vxlan(o, sh, t, now, Via::Vtep(vtep), src, data),
-        LaneKind::Relay => graph::relay(o, sh, t, now, src, data, pass),
+        LaneKind::Natt { .. } => graph::natt(o, sh, t, r, now, local, src, data, d),
+        LaneKind::Vtep { vtep } => graph::vxlan(o, sh, t, r, now, Via::Vtep(vtep), src, data),
+        LaneKind::Relay => graph::relay(o, sh, t, r, now, src, data, pass, d),
         // TUN packets are read into their own batch (process_tun).
         LaneKind::Tun => graph::tun(o, sh, t, data),
+        // Frames of attachment interfaces too (process_frames).
+        LaneKind::Attach { iface } => graph::attach(o, sh, t, r, now, iface, data),
     }
 }
 
@@ -274,7 +320,7 @@ fn housekeeping_due(sh: &Shared) -> Instant {
 /// Runs the neighbour cache housekeeping if it is due and no other worker is running it. Its
 /// output (ARP requests, ND solicitations) goes through the VTEP's lane like a batch (in
 /// relay mode, where there are no VTEP lanes, through the relay lane, for every VNet).
-fn housekeeping(sh: &Shared, w: &mut Worker) {
+fn housekeeping(sh: &Shared, w: &mut Worker, routes: &RouteReader) {
     let now = Instant::now();
     {
         let Ok(mut due) = sh.housekeeping.try_lock() else {
@@ -299,7 +345,10 @@ fn housekeeping(sh: &Shared, w: &mut Worker) {
         let tables = sh.tables.load();
         w.out
             .begin(lane, ticket, std::sync::Arc::clone(&tables), now);
-        encap::housekeeping(&mut w.out, sh, &tables, vtep, now);
+        let guard = routes.enter();
+        let r = guard.as_deref().unwrap_or(RouteReader::empty());
+        encap::housekeeping(&mut w.out, sh, &tables, r, vtep, now);
+        drop(guard);
         w.out.finish(sh);
     }
     sh.expire_retired(now);

@@ -111,6 +111,7 @@ fn gateway_namespace() {
     });
 
     let cfg = DataplaneConfig {
+        attachments: vec![],
         vnets: vec![common::vnet("172.31.0.1", "172.31.0.2")],
         pin_workers: true,
         ..common::config(4789)

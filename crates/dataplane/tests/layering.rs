@@ -72,6 +72,7 @@ const STAGES: &[&str] = &[
     "pipeline/decap.rs",
     "pipeline/seal.rs",
     "pipeline/encap.rs",
+    "pipeline/attach.rs",
     "io/output.rs",
 ];
 

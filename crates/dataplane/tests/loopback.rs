@@ -277,6 +277,7 @@ fn shutdown_joins_promptly_and_is_idempotent() {
 fn invalid_configuration_names_the_field() {
     let (tx, _rx) = crossbeam_channel::unbounded();
     let cfg = DataplaneConfig {
+        attachments: vec![],
         vnets: vec![],
         tunnels: vec![TunnelBinding {
             tunnel: ike::TunnelId(1),

@@ -48,6 +48,7 @@ fn start(steer: UdpSocket, adjust: impl Fn(DataplaneConfig) -> DataplaneConfig) 
     let steer_addr = steer.local_addr().expect("addr");
     let Started { dp, host, .. } = common::start_beside_host(|vxlan_port| {
         adjust(DataplaneConfig {
+            attachments: vec![],
             listen: vec![],
             ike_port: 500,
             natt_port: 4500,

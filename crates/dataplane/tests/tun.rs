@@ -79,6 +79,7 @@ fn in_netns(test: &'static str, f: impl FnOnce() + Send + 'static) {
 
 fn private_netns_round_trip() {
     let cfg = DataplaneConfig {
+        attachments: vec![],
         vnets: vec![],
         tunnels: vec![TunnelBinding {
             tunnel: ike::TunnelId(7),

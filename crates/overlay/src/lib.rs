@@ -152,6 +152,7 @@ mod hosts;
 mod key;
 mod prefetch;
 pub mod routes;
+pub mod snapshot;
 mod table;
 
 #[cfg(test)]
@@ -159,5 +160,6 @@ mod tests;
 
 pub use key::{Key, Value, VnetId};
 pub use routes::{parse_routes, resolve_routes, Field, Problem, RouteFileError, RouteLine};
+pub use snapshot::{read_snapshot, write_snapshot, Snapshot, SnapshotEntry, SnapshotError};
 pub use table::{Family, Memory, OverlayError, OverlayTable, BATCH, MAX_VNETS};
 pub use wire::vxlan::Vni;

@@ -186,6 +186,13 @@ enum CtlCommand {
         #[command(subcommand)]
         command: StoreCommand,
     },
+    /// The per-VM overlay routes (VM address -> host VTEP, per VNet; they win over the VNet's
+    /// prefix routes): add, move, delete, or load a file. Works on `protego up`; kept across
+    /// restarts beside its state store.
+    Route {
+        #[command(subcommand)]
+        command: RouteCommand,
+    },
     /// Replace the running tenants, VNets and tunnels with FILE's, validated whole first
     /// (nothing changes on an error). Works on `protego up` and on the active control node.
     /// FILE may be a whole configuration file (its [gateway], [store] and [cluster] are
@@ -202,6 +209,40 @@ enum CtlCommand {
         /// Print the node's JSON answer instead of the summary.
         #[arg(long)]
         json: bool,
+    },
+}
+
+/// `protego ctl route ...`.
+#[derive(Debug, Clone, clap::Subcommand)]
+enum RouteCommand {
+    /// Point VM ADDRESS of VNET (of TENANT) at HOST's VTEP: adds the entry, or moves the VM
+    /// (its next packet goes to HOST).
+    Add {
+        /// The VNet's tenant.
+        tenant: String,
+        /// The VNet's name.
+        vnet: String,
+        /// The VM's address.
+        address: String,
+        /// The underlay address of the VTEP of the host the VM runs on.
+        host: String,
+    },
+    /// Remove the entry of VM ADDRESS (the VNet's prefix routes apply to it again).
+    Del {
+        /// The VNet's tenant.
+        tenant: String,
+        /// The VNet's name.
+        vnet: String,
+        /// The VM's address.
+        address: String,
+    },
+    /// Add or replace every entry of FILE: one `tenant,vnet,address,host` per line (CSV,
+    /// header optional, `#` comments) or JSON lines
+    /// (`{"tenant":..,"vnet":..,"address":..,"host":..}`), checked whole first (an error names
+    /// the line and field; nothing changes then). The node reads FILE.
+    Load {
+        /// The route file.
+        file: PathBuf,
     },
 }
 
@@ -264,6 +305,43 @@ fn apply_request(file: &Path, dry_run: bool) -> Result<Request, String> {
         file,
         text,
         dry_run,
+    })
+}
+
+/// The request of `protego ctl route ...`: fields checked here first (errors name the
+/// field); a file's path made absolute, as the node reads it.
+fn route_request(command: &RouteCommand) -> Result<Request, String> {
+    Ok(match command {
+        RouteCommand::Add {
+            tenant,
+            vnet,
+            address,
+            host,
+        } => {
+            control::status::vm_route(tenant, vnet, address, Some(host))?;
+            Request::RouteAdd {
+                tenant: tenant.clone(),
+                vnet: vnet.clone(),
+                address: address.clone(),
+                host: host.clone(),
+            }
+        }
+        RouteCommand::Del {
+            tenant,
+            vnet,
+            address,
+        } => {
+            control::status::vm_route(tenant, vnet, address, None)?;
+            Request::RouteDel {
+                tenant: tenant.clone(),
+                vnet: vnet.clone(),
+                address: address.clone(),
+            }
+        }
+        RouteCommand::Load { file } => Request::RouteLoad {
+            file: std::path::absolute(file)
+                .map_err(|e| format!("cannot resolve {}: {e}", file.display()))?,
+        },
     })
 }
 
@@ -357,6 +435,13 @@ pub(crate) fn run_ctl(args: &CtlArgs) -> ExitCode {
             }
             Request::RotateStoreKey
         }
+        CtlCommand::Route { command } => match route_request(command) {
+            Ok(r) => r,
+            Err(e) => {
+                eprintln!("error: {e}");
+                return ExitCode::FAILURE;
+            }
+        },
         CtlCommand::Nodes => Request::Nodes,
         CtlCommand::Capacity => Request::Capacity,
         CtlCommand::Migrate { tunnel, to } => Request::Migrate {

@@ -138,11 +138,26 @@ fn serve(config: Config, discard_applied: bool) -> Result<(), UpError> {
             return Err(e.into());
         }
     };
-    let responder = Responder::new(
+    let mut responder = Responder::new(
         control.handle(),
         Arc::clone(&datapath),
         TunnelDirectory::from_config(config),
     );
+    // The per-VM overlay routes live beside a file store (a memory store keeps none).
+    if let control::config::StoreConfig::File { path } = &config.store {
+        let routes = control::routes::RouteStore::beside(path);
+        match routes.restore(&*datapath) {
+            Ok(r) => {
+                info!(file = %routes.path().display(), snapshot = r.snapshot, journal = r.journal, skipped = r.skipped, "per-VM routes restored");
+                responder = responder.with_routes(Arc::new(routes));
+            }
+            Err(e) => {
+                let _ = control.shutdown(Duration::ZERO);
+                dp.shutdown();
+                return Err(e.into());
+            }
+        }
+    }
     let server = match StatusServer::start(&config.gateway.control_socket, Arc::new(responder)) {
         Ok(s) => s,
         Err(e) => {

@@ -19,6 +19,8 @@
 //! - [`traffic`] measures: ping loss, iperf3 throughput, pcap captures.
 //! - [`inject`] sends hand-made UDP datagrams from inside a namespace, attaches an extra
 //!   host to the WAN and reads the UDP datagrams of a pcap (robustness tests).
+//! - [`l2tag`] tags and untags frames between customers' untagged links and one 802.1ad /
+//!   802.1Q trunk in userspace (the `protego-l2tag` program), where the kernel has no VLANs.
 //! - [`etcd::Etcd`] runs a single-member etcd for distributed-store tests, with TLS, client
 //!   certificates and users as docs/operations.md sets it up.
 //! - [`cluster::ProtegoCluster`] runs Protego's distributed form on a topology (control,
@@ -48,6 +50,7 @@ pub mod cmd;
 mod error;
 pub mod etcd;
 pub mod inject;
+pub mod l2tag;
 pub mod names;
 mod netns;
 pub mod prefix;

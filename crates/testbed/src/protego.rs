@@ -243,13 +243,27 @@ impl ProtegoGateway {
         tunnels: &[GatewayTunnel],
         extra_gateway: &[String],
     ) -> Result<ProtegoGateway> {
+        Self::start_with_tables(bed, topo, tunnels, extra_gateway, "")
+    }
+
+    /// [`start`](Self::start) with `extra_tables` appended to the configuration verbatim
+    /// (whole TOML tables, such as `[[attachment]]`).
+    pub fn start_with_tables(
+        bed: &Testbed,
+        topo: &Topology,
+        tunnels: &[GatewayTunnel],
+        extra_gateway: &[String],
+        extra_tables: &str,
+    ) -> Result<ProtegoGateway> {
         // A fresh directory per start, so a test may run several gateways one after another.
         let n = STARTS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let dir = bed.dir().join(format!("protego{n}"));
         std::fs::create_dir_all(&dir).map_err(|e| Error::io("create directory", &dir, e))?;
         let socket = dir.join("protego.sock");
         let config = dir.join("protego.toml");
-        let text = render_config(topo, tunnels, &socket, &dir, extra_gateway)?;
+        let mut text = render_config(topo, tunnels, &socket, &dir, extra_gateway)?;
+        text.push('\n');
+        text.push_str(extra_tables);
         std::fs::write(&config, text).map_err(|e| Error::io("write config", &config, e))?;
         let bin = workspace_bin("protego")?;
         let process = topo

@@ -87,6 +87,7 @@ impl Config {
             tenant: inventory.tenant,
             vnet: inventory.vnet,
             tunnel: inventory.tunnel,
+            attachment: Vec::new(),
             store: None,
             cluster: None,
         };
@@ -111,6 +112,31 @@ impl Config {
                           when it started): put the TUN tunnel in the configuration file and \
                           restart with --discard-applied"
                     .into(),
+                source_line: None,
+                span_len: 0,
+            })));
+        }
+        // Attachments are node-wide (their interfaces are opened at start): each must keep
+        // its VNet.
+        if let Some(a) = out.dataplane.attachments.iter().find(|a| {
+            !out.dataplane
+                .vnets
+                .iter()
+                .any(|v| v.tenant == a.tenant && v.name == a.vnet)
+        }) {
+            return Err(Error::Config(Box::new(ConfigError {
+                file: path.to_owned(),
+                line: 0,
+                column: 1,
+                key: Some("vnet".into()),
+                section: Some(format!("[[attachment]] {:?}", a.name)),
+                message: format!(
+                    "attachment {:?} of the running node needs vnet {:?} of tenant {:?}, which \
+                     this configuration removes (attachments change only with a restart)",
+                    a.name,
+                    a.vnet,
+                    a.tenant.as_str()
+                ),
                 source_line: None,
                 span_len: 0,
             })));

@@ -20,6 +20,8 @@ pub(crate) struct RawFile {
     pub(crate) vnet: Vec<Spanned<RawVnet>>,
     #[serde(default)]
     pub(crate) tunnel: Vec<Spanned<RawTunnel>>,
+    #[serde(default)]
+    pub(crate) attachment: Vec<Spanned<RawAttachment>>,
     pub(crate) store: Option<Spanned<RawStore>>,
     pub(crate) cluster: Option<Spanned<RawCluster>>,
 }
@@ -41,6 +43,8 @@ pub(crate) struct RawInventory {
     pub(crate) _store: Option<toml::Value>,
     #[serde(default, rename = "cluster")]
     pub(crate) _cluster: Option<toml::Value>,
+    #[serde(default, rename = "attachment")]
+    pub(crate) _attachment: Option<toml::Value>,
 }
 
 /// `[cluster]`: the control node's side of the distributed form.
@@ -199,6 +203,22 @@ pub(crate) struct RawTunnel {
     pub(crate) dpd_delay: Option<Spanned<DurationValue>>,
     pub(crate) replay_window: Option<Spanned<i64>>,
     pub(crate) rate_limit: Option<Spanned<i64>>,
+}
+
+/// `[[attachment]]`: a customer attached at L2 over Q-in-Q or one VLAN tag (issue 16 §1).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawAttachment {
+    pub(crate) name: Spanned<String>,
+    pub(crate) tenant: Spanned<String>,
+    pub(crate) vnet: Spanned<String>,
+    pub(crate) interface: Spanned<String>,
+    pub(crate) kind: Spanned<String>,
+    pub(crate) s_tag: Option<Spanned<i64>>,
+    pub(crate) c_tag: Spanned<i64>,
+    pub(crate) gateway_ip: Spanned<String>,
+    pub(crate) ce_ip: Option<Spanned<String>>,
+    pub(crate) routes: Option<Spanned<StringList>>,
 }
 
 /// A list of strings written either as a TOML array or as one comma-separated string, the way

@@ -47,6 +47,25 @@ impl Config {
                 v.routes.len()
             );
         }
+        for a in &self.dataplane.attachments {
+            let tags = match a.tags {
+                datapath::AttachmentTags::QinQ { s_tag, c_tag } => {
+                    format!("Q-in-Q s_tag {s_tag} c_tag {c_tag}")
+                }
+                datapath::AttachmentTags::Vlan { c_tag } => format!("VLAN {c_tag}"),
+            };
+            let routes: Vec<String> = a.routes.iter().map(|(p, l)| format!("{p}/{l}")).collect();
+            let _ = writeln!(
+                out,
+                "attachment {} (tenant {}, vnet {}): {} {tags}, gateway {}, behind the CE {}",
+                a.name,
+                a.tenant,
+                a.vnet,
+                a.interface,
+                a.gateway_ip,
+                routes.join(" ")
+            );
+        }
         for t in &self.tunnels {
             let p = &t.peer;
             let inside = match &t.inside {

@@ -11,8 +11,8 @@ mod tests;
 
 pub use render::render_text;
 pub use server::{
-    apply_answer, distributed_only, query, query_status, query_with_timeout, Request,
-    RequestHandler, Responder, StatusServer,
+    apply_answer, distributed_only, query, query_status, query_with_timeout, route_answer,
+    vm_route, Request, RequestHandler, Responder, StatusServer,
 };
 
 use crate::config::{Config, TunnelInside};
@@ -50,6 +50,56 @@ pub struct StatusReport {
     /// The IKE state store: backend, commits and their latency, failures.
     #[serde(default)]
     pub store: Option<crate::runtime::StoreStats>,
+    /// The per-VM overlay routes (absent when the data path has none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub routes: Option<RouteStatus>,
+}
+
+/// The per-VM overlay route table of the node.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RouteStatus {
+    /// Entries, all VNets.
+    pub entries: usize,
+    /// Distinct host VTEPs they point at.
+    pub hosts: usize,
+    /// Bytes the table holds (both published copies).
+    pub memory_bytes: usize,
+    /// Per configured VNet.
+    pub vnets: Vec<VnetRoutes>,
+}
+
+/// The per-VM routes of one VNet.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VnetRoutes {
+    /// Tenant.
+    pub tenant: String,
+    /// VNet name.
+    pub vnet: String,
+    /// IPv4 entries.
+    pub v4: usize,
+    /// IPv6 entries.
+    pub v6: usize,
+}
+
+impl RouteStatus {
+    /// The report of `s`; None when the data path has no VNets and no entries.
+    pub fn of(s: &datapath::RouteStats) -> Option<Self> {
+        (s.entries > 0 || !s.vnets.is_empty()).then(|| Self {
+            entries: s.entries,
+            hosts: s.hosts,
+            memory_bytes: s.memory_bytes,
+            vnets: s
+                .vnets
+                .iter()
+                .map(|v| VnetRoutes {
+                    tenant: v.tenant.clone(),
+                    vnet: v.vnet.clone(),
+                    v4: v.v4,
+                    v6: v.v6,
+                })
+                .collect(),
+        })
+    }
 }
 
 /// Counters of one data plane worker thread.
@@ -295,6 +345,7 @@ impl StatusReport {
             ike_drops,
             workers,
             store: None,
+            routes: None,
         }
     }
 }

@@ -61,7 +61,28 @@ pub fn render_text(report: &StatusReport) -> String {
     if let Some(store) = &report.store {
         render_store(&mut out, store);
     }
+    if let Some(routes) = &report.routes {
+        render_routes(&mut out, routes);
+    }
     out
+}
+
+/// The per-VM overlay routes: totals, then the VNets that have entries.
+fn render_routes(out: &mut String, r: &super::RouteStatus) {
+    let _ = writeln!(
+        out,
+        "per-VM routes: {} entries to {} hosts, {:.1} MiB (both copies)",
+        r.entries,
+        r.hosts,
+        r.memory_bytes as f64 / (1024.0 * 1024.0)
+    );
+    for v in r.vnets.iter().filter(|v| v.v4 + v.v6 > 0) {
+        let _ = writeln!(
+            out,
+            "  {}/{}: {} IPv4, {} IPv6",
+            v.tenant, v.vnet, v.v4, v.v6
+        );
+    }
 }
 
 /// The IKE state store: what it is, its commits and, while it fails, why and what waits.

@@ -3,13 +3,16 @@
 //! `initiate NAME`, `terminate NAME`, `rekey NAME`, `rekey-ike NAME`, and on a control node of
 //! the distributed form `nodes`, `migrate TUNNEL NODE`, `drain NODE`, `undrain NODE`) or a
 //! JSON object (`{"command":"status"}`), plus `rotate-store-key` (`protego ctl store
-//! rotate-key`); an answer is the command's JSON document, or
+//! rotate-key`), and the per-VM routes' `route add TENANT VNET ADDRESS HOST`, `route del
+//! TENANT VNET ADDRESS`, `route load FILE` (the node reads FILE); an answer is the command's
+//! JSON document, or
 //! `{"error":"..."}`. `apply` is JSON only: `{"command":"apply","file":PATH,"text":TEXT,
 //! "dry_run":false}` (what `protego ctl apply -f FILE` sends); a request line may be up to
 //! 16 MiB long for it.
 
 use super::{StatusReport, TunnelDirectory};
 use crate::error::Error;
+use crate::routes::{Recorded, RouteStore};
 use crate::runtime::{ApplyOutcome, ApplyRequest, ControlHandle};
 use datapath::DataPath;
 use serde::{Deserialize, Serialize};
@@ -86,6 +89,34 @@ pub enum Request {
     /// Add a new current key to the store's encryption key file and re-encrypt the records
     /// under older keys in the background (`protego ctl store rotate-key`).
     RotateStoreKey,
+    /// Adds a per-VM overlay route, or moves the VM to another host (`protego ctl route add
+    /// TENANT VNET ADDRESS HOST`).
+    RouteAdd {
+        /// The VNet's tenant.
+        tenant: String,
+        /// The VNet's name.
+        vnet: String,
+        /// The VM's address.
+        address: String,
+        /// The VM's host VTEP address.
+        host: String,
+    },
+    /// Removes a per-VM overlay route (`protego ctl route del TENANT VNET ADDRESS`).
+    RouteDel {
+        /// The VNet's tenant.
+        tenant: String,
+        /// The VNet's name.
+        vnet: String,
+        /// The VM's address.
+        address: String,
+    },
+    /// Adds or replaces every per-VM route of a route file (CSV `tenant,vnet,address,host` or
+    /// JSON lines), validated whole first; the node reads the file (`protego ctl route load
+    /// FILE`).
+    RouteLoad {
+        /// The route file's path, as the node sees it.
+        file: std::path::PathBuf,
+    },
     /// Replace the running tenants, VNets and tunnels (`protego ctl apply -f FILE`).
     Apply {
         /// The file's path: relative `psk_file`s are read from its directory (by the node).
@@ -116,6 +147,9 @@ impl Request {
         }
         let mut words = line.split_whitespace();
         let command = words.next().ok_or_else(|| "empty request".to_owned())?;
+        if command == "route" {
+            return route_words(words.collect());
+        }
         let argument = words.next();
         if command == "migrate" {
             return match (argument, words.next(), words.next()) {
@@ -159,10 +193,78 @@ impl Request {
             (other, _) => Err(format!(
                 "unknown command {other:?} (status, ping, initiate NAME, terminate NAME, \
                  rekey NAME, rekey-ike NAME, nodes, capacity, migrate TUNNEL NODE, drain NODE, \
-                 undrain NODE, rotate-store-key)"
+                 undrain NODE, rotate-store-key, route add|del|load ...)"
             )),
         }
     }
+}
+
+/// A `route ...` request line's words after `route`.
+fn route_words(w: Vec<&str>) -> Result<Request, String> {
+    let s = |x: &&str| (*x).to_owned();
+    match w[..] {
+        ["add", ref rest @ ..] => match rest {
+            [t, v, a, h] => Ok(Request::RouteAdd {
+                tenant: s(t),
+                vnet: s(v),
+                address: s(a),
+                host: s(h),
+            }),
+            _ => Err("route add needs TENANT VNET ADDRESS HOST".to_owned()),
+        },
+        ["del", ref rest @ ..] => match rest {
+            [t, v, a] => Ok(Request::RouteDel {
+                tenant: s(t),
+                vnet: s(v),
+                address: s(a),
+            }),
+            _ => Err("route del needs TENANT VNET ADDRESS".to_owned()),
+        },
+        ["load", file] => Ok(Request::RouteLoad { file: file.into() }),
+        ["load", ..] => Err("route load needs one FILE".to_owned()),
+        _ => Err(
+            "route needs add TENANT VNET ADDRESS HOST, del TENANT VNET ADDRESS or load FILE"
+                .to_owned(),
+        ),
+    }
+}
+
+/// Checks the fields of a `route add` or `route del` request; errors name the field.
+pub fn vm_route(
+    tenant: &str,
+    vnet: &str,
+    address: &str,
+    host: Option<&str>,
+) -> Result<datapath::VmRoute, String> {
+    let tenant = ids::TenantId::new(tenant).map_err(|e| format!("field tenant: {e}"))?;
+    ids::check_name(vnet).map_err(|e| format!("field vnet: {e}"))?;
+    let ip = |field: &str, s: &str| {
+        s.parse::<std::net::IpAddr>()
+            .map_err(|_| format!("field {field}: {s:?} is not an IP address"))
+    };
+    let address = ip("address", address)?;
+    let host = match host {
+        Some(h) => ip("host", h)?,
+        None => address,
+    };
+    Ok(datapath::VmRoute {
+        tenant,
+        vnet: vnet.to_owned(),
+        address,
+        host,
+    })
+}
+
+/// The control socket's answer to a route change.
+pub fn route_answer(r: &datapath::RouteChangeReport, elapsed: Duration) -> Value {
+    json!({
+        "ok": true,
+        "added": r.added,
+        "replaced": r.replaced,
+        "removed": r.removed,
+        "skipped": r.skipped,
+        "us": elapsed.as_micros() as u64,
+    })
 }
 
 /// The control socket's answer to an apply: `{"ok":true,"dry_run":..,"generation":..,
@@ -190,6 +292,8 @@ pub struct Responder {
     directory: std::sync::RwLock<TunnelDirectory>,
     /// Held by an apply from its request to its last effect.
     apply_lock: std::sync::Mutex<()>,
+    /// Where per-VM route changes are recorded (None: not kept across restarts).
+    routes: Option<Arc<RouteStore>>,
     started: Instant,
 }
 
@@ -205,8 +309,72 @@ impl Responder {
             datapath,
             directory: std::sync::RwLock::new(directory),
             apply_lock: std::sync::Mutex::new(()),
+            routes: None,
             started: Instant::now(),
         }
+    }
+
+    /// Records per-VM route changes in `store` (already restored into the data path).
+    pub fn with_routes(mut self, store: Arc<RouteStore>) -> Self {
+        self.routes = Some(store);
+        self
+    }
+
+    /// Applies a per-VM route request (`RouteAdd`, `RouteDel`, `RouteLoad`) and records it.
+    pub fn route(&self, request: Request) -> Result<Value, Error> {
+        let started = Instant::now();
+        let bad = |reason: String| {
+            Error::Route(datapath::DataplaneError::Route {
+                line: None,
+                field: None,
+                reason,
+            })
+        };
+        let dp = &*self.datapath;
+        let report = match request {
+            Request::RouteAdd {
+                tenant,
+                vnet,
+                address,
+                host,
+            } => {
+                let r = vm_route(&tenant, &vnet, &address, Some(&host)).map_err(bad)?;
+                let change = Recorded::Add(r);
+                match &self.routes {
+                    Some(store) => store.apply(dp, change)?,
+                    None => dp.change_routes(change.change())?,
+                }
+            }
+            Request::RouteDel {
+                tenant,
+                vnet,
+                address,
+            } => {
+                let r = vm_route(&tenant, &vnet, &address, None).map_err(bad)?;
+                let change = Recorded::Del {
+                    tenant: r.tenant,
+                    vnet: r.vnet,
+                    address: r.address,
+                };
+                match &self.routes {
+                    Some(store) => store.apply(dp, change)?,
+                    None => dp.change_routes(change.change())?,
+                }
+            }
+            Request::RouteLoad { file } => {
+                let text = std::fs::read_to_string(&file).map_err(|e| Error::RouteStore {
+                    path: file.clone(),
+                    reason: format!("cannot read: {e}"),
+                })?;
+                let text: Arc<str> = Arc::from(text);
+                match &self.routes {
+                    Some(store) => store.load(dp, text)?,
+                    None => dp.change_routes(datapath::RouteChange::Load(text))?,
+                }
+            }
+            other => return Err(bad(format!("not a route request: {other:?}"))),
+        };
+        Ok(route_answer(&report, started.elapsed()))
     }
 
     /// The current status report.
@@ -221,6 +389,7 @@ impl Responder {
             self.started.elapsed().as_secs(),
         );
         report.store = Some(self.control.store_stats()?);
+        report.routes = super::RouteStatus::of(&self.datapath.route_stats());
         Ok(report)
     }
 
@@ -311,6 +480,9 @@ impl RequestHandler for Responder {
             Request::Migrate { .. } => return distributed_only("migrate"),
             Request::Drain { .. } => return distributed_only("drain"),
             Request::Undrain { .. } => return distributed_only("undrain"),
+            r @ (Request::RouteAdd { .. }
+            | Request::RouteDel { .. }
+            | Request::RouteLoad { .. }) => self.route(r),
             Request::Apply {
                 file,
                 text,

@@ -377,6 +377,9 @@ impl RequestHandler for Fake {
                 distributed_only("moves")
             }
             Request::Apply { file, .. } => json!({ "file": file }),
+            Request::RouteAdd { .. } | Request::RouteDel { .. } | Request::RouteLoad { .. } => {
+                json!({ "ok": true })
+            }
             Request::RotateStoreKey => json!({ "error": "no key file" }),
         }
     }
@@ -554,4 +557,70 @@ fn store_encryption_and_its_progress_are_shown() {
     old["store"].as_object_mut().unwrap().remove("encryption");
     let back: StatusReport = serde_json::from_value(old).unwrap();
     assert!(back.store.unwrap().encryption.is_none());
+}
+
+#[test]
+fn route_requests_parse_from_words_and_json() {
+    assert_eq!(
+        Request::parse_line("route add acme prod 10.0.0.5 192.0.2.10"),
+        Ok(Request::RouteAdd {
+            tenant: "acme".into(),
+            vnet: "prod".into(),
+            address: "10.0.0.5".into(),
+            host: "192.0.2.10".into(),
+        })
+    );
+    assert_eq!(
+        Request::parse_line("route del acme prod fd00::5"),
+        Ok(Request::RouteDel {
+            tenant: "acme".into(),
+            vnet: "prod".into(),
+            address: "fd00::5".into(),
+        })
+    );
+    assert_eq!(
+        Request::parse_line(r#"{"command":"route_load","file":"/tmp/r.csv"}"#),
+        Ok(Request::RouteLoad {
+            file: "/tmp/r.csv".into()
+        })
+    );
+    for (bad, says) in [
+        ("route add acme prod 10.0.0.5", "TENANT VNET ADDRESS HOST"),
+        ("route del acme prod", "TENANT VNET ADDRESS"),
+        ("route load", "one FILE"),
+        ("route move a b", "route needs"),
+    ] {
+        let e = Request::parse_line(bad).expect_err(bad);
+        assert!(e.contains(says), "{bad}: {e}");
+    }
+}
+
+#[test]
+fn route_fields_are_checked_and_named() {
+    let r = crate::status::vm_route("acme", "prod", "10.0.0.5", Some("192.0.2.10")).expect("valid");
+    assert_eq!(
+        (r.address.to_string(), r.host.to_string()),
+        ("10.0.0.5".into(), "192.0.2.10".into())
+    );
+    for (t, v, a, h, field) in [
+        (
+            "ac me",
+            "prod",
+            "10.0.0.5",
+            Some("192.0.2.10"),
+            "field tenant",
+        ),
+        ("acme", "", "10.0.0.5", Some("192.0.2.10"), "field vnet"),
+        (
+            "acme",
+            "prod",
+            "10.0.0",
+            Some("192.0.2.10"),
+            "field address",
+        ),
+        ("acme", "prod", "10.0.0.5", Some("host"), "field host"),
+    ] {
+        let e = crate::status::vm_route(t, v, a, h).expect_err(field);
+        assert!(e.starts_with(field), "{e}");
+    }
 }

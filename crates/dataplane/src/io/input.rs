@@ -1,12 +1,14 @@
 //! The input stage: fills a worker's receive batch from one lane's input. One `recvmmsg` per
 //! batch on a socket (UDP GRO trains stay whole here: the classify stage walks their
 //! segments), or one batch of frames read from the TUN device (GSO super-packets split into
-//! IP packets, see `sys::tun_offload`). Later inputs (AF_PACKET, AF_XDP) are further arms of
-//! [`receive`] filling the same [`RxBatch`].
+//! IP packets, see `sys::tun_offload`), or the frames an attachment interface's AF_PACKET ring
+//! holds, copied out with their outer VLAN tag written back (`sys::packet`): no system call at
+//! all for those.
 
 use crate::lane::LaneKind;
-use crate::shared::{rx_slots, Shared};
+use crate::shared::{rx_slots, Shared, MAX_SEGMENTS_PER_SLOT};
 use crate::stats::{DropCounts, DropReason};
+use crate::sys::packet::FrameBatch;
 use crate::sys::tun::TunReadBatch;
 use crate::sys::tun_offload::TunDrop;
 use netio::{RecvBatch, RX_SLOT};
@@ -18,6 +20,8 @@ pub(crate) struct RxBatch {
     pub(crate) datagrams: RecvBatch,
     /// Frames read from the TUN device (if there is one), GSO super-packets split.
     pub(crate) tun: Option<TunReadBatch>,
+    /// Frames from an attachment interface's ring (if there is one).
+    pub(crate) frames: Option<FrameBatch>,
 }
 
 impl RxBatch {
@@ -31,6 +35,8 @@ impl RxBatch {
                 .tun
                 .as_ref()
                 .map(|_| TunReadBatch::new(slots * RX_SLOT, slots)),
+            frames: (!sh.io.packet.is_empty())
+                .then(|| FrameBatch::new(slots * MAX_SEGMENTS_PER_SLOT, slots * RX_SLOT)),
         }
     }
 }
@@ -59,6 +65,14 @@ pub(crate) fn receive(
             Some(s) => s,
             None => return (0, false),
         },
+        LaneKind::Attach { iface } => {
+            let (Some(sock), Some(fb)) = (io.packet.get(iface), rx.frames.as_mut()) else {
+                return (0, false);
+            };
+            let got = sock.read_batch(fb);
+            drops.add_n(DropReason::AttachRingFull, sock.take_losses());
+            return got;
+        }
         LaneKind::Tun => {
             let (Some(dev), Some(rb)) = (&io.tun, rx.tun.as_mut()) else {
                 return (0, false);

@@ -9,9 +9,10 @@ use crate::accept::{accept_batch, is_dead};
 use crate::batch::{TxBatch, TxMsg};
 #[cfg(test)]
 use crate::out::Out;
-use crate::out::{Transmit, TUN_SOCK};
+use crate::out::{Transmit, PACKET_SOCK_BASE, TUN_SOCK};
 use crate::shared::{tx_batch_size, Shared};
 use crate::stats::{DropCounts, DropReason};
+use crate::sys::packet::PacketScratch;
 use crate::sys::tun_offload::writer::TunWriter;
 use netio::SendScratch;
 use std::ops::Range;
@@ -33,6 +34,8 @@ pub(crate) struct Output {
 struct Wire {
     /// sendmmsg scratch.
     scratch: SendScratch,
+    /// sendmmsg scratch of the attachments' packet sockets.
+    packet: PacketScratch,
     /// Coalesces packets written to the TUN device into GSO super-packets.
     tun: Option<TunWriter>,
 }
@@ -45,6 +48,7 @@ impl Output {
         Self {
             wire: Wire {
                 scratch: SendScratch::default(),
+                packet: PacketScratch::default(),
                 tun: sh
                     .io
                     .tun
@@ -117,6 +121,8 @@ impl Wire {
             }
             if sock == TUN_SOCK {
                 self.write_tun(sh, tx.data(), &msgs[i..j], drops);
+            } else if sock >= PACKET_SOCK_BASE {
+                self.send_frames(sh, sock - PACKET_SOCK_BASE, tx.data(), &msgs[i..j], drops);
             } else {
                 match sh.io.socks.get(sock) {
                     Some(s) => {
@@ -133,6 +139,28 @@ impl Wire {
             }
             i = j;
         }
+    }
+
+    /// Sends frames toward customers' edge routers on packet interface `iface`: one
+    /// `sendmmsg` series for the run (trains of equal-size frames split).
+    fn send_frames(
+        &mut self,
+        sh: &Shared,
+        iface: usize,
+        data: &[u8],
+        msgs: &[TxMsg],
+        drops: &mut DropCounts,
+    ) {
+        let Some(sock) = sh.io.packet.get(iface) else {
+            let n: usize = msgs.iter().map(|m| m.segments()).sum();
+            return drops.add_n(DropReason::NoSocket, n as u64);
+        };
+        let frames = msgs.iter().flat_map(|m| {
+            let end = (m.start + m.len).min(data.len());
+            data[m.start.min(end)..end].chunks(m.seg.max(1))
+        });
+        let failed = sock.send_batch(frames, &mut self.packet);
+        drops.add_n(DropReason::SendError, failed);
     }
 
     fn write_tun(&mut self, sh: &Shared, data: &[u8], msgs: &[TxMsg], drops: &mut DropCounts) {

@@ -11,6 +11,7 @@
 //! flow hash of RFC 7348 §5. UDP GRO and GSO are used where the kernel accepts them.
 
 use crate::lane::LaneKind;
+use crate::sys::packet::PacketSocket;
 use crate::sys::tun::Tun;
 use crate::sys::tun_offload::Offloads;
 use datapath::{DataplaneConfig, DataplaneError};
@@ -84,6 +85,9 @@ pub(crate) struct Sockets {
     pub(crate) relay_sock: Option<usize>,
     /// The TUN device, if configured.
     pub(crate) tun: Option<Tun>,
+    /// AF_PACKET sockets of the attachments' interfaces, one per interface (in order of
+    /// first use in the configuration).
+    pub(crate) packet: Vec<PacketSocket>,
 }
 
 impl Sockets {
@@ -137,12 +141,24 @@ impl Sockets {
                 })?),
                 None => None,
             };
+        let mut packet: Vec<PacketSocket> = Vec::new();
+        for (i, a) in cfg.attachments.iter().enumerate() {
+            if packet.iter().any(|p| p.name() == a.interface) {
+                continue;
+            }
+            let sock = PacketSocket::open(&a.interface).map_err(|e| DataplaneError::Config {
+                field: format!("attachments[{i}].interface"),
+                reason: format!("cannot open an AF_PACKET ring on {}: {e}", a.interface),
+            })?;
+            packet.push(sock);
+        }
         Ok(Self {
             socks,
             listen,
             vteps,
             relay_sock,
             tun,
+            packet,
         })
     }
 
@@ -165,6 +181,9 @@ impl Sockets {
         if let Some(t) = &self.tun {
             inputs.push((LaneKind::Tun, t.raw_fd()));
         }
+        for (i, p) in self.packet.iter().enumerate() {
+            inputs.push((LaneKind::Attach { iface: i }, p.raw_fd()));
+        }
         inputs
     }
 
@@ -180,8 +199,13 @@ impl Sockets {
             LaneKind::Ike { listen } => self.local_addr(self.listen[listen].ike),
             LaneKind::Natt { listen } => self.local_addr(self.listen[listen].natt),
             LaneKind::Vtep { vtep } => self.local_addr(self.vteps[vtep].recv),
-            LaneKind::Tun | LaneKind::Relay => UNSPECIFIED,
+            LaneKind::Tun | LaneKind::Relay | LaneKind::Attach { .. } => UNSPECIFIED,
         }
+    }
+
+    /// The index of the packet socket on `interface`.
+    pub(crate) fn packet_iface(&self, interface: &str) -> Option<usize> {
+        self.packet.iter().position(|p| p.name() == interface)
     }
 
     /// The NAT-T socket on `ip`.
@@ -233,6 +257,11 @@ impl Sockets {
         }
         if let Some(t) = &self.tun {
             tracing::info!(device = t.name(), "TUN device up");
+        }
+        for p in &self.packet {
+            let m = p.mac();
+            tracing::info!(interface = p.name(), mac = %wire::ethernet::EthernetAddress(m),
+                "attachment interface up (AF_PACKET, TPACKET_V3 ring)");
         }
     }
 }

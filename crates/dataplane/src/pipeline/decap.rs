@@ -3,12 +3,13 @@
 //! the feature chain and the seal stage, or an ARP / neighbour discovery packet for the VNet's
 //! L2 side (the encap stage answers them), with the VNet it belongs to; or a counted drop. The
 //! VNI must be a VNet configured on the receiving VTEP (relay mode: the VNet of the VNI) and
-//! the sender one of its route hosts; the frame must come from a unicast MAC and, for IP
+//! the sender one of its route hosts (prefix routes or per-VM entries); the frame must come from a unicast MAC and, for IP
 //! other than neighbour discovery, be addressed to the gateway's MAC.
 
 use crate::inner::InnerIp;
 use crate::out::Out;
 use crate::pipeline::classify::Via;
+use crate::routes::Routes;
 use crate::stats::DropReason;
 use crate::tables::Tables;
 use crate::vnet::Vnet;
@@ -65,6 +66,7 @@ pub(crate) enum Frame<'t> {
 pub(crate) fn decap<'t>(
     o: &mut Out,
     t: &'t Tables,
+    r: &Routes,
     via: Via,
     src: SocketAddr,
     data: &[u8],
@@ -82,7 +84,7 @@ pub(crate) fn decap<'t>(
         return drop(o, DropReason::VxlanUnknownVni);
     };
     let host = src.ip();
-    if !vnet.hosts.contains(&host) {
+    if !vnet.accepts_host(r, host) {
         return drop(o, DropReason::VxlanUnknownHost);
     }
     let frame = &data[VXLAN_HEADER_LEN..];

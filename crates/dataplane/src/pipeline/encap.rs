@@ -3,8 +3,10 @@
 //! datagrams in the send batch, or a TUN packet (queued in the batch so it keeps the lane's
 //! order).
 //!
-//! Into a VNet (RFC 7348, RFC 1812 forwarding): the packet is routed by longest prefix to its
-//! host (TTL decremented, RFC 1812 §5.3.1), its VM's MAC resolved, and sent as
+//! Into a VNet (RFC 7348, RFC 1812 forwarding): the packet is routed to its host, by the
+//! VM's per-VM entry ([`Routes`]) or else by longest prefix ([`lookup`] does a batch of packets
+//! at once, the per-VM entries with prefetching), its TTL decremented (RFC 1812 §5.3.1), its
+//! VM's MAC resolved, and sent as
 //! Ethernet(gateway MAC -> VM MAC) in VXLAN, the UDP source port chosen by a flow hash (§5).
 //! This stage also owns the VNet's L2 side: ARP (RFC 826) and neighbour discovery (RFC 4861)
 //! packets the decap stage found are answered here and teach the neighbour cache, whose
@@ -15,6 +17,7 @@
 
 use crate::inner::{self, InnerIp};
 use crate::out::{Out, TUN_DST, TUN_SOCK};
+use crate::routes::Routes;
 use crate::shared::Shared;
 use crate::stats::DropReason;
 use crate::tables::Tables;
@@ -34,10 +37,12 @@ const MIN_ETHERNET_PAYLOAD: usize = 46;
 
 /// An ARP packet from `host` in `vnet` (frame to `dst_mac`): answered if it asks for the
 /// gateway, learned from if its sender lives behind `host`.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn arp(
     o: &mut Out,
     sh: &Shared,
     vnet: &Vnet,
+    r: &Routes,
     host: IpAddr,
     now: Instant,
     dst_mac: EthernetAddress,
@@ -51,21 +56,23 @@ pub(crate) fn arp(
     };
     let verdict = arp::handle(vnet, &repr);
     let answer = verdict.reply.map(Answer::Arp);
-    learn_and_answer(o, sh, vnet, host, now, verdict.learn, answer);
+    learn_and_answer(o, sh, vnet, r, host, now, verdict.learn, answer);
 }
 
 /// Learns the MAC of the sender of an IP frame to the gateway (`src` from `src_mac`, if it
 /// lives behind `host`), unless this worker learned it recently.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn learn_from_ip(
     o: &mut Out,
     sh: &Shared,
     vnet: &Vnet,
+    r: &Routes,
     host: IpAddr,
     now: Instant,
     src: IpAddr,
     src_mac: EthernetAddress,
 ) {
-    if o.learned.get(vnet.id, src, now) != Some(src_mac.0) && vnet.lives_behind(src, host) {
+    if o.learned.get(vnet.id, src, now) != Some(src_mac.0) && vnet.lives_behind(r, src, host) {
         learn(o, sh, vnet, host, now, src, src_mac.0, true);
         o.learned.put(vnet.id, src, src_mac.0, now);
     }
@@ -78,6 +85,7 @@ pub(crate) fn nd(
     o: &mut Out,
     sh: &Shared,
     vnet: &Vnet,
+    r: &Routes,
     host: IpAddr,
     now: Instant,
     src_mac: EthernetAddress,
@@ -96,7 +104,7 @@ pub(crate) fn nd(
     };
     let verdict = nd::handle(vnet, src, src_mac, &msg);
     let answer = verdict.reply.map(Answer::Nd);
-    learn_and_answer(o, sh, vnet, host, now, verdict.learn, answer);
+    learn_and_answer(o, sh, vnet, r, host, now, verdict.learn, answer);
 }
 
 /// The gateway's answer to an ARP or ND packet, sent back to its sender.
@@ -115,6 +123,7 @@ fn learn_and_answer(
     o: &mut Out,
     sh: &Shared,
     vnet: &Vnet,
+    r: &Routes,
     host: IpAddr,
     now: Instant,
     sender: Option<(IpAddr, Mac, bool)>,
@@ -122,7 +131,7 @@ fn learn_and_answer(
 ) {
     let mut useful = false;
     if let Some((ip, mac, create)) = sender {
-        if vnet.lives_behind(ip, host) {
+        if vnet.lives_behind(r, ip, host) {
             learn(o, sh, vnet, host, now, ip, mac, create);
             useful = true;
         }
@@ -174,16 +183,71 @@ fn learn(
     }
 }
 
+/// The batched lookup stage: the host of each (VNet index in `t`, destination) of `dsts`,
+/// written to `hosts` (None: no route, or no such VNet). The per-VM entries of all of them
+/// are looked up in one batch (`overlay::OverlayTable::get_batch`: buckets prefetched before
+/// they are read, so the cache misses of a large table overlap); the prefix routes answer
+/// for the destinations without one. `dsts`, `keys` and `hosts` are as long as each other
+/// and at most `overlay::BATCH`.
+pub(crate) fn lookup(
+    t: &Tables,
+    r: &Routes,
+    dsts: &[(usize, IpAddr)],
+    keys: &mut [overlay::Key],
+    found: &mut [Option<overlay::Value>],
+    hosts: &mut [Option<IpAddr>],
+) {
+    let vnets = &t.overlay.vnets;
+    for ((&(v, dst), key), found) in dsts.iter().zip(keys.iter_mut()).zip(found.iter_mut()) {
+        // A key of no VNet finds nothing: VNet numbers are below the table's VNI array.
+        *key = overlay::Key::new(
+            vnets.get(v).map_or(overlay::VnetId(u32::MAX), |v| v.key),
+            dst,
+        );
+        *found = None;
+    }
+    r.exact_batch(keys, found);
+    for ((&(v, dst), found), host) in dsts.iter().zip(found.iter()).zip(hosts.iter_mut()) {
+        *host = match found {
+            Some(value) => Some(value.host),
+            None => vnets.get(v).and_then(|vnet| vnet.routes.lookup(dst)),
+        };
+    }
+}
+
 /// Delivers a decrypted packet into VNet `v` of `t` (RFC 1812 forwarding: TTL, route,
-/// resolve). `admit` is called before the packet is held for neighbour resolution (see
-/// `NeighCache::resolve`).
+/// resolve), looking its route up alone. `admit` is called before the packet is held for
+/// neighbour resolution (see `NeighCache::resolve`).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn deliver(
     o: &mut Out,
     sh: &Shared,
     t: &Tables,
+    r: &Routes,
     now: Instant,
     v: usize,
+    pkt: &mut [u8],
+    parsed: &InnerIp,
+    admit: impl FnOnce() -> Result<(), DropReason>,
+) {
+    let host = t
+        .overlay
+        .vnets
+        .get(v)
+        .and_then(|vnet| vnet.route(r, parsed.flow.dst));
+    deliver_routed(o, sh, t, now, v, host, pkt, parsed, admit);
+}
+
+/// [`deliver`] with the route already looked up ([`lookup`]): `host` is where the packet's
+/// destination lives (None: no route).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn deliver_routed(
+    o: &mut Out,
+    sh: &Shared,
+    t: &Tables,
+    now: Instant,
+    v: usize,
+    host: Option<IpAddr>,
     pkt: &mut [u8],
     parsed: &InnerIp,
     admit: impl FnOnce() -> Result<(), DropReason>,
@@ -195,7 +259,7 @@ pub(crate) fn deliver(
     if vnet.is_gateway(dst) {
         return o.drop_packet(DropReason::ToGateway);
     }
-    let Some(host) = vnet.routes.lookup(dst) else {
+    let Some(host) = host else {
         return o.drop_packet(DropReason::NoRoute);
     };
     if !inner::decrement_hop(pkt) {
@@ -322,6 +386,7 @@ pub(crate) fn housekeeping(
     o: &mut Out,
     sh: &Shared,
     t: &Tables,
+    r: &Routes,
     vtep: Option<usize>,
     now: Instant,
 ) {
@@ -335,7 +400,7 @@ pub(crate) fn housekeeping(
             o.drops.add_n(DropReason::NeighUnresolved, dropped);
         }
         for ip in &requests {
-            if let Some(host) = vnet.routes.lookup(*ip) {
+            if let Some(host) = vnet.route(r, *ip) {
                 solicit(o, sh, vnet, host, *ip);
             }
         }

@@ -3,10 +3,12 @@
 //! entry point per datagram or TUN packet, then [`end_pass`]):
 //!
 //! ```text
-//! NAT-T / relay ESP:  classify -> open -> [inbound chain] -> encap (VXLAN | TUN)
+//! NAT-T / relay ESP:  classify -> open -> [inbound chain] -> lookup -> encap (VXLAN | TUN)
 //! VTEP / relay VXLAN: classify -> decap -> ARP/ND: encap (answers)
 //!                                       -> IP: [outbound chain] -> seal (select_vnet, queue)
 //! TUN:                [outbound chain] -> seal (select_tun, queue)
+//! attachment (L2):    attach (tags -> attachment; ARP/ND) -> encap (VNet route, VXLAN)
+//! VTEP IP to a CE:    classify -> decap -> attach (tag, to the CE's MAC)
 //! IKE:                classify (to the control plane)
 //! ```
 //!
@@ -17,7 +19,15 @@
 //! held and each packet goes through all stages at once. The outbound chain runs before the
 //! seal stage chooses the CHILD_SA: the choice (and a VNet packet's TTL decrement) is made
 //! on the packet as the chain left it, so the selectors cover what is sent.
+//!
+//! The lookup stage: an opened packet for a VNet waits in the worker's [`Deliveries`] (a
+//! reference to it in the receive batch, no copy) until [`overlay::BATCH`] of them are there
+//! or the pass ends; then their routes are looked up together ([`encap::lookup`], per-VM
+//! entries in one prefetched batch) and they go to encap in arrival order. A packet that
+//! records its replay-window acceptance without waiting (dropped, to the TUN device, held for
+//! a chain) hands the waiting ones on first, so acceptances keep arrival order.
 
+use super::attach;
 use super::classify::{self, Class, Pass, Via};
 use super::decap::{self, Frame};
 use super::encap;
@@ -26,11 +36,12 @@ use super::seal;
 use crate::feature::{Direction, PacketMeta, TunChain};
 use crate::inner::InnerIp;
 use crate::out::{Out, Resume};
+use crate::routes::Routes;
 use crate::shared::Shared;
 use crate::stats::DropReason;
 use crate::tables::Tables;
 use datapath::Inside;
-use std::net::SocketAddr;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 use std::time::Instant;
 use wire::EspSpi;
@@ -40,48 +51,152 @@ pub(crate) fn ike(o: &mut Out, sh: &Shared, local: SocketAddr, src: SocketAddr, 
     classify::ike(o, sh, local, src, data);
 }
 
+/// An opened inbound packet for a VNet, waiting for its route.
+struct Delivery<'p, 't> {
+    opened: Opened<'t>,
+    pkt: &'p mut [u8],
+    parsed: InnerIp,
+    vnet: usize,
+}
+
+/// The lookup stage's queue: opened packets for VNets (in the receive batch `'p`, with the
+/// tables `'t`) waiting to be looked up together. See the module docs.
+pub(crate) struct Deliveries<'p, 't> {
+    items: [Option<Delivery<'p, 't>>; overlay::BATCH],
+    len: usize,
+}
+
+impl<'p, 't> Deliveries<'p, 't> {
+    /// An empty queue.
+    pub(crate) fn new() -> Self {
+        Self {
+            items: std::array::from_fn(|_| None),
+            len: 0,
+        }
+    }
+
+    /// Queues `d`, first delivering what waits if the queue is full.
+    fn push(
+        &mut self,
+        o: &mut Out,
+        sh: &Shared,
+        t: &Tables,
+        r: &Routes,
+        now: Instant,
+        d: Delivery<'p, 't>,
+    ) {
+        if self.len == self.items.len() {
+            self.flush(o, sh, t, r, now);
+        }
+        self.items[self.len] = Some(d);
+        self.len += 1;
+    }
+
+    /// Looks the waiting packets' routes up in one batch and delivers them in order.
+    pub(crate) fn flush(&mut self, o: &mut Out, sh: &Shared, t: &Tables, r: &Routes, now: Instant) {
+        let n = self.len;
+        if n == 0 {
+            return;
+        }
+        self.len = 0;
+        if r.is_empty() {
+            // No per-VM entries: the prefixes answer, packet by packet, as before the stage.
+            for item in &mut self.items[..n] {
+                if let Some(d) = item.take() {
+                    to_inside(o, sh, t, r, now, &d.opened, d.pkt, &d.parsed, None);
+                }
+            }
+            return;
+        }
+        let mut dsts = [(0, IpAddr::V4(Ipv4Addr::UNSPECIFIED)); overlay::BATCH];
+        for (d, item) in dsts.iter_mut().zip(&self.items[..n]) {
+            if let Some(item) = item {
+                *d = (item.vnet, item.parsed.flow.dst);
+            }
+        }
+        let mut keys =
+            [overlay::Key::new(overlay::VnetId(0), Ipv4Addr::UNSPECIFIED); overlay::BATCH];
+        let mut found = [None; overlay::BATCH];
+        let mut hosts = [None; overlay::BATCH];
+        encap::lookup(
+            t,
+            r,
+            &dsts[..n],
+            &mut keys[..n],
+            &mut found[..n],
+            &mut hosts[..n],
+        );
+        for (item, host) in self.items[..n].iter_mut().zip(hosts) {
+            if let Some(d) = item.take() {
+                to_inside(o, sh, t, r, now, &d.opened, d.pkt, &d.parsed, Some(host));
+            }
+        }
+    }
+}
+
 /// A datagram received on the NAT-T socket `local` from `src`.
-pub(crate) fn natt(
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn natt<'p, 't>(
     o: &mut Out,
     sh: &Shared,
-    t: &Tables,
+    t: &'t Tables,
+    r: &Routes,
     now: Instant,
     local: SocketAddr,
     src: SocketAddr,
-    data: &mut [u8],
+    data: &'p mut [u8],
+    d: &mut Deliveries<'p, 't>,
 ) {
     if let Some(class) = classify::natt(o, sh, local, src, data) {
-        next(o, sh, t, now, class, data);
+        next(o, sh, t, r, now, class, data, d);
     }
 }
 
 /// A VXLAN datagram (UDP payload) from `src`.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn vxlan(
     o: &mut Out,
     sh: &Shared,
     t: &Tables,
+    r: &Routes,
     now: Instant,
     via: Via,
     src: SocketAddr,
     data: &mut [u8],
 ) {
-    from_host(o, sh, t, now, via, src, data);
+    from_host(o, sh, t, r, now, via, src, data);
 }
 
 /// A Geneve frame received from `src` on the relay socket: the part of it that belongs to
 /// `pass`.
-pub(crate) fn relay(
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn relay<'p, 't>(
+    o: &mut Out,
+    sh: &Shared,
+    t: &'t Tables,
+    r: &Routes,
+    now: Instant,
+    src: SocketAddr,
+    data: &'p mut [u8],
+    pass: Pass,
+    d: &mut Deliveries<'p, 't>,
+) {
+    if let Some(class) = classify::relay(o, sh, t, now, src, data, pass) {
+        next(o, sh, t, r, now, class, data, d);
+    }
+}
+
+/// A frame from a customer's edge router on attachment interface `iface`.
+pub(crate) fn attach(
     o: &mut Out,
     sh: &Shared,
     t: &Tables,
+    r: &Routes,
     now: Instant,
-    src: SocketAddr,
-    data: &mut [u8],
-    pass: Pass,
+    iface: usize,
+    frame: &mut [u8],
 ) {
-    if let Some(class) = classify::relay(o, sh, t, now, src, data, pass) {
-        next(o, sh, t, now, class, data);
-    }
+    attach::from_ce(o, sh, t, r, now, iface, frame);
 }
 
 /// A packet read from the TUN device: the outbound chain of the TUN tunnels' tenant, or
@@ -126,7 +241,17 @@ pub(crate) fn tun(o: &mut Out, sh: &Shared, t: &Tables, pkt: &mut [u8]) {
 }
 
 /// Hands a classified datagram to its next stage.
-fn next(o: &mut Out, sh: &Shared, t: &Tables, now: Instant, class: Class, data: &mut [u8]) {
+#[allow(clippy::too_many_arguments)]
+fn next<'p, 't>(
+    o: &mut Out,
+    sh: &Shared,
+    t: &'t Tables,
+    r: &Routes,
+    now: Instant,
+    class: Class,
+    data: &'p mut [u8],
+    d: &mut Deliveries<'p, 't>,
+) {
     match class {
         Class::Esp {
             spi,
@@ -135,12 +260,12 @@ fn next(o: &mut Out, sh: &Shared, t: &Tables, now: Instant, class: Class, data: 
             at,
         } => {
             if let Some(esp) = data.get_mut(at) {
-                from_peer(o, sh, t, now, (local, src), spi, esp);
+                from_peer(o, sh, t, r, now, (local, src), spi, esp, d);
             }
         }
         Class::Vxlan { via, src, at } => {
             if let Some(vx) = data.get_mut(at) {
-                from_host(o, sh, t, now, via, src, vx);
+                from_host(o, sh, t, r, now, via, src, vx);
             }
         }
     }
@@ -148,14 +273,17 @@ fn next(o: &mut Out, sh: &Shared, t: &Tables, now: Instant, class: Class, data: 
 
 /// ESP from a peer: open, then the inbound chain or straight to encap. The replay window
 /// accepts the packet when the batch holding its output is sent (see [`crate::accept`]).
-fn from_peer(
+#[allow(clippy::too_many_arguments)]
+fn from_peer<'p, 't>(
     o: &mut Out,
     sh: &Shared,
-    t: &Tables,
+    t: &'t Tables,
+    r: &Routes,
     now: Instant,
     addrs: (SocketAddr, SocketAddr),
     spi: EspSpi,
-    data: &mut [u8],
+    data: &'p mut [u8],
+    d: &mut Deliveries<'p, 't>,
 ) {
     let Some((opened, inner)) = open::open(o, t, spi, addrs, data) else {
         return;
@@ -163,10 +291,23 @@ fn from_peer(
     let fail = match inner {
         Ok(inner) => {
             let Some((pkt, parsed)) = open::admit(o, &opened, data, inner) else {
+                d.flush(o, sh, t, r, now);
                 o.defer_accept(o.mark(), opened.job(None));
                 return;
             };
             let child = opened.child;
+            if let Inside::Vnet(vnet) = child.inside {
+                if t.features.chain(child.tunnel, Direction::Inbound).is_none() {
+                    let delivery = Delivery {
+                        opened,
+                        pkt,
+                        parsed,
+                        vnet,
+                    };
+                    return d.push(o, sh, t, r, now, delivery);
+                }
+            }
+            d.flush(o, sh, t, r, now);
             if let Some(chain) = t.features.chain(child.tunnel, Direction::Inbound) {
                 let meta = PacketMeta {
                     tunnel: Some(child.tunnel),
@@ -185,24 +326,29 @@ fn from_peer(
                 }
                 return;
             }
-            return to_inside(o, sh, t, now, &opened, pkt, &parsed);
+            return to_inside(o, sh, t, r, now, &opened, pkt, &parsed, None);
         }
         Err(reason) => Some(reason),
     };
+    d.flush(o, sh, t, r, now);
     o.defer_accept(o.mark(), opened.job(fail));
 }
 
 /// Hands an admitted inbound packet to its CHILD_SA's inside interface and records its
 /// acceptance by the replay window, unless it was accepted early (to wait for neighbour
-/// resolution outside the send batch).
+/// resolution outside the send batch). `host`: its route, if the lookup stage found it
+/// already (None: looked up here).
+#[allow(clippy::too_many_arguments)]
 fn to_inside(
     o: &mut Out,
     sh: &Shared,
     t: &Tables,
+    r: &Routes,
     now: Instant,
     opened: &Opened<'_>,
     pkt: &mut [u8],
     parsed: &InnerIp,
+    host: Option<Option<IpAddr>>,
 ) {
     let mark = o.mark();
     let mut accepted_early = false;
@@ -212,7 +358,12 @@ fn to_inside(
                 accepted_early = true;
                 opened.accept_now(sh)
             };
-            encap::deliver(o, sh, t, now, v, pkt, parsed, accept_now);
+            match host {
+                Some(host) => {
+                    encap::deliver_routed(o, sh, t, now, v, host, pkt, parsed, accept_now);
+                }
+                None => encap::deliver(o, sh, t, r, now, v, pkt, parsed, accept_now),
+            }
         }
         Inside::Tun => encap::deliver_tun(o, sh, pkt),
     }
@@ -222,30 +373,32 @@ fn to_inside(
 }
 
 /// VXLAN from a host: decap, then the VNet's L2 side (ARP/ND) or the way out through seal.
+#[allow(clippy::too_many_arguments)]
 fn from_host(
     o: &mut Out,
     sh: &Shared,
     t: &Tables,
+    r: &Routes,
     now: Instant,
     via: Via,
     src: SocketAddr,
     data: &mut [u8],
 ) {
-    match decap::decap(o, t, via, src, data) {
+    match decap::decap(o, t, r, via, src, data) {
         None => {}
         Some(Frame::Arp {
             vnet,
             host,
             dst_mac,
             at,
-        }) => encap::arp(o, sh, vnet, host, now, dst_mac, &data[at]),
+        }) => encap::arp(o, sh, vnet, r, host, now, dst_mac, &data[at]),
         Some(Frame::Nd {
             vnet,
             host,
             src_mac,
             dst_mac,
             at,
-        }) => encap::nd(o, sh, vnet, host, now, src_mac, dst_mac, &data[at]),
+        }) => encap::nd(o, sh, vnet, r, host, now, src_mac, dst_mac, &data[at]),
         Some(Frame::Ip {
             vnet,
             host,
@@ -253,8 +406,15 @@ fn from_host(
             at,
             parsed,
         }) => {
-            encap::learn_from_ip(o, sh, vnet, host, now, parsed.flow.src, src_mac);
+            encap::learn_from_ip(o, sh, vnet, r, host, now, parsed.flow.src, src_mac);
             let pkt = &mut data[at];
+            // Prefixes behind a customer's edge router attached to this VNet go there (one
+            // branch when the VNet has no attachment).
+            if !t.attach.by_vnet.is_empty()
+                && attach::to_ce(o, sh, t, r, now, vnet, host, pkt, &parsed)
+            {
+                return;
+            }
             if let Some(chain) = t.features.vnet_outbound(vnet.index) {
                 let meta = PacketMeta {
                     tunnel: None,
@@ -279,7 +439,7 @@ fn from_host(
 /// Ends a pass over a lane batch: runs the feature chains over the packets held in it and
 /// sends the survivors on (inbound to encap, outbound to seal), in the order they were held.
 /// Nothing to do (one branch) when no packet was held.
-pub(crate) fn end_pass(o: &mut Out, sh: &Shared, t: &Tables, now: Instant) {
+pub(crate) fn end_pass(o: &mut Out, sh: &Shared, t: &Tables, r: &Routes, now: Instant) {
     if o.held.is_empty() {
         return;
     }
@@ -306,7 +466,7 @@ pub(crate) fn end_pass(o: &mut Out, sh: &Shared, t: &Tables, now: Instant) {
             match InnerIp::parse(pkt) {
                 Some(parsed) => {
                     let len = parsed.len.min(pkt.len());
-                    to_inside(o, sh, t, now, &opened, &mut pkt[..len], &parsed);
+                    to_inside(o, sh, t, r, now, &opened, &mut pkt[..len], &parsed, None);
                 }
                 None => {
                     o.drop_packet(DropReason::InnerMalformed);

@@ -12,8 +12,13 @@
 //! - [`encap`]: an inbound inner packet -> VXLAN toward the VM's host (or the TUN device);
 //!   ARP/ND answers and neighbour housekeeping.
 //!
+//! - [`attach`]: frames from customers' edge routers attached at L2 (VLAN / Q-in-Q) -> their
+//!   attachment, ARP/ND answered, tags stripped -> encap into the VNet; and VNet packets for
+//!   prefixes behind a CE -> tagged frames toward it.
+//!
 //! The input and output stages, which alone touch sockets, are in [`crate::io`].
 
+pub(crate) mod attach;
 pub(crate) mod classify;
 pub(crate) mod decap;
 pub(crate) mod encap;

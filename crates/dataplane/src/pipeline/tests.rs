@@ -71,6 +71,7 @@ fn env() -> Env {
             .expect("free port")
             .port();
         let cfg = DataplaneConfig {
+            attachments: vec![],
             listen: vec![ip("127.0.0.1")],
             ike_port: 0,
             natt_port: 0,
@@ -126,10 +127,16 @@ impl Env {
     fn recv_from_host(&mut self, from: SocketAddr, mut data: Vec<u8>) {
         let t = self.sh.tables.load();
         self.out.use_tables(std::sync::Arc::clone(&t));
+        let reader = self.sh.route_readers.reader();
+        let guard = reader.enter();
+        let r = guard
+            .as_deref()
+            .unwrap_or(crate::routes::RouteReader::empty());
         graph::vxlan(
             &mut self.out,
             &self.sh,
             &t,
+            r,
             Instant::now(),
             Via::Vtep(0),
             from,
@@ -159,15 +166,25 @@ impl Env {
         let t = self.sh.tables.load();
         self.out.use_tables(std::sync::Arc::clone(&t));
         let local = self.natt();
+        let reader = self.sh.route_readers.reader();
+        let guard = reader.enter();
+        let r = guard
+            .as_deref()
+            .unwrap_or(crate::routes::RouteReader::empty());
+        let now = Instant::now();
+        let mut d = graph::Deliveries::new();
         graph::natt(
             &mut self.out,
             &self.sh,
             &t,
-            Instant::now(),
+            r,
+            now,
             local,
             from.parse().expect("peer"),
             &mut data,
+            &mut d,
         );
+        d.flush(&mut self.out, &self.sh, &t, r, now);
     }
 
     /// Datagrams queued for sending, and empties the batch.
@@ -836,4 +853,5 @@ fn vnets_and_bindings_are_replaced_at_run_time_on_the_start_vteps() {
     }
 }
 
+mod attach;
 mod relay;

@@ -67,7 +67,7 @@ mod tests {
                 host: "192.0.2.10".parse().expect("ip"),
             }],
         };
-        Vnet::new(0, &cfg, 0).expect("valid")
+        Vnet::new(0, &cfg, 0, overlay::VnetId(0)).expect("valid")
     }
 
     const VM_MAC: EthernetAddress = EthernetAddress([0x52, 0x54, 0, 0, 0, 5]);

@@ -7,8 +7,10 @@ pub(crate) mod nd;
 pub(crate) mod neigh;
 pub(crate) mod route;
 
+use crate::routes::Routes;
 use datapath::{DataplaneError, VnetConfig};
 use neigh::{Mac, NeighCache};
+use overlay::VnetId;
 use route::RouteTable;
 use std::collections::HashSet;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
@@ -75,7 +77,10 @@ pub(crate) struct Vnet {
     pub(crate) gateway_v6: Option<Ipv6Addr>,
     /// The gateway's IPv6 link-local address (source of ND messages without `gateway_v6`).
     pub(crate) link_local: Ipv6Addr,
-    /// Routes to host VTEPs.
+    /// Its number in the per-VM route table ([`Routes`]), the same for the life of the process
+    /// for the same tenant and name.
+    pub(crate) key: VnetId,
+    /// Prefix routes to host VTEPs (per-VM entries in [`Routes`] win over them).
     pub(crate) routes: RouteTable,
     /// Every host VTEP of the routes: the only accepted senders.
     pub(crate) hosts: HashSet<IpAddr>,
@@ -85,8 +90,14 @@ pub(crate) struct Vnet {
 }
 
 impl Vnet {
-    /// Validates one VNet's configuration (`field` names it in errors, e.g. `vnets[2]`).
-    pub(crate) fn new(index: usize, cfg: &VnetConfig, vtep: usize) -> Result<Self, DataplaneError> {
+    /// Validates one VNet's configuration (`field` names it in errors, e.g. `vnets[2]`);
+    /// `key` is its number in the per-VM route table.
+    pub(crate) fn new(
+        index: usize,
+        cfg: &VnetConfig,
+        vtep: usize,
+        key: VnetId,
+    ) -> Result<Self, DataplaneError> {
         let field = |f: &str| format!("vnets[{index}].{f}");
         let vni = Vni::new(cfg.vni).ok_or_else(|| DataplaneError::Config {
             field: field("vni"),
@@ -142,6 +153,7 @@ impl Vnet {
             gateway_v6,
             link_local: link_local(mac),
             hosts: cfg.routes.iter().map(|r| r.host).collect(),
+            key,
             routes,
             vtep,
             neigh: Mutex::new(NeighCache::default()),
@@ -156,9 +168,22 @@ impl Vnet {
         }
     }
 
+    /// The host VTEP `dst` lives behind: its per-VM entry in `r` if it has one, else the
+    /// longest prefix route.
+    #[inline]
+    pub(crate) fn route(&self, r: &Routes, dst: IpAddr) -> Option<IpAddr> {
+        r.exact(self.key, dst).or_else(|| self.routes.lookup(dst))
+    }
+
     /// True if `ip` routes to `host` (a frame from `host` may legitimately come from `ip`).
-    pub(crate) fn lives_behind(&self, ip: IpAddr, host: IpAddr) -> bool {
-        self.routes.lookup(ip) == Some(host)
+    pub(crate) fn lives_behind(&self, r: &Routes, ip: IpAddr, host: IpAddr) -> bool {
+        self.route(r, ip) == Some(host)
+    }
+
+    /// True if VXLAN from `host` is accepted in this VNet: a host of its prefix routes or of
+    /// its per-VM entries.
+    pub(crate) fn accepts_host(&self, r: &Routes, host: IpAddr) -> bool {
+        self.hosts.contains(&host) || r.has_host(self.key, host)
     }
 
     /// The neighbour cache (a poisoned lock still holds a consistent cache).
@@ -208,7 +233,7 @@ mod tests {
     fn dual_stack_gateway_addresses() {
         let mut c = cfg(7);
         c.gateway_ips.push("fd00::1".parse().expect("ip"));
-        let v = Vnet::new(0, &c, 0).expect("valid");
+        let v = Vnet::new(0, &c, 0, VnetId(0)).expect("valid");
         assert!(v.is_gateway("10.0.0.1".parse().expect("ip")));
         assert!(v.is_gateway("fd00::1".parse().expect("ip")));
         assert!(v.is_gateway(IpAddr::V6(v.link_local)));
@@ -225,7 +250,7 @@ mod tests {
         let mut multicast = cfg(7);
         multicast.gateway_ips = vec!["ff02::1".parse().expect("ip")];
         for bad in [two_v4, none, multicast] {
-            match Vnet::new(3, &bad, 0) {
+            match Vnet::new(3, &bad, 0, VnetId(0)) {
                 Err(DataplaneError::Config { field, .. }) => {
                     assert_eq!(field, "vnets[3].gateway_ips");
                 }
@@ -257,24 +282,27 @@ mod tests {
     fn config_errors_name_the_field() {
         let mut c = cfg(1 << 24);
         assert!(
-            matches!(Vnet::new(3, &c, 0), Err(DataplaneError::Config { field, .. }) if field == "vnets[3].vni")
+            matches!(Vnet::new(3, &c, 0, VnetId(0)), Err(DataplaneError::Config { field, .. }) if field == "vnets[3].vni")
         );
         c.vni = 5;
         c.routes[0].host = "2001:db8::1".parse().expect("ip");
         assert!(
-            matches!(Vnet::new(0, &c, 0), Err(DataplaneError::Config { field, .. }) if field == "vnets[0].routes[0].host")
+            matches!(Vnet::new(0, &c, 0, VnetId(0)), Err(DataplaneError::Config { field, .. }) if field == "vnets[0].routes[0].host")
         );
         c.routes[0].host = "192.0.2.10".parse().expect("ip");
         c.routes[0].prefix = "10.0.0.1".parse().expect("ip");
         assert!(
-            matches!(Vnet::new(0, &c, 0), Err(DataplaneError::Config { field, .. }) if field == "vnets[0].routes[0]")
+            matches!(Vnet::new(0, &c, 0, VnetId(0)), Err(DataplaneError::Config { field, .. }) if field == "vnets[0].routes[0]")
         );
-        let v = Vnet::new(0, &cfg(5), 0).expect("valid");
+        let v = Vnet::new(0, &cfg(5), 0, VnetId(0)).expect("valid");
+        let r = Routes::default();
         assert!(v.lives_behind(
+            &r,
             "10.0.0.9".parse().expect("ip"),
             "192.0.2.10".parse().expect("ip")
         ));
         assert!(!v.lives_behind(
+            &r,
             "10.0.1.9".parse().expect("ip"),
             "192.0.2.10".parse().expect("ip")
         ));

@@ -160,7 +160,7 @@ mod tests {
                 host: "2001:db8:ffff::10".parse().expect("ip"),
             }],
         };
-        Vnet::new(0, &cfg, 0).expect("valid")
+        Vnet::new(0, &cfg, 0, overlay::VnetId(0)).expect("valid")
     }
 
     const VM: EthernetAddress = EthernetAddress([0x52, 0x54, 0, 0, 0, 5]);
@@ -215,7 +215,7 @@ mod tests {
             vtep: "192.0.2.1".parse().expect("ip"),
             routes: vec![],
         };
-        let v = Vnet::new(0, &cfg, 0).expect("valid");
+        let v = Vnet::new(0, &cfg, 0, overlay::VnetId(0)).expect("valid");
         let ns = NdpRepr::NeighborSolicit {
             target_addr: "2001:db8::1".parse().expect("ip"),
             source_lladdr: Some(VM),

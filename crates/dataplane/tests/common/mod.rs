@@ -73,6 +73,7 @@ pub(crate) fn site_child(local: SocketAddr, remote: SocketAddr) -> ChildSaInfo {
 /// tunnel 1 bound to it, two unpinned workers, batches of 32, no busy polling, no relay.
 pub(crate) fn config(vxlan_port: u16) -> DataplaneConfig {
     DataplaneConfig {
+        attachments: vec![],
         listen: vec![ip("127.0.0.1")],
         ike_port: 0,
         natt_port: 0,

@@ -3,6 +3,7 @@
 //! files. The first error found is returned, located at the offending key. Tunnel tables are
 //! checked in `tunnel.rs`.
 
+mod attachment;
 mod cluster;
 mod etcd_access;
 mod gateway;
@@ -101,6 +102,22 @@ pub(crate) fn validate_with(
             inside,
         });
     }
+    let mut attachments: Vec<attachment::CheckedAttachment> = Vec::new();
+    for a in &raw.attachment {
+        if cluster.is_some() {
+            // The distributed form does not place attachments yet (issue 16 §1): refuse
+            // rather than ignore them.
+            return Err(v.err(
+                a.get_ref().name.span(),
+                "[[attachment]]",
+                "name",
+                "attachments are served by `protego up` only; a [cluster] control node does \
+                 not place them yet",
+            ));
+        }
+        let checked = v.attachment(a, &tenants, &vnets, &attachments)?;
+        attachments.push(checked);
+    }
     let any_tun = tunnels.iter().any(|t| t.tunnel.inside == TunnelInside::Tun);
     if let Some(key) = &gateway.key_log {
         v.warnings.push(format!(
@@ -110,6 +127,7 @@ pub(crate) fn validate_with(
         ));
     }
     let dataplane = DataplaneConfig {
+        attachments: attachments.into_iter().map(|a| a.config).collect(),
         listen: gateway.listen.clone(),
         ike_port: gateway.ike_port,
         natt_port: gateway.natt_port,

@@ -8,7 +8,7 @@ use crate::feature::{Direction, Feature, FeatureBatch, FeatureChain};
 use crate::io::output::Output;
 use crate::out::Out;
 use crate::pipeline::classify::Pass;
-use crate::pipeline::graph::{end_pass, relay as receive};
+use crate::pipeline::graph::{end_pass, relay as receive, Deliveries};
 use crate::relays::{Relays, HEARD_WINDOW_MS};
 use crate::shared::Shared;
 use crate::stats::DropReason;
@@ -52,6 +52,7 @@ fn vip(port: u16) -> SocketAddr {
 
 fn config(vnets: Vec<VnetConfig>, tunnels: Vec<TunnelBinding>) -> DataplaneConfig {
     DataplaneConfig {
+        attachments: vec![],
         listen: vec![],
         ike_port: 500,
         natt_port: 4500,
@@ -154,23 +155,45 @@ impl Env {
         self.out.use_tables(Arc::clone(&t));
         self.out.set_now(now);
         let mut frames = frames;
-        for f in &mut frames {
-            receive(&mut self.out, &self.sh, &t, now, sa(from), f, Pass::Serial);
-        }
-        // As the worker does at the end of each pass: the feature chains' held packets.
-        end_pass(&mut self.out, &self.sh, &t, now);
+        let reader = self.sh.route_readers.reader();
+        let guard = reader.enter();
+        let r = guard
+            .as_deref()
+            .unwrap_or(crate::routes::RouteReader::empty());
+        let mut d = Deliveries::new();
         for f in &mut frames {
             receive(
                 &mut self.out,
                 &self.sh,
                 &t,
+                r,
+                now,
+                sa(from),
+                f,
+                Pass::Serial,
+                &mut d,
+            );
+        }
+        // As the worker does at the end of each pass: the waiting deliveries, then the
+        // feature chains' held packets.
+        d.flush(&mut self.out, &self.sh, &t, r, now);
+        end_pass(&mut self.out, &self.sh, &t, r, now);
+        let mut d = Deliveries::new();
+        for f in &mut frames {
+            receive(
+                &mut self.out,
+                &self.sh,
+                &t,
+                r,
                 now,
                 sa(from),
                 f,
                 Pass::Parallel,
+                &mut d,
             );
         }
-        end_pass(&mut self.out, &self.sh, &t, now);
+        d.flush(&mut self.out, &self.sh, &t, r, now);
+        end_pass(&mut self.out, &self.sh, &t, r, now);
         self.out.seal_queued();
         let tx = &mut self.out.tx;
         crate::accept::accept_batch(&self.sh, tx, &mut self.dead, &mut self.out.drops);
@@ -663,14 +686,17 @@ fn steer_nodes_are_replaced_at_run_time() {
     let t = e.sh.tables.load();
     e.out.use_tables(Arc::clone(&t));
     let mut f = e.relayed_from_vm(100, 0, b"a");
+    let mut d = Deliveries::new();
     receive(
         &mut e.out,
         &e.sh,
         &t,
+        crate::routes::RouteReader::empty(),
         Instant::now(),
         sa(STEER),
         &mut f,
         Pass::All,
+        &mut d,
     );
     assert_eq!(e.drops(DropReason::RelayUnknownSender), 2);
     // Two steer nodes: both accepted, output to the first (heard from, as both are once

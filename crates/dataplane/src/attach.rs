@@ -1,0 +1,476 @@
+//! Customers attached at L2 (issue 16 §1, the paper's Q-in-Q "L2 tunnel" between the
+//! customer's edge router, the CE, and the provider's edge): the attachments by tag pair, each
+//! with its CE's MAC as learned, and per published snapshot which VNet each one serves
+//! ([`AttachView`]). Pure state and decisions: the stage is `pipeline::attach`, the frames come
+//! from `sys::packet` through the I/O stage.
+//!
+//! An attachment is identified by (interface, S-tag, C-tag): IEEE 802.1ad outer tag (TPID
+//! 0x88a8) and 802.1Q inner tag (0x8100), or for `vlan` one 802.1Q tag. The gateway is the CE's
+//! next hop: it answers ARP (RFC 826) and neighbour solicitations (RFC 4861 §7.2.4) for the
+//! attachment's `gateway_ip` with the interface's MAC, learns the CE's MAC, and takes from the
+//! CE only IP packets whose source is behind it (the attachment's `routes`, the CE's address
+//! included): the same prefixes are what the VNet sends to the CE.
+
+use crate::stats::DropReason;
+use crate::vnet::nd::NdOut;
+use crate::vnet::{link_local, Vnet};
+use datapath::{AttachmentConfig, AttachmentTags, DataplaneError};
+use ipnet::IpNet;
+use rustc_hash::FxHashMap;
+use std::net::{IpAddr, Ipv6Addr};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use wire::arp::{ArpOperation, ArpRepr};
+use wire::ethernet::{
+    EtherType, EthernetAddress, EthernetFrame, VlanPacket, ETHERNET_HEADER_LEN, VLAN_TAG_LEN,
+};
+use wire::ndp::{solicited_node_multicast, NaFlags, NdpRepr};
+
+/// The least spacing of the gateway's requests for the CE's address.
+const CE_REQUEST_INTERVAL: Duration = Duration::from_secs(1);
+
+/// (interface index, S-tag or 0 for `vlan`, C-tag): what tells attachments apart.
+pub(crate) type TagKey = (usize, u16, u16);
+
+/// The key of an attachment's tags on interface `iface`.
+pub(crate) fn tag_key(iface: usize, tags: AttachmentTags) -> TagKey {
+    match tags {
+        AttachmentTags::QinQ { s_tag, c_tag } => (iface, s_tag, c_tag),
+        AttachmentTags::Vlan { c_tag } => (iface, 0, c_tag),
+    }
+}
+
+/// One attachment at run time.
+pub(crate) struct Attachment {
+    /// Index in the configuration.
+    pub(crate) index: usize,
+    /// Name (logs).
+    pub(crate) name: String,
+    /// Owning tenant.
+    pub(crate) tenant: ids::TenantId,
+    /// The VNet's name (resolved per snapshot, [`AttachView`]).
+    pub(crate) vnet: String,
+    /// Index of its interface in the I/O stage's packet sockets.
+    pub(crate) iface: usize,
+    /// Its tags.
+    pub(crate) tags: AttachmentTags,
+    /// The gateway's address on the segment.
+    pub(crate) gateway_ip: IpAddr,
+    /// The CE's address, if configured.
+    pub(crate) ce_ip: Option<IpAddr>,
+    /// The prefixes behind the CE (a handful: a scan; the VNet's own route table is not
+    /// needed for "is it behind the CE").
+    pub(crate) routes: Vec<IpNet>,
+    /// The gateway's MAC on the segment (the interface's).
+    pub(crate) mac: EthernetAddress,
+    /// The IPv6 link-local address of `mac` (source of ND messages for an IPv4 gateway).
+    pub(crate) link_local: Ipv6Addr,
+    /// The CE's MAC: 0 while unknown, else the MAC's 48 bits with bit 63 set.
+    ce_mac: AtomicU64,
+    /// When the gateway last asked for the CE's address (ns since `epoch`).
+    last_request: AtomicU64,
+    epoch: Instant,
+}
+
+const KNOWN: u64 = 1 << 63;
+
+impl Attachment {
+    /// Builds attachment `index` on interface `iface` (whose MAC is `mac`); errors name the
+    /// field (`attachments[i].routes[j]`).
+    pub(crate) fn new(
+        index: usize,
+        cfg: &AttachmentConfig,
+        iface: usize,
+        mac: [u8; 6],
+    ) -> Result<Self, DataplaneError> {
+        let field = |f: &str| format!("attachments[{index}].{f}");
+        let mut routes: Vec<IpNet> = Vec::with_capacity(cfg.routes.len());
+        for (i, &(prefix, len)) in cfg.routes.iter().enumerate() {
+            let bad = |reason: String| DataplaneError::Config {
+                field: field(&format!("routes[{i}]")),
+                reason,
+            };
+            let net = IpNet::new(prefix, len)
+                .map_err(|_| bad(format!("{prefix}/{len}: prefix length beyond the address")))?;
+            if net.network() != prefix {
+                return Err(bad(format!("{prefix}/{len} has host bits set")));
+            }
+            routes.push(net);
+        }
+        if cfg.gateway_ip.is_unspecified() || cfg.gateway_ip.is_multicast() {
+            return Err(DataplaneError::Config {
+                field: field("gateway_ip"),
+                reason: format!("{} is not a unicast address", cfg.gateway_ip),
+            });
+        }
+        let mac = EthernetAddress(mac);
+        Ok(Self {
+            index,
+            name: cfg.name.clone(),
+            tenant: cfg.tenant.clone(),
+            vnet: cfg.vnet.clone(),
+            iface,
+            tags: cfg.tags,
+            gateway_ip: cfg.gateway_ip,
+            ce_ip: cfg.ce_ip,
+            routes,
+            mac,
+            link_local: link_local(mac),
+            ce_mac: AtomicU64::new(0),
+            last_request: AtomicU64::new(0),
+            epoch: Instant::now(),
+        })
+    }
+
+    /// True if `ip` is behind the CE (a source it may send from, a destination sent to it).
+    pub(crate) fn is_behind(&self, ip: IpAddr) -> bool {
+        self.routes.iter().any(|n| n.contains(&ip))
+    }
+
+    /// The CE's MAC, once known.
+    pub(crate) fn ce_mac(&self) -> Option<EthernetAddress> {
+        let v = self.ce_mac.load(Ordering::Relaxed);
+        (v & KNOWN != 0).then(|| {
+            let b = v.to_be_bytes();
+            EthernetAddress([b[2], b[3], b[4], b[5], b[6], b[7]])
+        })
+    }
+
+    /// Records the CE's MAC (a unicast one; others are ignored).
+    pub(crate) fn learn_ce(&self, mac: EthernetAddress) {
+        if !mac.is_unicast() {
+            return;
+        }
+        let m = mac.0;
+        let v = KNOWN | u64::from_be_bytes([0, 0, m[0], m[1], m[2], m[3], m[4], m[5]]);
+        if self.ce_mac.load(Ordering::Relaxed) != v {
+            self.ce_mac.store(v, Ordering::Relaxed);
+            tracing::info!(attachment = %self.name, tenant = %self.tenant, ce_mac = %mac, "CE MAC learned");
+        }
+    }
+
+    /// True if a frame from `ip` may teach the CE's MAC: the CE's address if configured, else
+    /// any address behind the CE.
+    pub(crate) fn teaches(&self, ip: IpAddr) -> bool {
+        match self.ce_ip {
+            Some(ce) => ip == ce,
+            None => self.is_behind(ip),
+        }
+    }
+
+    /// True (and the time recorded) if the gateway should ask for the CE's address now: it is
+    /// configured and the last request is older than a second.
+    pub(crate) fn request_due(&self, now: Instant) -> bool {
+        if self.ce_ip.is_none() {
+            return false;
+        }
+        let t = u64::try_from(now.saturating_duration_since(self.epoch).as_nanos())
+            .unwrap_or(u64::MAX)
+            .max(1);
+        let last = self.last_request.load(Ordering::Relaxed);
+        let spacing = CE_REQUEST_INTERVAL.as_nanos() as u64;
+        if last != 0 && t.saturating_sub(last) < spacing {
+            return false;
+        }
+        self.last_request
+            .compare_exchange(last, t, Ordering::Relaxed, Ordering::Relaxed)
+            .is_ok()
+    }
+
+    /// An ARP packet from the CE's side: the reply to send (a request for the gateway), and
+    /// whether its sender teaches the CE's MAC.
+    pub(crate) fn arp(&self, arp: &ArpRepr) -> (Option<ArpRepr>, bool) {
+        let for_us = IpAddr::V4(arp.target_protocol_addr) == self.gateway_ip;
+        let sender = IpAddr::V4(arp.source_protocol_addr);
+        let learn = arp.source_hardware_addr.is_unicast()
+            && sender != self.gateway_ip
+            && self.teaches(sender);
+        let reply = (for_us
+            && arp.operation == ArpOperation::REQUEST
+            && arp.source_hardware_addr.is_unicast())
+        .then(|| arp.reply(self.mac));
+        (reply, learn)
+    }
+
+    /// A neighbour solicitation or advertisement from `src` (frame source `frame_src`): the
+    /// advertisement to send (a solicitation for the gateway, RFC 4861 §7.2.4, as a router),
+    /// and the MAC it teaches for the CE, if any.
+    pub(crate) fn nd(
+        &self,
+        src: Ipv6Addr,
+        frame_src: EthernetAddress,
+        msg: &NdpRepr,
+    ) -> (Option<NdOut>, Option<EthernetAddress>) {
+        match *msg {
+            NdpRepr::NeighborSolicit {
+                target_addr,
+                source_lladdr,
+            } => {
+                let for_us = IpAddr::V6(target_addr) == self.gateway_ip;
+                let from = IpAddr::V6(src);
+                let learn = source_lladdr
+                    .filter(|ll| ll.is_unicast() && !src.is_unspecified() && self.teaches(from));
+                let reply = (for_us && !src.is_unspecified()).then(|| NdOut {
+                    src: target_addr,
+                    dst: src,
+                    dst_mac: source_lladdr.unwrap_or(frame_src).0,
+                    msg: NdpRepr::NeighborAdvert {
+                        flags: NaFlags {
+                            router: true,
+                            solicited: true,
+                            overrides: true,
+                        },
+                        target_addr,
+                        target_lladdr: Some(self.mac),
+                    },
+                });
+                (reply, learn)
+            }
+            NdpRepr::NeighborAdvert {
+                target_addr,
+                target_lladdr,
+                ..
+            } => {
+                let ll = target_lladdr.unwrap_or(frame_src);
+                let learn =
+                    (ll.is_unicast() && self.teaches(IpAddr::V6(target_addr))).then_some(ll);
+                (None, learn)
+            }
+        }
+    }
+
+    /// The gateway's request for the CE's address `ce` (IPv4: ARP; IPv6: a solicitation to
+    /// its solicited-node group).
+    pub(crate) fn request(&self, ce: IpAddr) -> Request {
+        match (ce, self.gateway_ip) {
+            (IpAddr::V4(target), IpAddr::V4(spa)) => Request::Arp(ArpRepr {
+                operation: ArpOperation::REQUEST,
+                source_hardware_addr: self.mac,
+                source_protocol_addr: spa,
+                target_hardware_addr: EthernetAddress([0; 6]),
+                target_protocol_addr: target,
+            }),
+            (IpAddr::V6(target), gw) => {
+                let src = match gw {
+                    IpAddr::V6(a) => a,
+                    IpAddr::V4(_) => self.link_local,
+                };
+                let dst = solicited_node_multicast(&target);
+                Request::Nd(NdOut {
+                    src,
+                    dst,
+                    dst_mac: EthernetAddress::from_ipv6_multicast(&dst).0,
+                    msg: NdpRepr::NeighborSolicit {
+                        target_addr: target,
+                        source_lladdr: Some(self.mac),
+                    },
+                })
+            }
+            // Validation keeps ce_ip of gateway_ip's version; nothing to ask otherwise.
+            (IpAddr::V4(_), IpAddr::V6(_)) => Request::None,
+        }
+    }
+}
+
+/// A request for the CE's address.
+pub(crate) enum Request {
+    /// ARP.
+    Arp(ArpRepr),
+    /// Neighbour solicitation.
+    Nd(NdOut),
+    /// Nothing to send.
+    None,
+}
+
+/// Every attachment, and how tags find them (fixed at start).
+#[derive(Default)]
+pub(crate) struct AttachTable {
+    /// By configuration index.
+    pub(crate) list: Vec<Arc<Attachment>>,
+    by_tags: FxHashMap<TagKey, usize>,
+}
+
+impl AttachTable {
+    /// Builds the table from the configuration; `iface_of(i)` is attachment `i`'s interface
+    /// index and MAC. Errors name the field.
+    pub(crate) fn new(
+        cfgs: &[AttachmentConfig],
+        iface_of: impl Fn(usize) -> (usize, [u8; 6]),
+    ) -> Result<Self, DataplaneError> {
+        let mut t = Self::default();
+        for (i, cfg) in cfgs.iter().enumerate() {
+            let (iface, mac) = iface_of(i);
+            let a = Attachment::new(i, cfg, iface, mac)?;
+            if cfgs[..i].iter().any(|o| o.name == cfg.name) {
+                return Err(DataplaneError::Config {
+                    field: format!("attachments[{i}].name"),
+                    reason: format!("{} is used twice", cfg.name),
+                });
+            }
+            if t.by_tags.insert(tag_key(iface, cfg.tags), i).is_some() {
+                return Err(DataplaneError::Config {
+                    field: format!("attachments[{i}].tags"),
+                    reason: format!("{:?} on {} is used twice", cfg.tags, cfg.interface),
+                });
+            }
+            t.list.push(Arc::new(a));
+        }
+        Ok(t)
+    }
+
+    /// The attachment with these tags.
+    #[inline]
+    pub(crate) fn find(&self, key: TagKey) -> Option<&Arc<Attachment>> {
+        self.by_tags.get(&key).and_then(|&i| self.list.get(i))
+    }
+
+    /// Which VNet of `vnets` each attachment serves (by tenant and name).
+    pub(crate) fn view(&self, vnets: &[Arc<Vnet>]) -> AttachView {
+        if self.list.is_empty() {
+            return AttachView::default();
+        }
+        let mut view = AttachView {
+            vnet: Vec::with_capacity(self.list.len()),
+            by_vnet: vec![Vec::new(); vnets.len()],
+        };
+        for a in &self.list {
+            let v = vnets
+                .iter()
+                .position(|v| v.tenant == a.tenant && v.name == a.vnet);
+            if let Some(v) = v {
+                view.by_vnet[v].push(Arc::clone(a));
+            }
+            view.vnet.push(v);
+        }
+        view
+    }
+}
+
+/// Per published snapshot: the VNet each attachment serves and the attachments of each VNet.
+#[derive(Default)]
+pub(crate) struct AttachView {
+    /// By attachment index: its VNet's index (None: the VNet is gone).
+    pub(crate) vnet: Vec<Option<usize>>,
+    /// By VNet index: its attachments.
+    pub(crate) by_vnet: Vec<Vec<Arc<Attachment>>>,
+}
+
+impl AttachView {
+    /// The attachment of VNet `vnet` that `dst` is behind, if any.
+    #[inline]
+    pub(crate) fn toward(&self, vnet: usize, dst: IpAddr) -> Option<&Arc<Attachment>> {
+        self.by_vnet.get(vnet)?.iter().find(|a| a.is_behind(dst))
+    }
+}
+
+/// A tagged frame's tags and where its payload starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Tagged {
+    /// (S-tag or 0, C-tag).
+    pub(crate) tags: (u16, u16),
+    /// The EtherType after the tags.
+    pub(crate) ethertype: EtherType,
+    /// Offset of the payload.
+    pub(crate) payload: usize,
+    /// Destination MAC.
+    pub(crate) dst: EthernetAddress,
+    /// Source MAC.
+    pub(crate) src: EthernetAddress,
+}
+
+/// Reads a frame's tags: an 802.1ad S-tag (0x88a8) followed by an 802.1Q C-tag (0x8100), or one
+/// 802.1Q tag. Anything else (untagged, an S-tag alone, two 0x8100 tags, a third tag) cannot
+/// be an attachment's: [`DropReason::AttachUnknownTags`]; a frame too short for its tags is
+/// [`DropReason::AttachMalformed`].
+pub(crate) fn read_tags(frame: &[u8]) -> Result<Tagged, DropReason> {
+    let eth = EthernetFrame::new_checked(frame).map_err(|_| DropReason::AttachMalformed)?;
+    let (dst, src) = (eth.dst_addr(), eth.src_addr());
+    let tag = |at: usize| {
+        frame
+            .get(at..)
+            .and_then(|b| VlanPacket::new_checked(b).ok())
+            .ok_or(DropReason::AttachMalformed)
+    };
+    let is_tag = |t: EtherType| t == EtherType::VLAN || t == EtherType::QINQ;
+    let (tags, ethertype, payload) = match eth.ethertype() {
+        EtherType::QINQ => {
+            let outer = tag(ETHERNET_HEADER_LEN)?;
+            if outer.ethertype() != EtherType::VLAN {
+                return Err(DropReason::AttachUnknownTags);
+            }
+            let inner = tag(ETHERNET_HEADER_LEN + VLAN_TAG_LEN)?;
+            if is_tag(inner.ethertype()) {
+                return Err(DropReason::AttachUnknownTags);
+            }
+            (
+                (outer.tci().vid, inner.tci().vid),
+                inner.ethertype(),
+                ETHERNET_HEADER_LEN + 2 * VLAN_TAG_LEN,
+            )
+        }
+        EtherType::VLAN => {
+            let t = tag(ETHERNET_HEADER_LEN)?;
+            if is_tag(t.ethertype()) {
+                return Err(DropReason::AttachUnknownTags);
+            }
+            (
+                (0, t.tci().vid),
+                t.ethertype(),
+                ETHERNET_HEADER_LEN + VLAN_TAG_LEN,
+            )
+        }
+        _ => return Err(DropReason::AttachUnknownTags),
+    };
+    Ok(Tagged {
+        tags,
+        ethertype,
+        payload,
+        dst,
+        src,
+    })
+}
+
+/// Bytes of the Ethernet header and tags of frames toward the CE of an attachment.
+pub(crate) fn header_len(tags: AttachmentTags) -> usize {
+    match tags {
+        AttachmentTags::QinQ { .. } => ETHERNET_HEADER_LEN + 2 * VLAN_TAG_LEN,
+        AttachmentTags::Vlan { .. } => ETHERNET_HEADER_LEN + VLAN_TAG_LEN,
+    }
+}
+
+/// Writes the Ethernet header with the attachment's tags (priority 0) into
+/// `buf[..header_len(tags)]`.
+pub(crate) fn write_header(
+    buf: &mut [u8],
+    tags: AttachmentTags,
+    dst: EthernetAddress,
+    src: EthernetAddress,
+    ethertype: EtherType,
+) {
+    let mut eth = EthernetFrame::new_unchecked(&mut buf[..ETHERNET_HEADER_LEN]);
+    eth.set_dst_addr(dst);
+    eth.set_src_addr(src);
+    let at = ETHERNET_HEADER_LEN;
+    match tags {
+        AttachmentTags::QinQ { s_tag, c_tag } => {
+            eth.set_ethertype(EtherType::QINQ);
+            let mut outer = VlanPacket::new_unchecked(&mut buf[at..at + VLAN_TAG_LEN]);
+            outer.set_tci_bits(s_tag & 0x0fff);
+            outer.set_ethertype(EtherType::VLAN);
+            let at = at + VLAN_TAG_LEN;
+            let mut inner = VlanPacket::new_unchecked(&mut buf[at..at + VLAN_TAG_LEN]);
+            inner.set_tci_bits(c_tag & 0x0fff);
+            inner.set_ethertype(ethertype);
+        }
+        AttachmentTags::Vlan { c_tag } => {
+            eth.set_ethertype(EtherType::VLAN);
+            let mut t = VlanPacket::new_unchecked(&mut buf[at..at + VLAN_TAG_LEN]);
+            t.set_tci_bits(c_tag & 0x0fff);
+            t.set_ethertype(ethertype);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,255 @@
+//! The attachment stage (issue 16 §1): customers' edge routers (CEs) attached at L2 on an
+//! AF_PACKET interface, one VNet per tag pair.
+//!
+//! From the CE ([`from_ce`], input: one frame of the attachment lane's batch): the tags find
+//! the attachment (interface, S-tag, C-tag; `attach::read_tags`), hence its VNet, and nothing
+//! else: two customers with the same addresses never meet. ARP and neighbour solicitations
+//! for the attachment's gateway address are answered (the CE's MAC learned); an IP frame to
+//! the gateway's MAC whose source is behind the CE loses its tags and goes to the encap stage
+//! ([`encap::deliver`]: TTL, the VNet's route lookup, the VM's MAC, VXLAN to its host).
+//!
+//! Toward the CE ([`to_ce`], called by the graph for IP frames from a VNet's hosts): when the
+//! destination is behind one of the VNet's attachments, the packet is tagged and sent to the
+//! CE's MAC on the attachment's interface, before any IPsec tunnel is considered (the two can
+//! serve one VNet together: prefixes behind the CE go to the CE, the rest to the tunnels).
+//!
+//! Frames to the CE are written into the send batch under the interface's socket index
+//! ([`packet_sock`]), so they leave in the lane's order with the batch's `sendmmsg`.
+
+use super::encap;
+use crate::attach::{self, Attachment, Request};
+use crate::batch::UNSPECIFIED;
+use crate::inner::{self, InnerIp};
+use crate::out::{Out, PACKET_SOCK_BASE};
+use crate::routes::Routes;
+use crate::shared::Shared;
+use crate::stats::DropReason;
+use crate::tables::Tables;
+use crate::vnet::nd::NdOut;
+use crate::vnet::Vnet;
+use std::net::IpAddr;
+use std::time::Instant;
+use wire::arp::{ArpPacket, ArpRepr};
+use wire::ethernet::{EtherType, EthernetAddress};
+use wire::ip::{IpProtocol, IpVersion, Ipv6Packet};
+use wire::ndp::{NdpRepr, ICMPV6_NEIGHBOR_ADVERT, ICMPV6_NEIGHBOR_SOLICIT};
+
+/// Shortest Ethernet frame without FCS: ARP and ND answers are padded to it.
+const MIN_FRAME: usize = 60;
+
+/// The send batch's socket index of packet interface `iface`.
+pub(crate) fn packet_sock(iface: usize) -> usize {
+    PACKET_SOCK_BASE + iface
+}
+
+/// A frame received from a CE on packet interface `iface`.
+pub(crate) fn from_ce(
+    o: &mut Out,
+    sh: &Shared,
+    t: &Tables,
+    r: &Routes,
+    now: Instant,
+    iface: usize,
+    frame: &mut [u8],
+) {
+    let tagged = match attach::read_tags(frame) {
+        Ok(t) => t,
+        Err(reason) => return o.drop_packet(reason),
+    };
+    let (s_tag, c_tag) = tagged.tags;
+    let Some(a) = sh.attach.find((iface, s_tag, c_tag)) else {
+        return o.drop_packet(DropReason::AttachUnknownTags);
+    };
+    let Some(vnet) = t.attach.vnet.get(a.index).copied().flatten() else {
+        return o.drop_packet(DropReason::AttachNoVnet);
+    };
+    let start = tagged.payload;
+    match tagged.ethertype {
+        EtherType::ARP => {
+            if tagged.dst != a.mac && !tagged.dst.is_broadcast() {
+                return o.drop_packet(DropReason::NeighIgnored);
+            }
+            arp(o, sh, a, &frame[start..]);
+        }
+        EtherType::IPV4 | EtherType::IPV6 => {
+            let Some(parsed) = InnerIp::parse(&frame[start..]) else {
+                return o.drop_packet(DropReason::AttachMalformed);
+            };
+            let version_matches = match parsed.version {
+                IpVersion::V4 => tagged.ethertype == EtherType::IPV4,
+                IpVersion::V6 => tagged.ethertype == EtherType::IPV6,
+            };
+            if !version_matches {
+                return o.drop_packet(DropReason::AttachEthertype);
+            }
+            let pkt = &mut frame[start..start + parsed.len];
+            let is_nd = parsed.version == IpVersion::V6
+                && parsed.flow.proto == IpProtocol::ICMPV6.0
+                && matches!(
+                    parsed.flow.icmp_type(),
+                    Some(ICMPV6_NEIGHBOR_SOLICIT | ICMPV6_NEIGHBOR_ADVERT)
+                );
+            if is_nd {
+                if tagged.dst != a.mac && !tagged.dst.is_multicast() {
+                    return o.drop_packet(DropReason::NeighIgnored);
+                }
+                return nd(o, sh, a, tagged.src, pkt);
+            }
+            if tagged.dst != a.mac {
+                return o.drop_packet(DropReason::AttachNotForGateway);
+            }
+            let src = parsed.flow.src;
+            if !a.is_behind(src) {
+                return o.drop_packet(DropReason::AttachSource);
+            }
+            if a.teaches(src) {
+                a.learn_ce(tagged.src);
+            }
+            encap::deliver(o, sh, t, r, now, vnet, pkt, &parsed, || Ok(()));
+        }
+        _ => o.drop_packet(DropReason::AttachEthertype),
+    }
+}
+
+/// An ARP packet from the CE's side.
+fn arp(o: &mut Out, sh: &Shared, a: &Attachment, payload: &[u8]) {
+    let Ok(repr) = ArpPacket::new_checked(payload).and_then(|p| ArpRepr::parse(&p)) else {
+        return o.drop_packet(DropReason::NeighIgnored);
+    };
+    let (reply, learn) = a.arp(&repr);
+    if learn {
+        a.learn_ce(repr.source_hardware_addr);
+    }
+    match reply {
+        Some(r) => send_frame(
+            o,
+            sh,
+            a,
+            r.target_hardware_addr,
+            EtherType::ARP,
+            r.buffer_len(),
+            |b| r.emit(b).ok(),
+        ),
+        None if !learn => o.drop_packet(DropReason::NeighIgnored),
+        None => {}
+    }
+}
+
+/// A neighbour solicitation or advertisement from the CE's side (`pkt`: the IPv6 packet).
+fn nd(o: &mut Out, sh: &Shared, a: &Attachment, frame_src: EthernetAddress, pkt: &[u8]) {
+    let Ok(p) = Ipv6Packet::new_checked(pkt) else {
+        return o.drop_packet(DropReason::NeighIgnored);
+    };
+    let src = p.src_addr();
+    let Ok(msg) = NdpRepr::parse(&src, &p.dst_addr(), p.hop_limit(), p.payload()) else {
+        return o.drop_packet(DropReason::NeighIgnored);
+    };
+    let (reply, learn) = a.nd(src, frame_src, &msg);
+    if let Some(mac) = learn {
+        a.learn_ce(mac);
+    }
+    match reply {
+        Some(r) => send_nd(o, sh, a, &r),
+        None if learn.is_none() => o.drop_packet(DropReason::NeighIgnored),
+        None => {}
+    }
+}
+
+fn send_nd(o: &mut Out, sh: &Shared, a: &Attachment, r: &NdOut) {
+    send_frame(
+        o,
+        sh,
+        a,
+        EthernetAddress(r.dst_mac),
+        EtherType::IPV6,
+        r.len(),
+        |b| r.emit(b),
+    );
+}
+
+/// Sends a frame built by `write` (which returns the payload length) to `dst` on the
+/// attachment's interface, tagged, padded to the Ethernet minimum.
+#[allow(clippy::too_many_arguments)]
+fn send_frame(
+    o: &mut Out,
+    sh: &Shared,
+    a: &Attachment,
+    dst: EthernetAddress,
+    ethertype: EtherType,
+    payload_len: usize,
+    write: impl FnOnce(&mut [u8]) -> Option<usize>,
+) {
+    let hdr = attach::header_len(a.tags);
+    let max = (hdr + payload_len).max(MIN_FRAME);
+    let Some(room) = o.room(sh, max) else { return };
+    attach::write_header(room, a.tags, dst, a.mac, ethertype);
+    let Some(n) = write(&mut room[hdr..max]) else {
+        return o.drop_packet(DropReason::TooBig);
+    };
+    let len = (hdr + n).max(MIN_FRAME);
+    room[hdr + n..len].fill(0);
+    o.tx.commit(packet_sock(a.iface), UNSPECIFIED, len);
+}
+
+/// An IP packet from a host of `vnet` (`host`, already checked to be one of the VNet's) to
+/// the gateway: if its destination is behind one of the VNet's attachments, it is sent to
+/// that CE (true, whatever became of it); false: not the attachments' business.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn to_ce(
+    o: &mut Out,
+    sh: &Shared,
+    t: &Tables,
+    r: &Routes,
+    now: Instant,
+    vnet: &Vnet,
+    host: IpAddr,
+    pkt: &mut [u8],
+    parsed: &InnerIp,
+) -> bool {
+    let Some(a) = t.attach.toward(vnet.index, parsed.flow.dst) else {
+        return false;
+    };
+    // Only the VNet's own VMs (by its routes) speak to the CE through this host.
+    if !vnet.lives_behind(r, parsed.flow.src, host) {
+        o.drop_packet(DropReason::AttachVnetSource);
+        return true;
+    }
+    if !inner::decrement_hop(pkt) {
+        o.drop_packet(DropReason::TtlExceeded);
+        return true;
+    }
+    let Some(mac) = a.ce_mac() else {
+        if let Some(ce) = a.ce_ip {
+            if a.request_due(now) {
+                match a.request(ce) {
+                    Request::Arp(r) => send_frame(
+                        o,
+                        sh,
+                        a,
+                        EthernetAddress::BROADCAST,
+                        EtherType::ARP,
+                        r.buffer_len(),
+                        |b| r.emit(b).ok(),
+                    ),
+                    Request::Nd(ns) => send_nd(o, sh, a, &ns),
+                    Request::None => {}
+                }
+            }
+        }
+        o.drop_packet(DropReason::AttachCeUnresolved);
+        return true;
+    };
+    let ethertype = match parsed.version {
+        IpVersion::V4 => EtherType::IPV4,
+        IpVersion::V6 => EtherType::IPV6,
+    };
+    let hdr = attach::header_len(a.tags);
+    let len = hdr + pkt.len();
+    let Some(room) = o.room(sh, len) else {
+        return true;
+    };
+    attach::write_header(room, a.tags, mac, a.mac, ethertype);
+    room[hdr..len].copy_from_slice(pkt);
+    o.tx.commit(packet_sock(a.iface), UNSPECIFIED, len);
+    true
+}

@@ -1,0 +1,581 @@
+//! The per-VM overlay routes (issue 16 §2): the exact-match table (VNet, VM address) -> host
+//! VTEP of the `overlay` crate, beside each VNet's prefix routes (an exact entry wins), and
+//! its publication to the workers while they forward.
+//!
+//! Publication is left-right (the `left-right` crate): two copies of [`Routes`]. Workers read
+//! one copy, entered once per batch ([`RouteReader::enter`]: an epoch counter of their own,
+//! no lock, no shared cache line written). The writer ([`RouteWriter`], one, behind a mutex in
+//! `Shared`) applies a change to the other copy, swaps the pointer readers load, waits until
+//! every worker that was inside the old copy has finished its batch, then replays the change
+//! on it. A batch therefore sees the table before a change or after it, never a part of it;
+//! a change is visible to every batch that starts after the swap (so a moved VM's next packet
+//! goes to its new host); and a packet is never looked up in a copy being changed. Memory is
+//! twice the table (2 × 15 bytes per IPv4 entry at the table's reserved load factor).
+//!
+//! A bulk load is one operation over the route file's text: the writer parses and resolves
+//! the whole file first (a bad line changes nothing), then the operation inserts the entries
+//! into one copy and is published; the other copy, once readers left it, becomes a memory
+//! copy of the new one (a second publish, right away, so that the next single change does
+//! not wait for it). Single changes are replayed, as left-right does.
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use datapath::{DataplaneError, RouteChange, RouteChangeReport, RouteStats, VnetRouteStats};
+use ids::TenantId;
+use left_right::{Absorb, ReadGuard, ReadHandle, ReadHandleFactory, WriteHandle};
+#[cfg(test)]
+use overlay::Family;
+use overlay::{Key, OverlayTable, Value, VnetId, Vni};
+use rustc_hash::FxHashMap;
+
+/// One copy of the per-VM routes: the table and, per VNet, its entries by host (the hosts of
+/// a VNet's entries are accepted as VXLAN senders in it, as the hosts of its prefix routes
+/// are) and its entry counts.
+#[derive(Clone, Default)]
+pub(crate) struct Routes {
+    table: OverlayTable,
+    /// Entries of each (VNet, host) pair.
+    hosts: FxHashMap<(VnetId, IpAddr), u32>,
+    /// IPv4 and IPv6 entries of each VNet.
+    counts: FxHashMap<VnetId, [usize; 2]>,
+}
+
+/// Where the entries of a bulk operation come from: read twice, once per copy.
+pub(crate) trait Source: Send + Sync {
+    /// Entries expected (IPv4, IPv6), to reserve room.
+    fn size(&self) -> (usize, usize);
+    /// Calls `f` with every entry.
+    fn each(&self, f: &mut dyn FnMut(Key, IpAddr));
+}
+
+/// A change of both copies, applied to one and later replayed on the other.
+pub(crate) enum Op {
+    /// Gives a VNet its VNI (it may then have entries).
+    SetVnet(VnetId, Vni),
+    /// Removes a VNet and its entries.
+    RemoveVnet(VnetId),
+    /// Adds or replaces an entry.
+    Insert(Key, IpAddr),
+    /// Removes an entry.
+    Remove(Key),
+    /// Adds or replaces many entries.
+    Bulk(Arc<dyn Source>),
+}
+
+impl Routes {
+    /// The host of `dst` in VNet `vnet` by its exact entry.
+    #[inline]
+    pub(crate) fn exact(&self, vnet: VnetId, dst: IpAddr) -> Option<IpAddr> {
+        if self.table.is_empty() {
+            return None;
+        }
+        self.table.get(&Key::new(vnet, dst)).map(|v| v.host)
+    }
+
+    /// True if there are no per-VM entries (the lookup stage then asks the prefixes only).
+    #[inline]
+    pub(crate) fn is_empty(&self) -> bool {
+        self.table.is_empty()
+    }
+
+    /// Looks up every key of `keys` (at most `overlay::BATCH` per prefetched group), writing
+    /// to `out`; nothing when the table is empty.
+    pub(crate) fn exact_batch(&self, keys: &[Key], out: &mut [Option<Value>]) {
+        if self.table.is_empty() {
+            out.fill(None);
+            return;
+        }
+        if self.table.get_batch(keys, out).is_err() {
+            out.fill(None);
+        }
+    }
+
+    /// True if some entry of VNet `vnet` points at `host`.
+    pub(crate) fn has_host(&self, vnet: VnetId, host: IpAddr) -> bool {
+        !self.hosts.is_empty() && self.hosts.contains_key(&(vnet, host))
+    }
+
+    /// Entries of `vnet`, (IPv4, IPv6).
+    fn count(&self, vnet: VnetId) -> [usize; 2] {
+        self.counts.get(&vnet).copied().unwrap_or_default()
+    }
+
+    fn insert(&mut self, key: Key, host: IpAddr) {
+        match self.table.insert(key, host) {
+            Ok(old) => {
+                match old {
+                    Some(old) => self.unref(key.vnet, old.host),
+                    None => self.counts.entry(key.vnet).or_default()[family(key.addr)] += 1,
+                }
+                *self.hosts.entry((key.vnet, host)).or_default() += 1;
+            }
+            // The writer checked the entry; only memory can fail here.
+            Err(e) => {
+                tracing::error!(vnet = %key.vnet, address = %key.addr, error = %e, "overlay entry not added")
+            }
+        }
+    }
+
+    fn remove(&mut self, key: &Key) {
+        if let Some(old) = self.table.remove(key) {
+            self.unref(key.vnet, old.host);
+            if let Some(c) = self.counts.get_mut(&key.vnet) {
+                c[family(key.addr)] = c[family(key.addr)].saturating_sub(1);
+            }
+        }
+    }
+
+    fn unref(&mut self, vnet: VnetId, host: IpAddr) {
+        if let Some(n) = self.hosts.get_mut(&(vnet, host)) {
+            *n -= 1;
+            if *n == 0 {
+                self.hosts.remove(&(vnet, host));
+            }
+        }
+    }
+
+    fn apply(&mut self, op: &Op) {
+        match op {
+            Op::SetVnet(vnet, vni) => {
+                if let Err(e) = self.table.set_vnet(*vnet, *vni) {
+                    tracing::error!(%vnet, error = %e, "overlay VNet not set");
+                }
+            }
+            Op::RemoveVnet(vnet) => {
+                self.table.remove_vnet(*vnet);
+                self.hosts.retain(|(v, _), _| v != vnet);
+                self.counts.remove(vnet);
+            }
+            Op::Insert(key, host) => self.insert(*key, *host),
+            Op::Remove(key) => self.remove(key),
+            Op::Bulk(source) => {
+                let (v4, v6) = source.size();
+                if let Err(e) = self.table.reserve(v4, v6) {
+                    tracing::warn!(error = %e, "no room reserved for a bulk load; the table grows as it goes");
+                }
+                source.each(&mut |key, host| self.insert(key, host));
+            }
+        }
+    }
+}
+
+fn family(a: IpAddr) -> usize {
+    usize::from(a.is_ipv6())
+}
+
+impl Absorb<Op> for Routes {
+    fn absorb_first(&mut self, op: &mut Op, _other: &Self) {
+        self.apply(op);
+    }
+
+    /// A bulk change is not replayed but copied: `other` holds it (and possibly the changes
+    /// after it, which are replayed next and, all being overwrites, leave the same state),
+    /// and a copy of the table is a memory copy where a replay parses and inserts again.
+    fn absorb_second(&mut self, op: Op, other: &Self) {
+        match op {
+            Op::Bulk(_) => {
+                // Free this copy first: three copies of a large table at once are not needed.
+                *self = Routes::default();
+                *self = other.clone();
+            }
+            op => self.apply(&op),
+        }
+    }
+
+    fn sync_with(&mut self, first: &Self) {
+        self.clone_from(first);
+    }
+}
+
+/// A worker's handle on the published routes.
+pub(crate) struct RouteReader(ReadHandle<Routes>);
+
+/// The routes a batch reads: valid until dropped (drop it when the batch is done, or the
+/// writer waits).
+pub(crate) type RouteGuard<'a> = ReadGuard<'a, Routes>;
+
+/// An empty table, for the (never expected) case that the writer is gone.
+static EMPTY: std::sync::LazyLock<Routes> = std::sync::LazyLock::new(Routes::default);
+
+impl RouteReader {
+    /// Enters the current copy for one batch.
+    pub(crate) fn enter(&self) -> Option<RouteGuard<'_>> {
+        self.0.enter()
+    }
+
+    /// The empty table (a reader whose writer is gone reads this).
+    pub(crate) fn empty() -> &'static Routes {
+        &EMPTY
+    }
+}
+
+/// Makes [`RouteReader`]s (shared by the threads).
+pub(crate) struct RouteReaders(ReadHandleFactory<Routes>);
+
+impl RouteReaders {
+    /// A reader for one worker thread.
+    pub(crate) fn reader(&self) -> RouteReader {
+        RouteReader(self.0.handle())
+    }
+}
+
+/// The one writer of the routes: the VNets' numbers and the changes.
+pub(crate) struct RouteWriter {
+    w: WriteHandle<Routes, Op>,
+    /// The number of every (tenant, VNet name) seen, kept for the process's life.
+    ids: HashMap<(TenantId, String), VnetId>,
+    /// The configured VNets, in configuration order, with their numbers and VNIs.
+    vnets: Vec<(TenantId, String, VnetId, Vni)>,
+}
+
+/// The configured VNets by name, for resolving route files (few: a scan, no allocation).
+#[derive(Clone)]
+struct Names(Vec<(String, String, VnetId)>);
+
+impl Names {
+    fn get(&self, tenant: &str, vnet: &str) -> Option<VnetId> {
+        self.0
+            .iter()
+            .find(|(t, v, _)| t == tenant && v == vnet)
+            .map(|(_, _, id)| *id)
+    }
+}
+
+/// A route file's entries, resolved to VNet numbers (the file's text, parsed on each read:
+/// no list of parsed entries is held).
+struct FileSource {
+    text: Arc<str>,
+    vnets: Names,
+    size: (usize, usize),
+}
+
+impl Source for FileSource {
+    fn size(&self) -> (usize, usize) {
+        self.size
+    }
+
+    fn each(&self, f: &mut dyn FnMut(Key, IpAddr)) {
+        let lookup = |t: &str, v: &str| self.vnets.get(t, v);
+        for (key, host) in overlay::resolve_routes(&self.text, lookup).flatten() {
+            f(key, host);
+        }
+    }
+}
+
+/// A snapshot's entries of the VNets still configured (read again on each pass: no list of
+/// entries is held).
+struct SnapshotSource {
+    bytes: Arc<[u8]>,
+    /// The number of each of the snapshot's VNets, None for one no longer configured.
+    ids: Vec<Option<VnetId>>,
+    size: (usize, usize),
+}
+
+impl SnapshotSource {
+    /// Calls `f` with each usable entry, and `skip` for each other one.
+    fn scan(&self, f: &mut dyn FnMut(Key, IpAddr), skip: &mut dyn FnMut()) {
+        let Ok(snap) = overlay::read_snapshot(&self.bytes) else {
+            return;
+        };
+        for (vnet, addr, host) in snap.entries().flatten() {
+            match self.ids.get(vnet as usize).copied().flatten() {
+                Some(id) if unicast(addr) && unicast(host) => f(Key::new(id, addr), host),
+                _ => skip(),
+            }
+        }
+    }
+}
+
+impl Source for SnapshotSource {
+    fn size(&self) -> (usize, usize) {
+        self.size
+    }
+
+    fn each(&self, f: &mut dyn FnMut(Key, IpAddr)) {
+        self.scan(f, &mut || {});
+    }
+}
+
+fn route_err(line: Option<usize>, field: Option<&'static str>, reason: String) -> DataplaneError {
+    DataplaneError::Route {
+        line,
+        field,
+        reason,
+    }
+}
+
+impl RouteWriter {
+    /// An empty table, its writer and the factory of its readers.
+    pub(crate) fn new() -> (Self, RouteReaders) {
+        let (w, r) = left_right::new_from_empty::<Routes, Op>(Routes::default());
+        let readers = RouteReaders(r.factory());
+        (
+            Self {
+                w,
+                ids: HashMap::new(),
+                vnets: Vec::new(),
+            },
+            readers,
+        )
+    }
+
+    /// The number of VNet (`tenant`, `name`), given on first sight.
+    pub(crate) fn vnet_id(&mut self, tenant: &TenantId, name: &str) -> VnetId {
+        let next = VnetId(self.ids.len() as u32);
+        *self
+            .ids
+            .entry((tenant.clone(), name.to_owned()))
+            .or_insert(next)
+    }
+
+    /// The number VNet (`tenant`, `name`) has or would get, without giving it one.
+    pub(crate) fn peek_id(&self, tenant: &TenantId, name: &str) -> VnetId {
+        self.ids
+            .get(&(tenant.clone(), name.to_owned()))
+            .copied()
+            .unwrap_or(VnetId(self.ids.len() as u32))
+    }
+
+    /// The configured VNets changed (in configuration order, with their numbers and VNIs):
+    /// VNets no longer configured lose their entries, the others get their VNIs.
+    pub(crate) fn set_vnets(&mut self, vnets: Vec<(TenantId, String, VnetId, Vni)>) {
+        for (_, _, old, _) in &self.vnets {
+            if !vnets.iter().any(|(_, _, id, _)| id == old) {
+                self.w.append(Op::RemoveVnet(*old));
+            }
+        }
+        for (_, _, id, vni) in &vnets {
+            let same = self
+                .vnets
+                .iter()
+                .any(|(_, _, old, old_vni)| old == id && old_vni == vni);
+            if !same {
+                self.w.append(Op::SetVnet(*id, *vni));
+            }
+        }
+        self.vnets = vnets;
+        self.publish();
+    }
+
+    /// Publishes what was appended, and replays it on the other copy at once so the next
+    /// change finds both copies current.
+    /// (Always both: before the first publication `left-right` applies changes to the
+    /// unpublished copy directly, with nothing pending to tell.)
+    fn publish(&mut self) {
+        self.w.publish();
+        self.w.publish();
+    }
+
+    /// The number of a configured VNet.
+    fn configured(&self, tenant: &str, vnet: &str) -> Option<VnetId> {
+        self.vnets
+            .iter()
+            .find(|(t, v, _, _)| t.as_str() == tenant && v == vnet)
+            .map(|(_, _, id, _)| *id)
+    }
+
+    fn configured_or_err(&self, tenant: &str, vnet: &str) -> Result<VnetId, DataplaneError> {
+        self.configured(tenant, vnet).ok_or_else(|| {
+            route_err(
+                None,
+                Some("vnet"),
+                format!("no VNet {vnet:?} of tenant {tenant:?} is configured"),
+            )
+        })
+    }
+
+    /// Applies `change` (validated whole first).
+    pub(crate) fn change(
+        &mut self,
+        change: RouteChange,
+    ) -> Result<RouteChangeReport, DataplaneError> {
+        let mut report = RouteChangeReport::default();
+        match change {
+            RouteChange::Add(r) => {
+                let vnet = self.configured_or_err(r.tenant.as_str(), &r.vnet)?;
+                for (field, a) in [("address", r.address), ("host", r.host)] {
+                    if !unicast(a) {
+                        return Err(route_err(
+                            None,
+                            Some(field),
+                            format!("{a} is not a unicast address"),
+                        ));
+                    }
+                }
+                let key = Key::new(vnet, r.address);
+                if self.read(|t| t.exact(vnet, r.address)).is_some() {
+                    report.replaced = 1;
+                } else {
+                    report.added = 1;
+                }
+                self.w.append(Op::Insert(key, r.host));
+            }
+            RouteChange::Del {
+                tenant,
+                vnet,
+                address,
+            } => {
+                let vnet = self.configured_or_err(tenant.as_str(), &vnet)?;
+                if self.read(|t| t.exact(vnet, address)).is_none() {
+                    return Err(route_err(
+                        None,
+                        Some("address"),
+                        format!("no entry for {address} in that VNet"),
+                    ));
+                }
+                report.removed = 1;
+                self.w.append(Op::Remove(Key::new(vnet, address)));
+            }
+            RouteChange::Load(text) => {
+                let vnets = Names(
+                    self.vnets
+                        .iter()
+                        .map(|(t, v, id, _)| (t.as_str().to_owned(), v.clone(), *id))
+                        .collect(),
+                );
+                let (mut v4, mut v6) = (0, 0);
+                {
+                    let lookup = |t: &str, v: &str| vnets.get(t, v);
+                    for entry in overlay::resolve_routes(&text, lookup) {
+                        let (key, _) = entry.map_err(|e| {
+                            route_err(
+                                Some(e.line),
+                                e.field.map(|f| f.name()),
+                                e.problem.to_string(),
+                            )
+                        })?;
+                        if key.addr.is_ipv6() {
+                            v6 += 1;
+                        } else {
+                            v4 += 1;
+                        }
+                    }
+                }
+                // Added: the growth of the table; replaced: the other lines (a file naming
+                // an address twice counts the second as replacing the first).
+                let before = self.read(|t| t.table.len());
+                self.w.append(Op::Bulk(Arc::new(FileSource {
+                    text,
+                    vnets,
+                    size: (v4, v6),
+                })));
+                self.publish();
+                report.added = self.read(|t| t.table.len()).saturating_sub(before);
+                report.replaced = (v4 + v6).saturating_sub(report.added);
+                return Ok(report);
+            }
+            RouteChange::Restore(bytes) => {
+                let snap = overlay::read_snapshot(&bytes)
+                    .map_err(|e| route_err(None, None, e.to_string()))?;
+                let ids: Vec<Option<VnetId>> = snap
+                    .vnets
+                    .iter()
+                    .map(|(t, v)| self.configured(t, v))
+                    .collect();
+                // Checked whole (structure, hash) above; read again into each copy.
+                let mut source = SnapshotSource {
+                    bytes: Arc::clone(&bytes),
+                    ids,
+                    size: (0, 0),
+                };
+                let (mut v4, mut v6, mut skipped) = (0, 0, 0);
+                source.scan(
+                    &mut |k, _| {
+                        if k.addr.is_ipv6() {
+                            v6 += 1;
+                        } else {
+                            v4 += 1;
+                        }
+                    },
+                    &mut || skipped += 1,
+                );
+                source.size = (v4, v6);
+                report.added = v4 + v6;
+                report.skipped = skipped;
+                self.w.append(Op::Bulk(Arc::new(source)));
+            }
+        }
+        self.publish();
+        Ok(report)
+    }
+
+    /// Reads the published copy (the writer's own read handle).
+    fn read<R>(&self, f: impl FnOnce(&Routes) -> R) -> R {
+        match self.w.enter() {
+            Some(g) => f(&g),
+            None => f(RouteReader::empty()),
+        }
+    }
+
+    /// Writes the compact snapshot of every entry of a configured VNet (see
+    /// `overlay::snapshot`); returns the entries written.
+    pub(crate) fn write_snapshot(
+        &self,
+        out: &mut dyn std::io::Write,
+    ) -> Result<usize, DataplaneError> {
+        let names: Vec<(&str, &str)> = self
+            .vnets
+            .iter()
+            .map(|(t, v, _, _)| (t.as_str(), v.as_str()))
+            .collect();
+        let index: FxHashMap<VnetId, u32> = self
+            .vnets
+            .iter()
+            .enumerate()
+            .map(|(i, (_, _, id, _))| (*id, i as u32))
+            .collect();
+        self.read(|t| {
+            let entries = t
+                .table
+                .iter()
+                .filter_map(|(k, v)| Some((*index.get(&k.vnet)?, k.addr, v.host)));
+            let count = t
+                .table
+                .iter()
+                .filter(|(k, _)| index.contains_key(&k.vnet))
+                .count();
+            overlay::write_snapshot(out, &names, count, entries)
+                .map_err(|e| route_err(None, None, format!("cannot write the route snapshot: {e}")))
+        })
+    }
+
+    /// Entries per configured VNet, hosts and memory (both copies).
+    pub(crate) fn stats(&self) -> RouteStats {
+        self.read(|t| RouteStats {
+            vnets: self
+                .vnets
+                .iter()
+                .map(|(tenant, vnet, id, _)| {
+                    let [v4, v6] = t.count(*id);
+                    VnetRouteStats {
+                        tenant: tenant.as_str().to_owned(),
+                        vnet: vnet.clone(),
+                        v4,
+                        v6,
+                    }
+                })
+                .collect(),
+            entries: t.table.len(),
+            hosts: t.table.hosts(),
+            memory_bytes: 2
+                * (t.table.memory_bytes()
+                    + t.hosts.capacity() * (std::mem::size_of::<((VnetId, IpAddr), u32)>() + 1)),
+        })
+    }
+
+    /// Entries of `family` (tests).
+    #[cfg(test)]
+    pub(crate) fn len_of(&self, family: Family) -> usize {
+        self.read(|t| t.table.len_of(family))
+    }
+}
+
+/// Whether `a` can be a VM's or a host's unicast address (as the route file parser checks).
+fn unicast(a: IpAddr) -> bool {
+    !(a.is_unspecified() || a.is_multicast() || matches!(a, IpAddr::V4(v4) if v4.is_broadcast()))
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,325 @@
+use super::*;
+use crate::vnet::Vnet;
+use datapath::{Route, VmRoute, VnetConfig};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+fn ip(s: &str) -> IpAddr {
+    s.parse().expect("ip")
+}
+
+fn tenant(s: &str) -> TenantId {
+    TenantId::new(s).expect("tenant")
+}
+
+/// VNet `name` of `tenant` with VNI `vni`: 10.0.0.0/24 behind 192.0.2.1.
+fn cfg(tenant_name: &str, name: &str, vni: u32) -> VnetConfig {
+    VnetConfig {
+        tenant: tenant(tenant_name),
+        name: name.into(),
+        vni,
+        gateway_ips: vec![ip("10.0.0.1")],
+        vtep: ip("192.0.2.100"),
+        routes: vec![Route {
+            prefix: ip("10.0.0.0"),
+            len: 24,
+            host: ip("192.0.2.1"),
+        }],
+    }
+}
+
+/// A writer with VNets `acme/prod` (VNI 100) and `globex/main` (VNI 200), and their runtime
+/// VNets.
+fn setup() -> (RouteWriter, RouteReaders, Vec<Vnet>) {
+    let (mut w, readers) = RouteWriter::new();
+    let mut vnets = Vec::new();
+    let mut list = Vec::new();
+    for (i, (t, n, vni)) in [("acme", "prod", 100), ("globex", "main", 200)]
+        .into_iter()
+        .enumerate()
+    {
+        let c = cfg(t, n, vni);
+        let key = w.vnet_id(&c.tenant, &c.name);
+        let v = Vnet::new(i, &c, 0, key).expect("valid");
+        list.push((c.tenant.clone(), c.name.clone(), key, v.vni));
+        vnets.push(v);
+    }
+    w.set_vnets(list);
+    (w, readers, vnets)
+}
+
+fn add(w: &mut RouteWriter, t: &str, v: &str, addr: &str, host: &str) -> RouteChangeReport {
+    w.change(RouteChange::Add(VmRoute {
+        tenant: tenant(t),
+        vnet: v.into(),
+        address: ip(addr),
+        host: ip(host),
+    }))
+    .expect("added")
+}
+
+fn del(
+    w: &mut RouteWriter,
+    t: &str,
+    v: &str,
+    addr: &str,
+) -> Result<RouteChangeReport, DataplaneError> {
+    w.change(RouteChange::Del {
+        tenant: tenant(t),
+        vnet: v.into(),
+        address: ip(addr),
+    })
+}
+
+fn route(readers: &RouteReaders, vnet: &Vnet, dst: &str) -> Option<IpAddr> {
+    let r = readers.reader();
+    let g = r.enter().expect("writer alive");
+    vnet.route(&g, ip(dst))
+}
+
+#[test]
+fn an_exact_entry_beats_the_prefix_and_a_delete_falls_back() {
+    let (mut w, readers, vnets) = setup();
+    let prod = &vnets[0];
+    assert_eq!(route(&readers, prod, "10.0.0.7"), Some(ip("192.0.2.1")));
+    assert_eq!(
+        add(&mut w, "acme", "prod", "10.0.0.7", "192.0.2.50").added,
+        1
+    );
+    assert_eq!(route(&readers, prod, "10.0.0.7"), Some(ip("192.0.2.50")));
+    assert_eq!(
+        route(&readers, prod, "10.0.0.8"),
+        Some(ip("192.0.2.1")),
+        "neighbour untouched"
+    );
+    // An entry outside every prefix is reached too.
+    add(&mut w, "acme", "prod", "172.16.0.9", "192.0.2.51");
+    assert_eq!(route(&readers, prod, "172.16.0.9"), Some(ip("192.0.2.51")));
+    // Its host is an accepted VXLAN sender in this VNet (and only in it).
+    let r = readers.reader();
+    {
+        let g = r.enter().expect("alive");
+        assert!(prod.accepts_host(&g, ip("192.0.2.51")));
+        assert!(!vnets[1].accepts_host(&g, ip("192.0.2.51")));
+        assert!(prod.lives_behind(&g, ip("10.0.0.7"), ip("192.0.2.50")));
+        assert!(!prod.lives_behind(&g, ip("10.0.0.7"), ip("192.0.2.1")));
+    }
+    assert_eq!(
+        del(&mut w, "acme", "prod", "10.0.0.7")
+            .expect("deleted")
+            .removed,
+        1
+    );
+    assert_eq!(
+        route(&readers, prod, "10.0.0.7"),
+        Some(ip("192.0.2.1")),
+        "prefix again"
+    );
+    assert!(matches!(
+        del(&mut w, "acme", "prod", "10.0.0.7"),
+        Err(DataplaneError::Route {
+            field: Some("address"),
+            ..
+        })
+    ));
+}
+
+#[test]
+fn a_moved_vm_is_found_at_its_new_host() {
+    let (mut w, readers, vnets) = setup();
+    add(&mut w, "acme", "prod", "10.0.0.7", "192.0.2.50");
+    let r = add(&mut w, "acme", "prod", "10.0.0.7", "192.0.2.60");
+    assert_eq!((r.added, r.replaced), (0, 1));
+    assert_eq!(
+        route(&readers, &vnets[0], "10.0.0.7"),
+        Some(ip("192.0.2.60"))
+    );
+    let g = readers.reader();
+    let g = g.enter().expect("alive");
+    assert!(
+        !vnets[0].accepts_host(&g, ip("192.0.2.50")),
+        "old host no longer referenced"
+    );
+    assert!(vnets[0].accepts_host(&g, ip("192.0.2.60")));
+}
+
+#[test]
+fn identical_addresses_in_two_vnets_are_kept_apart() {
+    let (mut w, readers, vnets) = setup();
+    add(&mut w, "acme", "prod", "10.0.0.7", "192.0.2.50");
+    add(&mut w, "globex", "main", "10.0.0.7", "192.0.2.70");
+    assert_eq!(
+        route(&readers, &vnets[0], "10.0.0.7"),
+        Some(ip("192.0.2.50"))
+    );
+    assert_eq!(
+        route(&readers, &vnets[1], "10.0.0.7"),
+        Some(ip("192.0.2.70"))
+    );
+    del(&mut w, "globex", "main", "10.0.0.7").expect("deleted");
+    assert_eq!(
+        route(&readers, &vnets[0], "10.0.0.7"),
+        Some(ip("192.0.2.50"))
+    );
+    assert_eq!(
+        route(&readers, &vnets[1], "10.0.0.7"),
+        Some(ip("192.0.2.1"))
+    );
+    let st = w.stats();
+    assert_eq!((st.entries, st.vnets[0].v4, st.vnets[1].v4), (1, 1, 0));
+}
+
+#[test]
+fn a_bad_file_changes_nothing_and_names_its_line() {
+    let (mut w, readers, vnets) = setup();
+    let text =
+        "tenant,vnet,address,host\nacme,prod,10.0.0.7,192.0.2.50\nacme,prod,10.0.0.8,not-an-ip\n";
+    match w.change(RouteChange::Load(text.into())) {
+        Err(DataplaneError::Route {
+            line: Some(3),
+            field: Some("host"),
+            ..
+        }) => {}
+        other => panic!("unexpected {other:?}"),
+    }
+    let unknown = "acme,prod,10.0.0.7,192.0.2.50\nacme,staging,10.0.0.8,192.0.2.50\n";
+    let e = w
+        .change(RouteChange::Load(unknown.into()))
+        .expect_err("unknown VNet");
+    assert!(e.to_string().starts_with("line 2, field vnet:"), "{e}");
+    assert_eq!(w.stats().entries, 0);
+    assert_eq!(
+        route(&readers, &vnets[0], "10.0.0.7"),
+        Some(ip("192.0.2.1"))
+    );
+    let good = "acme,prod,10.0.0.7,192.0.2.50\n{\"tenant\":\"globex\",\"vnet\":\"main\",\"address\":\"fd00::7\",\"host\":\"192.0.2.70\"}\n";
+    let r = w.change(RouteChange::Load(good.into())).expect("loaded");
+    assert_eq!(r.added, 2);
+    assert_eq!(w.len_of(Family::V4) + w.len_of(Family::V6), 2);
+    assert_eq!(
+        route(&readers, &vnets[1], "fd00::7"),
+        Some(ip("192.0.2.70"))
+    );
+}
+
+#[test]
+fn snapshot_restores_and_skips_vnets_gone() {
+    let (mut w, _readers, _vnets) = setup();
+    add(&mut w, "acme", "prod", "10.0.0.7", "192.0.2.50");
+    add(&mut w, "globex", "main", "10.0.0.7", "192.0.2.70");
+    let mut snap = Vec::new();
+    assert_eq!(w.write_snapshot(&mut snap).expect("written"), 2);
+    // A new node where only acme/prod is configured.
+    let (mut w2, readers2) = RouteWriter::new();
+    let c = cfg("acme", "prod", 100);
+    let key = w2.vnet_id(&c.tenant, &c.name);
+    let v = Vnet::new(0, &c, 0, key).expect("valid");
+    w2.set_vnets(vec![(c.tenant.clone(), c.name.clone(), key, v.vni)]);
+    let r = w2
+        .change(RouteChange::Restore(snap.into()))
+        .expect("restored");
+    assert_eq!((r.added, r.skipped), (1, 1));
+    assert_eq!(route(&readers2, &v, "10.0.0.7"), Some(ip("192.0.2.50")));
+    assert!(w2
+        .change(RouteChange::Restore(vec![1, 2, 3].into()))
+        .is_err());
+}
+
+#[test]
+fn removing_a_vnet_removes_its_entries() {
+    let (mut w, _readers, vnets) = setup();
+    add(&mut w, "acme", "prod", "10.0.0.7", "192.0.2.50");
+    add(&mut w, "globex", "main", "10.0.0.7", "192.0.2.70");
+    let keep = &vnets[1];
+    w.set_vnets(vec![(
+        keep.tenant.clone(),
+        keep.name.clone(),
+        keep.key,
+        keep.vni,
+    )]);
+    assert_eq!(w.stats().entries, 1);
+    // The same names get the same number again.
+    assert_eq!(w.vnet_id(&tenant("acme"), "prod"), vnets[0].key);
+}
+
+/// Readers on other threads look up all the time while the writer moves VMs between two
+/// hosts: every lookup finds one of the two hosts (never none, never another), and a lookup
+/// that starts after a change returned sees it.
+#[test]
+fn changes_while_readers_look_up_lose_and_misdeliver_nothing() {
+    let (mut w, readers, vnets) = setup();
+    let vnets = Arc::new(vnets);
+    let (a, b) = (ip("192.0.2.50"), ip("192.0.2.60"));
+    let vms: Vec<IpAddr> = (2..66).map(|i| IpAddr::from([10, 1, 0, i])).collect();
+    for vm in &vms {
+        add(&mut w, "acme", "prod", &vm.to_string(), "192.0.2.50");
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let generation = Arc::new(AtomicU64::new(0));
+    let threads: Vec<_> = (0..2)
+        .map(|_| {
+            let (stop, generation, vnets, vms) = (
+                Arc::clone(&stop),
+                Arc::clone(&generation),
+                Arc::clone(&vnets),
+                vms.clone(),
+            );
+            let reader = readers.reader();
+            std::thread::spawn(move || {
+                let mut batches = 0u64;
+                let mut keys = vec![Key::new(VnetId(0), IpAddr::from([0, 0, 0, 0])); vms.len()];
+                let mut found = vec![None; vms.len()];
+                while !stop.load(Ordering::Relaxed) {
+                    // The writer's round when this batch began.
+                    let seen = generation.load(Ordering::Acquire);
+                    let g = reader.enter().expect("alive");
+                    for (k, vm) in keys.iter_mut().zip(&vms) {
+                        *k = Key::new(vnets[0].key, *vm);
+                    }
+                    g.exact_batch(&keys, &mut found);
+                    // Even: round seen / 2 is done and the next has not begun.
+                    let want = if (seen / 2) % 2 == 0 { a } else { b };
+                    let hosts: Vec<_> = found.iter().map(|v| v.map(|v| v.host)).collect();
+                    for h in &hosts {
+                        assert!(*h == Some(a) || *h == Some(b), "lookup found {h:?}");
+                    }
+                    // One batch sees one copy: all VMs at the same host.
+                    assert!(
+                        hosts.iter().all(|h| *h == hosts[0]),
+                        "a batch saw a half-done change"
+                    );
+                    let now = generation.load(Ordering::Acquire);
+                    if now == seen && seen % 2 == 0 {
+                        assert_eq!(
+                            hosts[0],
+                            Some(want),
+                            "a change the writer finished is not seen"
+                        );
+                    }
+                    drop(g);
+                    batches += 1;
+                }
+                batches
+            })
+        })
+        .collect();
+    let text_a: String = vms
+        .iter()
+        .map(|vm| format!("acme,prod,{vm},192.0.2.50\n"))
+        .collect();
+    let text_b: String = vms
+        .iter()
+        .map(|vm| format!("acme,prod,{vm},192.0.2.60\n"))
+        .collect();
+    for round in 1..=200u64 {
+        let text = if round % 2 == 1 { &text_b } else { &text_a };
+        generation.store(2 * round - 1, Ordering::Release);
+        w.change(RouteChange::Load(text.as_str().into()))
+            .expect("loaded");
+        generation.store(2 * round, Ordering::Release);
+    }
+    stop.store(true, Ordering::Relaxed);
+    for t in threads {
+        let batches = t.join().expect("reader ok");
+        assert!(batches > 0);
+    }
+}

@@ -1,0 +1,603 @@
+//! AF_PACKET on the customer-facing interface (issue 16 §1): frames in through a TPACKET_V3
+//! receive ring (the kernel fills blocks of frames in shared memory; no system call per frame,
+//! none at all while blocks are waiting), frames out with `sendmmsg` on the same socket (one
+//! system call per batch). See packet(7) and the kernel's `Documentation/networking/packet_mmap`.
+//!
+//! The kernel moves a frame's outer VLAN tag into metadata before packet sockets see it
+//! (`skb_vlan_untag` in `__netif_receive_skb_core`, and any NIC or veth VLAN offload), so the
+//! ring's frames arrive without it; the tag is in the frame header (`tp_vlan_tci`, with
+//! `tp_vlan_tpid` since Linux 3.14). [`PacketSocket::read_batch`] writes it back into the copy
+//! it makes, so later stages see the frame as it was on the wire. Outgoing frames are written
+//! with their tags in the data; the kernel sends them as they are.
+//!
+//! Why not a crate: the Rust AF_PACKET crates we know either receive one frame per system call
+//! (`pnet_datalink`), or read the ring but allocate a vector per block and are GPL-licensed
+//! (`af_packet`); AF_XDP (`xsk-rs`, libxdp bindings) needs libbpf built from C and an XDP
+//! program per interface. This file is the ring walk and one `sendmmsg` loop, over `libc`.
+
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::ptr;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::Mutex;
+
+/// Bytes per ring block (the kernel hands the ring over block by block).
+const BLOCK_SIZE: usize = 1 << 18;
+/// Blocks in the ring (4 MiB per interface).
+const BLOCKS: usize = 16;
+/// The nominal frame size the kernel checks the ring geometry with (TPACKET_V3 packs frames
+/// of any size into a block).
+const FRAME_SIZE: usize = 2048;
+/// A block with frames in it is handed over after at most this long (milliseconds), so a
+/// lone frame waits no longer.
+const BLOCK_TIMEOUT_MS: u32 = 1;
+/// Frames per `sendmmsg` call.
+const SEND_CHUNK: usize = 64;
+/// How long a send waits for room in the socket's queue before the rest is dropped.
+const SEND_WAIT_MS: i32 = 50;
+/// Offset of `block_status` in `struct tpacket_block_desc` (after `version` and
+/// `offset_to_priv`).
+const BLOCK_STATUS: usize = 8;
+/// Offset of `num_pkts`.
+const BLOCK_NUM_PKTS: usize = 12;
+/// Offset of `offset_to_first_pkt`.
+const BLOCK_FIRST_PKT: usize = 16;
+/// `TPACKET_ALIGN(sizeof(struct tpacket3_hdr))`: where the frame's `sockaddr_ll` starts.
+const HDR_ALIGNED: usize = (std::mem::size_of::<libc::tpacket3_hdr>() + libc::TPACKET_ALIGNMENT
+    - 1)
+    & !(libc::TPACKET_ALIGNMENT - 1);
+/// Offset of `sll_pkttype` in `struct sockaddr_ll`.
+const SLL_PKTTYPE: usize = 10;
+
+/// One received frame in a [`FrameBatch`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct RxFrame {
+    /// Offset in the batch buffer.
+    pub(crate) start: usize,
+    /// Length (the outer VLAN tag written back included).
+    pub(crate) len: usize,
+    /// The frame was longer than what the ring kept of it.
+    pub(crate) truncated: bool,
+}
+
+/// Frames copied out of a receive ring, back to back.
+pub(crate) struct FrameBatch {
+    buf: Box<[u8]>,
+    used: usize,
+    frames: Vec<RxFrame>,
+    max_frames: usize,
+}
+
+impl FrameBatch {
+    /// A batch of up to `max_frames` frames in `bytes` bytes.
+    pub(crate) fn new(max_frames: usize, bytes: usize) -> Self {
+        Self {
+            buf: vec![0; bytes.max(FRAME_SIZE)].into_boxed_slice(),
+            used: 0,
+            frames: Vec::with_capacity(max_frames.max(1)),
+            max_frames: max_frames.max(1),
+        }
+    }
+
+    /// Empties the batch.
+    pub(crate) fn clear(&mut self) {
+        self.used = 0;
+        self.frames.clear();
+    }
+
+    /// The frames.
+    pub(crate) fn frames(&self) -> &[RxFrame] {
+        &self.frames
+    }
+
+    /// Frame `i`, writable (the stages rewrite in place).
+    pub(crate) fn frame_mut(&mut self, i: usize) -> &mut [u8] {
+        let f = self.frames[i];
+        &mut self.buf[f.start..f.start + f.len]
+    }
+
+    /// Copies `frame` in, its outer VLAN tag (`vlan`: TPID and TCI) written back after the
+    /// MAC addresses; false (nothing copied) if the batch is full.
+    pub(crate) fn push(&mut self, frame: &[u8], vlan: Option<(u16, u16)>, truncated: bool) -> bool {
+        let tag = if vlan.is_some() && frame.len() >= 12 {
+            4
+        } else {
+            0
+        };
+        let len = frame.len() + tag;
+        if self.frames.len() >= self.max_frames || self.buf.len() - self.used < len {
+            return false;
+        }
+        let out = &mut self.buf[self.used..self.used + len];
+        match vlan {
+            Some((tpid, tci)) if tag == 4 => {
+                out[..12].copy_from_slice(&frame[..12]);
+                out[12..14].copy_from_slice(&tpid.to_be_bytes());
+                out[14..16].copy_from_slice(&tci.to_be_bytes());
+                out[16..].copy_from_slice(&frame[12..]);
+            }
+            _ => out.copy_from_slice(frame),
+        }
+        self.frames.push(RxFrame {
+            start: self.used,
+            len,
+            truncated,
+        });
+        self.used += len;
+        true
+    }
+}
+
+/// Where the next frame to read is.
+struct Cursor {
+    /// Block index.
+    block: usize,
+    /// Frames of the block already read.
+    read: u32,
+    /// Offset of the next frame in the block.
+    offset: usize,
+}
+
+/// An AF_PACKET socket bound to one interface, with a TPACKET_V3 receive ring.
+pub(crate) struct PacketSocket {
+    fd: OwnedFd,
+    name: String,
+    mac: [u8; 6],
+    ring: *mut u8,
+    ring_len: usize,
+    /// The reading position; readers are serialised by their lane's dispatch stage, the lock
+    /// makes it so for any caller.
+    cursor: Mutex<Cursor>,
+    /// A block came back marked `TP_STATUS_LOSING`: the kernel dropped frames (ring full).
+    losing: AtomicBool,
+}
+
+// SAFETY: the ring is shared memory owned by this value until drop; it is read only under
+// `cursor`'s lock, and each block's status word is accessed atomically.
+unsafe impl Send for PacketSocket {}
+// SAFETY: as above; `send_batch` only reads caller buffers.
+unsafe impl Sync for PacketSocket {}
+
+fn last_error() -> io::Error {
+    io::Error::last_os_error()
+}
+
+fn setsockopt<T>(fd: RawFd, level: libc::c_int, name: libc::c_int, value: &T) -> io::Result<()> {
+    // SAFETY: `value` is a live T and its size is passed.
+    let r = unsafe {
+        libc::setsockopt(
+            fd,
+            level,
+            name,
+            (value as *const T).cast(),
+            std::mem::size_of::<T>() as libc::socklen_t,
+        )
+    };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(last_error())
+    }
+}
+
+impl PacketSocket {
+    /// Opens `interface` (which must exist): an AF_PACKET socket for every EtherType, bound to
+    /// it, non-blocking, with the receive ring mapped. Needs CAP_NET_RAW.
+    pub(crate) fn open(interface: &str) -> io::Result<Self> {
+        let cname = std::ffi::CString::new(interface)
+            .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "NUL in interface name"))?;
+        // SAFETY: a valid C string.
+        let ifindex = unsafe { libc::if_nametoindex(cname.as_ptr()) };
+        if ifindex == 0 {
+            return Err(last_error());
+        }
+        let proto = (libc::ETH_P_ALL as u16).to_be();
+        // SAFETY: plain socket call.
+        let raw = unsafe {
+            libc::socket(
+                libc::AF_PACKET,
+                libc::SOCK_RAW | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+                libc::c_int::from(proto),
+            )
+        };
+        if raw < 0 {
+            return Err(last_error());
+        }
+        // SAFETY: `raw` is a fresh descriptor we own.
+        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        let version = libc::tpacket_versions::TPACKET_V3 as libc::c_int;
+        setsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_PACKET,
+            libc::PACKET_VERSION,
+            &version,
+        )?;
+        // Our own frames must not come back to us (Linux 4.20+; older kernels skip the
+        // sending socket anyway, and the ring walk drops outgoing frames as well).
+        let _ = setsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_PACKET,
+            libc::PACKET_IGNORE_OUTGOING,
+            &1 as &libc::c_int,
+        );
+        let req = libc::tpacket_req3 {
+            tp_block_size: BLOCK_SIZE as u32,
+            tp_block_nr: BLOCKS as u32,
+            tp_frame_size: FRAME_SIZE as u32,
+            tp_frame_nr: (BLOCK_SIZE / FRAME_SIZE * BLOCKS) as u32,
+            tp_retire_blk_tov: BLOCK_TIMEOUT_MS,
+            tp_sizeof_priv: 0,
+            tp_feature_req_word: 0,
+        };
+        setsockopt(fd.as_raw_fd(), libc::SOL_PACKET, libc::PACKET_RX_RING, &req)?;
+        let ring_len = BLOCK_SIZE * BLOCKS;
+        // SAFETY: maps the ring the kernel just allocated for this socket.
+        let ring = unsafe {
+            libc::mmap(
+                ptr::null_mut(),
+                ring_len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd.as_raw_fd(),
+                0,
+            )
+        };
+        if ring == libc::MAP_FAILED {
+            return Err(last_error());
+        }
+        let mut sock = Self {
+            fd,
+            name: interface.to_owned(),
+            mac: [0; 6],
+            ring: ring.cast(),
+            ring_len,
+            cursor: Mutex::new(Cursor {
+                block: 0,
+                read: 0,
+                offset: 0,
+            }),
+            losing: AtomicBool::new(false),
+        };
+        // SAFETY: sockaddr_ll is plain data.
+        let mut sll: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
+        sll.sll_family = libc::AF_PACKET as u16;
+        sll.sll_protocol = proto;
+        sll.sll_ifindex = ifindex as libc::c_int;
+        // SAFETY: `sll` is a live sockaddr_ll and its size is passed.
+        let r = unsafe {
+            libc::bind(
+                sock.fd.as_raw_fd(),
+                (&sll as *const libc::sockaddr_ll).cast(),
+                std::mem::size_of::<libc::sockaddr_ll>() as libc::socklen_t,
+            )
+        };
+        if r != 0 {
+            return Err(last_error());
+        }
+        sock.mac = hardware_address(sock.fd.as_raw_fd(), interface)?;
+        Ok(sock)
+    }
+
+    /// The descriptor workers poll (readable when a block is handed over).
+    pub(crate) fn raw_fd(&self) -> RawFd {
+        self.fd.as_raw_fd()
+    }
+
+    /// The interface's name.
+    pub(crate) fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The interface's MAC address.
+    pub(crate) fn mac(&self) -> [u8; 6] {
+        self.mac
+    }
+
+    fn status(&self, block: usize) -> &AtomicU32 {
+        // SAFETY: the block descriptor lies at the start of each block inside the mapping;
+        // the status word is 4-byte aligned (blocks are page aligned) and shared with the
+        // kernel, hence atomic.
+        unsafe {
+            &*self
+                .ring
+                .add(block * BLOCK_SIZE + BLOCK_STATUS)
+                .cast::<AtomicU32>()
+        }
+    }
+
+    fn read_u32(&self, block: usize, offset: usize) -> u32 {
+        // SAFETY: callers keep `offset + 4` within the block.
+        unsafe { ptr::read_unaligned(self.ring.add(block * BLOCK_SIZE + offset).cast::<u32>()) }
+    }
+
+    /// Copies the frames the kernel handed over into `out` (which is cleared first), until it
+    /// is full or no block is ready; returns the frames copied and whether the batch filled.
+    /// Blocks are given back to the kernel as soon as they are read whole. Frames we sent
+    /// ourselves are skipped.
+    pub(crate) fn read_batch(&self, out: &mut FrameBatch) -> (usize, bool) {
+        out.clear();
+        let mut cur = self.cursor.lock().unwrap_or_else(|p| p.into_inner());
+        loop {
+            let block = cur.block;
+            let status = self.status(block).load(Ordering::Acquire);
+            if status & libc::TP_STATUS_USER == 0 {
+                return (out.frames.len(), false);
+            }
+            if status & libc::TP_STATUS_LOSING != 0 {
+                self.losing.store(true, Ordering::Relaxed);
+            }
+            let count = self.read_u32(block, BLOCK_NUM_PKTS);
+            if cur.read == 0 {
+                cur.offset = self.read_u32(block, BLOCK_FIRST_PKT) as usize;
+            }
+            while cur.read < count {
+                let Some(frame) = self.frame_at(block, cur.offset) else {
+                    // A header outside the block: give the block back rather than trust it.
+                    break;
+                };
+                if !frame.outgoing {
+                    // SAFETY: `frame_at` checked the frame lies within the block.
+                    let bytes = unsafe {
+                        std::slice::from_raw_parts(
+                            self.ring.add(block * BLOCK_SIZE + frame.data),
+                            frame.snaplen,
+                        )
+                    };
+                    if !out.push(bytes, frame.vlan, frame.truncated) {
+                        return (out.frames.len(), true);
+                    }
+                }
+                cur.read += 1;
+                if frame.next == 0 {
+                    break;
+                }
+                cur.offset += frame.next;
+            }
+            self.status(block)
+                .store(libc::TP_STATUS_KERNEL, Ordering::Release);
+            cur.block = (block + 1) % BLOCKS;
+            cur.read = 0;
+        }
+    }
+
+    /// The frame whose header is at `offset` in `block`, checked to lie within the block.
+    fn frame_at(&self, block: usize, offset: usize) -> Option<RingFrame> {
+        let hdr_len = std::mem::size_of::<libc::tpacket3_hdr>();
+        if offset.checked_add(HDR_ALIGNED + SLL_PKTTYPE + 1)? > BLOCK_SIZE {
+            return None;
+        }
+        // SAFETY: the header lies within the block (checked above).
+        let h: libc::tpacket3_hdr =
+            unsafe { ptr::read_unaligned(self.ring.add(block * BLOCK_SIZE + offset).cast()) };
+        debug_assert!(hdr_len <= HDR_ALIGNED);
+        let data = offset + usize::from(h.tp_mac);
+        let snaplen = h.tp_snaplen as usize;
+        if data.checked_add(snaplen)? > BLOCK_SIZE {
+            return None;
+        }
+        // SAFETY: within the block (checked above).
+        let pkttype = unsafe {
+            *self
+                .ring
+                .add(block * BLOCK_SIZE + offset + HDR_ALIGNED + SLL_PKTTYPE)
+        };
+        let vlan = (h.tp_status & libc::TP_STATUS_VLAN_VALID != 0).then(|| {
+            let tpid = if h.tp_status & libc::TP_STATUS_VLAN_TPID_VALID != 0 {
+                h.hv1.tp_vlan_tpid
+            } else {
+                0x8100
+            };
+            (tpid, h.hv1.tp_vlan_tci as u16)
+        });
+        Some(RingFrame {
+            data,
+            snaplen,
+            next: h.tp_next_offset as usize,
+            truncated: h.tp_len as usize > snaplen,
+            outgoing: pkttype == libc::PACKET_OUTGOING,
+            vlan,
+        })
+    }
+
+    /// The frames the kernel dropped because the ring was full, since the last call: read
+    /// (and reset) with `PACKET_STATISTICS` only after a block came back marked as losing, so
+    /// the common case costs no system call.
+    pub(crate) fn take_losses(&self) -> u64 {
+        if !self.losing.swap(false, Ordering::Relaxed) {
+            return 0;
+        }
+        // SAFETY: tpacket_stats_v3 is plain data.
+        let mut st: libc::tpacket_stats_v3 = unsafe { std::mem::zeroed() };
+        let mut len = std::mem::size_of::<libc::tpacket_stats_v3>() as libc::socklen_t;
+        // SAFETY: `st` is live and `len` its size.
+        let r = unsafe {
+            libc::getsockopt(
+                self.fd.as_raw_fd(),
+                libc::SOL_PACKET,
+                libc::PACKET_STATISTICS,
+                (&mut st as *mut libc::tpacket_stats_v3).cast(),
+                &mut len,
+            )
+        };
+        if r == 0 {
+            u64::from(st.tp_drops)
+        } else {
+            0
+        }
+    }
+
+    /// Sends `frames` with `sendmmsg`, [`SEND_CHUNK`] per call; waits up to 50 ms for room
+    /// when the queue is full. Returns how many frames were not sent.
+    pub(crate) fn send_batch<'a>(
+        &self,
+        frames: impl Iterator<Item = &'a [u8]>,
+        scratch: &mut PacketScratch,
+    ) -> u64 {
+        let mut failed = 0;
+        scratch.clear();
+        for f in frames {
+            scratch.iovs.push(libc::iovec {
+                iov_base: f.as_ptr() as *mut libc::c_void,
+                iov_len: f.len(),
+            });
+        }
+        let total = scratch.iovs.len();
+        // SAFETY: mmsghdr is plain data.
+        scratch
+            .msgs
+            .resize_with(total, || unsafe { std::mem::zeroed() });
+        for (m, iov) in scratch.msgs.iter_mut().zip(scratch.iovs.iter_mut()) {
+            m.msg_hdr.msg_iov = iov;
+            m.msg_hdr.msg_iovlen = 1;
+            m.msg_len = 0;
+        }
+        let mut done = 0;
+        let mut waited = false;
+        while done < total {
+            let n = (total - done).min(SEND_CHUNK);
+            // SAFETY: the headers point at live iovecs over the caller's frames.
+            let r = unsafe {
+                libc::sendmmsg(
+                    self.fd.as_raw_fd(),
+                    scratch.msgs.as_mut_ptr().add(done),
+                    n as libc::c_uint,
+                    0,
+                )
+            };
+            if r > 0 {
+                done += r as usize;
+                continue;
+            }
+            let e = last_error();
+            match e.kind() {
+                io::ErrorKind::Interrupted => {}
+                io::ErrorKind::WouldBlock if !waited => {
+                    waited = true;
+                    let mut p = libc::pollfd {
+                        fd: self.fd.as_raw_fd(),
+                        events: libc::POLLOUT,
+                        revents: 0,
+                    };
+                    // SAFETY: one live pollfd.
+                    unsafe { libc::poll(&mut p, 1, SEND_WAIT_MS) };
+                }
+                io::ErrorKind::WouldBlock => {
+                    failed += (total - done) as u64;
+                    break;
+                }
+                _ => {
+                    // This frame is refused (too long for the interface, say): skip it.
+                    tracing::debug!(interface = %self.name, error = %e, "frame not sent");
+                    failed += 1;
+                    done += 1;
+                }
+            }
+        }
+        scratch.clear();
+        failed
+    }
+}
+
+impl Drop for PacketSocket {
+    fn drop(&mut self) {
+        // SAFETY: unmaps what `open` mapped; nothing refers to it after drop.
+        unsafe { libc::munmap(self.ring.cast(), self.ring_len) };
+    }
+}
+
+/// A ring frame's header, checked.
+struct RingFrame {
+    /// Offset of the frame's first byte in the block.
+    data: usize,
+    snaplen: usize,
+    /// Offset of the next header from this one (0: last).
+    next: usize,
+    truncated: bool,
+    outgoing: bool,
+    vlan: Option<(u16, u16)>,
+}
+
+/// `sendmmsg` scratch, reused across batches (empty between calls).
+#[derive(Default)]
+pub(crate) struct PacketScratch {
+    msgs: Vec<libc::mmsghdr>,
+    iovs: Vec<libc::iovec>,
+}
+
+// SAFETY: the raw pointers in the vectors are only set within `send_batch` and cleared before
+// it returns; between calls the vectors are empty.
+unsafe impl Send for PacketScratch {}
+
+impl PacketScratch {
+    fn clear(&mut self) {
+        self.msgs.clear();
+        self.iovs.clear();
+    }
+}
+
+/// The MAC address of `interface` (SIOCGIFHWADDR on `fd`).
+fn hardware_address(fd: RawFd, interface: &str) -> io::Result<[u8; 6]> {
+    // SAFETY: ifreq is plain data.
+    let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
+    for (d, s) in req.ifr_name.iter_mut().zip(interface.bytes()) {
+        *d = s as libc::c_char;
+    }
+    // SAFETY: `req` is a live ifreq naming the interface.
+    if unsafe { libc::ioctl(fd, libc::SIOCGIFHWADDR, &mut req) } != 0 {
+        return Err(last_error());
+    }
+    // SAFETY: SIOCGIFHWADDR filled the hardware address member.
+    let sa = unsafe { req.ifr_ifru.ifru_hwaddr };
+    let mut mac = [0u8; 6];
+    for (d, s) in mac.iter_mut().zip(sa.sa_data.iter()) {
+        *d = *s as u8;
+    }
+    Ok(mac)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_outer_tag_is_written_back_after_the_addresses() {
+        let mut b = FrameBatch::new(4, 4096);
+        let mut frame = vec![0xaa; 12];
+        frame.extend_from_slice(&[0x81, 0x00, 0x00, 0x0a, 0x08, 0x00, 0x45]);
+        assert!(b.push(&frame, Some((0x88a8, 100)), false));
+        assert!(b.push(&frame, None, true));
+        let f = b.frames().to_vec();
+        assert_eq!(f[0].len, frame.len() + 4);
+        let first = b.frame_mut(0).to_vec();
+        assert_eq!(&first[..12], &[0xaa; 12]);
+        assert_eq!(&first[12..16], &[0x88, 0xa8, 0x00, 0x64]);
+        assert_eq!(&first[16..], &frame[12..]);
+        assert_eq!(b.frame_mut(1), &frame[..]);
+        assert!(f[1].truncated && !f[0].truncated);
+    }
+
+    #[test]
+    fn a_full_batch_refuses_and_copies_nothing() {
+        let mut b = FrameBatch::new(2, FRAME_SIZE);
+        assert!(b.push(&[1; 100], None, false));
+        assert!(b.push(&[2; 100], None, false));
+        assert!(!b.push(&[3; 100], None, false), "frame limit");
+        let mut b = FrameBatch::new(8, FRAME_SIZE);
+        assert!(b.push(&[1; 2000], None, false));
+        assert!(!b.push(&[2; 100], None, false), "byte limit");
+        assert_eq!(b.frames().len(), 1);
+        b.clear();
+        assert!(b.frames().is_empty());
+    }
+
+    #[test]
+    fn header_offsets_match_the_kernel_layout() {
+        // struct tpacket3_hdr is 48 bytes; TPACKET_ALIGN keeps it there.
+        assert_eq!(std::mem::size_of::<libc::tpacket3_hdr>(), 48);
+        assert_eq!(HDR_ALIGNED, 48);
+        assert_eq!(
+            std::mem::offset_of!(libc::sockaddr_ll, sll_pkttype),
+            SLL_PKTTYPE
+        );
+    }
+}

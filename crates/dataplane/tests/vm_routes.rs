@@ -1,0 +1,218 @@
+//! Per-VM overlay routes on the running data plane (issue 16 §2), on loopback: VNet
+//! `acme/prod` has 10.0.0.0/24 behind the host VTEP 127.0.0.2, and a second host VTEP on
+//! 127.0.0.3 (same VXLAN port) takes VM 10.0.0.5 when an exact entry says so. ESP from the
+//! peer is delivered to whichever host the table names when the packet is looked up.
+
+mod common;
+#[path = "../src/testutil.rs"]
+mod testutil;
+
+use common::{bind, recv, try_recv, wait_stats, Started};
+use protego_dataplane::{DataPath, DataplaneConfig, Inside, RouteChange, VmRoute};
+use std::collections::HashSet;
+use std::net::{SocketAddr, UdpSocket};
+use std::time::Duration;
+use testutil::{arp, ip, parse_vxlan, udp4, vxlan, Peer};
+use wire::arp::ArpOperation;
+use wire::ethernet::EtherType;
+
+const VM_MAC: [u8; 6] = [0x52, 0x54, 0, 0, 0, 5];
+
+fn add(vm: &str, host: &str) -> RouteChange {
+    RouteChange::Add(VmRoute {
+        tenant: ids::TenantId::new("acme").expect("tenant"),
+        vnet: "prod".into(),
+        address: ip(vm),
+        host: ip(host),
+    })
+}
+
+fn del(vm: &str) -> RouteChange {
+    RouteChange::Del {
+        tenant: ids::TenantId::new("acme").expect("tenant"),
+        vnet: "prod".into(),
+        address: ip(vm),
+    }
+}
+
+/// The data plane, the two host VTEP sockets (127.0.0.2, 127.0.0.3), the peer socket and the
+/// peer's side of the CHILD_SA (installed).
+struct Setup {
+    dp: std::sync::Arc<protego_dataplane::Dataplane>,
+    hosts: [UdpSocket; 2],
+    peer: UdpSocket,
+    sa: Peer,
+    natt: SocketAddr,
+    vtep: SocketAddr,
+}
+
+fn setup() -> Setup {
+    let mut second = None;
+    let Started { dp, host, .. } = common::start_beside_host(|port| {
+        second = UdpSocket::bind(("127.0.0.3", port)).ok();
+        DataplaneConfig {
+            listen: vec![ip("127.0.0.1")],
+            tunnels: vec![common::site_tunnel(Inside::Vnet(0))],
+            ..common::config(port)
+        }
+    });
+    let second = second.expect("127.0.0.3 on the VXLAN port");
+    second
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .expect("timeout");
+    let addrs = dp.local_addrs();
+    let peer = bind("127.0.0.1:0");
+    let c = common::site_child(addrs.natt[0], peer.local_addr().expect("addr"));
+    dp.install_child(&c).expect("install");
+    Setup {
+        sa: Peer::of(&c),
+        dp,
+        hosts: [host, second],
+        peer,
+        natt: addrs.natt[0],
+        vtep: addrs.vxlan[0],
+    }
+}
+
+impl Setup {
+    fn send(&self, seq: u32) {
+        let inner = udp4(
+            "192.168.0.9",
+            2000,
+            "10.0.0.5",
+            1000,
+            64,
+            &seq.to_be_bytes(),
+        );
+        self.peer
+            .send_to(&self.sa.seal(&inner), self.natt)
+            .expect("send esp");
+    }
+
+    /// Has host `h` answer the ARP request it must have received for 10.0.0.5.
+    fn resolve_at(&self, h: usize) {
+        let (d, _) = recv(&self.hosts[h]);
+        let (_, _, _, ty, _) = parse_vxlan(&d);
+        assert_eq!(ty, EtherType::ARP, "the gateway asks the VM's host");
+        let gw = self.dp.gateway_mac(0).expect("vnet");
+        let reply = arp(ArpOperation::REPLY, VM_MAC, "10.0.0.5", gw, "10.0.0.1");
+        self.hosts[h]
+            .send_to(&vxlan(100, gw, VM_MAC, EtherType::ARP, &reply), self.vtep)
+            .expect("send arp");
+    }
+
+    /// The sequence number of the next data packet host `h` receives.
+    fn data_at(&self, h: usize) -> u32 {
+        loop {
+            let (d, _) = recv(&self.hosts[h]);
+            let (_, _, _, ty, payload) = parse_vxlan(&d);
+            if ty == EtherType::IPV4 {
+                return u32::from_be_bytes(payload[28..32].try_into().expect("4 bytes"));
+            }
+        }
+    }
+}
+
+#[test]
+fn an_exact_entry_moves_a_vm_and_its_removal_falls_back_to_the_prefix() {
+    let s = setup();
+    // Before any packet: 10.0.0.5 lives on 127.0.0.3, not where the prefix says.
+    s.dp.change_routes(add("10.0.0.5", "127.0.0.3"))
+        .expect("added");
+    s.send(1);
+    s.resolve_at(1);
+    assert_eq!(s.data_at(1), 1);
+    // The entry's host is accepted as a VXLAN sender: its ARP reply taught the MAC.
+    wait_stats(&s.dp, "the host's ARP reply accepted", |st| {
+        common::drop_count(st, "vxlan_unknown_host") == 0
+    });
+    // Removed: the prefix route again (the MAC is still known).
+    s.dp.change_routes(del("10.0.0.5")).expect("deleted");
+    s.send(2);
+    assert_eq!(s.data_at(0), 2);
+    // Moved back with `add`: the next packet goes to the new host.
+    s.dp.change_routes(add("10.0.0.5", "127.0.0.3"))
+        .expect("moved");
+    s.send(3);
+    assert_eq!(s.data_at(1), 3);
+    let st = s.dp.route_stats();
+    assert_eq!((st.entries, st.vnets[0].v4), (1, 1));
+}
+
+/// The peer sends a steady stream while the entry flips between the two hosts hundreds of
+/// times: every packet arrives exactly once, at one of the two hosts, and packets sent after
+/// the last change arrive at the last host.
+#[test]
+fn no_packet_is_lost_or_misdelivered_while_the_table_changes() {
+    let s = setup();
+    s.dp.change_routes(add("10.0.0.5", "127.0.0.2"))
+        .expect("added");
+    s.send(0);
+    s.resolve_at(0);
+    assert_eq!(s.data_at(0), 0);
+    const N: u32 = 2000;
+    let collect = |h: UdpSocket| {
+        std::thread::spawn(move || {
+            h.set_read_timeout(Some(Duration::from_millis(500)))
+                .expect("timeout");
+            let mut got = Vec::new();
+            while let Some((d, _)) = try_recv(&h) {
+                let (_, _, _, ty, payload) = parse_vxlan(&d);
+                if ty == EtherType::IPV4 {
+                    got.push(u32::from_be_bytes(payload[28..32].try_into().expect("4")));
+                }
+            }
+            got
+        })
+    };
+    let Setup {
+        dp,
+        hosts: [h0, h1],
+        peer,
+        sa,
+        natt,
+        ..
+    } = s;
+    let (c0, c1) = (collect(h0), collect(h1));
+    let sender = std::thread::spawn(move || {
+        for seq in 1..=N {
+            let inner = udp4(
+                "192.168.0.9",
+                2000,
+                "10.0.0.5",
+                1000,
+                64,
+                &seq.to_be_bytes(),
+            );
+            peer.send_to(&sa.seal(&inner), natt).expect("send esp");
+            if seq % 8 == 0 {
+                std::thread::sleep(Duration::from_micros(200));
+            }
+        }
+    });
+    let mut flips = 0;
+    while !sender.is_finished() {
+        let host = if flips % 2 == 0 {
+            "127.0.0.3"
+        } else {
+            "127.0.0.2"
+        };
+        dp.change_routes(add("10.0.0.5", host)).expect("moved");
+        flips += 1;
+    }
+    sender.join().expect("sender");
+    let (g0, g1) = (c0.join().expect("host 0"), c1.join().expect("host 1"));
+    let all: Vec<u32> = g0.iter().chain(&g1).copied().collect();
+    let unique: HashSet<u32> = all.iter().copied().collect();
+    assert_eq!(all.len(), unique.len(), "a packet was delivered twice");
+    let missing: Vec<u32> = (1..=N).filter(|s| !unique.contains(s)).collect();
+    assert!(
+        missing.is_empty(),
+        "lost {} packets: {missing:?}",
+        missing.len()
+    );
+    assert!(flips > 10, "the table changed {flips} times only");
+    eprintln!("{N} packets, {flips} changes of the entry meanwhile");
+    let stats = dp.stats();
+    assert_eq!(common::drop_count(&stats, "no_route"), 0);
+}
