@@ -365,7 +365,7 @@ pub enum DataplaneError {
         reason: String,
     },
     /// A per-VM route change was refused (see [`DataPath::change_routes`]); nothing changed.
-    #[error("{}{reason}", line.map(|l| format!("line {l}{}: ", field.map(|f| format!(", field {f}")).unwrap_or_default())).unwrap_or_default())]
+    #[error("{}", route_error_text(*line, *field, reason))]
     Route {
         /// 1-based line of the route file or snapshot at fault, if one is.
         line: Option<usize>,
@@ -459,6 +459,16 @@ pub struct RouteStats {
     pub hosts: usize,
     /// Bytes the table holds, both published copies included.
     pub memory_bytes: usize,
+}
+
+/// `line 3, field host: REASON`, `field host: REASON`, `line 3: REASON` or `REASON`.
+fn route_error_text(line: Option<usize>, field: Option<&str>, reason: &str) -> String {
+    match (line, field) {
+        (Some(l), Some(f)) => format!("line {l}, field {f}: {reason}"),
+        (Some(l), None) => format!("line {l}: {reason}"),
+        (None, Some(f)) => format!("field {f}: {reason}"),
+        (None, None) => reason.to_owned(),
+    }
 }
 
 /// What the control plane needs from a data path, local or remote.

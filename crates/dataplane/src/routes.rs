@@ -226,20 +226,38 @@ pub(crate) struct RouteWriter {
     w: WriteHandle<Routes, Op>,
     /// The number of every (tenant, VNet name) seen, kept for the process's life.
     ids: HashMap<(TenantId, String), VnetId>,
-    /// The configured VNets, in configuration order, with their numbers and VNIs.
-    vnets: Vec<(TenantId, String, VnetId, Vni)>,
+    /// The configured VNets, in configuration order.
+    vnets: Vec<RouteVnet>,
+}
+
+/// A configured VNet as the per-VM routes see it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct RouteVnet {
+    /// Its tenant.
+    pub(crate) tenant: TenantId,
+    /// Its name.
+    pub(crate) name: String,
+    /// Its number in the table.
+    pub(crate) id: VnetId,
+    /// Its VNI.
+    pub(crate) vni: Vni,
+    /// Its VTEP is IPv6 (its hosts must be too: VXLAN leaves from the VTEP's socket).
+    pub(crate) vtep_v6: bool,
 }
 
 /// The configured VNets by name, for resolving route files (few: a scan, no allocation).
 #[derive(Clone)]
-struct Names(Vec<(String, String, VnetId)>);
+struct Names(Vec<RouteVnet>);
 
 impl Names {
-    fn get(&self, tenant: &str, vnet: &str) -> Option<VnetId> {
+    fn find(&self, tenant: &str, vnet: &str) -> Option<&RouteVnet> {
         self.0
             .iter()
-            .find(|(t, v, _)| t == tenant && v == vnet)
-            .map(|(_, _, id)| *id)
+            .find(|v| v.tenant.as_str() == tenant && v.name == vnet)
+    }
+
+    fn get(&self, tenant: &str, vnet: &str) -> Option<VnetId> {
+        self.find(tenant, vnet).map(|v| v.id)
     }
 }
 
@@ -268,8 +286,9 @@ impl Source for FileSource {
 /// entries is held).
 struct SnapshotSource {
     bytes: Arc<[u8]>,
-    /// The number of each of the snapshot's VNets, None for one no longer configured.
-    ids: Vec<Option<VnetId>>,
+    /// The number of each of the snapshot's VNets and whether its VTEP is IPv6, None for one
+    /// no longer configured.
+    ids: Vec<Option<(VnetId, bool)>>,
     size: (usize, usize),
 }
 
@@ -281,7 +300,9 @@ impl SnapshotSource {
         };
         for (vnet, addr, host) in snap.entries().flatten() {
             match self.ids.get(vnet as usize).copied().flatten() {
-                Some(id) if unicast(addr) && unicast(host) => f(Key::new(id, addr), host),
+                Some((id, v6)) if unicast(addr) && unicast(host) && host.is_ipv6() == v6 => {
+                    f(Key::new(id, addr), host)
+                }
                 _ => skip(),
             }
         }
@@ -340,19 +361,19 @@ impl RouteWriter {
 
     /// The configured VNets changed (in configuration order, with their numbers and VNIs):
     /// VNets no longer configured lose their entries, the others get their VNIs.
-    pub(crate) fn set_vnets(&mut self, vnets: Vec<(TenantId, String, VnetId, Vni)>) {
-        for (_, _, old, _) in &self.vnets {
-            if !vnets.iter().any(|(_, _, id, _)| id == old) {
-                self.w.append(Op::RemoveVnet(*old));
+    pub(crate) fn set_vnets(&mut self, vnets: Vec<RouteVnet>) {
+        for old in &self.vnets {
+            if !vnets.iter().any(|v| v.id == old.id) {
+                self.w.append(Op::RemoveVnet(old.id));
             }
         }
-        for (_, _, id, vni) in &vnets {
+        for v in &vnets {
             let same = self
                 .vnets
                 .iter()
-                .any(|(_, _, old, old_vni)| old == id && old_vni == vni);
+                .any(|old| old.id == v.id && old.vni == v.vni);
             if !same {
-                self.w.append(Op::SetVnet(*id, *vni));
+                self.w.append(Op::SetVnet(v.id, v.vni));
             }
         }
         self.vnets = vnets;
@@ -368,15 +389,14 @@ impl RouteWriter {
         self.w.publish();
     }
 
-    /// The number of a configured VNet.
-    fn configured(&self, tenant: &str, vnet: &str) -> Option<VnetId> {
+    /// A configured VNet.
+    fn configured(&self, tenant: &str, vnet: &str) -> Option<&RouteVnet> {
         self.vnets
             .iter()
-            .find(|(t, v, _, _)| t.as_str() == tenant && v == vnet)
-            .map(|(_, _, id, _)| *id)
+            .find(|v| v.tenant.as_str() == tenant && v.name == vnet)
     }
 
-    fn configured_or_err(&self, tenant: &str, vnet: &str) -> Result<VnetId, DataplaneError> {
+    fn configured_or_err(&self, tenant: &str, vnet: &str) -> Result<&RouteVnet, DataplaneError> {
         self.configured(tenant, vnet).ok_or_else(|| {
             route_err(
                 None,
@@ -394,7 +414,8 @@ impl RouteWriter {
         let mut report = RouteChangeReport::default();
         match change {
             RouteChange::Add(r) => {
-                let vnet = self.configured_or_err(r.tenant.as_str(), &r.vnet)?;
+                let v = self.configured_or_err(r.tenant.as_str(), &r.vnet)?;
+                let vnet = v.id;
                 for (field, a) in [("address", r.address), ("host", r.host)] {
                     if !unicast(a) {
                         return Err(route_err(
@@ -404,6 +425,7 @@ impl RouteWriter {
                         ));
                     }
                 }
+                check_family(v, r.host).map_err(|reason| route_err(None, Some("host"), reason))?;
                 let key = Key::new(vnet, r.address);
                 if self.read(|t| t.exact(vnet, r.address)).is_some() {
                     report.replaced = 1;
@@ -417,7 +439,7 @@ impl RouteWriter {
                 vnet,
                 address,
             } => {
-                let vnet = self.configured_or_err(tenant.as_str(), &vnet)?;
+                let vnet = self.configured_or_err(tenant.as_str(), &vnet)?.id;
                 if self.read(|t| t.exact(vnet, address)).is_none() {
                     return Err(route_err(
                         None,
@@ -429,28 +451,32 @@ impl RouteWriter {
                 self.w.append(Op::Remove(Key::new(vnet, address)));
             }
             RouteChange::Load(text) => {
-                let vnets = Names(
-                    self.vnets
-                        .iter()
-                        .map(|(t, v, id, _)| (t.as_str().to_owned(), v.clone(), *id))
-                        .collect(),
-                );
+                let vnets = Names(self.vnets.clone());
                 let (mut v4, mut v6) = (0, 0);
-                {
-                    let lookup = |t: &str, v: &str| vnets.get(t, v);
-                    for entry in overlay::resolve_routes(&text, lookup) {
-                        let (key, _) = entry.map_err(|e| {
-                            route_err(
-                                Some(e.line),
-                                e.field.map(|f| f.name()),
-                                e.problem.to_string(),
-                            )
-                        })?;
-                        if key.addr.is_ipv6() {
-                            v6 += 1;
-                        } else {
-                            v4 += 1;
-                        }
+                for entry in overlay::parse_routes(&text) {
+                    let r = entry.map_err(|e| {
+                        route_err(
+                            Some(e.line),
+                            e.field.map(|f| f.name()),
+                            e.problem.to_string(),
+                        )
+                    })?;
+                    let Some(v) = vnets.find(&r.tenant, &r.vnet) else {
+                        return Err(route_err(
+                            Some(r.line),
+                            Some("vnet"),
+                            format!(
+                                "no VNet {:?} of tenant {:?} is configured",
+                                r.vnet, r.tenant
+                            ),
+                        ));
+                    };
+                    check_family(v, r.host)
+                        .map_err(|reason| route_err(Some(r.line), Some("host"), reason))?;
+                    if r.address.is_ipv6() {
+                        v6 += 1;
+                    } else {
+                        v4 += 1;
                     }
                 }
                 // Added: the growth of the table; replaced: the other lines (a file naming
@@ -469,10 +495,10 @@ impl RouteWriter {
             RouteChange::Restore(bytes) => {
                 let snap = overlay::read_snapshot(&bytes)
                     .map_err(|e| route_err(None, None, e.to_string()))?;
-                let ids: Vec<Option<VnetId>> = snap
+                let ids: Vec<Option<(VnetId, bool)>> = snap
                     .vnets
                     .iter()
-                    .map(|(t, v)| self.configured(t, v))
+                    .map(|(t, v)| self.configured(t, v).map(|v| (v.id, v.vtep_v6)))
                     .collect();
                 // Checked whole (structure, hash) above; read again into each copy.
                 let mut source = SnapshotSource {
@@ -518,13 +544,13 @@ impl RouteWriter {
         let names: Vec<(&str, &str)> = self
             .vnets
             .iter()
-            .map(|(t, v, _, _)| (t.as_str(), v.as_str()))
+            .map(|v| (v.tenant.as_str(), v.name.as_str()))
             .collect();
         let index: FxHashMap<VnetId, u32> = self
             .vnets
             .iter()
             .enumerate()
-            .map(|(i, (_, _, id, _))| (*id, i as u32))
+            .map(|(i, v)| (v.id, i as u32))
             .collect();
         self.read(|t| {
             let entries = t
@@ -547,11 +573,11 @@ impl RouteWriter {
             vnets: self
                 .vnets
                 .iter()
-                .map(|(tenant, vnet, id, _)| {
-                    let [v4, v6] = t.count(*id);
+                .map(|v| {
+                    let [v4, v6] = t.count(v.id);
                     VnetRouteStats {
-                        tenant: tenant.as_str().to_owned(),
-                        vnet: vnet.clone(),
+                        tenant: v.tenant.as_str().to_owned(),
+                        vnet: v.name.clone(),
                         v4,
                         v6,
                     }
@@ -570,6 +596,18 @@ impl RouteWriter {
     pub(crate) fn len_of(&self, family: Family) -> usize {
         self.read(|t| t.table.len_of(family))
     }
+}
+
+/// Checks that `host` is of the address family of `vnet`'s VTEP, whose socket sends to it.
+fn check_family(vnet: &RouteVnet, host: IpAddr) -> Result<(), String> {
+    if host.is_ipv6() == vnet.vtep_v6 {
+        return Ok(());
+    }
+    let family = if vnet.vtep_v6 { "IPv6" } else { "IPv4" };
+    Err(format!(
+        "host {host} is not of the address family of VNet {}/{}'s VTEP ({family})",
+        vnet.tenant, vnet.name
+    ))
 }
 
 /// Whether `a` can be a VM's or a host's unicast address (as the route file parser checks).

@@ -10,7 +10,7 @@ use crate::lane::Lane;
 use crate::overlay::{Overlay, Rules};
 use crate::pool::TxPool;
 use crate::relays::Relays;
-use crate::routes::{RouteReaders, RouteWriter};
+use crate::routes::{RouteReaders, RouteVnet, RouteWriter};
 use crate::stats::{DropCounters, WorkerCounters};
 use crate::tables::{Published, Registry};
 use crossbeam_channel::{Sender, TrySendError};
@@ -268,14 +268,19 @@ fn vtep_addresses(cfg: &DataplaneConfig) -> Vec<IpAddr> {
     ips
 }
 
-/// The per-VM route table's view of the VNets of `overlay`.
-fn route_vnets(
-    overlay: &Overlay,
-) -> Vec<(ids::TenantId, String, overlay::VnetId, wire::vxlan::Vni)> {
+/// The per-VM route table's view of the VNets of `overlay`, whose VTEP indices are into
+/// `vteps`.
+fn route_vnets(overlay: &Overlay, vteps: &[IpAddr]) -> Vec<RouteVnet> {
     overlay
         .vnets
         .iter()
-        .map(|v| (v.tenant.clone(), v.name.clone(), v.key, v.vni))
+        .map(|v| RouteVnet {
+            tenant: v.tenant.clone(),
+            name: v.name.clone(),
+            id: v.key,
+            vni: v.vni,
+            vtep_v6: vteps.get(v.vtep).is_some_and(IpAddr::is_ipv6),
+        })
         .collect()
 }
 
@@ -295,7 +300,7 @@ impl Shared {
             None,
             &mut |v| routes.vnet_id(&v.tenant, &v.name),
         )?;
-        routes.set_vnets(route_vnets(&overlay));
+        routes.set_vnets(route_vnets(&overlay, &vtep_ips));
         let io = Sockets::open(&cfg, &vtep_ips)?;
         let attach = AttachTable::new(&cfg.attachments, |i| {
             let iface = io
@@ -401,7 +406,7 @@ impl Shared {
             routes.vnet_id(&v.tenant, &v.name)
         })?;
         let (vnet_count, tunnel_count) = (overlay.vnets.len(), overlay.tunnels.len());
-        let route_vnets = route_vnets(&overlay);
+        let route_vnets = route_vnets(&overlay, &vtep_ips);
         let (rebound, removed) = reg.set_inside(Arc::new(overlay));
         self.publish(&reg);
         drop(reg);

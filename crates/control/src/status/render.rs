@@ -61,7 +61,7 @@ pub fn render_text(report: &StatusReport) -> String {
     if let Some(store) = &report.store {
         render_store(&mut out, store);
     }
-    if let Some(routes) = &report.routes {
+    if let Some(routes) = report.routes.as_ref().filter(|r| r.entries > 0) {
         render_routes(&mut out, routes);
     }
     out

@@ -40,11 +40,22 @@ fn setup() -> (RouteWriter, RouteReaders, Vec<Vnet>) {
         let c = cfg(t, n, vni);
         let key = w.vnet_id(&c.tenant, &c.name);
         let v = Vnet::new(i, &c, 0, key).expect("valid");
-        list.push((c.tenant.clone(), c.name.clone(), key, v.vni));
+        list.push(entry(&v));
         vnets.push(v);
     }
     w.set_vnets(list);
     (w, readers, vnets)
+}
+
+/// The writer's view of runtime VNet `v` (its VTEP is IPv4).
+fn entry(v: &Vnet) -> RouteVnet {
+    RouteVnet {
+        tenant: v.tenant.clone(),
+        name: v.name.clone(),
+        id: v.key,
+        vni: v.vni,
+        vtep_v6: false,
+    }
 }
 
 fn add(w: &mut RouteWriter, t: &str, v: &str, addr: &str, host: &str) -> RouteChangeReport {
@@ -121,6 +132,23 @@ fn an_exact_entry_beats_the_prefix_and_a_delete_falls_back() {
             ..
         })
     ));
+    // A host of the other address family than the VNet's VTEP: refused, naming the field.
+    let e = w.change(RouteChange::Add(VmRoute {
+        tenant: tenant("acme"),
+        vnet: "prod".into(),
+        address: ip("10.0.0.9"),
+        host: ip("2001:db8::9"),
+    }));
+    assert!(
+        matches!(
+            e,
+            Err(DataplaneError::Route {
+                field: Some("host"),
+                ..
+            })
+        ),
+        "{e:?}"
+    );
 }
 
 #[test]
@@ -181,6 +209,15 @@ fn a_bad_file_changes_nothing_and_names_its_line() {
         }) => {}
         other => panic!("unexpected {other:?}"),
     }
+    let family = "acme,prod,10.0.0.7,192.0.2.50\nacme,prod,10.0.0.8,2001:db8::50\n";
+    let e = w
+        .change(RouteChange::Load(family.into()))
+        .expect_err("IPv6 host, IPv4 VTEP");
+    assert!(
+        e.to_string()
+            .starts_with("line 2, field host: host 2001:db8::50 is not of the address family"),
+        "{e}"
+    );
     let unknown = "acme,prod,10.0.0.7,192.0.2.50\nacme,staging,10.0.0.8,192.0.2.50\n";
     let e = w
         .change(RouteChange::Load(unknown.into()))
@@ -213,7 +250,7 @@ fn snapshot_restores_and_skips_vnets_gone() {
     let c = cfg("acme", "prod", 100);
     let key = w2.vnet_id(&c.tenant, &c.name);
     let v = Vnet::new(0, &c, 0, key).expect("valid");
-    w2.set_vnets(vec![(c.tenant.clone(), c.name.clone(), key, v.vni)]);
+    w2.set_vnets(vec![entry(&v)]);
     let r = w2
         .change(RouteChange::Restore(snap.into()))
         .expect("restored");
@@ -230,12 +267,7 @@ fn removing_a_vnet_removes_its_entries() {
     add(&mut w, "acme", "prod", "10.0.0.7", "192.0.2.50");
     add(&mut w, "globex", "main", "10.0.0.7", "192.0.2.70");
     let keep = &vnets[1];
-    w.set_vnets(vec![(
-        keep.tenant.clone(),
-        keep.name.clone(),
-        keep.key,
-        keep.vni,
-    )]);
+    w.set_vnets(vec![entry(keep)]);
     assert_eq!(w.stats().entries, 1);
     // The same names get the same number again.
     assert_eq!(w.vnet_id(&tenant("acme"), "prod"), vnets[0].key);
