@@ -417,7 +417,25 @@ impl Responder {
             *self.directory_mut() = TunnelDirectory::from_config(&outcome.config);
             after(&outcome);
         }
+        if !dry_run && !outcome.plan.vnets_removed.is_empty() {
+            self.forget_removed_vnets(&outcome.plan.vnets_removed);
+        }
         Ok(outcome)
+    }
+
+    /// The data path dropped the per-VM routes of removed VNets; a new snapshot drops them
+    /// from the route store too, or they would come back at the next start if a VNet of the
+    /// same name is configured again.
+    fn forget_removed_vnets(&self, removed: &[String]) {
+        let Some(store) = &self.routes else { return };
+        match store.compact(&*self.datapath) {
+            Ok(n) => {
+                tracing::info!(vnets = ?removed, entries = n, "route store rewritten without the removed VNets")
+            }
+            Err(e) => {
+                tracing::error!(vnets = ?removed, error = %e, "route store not rewritten: the removed VNets' per-VM routes come back at the next start if VNets of those names are configured again")
+            }
+        }
     }
 
     fn directory(&self) -> std::sync::RwLockReadGuard<'_, TunnelDirectory> {
