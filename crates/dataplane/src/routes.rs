@@ -27,7 +27,7 @@ use ids::TenantId;
 use left_right::{Absorb, ReadGuard, ReadHandle, ReadHandleFactory, WriteHandle};
 #[cfg(test)]
 use overlay::Family;
-use overlay::{Key, OverlayTable, Value, VnetId, Vni};
+use overlay::{Key, OverlayError, OverlayTable, Value, VnetId, Vni};
 use rustc_hash::FxHashMap;
 
 /// One copy of the per-VM routes: the table and, per VNet, its entries by host (the hosts of
@@ -40,6 +40,9 @@ pub(crate) struct Routes {
     hosts: FxHashMap<(VnetId, IpAddr), u32>,
     /// IPv4 and IPv6 entries of each VNet.
     counts: FxHashMap<VnetId, [usize; 2]>,
+    /// Entries the last operation applied to this copy could not insert, and the first
+    /// reason (the writer reads it after publishing, to report the change as failed).
+    failed: Option<(usize, OverlayError)>,
 }
 
 /// Where the entries of a bulk operation come from: read twice, once per copy.
@@ -62,6 +65,9 @@ pub(crate) enum Op {
     Remove(Key),
     /// Adds or replaces many entries.
     Bulk(Arc<dyn Source>),
+    /// Limits the entries of the table (tests: makes inserts fail).
+    #[cfg(test)]
+    Limit(Option<usize>),
 }
 
 impl Routes {
@@ -111,10 +117,11 @@ impl Routes {
                 }
                 *self.hosts.entry((key.vnet, host)).or_default() += 1;
             }
-            // The writer checked the entry; only memory can fail here.
-            Err(e) => {
-                tracing::error!(vnet = %key.vnet, address = %key.addr, error = %e, "overlay entry not added")
-            }
+            // The writer checked the entry; only the table's room can fail here.
+            Err(e) => match &mut self.failed {
+                Some((n, _)) => *n += 1,
+                None => self.failed = Some((1, e)),
+            },
         }
     }
 
@@ -137,6 +144,7 @@ impl Routes {
     }
 
     fn apply(&mut self, op: &Op) {
+        self.failed = None;
         match op {
             Op::SetVnet(vnet, vni) => {
                 if let Err(e) = self.table.set_vnet(*vnet, *vni) {
@@ -157,6 +165,8 @@ impl Routes {
                 }
                 source.each(&mut |key, host| self.insert(key, host));
             }
+            #[cfg(test)]
+            Op::Limit(max) => self.table.set_max_entries(*max),
         }
     }
 }
@@ -389,6 +399,25 @@ impl RouteWriter {
         self.w.publish();
     }
 
+    /// Publishes what was appended as [`Self::publish`] does, and returns what the change
+    /// could not insert in either copy.
+    fn publish_checked(&mut self) -> Option<(usize, OverlayError)> {
+        // The first publication swaps in the copy that applied the change, the second the
+        // copy that replayed it (or copied it, for a bulk change).
+        self.w.publish();
+        let first = self.read(|t| t.failed.clone());
+        self.w.publish();
+        let second = self.read(|t| t.failed.clone());
+        first.or(second)
+    }
+
+    /// Entries limit of both copies (tests).
+    #[cfg(test)]
+    pub(crate) fn limit(&mut self, max: Option<usize>) {
+        self.w.append(Op::Limit(max));
+        self.publish();
+    }
+
     /// A configured VNet.
     fn configured(&self, tenant: &str, vnet: &str) -> Option<&RouteVnet> {
         self.vnets
@@ -427,12 +456,23 @@ impl RouteWriter {
                 }
                 check_family(v, r.host).map_err(|reason| route_err(None, Some("host"), reason))?;
                 let key = Key::new(vnet, r.address);
-                if self.read(|t| t.exact(vnet, r.address)).is_some() {
+                let old = self.read(|t| t.exact(vnet, r.address));
+                if old.is_some() {
                     report.replaced = 1;
                 } else {
                     report.added = 1;
                 }
                 self.w.append(Op::Insert(key, r.host));
+                if let Some((_, e)) = self.publish_checked() {
+                    // A copy whose insert failed is unchanged: put the other one back too.
+                    self.w.append(match old {
+                        Some(host) => Op::Insert(key, host),
+                        None => Op::Remove(key),
+                    });
+                    self.publish();
+                    return Err(route_err(None, None, format!("entry not added: {e}")));
+                }
+                return Ok(report);
             }
             RouteChange::Del {
                 tenant,
@@ -487,7 +527,15 @@ impl RouteWriter {
                     vnets,
                     size: (v4, v6),
                 })));
-                self.publish();
+                if let Some((n, e)) = self.publish_checked() {
+                    return Err(route_err(
+                        None,
+                        None,
+                        format!(
+                            "{n} entries of the file not added ({e}); the others are in the table"
+                        ),
+                    ));
+                }
                 report.added = self.read(|t| t.table.len()).saturating_sub(before);
                 report.replaced = (v4 + v6).saturating_sub(report.added);
                 return Ok(report);
@@ -518,9 +566,17 @@ impl RouteWriter {
                     &mut || skipped += 1,
                 );
                 source.size = (v4, v6);
-                report.added = v4 + v6;
-                report.skipped = skipped;
                 self.w.append(Op::Bulk(Arc::new(source)));
+                let failed = match self.publish_checked() {
+                    Some((n, e)) => {
+                        tracing::error!(entries = n, error = %e, "snapshot entries not restored");
+                        n
+                    }
+                    None => 0,
+                };
+                report.added = (v4 + v6).saturating_sub(failed);
+                report.skipped = skipped + failed;
+                return Ok(report);
             }
         }
         self.publish();

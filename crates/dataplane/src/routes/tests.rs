@@ -355,3 +355,41 @@ fn changes_while_readers_look_up_lose_and_misdeliver_nothing() {
         assert!(batches > 0);
     }
 }
+
+/// An entry the table has no room for is reported as an error (so the route store does not
+/// journal it), and both copies are left as they were; a load past the room says how many
+/// of its entries are missing.
+#[test]
+fn an_insert_that_fails_is_an_error_and_changes_nothing() {
+    let (mut w, readers, vnets) = setup();
+    let prod = &vnets[0];
+    w.limit(Some(1));
+    add(&mut w, "acme", "prod", "10.0.0.7", "192.0.2.50");
+    let e = w
+        .change(RouteChange::Add(VmRoute {
+            tenant: tenant("acme"),
+            vnet: "prod".into(),
+            address: ip("10.0.0.8"),
+            host: ip("192.0.2.51"),
+        }))
+        .expect_err("no room");
+    assert!(e.to_string().contains("table full"), "{e}");
+    // Both copies: the one readers see now, and the other after one more publication.
+    for _ in 0..2 {
+        assert_eq!(route(&readers, prod, "10.0.0.8"), Some(ip("192.0.2.1")));
+        assert_eq!(w.len_of(Family::V4), 1);
+        w.publish();
+    }
+    // Replacing an entry needs no room.
+    add(&mut w, "acme", "prod", "10.0.0.7", "192.0.2.52");
+    assert_eq!(route(&readers, prod, "10.0.0.7"), Some(ip("192.0.2.52")));
+    let e = w
+        .change(RouteChange::Load(Arc::from(
+            "acme,prod,10.0.0.9,192.0.2.53\nacme,prod,10.0.0.10,192.0.2.53\n",
+        )))
+        .expect_err("no room");
+    assert!(
+        e.to_string().contains("2 entries of the file not added"),
+        "{e}"
+    );
+}
