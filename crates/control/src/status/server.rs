@@ -255,6 +255,43 @@ pub fn vm_route(
     })
 }
 
+/// The largest route file `route load` reads: 4 GiB, about 40 M IPv6 entries as JSON lines
+/// (the table's target is 16 M). The text is held while it is loaded.
+pub const MAX_ROUTE_FILE: u64 = 4 << 30;
+
+/// Reads the route file `path` for `route load`: a regular file of at most `limit` bytes
+/// (checked before reading, and the read stops past it should the file grow meanwhile), in
+/// UTF-8.
+pub fn read_route_file(path: &Path, limit: u64) -> Result<String, Error> {
+    let err = |reason: String| Error::RouteStore {
+        path: path.to_owned(),
+        reason,
+    };
+    let file = std::fs::File::open(path).map_err(|e| err(format!("cannot read: {e}")))?;
+    let meta = file
+        .metadata()
+        .map_err(|e| err(format!("cannot read: {e}")))?;
+    if !meta.is_file() {
+        return Err(err("not a regular file".to_owned()));
+    }
+    let too_big = |size: u64| {
+        err(format!(
+            "{size} bytes is more than a route file may have ({limit} bytes)"
+        ))
+    };
+    if meta.len() > limit {
+        return Err(too_big(meta.len()));
+    }
+    let mut text = String::with_capacity(usize::try_from(meta.len()).unwrap_or(0));
+    file.take(limit.saturating_add(1))
+        .read_to_string(&mut text)
+        .map_err(|e| err(format!("cannot read: {e}")))?;
+    if text.len() as u64 > limit {
+        return Err(too_big(text.len() as u64));
+    }
+    Ok(text)
+}
+
 /// The control socket's answer to a route change.
 pub fn route_answer(r: &datapath::RouteChangeReport, elapsed: Duration) -> Value {
     json!({
@@ -362,11 +399,7 @@ impl Responder {
                 }
             }
             Request::RouteLoad { file } => {
-                let text = std::fs::read_to_string(&file).map_err(|e| Error::RouteStore {
-                    path: file.clone(),
-                    reason: format!("cannot read: {e}"),
-                })?;
-                let text: Arc<str> = Arc::from(text);
+                let text: Arc<str> = Arc::from(read_route_file(&file, MAX_ROUTE_FILE)?);
                 match &self.routes {
                     Some(store) => store.load(dp, text)?,
                     None => dp.change_routes(datapath::RouteChange::Load(text))?,
