@@ -16,9 +16,11 @@
 //! restored and the journal replayed if it is of the snapshot's generation; the journal of
 //! the generation before (a compaction stopped after the rename) is already in the snapshot
 //! and is ignored. A last journal line without its newline is a write a crash cut short,
-//! never answered: ignored, and cut off before anything is appended after it. A line whose
-//! VNet is no longer configured is skipped with a warning, as are the snapshot's entries of
-//! such VNets; the result is written as the new snapshot.
+//! never answered: ignored, and cut off before anything is appended after it; a damaged
+//! complete last line is skipped with a warning, a damaged line before it stops the start.
+//! A line whose VNet is no longer configured is skipped with a warning, as are the
+//! snapshot's entries of such VNets; the result is written as the new snapshot, the files
+//! found kept beside it as `….routes.prev` and `….routes.log.prev`.
 //!
 //! The change is applied to the data path first and recorded after: a crash in between
 //! loses a change the operator saw no answer for.
@@ -280,13 +282,28 @@ impl RouteStore {
                     out.ignored += 1;
                 }
                 if text.lines.is_empty() || text.generation == generation {
-                    for (n, line) in text.lines {
-                        let done = Recorded::parse(n, line)
-                            .and_then(|r| dp.change_routes(r.change()).map_err(|e| e.to_string()));
-                        match done {
+                    let count = text.lines.len();
+                    for (i, (n, line)) in text.lines.into_iter().enumerate() {
+                        let change = match Recorded::parse(n, line) {
+                            Ok(r) => r.change(),
+                            // Only the last line can be damaged by a crash; damage before it
+                            // is something else, and the evidence is kept.
+                            Err(e) if i + 1 < count => {
+                                return Err(Self::err(
+                                    &self.journal,
+                                    format!("{e}: a damaged line before the last one (the files are left as they are: fix or remove the line, then start again)"),
+                                ))
+                            }
+                            Err(e) => {
+                                tracing::warn!(journal = %self.journal.display(), error = %e, "damaged last route journal line skipped");
+                                out.skipped += 1;
+                                continue;
+                            }
+                        };
+                        match dp.change_routes(change) {
                             Ok(_) => out.journal += 1,
                             Err(e) => {
-                                tracing::warn!(journal = %self.journal.display(), error = %e, "route journal line skipped");
+                                tracing::warn!(journal = %self.journal.display(), line = n, error = %e, "route journal line skipped");
                                 out.skipped += 1;
                             }
                         }
@@ -308,8 +325,43 @@ impl RouteStore {
             Err(e) => return Err(Self::err(&self.journal, e)),
         }
         j.generation = Some(generation);
+        self.keep_previous()?;
         self.compact_locked(dp, &mut j)?;
         Ok(out)
+    }
+
+    /// `path` + `.prev`.
+    fn prev(path: &Path) -> PathBuf {
+        let mut p = path.as_os_str().to_owned();
+        p.push(".prev");
+        PathBuf::from(p)
+    }
+
+    /// Keeps the files as found at start (`.routes.prev`, `.routes.log.prev`) before the
+    /// start's compaction replaces them: what it drops (entries of VNets no longer
+    /// configured, skipped lines) can still be looked at. The snapshot is linked (it is
+    /// replaced by a rename, the link keeps the old one), the journal copied (it is emptied
+    /// in place).
+    fn keep_previous(&self) -> Result<(), Error> {
+        for (from, copy) in [(&self.snapshot, false), (&self.journal, true)] {
+            let to = Self::prev(from);
+            match std::fs::remove_file(&to) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(Self::err(&to, e)),
+            }
+            let kept = if copy {
+                std::fs::copy(from, &to).map(drop)
+            } else {
+                std::fs::hard_link(from, &to)
+            };
+            match kept {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(Self::err(&to, e)),
+            }
+        }
+        Ok(())
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Journal> {

@@ -341,3 +341,46 @@ fn a_compaction_after_a_vnet_is_removed_forgets_its_entries() {
     assert_eq!((r.snapshot, r.journal), (0, 0));
     assert_eq!(routes_of(&again), []);
 }
+
+/// A damaged line before the last one is not a torn write: the start stops, and the files
+/// are left as they are. A damaged last line is skipped; the files found at start are kept
+/// as `.prev` beside the new ones.
+#[test]
+fn a_damaged_line_in_the_middle_stops_the_start_and_the_previous_files_are_kept() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let state = dir.path().join("state.redb");
+    let (store, dp) = (RouteStore::beside(&state), Fake::default());
+    store.restore(&dp).expect("empty");
+    store.apply(&dp, add("10.0.0.5", "192.0.2.1")).expect("add");
+    store.apply(&dp, add("10.0.0.6", "192.0.2.1")).expect("add");
+    let good = std::fs::read_to_string(&store.journal).expect("journal");
+    let damaged = good.replacen("+ acme,prod,10.0.0.5", "+ acme,prod,10.0.0.5,x", 1);
+    std::fs::write(&store.journal, &damaged).expect("damaged");
+    let e = RouteStore::beside(&state)
+        .restore(&Fake::default())
+        .expect_err("damaged line 2 of 3");
+    assert!(e.to_string().contains("line 2"), "{e}");
+    assert_eq!(
+        std::fs::read_to_string(&store.journal).expect("journal"),
+        damaged
+    );
+    // Damaged last line: skipped, and the journal as found is kept.
+    let damaged = good.replacen("+ acme,prod,10.0.0.6", "+ acme,prod,10.0.0.6,x", 1);
+    std::fs::write(&store.journal, &damaged).expect("damaged");
+    let snapshot = std::fs::read(store.path()).expect("snapshot");
+    let again = Fake::default();
+    let r = RouteStore::beside(&state)
+        .restore(&again)
+        .expect("restored");
+    assert_eq!((r.journal, r.skipped), (1, 1));
+    assert_eq!(routes_of(&again), [(ip("10.0.0.5"), ip("192.0.2.1"))]);
+    let prev = |p: &Path| RouteStore::prev(p);
+    assert_eq!(
+        std::fs::read_to_string(prev(&store.journal)).expect("journal kept"),
+        damaged
+    );
+    assert_eq!(
+        std::fs::read(prev(store.path())).expect("snapshot kept"),
+        snapshot
+    );
+}
