@@ -180,9 +180,12 @@ impl Absorb<Op> for Routes {
         self.apply(op);
     }
 
-    /// A bulk change is not replayed but copied: `other` holds it (and possibly the changes
-    /// after it, which are replayed next and, all being overwrites, leave the same state),
-    /// and a copy of the table is a memory copy where a replay parses and inserts again.
+    /// A bulk change is not replayed but copied: `other` holds it and every change before it,
+    /// and a copy of the table is a memory copy where a replay parses and inserts again. The
+    /// writer publishes a bulk change alone (nothing appended with it, published at once:
+    /// [`RouteWriter::append_bulk`]), so `other` holds nothing after it either; were a change
+    /// published with it, `other` would hold that one too and it would be replayed on top,
+    /// which every other operation allows (each is idempotent).
     fn absorb_second(&mut self, op: Op, other: &Self) {
         match op {
             Op::Bulk(_) => {
@@ -340,7 +343,11 @@ fn route_err(line: Option<usize>, field: Option<&'static str>, reason: String) -
 impl RouteWriter {
     /// An empty table, its writer and the factory of its readers.
     pub(crate) fn new() -> (Self, RouteReaders) {
-        let (w, r) = left_right::new_from_empty::<Routes, Op>(Routes::default());
+        let (mut w, r) = left_right::new_from_empty::<Routes, Op>(Routes::default());
+        // Out of `left-right`'s first mode, which applies an appended operation to the write
+        // copy with `absorb_second` and would turn a bulk change into a copy of the empty
+        // other one.
+        w.publish();
         let readers = RouteReaders(r.factory());
         (
             Self {
@@ -392,11 +399,19 @@ impl RouteWriter {
 
     /// Publishes what was appended, and replays it on the other copy at once so the next
     /// change finds both copies current.
-    /// (Always both: before the first publication `left-right` applies changes to the
-    /// unpublished copy directly, with nothing pending to tell.)
     fn publish(&mut self) {
         self.w.publish();
         self.w.publish();
+    }
+
+    /// Appends a bulk change, alone: nothing may be pending with it, and the caller publishes
+    /// it next (see `absorb_second`).
+    fn append_bulk(&mut self, source: Arc<dyn Source>) {
+        debug_assert!(
+            !self.w.has_pending_operations(),
+            "a bulk change is published alone"
+        );
+        self.w.append(Op::Bulk(source));
     }
 
     /// Publishes what was appended as [`Self::publish`] does, and returns what the change
@@ -522,11 +537,11 @@ impl RouteWriter {
                 // Added: the growth of the table; replaced: the other lines (a file naming
                 // an address twice counts the second as replacing the first).
                 let before = self.read(|t| t.table.len());
-                self.w.append(Op::Bulk(Arc::new(FileSource {
+                self.append_bulk(Arc::new(FileSource {
                     text,
                     vnets,
                     size: (v4, v6),
-                })));
+                }));
                 if let Some((n, e)) = self.publish_checked() {
                     return Err(route_err(
                         None,
@@ -566,7 +581,7 @@ impl RouteWriter {
                     &mut || skipped += 1,
                 );
                 source.size = (v4, v6);
-                self.w.append(Op::Bulk(Arc::new(source)));
+                self.append_bulk(Arc::new(source));
                 let failed = match self.publish_checked() {
                     Some((n, e)) => {
                         tracing::error!(entries = n, error = %e, "snapshot entries not restored");
