@@ -20,7 +20,7 @@
 
 use std::collections::HashMap;
 use std::net::IpAddr;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use datapath::{DataplaneError, RouteChange, RouteChangeReport, RouteStats, VnetRouteStats};
 use ids::TenantId;
@@ -224,13 +224,23 @@ impl RouteReader {
     }
 }
 
-/// Makes [`RouteReader`]s (shared by the threads).
-pub(crate) struct RouteReaders(ReadHandleFactory<Routes>);
+/// Makes [`RouteReader`]s (shared by the threads), and holds the statistics of the last
+/// publication.
+pub(crate) struct RouteReaders {
+    factory: ReadHandleFactory<Routes>,
+    stats: Arc<Mutex<Arc<RouteStats>>>,
+}
 
 impl RouteReaders {
     /// A reader for one worker thread.
     pub(crate) fn reader(&self) -> RouteReader {
-        RouteReader(self.0.handle())
+        RouteReader(self.factory.handle())
+    }
+
+    /// Entries per configured VNet, hosts and memory, as of the last change (never waits for
+    /// one in progress, a bulk load included: the lock is held only to swap an `Arc`).
+    pub(crate) fn stats(&self) -> Arc<RouteStats> {
+        Arc::clone(&self.stats.lock().unwrap_or_else(PoisonError::into_inner))
     }
 }
 
@@ -241,6 +251,8 @@ pub(crate) struct RouteWriter {
     ids: HashMap<(TenantId, String), VnetId>,
     /// The configured VNets, in configuration order.
     vnets: Vec<RouteVnet>,
+    /// Where the statistics are left after each publication, for [`RouteReaders::stats`].
+    stats: Arc<Mutex<Arc<RouteStats>>>,
 }
 
 /// A configured VNet as the per-VM routes see it.
@@ -348,12 +360,17 @@ impl RouteWriter {
         // copy with `absorb_second` and would turn a bulk change into a copy of the empty
         // other one.
         w.publish();
-        let readers = RouteReaders(r.factory());
+        let stats = Arc::new(Mutex::new(Arc::new(RouteStats::default())));
+        let readers = RouteReaders {
+            factory: r.factory(),
+            stats: Arc::clone(&stats),
+        };
         (
             Self {
                 w,
                 ids: HashMap::new(),
                 vnets: Vec::new(),
+                stats,
             },
             readers,
         )
@@ -402,6 +419,14 @@ impl RouteWriter {
     fn publish(&mut self) {
         self.w.publish();
         self.w.publish();
+        self.leave_stats();
+    }
+
+    /// Leaves the statistics of the published copy for [`RouteReaders::stats`] (a scan of
+    /// the configured VNets, the rest is counters).
+    fn leave_stats(&self) {
+        let stats = Arc::new(self.stats());
+        *self.stats.lock().unwrap_or_else(PoisonError::into_inner) = stats;
     }
 
     /// Appends a bulk change, alone: nothing may be pending with it, and the caller publishes
@@ -423,6 +448,7 @@ impl RouteWriter {
         let first = self.read(|t| t.failed.clone());
         self.w.publish();
         let second = self.read(|t| t.failed.clone());
+        self.leave_stats();
         first.or(second)
     }
 

@@ -393,3 +393,27 @@ fn an_insert_that_fails_is_an_error_and_changes_nothing() {
         "{e}"
     );
 }
+
+/// The statistics `protego status` shows come from the last publication, not from the
+/// writer, whose lock a bulk load holds for seconds.
+#[test]
+fn statistics_do_not_wait_for_the_writer() {
+    let (mut w, readers, _vnets) = setup();
+    add(&mut w, "acme", "prod", "10.0.0.7", "192.0.2.50");
+    let w = std::sync::Arc::new(std::sync::Mutex::new(w));
+    let (held, hold) = std::sync::mpsc::channel();
+    let busy = {
+        let w = std::sync::Arc::clone(&w);
+        std::thread::spawn(move || {
+            let _load = w.lock().expect("writer");
+            held.send(()).expect("main waits");
+            std::thread::sleep(std::time::Duration::from_millis(500));
+        })
+    };
+    hold.recv().expect("writer held");
+    let started = std::time::Instant::now();
+    let st = readers.stats();
+    assert!(started.elapsed() < std::time::Duration::from_millis(250));
+    assert_eq!((st.entries, st.vnets[0].v4, st.vnets.len()), (1, 1, 2));
+    busy.join().expect("busy writer");
+}
