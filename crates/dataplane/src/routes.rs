@@ -270,15 +270,24 @@ pub(crate) struct RouteVnet {
     pub(crate) vtep_v6: bool,
 }
 
-/// The configured VNets by name, for resolving route files (few: a scan, no allocation).
+/// The configured VNets by tenant and name, for resolving route files: a map, as a file's
+/// every line is looked up (no allocation per lookup).
 #[derive(Clone)]
-struct Names(Vec<RouteVnet>);
+struct Names(FxHashMap<String, FxHashMap<String, RouteVnet>>);
 
 impl Names {
+    fn new(vnets: &[RouteVnet]) -> Self {
+        let mut m: FxHashMap<String, FxHashMap<String, RouteVnet>> = FxHashMap::default();
+        for v in vnets {
+            m.entry(v.tenant.as_str().to_owned())
+                .or_default()
+                .insert(v.name.clone(), v.clone());
+        }
+        Self(m)
+    }
+
     fn find(&self, tenant: &str, vnet: &str) -> Option<&RouteVnet> {
-        self.0
-            .iter()
-            .find(|v| v.tenant.as_str() == tenant && v.name == vnet)
+        self.0.get(tenant)?.get(vnet)
     }
 
     fn get(&self, tenant: &str, vnet: &str) -> Option<VnetId> {
@@ -532,7 +541,7 @@ impl RouteWriter {
                 self.w.append(Op::Remove(Key::new(vnet, address)));
             }
             RouteChange::Load(text) => {
-                let vnets = Names(self.vnets.clone());
+                let vnets = Names::new(&self.vnets);
                 let (mut v4, mut v6) = (0, 0);
                 for entry in overlay::parse_routes(&text) {
                     let r = entry.map_err(|e| {
