@@ -403,10 +403,16 @@ impl RouteWriter {
     }
 
     /// The configured VNets changed (in configuration order, with their numbers and VNIs):
-    /// VNets no longer configured lose their entries, the others get their VNIs.
+    /// VNets no longer configured lose their entries, as do those whose VTEP changed address
+    /// family; the others get their VNIs.
     pub(crate) fn set_vnets(&mut self, vnets: Vec<RouteVnet>) {
         for old in &self.vnets {
-            if !vnets.iter().any(|v| v.id == old.id) {
+            // Gone, or its VTEP changed address family: its entries' hosts can no longer be
+            // reached from its socket (an entry's host is of its VTEP's family), so they go.
+            if !vnets
+                .iter()
+                .any(|v| v.id == old.id && v.vtep_v6 == old.vtep_v6)
+            {
                 self.w.append(Op::RemoveVnet(old.id));
             }
         }
@@ -414,7 +420,7 @@ impl RouteWriter {
             let same = self
                 .vnets
                 .iter()
-                .any(|old| old.id == v.id && old.vni == v.vni);
+                .any(|old| old.id == v.id && old.vni == v.vni && old.vtep_v6 == v.vtep_v6);
             if !same {
                 self.w.append(Op::SetVnet(v.id, v.vni));
             }
