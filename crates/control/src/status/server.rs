@@ -450,23 +450,29 @@ impl Responder {
             *self.directory_mut() = TunnelDirectory::from_config(&outcome.config);
             after(&outcome);
         }
-        if !dry_run && !outcome.plan.vnets_removed.is_empty() {
-            self.forget_removed_vnets(&outcome.plan.vnets_removed);
+        let plan = &outcome.plan;
+        if !dry_run && (!plan.vnets_removed.is_empty() || !plan.vnets_changed.is_empty()) {
+            let vnets: Vec<&str> = (plan.vnets_removed.iter())
+                .chain(&plan.vnets_changed)
+                .map(String::as_str)
+                .collect();
+            self.forget_dropped_routes(&vnets);
         }
         Ok(outcome)
     }
 
-    /// The data path dropped the per-VM routes of removed VNets; a new snapshot drops them
-    /// from the route store too, or they would come back at the next start if a VNet of the
-    /// same name is configured again.
-    fn forget_removed_vnets(&self, removed: &[String]) {
+    /// The data path dropped the per-VM routes of removed VNets (and of changed ones whose
+    /// VTEP changed address family); a new snapshot drops them from the route store too, or
+    /// they would come back at the next start if a VNet of the same name is configured again
+    /// (or the family changes back).
+    fn forget_dropped_routes(&self, removed: &[&str]) {
         let Some(store) = &self.routes else { return };
         match store.compact(&*self.datapath) {
             Ok(n) => {
-                tracing::info!(vnets = ?removed, entries = n, "route store rewritten without the removed VNets")
+                tracing::info!(vnets = ?removed, entries = n, "route store rewritten after VNets were removed or changed")
             }
             Err(e) => {
-                tracing::error!(vnets = ?removed, error = %e, "route store not rewritten: the removed VNets' per-VM routes come back at the next start if VNets of those names are configured again")
+                tracing::error!(vnets = ?removed, error = %e, "route store not rewritten: per-VM routes the data path dropped with these VNets come back at the next start if VNets of those names are configured again")
             }
         }
     }
