@@ -382,10 +382,14 @@ impl RouteStore {
             return Err(self.not_restored());
         }
         let report = dp.change_routes(change.change())?;
-        self.record(&mut j, &change)?;
+        self.record(&mut j, &change).map_err(not_persisted)?;
         j.lines += 1;
         if j.lines >= COMPACT_AFTER {
-            self.compact_locked(dp, &mut j)?;
+            // The change is in the journal: a failed compaction loses nothing, it is retried
+            // after the next change.
+            if let Err(e) = self.compact_locked(dp, &mut j) {
+                tracing::warn!(error = %e, "route store not compacted; the journal keeps growing");
+            }
         }
         Ok(report)
     }
@@ -443,8 +447,17 @@ impl RouteStore {
             return Err(self.not_restored());
         }
         let report = dp.change_routes(RouteChange::Load(text))?;
-        self.compact_locked(dp, &mut j)?;
-        Ok(report)
+        let before = j.generation;
+        match self.compact_locked(dp, &mut j) {
+            Ok(_) => Ok(report),
+            // The snapshot holding the load was written; only the new journal was not (the
+            // next change writes it).
+            Err(e) if j.generation != before => {
+                tracing::warn!(error = %e, "route journal not started after a load");
+                Ok(report)
+            }
+            Err(e) => Err(not_persisted(e)),
+        }
     }
 
     /// Writes `dp`'s routes as a new snapshot and empties the journal; returns the entries
@@ -514,6 +527,14 @@ impl RouteStore {
                 .map_err(|e| Self::err(dir, e))?;
         }
         Ok(())
+    }
+}
+
+/// A route store error after the data path took the change.
+fn not_persisted(e: Error) -> Error {
+    match e {
+        Error::RouteStore { path, reason } => Error::NotPersisted { path, reason },
+        other => other,
     }
 }
 

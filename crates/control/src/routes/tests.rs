@@ -384,3 +384,34 @@ fn a_damaged_line_in_the_middle_stops_the_start_and_the_previous_files_are_kept(
         snapshot
     );
 }
+
+/// A change the data path took but the journal could not record says so: it holds until
+/// the next restart only.
+#[test]
+fn a_change_not_recorded_is_reported_as_applied_but_not_persisted() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let state = dir.path().join("state.redb");
+    let (store, dp) = (RouteStore::beside(&state), Fake::default());
+    store.restore(&dp).expect("empty");
+    // A journal the store cannot write to.
+    store.lock().file = Some(File::open(&store.journal).expect("journal"));
+    let e = store
+        .apply(&dp, add("10.0.0.5", "192.0.2.1"))
+        .expect_err("not recorded");
+    assert!(matches!(e, Error::NotPersisted { .. }), "{e:?}");
+    assert!(
+        e.to_string()
+            .contains("applied to the data path but not persisted"),
+        "{e}"
+    );
+    assert_eq!(routes_of(&dp), [(ip("10.0.0.5"), ip("192.0.2.1"))]);
+    // The next change reopens the journal and is recorded.
+    store
+        .apply(&dp, add("10.0.0.6", "192.0.2.1"))
+        .expect("recorded");
+    let again = Fake::default();
+    RouteStore::beside(&state)
+        .restore(&again)
+        .expect("restored");
+    assert_eq!(routes_of(&again), [(ip("10.0.0.6"), ip("192.0.2.1"))]);
+}
