@@ -86,6 +86,15 @@ pub enum Error {
         /// What failed.
         reason: String,
     },
+    /// A per-VM route change reached the data path but could not be recorded in the route
+    /// store: the data path forwards by it until the next restart, which loses it.
+    #[error("applied to the data path but not persisted (lost at the next restart): route store {path}: {reason}")]
+    NotPersisted {
+        /// The file.
+        path: PathBuf,
+        /// What failed.
+        reason: String,
+    },
     /// The key log could not be opened or written.
     #[error("key log {path}: {source}")]
     KeyLog {

@@ -366,6 +366,7 @@ impl DataPath for Dataplane {
     }
 
     fn route_stats(&self) -> RouteStats {
-        self.shared.routes().stats()
+        // Not from the writer: its lock is held for the whole of a bulk load.
+        RouteStats::clone(&self.shared.route_readers.stats())
     }
 }

@@ -20,14 +20,14 @@
 
 use std::collections::HashMap;
 use std::net::IpAddr;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use datapath::{DataplaneError, RouteChange, RouteChangeReport, RouteStats, VnetRouteStats};
 use ids::TenantId;
 use left_right::{Absorb, ReadGuard, ReadHandle, ReadHandleFactory, WriteHandle};
 #[cfg(test)]
 use overlay::Family;
-use overlay::{Key, OverlayTable, Value, VnetId, Vni};
+use overlay::{Key, OverlayError, OverlayTable, Value, VnetId, Vni};
 use rustc_hash::FxHashMap;
 
 /// One copy of the per-VM routes: the table and, per VNet, its entries by host (the hosts of
@@ -40,6 +40,9 @@ pub(crate) struct Routes {
     hosts: FxHashMap<(VnetId, IpAddr), u32>,
     /// IPv4 and IPv6 entries of each VNet.
     counts: FxHashMap<VnetId, [usize; 2]>,
+    /// Entries the last operation applied to this copy could not insert, and the first
+    /// reason (the writer reads it after publishing, to report the change as failed).
+    failed: Option<(usize, OverlayError)>,
 }
 
 /// Where the entries of a bulk operation come from: read twice, once per copy.
@@ -62,6 +65,9 @@ pub(crate) enum Op {
     Remove(Key),
     /// Adds or replaces many entries.
     Bulk(Arc<dyn Source>),
+    /// Limits the entries of the table (tests: makes inserts fail).
+    #[cfg(test)]
+    Limit(Option<usize>),
 }
 
 impl Routes {
@@ -111,10 +117,11 @@ impl Routes {
                 }
                 *self.hosts.entry((key.vnet, host)).or_default() += 1;
             }
-            // The writer checked the entry; only memory can fail here.
-            Err(e) => {
-                tracing::error!(vnet = %key.vnet, address = %key.addr, error = %e, "overlay entry not added")
-            }
+            // The writer checked the entry; only the table's room can fail here.
+            Err(e) => match &mut self.failed {
+                Some((n, _)) => *n += 1,
+                None => self.failed = Some((1, e)),
+            },
         }
     }
 
@@ -137,6 +144,7 @@ impl Routes {
     }
 
     fn apply(&mut self, op: &Op) {
+        self.failed = None;
         match op {
             Op::SetVnet(vnet, vni) => {
                 if let Err(e) = self.table.set_vnet(*vnet, *vni) {
@@ -157,6 +165,8 @@ impl Routes {
                 }
                 source.each(&mut |key, host| self.insert(key, host));
             }
+            #[cfg(test)]
+            Op::Limit(max) => self.table.set_max_entries(*max),
         }
     }
 }
@@ -170,9 +180,12 @@ impl Absorb<Op> for Routes {
         self.apply(op);
     }
 
-    /// A bulk change is not replayed but copied: `other` holds it (and possibly the changes
-    /// after it, which are replayed next and, all being overwrites, leave the same state),
-    /// and a copy of the table is a memory copy where a replay parses and inserts again.
+    /// A bulk change is not replayed but copied: `other` holds it and every change before it,
+    /// and a copy of the table is a memory copy where a replay parses and inserts again. The
+    /// writer publishes a bulk change alone (nothing appended with it, published at once:
+    /// [`RouteWriter::append_bulk`]), so `other` holds nothing after it either; were a change
+    /// published with it, `other` would hold that one too and it would be replayed on top,
+    /// which every other operation allows (each is idempotent).
     fn absorb_second(&mut self, op: Op, other: &Self) {
         match op {
             Op::Bulk(_) => {
@@ -211,13 +224,23 @@ impl RouteReader {
     }
 }
 
-/// Makes [`RouteReader`]s (shared by the threads).
-pub(crate) struct RouteReaders(ReadHandleFactory<Routes>);
+/// Makes [`RouteReader`]s (shared by the threads), and holds the statistics of the last
+/// publication.
+pub(crate) struct RouteReaders {
+    factory: ReadHandleFactory<Routes>,
+    stats: Arc<Mutex<Arc<RouteStats>>>,
+}
 
 impl RouteReaders {
     /// A reader for one worker thread.
     pub(crate) fn reader(&self) -> RouteReader {
-        RouteReader(self.0.handle())
+        RouteReader(self.factory.handle())
+    }
+
+    /// Entries per configured VNet, hosts and memory, as of the last change (never waits for
+    /// one in progress, a bulk load included: the lock is held only to swap an `Arc`).
+    pub(crate) fn stats(&self) -> Arc<RouteStats> {
+        Arc::clone(&self.stats.lock().unwrap_or_else(PoisonError::into_inner))
     }
 }
 
@@ -228,6 +251,8 @@ pub(crate) struct RouteWriter {
     ids: HashMap<(TenantId, String), VnetId>,
     /// The configured VNets, in configuration order.
     vnets: Vec<RouteVnet>,
+    /// Where the statistics are left after each publication, for [`RouteReaders::stats`].
+    stats: Arc<Mutex<Arc<RouteStats>>>,
 }
 
 /// A configured VNet as the per-VM routes see it.
@@ -245,15 +270,24 @@ pub(crate) struct RouteVnet {
     pub(crate) vtep_v6: bool,
 }
 
-/// The configured VNets by name, for resolving route files (few: a scan, no allocation).
+/// The configured VNets by tenant and name, for resolving route files: a map, as a file's
+/// every line is looked up (no allocation per lookup).
 #[derive(Clone)]
-struct Names(Vec<RouteVnet>);
+struct Names(FxHashMap<String, FxHashMap<String, RouteVnet>>);
 
 impl Names {
+    fn new(vnets: &[RouteVnet]) -> Self {
+        let mut m: FxHashMap<String, FxHashMap<String, RouteVnet>> = FxHashMap::default();
+        for v in vnets {
+            m.entry(v.tenant.as_str().to_owned())
+                .or_default()
+                .insert(v.name.clone(), v.clone());
+        }
+        Self(m)
+    }
+
     fn find(&self, tenant: &str, vnet: &str) -> Option<&RouteVnet> {
-        self.0
-            .iter()
-            .find(|v| v.tenant.as_str() == tenant && v.name == vnet)
+        self.0.get(tenant)?.get(vnet)
     }
 
     fn get(&self, tenant: &str, vnet: &str) -> Option<VnetId> {
@@ -330,13 +364,22 @@ fn route_err(line: Option<usize>, field: Option<&'static str>, reason: String) -
 impl RouteWriter {
     /// An empty table, its writer and the factory of its readers.
     pub(crate) fn new() -> (Self, RouteReaders) {
-        let (w, r) = left_right::new_from_empty::<Routes, Op>(Routes::default());
-        let readers = RouteReaders(r.factory());
+        let (mut w, r) = left_right::new_from_empty::<Routes, Op>(Routes::default());
+        // Out of `left-right`'s first mode, which applies an appended operation to the write
+        // copy with `absorb_second` and would turn a bulk change into a copy of the empty
+        // other one.
+        w.publish();
+        let stats = Arc::new(Mutex::new(Arc::new(RouteStats::default())));
+        let readers = RouteReaders {
+            factory: r.factory(),
+            stats: Arc::clone(&stats),
+        };
         (
             Self {
                 w,
                 ids: HashMap::new(),
                 vnets: Vec::new(),
+                stats,
             },
             readers,
         )
@@ -360,10 +403,16 @@ impl RouteWriter {
     }
 
     /// The configured VNets changed (in configuration order, with their numbers and VNIs):
-    /// VNets no longer configured lose their entries, the others get their VNIs.
+    /// VNets no longer configured lose their entries, as do those whose VTEP changed address
+    /// family; the others get their VNIs.
     pub(crate) fn set_vnets(&mut self, vnets: Vec<RouteVnet>) {
         for old in &self.vnets {
-            if !vnets.iter().any(|v| v.id == old.id) {
+            // Gone, or its VTEP changed address family: its entries' hosts can no longer be
+            // reached from its socket (an entry's host is of its VTEP's family), so they go.
+            if !vnets
+                .iter()
+                .any(|v| v.id == old.id && v.vtep_v6 == old.vtep_v6)
+            {
                 self.w.append(Op::RemoveVnet(old.id));
             }
         }
@@ -371,7 +420,7 @@ impl RouteWriter {
             let same = self
                 .vnets
                 .iter()
-                .any(|old| old.id == v.id && old.vni == v.vni);
+                .any(|old| old.id == v.id && old.vni == v.vni && old.vtep_v6 == v.vtep_v6);
             if !same {
                 self.w.append(Op::SetVnet(v.id, v.vni));
             }
@@ -382,11 +431,47 @@ impl RouteWriter {
 
     /// Publishes what was appended, and replays it on the other copy at once so the next
     /// change finds both copies current.
-    /// (Always both: before the first publication `left-right` applies changes to the
-    /// unpublished copy directly, with nothing pending to tell.)
     fn publish(&mut self) {
         self.w.publish();
         self.w.publish();
+        self.leave_stats();
+    }
+
+    /// Leaves the statistics of the published copy for [`RouteReaders::stats`] (a scan of
+    /// the configured VNets, the rest is counters).
+    fn leave_stats(&self) {
+        let stats = Arc::new(self.stats());
+        *self.stats.lock().unwrap_or_else(PoisonError::into_inner) = stats;
+    }
+
+    /// Appends a bulk change, alone: nothing may be pending with it, and the caller publishes
+    /// it next (see `absorb_second`).
+    fn append_bulk(&mut self, source: Arc<dyn Source>) {
+        debug_assert!(
+            !self.w.has_pending_operations(),
+            "a bulk change is published alone"
+        );
+        self.w.append(Op::Bulk(source));
+    }
+
+    /// Publishes what was appended as [`Self::publish`] does, and returns what the change
+    /// could not insert in either copy.
+    fn publish_checked(&mut self) -> Option<(usize, OverlayError)> {
+        // The first publication swaps in the copy that applied the change, the second the
+        // copy that replayed it (or copied it, for a bulk change).
+        self.w.publish();
+        let first = self.read(|t| t.failed.clone());
+        self.w.publish();
+        let second = self.read(|t| t.failed.clone());
+        self.leave_stats();
+        first.or(second)
+    }
+
+    /// Entries limit of both copies (tests).
+    #[cfg(test)]
+    pub(crate) fn limit(&mut self, max: Option<usize>) {
+        self.w.append(Op::Limit(max));
+        self.publish();
     }
 
     /// A configured VNet.
@@ -427,12 +512,23 @@ impl RouteWriter {
                 }
                 check_family(v, r.host).map_err(|reason| route_err(None, Some("host"), reason))?;
                 let key = Key::new(vnet, r.address);
-                if self.read(|t| t.exact(vnet, r.address)).is_some() {
+                let old = self.read(|t| t.exact(vnet, r.address));
+                if old.is_some() {
                     report.replaced = 1;
                 } else {
                     report.added = 1;
                 }
                 self.w.append(Op::Insert(key, r.host));
+                if let Some((_, e)) = self.publish_checked() {
+                    // A copy whose insert failed is unchanged: put the other one back too.
+                    self.w.append(match old {
+                        Some(host) => Op::Insert(key, host),
+                        None => Op::Remove(key),
+                    });
+                    self.publish();
+                    return Err(route_err(None, None, format!("entry not added: {e}")));
+                }
+                return Ok(report);
             }
             RouteChange::Del {
                 tenant,
@@ -451,7 +547,7 @@ impl RouteWriter {
                 self.w.append(Op::Remove(Key::new(vnet, address)));
             }
             RouteChange::Load(text) => {
-                let vnets = Names(self.vnets.clone());
+                let vnets = Names::new(&self.vnets);
                 let (mut v4, mut v6) = (0, 0);
                 for entry in overlay::parse_routes(&text) {
                     let r = entry.map_err(|e| {
@@ -482,12 +578,20 @@ impl RouteWriter {
                 // Added: the growth of the table; replaced: the other lines (a file naming
                 // an address twice counts the second as replacing the first).
                 let before = self.read(|t| t.table.len());
-                self.w.append(Op::Bulk(Arc::new(FileSource {
+                self.append_bulk(Arc::new(FileSource {
                     text,
                     vnets,
                     size: (v4, v6),
-                })));
-                self.publish();
+                }));
+                if let Some((n, e)) = self.publish_checked() {
+                    return Err(route_err(
+                        None,
+                        None,
+                        format!(
+                            "{n} entries of the file not added ({e}); the others are in the table"
+                        ),
+                    ));
+                }
                 report.added = self.read(|t| t.table.len()).saturating_sub(before);
                 report.replaced = (v4 + v6).saturating_sub(report.added);
                 return Ok(report);
@@ -518,9 +622,17 @@ impl RouteWriter {
                     &mut || skipped += 1,
                 );
                 source.size = (v4, v6);
-                report.added = v4 + v6;
-                report.skipped = skipped;
-                self.w.append(Op::Bulk(Arc::new(source)));
+                self.append_bulk(Arc::new(source));
+                let failed = match self.publish_checked() {
+                    Some((n, e)) => {
+                        tracing::error!(entries = n, error = %e, "snapshot entries not restored");
+                        n
+                    }
+                    None => 0,
+                };
+                report.added = (v4 + v6).saturating_sub(failed);
+                report.skipped = skipped + failed;
+                return Ok(report);
             }
         }
         self.publish();

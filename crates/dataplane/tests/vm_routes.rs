@@ -140,8 +140,9 @@ fn an_exact_entry_moves_a_vm_and_its_removal_falls_back_to_the_prefix() {
 }
 
 /// The peer sends a steady stream while the entry flips between the two hosts hundreds of
-/// times: every packet arrives exactly once, at one of the two hosts, and packets sent after
-/// the last change arrive at the last host.
+/// times: every packet arrives exactly once, at one of the two hosts, both hosts get some
+/// (the table is used), each host gets its packets in order, and the packets sent after the
+/// last change all arrive at the last host (not the one the prefix names).
 #[test]
 fn no_packet_is_lost_or_misdelivered_while_the_table_changes() {
     let s = setup();
@@ -174,8 +175,17 @@ fn no_packet_is_lost_or_misdelivered_while_the_table_changes() {
         ..
     } = s;
     let (c0, c1) = (collect(h0), collect(h1));
+    // After N packets the sender waits for the last change, then sends TAIL more.
+    const TAIL: u32 = 100;
+    let (last_change_done, wait_last_change) = std::sync::mpsc::channel::<()>();
+    let waiting = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let sender_waiting = std::sync::Arc::clone(&waiting);
     let sender = std::thread::spawn(move || {
-        for seq in 1..=N {
+        for seq in 1..=N + TAIL {
+            if seq == N + 1 {
+                sender_waiting.store(true, std::sync::atomic::Ordering::Release);
+                wait_last_change.recv().expect("the last change");
+            }
             let inner = udp4(
                 "192.168.0.9",
                 2000,
@@ -191,7 +201,8 @@ fn no_packet_is_lost_or_misdelivered_while_the_table_changes() {
         }
     });
     let mut flips = 0;
-    while !sender.is_finished() {
+    // Until the sender has sent N packets and waits.
+    while !waiting.load(std::sync::atomic::Ordering::Acquire) {
         let host = if flips % 2 == 0 {
             "127.0.0.3"
         } else {
@@ -200,12 +211,36 @@ fn no_packet_is_lost_or_misdelivered_while_the_table_changes() {
         dp.change_routes(add("10.0.0.5", host)).expect("moved");
         flips += 1;
     }
+    // The last change: to the host the prefix does not name.
+    dp.change_routes(add("10.0.0.5", "127.0.0.3"))
+        .expect("moved");
+    last_change_done.send(()).expect("sender waiting");
     sender.join().expect("sender");
     let (g0, g1) = (c0.join().expect("host 0"), c1.join().expect("host 1"));
+    for (h, got) in [(0, &g0), (1, &g1)] {
+        assert!(
+            got.windows(2).all(|w| w[0] < w[1]),
+            "host {h} got packets out of order: {got:?}"
+        );
+        assert!(
+            got.iter().any(|&s| s <= N),
+            "host {h} got none of the packets sent while the entry flipped"
+        );
+    }
+    let tail: Vec<u32> = g0.iter().copied().filter(|&s| s > N).collect();
+    assert!(
+        tail.is_empty(),
+        "sent after the last change, delivered to the old host: {tail:?}"
+    );
+    assert_eq!(
+        g1.iter().filter(|&&s| s > N).count(),
+        TAIL as usize,
+        "the packets sent after the last change reach its host"
+    );
     let all: Vec<u32> = g0.iter().chain(&g1).copied().collect();
     let unique: HashSet<u32> = all.iter().copied().collect();
     assert_eq!(all.len(), unique.len(), "a packet was delivered twice");
-    let missing: Vec<u32> = (1..=N).filter(|s| !unique.contains(s)).collect();
+    let missing: Vec<u32> = (1..=N + TAIL).filter(|s| !unique.contains(s)).collect();
     assert!(
         missing.is_empty(),
         "lost {} packets: {missing:?}",
@@ -218,8 +253,10 @@ fn no_packet_is_lost_or_misdelivered_while_the_table_changes() {
 }
 
 /// A bulk load of 1 M entries (other VMs) while the peer streams to the VM: every packet
-/// arrives, at the VM's host; the longest gap between arrivals is printed (not asserted: the
-/// machine is shared).
+/// arrives, at the VM's host, and no gap between arrivals passes 50 ms. The bound is
+/// 10 ms (measured here: 3.7-5.0 ms, printed); the assertion is five times that because the
+/// 2-core test machine runs other builds whose scheduling alone stalls a thread for tens of
+/// milliseconds now and then. A data plane that waited for the load (about a second) fails.
 #[test]
 fn a_bulk_load_while_forwarding_loses_nothing() {
     let s = setup();
@@ -292,4 +329,9 @@ fn a_bulk_load_while_forwarding_loses_nothing() {
         gap.as_secs_f64() * 1e3
     );
     assert_eq!(dp.route_stats().entries, (1 << 20) + 1);
+    assert!(
+        gap < Duration::from_millis(50),
+        "forwarding stalled for {:.1} ms during the load",
+        gap.as_secs_f64() * 1e3
+    );
 }

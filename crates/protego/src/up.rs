@@ -131,6 +131,25 @@ fn serve(config: Config, discard_applied: bool) -> Result<(), UpError> {
     let (to_control, from_dataplane) = crossbeam_channel::bounded(CONTROL_QUEUE);
     let dp = Dataplane::start(config.dataplane.clone(), to_control)?;
     let datapath: Arc<dyn DataPath> = dp.clone();
+    // The per-VM overlay routes live beside a file store (a memory store keeps none). They
+    // are restored before IKE starts: an SA established earlier would carry packets to moved
+    // VMs by the VNet's prefixes until the restore (seconds at 16 M entries) is done.
+    let routes = match &config.store {
+        control::config::StoreConfig::File { path } => {
+            let routes = control::routes::RouteStore::beside(path);
+            match routes.restore(&*datapath) {
+                Ok(r) => {
+                    info!(file = %routes.path().display(), snapshot = r.snapshot, journal = r.journal, skipped = r.skipped, ignored = r.ignored, "per-VM routes restored");
+                    Some(Arc::new(routes))
+                }
+                Err(e) => {
+                    dp.shutdown();
+                    return Err(e.into());
+                }
+            }
+        }
+        _ => None,
+    };
     let control = match ControlPlane::start(config, Arc::clone(&datapath), from_dataplane, store) {
         Ok(c) => c,
         Err(e) => {
@@ -143,20 +162,8 @@ fn serve(config: Config, discard_applied: bool) -> Result<(), UpError> {
         Arc::clone(&datapath),
         TunnelDirectory::from_config(config),
     );
-    // The per-VM overlay routes live beside a file store (a memory store keeps none).
-    if let control::config::StoreConfig::File { path } = &config.store {
-        let routes = control::routes::RouteStore::beside(path);
-        match routes.restore(&*datapath) {
-            Ok(r) => {
-                info!(file = %routes.path().display(), snapshot = r.snapshot, journal = r.journal, skipped = r.skipped, "per-VM routes restored");
-                responder = responder.with_routes(Arc::new(routes));
-            }
-            Err(e) => {
-                let _ = control.shutdown(Duration::ZERO);
-                dp.shutdown();
-                return Err(e.into());
-            }
-        }
+    if let Some(routes) = routes {
+        responder = responder.with_routes(routes);
     }
     let server = match StatusServer::start(&config.gateway.control_socket, Arc::new(responder)) {
         Ok(s) => s,

@@ -1,13 +1,15 @@
 //! Per-VM overlay routes (issue 16 §2) against real strongSwan and kernel VXLAN hosts: a VM
-//! moves from one cloud host to the other while the site pings it every 10 ms, and
+//! moves from one cloud host to the other while the site pings it every millisecond (issue 16
+//! §4's 1 kHz ping), and
 //! `protego ctl route add` points its exact entry at the new host.
 //!
 //! The gateway's configuration routes each VM's /32 to the host it starts on, so after the
 //! move only the exact entry can reach the VM: the pings that come back prove it wins over
 //! the prefix. The move itself is the VM's host-side veth leaving the first host's bridge for
 //! the second's (the VM keeps its namespace, address and MAC, as in a live migration); the
-//! route change follows it. Pings sent between the two are lost (the old host no longer has
-//! the VM): the test says how many, and requires the loss to end once the command returned.
+//! route change follows it. Pings sent between the two may be lost (the old host no longer
+//! has the VM): the test says how many (3 or 4 of 3000 in 24-39 ms here), and requires no
+//! more than one per millisecond of the move and command, plus three in flight.
 
 mod common;
 
@@ -81,16 +83,18 @@ fn a_vm_moved_to_another_host_is_reached_through_its_exact_entry() -> Result<()>
         add(&from.underlay.addr)?;
         ping_all_vms(&topo, 0, 5)?;
 
-        // Pings every 10 ms from the site while the VM moves.
+        // Pings every millisecond from the site while the VM moves (an interval below 2 ms
+        // needs root, as these tests run).
+        const PINGS: usize = 3000;
         let s = &topo.sites[0];
         let ping = s.ns.spawn(
             "move-ping",
             Cmd::new("ping").args([
                 "-n".to_owned(),
                 "-i".to_owned(),
-                "0.01".to_owned(),
+                "0.001".to_owned(),
                 "-c".to_owned(),
-                "300".to_owned(),
+                PINGS.to_string(),
                 "-W".to_owned(),
                 "1".to_owned(),
                 "-I".to_owned(),
@@ -111,14 +115,20 @@ fn a_vm_moved_to_another_host_is_reached_through_its_exact_entry() -> Result<()>
         ping.wait(Duration::from_secs(10))?;
         let log = ping.log();
         let received = log.lines().filter(|l| l.contains("bytes from")).count();
-        let lost = 300usize.saturating_sub(received);
+        let lost = PINGS.saturating_sub(received);
+        // ping's summary: that it kept its interval (its `time`) through the move.
+        if let Some(summary) = log.lines().find(|l| l.contains("packets transmitted")) {
+            eprintln!("ping: {summary}");
+        }
         eprintln!(
-            "VM moved and its entry changed within {:.1} ms; {lost} of 300 pings (10 ms apart) lost",
+            "VM moved and its entry changed within {:.1} ms; {lost} of {PINGS} pings (1 ms apart) lost",
             gap.as_secs_f64() * 1e3
         );
-        // Only the pings sent while the VM was at neither host may be lost (the move and
-        // the command took `gap`; a ping in flight adds one).
-        let allowed = (gap.as_millis() / 10) as usize + 2;
+        // Only the pings sent while the VM was at neither host may be lost: one per
+        // millisecond the move and the command took (`gap`), and the few in flight when the
+        // veth left the old host (a round trip through the gateway is under a millisecond;
+        // three allow for ping's own timer slack).
+        let allowed = gap.as_millis() as usize + 3;
         assert!(
             lost <= allowed,
             "{lost} lost, at most {allowed} expected:\n{log}"

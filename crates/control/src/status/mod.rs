@@ -11,8 +11,8 @@ mod tests;
 
 pub use render::render_text;
 pub use server::{
-    apply_answer, distributed_only, query, query_status, query_with_timeout, route_answer,
-    vm_route, Request, RequestHandler, Responder, StatusServer,
+    apply_answer, distributed_only, query, query_status, query_with_timeout, read_route_file,
+    route_answer, vm_route, Request, RequestHandler, Responder, StatusServer, MAX_ROUTE_FILE,
 };
 
 use crate::config::{Config, TunnelInside};

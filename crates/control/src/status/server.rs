@@ -255,6 +255,43 @@ pub fn vm_route(
     })
 }
 
+/// The largest route file `route load` reads: 4 GiB, about 40 M IPv6 entries as JSON lines
+/// (the table's target is 16 M). The text is held while it is loaded.
+pub const MAX_ROUTE_FILE: u64 = 4 << 30;
+
+/// Reads the route file `path` for `route load`: a regular file of at most `limit` bytes
+/// (checked before reading, and the read stops past it should the file grow meanwhile), in
+/// UTF-8.
+pub fn read_route_file(path: &Path, limit: u64) -> Result<String, Error> {
+    let err = |reason: String| Error::RouteStore {
+        path: path.to_owned(),
+        reason,
+    };
+    let file = std::fs::File::open(path).map_err(|e| err(format!("cannot read: {e}")))?;
+    let meta = file
+        .metadata()
+        .map_err(|e| err(format!("cannot read: {e}")))?;
+    if !meta.is_file() {
+        return Err(err("not a regular file".to_owned()));
+    }
+    let too_big = |size: u64| {
+        err(format!(
+            "{size} bytes is more than a route file may have ({limit} bytes)"
+        ))
+    };
+    if meta.len() > limit {
+        return Err(too_big(meta.len()));
+    }
+    let mut text = String::with_capacity(usize::try_from(meta.len()).unwrap_or(0));
+    file.take(limit.saturating_add(1))
+        .read_to_string(&mut text)
+        .map_err(|e| err(format!("cannot read: {e}")))?;
+    if text.len() as u64 > limit {
+        return Err(too_big(text.len() as u64));
+    }
+    Ok(text)
+}
+
 /// The control socket's answer to a route change.
 pub fn route_answer(r: &datapath::RouteChangeReport, elapsed: Duration) -> Value {
     json!({
@@ -362,11 +399,7 @@ impl Responder {
                 }
             }
             Request::RouteLoad { file } => {
-                let text = std::fs::read_to_string(&file).map_err(|e| Error::RouteStore {
-                    path: file.clone(),
-                    reason: format!("cannot read: {e}"),
-                })?;
-                let text: Arc<str> = Arc::from(text);
+                let text: Arc<str> = Arc::from(read_route_file(&file, MAX_ROUTE_FILE)?);
                 match &self.routes {
                     Some(store) => store.load(dp, text)?,
                     None => dp.change_routes(datapath::RouteChange::Load(text))?,
@@ -417,7 +450,31 @@ impl Responder {
             *self.directory_mut() = TunnelDirectory::from_config(&outcome.config);
             after(&outcome);
         }
+        let plan = &outcome.plan;
+        if !dry_run && (!plan.vnets_removed.is_empty() || !plan.vnets_changed.is_empty()) {
+            let vnets: Vec<&str> = (plan.vnets_removed.iter())
+                .chain(&plan.vnets_changed)
+                .map(String::as_str)
+                .collect();
+            self.forget_dropped_routes(&vnets);
+        }
         Ok(outcome)
+    }
+
+    /// The data path dropped the per-VM routes of removed VNets (and of changed ones whose
+    /// VTEP changed address family); a new snapshot drops them from the route store too, or
+    /// they would come back at the next start if a VNet of the same name is configured again
+    /// (or the family changes back).
+    fn forget_dropped_routes(&self, removed: &[&str]) {
+        let Some(store) = &self.routes else { return };
+        match store.compact(&*self.datapath) {
+            Ok(n) => {
+                tracing::info!(vnets = ?removed, entries = n, "route store rewritten after VNets were removed or changed")
+            }
+            Err(e) => {
+                tracing::error!(vnets = ?removed, error = %e, "route store not rewritten: per-VM routes the data path dropped with these VNets come back at the next start if VNets of those names are configured again")
+            }
+        }
     }
 
     fn directory(&self) -> std::sync::RwLockReadGuard<'_, TunnelDirectory> {

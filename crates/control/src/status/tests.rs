@@ -8,7 +8,7 @@ use ike::{
     ChildSaStatus, IkeDrop, IkeSaState, IkeSaStatus, IkeSpis, IkeStats, TrafficSelector, TunnelId,
 };
 use serde_json::{json, Value};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use wire::{EspSpi, IkeSpi};
@@ -623,4 +623,20 @@ fn route_fields_are_checked_and_named() {
         let e = crate::status::vm_route(t, v, a, h).expect_err(field);
         assert!(e.starts_with(field), "{e}");
     }
+}
+
+/// `route load` reads a regular file up to a limit, and says why it reads no other.
+#[test]
+fn a_route_file_is_read_up_to_its_limit() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let file = dir.path().join("routes.csv");
+    std::fs::write(&file, "acme,prod,10.0.0.5,192.0.2.1\n").expect("file");
+    let text = read_route_file(&file, 29).expect("at the limit");
+    assert_eq!(text.len(), 29);
+    let e = read_route_file(&file, 28).expect_err("past the limit");
+    assert!(e.to_string().contains("29 bytes is more than"), "{e}");
+    let e = read_route_file(dir.path(), 1 << 20).expect_err("a directory");
+    assert!(e.to_string().contains("not a regular file"), "{e}");
+    let e = read_route_file(Path::new("/dev/zero"), 1 << 20).expect_err("a device");
+    assert!(e.to_string().contains("not a regular file"), "{e}");
 }

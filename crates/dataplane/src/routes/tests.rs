@@ -287,13 +287,17 @@ fn changes_while_readers_look_up_lose_and_misdeliver_nothing() {
     }
     let stop = Arc::new(AtomicBool::new(false));
     let generation = Arc::new(AtomicU64::new(0));
+    // Readers that finished a batch: the writer starts once both have (on a loaded machine
+    // a reader may otherwise not run before the writer is done).
+    let running = Arc::new(AtomicU64::new(0));
     let threads: Vec<_> = (0..2)
         .map(|_| {
-            let (stop, generation, vnets, vms) = (
+            let (stop, generation, vnets, vms, running) = (
                 Arc::clone(&stop),
                 Arc::clone(&generation),
                 Arc::clone(&vnets),
                 vms.clone(),
+                Arc::clone(&running),
             );
             let reader = readers.reader();
             std::thread::spawn(move || {
@@ -329,6 +333,9 @@ fn changes_while_readers_look_up_lose_and_misdeliver_nothing() {
                     }
                     drop(g);
                     batches += 1;
+                    if batches == 1 {
+                        running.fetch_add(1, Ordering::Release);
+                    }
                 }
                 batches
             })
@@ -342,6 +349,9 @@ fn changes_while_readers_look_up_lose_and_misdeliver_nothing() {
         .iter()
         .map(|vm| format!("acme,prod,{vm},192.0.2.60\n"))
         .collect();
+    while running.load(Ordering::Acquire) < 2 {
+        std::thread::yield_now();
+    }
     for round in 1..=200u64 {
         let text = if round % 2 == 1 { &text_b } else { &text_a };
         generation.store(2 * round - 1, Ordering::Release);
@@ -354,4 +364,87 @@ fn changes_while_readers_look_up_lose_and_misdeliver_nothing() {
         let batches = t.join().expect("reader ok");
         assert!(batches > 0);
     }
+}
+
+/// An entry the table has no room for is reported as an error (so the route store does not
+/// journal it), and both copies are left as they were; a load past the room says how many
+/// of its entries are missing.
+#[test]
+fn an_insert_that_fails_is_an_error_and_changes_nothing() {
+    let (mut w, readers, vnets) = setup();
+    let prod = &vnets[0];
+    w.limit(Some(1));
+    add(&mut w, "acme", "prod", "10.0.0.7", "192.0.2.50");
+    let e = w
+        .change(RouteChange::Add(VmRoute {
+            tenant: tenant("acme"),
+            vnet: "prod".into(),
+            address: ip("10.0.0.8"),
+            host: ip("192.0.2.51"),
+        }))
+        .expect_err("no room");
+    assert!(e.to_string().contains("table full"), "{e}");
+    // Both copies: the one readers see now, and the other after one more publication.
+    for _ in 0..2 {
+        assert_eq!(route(&readers, prod, "10.0.0.8"), Some(ip("192.0.2.1")));
+        assert_eq!(w.len_of(Family::V4), 1);
+        w.publish();
+    }
+    // Replacing an entry needs no room.
+    add(&mut w, "acme", "prod", "10.0.0.7", "192.0.2.52");
+    assert_eq!(route(&readers, prod, "10.0.0.7"), Some(ip("192.0.2.52")));
+    let e = w
+        .change(RouteChange::Load(Arc::from(
+            "acme,prod,10.0.0.9,192.0.2.53\nacme,prod,10.0.0.10,192.0.2.53\n",
+        )))
+        .expect_err("no room");
+    assert!(
+        e.to_string().contains("2 entries of the file not added"),
+        "{e}"
+    );
+}
+
+/// The statistics `protego status` shows come from the last publication, not from the
+/// writer, whose lock a bulk load holds for seconds.
+#[test]
+fn statistics_do_not_wait_for_the_writer() {
+    let (mut w, readers, _vnets) = setup();
+    add(&mut w, "acme", "prod", "10.0.0.7", "192.0.2.50");
+    let w = std::sync::Arc::new(std::sync::Mutex::new(w));
+    let (held, hold) = std::sync::mpsc::channel();
+    let busy = {
+        let w = std::sync::Arc::clone(&w);
+        std::thread::spawn(move || {
+            let _load = w.lock().expect("writer");
+            held.send(()).expect("main waits");
+            std::thread::sleep(std::time::Duration::from_millis(500));
+        })
+    };
+    hold.recv().expect("writer held");
+    let started = std::time::Instant::now();
+    let st = readers.stats();
+    assert!(started.elapsed() < std::time::Duration::from_millis(250));
+    assert_eq!((st.entries, st.vnets[0].v4, st.vnets.len()), (1, 1, 2));
+    busy.join().expect("busy writer");
+}
+
+/// A VNet whose VTEP changes address family loses its entries: their hosts are of the old
+/// family, which the VTEP's socket can no longer send to. The VNet keeps its VNI, and takes
+/// entries of the new family.
+#[test]
+fn a_vtep_of_another_family_drops_the_vnets_entries() {
+    let (mut w, readers, vnets) = setup();
+    add(&mut w, "acme", "prod", "10.0.0.7", "192.0.2.50");
+    add(&mut w, "globex", "main", "10.0.0.7", "192.0.2.70");
+    let mut prod = entry(&vnets[0]);
+    prod.vtep_v6 = true;
+    w.set_vnets(vec![prod, entry(&vnets[1])]);
+    let st = w.stats();
+    assert_eq!((st.entries, st.vnets[0].v4, st.vnets[1].v4), (1, 0, 1));
+    assert_eq!(
+        route(&readers, &vnets[0], "10.0.0.7"),
+        Some(ip("192.0.2.1"))
+    );
+    add(&mut w, "acme", "prod", "10.0.0.7", "2001:db8::50");
+    assert_eq!(w.stats().vnets[0].v4, 1);
 }
