@@ -66,6 +66,11 @@ pub(crate) struct FrameBatch {
     used: usize,
     frames: Vec<RxFrame>,
     max_frames: usize,
+    /// Frames dropped since the last `clear` because they do not fit even an empty batch.
+    pub(crate) too_big: u64,
+    /// Frames given up since the last `clear` because a ring frame header lay outside its
+    /// block.
+    pub(crate) bad_headers: u64,
 }
 
 impl FrameBatch {
@@ -76,13 +81,17 @@ impl FrameBatch {
             used: 0,
             frames: Vec::with_capacity(max_frames.max(1)),
             max_frames: max_frames.max(1),
+            too_big: 0,
+            bad_headers: 0,
         }
     }
 
-    /// Empties the batch.
+    /// Empties the batch (and zeroes its drop counts).
     pub(crate) fn clear(&mut self) {
         self.used = 0;
         self.frames.clear();
+        self.too_big = 0;
+        self.bad_headers = 0;
     }
 
     /// The frames.
@@ -305,15 +314,11 @@ impl PacketSocket {
         }
     }
 
-    fn read_u32(&self, block: usize, offset: usize) -> u32 {
-        // SAFETY: callers keep `offset + 4` within the block.
-        unsafe { ptr::read_unaligned(self.ring.add(block * BLOCK_SIZE + offset).cast::<u32>()) }
-    }
-
     /// Copies the frames the kernel handed over into `out` (which is cleared first), until it
-    /// is full or no block is ready; returns the frames copied and whether the batch filled.
-    /// Blocks are given back to the kernel as soon as they are read whole. Frames we sent
-    /// ourselves are skipped.
+    /// is full or no block is ready; returns the frames copied and whether the batch filled
+    /// (never with none copied: a frame too big for an empty batch is dropped and counted,
+    /// [`FrameBatch::too_big`]). Blocks are given back to the kernel as soon as they are read
+    /// whole. Frames we sent ourselves are skipped.
     pub(crate) fn read_batch(&self, out: &mut FrameBatch) -> (usize, bool) {
         out.clear();
         let mut cur = self.cursor.lock().unwrap_or_else(|p| p.into_inner());
@@ -326,77 +331,20 @@ impl PacketSocket {
             if status & libc::TP_STATUS_LOSING != 0 {
                 self.losing.store(true, Ordering::Relaxed);
             }
-            let count = self.read_u32(block, BLOCK_NUM_PKTS);
-            if cur.read == 0 {
-                cur.offset = self.read_u32(block, BLOCK_FIRST_PKT) as usize;
-            }
-            while cur.read < count {
-                let Some(frame) = self.frame_at(block, cur.offset) else {
-                    // A header outside the block: give the block back rather than trust it.
-                    break;
-                };
-                if !frame.outgoing {
-                    // SAFETY: `frame_at` checked the frame lies within the block.
-                    let bytes = unsafe {
-                        std::slice::from_raw_parts(
-                            self.ring.add(block * BLOCK_SIZE + frame.data),
-                            frame.snaplen,
-                        )
-                    };
-                    if !out.push(bytes, frame.vlan, frame.truncated) {
-                        return (out.frames.len(), true);
-                    }
-                }
-                cur.read += 1;
-                if frame.next == 0 {
-                    break;
-                }
-                cur.offset += frame.next;
+            // SAFETY: the block lies within the mapping, and while its status says
+            // TP_STATUS_USER the kernel leaves it to us; the slice is gone before the status
+            // is handed back below.
+            let bytes = unsafe {
+                std::slice::from_raw_parts(self.ring.add(block * BLOCK_SIZE), BLOCK_SIZE)
+            };
+            if walk_block(bytes, &mut cur, out) == Walk::BatchFull {
+                return (out.frames.len(), true);
             }
             self.status(block)
                 .store(libc::TP_STATUS_KERNEL, Ordering::Release);
             cur.block = (block + 1) % BLOCKS;
             cur.read = 0;
         }
-    }
-
-    /// The frame whose header is at `offset` in `block`, checked to lie within the block.
-    fn frame_at(&self, block: usize, offset: usize) -> Option<RingFrame> {
-        let hdr_len = std::mem::size_of::<libc::tpacket3_hdr>();
-        if offset.checked_add(HDR_ALIGNED + SLL_PKTTYPE + 1)? > BLOCK_SIZE {
-            return None;
-        }
-        // SAFETY: the header lies within the block (checked above).
-        let h: libc::tpacket3_hdr =
-            unsafe { ptr::read_unaligned(self.ring.add(block * BLOCK_SIZE + offset).cast()) };
-        debug_assert!(hdr_len <= HDR_ALIGNED);
-        let data = offset + usize::from(h.tp_mac);
-        let snaplen = h.tp_snaplen as usize;
-        if data.checked_add(snaplen)? > BLOCK_SIZE {
-            return None;
-        }
-        // SAFETY: within the block (checked above).
-        let pkttype = unsafe {
-            *self
-                .ring
-                .add(block * BLOCK_SIZE + offset + HDR_ALIGNED + SLL_PKTTYPE)
-        };
-        let vlan = (h.tp_status & libc::TP_STATUS_VLAN_VALID != 0).then(|| {
-            let tpid = if h.tp_status & libc::TP_STATUS_VLAN_TPID_VALID != 0 {
-                h.hv1.tp_vlan_tpid
-            } else {
-                0x8100
-            };
-            (tpid, h.hv1.tp_vlan_tci as u16)
-        });
-        Some(RingFrame {
-            data,
-            snaplen,
-            next: h.tp_next_offset as usize,
-            truncated: h.tp_len as usize > snaplen,
-            outgoing: pkttype == libc::PACKET_OUTGOING,
-            vlan,
-        })
     }
 
     /// The frames the kernel dropped because the ring was full, since the last call: read
@@ -505,6 +453,89 @@ impl Drop for PacketSocket {
     }
 }
 
+/// How a block walk ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Walk {
+    /// Every frame of the block was read (or the rest cannot be trusted): give it back.
+    Done,
+    /// The batch filled; the cursor is at the frame that did not fit.
+    BatchFull,
+}
+
+/// A native-endian `u32` at `offset` in `block` (0 if outside it).
+fn read_u32(block: &[u8], offset: usize) -> u32 {
+    block
+        .get(offset..offset + 4)
+        .and_then(|b| b.try_into().ok())
+        .map_or(0, u32::from_ne_bytes)
+}
+
+/// Copies the frames of `block` (one whole ring block the kernel handed over) from `cur` on
+/// into `out`. A frame too big for the empty batch would never fit: it is counted
+/// ([`FrameBatch::too_big`]) and skipped, so one oversized frame cannot stop the ring. A
+/// frame header outside the block ends the walk, the frames left counted
+/// ([`FrameBatch::bad_headers`]).
+fn walk_block(block: &[u8], cur: &mut Cursor, out: &mut FrameBatch) -> Walk {
+    let count = read_u32(block, BLOCK_NUM_PKTS);
+    if cur.read == 0 {
+        cur.offset = read_u32(block, BLOCK_FIRST_PKT) as usize;
+    }
+    while cur.read < count {
+        let Some(frame) = frame_at(block, cur.offset) else {
+            break;
+        };
+        if !frame.outgoing {
+            let bytes = &block[frame.data..frame.data + frame.snaplen];
+            if !out.push(bytes, frame.vlan, frame.truncated) {
+                if !out.frames.is_empty() {
+                    return Walk::BatchFull;
+                }
+                out.too_big += 1;
+            }
+        }
+        cur.read += 1;
+        if frame.next == 0 {
+            break;
+        }
+        cur.offset = cur.offset.saturating_add(frame.next);
+    }
+    out.bad_headers += u64::from(count - cur.read);
+    Walk::Done
+}
+
+/// The frame whose header is at `offset` in `block`, checked to lie within the block.
+fn frame_at(block: &[u8], offset: usize) -> Option<RingFrame> {
+    let end = offset.checked_add(HDR_ALIGNED + SLL_PKTTYPE + 1)?;
+    if end > block.len() {
+        return None;
+    }
+    // SAFETY: the header lies within the block (checked above: HDR_ALIGNED covers it), and
+    // tpacket3_hdr is plain data, valid for any bytes.
+    let h: libc::tpacket3_hdr = unsafe { ptr::read_unaligned(block.as_ptr().add(offset).cast()) };
+    let data = offset + usize::from(h.tp_mac);
+    let snaplen = h.tp_snaplen as usize;
+    if data.checked_add(snaplen)? > block.len() {
+        return None;
+    }
+    let pkttype = block[offset + HDR_ALIGNED + SLL_PKTTYPE];
+    let vlan = (h.tp_status & libc::TP_STATUS_VLAN_VALID != 0).then(|| {
+        let tpid = if h.tp_status & libc::TP_STATUS_VLAN_TPID_VALID != 0 {
+            h.hv1.tp_vlan_tpid
+        } else {
+            0x8100
+        };
+        (tpid, h.hv1.tp_vlan_tci as u16)
+    });
+    Some(RingFrame {
+        data,
+        snaplen,
+        next: h.tp_next_offset as usize,
+        truncated: h.tp_len as usize > snaplen,
+        outgoing: pkttype == libc::PACKET_OUTGOING,
+        vlan,
+    })
+}
+
 /// A ring frame's header, checked.
 struct RingFrame {
     /// Offset of the frame's first byte in the block.
@@ -588,6 +619,178 @@ mod tests {
         assert_eq!(b.frames().len(), 1);
         b.clear();
         assert!(b.frames().is_empty());
+    }
+
+    /// A frame in a test block: its bytes, whether we sent it, its ring VLAN tag.
+    struct TestFrame<'a> {
+        bytes: &'a [u8],
+        outgoing: bool,
+        vlan: Option<(u16, u16)>,
+    }
+
+    fn frame(bytes: &[u8]) -> TestFrame<'_> {
+        TestFrame {
+            bytes,
+            outgoing: false,
+            vlan: None,
+        }
+    }
+
+    /// A ring block of `size` bytes holding `frames` as the kernel lays them out (TPACKET_V3:
+    /// the block descriptor, then per frame its header, `sockaddr_ll` and data, each frame
+    /// pointing at the next).
+    fn block(size: usize, frames: &[TestFrame<'_>]) -> Vec<u8> {
+        let mut b = vec![0u8; size];
+        let put32 =
+            |b: &mut [u8], at: usize, v: u32| b[at..at + 4].copy_from_slice(&v.to_ne_bytes());
+        let first = 48;
+        put32(&mut b, BLOCK_NUM_PKTS, frames.len() as u32);
+        put32(&mut b, BLOCK_FIRST_PKT, first as u32);
+        let data_at = HDR_ALIGNED + std::mem::size_of::<libc::sockaddr_ll>() + 2;
+        let mut at = first;
+        for (i, f) in frames.iter().enumerate() {
+            let len = (data_at + f.bytes.len() + 15) & !15;
+            let next = if i + 1 == frames.len() { 0 } else { len };
+            let hdr = |field: usize| at + field;
+            put32(
+                &mut b,
+                hdr(std::mem::offset_of!(libc::tpacket3_hdr, tp_next_offset)),
+                next as u32,
+            );
+            put32(
+                &mut b,
+                hdr(std::mem::offset_of!(libc::tpacket3_hdr, tp_snaplen)),
+                f.bytes.len() as u32,
+            );
+            put32(
+                &mut b,
+                hdr(std::mem::offset_of!(libc::tpacket3_hdr, tp_len)),
+                f.bytes.len() as u32,
+            );
+            let mut status = libc::TP_STATUS_USER;
+            if let Some((tpid, tci)) = f.vlan {
+                status |= libc::TP_STATUS_VLAN_VALID | libc::TP_STATUS_VLAN_TPID_VALID;
+                let hv1 = std::mem::offset_of!(libc::tpacket3_hdr, hv1);
+                put32(
+                    &mut b,
+                    hdr(hv1 + std::mem::offset_of!(libc::tpacket_hdr_variant1, tp_vlan_tci)),
+                    u32::from(tci),
+                );
+                let tp = hdr(hv1 + std::mem::offset_of!(libc::tpacket_hdr_variant1, tp_vlan_tpid));
+                b[tp..tp + 2].copy_from_slice(&tpid.to_ne_bytes());
+            }
+            put32(
+                &mut b,
+                hdr(std::mem::offset_of!(libc::tpacket3_hdr, tp_status)),
+                status,
+            );
+            let mac = hdr(std::mem::offset_of!(libc::tpacket3_hdr, tp_mac));
+            b[mac..mac + 2].copy_from_slice(&(data_at as u16).to_ne_bytes());
+            b[at + HDR_ALIGNED + SLL_PKTTYPE] = if f.outgoing {
+                libc::PACKET_OUTGOING
+            } else {
+                libc::PACKET_HOST
+            };
+            b[at + data_at..at + data_at + f.bytes.len()].copy_from_slice(f.bytes);
+            at += len;
+        }
+        b
+    }
+
+    fn start() -> Cursor {
+        Cursor {
+            block: 0,
+            read: 0,
+            offset: 0,
+        }
+    }
+
+    #[test]
+    fn a_frame_too_big_for_an_empty_batch_is_counted_and_skipped() {
+        // The batch holds 2048 bytes; the first frame is 3000: it can never fit, so it must
+        // not stop the ring (the walk used to stop there for good).
+        let big = vec![7u8; 3000];
+        let small = [9u8; 100];
+        let b = block(8192, &[frame(&big), frame(&small)]);
+        let mut out = FrameBatch::new(8, FRAME_SIZE);
+        let mut cur = start();
+        assert_eq!(walk_block(&b, &mut cur, &mut out), Walk::Done);
+        assert_eq!(out.too_big, 1);
+        assert_eq!(out.frames().len(), 1);
+        assert_eq!(out.frame_mut(0), &small[..]);
+        assert_eq!(cur.read, 2);
+    }
+
+    #[test]
+    fn a_full_batch_resumes_at_the_frame_that_did_not_fit() {
+        let (a, c) = ([1u8; 100], [3u8; 60]);
+        let mine = [2u8; 80];
+        let b = block(
+            8192,
+            &[
+                frame(&a),
+                TestFrame {
+                    bytes: &mine,
+                    outgoing: true,
+                    vlan: None,
+                },
+                TestFrame {
+                    bytes: &c,
+                    outgoing: false,
+                    vlan: Some((0x88a8, 100)),
+                },
+            ],
+        );
+        let mut out = FrameBatch::new(1, FRAME_SIZE);
+        let mut cur = start();
+        assert_eq!(walk_block(&b, &mut cur, &mut out), Walk::BatchFull);
+        assert_eq!(out.frame_mut(0), &a[..]);
+        out.clear();
+        assert_eq!(walk_block(&b, &mut cur, &mut out), Walk::Done);
+        assert_eq!(out.frames().len(), 1, "our own frame is skipped");
+        let f = out.frame_mut(0).to_vec();
+        assert_eq!(f.len(), c.len() + 4);
+        assert_eq!(&f[12..16], &[0x88, 0xa8, 0x00, 100]);
+        assert_eq!((out.too_big, out.bad_headers), (0, 0));
+    }
+
+    #[test]
+    fn a_header_outside_the_block_gives_the_block_back_and_counts_the_rest() {
+        let a = [1u8; 100];
+        let mut b = block(8192, &[frame(&a), frame(&a), frame(&a)]);
+        // The second frame's header claims a next frame far beyond the block.
+        let first = 48;
+        let second = first + u32::from_ne_bytes(b[first..first + 4].try_into().unwrap()) as usize;
+        b[second..second + 4].copy_from_slice(&1_000_000u32.to_ne_bytes());
+        let mut out = FrameBatch::new(8, FRAME_SIZE);
+        let mut cur = start();
+        assert_eq!(walk_block(&b, &mut cur, &mut out), Walk::Done);
+        assert_eq!(out.frames().len(), 2);
+        assert_eq!(out.bad_headers, 1);
+        // A frame whose data runs past the end of the block.
+        let mut b = block(8192, &[frame(&a)]);
+        let snap = first + std::mem::offset_of!(libc::tpacket3_hdr, tp_snaplen);
+        b[snap..snap + 4].copy_from_slice(&9000u32.to_ne_bytes());
+        let mut out = FrameBatch::new(8, FRAME_SIZE);
+        assert_eq!(walk_block(&b, &mut start(), &mut out), Walk::Done);
+        assert_eq!((out.frames().len(), out.bad_headers), (0, 1));
+    }
+
+    #[test]
+    fn block_offsets_match_the_kernel_layout() {
+        let hdr = std::mem::offset_of!(libc::tpacket_block_desc, hdr);
+        assert_eq!(
+            hdr + std::mem::offset_of!(libc::tpacket_hdr_v1, block_status),
+            BLOCK_STATUS
+        );
+        assert_eq!(
+            hdr + std::mem::offset_of!(libc::tpacket_hdr_v1, num_pkts),
+            BLOCK_NUM_PKTS
+        );
+        assert_eq!(
+            hdr + std::mem::offset_of!(libc::tpacket_hdr_v1, offset_to_first_pkt),
+            BLOCK_FIRST_PKT
+        );
     }
 
     #[test]
