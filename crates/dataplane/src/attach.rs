@@ -380,9 +380,13 @@ pub(crate) struct Tagged {
 }
 
 /// Reads a frame's tags: an 802.1ad S-tag (0x88a8) followed by an 802.1Q C-tag (0x8100), or one
-/// 802.1Q tag. Anything else (untagged, an S-tag alone, two 0x8100 tags, a third tag) cannot
-/// be an attachment's: [`DropReason::AttachUnknownTags`]; a frame too short for its tags is
-/// [`DropReason::AttachMalformed`].
+/// 802.1Q tag. Anything else (untagged, an S-tag alone, two 0x8100 tags, a third tag, a VLAN id
+/// of 0 or 4095 in any tag) cannot be an attachment's: [`DropReason::AttachUnknownTags`]; a
+/// frame too short for its tags is [`DropReason::AttachMalformed`].
+///
+/// IEEE 802.1Q table 9-2 reserves VLAN id 0 (a priority tag: the frame belongs to no VLAN)
+/// and 4095; configured tags are 1..=4094. Refusing them here also keeps [`TagKey`]'s S-tag 0
+/// for single-tag attachments only: a Q-in-Q frame with S-tag 0 is not theirs.
 pub(crate) fn read_tags(frame: &[u8]) -> Result<Tagged, DropReason> {
     let eth = EthernetFrame::new_checked(frame).map_err(|_| DropReason::AttachMalformed)?;
     let (dst, src) = (eth.dst_addr(), eth.src_addr());
@@ -393,6 +397,10 @@ pub(crate) fn read_tags(frame: &[u8]) -> Result<Tagged, DropReason> {
             .ok_or(DropReason::AttachMalformed)
     };
     let is_tag = |t: EtherType| t == EtherType::VLAN || t == EtherType::QINQ;
+    let vid = |t: &VlanPacket<&[u8]>| match t.tci().vid {
+        0 | 4095 => Err(DropReason::AttachUnknownTags),
+        v => Ok(v),
+    };
     let (tags, ethertype, payload) = match eth.ethertype() {
         EtherType::QINQ => {
             let outer = tag(ETHERNET_HEADER_LEN)?;
@@ -404,7 +412,7 @@ pub(crate) fn read_tags(frame: &[u8]) -> Result<Tagged, DropReason> {
                 return Err(DropReason::AttachUnknownTags);
             }
             (
-                (outer.tci().vid, inner.tci().vid),
+                (vid(&outer)?, vid(&inner)?),
                 inner.ethertype(),
                 ETHERNET_HEADER_LEN + 2 * VLAN_TAG_LEN,
             )
@@ -415,7 +423,7 @@ pub(crate) fn read_tags(frame: &[u8]) -> Result<Tagged, DropReason> {
                 return Err(DropReason::AttachUnknownTags);
             }
             (
-                (0, t.tci().vid),
+                (0, vid(&t)?),
                 t.ethertype(),
                 ETHERNET_HEADER_LEN + VLAN_TAG_LEN,
             )

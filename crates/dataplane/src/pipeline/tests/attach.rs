@@ -72,6 +72,13 @@ fn env() -> Env {
                     routes: vec![(ip("fd99::"), 64)],
                     ..attachment("b6", "b", 201)
                 },
+                // Tenant a also on a single-tag segment, C-tag 10 (the Q-in-Q ones' C-tag).
+                AttachmentConfig {
+                    tags: AttachmentTags::Vlan { c_tag: 10 },
+                    gateway_ip: ip("10.98.0.1"),
+                    routes: vec![(ip("10.98.0.0"), 24)],
+                    ..attachment("av", "a", 0)
+                },
             ],
         };
         let (tx, _rx) = crossbeam_channel::unbounded();
@@ -98,6 +105,18 @@ fn ce_frame(s_tag: u16, dst: [u8; 6], src: [u8; 6], ethertype: u16, payload: &[u
     f.extend_from_slice(&[0x88, 0xa8]);
     f.extend_from_slice(&s_tag.to_be_bytes());
     f.extend_from_slice(&[0x81, 0x00, 0x00, 10]);
+    f.extend_from_slice(&ethertype.to_be_bytes());
+    f.extend_from_slice(payload);
+    f
+}
+
+/// A frame from a CE on a single-tag segment: 802.1Q tag `c_tag`, then `ethertype` and
+/// `payload`.
+fn vlan_frame(c_tag: u16, dst: [u8; 6], src: [u8; 6], ethertype: u16, payload: &[u8]) -> Vec<u8> {
+    let mut f = dst.to_vec();
+    f.extend_from_slice(&src);
+    f.extend_from_slice(&[0x81, 0x00]);
+    f.extend_from_slice(&c_tag.to_be_bytes());
     f.extend_from_slice(&ethertype.to_be_bytes());
     f.extend_from_slice(payload);
     f
@@ -328,4 +347,27 @@ fn neighbour_solicitation_for_an_ipv6_gateway_is_answered_tagged() {
     // The IPv4 attachment on S-tag 200 is another: it ignores IPv6 neighbour discovery.
     e.recv_from_ce(ce_frame(200, ns.dst_mac, CE_B, 0x86dd, &pkt));
     assert_eq!(e.drops(DropReason::NeighIgnored), 1);
+}
+
+#[test]
+fn reserved_vlan_ids_are_no_attachments_tags() {
+    let mut e = env();
+    let pkt = udp4("10.98.0.2", 9, "10.0.0.5", 7, 64, b"x");
+    // Q-in-Q with S-tag 0 or 4095 and C-tag 10 is not the single-tag attachment on C-tag 10.
+    for s_tag in [0, 4095] {
+        e.recv_from_ce(ce_frame(s_tag, e.gw_mac, CE_A, 0x0800, &pkt));
+    }
+    // Nor is a priority tag (VLAN id 0) or a single tag of 4095 anyone's.
+    for c_tag in [0, 4095] {
+        e.recv_from_ce(vlan_frame(c_tag, e.gw_mac, CE_A, 0x0800, &pkt));
+    }
+    assert_eq!(e.drops(DropReason::AttachUnknownTags), 4);
+    assert_eq!(e.sent(), (vec![], vec![]));
+    // The same packet on C-tag 10 alone reaches the VNet.
+    e.recv_from_ce(vlan_frame(10, e.gw_mac, CE_A, 0x0800, &pkt));
+    let (frames, datagrams) = e.sent();
+    assert!(frames.is_empty());
+    assert_eq!(datagrams.len(), 1, "one VXLAN datagram");
+    let (vni, _, _, _, _) = parse_vxlan(&datagrams[0].1);
+    assert_eq!(vni, 100, "tenant a's VNet");
 }
