@@ -191,7 +191,8 @@ fn setsockopt<T>(fd: RawFd, level: libc::c_int, name: libc::c_int, value: &T) ->
 
 impl PacketSocket {
     /// Opens `interface` (which must exist): an AF_PACKET socket for every EtherType, bound to
-    /// it, non-blocking, with the receive ring mapped. Needs CAP_NET_RAW.
+    /// it, non-blocking, with the receive ring mapped, the interface promiscuous while it is
+    /// open. Needs CAP_NET_RAW.
     pub(crate) fn open(interface: &str) -> io::Result<Self> {
         let cname = std::ffi::CString::new(interface)
             .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "NUL in interface name"))?;
@@ -283,6 +284,24 @@ impl PacketSocket {
         if r != 0 {
             return Err(last_error());
         }
+        // Promiscuous for as long as the socket lives (the kernel counts it per socket and
+        // takes it back on close): the gateway's address is no kernel address, so the
+        // interface has not joined the solicited-node group of an IPv6 `gateway_ip`, and
+        // frames to the MACs of other hosts on a shared segment as well as tagged frames with
+        // VLAN ids the interface never registered are ours to see (a NIC filtering VLANs in
+        // hardware still needs `ethtool -K IF rx-vlan-filter off`, docs/configuration.md).
+        let mreq = libc::packet_mreq {
+            mr_ifindex: ifindex as libc::c_int,
+            mr_type: libc::PACKET_MR_PROMISC as libc::c_ushort,
+            mr_alen: 0,
+            mr_address: [0; 8],
+        };
+        setsockopt(
+            sock.fd.as_raw_fd(),
+            libc::SOL_PACKET,
+            libc::PACKET_ADD_MEMBERSHIP,
+            &mreq,
+        )?;
         sock.mac = hardware_address(sock.fd.as_raw_fd(), interface)?;
         Ok(sock)
     }
@@ -774,6 +793,16 @@ mod tests {
         let mut out = FrameBatch::new(8, FRAME_SIZE);
         assert_eq!(walk_block(&b, &mut start(), &mut out), Walk::Done);
         assert_eq!((out.frames().len(), out.bad_headers), (0, 1));
+    }
+
+    #[test]
+    fn an_open_socket_makes_its_interface_promiscuous() {
+        // Needs CAP_NET_RAW (root), as the data plane and the stage tests do.
+        let sock = PacketSocket::open("lo").expect("open lo (needs CAP_NET_RAW)");
+        let flags = std::fs::read_to_string("/sys/class/net/lo/flags").expect("lo flags");
+        let flags = u32::from_str_radix(flags.trim().trim_start_matches("0x"), 16).expect("hex");
+        assert_ne!(flags & libc::IFF_PROMISC as u32, 0, "flags {flags:#x}");
+        drop(sock);
     }
 
     #[test]
