@@ -8,10 +8,13 @@
 //! the gateway's MAC whose source is behind the CE loses its tags and goes to the encap stage
 //! ([`encap::deliver`]: TTL, the VNet's route lookup, the VM's MAC, VXLAN to its host).
 //!
-//! Toward the CE ([`to_ce`], called by the graph for IP frames from a VNet's hosts): when the
+//! Toward the CE ([`to_ce`], called by the graph for IP frames from a VNet's hosts;
+//! [`to_ce_of_vnet`] for decrypted ESP of the VNet and for packets from a CE): when the
 //! destination is behind one of the VNet's attachments, the packet is tagged and sent to the
 //! CE's MAC on the attachment's interface, before any IPsec tunnel is considered (the two can
 //! serve one VNet together: prefixes behind the CE go to the CE, the rest to the tunnels).
+//! A CE's packets go to the VNet's VMs and CEs only: sealing into the tunnels needs an ordered
+//! outbound lane, which the attachment lane is not (they are dropped as `no_route`).
 //!
 //! Frames to the CE are written into the send batch under the interface's socket index
 //! ([`packet_sock`]), so they leave in the lane's order with the batch's `sendmmsg`.
@@ -104,6 +107,11 @@ pub(crate) fn from_ce(
             }
             if a.teaches(src) {
                 a.learn_ce(tagged.src);
+            }
+            // Behind a CE of the VNet (this one's included: routed back out, as a router
+            // does), or a VM's.
+            if to_ce_of_vnet(o, sh, t, now, vnet, pkt, &parsed) {
+                return;
             }
             encap::deliver(o, sh, t, r, now, vnet, pkt, &parsed, || Ok(()));
         }
@@ -214,9 +222,48 @@ pub(crate) fn to_ce(
         o.drop_packet(DropReason::AttachVnetSource);
         return true;
     }
+    toward_ce(o, sh, now, a, pkt, parsed);
+    true
+}
+
+/// A packet of VNet `vnet` from a source that needs no further check (decrypted from one of
+/// the VNet's tunnels, or from another attachment's CE): if its destination is behind one of
+/// the VNet's attachments, it is sent to that CE (true, whatever became of it); false: not
+/// the attachments' business.
+pub(crate) fn to_ce_of_vnet(
+    o: &mut Out,
+    sh: &Shared,
+    t: &Tables,
+    now: Instant,
+    vnet: usize,
+    pkt: &mut [u8],
+    parsed: &InnerIp,
+) -> bool {
+    let Some(a) = t.attach.toward(vnet, parsed.flow.dst) else {
+        return false;
+    };
+    toward_ce(o, sh, now, a, pkt, parsed);
+    true
+}
+
+/// Routes an IP packet to attachment `a`'s CE (RFC 1812: the TTL or hop limit decremented),
+/// tagged; while the CE's MAC is unknown the packet is dropped and, with `ce_ip`, the MAC
+/// asked for.
+fn toward_ce(
+    o: &mut Out,
+    sh: &Shared,
+    now: Instant,
+    a: &Attachment,
+    pkt: &mut [u8],
+    parsed: &InnerIp,
+) {
+    // The gateway's own address on the segment lies within the CE's prefixes but is not
+    // behind the CE: sent there it would come back until its TTL ran out.
+    if parsed.flow.dst == a.gateway_ip {
+        return o.drop_packet(DropReason::ToGateway);
+    }
     if !inner::decrement_hop(pkt) {
-        o.drop_packet(DropReason::TtlExceeded);
-        return true;
+        return o.drop_packet(DropReason::TtlExceeded);
     }
     let Some(mac) = a.ce_mac() else {
         if let Some(ce) = a.ce_ip {
@@ -236,8 +283,7 @@ pub(crate) fn to_ce(
                 }
             }
         }
-        o.drop_packet(DropReason::AttachCeUnresolved);
-        return true;
+        return o.drop_packet(DropReason::AttachCeUnresolved);
     };
     let ethertype = match parsed.version {
         IpVersion::V4 => EtherType::IPV4,
@@ -246,10 +292,9 @@ pub(crate) fn to_ce(
     let hdr = attach::header_len(a.tags);
     let len = hdr + pkt.len();
     let Some(room) = o.room(sh, len) else {
-        return true;
+        return;
     };
     attach::write_header(room, a.tags, mac, a.mac, ethertype);
     room[hdr..len].copy_from_slice(pkt);
     o.tx.commit(packet_sock(a.iface), UNSPECIFIED, len);
-    true
 }

@@ -166,6 +166,38 @@ impl Env {
         );
     }
 
+    /// ESP from the peer at `from` on the NAT-T socket, opened and accepted as a lane batch
+    /// is.
+    fn recv_from_peer(&mut self, from: &str, mut data: Vec<u8>) {
+        let t = self.sh.tables.load();
+        self.out.use_tables(std::sync::Arc::clone(&t));
+        let local = self.sh.io.local_addr(self.sh.io.listen[0].natt);
+        let reader = self.sh.route_readers.reader();
+        let guard = reader.enter();
+        let r = guard
+            .as_deref()
+            .unwrap_or(crate::routes::RouteReader::empty());
+        let now = Instant::now();
+        let mut d = graph::Deliveries::new();
+        graph::natt(
+            &mut self.out,
+            &self.sh,
+            &t,
+            r,
+            now,
+            local,
+            from.parse().expect("peer"),
+            &mut data,
+            &mut d,
+        );
+        d.flush(&mut self.out, &self.sh, &t, r, now);
+        let mut dead = Vec::new();
+        let tx = &mut self.out.tx;
+        crate::accept::accept_batch(&self.sh, tx, &mut dead, &mut self.out.drops);
+        tx.accepts.clear();
+        assert!(dead.is_empty(), "the replay window refused a packet");
+    }
+
     fn sent(&mut self) -> Sent {
         let mut frames = Vec::new();
         let mut datagrams = Vec::new();
@@ -370,4 +402,85 @@ fn reserved_vlan_ids_are_no_attachments_tags() {
     assert_eq!(datagrams.len(), 1, "one VXLAN datagram");
     let (vni, _, _, _, _) = parse_vxlan(&datagrams[0].1);
     assert_eq!(vni, 100, "tenant a's VNet");
+}
+
+/// The frame in `frames` toward the CE at `ce`: its IPv4 packet's TTL, after checking it is
+/// tagged as `tags` says.
+fn ttl_toward(frames: &[(usize, Vec<u8>)], ce: [u8; 6], tags: VlanTags) -> u8 {
+    assert_eq!(frames.len(), 1, "one frame toward a CE");
+    let (eth, off) = EthernetRepr::parse(&frames[0].1).expect("frame");
+    assert_eq!((eth.dst_addr.0, eth.vlans), (ce, tags));
+    Ipv4Packet::new_checked(&frames[0].1[off..])
+        .expect("ipv4")
+        .ttl()
+}
+
+#[test]
+fn a_ce_reaches_another_ce_of_its_vnet_but_not_the_gateway_address() {
+    use wire::ethernet::VlanTci;
+    const CE_V: [u8; 6] = [0x52, 0x54, 0, 0, 0xc, 1];
+    let mut e = env();
+    e.arp_from_ce(100, CE_A);
+    // The single-tag CE's MAC is learned from its first packet (no ce_ip).
+    let hello = udp4("10.98.0.2", 9, "10.0.0.5", 7, 64, b"hello");
+    e.recv_from_ce(vlan_frame(10, e.gw_mac, CE_V, 0x0800, &hello));
+    e.sent();
+    // Q-in-Q CE -> single-tag CE of the same VNet, and back.
+    let pkt = udp4("10.99.0.2", 9, "10.98.0.2", 7, 64, b"x");
+    e.recv_from_ce(ce_frame(100, e.gw_mac, CE_A, 0x0800, &pkt));
+    let (frames, datagrams) = e.sent();
+    assert!(datagrams.is_empty());
+    let single = VlanTags::Single(VlanTci::from_bits(10));
+    assert_eq!(ttl_toward(&frames, CE_V, single), 63);
+    let pkt = udp4("10.98.0.2", 7, "10.99.0.2", 9, 64, b"y");
+    e.recv_from_ce(vlan_frame(10, e.gw_mac, CE_V, 0x0800, &pkt));
+    let (frames, _) = e.sent();
+    let double = VlanTags::Double {
+        outer: VlanTci::from_bits(100),
+        inner: VlanTci::from_bits(10),
+    };
+    assert_eq!(ttl_toward(&frames, CE_A, double), 63);
+    // Tenant b's CE on the same addresses reaches neither.
+    e.arp_from_ce(200, CE_B);
+    let pkt = udp4("10.99.0.2", 9, "10.98.0.2", 7, 64, b"z");
+    e.recv_from_ce(ce_frame(200, e.gw_mac, CE_B, 0x0800, &pkt));
+    assert_eq!(e.sent(), (vec![], vec![]));
+    assert_eq!(e.drops(DropReason::NoRoute), 1);
+    // The gateway's own address on the segment is behind no CE: not sent back out.
+    let pkt = udp4("10.99.0.2", 9, "10.99.0.1", 7, 64, b"gw");
+    e.recv_from_ce(ce_frame(100, e.gw_mac, CE_A, 0x0800, &pkt));
+    assert_eq!(e.sent(), (vec![], vec![]));
+    assert_eq!(e.drops(DropReason::ToGateway), 1);
+}
+
+#[test]
+fn esp_from_the_vnets_site_goes_to_the_ce() {
+    use crate::testutil::{child, ts, Peer};
+    use wire::ethernet::VlanTci;
+    const PEER: &str = "127.0.0.1:40001";
+    let mut e = env();
+    e.arp_from_ce(100, CE_A);
+    let natt = e.sh.io.local_addr(e.sh.io.listen[0].natt);
+    let a = child(
+        1,
+        0x1001,
+        0x2001,
+        natt,
+        PEER.parse().expect("peer"),
+        ts("10.0.0.0", "10.255.255.255"),
+        ts("192.168.0.0", "192.168.0.255"),
+    );
+    e.sh.install_child(&a).expect("install");
+    let peer = Peer::of(&a);
+    e.recv_from_peer(
+        PEER,
+        peer.seal(&udp4("192.168.0.9", 2000, "10.99.0.2", 9, 64, b"in")),
+    );
+    let (frames, datagrams) = e.sent();
+    assert!(datagrams.is_empty(), "{datagrams:?}");
+    let double = VlanTags::Double {
+        outer: VlanTci::from_bits(100),
+        inner: VlanTci::from_bits(10),
+    };
+    assert_eq!(ttl_toward(&frames, CE_A, double), 63);
 }
