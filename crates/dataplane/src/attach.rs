@@ -308,6 +308,29 @@ impl AttachTable {
                     reason: format!("{} is used twice", cfg.name),
                 });
             }
+            // Two CEs of one VNet behind the same addresses would leave the way to them to
+            // the order of the attachments ([`AttachView::toward`] takes the first).
+            for o in t
+                .list
+                .iter()
+                .filter(|o| o.tenant == a.tenant && o.vnet == a.vnet)
+            {
+                let clash = a.routes.iter().enumerate().find_map(|(j, n)| {
+                    o.routes
+                        .iter()
+                        .find(|m| n.contains(&m.network()) || m.contains(&n.network()))
+                        .map(|m| (j, n, m))
+                });
+                if let Some((j, n, m)) = clash {
+                    return Err(DataplaneError::Config {
+                        field: format!("attachments[{i}].routes[{j}]"),
+                        reason: format!(
+                            "{n} overlaps {m} of attachment {} in the same VNet",
+                            o.name
+                        ),
+                    });
+                }
+            }
             if t.by_tags.insert(tag_key(iface, cfg.tags), i).is_some() {
                 return Err(DataplaneError::Config {
                     field: format!("attachments[{i}].tags"),

@@ -298,4 +298,13 @@ fn attachments_find_their_own_tenants_vnet_by_name() {
         AttachTable::new(&twice, |_| (0, GW_MAC)),
         Err(DataplaneError::Config { field, .. }) if field == "attachments[1].tags"
     ));
+    // Two attachments of one VNet behind overlapping prefixes are refused (the way to the
+    // shared addresses would depend on their order); of two tenants they are fine (above).
+    let mut branch = cfg("c", "acme", AttachmentTags::Vlan { c_tag: 30 }, None);
+    branch.routes = vec![(ip("10.98.0.0"), 24), (ip("192.168.7.0"), 24)];
+    let overlapping = vec![cfg("a", "acme", QINQ, None), branch];
+    assert!(matches!(
+        AttachTable::new(&overlapping, |_| (0, GW_MAC)),
+        Err(DataplaneError::Config { field, .. }) if field == "attachments[1].routes[1]"
+    ));
 }

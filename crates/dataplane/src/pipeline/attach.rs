@@ -102,7 +102,9 @@ pub(crate) fn from_ce(
                 return o.drop_packet(DropReason::AttachNotForGateway);
             }
             let src = parsed.flow.src;
-            if !a.is_behind(src) {
+            // The gateway's own address lies within the CE's segment prefix but is never the
+            // CE's to send from.
+            if !a.is_behind(src) || src == a.gateway_ip {
                 return o.drop_packet(DropReason::AttachSource);
             }
             if a.teaches(src) {

@@ -304,7 +304,10 @@ fn bad_frames_are_dropped_and_counted_by_reason() {
     // A source that is not behind the CE, and a frame for another MAC.
     let spoofed = udp4("172.16.0.9", 9, "10.0.0.5", 7, 64, b"x");
     e.recv_from_ce(ce_frame(100, e.gw_mac, CE_A, 0x0800, &spoofed));
-    assert_eq!(e.drops(DropReason::AttachSource), 1);
+    // The gateway's own address, although within the CE's segment prefix.
+    let spoofed = udp4("10.99.0.1", 9, "10.0.0.5", 7, 64, b"x");
+    e.recv_from_ce(ce_frame(100, e.gw_mac, CE_A, 0x0800, &spoofed));
+    assert_eq!(e.drops(DropReason::AttachSource), 2);
     e.recv_from_ce(ce_frame(100, [0x52, 0, 0, 0, 0, 9], CE_A, 0x0800, &pkt));
     assert_eq!(e.drops(DropReason::AttachNotForGateway), 1);
     assert_eq!(e.sent(), (vec![], vec![]));
