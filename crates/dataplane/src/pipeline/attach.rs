@@ -93,8 +93,9 @@ pub(crate) fn from_ce(
                     Some(ICMPV6_NEIGHBOR_SOLICIT | ICMPV6_NEIGHBOR_ADVERT)
                 );
             if is_nd {
+                // Unicast neighbour discovery for another MAC is an IP frame not for us.
                 if tagged.dst != a.mac && !tagged.dst.is_multicast() {
-                    return o.drop_packet(DropReason::NeighIgnored);
+                    return o.drop_packet(DropReason::AttachNotForGateway);
                 }
                 return nd(o, sh, a, tagged.src, pkt);
             }

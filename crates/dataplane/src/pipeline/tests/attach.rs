@@ -382,6 +382,10 @@ fn neighbour_solicitation_for_an_ipv6_gateway_is_answered_tagged() {
     // The IPv4 attachment on S-tag 200 is another: it ignores IPv6 neighbour discovery.
     e.recv_from_ce(ce_frame(200, ns.dst_mac, CE_B, 0x86dd, &pkt));
     assert_eq!(e.drops(DropReason::NeighIgnored), 1);
+    // A solicitation sent unicast to another MAC is an IP frame not for the gateway.
+    e.recv_from_ce(ce_frame(201, [0x52, 0, 0, 0, 0, 9], CE_B, 0x86dd, &pkt));
+    assert_eq!(e.drops(DropReason::AttachNotForGateway), 1);
+    assert_eq!(e.sent(), (vec![], vec![]));
 }
 
 #[test]
