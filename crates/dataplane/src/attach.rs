@@ -27,6 +27,9 @@ use wire::ethernet::{
 };
 use wire::ndp::{solicited_node_multicast, NaFlags, NdpRepr};
 
+/// The link-local all-nodes multicast group (RFC 4291 §2.7.1).
+const ALL_NODES: Ipv6Addr = Ipv6Addr::new(0xff02, 0, 0, 0, 0, 0, 0, 1);
+
 /// The least spacing of the gateway's requests for the CE's address.
 const CE_REQUEST_INTERVAL: Duration = Duration::from_secs(1);
 
@@ -211,14 +214,25 @@ impl Attachment {
                 let from = IpAddr::V6(src);
                 let learn = source_lladdr
                     .filter(|ll| ll.is_unicast() && !src.is_unspecified() && self.teaches(from));
-                let reply = (for_us && !src.is_unspecified()).then(|| NdOut {
+                // RFC 4861 §7.2.4: "If the source of the solicitation is the unspecified
+                // address, the node MUST set the Solicited flag to zero and multicast the
+                // advertisement to the all-nodes address." (A CE checking the address with
+                // DAD learns it is taken.)
+                let dad = src.is_unspecified();
+                let dst = if dad { ALL_NODES } else { src };
+                let dst_mac = if dad {
+                    EthernetAddress::from_ipv6_multicast(&ALL_NODES)
+                } else {
+                    source_lladdr.unwrap_or(frame_src)
+                };
+                let reply = for_us.then_some(NdOut {
                     src: target_addr,
-                    dst: src,
-                    dst_mac: source_lladdr.unwrap_or(frame_src).0,
+                    dst,
+                    dst_mac: dst_mac.0,
                     msg: NdpRepr::NeighborAdvert {
                         flags: NaFlags {
                             router: true,
-                            solicited: true,
+                            solicited: !dad,
                             overrides: true,
                         },
                         target_addr,

@@ -238,6 +238,21 @@ fn neighbour_solicitation_for_an_ipv6_gateway() {
         source_lladdr: Some(CE_MAC),
     };
     assert!(a.nd(ce, CE_MAC, &other).0.is_none());
+    // Duplicate address detection for the gateway's address (from ::, no link-layer option):
+    // answered to all-nodes, Solicited clear (RFC 4861 §7.2.4), and nothing learned.
+    let dad = NdpRepr::NeighborSolicit {
+        target_addr: "fd99::1".parse().expect("ip"),
+        source_lladdr: None,
+    };
+    let (reply, learn) = a.nd(Ipv6Addr::UNSPECIFIED, CE_MAC, &dad);
+    assert_eq!(learn, None);
+    let r = reply.expect("NA to all-nodes");
+    let all_nodes: Ipv6Addr = "ff02::1".parse().expect("ip");
+    assert_eq!((r.dst, r.dst_mac), (all_nodes, [0x33, 0x33, 0, 0, 0, 1]));
+    match r.msg {
+        NdpRepr::NeighborAdvert { flags, .. } => assert!(flags.router && !flags.solicited),
+        other => panic!("{other:?}"),
+    }
 }
 
 fn vnet(tenant: &str, name: &str, index: usize) -> Arc<Vnet> {
