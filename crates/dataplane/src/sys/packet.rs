@@ -150,6 +150,7 @@ struct Cursor {
 /// An AF_PACKET socket bound to one interface, with a TPACKET_V3 receive ring.
 pub(crate) struct PacketSocket {
     fd: OwnedFd,
+    ifindex: u32,
     name: String,
     mac: [u8; 6],
     ring: *mut u8,
@@ -169,6 +170,18 @@ unsafe impl Sync for PacketSocket {}
 
 fn last_error() -> io::Error {
     io::Error::last_os_error()
+}
+
+/// The index of the network interface named `interface` (any of its names).
+pub(crate) fn interface_index(interface: &str) -> io::Result<u32> {
+    let cname = std::ffi::CString::new(interface)
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "NUL in interface name"))?;
+    // SAFETY: a valid C string.
+    let ifindex = unsafe { libc::if_nametoindex(cname.as_ptr()) };
+    if ifindex == 0 {
+        return Err(last_error());
+    }
+    Ok(ifindex)
 }
 
 fn setsockopt<T>(fd: RawFd, level: libc::c_int, name: libc::c_int, value: &T) -> io::Result<()> {
@@ -194,13 +207,7 @@ impl PacketSocket {
     /// it, non-blocking, with the receive ring mapped, the interface promiscuous while it is
     /// open. Needs CAP_NET_RAW.
     pub(crate) fn open(interface: &str) -> io::Result<Self> {
-        let cname = std::ffi::CString::new(interface)
-            .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "NUL in interface name"))?;
-        // SAFETY: a valid C string.
-        let ifindex = unsafe { libc::if_nametoindex(cname.as_ptr()) };
-        if ifindex == 0 {
-            return Err(last_error());
-        }
+        let ifindex = interface_index(interface)?;
         let proto = (libc::ETH_P_ALL as u16).to_be();
         // SAFETY: plain socket call.
         let raw = unsafe {
@@ -257,6 +264,7 @@ impl PacketSocket {
         }
         let mut sock = Self {
             fd,
+            ifindex,
             name: interface.to_owned(),
             mac: [0; 6],
             ring: ring.cast(),
@@ -309,6 +317,11 @@ impl PacketSocket {
     /// The descriptor workers poll (readable when a block is handed over).
     pub(crate) fn raw_fd(&self) -> RawFd {
         self.fd.as_raw_fd()
+    }
+
+    /// The interface's index (what tells interfaces apart: one may have several names).
+    pub(crate) fn ifindex(&self) -> u32 {
+        self.ifindex
     }
 
     /// The interface's name.

@@ -491,3 +491,63 @@ fn esp_from_the_vnets_site_goes_to_the_ce() {
     };
     assert_eq!(ttl_toward(&frames, CE_A, double), 63);
 }
+
+#[test]
+fn an_interface_under_two_names_is_one_interface() {
+    // In a network namespace of its own (this thread's), `lo` also named `lo-alt`.
+    let run = || {
+        // SAFETY: plain system call; affects this thread only.
+        assert_eq!(unsafe { libc::unshare(libc::CLONE_NEWNET) }, 0, "unshare");
+        for args in [
+            &["link", "set", "lo", "up"][..],
+            &["link", "property", "add", "dev", "lo", "altname", "lo-alt"],
+        ] {
+            let st = std::process::Command::new("ip")
+                .args(args)
+                .status()
+                .expect("ip");
+            assert!(st.success(), "ip {args:?}");
+        }
+        let cfg = |second: AttachmentConfig| DataplaneConfig {
+            listen: vec![ip("127.0.0.1")],
+            ike_port: 0,
+            natt_port: 0,
+            vxlan_port: 4789,
+            vnets: vec![vnet("a", 100), vnet("b", 200)],
+            tunnels: vec![],
+            tun_name: None,
+            batch: 16,
+            workers: 1,
+            cpus: vec![],
+            pin_workers: false,
+            busy_poll: std::time::Duration::ZERO,
+            relay: None,
+            attachments: vec![attachment("a", "a", 100), second],
+        };
+        let alias = |s_tag| AttachmentConfig {
+            interface: "lo-alt".into(),
+            ..attachment("b", "b", s_tag)
+        };
+        // Other tags: one socket, both attachments on it (frames are read once).
+        let (tx, _rx) = crossbeam_channel::unbounded();
+        let sh = Shared::open(cfg(alias(200)), tx).expect("open");
+        assert_eq!(sh.io.packet.len(), 1);
+        assert_eq!(
+            (sh.io.packet_iface(0), sh.io.packet_iface(1)),
+            (Some(0), Some(0))
+        );
+        drop(sh);
+        // The same tags under the other name are the same attachment's: refused.
+        let (tx, _rx) = crossbeam_channel::unbounded();
+        match Shared::open(cfg(alias(100)), tx) {
+            Err(crate::DataplaneError::Config { field, .. }) => {
+                assert_eq!(field, "attachments[1].tags");
+            }
+            Err(e) => panic!("{e}"),
+            Ok(_) => panic!("the same tags twice on one interface were accepted"),
+        }
+    };
+    std::thread::spawn(run)
+        .join()
+        .expect("in its own namespace");
+}
