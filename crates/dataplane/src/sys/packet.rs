@@ -598,7 +598,8 @@ impl PacketScratch {
     }
 }
 
-/// The MAC address of `interface` (SIOCGIFHWADDR on `fd`).
+/// The MAC address of `interface` (SIOCGIFHWADDR on `fd`), which must be an Ethernet
+/// interface (or loopback, Ethernet-framed).
 fn hardware_address(fd: RawFd, interface: &str) -> io::Result<[u8; 6]> {
     // SAFETY: ifreq is plain data.
     let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
@@ -611,6 +612,18 @@ fn hardware_address(fd: RawFd, interface: &str) -> io::Result<[u8; 6]> {
     }
     // SAFETY: SIOCGIFHWADDR filled the hardware address member.
     let sa = unsafe { req.ifr_ifru.ifru_hwaddr };
+    // Frames are read and written as Ethernet: an interface of another link type (a TUN
+    // device, an IP tunnel, WireGuard) would have its packets taken apart as garbage.
+    // Loopback frames carry an Ethernet header too (the stage tests attach to `lo`).
+    if sa.sa_family != libc::ARPHRD_ETHER && sa.sa_family != libc::ARPHRD_LOOPBACK {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!(
+                "{interface} is not an Ethernet interface (link type {})",
+                sa.sa_family
+            ),
+        ));
+    }
     let mut mac = [0u8; 6];
     for (d, s) in mac.iter_mut().zip(sa.sa_data.iter()) {
         *d = *s as u8;
@@ -816,6 +829,30 @@ mod tests {
         let flags = u32::from_str_radix(flags.trim().trim_start_matches("0x"), 16).expect("hex");
         assert_ne!(flags & libc::IFF_PROMISC as u32, 0, "flags {flags:#x}");
         drop(sock);
+    }
+
+    #[test]
+    fn an_interface_that_is_not_ethernet_is_refused() {
+        // A TUN device (no link-layer header) in a network namespace of this thread's own.
+        let run = || {
+            // SAFETY: plain system call; affects this thread only.
+            assert_eq!(unsafe { libc::unshare(libc::CLONE_NEWNET) }, 0, "unshare");
+            let st = std::process::Command::new("ip")
+                .args(["tuntap", "add", "dev", "t0", "mode", "tun"])
+                .status()
+                .expect("ip");
+            assert!(st.success(), "ip tuntap");
+            match PacketSocket::open("t0") {
+                Err(e) => {
+                    assert_eq!(e.kind(), io::ErrorKind::InvalidInput, "{e}");
+                    assert!(e.to_string().contains("not an Ethernet interface"), "{e}");
+                }
+                Ok(_) => panic!("a TUN device was taken for Ethernet"),
+            }
+        };
+        std::thread::spawn(run)
+            .join()
+            .expect("in its own namespace");
     }
 
     #[test]
