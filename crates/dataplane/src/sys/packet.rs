@@ -58,6 +58,9 @@ pub(crate) struct RxFrame {
     pub(crate) len: usize,
     /// The frame was longer than what the ring kept of it.
     pub(crate) truncated: bool,
+    /// Its TCP or UDP checksum is left to finish (`TP_STATUS_CSUMNOTREADY`: sent by a local
+    /// stack with checksum offload).
+    pub(crate) csum_not_ready: bool,
 }
 
 /// Frames copied out of a receive ring, back to back.
@@ -131,6 +134,7 @@ impl FrameBatch {
             start: self.used,
             len,
             truncated,
+            csum_not_ready: false,
         });
         self.used += len;
         true
@@ -518,7 +522,11 @@ fn walk_block(block: &[u8], cur: &mut Cursor, out: &mut FrameBatch) -> Walk {
         };
         if !frame.outgoing {
             let bytes = &block[frame.data..frame.data + frame.snaplen];
-            if !out.push(bytes, frame.vlan, frame.truncated) {
+            if out.push(bytes, frame.vlan, frame.truncated) {
+                if let Some(f) = out.frames.last_mut() {
+                    f.csum_not_ready = frame.csum_not_ready;
+                }
+            } else {
                 if !out.frames.is_empty() {
                     return Walk::BatchFull;
                 }
@@ -563,6 +571,7 @@ fn frame_at(block: &[u8], offset: usize) -> Option<RingFrame> {
         snaplen,
         next: h.tp_next_offset as usize,
         truncated: h.tp_len as usize > snaplen,
+        csum_not_ready: h.tp_status & libc::TP_STATUS_CSUMNOTREADY != 0,
         outgoing: pkttype == libc::PACKET_OUTGOING,
         vlan,
     })
@@ -576,6 +585,7 @@ struct RingFrame {
     /// Offset of the next header from this one (0: last).
     next: usize,
     truncated: bool,
+    csum_not_ready: bool,
     outgoing: bool,
     vlan: Option<(u16, u16)>,
 }
@@ -671,6 +681,7 @@ mod tests {
         bytes: &'a [u8],
         outgoing: bool,
         vlan: Option<(u16, u16)>,
+        csum_not_ready: bool,
     }
 
     fn frame(bytes: &[u8]) -> TestFrame<'_> {
@@ -678,6 +689,7 @@ mod tests {
             bytes,
             outgoing: false,
             vlan: None,
+            csum_not_ready: false,
         }
     }
 
@@ -713,6 +725,9 @@ mod tests {
                 f.bytes.len() as u32,
             );
             let mut status = libc::TP_STATUS_USER;
+            if f.csum_not_ready {
+                status |= libc::TP_STATUS_CSUMNOTREADY;
+            }
             if let Some((tpid, tci)) = f.vlan {
                 status |= libc::TP_STATUS_VLAN_VALID | libc::TP_STATUS_VLAN_TPID_VALID;
                 let hv1 = std::mem::offset_of!(libc::tpacket3_hdr, hv1);
@@ -778,11 +793,13 @@ mod tests {
                     bytes: &mine,
                     outgoing: true,
                     vlan: None,
+                    csum_not_ready: false,
                 },
                 TestFrame {
                     bytes: &c,
                     outgoing: false,
                     vlan: Some((0x88a8, 100)),
+                    csum_not_ready: true,
                 },
             ],
         );
@@ -790,11 +807,16 @@ mod tests {
         let mut cur = start();
         assert_eq!(walk_block(&b, &mut cur, &mut out), Walk::BatchFull);
         assert_eq!(out.frame_mut(0), &a[..]);
+        assert!(!out.frames()[0].csum_not_ready);
         out.clear();
         assert_eq!(walk_block(&b, &mut cur, &mut out), Walk::Done);
         assert_eq!(out.frames().len(), 1, "our own frame is skipped");
         let f = out.frame_mut(0).to_vec();
         assert_eq!(f.len(), c.len() + 4);
+        assert!(
+            out.frames()[0].csum_not_ready,
+            "TP_STATUS_CSUMNOTREADY carried"
+        );
         assert_eq!(&f[12..16], &[0x88, 0xa8, 0x00, 100]);
         assert_eq!((out.too_big, out.bad_headers), (0, 0));
     }
