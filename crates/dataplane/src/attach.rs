@@ -27,6 +27,9 @@ use wire::ethernet::{
 };
 use wire::ndp::{solicited_node_multicast, NaFlags, NdpRepr};
 
+/// The link-local all-nodes multicast group (RFC 4291 §2.7.1).
+const ALL_NODES: Ipv6Addr = Ipv6Addr::new(0xff02, 0, 0, 0, 0, 0, 0, 1);
+
 /// The least spacing of the gateway's requests for the CE's address.
 const CE_REQUEST_INTERVAL: Duration = Duration::from_secs(1);
 
@@ -211,14 +214,25 @@ impl Attachment {
                 let from = IpAddr::V6(src);
                 let learn = source_lladdr
                     .filter(|ll| ll.is_unicast() && !src.is_unspecified() && self.teaches(from));
-                let reply = (for_us && !src.is_unspecified()).then(|| NdOut {
+                // RFC 4861 §7.2.4: "If the source of the solicitation is the unspecified
+                // address, the node MUST set the Solicited flag to zero and multicast the
+                // advertisement to the all-nodes address." (A CE checking the address with
+                // DAD learns it is taken.)
+                let dad = src.is_unspecified();
+                let dst = if dad { ALL_NODES } else { src };
+                let dst_mac = if dad {
+                    EthernetAddress::from_ipv6_multicast(&ALL_NODES)
+                } else {
+                    source_lladdr.unwrap_or(frame_src)
+                };
+                let reply = for_us.then_some(NdOut {
                     src: target_addr,
-                    dst: src,
-                    dst_mac: source_lladdr.unwrap_or(frame_src).0,
+                    dst,
+                    dst_mac: dst_mac.0,
                     msg: NdpRepr::NeighborAdvert {
                         flags: NaFlags {
                             router: true,
-                            solicited: true,
+                            solicited: !dad,
                             overrides: true,
                         },
                         target_addr,
@@ -308,6 +322,29 @@ impl AttachTable {
                     reason: format!("{} is used twice", cfg.name),
                 });
             }
+            // Two CEs of one VNet behind the same addresses would leave the way to them to
+            // the order of the attachments ([`AttachView::toward`] takes the first).
+            for o in t
+                .list
+                .iter()
+                .filter(|o| o.tenant == a.tenant && o.vnet == a.vnet)
+            {
+                let clash = a.routes.iter().enumerate().find_map(|(j, n)| {
+                    o.routes
+                        .iter()
+                        .find(|m| n.contains(&m.network()) || m.contains(&n.network()))
+                        .map(|m| (j, n, m))
+                });
+                if let Some((j, n, m)) = clash {
+                    return Err(DataplaneError::Config {
+                        field: format!("attachments[{i}].routes[{j}]"),
+                        reason: format!(
+                            "{n} overlaps {m} of attachment {} in the same VNet",
+                            o.name
+                        ),
+                    });
+                }
+            }
             if t.by_tags.insert(tag_key(iface, cfg.tags), i).is_some() {
                 return Err(DataplaneError::Config {
                     field: format!("attachments[{i}].tags"),
@@ -380,9 +417,13 @@ pub(crate) struct Tagged {
 }
 
 /// Reads a frame's tags: an 802.1ad S-tag (0x88a8) followed by an 802.1Q C-tag (0x8100), or one
-/// 802.1Q tag. Anything else (untagged, an S-tag alone, two 0x8100 tags, a third tag) cannot
-/// be an attachment's: [`DropReason::AttachUnknownTags`]; a frame too short for its tags is
-/// [`DropReason::AttachMalformed`].
+/// 802.1Q tag. Anything else (untagged, an S-tag alone, two 0x8100 tags, a third tag, a VLAN id
+/// of 0 or 4095 in any tag) cannot be an attachment's: [`DropReason::AttachUnknownTags`]; a
+/// frame too short for its tags is [`DropReason::AttachMalformed`].
+///
+/// IEEE 802.1Q table 9-2 reserves VLAN id 0 (a priority tag: the frame belongs to no VLAN)
+/// and 4095; configured tags are 1..=4094. Refusing them here also keeps [`TagKey`]'s S-tag 0
+/// for single-tag attachments only: a Q-in-Q frame with S-tag 0 is not theirs.
 pub(crate) fn read_tags(frame: &[u8]) -> Result<Tagged, DropReason> {
     let eth = EthernetFrame::new_checked(frame).map_err(|_| DropReason::AttachMalformed)?;
     let (dst, src) = (eth.dst_addr(), eth.src_addr());
@@ -393,6 +434,10 @@ pub(crate) fn read_tags(frame: &[u8]) -> Result<Tagged, DropReason> {
             .ok_or(DropReason::AttachMalformed)
     };
     let is_tag = |t: EtherType| t == EtherType::VLAN || t == EtherType::QINQ;
+    let vid = |t: &VlanPacket<&[u8]>| match t.tci().vid {
+        0 | 4095 => Err(DropReason::AttachUnknownTags),
+        v => Ok(v),
+    };
     let (tags, ethertype, payload) = match eth.ethertype() {
         EtherType::QINQ => {
             let outer = tag(ETHERNET_HEADER_LEN)?;
@@ -404,7 +449,7 @@ pub(crate) fn read_tags(frame: &[u8]) -> Result<Tagged, DropReason> {
                 return Err(DropReason::AttachUnknownTags);
             }
             (
-                (outer.tci().vid, inner.tci().vid),
+                (vid(&outer)?, vid(&inner)?),
                 inner.ethertype(),
                 ETHERNET_HEADER_LEN + 2 * VLAN_TAG_LEN,
             )
@@ -415,7 +460,7 @@ pub(crate) fn read_tags(frame: &[u8]) -> Result<Tagged, DropReason> {
                 return Err(DropReason::AttachUnknownTags);
             }
             (
-                (0, t.tci().vid),
+                (0, vid(&t)?),
                 t.ethertype(),
                 ETHERNET_HEADER_LEN + VLAN_TAG_LEN,
             )

@@ -304,7 +304,7 @@ impl Shared {
         let io = Sockets::open(&cfg, &vtep_ips)?;
         let attach = AttachTable::new(&cfg.attachments, |i| {
             let iface = io
-                .packet_iface(&cfg.attachments[i].interface)
+                .packet_iface(i)
                 .expect("Sockets::open opened every attachment's interface");
             (iface, io.packet[iface].mac())
         })?;

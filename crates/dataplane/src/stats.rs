@@ -114,6 +114,9 @@ drops! {
     RelayNoSteer = "relay_no_steer",
     /// Attachment: frames the kernel dropped because the interface's receive ring was full.
     AttachRingFull = "attach_ring_full",
+    /// Attachment: frames given up because a receive ring frame header lay outside its
+    /// block (a kernel we do not understand; never seen).
+    AttachRingMalformed = "attach_ring_malformed",
     /// Attachment: a frame whose tags are no attachment's on its interface (untagged, an
     /// unknown tag pair, a TPID other than 0x88a8 outside 0x8100 or 0x8100 alone).
     AttachUnknownTags = "attach_unknown_tags",

@@ -236,11 +236,16 @@ fn process_frames(
     };
     let n = fb.frames().len();
     for i in 0..n {
-        if fb.frames()[i].truncated {
+        let f = fb.frames()[i];
+        if f.truncated {
             w.out.drop_packet(DropReason::Truncated);
             continue;
         }
-        graph::attach(&mut w.out, sh, tables, r, now, iface, fb.frame_mut(i));
+        let frame = fb.frame_mut(i);
+        if f.csum_not_ready {
+            crate::pipeline::attach::finish_checksum(frame);
+        }
+        graph::attach(&mut w.out, sh, tables, r, now, iface, frame);
     }
     n as u64
 }

@@ -18,8 +18,9 @@
 //! as they would be on the wire (the gateway's kernel still moves the outer tag into
 //! metadata, which Protego's ring reader writes back). Red also has an on-prem site with an
 //! IPsec tunnel into the same VNet, used at the same time. Pings both ways for both customers,
-//! isolation checked with captures on the VMs, and frames with an unknown tag pair or a
-//! spoofed source dropped and counted in `protego status --json`. Needs root and the tools
+//! isolation checked with captures on the VMs, TCP both ways with nothing refused on the way,
+//! and frames with an unknown tag pair, a spoofed source or a destination outside the VNet
+//! dropped and counted in `protego status --json`. Needs root and the tools
 //! from `scripts/setup.sh`, and the `protego` and `protego-l2tag` binaries built in the same
 //! profile (`make test` does both). Every namespace is this test's own and removed with it.
 
@@ -135,6 +136,9 @@ fn two_customers_attached_over_qinq_reach_their_own_vms_both_ways() -> Result<()
     let trunk = l2.veth_to(gw_ns)?;
     l2.set_mtu(&trunk.local, 1508)?;
     gw_ns.set_mtu(&trunk.peer, 1508)?;
+    // As docs/configuration.md requires of an attachment's interface: no receive offloads
+    // merging frames before the ring.
+    gw_ns.exec(Cmd::new("ethtool").args(["-K", &trunk.peer, "gro", "off", "lro", "off"]))?;
     let (red_ce, red_port) = customer(&bed, &l2, "cea")?;
     let (blue_ce, blue_port) = customer(&bed, &l2, "ceb")?;
     let (stranger, stranger_port) = customer(&bed, &l2, "cex")?;
@@ -266,6 +270,9 @@ fn two_customers_attached_over_qinq_reach_their_own_vms_both_ways() -> Result<()
 
     // TCP both ways between red's CE and its VM (checksums, MSS and the tagger's pace; a
     // figure for the log, not a target: the userspace tagger is the slow part of this path).
+    // Nothing of the stream may be refused on the way: no frame too big for the tags'
+    // MTU or the batch, no send refused by the kernel.
+    let before_tcp = drops(&gw)?;
     let server = traffic::iperf3_server(&red_vm.ns, vm_ip, 5201)?;
     for reverse in [false, true] {
         let mut opts = IperfOptions::tcp(Duration::from_secs(2));
@@ -280,6 +287,14 @@ fn two_customers_attached_over_qinq_reach_their_own_vms_both_ways() -> Result<()
         assert!(r.bytes_received > 0, "no TCP data crossed: {r:?}");
     }
     drop(server);
+    let after_tcp = drops(&gw)?;
+    for reason in ["too_big", "send_error", "truncated"] {
+        let (a, b) = (
+            before_tcp.get(reason).copied().unwrap_or(0),
+            after_tcp.get(reason).copied().unwrap_or(0),
+        );
+        assert_eq!(a, b, "{reason} moved during the TCP runs");
+    }
 
     // A customer with no attachment (S-tag 300): its frames are dropped and counted; nothing
     // answers it.
@@ -306,6 +321,19 @@ fn two_customers_attached_over_qinq_reach_their_own_vms_both_ways() -> Result<()
     assert_eq!(p.received, 0, "a spoofed source got through: {p:?}");
     let now = wait_drops(&gw, "attach_source", base + 3)?;
     assert!(now >= base + 3, "attach_source: {now} (before {base})");
+
+    // An address in no route of red's VNet (nor of its tunnel): the CE's packets reach the
+    // VNet and go no further, counted as no_route; blue's VNet does not see them either.
+    red_ce.ip(["route", "add", "10.7.0.0/24", "via", GW_IP])?;
+    let base = drops(&gw)?.get("no_route").copied().unwrap_or(0);
+    let p = traffic::ping(
+        &red_ce,
+        addr("10.7.0.9"),
+        &PingOptions::new(3, Duration::from_millis(100)),
+    )?;
+    assert_eq!(p.received, 0, "an address outside the VNet answered: {p:?}");
+    let now = wait_drops(&gw, "no_route", base + 3)?;
+    assert!(now >= base + 3, "no_route: {now} (before {base})");
 
     let nonzero: BTreeMap<String, u64> = drops(&gw)?.into_iter().filter(|(_, v)| *v > 0).collect();
     eprintln!("drops: {nonzero:?}");

@@ -74,6 +74,14 @@ fn other_tag_stacks_are_unknown_and_short_frames_malformed() {
         &[
             0x88, 0xa8, 0x00, 0x64, 0x81, 0x00, 0x00, 0x0a, 0x81, 0x00, 0x00, 0x01, 0x08, 0x00,
         ],
+        // VLAN ids 0 (priority tag: no VLAN) and 4095 (reserved), in either position or
+        // alone: an S-tag of 0 must not make a Q-in-Q frame a single-tag attachment's.
+        &[0x88, 0xa8, 0x00, 0x00, 0x81, 0x00, 0x00, 0x0a, 0x08, 0x00],
+        &[0x88, 0xa8, 0x2f, 0xff, 0x81, 0x00, 0x00, 0x0a, 0x08, 0x00],
+        &[0x88, 0xa8, 0x00, 0x64, 0x81, 0x00, 0x00, 0x00, 0x08, 0x00],
+        &[0x88, 0xa8, 0x00, 0x64, 0x81, 0x00, 0x0f, 0xff, 0x08, 0x00],
+        &[0x81, 0x00, 0x60, 0x00, 0x08, 0x00],
+        &[0x81, 0x00, 0x0f, 0xff, 0x08, 0x00],
     ] {
         assert_eq!(
             read_tags(&frame(tail)),
@@ -230,6 +238,21 @@ fn neighbour_solicitation_for_an_ipv6_gateway() {
         source_lladdr: Some(CE_MAC),
     };
     assert!(a.nd(ce, CE_MAC, &other).0.is_none());
+    // Duplicate address detection for the gateway's address (from ::, no link-layer option):
+    // answered to all-nodes, Solicited clear (RFC 4861 §7.2.4), and nothing learned.
+    let dad = NdpRepr::NeighborSolicit {
+        target_addr: "fd99::1".parse().expect("ip"),
+        source_lladdr: None,
+    };
+    let (reply, learn) = a.nd(Ipv6Addr::UNSPECIFIED, CE_MAC, &dad);
+    assert_eq!(learn, None);
+    let r = reply.expect("NA to all-nodes");
+    let all_nodes: Ipv6Addr = "ff02::1".parse().expect("ip");
+    assert_eq!((r.dst, r.dst_mac), (all_nodes, [0x33, 0x33, 0, 0, 0, 1]));
+    match r.msg {
+        NdpRepr::NeighborAdvert { flags, .. } => assert!(flags.router && !flags.solicited),
+        other => panic!("{other:?}"),
+    }
 }
 
 fn vnet(tenant: &str, name: &str, index: usize) -> Arc<Vnet> {
@@ -289,5 +312,14 @@ fn attachments_find_their_own_tenants_vnet_by_name() {
     assert!(matches!(
         AttachTable::new(&twice, |_| (0, GW_MAC)),
         Err(DataplaneError::Config { field, .. }) if field == "attachments[1].tags"
+    ));
+    // Two attachments of one VNet behind overlapping prefixes are refused (the way to the
+    // shared addresses would depend on their order); of two tenants they are fine (above).
+    let mut branch = cfg("c", "acme", AttachmentTags::Vlan { c_tag: 30 }, None);
+    branch.routes = vec![(ip("10.98.0.0"), 24), (ip("192.168.7.0"), 24)];
+    let overlapping = vec![cfg("a", "acme", QINQ, None), branch];
+    assert!(matches!(
+        AttachTable::new(&overlapping, |_| (0, GW_MAC)),
+        Err(DataplaneError::Config { field, .. }) if field == "attachments[1].routes[1]"
     ));
 }

@@ -71,6 +71,8 @@ pub(crate) fn receive(
             };
             let got = sock.read_batch(fb);
             drops.add_n(DropReason::AttachRingFull, sock.take_losses());
+            drops.add_n(DropReason::TooBig, fb.too_big);
+            drops.add_n(DropReason::AttachRingMalformed, fb.bad_headers);
             return got;
         }
         LaneKind::Tun => {

@@ -88,6 +88,8 @@ pub(crate) struct Sockets {
     /// AF_PACKET sockets of the attachments' interfaces, one per interface (in order of
     /// first use in the configuration).
     pub(crate) packet: Vec<PacketSocket>,
+    /// By attachment (configuration index): the index of its interface's socket in `packet`.
+    attach_iface: Vec<usize>,
 }
 
 impl Sockets {
@@ -141,16 +143,22 @@ impl Sockets {
                 })?),
                 None => None,
             };
+        // One socket per interface, told apart by index: an alternative name (`ip link
+        // property add … altname`) is the same interface, whose frames must be read once.
         let mut packet: Vec<PacketSocket> = Vec::new();
+        let mut attach_iface = Vec::with_capacity(cfg.attachments.len());
         for (i, a) in cfg.attachments.iter().enumerate() {
-            if packet.iter().any(|p| p.name() == a.interface) {
-                continue;
-            }
-            let sock = PacketSocket::open(&a.interface).map_err(|e| DataplaneError::Config {
+            let cannot = |e: std::io::Error| DataplaneError::Config {
                 field: format!("attachments[{i}].interface"),
                 reason: format!("cannot open an AF_PACKET ring on {}: {e}", a.interface),
-            })?;
-            packet.push(sock);
+            };
+            let ifindex = crate::sys::packet::interface_index(&a.interface).map_err(cannot)?;
+            if let Some(at) = packet.iter().position(|p| p.ifindex() == ifindex) {
+                attach_iface.push(at);
+                continue;
+            }
+            attach_iface.push(packet.len());
+            packet.push(PacketSocket::open(&a.interface).map_err(cannot)?);
         }
         Ok(Self {
             socks,
@@ -159,6 +167,7 @@ impl Sockets {
             relay_sock,
             tun,
             packet,
+            attach_iface,
         })
     }
 
@@ -203,9 +212,9 @@ impl Sockets {
         }
     }
 
-    /// The index of the packet socket on `interface`.
-    pub(crate) fn packet_iface(&self, interface: &str) -> Option<usize> {
-        self.packet.iter().position(|p| p.name() == interface)
+    /// The index of the packet socket of attachment `attachment` (its configuration index).
+    pub(crate) fn packet_iface(&self, attachment: usize) -> Option<usize> {
+        self.attach_iface.get(attachment).copied()
     }
 
     /// The NAT-T socket on `ip`.

@@ -8,10 +8,13 @@
 //! the gateway's MAC whose source is behind the CE loses its tags and goes to the encap stage
 //! ([`encap::deliver`]: TTL, the VNet's route lookup, the VM's MAC, VXLAN to its host).
 //!
-//! Toward the CE ([`to_ce`], called by the graph for IP frames from a VNet's hosts): when the
+//! Toward the CE ([`to_ce`], called by the graph for IP frames from a VNet's hosts;
+//! [`to_ce_of_vnet`] for decrypted ESP of the VNet and for packets from a CE): when the
 //! destination is behind one of the VNet's attachments, the packet is tagged and sent to the
 //! CE's MAC on the attachment's interface, before any IPsec tunnel is considered (the two can
 //! serve one VNet together: prefixes behind the CE go to the CE, the rest to the tunnels).
+//! A CE's packets go to the VNet's VMs and CEs only: sealing into the tunnels needs an ordered
+//! outbound lane, which the attachment lane is not (they are dropped as `no_route`).
 //!
 //! Frames to the CE are written into the send batch under the interface's socket index
 //! ([`packet_sock`]), so they leave in the lane's order with the batch's `sendmmsg`.
@@ -90,8 +93,9 @@ pub(crate) fn from_ce(
                     Some(ICMPV6_NEIGHBOR_SOLICIT | ICMPV6_NEIGHBOR_ADVERT)
                 );
             if is_nd {
+                // Unicast neighbour discovery for another MAC is an IP frame not for us.
                 if tagged.dst != a.mac && !tagged.dst.is_multicast() {
-                    return o.drop_packet(DropReason::NeighIgnored);
+                    return o.drop_packet(DropReason::AttachNotForGateway);
                 }
                 return nd(o, sh, a, tagged.src, pkt);
             }
@@ -99,15 +103,73 @@ pub(crate) fn from_ce(
                 return o.drop_packet(DropReason::AttachNotForGateway);
             }
             let src = parsed.flow.src;
-            if !a.is_behind(src) {
+            // The gateway's own address lies within the CE's segment prefix but is never the
+            // CE's to send from.
+            if !a.is_behind(src) || src == a.gateway_ip {
                 return o.drop_packet(DropReason::AttachSource);
             }
             if a.teaches(src) {
                 a.learn_ce(tagged.src);
             }
+            // Behind a CE of the VNet (this one's included: routed back out, as a router
+            // does), or a VM's.
+            if to_ce_of_vnet(o, sh, t, now, vnet, pkt, &parsed) {
+                return;
+            }
             encap::deliver(o, sh, t, r, now, vnet, pkt, &parsed, || Ok(()));
         }
         _ => o.drop_packet(DropReason::AttachEthertype),
+    }
+}
+
+/// Finishes the TCP or UDP checksum of a frame the kernel handed over with
+/// `TP_STATUS_CSUMNOTREADY` (sent by a local stack with checksum offload, as a veth peer's
+/// namespace does: the checksum field holds only the pseudo-header sum). Frames that do not
+/// parse, fragments and other protocols are left as they are (the stage drops what does not
+/// parse).
+pub(crate) fn finish_checksum(frame: &mut [u8]) {
+    use wire::flow::upper_layer_v6;
+    use wire::ip::{Ipv4Packet, IPV6_HEADER_LEN};
+    let Ok(tagged) = attach::read_tags(frame) else {
+        return;
+    };
+    let Some(pkt) = frame.get_mut(tagged.payload..) else {
+        return;
+    };
+    let Some(parsed) = InnerIp::parse(pkt) else {
+        return;
+    };
+    let Some(pkt) = pkt.get_mut(..parsed.len) else {
+        return;
+    };
+    let (v6, l4, proto) = match parsed.version {
+        IpVersion::V4 => {
+            let Ok(p) = Ipv4Packet::new_checked(&*pkt) else {
+                return;
+            };
+            if p.is_fragment() {
+                return;
+            }
+            (false, p.header_len(), p.protocol())
+        }
+        IpVersion::V6 => {
+            let Ok(p) = Ipv6Packet::new_checked(&*pkt) else {
+                return;
+            };
+            let payload = p.payload();
+            let (proto, Some(rest)) = upper_layer_v6(p.next_header(), payload) else {
+                return;
+            };
+            (true, IPV6_HEADER_LEN + payload.len() - rest.len(), proto)
+        }
+    };
+    let header = match proto {
+        IpProtocol::TCP => 20,
+        IpProtocol::UDP => 8,
+        _ => return,
+    };
+    if l4 + header <= pkt.len() {
+        crate::sys::tun_offload::fill_l4_checksum(pkt, v6, l4, proto.0);
     }
 }
 
@@ -214,9 +276,48 @@ pub(crate) fn to_ce(
         o.drop_packet(DropReason::AttachVnetSource);
         return true;
     }
+    toward_ce(o, sh, now, a, pkt, parsed);
+    true
+}
+
+/// A packet of VNet `vnet` from a source that needs no further check (decrypted from one of
+/// the VNet's tunnels, or from another attachment's CE): if its destination is behind one of
+/// the VNet's attachments, it is sent to that CE (true, whatever became of it); false: not
+/// the attachments' business.
+pub(crate) fn to_ce_of_vnet(
+    o: &mut Out,
+    sh: &Shared,
+    t: &Tables,
+    now: Instant,
+    vnet: usize,
+    pkt: &mut [u8],
+    parsed: &InnerIp,
+) -> bool {
+    let Some(a) = t.attach.toward(vnet, parsed.flow.dst) else {
+        return false;
+    };
+    toward_ce(o, sh, now, a, pkt, parsed);
+    true
+}
+
+/// Routes an IP packet to attachment `a`'s CE (RFC 1812: the TTL or hop limit decremented),
+/// tagged; while the CE's MAC is unknown the packet is dropped and, with `ce_ip`, the MAC
+/// asked for.
+fn toward_ce(
+    o: &mut Out,
+    sh: &Shared,
+    now: Instant,
+    a: &Attachment,
+    pkt: &mut [u8],
+    parsed: &InnerIp,
+) {
+    // The gateway's own address on the segment lies within the CE's prefixes but is not
+    // behind the CE: sent there it would come back until its TTL ran out.
+    if parsed.flow.dst == a.gateway_ip {
+        return o.drop_packet(DropReason::ToGateway);
+    }
     if !inner::decrement_hop(pkt) {
-        o.drop_packet(DropReason::TtlExceeded);
-        return true;
+        return o.drop_packet(DropReason::TtlExceeded);
     }
     let Some(mac) = a.ce_mac() else {
         if let Some(ce) = a.ce_ip {
@@ -236,8 +337,7 @@ pub(crate) fn to_ce(
                 }
             }
         }
-        o.drop_packet(DropReason::AttachCeUnresolved);
-        return true;
+        return o.drop_packet(DropReason::AttachCeUnresolved);
     };
     let ethertype = match parsed.version {
         IpVersion::V4 => EtherType::IPV4,
@@ -246,10 +346,9 @@ pub(crate) fn to_ce(
     let hdr = attach::header_len(a.tags);
     let len = hdr + pkt.len();
     let Some(room) = o.room(sh, len) else {
-        return true;
+        return;
     };
     attach::write_header(room, a.tags, mac, a.mac, ethertype);
     room[hdr..len].copy_from_slice(pkt);
     o.tx.commit(packet_sock(a.iface), UNSPECIFIED, len);
-    true
 }

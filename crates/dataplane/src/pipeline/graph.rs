@@ -353,6 +353,10 @@ fn to_inside(
     let mark = o.mark();
     let mut accepted_early = false;
     match opened.child.inside {
+        // Prefixes behind a customer's edge router attached to the VNet go there.
+        Inside::Vnet(v)
+            if !t.attach.by_vnet.is_empty()
+                && attach::to_ce_of_vnet(o, sh, t, now, v, pkt, parsed) => {}
         Inside::Vnet(v) => {
             let accept_now = || {
                 accepted_early = true;

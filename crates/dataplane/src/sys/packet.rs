@@ -58,6 +58,9 @@ pub(crate) struct RxFrame {
     pub(crate) len: usize,
     /// The frame was longer than what the ring kept of it.
     pub(crate) truncated: bool,
+    /// Its TCP or UDP checksum is left to finish (`TP_STATUS_CSUMNOTREADY`: sent by a local
+    /// stack with checksum offload).
+    pub(crate) csum_not_ready: bool,
 }
 
 /// Frames copied out of a receive ring, back to back.
@@ -66,6 +69,11 @@ pub(crate) struct FrameBatch {
     used: usize,
     frames: Vec<RxFrame>,
     max_frames: usize,
+    /// Frames dropped since the last `clear` because they do not fit even an empty batch.
+    pub(crate) too_big: u64,
+    /// Frames given up since the last `clear` because a ring frame header lay outside its
+    /// block.
+    pub(crate) bad_headers: u64,
 }
 
 impl FrameBatch {
@@ -76,13 +84,17 @@ impl FrameBatch {
             used: 0,
             frames: Vec::with_capacity(max_frames.max(1)),
             max_frames: max_frames.max(1),
+            too_big: 0,
+            bad_headers: 0,
         }
     }
 
-    /// Empties the batch.
+    /// Empties the batch (and zeroes its drop counts).
     pub(crate) fn clear(&mut self) {
         self.used = 0;
         self.frames.clear();
+        self.too_big = 0;
+        self.bad_headers = 0;
     }
 
     /// The frames.
@@ -122,6 +134,7 @@ impl FrameBatch {
             start: self.used,
             len,
             truncated,
+            csum_not_ready: false,
         });
         self.used += len;
         true
@@ -141,6 +154,7 @@ struct Cursor {
 /// An AF_PACKET socket bound to one interface, with a TPACKET_V3 receive ring.
 pub(crate) struct PacketSocket {
     fd: OwnedFd,
+    ifindex: u32,
     name: String,
     mac: [u8; 6],
     ring: *mut u8,
@@ -160,6 +174,18 @@ unsafe impl Sync for PacketSocket {}
 
 fn last_error() -> io::Error {
     io::Error::last_os_error()
+}
+
+/// The index of the network interface named `interface` (any of its names).
+pub(crate) fn interface_index(interface: &str) -> io::Result<u32> {
+    let cname = std::ffi::CString::new(interface)
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "NUL in interface name"))?;
+    // SAFETY: a valid C string.
+    let ifindex = unsafe { libc::if_nametoindex(cname.as_ptr()) };
+    if ifindex == 0 {
+        return Err(last_error());
+    }
+    Ok(ifindex)
 }
 
 fn setsockopt<T>(fd: RawFd, level: libc::c_int, name: libc::c_int, value: &T) -> io::Result<()> {
@@ -182,15 +208,10 @@ fn setsockopt<T>(fd: RawFd, level: libc::c_int, name: libc::c_int, value: &T) ->
 
 impl PacketSocket {
     /// Opens `interface` (which must exist): an AF_PACKET socket for every EtherType, bound to
-    /// it, non-blocking, with the receive ring mapped. Needs CAP_NET_RAW.
+    /// it, non-blocking, with the receive ring mapped, the interface promiscuous while it is
+    /// open. Needs CAP_NET_RAW.
     pub(crate) fn open(interface: &str) -> io::Result<Self> {
-        let cname = std::ffi::CString::new(interface)
-            .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "NUL in interface name"))?;
-        // SAFETY: a valid C string.
-        let ifindex = unsafe { libc::if_nametoindex(cname.as_ptr()) };
-        if ifindex == 0 {
-            return Err(last_error());
-        }
+        let ifindex = interface_index(interface)?;
         let proto = (libc::ETH_P_ALL as u16).to_be();
         // SAFETY: plain socket call.
         let raw = unsafe {
@@ -247,6 +268,7 @@ impl PacketSocket {
         }
         let mut sock = Self {
             fd,
+            ifindex,
             name: interface.to_owned(),
             mac: [0; 6],
             ring: ring.cast(),
@@ -274,6 +296,24 @@ impl PacketSocket {
         if r != 0 {
             return Err(last_error());
         }
+        // Promiscuous for as long as the socket lives (the kernel counts it per socket and
+        // takes it back on close): the gateway's address is no kernel address, so the
+        // interface has not joined the solicited-node group of an IPv6 `gateway_ip`, and
+        // frames to the MACs of other hosts on a shared segment as well as tagged frames with
+        // VLAN ids the interface never registered are ours to see (a NIC filtering VLANs in
+        // hardware still needs `ethtool -K IF rx-vlan-filter off`, docs/configuration.md).
+        let mreq = libc::packet_mreq {
+            mr_ifindex: ifindex as libc::c_int,
+            mr_type: libc::PACKET_MR_PROMISC as libc::c_ushort,
+            mr_alen: 0,
+            mr_address: [0; 8],
+        };
+        setsockopt(
+            sock.fd.as_raw_fd(),
+            libc::SOL_PACKET,
+            libc::PACKET_ADD_MEMBERSHIP,
+            &mreq,
+        )?;
         sock.mac = hardware_address(sock.fd.as_raw_fd(), interface)?;
         Ok(sock)
     }
@@ -281,6 +321,11 @@ impl PacketSocket {
     /// The descriptor workers poll (readable when a block is handed over).
     pub(crate) fn raw_fd(&self) -> RawFd {
         self.fd.as_raw_fd()
+    }
+
+    /// The interface's index (what tells interfaces apart: one may have several names).
+    pub(crate) fn ifindex(&self) -> u32 {
+        self.ifindex
     }
 
     /// The interface's name.
@@ -305,15 +350,11 @@ impl PacketSocket {
         }
     }
 
-    fn read_u32(&self, block: usize, offset: usize) -> u32 {
-        // SAFETY: callers keep `offset + 4` within the block.
-        unsafe { ptr::read_unaligned(self.ring.add(block * BLOCK_SIZE + offset).cast::<u32>()) }
-    }
-
     /// Copies the frames the kernel handed over into `out` (which is cleared first), until it
-    /// is full or no block is ready; returns the frames copied and whether the batch filled.
-    /// Blocks are given back to the kernel as soon as they are read whole. Frames we sent
-    /// ourselves are skipped.
+    /// is full or no block is ready; returns the frames copied and whether the batch filled
+    /// (never with none copied: a frame too big for an empty batch is dropped and counted,
+    /// [`FrameBatch::too_big`]). Blocks are given back to the kernel as soon as they are read
+    /// whole. Frames we sent ourselves are skipped.
     pub(crate) fn read_batch(&self, out: &mut FrameBatch) -> (usize, bool) {
         out.clear();
         let mut cur = self.cursor.lock().unwrap_or_else(|p| p.into_inner());
@@ -326,77 +367,20 @@ impl PacketSocket {
             if status & libc::TP_STATUS_LOSING != 0 {
                 self.losing.store(true, Ordering::Relaxed);
             }
-            let count = self.read_u32(block, BLOCK_NUM_PKTS);
-            if cur.read == 0 {
-                cur.offset = self.read_u32(block, BLOCK_FIRST_PKT) as usize;
-            }
-            while cur.read < count {
-                let Some(frame) = self.frame_at(block, cur.offset) else {
-                    // A header outside the block: give the block back rather than trust it.
-                    break;
-                };
-                if !frame.outgoing {
-                    // SAFETY: `frame_at` checked the frame lies within the block.
-                    let bytes = unsafe {
-                        std::slice::from_raw_parts(
-                            self.ring.add(block * BLOCK_SIZE + frame.data),
-                            frame.snaplen,
-                        )
-                    };
-                    if !out.push(bytes, frame.vlan, frame.truncated) {
-                        return (out.frames.len(), true);
-                    }
-                }
-                cur.read += 1;
-                if frame.next == 0 {
-                    break;
-                }
-                cur.offset += frame.next;
+            // SAFETY: the block lies within the mapping, and while its status says
+            // TP_STATUS_USER the kernel leaves it to us; the slice is gone before the status
+            // is handed back below.
+            let bytes = unsafe {
+                std::slice::from_raw_parts(self.ring.add(block * BLOCK_SIZE), BLOCK_SIZE)
+            };
+            if walk_block(bytes, &mut cur, out) == Walk::BatchFull {
+                return (out.frames.len(), true);
             }
             self.status(block)
                 .store(libc::TP_STATUS_KERNEL, Ordering::Release);
             cur.block = (block + 1) % BLOCKS;
             cur.read = 0;
         }
-    }
-
-    /// The frame whose header is at `offset` in `block`, checked to lie within the block.
-    fn frame_at(&self, block: usize, offset: usize) -> Option<RingFrame> {
-        let hdr_len = std::mem::size_of::<libc::tpacket3_hdr>();
-        if offset.checked_add(HDR_ALIGNED + SLL_PKTTYPE + 1)? > BLOCK_SIZE {
-            return None;
-        }
-        // SAFETY: the header lies within the block (checked above).
-        let h: libc::tpacket3_hdr =
-            unsafe { ptr::read_unaligned(self.ring.add(block * BLOCK_SIZE + offset).cast()) };
-        debug_assert!(hdr_len <= HDR_ALIGNED);
-        let data = offset + usize::from(h.tp_mac);
-        let snaplen = h.tp_snaplen as usize;
-        if data.checked_add(snaplen)? > BLOCK_SIZE {
-            return None;
-        }
-        // SAFETY: within the block (checked above).
-        let pkttype = unsafe {
-            *self
-                .ring
-                .add(block * BLOCK_SIZE + offset + HDR_ALIGNED + SLL_PKTTYPE)
-        };
-        let vlan = (h.tp_status & libc::TP_STATUS_VLAN_VALID != 0).then(|| {
-            let tpid = if h.tp_status & libc::TP_STATUS_VLAN_TPID_VALID != 0 {
-                h.hv1.tp_vlan_tpid
-            } else {
-                0x8100
-            };
-            (tpid, h.hv1.tp_vlan_tci as u16)
-        });
-        Some(RingFrame {
-            data,
-            snaplen,
-            next: h.tp_next_offset as usize,
-            truncated: h.tp_len as usize > snaplen,
-            outgoing: pkttype == libc::PACKET_OUTGOING,
-            vlan,
-        })
     }
 
     /// The frames the kernel dropped because the ring was full, since the last call: read
@@ -505,6 +489,94 @@ impl Drop for PacketSocket {
     }
 }
 
+/// How a block walk ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Walk {
+    /// Every frame of the block was read (or the rest cannot be trusted): give it back.
+    Done,
+    /// The batch filled; the cursor is at the frame that did not fit.
+    BatchFull,
+}
+
+/// A native-endian `u32` at `offset` in `block` (0 if outside it).
+fn read_u32(block: &[u8], offset: usize) -> u32 {
+    block
+        .get(offset..offset + 4)
+        .and_then(|b| b.try_into().ok())
+        .map_or(0, u32::from_ne_bytes)
+}
+
+/// Copies the frames of `block` (one whole ring block the kernel handed over) from `cur` on
+/// into `out`. A frame too big for the empty batch would never fit: it is counted
+/// ([`FrameBatch::too_big`]) and skipped, so one oversized frame cannot stop the ring. A
+/// frame header outside the block ends the walk, the frames left counted
+/// ([`FrameBatch::bad_headers`]).
+fn walk_block(block: &[u8], cur: &mut Cursor, out: &mut FrameBatch) -> Walk {
+    let count = read_u32(block, BLOCK_NUM_PKTS);
+    if cur.read == 0 {
+        cur.offset = read_u32(block, BLOCK_FIRST_PKT) as usize;
+    }
+    while cur.read < count {
+        let Some(frame) = frame_at(block, cur.offset) else {
+            break;
+        };
+        if !frame.outgoing {
+            let bytes = &block[frame.data..frame.data + frame.snaplen];
+            if out.push(bytes, frame.vlan, frame.truncated) {
+                if let Some(f) = out.frames.last_mut() {
+                    f.csum_not_ready = frame.csum_not_ready;
+                }
+            } else {
+                if !out.frames.is_empty() {
+                    return Walk::BatchFull;
+                }
+                out.too_big += 1;
+            }
+        }
+        cur.read += 1;
+        if frame.next == 0 {
+            break;
+        }
+        cur.offset = cur.offset.saturating_add(frame.next);
+    }
+    out.bad_headers += u64::from(count - cur.read);
+    Walk::Done
+}
+
+/// The frame whose header is at `offset` in `block`, checked to lie within the block.
+fn frame_at(block: &[u8], offset: usize) -> Option<RingFrame> {
+    let end = offset.checked_add(HDR_ALIGNED + SLL_PKTTYPE + 1)?;
+    if end > block.len() {
+        return None;
+    }
+    // SAFETY: the header lies within the block (checked above: HDR_ALIGNED covers it), and
+    // tpacket3_hdr is plain data, valid for any bytes.
+    let h: libc::tpacket3_hdr = unsafe { ptr::read_unaligned(block.as_ptr().add(offset).cast()) };
+    let data = offset + usize::from(h.tp_mac);
+    let snaplen = h.tp_snaplen as usize;
+    if data.checked_add(snaplen)? > block.len() {
+        return None;
+    }
+    let pkttype = block[offset + HDR_ALIGNED + SLL_PKTTYPE];
+    let vlan = (h.tp_status & libc::TP_STATUS_VLAN_VALID != 0).then(|| {
+        let tpid = if h.tp_status & libc::TP_STATUS_VLAN_TPID_VALID != 0 {
+            h.hv1.tp_vlan_tpid
+        } else {
+            0x8100
+        };
+        (tpid, h.hv1.tp_vlan_tci as u16)
+    });
+    Some(RingFrame {
+        data,
+        snaplen,
+        next: h.tp_next_offset as usize,
+        truncated: h.tp_len as usize > snaplen,
+        csum_not_ready: h.tp_status & libc::TP_STATUS_CSUMNOTREADY != 0,
+        outgoing: pkttype == libc::PACKET_OUTGOING,
+        vlan,
+    })
+}
+
 /// A ring frame's header, checked.
 struct RingFrame {
     /// Offset of the frame's first byte in the block.
@@ -513,6 +585,7 @@ struct RingFrame {
     /// Offset of the next header from this one (0: last).
     next: usize,
     truncated: bool,
+    csum_not_ready: bool,
     outgoing: bool,
     vlan: Option<(u16, u16)>,
 }
@@ -535,7 +608,8 @@ impl PacketScratch {
     }
 }
 
-/// The MAC address of `interface` (SIOCGIFHWADDR on `fd`).
+/// The MAC address of `interface` (SIOCGIFHWADDR on `fd`), which must be an Ethernet
+/// interface (or loopback, Ethernet-framed).
 fn hardware_address(fd: RawFd, interface: &str) -> io::Result<[u8; 6]> {
     // SAFETY: ifreq is plain data.
     let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
@@ -548,6 +622,18 @@ fn hardware_address(fd: RawFd, interface: &str) -> io::Result<[u8; 6]> {
     }
     // SAFETY: SIOCGIFHWADDR filled the hardware address member.
     let sa = unsafe { req.ifr_ifru.ifru_hwaddr };
+    // Frames are read and written as Ethernet: an interface of another link type (a TUN
+    // device, an IP tunnel, WireGuard) would have its packets taken apart as garbage.
+    // Loopback frames carry an Ethernet header too (the stage tests attach to `lo`).
+    if sa.sa_family != libc::ARPHRD_ETHER && sa.sa_family != libc::ARPHRD_LOOPBACK {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!(
+                "{interface} is not an Ethernet interface (link type {})",
+                sa.sa_family
+            ),
+        ));
+    }
     let mut mac = [0u8; 6];
     for (d, s) in mac.iter_mut().zip(sa.sa_data.iter()) {
         *d = *s as u8;
@@ -556,48 +642,4 @@ fn hardware_address(fd: RawFd, interface: &str) -> io::Result<[u8; 6]> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_outer_tag_is_written_back_after_the_addresses() {
-        let mut b = FrameBatch::new(4, 4096);
-        let mut frame = vec![0xaa; 12];
-        frame.extend_from_slice(&[0x81, 0x00, 0x00, 0x0a, 0x08, 0x00, 0x45]);
-        assert!(b.push(&frame, Some((0x88a8, 100)), false));
-        assert!(b.push(&frame, None, true));
-        let f = b.frames().to_vec();
-        assert_eq!(f[0].len, frame.len() + 4);
-        let first = b.frame_mut(0).to_vec();
-        assert_eq!(&first[..12], &[0xaa; 12]);
-        assert_eq!(&first[12..16], &[0x88, 0xa8, 0x00, 0x64]);
-        assert_eq!(&first[16..], &frame[12..]);
-        assert_eq!(b.frame_mut(1), &frame[..]);
-        assert!(f[1].truncated && !f[0].truncated);
-    }
-
-    #[test]
-    fn a_full_batch_refuses_and_copies_nothing() {
-        let mut b = FrameBatch::new(2, FRAME_SIZE);
-        assert!(b.push(&[1; 100], None, false));
-        assert!(b.push(&[2; 100], None, false));
-        assert!(!b.push(&[3; 100], None, false), "frame limit");
-        let mut b = FrameBatch::new(8, FRAME_SIZE);
-        assert!(b.push(&[1; 2000], None, false));
-        assert!(!b.push(&[2; 100], None, false), "byte limit");
-        assert_eq!(b.frames().len(), 1);
-        b.clear();
-        assert!(b.frames().is_empty());
-    }
-
-    #[test]
-    fn header_offsets_match_the_kernel_layout() {
-        // struct tpacket3_hdr is 48 bytes; TPACKET_ALIGN keeps it there.
-        assert_eq!(std::mem::size_of::<libc::tpacket3_hdr>(), 48);
-        assert_eq!(HDR_ALIGNED, 48);
-        assert_eq!(
-            std::mem::offset_of!(libc::sockaddr_ll, sll_pkttype),
-            SLL_PKTTYPE
-        );
-    }
-}
+mod tests;

@@ -302,7 +302,7 @@ fn put16(b: &mut [u8], at: usize, v: u16) {
 
 /// Writes the full transport checksum of `seg` (transport header at `l4`, checksum at
 /// `l4 + off`): pseudo header plus everything from `l4`, a zero result sent as 0xFFFF for UDP.
-fn fill_l4_checksum(seg: &mut [u8], v6: bool, l4: usize, proto: u8) {
+pub(crate) fn fill_l4_checksum(seg: &mut [u8], v6: bool, l4: usize, proto: u8) {
     let off = l4
         + if proto == PROTO_TCP {
             TCP_CSUM_OFFSET

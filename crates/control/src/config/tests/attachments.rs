@@ -224,3 +224,32 @@ fn a_control_node_refuses_attachments() {
         "served by `protego up` only",
     );
 }
+
+#[test]
+fn routes_of_one_vnets_attachments_must_not_overlap() {
+    // A second attachment of acme's prod VNet whose routes reach into the first one's.
+    let second = r#"
+[[attachment]]
+name = "acme-branch"
+tenant = "acme"
+vnet = "prod"
+interface = "eth1"
+kind = "vlan"
+c_tag = 30
+gateway_ip = "10.98.0.1"
+routes = ["10.98.0.0/24", "192.168.7.0/24"]
+"#;
+    let text = with_attachments(&format!("{ATTACHMENTS}{second}"));
+    expect_error(
+        &text,
+        "routes = [\"10.98.0.0/24\"",
+        "routes",
+        "192.168.7.0/24 overlaps 192.168.0.0/16 of attachment \"acme-prod\"",
+    );
+    // Apart, they are fine; and the same prefixes in another tenant's VNet always were.
+    let text = with_attachments(&format!(
+        "{ATTACHMENTS}{}",
+        second.replace(", \"192.168.7.0/24\"", "")
+    ));
+    assert!(Scratch::new().parse(&text).is_ok());
+}

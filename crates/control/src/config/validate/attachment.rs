@@ -180,6 +180,25 @@ impl Validator<'_, '_> {
                 "an attachment needs routes (the prefixes behind the CE) or ce_ip",
             ));
         }
+        // Two CEs of one VNet behind the same addresses would leave the way to them to the
+        // order of the attachments: refused.
+        for other in done
+            .iter()
+            .filter(|o| o.config.tenant == tenant && o.config.vnet == *vnet)
+        {
+            if let Some((mine, theirs)) = overlap(&routes, &other.config.routes) {
+                let at = a.routes.as_ref().map_or(a.name.span(), Spanned::span);
+                return Err(self.err(
+                    at,
+                    s,
+                    "routes",
+                    format!(
+                        "{}/{} overlaps {}/{} of attachment {:?} (line {}) in the same vnet",
+                        mine.0, mine.1, theirs.0, theirs.1, other.config.name, other.line
+                    ),
+                ));
+            }
+        }
         Ok(CheckedAttachment {
             config: AttachmentConfig {
                 name,
@@ -215,6 +234,18 @@ impl Validator<'_, '_> {
                 )
             })
     }
+}
+
+/// The first pair of prefixes of `a` and `b` that share addresses.
+fn overlap(a: &[(IpAddr, u8)], b: &[(IpAddr, u8)]) -> Option<((IpAddr, u8), (IpAddr, u8))> {
+    let net = |&(ip, len): &(IpAddr, u8)| ipnet::IpNet::new(ip, len).ok();
+    a.iter().find_map(|x| {
+        let nx = net(x)?;
+        b.iter().find_map(|y| {
+            let ny = net(y)?;
+            (nx.contains(&ny.network()) || ny.contains(&nx.network())).then_some((*x, *y))
+        })
+    })
 }
 
 /// The tags as an operator writes them.

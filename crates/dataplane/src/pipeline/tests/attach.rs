@@ -72,6 +72,13 @@ fn env() -> Env {
                     routes: vec![(ip("fd99::"), 64)],
                     ..attachment("b6", "b", 201)
                 },
+                // Tenant a also on a single-tag segment, C-tag 10 (the Q-in-Q ones' C-tag).
+                AttachmentConfig {
+                    tags: AttachmentTags::Vlan { c_tag: 10 },
+                    gateway_ip: ip("10.98.0.1"),
+                    routes: vec![(ip("10.98.0.0"), 24)],
+                    ..attachment("av", "a", 0)
+                },
             ],
         };
         let (tx, _rx) = crossbeam_channel::unbounded();
@@ -98,6 +105,18 @@ fn ce_frame(s_tag: u16, dst: [u8; 6], src: [u8; 6], ethertype: u16, payload: &[u
     f.extend_from_slice(&[0x88, 0xa8]);
     f.extend_from_slice(&s_tag.to_be_bytes());
     f.extend_from_slice(&[0x81, 0x00, 0x00, 10]);
+    f.extend_from_slice(&ethertype.to_be_bytes());
+    f.extend_from_slice(payload);
+    f
+}
+
+/// A frame from a CE on a single-tag segment: 802.1Q tag `c_tag`, then `ethertype` and
+/// `payload`.
+fn vlan_frame(c_tag: u16, dst: [u8; 6], src: [u8; 6], ethertype: u16, payload: &[u8]) -> Vec<u8> {
+    let mut f = dst.to_vec();
+    f.extend_from_slice(&src);
+    f.extend_from_slice(&[0x81, 0x00]);
+    f.extend_from_slice(&c_tag.to_be_bytes());
     f.extend_from_slice(&ethertype.to_be_bytes());
     f.extend_from_slice(payload);
     f
@@ -145,6 +164,38 @@ impl Env {
             from,
             &mut data,
         );
+    }
+
+    /// ESP from the peer at `from` on the NAT-T socket, opened and accepted as a lane batch
+    /// is.
+    fn recv_from_peer(&mut self, from: &str, mut data: Vec<u8>) {
+        let t = self.sh.tables.load();
+        self.out.use_tables(std::sync::Arc::clone(&t));
+        let local = self.sh.io.local_addr(self.sh.io.listen[0].natt);
+        let reader = self.sh.route_readers.reader();
+        let guard = reader.enter();
+        let r = guard
+            .as_deref()
+            .unwrap_or(crate::routes::RouteReader::empty());
+        let now = Instant::now();
+        let mut d = graph::Deliveries::new();
+        graph::natt(
+            &mut self.out,
+            &self.sh,
+            &t,
+            r,
+            now,
+            local,
+            from.parse().expect("peer"),
+            &mut data,
+            &mut d,
+        );
+        d.flush(&mut self.out, &self.sh, &t, r, now);
+        let mut dead = Vec::new();
+        let tx = &mut self.out.tx;
+        crate::accept::accept_batch(&self.sh, tx, &mut dead, &mut self.out.drops);
+        tx.accepts.clear();
+        assert!(dead.is_empty(), "the replay window refused a packet");
     }
 
     fn sent(&mut self) -> Sent {
@@ -253,7 +304,10 @@ fn bad_frames_are_dropped_and_counted_by_reason() {
     // A source that is not behind the CE, and a frame for another MAC.
     let spoofed = udp4("172.16.0.9", 9, "10.0.0.5", 7, 64, b"x");
     e.recv_from_ce(ce_frame(100, e.gw_mac, CE_A, 0x0800, &spoofed));
-    assert_eq!(e.drops(DropReason::AttachSource), 1);
+    // The gateway's own address, although within the CE's segment prefix.
+    let spoofed = udp4("10.99.0.1", 9, "10.0.0.5", 7, 64, b"x");
+    e.recv_from_ce(ce_frame(100, e.gw_mac, CE_A, 0x0800, &spoofed));
+    assert_eq!(e.drops(DropReason::AttachSource), 2);
     e.recv_from_ce(ce_frame(100, [0x52, 0, 0, 0, 0, 9], CE_A, 0x0800, &pkt));
     assert_eq!(e.drops(DropReason::AttachNotForGateway), 1);
     assert_eq!(e.sent(), (vec![], vec![]));
@@ -328,4 +382,192 @@ fn neighbour_solicitation_for_an_ipv6_gateway_is_answered_tagged() {
     // The IPv4 attachment on S-tag 200 is another: it ignores IPv6 neighbour discovery.
     e.recv_from_ce(ce_frame(200, ns.dst_mac, CE_B, 0x86dd, &pkt));
     assert_eq!(e.drops(DropReason::NeighIgnored), 1);
+    // A solicitation sent unicast to another MAC is an IP frame not for the gateway.
+    e.recv_from_ce(ce_frame(201, [0x52, 0, 0, 0, 0, 9], CE_B, 0x86dd, &pkt));
+    assert_eq!(e.drops(DropReason::AttachNotForGateway), 1);
+    assert_eq!(e.sent(), (vec![], vec![]));
+}
+
+#[test]
+fn reserved_vlan_ids_are_no_attachments_tags() {
+    let mut e = env();
+    let pkt = udp4("10.98.0.2", 9, "10.0.0.5", 7, 64, b"x");
+    // Q-in-Q with S-tag 0 or 4095 and C-tag 10 is not the single-tag attachment on C-tag 10.
+    for s_tag in [0, 4095] {
+        e.recv_from_ce(ce_frame(s_tag, e.gw_mac, CE_A, 0x0800, &pkt));
+    }
+    // Nor is a priority tag (VLAN id 0) or a single tag of 4095 anyone's.
+    for c_tag in [0, 4095] {
+        e.recv_from_ce(vlan_frame(c_tag, e.gw_mac, CE_A, 0x0800, &pkt));
+    }
+    assert_eq!(e.drops(DropReason::AttachUnknownTags), 4);
+    assert_eq!(e.sent(), (vec![], vec![]));
+    // The same packet on C-tag 10 alone reaches the VNet.
+    e.recv_from_ce(vlan_frame(10, e.gw_mac, CE_A, 0x0800, &pkt));
+    let (frames, datagrams) = e.sent();
+    assert!(frames.is_empty());
+    assert_eq!(datagrams.len(), 1, "one VXLAN datagram");
+    let (vni, _, _, _, _) = parse_vxlan(&datagrams[0].1);
+    assert_eq!(vni, 100, "tenant a's VNet");
+}
+
+/// The frame in `frames` toward the CE at `ce`: its IPv4 packet's TTL, after checking it is
+/// tagged as `tags` says.
+fn ttl_toward(frames: &[(usize, Vec<u8>)], ce: [u8; 6], tags: VlanTags) -> u8 {
+    assert_eq!(frames.len(), 1, "one frame toward a CE");
+    let (eth, off) = EthernetRepr::parse(&frames[0].1).expect("frame");
+    assert_eq!((eth.dst_addr.0, eth.vlans), (ce, tags));
+    Ipv4Packet::new_checked(&frames[0].1[off..])
+        .expect("ipv4")
+        .ttl()
+}
+
+#[test]
+fn a_ce_reaches_another_ce_of_its_vnet_but_not_the_gateway_address() {
+    use wire::ethernet::VlanTci;
+    const CE_V: [u8; 6] = [0x52, 0x54, 0, 0, 0xc, 1];
+    let mut e = env();
+    e.arp_from_ce(100, CE_A);
+    // The single-tag CE's MAC is learned from its first packet (no ce_ip).
+    let hello = udp4("10.98.0.2", 9, "10.0.0.5", 7, 64, b"hello");
+    e.recv_from_ce(vlan_frame(10, e.gw_mac, CE_V, 0x0800, &hello));
+    e.sent();
+    // Q-in-Q CE -> single-tag CE of the same VNet, and back.
+    let pkt = udp4("10.99.0.2", 9, "10.98.0.2", 7, 64, b"x");
+    e.recv_from_ce(ce_frame(100, e.gw_mac, CE_A, 0x0800, &pkt));
+    let (frames, datagrams) = e.sent();
+    assert!(datagrams.is_empty());
+    let single = VlanTags::Single(VlanTci::from_bits(10));
+    assert_eq!(ttl_toward(&frames, CE_V, single), 63);
+    let pkt = udp4("10.98.0.2", 7, "10.99.0.2", 9, 64, b"y");
+    e.recv_from_ce(vlan_frame(10, e.gw_mac, CE_V, 0x0800, &pkt));
+    let (frames, _) = e.sent();
+    let double = VlanTags::Double {
+        outer: VlanTci::from_bits(100),
+        inner: VlanTci::from_bits(10),
+    };
+    assert_eq!(ttl_toward(&frames, CE_A, double), 63);
+    // Tenant b's CE on the same addresses reaches neither.
+    e.arp_from_ce(200, CE_B);
+    let pkt = udp4("10.99.0.2", 9, "10.98.0.2", 7, 64, b"z");
+    e.recv_from_ce(ce_frame(200, e.gw_mac, CE_B, 0x0800, &pkt));
+    assert_eq!(e.sent(), (vec![], vec![]));
+    assert_eq!(e.drops(DropReason::NoRoute), 1);
+    // The gateway's own address on the segment is behind no CE: not sent back out.
+    let pkt = udp4("10.99.0.2", 9, "10.99.0.1", 7, 64, b"gw");
+    e.recv_from_ce(ce_frame(100, e.gw_mac, CE_A, 0x0800, &pkt));
+    assert_eq!(e.sent(), (vec![], vec![]));
+    assert_eq!(e.drops(DropReason::ToGateway), 1);
+}
+
+#[test]
+fn esp_from_the_vnets_site_goes_to_the_ce() {
+    use crate::testutil::{child, ts, Peer};
+    use wire::ethernet::VlanTci;
+    const PEER: &str = "127.0.0.1:40001";
+    let mut e = env();
+    e.arp_from_ce(100, CE_A);
+    let natt = e.sh.io.local_addr(e.sh.io.listen[0].natt);
+    let a = child(
+        1,
+        0x1001,
+        0x2001,
+        natt,
+        PEER.parse().expect("peer"),
+        ts("10.0.0.0", "10.255.255.255"),
+        ts("192.168.0.0", "192.168.0.255"),
+    );
+    e.sh.install_child(&a).expect("install");
+    let peer = Peer::of(&a);
+    e.recv_from_peer(
+        PEER,
+        peer.seal(&udp4("192.168.0.9", 2000, "10.99.0.2", 9, 64, b"in")),
+    );
+    let (frames, datagrams) = e.sent();
+    assert!(datagrams.is_empty(), "{datagrams:?}");
+    let double = VlanTags::Double {
+        outer: VlanTci::from_bits(100),
+        inner: VlanTci::from_bits(10),
+    };
+    assert_eq!(ttl_toward(&frames, CE_A, double), 63);
+}
+
+#[test]
+fn an_interface_under_two_names_is_one_interface() {
+    // In a network namespace of its own (this thread's), `lo` also named `lo-alt`.
+    let run = || {
+        // SAFETY: plain system call; affects this thread only.
+        assert_eq!(unsafe { libc::unshare(libc::CLONE_NEWNET) }, 0, "unshare");
+        for args in [
+            &["link", "set", "lo", "up"][..],
+            &["link", "property", "add", "dev", "lo", "altname", "lo-alt"],
+        ] {
+            let st = std::process::Command::new("ip")
+                .args(args)
+                .status()
+                .expect("ip");
+            assert!(st.success(), "ip {args:?}");
+        }
+        let cfg = |second: AttachmentConfig| DataplaneConfig {
+            listen: vec![ip("127.0.0.1")],
+            ike_port: 0,
+            natt_port: 0,
+            vxlan_port: 4789,
+            vnets: vec![vnet("a", 100), vnet("b", 200)],
+            tunnels: vec![],
+            tun_name: None,
+            batch: 16,
+            workers: 1,
+            cpus: vec![],
+            pin_workers: false,
+            busy_poll: std::time::Duration::ZERO,
+            relay: None,
+            attachments: vec![attachment("a", "a", 100), second],
+        };
+        let alias = |s_tag| AttachmentConfig {
+            interface: "lo-alt".into(),
+            ..attachment("b", "b", s_tag)
+        };
+        // Other tags: one socket, both attachments on it (frames are read once).
+        let (tx, _rx) = crossbeam_channel::unbounded();
+        let sh = Shared::open(cfg(alias(200)), tx).expect("open");
+        assert_eq!(sh.io.packet.len(), 1);
+        assert_eq!(
+            (sh.io.packet_iface(0), sh.io.packet_iface(1)),
+            (Some(0), Some(0))
+        );
+        drop(sh);
+        // The same tags under the other name are the same attachment's: refused.
+        let (tx, _rx) = crossbeam_channel::unbounded();
+        match Shared::open(cfg(alias(100)), tx) {
+            Err(crate::DataplaneError::Config { field, .. }) => {
+                assert_eq!(field, "attachments[1].tags");
+            }
+            Err(e) => panic!("{e}"),
+            Ok(_) => panic!("the same tags twice on one interface were accepted"),
+        }
+    };
+    std::thread::spawn(run)
+        .join()
+        .expect("in its own namespace");
+}
+
+#[test]
+fn a_checksum_left_to_offload_is_finished() {
+    use super::super::attach::finish_checksum;
+    use wire::udp::UdpPacket;
+    // As a local stack with checksum offload hands it over: the UDP checksum field holds
+    // something else than the sum (here: garbage).
+    let mut pkt = udp4("10.99.0.2", 9, "10.0.0.5", 7, 64, b"offloaded");
+    pkt[26..28].copy_from_slice(&[0x12, 0x34]);
+    let mut f = ce_frame(100, [2; 6], CE_A, 0x0800, &pkt);
+    finish_checksum(&mut f);
+    let ipp = Ipv4Packet::new_checked(&f[22..]).expect("ipv4");
+    let udp = UdpPacket::new_checked(ipp.payload()).expect("udp");
+    assert!(udp.verify_checksum_v4(ipp.src_addr(), ipp.dst_addr()));
+    // A frame that is no attachment's (untagged here) is left alone.
+    f[12..14].copy_from_slice(&[0x08, 0x06]);
+    let untagged = f.clone();
+    finish_checksum(&mut f);
+    assert_eq!(f, untagged);
 }
