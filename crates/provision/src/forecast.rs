@@ -485,9 +485,10 @@ impl Forecaster {
     }
 
     /// Takes `tunnel`'s measurement `alpha` for the step (its cap `cap`) and returns its size
-    /// for the next: `min(cap, α + cap · k · q)`, never below `min(α, cap)`. `q` is the
-    /// tunnel's own rise quantile, else the population's, else (the population has fewer than
-    /// [`MIN_SAMPLES`] rises: the first steps) 0, so the first sizes are the measurements.
+    /// for the next, `min(α, cap)`; its headroom `min(cap · k · q, cap − size)` is kept for
+    /// [`Forecaster::spread`]. `q` is the tunnel's own rise quantile, else the population's,
+    /// else (the population has fewer than [`MIN_SAMPLES`] rises: the first steps) 0, so the
+    /// first headrooms are 0.
     pub fn size(&mut self, tunnel: TunnelId, alpha: f64, cap: f64) -> f64 {
         let floor = alpha.min(cap);
         if !(cap > 0.0 && cap.is_finite() && alpha.is_finite()) {

@@ -3,10 +3,12 @@
 //!
 //! The paper packs each tunnel at its last measurement ([`Sizing::Measured`]). A tunnel that
 //! just jumped is then packed at its old level for a whole τ, and one that just dipped is
-//! packed at its dip, which the next step's rise turns into a hotspot. Protego's default
-//! ([`Defaults::PROTEGO`]: [`Sizing::Envelope`] of the last two measurements) packs at the
-//! higher of the two; [`Sizing::Adaptive`] predicts each tunnel's next peak from its own
-//! history ([`crate::forecast`]). See docs/provisioning.md for what each buys and costs.
+//! packed at its dip, which the next step's rise turns into a hotspot. [`Sizing::Envelope`]
+//! packs at the higher of the last two (Protego's default until issue 24);
+//! [`Sizing::Adaptive`], the default ([`Defaults::PROTEGO`]), packs each tunnel at its
+//! measurement with a headroom predicted from its own history, which the tunnels of a node
+//! share ([`crate::forecast`], [`crate::Fill`]). See docs/provisioning.md for what each buys
+//! and costs.
 
 use std::collections::{HashMap, VecDeque};
 
@@ -55,9 +57,10 @@ pub enum Sizing {
         /// Half-life of the weighting, in measurements (above zero).
         half_life: f64,
     },
-    /// A prediction of the next step's peak from the tunnel's own rises, scaled by a
-    /// calibrator that aims at the guarantee target, with an aggregate forecast for the
-    /// reserve and a prior for tunnels not measured yet ([`crate::forecast`]).
+    /// The measurement, with a headroom predicted from the tunnel's own rises and shared with
+    /// the other tunnels of its node ([`Sizer::spread`]), scaled by a calibrator that aims at
+    /// the guarantee target, with an aggregate forecast for the reserve and a prior for
+    /// tunnels not measured yet ([`crate::forecast`]).
     Adaptive,
 }
 
