@@ -234,10 +234,7 @@ impl Cluster {
     /// Marks a tunnel as settling (not measured yet: the planner places it but moves it no
     /// more until it is measured) or as measured.
     pub fn set_settling(&mut self, tunnel: TunnelId, settling: bool) -> Result<(), ProvisionError> {
-        let state = self
-            .tunnels
-            .get_mut(&tunnel)
-            .ok_or(ProvisionError::UnknownTunnel { tunnel })?;
+        let state = self.tunnel_mut(tunnel)?;
         state.settling = settling;
         Ok(())
     }
@@ -259,10 +256,7 @@ impl Cluster {
     /// Sets a tunnel's current usage α_i (finite, not negative).
     pub fn set_alpha(&mut self, tunnel: TunnelId, alpha: f64) -> Result<(), ProvisionError> {
         check_sample(Some(tunnel), alpha)?;
-        let state = self
-            .tunnels
-            .get_mut(&tunnel)
-            .ok_or(ProvisionError::UnknownTunnel { tunnel })?;
+        let state = self.tunnel_mut(tunnel)?;
         state.alpha = alpha;
         Ok(())
     }
@@ -271,12 +265,16 @@ impl Cluster {
     /// see [`Fill`]). 0 packs it at α_i alone, as the paper does.
     pub fn set_spread(&mut self, tunnel: TunnelId, spread: f64) -> Result<(), ProvisionError> {
         check_sample(Some(tunnel), spread)?;
-        let state = self
-            .tunnels
-            .get_mut(&tunnel)
-            .ok_or(ProvisionError::UnknownTunnel { tunnel })?;
+        let state = self.tunnel_mut(tunnel)?;
         state.spread = spread;
         Ok(())
+    }
+
+    /// A listed tunnel's state, for a change; an unknown tunnel is an error.
+    fn tunnel_mut(&mut self, tunnel: TunnelId) -> Result<&mut TunnelState, ProvisionError> {
+        self.tunnels
+            .get_mut(&tunnel)
+            .ok_or(ProvisionError::UnknownTunnel { tunnel })
     }
 
     /// A tunnel's usage and node, if listed.
@@ -330,10 +328,7 @@ impl Cluster {
 
     /// Takes a tunnel off its node (if any).
     pub fn unassign(&mut self, tunnel: TunnelId) -> Result<(), ProvisionError> {
-        let t = self
-            .tunnels
-            .get_mut(&tunnel)
-            .ok_or(ProvisionError::UnknownTunnel { tunnel })?;
+        let t = self.tunnel_mut(tunnel)?;
         if let Some(old) = t.node.take() {
             if let Some(entry) = self.nodes.get_mut(&old) {
                 entry.tunnels.remove(&tunnel);

@@ -266,6 +266,20 @@ impl Sizer {
     }
 }
 
+/// One of each sizing rule, for the tests that must hold under every rule.
+#[cfg(test)]
+pub(crate) fn every_rule() -> [Sizing; 4] {
+    [
+        Sizing::Measured,
+        Sizing::Envelope { steps: 2 },
+        Sizing::Headroom {
+            z: 1.0,
+            half_life: 2.0,
+        },
+        Sizing::Adaptive,
+    ]
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -305,15 +319,7 @@ mod tests {
     #[test]
     fn every_rule_learns_the_prior_from_first_measurements() {
         // Issue 24: a new tunnel gets the population prior under every rule, not 0.
-        for sizing in [
-            Sizing::Measured,
-            Sizing::Envelope { steps: 2 },
-            Sizing::Headroom {
-                z: 1.0,
-                half_life: 2.0,
-            },
-            Sizing::Adaptive,
-        ] {
+        for sizing in every_rule() {
             let mut s = Sizer::new(sizing);
             // Before enough tunnels were seen: the cap.
             assert_eq!(s.prior(2.0), 2.0, "{sizing}");

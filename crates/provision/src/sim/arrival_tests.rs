@@ -275,15 +275,7 @@ fn saving_counts_the_pairs_of_the_tunnels_that_exist() {
 fn the_paper_algorithm_leaves_no_tunnel_settling() {
     // Issue 24: Protego gives an arriving tunnel the prior and lets it settle under every
     // sizing rule; the paper's algorithm, as published, places it at 0 and may move it.
-    for sizing in [
-        Sizing::Measured,
-        Sizing::Envelope { steps: 2 },
-        Sizing::Headroom {
-            z: 1.0,
-            half_life: 2.0,
-        },
-        Sizing::Adaptive,
-    ] {
+    for sizing in crate::sizing::every_rule() {
         let sizer = Sizer::new(sizing);
         for (policy, settles, alpha) in [
             (Policy::Protego, true, sizer.prior(1.5)),
