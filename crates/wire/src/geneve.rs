@@ -26,7 +26,8 @@
 //! Length excludes the 4-byte option header. The payload follows the options and runs to the
 //! end of the UDP datagram. Between Protego's steer and data nodes (docs/architecture.md, "The picture") the payload
 //! is the whole packet the peer sent, outer IPv4/IPv6 and UDP headers included, so Protocol
-//! Type is 0x0800 or 0x86DD.
+//! Type is 0x0800 or 0x86DD; or, for a customer's edge router attached at L2, the tagged
+//! Ethernet frame as it was on the customer's link, Protocol Type 0x6558 with a port option.
 //!
 //! # Protego's options
 //!
@@ -40,6 +41,7 @@
 //! | 0x01 | health probe               | probe id (u32), sender's stamp (u32)       |
 //! | 0x02 | probe reply                | the probe's id and stamp, echoed           |
 //! | 0x03 | tunnel id                  | tunnel id (u32), attached by the steer node|
+//! | 0x04 | port                       | customer-facing port id (u32) of an L2 frame|
 //!
 //! The stamp is opaque to the replier (a sequence number or a sender-relative timestamp);
 //! the prober compares it with its own clock when the reply arrives.
@@ -111,6 +113,8 @@ impl OptionType {
     pub const PROTEGO_PROBE_REPLY: Self = Self(0x02);
     /// Protego tunnel id (class [`OptionClass::PROTEGO`]).
     pub const PROTEGO_TUNNEL_ID: Self = Self(0x03);
+    /// Protego customer-facing port (class [`OptionClass::PROTEGO`]).
+    pub const PROTEGO_PORT: Self = Self(0x04);
 
     /// True if the critical bit (the high-order bit) is set: a receiver that does not
     /// recognise the option must drop the packet (RFC 8926 §3.5.1).
@@ -563,6 +567,9 @@ pub enum ProtegoOption {
     ProbeReply(HealthProbe),
     /// Type 0x03: the tunnel the steer node attributes the packet to.
     TunnelId(u32),
+    /// Type 0x04: the customer-facing port (a cluster-wide id) an Ethernet frame came in on,
+    /// or is to go out of.
+    Port(u32),
 }
 
 impl ProtegoOption {
@@ -575,6 +582,7 @@ impl ProtegoOption {
             Self::Probe(_) => OptionType::PROTEGO_PROBE,
             Self::ProbeReply(_) => OptionType::PROTEGO_PROBE_REPLY,
             Self::TunnelId(_) => OptionType::PROTEGO_TUNNEL_ID,
+            Self::Port(_) => OptionType::PROTEGO_PORT,
         }
     }
 
@@ -586,6 +594,7 @@ impl ProtegoOption {
                 OptionType::PROTEGO_PROBE
                     | OptionType::PROTEGO_PROBE_REPLY
                     | OptionType::PROTEGO_TUNNEL_ID
+                    | OptionType::PROTEGO_PORT
             )
     }
 
@@ -609,15 +618,17 @@ impl ProtegoOption {
                 stamp: u32_at(d, 4),
             })
         };
+        let word = || -> Result<u32, WireError> {
+            if d.len() != 4 {
+                return Err(bad);
+            }
+            Ok(u32_at(d, 0))
+        };
         Ok(Some(match option.option_type {
             OptionType::PROTEGO_PROBE => Self::Probe(probe()?),
             OptionType::PROTEGO_PROBE_REPLY => Self::ProbeReply(probe()?),
-            _ => {
-                if d.len() != 4 {
-                    return Err(bad);
-                }
-                Self::TunnelId(u32_at(d, 0))
-            }
+            OptionType::PROTEGO_PORT => Self::Port(word()?),
+            _ => Self::TunnelId(word()?),
         }))
     }
 
@@ -629,7 +640,7 @@ impl ProtegoOption {
                 set_u32(data, 4, p.stamp);
                 8
             }
-            Self::TunnelId(id) => {
+            Self::TunnelId(id) | Self::Port(id) => {
                 set_u32(data, 0, *id);
                 4
             }
@@ -641,7 +652,7 @@ impl ProtegoOption {
         OPTION_HEADER_LEN
             + match self {
                 Self::Probe(_) | Self::ProbeReply(_) => 8,
-                Self::TunnelId(_) => 4,
+                Self::TunnelId(_) | Self::Port(_) => 4,
             }
     }
 

@@ -6,6 +6,9 @@
 //!   rebuilt by the steer node from what its socket received (source, destination, payload).
 //! - Data or control node to steer node: the packet to send from the VIP; the steer node
 //!   sends its UDP payload from the inner source address and port to the inner destination.
+//! - Either way, for a customer's edge router attached at L2: the Ethernet frame as it is on
+//!   the customer's link, VLAN tags included, with the customer-facing port it came in on or
+//!   is to go out of ([`emit_l2_frame`]; Protocol Type 0x6558 and a port option, VNI 0).
 //!
 //! Only what Protego builds is accepted: no IPv4 options or fragments, no IPv6 extension
 //! headers, UDP only. The IPv4 header checksum is always filled and checked; the inner UDP
@@ -17,9 +20,12 @@ use core::ops::Range;
 use std::net::{IpAddr, SocketAddr};
 
 use crate::error::WireError;
-use crate::ethernet::EtherType;
+use crate::ethernet::{EtherType, ETHERNET_HEADER_LEN};
 use crate::field::{need, room};
-use crate::geneve::{GeneveOption, GenevePacket, GeneveRepr, ProtegoOption};
+use crate::geneve::{
+    GeneveOption, GenevePacket, GeneveRepr, HealthProbe, ProtegoOption, GENEVE_HEADER_LEN,
+    PROTOCOL_ETHERNET,
+};
 use crate::ip::{IpProtocol, Ipv4Packet, Ipv4Repr, Ipv6Packet, Ipv6Repr};
 use crate::ip::{IPV4_HEADER_LEN, IPV6_HEADER_LEN};
 use crate::udp::{UdpChecksum, UdpPacket, UdpRepr, UDP_HEADER_LEN};
@@ -206,7 +212,60 @@ pub fn emit_frame(
     Ok(end)
 }
 
-/// A received Geneve relay frame: its Protego options and the datagram it carries.
+/// Length of the Geneve header [`emit_l2_header`] writes: the fixed header, the port option
+/// and, with `probe`, a health probe option.
+pub const fn l2_header_len(probe: bool) -> usize {
+    let port = ProtegoOption::Port(0).buffer_len();
+    let probe = if probe {
+        ProtegoOption::Probe(HealthProbe { id: 0, stamp: 0 }).buffer_len()
+    } else {
+        0
+    };
+    GENEVE_HEADER_LEN + port + probe
+}
+
+/// Writes the Geneve header of a relayed Ethernet frame into `buf[..l2_header_len]`: Protocol
+/// Type 0x6558, VNI 0, the port option and, if given, a health probe. The frame goes right
+/// after it. Returns the header length ([`l2_header_len`]).
+pub fn emit_l2_header(
+    buf: &mut [u8],
+    port: u32,
+    probe: Option<HealthProbe>,
+) -> Result<usize, WireError> {
+    let repr = GeneveRepr {
+        control: false,
+        protocol_type: PROTOCOL_ETHERNET,
+        vni: Vni::default(),
+    };
+    let mut builder = crate::geneve::GeneveBuilder::new(buf, &repr)?;
+    builder.push_protego(&ProtegoOption::Port(port))?;
+    if let Some(probe) = probe {
+        builder.push_protego(&ProtegoOption::Probe(probe))?;
+    }
+    Ok(builder.finish())
+}
+
+/// Writes a whole Geneve relay frame carrying the Ethernet `frame` of customer-facing port
+/// `port` into `buf` (see [`emit_l2_header`]); returns its length. A frame shorter than an
+/// Ethernet header is `Malformed`.
+pub fn emit_l2_frame(
+    buf: &mut [u8],
+    port: u32,
+    probe: Option<HealthProbe>,
+    frame: &[u8],
+) -> Result<usize, WireError> {
+    if frame.len() < ETHERNET_HEADER_LEN {
+        return Err(malformed("ethernet frame"));
+    }
+    let start = emit_l2_header(buf, port, probe)?;
+    let end = start + frame.len();
+    room("relayed frame", buf.len(), end)?;
+    buf[start..end].copy_from_slice(frame);
+    Ok(end)
+}
+
+/// A received Geneve relay frame: its Protego options and the datagram (or Ethernet frame) it
+/// carries.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RelayFrame {
     /// The Geneve VNI.
@@ -219,14 +278,20 @@ pub struct RelayFrame {
     pub probe_reply: Option<crate::geneve::HealthProbe>,
     /// The tunnel id option, if any.
     pub tunnel: Option<u32>,
+    /// The customer-facing port option, if any: present exactly when [`Self::ethernet`] is.
+    pub port: Option<u32>,
     /// The relayed datagram, with its payload range relative to the whole frame; `None` for
-    /// a control frame without payload.
+    /// a control frame without payload and for an Ethernet frame.
     pub datagram: Option<RelayedDatagram>,
+    /// The relayed Ethernet frame's range within the whole frame (Protocol Type 0x6558).
+    pub ethernet: Option<Range<usize>>,
 }
 
 /// Reads a Geneve frame between Protego nodes. A frame with an unknown critical option is
 /// refused (RFC 8926 §3.5.1); unknown non-critical options are skipped. The payload must be
-/// an IPv4 or IPv6 UDP datagram unless the frame is a control frame with no payload.
+/// an IPv4 or IPv6 UDP datagram unless the frame is a control frame with no payload, or an
+/// Ethernet frame (Protocol Type 0x6558) of at least a header's length with a port option
+/// and no O flag. A port option on anything but an Ethernet frame is refused.
 pub fn parse_frame(frame: &[u8]) -> Result<RelayFrame, WireError> {
     let packet = GenevePacket::new_checked(frame)?;
     let repr = GeneveRepr::parse(&packet)?;
@@ -247,7 +312,9 @@ pub fn parse_frame(frame: &[u8]) -> Result<RelayFrame, WireError> {
         probe: None,
         probe_reply: None,
         tunnel: None,
+        port: None,
         datagram: None,
+        ethernet: None,
     };
     for option in packet.options() {
         match ProtegoOption::parse(&option)? {
@@ -260,10 +327,29 @@ pub fn parse_frame(frame: &[u8]) -> Result<RelayFrame, WireError> {
             Some(ProtegoOption::TunnelId(t)) => {
                 out.tunnel.get_or_insert(t);
             }
+            Some(ProtegoOption::Port(p)) => {
+                out.port.get_or_insert(p);
+            }
             None => {}
         }
     }
     let start = packet.header_len();
+    if repr.protocol_type == PROTOCOL_ETHERNET {
+        if out.port.is_none() {
+            return Err(malformed("port option"));
+        }
+        if repr.control {
+            return Err(malformed("control flag"));
+        }
+        if frame.len() - start < ETHERNET_HEADER_LEN {
+            return Err(malformed("ethernet frame"));
+        }
+        out.ethernet = Some(start..frame.len());
+        return Ok(out);
+    }
+    if out.port.is_some() {
+        return Err(malformed("port option"));
+    }
     if start == frame.len() && repr.control {
         return Ok(out);
     }
@@ -364,6 +450,74 @@ mod tests {
         let m = start + header_len(false) + 2;
         emit_header(&mut crit[start..], s, d, 2, 0).unwrap();
         assert!(parse_frame(&crit[..m]).is_err());
+    }
+
+    #[test]
+    fn ethernet_frames_carry_their_port() {
+        let eth: Vec<u8> = (0..60u8).collect();
+        let probe = HealthProbe { id: 3, stamp: 4 };
+        for p in [None, Some(probe)] {
+            let mut buf = [0u8; 128];
+            let n = emit_l2_frame(&mut buf, 0x0a0b_0c0d, p, &eth).unwrap();
+            assert_eq!(n, l2_header_len(p.is_some()) + eth.len());
+            let f = parse_frame(&buf[..n]).unwrap();
+            assert_eq!(f.port, Some(0x0a0b_0c0d));
+            assert_eq!(f.probe, p);
+            assert!(f.datagram.is_none() && !f.control && f.tunnel.is_none());
+            assert_eq!(f.vni, Vni::default());
+            assert_eq!(&buf[f.ethernet.unwrap()], &eth[..]);
+            // Every truncation is an error, never a panic; a cut frame is still whole down
+            // to an Ethernet header.
+            for cut in 0..n {
+                let r = parse_frame(&buf[..cut]);
+                assert_eq!(
+                    r.is_ok(),
+                    cut >= l2_header_len(p.is_some()) + ETHERNET_HEADER_LEN,
+                    "{cut}"
+                );
+            }
+        }
+        let mut buf = [0u8; 64];
+        assert!(emit_l2_frame(&mut buf, 1, None, &eth[..13]).is_err());
+        assert!(matches!(
+            emit_l2_frame(&mut buf[..40], 1, None, &eth),
+            Err(WireError::BufferTooSmall { .. })
+        ));
+    }
+
+    #[test]
+    fn ethernet_and_port_option_go_together() {
+        let eth = [0u8; 20];
+        let mut buf = [0u8; 96];
+        // 0x6558 without a port option.
+        let repr = GeneveRepr {
+            control: false,
+            protocol_type: crate::geneve::PROTOCOL_ETHERNET,
+            vni: Vni::default(),
+        };
+        let start = repr.emit(&[], &mut buf).unwrap();
+        buf[start..start + eth.len()].copy_from_slice(&eth);
+        assert_eq!(
+            parse_frame(&buf[..start + eth.len()]),
+            Err(malformed("port option"))
+        );
+        // ... or with the O flag.
+        let n = emit_l2_frame(&mut buf, 1, None, &eth).unwrap();
+        let mut control = buf;
+        control[1] |= crate::geneve::FLAG_CONTROL;
+        assert_eq!(parse_frame(&control[..n]), Err(malformed("control flag")));
+        // A port option on a relayed datagram.
+        let (s, d) = (sa("192.0.2.1:1"), sa("192.0.2.2:2"));
+        let n = emit_frame(
+            &mut buf,
+            Vni::default(),
+            &[ProtegoOption::Port(1)],
+            s,
+            d,
+            b"x",
+        )
+        .unwrap();
+        assert_eq!(parse_frame(&buf[..n]), Err(malformed("port option")));
     }
 
     #[test]

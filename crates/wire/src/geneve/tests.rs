@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::process::Command;
 
 use super::*;
-use crate::ethernet::{EthernetAddress, EthernetRepr, VlanTags};
+use crate::ethernet::{EthernetAddress, EthernetRepr, VlanTags, VlanTci};
 use crate::ip::{IpProtocol, Ipv4Packet, Ipv4Repr, IPV4_HEADER_LEN};
 use crate::udp::{UdpChecksum, UdpPacket, UdpRepr, UDP_HEADER_LEN};
 
@@ -419,6 +419,8 @@ fn protego_options_round_trip_and_lengths() {
         }),
         ProtegoOption::TunnelId(0),
         ProtegoOption::TunnelId(u32::MAX),
+        ProtegoOption::Port(0),
+        ProtegoOption::Port(0x0102_0304),
     ] {
         let mut buf = [0u8; 16];
         let n = opt.emit(&mut buf).unwrap();
@@ -438,7 +440,15 @@ fn protego_options_round_trip_and_lengths() {
         what: "geneve protego option",
         field: "length",
     };
-    for (t, len) in [(1u8, 4usize), (1, 12), (2, 0), (3, 8), (3, 0)] {
+    for (t, len) in [
+        (1u8, 4usize),
+        (1, 12),
+        (2, 0),
+        (3, 8),
+        (3, 0),
+        (4, 8),
+        (4, 0),
+    ] {
         let data = [0u8; 12];
         let o = GeneveOption {
             class: OptionClass::PROTEGO,
@@ -450,7 +460,7 @@ fn protego_options_round_trip_and_lengths() {
     // Unknown Protego type or another class: not ours, skipped.
     let other = GeneveOption {
         class: OptionClass::PROTEGO,
-        option_type: OptionType(0x04),
+        option_type: OptionType(0x05),
         data: &[0; 4],
     };
     assert_eq!(ProtegoOption::parse(&other), Ok(None));
@@ -836,5 +846,105 @@ fn tshark_decodes_built_frames() {
             assert_eq!(*got, want, "tshark field {field}");
         }
         assert_eq!(row.len(), fields.len());
+    }
+}
+
+/// A customer's Q-in-Q frame relayed between Protego nodes (Protocol Type 0x6558 with the
+/// port option, as `relay::emit_l2_frame` writes it) is read by tshark as Geneve carrying an
+/// Ethernet frame with an 802.1ad S-tag and an 802.1Q C-tag around the customer's IPv4
+/// packet.
+#[test]
+fn tshark_decodes_a_relayed_customer_frame() {
+    if !testreq::program("tshark_decodes_a_relayed_customer_frame", "tshark") {
+        return;
+    }
+    let ip = peer_packet(3);
+    let eth = EthernetRepr {
+        src_addr: EthernetAddress([2, 0, 0, 0, 0x0c, 1]),
+        dst_addr: EthernetAddress([2, 0, 0, 0, 0x0d, 2]),
+        vlans: VlanTags::Double {
+            outer: VlanTci {
+                pcp: 0,
+                dei: false,
+                vid: 100,
+            },
+            inner: VlanTci {
+                pcp: 0,
+                dei: false,
+                vid: 20,
+            },
+        },
+        ethertype: EtherType::IPV4,
+    };
+    let mut customer = vec![0u8; eth.buffer_len() + ip.len()];
+    let off = eth.emit(&mut customer).unwrap();
+    customer[off..].copy_from_slice(&ip);
+    let mut relayed = vec![0u8; 64 + customer.len()];
+    let n = crate::relay::emit_l2_frame(&mut relayed, 0x0000_0007, None, &customer).unwrap();
+    relayed.truncate(n);
+    let repr = GeneveRepr::parse(&GenevePacket::new_checked(&relayed[..]).unwrap()).unwrap();
+    let g = GenevePacket::new_checked(&relayed[..]).unwrap();
+    let options: Vec<GeneveOption<'_>> = g.options().collect();
+    let frame = geneve_frame(&repr, &options, g.payload());
+
+    let path = std::env::temp_dir().join(format!(
+        "protego-wire-geneve-l2-{}-{:?}.pcap",
+        std::process::id(),
+        std::thread::current().id()
+    ));
+    let file = TempFile(path);
+    std::fs::write(&file.0, pcap(&[frame])).unwrap();
+    let fields = [
+        "geneve.proto_type",
+        "geneve.vni",
+        "geneve.option.class",
+        "geneve.option.type",
+        "geneve.option.unknown.data",
+        "ieee8021ad.id",
+        "vlan.id",
+        "vlan.etype",
+        "ip.dst",
+        "esp.spi",
+        "_ws.expert",
+    ];
+    let mut cmd = Command::new("tshark");
+    cmd.arg("-r").arg(&file.0).args([
+        "-n",
+        "-T",
+        "fields",
+        "-E",
+        "separator=|",
+        "-E",
+        "occurrence=a",
+    ]);
+    for f in fields {
+        cmd.args(["-e", f]);
+    }
+    let out = cmd.output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    println!("{stdout}");
+    assert!(
+        out.status.success(),
+        "tshark failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let row: Vec<&str> = stdout.trim_end().split('|').collect();
+    // tshark names the S-tag (TPID 0x88a8) ieee8021ad and the C-tag vlan.
+    let want = [
+        "0x6558",
+        "0x000000",
+        "0xff50",
+        "0x04",
+        "00000007",
+        "100",
+        "20",
+        "0x0800",
+        "10.9.0.2,203.0.113.10",
+        "0xc0de0001",
+        "",
+    ];
+    assert_eq!(row.len(), fields.len(), "{stdout}");
+    for ((field, got), want) in fields.iter().zip(&row).zip(want) {
+        assert_eq!(*got, want, "tshark field {field}");
     }
 }
