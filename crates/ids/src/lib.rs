@@ -1,5 +1,6 @@
 //! The identifiers every Protego crate shares, each defined once: a tunnel ([`TunnelId`]), a
-//! node of the cluster ([`NodeId`]) and a tenant ([`TenantId`]).
+//! node of the cluster ([`NodeId`]), a tenant ([`TenantId`]), a customer attachment
+//! ([`AttachmentId`]) and a customer-facing port ([`PortId`]).
 //!
 //! Numbers are assigned by the control node (tunnels in configuration order, nodes as they
 //! join) and mean the same in the IKE engine, the data plane, the steering tables, the
@@ -40,6 +41,41 @@ impl fmt::Debug for NodeId {
 }
 
 impl fmt::Display for NodeId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(self, f)
+    }
+}
+
+/// A customer attachment (a `[[attachment]]` table: a customer's edge router on one VLAN or
+/// Q-in-Q tag pair of a port), numbered by the control node like tunnels.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
+pub struct AttachmentId(pub u32);
+
+impl fmt::Debug for AttachmentId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "attachment{}", self.0)
+    }
+}
+
+impl fmt::Display for AttachmentId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(self, f)
+    }
+}
+
+/// A customer-facing port of the cluster: one interface of one steer node where customers'
+/// edge routers are attached, numbered by the control node. It travels in the Geneve port
+/// option (`wire::geneve::ProtegoOption::Port`) between steer and data nodes.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
+pub struct PortId(pub u32);
+
+impl fmt::Debug for PortId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "port{}", self.0)
+    }
+}
+
+impl fmt::Display for PortId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         fmt::Debug::fmt(self, f)
     }

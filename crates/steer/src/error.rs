@@ -79,6 +79,17 @@ pub enum SteerError {
         /// How many selectors were given.
         count: usize,
     },
+    /// A VLAN id outside 1..=4094 in a port table key (IEEE 802.1Q reserves 0 and 4095; an
+    /// S-tag of 0 means "single 802.1Q tag" and is allowed there only).
+    #[error("{port}: {which} {vid} is not a VLAN id (1..=4094)")]
+    InvalidVlanId {
+        /// The port of the key.
+        port: crate::ids::PortId,
+        /// "s_tag" or "c_tag".
+        which: &'static str,
+        /// The rejected id.
+        vid: u16,
+    },
     /// A health monitor configuration field out of range.
     #[error("health config: {field} {reason}")]
     InvalidHealthConfig {

@@ -1,9 +1,9 @@
-//! Identifiers the steering node works with: data nodes and tunnels (defined once, in the `ids`
-//! crate) and health probes.
+//! Identifiers the steering node works with: data nodes, tunnels, attachments and ports
+//! (defined once, in the `ids` crate) and health probes.
 
 use core::fmt;
 
-pub use ids::{NodeId, TunnelId};
+pub use ids::{AttachmentId, NodeId, PortId, TunnelId};
 
 /// A health probe, unique within one [`crate::HealthMonitor`] (numbered from 1 upwards). The
 /// I/O layer carries it to the data node (e.g. in a Geneve option) and back in the reply.
