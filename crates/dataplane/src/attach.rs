@@ -2,7 +2,7 @@
 //! customer's edge router, the CE, and the provider's edge): the attachments by tag pair, each
 //! with its CE's MAC as learned, and per published snapshot which VNet each one serves
 //! ([`AttachView`]). Pure state and decisions: the stage is `pipeline::attach`, the frames come
-//! from `sys::packet` through the I/O stage.
+//! from `netio::packet` through the I/O stage.
 //!
 //! An attachment is identified by (interface, S-tag, C-tag): IEEE 802.1ad outer tag (TPID
 //! 0x88a8) and 802.1Q inner tag (0x8100), or for `vlan` one 802.1Q tag. The gateway is the CE's

@@ -16,6 +16,9 @@
 //!   unsupported by the device, segments above the path MTU) is resent datagram by datagram.
 //! - Waiting: a [`Poller`] waits until some descriptors are readable or a shared [`Waker`]
 //!   (an `eventfd`, readable for good once woken) signals shutdown.
+//! - Frames: [`packet::PacketSocket`] is an AF_PACKET socket on a customer-facing interface,
+//!   frames in through a TPACKET_V3 ring into a [`packet::FrameBatch`] (outer VLAN tag written
+//!   back), frames out with `sendmmsg`.
 //!
 //! Scratch space ([`RecvBatch`], [`SendScratch`]) is allocated once per thread; receiving and
 //! sending a batch allocate nothing and copy no packet bytes.
@@ -51,6 +54,7 @@
 //! ```
 
 mod addr;
+pub mod packet;
 mod poll;
 mod recv;
 mod send;

@@ -2,13 +2,13 @@
 //! batch on a socket (UDP GRO trains stay whole here: the classify stage walks their
 //! segments), or one batch of frames read from the TUN device (GSO super-packets split into
 //! IP packets, see `sys::tun_offload`), or the frames an attachment interface's AF_PACKET ring
-//! holds, copied out with their outer VLAN tag written back (`sys::packet`): no system call at
+//! holds, copied out with their outer VLAN tag written back (`netio::packet`): no system call at
 //! all for those.
 
 use crate::lane::LaneKind;
 use crate::shared::{rx_slots, Shared, MAX_SEGMENTS_PER_SLOT};
 use crate::stats::{DropCounts, DropReason};
-use crate::sys::packet::FrameBatch;
+use netio::packet::FrameBatch;
 use crate::sys::tun::TunReadBatch;
 use crate::sys::tun_offload::TunDrop;
 use netio::{RecvBatch, RX_SLOT};

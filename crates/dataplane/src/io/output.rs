@@ -12,7 +12,7 @@ use crate::out::Out;
 use crate::out::{Transmit, PACKET_SOCK_BASE, TUN_SOCK};
 use crate::shared::{tx_batch_size, Shared};
 use crate::stats::{DropCounts, DropReason};
-use crate::sys::packet::PacketScratch;
+use netio::packet::PacketScratch;
 use crate::sys::tun_offload::writer::TunWriter;
 use netio::SendScratch;
 use std::ops::Range;

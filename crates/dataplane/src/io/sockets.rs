@@ -11,7 +11,7 @@
 //! flow hash of RFC 7348 §5. UDP GRO and GSO are used where the kernel accepts them.
 
 use crate::lane::LaneKind;
-use crate::sys::packet::PacketSocket;
+use netio::packet::PacketSocket;
 use crate::sys::tun::Tun;
 use crate::sys::tun_offload::Offloads;
 use datapath::{DataplaneConfig, DataplaneError};
@@ -152,7 +152,7 @@ impl Sockets {
                 field: format!("attachments[{i}].interface"),
                 reason: format!("cannot open an AF_PACKET ring on {}: {e}", a.interface),
             };
-            let ifindex = crate::sys::packet::interface_index(&a.interface).map_err(cannot)?;
+            let ifindex = netio::packet::interface_index(&a.interface).map_err(cannot)?;
             if let Some(at) = packet.iter().position(|p| p.ifindex() == ifindex) {
                 attach_iface.push(at);
                 continue;

@@ -1,7 +1,7 @@
 //! The operating-system layer of the data plane (Linux, over `libc`): the TUN device and its
-//! offloads, and AF_PACKET rings on customer-facing interfaces. UDP sockets with batched I/O and the shutdown waker are `netio`'s.
+//! offloads. UDP sockets with batched I/O, the shutdown waker and the AF_PACKET rings of
+//! customer-facing interfaces are `netio`'s (shared with the steer node and the benchmark).
 
-pub(crate) mod packet;
 pub(crate) mod tun;
 pub(crate) mod tun_offload;
 

@@ -1,4 +1,4 @@
-//! Tests of the AF_PACKET ring walk and socket (`sys::packet`).
+//! Tests of the AF_PACKET ring walk and socket (`netio::packet`).
 
 use super::*;
 

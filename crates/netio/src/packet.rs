@@ -1,4 +1,4 @@
-//! AF_PACKET on the customer-facing interface (issue 16 §1): frames in through a TPACKET_V3
+//! AF_PACKET on a customer-facing interface (issue 16 §1): frames in through a TPACKET_V3
 //! receive ring (the kernel fills blocks of frames in shared memory; no system call per frame,
 //! none at all while blocks are waiting), frames out with `sendmmsg` on the same socket (one
 //! system call per batch). See packet(7) and the kernel's `Documentation/networking/packet_mmap`.
@@ -51,34 +51,34 @@ const SLL_PKTTYPE: usize = 10;
 
 /// One received frame in a [`FrameBatch`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct RxFrame {
+pub struct RxFrame {
     /// Offset in the batch buffer.
-    pub(crate) start: usize,
+    pub start: usize,
     /// Length (the outer VLAN tag written back included).
-    pub(crate) len: usize,
+    pub len: usize,
     /// The frame was longer than what the ring kept of it.
-    pub(crate) truncated: bool,
+    pub truncated: bool,
     /// Its TCP or UDP checksum is left to finish (`TP_STATUS_CSUMNOTREADY`: sent by a local
     /// stack with checksum offload).
-    pub(crate) csum_not_ready: bool,
+    pub csum_not_ready: bool,
 }
 
 /// Frames copied out of a receive ring, back to back.
-pub(crate) struct FrameBatch {
+pub struct FrameBatch {
     buf: Box<[u8]>,
     used: usize,
     frames: Vec<RxFrame>,
     max_frames: usize,
     /// Frames dropped since the last `clear` because they do not fit even an empty batch.
-    pub(crate) too_big: u64,
+    pub too_big: u64,
     /// Frames given up since the last `clear` because a ring frame header lay outside its
     /// block.
-    pub(crate) bad_headers: u64,
+    pub bad_headers: u64,
 }
 
 impl FrameBatch {
     /// A batch of up to `max_frames` frames in `bytes` bytes.
-    pub(crate) fn new(max_frames: usize, bytes: usize) -> Self {
+    pub fn new(max_frames: usize, bytes: usize) -> Self {
         Self {
             buf: vec![0; bytes.max(FRAME_SIZE)].into_boxed_slice(),
             used: 0,
@@ -90,7 +90,7 @@ impl FrameBatch {
     }
 
     /// Empties the batch (and zeroes its drop counts).
-    pub(crate) fn clear(&mut self) {
+    pub fn clear(&mut self) {
         self.used = 0;
         self.frames.clear();
         self.too_big = 0;
@@ -98,19 +98,19 @@ impl FrameBatch {
     }
 
     /// The frames.
-    pub(crate) fn frames(&self) -> &[RxFrame] {
+    pub fn frames(&self) -> &[RxFrame] {
         &self.frames
     }
 
     /// Frame `i`, writable (the stages rewrite in place).
-    pub(crate) fn frame_mut(&mut self, i: usize) -> &mut [u8] {
+    pub fn frame_mut(&mut self, i: usize) -> &mut [u8] {
         let f = self.frames[i];
         &mut self.buf[f.start..f.start + f.len]
     }
 
     /// Copies `frame` in, its outer VLAN tag (`vlan`: TPID and TCI) written back after the
     /// MAC addresses; false (nothing copied) if the batch is full.
-    pub(crate) fn push(&mut self, frame: &[u8], vlan: Option<(u16, u16)>, truncated: bool) -> bool {
+    pub fn push(&mut self, frame: &[u8], vlan: Option<(u16, u16)>, truncated: bool) -> bool {
         let tag = if vlan.is_some() && frame.len() >= 12 {
             4
         } else {
@@ -152,7 +152,7 @@ struct Cursor {
 }
 
 /// An AF_PACKET socket bound to one interface, with a TPACKET_V3 receive ring.
-pub(crate) struct PacketSocket {
+pub struct PacketSocket {
     fd: OwnedFd,
     ifindex: u32,
     name: String,
@@ -177,7 +177,7 @@ fn last_error() -> io::Error {
 }
 
 /// The index of the network interface named `interface` (any of its names).
-pub(crate) fn interface_index(interface: &str) -> io::Result<u32> {
+pub fn interface_index(interface: &str) -> io::Result<u32> {
     let cname = std::ffi::CString::new(interface)
         .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "NUL in interface name"))?;
     // SAFETY: a valid C string.
@@ -210,7 +210,7 @@ impl PacketSocket {
     /// Opens `interface` (which must exist): an AF_PACKET socket for every EtherType, bound to
     /// it, non-blocking, with the receive ring mapped, the interface promiscuous while it is
     /// open. Needs CAP_NET_RAW.
-    pub(crate) fn open(interface: &str) -> io::Result<Self> {
+    pub fn open(interface: &str) -> io::Result<Self> {
         let ifindex = interface_index(interface)?;
         let proto = (libc::ETH_P_ALL as u16).to_be();
         // SAFETY: plain socket call.
@@ -319,22 +319,22 @@ impl PacketSocket {
     }
 
     /// The descriptor workers poll (readable when a block is handed over).
-    pub(crate) fn raw_fd(&self) -> RawFd {
+    pub fn raw_fd(&self) -> RawFd {
         self.fd.as_raw_fd()
     }
 
     /// The interface's index (what tells interfaces apart: one may have several names).
-    pub(crate) fn ifindex(&self) -> u32 {
+    pub fn ifindex(&self) -> u32 {
         self.ifindex
     }
 
     /// The interface's name.
-    pub(crate) fn name(&self) -> &str {
+    pub fn name(&self) -> &str {
         &self.name
     }
 
     /// The interface's MAC address.
-    pub(crate) fn mac(&self) -> [u8; 6] {
+    pub fn mac(&self) -> [u8; 6] {
         self.mac
     }
 
@@ -355,7 +355,7 @@ impl PacketSocket {
     /// (never with none copied: a frame too big for an empty batch is dropped and counted,
     /// [`FrameBatch::too_big`]). Blocks are given back to the kernel as soon as they are read
     /// whole. Frames we sent ourselves are skipped.
-    pub(crate) fn read_batch(&self, out: &mut FrameBatch) -> (usize, bool) {
+    pub fn read_batch(&self, out: &mut FrameBatch) -> (usize, bool) {
         out.clear();
         let mut cur = self.cursor.lock().unwrap_or_else(|p| p.into_inner());
         loop {
@@ -386,7 +386,7 @@ impl PacketSocket {
     /// The frames the kernel dropped because the ring was full, since the last call: read
     /// (and reset) with `PACKET_STATISTICS` only after a block came back marked as losing, so
     /// the common case costs no system call.
-    pub(crate) fn take_losses(&self) -> u64 {
+    pub fn take_losses(&self) -> u64 {
         if !self.losing.swap(false, Ordering::Relaxed) {
             return 0;
         }
@@ -412,7 +412,7 @@ impl PacketSocket {
 
     /// Sends `frames` with `sendmmsg`, [`SEND_CHUNK`] per call; waits up to 50 ms for room
     /// when the queue is full. Returns how many frames were not sent.
-    pub(crate) fn send_batch<'a>(
+    pub fn send_batch<'a>(
         &self,
         frames: impl Iterator<Item = &'a [u8]>,
         scratch: &mut PacketScratch,
@@ -592,7 +592,7 @@ struct RingFrame {
 
 /// `sendmmsg` scratch, reused across batches (empty between calls).
 #[derive(Default)]
-pub(crate) struct PacketScratch {
+pub struct PacketScratch {
     msgs: Vec<libc::mmsghdr>,
     iovs: Vec<libc::iovec>,
 }
