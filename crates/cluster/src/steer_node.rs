@@ -186,6 +186,8 @@ impl Applier for SteerApplier {
                         .iter()
                         .filter_map(|(t, s)| Some((*t, s.as_ref()?.limit)))
                         .collect(),
+                    // The control node does not place customer attachments yet (issue 16).
+                    attachments: Vec::new(),
                 };
                 let counts = (
                     tables.spis.len(),

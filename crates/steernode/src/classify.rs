@@ -10,15 +10,19 @@
 //!   the VNI's neighbour nodes; other IP packets go where the VNI's selectors say (the
 //!   paper's GEN).
 //! - [`geneve`]: a frame from a data or control node: a datagram to send out of a VIP, a
-//!   probe reply, or both.
+//!   probe reply, or both; or a customer's Ethernet frame from a data node to send out of one
+//!   of this node's customer-facing ports, if its tags are an attachment's of that port.
+//! - [`port`]: a customer's frame on a customer-facing port, steered by its tag pair
+//!   (`wire::ethernet::tags`, read as the data node's attach stage reads it) to the data
+//!   node serving the attachment.
 
 use std::net::SocketAddr;
 use std::ops::Range;
 
-use steer::{Flow, SelectorEntry, SpiEntry};
+use steer::{AttachEntry, Flow, PortId, SelectorEntry, SpiEntry};
 use wire::arp::ArpPacket;
 use wire::esp::UdpEncap;
-use wire::ethernet::{EtherType, EthernetRepr};
+use wire::ethernet::{tags, EtherType, EthernetRepr};
 use wire::flow::InnerIp;
 use wire::geneve::HealthProbe;
 use wire::ip::IpProtocol;
@@ -168,6 +172,27 @@ pub(crate) struct Relay {
     pub(crate) payload: Range<usize>,
 }
 
+/// Where a customer's frame on `port` goes: the data node serving the attachment of its tags.
+pub(crate) fn port(port: PortId, frame: &[u8], tables: &Tables) -> Result<AttachEntry, DropReason> {
+    let t = tags::read(frame).map_err(|e| match e {
+        tags::TagError::Malformed => DropReason::PortMalformed,
+        tags::TagError::Unknown => DropReason::PortUnknownTags,
+    })?;
+    tables
+        .ports
+        .lookup(port, t.tags.0, t.tags.1)
+        .ok_or(DropReason::PortUnknownTags)
+}
+
+/// A customer's frame to send out of one of this node's ports.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct ToPort {
+    /// Index of the port among this node's ports.
+    pub(crate) port: usize,
+    /// The Ethernet frame's range within the Geneve frame.
+    pub(crate) frame: Range<usize>,
+}
+
 /// What a Geneve frame from a node asks for.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct GeneveAction {
@@ -177,18 +202,22 @@ pub(crate) struct GeneveAction {
     pub(crate) probe_reply: Option<HealthProbe>,
     /// A datagram to send out of a VIP.
     pub(crate) relay: Option<Relay>,
+    /// A customer's frame to send out of a port.
+    pub(crate) to_port: Option<ToPort>,
     /// Part of the frame is dropped (its datagram, or the whole frame if it asks for
     /// nothing else).
     pub(crate) drop: Option<DropReason>,
 }
 
 /// Decides what a Geneve frame from `src` asks for. `vip_sock` maps an inner source address
-/// to the VIP socket that owns it. `Err` drops the whole frame.
+/// to the VIP socket that owns it, `own_port` a port id to this node's index of it. `Err`
+/// drops the whole frame.
 pub(crate) fn geneve(
     src: SocketAddr,
     frame: &[u8],
     tables: &Tables,
     vip_sock: impl Fn(SocketAddr) -> Option<usize>,
+    own_port: impl Fn(PortId) -> Option<usize>,
 ) -> Result<GeneveAction, DropReason> {
     let sender = tables.sender(src).ok_or(DropReason::GeneveUnknownSender)?;
     let f = relay::parse_frame(frame).map_err(|_| DropReason::GeneveMalformed)?;
@@ -196,8 +225,35 @@ pub(crate) fn geneve(
         sender,
         probe_reply: f.probe_reply,
         relay: None,
+        to_port: None,
         drop: None,
     };
+    if let (Some(range), Some(port)) = (f.ethernet, f.port) {
+        let port = PortId(port);
+        let to = || -> Result<ToPort, DropReason> {
+            if !matches!(sender, Sender::Data(_)) {
+                return Err(DropReason::PortNotFromData);
+            }
+            let index = own_port(port).ok_or(DropReason::PortNotOurs)?;
+            let eth = frame
+                .get(range.clone())
+                .ok_or(DropReason::GeneveMalformed)?;
+            let t = tags::read(eth).map_err(|_| DropReason::PortUnknownTagsOut)?;
+            tables
+                .ports
+                .lookup(port, t.tags.0, t.tags.1)
+                .ok_or(DropReason::PortUnknownTagsOut)?;
+            Ok(ToPort {
+                port: index,
+                frame: range,
+            })
+        };
+        match to() {
+            Ok(t) => action.to_port = Some(t),
+            Err(r) => action.drop = Some(r),
+        }
+        return Ok(action);
+    }
     match f.datagram {
         // RFC 8926 §3.4: a control packet's payload "MUST NOT be forwarded".
         Some(_) if f.control => action.drop = Some(DropReason::GeneveControlPayload),

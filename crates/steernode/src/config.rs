@@ -4,7 +4,7 @@
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
-use steer::HealthConfig;
+use steer::{HealthConfig, PortId};
 
 use crate::error::SteerNodeError;
 
@@ -36,6 +36,20 @@ pub struct SteerConfig {
     /// Datagrams per `recvmmsg` / `sendmmsg` call (1..=1024; a receive takes at most 64,
     /// each thread keeping a 64 KiB buffer per slot).
     pub batch: usize,
+    /// Customer-facing ports: Ethernet interfaces where customers' edge routers are attached
+    /// over VLAN or Q-in-Q, each with the cluster-wide id the control node gave it. Each is
+    /// opened with an AF_PACKET ring (`netio::packet`, needs CAP_NET_RAW) and read by a thread
+    /// of its own; none: no such thread.
+    pub ports: Vec<PortSpec>,
+}
+
+/// A customer-facing port of this steer node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PortSpec {
+    /// Its cluster-wide id (carried in the Geneve port option).
+    pub id: PortId,
+    /// The interface's name.
+    pub interface: String,
 }
 
 impl SteerConfig {
@@ -51,6 +65,7 @@ impl SteerConfig {
             health: HealthConfig::default(),
             revive_interval: Some(Duration::from_secs(1)),
             batch: 32,
+            ports: Vec::new(),
         }
     }
 
@@ -108,6 +123,28 @@ impl SteerConfig {
                 format!("{} is outside 1..={MAX_BATCH}", self.batch),
             ));
         }
+        for (i, p) in self.ports.iter().enumerate() {
+            let field = format!("ports[{i}]");
+            // IFNAMSIZ is 16 with the terminating NUL.
+            if p.interface.is_empty() || p.interface.len() > 15 || p.interface.contains('/') {
+                return Err(SteerNodeError::config(
+                    field,
+                    format!("{:?} is not an interface name", p.interface),
+                ));
+            }
+            if let Some(j) = self.ports[..i]
+                .iter()
+                .position(|q| q.id == p.id || q.interface == p.interface)
+            {
+                return Err(SteerNodeError::config(
+                    field,
+                    format!(
+                        "{} ({}) repeats ports[{j}]'s id or interface",
+                        p.id, p.interface
+                    ),
+                ));
+            }
+        }
         Ok(())
     }
 }
@@ -132,9 +169,19 @@ mod tests {
         )
     }
 
+    fn port(id: u32, interface: &str) -> PortSpec {
+        PortSpec {
+            id: PortId(id),
+            interface: interface.into(),
+        }
+    }
+
     #[test]
     fn defaults_are_valid_and_each_bad_field_is_named() {
         base().validate().unwrap();
+        let mut c = base();
+        c.ports = vec![port(1, "eth1"), port(2, "eth2")];
+        c.validate().unwrap();
         type Change = Box<dyn Fn(&mut SteerConfig)>;
         let cases: Vec<(&str, Change)> = vec![
             ("vips", Box::new(|c| c.vips.clear())),
@@ -156,6 +203,19 @@ mod tests {
             ),
             ("batch", Box::new(|c| c.batch = 0)),
             ("batch", Box::new(|c| c.batch = MAX_BATCH + 1)),
+            ("ports[0]", Box::new(|c| c.ports = vec![port(1, "")])),
+            (
+                "ports[0]",
+                Box::new(|c| c.ports = vec![port(1, "a-name-too-long-x")]),
+            ),
+            (
+                "ports[1]",
+                Box::new(|c| c.ports = vec![port(1, "eth1"), port(1, "eth2")]),
+            ),
+            (
+                "ports[1]",
+                Box::new(|c| c.ports = vec![port(1, "eth1"), port(2, "eth1")]),
+            ),
         ];
         for (field, change) in cases {
             let mut c = base();

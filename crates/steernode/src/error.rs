@@ -1,5 +1,5 @@
 //! The error type of the steer node: invalid configuration or tables (each naming the field),
-//! sockets that cannot be bound, threads that cannot be started. Per-packet problems are never
+//! sockets that cannot be bound or ports opened, threads that cannot be started. Per-packet problems are never
 //! errors: they are drops, counted by [`crate::DropReason`].
 
 use std::net::SocketAddr;
@@ -40,6 +40,15 @@ pub enum SteerNodeError {
         role: &'static str,
         /// The address.
         addr: SocketAddr,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// A customer-facing port's packet socket could not be opened (no such interface, not
+    /// Ethernet, no CAP_NET_RAW).
+    #[error("cannot open customer-facing port {interface}: {source}")]
+    Port {
+        /// The interface.
+        interface: String,
         /// The OS error.
         source: std::io::Error,
     },

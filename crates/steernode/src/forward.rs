@@ -1,7 +1,10 @@
 //! The forwarding threads: one for the VIP sockets (IKE and ESP from peers), one for the
-//! underlay sockets (VXLAN from hosts, Geneve from nodes, health probes). Each receives a
-//! batch with `recvmmsg`, decides per datagram with [`crate::classify`], builds the Geneve
-//! frames (or relayed datagrams) into one send batch and sends it with `sendmmsg`.
+//! underlay sockets (VXLAN from hosts, Geneve from nodes, health probes) and, if the node has
+//! customer-facing ports, one for their AF_PACKET rings (customers' tagged frames). Each
+//! receives a batch (`recvmmsg`, or the frames a ring holds), decides per datagram or frame
+//! with [`crate::classify`], builds the Geneve frames (or relayed datagrams) into one send
+//! batch and sends it with `sendmmsg`. Customers' frames from data nodes leave by their port
+//! with one `sendmmsg` per port and batch.
 //!
 //! Per batch a thread takes the table snapshot once and, only if the batch needs them, the
 //! health monitor's lock and its direction's rate-limit lock once; no lock is taken per
@@ -12,7 +15,8 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use steer::{NodeId, TunnelId};
+use netio::packet::{FrameBatch, PacketScratch, PacketSocket};
+use steer::{NodeId, PortId, TunnelId};
 use wire::geneve::{GeneveBuilder, GeneveRepr, HealthProbe, ProtegoOption, GENEVE_HEADER_LEN};
 use wire::relay;
 use wire::vxlan::Vni;
@@ -71,10 +75,29 @@ pub(crate) struct Shared {
     pub(crate) wan_counters: Counters,
     /// The underlay thread's counters.
     pub(crate) underlay_counters: Counters,
+    /// The port thread's counters.
+    pub(crate) port_counters: Counters,
+    /// Customer-facing ports.
+    pub(crate) ports: Vec<Port>,
     /// Shutdown signal.
     pub(crate) waker: Waker,
     /// Datagrams per batch.
     pub(crate) batch: usize,
+}
+
+/// A customer-facing port: its cluster-wide id and its packet socket.
+pub(crate) struct Port {
+    /// The id the control node gave it.
+    pub(crate) id: PortId,
+    /// Its AF_PACKET socket (receive ring, sendmmsg).
+    pub(crate) sock: PacketSocket,
+}
+
+impl Shared {
+    /// This node's index of port `id`, if it owns it (a handful of ports: a scan).
+    fn own_port(&self, id: PortId) -> Option<usize> {
+        self.ports.iter().position(|p| p.id == id)
+    }
 }
 
 impl std::fmt::Debug for Shared {
@@ -342,6 +365,7 @@ pub(crate) fn run_underlay(sh: Arc<Shared>) {
     let mut poller = Poller::new(&fds, &sh.waker);
     let mut rx = recv_batch(sh.batch);
     let mut tx = TxBatch::with_capacity(sh.batch * 2048);
+    let mut scratch = PacketScratch::default();
     let mut next_tick = Instant::now();
     loop {
         let now = Instant::now();
@@ -360,7 +384,7 @@ pub(crate) fn run_underlay(sh: Arc<Shared>) {
             flush(&sh, &mut tx, counters);
         }
         if poller.readable(1) && receive(&sh, sh.geneve, &mut rx, counters) {
-            geneve_batch(&sh, &rx, &mut tx);
+            geneve_batch(&sh, &rx, &mut tx, &mut scratch);
             flush(&sh, &mut tx, counters);
         }
     }
@@ -445,18 +469,26 @@ fn vxlan_batch(sh: &Shared, rx: &RecvBatch, tx: &mut TxBatch) {
 }
 
 /// Handles one batch of Geneve frames from nodes: relays datagrams out of the VIPs, hands
-/// probe replies to the health monitor.
-fn geneve_batch(sh: &Shared, rx: &RecvBatch, tx: &mut TxBatch) {
+/// probe replies to the health monitor, sends customers' frames out of their ports (the
+/// batch's frames of a port in one `sendmmsg`, after the loop).
+fn geneve_batch(sh: &Shared, rx: &RecvBatch, tx: &mut TxBatch, scratch: &mut PacketScratch) {
     let counters = &sh.underlay_counters;
     let mut b = Batch::new(sh, counters, &sh.outbound);
     let tables = Arc::clone(&b.tables);
+    // Customers' frames for the ports: allocated only when a batch has some.
+    let mut to_ports: Vec<(usize, &[u8])> = Vec::new();
     for (meta, frame) in rx.iter() {
         let Some(src) = meta.src.filter(|_| !meta.truncated) else {
             counters.dropped(DropReason::BadReceive, 1);
             continue;
         };
-        let action = match classify::geneve(src, frame, &tables, |a| sh.vip_socks.get(&a).copied())
-        {
+        let action = match classify::geneve(
+            src,
+            frame,
+            &tables,
+            |a| sh.vip_socks.get(&a).copied(),
+            |p| sh.own_port(p),
+        ) {
             Ok(a) => a,
             Err(r) => {
                 counters.dropped(r, 1);
@@ -478,6 +510,12 @@ fn geneve_batch(sh: &Shared, rx: &RecvBatch, tx: &mut TxBatch) {
                 }
             }
         }
+        if let Some(to) = action.to_port {
+            match frame.get(to.frame) {
+                Some(eth) => to_ports.push((to.port, eth)),
+                None => counters.dropped(DropReason::GeneveMalformed, 1),
+            }
+        }
         if let Some(relay) = action.relay {
             let Some(payload) = frame.get(relay.payload) else {
                 counters.dropped(DropReason::GeneveMalformed, 1);
@@ -491,6 +529,79 @@ fn geneve_batch(sh: &Shared, rx: &RecvBatch, tx: &mut TxBatch) {
                 Ok(()) => counters.forwarded(ForwardKind::RelayedToPeers, 1),
                 Err(()) => counters.dropped(DropReason::FrameTooLarge, 1),
             }
+        }
+    }
+    b.finish();
+    for (i, port) in sh.ports.iter().enumerate() {
+        let frames = to_ports.iter().filter(|(p, _)| *p == i).map(|(_, f)| *f);
+        let n = frames.clone().count() as u64;
+        if n == 0 {
+            continue;
+        }
+        let failed = port.sock.send_batch(frames, scratch);
+        counters.forwarded(ForwardKind::DataToPort, n - failed.min(n));
+        counters.dropped(DropReason::SendFailed, failed);
+    }
+}
+
+/// Longest wait of the port thread's poll (it has no timers; the waker ends it).
+const PORT_IDLE: Duration = Duration::from_millis(100);
+
+/// The port thread: customers' frames from the customer-facing ports' rings to the data
+/// nodes serving their attachments.
+pub(crate) fn run_ports(sh: Arc<Shared>) {
+    let counters = &sh.port_counters;
+    let fds: Vec<_> = sh.ports.iter().map(|p| p.sock.raw_fd()).collect();
+    let mut poller = Poller::new(&fds, &sh.waker);
+    let mut frames = FrameBatch::new(sh.batch, sh.batch * 2048);
+    let mut tx = TxBatch::with_capacity(sh.batch * 2048);
+    while wait(&mut poller, PORT_IDLE) {
+        for (pi, port) in sh.ports.iter().enumerate() {
+            if !poller.readable(pi) {
+                continue;
+            }
+            loop {
+                let (n, full) = port.sock.read_batch(&mut frames);
+                if n > 0 {
+                    port_batch(&sh, port.id, &mut frames, &mut tx);
+                    flush(&sh, &mut tx, counters);
+                }
+                counters.dropped(
+                    DropReason::PortRingFull,
+                    port.sock.take_losses() + std::mem::take(&mut frames.too_big),
+                );
+                if !full {
+                    break;
+                }
+            }
+        }
+    }
+}
+
+/// Steers one batch of customers' frames of `port` to the data nodes serving their
+/// attachments, inside Geneve with the port option (and a probe when one is due).
+fn port_batch(sh: &Shared, port: PortId, frames: &mut FrameBatch, tx: &mut TxBatch) {
+    let counters = &sh.port_counters;
+    let mut b = Batch::new(sh, counters, &sh.inbound);
+    let tables = Arc::clone(&b.tables);
+    for i in 0..frames.frames().len() {
+        if frames.frames()[i].truncated {
+            counters.dropped(DropReason::BadReceive, 1);
+            continue;
+        }
+        let frame = frames.frame_mut(i);
+        let r = classify::port(port, frame, &tables)
+            .and_then(|entry| b.admit_to_node(entry.node, None, frame.len()))
+            .and_then(|(addr, probe)| {
+                let max = relay::l2_header_len(probe.is_some()) + frame.len();
+                tx.push(sh.geneve, addr, max, |buf| {
+                    relay::emit_l2_frame(buf, port.0, probe, frame)
+                })
+                .map_err(|_| DropReason::FrameTooLarge)
+            });
+        match r {
+            Ok(()) => counters.forwarded(ForwardKind::PortToData, 1),
+            Err(r) => counters.dropped(r, 1),
         }
     }
     b.finish();

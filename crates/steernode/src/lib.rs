@@ -41,7 +41,7 @@ mod stats;
 mod sys;
 mod tables;
 
-pub use config::{SteerConfig, MAX_BATCH};
+pub use config::{PortSpec, SteerConfig, MAX_BATCH};
 pub use error::SteerNodeError;
 pub use health::SteerEvent;
 pub use node::{LocalAddrs, SteerNode};

@@ -1,4 +1,4 @@
-//! [`SteerNode`]: a running steer node — its sockets, its two forwarding threads and the
+//! [`SteerNode`]: a running steer node — its sockets, its forwarding threads and the
 //! control interface that updates its tables, reads its counters and stops it.
 
 use rustc_hash::FxHashMap;
@@ -8,13 +8,15 @@ use std::thread::JoinHandle;
 use std::time::Instant;
 
 use crossbeam_channel::Receiver;
-use steer::{NodeId, RateLimit, SelectorEntry, SpiEntry, TunnelId, TunnelLimit};
+use steer::{
+    AttachEntry, NodeId, PortKey, RateLimit, SelectorEntry, SpiEntry, TunnelId, TunnelLimit,
+};
 use wire::vxlan::Vni;
 use wire::EspSpi;
 
 use crate::config::SteerConfig;
 use crate::error::SteerNodeError;
-use crate::forward::{lock, run_underlay, run_wan, Role, Shared};
+use crate::forward::{lock, run_ports, run_underlay, run_wan, Port, Role, Shared};
 use crate::health::{Health, SteerEvent};
 use crate::limits::Direction;
 use crate::stats::{DropStats, ForwardStats, SteerStats, TunnelStats};
@@ -96,6 +98,16 @@ impl SteerNode {
             what: "shutdown eventfd",
             source,
         })?;
+        let mut ports = Vec::new();
+        for p in &config.ports {
+            let sock = netio::packet::PacketSocket::open(&p.interface).map_err(|source| {
+                SteerNodeError::Port {
+                    interface: p.interface.clone(),
+                    source,
+                }
+            })?;
+            ports.push(Port { id: p.id, sock });
+        }
         let shared = Arc::new(Shared {
             socks,
             roles,
@@ -108,6 +120,8 @@ impl SteerNode {
             outbound: Mutex::new(Direction::default()),
             wan_counters: Default::default(),
             underlay_counters: Default::default(),
+            port_counters: Default::default(),
+            ports,
             waker,
             batch: config.batch,
         });
@@ -118,8 +132,11 @@ impl SteerNode {
             events,
             local,
         });
-        let threads: [(&str, ThreadMain); 2] =
-            [("steer-wan", run_wan), ("steer-underlay", run_underlay)];
+        let mut threads: Vec<(&str, ThreadMain)> =
+            vec![("steer-wan", run_wan), ("steer-underlay", run_underlay)];
+        if !shared.ports.is_empty() {
+            threads.push(("steer-ports", run_ports));
+        }
         for (name, run) in threads {
             let sh = Arc::clone(&shared);
             let handle = std::thread::Builder::new()
@@ -138,6 +155,7 @@ impl SteerNode {
             vips = ?config.vips,
             vxlan = %node.local.vxlan,
             geneve = %node.local.geneve,
+            ports = ?config.ports.iter().map(|p| &p.interface).collect::<Vec<_>>(),
             "steer node started"
         );
         Ok(node)
@@ -241,6 +259,23 @@ impl SteerNode {
         })
     }
 
+    /// Steers customers' frames with the tag pair `key` (on its port) to `entry`, replacing
+    /// any previous entry (an attachment's migration). The key's VLAN ids are checked.
+    pub fn set_port_tags(&self, key: PortKey, entry: AttachEntry) -> Result<(), SteerNodeError> {
+        let key = PortKey::new(key.port, key.s_tag, key.c_tag)
+            .map_err(|e| SteerNodeError::steer("attachment", e))?;
+        self.update(|t| {
+            t.ports.insert(key, entry);
+            Ok(())
+        })
+    }
+
+    /// Stops steering the tag pair `key`; false if it was not steered.
+    pub fn remove_port_tags(&self, key: PortKey) -> bool {
+        self.update(|t| Ok(t.ports.remove(key).is_some()))
+            .unwrap_or(false)
+    }
+
     /// Limits `tunnel` to `limit` from now (inbound ESP and outbound VXLAN each to theirs; a
     /// [`RateLimit`] converts into the same limit both ways), or with `None` lifts its limit. A
     /// tunnel without a limit is not limited. With several steer nodes, `limit` is this node's
@@ -311,6 +346,9 @@ impl SteerNode {
             .add_to(&mut forwarded, &mut dropped);
         self.shared
             .underlay_counters
+            .add_to(&mut forwarded, &mut dropped);
+        self.shared
+            .port_counters
             .add_to(&mut forwarded, &mut dropped);
         let mut tunnels = std::collections::BTreeMap::<TunnelId, TunnelStats>::new();
         // Both directions are limited or neither (`set_rate_limit`, `replace_all`).

@@ -1,4 +1,5 @@
-//! What the steer node counts: datagrams forwarded by kind, datagrams dropped by reason,
+//! What the steer node counts: datagrams (and customers' frames) forwarded by kind, dropped by
+//! reason,
 //! per-tunnel traffic and rate-limit drops, and the failure detector's state.
 //!
 //! Each forwarding thread owns a [`Counters`] set (atomics only it writes, so counting costs
@@ -84,6 +85,19 @@ reasons! {
         SendFailed => "send_failed",
         /// A socket receive failed.
         ReceiveError => "receive_error",
+        /// A frame on a customer-facing port too short for its Ethernet header or tags.
+        PortMalformed => "port_malformed",
+        /// A frame on a customer-facing port whose tags are no attachment's of the port.
+        PortUnknownTags => "port_unknown_tags",
+        /// Frames the kernel dropped because a port's receive ring was full, and frames too
+        /// big for the receive batch.
+        PortRingFull => "port_ring_full",
+        /// An Ethernet frame from a node for a port this steer node does not own.
+        PortNotOurs => "port_not_ours",
+        /// An Ethernet frame from a node (or the control node) that is no data node.
+        PortNotFromData => "port_not_from_data",
+        /// An Ethernet frame from a data node whose tags are no attachment's of its port.
+        PortUnknownTagsOut => "port_unknown_tags_out",
     }
 }
 
@@ -112,6 +126,10 @@ reasons! {
         ProbeReplies => "probe_replies",
         /// NAT keepalives received (dropped, not an error).
         NatKeepalives => "nat_keepalives",
+        /// Customers' frames from a port sent to the data node serving their attachment.
+        PortToData => "port_to_data",
+        /// Frames from data nodes sent to customers out of a port.
+        DataToPort => "data_to_port",
     }
 }
 

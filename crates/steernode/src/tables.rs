@@ -12,7 +12,10 @@ use std::collections::HashSet;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, RwLock};
 
-use steer::{NodeId, SelectorEntry, SelectorTable, SpiEntry, SpiTable, TunnelId, TunnelLimit};
+use steer::{
+    AttachEntry, NodeId, PortKey, PortTable, SelectorEntry, SelectorTable, SpiEntry, SpiTable,
+    TunnelId, TunnelLimit,
+};
 use wire::vxlan::Vni;
 use wire::EspSpi;
 
@@ -49,6 +52,10 @@ pub struct SteerTables {
     /// Per-tunnel rate limits (this node's shares, each direction's); tunnels not listed are
     /// not limited.
     pub rate_limits: Vec<(TunnelId, TunnelLimit)>,
+    /// Customer attachments: a port's tag pair and the data node serving it. Frames on this
+    /// node's own ports go by them; frames from data nodes out of its ports must carry a
+    /// listed pair of that port.
+    pub attachments: Vec<(PortKey, AttachEntry)>,
 }
 
 /// Who sent a Geneve frame.
@@ -86,6 +93,8 @@ pub(crate) struct Tables {
     pub(crate) selectors: SelectorTable,
     /// Per VNI: neighbour nodes and gateway addresses.
     pub(crate) vnis: FxHashMap<Vni, Arc<VniExtra>>,
+    /// Customer attachments by port and tag pair.
+    pub(crate) ports: PortTable,
 }
 
 impl Tables {
@@ -195,6 +204,19 @@ impl Tables {
                 }
                 other => other,
             })?;
+        }
+        for (i, &(key, entry)) in t.attachments.iter().enumerate() {
+            let checked = PortKey::new(key.port, key.s_tag, key.c_tag)
+                .map_err(|e| SteerNodeError::steer(format!("attachments[{i}]"), e))?;
+            if out.ports.insert(checked, entry).is_some() {
+                return Err(SteerNodeError::table(
+                    format!("attachments[{i}]"),
+                    format!(
+                        "{} tags ({}, {}) are listed twice",
+                        key.port, key.s_tag, key.c_tag
+                    ),
+                ));
+            }
         }
         let mut seen = HashSet::new();
         for (i, (tunnel, _)) in t.rate_limits.iter().enumerate() {
@@ -338,8 +360,23 @@ mod tests {
                 },
             )],
             rate_limits: vec![(TunnelId(1), steer::RateLimit::mbit(1, 1500).into())],
+            attachments: vec![(
+                PortKey {
+                    port: steer::PortId(1),
+                    s_tag: 100,
+                    c_tag: 20,
+                },
+                AttachEntry {
+                    node: NodeId(1),
+                    attachment: steer::AttachmentId(1),
+                },
+            )],
         };
         let t = Tables::build(&good).unwrap();
+        assert_eq!(
+            t.ports.lookup(steer::PortId(1), 100, 20).map(|e| e.node),
+            Some(NodeId(1))
+        );
         assert_eq!(t.spis.node(EspSpi(0x1000)), Some(NodeId(1)));
         assert!(t.vni(Vni::new(5).unwrap()).is_some());
 
@@ -374,6 +411,12 @@ mod tests {
         let mut bad = good.clone();
         bad.vnis.push(bad.vnis[0].clone());
         assert_eq!(field(&bad), "vnis[1]");
+        let mut bad = good.clone();
+        bad.attachments.push(bad.attachments[0]);
+        assert_eq!(field(&bad), "attachments[1]");
+        let mut bad = good.clone();
+        bad.attachments[0].0.c_tag = 4095;
+        assert_eq!(field(&bad), "attachments[0]");
         let mut bad = good;
         bad.rate_limits.push(bad.rate_limits[0]);
         assert_eq!(field(&bad), "rate_limits[1]");

@@ -328,6 +328,7 @@ fn tables(node: std::net::SocketAddr, control: std::net::SocketAddr) -> SteerTab
             },
         )],
         rate_limits: vec![],
+        attachments: vec![],
     }
 }
 

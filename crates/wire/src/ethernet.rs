@@ -408,6 +408,8 @@ impl EthernetRepr {
     }
 }
 
+pub mod tags;
+
 #[cfg(test)]
 mod tests {
     use super::*;

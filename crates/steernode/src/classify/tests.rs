@@ -3,7 +3,10 @@
 
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 
-use steer::{AddrRange, NodeId, PortRange, Selector, SelectorEntry, SpiEntry, TunnelId};
+use steer::{
+    AddrRange, AttachEntry, AttachmentId, NodeId, PortKey, PortRange, Selector, SelectorEntry,
+    SpiEntry, TunnelId,
+};
 use wire::arp::{ArpOperation, ArpRepr};
 use wire::ethernet::{EtherType, EthernetAddress};
 use wire::geneve::{GeneveBuilder, GeneveRepr, HealthProbe, ProtegoOption};
@@ -473,6 +476,10 @@ fn vip_sock(a: SocketAddr) -> Option<usize> {
     (a == sa(VIP)).then_some(3)
 }
 
+fn no_port(_: PortId) -> Option<usize> {
+    None
+}
+
 fn frame(control: bool, options: &[ProtegoOption], datagram: Option<(&str, &str)>) -> Vec<u8> {
     let mut buf = vec![0u8; 256];
     let n = match datagram {
@@ -511,7 +518,7 @@ fn geneve_relays_from_vips_and_takes_probe_replies_from_known_nodes_only() {
         &[ProtegoOption::ProbeReply(reply)],
         Some((VIP, PEER)),
     );
-    let a = geneve(sa(NODE1), &f, &t, vip_sock).unwrap();
+    let a = geneve(sa(NODE1), &f, &t, vip_sock, no_port).unwrap();
     assert_eq!(a.sender, Sender::Data(NodeId(1)));
     assert_eq!(a.probe_reply, Some(reply));
     let r = a.relay.unwrap();
@@ -524,13 +531,14 @@ fn geneve_relays_from_vips_and_takes_probe_replies_from_known_nodes_only() {
         &frame(false, &[], Some((VIP, PEER))),
         &t,
         vip_sock,
+        no_port,
     )
     .unwrap();
     assert_eq!(a.sender, Sender::Control);
     assert!(a.relay.is_some());
     // A stranger, even with a valid frame.
     assert_eq!(
-        geneve(sa("10.9.0.3:6081"), &f, &t, vip_sock),
+        geneve(sa("10.9.0.3:6081"), &f, &t, vip_sock, no_port),
         Err(DropReason::GeneveUnknownSender)
     );
     // Not from one of our VIP sockets.
@@ -539,6 +547,7 @@ fn geneve_relays_from_vips_and_takes_probe_replies_from_known_nodes_only() {
         &frame(false, &[], Some((PEER, VIP))),
         &t,
         vip_sock,
+        no_port,
     )
     .unwrap();
     assert_eq!((a.relay, a.drop), (None, Some(DropReason::RelayNotFromVip)));
@@ -548,6 +557,7 @@ fn geneve_relays_from_vips_and_takes_probe_replies_from_known_nodes_only() {
         &frame(true, &[ProtegoOption::ProbeReply(reply)], None),
         &t,
         vip_sock,
+        no_port,
     )
     .unwrap();
     assert_eq!(
@@ -559,6 +569,7 @@ fn geneve_relays_from_vips_and_takes_probe_replies_from_known_nodes_only() {
         &frame(true, &[], Some((VIP, PEER))),
         &t,
         vip_sock,
+        no_port,
     )
     .unwrap();
     assert_eq!(
@@ -567,14 +578,121 @@ fn geneve_relays_from_vips_and_takes_probe_replies_from_known_nodes_only() {
     );
     // Nothing to do.
     let probe = ProtegoOption::Probe(reply);
-    let a = geneve(sa(NODE2), &frame(true, &[probe], None), &t, vip_sock).unwrap();
+    let a = geneve(
+        sa(NODE2),
+        &frame(true, &[probe], None),
+        &t,
+        vip_sock,
+        no_port,
+    )
+    .unwrap();
     assert_eq!(a.drop, Some(DropReason::GeneveNoAction));
     // Garbage and every truncation.
     assert_eq!(
-        geneve(sa(NODE1), b"\xff\xff\xff", &t, vip_sock),
+        geneve(sa(NODE1), b"\xff\xff\xff", &t, vip_sock, no_port),
         Err(DropReason::GeneveMalformed)
     );
     no_panic_on_truncation(&f, |cut| {
-        let _ = geneve(sa(NODE1), cut, &t, vip_sock);
+        let _ = geneve(sa(NODE1), cut, &t, vip_sock, no_port);
+    });
+}
+
+/// Port 5 carries red (S-tag 100, C-tag 20) on node 1 and a single-tag customer (C-tag 30)
+/// on node 2; port 6 has nothing.
+fn port_tables() -> Tables {
+    let mut t = tables();
+    for (s_tag, c_tag, node, id) in [(100, 20, 1, 1), (0, 30, 2, 2)] {
+        t.ports.insert(
+            PortKey::new(PortId(5), s_tag, c_tag).unwrap(),
+            AttachEntry {
+                node: NodeId(node),
+                attachment: AttachmentId(id),
+            },
+        );
+    }
+    t
+}
+
+/// A customer's frame with these tags (TPID, VLAN id; outermost first), carrying IPv4.
+fn customer_frame(tags: &[(u16, u16)]) -> Vec<u8> {
+    let mut f = vec![0x02, 0, 0, 0, 0, 1, 0x02, 0, 0, 0, 0, 2];
+    for &(tpid, vid) in tags {
+        f.extend_from_slice(&tpid.to_be_bytes());
+        f.extend_from_slice(&vid.to_be_bytes());
+    }
+    f.extend_from_slice(&[0x08, 0x00]);
+    f.extend_from_slice(&[0x45; 46]);
+    f
+}
+
+#[test]
+fn port_frames_go_by_their_tag_pair() {
+    let t = port_tables();
+    let red = customer_frame(&[(0x88a8, 100), (0x8100, 20)]);
+    let single = customer_frame(&[(0x8100, 30)]);
+    let entry = |node, id| AttachEntry {
+        node: NodeId(node),
+        attachment: AttachmentId(id),
+    };
+    assert_eq!(port(PortId(5), &red, &t), Ok(entry(1, 1)));
+    assert_eq!(port(PortId(5), &single, &t), Ok(entry(2, 2)));
+    // The same tags on another port, an unknown pair, untagged, S-tag 0: another customer or
+    // nobody's.
+    for (p, f) in [
+        (6, red.clone()),
+        (5, customer_frame(&[(0x88a8, 100), (0x8100, 21)])),
+        (5, customer_frame(&[])),
+        (5, customer_frame(&[(0x88a8, 0), (0x8100, 30)])),
+    ] {
+        assert_eq!(port(PortId(p), &f, &t), Err(DropReason::PortUnknownTags));
+    }
+    for cut in 0..22 {
+        assert_eq!(
+            port(PortId(5), &red[..cut], &t),
+            Err(DropReason::PortMalformed),
+            "{cut}"
+        );
+    }
+}
+
+#[test]
+fn frames_from_data_nodes_leave_by_their_port_only_with_its_tags() {
+    let t = port_tables();
+    let own = |p: PortId| (p == PortId(5)).then_some(0);
+    let relayed = |port: u32, eth: &[u8]| {
+        let mut buf = vec![0u8; 256];
+        let n = relay::emit_l2_frame(&mut buf, port, None, eth).unwrap();
+        buf.truncate(n);
+        buf
+    };
+    let red = customer_frame(&[(0x88a8, 100), (0x8100, 20)]);
+    let f = relayed(5, &red);
+    let a = geneve(sa(NODE2), &f, &t, vip_sock, own).unwrap();
+    let to = a.to_port.unwrap();
+    assert_eq!(to.port, 0);
+    assert_eq!(&f[to.frame], &red[..]);
+    assert_eq!((a.relay, a.drop), (None, None));
+    for (src, frame, why) in [
+        // The control node is no data node.
+        (CONTROL, f.clone(), DropReason::PortNotFromData),
+        // Port 6 is not ours.
+        (NODE1, relayed(6, &red), DropReason::PortNotOurs),
+        // Tags of no attachment of the port.
+        (
+            NODE1,
+            relayed(5, &customer_frame(&[(0x88a8, 101), (0x8100, 20)])),
+            DropReason::PortUnknownTagsOut,
+        ),
+        (
+            NODE1,
+            relayed(5, &customer_frame(&[])),
+            DropReason::PortUnknownTagsOut,
+        ),
+    ] {
+        let a = geneve(sa(src), &frame, &t, vip_sock, own).unwrap();
+        assert_eq!((a.to_port, a.drop), (None, Some(why)), "{why}");
+    }
+    no_panic_on_truncation(&f, |cut| {
+        let _ = geneve(sa(NODE1), cut, &t, vip_sock, own);
     });
 }

@@ -1,0 +1,165 @@
+//! A steer node with a customer-facing port, in a network namespace of the test's own: a veth
+//! pair stands for the customer's link (the steer node's port on one end, the customer's edge
+//! router, an AF_PACKET socket writing and reading tagged frames, on the other); data nodes
+//! are UDP sockets on loopback. Frames of an attachment's tag pair reach the data node serving
+//! it inside Geneve with the port option, frames of other tags are counted and go nowhere,
+//! and a data node's frame for the port leaves on the customer's link only with the port's
+//! tags. Needs root (CAP_SYS_ADMIN for the namespace, CAP_NET_RAW for the packet sockets).
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{patient_health, recv, sa, socket, DEADLINE};
+use netio::packet::{FrameBatch, PacketScratch, PacketSocket};
+use protego_steernode::{DropReason, ForwardKind, PortSpec, SteerConfig, SteerNode};
+use steer::{AttachEntry, AttachmentId, NodeId, PortId, PortKey};
+use wire::relay;
+
+/// A customer's frame with these tags (TPID, VLAN id; outermost first) carrying `tag` in
+/// an IPv4-looking payload.
+fn customer_frame(tags: &[(u16, u16)], tag: u8) -> Vec<u8> {
+    let mut f = vec![0x02, 0, 0, 0, 0, 1, 0x02, 0, 0, 0, 0, 2];
+    for &(tpid, vid) in tags {
+        f.extend_from_slice(&tpid.to_be_bytes());
+        f.extend_from_slice(&vid.to_be_bytes());
+    }
+    f.extend_from_slice(&[0x08, 0x00]);
+    f.extend_from_slice(&[tag; 60]);
+    f
+}
+
+fn ip(args: &[&str]) {
+    let st = std::process::Command::new("ip")
+        .args(args)
+        .status()
+        .expect("run ip");
+    assert!(st.success(), "ip {args:?}");
+}
+
+/// Reads frames from the customer's side until one ends with `tag` bytes, or the deadline.
+fn read_customer(ce: &PacketSocket, tag: u8, within: Duration) -> Option<Vec<u8>> {
+    let mut batch = FrameBatch::new(64, 64 * 2048);
+    let deadline = Instant::now() + within;
+    while Instant::now() < deadline {
+        let (n, _) = ce.read_batch(&mut batch);
+        for i in 0..n {
+            let f = batch.frame_mut(i).to_vec();
+            if f.len() > 14 && f.ends_with(&[tag; 60]) {
+                return Some(f);
+            }
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    None
+}
+
+#[test]
+fn customer_frames_go_by_tag_pair_to_the_serving_data_node_and_back() {
+    // Namespaces are per thread: everything runs in a thread that made its own.
+    std::thread::spawn(|| {
+        // SAFETY: plain system call; affects this thread (and the threads it starts) only.
+        assert_eq!(unsafe { libc::unshare(libc::CLONE_NEWNET) }, 0, "unshare");
+        ip(&["link", "set", "lo", "up"]);
+        ip(&[
+            "link", "add", "port0", "type", "veth", "peer", "name", "ce0",
+        ]);
+        ip(&["link", "set", "port0", "up"]);
+        ip(&["link", "set", "ce0", "up"]);
+        run();
+    })
+    .join()
+    .expect("in its own namespace");
+}
+
+fn run() {
+    let mut c = SteerConfig::new(
+        vec!["127.0.0.10".parse().unwrap()],
+        sa("127.0.0.20:0"),
+        sa("127.0.0.20:0"),
+    );
+    c.ike_port = 0;
+    c.natt_port = 0;
+    c.health = patient_health();
+    c.ports = vec![PortSpec {
+        id: PortId(5),
+        interface: "port0".into(),
+    }];
+    let steer = SteerNode::start(c).expect("steer node with a port");
+    let geneve = steer.local_addrs().geneve;
+    let (d1, d2) = (socket("127.0.1.1"), socket("127.0.1.2"));
+    steer
+        .set_data_nodes(vec![
+            (NodeId(1), d1.local_addr().unwrap()),
+            (NodeId(2), d2.local_addr().unwrap()),
+        ])
+        .unwrap();
+    let key = |s_tag, c_tag| PortKey {
+        port: PortId(5),
+        s_tag,
+        c_tag,
+    };
+    let entry = |node, id| AttachEntry {
+        node: NodeId(node),
+        attachment: AttachmentId(id),
+    };
+    steer.set_port_tags(key(100, 20), entry(1, 1)).unwrap();
+    steer.set_port_tags(key(0, 30), entry(2, 2)).unwrap();
+    assert!(steer.set_port_tags(key(100, 4095), entry(2, 3)).is_err());
+
+    let ce = PacketSocket::open("ce0").expect("the customer's side");
+    let mut scratch = PacketScratch::default();
+    let red = customer_frame(&[(0x88a8, 100), (0x8100, 20)], 0xa1);
+    let single = customer_frame(&[(0x8100, 30)], 0xa2);
+    let stranger = customer_frame(&[(0x88a8, 101), (0x8100, 20)], 0xa3);
+    let untagged = customer_frame(&[], 0xa4);
+    for f in [&red, &single, &stranger, &untagged] {
+        assert_eq!(ce.send_batch(std::iter::once(&f[..]), &mut scratch), 0);
+    }
+    // Each attachment's frame reaches its own data node, tags and all, with the port option.
+    for (sock, want) in [(&d1, &red), (&d2, &single)] {
+        let got = loop {
+            let (bytes, from) = recv(sock, DEADLINE).expect("a frame at the data node");
+            assert_eq!(from, geneve);
+            let f = relay::parse_frame(&bytes).expect("Geneve");
+            if let Some(eth) = f.ethernet {
+                assert_eq!(f.port, Some(5));
+                break bytes[eth].to_vec();
+            }
+        };
+        assert_eq!(&got, want);
+    }
+    let s = common::wait_stats(&steer, "the two unknown frames counted", |s| {
+        s.dropped.get(DropReason::PortUnknownTags) >= 2
+    });
+    assert_eq!(s.forwarded.get(ForwardKind::PortToData), 2);
+
+    // Migration: the red pair now goes to data node 2.
+    steer.set_port_tags(key(100, 20), entry(2, 1)).unwrap();
+    let red2 = customer_frame(&[(0x88a8, 100), (0x8100, 20)], 0xa5);
+    ce.send_batch(std::iter::once(&red2[..]), &mut scratch);
+    let (bytes, _) = recv(&d2, DEADLINE).expect("after the move");
+    let f = relay::parse_frame(&bytes).unwrap();
+    assert_eq!(&bytes[f.ethernet.unwrap()], &red2[..]);
+
+    // Back toward the customer: a data node's frame for port 5 with red's tags leaves on the
+    // link; one with tags of no attachment, or for another port, does not.
+    let mut buf = vec![0u8; 256];
+    let back = customer_frame(&[(0x88a8, 100), (0x8100, 20)], 0xb1);
+    let n = relay::emit_l2_frame(&mut buf, 5, None, &back).unwrap();
+    d1.send_to(&buf[..n], geneve).unwrap();
+    let got = read_customer(&ce, 0xb1, DEADLINE).expect("the frame on the customer's link");
+    assert_eq!(got, back);
+    let wrong_tags = customer_frame(&[(0x88a8, 100), (0x8100, 21)], 0xb2);
+    let n = relay::emit_l2_frame(&mut buf, 5, None, &wrong_tags).unwrap();
+    d1.send_to(&buf[..n], geneve).unwrap();
+    let n = relay::emit_l2_frame(&mut buf, 6, None, &back).unwrap();
+    d1.send_to(&buf[..n], geneve).unwrap();
+    let s = common::wait_stats(&steer, "both refused frames counted", |s| {
+        s.dropped.get(DropReason::PortUnknownTagsOut) == 1
+            && s.dropped.get(DropReason::PortNotOurs) == 1
+    });
+    assert_eq!(s.forwarded.get(ForwardKind::DataToPort), 1);
+    assert!(read_customer(&ce, 0xb2, Duration::from_millis(200)).is_none());
+    steer.shutdown();
+}
