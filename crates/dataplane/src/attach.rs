@@ -401,78 +401,19 @@ impl AttachView {
     }
 }
 
-/// A tagged frame's tags and where its payload starts.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Tagged {
-    /// (S-tag or 0, C-tag).
-    pub(crate) tags: (u16, u16),
-    /// The EtherType after the tags.
-    pub(crate) ethertype: EtherType,
-    /// Offset of the payload.
-    pub(crate) payload: usize,
-    /// Destination MAC.
-    pub(crate) dst: EthernetAddress,
-    /// Source MAC.
-    pub(crate) src: EthernetAddress,
-}
+pub(crate) use wire::ethernet::tags::Tagged;
 
-/// Reads a frame's tags: an 802.1ad S-tag (0x88a8) followed by an 802.1Q C-tag (0x8100), or one
-/// 802.1Q tag. Anything else (untagged, an S-tag alone, two 0x8100 tags, a third tag, a VLAN id
-/// of 0 or 4095 in any tag) cannot be an attachment's: [`DropReason::AttachUnknownTags`]; a
-/// frame too short for its tags is [`DropReason::AttachMalformed`].
-///
-/// IEEE 802.1Q table 9-2 reserves VLAN id 0 (a priority tag: the frame belongs to no VLAN)
-/// and 4095; configured tags are 1..=4094. Refusing them here also keeps [`TagKey`]'s S-tag 0
-/// for single-tag attachments only: a Q-in-Q frame with S-tag 0 is not theirs.
+/// Reads a frame's tags with `wire::ethernet::tags::read` (the steer node's port thread reads
+/// them with the same function): an 802.1ad S-tag (0x88a8) followed by an 802.1Q C-tag
+/// (0x8100), or one 802.1Q tag. Anything else (untagged, an S-tag alone, two 0x8100 tags, a
+/// third tag, a VLAN id of 0 or 4095 in any tag) cannot be an attachment's:
+/// [`DropReason::AttachUnknownTags`]; a frame too short for its tags is
+/// [`DropReason::AttachMalformed`]. S-tag 0 in [`TagKey`] is thus for single-tag attachments
+/// only.
 pub(crate) fn read_tags(frame: &[u8]) -> Result<Tagged, DropReason> {
-    let eth = EthernetFrame::new_checked(frame).map_err(|_| DropReason::AttachMalformed)?;
-    let (dst, src) = (eth.dst_addr(), eth.src_addr());
-    let tag = |at: usize| {
-        frame
-            .get(at..)
-            .and_then(|b| VlanPacket::new_checked(b).ok())
-            .ok_or(DropReason::AttachMalformed)
-    };
-    let is_tag = |t: EtherType| t == EtherType::VLAN || t == EtherType::QINQ;
-    let vid = |t: &VlanPacket<&[u8]>| match t.tci().vid {
-        0 | 4095 => Err(DropReason::AttachUnknownTags),
-        v => Ok(v),
-    };
-    let (tags, ethertype, payload) = match eth.ethertype() {
-        EtherType::QINQ => {
-            let outer = tag(ETHERNET_HEADER_LEN)?;
-            if outer.ethertype() != EtherType::VLAN {
-                return Err(DropReason::AttachUnknownTags);
-            }
-            let inner = tag(ETHERNET_HEADER_LEN + VLAN_TAG_LEN)?;
-            if is_tag(inner.ethertype()) {
-                return Err(DropReason::AttachUnknownTags);
-            }
-            (
-                (vid(&outer)?, vid(&inner)?),
-                inner.ethertype(),
-                ETHERNET_HEADER_LEN + 2 * VLAN_TAG_LEN,
-            )
-        }
-        EtherType::VLAN => {
-            let t = tag(ETHERNET_HEADER_LEN)?;
-            if is_tag(t.ethertype()) {
-                return Err(DropReason::AttachUnknownTags);
-            }
-            (
-                (0, vid(&t)?),
-                t.ethertype(),
-                ETHERNET_HEADER_LEN + VLAN_TAG_LEN,
-            )
-        }
-        _ => return Err(DropReason::AttachUnknownTags),
-    };
-    Ok(Tagged {
-        tags,
-        ethertype,
-        payload,
-        dst,
-        src,
+    wire::ethernet::tags::read(frame).map_err(|e| match e {
+        wire::ethernet::tags::TagError::Malformed => DropReason::AttachMalformed,
+        wire::ethernet::tags::TagError::Unknown => DropReason::AttachUnknownTags,
     })
 }
 
