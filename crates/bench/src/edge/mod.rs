@@ -217,8 +217,14 @@ pub struct EdgeCase {
     pub loss: f64,
     /// The gateway's drop counters over the maximum-rate run, by reason (non-zero only).
     pub gateway_drops: DropReasons,
-    /// Interface and backlog drops in the gateway's namespace over that run.
+    /// UDP datagrams the gateway's namespace dropped on receive over that run (its VTEP
+    /// socket's buffer full: VXLAN the gateway did not read in time).
+    pub gateway_socket_drops: u64,
+    /// The machine's input backlog drops over that run (veth delivery).
     pub path_drops: u64,
+    /// Packets the load generator's receiving socket dropped for want of buffer space over
+    /// that run (not the gateway's loss).
+    pub loadgen_drops: u64,
     /// Latency at half the maximum rate (one way, load generator to load generator), µs.
     pub latency_us: Option<Percentiles>,
     /// Share of the latency run's packets that did not arrive.
@@ -353,12 +359,21 @@ pub fn render(r: &EdgeReport) -> String {
         "vs 1", "loss%", "p50 us", "p99 us"
     );
     for c in &r.cases {
-        let drops = c
+        let mut drops = c
             .gateway_drops
             .iter()
             .map(|(k, v)| format!("{k}={v}"))
-            .collect::<Vec<_>>()
-            .join(" ");
+            .collect::<Vec<_>>();
+        if c.gateway_socket_drops > 0 {
+            drops.push(format!("(udp_rcvbuf={})", c.gateway_socket_drops));
+        }
+        if c.path_drops > 0 {
+            drops.push(format!("(backlog={})", c.path_drops));
+        }
+        if c.loadgen_drops > 0 {
+            drops.push(format!("(loadgen_rx={})", c.loadgen_drops));
+        }
+        let drops = drops.join(" ");
         let _ = writeln!(
             out,
             "{:<8} {:>9} {:>9} {:>5} {:>8.3} {:>8.3} {:>7.0} {:>9.2} {:>6} {:>6.1} {:>8} {:>8}  {}",
@@ -444,7 +459,9 @@ mod tests {
             cpu_vs_1_entry: None,
             loss: 0.1,
             gateway_drops: DropReasons::from([("no_route".to_owned(), 3)]),
+            gateway_socket_drops: 0,
             path_drops: 0,
+            loadgen_drops: 0,
             latency_us: None,
             latency_loss: 0.0,
         }
@@ -535,7 +552,9 @@ mod tests {
             "cpu_vs_1_entry",
             "loss",
             "gateway_drops",
+            "gateway_socket_drops",
             "path_drops",
+            "loadgen_drops",
             "latency_us",
             "latency_loss",
         ] {

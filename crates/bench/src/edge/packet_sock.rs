@@ -160,6 +160,29 @@ impl PacketSocket {
         done
     }
 
+    /// Frames the kernel dropped for want of buffer space since the last call
+    /// (`PACKET_STATISTICS`, which reading resets).
+    pub(crate) fn take_drops(&self) -> u64 {
+        // SAFETY: tpacket_stats is plain data.
+        let mut st: libc::tpacket_stats = unsafe { std::mem::zeroed() };
+        let mut len = std::mem::size_of::<libc::tpacket_stats>() as libc::socklen_t;
+        // SAFETY: `st` is live and `len` its size; the kernel writes at most that.
+        let r = unsafe {
+            libc::getsockopt(
+                self.fd.as_raw_fd(),
+                libc::SOL_PACKET,
+                libc::PACKET_STATISTICS,
+                (&mut st as *mut libc::tpacket_stats).cast(),
+                &mut len,
+            )
+        };
+        if r < 0 {
+            0
+        } else {
+            u64::from(st.tp_drops)
+        }
+    }
+
     /// Reads what is queued (at most [`BATCH`] frames) into `batch` without blocking;
     /// returns the number of frames.
     pub(crate) fn recv(&self, batch: &mut RecvFrames) -> usize {
