@@ -19,11 +19,13 @@
 //! status. The gateway runs one worker, so CPU per packet is per core. Benchmarks are
 //! programs: the unit tests cover the pure parts (frames, route file, options, JSON shape).
 
+mod bed;
 mod frames;
 mod packet_sock;
 mod plan;
 mod run;
 mod table;
+mod traffic;
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
