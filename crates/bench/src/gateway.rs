@@ -171,8 +171,30 @@ impl ProtegoUnderTest {
         params: &GatewayParams,
         verbose: bool,
     ) -> Result<Self> {
+        Self::start_with_config(
+            ns,
+            bin,
+            dir,
+            label,
+            &render_config(params),
+            &params.socket,
+            verbose,
+        )
+    }
+
+    /// Writes `config` (whose control socket is `socket`) as `<dir>/<label>.toml`, starts
+    /// `bin up` in `ns` and waits until the status socket answers.
+    pub(crate) fn start_with_config(
+        ns: &Netns,
+        bin: &Path,
+        dir: &Path,
+        label: &str,
+        config_text: &str,
+        socket: &Path,
+        verbose: bool,
+    ) -> Result<Self> {
         let config = dir.join(format!("{label}.toml"));
-        std::fs::write(&config, render_config(params))
+        std::fs::write(&config, config_text)
             .map_err(|e| BenchError::io(format!("write {}", config.display()), e))?;
         let cmd = Cmd::new(bin.display().to_string()).args([
             "up",
@@ -184,7 +206,7 @@ impl ProtegoUnderTest {
         let process = ns.spawn(label, cmd)?;
         let gw = ProtegoUnderTest {
             process,
-            socket: params.socket.clone(),
+            socket: socket.to_owned(),
         };
         let deadline = Instant::now() + START_TIMEOUT;
         loop {
@@ -207,6 +229,16 @@ impl ProtegoUnderTest {
             }
             std::thread::sleep(Duration::from_millis(50));
         }
+    }
+
+    /// The last `lines` lines of its log.
+    pub(crate) fn log_tail(&self, lines: usize) -> String {
+        self.process.log_tail(lines)
+    }
+
+    /// Its control socket.
+    pub(crate) fn socket(&self) -> &Path {
+        &self.socket
     }
 
     /// Its counters now.
@@ -245,16 +277,26 @@ impl UnderTest for ProtegoUnderTest {
 
 /// Sends `status` to a control socket and parses the answer.
 pub(crate) fn query_status(socket: &Path) -> Result<serde_json::Value> {
+    control_request(socket, "status", Duration::from_secs(10))
+}
+
+/// Sends one request line (`status`, `route load FILE`, ...) to a control socket and parses
+/// the answer, waiting for it at most `timeout`. An answer with an `error` field is an error.
+pub(crate) fn control_request(
+    socket: &Path,
+    request: &str,
+    timeout: Duration,
+) -> Result<serde_json::Value> {
     let err = |reason: String| BenchError::Status {
         path: socket.to_owned(),
-        reason,
+        reason: format!("`{request}`: {reason}"),
     };
     let mut stream = UnixStream::connect(socket).map_err(|e| err(format!("connect: {e}")))?;
     stream
-        .set_read_timeout(Some(Duration::from_secs(10)))
+        .set_read_timeout(Some(timeout))
         .map_err(|e| err(format!("set timeout: {e}")))?;
     stream
-        .write_all(b"status\n")
+        .write_all(format!("{request}\n").as_bytes())
         .map_err(|e| err(format!("write: {e}")))?;
     let mut line = String::new();
     BufReader::new(&stream)

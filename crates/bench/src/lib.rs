@@ -22,6 +22,7 @@
 
 mod cpu;
 mod crypto_only;
+pub mod edge;
 mod error;
 pub mod failover;
 mod gateway;

@@ -165,7 +165,7 @@ struct Snapshot {
 }
 
 /// Sets the calling thread's timer slack (sleep precision) to `ns`.
-fn set_timer_slack(ns: u64) {
+pub(crate) fn set_timer_slack(ns: u64) {
     // SAFETY: PR_SET_TIMERSLACK takes an unsigned long by value and touches no memory.
     unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, ns as libc::c_ulong, 0, 0, 0) };
 }
@@ -622,7 +622,7 @@ fn too_small(s: usize) -> BenchError {
 /// Sends the pool's trains at `rate` packets per second: every wake-up sends what is due by
 /// then (up to [`TRAINS_PER_CALL`] trains per system call) and records the send time of each
 /// packet; between wake-ups the thread sleeps.
-fn send_paced(
+pub(crate) fn send_paced(
     sock: &Socket,
     scratch: &mut SendScratch,
     pool: &Pool,
@@ -673,7 +673,7 @@ fn send_paced(
 }
 
 /// Waits until the receiver has counted `target` packets or nothing new arrived for [`QUIET`].
-fn drain(rx: &RxHandle, target: u64) {
+pub(crate) fn drain(rx: &RxHandle, target: u64) {
     let start = Instant::now();
     let mut last = rx.progress();
     let mut changed = Instant::now();

@@ -1,7 +1,7 @@
 //! The load generator's receivers: one thread per receiving socket, alive for the whole
 //! benchmark, reading with `recvmmsg` + UDP GRO and kernel timestamps.
 //!
-//! - **host VXLAN** (host VTEP, port 4789): answers the gateway's ARP requests for the VM
+//! - **host VXLAN** (host VTEP, port 4789): answers the gateway's ARP requests for VMs
 //!   (RFC 826 inside VXLAN, RFC 7348), learns the gateway's MAC from ARP replies, and counts the
 //!   inner packets of the current run.
 //! - **host plain** (the VM address): inner packets routed by the kernel (strongSwan).
@@ -318,7 +318,11 @@ impl RxThread {
                 src: eth_src,
                 arp,
             }) => {
-                if arp.operation == ArpOperation::REQUEST && arp.target_protocol_addr == net::VM {
+                // Every address but the gateway's is a VM behind this host (the edge bench's
+                // gateway resolves each of its per-VM destinations).
+                if arp.operation == ArpOperation::REQUEST
+                    && arp.target_protocol_addr != net::VNET_GW
+                {
                     let answer = arp.reply(net::VM_MAC);
                     if let Some(n) =
                         packet::write_arp_frame(reply, vni, eth_src, net::VM_MAC, &answer)

@@ -85,6 +85,142 @@ enum BenchScenario {
         #[arg(long, value_name = "PATH")]
         gateway_bin: Option<PathBuf>,
     },
+    /// The provider edge (issue 16 §3): a customer attached over Q-in-Q to the VNet and back,
+    /// at 1, 1 M and 16 M per-VM overlay entries (CPU per packet, Mpps per core, drops,
+    /// latency), and the overlay table alone (needs root; see docs/performance.md).
+    Edge(EdgeArgs),
+}
+
+/// Options of `protego bench edge`.
+#[derive(Debug, Clone, clap::Args)]
+struct EdgeArgs {
+    /// Per-VM entry counts, comma-separated (`K` = 1000, `M` = 2^20). Default: 1,1M,16M.
+    #[arg(long, value_name = "LIST")]
+    entries: Option<String>,
+    /// Inner IP packet sizes in bytes, comma-separated. Default: 64,128,512,1400.
+    #[arg(long, value_name = "LIST")]
+    sizes: Option<String>,
+    /// Directions: to-vnet (attachment -> VXLAN), to-ce (VXLAN -> attachment). Default: both.
+    #[arg(long, value_name = "LIST")]
+    dirs: Option<String>,
+    /// Length of the maximum-rate and latency runs of each case, e.g. `2s`. Default: 1s.
+    #[arg(long, value_name = "TIME")]
+    duration: Option<String>,
+    /// Draw the VMs from the first N entries only (default: all loaded entries).
+    #[arg(long, value_name = "N")]
+    active: Option<String>,
+    /// Preset: 1 and 1M entries, 64 and 1400 B, 0.5 s runs; other options refine it.
+    #[arg(long)]
+    quick: bool,
+    /// Skip the table-alone figures.
+    #[arg(long)]
+    no_table: bool,
+    /// Pre-built packets the load generator may hold per run, MiB. Default: 512.
+    #[arg(long, value_name = "MIB")]
+    pool_mb: Option<usize>,
+    /// Print one JSON object on stdout instead of the table.
+    #[arg(long)]
+    json: bool,
+    /// The protego binary to put under test (default: this one).
+    #[arg(long, value_name = "PATH")]
+    gateway_bin: Option<PathBuf>,
+    /// Keep the run directory (configuration, gateway log at `info`).
+    #[arg(long)]
+    keep: bool,
+}
+
+impl EdgeArgs {
+    /// The options these arguments ask for.
+    fn options(&self) -> Result<bench::edge::EdgeOptions, BenchError> {
+        use bench::edge::{parse_entries, EdgeDirection, EdgeOptions};
+        let mut o = if self.quick {
+            EdgeOptions::quick()
+        } else {
+            EdgeOptions::full()
+        };
+        if let Some(s) = &self.entries {
+            o.entries = parse_list(s, parse_entries)?;
+        }
+        if let Some(s) = &self.sizes {
+            o.sizes = parse_list(s, |v| {
+                v.parse::<u16>().map_err(|_| BenchError::InvalidOption {
+                    option: "--sizes",
+                    value: v.to_owned(),
+                    reason: "expected a size in bytes".to_owned(),
+                })
+            })?;
+        }
+        if let Some(s) = &self.dirs {
+            o.directions = parse_list(s, str::parse::<EdgeDirection>)?;
+        }
+        if let Some(s) = &self.duration {
+            o.duration = parse_duration(s)?;
+        }
+        if let Some(s) = &self.active {
+            o.active = Some(parse_entries(s)?);
+        }
+        if let Some(mb) = self.pool_mb {
+            o.pool_bytes = mb.saturating_mul(1 << 20);
+        }
+        o.table = !self.no_table;
+        o.protego_bin = self.gateway_bin.clone();
+        o.keep = self.keep;
+        o.validate()?;
+        Ok(o)
+    }
+}
+
+/// Runs `protego bench edge`.
+fn run_edge(args: &EdgeArgs) -> ExitCode {
+    let options = match args.options() {
+        Ok(o) => o,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let mut handler_failed = None;
+    let mut on_start = |handle: testbed::CleanupHandle| {
+        if let Err(e) = ctrlc::set_handler(move || {
+            eprintln!("\nprotego bench: interrupted, cleaning up...");
+            for p in handle.cleanup() {
+                eprintln!("protego bench: cleanup: {p}");
+            }
+            std::process::exit(130);
+        }) {
+            handler_failed = Some(e);
+        }
+    };
+    let mut progress = |line: &str| eprintln!("bench edge: {line}");
+    let result = bench::edge::run(&options, &mut progress, &mut on_start);
+    if let Some(e) = handler_failed {
+        eprintln!(
+            "warning: no Ctrl-C handler ({e}); `make sweep` removes what an interrupted run leaves"
+        );
+    }
+    let report = match result {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    if args.json {
+        match serde_json::to_string(&report) {
+            Ok(text) => println!("{text}"),
+            Err(e) => {
+                eprintln!("error: cannot format the report: {e}");
+                return ExitCode::FAILURE;
+            }
+        }
+    } else {
+        print!("{}", bench::edge::render(&report));
+    }
+    if report.errors.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
 }
 
 /// Runs `protego bench failover`.
@@ -174,13 +310,14 @@ impl BenchArgs {
 
 /// Runs `protego bench`.
 pub(crate) fn run(args: &BenchArgs) -> ExitCode {
-    if let Some(BenchScenario::Failover {
-        json,
-        file_store,
-        gateway_bin,
-    }) = &args.scenario
-    {
-        return run_failover(*json, *file_store, gateway_bin.clone());
+    match &args.scenario {
+        Some(BenchScenario::Failover {
+            json,
+            file_store,
+            gateway_bin,
+        }) => return run_failover(*json, *file_store, gateway_bin.clone()),
+        Some(BenchScenario::Edge(edge)) => return run_edge(edge),
+        None => {}
     }
     let options = match args.options() {
         Ok(o) => o,

@@ -288,6 +288,18 @@ mod tests {
         );
         let cli = Cli::try_parse_from(["protego", "bench", "failover", "--json"]).unwrap();
         assert!(matches!(cli.command, Command::Bench(_)));
+        let cli = Cli::try_parse_from([
+            "protego",
+            "bench",
+            "edge",
+            "--quick",
+            "--entries",
+            "1,16M",
+            "--dirs",
+            "to-ce",
+        ])
+        .unwrap();
+        assert!(matches!(cli.command, Command::Bench(_)));
         let cli =
             Cli::try_parse_from(["protego", "ctl", "migrate", "t1", "--to", "data2"]).unwrap();
         assert!(matches!(cli.command, Command::Ctl(_)));
