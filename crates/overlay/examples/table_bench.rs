@@ -12,70 +12,15 @@
 use std::collections::HashMap;
 use std::hash::BuildHasher;
 use std::hint::black_box;
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::time::{Duration, Instant};
 
-use overlay::{resolve_routes, Family, Key, OverlayTable, Value, VnetId, Vni};
+use overlay::workload::{self, best, hit, host, key, vni, PASSES};
+use overlay::{resolve_routes, Family, Key, Value, VnetId};
 
-const VNETS: u32 = 64;
-const HOSTS: u32 = 4096;
 const LOOKUPS: usize = 4 << 20;
-const PASSES: usize = 3;
-
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-
-    fn below(&mut self, n: usize) -> usize {
-        ((u128::from(self.next()) * n as u128) >> 64) as usize
-    }
-}
-
-/// The `i`-th entry's key: VNet `i % 64`, the `i / 64`-th address of the VNet's plan.
-fn key(family: Family, i: usize) -> Key {
-    let vnet = VnetId(i as u32 % VNETS);
-    let n = (i / VNETS as usize) as u32 + 1;
-    let addr = match family {
-        Family::V4 => IpAddr::V4(Ipv4Addr::from_bits(0x0a00_0000 + n)),
-        Family::V6 => IpAddr::V6(Ipv6Addr::from_bits(
-            (0xfd00_0000_0000_0001_u128 << 64) | u128::from(n),
-        )),
-    };
-    Key::new(vnet, addr)
-}
-
-fn host(i: usize) -> IpAddr {
-    let h = (i as u32).wrapping_mul(2_654_435_761) % HOSTS;
-    IpAddr::V4(Ipv4Addr::from_bits(0xc633_6400 + h)) // 198.51.100.0 + h
-}
-
-fn vni(vnet: VnetId) -> Vni {
-    Vni::new(1000 + vnet.0).expect("small")
-}
-
-fn best(mut pass: impl FnMut() -> u64) -> (Duration, u64) {
-    let mut best = Duration::MAX;
-    let mut check = 0;
-    for _ in 0..PASSES {
-        let t = Instant::now();
-        check = pass();
-        best = best.min(t.elapsed());
-    }
-    (best, check)
-}
 
 fn rate(d: Duration) -> f64 {
     LOOKUPS as f64 / d.as_secs_f64() / 1e6
-}
-
-fn hit(v: Option<Value>) -> u64 {
-    v.map_or(0, |v| u64::from(v.vni.get()))
 }
 
 /// Bytes a std `HashMap` (hashbrown) holds for `cap` usable entries of `entry` bytes: a
@@ -100,44 +45,21 @@ struct Row {
 }
 
 fn ours(family: Family, n: usize, keys: &[Key]) -> Row {
-    let new_table = || {
-        let mut t = OverlayTable::new();
-        for v in 0..VNETS {
-            t.set_vnet(VnetId(v), vni(VnetId(v))).expect("in range");
-        }
-        t
-    };
+    let n32 = u32::try_from(n).expect("at most 4 G entries");
     // A load whose iterator gives no size hint (as a parsed route file's): the table grows by
     // doubling.
-    let mut t = new_table();
+    let mut t = workload::empty_table().expect("VNets");
     let start = Instant::now();
-    let hidden = (0..n).map(|i| (key(family, i), host(i))).filter(|_| true);
+    let hidden = (0..n32).map(|i| (key(family, i), host(i))).filter(|_| true);
     t.load(hidden).expect("load");
     let unreserved = start.elapsed();
     let unreserved_lf = t.load_factor(family);
     drop(t);
-    let mut t = new_table();
-    let start = Instant::now();
-    let loaded = t
-        .load((0..n).map(|i| (key(family, i), host(i))))
-        .expect("load");
-    let load = start.elapsed();
-    assert_eq!(loaded, n);
-    let (single, c1) = best(|| keys.iter().map(|k| hit(black_box(&t).get(k))).sum());
-    let batched = |size: usize| {
-        let mut out = vec![None; size];
-        best(|| {
-            let mut sum = 0;
-            for chunk in keys.chunks(size) {
-                let out = &mut out[..chunk.len()];
-                black_box(&t).get_batch(chunk, out).expect("same length");
-                sum += out.iter().map(|&v| hit(v)).sum::<u64>();
-            }
-            sum
-        })
-    };
-    let (batch32, c3) = batched(32);
-    let (batch, c2) = batched(overlay::BATCH);
+    let (t, load) = workload::filled_table(family, n32).expect("load");
+    assert_eq!(t.len(), n);
+    let (single, c1) = workload::one_at_a_time(&t, keys);
+    let (batch32, c3) = workload::batched(&t, keys, 32);
+    let (batch, c2) = workload::batched(&t, keys, overlay::BATCH);
     assert_eq!(c1, c3, "batched and single lookups agree");
     assert_eq!(c1, c2, "batched and single lookups agree");
     assert!(c1 > 0);
@@ -165,7 +87,7 @@ fn ours(family: Family, n: usize, keys: &[Key]) -> Row {
 fn anchor<S: BuildHasher + Default>(name: &str, family: Family, n: usize, keys: &[Key]) -> Row {
     let start = Instant::now();
     let mut m: HashMap<Key, Value, S> = HashMap::with_capacity_and_hasher(n, S::default());
-    for i in 0..n {
+    for i in 0..n as u32 {
         let k = key(family, i);
         m.insert(
             k,
@@ -198,8 +120,8 @@ fn anchor<S: BuildHasher + Default>(name: &str, family: Family, n: usize, keys: 
 }
 
 fn parse_rate() {
-    let n = 1 << 20;
-    let mut text = String::with_capacity(n * 40);
+    let n: u32 = 1 << 20;
+    let mut text = String::with_capacity(n as usize * 40);
     for i in 0..n {
         let k = key(Family::V4, i);
         text.push_str(&format!(
@@ -217,7 +139,7 @@ fn parse_rate() {
     };
     let ok = resolve_routes(&text, vnet_of).filter(Result::is_ok).count();
     let d = start.elapsed();
-    assert_eq!(ok, n);
+    assert_eq!(ok, n as usize);
     println!(
         "route file (CSV) parse + resolve: {:.2} M lines/s ({:.1} s for 16 M lines)",
         n as f64 / d.as_secs_f64() / 1e6,
@@ -253,8 +175,7 @@ fn main() {
     );
     for family in [Family::V4, Family::V6] {
         for &n in &sizes {
-            let mut rng = Rng(0x9e37_79b9_7f4a_7c15 ^ n as u64);
-            let keys: Vec<Key> = (0..LOOKUPS).map(|_| key(family, rng.below(n))).collect();
+            let keys = workload::destinations(family, n as u32, LOOKUPS);
             let rows = [
                 ours(family, n, &keys),
                 anchor::<rustc_hash::FxBuildHasher>("HashMap + FxHash", family, n, &keys),

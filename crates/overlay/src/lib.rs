@@ -154,6 +154,7 @@ mod prefetch;
 pub mod routes;
 pub mod snapshot;
 mod table;
+pub mod workload;
 
 #[cfg(test)]
 mod tests;

@@ -179,48 +179,13 @@ fn run_edge(args: &EdgeArgs) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let mut handler_failed = None;
-    let mut on_start = |handle: testbed::CleanupHandle| {
-        if let Err(e) = ctrlc::set_handler(move || {
-            eprintln!("\nprotego bench: interrupted, cleaning up...");
-            for p in handle.cleanup() {
-                eprintln!("protego bench: cleanup: {p}");
-            }
-            std::process::exit(130);
-        }) {
-            handler_failed = Some(e);
-        }
-    };
-    let mut progress = |line: &str| eprintln!("bench edge: {line}");
-    let result = bench::edge::run(&options, &mut progress, &mut on_start);
-    if let Some(e) = handler_failed {
-        eprintln!(
-            "warning: no Ctrl-C handler ({e}); `make sweep` removes what an interrupted run leaves"
-        );
-    }
-    let report = match result {
-        Ok(r) => r,
-        Err(e) => {
-            eprintln!("error: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    if args.json {
-        match serde_json::to_string(&report) {
-            Ok(text) => println!("{text}"),
-            Err(e) => {
-                eprintln!("error: cannot format the report: {e}");
-                return ExitCode::FAILURE;
-            }
-        }
-    } else {
-        print!("{}", bench::edge::render(&report));
-    }
-    if report.errors.is_empty() {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::FAILURE
-    }
+    run_scenario(
+        "bench edge",
+        args.json,
+        |progress, on_start| bench::edge::run(&options, progress, on_start),
+        bench::edge::render,
+        |r| r.errors.is_empty(),
+    )
 }
 
 /// Runs `protego bench failover`.
@@ -229,6 +194,28 @@ fn run_failover(json: bool, file_store: bool, bin: Option<PathBuf>) -> ExitCode 
         protego_bin: bin,
         file_store,
     };
+    run_scenario(
+        "bench",
+        json,
+        |progress, on_start| bench::failover::run(&options, progress, on_start),
+        bench::failover::render,
+        |_| true,
+    )
+}
+
+/// Runs a scenario that builds its own test bed (`edge`, `failover`): a Ctrl-C handler that
+/// cleans the bed up once it exists, progress lines on stderr behind `prefix`, then the
+/// report as JSON or text. Fails if the run fails or `ok` says the report holds errors.
+fn run_scenario<R: serde::Serialize>(
+    prefix: &str,
+    json: bool,
+    run: impl FnOnce(
+        &mut dyn FnMut(&str),
+        &mut dyn FnMut(testbed::CleanupHandle),
+    ) -> Result<R, BenchError>,
+    render: impl Fn(&R) -> String,
+    ok: impl Fn(&R) -> bool,
+) -> ExitCode {
     let mut handler_failed = None;
     let mut on_start = |handle: testbed::CleanupHandle| {
         if let Err(e) = ctrlc::set_handler(move || {
@@ -241,8 +228,8 @@ fn run_failover(json: bool, file_store: bool, bin: Option<PathBuf>) -> ExitCode 
             handler_failed = Some(e);
         }
     };
-    let mut progress = |line: &str| eprintln!("bench: {line}");
-    let result = bench::failover::run(&options, &mut progress, &mut on_start);
+    let mut progress = |line: &str| eprintln!("{prefix}: {line}");
+    let result = run(&mut progress, &mut on_start);
     if let Some(e) = handler_failed {
         eprintln!(
             "warning: no Ctrl-C handler ({e}); `make sweep` removes what an interrupted run leaves"
@@ -255,8 +242,18 @@ fn run_failover(json: bool, file_store: bool, bin: Option<PathBuf>) -> ExitCode 
             return ExitCode::FAILURE;
         }
     };
+    print_report(json, &report, render, ok)
+}
+
+/// Prints `report` as one line of JSON or as `render`'s text; success if `ok` holds.
+fn print_report<R: serde::Serialize>(
+    json: bool,
+    report: &R,
+    render: impl Fn(&R) -> String,
+    ok: impl Fn(&R) -> bool,
+) -> ExitCode {
     if json {
-        match serde_json::to_string(&report) {
+        match serde_json::to_string(report) {
             Ok(text) => println!("{text}"),
             Err(e) => {
                 eprintln!("error: cannot format the report: {e}");
@@ -264,9 +261,13 @@ fn run_failover(json: bool, file_store: bool, bin: Option<PathBuf>) -> ExitCode 
             }
         }
     } else {
-        print!("{}", bench::failover::render(&report));
+        print!("{}", render(report));
     }
-    ExitCode::SUCCESS
+    if ok(report) {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
 }
 
 impl BenchArgs {
@@ -356,22 +357,7 @@ pub(crate) fn run(args: &BenchArgs) -> ExitCode {
         }
     };
     drop(session);
-    if args.json {
-        match serde_json::to_string(&report) {
-            Ok(text) => println!("{text}"),
-            Err(e) => {
-                eprintln!("error: cannot format the report: {e}");
-                return ExitCode::FAILURE;
-            }
-        }
-    } else {
-        print!("{}", render_text(&report));
-    }
-    if report.errors.is_empty() {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::FAILURE
-    }
+    print_report(args.json, &report, render_text, |r| r.errors.is_empty())
 }
 
 #[cfg(test)]

@@ -44,33 +44,8 @@ pub(crate) fn write_route_file(
     Ok(())
 }
 
-/// A small fixed-seed generator (xorshift64): runs draw the same destinations.
-#[derive(Debug, Clone)]
-pub(crate) struct Draw(u64);
-
-impl Draw {
-    /// A generator from `seed` (0 is replaced: xorshift has no zero state).
-    pub(crate) fn new(seed: u64) -> Draw {
-        Draw(if seed == 0 {
-            0x9e37_79b9_7f4a_7c15
-        } else {
-            seed
-        })
-    }
-
-    /// The next 64 random bits.
-    pub(crate) fn next_u64(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-
-    /// A number uniformly drawn from `0..n` (0 for `n` = 0), by multiply-shift.
-    pub(crate) fn below(&mut self, n: u32) -> u32 {
-        ((u128::from(self.next_u64()) * u128::from(n)) >> 64) as u32
-    }
-}
+/// The fixed-seed draw of destinations, the table benchmark's (`overlay::workload`).
+pub(crate) use overlay::workload::Draw;
 
 #[cfg(test)]
 mod tests {
