@@ -1,5 +1,6 @@
 //! Lanes: the ordered multi-core pipeline of one input (an IKE or NAT-T socket, a VTEP
-//! socket, the TUN device, or in relay mode the Geneve socket). Protego's dispatcher / worker / sender design (ATC'17 §4.4,
+//! socket, the TUN device, an attachment interface's AF_PACKET ring, or in relay mode the
+//! Geneve socket). Protego's dispatcher / worker / sender design (ATC'17 §4.4,
 //! §6.3), without dedicated threads:
 //!
 //! 1. **Dispatch** (serial per lane): a worker takes the lane's receive stage, reads a batch
@@ -59,10 +60,13 @@ pub(crate) enum LaneKind {
 }
 
 impl LaneKind {
-    /// True for lanes whose packets are all encrypted (sequence numbers allocated at
-    /// dispatch). The relay lane is not: only part of its batch is.
+    /// True for lanes whose batches run the whole graph in arrival order under the dispatch
+    /// stage, because their packets may be sealed (ESP sequence numbers allocated at
+    /// dispatch): every packet of a VTEP or the TUN device, and a CE's packets for the
+    /// tenant's tunnels on an attachment lane. The relay lane is not: its outbound part runs
+    /// under the stage and its ESP from peers after it.
     pub(crate) fn is_outbound(self) -> bool {
-        matches!(self, Self::Vtep { .. } | Self::Tun)
+        matches!(self, Self::Vtep { .. } | Self::Tun | Self::Attach { .. })
     }
 }
 

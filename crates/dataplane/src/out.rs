@@ -86,6 +86,9 @@ pub(crate) enum Resume {
     },
     /// From this VNet: to the seal stage, which chooses the CHILD_SA among the VNet's tunnels.
     FromVnet(Arc<Vnet>),
+    /// From a CE attached to this VNet, for none of its VMs: to the seal stage, as
+    /// [`FromVnet`](Self::FromVnet) (a packet no tunnel covers is `no_route`).
+    FromCe(Arc<Vnet>),
     /// Read from the TUN device: to the seal stage, which chooses among the TUN tunnels. With
     /// `same_tenant` (TUN tunnels of several tenants) the choice must be a tunnel whose tenant
     /// has the chain that ran.

@@ -162,7 +162,8 @@ fn batch(sh: &Shared, w: &mut Worker, routes: &RouteReader, lane: usize) -> Batc
         process(sh, w, r, l.kind, now, Pass::Parallel);
         p
     } else if l.kind.is_outbound() {
-        // Outbound: classification and sequence numbers in arrival order, under the stage.
+        // Outbound (VTEP, TUN, attachments): classification and sequence numbers in arrival
+        // order, under the stage; the encryption after it (`Out::finish`).
         let p = process(sh, w, r, l.kind, now, Pass::All);
         drop(stage);
         p

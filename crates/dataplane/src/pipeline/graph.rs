@@ -7,7 +7,9 @@
 //! VTEP / relay VXLAN: classify -> decap -> ARP/ND: encap (answers)
 //!                                       -> IP: [outbound chain] -> seal (select_vnet, queue)
 //! TUN:                [outbound chain] -> seal (select_tun, queue)
-//! attachment (L2):    attach (tags -> attachment; ARP/ND) -> encap (VNet route, VXLAN)
+//! attachment (L2):    attach (tags -> attachment; ARP/ND) -> a CE: attach (tag, CE's MAC)
+//!                                                          -> a VM: encap (VNet route, VXLAN)
+//!                                                          -> else: [outbound chain] -> seal
 //! VTEP IP to a CE:    classify -> decap -> attach (tag, to the CE's MAC)
 //! IKE:                classify (to the control plane)
 //! ```
@@ -40,6 +42,7 @@ use crate::routes::Routes;
 use crate::shared::Shared;
 use crate::stats::DropReason;
 use crate::tables::Tables;
+use crate::vnet::Vnet;
 use datapath::Inside;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::Arc;
@@ -186,7 +189,9 @@ pub(crate) fn relay<'p, 't>(
     }
 }
 
-/// A frame from a customer's edge router on attachment interface `iface`.
+/// A frame from a customer's edge router on attachment interface `iface`: the attach stage,
+/// then for a packet beyond the VNet's tunnels its outbound chain or straight to seal, as a
+/// VM's packet goes (the lane runs in arrival order under its dispatch stage).
 pub(crate) fn attach(
     o: &mut Out,
     sh: &Shared,
@@ -196,7 +201,30 @@ pub(crate) fn attach(
     iface: usize,
     frame: &mut [u8],
 ) {
-    attach::from_ce(o, sh, t, r, now, iface, frame);
+    let Some(out) = attach::from_ce(o, sh, t, r, now, iface, frame) else {
+        return;
+    };
+    let (Some(vnet), Some(pkt)) = (t.overlay.vnets.get(out.vnet), frame.get_mut(out.at)) else {
+        return o.drop_packet(DropReason::NoRoute);
+    };
+    if let Some(chain) = t.features.vnet_outbound(vnet.index) {
+        let meta = PacketMeta {
+            tunnel: None,
+            direction: Direction::Outbound,
+            inside: Inside::Vnet(vnet.index),
+        };
+        if !o
+            .held
+            .hold(chain, pkt, meta, Resume::FromCe(Arc::clone(vnet)))
+        {
+            o.drop_packet(DropReason::FeatureHoldFull);
+        }
+        return;
+    }
+    let no_tunnel = DropReason::NoRoute;
+    if let Some(child) = seal::select_vnet(o, t, vnet, pkt, &out.parsed.flow, no_tunnel) {
+        seal::queue(o, sh, child, pkt);
+    }
 }
 
 /// A packet read from the TUN device: the outbound chain of the TUN tunnels' tenant, or
@@ -433,7 +461,8 @@ fn from_host(
                 }
                 return;
             }
-            if let Some(child) = seal::select_vnet(o, t, vnet, pkt, &parsed.flow) {
+            let no_tunnel = DropReason::VxlanNoTunnel;
+            if let Some(child) = seal::select_vnet(o, t, vnet, pkt, &parsed.flow, no_tunnel) {
                 seal::queue(o, sh, child, pkt);
             }
         }
@@ -478,17 +507,14 @@ pub(crate) fn end_pass(o: &mut Out, sh: &Shared, t: &Tables, r: &Routes, now: In
                 }
             }
         }
-        Resume::FromVnet(_) | Resume::FromTun { .. } if dropped => {}
+        Resume::FromVnet(_) | Resume::FromCe(_) | Resume::FromTun { .. } if dropped => {}
         Resume::FromVnet(vnet) => {
-            // The seal stage chooses on the packet as the chain left it.
-            let Some(parsed) = InnerIp::parse(pkt) else {
-                return o.drop_packet(DropReason::VxlanMalformed);
-            };
-            let len = parsed.len.min(pkt.len());
-            let pkt = &mut pkt[..len];
-            if let Some(child) = seal::select_vnet(o, t, &vnet, pkt, &parsed.flow) {
-                seal::queue(o, sh, child, pkt);
-            }
+            let reasons = (DropReason::VxlanMalformed, DropReason::VxlanNoTunnel);
+            to_seal(o, sh, t, &vnet, pkt, reasons);
+        }
+        Resume::FromCe(vnet) => {
+            let reasons = (DropReason::AttachMalformed, DropReason::NoRoute);
+            to_seal(o, sh, t, &vnet, pkt, reasons);
         }
         Resume::FromTun { same_tenant } => {
             let Some((child, len)) = seal::select_tun(o, t, pkt) else {
@@ -507,4 +533,25 @@ pub(crate) fn end_pass(o: &mut Out, sh: &Shared, t: &Tables, r: &Routes, now: In
         }
     });
     o.held = held;
+}
+
+/// A VNet's packet that its outbound chain let through, to the seal stage, which chooses on
+/// the packet as the chain left it; `(malformed, no_tunnel)` name the drops of a packet the
+/// chain left unparsable and of one no tunnel covers.
+fn to_seal(
+    o: &mut Out,
+    sh: &Shared,
+    t: &Tables,
+    vnet: &Vnet,
+    pkt: &mut [u8],
+    (malformed, no_tunnel): (DropReason, DropReason),
+) {
+    let Some(parsed) = InnerIp::parse(pkt) else {
+        return o.drop_packet(malformed);
+    };
+    let len = parsed.len.min(pkt.len());
+    let pkt = &mut pkt[..len];
+    if let Some(child) = seal::select_vnet(o, t, vnet, pkt, &parsed.flow, no_tunnel) {
+        seal::queue(o, sh, child, pkt);
+    }
 }
