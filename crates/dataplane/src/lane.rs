@@ -63,8 +63,9 @@ impl LaneKind {
     /// True for lanes whose batches run the whole graph in arrival order under the dispatch
     /// stage, because their packets may be sealed (ESP sequence numbers allocated at
     /// dispatch): every packet of a VTEP or the TUN device, and a CE's packets for the
-    /// tenant's tunnels on an attachment lane. The relay lane is not: its outbound part runs
-    /// under the stage and its ESP from peers after it.
+    /// tenant's tunnels on an attachment lane (numbered in the VNet's VTEP lane, which they
+    /// reach in the attachment lane's order: `worker::batch`). The relay lane is not: its
+    /// outbound part runs under the stage and its ESP from peers after it.
     pub(crate) fn is_outbound(self) -> bool {
         matches!(self, Self::Vtep { .. } | Self::Tun | Self::Attach { .. })
     }
@@ -156,6 +157,14 @@ impl Lane {
             }
         };
         Some(Dispatch { next })
+    }
+
+    /// Takes the dispatch stage, waiting for it.
+    pub(crate) fn dispatch_waiting(&self) -> Dispatch<'_> {
+        // The guarded value is a counter; a panic elsewhere cannot leave it inconsistent.
+        Dispatch {
+            next: self.rx.lock().unwrap_or_else(|p| p.into_inner()),
+        }
     }
 
     fn order(&self) -> MutexGuard<'_, Order> {

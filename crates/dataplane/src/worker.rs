@@ -161,9 +161,19 @@ fn batch(sh: &Shared, w: &mut Worker, routes: &RouteReader, lane: usize) -> Batc
         drop(stage);
         process(sh, w, r, l.kind, now, Pass::Parallel);
         p
+    } else if let LaneKind::Attach { .. } = l.kind {
+        // In arrival order under the stage; a CE's packets for the tunnels are then numbered
+        // in their VTEP lanes (`to_vtep_lanes`).
+        let p = process(sh, w, r, l.kind, now, Pass::All);
+        if w.out.ce_bound.is_empty() {
+            drop(stage);
+        } else {
+            to_vtep_lanes(sh, w, stage, now);
+        }
+        p
     } else if l.kind.is_outbound() {
-        // Outbound (VTEP, TUN, attachments): classification and sequence numbers in arrival
-        // order, under the stage; the encryption after it (`Out::finish`).
+        // Outbound: classification and sequence numbers in arrival order, under the stage;
+        // the encryption after it (`Out::finish`).
         let p = process(sh, w, r, l.kind, now, Pass::All);
         drop(stage);
         p
@@ -181,6 +191,44 @@ fn batch(sh: &Shared, w: &mut Worker, routes: &RouteReader, lane: usize) -> Batc
     } else {
         Batch::Partial
     }
+}
+
+/// The end of an attachment lane batch that holds a CE's packets for the tunnels
+/// (`Out::ce_bound`): they are numbered and sent in the order of their VNet's VTEP lane,
+/// where the VMs' packets for the same CHILD_SAs are, so each CHILD_SA has one ordering
+/// domain and its peer receives its sequence numbers in order (two lanes numbering for one
+/// SA would let a batch numbered earlier leave after one numbered later, and the peer's
+/// anti-replay window drop it). The attachment batch's own output is finished first; then,
+/// per local VTEP of the held packets, that VTEP lane's dispatch stage is taken, a ticket of
+/// it drawn (as housekeeping does) and the packets sealed under it. The attachment lane's
+/// `stage` is released only at the end, so the next attachment batch's packets follow these
+/// into every VTEP lane. The stages are always taken in this order, attachment lane then VTEP
+/// lane, and a VTEP lane's holder never waits for another lane's stage: no deadlock. Without
+/// a VTEP lane (relay mode) the packets are sealed in the attachment batch itself. Leaves the
+/// last VTEP batch begun, for the caller to finish.
+fn to_vtep_lanes(sh: &Shared, w: &mut Worker, stage: crate::lane::Dispatch<'_>, now: Instant) {
+    let tables = w.out.tables();
+    let lane_of = |vtep: usize| {
+        sh.lanes
+            .iter()
+            .position(|l| l.kind == LaneKind::Vtep { vtep })
+    };
+    while let Some(vtep) = w.out.ce_bound.next_vtep() {
+        let Some(lane) = lane_of(vtep) else {
+            // Relay mode (no VTEP lanes): in the attachment batch, still begun.
+            graph::seal_from_ces(&mut w.out, sh, &tables, |v| v == vtep);
+            continue;
+        };
+        // The attachment batch, or the previous VTEP lane's part.
+        w.out.finish(sh);
+        let mut vtep_stage = sh.lanes[lane].dispatch_waiting();
+        let ticket = vtep_stage.ticket();
+        w.out
+            .begin(lane, ticket, std::sync::Arc::clone(&tables), now);
+        graph::seal_from_ces(&mut w.out, sh, &tables, |v| v == vtep);
+        drop(vtep_stage);
+    }
+    drop(stage);
 }
 
 /// Runs the TUN lane's graph over every packet read (super-packets already split).

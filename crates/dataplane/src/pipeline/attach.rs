@@ -8,10 +8,9 @@
 //! the gateway's MAC whose source is behind the CE loses its tags and goes, in this order of
 //! precedence, to a CE of the VNet (below), to one of its VMs (the encap stage,
 //! [`encap::deliver_routed`]: TTL, the VM's MAC, VXLAN to its host), or to the VNet's IPsec
-//! tunnels ([`ToTunnels`]: the graph runs the VNet's outbound feature chain and the seal
-//! stage, which chooses among the VNet's tunnels only). The seal stage allocates ESP sequence
-//! numbers, so the attachment lane is processed in arrival order under its dispatch stage, as
-//! the VTEP lanes are (`worker::batch`).
+//! tunnels ([`ToTunnels`]: the graph runs the VNet's outbound feature chain and holds the
+//! packet for the seal stage, which chooses among the VNet's tunnels only and numbers it in
+//! the order of the VNet's VTEP lane, see `worker::batch`).
 //!
 //! Toward the CE ([`to_ce`], called by the graph for IP frames from a VNet's hosts;
 //! [`to_ce_of_vnet`] for decrypted ESP of the VNet and for packets from a CE): when the
@@ -56,8 +55,6 @@ pub(crate) struct ToTunnels {
     pub(crate) vnet: usize,
     /// The IP packet in the frame (tags and Ethernet header left behind).
     pub(crate) at: Range<usize>,
-    /// Its parsed header.
-    pub(crate) parsed: InnerIp,
 }
 
 /// A frame received from a CE on packet interface `iface`: handled here (answered, sent on to a
@@ -143,7 +140,6 @@ pub(crate) fn from_ce(
                 return Some(ToTunnels {
                     vnet,
                     at: start..start + parsed.len,
-                    parsed,
                 });
             }
             encap::deliver_routed(o, sh, t, now, vnet, host, pkt, &parsed, || Ok(()));

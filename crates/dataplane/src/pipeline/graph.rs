@@ -9,7 +9,8 @@
 //! TUN:                [outbound chain] -> seal (select_tun, queue)
 //! attachment (L2):    attach (tags -> attachment; ARP/ND) -> a CE: attach (tag, CE's MAC)
 //!                                                          -> a VM: encap (VNet route, VXLAN)
-//!                                                          -> else: [outbound chain] -> seal
+//!                                                          -> else: [outbound chain] -> hold
+//!                      (then, under the VNet's VTEP lane's dispatch stage) held -> seal
 //! VTEP IP to a CE:    classify -> decap -> attach (tag, to the CE's MAC)
 //! IKE:                classify (to the control plane)
 //! ```
@@ -42,7 +43,6 @@ use crate::routes::Routes;
 use crate::shared::Shared;
 use crate::stats::DropReason;
 use crate::tables::Tables;
-use crate::vnet::Vnet;
 use datapath::Inside;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::Arc;
@@ -190,8 +190,9 @@ pub(crate) fn relay<'p, 't>(
 }
 
 /// A frame from a customer's edge router on attachment interface `iface`: the attach stage,
-/// then for a packet beyond the VNet's tunnels its outbound chain or straight to seal, as a
-/// VM's packet goes (the lane runs in arrival order under its dispatch stage).
+/// then for a packet beyond the VNet's tunnels its outbound chain, as a VM's packet goes, and
+/// the hold for the seal stage ([`Out::ce_bound`], sealed by [`seal_from_ces`] in the order
+/// of the VNet's VTEP lane).
 pub(crate) fn attach(
     o: &mut Out,
     sh: &Shared,
@@ -221,10 +222,32 @@ pub(crate) fn attach(
         }
         return;
     }
-    let no_tunnel = DropReason::NoRoute;
-    if let Some(child) = seal::select_vnet(o, t, vnet, pkt, &out.parsed.flow, no_tunnel) {
-        seal::queue(o, sh, child, pkt);
+    if !o.ce_bound.hold(vnet, pkt) {
+        o.drop_packet(DropReason::TooBig);
     }
+}
+
+/// A CE's packets held for the tunnels ([`Out::ce_bound`]) whose VNet is on a local VTEP that
+/// `pick` accepts, to the seal stage in the order they were held: the CHILD_SA chosen among
+/// the VNet's tunnels (`no_route` if none covers the packet), TTL, sequence number, queue.
+/// The worker calls it under the dispatch stage of the VNet's VTEP lane.
+pub(crate) fn seal_from_ces(o: &mut Out, sh: &Shared, t: &Tables, pick: impl FnMut(usize) -> bool) {
+    if o.ce_bound.is_empty() {
+        return;
+    }
+    let mut bound = std::mem::replace(&mut o.ce_bound, crate::out::CeBound::new(0));
+    bound.take(pick, |vnet, pkt| {
+        let Some(parsed) = InnerIp::parse(pkt) else {
+            return o.drop_packet(DropReason::AttachMalformed);
+        };
+        let len = parsed.len.min(pkt.len());
+        let pkt = &mut pkt[..len];
+        let no_tunnel = DropReason::NoRoute;
+        if let Some(child) = seal::select_vnet(o, t, vnet, pkt, &parsed.flow, no_tunnel) {
+            seal::queue(o, sh, child, pkt);
+        }
+    });
+    o.ce_bound = bound;
 }
 
 /// A packet read from the TUN device: the outbound chain of the TUN tunnels' tenant, or
@@ -509,12 +532,26 @@ pub(crate) fn end_pass(o: &mut Out, sh: &Shared, t: &Tables, r: &Routes, now: In
         }
         Resume::FromVnet(_) | Resume::FromCe(_) | Resume::FromTun { .. } if dropped => {}
         Resume::FromVnet(vnet) => {
-            let reasons = (DropReason::VxlanMalformed, DropReason::VxlanNoTunnel);
-            to_seal(o, sh, t, &vnet, pkt, reasons);
+            // The seal stage chooses on the packet as the chain left it.
+            let Some(parsed) = InnerIp::parse(pkt) else {
+                return o.drop_packet(DropReason::VxlanMalformed);
+            };
+            let len = parsed.len.min(pkt.len());
+            let pkt = &mut pkt[..len];
+            let no_tunnel = DropReason::VxlanNoTunnel;
+            if let Some(child) = seal::select_vnet(o, t, &vnet, pkt, &parsed.flow, no_tunnel) {
+                seal::queue(o, sh, child, pkt);
+            }
         }
         Resume::FromCe(vnet) => {
-            let reasons = (DropReason::AttachMalformed, DropReason::NoRoute);
-            to_seal(o, sh, t, &vnet, pkt, reasons);
+            // Held for the seal stage as the chain left it.
+            let Some(parsed) = InnerIp::parse(pkt) else {
+                return o.drop_packet(DropReason::AttachMalformed);
+            };
+            let len = parsed.len.min(pkt.len());
+            if !o.ce_bound.hold(&vnet, &pkt[..len]) {
+                o.drop_packet(DropReason::TooBig);
+            }
         }
         Resume::FromTun { same_tenant } => {
             let Some((child, len)) = seal::select_tun(o, t, pkt) else {
@@ -533,25 +570,4 @@ pub(crate) fn end_pass(o: &mut Out, sh: &Shared, t: &Tables, r: &Routes, now: In
         }
     });
     o.held = held;
-}
-
-/// A VNet's packet that its outbound chain let through, to the seal stage, which chooses on
-/// the packet as the chain left it; `(malformed, no_tunnel)` name the drops of a packet the
-/// chain left unparsable and of one no tunnel covers.
-fn to_seal(
-    o: &mut Out,
-    sh: &Shared,
-    t: &Tables,
-    vnet: &Vnet,
-    pkt: &mut [u8],
-    (malformed, no_tunnel): (DropReason, DropReason),
-) {
-    let Some(parsed) = InnerIp::parse(pkt) else {
-        return o.drop_packet(malformed);
-    };
-    let len = parsed.len.min(pkt.len());
-    let pkt = &mut pkt[..len];
-    if let Some(child) = seal::select_vnet(o, t, vnet, pkt, &parsed.flow, no_tunnel) {
-        seal::queue(o, sh, child, pkt);
-    }
 }

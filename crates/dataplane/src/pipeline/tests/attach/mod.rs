@@ -134,7 +134,8 @@ impl Env {
     }
 
     /// Frames of one attachment lane batch, in order, then what the worker does before the
-    /// batch leaves: the feature chains over what they held, the queued ESP sealed.
+    /// batch leaves: the feature chains over what they held, the packets for the tunnels
+    /// numbered (in the worker, under their VTEP lane's stage), the queued ESP sealed.
     fn recv_batch_from_ce(&mut self, frames: Vec<Vec<u8>>) {
         let t = self.sh.tables.load();
         self.out.use_tables(std::sync::Arc::clone(&t));
@@ -148,6 +149,7 @@ impl Env {
             graph::attach(&mut self.out, &self.sh, &t, r, now, 0, &mut frame);
         }
         graph::end_pass(&mut self.out, &self.sh, &t, r, now);
+        graph::seal_from_ces(&mut self.out, &self.sh, &t, |_| true);
         self.out.seal_queued();
     }
 
