@@ -61,13 +61,13 @@ pub(crate) enum LaneKind {
 
 impl LaneKind {
     /// True for lanes whose batches run the whole graph in arrival order under the dispatch
-    /// stage, because their packets may be sealed (ESP sequence numbers allocated at
-    /// dispatch): every packet of a VTEP or the TUN device, and a CE's packets for the
-    /// tenant's tunnels on an attachment lane (numbered in the VNet's VTEP lane, which they
-    /// reach in the attachment lane's order: `worker::batch`). The relay lane is not: its
-    /// outbound part runs under the stage and its ESP from peers after it.
+    /// stage because their packets may be sealed (ESP sequence numbers allocated at
+    /// dispatch): a VTEP's and the TUN device's. The relay lane is not: its outbound part runs
+    /// under the stage and its ESP from peers after it. Nor is an attachment lane, though its
+    /// batches also run under the stage: a CE's packets for the tunnels are numbered in the
+    /// VNet's VTEP lane (`worker::batch` handles that lane kind on its own).
     pub(crate) fn is_outbound(self) -> bool {
-        matches!(self, Self::Vtep { .. } | Self::Tun | Self::Attach { .. })
+        matches!(self, Self::Vtep { .. } | Self::Tun)
     }
 }
 

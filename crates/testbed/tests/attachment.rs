@@ -234,7 +234,8 @@ fn two_customers_attached_over_qinq_reach_their_own_vms_both_ways() -> Result<()
     assert!(p.all_received(), "blue VM -> branch: {p:?}\n{}", gw.log());
 
     // Red's CE and red's on-prem site reach each other through red's tunnel, both ways (the
-    // CE's packets for the site are sealed on the attachment lane).
+    // CE's packets for the site are read on the attachment lane and numbered in the order of
+    // red's VTEP lane, where the VMs' packets for the tunnel are).
     let red_site = &topo.sites[0];
     let site_ip = red_site.lan_addr;
     for ce in [&red_ce, &blue_ce] {

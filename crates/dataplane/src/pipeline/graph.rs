@@ -205,6 +205,8 @@ pub(crate) fn attach(
     let Some(out) = attach::from_ce(o, sh, t, r, now, iface, frame) else {
         return;
     };
+    // The attach stage found the VNet in this snapshot, so its index is in it; were it not,
+    // or the offset past the frame, there is nowhere to route the packet: no_route.
     let (Some(vnet), Some(pkt)) = (t.overlay.vnets.get(out.vnet), frame.get_mut(out.at)) else {
         return o.drop_packet(DropReason::NoRoute);
     };
