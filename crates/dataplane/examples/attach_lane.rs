@@ -7,10 +7,19 @@
 //! threads ran on a CPU.
 //! The lane's capacity is what it processes while frames are lost before it.
 //!
+//! MODE `tunnel` sends the CE's packets into the VNet's IPsec tunnel instead (a CHILD_SA to a
+//! peer socket on loopback that nobody reads), numbered in the VTEP lane's order
+//! (`worker::to_vtep_lanes`); MODE `shared` does too while a host thread loads the same tunnel
+//! from a VM over VXLAN as fast as it can, so the attachment lane's batches wait for the busy
+//! VTEP lane's lock; MODE `vm-loaded` is its control: the CE's packets to the VM while the VM
+//! loads the tunnel the same way (the same threads, no wait of the attachment lane for the
+//! VTEP lane's lock). With a VM load the CE's frames per second are the frames written less
+//! those lost before the ring, and the VM's the remaining packets the workers processed.
+//!
 //! Needs root (it unshares a network namespace of its own, so nothing outside is touched):
 //! `cargo run -p protego-dataplane --example attach_lane -- [WORKERS] [SECONDS] [RUNS]
-//! [WRITERS]` (default 2 workers, 3 s, 5 runs, 1 writing thread). On a shared machine compare figures of runs taken
-//! alternately, never single ones.
+//! [WRITERS] [MODE]` (default 2 workers, 3 s, 5 runs, 1 writing thread, MODE `vm`). On a
+//! shared machine compare figures of runs taken alternately, never single ones.
 
 #[path = "../src/testutil.rs"]
 mod testutil;
@@ -25,7 +34,7 @@ use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use testutil::{udp4, vxlan};
+use testutil::{child, ts, udp4, vxlan};
 use wire::ethernet::EtherType;
 
 const CE_MAC: [u8; 6] = [0x52, 0x54, 0, 0, 0xa, 1];
@@ -80,6 +89,37 @@ fn packet_socket(iface: &str) -> Result<OwnedFd, Error> {
         return Err(std::io::Error::last_os_error().into());
     }
     Ok(fd)
+}
+
+/// Where the CE's packets go.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    /// To the VM (VXLAN).
+    Vm,
+    /// Into the VNet's tunnel.
+    Tunnel,
+    /// Into the VNet's tunnel while a VM loads it too.
+    Shared,
+    /// To the VM while the VM loads the VNet's tunnel.
+    VmLoaded,
+}
+
+impl Mode {
+    /// A VM loads the tunnel.
+    fn vm_load(self) -> bool {
+        matches!(self, Self::Shared | Self::VmLoaded)
+    }
+}
+
+/// Sends `datagram` to `to` from `sock` until `stop`; returns the datagrams sent.
+fn load(sock: &UdpSocket, datagram: &[u8], to: std::net::SocketAddr, stop: &AtomicBool) -> u64 {
+    let mut sent = 0u64;
+    while !stop.load(Ordering::Relaxed) {
+        if sock.send_to(datagram, to).is_ok() {
+            sent += 1;
+        }
+    }
+    sent
 }
 
 /// Writes `frame` `BURST` times per `sendmmsg` until `stop`; returns the frames written.
@@ -163,6 +203,15 @@ fn main() -> Result<(), Error> {
     let secs: u64 = args.next().map_or(Ok(3), |a| a.parse())?;
     let runs: usize = args.next().map_or(Ok(5), |a| a.parse())?;
     let writers: usize = args.next().map_or(Ok(1), |a| a.parse())?;
+    let mode = match args.next().as_deref() {
+        None | Some("vm") => Mode::Vm,
+        Some("tunnel") => Mode::Tunnel,
+        Some("shared") => Mode::Shared,
+        Some("vm-loaded") => Mode::VmLoaded,
+        Some(other) => {
+            return Err(format!("MODE {other}: expected vm, tunnel, shared or vm-loaded").into())
+        }
+    };
     // A namespace of our own, before any thread starts (threads inherit it).
     // SAFETY: plain system call.
     if unsafe { libc::unshare(libc::CLONE_NEWNET) } != 0 {
@@ -227,15 +276,46 @@ fn main() -> Result<(), Error> {
     let vtep = dp.local_addrs().vxlan[0];
     host.send_to(&vxlan(100, vnet_mac, VM_MAC, EtherType::IPV4, &hello), vtep)?;
     std::thread::sleep(Duration::from_millis(200));
+    // The tunnel's peer: a socket nobody reads (what it drops is beyond the data plane).
+    let peer = UdpSocket::bind("127.0.0.1:0")?;
+    if mode != Mode::Vm {
+        dp.install_child(&child(
+            1,
+            0x1001,
+            0x2001,
+            dp.local_addrs().natt[0],
+            peer.local_addr()?,
+            ts("10.0.0.0", "10.255.255.255"),
+            ts("192.168.0.0", "192.168.0.255"),
+        ))?;
+    }
+    let dst = if matches!(mode, Mode::Tunnel | Mode::Shared) {
+        "192.168.0.9"
+    } else {
+        "10.0.0.5"
+    };
+    let vm_load = vxlan(
+        100,
+        vnet_mac,
+        VM_MAC,
+        EtherType::IPV4,
+        &udp4("10.0.0.5", 7, "192.168.0.9", 9, 64, &[0; 64]),
+    );
 
-    let pkt = udp4("10.99.0.2", 9, "10.0.0.5", 7, 64, &[0; 64]);
+    let pkt = udp4("10.99.0.2", 9, dst, 7, 64, &[0; 64]);
     let mut frame = GW_MAC.to_vec();
     frame.extend_from_slice(&CE_MAC);
     frame.extend_from_slice(&[0x81, 0x00, 0x00, 10, 0x08, 0x00]);
     frame.extend_from_slice(&pkt);
     let fd = packet_socket("ce0")?;
+    let what = match mode {
+        Mode::Vm => "CE -> VM",
+        Mode::Tunnel => "CE -> tunnel",
+        Mode::Shared => "CE -> tunnel, VM -> the same tunnel",
+        Mode::VmLoaded => "CE -> VM, VM -> tunnel",
+    };
     println!(
-        "CE -> VM, {} B frames, {workers} worker(s), {writers} writer(s), {secs} s per run",
+        "{what}, {} B frames, {workers} worker(s), {writers} writer(s), {secs} s per run",
         frame.len()
     );
     for run in 0..runs {
@@ -246,8 +326,14 @@ fn main() -> Result<(), Error> {
             let senders: Vec<_> = (0..writers)
                 .map(|_| s.spawn(|| blast(&fd, &frame, &stop)))
                 .collect();
+            let vm = mode
+                .vm_load()
+                .then(|| s.spawn(|| load(&host, &vm_load, vtep, &stop)));
             std::thread::sleep(Duration::from_secs(secs));
             stop.store(true, Ordering::Relaxed);
+            if let Some(h) = vm {
+                let _ = h.join();
+            }
             senders.into_iter().map(|h| h.join().unwrap_or(0)).sum()
         });
         std::thread::sleep(Duration::from_millis(300));
@@ -255,6 +341,21 @@ fn main() -> Result<(), Error> {
         let c1 = counts(&dp)?;
         let packets = c1.packets - c0.packets;
         let per = |ns: u64| ns as f64 / packets.max(1) as f64;
+        if mode.vm_load() {
+            let ce = sent.saturating_sub(c1.ring_full - c0.ring_full);
+            println!(
+                "run {run}: CE {:>7.0} frames/s through the lane, VM {:>7.0} packets/s, \
+                 ring full {:>7}, {:>5.1} packets/batch, {:>4.0} ns busy and {:>4.0} ns on CPU \
+                 per packet",
+                ce as f64 / elapsed,
+                packets.saturating_sub(ce) as f64 / elapsed,
+                c1.ring_full - c0.ring_full,
+                packets as f64 / (c1.batches - c0.batches).max(1) as f64,
+                per(c1.busy_ns - c0.busy_ns),
+                per(c1.cpu_ns - c0.cpu_ns),
+            );
+            continue;
+        }
         println!(
             "run {run}: {:>7.0} frames/s through the lane ({:>7.0} written, ring full {:>7}), \
              {:>5.1} frames/batch, {:>4.0} ns busy and {:>4.0} ns on CPU per frame",
