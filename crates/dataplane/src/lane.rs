@@ -1,5 +1,6 @@
 //! Lanes: the ordered multi-core pipeline of one input (an IKE or NAT-T socket, a VTEP
-//! socket, the TUN device, or in relay mode the Geneve socket). Protego's dispatcher / worker / sender design (ATC'17 §4.4,
+//! socket, the TUN device, an attachment interface's AF_PACKET ring, or in relay mode the
+//! Geneve socket). Protego's dispatcher / worker / sender design (ATC'17 §4.4,
 //! §6.3), without dedicated threads:
 //!
 //! 1. **Dispatch** (serial per lane): a worker takes the lane's receive stage, reads a batch
@@ -59,8 +60,12 @@ pub(crate) enum LaneKind {
 }
 
 impl LaneKind {
-    /// True for lanes whose packets are all encrypted (sequence numbers allocated at
-    /// dispatch). The relay lane is not: only part of its batch is.
+    /// True for lanes whose batches run the whole graph in arrival order under the dispatch
+    /// stage because their packets may be sealed (ESP sequence numbers allocated at
+    /// dispatch): a VTEP's and the TUN device's. The relay lane is not: its outbound part runs
+    /// under the stage and its ESP from peers after it. Nor is an attachment lane, though its
+    /// batches also run under the stage: a CE's packets for the tunnels are numbered in the
+    /// VNet's VTEP lane (`worker::batch` handles that lane kind on its own).
     pub(crate) fn is_outbound(self) -> bool {
         matches!(self, Self::Vtep { .. } | Self::Tun)
     }
@@ -152,6 +157,14 @@ impl Lane {
             }
         };
         Some(Dispatch { next })
+    }
+
+    /// Takes the dispatch stage, waiting for it.
+    pub(crate) fn dispatch_waiting(&self) -> Dispatch<'_> {
+        // The guarded value is a counter; a panic elsewhere cannot leave it inconsistent.
+        Dispatch {
+            next: self.rx.lock().unwrap_or_else(|p| p.into_inner()),
+        }
     }
 
     fn order(&self) -> MutexGuard<'_, Order> {

@@ -1,7 +1,7 @@
 //! The send batch a worker fills, shared by every stage that produces output: [`Out`] holds
 //! the batch being filled (from the worker's pool), the ESP packets waiting to be sealed in
-//! it, the packets held for the tenants' feature chains, the batch's drop counts and the
-//! worker's neighbour memos. The stages import this module; it imports none of them: a
+//! it, the packets held for the tenants' feature chains, a CE's packets held for the
+//! tunnels ([`CeBound`]), the batch's drop counts and the worker's neighbour memos. The stages import this module; it imports none of them: a
 //! finished batch goes to the output stage through the [`Transmit`] trait.
 //!
 //! Within a lane (see [`crate::lane`]) a full send batch is handed to the lane's ordered
@@ -86,6 +86,9 @@ pub(crate) enum Resume {
     },
     /// From this VNet: to the seal stage, which chooses the CHILD_SA among the VNet's tunnels.
     FromVnet(Arc<Vnet>),
+    /// From a CE attached to this VNet, for none of its VMs: held in [`CeBound`] for the seal
+    /// stage (a packet no tunnel covers is `no_route`).
+    FromCe(Arc<Vnet>),
     /// Read from the TUN device: to the seal stage, which chooses among the TUN tunnels. With
     /// `same_tenant` (TUN tunnels of several tenants) the choice must be a tunnel whose tenant
     /// has the chain that ran.
@@ -93,6 +96,86 @@ pub(crate) enum Resume {
         /// The chosen tunnel's tenant must be the chain's.
         same_tenant: bool,
     },
+}
+
+/// A CE's packet held for the VNet's tunnels (see [`CeBound`]).
+struct Bound {
+    vnet: Arc<Vnet>,
+    start: usize,
+    len: usize,
+    /// Numbered and queued already.
+    done: bool,
+}
+
+/// The packets of an attachment lane batch bound for the VNets' tunnels, held (copied, the
+/// feature chains run) from the lane's pass until they are numbered in the order of their
+/// VNet's VTEP lane, where the VMs' packets for the same CHILD_SAs are numbered
+/// (`worker::batch`): one ordering domain per CHILD_SA, so the peer receives its sequence
+/// numbers in order whichever lane a packet came from. The buffer is allocated once, on
+/// first use, as large as a lane batch's input.
+pub(crate) struct CeBound {
+    buf: Vec<u8>,
+    packets: Vec<Bound>,
+    capacity: usize,
+}
+
+impl CeBound {
+    /// Room for `capacity` bytes of packets.
+    pub(crate) fn new(capacity: usize) -> Self {
+        Self {
+            buf: Vec::new(),
+            packets: Vec::new(),
+            capacity,
+        }
+    }
+
+    /// Holds a copy of `pkt` for `vnet`'s tunnels; false if there is no room (cannot happen
+    /// within one lane batch: the buffer holds a whole batch's input).
+    pub(crate) fn hold(&mut self, vnet: &Arc<Vnet>, pkt: &[u8]) -> bool {
+        if self.buf.capacity() == 0 {
+            self.buf.reserve_exact(self.capacity);
+        }
+        if self.buf.len() + pkt.len() > self.capacity {
+            return false;
+        }
+        self.packets.push(Bound {
+            vnet: Arc::clone(vnet),
+            start: self.buf.len(),
+            len: pkt.len(),
+            done: false,
+        });
+        self.buf.extend_from_slice(pkt);
+        true
+    }
+
+    /// True when nothing is held.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.packets.iter().all(|p| p.done)
+    }
+
+    /// The local VTEP of the first packet still held.
+    pub(crate) fn next_vtep(&self) -> Option<usize> {
+        self.packets.iter().find(|p| !p.done).map(|p| p.vnet.vtep)
+    }
+
+    /// Hands every held packet whose VNet's VTEP `pick` accepts to `f`, in the order they were
+    /// held, and marks it done; empties the buffer once all are.
+    pub(crate) fn take(
+        &mut self,
+        mut pick: impl FnMut(usize) -> bool,
+        mut f: impl FnMut(&Arc<Vnet>, &mut [u8]),
+    ) {
+        for p in self.packets.iter_mut().filter(|p| !p.done) {
+            if pick(p.vnet.vtep) {
+                p.done = true;
+                f(&p.vnet, &mut self.buf[p.start..p.start + p.len]);
+            }
+        }
+        if self.packets.iter().all(|p| p.done) {
+            self.packets.clear();
+            self.buf.clear();
+        }
+    }
 }
 
 /// The lane and ticket of the batch being processed.
@@ -118,6 +201,8 @@ pub(crate) struct Out {
     pub(crate) learned: NeighMemo,
     /// Packets held for the tenants' feature chains until the end of the pass.
     pub(crate) held: Held<Resume>,
+    /// A CE's packets for the tunnels, held until they are numbered in their VTEP lane.
+    pub(crate) ce_bound: CeBound,
     /// The worker owning this (None: standalone, flushes send directly).
     pub(crate) worker: Option<usize>,
     in_lane: Option<InLane>,
@@ -152,6 +237,7 @@ impl Out {
             resolved: NeighMemo::default(),
             learned: NeighMemo::default(),
             held: Held::new(hold),
+            ce_bound: CeBound::new(hold),
             worker: None,
             in_lane: None,
             tables: None,

@@ -160,6 +160,14 @@ pub(crate) fn validate(cfg: &DataplaneConfig) -> Result<(), DataplaneError> {
             if cfg.vxlan_port == cfg.natt_port {
                 return Err(config_err("vxlan_port", "must differ from natt_port"));
             }
+            if !cfg.attachments.is_empty() {
+                // A CE's packets for a tunnel are numbered in the order of the VNet's VTEP
+                // lane, the CHILD_SA's one ordering domain; relay mode has no VTEP lanes.
+                return Err(config_err(
+                    "attachments",
+                    "must be empty in relay mode (attachments need the VNets' VTEP lanes)",
+                ));
+            }
         }
     }
     for (i, a) in cfg.listen.iter().enumerate() {

@@ -16,9 +16,11 @@
 //!
 //! Per batch, not per packet: one `recvmmsg` (UDP GRO trains split into their segments here),
 //! one snapshot of the SA tables (with the feature chains), one entry into the published copy
-//! of the per-VM routes ([`crate::routes`]: the writer waits for it to end), one lock of the dispatch stage and
-//! one of the lane's order, counters folded into the shared ones. Per packet there is no
-//! allocation, lock or system call on the ESP and VXLAN paths.
+//! of the per-VM routes ([`crate::routes`]: the writer waits for it to end), one lock of the
+//! dispatch stage and one of the lane's order, counters folded into the shared ones (an
+//! attachment batch holding a CE's packets for the tunnels also takes, once each, the
+//! dispatch stage and the order of every VTEP lane they are numbered in: `to_vtep_lanes`).
+//! Per packet there is no allocation, lock or system call on the ESP and VXLAN paths.
 
 use crate::batch::UNSPECIFIED;
 use crate::io::input::{self, RxBatch};
@@ -161,8 +163,19 @@ fn batch(sh: &Shared, w: &mut Worker, routes: &RouteReader, lane: usize) -> Batc
         drop(stage);
         process(sh, w, r, l.kind, now, Pass::Parallel);
         p
+    } else if let LaneKind::Attach { .. } = l.kind {
+        // In arrival order under the stage; a CE's packets for the tunnels are then numbered
+        // in their VTEP lanes (`to_vtep_lanes`), the attachment lane's stage still held.
+        let p = process(sh, w, r, l.kind, now, Pass::All);
+        if w.out.ce_bound.is_empty() {
+            drop(stage);
+        } else {
+            to_vtep_lanes(sh, w, stage, now);
+        }
+        p
     } else if l.kind.is_outbound() {
-        // Outbound: classification and sequence numbers in arrival order, under the stage.
+        // Outbound: classification and sequence numbers in arrival order, under the stage;
+        // the encryption after it (`Out::finish`).
         let p = process(sh, w, r, l.kind, now, Pass::All);
         drop(stage);
         p
@@ -180,6 +193,61 @@ fn batch(sh: &Shared, w: &mut Worker, routes: &RouteReader, lane: usize) -> Batc
     } else {
         Batch::Partial
     }
+}
+
+/// The end of an attachment lane batch that holds a CE's packets for the tunnels
+/// (`Out::ce_bound`): they are numbered and sent in the order of their VNet's VTEP lane,
+/// where the VMs' packets for the same CHILD_SAs are, so each CHILD_SA has one ordering
+/// domain and its peer receives its sequence numbers in order (two lanes numbering for one
+/// SA would let a batch numbered earlier leave after one numbered later, and the peer's
+/// anti-replay window drop it).
+///
+/// The attachment batch's own output is finished first (its ticket handed over complete);
+/// then, per local VTEP of the held packets in the order they were held, the worker waits for
+/// that VTEP lane's dispatch stage, draws a ticket of it, numbers and queues the packets under
+/// it, releases it, and seals and hands over that part (`Out::finish`, at the next VTEP or in
+/// the caller) before it waits for the next VTEP lane. The attachment lane's `stage` is held
+/// throughout and released only at the end, so the next attachment batch's packets follow
+/// these into every VTEP lane.
+///
+/// No deadlock: a worker waits for a lock, a VTEP lane's stage here or any lane's stage in
+/// `batch` and `housekeeping`, only while it holds no unfinished ticket (the attachment
+/// ticket is finished before the first VTEP lane is waited for, each VTEP ticket before the
+/// next; `batch` and housekeeping finish theirs before they take a stage again). A holder
+/// of a stage may itself wait, in `pools.take` when its send batch fills, for its batches
+/// queued behind other lanes' tickets, the attachment lane's included; but those tickets
+/// were drawn before its own, by workers that no longer wait for a lock, and each gets sent
+/// (`crate::lane`): no wait cycle forms.
+///
+/// A VTEP without a lane (relay mode, which refuses attachments at start) has nowhere to
+/// number its CHILD_SAs' packets in their one ordering domain: its packets are dropped as
+/// `no_route` rather than numbered in the attachment batch. Leaves the last VTEP batch begun
+/// (or the attachment batch, if none had a lane), for the caller to finish.
+fn to_vtep_lanes(sh: &Shared, w: &mut Worker, stage: crate::lane::Dispatch<'_>, now: Instant) {
+    let tables = w.out.tables();
+    let lane_of = |vtep: usize| {
+        sh.lanes
+            .iter()
+            .position(|l| l.kind == LaneKind::Vtep { vtep })
+    };
+    while let Some(vtep) = w.out.ce_bound.next_vtep() {
+        let Some(lane) = lane_of(vtep) else {
+            let mut lost = 0;
+            w.out.ce_bound.take(|v| v == vtep, |_, _| lost += 1);
+            w.out.drops.add_n(DropReason::NoRoute, lost);
+            continue;
+        };
+        // The attachment batch, or the previous VTEP lane's part: no unfinished ticket is
+        // held while waiting for the VTEP lane's stage.
+        w.out.finish(sh);
+        let mut vtep_stage = sh.lanes[lane].dispatch_waiting();
+        let ticket = vtep_stage.ticket();
+        w.out
+            .begin(lane, ticket, std::sync::Arc::clone(&tables), now);
+        graph::seal_from_ces(&mut w.out, sh, &tables, |v| v == vtep);
+        drop(vtep_stage);
+    }
+    drop(stage);
 }
 
 /// Runs the TUN lane's graph over every packet read (super-packets already split).

@@ -31,6 +31,9 @@ pub struct GatewayTunnel {
     /// Extra `key = value` lines appended to the `[[tunnel]]` table verbatim
     /// (e.g. `rekey_time = "10s"`, `dpd_delay = "2s"`).
     pub extra: Vec<String>,
+    /// Local traffic selectors besides the VNet's prefixes (`10.99.0.0/24`: a segment behind
+    /// a customer's edge router attached to the VNet).
+    pub extra_local_ts: Vec<String>,
 }
 
 impl GatewayTunnel {
@@ -47,6 +50,7 @@ impl GatewayTunnel {
             start_action: "none",
             outer_ipv6: false,
             extra: Vec::new(),
+            extra_local_ts: Vec::new(),
         }
     }
 
@@ -200,6 +204,7 @@ fn write_inventory(
             .map_err(|e| Error::io("write PSK file", &psk_file, e))?;
         let mut local_ts = vec![tenant.vnet.to_string()];
         local_ts.extend(tenant.vnet6.map(|p| p.to_string()));
+        local_ts.extend(tun.extra_local_ts.iter().cloned());
         let mut remote_ts = vec![site.lan.to_string()];
         remote_ts.extend(site.lan6.map(|p| p.to_string()));
         let _ = writeln!(out, "\n[[tunnel]]");

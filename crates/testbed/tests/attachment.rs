@@ -17,7 +17,9 @@
 //! namespace runs `protego-l2tag`, which puts the same tags on in userspace and writes frames
 //! as they would be on the wire (the gateway's kernel still moves the outer tag into
 //! metadata, which Protego's ring reader writes back). Red also has an on-prem site with an
-//! IPsec tunnel into the same VNet, used at the same time. Pings both ways for both customers,
+//! IPsec tunnel into the same VNet, used at the same time, whose selectors include red's CE
+//! segment: red's CE and red's site ping each other through it, blue's CE (same addresses)
+//! does not reach red's site. Pings both ways for both customers,
 //! isolation checked with captures on the VMs, TCP both ways with nothing refused on the way,
 //! and frames with an unknown tag pair, a spoofed source or a destination outside the VNet
 //! dropped and counted in `protego status --json`. Needs root and the tools
@@ -31,6 +33,7 @@ use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
 use protego_testbed::protego::{GatewayTunnel, ProtegoGateway};
+use protego_testbed::strongswan::CharonSettings;
 use protego_testbed::topology::{TenantSpec, VmSpec};
 use protego_testbed::traffic::{self, IperfOptions, PingOptions};
 use protego_testbed::{workspace_bin, Cmd, Netns, Result, Testbed, Topology, TopologySpec};
@@ -39,6 +42,8 @@ use protego_testbed::{workspace_bin, Cmd, Netns, Result, Testbed, Topology, Topo
 const CE_IP: &str = "10.99.0.2";
 /// The gateway's address on each attachment's segment.
 const GW_IP: &str = "10.99.0.1";
+/// The CEs' segment (each attachment's `routes`).
+const SEGMENT: &str = "10.99.0.0/24";
 
 fn addr(s: &str) -> IpAddr {
     s.parse().expect("constant address")
@@ -170,10 +175,18 @@ fn two_customers_attached_over_qinq_reach_their_own_vms_both_ways() -> Result<()
              ce_ip = \"10.98.0.2\"\n",
             trunk.peer
         );
-    let tun = GatewayTunnel::for_site(&topo, 0, common::PSK);
+    // Red's tunnel carries its CE's segment too, on both sides (the segment is in the local
+    // selectors at the gateway, in the remote ones at the site).
+    let mut tun = GatewayTunnel::for_site(&topo, 0, common::PSK);
+    tun.extra_local_ts = vec![SEGMENT.to_owned()];
     let gw =
         ProtegoGateway::start_with_tables(&bed, &topo, std::slice::from_ref(&tun), &[], &tables)?;
-    let site = common::site_charon(&topo, &tun)?;
+    let settings = CharonSettings::default();
+    let site = common::site_charon_with(&topo, &tun, "site0", &settings, |conn| {
+        for child in &mut conn.children {
+            child.remote_ts.push(SEGMENT.to_owned());
+        }
+    })?;
     site.initiate("net", common::UP)?;
     site.wait_child_installed("net", common::UP)?;
     common::warm_up(&topo, 0)?;
@@ -220,12 +233,37 @@ fn two_customers_attached_over_qinq_reach_their_own_vms_both_ways() -> Result<()
     let p = traffic::ping(&blue_vm.ns, addr("10.98.0.2"), &fast)?;
     assert!(p.all_received(), "blue VM -> branch: {p:?}\n{}", gw.log());
 
+    // Red's CE and red's on-prem site reach each other through red's tunnel, both ways (the
+    // CE's packets for the site are read on the attachment lane and numbered in the order of
+    // red's VTEP lane, where the VMs' packets for the tunnel are).
+    let red_site = &topo.sites[0];
+    let site_ip = red_site.lan_addr;
+    for ce in [&red_ce, &blue_ce] {
+        ce.add_route(red_site.lan, addr(GW_IP))?;
+    }
+    let p = traffic::ping(&red_ce, site_ip, &fast)?;
+    assert!(p.all_received(), "red CE -> site: {p:?}\n{}", gw.log());
+    let p = traffic::ping(&red_site.ns, ce_ip, &fast.clone().from(site_ip))?;
+    assert!(p.all_received(), "red site -> CE: {p:?}\n{}", gw.log());
+    // Blue's CE, with the same addresses and the same route, does not reach red's site: its
+    // VNet has no tunnel, its packets end as no_route, and no answer from the site comes back
+    // to red's CE (where a leaked request's echo reply would go).
+    let leak_cap = traffic::capture(&red_ce, "any", "icmp", "red-ce")?;
+    let base = drops(&gw)?.get("no_route").copied().unwrap_or(0);
+    let mut opts = PingOptions::new(10, Duration::from_millis(20));
+    opts.size = Some(444);
+    let p = traffic::ping(&blue_ce, site_ip, &opts)?;
+    assert_eq!(p.received, 0, "blue CE reached red's site: {p:?}");
+    let now = wait_drops(&gw, "no_route", base + 10)?;
+    assert!(now >= base + 10, "no_route: {now} (before {base})");
+    let leaked = traffic::tshark_count(&leak_cap.stop(), "icmp && ip.len == 472")?;
+    assert_eq!(leaked, 0, "red's site answered blue's CE");
+
     // Isolation: both customers ping the same VM address at once, and red's site through its
     // tunnel, with payload sizes that mark them (IPv4 total length 20 + 8 + size); each VM
     // sees only its own tenant's.
     let red_cap = traffic::capture(&red_vm.ns, &red_vm.ifname, "icmp", "red")?;
     let blue_cap = traffic::capture(&blue_vm.ns, &blue_vm.ifname, "icmp", "blue")?;
-    let red_site = &topo.sites[0];
     let run = |ns: &Netns, size: u32, from: Option<IpAddr>| -> Result<()> {
         let mut opts = PingOptions::new(40, Duration::from_millis(10));
         opts.size = Some(size);

@@ -5,16 +5,18 @@
 //! the attachment (interface, S-tag, C-tag; `attach::read_tags`), hence its VNet, and nothing
 //! else: two customers with the same addresses never meet. ARP and neighbour solicitations
 //! for the attachment's gateway address are answered (the CE's MAC learned); an IP frame to
-//! the gateway's MAC whose source is behind the CE loses its tags and goes to the encap stage
-//! ([`encap::deliver`]: TTL, the VNet's route lookup, the VM's MAC, VXLAN to its host).
+//! the gateway's MAC whose source is behind the CE loses its tags and goes, in this order of
+//! precedence, to a CE of the VNet (below), to one of its VMs (the encap stage,
+//! [`encap::deliver_routed`]: TTL, the VM's MAC, VXLAN to its host), or to the VNet's IPsec
+//! tunnels ([`ToTunnels`]: the graph runs the VNet's outbound feature chain and holds the
+//! packet for the seal stage, which chooses among the VNet's tunnels only and numbers it in
+//! the order of the VNet's VTEP lane, see `worker::batch`).
 //!
 //! Toward the CE ([`to_ce`], called by the graph for IP frames from a VNet's hosts;
 //! [`to_ce_of_vnet`] for decrypted ESP of the VNet and for packets from a CE): when the
 //! destination is behind one of the VNet's attachments, the packet is tagged and sent to the
 //! CE's MAC on the attachment's interface, before any IPsec tunnel is considered (the two can
 //! serve one VNet together: prefixes behind the CE go to the CE, the rest to the tunnels).
-//! A CE's packets go to the VNet's VMs and CEs only: sealing into the tunnels needs an ordered
-//! outbound lane, which the attachment lane is not (they are dropped as `no_route`).
 //!
 //! Frames to the CE are written into the send batch under the interface's socket index
 //! ([`packet_sock`]), so they leave in the lane's order with the batch's `sendmmsg`.
@@ -31,6 +33,7 @@ use crate::tables::Tables;
 use crate::vnet::nd::NdOut;
 use crate::vnet::Vnet;
 use std::net::IpAddr;
+use std::ops::Range;
 use std::time::Instant;
 use wire::arp::{ArpPacket, ArpRepr};
 use wire::ethernet::{EtherType, EthernetAddress};
@@ -45,7 +48,17 @@ pub(crate) fn packet_sock(iface: usize) -> usize {
     PACKET_SOCK_BASE + iface
 }
 
-/// A frame received from a CE on packet interface `iface`.
+/// A CE's IP packet that no CE and no VM of its VNet takes, for the VNet's IPsec tunnels.
+#[derive(Debug)]
+pub(crate) struct ToTunnels {
+    /// The VNet (index in the tables).
+    pub(crate) vnet: usize,
+    /// The IP packet in the frame (tags and Ethernet header left behind).
+    pub(crate) at: Range<usize>,
+}
+
+/// A frame received from a CE on packet interface `iface`: handled here (answered, sent on to a
+/// CE or a VM, or dropped and counted), or an IP packet for the VNet's tunnels.
 pub(crate) fn from_ce(
     o: &mut Out,
     sh: &Shared,
@@ -54,36 +67,36 @@ pub(crate) fn from_ce(
     now: Instant,
     iface: usize,
     frame: &mut [u8],
-) {
+) -> Option<ToTunnels> {
     let tagged = match attach::read_tags(frame) {
         Ok(t) => t,
-        Err(reason) => return o.drop_packet(reason),
+        Err(reason) => return dropped(o, reason),
     };
     let (s_tag, c_tag) = tagged.tags;
     let Some(a) = sh.attach.find((iface, s_tag, c_tag)) else {
-        return o.drop_packet(DropReason::AttachUnknownTags);
+        return dropped(o, DropReason::AttachUnknownTags);
     };
     let Some(vnet) = t.attach.vnet.get(a.index).copied().flatten() else {
-        return o.drop_packet(DropReason::AttachNoVnet);
+        return dropped(o, DropReason::AttachNoVnet);
     };
     let start = tagged.payload;
     match tagged.ethertype {
         EtherType::ARP => {
             if tagged.dst != a.mac && !tagged.dst.is_broadcast() {
-                return o.drop_packet(DropReason::NeighIgnored);
+                return dropped(o, DropReason::NeighIgnored);
             }
             arp(o, sh, a, &frame[start..]);
         }
         EtherType::IPV4 | EtherType::IPV6 => {
             let Some(parsed) = InnerIp::parse(&frame[start..]) else {
-                return o.drop_packet(DropReason::AttachMalformed);
+                return dropped(o, DropReason::AttachMalformed);
             };
             let version_matches = match parsed.version {
                 IpVersion::V4 => tagged.ethertype == EtherType::IPV4,
                 IpVersion::V6 => tagged.ethertype == EtherType::IPV6,
             };
             if !version_matches {
-                return o.drop_packet(DropReason::AttachEthertype);
+                return dropped(o, DropReason::AttachEthertype);
             }
             let pkt = &mut frame[start..start + parsed.len];
             let is_nd = parsed.version == IpVersion::V6
@@ -95,31 +108,51 @@ pub(crate) fn from_ce(
             if is_nd {
                 // Unicast neighbour discovery for another MAC is an IP frame not for us.
                 if tagged.dst != a.mac && !tagged.dst.is_multicast() {
-                    return o.drop_packet(DropReason::AttachNotForGateway);
+                    return dropped(o, DropReason::AttachNotForGateway);
                 }
-                return nd(o, sh, a, tagged.src, pkt);
+                nd(o, sh, a, tagged.src, pkt);
+                return None;
             }
             if tagged.dst != a.mac {
-                return o.drop_packet(DropReason::AttachNotForGateway);
+                return dropped(o, DropReason::AttachNotForGateway);
             }
             let src = parsed.flow.src;
             // The gateway's own address lies within the CE's segment prefix but is never the
             // CE's to send from.
             if !a.is_behind(src) || src == a.gateway_ip {
-                return o.drop_packet(DropReason::AttachSource);
+                return dropped(o, DropReason::AttachSource);
             }
             if a.teaches(src) {
                 a.learn_ce(tagged.src);
             }
             // Behind a CE of the VNet (this one's included: routed back out, as a router
-            // does), or a VM's.
+            // does), a VM's, or beyond the VNet's tunnels.
             if to_ce_of_vnet(o, sh, t, now, vnet, pkt, &parsed) {
-                return;
+                return None;
             }
-            encap::deliver(o, sh, t, r, now, vnet, pkt, &parsed, || Ok(()));
+            let host = t
+                .overlay
+                .vnets
+                .get(vnet)
+                .and_then(|v| v.route(r, parsed.flow.dst));
+            let tunnels = t.vnet_out.get(vnet).is_some_and(|c| !c.is_empty());
+            if host.is_none() && tunnels {
+                return Some(ToTunnels {
+                    vnet,
+                    at: start..start + parsed.len,
+                });
+            }
+            encap::deliver_routed(o, sh, t, now, vnet, host, pkt, &parsed, || Ok(()));
         }
         _ => o.drop_packet(DropReason::AttachEthertype),
     }
+    None
+}
+
+/// Counts a drop of `reason`; nothing goes on to the tunnels.
+fn dropped(o: &mut Out, reason: DropReason) -> Option<ToTunnels> {
+    o.drop_packet(reason);
+    None
 }
 
 /// Finishes the TCP or UDP checksum of a frame the kernel handed over with

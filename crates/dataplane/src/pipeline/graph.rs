@@ -7,7 +7,10 @@
 //! VTEP / relay VXLAN: classify -> decap -> ARP/ND: encap (answers)
 //!                                       -> IP: [outbound chain] -> seal (select_vnet, queue)
 //! TUN:                [outbound chain] -> seal (select_tun, queue)
-//! attachment (L2):    attach (tags -> attachment; ARP/ND) -> encap (VNet route, VXLAN)
+//! attachment (L2):    attach (tags -> attachment; ARP/ND) -> a CE: attach (tag, CE's MAC)
+//!                                                          -> a VM: encap (VNet route, VXLAN)
+//!                                                          -> else: [outbound chain] -> hold
+//!                      (then, under the VNet's VTEP lane's dispatch stage) held -> seal
 //! VTEP IP to a CE:    classify -> decap -> attach (tag, to the CE's MAC)
 //! IKE:                classify (to the control plane)
 //! ```
@@ -186,7 +189,10 @@ pub(crate) fn relay<'p, 't>(
     }
 }
 
-/// A frame from a customer's edge router on attachment interface `iface`.
+/// A frame from a customer's edge router on attachment interface `iface`: the attach stage,
+/// then for a packet beyond the VNet's tunnels its outbound chain, as a VM's packet goes, and
+/// the hold for the seal stage ([`Out::ce_bound`], sealed by [`seal_from_ces`] in the order
+/// of the VNet's VTEP lane).
 pub(crate) fn attach(
     o: &mut Out,
     sh: &Shared,
@@ -196,7 +202,54 @@ pub(crate) fn attach(
     iface: usize,
     frame: &mut [u8],
 ) {
-    attach::from_ce(o, sh, t, r, now, iface, frame);
+    let Some(out) = attach::from_ce(o, sh, t, r, now, iface, frame) else {
+        return;
+    };
+    // The attach stage found the VNet in this snapshot, so its index is in it; were it not,
+    // or the offset past the frame, there is nowhere to route the packet: no_route.
+    let (Some(vnet), Some(pkt)) = (t.overlay.vnets.get(out.vnet), frame.get_mut(out.at)) else {
+        return o.drop_packet(DropReason::NoRoute);
+    };
+    if let Some(chain) = t.features.vnet_outbound(vnet.index) {
+        let meta = PacketMeta {
+            tunnel: None,
+            direction: Direction::Outbound,
+            inside: Inside::Vnet(vnet.index),
+        };
+        if !o
+            .held
+            .hold(chain, pkt, meta, Resume::FromCe(Arc::clone(vnet)))
+        {
+            o.drop_packet(DropReason::FeatureHoldFull);
+        }
+        return;
+    }
+    if !o.ce_bound.hold(vnet, pkt) {
+        o.drop_packet(DropReason::TooBig);
+    }
+}
+
+/// A CE's packets held for the tunnels ([`Out::ce_bound`]) whose VNet is on a local VTEP that
+/// `pick` accepts, to the seal stage in the order they were held: the CHILD_SA chosen among
+/// the VNet's tunnels (`no_route` if none covers the packet), TTL, sequence number, queue.
+/// The worker calls it under the dispatch stage of the VNet's VTEP lane.
+pub(crate) fn seal_from_ces(o: &mut Out, sh: &Shared, t: &Tables, pick: impl FnMut(usize) -> bool) {
+    if o.ce_bound.is_empty() {
+        return;
+    }
+    let mut bound = std::mem::replace(&mut o.ce_bound, crate::out::CeBound::new(0));
+    bound.take(pick, |vnet, pkt| {
+        let Some(parsed) = InnerIp::parse(pkt) else {
+            return o.drop_packet(DropReason::AttachMalformed);
+        };
+        let len = parsed.len.min(pkt.len());
+        let pkt = &mut pkt[..len];
+        let no_tunnel = DropReason::NoRoute;
+        if let Some(child) = seal::select_vnet(o, t, vnet, pkt, &parsed.flow, no_tunnel) {
+            seal::queue(o, sh, child, pkt);
+        }
+    });
+    o.ce_bound = bound;
 }
 
 /// A packet read from the TUN device: the outbound chain of the TUN tunnels' tenant, or
@@ -433,7 +486,8 @@ fn from_host(
                 }
                 return;
             }
-            if let Some(child) = seal::select_vnet(o, t, vnet, pkt, &parsed.flow) {
+            let no_tunnel = DropReason::VxlanNoTunnel;
+            if let Some(child) = seal::select_vnet(o, t, vnet, pkt, &parsed.flow, no_tunnel) {
                 seal::queue(o, sh, child, pkt);
             }
         }
@@ -478,7 +532,7 @@ pub(crate) fn end_pass(o: &mut Out, sh: &Shared, t: &Tables, r: &Routes, now: In
                 }
             }
         }
-        Resume::FromVnet(_) | Resume::FromTun { .. } if dropped => {}
+        Resume::FromVnet(_) | Resume::FromCe(_) | Resume::FromTun { .. } if dropped => {}
         Resume::FromVnet(vnet) => {
             // The seal stage chooses on the packet as the chain left it.
             let Some(parsed) = InnerIp::parse(pkt) else {
@@ -486,8 +540,19 @@ pub(crate) fn end_pass(o: &mut Out, sh: &Shared, t: &Tables, r: &Routes, now: In
             };
             let len = parsed.len.min(pkt.len());
             let pkt = &mut pkt[..len];
-            if let Some(child) = seal::select_vnet(o, t, &vnet, pkt, &parsed.flow) {
+            let no_tunnel = DropReason::VxlanNoTunnel;
+            if let Some(child) = seal::select_vnet(o, t, &vnet, pkt, &parsed.flow, no_tunnel) {
                 seal::queue(o, sh, child, pkt);
+            }
+        }
+        Resume::FromCe(vnet) => {
+            // Held for the seal stage as the chain left it.
+            let Some(parsed) = InnerIp::parse(pkt) else {
+                return o.drop_packet(DropReason::AttachMalformed);
+            };
+            let len = parsed.len.min(pkt.len());
+            if !o.ce_bound.hold(&vnet, &pkt[..len]) {
+                o.drop_packet(DropReason::TooBig);
             }
         }
         Resume::FromTun { same_tenant } => {

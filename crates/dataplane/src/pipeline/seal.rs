@@ -1,5 +1,5 @@
 //! The ESP seal stage. Input: an inner packet from the inside interface (decapsulated from a
-//! VNet's VXLAN or read from the TUN device); output: an ESP-in-UDP datagram committed to the
+//! VNet's VXLAN, sent by a CE attached to a VNet, or read from the TUN device); output: an ESP-in-UDP datagram committed to the
 //! send batch, or a counted drop. The tenant's outbound feature chain, if any, has already
 //! run: the stage sees the packet as the chain left it. First the CHILD_SA is chosen
 //! ([`select_vnet`], [`select_tun`]: the first whose negotiated selectors cover the packet,
@@ -34,14 +34,17 @@ use wire::flow::Flow;
 /// The largest UDP payload over IPv4 (65535 - 20 - 8); IPv6 allows 20 more, we keep one limit.
 const MAX_UDP_PAYLOAD: usize = 65507;
 
-/// The CHILD_SA for an IP packet (`flow`) from a VM of `vnet` to the gateway, among the
-/// VNet's tunnels only; the packet's TTL / hop limit is decremented for forwarding.
+/// The CHILD_SA for an IP packet (`flow`) of `vnet` to the gateway (from one of its VMs, or
+/// from a CE attached to it), among the VNet's tunnels only; the packet's TTL / hop limit is
+/// decremented for forwarding. A packet no tunnel covers is counted as `no_tunnel`
+/// (`vxlan_no_tunnel` for a VM's, `no_route` for a CE's).
 pub(crate) fn select_vnet<'t>(
     o: &mut Out,
     t: &'t Tables,
     vnet: &Vnet,
     pkt: &mut [u8],
     flow: &Flow,
+    no_tunnel: DropReason,
 ) -> Option<&'t Arc<Child>> {
     if vnet.is_gateway(flow.dst) {
         o.drop_packet(DropReason::ToGateway);
@@ -53,7 +56,7 @@ pub(crate) fn select_vnet<'t>(
         .get(vnet.index)
         .and_then(|c| Tables::select(c, flow))
     else {
-        o.drop_packet(DropReason::VxlanNoTunnel);
+        o.drop_packet(no_tunnel);
         return None;
     };
     if !inner::decrement_hop(pkt) {

@@ -1007,6 +1007,20 @@ fn relay_configuration_is_validated_by_field() {
     let mut c = base();
     c.vxlan_port = 4500;
     check(c, "vxlan_port");
+    // Attachments need the VNets' VTEP lanes (a CE's packets for a tunnel are numbered in
+    // them): refused in relay mode.
+    let mut c = base();
+    c.attachments.push(crate::AttachmentConfig {
+        name: "dc".into(),
+        tenant: ids::TenantId::new("a").expect("tenant"),
+        vnet: "a-net".into(),
+        interface: "lo".into(),
+        tags: crate::AttachmentTags::Vlan { c_tag: 10 },
+        gateway_ip: ip("10.99.0.1"),
+        ce_ip: None,
+        routes: vec![(ip("10.99.0.0"), 24)],
+    });
+    check(c, "attachments");
     let mut c = base();
     let mut other = vnet("b", 100);
     other.vtep = ip("127.0.0.1");

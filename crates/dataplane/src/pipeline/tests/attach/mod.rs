@@ -54,8 +54,11 @@ fn env() -> Env {
             natt_port: 0,
             vxlan_port: port,
             vnets: vec![vnet("a", 100), vnet("b", 200)],
-            // Tenant a also has an IPsec tunnel into its VNet.
-            tunnels: vec![binding(1, "a", Inside::Vnet(0))],
+            // Each tenant also has an IPsec tunnel into its VNet.
+            tunnels: vec![
+                binding(1, "a", Inside::Vnet(0)),
+                binding(2, "b", Inside::Vnet(1)),
+            ],
             tun_name: None,
             batch: 16,
             workers: 1,
@@ -126,7 +129,14 @@ fn vlan_frame(c_tag: u16, dst: [u8; 6], src: [u8; 6], ethertype: u16, payload: &
 type Sent = (Vec<(usize, Vec<u8>)>, Vec<(SocketAddr, Vec<u8>)>);
 
 impl Env {
-    fn recv_from_ce(&mut self, mut frame: Vec<u8>) {
+    fn recv_from_ce(&mut self, frame: Vec<u8>) {
+        self.recv_batch_from_ce(vec![frame]);
+    }
+
+    /// Frames of one attachment lane batch, in order, then what the worker does before the
+    /// batch leaves: the feature chains over what they held, the packets for the tunnels
+    /// numbered (in the worker, under their VTEP lane's stage), the queued ESP sealed.
+    fn recv_batch_from_ce(&mut self, frames: Vec<Vec<u8>>) {
         let t = self.sh.tables.load();
         self.out.use_tables(std::sync::Arc::clone(&t));
         let reader = self.sh.route_readers.reader();
@@ -134,15 +144,13 @@ impl Env {
         let r = guard
             .as_deref()
             .unwrap_or(crate::routes::RouteReader::empty());
-        graph::attach(
-            &mut self.out,
-            &self.sh,
-            &t,
-            r,
-            Instant::now(),
-            0,
-            &mut frame,
-        );
+        let now = Instant::now();
+        for mut frame in frames {
+            graph::attach(&mut self.out, &self.sh, &t, r, now, 0, &mut frame);
+        }
+        graph::end_pass(&mut self.out, &self.sh, &t, r, now);
+        graph::seal_from_ces(&mut self.out, &self.sh, &t, |_| true);
+        self.out.seal_queued();
     }
 
     fn recv_from_host(&mut self, mut data: Vec<u8>) {
@@ -571,3 +579,5 @@ fn a_checksum_left_to_offload_is_finished() {
     finish_checksum(&mut f);
     assert_eq!(f, untagged);
 }
+
+mod tunnels;
