@@ -38,8 +38,7 @@ fn table_error(what: &str, detail: impl std::fmt::Display) -> BenchError {
 /// Measures the table at `entries` entries of `family` with `lookups` lookups per pass
 /// (`overlay::workload`).
 pub(crate) fn measure(family: Family, entries: u32, lookups: usize) -> Result<TableFigure> {
-    let (t, load) =
-        workload::filled_table(family, entries).map_err(|e| table_error("load", e))?;
+    let (t, load) = workload::filled_table(family, entries).map_err(|e| table_error("load", e))?;
     if t.len() != entries as usize {
         return Err(table_error(
             "load",

@@ -8,9 +8,9 @@
 use crate::lane::LaneKind;
 use crate::shared::{rx_slots, Shared, MAX_SEGMENTS_PER_SLOT};
 use crate::stats::{DropCounts, DropReason};
-use netio::packet::FrameBatch;
 use crate::sys::tun::TunReadBatch;
 use crate::sys::tun_offload::TunDrop;
+use netio::packet::FrameBatch;
 use netio::{RecvBatch, RX_SLOT};
 
 /// A worker's receive batch: datagrams with their metadata (source, GRO segment size,

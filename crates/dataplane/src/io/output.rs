@@ -12,8 +12,8 @@ use crate::out::Out;
 use crate::out::{Transmit, PACKET_SOCK_BASE, TUN_SOCK};
 use crate::shared::{tx_batch_size, Shared};
 use crate::stats::{DropCounts, DropReason};
-use netio::packet::PacketScratch;
 use crate::sys::tun_offload::writer::TunWriter;
+use netio::packet::PacketScratch;
 use netio::SendScratch;
 use std::ops::Range;
 

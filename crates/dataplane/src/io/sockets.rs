@@ -11,10 +11,10 @@
 //! flow hash of RFC 7348 §5. UDP GRO and GSO are used where the kernel accepts them.
 
 use crate::lane::LaneKind;
-use netio::packet::PacketSocket;
 use crate::sys::tun::Tun;
 use crate::sys::tun_offload::Offloads;
 use datapath::{DataplaneConfig, DataplaneError};
+use netio::packet::PacketSocket;
 use netio::{SendMode, SocketOptions, UdpSocket};
 use std::io;
 use std::net::{IpAddr, SocketAddr};
