@@ -188,6 +188,56 @@ pub fn interface_index(interface: &str) -> io::Result<u32> {
     Ok(ifindex)
 }
 
+/// Opens an AF_PACKET raw socket for EtherType `protocol` (host order; 0 receives nothing, for
+/// a socket that only sends), non-blocking if asked, sets the integer socket options
+/// `options` (level, name, value), and binds it to interface `ifindex`. For the plain packet
+/// sockets of the tests' tagger and the benchmark's load generator; [`PacketSocket`] adds the
+/// receive ring. Needs CAP_NET_RAW.
+pub fn open_raw(
+    ifindex: u32,
+    protocol: u16,
+    nonblocking: bool,
+    options: &[(libc::c_int, libc::c_int, libc::c_int)],
+) -> io::Result<OwnedFd> {
+    let mut flags = libc::SOCK_RAW | libc::SOCK_CLOEXEC;
+    if nonblocking {
+        flags |= libc::SOCK_NONBLOCK;
+    }
+    // SAFETY: plain socket call.
+    let raw = unsafe { libc::socket(libc::AF_PACKET, flags, libc::c_int::from(protocol.to_be())) };
+    if raw < 0 {
+        return Err(last_error());
+    }
+    // SAFETY: `raw` is a fresh descriptor we own.
+    let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+    for &(level, name, value) in options {
+        setsockopt(fd.as_raw_fd(), level, name, &value)?;
+    }
+    bind_to(fd.as_raw_fd(), ifindex, protocol)?;
+    Ok(fd)
+}
+
+/// Binds the AF_PACKET socket `fd` to interface `ifindex` for EtherType `protocol` (host order).
+fn bind_to(fd: RawFd, ifindex: u32, protocol: u16) -> io::Result<()> {
+    // SAFETY: sockaddr_ll is plain data.
+    let mut sll: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
+    sll.sll_family = libc::AF_PACKET as u16;
+    sll.sll_protocol = protocol.to_be();
+    sll.sll_ifindex = ifindex as libc::c_int;
+    // SAFETY: `sll` is a live sockaddr_ll and its size is passed.
+    let r = unsafe {
+        libc::bind(
+            fd,
+            (&sll as *const libc::sockaddr_ll).cast(),
+            std::mem::size_of::<libc::sockaddr_ll>() as libc::socklen_t,
+        )
+    };
+    if r != 0 {
+        return Err(last_error());
+    }
+    Ok(())
+}
+
 fn setsockopt<T>(fd: RawFd, level: libc::c_int, name: libc::c_int, value: &T) -> io::Result<()> {
     // SAFETY: `value` is a live T and its size is passed.
     let r = unsafe {
@@ -280,22 +330,7 @@ impl PacketSocket {
             }),
             losing: AtomicBool::new(false),
         };
-        // SAFETY: sockaddr_ll is plain data.
-        let mut sll: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
-        sll.sll_family = libc::AF_PACKET as u16;
-        sll.sll_protocol = proto;
-        sll.sll_ifindex = ifindex as libc::c_int;
-        // SAFETY: `sll` is a live sockaddr_ll and its size is passed.
-        let r = unsafe {
-            libc::bind(
-                sock.fd.as_raw_fd(),
-                (&sll as *const libc::sockaddr_ll).cast(),
-                std::mem::size_of::<libc::sockaddr_ll>() as libc::socklen_t,
-            )
-        };
-        if r != 0 {
-            return Err(last_error());
-        }
+        bind_to(sock.fd.as_raw_fd(), ifindex, libc::ETH_P_ALL as u16)?;
         // Promiscuous for as long as the socket lives (the kernel counts it per socket and
         // takes it back on close): the gateway's address is no kernel address, so the
         // interface has not joined the solicited-node group of an IPv6 `gateway_ip`, and

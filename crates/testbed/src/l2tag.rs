@@ -13,7 +13,7 @@
 //! holds those interfaces ([`crate::Netns::spawn`]); it runs until killed.
 
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 
 /// TPID of an 802.1ad service tag.
 pub const TPID_S: u16 = 0x88a8;
@@ -105,67 +105,21 @@ struct Sock {
     fd: OwnedFd,
 }
 
-fn check(r: libc::c_int) -> io::Result<libc::c_int> {
-    if r < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(r)
-    }
-}
-
 impl Sock {
     fn open(iface: &str) -> io::Result<Sock> {
-        let name = std::ffi::CString::new(iface)
-            .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "NUL in name"))?;
-        // SAFETY: a valid C string.
-        let index = unsafe { libc::if_nametoindex(name.as_ptr()) };
-        if index == 0 {
-            return Err(io::Error::last_os_error());
-        }
-        let proto = (libc::ETH_P_ALL as u16).to_be();
-        // SAFETY: plain socket call; the descriptor is owned below.
-        let raw = check(unsafe {
-            libc::socket(
-                libc::AF_PACKET,
-                libc::SOCK_RAW | libc::SOCK_CLOEXEC,
-                libc::c_int::from(proto),
-            )
-        })?;
-        // SAFETY: `raw` is a fresh descriptor.
-        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        let index = netio::packet::interface_index(iface)?;
         // One frame per system call is this tagger's pace: a deep receive queue keeps TCP
         // bursts from overflowing it (SO_RCVBUFFORCE: root, beyond rmem_max).
-        let options = [
-            (libc::SOL_PACKET, libc::PACKET_AUXDATA, 1),
-            (libc::SOL_PACKET, libc::PACKET_IGNORE_OUTGOING, 1),
-            (libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, 32 << 20),
-        ];
-        for (level, opt, value) in options {
-            let value: libc::c_int = value;
-            // SAFETY: `value` is a live c_int and its size is passed.
-            check(unsafe {
-                libc::setsockopt(
-                    fd.as_raw_fd(),
-                    level,
-                    opt,
-                    (&value as *const libc::c_int).cast(),
-                    std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-                )
-            })?;
-        }
-        // SAFETY: sockaddr_ll is plain data.
-        let mut sll: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
-        sll.sll_family = libc::AF_PACKET as u16;
-        sll.sll_protocol = proto;
-        sll.sll_ifindex = index as libc::c_int;
-        // SAFETY: a live sockaddr_ll and its size.
-        check(unsafe {
-            libc::bind(
-                fd.as_raw_fd(),
-                (&sll as *const libc::sockaddr_ll).cast(),
-                std::mem::size_of::<libc::sockaddr_ll>() as libc::socklen_t,
-            )
-        })?;
+        let fd = netio::packet::open_raw(
+            index,
+            libc::ETH_P_ALL as u16,
+            false,
+            &[
+                (libc::SOL_PACKET, libc::PACKET_AUXDATA, 1),
+                (libc::SOL_PACKET, libc::PACKET_IGNORE_OUTGOING, 1),
+                (libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, 32 << 20),
+            ],
+        )?;
         Ok(Sock { fd })
     }
 
@@ -264,7 +218,7 @@ pub fn run(trunk: &str, ports: &[Port]) -> io::Result<()> {
     eprintln!("l2tag: trunk {trunk}, ports {ports:?}");
     loop {
         // SAFETY: `fds` is a live array of pollfd.
-        check(unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, 1000) })?;
+        netio::cvt(unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, 1000) })?;
         if fds[0].revents & libc::POLLIN != 0 {
             if let Some(n) = trunk_sock.recv(&mut buf)? {
                 let tags = untag(&buf[..n], &mut out);

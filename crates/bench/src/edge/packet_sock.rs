@@ -6,40 +6,13 @@
 
 use std::fs::File;
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::Path;
 
 /// Frames per `sendmmsg` / `recvmmsg` call.
 pub(crate) const BATCH: usize = 64;
 /// Receive buffer per frame.
 const FRAME_BUF: usize = 2048;
-
-fn cvt(r: libc::c_int) -> io::Result<libc::c_int> {
-    if r < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(r)
-    }
-}
-
-fn set_int(
-    fd: &OwnedFd,
-    level: libc::c_int,
-    opt: libc::c_int,
-    value: libc::c_int,
-) -> io::Result<()> {
-    // SAFETY: `value` is a live c_int and its size is passed.
-    cvt(unsafe {
-        libc::setsockopt(
-            fd.as_raw_fd(),
-            level,
-            opt,
-            (&value as *const libc::c_int).cast(),
-            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-        )
-    })
-    .map(drop)
-}
 
 /// A packet socket bound to one interface of a namespace.
 pub(crate) struct PacketSocket {
@@ -65,7 +38,7 @@ impl PacketSocket {
         // setns(2) changes the calling thread's namespace only: a thread of its own.
         let worker = std::thread::spawn(move || -> io::Result<PacketSocket> {
             // SAFETY: setns only reads the descriptor, which `file` keeps open.
-            cvt(unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) })?;
+            netio::cvt(unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) })?;
             Self::open_here(&ifname, role)
         });
         worker
@@ -74,47 +47,31 @@ impl PacketSocket {
     }
 
     fn open_here(ifname: &std::ffi::CStr, role: Role) -> io::Result<PacketSocket> {
-        // SAFETY: a valid C string.
-        let index = unsafe { libc::if_nametoindex(ifname.as_ptr()) };
-        if index == 0 {
-            return Err(io::Error::last_os_error());
-        }
-        let proto: u16 = match role {
-            Role::Send => 0,
-            Role::Receive => (libc::ETH_P_ALL as u16).to_be(),
+        let name = ifname
+            .to_str()
+            .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "interface name"))?;
+        let index = netio::packet::interface_index(name)?;
+        let fd = match role {
+            Role::Send => netio::packet::open_raw(
+                index,
+                0,
+                false,
+                &[
+                    (libc::SOL_PACKET, libc::PACKET_QDISC_BYPASS, 1),
+                    (libc::SOL_SOCKET, libc::SO_SNDBUFFORCE, 16 << 20),
+                ],
+            )?,
+            Role::Receive => netio::packet::open_raw(
+                index,
+                libc::ETH_P_ALL as u16,
+                true,
+                &[
+                    (libc::SOL_PACKET, libc::PACKET_IGNORE_OUTGOING, 1),
+                    (libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, 256 << 20),
+                    (libc::SOL_SOCKET, libc::SO_TIMESTAMPNS, 1),
+                ],
+            )?,
         };
-        let flags = match role {
-            Role::Send => libc::SOCK_RAW | libc::SOCK_CLOEXEC,
-            Role::Receive => libc::SOCK_RAW | libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK,
-        };
-        // SAFETY: plain socket call; the descriptor is owned below.
-        let raw = cvt(unsafe { libc::socket(libc::AF_PACKET, flags, libc::c_int::from(proto)) })?;
-        // SAFETY: `raw` is a fresh descriptor nobody else owns.
-        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
-        match role {
-            Role::Send => {
-                set_int(&fd, libc::SOL_PACKET, libc::PACKET_QDISC_BYPASS, 1)?;
-                set_int(&fd, libc::SOL_SOCKET, libc::SO_SNDBUFFORCE, 16 << 20)?;
-            }
-            Role::Receive => {
-                set_int(&fd, libc::SOL_PACKET, libc::PACKET_IGNORE_OUTGOING, 1)?;
-                set_int(&fd, libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, 256 << 20)?;
-                set_int(&fd, libc::SOL_SOCKET, libc::SO_TIMESTAMPNS, 1)?;
-            }
-        }
-        // SAFETY: sockaddr_ll is plain data.
-        let mut sll: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
-        sll.sll_family = libc::AF_PACKET as u16;
-        sll.sll_protocol = proto;
-        sll.sll_ifindex = index as libc::c_int;
-        // SAFETY: a live sockaddr_ll and its size.
-        cvt(unsafe {
-            libc::bind(
-                fd.as_raw_fd(),
-                (&sll as *const libc::sockaddr_ll).cast(),
-                std::mem::size_of::<libc::sockaddr_ll>() as libc::socklen_t,
-            )
-        })?;
         Ok(PacketSocket { fd })
     }
 
