@@ -94,6 +94,7 @@ fn fresh_bed_with(autoscale: control::config::AutoscaleConfig) -> Bed {
                 vni: VNI,
                 gateway_ips: vec!["10.1.0.1".into()],
                 routes: Vec::new(),
+                router_mac: None,
             }],
             tunnels: Vec::new(),
         },

@@ -33,6 +33,11 @@ pub struct VnetConfig {
     pub vtep: IpAddr,
     /// Where VNet destinations live.
     pub routes: Vec<Route>,
+    /// The MAC the VNet's hosts route inner packets at (`router_mac`, as the Router's MAC of
+    /// an EVPN VTEP): set, every packet into the VNet leaves with it as the inner destination
+    /// and no VM's MAC is resolved, however many VMs the VNet has; unset, each VM's MAC is
+    /// resolved with ARP or neighbour discovery through its host.
+    pub router_mac: Option<[u8; 6]>,
 }
 
 /// Where a tunnel's decrypted traffic goes.

@@ -243,6 +243,7 @@ fn main() -> Result<(), Error> {
                 len: 24,
                 host: ip("127.0.0.2")?,
             }],
+            router_mac: None,
         }],
         tunnels: vec![protego_dataplane::TunnelBinding {
             tunnel: ike::TunnelId(1),

@@ -36,6 +36,7 @@ fn main() {
                 len: 8,
                 host: IpAddr::from([127, 0, 0, 2]),
             }],
+            router_mac: None,
         }],
         tunnels: vec![TunnelBinding {
             tunnel: ike::TunnelId(1),

@@ -239,6 +239,7 @@ mod tests {
                 len: 24,
                 host: ip("192.0.2.10"),
             }],
+            router_mac: None,
         }
     }
 

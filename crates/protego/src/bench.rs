@@ -115,6 +115,10 @@ struct EdgeArgs {
     /// Skip the table-alone figures.
     #[arg(long)]
     no_table: bool,
+    /// Give the VNet no router_mac: the gateway resolves each VM's MAC with ARP (the host
+    /// answers for every VM).
+    #[arg(long)]
+    resolve_macs: bool,
     /// Pre-built packets the load generator may hold per run, MiB. Default: 512.
     #[arg(long, value_name = "MIB")]
     pool_mb: Option<usize>,
@@ -163,6 +167,7 @@ impl EdgeArgs {
             o.pool_bytes = mb.saturating_mul(1 << 20);
         }
         o.table = !self.no_table;
+        o.resolve_macs = self.resolve_macs;
         o.protego_bin = self.gateway_bin.clone();
         o.keep = self.keep;
         o.validate()?;

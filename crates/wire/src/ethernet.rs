@@ -81,6 +81,33 @@ impl fmt::Display for EthernetAddress {
     }
 }
 
+/// Why a text is not a MAC address.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("not a MAC address: six hexadecimal bytes separated by colons, e.g. 02:00:5e:10:00:01")]
+pub struct MacParseError;
+
+impl core::str::FromStr for EthernetAddress {
+    type Err = MacParseError;
+
+    /// Reads the usual form: six bytes of one or two hexadecimal digits, separated by colons
+    /// (`02:00:5e:10:00:01`, as `ip link` prints it).
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        let mut mac = [0u8; 6];
+        let mut parts = text.split(':');
+        for b in &mut mac {
+            let p = parts.next().ok_or(MacParseError)?;
+            if p.is_empty() || p.len() > 2 || !p.bytes().all(|c| c.is_ascii_hexdigit()) {
+                return Err(MacParseError);
+            }
+            *b = u8::from_str_radix(p, 16).map_err(|_| MacParseError)?;
+        }
+        if parts.next().is_some() {
+            return Err(MacParseError);
+        }
+        Ok(Self(mac))
+    }
+}
+
 /// An EtherType (IEEE 802 numbers); an open registry.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
 pub struct EtherType(pub u16);
@@ -414,6 +441,25 @@ pub mod tags;
 mod tests {
     use super::*;
     use crate::testdata::{frame, ARP_REQUEST, NS};
+
+    #[test]
+    fn mac_addresses_read_as_ip_link_prints_them() {
+        let m: EthernetAddress = "02:00:5e:10:0:Ab".parse().unwrap();
+        assert_eq!(m, EthernetAddress([2, 0, 0x5e, 0x10, 0, 0xab]));
+        assert_eq!(m.to_string(), "02:00:5e:10:00:ab");
+        for bad in [
+            "",
+            "02:00:5e:10:00",
+            "02:00:5e:10:00:01:02",
+            "02-00-5e-10-00-01",
+            "02:00:5e:10:00:100",
+            "02:00:5e:10::01",
+            "02:00:5e:10:00:+1",
+            "g2:00:5e:10:00:01",
+        ] {
+            assert_eq!(bad.parse::<EthernetAddress>(), Err(MacParseError), "{bad:?}");
+        }
+    }
 
     #[test]
     fn captured_frames() {

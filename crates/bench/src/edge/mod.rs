@@ -131,6 +131,9 @@ pub struct EdgeOptions {
     pub protego_bin: Option<PathBuf>,
     /// Keep the run directory.
     pub keep: bool,
+    /// Leave the VNet without a `router_mac`, so the gateway resolves each VM's MAC with ARP
+    /// (the host answers for every VM), as before routed delivery existed.
+    pub resolve_macs: bool,
 }
 
 impl EdgeOptions {
@@ -144,6 +147,7 @@ impl EdgeOptions {
             active: None,
             pool_bytes: 512 << 20,
             table: true,
+            resolve_macs: false,
             table_lookups: 4 << 20,
             protego_bin: None,
             keep: false,
@@ -272,6 +276,8 @@ pub struct EdgeSettings {
     pub workers: u32,
     /// CPUs of the machine.
     pub cpus: u32,
+    /// The VNet's `router_mac`, or None when each VM's MAC was resolved (`--resolve-macs`).
+    pub router_mac: Option<String>,
     /// Notes on the method.
     pub notes: Vec<String>,
 }
@@ -528,6 +534,7 @@ mod tests {
                 duration_s: 1.0,
                 workers: 1,
                 cpus: 2,
+                router_mac: None,
                 notes: vec![],
             },
             cases,

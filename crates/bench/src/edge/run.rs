@@ -14,7 +14,7 @@ use overlay::Family;
 use testbed::{CleanupHandle, Testbed};
 use wire::ethernet::{EtherType, EthernetAddress};
 
-use super::bed::{parse_mac, render_config, EdgeNet, CE_MAC, TAGS};
+use super::bed::{parse_mac, render_config, EdgeNet, CE_MAC, ROUTER_MAC, TAGS};
 use super::frames;
 use super::packet_sock::{PacketSocket, Role};
 use super::plan::{self, Draw};
@@ -563,7 +563,8 @@ impl Edge {
         loads: &mut Vec<RouteLoad>,
     ) -> Result<()> {
         let socket = self.dir.join(format!("gw{group}.sock"));
-        let config = render_config(&socket, &self.net.gw_if);
+        let router_mac = (!self.opts.resolve_macs).then_some(ROUTER_MAC);
+        let config = render_config(&socket, &self.net.gw_if, router_mac);
         let gw = ProtegoUnderTest::start_with_config(
             &self.net.gw,
             bin,
@@ -671,6 +672,7 @@ pub fn run(
             duration_s: opts.duration.as_secs_f64(),
             workers: 1,
             cpus,
+            router_mac: (!opts.resolve_macs).then(|| ROUTER_MAC.to_owned()),
             notes: vec![
                 "CPU per packet is the gateway's own (all threads, schedstat) per delivered packet at the maximum rate; Mpps/core = 1000 / that".into(),
                 format!(

@@ -164,6 +164,8 @@ pub(crate) struct RawVnet {
     pub(crate) vtep: Spanned<String>,
     #[serde(default)]
     pub(crate) routes: Vec<Spanned<RawRoute>>,
+    #[serde(default)]
+    pub(crate) router_mac: Option<Spanned<String>>,
 }
 
 /// One entry of a VNet's `routes`.

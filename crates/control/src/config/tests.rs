@@ -662,6 +662,34 @@ fn route_host_family_must_match_the_vtep() {
 }
 
 #[test]
+fn router_mac_is_read_and_must_be_a_unicast_mac() {
+    let scratch = Scratch::new();
+    let text = with_tunnel(TUNNEL_A).replacen(
+        "vni = 100\n",
+        "vni = 100\nrouter_mac = \"02:00:5e:00:01:fe\"\n",
+        1,
+    );
+    let config = scratch.parse(&text).expect("valid");
+    assert_eq!(
+        config.dataplane.vnets[0].router_mac,
+        Some([2, 0, 0x5e, 0, 1, 0xfe])
+    );
+    assert_eq!(config.dataplane.vnets[1].router_mac, None);
+    for (mac, says) in [
+        ("02:00:5e:00:01", "not a MAC address"),
+        ("01:00:5e:00:00:01", "not a unicast MAC address"),
+        ("00:00:00:00:00:00", "not a unicast MAC address"),
+    ] {
+        let text = with_tunnel(TUNNEL_A).replacen(
+            "vni = 100\n",
+            &format!("vni = 100\nrouter_mac = \"{mac}\"\n"),
+            1,
+        );
+        expect_error(&text, "router_mac", "router_mac", says);
+    }
+}
+
+#[test]
 fn vtep_must_be_unicast() {
     let text = with_tunnel(TUNNEL_A).replacen("vtep = \"203.0.113.1\"", "vtep = \"0.0.0.0\"", 1);
     expect_error(&text, "vtep = \"0.0.0.0\"", "vtep", "not a unicast address");

@@ -267,6 +267,7 @@ fn vnet(tenant: &str, name: &str, index: usize) -> Arc<Vnet> {
             len: 24,
             host: ip("192.0.2.10"),
         }],
+        router_mac: None,
     };
     Arc::new(Vnet::new(index, &c, 0, ::overlay::VnetId(index as u32)).expect("vnet"))
 }

@@ -265,6 +265,10 @@ pub(crate) fn deliver_routed(
     if !inner::decrement_hop(pkt) {
         return o.drop_packet(DropReason::TtlExceeded);
     }
+    // Hosts that route at their router MAC: no VM's MAC to resolve.
+    if let Some(mac) = vnet.router_mac {
+        return emit_ip(o, sh, vnet, host, mac, pkt, parsed);
+    }
     if let Some(mac) = o.resolved.get(vnet.id, dst, now) {
         return emit_ip(o, sh, vnet, host, mac, pkt, parsed);
     }

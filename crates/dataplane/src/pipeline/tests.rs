@@ -45,6 +45,7 @@ pub(super) fn vnet(tenant: &str, vni: u32) -> VnetConfig {
             len: 24,
             host: ip(HOST),
         }],
+        router_mac: None,
     }
 }
 

@@ -24,6 +24,7 @@ fn cfg(tenant_name: &str, name: &str, vni: u32) -> VnetConfig {
             len: 24,
             host: ip("192.0.2.1"),
         }],
+        router_mac: None,
     }
 }
 

@@ -66,6 +66,7 @@ mod tests {
                 len: 24,
                 host: "192.0.2.10".parse().expect("ip"),
             }],
+            router_mac: None,
         };
         Vnet::new(0, &cfg, 0, overlay::VnetId(0)).expect("valid")
     }

@@ -86,6 +86,9 @@ pub(crate) struct Vnet {
     pub(crate) hosts: HashSet<IpAddr>,
     /// Index of the local VTEP (socket set) this VNet uses.
     pub(crate) vtep: usize,
+    /// The hosts' router MAC (`router_mac`): set, packets into the VNet go to it and no VM's
+    /// MAC is resolved (see [`datapath::VnetConfig::router_mac`]).
+    pub(crate) router_mac: Option<Mac>,
     neigh: Mutex<NeighCache>,
 }
 
@@ -141,6 +144,17 @@ impl Vnet {
                 reason: "the VNet needs a gateway address".into(),
             });
         }
+        if let Some(m) = cfg.router_mac {
+            if m[0] & 0x01 != 0 || m == [0; 6] {
+                return Err(DataplaneError::Config {
+                    field: field("router_mac"),
+                    reason: format!(
+                        "{} is not a unicast MAC address",
+                        EthernetAddress(m)
+                    ),
+                });
+            }
+        }
         let mac = gateway_mac(vni);
         Ok(Self {
             index,
@@ -156,6 +170,7 @@ impl Vnet {
             key,
             routes,
             vtep,
+            router_mac: cfg.router_mac,
             neigh: Mutex::new(NeighCache::default()),
         })
     }
@@ -224,6 +239,7 @@ mod tests {
                 len: 24,
                 host: "192.0.2.10".parse().expect("ip"),
             }],
+            router_mac: None,
         }
     }
 

@@ -159,6 +159,7 @@ mod tests {
                 len: 64,
                 host: "2001:db8:ffff::10".parse().expect("ip"),
             }],
+            router_mac: None,
         };
         Vnet::new(0, &cfg, 0, overlay::VnetId(0)).expect("valid")
     }
@@ -214,6 +215,7 @@ mod tests {
             ],
             vtep: "192.0.2.1".parse().expect("ip"),
             routes: vec![],
+            router_mac: None,
         };
         let v = Vnet::new(0, &cfg, 0, overlay::VnetId(0)).expect("valid");
         let ns = NdpRepr::NeighborSolicit {

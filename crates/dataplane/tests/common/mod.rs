@@ -36,6 +36,7 @@ pub(crate) fn vnet(vtep: &str, host: &str) -> VnetConfig {
             len: 24,
             host: ip(host),
         }],
+        router_mac: None,
     }
 }
 

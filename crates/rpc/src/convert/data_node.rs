@@ -51,12 +51,14 @@ pub fn vnet_to_pb(vnet: &VnetConfig) -> pb::Vnet {
         vni: vnet.vni,
         gateway_ips: vnet.gateway_ips.iter().map(IpAddr::to_string).collect(),
         routes: vnet.routes.iter().map(route_to_pb).collect(),
+        router_mac: vnet.router_mac.map(|m| m.to_vec()),
     }
 }
 
 /// Checks a VNet and completes it with the data node's own VTEP address `vtep`: tenant and
 /// name set; the VNI within 24 bits; one or two unicast gateway addresses, at most one per IP
-/// version; valid routes to hosts of `vtep`'s address family.
+/// version; valid routes to hosts of `vtep`'s address family; a router MAC, if any, of six
+/// bytes and unicast.
 pub fn vnet_from_pb(vnet: &pb::Vnet, vtep: IpAddr) -> Result<VnetConfig> {
     if !is_unicast(vtep) {
         return err("vtep", format!("{vtep} is not a unicast address"));
@@ -84,6 +86,13 @@ pub fn vnet_from_pb(vnet: &pb::Vnet, vtep: IpAddr) -> Result<VnetConfig> {
         }
         Ok(route)
     })?;
+    let router_mac = match &vnet.router_mac {
+        None => None,
+        Some(b) => match <[u8; 6]>::try_from(b.as_slice()) {
+            Ok(m) if m[0] & 0x01 == 0 && m != [0; 6] => Some(m),
+            _ => return err("router_mac", "not a unicast MAC address of six bytes"),
+        },
+    };
     Ok(VnetConfig {
         tenant,
         name,
@@ -91,6 +100,7 @@ pub fn vnet_from_pb(vnet: &pb::Vnet, vtep: IpAddr) -> Result<VnetConfig> {
         gateway_ips,
         vtep,
         routes,
+        router_mac,
     })
 }
 

@@ -268,15 +268,24 @@ fn arb_vnet(vtep: IpAddr) -> impl Strategy<Value = VnetConfig> {
         0..=Vni::MAX,
         arb_gateways(),
         proptest::collection::vec(arb_route(vtep.is_ipv6()), 0..4),
+        proptest::option::of(any::<[u8; 6]>().prop_map(|mut m| {
+            // Unicast and not all zero.
+            m[0] &= 0xfe;
+            m[5] |= 1;
+            m
+        })),
     )
-        .prop_map(move |(tenant, name, vni, gateway_ips, routes)| VnetConfig {
-            tenant,
-            name,
-            vni,
-            gateway_ips,
-            vtep,
-            routes,
-        })
+        .prop_map(
+            move |(tenant, name, vni, gateway_ips, routes, router_mac)| VnetConfig {
+                tenant,
+                name,
+                vni,
+                gateway_ips,
+                vtep,
+                routes,
+                router_mac,
+            },
+        )
 }
 
 /// A consistent inside configuration: distinct VNIs, names and tunnels; bindings into existing
@@ -445,6 +454,13 @@ proptest! {
     #[test]
     fn vnet_round_trip(vnet in any::<bool>().prop_flat_map(arb_unicast).prop_flat_map(arb_vnet)) {
         let msg = vnet_to_pb(&vnet);
+        // A router MAC of another length, multicast or zero is refused, naming the field.
+        for bad in [vec![2u8; 5], vec![1, 0, 0, 0, 0, 1], vec![0; 6]] {
+            let mut m = msg.clone();
+            m.router_mac = Some(bad);
+            let e = vnet_from_pb(&m, vnet.vtep).unwrap_err();
+            prop_assert!(e.to_string().contains("router_mac"), "{}", e);
+        }
         prop_assert_eq!(vnet_from_pb(&msg, vnet.vtep), Ok(vnet));
     }
 

@@ -373,6 +373,22 @@ impl Validator<'_, '_> {
             }
             routes.push(Route { prefix, len, host });
         }
+        let router_mac = match &n.router_mac {
+            None => None,
+            Some(m) => {
+                let bad = |why: &str| self.err(m.span(), s, "router_mac", why.to_owned());
+                let mac: wire::ethernet::EthernetAddress =
+                    m.get_ref().parse().map_err(|e: wire::ethernet::MacParseError| {
+                        bad(&format!("{:?}: {e}", m.get_ref()))
+                    })?;
+                if mac.is_multicast() || mac.0 == [0; 6] {
+                    return Err(bad(&format!(
+                        "{mac} is not a unicast MAC address (the hosts' router MAC)"
+                    )));
+                }
+                Some(mac.0)
+            }
+        };
         Ok(CheckedVnet {
             config: VnetConfig {
                 tenant,
@@ -381,6 +397,7 @@ impl Validator<'_, '_> {
                 gateway_ips,
                 vtep,
                 routes,
+                router_mac,
             },
             line: self.line(&n.name.span()),
         })

@@ -103,6 +103,7 @@ proptest! {
                         .into_iter()
                         .map(|(prefix, host)| pb::Route { prefix, host })
                         .collect(),
+                    router_mac: None,
                 })
                 .collect(),
             tunnels: tunnels

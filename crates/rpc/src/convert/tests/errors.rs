@@ -216,6 +216,7 @@ fn good_vnet() -> pb::Vnet {
             prefix: "10.1.0.0/24".into(),
             host: "172.16.0.2".into(),
         }],
+        router_mac: None,
     }
 }
 
