@@ -457,7 +457,11 @@ mod tests {
             "02:00:5e:10:00:+1",
             "g2:00:5e:10:00:01",
         ] {
-            assert_eq!(bad.parse::<EthernetAddress>(), Err(MacParseError), "{bad:?}");
+            assert_eq!(
+                bad.parse::<EthernetAddress>(),
+                Err(MacParseError),
+                "{bad:?}"
+            );
         }
     }
 

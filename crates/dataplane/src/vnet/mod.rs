@@ -148,10 +148,7 @@ impl Vnet {
             if m[0] & 0x01 != 0 || m == [0; 6] {
                 return Err(DataplaneError::Config {
                     field: field("router_mac"),
-                    reason: format!(
-                        "{} is not a unicast MAC address",
-                        EthernetAddress(m)
-                    ),
+                    reason: format!("{} is not a unicast MAC address", EthernetAddress(m)),
                 });
             }
         }

@@ -378,9 +378,11 @@ impl Validator<'_, '_> {
             Some(m) => {
                 let bad = |why: &str| self.err(m.span(), s, "router_mac", why.to_owned());
                 let mac: wire::ethernet::EthernetAddress =
-                    m.get_ref().parse().map_err(|e: wire::ethernet::MacParseError| {
-                        bad(&format!("{:?}: {e}", m.get_ref()))
-                    })?;
+                    m.get_ref()
+                        .parse()
+                        .map_err(|e: wire::ethernet::MacParseError| {
+                            bad(&format!("{:?}: {e}", m.get_ref()))
+                        })?;
                 if mac.is_multicast() || mac.0 == [0; 6] {
                     return Err(bad(&format!(
                         "{mac} is not a unicast MAC address (the hosts' router MAC)"
