@@ -255,6 +255,25 @@ mod tests {
     }
 
     #[test]
+    fn a_router_mac_must_be_unicast() {
+        for bad in [[1, 0, 0x5e, 0, 0, 1], [0; 6]] {
+            let mut c = cfg(7);
+            c.router_mac = Some(bad);
+            match Vnet::new(3, &c, 0, VnetId(0)) {
+                Err(DataplaneError::Config { field, .. }) => {
+                    assert_eq!(field, "vnets[3].router_mac")
+                }
+                Err(e) => panic!("{e}"),
+                Ok(_) => panic!("{bad:?} accepted"),
+            }
+        }
+        let mut c = cfg(7);
+        c.router_mac = Some([2, 0, 0x5e, 0, 1, 0xfe]);
+        let v = Vnet::new(0, &c, 0, VnetId(0)).expect("valid");
+        assert_eq!(v.router_mac, Some([2, 0, 0x5e, 0, 1, 0xfe]));
+    }
+
+    #[test]
     fn gateway_addresses_are_validated() {
         let mut two_v4 = cfg(7);
         two_v4.gateway_ips.push("10.0.0.2".parse().expect("ip"));
