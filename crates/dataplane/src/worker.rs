@@ -303,18 +303,19 @@ fn process_frames(
         return 0;
     };
     let n = fb.frames().len();
+    let mut lookups = graph::CeLookups::new();
     for i in 0..n {
         let f = fb.frames()[i];
         if f.truncated {
             w.out.drop_packet(DropReason::Truncated);
             continue;
         }
-        let frame = fb.frame_mut(i);
         if f.csum_not_ready {
-            crate::pipeline::attach::finish_checksum(frame);
+            crate::pipeline::attach::finish_checksum(fb.frame_mut(i));
         }
-        graph::attach(&mut w.out, sh, tables, r, now, iface, frame);
+        graph::attach(&mut w.out, sh, tables, r, now, iface, i, fb, &mut lookups);
     }
+    graph::route_from_ces(&mut w.out, sh, tables, r, now, fb, &mut lookups);
     n as u64
 }
 
@@ -381,7 +382,12 @@ fn handle<'p, 't>(
         // TUN packets are read into their own batch (process_tun).
         LaneKind::Tun => graph::tun(o, sh, t, data),
         // Frames of attachment interfaces too (process_frames).
-        LaneKind::Attach { iface } => graph::attach(o, sh, t, r, now, iface, data),
+        LaneKind::Attach { iface } => {
+            let mut lookups = graph::CeLookups::new();
+            let frame = &mut graph::OneFrame(data);
+            graph::attach(o, sh, t, r, now, iface, 0, frame, &mut lookups);
+            graph::route_from_ces(o, sh, t, r, now, frame, &mut lookups);
+        }
     }
 }
 

@@ -6,11 +6,13 @@
 //! else: two customers with the same addresses never meet. ARP and neighbour solicitations
 //! for the attachment's gateway address are answered (the CE's MAC learned); an IP frame to
 //! the gateway's MAC whose source is behind the CE loses its tags and goes, in this order of
-//! precedence, to a CE of the VNet (below), to one of its VMs (the encap stage,
-//! [`encap::deliver_routed`]: TTL, the VM's MAC, VXLAN to its host), or to the VNet's IPsec
-//! tunnels ([`ToTunnels`]: the graph runs the VNet's outbound feature chain and holds the
-//! packet for the seal stage, which chooses among the VNet's tunnels only and numbers it in
-//! the order of the VNet's VTEP lane, see `worker::batch`).
+//! precedence, to a CE of the VNet (below), to one of its VMs, or to the VNet's IPsec tunnels:
+//! for the last two the packet goes to the lookup stage ([`ToRoute`]; the graph looks the
+//! routes of up to `overlay::BATCH` packets up at once, then sends each to the encap stage,
+//! [`super::encap::deliver_routed`]: TTL, the VM's MAC, VXLAN to its host, or, with no route and
+//! tunnels in the VNet, runs the VNet's outbound feature chain and holds the packet for the
+//! seal stage, which chooses among the VNet's tunnels only and numbers it in the order of the
+//! VNet's VTEP lane, see `worker::batch`).
 //!
 //! Toward the CE ([`to_ce`], called by the graph for IP frames from a VNet's hosts;
 //! [`to_ce_of_vnet`] for decrypted ESP of the VNet and for packets from a CE): when the
@@ -21,7 +23,6 @@
 //! Frames to the CE are written into the send batch under the interface's socket index
 //! ([`packet_sock`]), so they leave in the lane's order with the batch's `sendmmsg`.
 
-use super::encap;
 use crate::attach::{self, Attachment, Request};
 use crate::batch::UNSPECIFIED;
 use crate::inner::{self, InnerIp};
@@ -48,26 +49,29 @@ pub(crate) fn packet_sock(iface: usize) -> usize {
     PACKET_SOCK_BASE + iface
 }
 
-/// A CE's IP packet that no CE and no VM of its VNet takes, for the VNet's IPsec tunnels.
-#[derive(Debug)]
-pub(crate) struct ToTunnels {
+/// A CE's IP packet that no CE of its VNet takes: for the lookup stage, which finds its host
+/// among the VNet's routes (per-VM entries in a batch) and sends it to the VM, or else to the
+/// VNet's IPsec tunnels (`graph::route_from_ces`).
+#[derive(Debug, Clone)]
+pub(crate) struct ToRoute {
     /// The VNet (index in the tables).
     pub(crate) vnet: usize,
     /// The IP packet in the frame (tags and Ethernet header left behind).
     pub(crate) at: Range<usize>,
+    /// Its parsed header.
+    pub(crate) parsed: InnerIp,
 }
 
 /// A frame received from a CE on packet interface `iface`: handled here (answered, sent on to a
-/// CE or a VM, or dropped and counted), or an IP packet for the VNet's tunnels.
+/// CE, or dropped and counted), or an IP packet for the lookup stage ([`ToRoute`]).
 pub(crate) fn from_ce(
     o: &mut Out,
     sh: &Shared,
     t: &Tables,
-    r: &Routes,
     now: Instant,
     iface: usize,
     frame: &mut [u8],
-) -> Option<ToTunnels> {
+) -> Option<ToRoute> {
     let tagged = match attach::read_tags(frame) {
         Ok(t) => t,
         Err(reason) => return dropped(o, reason),
@@ -126,31 +130,20 @@ pub(crate) fn from_ce(
                 a.learn_ce(tagged.src);
             }
             // Behind a CE of the VNet (this one's included: routed back out, as a router
-            // does), a VM's, or beyond the VNet's tunnels.
+            // does); else a VM's or beyond the VNet's tunnels: the lookup stage decides.
             if to_ce_of_vnet(o, sh, t, now, vnet, pkt, &parsed) {
                 return None;
             }
-            let host = t
-                .overlay
-                .vnets
-                .get(vnet)
-                .and_then(|v| v.route(r, parsed.flow.dst));
-            let tunnels = t.vnet_out.get(vnet).is_some_and(|c| !c.is_empty());
-            if host.is_none() && tunnels {
-                return Some(ToTunnels {
-                    vnet,
-                    at: start..start + parsed.len,
-                });
-            }
-            encap::deliver_routed(o, sh, t, now, vnet, host, pkt, &parsed, || Ok(()));
+            let at = start..start + parsed.len;
+            return Some(ToRoute { vnet, at, parsed });
         }
         _ => o.drop_packet(DropReason::AttachEthertype),
     }
     None
 }
 
-/// Counts a drop of `reason`; nothing goes on to the tunnels.
-fn dropped(o: &mut Out, reason: DropReason) -> Option<ToTunnels> {
+/// Counts a drop of `reason`; nothing goes on.
+fn dropped(o: &mut Out, reason: DropReason) -> Option<ToRoute> {
     o.drop_packet(reason);
     None
 }

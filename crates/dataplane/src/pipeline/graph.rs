@@ -189,43 +189,158 @@ pub(crate) fn relay<'p, 't>(
     }
 }
 
-/// A frame from a customer's edge router on attachment interface `iface`: the attach stage,
-/// then for a packet beyond the VNet's tunnels its outbound chain, as a VM's packet goes, and
-/// the hold for the seal stage ([`Out::ce_bound`], sealed by [`seal_from_ces`] in the order
-/// of the VNet's VTEP lane).
-pub(crate) fn attach(
+/// Frames of an attachment lane's batch by their number in it: where the lookup stage finds
+/// the packets it routes after the attach stage let go of them.
+pub(crate) trait FrameSource {
+    /// Frame `i`, if there is one.
+    fn frame(&mut self, i: usize) -> Option<&mut [u8]>;
+}
+
+impl FrameSource for netio::packet::FrameBatch {
+    fn frame(&mut self, i: usize) -> Option<&mut [u8]> {
+        (i < self.frames().len()).then(|| self.frame_mut(i))
+    }
+}
+
+/// A frame on its own, as frame 0 of a batch of one.
+pub(crate) struct OneFrame<'a>(pub(crate) &'a mut [u8]);
+
+impl FrameSource for OneFrame<'_> {
+    fn frame(&mut self, i: usize) -> Option<&mut [u8]> {
+        (i == 0).then_some(&mut *self.0)
+    }
+}
+
+impl FrameSource for [Vec<u8>] {
+    fn frame(&mut self, i: usize) -> Option<&mut [u8]> {
+        self.get_mut(i).map(Vec::as_mut_slice)
+    }
+}
+
+/// A CE's packet waiting in the lookup stage: its frame's number in the batch and what the
+/// attach stage found.
+struct CePending {
+    frame: usize,
+    to: attach::ToRoute,
+}
+
+/// The attachment lane's lookup stage: CEs' IP packets for a VM or the tunnels, by frame
+/// number, waiting to be looked up together ([`route_from_ces`]), as the inbound path's
+/// [`Deliveries`] do for decrypted packets.
+pub(crate) struct CeLookups {
+    items: [Option<CePending>; overlay::BATCH],
+    len: usize,
+}
+
+impl CeLookups {
+    /// An empty stage.
+    pub(crate) fn new() -> Self {
+        Self {
+            items: std::array::from_fn(|_| None),
+            len: 0,
+        }
+    }
+}
+
+/// A frame from a customer's edge router on attachment interface `iface`, number `index` of
+/// its batch: the attach stage; a packet for a VM or the tunnels waits in `lookups`, which is
+/// routed first if full ([`route_from_ces`]; the worker routes what is left at the end of the
+/// batch).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn attach<F: FrameSource + ?Sized>(
     o: &mut Out,
     sh: &Shared,
     t: &Tables,
     r: &Routes,
     now: Instant,
     iface: usize,
-    frame: &mut [u8],
+    index: usize,
+    frames: &mut F,
+    lookups: &mut CeLookups,
 ) {
-    let Some(out) = attach::from_ce(o, sh, t, r, now, iface, frame) else {
+    let Some(frame) = frames.frame(index) else {
         return;
     };
-    // The attach stage found the VNet in this snapshot, so its index is in it; were it not,
-    // or the offset past the frame, there is nowhere to route the packet: no_route.
-    let (Some(vnet), Some(pkt)) = (t.overlay.vnets.get(out.vnet), frame.get_mut(out.at)) else {
-        return o.drop_packet(DropReason::NoRoute);
+    let Some(to) = attach::from_ce(o, sh, t, now, iface, frame) else {
+        return;
     };
-    if let Some(chain) = t.features.vnet_outbound(vnet.index) {
-        let meta = PacketMeta {
-            tunnel: None,
-            direction: Direction::Outbound,
-            inside: Inside::Vnet(vnet.index),
-        };
-        if !o
-            .held
-            .hold(chain, pkt, meta, Resume::FromCe(Arc::clone(vnet)))
-        {
-            o.drop_packet(DropReason::FeatureHoldFull);
-        }
+    if lookups.len == lookups.items.len() {
+        route_from_ces(o, sh, t, r, now, frames, lookups);
+    }
+    lookups.items[lookups.len] = Some(CePending { frame: index, to });
+    lookups.len += 1;
+}
+
+/// The lookup stage of the attachment lane: looks the routes of the waiting packets up in one
+/// batch (per-VM entries prefetched, `encap::lookup`), then, in arrival order, sends each to
+/// its VM ([`encap::deliver_routed`]) or, with no route and tunnels in its VNet, runs the
+/// VNet's outbound chain, as a VM's packet goes, and holds it for the seal stage
+/// ([`Out::ce_bound`], sealed by [`seal_from_ces`] in the order of the VNet's VTEP lane).
+pub(crate) fn route_from_ces<F: FrameSource + ?Sized>(
+    o: &mut Out,
+    sh: &Shared,
+    t: &Tables,
+    r: &Routes,
+    now: Instant,
+    frames: &mut F,
+    lookups: &mut CeLookups,
+) {
+    let n = lookups.len;
+    if n == 0 {
         return;
     }
-    if !o.ce_bound.hold(vnet, pkt) {
-        o.drop_packet(DropReason::TooBig);
+    lookups.len = 0;
+    let mut dsts = [(0, IpAddr::V4(Ipv4Addr::UNSPECIFIED)); overlay::BATCH];
+    for (d, item) in dsts.iter_mut().zip(&lookups.items[..n]) {
+        if let Some(p) = item {
+            *d = (p.to.vnet, p.to.parsed.flow.dst);
+        }
+    }
+    let mut keys = [overlay::Key::new(overlay::VnetId(0), Ipv4Addr::UNSPECIFIED); overlay::BATCH];
+    let mut found = [None; overlay::BATCH];
+    let mut hosts = [None; overlay::BATCH];
+    encap::lookup(
+        t,
+        r,
+        &dsts[..n],
+        &mut keys[..n],
+        &mut found[..n],
+        &mut hosts[..n],
+    );
+    for (item, host) in lookups.items[..n].iter_mut().zip(hosts) {
+        let Some(p) = item.take() else { continue };
+        let Some(frame) = frames.frame(p.frame) else {
+            continue;
+        };
+        let to = p.to;
+        // The attach stage found the VNet in this snapshot, so its index is in it; were it not,
+        // or the offset past the frame, there is nowhere to route the packet: no_route.
+        let (Some(vnet), Some(pkt)) = (t.overlay.vnets.get(to.vnet), frame.get_mut(to.at)) else {
+            o.drop_packet(DropReason::NoRoute);
+            continue;
+        };
+        let tunnels = t.vnet_out.get(to.vnet).is_some_and(|c| !c.is_empty());
+        if host.is_some() || !tunnels {
+            encap::deliver_routed(o, sh, t, now, to.vnet, host, pkt, &to.parsed, || Ok(()));
+            continue;
+        }
+        if let Some(chain) = t.features.vnet_outbound(vnet.index) {
+            let meta = PacketMeta {
+                tunnel: None,
+                direction: Direction::Outbound,
+                inside: Inside::Vnet(vnet.index),
+            };
+            if !o
+                .held
+                .hold(chain, pkt, meta, Resume::FromCe(Arc::clone(vnet)))
+            {
+                o.drop_packet(DropReason::FeatureHoldFull);
+            }
+            continue;
+        }
+        if !o.ce_bound.hold(vnet, pkt) {
+            o.drop_packet(DropReason::TooBig);
+        }
     }
 }
 

@@ -145,9 +145,30 @@ impl Env {
             .as_deref()
             .unwrap_or(crate::routes::RouteReader::empty());
         let now = Instant::now();
-        for mut frame in frames {
-            graph::attach(&mut self.out, &self.sh, &t, r, now, 0, &mut frame);
+        let mut frames = frames;
+        let mut lookups = graph::CeLookups::new();
+        for i in 0..frames.len() {
+            graph::attach(
+                &mut self.out,
+                &self.sh,
+                &t,
+                r,
+                now,
+                0,
+                i,
+                &mut frames[..],
+                &mut lookups,
+            );
         }
+        graph::route_from_ces(
+            &mut self.out,
+            &self.sh,
+            &t,
+            r,
+            now,
+            &mut frames[..],
+            &mut lookups,
+        );
         graph::end_pass(&mut self.out, &self.sh, &t, r, now);
         graph::seal_from_ces(&mut self.out, &self.sh, &t, |_| true);
         self.out.seal_queued();
