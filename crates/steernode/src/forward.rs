@@ -570,6 +570,10 @@ pub(crate) fn run_ports(sh: Arc<Shared>) {
                     DropReason::PortRingFull,
                     port.sock.take_losses() + std::mem::take(&mut frames.too_big),
                 );
+                counters.dropped(
+                    DropReason::PortMalformed,
+                    std::mem::take(&mut frames.bad_headers),
+                );
                 if !full {
                     break;
                 }

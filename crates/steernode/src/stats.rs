@@ -85,7 +85,8 @@ reasons! {
         SendFailed => "send_failed",
         /// A socket receive failed.
         ReceiveError => "receive_error",
-        /// A frame on a customer-facing port too short for its Ethernet header or tags.
+        /// A frame on a customer-facing port too short for its Ethernet header or tags, or a
+        /// ring frame header outside its block.
         PortMalformed => "port_malformed",
         /// A frame on a customer-facing port whose tags are no attachment's of the port.
         PortUnknownTags => "port_unknown_tags",

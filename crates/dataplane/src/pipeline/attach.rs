@@ -52,7 +52,7 @@ pub(crate) fn packet_sock(iface: usize) -> usize {
 /// A CE's IP packet that no CE of its VNet takes: for the lookup stage, which finds its host
 /// among the VNet's routes (per-VM entries in a batch) and sends it to the VM, or else to the
 /// VNet's IPsec tunnels (`graph::route_from_ces`).
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub(crate) struct ToRoute {
     /// The VNet (index in the tables).
     pub(crate) vnet: usize,

@@ -211,6 +211,7 @@ impl FrameSource for OneFrame<'_> {
     }
 }
 
+#[cfg(test)]
 impl FrameSource for [Vec<u8>] {
     fn frame(&mut self, i: usize) -> Option<&mut [u8]> {
         self.get_mut(i).map(Vec::as_mut_slice)
@@ -259,7 +260,8 @@ pub(crate) fn attach<F: FrameSource + ?Sized>(
     lookups: &mut CeLookups,
 ) {
     let Some(frame) = frames.frame(index) else {
-        return;
+        // The worker passes numbers of its batch's frames only.
+        return o.drop_packet(DropReason::AttachMalformed);
     };
     let Some(to) = attach::from_ce(o, sh, t, now, iface, frame) else {
         return;
@@ -310,6 +312,7 @@ pub(crate) fn route_from_ces<F: FrameSource + ?Sized>(
     for (item, host) in lookups.items[..n].iter_mut().zip(hosts) {
         let Some(p) = item.take() else { continue };
         let Some(frame) = frames.frame(p.frame) else {
+            o.drop_packet(DropReason::AttachMalformed);
             continue;
         };
         let to = p.to;

@@ -103,6 +103,52 @@ fn a_ces_packets_for_the_site_are_sealed_in_arrival_order() {
     assert_eq!(e.sh.registry().stats()[0].packets_out, 6);
 }
 
+/// More of a batch's frames than the lookup stage holds (64): the stage is routed in the
+/// middle of the batch and again at its end, and the site's packets still carry consecutive
+/// sequence numbers in arrival order, the VM's all arriving too.
+#[test]
+fn a_batch_longer_than_the_lookup_stage_keeps_arrival_order() {
+    let mut e = env();
+    let a = site_child(&e, 1, 0x1001, PEER_A, "192.168.0.0");
+    e.sh.install_child(&a).expect("install");
+    let peer = Peer::of(&a);
+    let gw = e.sh.tables.load().overlay.vnets[0].mac.0;
+    let pkt = udp4("10.0.0.5", 7, "10.99.0.2", 9, 64, b"hi");
+    e.recv_from_host(vxlan_frame(100, gw, VM_MAC, EtherType::IPV4, &pkt));
+    e.sent();
+    // 150 frames, every third for the VM, the others for the site, marked by arrival.
+    let frames = (0u8..150)
+        .map(|i| {
+            let dst = if i % 3 == 1 {
+                "10.0.0.5"
+            } else {
+                "192.168.0.9"
+            };
+            from_ce_a(&e, dst, i)
+        })
+        .collect();
+    e.recv_batch_from_ce(frames);
+    let (_, datagrams) = e.sent();
+    let peer_addr: SocketAddr = PEER_A.parse().expect("peer");
+    let (mut to_site, mut to_vm) = (Vec::new(), Vec::new());
+    for (to, d) in &datagrams {
+        if *to == peer_addr {
+            let inner = peer.open(d).expect("the site opens it");
+            to_site.push((seq_of(d), inner[28]));
+        } else {
+            let (_, _, _, _, payload) = parse_vxlan(d);
+            to_vm.push(payload[28]);
+        }
+    }
+    let want_site: Vec<(u32, u8)> = (1u32..).zip((0u8..150).filter(|i| i % 3 != 1)).collect();
+    assert_eq!(
+        to_site, want_site,
+        "numbered in arrival order across the stage's flushes"
+    );
+    let want_vm: Vec<u8> = (0u8..150).filter(|i| i % 3 == 1).collect();
+    assert_eq!(to_vm, want_vm);
+}
+
 #[test]
 fn a_ces_packet_no_tunnel_covers_is_no_route() {
     let mut e = env();
