@@ -327,24 +327,37 @@ pub(crate) fn route_from_ces<F: FrameSource + ?Sized>(
             encap::deliver_routed(o, sh, t, now, to.vnet, host, pkt, &to.parsed, || Ok(()));
             continue;
         }
-        if let Some(chain) = t.features.vnet_outbound(vnet.index) {
-            let meta = PacketMeta {
-                tunnel: None,
-                direction: Direction::Outbound,
-                inside: Inside::Vnet(vnet.index),
-            };
-            if !o
-                .held
-                .hold(chain, pkt, meta, Resume::FromCe(Arc::clone(vnet)))
-            {
-                o.drop_packet(DropReason::FeatureHoldFull);
-            }
+        if hold_for_outbound_chain(o, t, vnet, pkt, Resume::FromCe) {
             continue;
         }
         if !o.ce_bound.hold(vnet, pkt) {
             o.drop_packet(DropReason::TooBig);
         }
     }
+}
+
+/// Holds `pkt`, an IP packet of VNet `vnet` on its way out (from a VM or a CE), for the VNet's
+/// outbound feature chain if it has one (`feature_hold_full` if the hold is full), to resume
+/// as `resume` says at the end of the pass; false if the VNet has no chain.
+fn hold_for_outbound_chain(
+    o: &mut Out,
+    t: &Tables,
+    vnet: &Arc<crate::vnet::Vnet>,
+    pkt: &mut [u8],
+    resume: fn(Arc<crate::vnet::Vnet>) -> Resume,
+) -> bool {
+    let Some(chain) = t.features.vnet_outbound(vnet.index) else {
+        return false;
+    };
+    let meta = PacketMeta {
+        tunnel: None,
+        direction: Direction::Outbound,
+        inside: Inside::Vnet(vnet.index),
+    };
+    if !o.held.hold(chain, pkt, meta, resume(Arc::clone(vnet))) {
+        o.drop_packet(DropReason::FeatureHoldFull);
+    }
+    true
 }
 
 /// A CE's packets held for the tunnels ([`Out::ce_bound`]) whose VNet is on a local VTEP that
@@ -590,18 +603,7 @@ fn from_host(
             {
                 return;
             }
-            if let Some(chain) = t.features.vnet_outbound(vnet.index) {
-                let meta = PacketMeta {
-                    tunnel: None,
-                    direction: Direction::Outbound,
-                    inside: Inside::Vnet(vnet.index),
-                };
-                if !o
-                    .held
-                    .hold(chain, pkt, meta, Resume::FromVnet(Arc::clone(vnet)))
-                {
-                    o.drop_packet(DropReason::FeatureHoldFull);
-                }
+            if hold_for_outbound_chain(o, t, vnet, pkt, Resume::FromVnet) {
                 return;
             }
             let no_tunnel = DropReason::VxlanNoTunnel;
