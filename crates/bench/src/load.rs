@@ -273,43 +273,7 @@ impl Loadgen {
     /// Resolves the gateway's MAC in the VNet: ARP requests (in VXLAN) for its gateway address
     /// until a reply arrives.
     pub(crate) fn resolve_gateway_mac(&self, timeout: Duration) -> Result<EthernetAddress> {
-        if let Ok(mut m) = self.gw_mac.lock() {
-            *m = None;
-        }
-        let req = packet::arp_request(net::VM_MAC, net::VM, net::VNET_GW);
-        let mut buf = [0u8; 128];
-        let n = packet::write_arp_frame(
-            &mut buf,
-            net::vni(),
-            EthernetAddress::BROADCAST,
-            net::VM_MAC,
-            &req,
-        )
-        .ok_or_else(|| BenchError::Gateway {
-            gateway: "protego",
-            reason: "cannot build an ARP request".to_owned(),
-            log_tail: String::new(),
-        })?;
-        let deadline = Instant::now() + timeout;
-        while Instant::now() < deadline {
-            self.host
-                .send_to(&buf[..n], BenchNet::gw_vtep())
-                .map_err(|e| BenchError::io("send an ARP request to the gateway", e))?;
-            for _ in 0..20 {
-                std::thread::sleep(Duration::from_millis(10));
-                if let Some(mac) = self.gw_mac.lock().ok().and_then(|m| *m) {
-                    return Ok(mac);
-                }
-            }
-        }
-        Err(BenchError::Gateway {
-            gateway: "protego",
-            reason: format!(
-                "no ARP reply for the VNet gateway {} within {timeout:?}",
-                net::VNET_GW
-            ),
-            log_tail: String::new(),
-        })
+        ask_gateway_mac(&self.host, &self.gw_mac, net::VM, timeout)
     }
 
     /// Points IKE messages arriving on the NAT-T socket at `inbox`.
@@ -690,4 +654,51 @@ pub(crate) fn drain(rx: &RxHandle, target: u64) {
             return;
         }
     }
+}
+
+/// Asks the gateway for its MAC in the VNet (an ARP request over VXLAN from `vm` for the
+/// VNet's gateway address, sent from `host` every 200 ms) until the host's receiver thread
+/// records the reply in `gw_mac`, or `timeout` passes.
+pub(crate) fn ask_gateway_mac(
+    host: &Socket,
+    gw_mac: &GatewayMac,
+    vm: std::net::Ipv4Addr,
+    timeout: Duration,
+) -> Result<EthernetAddress> {
+    if let Ok(mut m) = gw_mac.lock() {
+        *m = None;
+    }
+    let req = packet::arp_request(net::VM_MAC, vm, net::VNET_GW);
+    let mut buf = [0u8; 128];
+    let n = packet::write_arp_frame(
+        &mut buf,
+        net::vni(),
+        EthernetAddress::BROADCAST,
+        net::VM_MAC,
+        &req,
+    )
+    .ok_or_else(|| BenchError::Gateway {
+        gateway: "protego",
+        reason: "cannot build an ARP request".to_owned(),
+        log_tail: String::new(),
+    })?;
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        host.send_to(&buf[..n], BenchNet::gw_vtep())
+            .map_err(|e| BenchError::io("send an ARP request to the gateway", e))?;
+        for _ in 0..20 {
+            std::thread::sleep(Duration::from_millis(10));
+            if let Some(mac) = gw_mac.lock().ok().and_then(|m| *m) {
+                return Ok(mac);
+            }
+        }
+    }
+    Err(BenchError::Gateway {
+        gateway: "protego",
+        reason: format!(
+            "no ARP reply for the VNet gateway {} within {timeout:?}",
+            net::VNET_GW
+        ),
+        log_tail: String::new(),
+    })
 }

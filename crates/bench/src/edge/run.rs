@@ -243,38 +243,12 @@ impl Edge {
         {
             self.ce_tx.send(&[&buf[..n]]);
         }
-        if let Ok(mut m) = self.gw_mac.lock() {
-            *m = None;
-        }
-        let req = packet::arp_request(net::VM_MAC, plan::vm_addr(0), net::VNET_GW);
-        let n = packet::write_arp_frame(
-            &mut buf,
-            net::vni(),
-            EthernetAddress::BROADCAST,
-            net::VM_MAC,
-            &req,
+        crate::load::ask_gateway_mac(
+            &self.host,
+            &self.gw_mac,
+            plan::vm_addr(0),
+            Duration::from_secs(10),
         )
-        .ok_or_else(|| BenchError::NoTraffic {
-            case: "set-up".into(),
-            detail: "cannot build an ARP request".into(),
-        })?;
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while Instant::now() < deadline {
-            self.host
-                .send_to(&buf[..n], SocketAddr::from((net::GW_VTEP, net::VXLAN_PORT)))
-                .map_err(|e| BenchError::io("send an ARP request to the gateway", e))?;
-            for _ in 0..20 {
-                std::thread::sleep(Duration::from_millis(10));
-                if let Some(mac) = self.gw_mac.lock().ok().and_then(|m| *m) {
-                    return Ok(mac);
-                }
-            }
-        }
-        Err(BenchError::Gateway {
-            gateway: "protego",
-            reason: format!("no ARP reply for the VNet gateway {}", net::VNET_GW),
-            log_tail: String::new(),
-        })
     }
 
     /// Builds the packets of a run: `count` packets of `size` bytes, their VMs drawn from
