@@ -115,6 +115,7 @@ impl Applier for DataApplier {
                 .iter()
                 .map(rpc::convert::installed_to_pb)
                 .collect(),
+            ports: Vec::new(),
         }
     }
 
@@ -268,6 +269,10 @@ pub(crate) fn op_name(op: &pb::directive::Op) -> &'static str {
         Op::SetNodes(_) => "set_nodes",
         Op::SetRateLimit(_) => "set_rate_limit",
         Op::SetRateLimits(_) => "set_rate_limits",
+        Op::SetAttachments(_) => "set_attachments",
+        Op::SetCeMac(_) => "set_ce_mac",
+        Op::SetPortTag(_) => "set_port_tag",
+        Op::RemovePortTag(_) => "remove_port_tag",
     }
 }
 
@@ -369,6 +374,10 @@ fn data_event(msg: ToControl) -> Option<pb::node_event::Event> {
             inbound_spi: inbound_spi.0,
             local: local.to_string(),
             remote: remote.to_string(),
+        })),
+        ToControl::CeLearned { attachment, mac } => Some(Event::CeLearned(pb::CeMac {
+            attachment,
+            mac: mac.to_vec(),
         })),
         ToControl::Ike(_) => None,
     }

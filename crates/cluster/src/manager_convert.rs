@@ -58,6 +58,7 @@ pub(super) fn to_pb(
                     .collect(),
                 vnis: t.vnis.iter().map(vni_to_pb).collect(),
                 limits,
+                attachments: Vec::new(),
             });
             return Some((op, unsent));
         }

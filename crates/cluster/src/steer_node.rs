@@ -158,6 +158,7 @@ impl Applier for SteerApplier {
             boot_id: self.boot_id,
             installed_spis: Vec::new(),
             installed: Vec::new(),
+            ports: Vec::new(),
         }
     }
 

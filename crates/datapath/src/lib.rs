@@ -117,9 +117,9 @@ pub struct AttachmentConfig {
     pub tenant: TenantId,
     /// The tenant's VNet (by name, so that a VNet list replaced at run time keeps it).
     pub vnet: String,
-    /// The customer-facing network interface (opened with an AF_PACKET ring at start).
-    pub interface: String,
-    /// The tag pair (or single tag) of the attachment on `interface`.
+    /// Where the CE's frames come from and go to.
+    pub port: AttachmentPort,
+    /// The tag pair (or single tag) of the attachment on its port.
     pub tags: AttachmentTags,
     /// The gateway's address on the segment (answered to ARP, or ND for IPv6).
     pub gateway_ip: IpAddr,
@@ -129,6 +129,37 @@ pub struct AttachmentConfig {
     /// Prefixes behind the CE (its segment address included): the sources the CE may send
     /// from, and the destinations VNet traffic is sent to the CE for.
     pub routes: Vec<(IpAddr, u8)>,
+    /// The CE's MAC if already known (the distributed form: learned by another data node and
+    /// passed on by the control node, see [`ToControl::CeLearned`]); None: learned from the
+    /// CE's frames or asked for.
+    pub ce_mac: Option<[u8; 6]>,
+}
+
+/// Where an attachment's frames come from and go to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AttachmentPort {
+    /// A local network interface, opened with an AF_PACKET ring at start (the embedded form).
+    Interface(String),
+    /// A steer node's customer-facing port (the distributed form, relay mode): the steer node
+    /// sends the port's tagged frames inside Geneve with the port option, and takes the frames
+    /// toward the CE the same way.
+    Steer {
+        /// The steer node's Geneve address.
+        geneve: SocketAddr,
+        /// The port's id on that steer node (the Geneve port option).
+        port: u32,
+        /// The port's MAC: the gateway's MAC on the customer's segment.
+        mac: [u8; 6],
+    },
+}
+
+impl std::fmt::Display for AttachmentPort {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Interface(name) => f.write_str(name),
+            Self::Steer { geneve, port, .. } => write!(f, "port {port} of steer node {geneve}"),
+        }
+    }
 }
 
 /// Static configuration of the data plane.
@@ -166,8 +197,10 @@ pub struct DataplaneConfig {
     pub busy_poll: std::time::Duration,
     /// Relay mode behind steer nodes (None: the node owns its public addresses).
     pub relay: Option<RelayConfig>,
-    /// Customers attached at L2 over VLAN / Q-in-Q (fixed at start; their VNets are found by
-    /// name in the current VNets).
+    /// Customers attached at L2 over VLAN / Q-in-Q at start (their VNets are found by name
+    /// in the current VNets): on local interfaces ([`AttachmentPort::Interface`], fixed at
+    /// start), or in relay mode on steer nodes' ports (replaceable with
+    /// [`DataPath::set_attachments`]).
     pub attachments: Vec<AttachmentConfig>,
 }
 
@@ -201,6 +234,15 @@ pub enum ToControl {
         local: SocketAddr,
         /// Where it came from.
         remote: SocketAddr,
+    },
+    /// The data path learned the MAC of attachment `attachment`'s CE, or saw it change (the
+    /// distributed form passes it to the other data nodes, which may serve the attachment
+    /// after a move).
+    CeLearned {
+        /// The attachment's name.
+        attachment: String,
+        /// The CE's MAC.
+        mac: [u8; 6],
     },
 }
 
@@ -566,6 +608,26 @@ pub trait DataPath: Send + Sync {
         Err(DataplaneError::Unsupported {
             operation: "write_routes",
             reason: "this data path has no per-VM routes".into(),
+        })
+    }
+    /// Relay mode: replaces the attachments on steer nodes' ports, validated whole first
+    /// (errors name the field, e.g. `attachments[1].c_tag`); a CE MAC already known for an
+    /// attachment of the same name is kept unless the new configuration gives one. The
+    /// default refuses ([`DataplaneError::Unsupported`]).
+    fn set_attachments(&self, attachments: Vec<AttachmentConfig>) -> Result<(), DataplaneError> {
+        let _ = attachments;
+        Err(DataplaneError::Unsupported {
+            operation: "set_attachments",
+            reason: "this data path has a fixed set of attachments".into(),
+        })
+    }
+    /// Sets the MAC of attachment `attachment`'s CE (learned by another data node). The
+    /// default refuses ([`DataplaneError::Unsupported`]).
+    fn set_ce_mac(&self, attachment: &str, mac: [u8; 6]) -> Result<(), DataplaneError> {
+        let _ = (attachment, mac);
+        Err(DataplaneError::Unsupported {
+            operation: "set_ce_mac",
+            reason: "this data path has a fixed set of attachments".into(),
         })
     }
     /// The per-VM route table's size. The default has none.

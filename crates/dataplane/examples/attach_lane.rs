@@ -262,11 +262,12 @@ fn main() -> Result<(), Error> {
             name: "dc".into(),
             tenant: ids::TenantId::new("acme")?,
             vnet: "prod".into(),
-            interface: "gw0".into(),
+            port: datapath::AttachmentPort::Interface("gw0".into()),
             tags: AttachmentTags::Vlan { c_tag: 10 },
             gateway_ip: ip("10.99.0.1")?,
             ce_ip: None,
             routes: vec![(ip("10.99.0.0")?, 24)],
+            ce_mac: None,
         }],
     };
     let (tx, _rx) = crossbeam_channel::unbounded();

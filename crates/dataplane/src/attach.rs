@@ -348,7 +348,7 @@ impl AttachTable {
             if t.by_tags.insert(tag_key(iface, cfg.tags), i).is_some() {
                 return Err(DataplaneError::Config {
                     field: format!("attachments[{i}].tags"),
-                    reason: format!("{:?} on {} is used twice", cfg.tags, cfg.interface),
+                    reason: format!("{:?} on {} is used twice", cfg.tags, cfg.port),
                 });
             }
             t.list.push(Arc::new(a));

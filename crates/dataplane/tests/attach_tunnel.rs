@@ -150,13 +150,14 @@ impl Net {
             name: format!("dc-{}", self.name),
             tenant: ids::TenantId::new("acme").expect("tenant"),
             vnet: self.name.into(),
-            interface: "gw0".into(),
+            port: datapath::AttachmentPort::Interface("gw0".into()),
             tags: AttachmentTags::Vlan {
                 c_tag: u16::from(self.c_tag),
             },
             gateway_ip: ip(&format!("10.{}.0.1", self.segment)),
             ce_ip: None,
             routes: vec![(ip(&format!("10.{}.0.0", self.segment)), 24)],
+            ce_mac: None,
         }
     }
 

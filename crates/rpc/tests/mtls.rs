@@ -172,6 +172,7 @@ fn hello(name: &str, role: pb::Role) -> NodeMessage {
             boot_id: 1,
             installed_spis: Vec::new(),
             installed: Vec::new(),
+            ports: Vec::new(),
         })),
     }
 }

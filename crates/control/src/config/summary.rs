@@ -61,7 +61,7 @@ impl Config {
                 a.name,
                 a.tenant,
                 a.vnet,
-                a.interface,
+                a.port,
                 a.gateway_ip,
                 routes.join(" ")
             );

@@ -143,6 +143,10 @@ impl Driver {
                 self.endpoint
                     .peer_address_seen(now, inbound_spi, local, remote);
             }
+            // One data path serves every attachment here: nobody else needs the MAC.
+            ToControl::CeLearned { attachment, mac } => {
+                debug!(%attachment, mac = %wire::ethernet::EthernetAddress(mac), "CE MAC learned");
+            }
         }
     }
 

@@ -19,11 +19,12 @@ fn cfg(name: &str, tenant: &str, tags: AttachmentTags, ce: Option<&str>) -> Atta
         name: name.into(),
         tenant: ids::TenantId::new(tenant).expect("tenant"),
         vnet: "net".into(),
-        interface: "eth1".into(),
+        port: datapath::AttachmentPort::Interface("eth1".into()),
         tags,
         gateway_ip: ip("10.99.0.1"),
         ce_ip: ce.map(ip),
         routes: vec![(ip("10.99.0.0"), 24), (ip("192.168.0.0"), 16)],
+        ce_mac: None,
     }
 }
 

@@ -13,7 +13,7 @@
 use crate::lane::LaneKind;
 use crate::sys::tun::Tun;
 use crate::sys::tun_offload::Offloads;
-use datapath::{DataplaneConfig, DataplaneError};
+use datapath::{AttachmentPort, DataplaneConfig, DataplaneError};
 use netio::packet::PacketSocket;
 use netio::{SendMode, SocketOptions, UdpSocket};
 use std::io;
@@ -148,17 +148,23 @@ impl Sockets {
         let mut packet: Vec<PacketSocket> = Vec::new();
         let mut attach_iface = Vec::with_capacity(cfg.attachments.len());
         for (i, a) in cfg.attachments.iter().enumerate() {
+            let AttachmentPort::Interface(interface) = &a.port else {
+                return Err(DataplaneError::Config {
+                    field: format!("attachments[{i}].port"),
+                    reason: format!("{}: a steer node's port needs relay mode", a.port),
+                });
+            };
             let cannot = |e: std::io::Error| DataplaneError::Config {
                 field: format!("attachments[{i}].interface"),
-                reason: format!("cannot open an AF_PACKET ring on {}: {e}", a.interface),
+                reason: format!("cannot open an AF_PACKET ring on {interface}: {e}"),
             };
-            let ifindex = netio::packet::interface_index(&a.interface).map_err(cannot)?;
+            let ifindex = netio::packet::interface_index(interface).map_err(cannot)?;
             if let Some(at) = packet.iter().position(|p| p.ifindex() == ifindex) {
                 attach_iface.push(at);
                 continue;
             }
             attach_iface.push(packet.len());
-            packet.push(PacketSocket::open(&a.interface).map_err(cannot)?);
+            packet.push(PacketSocket::open(interface).map_err(cannot)?);
         }
         Ok(Self {
             socks,

@@ -43,7 +43,7 @@ fn valid_attachments_reach_the_data_plane() {
     assert_eq!(a[0].name, "acme-prod");
     assert_eq!(a[0].vnet, "prod");
     assert_eq!(a[0].tenant.as_str(), "acme");
-    assert_eq!(a[0].interface, "eth1");
+    assert_eq!(a[0].port, datapath::AttachmentPort::Interface("eth1".into()));
     assert_eq!(
         a[0].tags,
         AttachmentTags::QinQ {

@@ -6,7 +6,7 @@
 use super::{parse_prefix, CheckedVnet, Validator};
 use crate::config::raw::RawAttachment;
 use crate::error::ConfigError;
-use datapath::{AttachmentConfig, AttachmentTags};
+use datapath::{AttachmentConfig, AttachmentPort, AttachmentTags};
 use ids::TenantId;
 use std::net::IpAddr;
 use toml::Spanned;
@@ -116,7 +116,10 @@ impl Validator<'_, '_> {
         };
         if let Some(other) = done
             .iter()
-            .find(|o| o.config.interface == *interface && o.config.tags == tags)
+            .find(|o| {
+                matches!(&o.config.port, AttachmentPort::Interface(i) if i == interface)
+                    && o.config.tags == tags
+            })
         {
             let at = a.s_tag.as_ref().map_or(a.c_tag.span(), Spanned::span);
             return Err(self.err(
@@ -204,11 +207,12 @@ impl Validator<'_, '_> {
                 name,
                 tenant,
                 vnet: vnet.clone(),
-                interface: interface.clone(),
+                port: AttachmentPort::Interface(interface.clone()),
                 tags,
                 gateway_ip,
                 ce_ip,
                 routes,
+                ce_mac: None,
             },
             line: self.line(&a.name.span()),
         })

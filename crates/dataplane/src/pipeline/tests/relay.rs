@@ -1014,11 +1014,12 @@ fn relay_configuration_is_validated_by_field() {
         name: "dc".into(),
         tenant: ids::TenantId::new("a").expect("tenant"),
         vnet: "a-net".into(),
-        interface: "lo".into(),
+        port: datapath::AttachmentPort::Interface("lo".into()),
         tags: crate::AttachmentTags::Vlan { c_tag: 10 },
         gateway_ip: ip("10.99.0.1"),
         ce_ip: None,
         routes: vec![(ip("10.99.0.0"), 24)],
+        ce_mac: None,
     });
     check(c, "attachments");
     let mut c = base();

@@ -28,11 +28,12 @@ fn attachment(name: &str, tenant: &str, s_tag: u16) -> AttachmentConfig {
         name: name.into(),
         tenant: ids::TenantId::new(tenant).expect("tenant"),
         vnet: format!("{tenant}-net"),
-        interface: "lo".into(),
+        port: datapath::AttachmentPort::Interface("lo".into()),
         tags: AttachmentTags::QinQ { s_tag, c_tag: 10 },
         gateway_ip: ip("10.99.0.1"),
         ce_ip: None,
         routes: vec![(ip("10.99.0.0"), 24)],
+        ce_mac: None,
     }
 }
 
@@ -554,7 +555,7 @@ fn an_interface_under_two_names_is_one_interface() {
             attachments: vec![attachment("a", "a", 100), second],
         };
         let alias = |s_tag| AttachmentConfig {
-            interface: "lo-alt".into(),
+            port: datapath::AttachmentPort::Interface("lo-alt".into()),
             ..attachment("b", "b", s_tag)
         };
         // Other tags: one socket, both attachments on it (frames are read once).
