@@ -14,10 +14,10 @@
 use crate::stats::DropReason;
 use crate::vnet::nd::NdOut;
 use crate::vnet::{link_local, Vnet};
-use datapath::{AttachmentConfig, AttachmentTags, DataplaneError};
+use datapath::{AttachmentConfig, AttachmentPort, AttachmentTags, DataplaneError};
 use ipnet::IpNet;
 use rustc_hash::FxHashMap;
-use std::net::{IpAddr, Ipv6Addr};
+use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -44,6 +44,20 @@ pub(crate) fn tag_key(iface: usize, tags: AttachmentTags) -> TagKey {
     }
 }
 
+/// Where an attachment's frames toward the CE leave.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum AttachOut {
+    /// On the local packet interface with this index (the I/O stage's packet sockets).
+    Packet(usize),
+    /// Inside Geneve with the port option, to the steer node owning the port (relay mode).
+    Steer {
+        /// The steer node's Geneve address.
+        geneve: SocketAddr,
+        /// The port's id there.
+        port: u32,
+    },
+}
+
 /// One attachment at run time.
 pub(crate) struct Attachment {
     /// Index in the configuration.
@@ -54,8 +68,8 @@ pub(crate) struct Attachment {
     pub(crate) tenant: ids::TenantId,
     /// The VNet's name (resolved per snapshot, [`AttachView`]).
     pub(crate) vnet: String,
-    /// Index of its interface in the I/O stage's packet sockets.
-    pub(crate) iface: usize,
+    /// Where its frames toward the CE leave.
+    pub(crate) out: AttachOut,
     /// Its tags.
     pub(crate) tags: AttachmentTags,
     /// The gateway's address on the segment.
@@ -79,12 +93,12 @@ pub(crate) struct Attachment {
 const KNOWN: u64 = 1 << 63;
 
 impl Attachment {
-    /// Builds attachment `index` on interface `iface` (whose MAC is `mac`); errors name the
-    /// field (`attachments[i].routes[j]`).
+    /// Builds attachment `index` whose frames leave by `out`, the gateway's MAC there being
+    /// `mac`; errors name the field (`attachments[i].routes[j]`).
     pub(crate) fn new(
         index: usize,
         cfg: &AttachmentConfig,
-        iface: usize,
+        out: AttachOut,
         mac: [u8; 6],
     ) -> Result<Self, DataplaneError> {
         let field = |f: &str| format!("attachments[{index}].{f}");
@@ -108,12 +122,12 @@ impl Attachment {
             });
         }
         let mac = EthernetAddress(mac);
-        Ok(Self {
+        let a = Self {
             index,
             name: cfg.name.clone(),
             tenant: cfg.tenant.clone(),
             vnet: cfg.vnet.clone(),
-            iface,
+            out,
             tags: cfg.tags,
             gateway_ip: cfg.gateway_ip,
             ce_ip: cfg.ce_ip,
@@ -123,7 +137,18 @@ impl Attachment {
             ce_mac: AtomicU64::new(0),
             last_request: AtomicU64::new(0),
             epoch: Instant::now(),
-        })
+        };
+        if let Some(m) = cfg.ce_mac {
+            let m = EthernetAddress(m);
+            if !m.is_unicast() {
+                return Err(DataplaneError::Config {
+                    field: field("ce_mac"),
+                    reason: format!("{m} is not a unicast MAC"),
+                });
+            }
+            a.set_ce(m);
+        }
+        Ok(a)
     }
 
     /// True if `ip` is behind the CE (a source it may send from, a destination sent to it).
@@ -140,17 +165,21 @@ impl Attachment {
         })
     }
 
-    /// Records the CE's MAC (a unicast one; others are ignored).
-    pub(crate) fn learn_ce(&self, mac: EthernetAddress) {
-        if !mac.is_unicast() {
-            return;
+    /// Records the CE's MAC (a unicast one; others are ignored); true if it was not the one
+    /// known (the caller tells the control plane, [`datapath::ToControl::CeLearned`]).
+    pub(crate) fn learn_ce(&self, mac: EthernetAddress) -> bool {
+        if !mac.is_unicast() || !self.set_ce(mac) {
+            return false;
         }
+        tracing::info!(attachment = %self.name, tenant = %self.tenant, ce_mac = %mac, "CE MAC learned");
+        true
+    }
+
+    /// Sets the CE's MAC (learned elsewhere); true if it changed.
+    pub(crate) fn set_ce(&self, mac: EthernetAddress) -> bool {
         let m = mac.0;
         let v = KNOWN | u64::from_be_bytes([0, 0, m[0], m[1], m[2], m[3], m[4], m[5]]);
-        if self.ce_mac.load(Ordering::Relaxed) != v {
-            self.ce_mac.store(v, Ordering::Relaxed);
-            tracing::info!(attachment = %self.name, tenant = %self.tenant, ce_mac = %mac, "CE MAC learned");
-        }
+        self.ce_mac.swap(v, Ordering::Relaxed) != v
     }
 
     /// True if a frame from `ip` may teach the CE's MAC: the CE's address if configured, else
@@ -297,25 +326,32 @@ pub(crate) enum Request {
     None,
 }
 
-/// Every attachment, and how tags find them (fixed at start).
+/// Every attachment, and how tags find them: fixed at start for local interfaces; in relay
+/// mode replaced whole by [`AttachTable::on_steer_ports`] (published with the tables).
 #[derive(Default)]
 pub(crate) struct AttachTable {
     /// By configuration index.
     pub(crate) list: Vec<Arc<Attachment>>,
     by_tags: FxHashMap<TagKey, usize>,
+    /// Relay mode: the steer nodes' ports the attachments are on, as (steer node's Geneve
+    /// address, port id there); an attachment's `iface` is its port's index here.
+    pub(crate) steer_ports: Vec<(SocketAddr, u32)>,
 }
 
+/// Where attachment `i` is: its port's index and output, and the gateway's MAC there.
+type PortOf = ((usize, AttachOut), [u8; 6]);
+
 impl AttachTable {
-    /// Builds the table from the configuration; `iface_of(i)` is attachment `i`'s interface
-    /// index and MAC. Errors name the field.
+    /// Builds the table from the configuration; `port_of(i, cfg)` is attachment `i`'s port.
+    /// Errors name the field.
     pub(crate) fn new(
         cfgs: &[AttachmentConfig],
-        iface_of: impl Fn(usize) -> (usize, [u8; 6]),
+        mut port_of: impl FnMut(usize, &AttachmentConfig) -> Result<PortOf, DataplaneError>,
     ) -> Result<Self, DataplaneError> {
         let mut t = Self::default();
         for (i, cfg) in cfgs.iter().enumerate() {
-            let (iface, mac) = iface_of(i);
-            let a = Attachment::new(i, cfg, iface, mac)?;
+            let ((iface, out), mac) = port_of(i, cfg)?;
+            let a = Attachment::new(i, cfg, out, mac)?;
             if cfgs[..i].iter().any(|o| o.name == cfg.name) {
                 return Err(DataplaneError::Config {
                     field: format!("attachments[{i}].name"),
@@ -356,22 +392,75 @@ impl AttachTable {
         Ok(t)
     }
 
+    /// Relay mode: the attachments of `cfgs`, every one on a steer node's port; a CE MAC
+    /// known in `previous` for an attachment of the same name, on the same port and tags, is
+    /// kept unless `cfgs` gives one. Errors name the field.
+    pub(crate) fn on_steer_ports(
+        cfgs: &[AttachmentConfig],
+        previous: &AttachTable,
+    ) -> Result<Self, DataplaneError> {
+        let mut ports: Vec<(SocketAddr, u32)> = Vec::new();
+        let mut t = Self::new(cfgs, |i, cfg| match cfg.port {
+            AttachmentPort::Steer { geneve, port, mac } => {
+                let at = match ports.iter().position(|&p| p == (geneve, port)) {
+                    Some(at) => at,
+                    None => {
+                        ports.push((geneve, port));
+                        ports.len() - 1
+                    }
+                };
+                Ok(((at, AttachOut::Steer { geneve, port }), mac))
+            }
+            AttachmentPort::Interface(ref name) => Err(DataplaneError::Config {
+                field: format!("attachments[{i}].port"),
+                reason: format!(
+                    "interface {name}: in relay mode an attachment is on a steer node's port"
+                ),
+            }),
+        })?;
+        t.steer_ports = ports;
+        for (a, cfg) in t.list.iter().zip(cfgs) {
+            if cfg.ce_mac.is_some() {
+                continue;
+            }
+            let kept = previous
+                .by_name(&a.name)
+                .filter(|o| o.out == a.out && o.tags == a.tags)
+                .and_then(|o| o.ce_mac());
+            if let Some(mac) = kept {
+                a.set_ce(mac);
+            }
+        }
+        Ok(t)
+    }
+
+    /// The index of port `port` of the steer node at `steer`, if an attachment is on it.
+    pub(crate) fn steer_port(&self, steer: SocketAddr, port: u32) -> Option<usize> {
+        self.steer_ports.iter().position(|&p| p == (steer, port))
+    }
+
+    /// The attachment named `name`.
+    pub(crate) fn by_name(&self, name: &str) -> Option<&Arc<Attachment>> {
+        self.list.iter().find(|a| a.name == name)
+    }
+
     /// The attachment with these tags.
     #[inline]
     pub(crate) fn find(&self, key: TagKey) -> Option<&Arc<Attachment>> {
         self.by_tags.get(&key).and_then(|&i| self.list.get(i))
     }
 
-    /// Which VNet of `vnets` each attachment serves (by tenant and name).
-    pub(crate) fn view(&self, vnets: &[Arc<Vnet>]) -> AttachView {
-        if self.list.is_empty() {
+    /// Which VNet of `vnets` each attachment of `table` serves (by tenant and name).
+    pub(crate) fn view(table: &Arc<Self>, vnets: &[Arc<Vnet>]) -> AttachView {
+        if table.list.is_empty() {
             return AttachView::default();
         }
         let mut view = AttachView {
-            vnet: Vec::with_capacity(self.list.len()),
+            table: Arc::clone(table),
+            vnet: Vec::with_capacity(table.list.len()),
             by_vnet: vec![Vec::new(); vnets.len()],
         };
-        for a in &self.list {
+        for a in &table.list {
             let v = vnets
                 .iter()
                 .position(|v| v.tenant == a.tenant && v.name == a.vnet);
@@ -384,9 +473,12 @@ impl AttachTable {
     }
 }
 
-/// Per published snapshot: the VNet each attachment serves and the attachments of each VNet.
+/// Per published snapshot: the attachments, the VNet each one serves and the attachments of
+/// each VNet.
 #[derive(Default)]
 pub(crate) struct AttachView {
+    /// The attachments.
+    pub(crate) table: Arc<AttachTable>,
     /// By attachment index: its VNet's index (None: the VNet is gone).
     pub(crate) vnet: Vec<Option<usize>>,
     /// By VNet index: its attachments.
@@ -394,6 +486,12 @@ pub(crate) struct AttachView {
 }
 
 impl AttachView {
+    /// The attachment with these tags.
+    #[inline]
+    pub(crate) fn find(&self, key: TagKey) -> Option<&Arc<Attachment>> {
+        self.table.find(key)
+    }
+
     /// The attachment of VNet `vnet` that `dst` is behind, if any.
     #[inline]
     pub(crate) fn toward(&self, vnet: usize, dst: IpAddr) -> Option<&Arc<Attachment>> {

@@ -182,6 +182,25 @@ impl Dataplane {
         self.shared.set_inside(vnets, tunnels)
     }
 
+    /// Relay mode: replaces the customers attached at L2 on the steer nodes' ports
+    /// ([`AttachmentPort::Steer`](datapath::AttachmentPort::Steer)), validated whole first
+    /// (errors name the field, e.g. `attachments[1].routes[0]`; nothing changes then). A CE
+    /// MAC already known for an attachment of the same name, port and tags is kept unless
+    /// the new configuration gives one. Workers use them from their next batch on. Outside
+    /// relay mode: [`DataplaneError::Unsupported`] (local interfaces are opened at start).
+    pub fn set_attachments(
+        &self,
+        attachments: Vec<datapath::AttachmentConfig>,
+    ) -> Result<(), DataplaneError> {
+        self.shared.set_attachments(attachments)
+    }
+
+    /// Sets the MAC of attachment `attachment`'s CE (learned by another data node); an
+    /// unknown name or a MAC that is not unicast is refused ([`DataplaneError::Config`]).
+    pub fn set_ce_mac(&self, attachment: &str, mac: [u8; 6]) -> Result<(), DataplaneError> {
+        self.shared.set_ce_mac(attachment, mac)
+    }
+
     /// Sets `tenant`'s feature chain for `direction` (an empty chain removes it): the stages
     /// every packet of the tenant's tunnels runs through, in order, after decryption
     /// (inbound) or before the CHILD_SA is chosen and the packet encrypted (outbound); see
@@ -345,6 +364,17 @@ impl DataPath for Dataplane {
         tunnels: Vec<TunnelBinding>,
     ) -> Result<(), DataplaneError> {
         Dataplane::set_inside(self, vnets, tunnels)
+    }
+
+    fn set_attachments(
+        &self,
+        attachments: Vec<datapath::AttachmentConfig>,
+    ) -> Result<(), DataplaneError> {
+        Dataplane::set_attachments(self, attachments)
+    }
+
+    fn set_ce_mac(&self, attachment: &str, mac: [u8; 6]) -> Result<(), DataplaneError> {
+        Dataplane::set_ce_mac(self, attachment, mac)
     }
 
     fn change_routes(&self, change: RouteChange) -> Result<RouteChangeReport, DataplaneError> {

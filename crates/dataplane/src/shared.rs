@@ -3,7 +3,7 @@
 //! and tunnel bindings, steer nodes, feature chains), the lanes and send batch pools, and the
 //! counters. The pipeline's stages import this module; it imports none of them.
 
-use crate::attach::AttachTable;
+use crate::attach::{AttachOut, AttachTable};
 use crate::feature::{Direction, FeatureChain, FeatureDrops};
 use crate::io::sockets::Sockets;
 use crate::lane::Lane;
@@ -15,7 +15,8 @@ use crate::stats::{DropCounters, WorkerCounters};
 use crate::tables::{Published, Registry};
 use crossbeam_channel::{Sender, TrySendError};
 use datapath::{
-    DataplaneConfig, DataplaneError, RelayConfig, ToControl, TunnelBinding, VnetConfig,
+    AttachmentConfig, DataplaneConfig, DataplaneError, RelayConfig, ToControl, TunnelBinding,
+    VnetConfig,
 };
 use netio::{Waker, RX_SLOT};
 use std::net::{IpAddr, SocketAddr};
@@ -118,8 +119,10 @@ pub(crate) struct Shared {
     pub(crate) housekeeping: Mutex<Instant>,
     /// Set at shutdown (workers busy with full batches check it between batches).
     pub(crate) stop: AtomicBool,
-    /// Customers attached at L2 (fixed at start).
-    pub(crate) attach: AttachTable,
+    /// Customers attached at L2: on local interfaces, fixed at start; in relay mode on the
+    /// steer nodes' ports, replaced by [`Shared::set_attachments`]. Published with the tables
+    /// ([`crate::attach::AttachView`]).
+    pub(crate) attach: Mutex<Arc<AttachTable>>,
 }
 
 fn config_err(field: impl Into<String>, reason: impl Into<String>) -> DataplaneError {
@@ -159,14 +162,6 @@ pub(crate) fn validate(cfg: &DataplaneConfig) -> Result<(), DataplaneError> {
             }
             if cfg.vxlan_port == cfg.natt_port {
                 return Err(config_err("vxlan_port", "must differ from natt_port"));
-            }
-            if !cfg.attachments.is_empty() {
-                // A CE's packets for a tunnel are numbered in the order of the VNet's VTEP
-                // lane, the CHILD_SA's one ordering domain; relay mode has no VTEP lanes.
-                return Err(config_err(
-                    "attachments",
-                    "must be empty in relay mode (attachments need the VNets' VTEP lanes)",
-                ));
             }
         }
     }
@@ -310,12 +305,16 @@ impl Shared {
         )?;
         routes.set_vnets(route_vnets(&overlay, &vtep_ips));
         let io = Sockets::open(&cfg, &vtep_ips)?;
-        let attach = AttachTable::new(&cfg.attachments, |i| {
-            let iface = io
-                .packet_iface(i)
-                .expect("Sockets::open opened every attachment's interface");
-            (iface, io.packet[iface].mac())
-        })?;
+        let attach = Arc::new(if cfg.relay.is_some() {
+            AttachTable::on_steer_ports(&cfg.attachments, &AttachTable::default())?
+        } else {
+            AttachTable::new(&cfg.attachments, |i, _| {
+                let iface = io
+                    .packet_iface(i)
+                    .expect("Sockets::open opened every attachment's interface");
+                Ok(((iface, AttachOut::Packet(iface)), io.packet[iface].mac()))
+            })?
+        });
         let waker = Waker::new().map_err(|source| DataplaneError::Start { source })?;
         let relays = cfg
             .relay
@@ -324,7 +323,7 @@ impl Shared {
         let registry = Registry::new(Arc::new(overlay), relays);
         let tables = Published::default();
         let mut first = registry.snapshot();
-        first.attach = attach.view(&first.overlay.vnets);
+        first.attach = AttachTable::view(&attach, &first.overlay.vnets);
         tables.store(first);
         let allowed = allowed_cpus();
         let workers = match cfg.workers {
@@ -368,7 +367,7 @@ impl Shared {
             worker_stats: (0..workers).map(|_| WorkerCounters::default()).collect(),
             housekeeping: Mutex::new(Instant::now() + HOUSEKEEPING),
             stop: AtomicBool::new(false),
-            attach,
+            attach: Mutex::new(attach),
         })
     }
 
@@ -486,8 +485,66 @@ impl Shared {
     /// Publishes the registry's current state to the packet path.
     pub(crate) fn publish(&self, reg: &Registry) {
         let mut t = reg.snapshot();
-        t.attach = self.attach.view(&t.overlay.vnets);
+        t.attach = AttachTable::view(&self.attachments(), &t.overlay.vnets);
         self.tables.store(t);
+    }
+
+    /// The current attachments (a poisoned lock still holds a whole table: it is replaced in
+    /// one store).
+    fn attachments(&self) -> Arc<AttachTable> {
+        Arc::clone(&self.attach.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    /// Relay mode: replaces the attachments (validated whole first; CE MACs carried over by
+    /// name, see [`AttachTable::on_steer_ports`]) and publishes them.
+    pub(crate) fn set_attachments(
+        &self,
+        attachments: Vec<AttachmentConfig>,
+    ) -> Result<(), DataplaneError> {
+        if self.cfg.relay.is_none() {
+            return Err(DataplaneError::Unsupported {
+                operation: "set_attachments",
+                reason: "attachments on local interfaces are fixed at start".into(),
+            });
+        }
+        // The registry's lock orders this against other publications.
+        let reg = self.registry();
+        let table = {
+            let mut current = self.attach.lock().unwrap_or_else(|p| p.into_inner());
+            let table = Arc::new(AttachTable::on_steer_ports(&attachments, &current)?);
+            *current = Arc::clone(&table);
+            table
+        };
+        self.publish(&reg);
+        drop(reg);
+        tracing::info!(
+            attachments = table.list.len(),
+            ports = table.steer_ports.len(),
+            "attachments replaced"
+        );
+        Ok(())
+    }
+
+    /// Sets the MAC of attachment `name`'s CE, learned by another data node.
+    pub(crate) fn set_ce_mac(&self, name: &str, mac: [u8; 6]) -> Result<(), DataplaneError> {
+        let table = self.attachments();
+        let Some(a) = table.by_name(name) else {
+            return Err(DataplaneError::Config {
+                field: "attachment".into(),
+                reason: format!("no attachment named {name:?}"),
+            });
+        };
+        let mac = wire::ethernet::EthernetAddress(mac);
+        if !mac.is_unicast() {
+            return Err(DataplaneError::Config {
+                field: "mac".into(),
+                reason: format!("{mac} is not a unicast MAC"),
+            });
+        }
+        if a.set_ce(mac) {
+            tracing::info!(attachment = %name, ce_mac = %mac, "CE MAC set by the control plane");
+        }
+        Ok(())
     }
 
     /// Hands a message to the control plane; false if it could not take it.

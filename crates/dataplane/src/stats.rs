@@ -136,6 +136,9 @@ drops! {
     /// Attachment: a packet for the CE from a host whose VNet routes do not place its source
     /// there.
     AttachVnetSource = "attach_vnet_source",
+    /// Attachment (relay mode): a customer's frame from a steer node for a port of that steer
+    /// node that no attachment is on.
+    AttachUnknownPort = "attach_unknown_port",
 }
 
 /// Number of drop reasons.

@@ -160,6 +160,10 @@ fn batch(sh: &Shared, w: &mut Worker, routes: &RouteReader, lane: usize) -> Batc
         // Both directions: the outbound part in arrival order under the stage, the inbound
         // part (ESP from peers) in parallel after it.
         let p = process(sh, w, r, l.kind, now, Pass::Serial);
+        // CEs' packets for the tunnels (relayed frames of steer nodes' ports) are numbered
+        // here, under the stage, in the one ordering domain of relay mode's CHILD_SAs.
+        let tables = w.out.tables();
+        graph::seal_from_ces(&mut w.out, sh, &tables, |_| true);
         drop(stage);
         process(sh, w, r, l.kind, now, Pass::Parallel);
         p
@@ -382,12 +386,7 @@ fn handle<'p, 't>(
         // TUN packets are read into their own batch (process_tun).
         LaneKind::Tun => graph::tun(o, sh, t, data),
         // Frames of attachment interfaces too (process_frames).
-        LaneKind::Attach { iface } => {
-            let mut lookups = graph::CeLookups::new();
-            let frame = &mut graph::OneFrame(data);
-            graph::attach(o, sh, t, r, now, iface, 0, frame, &mut lookups);
-            graph::route_from_ces(o, sh, t, r, now, frame, &mut lookups);
-        }
+        LaneKind::Attach { iface } => graph::attach_one(o, sh, t, r, now, iface, data),
     }
 }
 

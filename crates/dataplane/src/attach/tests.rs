@@ -136,7 +136,7 @@ fn written_headers_read_back_with_wire() {
 }
 
 fn attachment(ce: Option<&str>) -> Attachment {
-    Attachment::new(0, &cfg("a", "t", QINQ, ce), 0, GW_MAC).expect("valid")
+    Attachment::new(0, &cfg("a", "t", QINQ, ce), AttachOut::Packet(0), GW_MAC).expect("valid")
 }
 
 fn arp_req(sender: [u8; 4], target: [u8; 4]) -> ArpRepr {
@@ -206,7 +206,7 @@ fn neighbour_solicitation_for_an_ipv6_gateway() {
     let mut c = cfg("v6", "t", QINQ, None);
     c.gateway_ip = ip("fd99::1");
     c.routes = vec![(ip("fd99::"), 64)];
-    let a = Attachment::new(0, &c, 0, GW_MAC).expect("valid");
+    let a = Attachment::new(0, &c, AttachOut::Packet(0), GW_MAC).expect("valid");
     let ce: Ipv6Addr = "fd99::2".parse().expect("ip");
     let ns = NdpRepr::NeighborSolicit {
         target_addr: "fd99::1".parse().expect("ip"),
@@ -287,32 +287,34 @@ fn attachments_find_their_own_tenants_vnet_by_name() {
             None,
         ),
     ];
-    let table = AttachTable::new(&cfgs, |_| (0, GW_MAC)).expect("valid");
+    let table =
+        AttachTable::new(&cfgs, |_, _| Ok(((0, AttachOut::Packet(0)), GW_MAC))).expect("valid");
     assert_eq!(table.find((0, 100, 10)).map(|a| a.index), Some(0));
     assert_eq!(table.find((0, 200, 10)).map(|a| a.index), Some(1));
     assert!(table.find((0, 100, 11)).is_none());
     assert!(table.find((1, 100, 10)).is_none(), "another interface");
     // Both tenants have a VNet called "net", in another order: each finds its own.
     let vnets = vec![vnet("globex", "net", 0), vnet("acme", "net", 1)];
-    let view = table.view(&vnets);
+    let table = Arc::new(table);
+    let view = AttachTable::view(&table, &vnets);
     assert_eq!(view.vnet, vec![Some(1), Some(0)]);
     let a = view.toward(1, ip("192.168.3.4")).expect("behind acme's CE");
     assert_eq!(a.name, "a");
     assert!(view.toward(1, ip("10.0.0.5")).is_none(), "a VM, not the CE");
     // A VNet list without acme's VNet leaves the attachment without one.
-    let view = table.view(&vnets[..1]);
+    let view = AttachTable::view(&table, &vnets[..1]);
     assert_eq!(view.vnet, vec![None, Some(0)]);
     // Prefixes are checked as the configuration does.
     let mut host_bits = cfg("h", "acme", QINQ, None);
     host_bits.routes = vec![(ip("10.99.0.1"), 24)];
     assert!(matches!(
-        Attachment::new(4, &host_bits, 0, GW_MAC),
+        Attachment::new(4, &host_bits, AttachOut::Packet(0), GW_MAC),
         Err(DataplaneError::Config { field, .. }) if field == "attachments[4].routes[0]"
     ));
     // The same tags twice on one interface are refused.
     let twice = vec![cfg("a", "acme", QINQ, None), cfg("b", "globex", QINQ, None)];
     assert!(matches!(
-        AttachTable::new(&twice, |_| (0, GW_MAC)),
+        AttachTable::new(&twice, |_, _| Ok(((0, AttachOut::Packet(0)), GW_MAC))),
         Err(DataplaneError::Config { field, .. }) if field == "attachments[1].tags"
     ));
     // Two attachments of one VNet behind overlapping prefixes are refused (the way to the
@@ -321,7 +323,7 @@ fn attachments_find_their_own_tenants_vnet_by_name() {
     branch.routes = vec![(ip("10.98.0.0"), 24), (ip("192.168.7.0"), 24)];
     let overlapping = vec![cfg("a", "acme", QINQ, None), branch];
     assert!(matches!(
-        AttachTable::new(&overlapping, |_| (0, GW_MAC)),
+        AttachTable::new(&overlapping, |_, _| Ok(((0, AttachOut::Packet(0)), GW_MAC))),
         Err(DataplaneError::Config { field, .. }) if field == "attachments[1].routes[1]"
     ));
 }

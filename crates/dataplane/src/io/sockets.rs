@@ -147,7 +147,13 @@ impl Sockets {
         // property add … altname`) is the same interface, whose frames must be read once.
         let mut packet: Vec<PacketSocket> = Vec::new();
         let mut attach_iface = Vec::with_capacity(cfg.attachments.len());
-        for (i, a) in cfg.attachments.iter().enumerate() {
+        // Relay mode: the attachments are on the steer nodes' ports (no local interface).
+        let local = if cfg.relay.is_some() {
+            &[][..]
+        } else {
+            &cfg.attachments[..]
+        };
+        for (i, a) in local.iter().enumerate() {
             let AttachmentPort::Interface(interface) = &a.port else {
                 return Err(DataplaneError::Config {
                     field: format!("attachments[{i}].port"),

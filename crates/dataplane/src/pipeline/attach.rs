@@ -23,7 +23,7 @@
 //! Frames to the CE are written into the send batch under the interface's socket index
 //! ([`packet_sock`]), so they leave in the lane's order with the batch's `sendmmsg`.
 
-use crate::attach::{self, Attachment, Request};
+use crate::attach::{self, AttachOut, Attachment, Request};
 use crate::batch::UNSPECIFIED;
 use crate::inner::{self, InnerIp};
 use crate::out::{Out, PACKET_SOCK_BASE};
@@ -33,6 +33,7 @@ use crate::stats::DropReason;
 use crate::tables::Tables;
 use crate::vnet::nd::NdOut;
 use crate::vnet::Vnet;
+use datapath::ToControl;
 use std::net::IpAddr;
 use std::ops::Range;
 use std::time::Instant;
@@ -77,7 +78,7 @@ pub(crate) fn from_ce(
         Err(reason) => return dropped(o, reason),
     };
     let (s_tag, c_tag) = tagged.tags;
-    let Some(a) = sh.attach.find((iface, s_tag, c_tag)) else {
+    let Some(a) = t.attach.find((iface, s_tag, c_tag)) else {
         return dropped(o, DropReason::AttachUnknownTags);
     };
     let Some(vnet) = t.attach.vnet.get(a.index).copied().flatten() else {
@@ -127,7 +128,7 @@ pub(crate) fn from_ce(
                 return dropped(o, DropReason::AttachSource);
             }
             if a.teaches(src) {
-                a.learn_ce(tagged.src);
+                learn_ce(sh, a, tagged.src);
             }
             // Behind a CE of the VNet (this one's included: routed back out, as a router
             // does); else a VM's or beyond the VNet's tunnels: the lookup stage decides.
@@ -206,7 +207,7 @@ fn arp(o: &mut Out, sh: &Shared, a: &Attachment, payload: &[u8]) {
     };
     let (reply, learn) = a.arp(&repr);
     if learn {
-        a.learn_ce(repr.source_hardware_addr);
+        learn_ce(sh, a, repr.source_hardware_addr);
     }
     match reply {
         Some(r) => send_frame(
@@ -234,7 +235,7 @@ fn nd(o: &mut Out, sh: &Shared, a: &Attachment, frame_src: EthernetAddress, pkt:
     };
     let (reply, learn) = a.nd(src, frame_src, &msg);
     if let Some(mac) = learn {
-        a.learn_ce(mac);
+        learn_ce(sh, a, mac);
     }
     match reply {
         Some(r) => send_nd(o, sh, a, &r),
@@ -255,8 +256,63 @@ fn send_nd(o: &mut Out, sh: &Shared, a: &Attachment, r: &NdOut) {
     );
 }
 
+/// Records the CE's MAC; a new one is told to the control plane (in the distributed form
+/// the other data nodes need it once the attachment moves to them).
+fn learn_ce(sh: &Shared, a: &Attachment, mac: EthernetAddress) {
+    if a.learn_ce(mac) {
+        let msg = ToControl::CeLearned {
+            attachment: a.name.clone(),
+            mac: mac.0,
+        };
+        if !sh.tell_control(msg) {
+            tracing::debug!(attachment = %a.name, "control plane busy: CE MAC not reported");
+        }
+    }
+}
+
+/// Bytes written in front of a frame toward attachment `a`'s CE: none on a local interface,
+/// the Geneve header with the port option toward a steer node.
+fn out_prefix(a: &Attachment) -> usize {
+    match a.out {
+        AttachOut::Packet(_) => 0,
+        AttachOut::Steer { .. } => wire::relay::l2_header_len(false),
+    }
+}
+
+/// Room for a frame of up to `max` bytes toward attachment `a`'s CE, behind the prefix its
+/// way out needs ([`out_prefix`], written by [`commit_frame`]).
+fn frame_room<'o>(o: &'o mut Out, sh: &Shared, a: &Attachment, max: usize) -> Option<&'o mut [u8]> {
+    let prefix = out_prefix(a);
+    o.room(sh, prefix + max).map(|room| &mut room[prefix..])
+}
+
+/// Commits the frame of `len` bytes written into the last [`frame_room`]: to the
+/// interface's socket, or in Geneve with the port option to the port's steer node through
+/// the relay socket.
+fn commit_frame(o: &mut Out, sh: &Shared, a: &Attachment, len: usize) {
+    match a.out {
+        AttachOut::Packet(iface) => {
+            o.tx.commit(packet_sock(iface), UNSPECIFIED, len);
+        }
+        AttachOut::Steer { geneve, port } => {
+            let Some(sock) = sh.io.relay_sock else {
+                return o.drop_packet(DropReason::RelayNoSteer);
+            };
+            let prefix = out_prefix(a);
+            // The same room again: nothing was committed since it was reserved.
+            let Some(room) = o.tx.room(prefix + len) else {
+                return o.drop_packet(DropReason::TooBig);
+            };
+            if wire::relay::emit_l2_header(&mut room[..prefix], port, None).is_err() {
+                return o.drop_packet(DropReason::TooBig);
+            }
+            o.tx.commit(sock, geneve, prefix + len);
+        }
+    }
+}
+
 /// Sends a frame built by `write` (which returns the payload length) to `dst` on the
-/// attachment's interface, tagged, padded to the Ethernet minimum.
+/// attachment's port, tagged, padded to the Ethernet minimum.
 #[allow(clippy::too_many_arguments)]
 fn send_frame(
     o: &mut Out,
@@ -269,14 +325,16 @@ fn send_frame(
 ) {
     let hdr = attach::header_len(a.tags);
     let max = (hdr + payload_len).max(MIN_FRAME);
-    let Some(room) = o.room(sh, max) else { return };
+    let Some(room) = frame_room(o, sh, a, max) else {
+        return;
+    };
     attach::write_header(room, a.tags, dst, a.mac, ethertype);
     let Some(n) = write(&mut room[hdr..max]) else {
         return o.drop_packet(DropReason::TooBig);
     };
     let len = (hdr + n).max(MIN_FRAME);
     room[hdr + n..len].fill(0);
-    o.tx.commit(packet_sock(a.iface), UNSPECIFIED, len);
+    commit_frame(o, sh, a, len);
 }
 
 /// An IP packet from a host of `vnet` (`host`, already checked to be one of the VNet's) to
@@ -371,10 +429,10 @@ fn toward_ce(
     };
     let hdr = attach::header_len(a.tags);
     let len = hdr + pkt.len();
-    let Some(room) = o.room(sh, len) else {
+    let Some(room) = frame_room(o, sh, a, len) else {
         return;
     };
     attach::write_header(room, a.tags, mac, a.mac, ethertype);
     room[hdr..len].copy_from_slice(pkt);
-    o.tx.commit(packet_sock(a.iface), UNSPECIFIED, len);
+    commit_frame(o, sh, a, len);
 }

@@ -22,6 +22,11 @@
 //! - A datagram to the VXLAN port goes the VXLAN way as if it had arrived on the VNet's VTEP
 //!   from the inner source; the VNet is found by VNI alone ([`Via::Relay`]).
 //! - Any other port: `relay_unexpected_port`.
+//! - A customer's Ethernet frame (Protocol Type 0x6558 with the port option; issue 16's
+//!   distributed form) goes to the attachment stage as if read from the port's ring, port
+//!   = (sender, port id) (`attach_unknown_port` if no attachment is on it). In the serial
+//!   pass: a CE's frames keep their order, and its packets for the tunnels are numbered under
+//!   the relay lane's stage with the hosts' packets (one ordering domain per CHILD_SA).
 //!
 //! The Geneve lane carries both directions, so its batches are classified in two passes
 //! ([`Pass`]): under the lane's dispatch stage, in arrival order, everything that is not ESP
@@ -64,6 +69,14 @@ pub(crate) enum Class {
         /// Where it came from (relay mode: the inner source).
         src: SocketAddr,
         /// The ESP packet.
+        at: Range<usize>,
+    },
+    /// A customer's tagged Ethernet frame (relay mode) for the attachment stage.
+    Frame {
+        /// Its port's index among the attachments' steer ports
+        /// (`attach::AttachTable::steer_ports`).
+        iface: usize,
+        /// The frame.
         at: Range<usize>,
     },
     /// VXLAN for the decap stage.
@@ -158,7 +171,7 @@ pub(crate) fn relay(
     if serial {
         // The steer node is alive: it may take the output (`Relays::output`).
         relays.heard(steer, now);
-        class = in_order(o, sh, src, &f, data);
+        class = in_order(o, sh, t, src, &f, data);
     }
     if pass != Pass::Serial && class.is_none() {
         class = esp_in(o, sh, &f, data);
@@ -170,6 +183,7 @@ pub(crate) fn relay(
 fn in_order(
     o: &mut Out,
     sh: &Shared,
+    t: &Tables,
     src: SocketAddr,
     f: &RelayFrame,
     data: &[u8],
@@ -183,6 +197,20 @@ fn in_order(
             o.drop_packet(DropReason::RelayControl);
         }
         return None;
+    }
+    if let (Some(port), Some(at)) = (f.port, &f.ethernet) {
+        let Some(iface) = t.attach.table.steer_port(src, port) else {
+            o.drop_packet(DropReason::AttachUnknownPort);
+            return None;
+        };
+        if data.get(at.clone()).is_none() {
+            o.drop_packet(DropReason::RelayMalformed);
+            return None;
+        }
+        return Some(Class::Frame {
+            iface,
+            at: at.clone(),
+        });
     }
     let Some(d) = &f.datagram else {
         o.drop_packet(DropReason::RelayMalformed);

@@ -452,7 +452,31 @@ fn next<'p, 't>(
                 from_host(o, sh, t, r, now, via, src, vx);
             }
         }
+        Class::Frame { iface, at } => {
+            if let Some(frame) = data.get_mut(at) {
+                attach_one(o, sh, t, r, now, iface, frame);
+            }
+        }
     }
+}
+
+/// One frame from a customer's edge router on port `iface` that arrived on its own (a
+/// steer node's relayed frame, or an attachment lane's datagram outside a ring batch): the
+/// attach stage, then the lookup stage for it alone.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn attach_one(
+    o: &mut Out,
+    sh: &Shared,
+    t: &Tables,
+    r: &Routes,
+    now: Instant,
+    iface: usize,
+    frame: &mut [u8],
+) {
+    let mut lookups = CeLookups::new();
+    let frame = &mut OneFrame(frame);
+    attach(o, sh, t, r, now, iface, 0, frame, &mut lookups);
+    route_from_ces(o, sh, t, r, now, frame, &mut lookups);
 }
 
 /// ESP from a peer: open, then the inbound chain or straight to encap. The replay window

@@ -175,9 +175,11 @@ impl Env {
             );
         }
         // As the worker does at the end of each pass: the waiting deliveries, then the
-        // feature chains' held packets.
+        // feature chains' held packets; after the serial pass, still under the stage, CEs'
+        // packets for the tunnels are numbered.
         d.flush(&mut self.out, &self.sh, &t, r, now);
         end_pass(&mut self.out, &self.sh, &t, r, now);
+        crate::pipeline::graph::seal_from_ces(&mut self.out, &self.sh, &t, |_| true);
         let mut d = Deliveries::new();
         for f in &mut frames {
             receive(
@@ -1007,8 +1009,7 @@ fn relay_configuration_is_validated_by_field() {
     let mut c = base();
     c.vxlan_port = 4500;
     check(c, "vxlan_port");
-    // Attachments need the VNets' VTEP lanes (a CE's packets for a tunnel are numbered in
-    // them): refused in relay mode.
+    // In relay mode attachments are on steer nodes' ports: a local interface is refused.
     let mut c = base();
     c.attachments.push(crate::AttachmentConfig {
         name: "dc".into(),
@@ -1021,7 +1022,7 @@ fn relay_configuration_is_validated_by_field() {
         routes: vec![(ip("10.99.0.0"), 24)],
         ce_mac: None,
     });
-    check(c, "attachments");
+    check(c, "attachments[0].port");
     let mut c = base();
     let mut other = vnet("b", 100);
     other.vtep = ip("127.0.0.1");
@@ -1054,3 +1055,5 @@ proptest! {
         prop_assert!(e.total_drops() + answered >= 1);
     }
 }
+
+mod attach;
