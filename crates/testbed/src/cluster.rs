@@ -167,6 +167,9 @@ pub struct ClusterSpec {
     /// `mode = "act"`); the table is written when this or
     /// [`ClusterSpec::provided_data`] is not empty.
     pub extra_autoscale: Vec<String>,
+    /// Top-level tables appended to every control node's configuration, verbatim (e.g.
+    /// `[[attachment]]`s).
+    pub extra_tables: String,
     /// Log filter of every node: `--log-level` of `protego control`, `RUST_LOG` of
     /// `protego data` and `protego steer`.
     pub log_level: String,
@@ -192,6 +195,7 @@ impl Default for ClusterSpec {
             extra_steer: Vec::new(),
             provided_data: 0,
             extra_autoscale: Vec::new(),
+            extra_tables: String::new(),
             log_level: "info,protego_ike=debug".to_owned(),
             ready_timeout: Duration::from_secs(30),
         }
@@ -586,6 +590,8 @@ impl ProtegoCluster {
                         &spec.extra_control,
                     ));
                     text.push_str(&autoscale);
+                    text.push('\n');
+                    text.push_str(&spec.extra_tables);
                     (own.join("protego.toml"), Some(socket), text)
                 }
                 ClusterRole::Data => (

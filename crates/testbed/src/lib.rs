@@ -47,6 +47,7 @@
 mod bed;
 pub mod cluster;
 pub mod cmd;
+pub mod customers;
 mod error;
 pub mod etcd;
 pub mod inject;

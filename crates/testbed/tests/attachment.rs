@@ -36,7 +36,8 @@ use protego_testbed::protego::{GatewayTunnel, ProtegoGateway};
 use protego_testbed::strongswan::CharonSettings;
 use protego_testbed::topology::{TenantSpec, VmSpec};
 use protego_testbed::traffic::{self, IperfOptions, PingOptions};
-use protego_testbed::{workspace_bin, Cmd, Netns, Result, Testbed, Topology, TopologySpec};
+use protego_testbed::customers::{Attachment, CustomerLan};
+use protego_testbed::{Netns, Prefix, Result, Testbed, Topology, TopologySpec};
 
 /// The CEs' address on the segment, the same for every customer.
 const CE_IP: &str = "10.99.0.2";
@@ -58,42 +59,6 @@ fn tenant(name: &str, vni: u32) -> Result<TenantSpec> {
         vms: vec![VmSpec { host: 0 }],
         sites: vec![],
     })
-}
-
-/// A customer namespace behind the tagger: its untagged link into `l2`, the CE address, and a
-/// route to the VNet through the gateway.
-fn customer(bed: &Testbed, l2: &Netns, role: &str) -> Result<(Netns, String)> {
-    customer_on(bed, l2, role, CE_IP, GW_IP)
-}
-
-/// [`customer`] with the CE at `ce` and its next hop `gw` on a /24.
-fn customer_on(
-    bed: &Testbed,
-    l2: &Netns,
-    role: &str,
-    ce: &str,
-    gw: &str,
-) -> Result<(Netns, String)> {
-    let ns = bed.netns(role)?;
-    let link = ns.veth_to(l2)?;
-    // Checksums filled on transmit, as a physical NIC does (see the cloud hosts' underlay).
-    ns.exec(Cmd::new("ethtool").args(["-K", &link.local, "tx", "off"]))?;
-    ns.add_addr(&link.local, format!("{ce}/24").parse()?)?;
-    ns.add_route("10.2.0.0/24".parse()?, addr(gw))?;
-    Ok((ns, link.peer))
-}
-
-fn attachment(name: &str, tenant: &str, iface: &str, s_tag: u16, ce_ip: bool) -> String {
-    let ce = if ce_ip {
-        format!("ce_ip = {CE_IP:?}\n")
-    } else {
-        String::new()
-    };
-    format!(
-        "[[attachment]]\nname = {name:?}\ntenant = {tenant:?}\nvnet = \"vnet\"\n\
-         interface = {iface:?}\nkind = \"qinq\"\ns_tag = {s_tag}\nc_tag = 10\n\
-         gateway_ip = {GW_IP:?}\n{ce}routes = [\"10.99.0.0/24\"]\n\n"
-    )
 }
 
 fn drops(gw: &ProtegoGateway) -> Result<BTreeMap<String, u64>> {
@@ -135,46 +100,48 @@ fn two_customers_attached_over_qinq_reach_their_own_vms_both_ways() -> Result<()
     let topo = Topology::build(&bed, spec)?;
     let gw_ns = &topo.gateway.ns;
 
-    // The physical link: one veth between the customers' side and the gateway, with room for
-    // two tags.
-    let l2 = bed.netns("l2")?;
-    let trunk = l2.veth_to(gw_ns)?;
-    l2.set_mtu(&trunk.local, 1508)?;
-    gw_ns.set_mtu(&trunk.peer, 1508)?;
-    // As docs/configuration.md requires of an attachment's interface: no receive offloads
-    // merging frames before the ring.
-    gw_ns.exec(Cmd::new("ethtool").args(["-K", &trunk.peer, "gro", "off", "lro", "off"]))?;
-    let (red_ce, red_port) = customer(&bed, &l2, "cea")?;
-    let (blue_ce, blue_port) = customer(&bed, &l2, "ceb")?;
-    let (stranger, stranger_port) = customer(&bed, &l2, "cex")?;
+    // The physical link: one trunk between the customers' side and the gateway.
+    let mut lan = CustomerLan::build(&bed, gw_ns)?;
+    let vnet: Prefix = "10.2.0.0/24".parse()?;
+    let (ce, gw_ip) = (addr(CE_IP), addr(GW_IP));
+    let red_ce = lan.customer(&bed, "cea", (100, 10), ce, gw_ip, &[vnet])?;
+    let blue_ce = lan.customer(&bed, "ceb", (200, 10), ce, gw_ip, &[vnet])?;
+    let stranger = lan.customer(&bed, "cex", (300, 10), ce, gw_ip, &[vnet])?;
     // Blue's second site on one 802.1Q tag (kind = "vlan"), another segment into the same VNet.
-    let (blue2_ce, blue2_port) = customer_on(&bed, &l2, "cev", "10.98.0.2", "10.98.0.1")?;
-    let tagger = workspace_bin("protego-l2tag")?;
-    let _tagger = l2.spawn(
-        "l2tag",
-        Cmd::new(tagger.display().to_string()).args([
-            "--trunk".to_owned(),
-            trunk.local.clone(),
-            "--port".to_owned(),
-            format!("{red_port}:100:10"),
-            "--port".to_owned(),
-            format!("{blue_port}:200:10"),
-            "--port".to_owned(),
-            format!("{stranger_port}:300:10"),
-            "--port".to_owned(),
-            format!("{blue2_port}:0:30"),
-        ]),
+    let blue2_ce = lan.customer(
+        &bed,
+        "cev",
+        (0, 30),
+        addr("10.98.0.2"),
+        addr("10.98.0.1"),
+        &[vnet],
     )?;
+    lan.start_tagger()?;
 
     // Red names its CE's address (the gateway asks for its MAC); blue does not (learned).
-    let tables = attachment("red-dc", "red", &trunk.peer, 100, true)
-        + &attachment("blue-dc", "blue", &trunk.peer, 200, false)
-        + &format!(
-            "[[attachment]]\nname = \"blue-branch\"\ntenant = \"blue\"\nvnet = \"vnet\"\n\
-             interface = {:?}\nkind = \"vlan\"\nc_tag = 30\ngateway_ip = \"10.98.0.1\"\n\
-             ce_ip = \"10.98.0.2\"\n",
-            trunk.peer
-        );
+    let on_trunk = |name, tenant, tags, ce_ip: Option<IpAddr>, routes| Attachment {
+        name,
+        tenant,
+        interface: &lan.trunk.peer,
+        steer: None,
+        tags,
+        gateway_ip: gw_ip,
+        ce_ip,
+        routes,
+    };
+    let tables = on_trunk("red-dc", "red", (100, 10), Some(ce), &[SEGMENT]).toml()
+        + &on_trunk("blue-dc", "blue", (200, 10), None, &[SEGMENT]).toml()
+        + &Attachment {
+            gateway_ip: addr("10.98.0.1"),
+            ..on_trunk(
+                "blue-branch",
+                "blue",
+                (0, 30),
+                Some(addr("10.98.0.2")),
+                &["10.98.0.0/24"],
+            )
+        }
+        .toml();
     // Red's tunnel carries its CE's segment too, on both sides (the segment is in the local
     // selectors at the gateway, in the remote ones at the site).
     let mut tun = GatewayTunnel::for_site(&topo, 0, common::PSK);
