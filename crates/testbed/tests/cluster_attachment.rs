@@ -83,21 +83,17 @@ fn wait_served(cluster: &ProtegoCluster, name: &str, not: Option<&str>) -> Resul
     )
 }
 
-/// Drop counters of node `node` as its last report gave them (`nodes`).
+/// Drop counters of node `node` as its reports gave them (`status`'s `drops`, named
+/// `<node>:<reason>`).
 fn node_drops(cluster: &ProtegoCluster, node: &str) -> Result<BTreeMap<String, u64>> {
-    let nodes = cluster.nodes()?;
-    Ok(nodes["nodes"]
-        .as_array()
+    let status = cluster.control("status")?;
+    let prefix = format!("{node}:");
+    Ok(status["drops"]
+        .as_object()
         .into_iter()
         .flatten()
-        .find(|n| n["name"] == node)
-        .and_then(|n| n["drops"].as_object().cloned())
-        .map(|o| {
-            o.into_iter()
-                .map(|(k, v)| (k, v.as_u64().unwrap_or_default()))
-                .collect()
-        })
-        .unwrap_or_default())
+        .filter_map(|(k, v)| Some((k.strip_prefix(&prefix)?.to_owned(), v.as_u64()?)))
+        .collect())
 }
 
 /// A ping from `ns` to `dst` in a thread.
