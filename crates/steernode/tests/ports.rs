@@ -169,8 +169,9 @@ fn run() {
 
 /// A frame whose UDP checksum a local stack left to offload: sent on the customer's side of
 /// the veth by a packet socket with a `virtio_net_hdr` (`PACKET_VNET_HDR`) asking for the
-/// checksum (`VIRTIO_NET_HDR_F_NEEDS_CSUM`), as a local stack hands a veth its packets (this
-/// kernel has no VLAN devices to let the stack itself send on the attachment's tag). The steer
+/// checksum (`VIRTIO_NET_HDR_F_NEEDS_CSUM`), as a local stack hands a veth its packets (a VLAN
+/// device would let the stack itself send on the attachment's tag, but needs the 8021q module,
+/// which not every test kernel has). The steer
 /// node's ring gets it marked `TP_STATUS_CSUMNOTREADY` with only the pseudo-header sum in the
 /// checksum field; the data node (2, serving the single-tag attachment C-tag 30) must get it
 /// finished.
