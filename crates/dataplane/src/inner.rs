@@ -67,7 +67,7 @@ pub(crate) fn flow_hash(flow: &Flow) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use wire::ip::checksum;
+    use wire::checksum;
 
     /// An IPv4/UDP packet 10.0.0.1:1000 -> 10.0.0.2:2000 with a valid header checksum.
     pub(crate) fn udp4(ttl: u8) -> Vec<u8> {

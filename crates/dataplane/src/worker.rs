@@ -315,7 +315,10 @@ fn process_frames(
             continue;
         }
         if f.csum_not_ready {
-            crate::pipeline::attach::finish_checksum(fb.frame_mut(i));
+            // Sent by a local stack with checksum offload (a veth peer): the TCP or UDP
+            // checksum field holds only the pseudo-header sum. A frame that does not parse is
+            // left as it is; the attach stage drops it.
+            let _ = wire::checksum::finish_frame(fb.frame_mut(i));
         }
         graph::attach(&mut w.out, sh, tables, r, now, iface, i, fb, &mut lookups);
     }

@@ -14,7 +14,9 @@
 //!   of this node's customer-facing ports, if its tags are an attachment's of that port.
 //! - [`port`]: a customer's frame on a customer-facing port, steered by its tag pair
 //!   (`wire::ethernet::tags`, read as the data node's attach stage reads it) to the data
-//!   node serving the attachment.
+//!   node serving the attachment. [`port_frame`], what the port thread calls, also finishes
+//!   the TCP or UDP checksum of a frame a local stack left to offload (the one change a
+//!   decision here makes to the bytes: the data node cannot know the kernel's flag).
 
 use std::net::SocketAddr;
 use std::ops::Range;
@@ -182,6 +184,27 @@ pub(crate) fn port(port: PortId, frame: &[u8], tables: &Tables) -> Result<Attach
         .ports
         .lookup(port, t.tags.0, t.tags.1)
         .ok_or(DropReason::PortUnknownTags)
+}
+
+/// [`port`] for a frame the port thread relays: where it goes, and if the kernel marked it
+/// `TP_STATUS_CSUMNOTREADY` (`csum_not_ready`: sent by a local stack with checksum offload, a
+/// veth peer's namespace, so its TCP or UDP checksum field holds only the pseudo-header sum),
+/// its checksum finished in place (`wire::checksum::finish_frame`, as the data plane's attach
+/// stage finishes those of its own rings), since the data node it is relayed to cannot know the
+/// flag. Only frames that go on are finished. One that cannot be (not IP, not parsing, a
+/// fragment, neither TCP nor UDP) goes on as it is and is counted nowhere here: the data node's
+/// attach stage drops what does not parse.
+pub(crate) fn port_frame(
+    port_id: PortId,
+    frame: &mut [u8],
+    csum_not_ready: bool,
+    tables: &Tables,
+) -> Result<AttachEntry, DropReason> {
+    let entry = port(port_id, frame, tables)?;
+    if csum_not_ready {
+        let _ = wire::checksum::finish_frame(frame);
+    }
+    Ok(entry)
 }
 
 /// A customer's frame to send out of one of this node's ports.

@@ -548,7 +548,8 @@ fn geneve_batch(sh: &Shared, rx: &RecvBatch, tx: &mut TxBatch, scratch: &mut Pac
 const PORT_IDLE: Duration = Duration::from_millis(100);
 
 /// The port thread: customers' frames from the customer-facing ports' rings to the data
-/// nodes serving their attachments.
+/// nodes serving their attachments (TCP/UDP checksums a local stack left to offload finished
+/// on the way, since the data node cannot see the ring's flag).
 pub(crate) fn run_ports(sh: Arc<Shared>) {
     let counters = &sh.port_counters;
     let fds: Vec<_> = sh.ports.iter().map(|p| p.sock.raw_fd()).collect();
@@ -583,18 +584,20 @@ pub(crate) fn run_ports(sh: Arc<Shared>) {
 }
 
 /// Steers one batch of customers' frames of `port` to the data nodes serving their
-/// attachments, inside Geneve with the port option (and a probe when one is due).
+/// attachments, inside Geneve with the port option (and a probe when one is due), with the
+/// TCP/UDP checksums a local stack left to offload finished first ([`classify::port_frame`]).
 fn port_batch(sh: &Shared, port: PortId, frames: &mut FrameBatch, tx: &mut TxBatch) {
     let counters = &sh.port_counters;
     let mut b = Batch::new(sh, counters, &sh.inbound);
     let tables = Arc::clone(&b.tables);
     for i in 0..frames.frames().len() {
-        if frames.frames()[i].truncated {
+        let rx = frames.frames()[i];
+        if rx.truncated {
             counters.dropped(DropReason::BadReceive, 1);
             continue;
         }
         let frame = frames.frame_mut(i);
-        let r = classify::port(port, frame, &tables)
+        let r = classify::port_frame(port, frame, rx.csum_not_ready, &tables)
             .and_then(|entry| b.admit_to_node(entry.node, None, frame.len()))
             .and_then(|(addr, probe)| {
                 let max = relay::l2_header_len(probe.is_some()) + frame.len();

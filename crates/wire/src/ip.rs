@@ -1,6 +1,6 @@
 //! IPv4 (RFC 791) and IPv6 (RFC 8200 §3) header views and builders, the IP protocol number
-//! registry (IANA "Assigned Internet Protocol Numbers"), and the Internet checksum (RFC 1071)
-//! with the IPv4 (RFC 768) and IPv6 (RFC 8200 §8.1) pseudo-headers used by UDP and ICMPv6.
+//! registry (IANA "Assigned Internet Protocol Numbers"). The Internet checksum and the
+//! pseudo-headers are in [`crate::checksum`].
 //!
 //! ```text
 //! IPv4 (RFC 791 §3.1)                       IPv6 (RFC 8200 §3)
@@ -155,7 +155,6 @@ impl IpVersion {
     }
 }
 
-pub mod checksum;
 mod ipv4;
 mod ipv6;
 

@@ -4,6 +4,7 @@
 //! No I/O, no clock, no randomness.
 
 pub mod arp;
+pub mod checksum;
 pub mod error;
 pub mod esp;
 pub mod ethernet;

@@ -18,10 +18,11 @@
 
 use std::net::Ipv6Addr;
 
+use crate::checksum;
 use crate::error::WireError;
 use crate::ethernet::EthernetAddress;
 use crate::field::{need, room, set_u16};
-use crate::ip::{checksum, IpProtocol};
+use crate::ip::IpProtocol;
 
 /// ICMPv6 type of a Neighbor Solicitation.
 pub const ICMPV6_NEIGHBOR_SOLICIT: u8 = 135;

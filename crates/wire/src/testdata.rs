@@ -39,6 +39,33 @@ pub(crate) const UDP6: &str = "020000000b02020000000a0186dd6008217a00191140fd000
 pub(crate) const NAT_KEEPALIVE: &str =
     "020000000b02020000000a0108004500001d233240004011038a0a0900010a090002119411940009c99eff";
 
+// Checksums computed by Linux 6.x: read with an AF_PACKET socket on the receiving end of a veth
+// pair between two namespaces (A: 02:00:00:00:77:01, 10.77.0.1, fd77::1; B: ...77:02,
+// 10.77.0.2, fd77::2), untagged. The `*_FINAL` frames were sent with TX checksum offload off
+// (`ethtool -K csv0 tx off`: the stack computed the checksum); the `*_PARTIAL` ones with it on,
+// so their TCP/UDP checksum field holds what the kernel left there for the NIC to finish: the
+// pseudo-header sum (these are the frames a packet socket flags `TP_STATUS_CSUMNOTREADY`).
+// The UDP datagrams carry the same ports and data in both forms, so finishing a `_PARTIAL` one
+// must give its `_FINAL` checksum; the TCP SYNs differ in their sequence numbers.
+
+/// UDP over IPv4, 10.77.0.1:40001 -> 10.77.0.2:9999, "protego csum udp4", checksum 0xe199.
+pub(crate) const UDP4_FINAL: &str = "02000000770202000000770108004500002db870400040116db30a4d00010a4d00029c41270f0019e19970726f7465676f206373756d2075647034";
+/// The same datagram sent with checksum offload (IP ID differs): checksum field 0x14c7.
+pub(crate) const UDP4_PARTIAL: &str = "02000000770202000000770108004500002db95f400040116cc40a4d00010a4d00029c41270f001914c770726f7465676f206373756d2075647034";
+/// UDP over IPv6, [fd77::1]:40002 -> [fd77::2]:9999, "protego csum udp6", checksum 0xf942.
+pub(crate) const UDP6_FINAL: &str = "02000000770202000000770186dd6004d1ad00191140fd770000000000000000000000000001fd7700000000000000000000000000029c42270f0019f94270726f7465676f206373756d2075647036";
+/// The same datagram sent with checksum offload: checksum field 0xfb1c.
+pub(crate) const UDP6_PARTIAL: &str = "02000000770202000000770186dd6004d1ad00191140fd770000000000000000000000000001fd7700000000000000000000000000029c42270f0019fb1c70726f7465676f206373756d2075647036";
+/// TCP SYN over IPv4, 10.77.0.1:40003 -> 10.77.0.2:9998 (MSS, SACK, window scale), checksum
+/// 0xd1ba.
+pub(crate) const TCP4_SYN_FINAL: &str = "020000007702020000007701080045000034ee0940004006381e0a4d00010a4d00029c43270e77725302000000008002faf0d1ba0000020405b4010104020103030a";
+/// A TCP SYN of the same flow sent with checksum offload: checksum field 0x14c3.
+pub(crate) const TCP4_SYN_PARTIAL: &str = "02000000770202000000770108004500003429ad40004006fc7a0a4d00010a4d00029c43270e78da171c000000008002faf014c30000020405b4010104020103030a";
+/// TCP SYN over IPv6, [fd77::1]:40004 -> [fd77::2]:9998, checksum 0x9e3e.
+pub(crate) const TCP6_SYN_FINAL: &str = "02000000770202000000770186dd60019c8a00200640fd770000000000000000000000000001fd7700000000000000000000000000029c44270ebe765707000000008002fd209e3e0000020405a0010104020103030a";
+/// A TCP SYN of the same flow sent with checksum offload: checksum field 0xfb18.
+pub(crate) const TCP6_SYN_PARTIAL: &str = "02000000770202000000770186dd600a3f1200200640fd770000000000000000000000000001fd7700000000000000000000000000029c44270ebfde1c9c000000008002fd20fb180000020405a0010104020103030a";
+
 /// Decodes one of the constants above.
 pub(crate) fn frame(hex_str: &str) -> Vec<u8> {
     hex::decode(hex_str).expect("test data is valid hex")

@@ -17,9 +17,10 @@
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
+use crate::checksum;
 use crate::error::WireError;
 use crate::field::{need, room, set_u16, u16_at};
-use crate::ip::{checksum, IpProtocol};
+use crate::ip::IpProtocol;
 
 /// Length of the UDP header.
 pub const UDP_HEADER_LEN: usize = 8;

@@ -149,57 +149,6 @@ fn dropped(o: &mut Out, reason: DropReason) -> Option<ToRoute> {
     None
 }
 
-/// Finishes the TCP or UDP checksum of a frame the kernel handed over with
-/// `TP_STATUS_CSUMNOTREADY` (sent by a local stack with checksum offload, as a veth peer's
-/// namespace does: the checksum field holds only the pseudo-header sum). Frames that do not
-/// parse, fragments and other protocols are left as they are (the stage drops what does not
-/// parse).
-pub(crate) fn finish_checksum(frame: &mut [u8]) {
-    use wire::flow::upper_layer_v6;
-    use wire::ip::{Ipv4Packet, IPV6_HEADER_LEN};
-    let Ok(tagged) = attach::read_tags(frame) else {
-        return;
-    };
-    let Some(pkt) = frame.get_mut(tagged.payload..) else {
-        return;
-    };
-    let Some(parsed) = InnerIp::parse(pkt) else {
-        return;
-    };
-    let Some(pkt) = pkt.get_mut(..parsed.len) else {
-        return;
-    };
-    let (v6, l4, proto) = match parsed.version {
-        IpVersion::V4 => {
-            let Ok(p) = Ipv4Packet::new_checked(&*pkt) else {
-                return;
-            };
-            if p.is_fragment() {
-                return;
-            }
-            (false, p.header_len(), p.protocol())
-        }
-        IpVersion::V6 => {
-            let Ok(p) = Ipv6Packet::new_checked(&*pkt) else {
-                return;
-            };
-            let payload = p.payload();
-            let (proto, Some(rest)) = upper_layer_v6(p.next_header(), payload) else {
-                return;
-            };
-            (true, IPV6_HEADER_LEN + payload.len() - rest.len(), proto)
-        }
-    };
-    let header = match proto {
-        IpProtocol::TCP => 20,
-        IpProtocol::UDP => 8,
-        _ => return,
-    };
-    if l4 + header <= pkt.len() {
-        crate::sys::tun_offload::fill_l4_checksum(pkt, v6, l4, proto.0);
-    }
-}
-
 /// An ARP packet from the CE's side.
 fn arp(o: &mut Out, sh: &Shared, a: &Attachment, payload: &[u8]) {
     let Ok(repr) = ArpPacket::new_checked(payload).and_then(|p| ArpRepr::parse(&p)) else {

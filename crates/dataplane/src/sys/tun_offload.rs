@@ -7,8 +7,8 @@
 //! RFC 8200 §8.1.
 //!
 //! The read side lives in [`split`] ([`split_frame`](split::split_frame)), the write side in [`writer`]
-//! ([`TunWriter`](writer::TunWriter)); this file holds what both use: the header, the offload flags, the drop
-//! reasons and the checksum arithmetic.
+//! ([`TunWriter`](writer::TunWriter)); this file holds what both use: the header, the offload flags and the
+//! drop reasons.
 
 // The TUN worker moves to this API in issue 3's dataplane rewrite; until then parts are only
 // used by the tests. Remove this allowance with the switch.
@@ -247,47 +247,6 @@ impl TunDrops {
     }
 }
 
-/// RFC 1071 ones' complement sum of `data` read as big-endian 16-bit words (an odd last byte is
-/// padded with zero), folded to 16 bits and not complemented. Sums 8 bytes at a time in host
-/// order and swaps at the end (RFC 1071 §2(B): the sum is byte-order independent).
-pub(crate) fn ones_sum(data: &[u8]) -> u16 {
-    let mut acc: u64 = 0;
-    let mut add = |x: u64| {
-        let (s, carry) = acc.overflowing_add(x);
-        acc = s + u64::from(carry);
-    };
-    let mut chunks = data.chunks_exact(8);
-    for c in &mut chunks {
-        add(u64::from_ne_bytes(
-            c.try_into().expect("chunks_exact(8) yields 8 bytes"),
-        ));
-    }
-    let rest = chunks.remainder();
-    if !rest.is_empty() {
-        let mut tail = [0u8; 8];
-        tail[..rest.len()].copy_from_slice(rest);
-        add(u64::from_ne_bytes(tail));
-    }
-    let mut s = (acc & 0xffff_ffff) + (acc >> 32);
-    s = (s & 0xffff_ffff) + (s >> 32);
-    s = (s & 0xffff) + (s >> 16);
-    s = (s & 0xffff) + (s >> 16);
-    u16::from_be(s as u16)
-}
-
-/// Ones' complement addition of two 16-bit sums.
-pub(crate) fn add_ones(a: u16, b: u16) -> u16 {
-    let s = u32::from(a) + u32::from(b);
-    ((s & 0xffff) + (s >> 16)) as u16
-}
-
-/// The pseudo-header sum (RFC 9293 §3.1, RFC 768, RFC 8200 §8.1) of the IP packet `pkt`'s
-/// addresses, `proto` and a transport length of `l4_len` bytes (at most 65535).
-fn pseudo_sum(pkt: &[u8], v6: bool, proto: u8, l4_len: usize) -> u16 {
-    let addrs = if v6 { &pkt[8..40] } else { &pkt[12..20] };
-    add_ones(add_ones(ones_sum(addrs), u16::from(proto)), l4_len as u16)
-}
-
 fn be16(b: &[u8], at: usize) -> u16 {
     u16::from_be_bytes([b[at], b[at + 1]])
 }
@@ -298,33 +257,6 @@ fn be32(b: &[u8], at: usize) -> u32 {
 
 fn put16(b: &mut [u8], at: usize, v: u16) {
     b[at..at + 2].copy_from_slice(&v.to_be_bytes());
-}
-
-/// Writes the full transport checksum of `seg` (transport header at `l4`, checksum at
-/// `l4 + off`): pseudo header plus everything from `l4`, a zero result sent as 0xFFFF for UDP.
-pub(crate) fn fill_l4_checksum(seg: &mut [u8], v6: bool, l4: usize, proto: u8) {
-    let off = l4
-        + if proto == PROTO_TCP {
-            TCP_CSUM_OFFSET
-        } else {
-            UDP_CSUM_OFFSET
-        };
-    put16(seg, off, 0);
-    let sum = add_ones(
-        pseudo_sum(seg, v6, proto, seg.len() - l4),
-        ones_sum(&seg[l4..]),
-    );
-    let c = !sum;
-    // RFC 768: a computed zero is transmitted as all ones (zero means "no checksum").
-    put16(
-        seg,
-        off,
-        if c == 0 && proto == PROTO_UDP {
-            0xffff
-        } else {
-            c
-        },
-    );
 }
 
 #[path = "tun_offload/split.rs"]

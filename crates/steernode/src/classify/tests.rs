@@ -696,3 +696,104 @@ fn frames_from_data_nodes_leave_by_their_port_only_with_its_tags() {
         let _ = geneve(sa(NODE1), cut, &t, vip_sock, own);
     });
 }
+
+/// `ip` (an IPv4 or IPv6 packet) in a frame with these tags, its TCP or UDP checksum field
+/// (at `field` in the packet) holding the pseudo-header sum, as a local stack with checksum
+/// offload leaves it.
+fn offloaded_frame(tags: &[(u16, u16)], mut ip: Vec<u8>, l4: usize, field: usize) -> Vec<u8> {
+    let proto = IpProtocol(if ip[0] >> 4 == 4 { ip[9] } else { ip[6] });
+    let ph = wire::checksum::pseudo_header_of(&ip, proto, (ip.len() - l4) as u32).unwrap();
+    ip[field..field + 2].copy_from_slice(&ph.to_be_bytes());
+    let mut f = customer_frame(tags);
+    f.truncate(f.len() - 46 - 2);
+    f.extend_from_slice(if l4 == 20 {
+        &[0x08, 0x00]
+    } else {
+        &[0x86, 0xdd]
+    });
+    f.extend_from_slice(&ip);
+    f
+}
+
+#[test]
+fn relayed_frames_get_the_checksum_a_local_stack_left_to_offload() {
+    use wire::checksum::{combine, pseudo_header_of, sum};
+    use wire::udp::UdpPacket;
+    let t = port_tables();
+    let red = [(0x88a8, 100), (0x8100, 20)];
+    let entry = AttachEntry {
+        node: NodeId(1),
+        attachment: AttachmentId(1),
+    };
+    // UDP over IPv4 (the relay builder leaves the IPv4 UDP checksum zero) and TCP over IPv6.
+    let udp = offloaded_frame(&red, udp4("10.1.0.5", "10.2.0.9", 4000, 53), 20, 26);
+    let mut tcp_l4 = tcp_ports(40000, 443);
+    tcp_l4.extend_from_slice(b"hello");
+    let tcp = offloaded_frame(
+        &red,
+        ip6("fd00::5", "fd00:2::9", IpProtocol::TCP, &tcp_l4),
+        40,
+        56,
+    );
+    let verifies = |f: &[u8]| {
+        let ip = &f[22..];
+        let l4 = if ip[0] >> 4 == 4 { 20 } else { 40 };
+        let proto = IpProtocol(if l4 == 20 { ip[9] } else { ip[6] });
+        let ph = pseudo_header_of(ip, proto, (ip.len() - l4) as u32).unwrap();
+        combine(&[ph, sum(&ip[l4..])]) == 0xffff
+    };
+    for (f, at) in [(&udp, 22 + 26), (&tcp, 22 + 56)] {
+        assert!(!verifies(f));
+        // Without the flag the frame goes on as it came.
+        let mut g = f.clone();
+        assert_eq!(port_frame(PortId(5), &mut g, false, &t), Ok(entry));
+        assert_eq!(&g, f);
+        // With it, finished.
+        assert_eq!(port_frame(PortId(5), &mut g, true, &t), Ok(entry));
+        assert!(verifies(&g));
+        assert_ne!(g[at..at + 2], f[at..at + 2]);
+        assert_eq!(
+            (&g[..at], &g[at + 2..]),
+            (&f[..at], &f[at + 2..]),
+            "only the checksum changes"
+        );
+    }
+    let mut g = udp.clone();
+    port_frame(PortId(5), &mut g, true, &t).unwrap();
+    let ip = wire::ip::Ipv4Packet::new_checked(&g[22..]).unwrap();
+    let u = UdpPacket::new_checked(ip.payload()).unwrap();
+    assert!(u.verify_checksum_v4(ip.src_addr(), ip.dst_addr()));
+    assert_ne!(u.checksum(), 0);
+    // A frame that goes nowhere is not touched; one that goes on but does not parse as IP
+    // (or is no TCP/UDP) goes on as it is.
+    let mut g = offloaded_frame(
+        &[(0x88a8, 100), (0x8100, 21)],
+        udp4("10.1.0.5", "10.2.0.9", 4000, 53),
+        20,
+        26,
+    );
+    let before = g.clone();
+    assert_eq!(
+        port_frame(PortId(5), &mut g, true, &t),
+        Err(DropReason::PortUnknownTags)
+    );
+    assert_eq!(g, before);
+    for f in [
+        customer_frame(&red),
+        offloaded_frame(
+            &red,
+            ip4(
+                "10.1.0.5",
+                "10.2.0.9",
+                IpProtocol::ICMP,
+                &[8, 0, 0, 0, 0, 0, 0, 0],
+            ),
+            20,
+            22,
+        ),
+    ] {
+        let mut g = f.clone();
+        assert_eq!(port_frame(PortId(5), &mut g, true, &t), Ok(entry));
+        assert_eq!(g, f);
+    }
+}

@@ -2,7 +2,8 @@
 
 use std::net::Ipv4Addr;
 
-use super::{checksum, IpProtocol};
+use super::IpProtocol;
+use crate::checksum;
 use crate::error::WireError;
 use crate::field::{need, room, set_u16, set_u32, u16_at, u32_at};
 

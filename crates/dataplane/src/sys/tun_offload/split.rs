@@ -18,10 +18,12 @@
 //! `hdr_len` from the kernel is only a hint and is ignored; the headers are parsed. Anything that
 //! does not parse is reported as a [`TunDrop`] and left for the caller to count.
 
+use wire::checksum;
+use wire::ip::IpProtocol;
+
 use super::{
-    be16, be32, fill_l4_checksum, ones_sum, put16, TunDrop, VnetHdr, F_NEEDS_CSUM, GSO_ECN,
-    GSO_NONE, GSO_TCPV4, GSO_TCPV6, GSO_UDP_L4, PROTO_TCP, PROTO_UDP, TCP_CSUM_OFFSET, TCP_CWR,
-    TCP_FIN, TCP_PSH, UDP_CSUM_OFFSET,
+    be16, be32, put16, TunDrop, VnetHdr, F_NEEDS_CSUM, GSO_ECN, GSO_NONE, GSO_TCPV4, GSO_TCPV6,
+    GSO_UDP_L4, PROTO_TCP, PROTO_UDP, TCP_CSUM_OFFSET, TCP_CWR, TCP_FIN, TCP_PSH, UDP_CSUM_OFFSET,
 };
 
 /// Where a frame read from the device ended up after [`split_frame`]: `len` bytes of back to back
@@ -210,7 +212,7 @@ pub(crate) fn split_frame(
             put16(seg, 2, seg_len as u16);
             put16(seg, 4, id0.wrapping_add(k as u16));
             put16(seg, 10, 0);
-            let c = !ones_sum(&seg[..h.l4]);
+            let c = !checksum::sum(&seg[..h.l4]);
             put16(seg, 10, c);
         }
         if h.proto == PROTO_TCP {
@@ -225,7 +227,10 @@ pub(crate) fn split_frame(
         } else {
             put16(seg, h.l4 + 4, (seg_len - h.l4) as u16);
         }
-        fill_l4_checksum(seg, h.v6, h.l4, h.proto);
+        // Cannot fail once `gso_headers` passed (an IP header of the segment's version, a
+        // whole TCP or UDP header); were it to, the frame is dropped.
+        checksum::fill_l4(seg, h.l4, IpProtocol(h.proto))
+            .map_err(|_| SplitFault::Drop(TunDrop::GsoMalformed))?;
     }
     Ok(Segmented {
         len: needed,
@@ -244,7 +249,7 @@ fn complete_checksum(pkt: &mut [u8], vh: &VnetHdr) -> Result<(), SplitFault> {
     if at + 2 > pkt.len() {
         return Err(SplitFault::Drop(TunDrop::BadHeader));
     }
-    let c = !ones_sum(&pkt[start..]);
+    let c = !checksum::sum(&pkt[start..]);
     put16(pkt, at, if c == 0 { 0xffff } else { c });
     Ok(())
 }

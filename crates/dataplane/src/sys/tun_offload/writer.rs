@@ -25,11 +25,13 @@
 //! Packets of different flows may leave in a different order within one flush. Without a vnet
 //! header every packet is written alone, with no header, in push order.
 
+use wire::checksum;
+use wire::ip::IpProtocol;
+
 use super::{
-    add_ones, be16, be32, ones_sum, pseudo_sum, put16, Offloads, VnetHdr, F_NEEDS_CSUM, GSO_TCPV4,
-    GSO_TCPV6, GSO_UDP_L4, MAX_IP_PACKET, MAX_SEGMENTS, PROTO_TCP, PROTO_UDP, TCP_ACK,
-    TCP_CSUM_OFFSET, TCP_CWR, TCP_FIN, TCP_PSH, TCP_RST, TCP_SYN, TCP_URG, UDP_CSUM_OFFSET,
-    VNET_HDR_LEN,
+    be16, be32, put16, Offloads, VnetHdr, F_NEEDS_CSUM, GSO_TCPV4, GSO_TCPV6, GSO_UDP_L4,
+    MAX_IP_PACKET, MAX_SEGMENTS, PROTO_TCP, PROTO_UDP, TCP_ACK, TCP_CSUM_OFFSET, TCP_CWR, TCP_FIN,
+    TCP_PSH, TCP_RST, TCP_SYN, TCP_URG, UDP_CSUM_OFFSET, VNET_HDR_LEN,
 };
 use std::io::{self, IoSlice};
 
@@ -292,11 +294,9 @@ impl TunWriter {
                 // A zero UDP checksum (IPv4 "none") would not survive the round trip.
                 _ => be16(pkt, l4 + UDP_CSUM_OFFSET) != 0,
             }
-            && (v6 || ones_sum(&pkt[..l4]) == 0xffff)
-            && add_ones(
-                pseudo_sum(pkt, v6, proto, pkt.len() - l4),
-                ones_sum(&pkt[l4..]),
-            ) == 0xffff;
+            && (v6 || checksum::sum(&pkt[..l4]) == 0xffff)
+            && checksum::pseudo_header_of(pkt, IpProtocol(proto), (pkt.len() - l4) as u32)
+                .is_ok_and(|ph| checksum::combine(&[ph, checksum::sum(&pkt[l4..])]) == 0xffff);
         let kind = match (candidate, proto) {
             (false, _) => Kind::Single,
             (true, PROTO_TCP) => Kind::Tcp,
@@ -476,7 +476,7 @@ impl TunWriter {
         } else {
             put16(p, 2, e.total as u16);
             put16(p, 10, 0);
-            let c = !ones_sum(&p[..e.l4]);
+            let c = !checksum::sum(&p[..e.l4]);
             put16(p, 10, c);
         }
         let csum_offset = if proto == PROTO_TCP {
@@ -486,7 +486,8 @@ impl TunWriter {
             UDP_CSUM_OFFSET
         };
         // CHECKSUM_PARTIAL: the field holds the pseudo-header sum, the kernel adds the rest.
-        let partial = pseudo_sum(p, e.v6, proto, l4_len);
+        let partial = checksum::pseudo_header_of(p, IpProtocol(proto), l4_len as u32)
+            .expect("an entry's first packet has a whole IP header, and an IPv4 entry stays within 65535 bytes (may_join)");
         put16(p, e.l4 + csum_offset, partial);
         VnetHdr {
             flags: F_NEEDS_CSUM,

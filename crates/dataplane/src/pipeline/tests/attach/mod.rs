@@ -582,24 +582,4 @@ fn an_interface_under_two_names_is_one_interface() {
         .expect("in its own namespace");
 }
 
-#[test]
-fn a_checksum_left_to_offload_is_finished() {
-    use super::super::attach::finish_checksum;
-    use wire::udp::UdpPacket;
-    // As a local stack with checksum offload hands it over: the UDP checksum field holds
-    // something else than the sum (here: garbage).
-    let mut pkt = udp4("10.99.0.2", 9, "10.0.0.5", 7, 64, b"offloaded");
-    pkt[26..28].copy_from_slice(&[0x12, 0x34]);
-    let mut f = ce_frame(100, [2; 6], CE_A, 0x0800, &pkt);
-    finish_checksum(&mut f);
-    let ipp = Ipv4Packet::new_checked(&f[22..]).expect("ipv4");
-    let udp = UdpPacket::new_checked(ipp.payload()).expect("udp");
-    assert!(udp.verify_checksum_v4(ipp.src_addr(), ipp.dst_addr()));
-    // A frame that is no attachment's (untagged here) is left alone.
-    f[12..14].copy_from_slice(&[0x08, 0x06]);
-    let untagged = f.clone();
-    finish_checksum(&mut f);
-    assert_eq!(f, untagged);
-}
-
 mod tunnels;
