@@ -79,6 +79,8 @@ pub(crate) struct Attachment {
     /// The prefixes behind the CE (a handful: a scan; the VNet's own route table is not
     /// needed for "is it behind the CE").
     pub(crate) routes: Vec<IpNet>,
+    /// The same prefixes as (network, mask) words, the form asked per packet.
+    behind: Behind,
     /// The gateway's MAC on the segment (the interface's).
     pub(crate) mac: EthernetAddress,
     /// The IPv6 link-local address of `mac` (source of ND messages for an IPv4 gateway).
@@ -91,6 +93,49 @@ pub(crate) struct Attachment {
 }
 
 const KNOWN: u64 = 1 << 63;
+
+/// A known CE MAC as stored: its 48 bits with [`KNOWN`] set.
+fn encode_mac(mac: EthernetAddress) -> u64 {
+    let m = mac.0;
+    KNOWN | u64::from_be_bytes([0, 0, m[0], m[1], m[2], m[3], m[4], m[5]])
+}
+
+/// Prefixes as (network, mask) words per family: "is this address behind the CE" in a few
+/// instructions a prefix, where `IpNet::contains` rebuilds the mask each time.
+#[derive(Debug, Default)]
+struct Behind {
+    v4: Vec<(u32, u32)>,
+    v6: Vec<(u128, u128)>,
+}
+
+impl Behind {
+    fn new(routes: &[IpNet]) -> Self {
+        let mut b = Self::default();
+        for n in routes {
+            match n {
+                IpNet::V4(n) => b.v4.push((u32::from(n.network()), u32::from(n.netmask()))),
+                IpNet::V6(n) => {
+                    b.v6.push((u128::from(n.network()), u128::from(n.netmask())))
+                }
+            }
+        }
+        b
+    }
+
+    #[inline]
+    fn contains(&self, ip: IpAddr) -> bool {
+        match ip {
+            IpAddr::V4(a) => {
+                let a = u32::from(a);
+                self.v4.iter().any(|&(net, mask)| a & mask == net)
+            }
+            IpAddr::V6(a) => {
+                let a = u128::from(a);
+                self.v6.iter().any(|&(net, mask)| a & mask == net)
+            }
+        }
+    }
+}
 
 impl Attachment {
     /// Builds attachment `index` whose frames leave by `out`, the gateway's MAC there being
@@ -131,6 +176,7 @@ impl Attachment {
             tags: cfg.tags,
             gateway_ip: cfg.gateway_ip,
             ce_ip: cfg.ce_ip,
+            behind: Behind::new(&routes),
             routes,
             mac,
             link_local: link_local(mac),
@@ -152,8 +198,16 @@ impl Attachment {
     }
 
     /// True if `ip` is behind the CE (a source it may send from, a destination sent to it).
+    #[inline]
     pub(crate) fn is_behind(&self, ip: IpAddr) -> bool {
-        self.routes.iter().any(|n| n.contains(&ip))
+        self.behind.contains(ip)
+    }
+
+    /// True if `mac` is the CE's MAC as known (one load: the per-packet check that spares
+    /// learning again).
+    #[inline]
+    pub(crate) fn knows_ce(&self, mac: EthernetAddress) -> bool {
+        self.ce_mac.load(Ordering::Relaxed) == encode_mac(mac)
     }
 
     /// The CE's MAC, once known.
@@ -177,8 +231,7 @@ impl Attachment {
 
     /// Sets the CE's MAC (learned elsewhere); true if it changed.
     pub(crate) fn set_ce(&self, mac: EthernetAddress) -> bool {
-        let m = mac.0;
-        let v = KNOWN | u64::from_be_bytes([0, 0, m[0], m[1], m[2], m[3], m[4], m[5]]);
+        let v = encode_mac(mac);
         self.ce_mac.swap(v, Ordering::Relaxed) != v
     }
 

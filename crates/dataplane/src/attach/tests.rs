@@ -327,3 +327,31 @@ fn attachments_find_their_own_tenants_vnet_by_name() {
         Err(DataplaneError::Config { field, .. }) if field == "attachments[1].routes[1]"
     ));
 }
+
+proptest::proptest! {
+    /// The per-packet form of the prefixes answers as `IpNet::contains` does, both families,
+    /// every prefix length.
+    #[test]
+    fn behind_agrees_with_ipnet(
+        v4 in proptest::collection::vec((proptest::prelude::any::<u32>(), 0u8..=32), 0..4),
+        v6 in proptest::collection::vec((proptest::prelude::any::<u128>(), 0u8..=128), 0..4),
+        a4 in proptest::prelude::any::<u32>(),
+        a6 in proptest::prelude::any::<u128>(),
+    ) {
+        let mut nets: Vec<IpNet> = Vec::new();
+        for (n, l) in v4 {
+            nets.push(IpNet::new(IpAddr::V4(n.into()), l).expect("length").trunc());
+        }
+        for (n, l) in v6 {
+            nets.push(IpNet::new(IpAddr::V6(n.into()), l).expect("length").trunc());
+        }
+        let b = Behind::new(&nets);
+        for ip in [IpAddr::V4(a4.into()), IpAddr::V6(a6.into())] {
+            proptest::prop_assert_eq!(b.contains(ip), nets.iter().any(|n| n.contains(&ip)));
+        }
+        // An address inside each prefix is found.
+        for n in &nets {
+            proptest::prop_assert!(b.contains(n.network()));
+        }
+    }
+}

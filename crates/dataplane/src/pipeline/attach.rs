@@ -127,7 +127,7 @@ pub(crate) fn from_ce(
             if !a.is_behind(src) || src == a.gateway_ip {
                 return dropped(o, DropReason::AttachSource);
             }
-            if a.teaches(src) {
+            if !a.knows_ce(tagged.src) && a.teaches(src) {
                 learn_ce(sh, a, tagged.src);
             }
             // Behind a CE of the VNet (this one's included: routed back out, as a router
