@@ -119,6 +119,10 @@ struct EdgeArgs {
     /// answers for every VM).
     #[arg(long)]
     resolve_macs: bool,
+    /// Rate of each case's equal-rate run (every case at the same load), packets per
+    /// second. Default: 100000.
+    #[arg(long, value_name = "PPS")]
+    equal_rate: Option<f64>,
     /// Pre-built packets the load generator may hold per run, MiB. Default: 512.
     #[arg(long, value_name = "MIB")]
     pool_mb: Option<usize>,
@@ -168,6 +172,9 @@ impl EdgeArgs {
         }
         o.table = !self.no_table;
         o.resolve_macs = self.resolve_macs;
+        if let Some(r) = self.equal_rate {
+            o.equal_rate = r;
+        }
         o.protego_bin = self.gateway_bin.clone();
         o.keep = self.keep;
         o.validate()?;

@@ -492,6 +492,17 @@ impl Edge {
         } else {
             0.0
         };
+        // The equal-rate run: every case at the same load (when its maximum allows it).
+        let equal = self.opts.equal_rate;
+        let equal_rate_cpu_ns = if max_pps >= equal {
+            let count = (equal * secs).clamp(1_000.0, 50e6) as u32;
+            let e = self.run_once(
+                gw, dir, size, count, drawn_from, false, equal, false, vnet_mac,
+            )?;
+            (e.delivered > 0).then(|| e.cpu_ns as f64 / e.delivered as f64)
+        } else {
+            None
+        };
         let (latency_us, latency_loss) = if max_pps > 0.0 {
             let half = max_pps / 2.0;
             let count = (half * secs).clamp(1_000.0, 50e6) as u32;
@@ -516,6 +527,9 @@ impl Edge {
                 0.0
             },
             cpu_vs_1_entry: None,
+            busy_cores_at_max: max_pps * cpu_ns_per_packet / 1e9,
+            equal_rate_cpu_ns,
+            equal_rate_vs_1_entry: None,
             loss: max.loss(),
             gateway_drops: max.drops,
             path_drops: max.path_drops,
