@@ -58,14 +58,14 @@ fn blue() -> Result<TenantSpec> {
     })
 }
 
-/// The data node serving attachment `name` (`status`'s `attachments`).
+/// The data node serving attachment `name` (`nodes`' `attachments`), once it is steered.
 fn serving(cluster: &ProtegoCluster, name: &str) -> Result<Option<String>> {
-    let status = cluster.control("status")?;
-    Ok(status["cluster"]["attachments"]
+    let nodes = cluster.nodes()?;
+    Ok(nodes["attachments"]
         .as_array()
         .into_iter()
         .flatten()
-        .find(|a| a["name"] == name)
+        .find(|a| a["name"] == name && a["steered"] == true)
         .and_then(|a| a["node"].as_str().map(str::to_owned)))
 }
 
