@@ -434,9 +434,9 @@ fn vxlan_batch(sh: &Shared, rx: &RecvBatch, tx: &mut TxBatch) {
         match classify::vxlan(data, &tables) {
             VxlanAction::Data(vni, entry) => {
                 let r = b
-                    .admit_to_node(entry.node, Some(entry.tunnel), data.len())
+                    .admit_to_node(entry.node, entry.tunnel, data.len())
                     .and_then(|(addr, probe)| {
-                        push_frame(tx, sh.geneve, addr, vni, Some(entry.tunnel), probe, rcv)
+                        push_frame(tx, sh.geneve, addr, vni, entry.tunnel, probe, rcv)
                     });
                 match r {
                     Ok(()) => counters.forwarded(ForwardKind::VxlanToData, 1),

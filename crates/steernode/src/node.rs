@@ -310,7 +310,7 @@ impl SteerNode {
                 tables
                     .vnis
                     .iter()
-                    .flat_map(|(_, v)| v.selectors.iter().map(|e| e.tunnel)),
+                    .flat_map(|(_, v)| v.selectors.iter().filter_map(|e| e.tunnel)),
             )
             .collect();
         for (dir, direction) in [
