@@ -85,9 +85,9 @@ pub(crate) struct Shared {
     pub(crate) batch: usize,
 }
 
-/// A customer-facing port: its cluster-wide id and its packet socket.
+/// A customer-facing port: its id on this node and its packet socket.
 pub(crate) struct Port {
-    /// The id the control node gave it.
+    /// Its id on this node.
     pub(crate) id: PortId,
     /// Its AF_PACKET socket (receive ring, sendmmsg).
     pub(crate) sock: PacketSocket,

@@ -7,6 +7,7 @@ use proptest::sample::select;
 use std::net::{Ipv6Addr, SocketAddrV6};
 
 mod arbitrary;
+mod attachment;
 mod errors;
 
 // ---------------------------------------------------------------------------------------------
