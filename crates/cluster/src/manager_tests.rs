@@ -508,6 +508,7 @@ fn registration(
         boot_id,
         workers: 2,
         installed,
+        ports: Vec::new(),
     }
 }
 

@@ -70,6 +70,7 @@ impl World {
                 boot_id: boot,
                 workers: 2,
                 installed,
+                ports: Vec::new(),
             },
             now,
         );

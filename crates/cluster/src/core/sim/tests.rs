@@ -128,6 +128,7 @@ fn small_core(now: std::time::Instant) -> (crate::core::ClusterCore, u32) {
         boot_id: 1,
         workers: 1,
         installed: Vec::new(),
+        ports: Vec::new(),
     };
     core.handle_hello(hello("steer1", Role::Steer), now);
     let d = core.handle_hello(hello("data1", Role::Data), now);
