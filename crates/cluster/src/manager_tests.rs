@@ -740,3 +740,6 @@ fn events_are_only_taken_from_the_node_they_concern() {
 
 #[path = "manager_tests_limits.rs"]
 mod limits;
+
+#[path = "manager_tests_attach.rs"]
+mod attach;
