@@ -502,9 +502,14 @@ impl Cluster {
         Ok(moves)
     }
 
-    /// Ends a drain: the node takes tunnels again.
+    /// Ends a drain: the node takes tunnels and attachments again.
     pub fn undrain(&self, name: &str) -> Result<(), ClusterError> {
-        self.state().core.handle_undrain(name)
+        let mut sh = self.state();
+        sh.core.handle_undrain(name)?;
+        let q = self.carry(&mut sh, None);
+        drop(sh);
+        self.finish(q);
+        Ok(())
     }
 
     /// Waits until every `(tunnel, node)` move is done: the tunnel's CHILD_SAs are all on

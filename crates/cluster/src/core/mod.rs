@@ -508,6 +508,11 @@ impl ClusterCore {
         }
         n.alive = true;
         info!(node = %n.name, id, "data node answers its probes again");
+        // It may have missed a change of the attachments while it counted as dead.
+        if !self.attachments.is_empty() {
+            let attachments = self.resolved_attachments();
+            self.emit(id, Directive::SetAttachments(attachments), Await::Nothing);
+        }
         let placed = self.place_attachments(None);
         self.emit_port_tags(&placed, None);
         let nodes = self.steer_nodes();

@@ -434,9 +434,7 @@ impl ClusterCore {
         let mut attachment_moves = Vec::new();
         for a in &served {
             let Some(to) = self.choose_attachment(*a, Some(id)) else {
-                if let Some(n) = self.nodes.get_mut(&id) {
-                    n.draining = false;
-                }
+                self.drain_failed(id);
                 return Err(ClusterError::Unsuitable {
                     name: name.to_owned(),
                     reason: "no other live data node can take its attachments",
@@ -468,9 +466,7 @@ impl ClusterCore {
         let mut moves = Vec::new();
         for t in &tunnels {
             let Some(to) = self.choose(*t, Some(id)) else {
-                if let Some(n) = self.nodes.get_mut(&id) {
-                    n.draining = false;
-                }
+                self.drain_failed(id);
                 return Err(ClusterError::Unsuitable {
                     name: name.to_owned(),
                     reason: "no other live data node can take its tunnels",
@@ -484,7 +480,18 @@ impl ClusterCore {
         Ok(moves)
     }
 
-    /// Ends a drain: the node takes tunnels again.
+    /// A drain of node `id` that could not be done: the node takes tunnels and attachments
+    /// again (those without a serving node are served there at once).
+    fn drain_failed(&mut self, id: u32) {
+        if let Some(n) = self.nodes.get_mut(&id) {
+            n.draining = false;
+        }
+        let placed = self.place_attachments(None);
+        self.emit_attachment_steering(&placed, None);
+    }
+
+    /// Ends a drain: the node takes tunnels and attachments again (attachments without a
+    /// serving node are served there at once).
     pub fn handle_undrain(&mut self, name: &str) -> Result<(), ClusterError> {
         let id = *self
             .ids
@@ -493,6 +500,8 @@ impl ClusterCore {
         if let Some(n) = self.nodes.get_mut(&id) {
             n.draining = false;
         }
+        let placed = self.place_attachments(None);
+        self.emit_attachment_steering(&placed, None);
         Ok(())
     }
 }
