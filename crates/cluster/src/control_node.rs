@@ -301,6 +301,9 @@ impl ControlNode {
             Some(p) => cluster.with_provider(p),
             None => cluster,
         });
+        // Customer attachments on steer nodes' ports (fixed until a restart, as in the
+        // embedded form): placed once the steer nodes announce their ports.
+        cluster.set_attachments(&config.dataplane.attachments, &cc.attachment_steers);
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .thread_name("protego-control-grpc")
@@ -552,6 +555,18 @@ impl RequestHandler for ClusterResponder {
         match request {
             Request::Nodes => self.cluster.describe(),
             Request::Capacity => self.cluster.capacity(),
+            Request::Migrate { tunnel, to } if self.cluster.is_attachment(&tunnel) => {
+                let started = Instant::now();
+                match self.cluster.migrate_attachment(&tunnel, &to) {
+                    Ok(_) => json!({
+                        "ok": true,
+                        "attachment": tunnel,
+                        "node": to,
+                        "ms": started.elapsed().as_millis() as u64,
+                    }),
+                    Err(e) => cluster_error(e),
+                }
+            }
             Request::Migrate { tunnel, to } => {
                 let started = Instant::now();
                 match self
@@ -570,6 +585,7 @@ impl RequestHandler for ClusterResponder {
             }
             Request::Drain { node } => {
                 let started = Instant::now();
+                let attachments = self.cluster.attachments_served_by(&node);
                 match self.cluster.drain(&node).and_then(|moves| {
                     self.cluster
                         .wait_moved(&moves, MOVE_TIMEOUT)
@@ -579,6 +595,7 @@ impl RequestHandler for ClusterResponder {
                         "ok": true,
                         "node": node,
                         "moved": moves.len(),
+                        "attachments_moved": attachments,
                         "ms": started.elapsed().as_millis() as u64,
                     }),
                     Err(e) => cluster_error(e),

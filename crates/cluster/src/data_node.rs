@@ -1,8 +1,10 @@
 //! `protego data`: a data node. It runs the data plane in relay mode behind the steer nodes
 //! and applies the control node's directives to it: the inside configuration (VNets and
-//! tunnel bindings), CHILD_SAs, peer address moves and the steer nodes' addresses. It reports
+//! tunnel bindings), CHILD_SAs, peer address moves, the steer nodes' addresses, and the
+//! customer attachments on steer nodes' ports with their CEs' MACs (issue 16: every data node
+//! holds every attachment; the steer nodes choose which one serves it). It reports
 //! its load every interval and passes the data plane's requests (rekey near sequence number
-//! exhaustion, NAT rebinding) up.
+//! exhaustion, NAT rebinding) and what it learned (a CE's MAC) up.
 //!
 //! The data plane starts before the first session and keeps forwarding when the session
 //! breaks, so a control node's restart or failover does not stop ESP.
@@ -182,6 +184,21 @@ impl Applier for DataApplier {
                 info!(steer = ?steer, "steer nodes set");
                 self.dp.set_relays(steer).map_err(|e| e.to_string())
             }
+            Op::SetAttachments(a) => {
+                let attachments = attachments_from_pb(&a)?;
+                let n = attachments.len();
+                self.dp
+                    .set_attachments(attachments)
+                    .map_err(|e| e.to_string())?;
+                info!(attachments = n, "attachments applied");
+                Ok(())
+            }
+            Op::SetCeMac(m) => {
+                let (attachment, mac) = ce_mac_from_pb(&m)?;
+                self.dp
+                    .set_ce_mac(&attachment, mac)
+                    .map_err(|e| e.to_string())
+            }
             other => Err(format!("{} is not a data node directive", op_name(&other))),
         }
     }
@@ -191,6 +208,17 @@ impl Applier for DataApplier {
         let mut last = self.last.lock().unwrap_or_else(|e| e.into_inner());
         build_report(&stats, &mut last, Instant::now())
     }
+}
+
+/// The attachments of a `set_attachments` directive, checked (errors name the field, e.g.
+/// `set_attachments.attachments[1].c_tag`).
+fn attachments_from_pb(a: &pb::Attachments) -> Result<Vec<dataplane::AttachmentConfig>, String> {
+    rpc::convert::attachments_from_pb(a).map_err(|e| e.context("set_attachments").to_string())
+}
+
+/// The attachment and MAC of a `set_ce_mac` directive, checked.
+fn ce_mac_from_pb(m: &pb::CeMac) -> Result<(String, [u8; 6]), String> {
+    rpc::convert::ce_mac_from_pb(m).map_err(|e| e.context("set_ce_mac").to_string())
 }
 
 /// The report since `last` (and updates `last`): per-tunnel traffic of the interval, the
@@ -440,6 +468,61 @@ mod tests {
             .unwrap_err();
         assert!(e.contains("remove_spi is not a data node directive"), "{e}");
         assert!(a.dp.stats().children.is_empty(), "nothing changed");
+        a.dp.shutdown();
+    }
+
+    /// `set_attachments` and `set_ce_mac` are checked before the data plane sees them; bad
+    /// fields are named. (Whether the data plane takes valid ones is its own tests' matter.)
+    #[test]
+    fn attachment_directives_are_converted_and_bad_fields_named() {
+        let good = pb::Attachment {
+            name: "acme-prod".into(),
+            tenant: "acme".into(),
+            vnet: "prod".into(),
+            steer_geneve: "10.255.0.1:6081".into(),
+            port: 1,
+            port_mac: vec![2, 0, 0, 0, 0, 1],
+            s_tag: Some(100),
+            c_tag: 20,
+            gateway_ip: "10.99.0.1".into(),
+            ce_ip: Some("10.99.0.2".into()),
+            routes: vec!["10.99.0.0/24".into()],
+            ce_mac: Some(vec![2, 0, 0, 0, 0, 2]),
+        };
+        let all = |a: Vec<pb::Attachment>| pb::Attachments { attachments: a };
+        let converted = attachments_from_pb(&all(vec![good.clone()])).expect("valid");
+        assert_eq!(
+            converted[0].port,
+            datapath::AttachmentPort::Steer {
+                geneve: "10.255.0.1:6081".parse().unwrap(),
+                port: 1,
+                mac: [2, 0, 0, 0, 0, 1],
+            }
+        );
+        assert_eq!(converted[0].ce_mac, Some([2, 0, 0, 0, 0, 2]));
+        let a = applier();
+        let bad = pb::Attachment {
+            c_tag: 4095,
+            ..good.clone()
+        };
+        let e = a
+            .apply(pb::directive::Op::SetAttachments(all(vec![good, bad])))
+            .unwrap_err();
+        assert!(e.starts_with("set_attachments.attachments[1].c_tag"), "{e}");
+        let e = a
+            .apply(pb::directive::Op::SetCeMac(pb::CeMac {
+                attachment: "acme-prod".into(),
+                mac: vec![1, 2, 3],
+            }))
+            .unwrap_err();
+        assert!(e.starts_with("set_ce_mac.mac"), "{e}");
+        assert_eq!(
+            ce_mac_from_pb(&pb::CeMac {
+                attachment: "acme-prod".into(),
+                mac: vec![2, 0, 0, 0, 0, 3],
+            }),
+            Ok(("acme-prod".to_string(), [2, 0, 0, 0, 0, 3]))
+        );
         a.dp.shutdown();
     }
 

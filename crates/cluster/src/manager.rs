@@ -36,7 +36,9 @@ use std::time::{Duration, Instant};
 use tracing::{debug, info, warn};
 use wire::EspSpi;
 
-pub use crate::core::{ClusterError, NodeLoad, Role, TunnelMeta, STEER_GRACE};
+pub use crate::core::{
+    AttachmentMeta, ClusterError, NodeLoad, PortInfo, Role, TunnelMeta, STEER_GRACE,
+};
 
 /// Longest a waiting move sleeps without looking at the state again.
 const WAIT_SLICE: Duration = Duration::from_millis(100);
@@ -76,6 +78,8 @@ pub struct Registration {
     pub workers: u32,
     /// The CHILD_SAs it holds (data nodes).
     pub installed: Vec<InstalledChild>,
+    /// Its customer-facing ports (steer nodes).
+    pub ports: Vec<PortInfo>,
 }
 
 /// Work the cluster hands to its own thread (it calls into the control loop, which must not
@@ -118,10 +122,31 @@ pub struct Cluster {
     provider: Option<Arc<dyn crate::provider::NodeProvider>>,
     /// The data nodes' inside configuration (replaced by an apply).
     data_config: std::sync::RwLock<Arc<pb::DataConfig>>,
+    /// The configured attachments and their steer nodes (their VNIs follow the VNets).
+    attachments: Mutex<Vec<(datapath::AttachmentConfig, String)>>,
     ike: IkeRelay,
     tasks: Sender<Task>,
     to_control: Sender<ToControl>,
     state: Mutex<Shell>,
+}
+
+/// The attachments as the core takes them: each with its VNet's VNI in `config`.
+fn attachment_metas(
+    attachments: &[(datapath::AttachmentConfig, String)],
+    config: &pb::DataConfig,
+) -> Vec<AttachmentMeta> {
+    attachments
+        .iter()
+        .map(|(a, steer)| AttachmentMeta {
+            config: a.clone(),
+            steer: steer.clone(),
+            vni: config
+                .vnets
+                .iter()
+                .find(|v| v.tenant == a.tenant.as_str() && v.name == a.vnet)
+                .map(|v| v.vni),
+        })
+        .collect()
 }
 
 /// Each VNI's gateway addresses in `config`.
@@ -163,6 +188,7 @@ impl Cluster {
             settings,
             changed: std::sync::Condvar::new(),
             data_config: std::sync::RwLock::new(Arc::new(data_config)),
+            attachments: Mutex::new(Vec::new()),
             ike,
             tasks,
             to_control,
@@ -243,6 +269,7 @@ impl Cluster {
                 boot_id: hello.boot_id,
                 workers: hello.workers,
                 installed: hello.installed,
+                ports: hello.ports,
             },
             Instant::now(),
         );
@@ -330,6 +357,18 @@ impl Cluster {
                     remote,
                 });
             }
+            (Some(Event::CeLearned(m)), Some(Role::Data)) => {
+                match rpc::convert::ce_mac_from_pb(&m) {
+                    Ok((attachment, mac)) => {
+                        let mut sh = self.state();
+                        sh.core.handle_ce_learned(id, &attachment, mac);
+                        let q = self.carry(&mut sh, None);
+                        drop(sh);
+                        self.finish(q);
+                    }
+                    Err(e) => warn!(node = name, error = %e, "ce_learned ignored"),
+                }
+            }
             (Some(Event::NodeDead(dead)), Some(Role::Steer)) => self.node_dead(dead, name),
             (Some(Event::NodeAlive(back)), Some(Role::Steer)) => self.node_alive(back, name),
             (None, _) => {}
@@ -376,7 +415,64 @@ impl Cluster {
         self.finish(q);
     }
 
+    /// Replaces the customer attachments on steer nodes' ports (`steers`: each one's steer
+    /// node by attachment name; an attachment without one is left out): every live data node
+    /// gets them, the steer nodes their steering.
+    pub fn set_attachments(
+        &self,
+        attachments: &[datapath::AttachmentConfig],
+        steers: &BTreeMap<String, String>,
+    ) {
+        let list: Vec<(datapath::AttachmentConfig, String)> = attachments
+            .iter()
+            .filter_map(|a| Some((a.clone(), steers.get(&a.name)?.clone())))
+            .collect();
+        let metas = attachment_metas(&list, &self.data_config());
+        *self.attachments.lock().unwrap_or_else(|e| e.into_inner()) = list;
+        let mut sh = self.state();
+        sh.core.handle_attachments(metas, Instant::now());
+        let q = self.carry(&mut sh, None);
+        drop(sh);
+        self.finish(q);
+    }
+
     // ---- operator commands ----
+
+    /// True if an attachment is called `name` (`protego ctl migrate` moves it rather than a
+    /// tunnel).
+    pub fn is_attachment(&self, name: &str) -> bool {
+        self.state().core.attachment_by_name(name).is_some()
+    }
+
+    /// The attachments data node `name` serves.
+    pub fn attachments_served_by(&self, name: &str) -> Vec<String> {
+        let sh = self.state();
+        let Some(id) = sh.core.known_id(name) else {
+            return Vec::new();
+        };
+        sh.core
+            .attachments()
+            .values()
+            .filter(|a| a.node == Some(id))
+            .map(|a| a.meta.config.name.clone())
+            .collect()
+    }
+
+    /// Moves attachment `name` to data node `to` (`protego ctl migrate`): the steer nodes
+    /// steer its CE's frames and its routes' VXLAN to `to`, and have all answered when this
+    /// returns (a steer node that did not gets its whole tables again; until then it sends
+    /// to the old node, which still serves the attachment: nothing is lost either way).
+    /// Returns the node's id.
+    pub fn migrate_attachment(&self, name: &str, to: &str) -> Result<u32, ClusterError> {
+        let mut sh = self.state();
+        let (_, node) = sh.core.handle_migrate_attachment(name, to)?;
+        let q = self.carry(&mut sh, None);
+        drop(sh);
+        if !self.finish(q) {
+            return Err(ClusterError::NoControl);
+        }
+        Ok(node)
+    }
 
     /// Starts moving `tunnel` to data node `to` (`protego ctl migrate`): its placement
     /// changes and its CHILD_SA is rekeyed; the new SA is installed on `to` while the old one
@@ -406,9 +502,14 @@ impl Cluster {
         Ok(moves)
     }
 
-    /// Ends a drain: the node takes tunnels again.
+    /// Ends a drain: the node takes tunnels and attachments again.
     pub fn undrain(&self, name: &str) -> Result<(), ClusterError> {
-        self.state().core.handle_undrain(name)
+        let mut sh = self.state();
+        sh.core.handle_undrain(name)?;
+        let q = self.carry(&mut sh, None);
+        drop(sh);
+        self.finish(q);
+        Ok(())
     }
 
     /// Waits until every `(tunnel, node)` move is done: the tunnel's CHILD_SAs are all on
@@ -526,6 +627,20 @@ impl DataPath for Cluster {
             })
             .collect();
         sh.core.handle_inventory(metas, gateways, Instant::now());
+        // The attachments' VNIs follow their VNets.
+        let attachments = attachment_metas(
+            &self.attachments.lock().unwrap_or_else(|e| e.into_inner()),
+            &self.data_config(),
+        );
+        let current: Vec<AttachmentMeta> = sh
+            .core
+            .attachments()
+            .values()
+            .map(|a| a.meta.clone())
+            .collect();
+        if attachments != current {
+            sh.core.handle_attachments(attachments, Instant::now());
+        }
         let q = self.carry(&mut sh, None);
         drop(sh);
         self.finish(q);

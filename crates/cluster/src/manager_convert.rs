@@ -19,6 +19,16 @@ pub(super) fn to_pb(
     use pb::directive::Op;
     let op = match directive {
         Directive::DataConfig => Op::DataConfig(config.clone()),
+        Directive::SetAttachments(a) => Op::SetAttachments(rpc::convert::attachments_to_pb(a)),
+        Directive::SetCeMac { attachment, mac } => {
+            Op::SetCeMac(rpc::convert::ce_mac_to_pb(attachment, *mac))
+        }
+        Directive::SetPortTag(key, entry) => {
+            Op::SetPortTag(rpc::convert::port_tag_to_pb(*key, *entry))
+        }
+        Directive::RemovePortTag(key) => {
+            Op::RemovePortTag(rpc::convert::remove_port_tag_to_pb(*key))
+        }
         Directive::Relays(steer) => Op::SetRelays(pb::Relays {
             steer: steer.iter().map(ToString::to_string).collect(),
         }),
@@ -58,7 +68,11 @@ pub(super) fn to_pb(
                     .collect(),
                 vnis: t.vnis.iter().map(vni_to_pb).collect(),
                 limits,
-                attachments: Vec::new(),
+                attachments: t
+                    .attachments
+                    .iter()
+                    .map(|(k, e)| rpc::convert::port_tag_to_pb(*k, *e))
+                    .collect(),
             });
             return Some((op, unsent));
         }
@@ -122,8 +136,31 @@ fn nodes_to_pb(n: &SteerNodes) -> pb::SteerNodes {
     }
 }
 
-/// One VNI's selectors; a pair the steer nodes cannot express is logged and left out.
+/// One VNI's selectors: its attachments' prefixes first (in attachment order), then its
+/// tunnels' pairs; a pair the steer nodes cannot express is logged and left out.
 fn vni_to_pb(v: &VniSelectors) -> pb::VniSelectors {
+    let mut first = Vec::new();
+    for r in &v.attachments {
+        let (addr, len) = r.prefix;
+        let any = if addr.is_ipv4() {
+            steer::AddrRange::V4_ANY
+        } else {
+            steer::AddrRange::V6_ANY
+        };
+        match steer::AddrRange::prefix(addr, len) {
+            Ok(dst) => first.push(rpc::convert::attachment_selector_to_pb(
+                &steer::SelectorEntry {
+                    selector: steer::Selector::between(any, dst),
+                    tunnel: None,
+                    node: steer::NodeId(r.node),
+                },
+                steer::AttachmentId(r.attachment),
+            )),
+            Err(e) => {
+                warn!(attachment = r.attachment, error = %e, "attachment route cannot be steered");
+            }
+        }
+    }
     let mut selectors = Vec::new();
     for s in &v.selectors {
         match rpc::convert::selector_entry(&s.local, &s.remote, s.tunnel, steer::NodeId(s.node)) {
@@ -137,9 +174,10 @@ fn vni_to_pb(v: &VniSelectors) -> pb::VniSelectors {
     selectors.sort_by(|a, b| {
         (a.tunnel, &a.dst_start, &a.src_start).cmp(&(b.tunnel, &b.dst_start, &b.src_start))
     });
+    first.append(&mut selectors);
     pb::VniSelectors {
         vni: v.vni,
-        selectors,
+        selectors: first,
         neighbour_nodes: v.neighbour_nodes.clone(),
         gateway_ips: v.gateway_ips.clone(),
     }
@@ -187,8 +225,34 @@ pub(super) fn status_json(control: &str, status: &Status) -> serde_json::Value {
                 "load": n.load,
                 "reports": n.reports,
                 "rate_shares": shares,
+                "attachments": n.attachments,
+                "ports": n.ports.iter().map(|p| serde_json::json!({
+                    "id": p.id,
+                    "interface": p.interface,
+                    "mac": mac_text(p.mac),
+                })).collect::<Vec<_>>(),
             })
         })
         .collect();
-    serde_json::json!({ "control": control, "nodes": nodes })
+    let attachments: Vec<serde_json::Value> = status
+        .attachments
+        .iter()
+        .map(|a| {
+            serde_json::json!({
+                "name": a.name,
+                "steer": a.steer,
+                "interface": a.interface,
+                "port": a.port,
+                "steered": a.port.is_some() && a.node.is_some(),
+                "node": a.node,
+                "ce_mac": a.ce_mac.map(mac_text),
+            })
+        })
+        .collect();
+    serde_json::json!({ "control": control, "nodes": nodes, "attachments": attachments })
+}
+
+/// A MAC as `02:00:00:00:00:01`.
+fn mac_text(mac: [u8; 6]) -> String {
+    wire::ethernet::EthernetAddress(mac).to_string()
 }

@@ -508,6 +508,7 @@ fn registration(
         boot_id,
         workers: 2,
         installed,
+        ports: Vec::new(),
     }
 }
 
@@ -739,3 +740,6 @@ fn events_are_only_taken_from_the_node_they_concern() {
 
 #[path = "manager_tests_limits.rs"]
 mod limits;
+
+#[path = "manager_tests_attach.rs"]
+mod attach;

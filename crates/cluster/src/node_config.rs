@@ -27,6 +27,8 @@
 //! probe_interval = "10ms"        # at least one probe per interval per data node
 //! probe_timeout = "30ms"         # a probe unanswered this long is missed
 //! probe_misses = 3               # misses in a row that mark a data node dead
+//! ports = ["eth2"]               # customer-facing ports ([[attachment]] steer = this node):
+//!                                # port i of the list has id i + 1 on this node
 //! ```
 
 use control::config::{parse_duration, LogFormat};
@@ -116,6 +118,8 @@ struct RawSteer {
     probe_interval: Option<String>,
     probe_timeout: Option<String>,
     probe_misses: Option<u32>,
+    #[serde(default)]
+    ports: Vec<String>,
 }
 
 /// A control node to connect to.
@@ -182,6 +186,8 @@ pub struct SteerSection {
     pub probe_timeout: Duration,
     /// Misses in a row that mark a node dead.
     pub probe_misses: u32,
+    /// Customer-facing ports (interface names): port `i` has id `i + 1` on this node.
+    pub ports: Vec<String>,
 }
 
 /// A whole node file.
@@ -369,6 +375,22 @@ impl NodeConfig {
                         "must be between 1 and 100".into(),
                     ));
                 }
+                let mut ports: Vec<String> = Vec::new();
+                for (i, p) in s.ports.iter().enumerate() {
+                    let key = format!("steer.ports[{i}]");
+                    // IFNAMSIZ is 16 with the terminating NUL.
+                    if p.is_empty()
+                        || p.len() > 15
+                        || p.contains('/')
+                        || p.chars().any(|c| c.is_whitespace() || c.is_control())
+                    {
+                        return Err(bad(&key, format!("{p:?} is not an interface name")));
+                    }
+                    if let Some(j) = ports.iter().position(|q| q == p) {
+                        return Err(bad(&key, format!("{p:?} repeats steer.ports[{j}]")));
+                    }
+                    ports.push(p.clone());
+                }
                 Some(SteerSection {
                     vips,
                     vxlan: reachable("steer.vxlan", &s.vxlan)?,
@@ -387,6 +409,7 @@ impl NodeConfig {
                         Duration::from_millis(30),
                     )?,
                     probe_misses,
+                    ports,
                 })
             }
         };
@@ -450,6 +473,21 @@ geneve = "10.255.0.21:6081"
         let s = c.steer.unwrap();
         assert_eq!(s.probe_interval, Duration::from_millis(5));
         assert_eq!((s.probe_sample, s.probe_misses, s.ike_port), (1000, 3, 500));
+        assert!(s.ports.is_empty());
+        let with_ports = text.replace("[steer]", "[steer]\nports = [\"eth2\", \"eth3\"]");
+        let c = NodeConfig::parse(Path::new("s.toml"), &with_ports).unwrap();
+        assert_eq!(c.steer.unwrap().ports, ["eth2", "eth3"]);
+        for (ports, key) in [
+            ("[\"eth2\", \"eth2\"]", "steer.ports[1]"),
+            ("[\"\"]", "steer.ports[0]"),
+            ("[\"eth2\", \"a-name-too-long-x\"]", "steer.ports[1]"),
+        ] {
+            let t = text.replace("[steer]", &format!("[steer]\nports = {ports}"));
+            match NodeConfig::parse(Path::new("s.toml"), &t) {
+                Err(NodeConfigError::Value { key: k, .. }) => assert_eq!(k, key),
+                other => panic!("{key}: {other:?}"),
+            }
+        }
     }
 
     #[test]

@@ -113,6 +113,25 @@ impl pb::cluster_server::Cluster for ControlService {
                     .map_err(|e| Status::invalid_argument(format!("hello.installed[{i}]: {e}")))?,
             );
         }
+        let mut ports = Vec::with_capacity(hello.ports.len());
+        for (i, p) in hello.ports.iter().enumerate() {
+            let p = rpc::convert::steer_port_from_pb(p)
+                .map_err(|e| Status::invalid_argument(format!("hello.ports[{i}].{e}")))?;
+            if ports
+                .iter()
+                .any(|q: &crate::manager::PortInfo| q.id == p.id.0 || q.interface == p.interface)
+            {
+                return Err(Status::invalid_argument(format!(
+                    "hello.ports[{i}]: port {} ({}) is listed twice",
+                    p.id.0, p.interface
+                )));
+            }
+            ports.push(crate::manager::PortInfo {
+                id: p.id.0,
+                interface: p.interface,
+                mac: p.mac,
+            });
+        }
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
         let link = Arc::new(SessionLink::new(tx));
         let id = self.cluster.node_id(&hello.name);
@@ -133,6 +152,7 @@ impl pb::cluster_server::Cluster for ControlService {
                 boot_id: hello.boot_id,
                 workers: hello.workers,
                 installed,
+                ports,
             };
             let l = Arc::clone(&dyn_link);
             tokio::task::spawn_blocking(move || {

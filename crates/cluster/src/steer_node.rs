@@ -1,7 +1,8 @@
 //! `protego steer`: a steer node. It runs the forwarder of the public VIPs
 //! (`steernode::SteerNode`) and applies the control node's directives to its tables: the
-//! whole tables after registering, then SPI, selector, node and rate limit updates. It
-//! passes its failure detector's verdicts up as events and reports per-tunnel traffic and
+//! whole tables after registering, then SPI, selector, node, rate limit and customer port
+//! tag updates. Its Hello announces its customer-facing ports (`[steer] ports`, numbered from
+//! 1 in the file's order) with their MACs. It passes its failure detector's verdicts up as events and reports per-tunnel traffic and
 //! rate-limit drops every interval.
 //!
 //! Forwarding never waits for the session: when it breaks the steer node keeps steering with
@@ -16,8 +17,10 @@ use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use steer::{HealthConfig, NodeId, SpiEntry};
-use steernode::{SteerConfig, SteerEvent, SteerNode, SteerStats, SteerTables, VniSteering};
+use steer::{AttachEntry, HealthConfig, NodeId, PortKey, SpiEntry};
+use steernode::{
+    PortSpec, SteerConfig, SteerEvent, SteerNode, SteerStats, SteerTables, VniSteering,
+};
 use tracing::{info, warn};
 use wire::vxlan::Vni;
 use wire::EspSpi;
@@ -92,6 +95,26 @@ impl SteerApplier {
         ))
     }
 
+    /// A port's tag pair and its serving node, checked (`field` names it in errors): valid
+    /// VLAN ids on one of this node's ports.
+    fn port_tag(&self, field: &str, t: &pb::PortTag) -> Result<(PortKey, AttachEntry), String> {
+        let (key, entry) =
+            rpc::convert::port_tag_from_pb(t).map_err(|e| format!("{}", e.context(field)))?;
+        self.own_port(field, key.port)?;
+        Ok((key, entry))
+    }
+
+    /// Fails unless `port` is one of this node's ports.
+    fn own_port(&self, field: &str, port: steer::PortId) -> Result<(), String> {
+        if self.node.ports().iter().any(|p| p.id == port) {
+            Ok(())
+        } else {
+            Err(format!(
+                "{field}.port: {port} is not one of this node's ports ([steer] ports)"
+            ))
+        }
+    }
+
     fn spi(s: &pb::SteerSpi) -> (EspSpi, SpiEntry) {
         (
             EspSpi(s.spi),
@@ -158,7 +181,18 @@ impl Applier for SteerApplier {
             boot_id: self.boot_id,
             installed_spis: Vec::new(),
             installed: Vec::new(),
-            ports: Vec::new(),
+            ports: self
+                .node
+                .ports()
+                .into_iter()
+                .map(|p| {
+                    rpc::convert::steer_port_to_pb(&rpc::convert::SteerPort {
+                        id: p.id,
+                        interface: p.interface,
+                        mac: p.mac,
+                    })
+                })
+                .collect(),
         }
     }
 
@@ -174,6 +208,12 @@ impl Applier for SteerApplier {
                     None => (None, Vec::new()),
                 };
                 let shares = Self::shares("steer_tables.limits", &t.limits)?;
+                let attachments = t
+                    .attachments
+                    .iter()
+                    .enumerate()
+                    .map(|(i, a)| self.port_tag(&format!("steer_tables.attachments[{i}]"), a))
+                    .collect::<Result<Vec<_>, _>>()?;
                 let tables = SteerTables {
                     control,
                     data_nodes,
@@ -187,13 +227,13 @@ impl Applier for SteerApplier {
                         .iter()
                         .filter_map(|(t, s)| Some((*t, s.as_ref()?.limit)))
                         .collect(),
-                    // The control node does not place customer attachments yet (issue 16).
-                    attachments: Vec::new(),
+                    attachments,
                 };
                 let counts = (
                     tables.spis.len(),
                     tables.vnis.len(),
                     tables.data_nodes.len(),
+                    tables.attachments.len(),
                 );
                 self.node.replace_all(tables).map_err(e)?;
                 *self.shares.lock().unwrap_or_else(|e| e.into_inner()) = shares
@@ -204,6 +244,7 @@ impl Applier for SteerApplier {
                     spis = counts.0,
                     vnis = counts.1,
                     data_nodes = counts.2,
+                    attachments = counts.3,
                     "steering tables replaced"
                 );
                 Ok(())
@@ -235,6 +276,17 @@ impl Applier for SteerApplier {
             }
             Op::SetRateLimits(r) => {
                 self.set_shares(Self::shares("set_rate_limits.limits", &r.limits)?);
+                Ok(())
+            }
+            Op::SetPortTag(t) => {
+                let (key, entry) = self.port_tag("set_port_tag", &t)?;
+                self.node.set_port_tags(key, entry).map_err(e)
+            }
+            Op::RemovePortTag(t) => {
+                let key = rpc::convert::remove_port_tag_from_pb(&t)
+                    .map_err(|e| format!("{}", e.context("remove_port_tag")))?;
+                self.own_port("remove_port_tag", key.port)?;
+                self.node.remove_port_tags(key);
                 Ok(())
             }
             other => Err(format!("{} is not a steer node directive", op_name(&other))),
@@ -368,6 +420,15 @@ impl SteerNodeProcess {
             misses: s.probe_misses,
             ..HealthConfig::default()
         };
+        sc.ports = s
+            .ports
+            .iter()
+            .zip(1u32..)
+            .map(|(interface, id)| PortSpec {
+                id: steer::PortId(id),
+                interface: interface.clone(),
+            })
+            .collect();
         let node = SteerNode::start(sc).map_err(|e| NodeError::Steer(e.to_string()))?;
         let applier = Arc::new(SteerApplier {
             name: config.node.name.clone(),
@@ -394,7 +455,7 @@ impl SteerNodeProcess {
             },
         )
         .map_err(NodeError::Start)?;
-        info!(node = %config.node.name, vips = ?s.vips, vxlan = %s.vxlan, geneve = %s.geneve, "steer node started");
+        info!(node = %config.node.name, vips = ?s.vips, vxlan = %s.vxlan, geneve = %s.geneve, ports = ?s.ports, "steer node started");
         Ok(Self { node, agent })
     }
 
@@ -413,6 +474,112 @@ impl SteerNodeProcess {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn ip(args: &[&str]) {
+        let st = std::process::Command::new("ip")
+            .args(args)
+            .status()
+            .expect("run ip");
+        assert!(st.success(), "ip {args:?}");
+    }
+
+    /// A steer node with one customer port (a veth end in a namespace of the test's own)
+    /// announces it in its Hello, takes port tags of it and refuses bad ones, naming the field.
+    #[test]
+    fn port_tags_are_applied_and_bad_fields_named() {
+        if !testreq::program("port_tags_are_applied_and_bad_fields_named", "ip") {
+            return;
+        }
+        // Namespaces are per thread: everything runs in a thread that made its own.
+        std::thread::spawn(|| {
+            // SAFETY: plain system call; affects this thread (and the threads it starts) only.
+            assert_eq!(unsafe { libc::unshare(libc::CLONE_NEWNET) }, 0, "unshare");
+            ip(&["link", "set", "lo", "up"]);
+            ip(&[
+                "link", "add", "port0", "type", "veth", "peer", "name", "ce0",
+            ]);
+            ip(&["link", "set", "port0", "up"]);
+            ip(&["link", "set", "ce0", "up"]);
+            port_tags_in_namespace();
+        })
+        .join()
+        .expect("in its own namespace");
+    }
+
+    fn port_tags_in_namespace() {
+        let mut c = SteerConfig::new(
+            vec!["127.0.0.10".parse().unwrap()],
+            "127.0.0.20:0".parse().unwrap(),
+            "127.0.0.20:0".parse().unwrap(),
+        );
+        (c.ike_port, c.natt_port) = (0, 0);
+        c.ports = vec![PortSpec {
+            id: steer::PortId(1),
+            interface: "port0".into(),
+        }];
+        let node = SteerNode::start(c).expect("steer node");
+        let a = SteerApplier {
+            name: "steer1".into(),
+            node: Arc::clone(&node),
+            boot_id: 1,
+            last: Mutex::new(LastReport::default()),
+            shares: Mutex::new(BTreeMap::new()),
+        };
+        let hello = a.hello();
+        assert_eq!(hello.ports.len(), 1);
+        assert_eq!(
+            (hello.ports[0].id, hello.ports[0].interface.as_str()),
+            (1, "port0")
+        );
+        assert_eq!(hello.ports[0].mac.len(), 6);
+
+        use pb::directive::Op;
+        let tag = |port, s_tag, c_tag| pb::PortTag {
+            port,
+            s_tag,
+            c_tag,
+            node: 1,
+            attachment: 1,
+        };
+        a.apply(Op::SetPortTag(tag(1, 100, 20)))
+            .expect("a tag pair of port 1");
+        a.apply(Op::SetPortTag(tag(1, 0, 30)))
+            .expect("a single tag");
+        let fails = |op: Op, field: &str| {
+            let e = a.apply(op).expect_err(field);
+            assert!(e.starts_with(field), "{e} does not name {field}");
+        };
+        fails(Op::SetPortTag(tag(2, 100, 20)), "set_port_tag.port");
+        fails(Op::SetPortTag(tag(1, 100, 4095)), "set_port_tag.c_tag");
+        fails(Op::SetPortTag(tag(1, 5000, 20)), "set_port_tag.s_tag");
+        fails(
+            Op::RemovePortTag(pb::RemovePortTag {
+                port: 1,
+                s_tag: 0,
+                c_tag: 0,
+            }),
+            "remove_port_tag.c_tag",
+        );
+        a.apply(Op::RemovePortTag(pb::RemovePortTag {
+            port: 1,
+            s_tag: 0,
+            c_tag: 30,
+        }))
+        .expect("removed");
+        let tables = |attachments| {
+            Op::SteerTables(pb::SteerTables {
+                attachments,
+                ..pb::SteerTables::default()
+            })
+        };
+        a.apply(tables(vec![tag(1, 100, 20), tag(1, 0, 7)]))
+            .expect("whole tables with attachments");
+        fails(
+            tables(vec![tag(1, 100, 20), tag(3, 0, 7)]),
+            "steer_tables.attachments[1].port",
+        );
+        node.shutdown();
+    }
 
     #[test]
     fn a_steer_node_that_lost_control_drops_each_share_to_its_fallback() {

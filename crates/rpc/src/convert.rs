@@ -39,9 +39,11 @@ use zeroize::Zeroizing;
 #[cfg(test)]
 mod tests;
 
+mod attachment;
 mod child_sa;
 mod data_node;
 mod steer_node;
+pub use attachment::*;
 pub use child_sa::*;
 pub use data_node::*;
 pub use steer_node::*;

@@ -53,14 +53,14 @@ pub enum SteerError {
     },
     /// A selector whose source and destination ranges are of different address families: it
     /// could never match a packet.
-    #[error("vni {vni}, selector {index} of {tunnel}: source and destination are of different address families")]
+    #[error("vni {vni}, selector {index} ({}): source and destination are of different address families", tunnel.map_or_else(|| "an attachment's".to_string(), |t| format!("of {t}")))]
     SelectorFamilyMismatch {
         /// The VNI whose table was being set.
         vni: Vni,
         /// Position of the selector in the list given.
         index: usize,
-        /// The selector's tunnel.
-        tunnel: TunnelId,
+        /// The selector's tunnel (None: an attachment's prefix).
+        tunnel: Option<TunnelId>,
     },
     /// A pair of traffic selectors naming two different IP protocols: their intersection is
     /// empty.

@@ -5,7 +5,8 @@
 //! A VXLAN packet from a cloud host carries a VNI and an inner IP packet. Per VNI the table
 //! holds an ordered list of [`SelectorEntry`]s, each the outbound selector of one CHILD_SA
 //! (destination = the remote traffic selector, on-premises; source = the local one, the
-//! VNet) with its tunnel and the data node holding the SA.
+//! VNet) with its tunnel and the data node holding the SA, or one prefix behind a customer's
+//! edge router attached at L2 (issue 16) with the data node serving the attachment.
 //!
 //! **Priority.** A lookup returns the *first* entry of the VNI's list, in the order the list
 //! was given to [`SelectorTable::set_vni`], whose selector matches the flow, like the ordered
@@ -251,14 +252,16 @@ impl Selector {
     }
 }
 
-/// One outbound steering rule: a tunnel's selector and the data node holding its SA.
+/// One outbound steering rule: a tunnel's selector and the data node holding its SA, or one
+/// of a customer attachment's prefixes and the data node serving the attachment.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct SelectorEntry {
     /// Which packets.
     pub selector: Selector,
-    /// The tunnel (for its rate limit and counters).
-    pub tunnel: TunnelId,
-    /// The data node holding the tunnel's outbound SA.
+    /// The tunnel (for its rate limit and counters); None for an attachment's prefix, which
+    /// has no rate limit and whose frames carry no tunnel id.
+    pub tunnel: Option<TunnelId>,
+    /// The data node holding the tunnel's outbound SA (or serving the attachment).
     pub node: NodeId,
 }
 

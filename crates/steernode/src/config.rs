@@ -37,7 +37,8 @@ pub struct SteerConfig {
     /// each thread keeping a 64 KiB buffer per slot).
     pub batch: usize,
     /// Customer-facing ports: Ethernet interfaces where customers' edge routers are attached
-    /// over VLAN or Q-in-Q, each with the cluster-wide id the control node gave it. Each is
+    /// over VLAN or Q-in-Q, each with its id on this node (announced to the control node,
+    /// carried in the Geneve port option). Each is
     /// opened with an AF_PACKET ring (`netio::packet`, needs CAP_NET_RAW) and read by a thread
     /// of its own; none: no such thread.
     pub ports: Vec<PortSpec>,
@@ -46,7 +47,8 @@ pub struct SteerConfig {
 /// A customer-facing port of this steer node.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PortSpec {
-    /// Its cluster-wide id (carried in the Geneve port option).
+    /// Its id on this steer node (carried in the Geneve port option; `protego steer` numbers
+    /// `[steer] ports` from 1).
     pub id: PortId,
     /// The interface's name.
     pub interface: String,

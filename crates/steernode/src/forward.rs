@@ -85,9 +85,9 @@ pub(crate) struct Shared {
     pub(crate) batch: usize,
 }
 
-/// A customer-facing port: its cluster-wide id and its packet socket.
+/// A customer-facing port: its id on this node and its packet socket.
 pub(crate) struct Port {
-    /// The id the control node gave it.
+    /// Its id on this node.
     pub(crate) id: PortId,
     /// Its AF_PACKET socket (receive ring, sendmmsg).
     pub(crate) sock: PacketSocket,
@@ -434,9 +434,9 @@ fn vxlan_batch(sh: &Shared, rx: &RecvBatch, tx: &mut TxBatch) {
         match classify::vxlan(data, &tables) {
             VxlanAction::Data(vni, entry) => {
                 let r = b
-                    .admit_to_node(entry.node, Some(entry.tunnel), data.len())
+                    .admit_to_node(entry.node, entry.tunnel, data.len())
                     .and_then(|(addr, probe)| {
-                        push_frame(tx, sh.geneve, addr, vni, Some(entry.tunnel), probe, rcv)
+                        push_frame(tx, sh.geneve, addr, vni, entry.tunnel, probe, rcv)
                     });
                 match r {
                     Ok(()) => counters.forwarded(ForwardKind::VxlanToData, 1),

@@ -44,6 +44,6 @@ mod tables;
 pub use config::{PortSpec, SteerConfig, MAX_BATCH};
 pub use error::SteerNodeError;
 pub use health::SteerEvent;
-pub use node::{LocalAddrs, SteerNode};
+pub use node::{LocalAddrs, PortInfo, SteerNode};
 pub use stats::{DropReason, DropStats, ForwardKind, ForwardStats, SteerStats, TunnelStats};
 pub use tables::{SteerTables, VniSteering};

@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use crossbeam_channel::Receiver;
 use steer::{
-    AttachEntry, NodeId, PortKey, RateLimit, SelectorEntry, SpiEntry, TunnelId, TunnelLimit,
+    AttachEntry, NodeId, PortId, PortKey, RateLimit, SelectorEntry, SpiEntry, TunnelId, TunnelLimit,
 };
 use wire::vxlan::Vni;
 use wire::EspSpi;
@@ -35,6 +35,17 @@ pub struct LocalAddrs {
     pub vxlan: SocketAddr,
     /// The Geneve socket nodes exchange frames with.
     pub geneve: SocketAddr,
+}
+
+/// A customer-facing port as the steer node opened it (what it tells the control node).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PortInfo {
+    /// Its id (carried in the Geneve port option).
+    pub id: PortId,
+    /// The interface's name.
+    pub interface: String,
+    /// The interface's MAC: the gateway's MAC on the customers' segments.
+    pub mac: [u8; 6],
 }
 
 /// A running steer node: the forwarder of the public VIPs (see the crate docs).
@@ -310,7 +321,7 @@ impl SteerNode {
                 tables
                     .vnis
                     .iter()
-                    .flat_map(|(_, v)| v.selectors.iter().map(|e| e.tunnel)),
+                    .flat_map(|(_, v)| v.selectors.iter().filter_map(|e| e.tunnel)),
             )
             .collect();
         for (dir, direction) in [
@@ -382,6 +393,19 @@ impl SteerNode {
     /// The bound addresses.
     pub fn local_addrs(&self) -> &LocalAddrs {
         &self.local
+    }
+
+    /// The customer-facing ports, in the order of [`SteerConfig::ports`].
+    pub fn ports(&self) -> Vec<PortInfo> {
+        self.shared
+            .ports
+            .iter()
+            .map(|p| PortInfo {
+                id: p.id,
+                interface: p.sock.name().to_owned(),
+                mac: p.sock.mac(),
+            })
+            .collect()
     }
 
     /// Stops the forwarding threads and waits for them. Idempotent; the sockets close when the

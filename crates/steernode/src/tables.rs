@@ -344,7 +344,7 @@ mod tests {
                 AddrRange::prefix(src.parse().unwrap(), 24).unwrap(),
                 AddrRange::V6_ANY,
             ),
-            tunnel: TunnelId(1),
+            tunnel: Some(TunnelId(1)),
             node: NodeId(1),
         };
         let good = SteerTables {

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use common::*;
 use protego_steernode::{DropReason, ForwardKind, SteerNodeError, SteerTables, VniSteering};
-use steer::{AddrRange, NodeId, Selector, SelectorEntry, SpiEntry, TunnelId};
+use steer::{AddrRange, NodeId, RateLimit, Selector, SelectorEntry, SpiEntry, TunnelId};
 use wire::arp::{ArpOperation, ArpRepr};
 use wire::ethernet::{EtherType, EthernetAddress};
 use wire::vxlan::{Vni, VxlanPacket};
@@ -199,9 +199,61 @@ fn selector(dst: &str, tunnel: u32, node: u32) -> SelectorEntry {
             AddrRange::prefix("10.0.0.0".parse().unwrap(), 24).unwrap(),
             AddrRange::prefix(dst.parse().unwrap(), 24).unwrap(),
         ),
-        tunnel: TunnelId(tunnel),
+        tunnel: Some(TunnelId(tunnel)),
         node: NodeId(node),
     }
+}
+
+/// An attachment's prefix (issue 16) first in the VNI's list: its packets go to the serving
+/// node without a tunnel id and are not charged to any tunnel's limit, even one that would
+/// have matched and blocks everything.
+#[test]
+fn an_attachments_prefix_is_steered_without_tunnel_or_limit() {
+    let steer = start(patient_health(), None);
+    let local = steer.local_addrs().clone();
+    let (n1, n2) = (socket("127.0.1.1"), socket("127.0.1.2"));
+    let host = socket("127.0.4.1");
+    steer
+        .set_data_nodes(vec![
+            (NodeId(1), n1.local_addr().unwrap()),
+            (NodeId(2), n2.local_addr().unwrap()),
+        ])
+        .unwrap();
+    let vni = Vni::new(100).unwrap();
+    let attachment = SelectorEntry {
+        tunnel: None,
+        ..selector("192.168.1.0", 0, 2)
+    };
+    let tunnel = SelectorEntry {
+        selector: Selector::between(
+            AddrRange::prefix("10.0.0.0".parse().unwrap(), 24).unwrap(),
+            AddrRange::prefix("192.168.0.0".parse().unwrap(), 16).unwrap(),
+        ),
+        ..selector("192.168.0.0", 1, 1)
+    };
+    steer
+        .set_selectors(vni, vec![attachment, tunnel], vec![NodeId(1), NodeId(2)])
+        .unwrap();
+    steer.set_rate_limit(TunnelId(1), Some(RateLimit::new(8, 1).into()));
+    let to_ce = vxlan_udp(100, "10.0.0.5:1000", "192.168.1.7:53");
+    host.send_to(&to_ce, local.vxlan).unwrap();
+    let f = recv_frame(&n2, false, DEADLINE).expect("the attachment's packet");
+    assert_eq!(f.payload(), &to_ce[..]);
+    assert_eq!(f.parsed.tunnel, None);
+    assert!(
+        recv_frame(&n1, false, SHORT).is_none(),
+        "nothing to the tunnel's node"
+    );
+    let s = wait_stats(&steer, "forwarded", |s| {
+        s.forwarded.get(ForwardKind::VxlanToData) == 1
+    });
+    assert_eq!(
+        s.tunnels
+            .get(&TunnelId(1))
+            .map_or(0, |t| t.outbound.admitted_packets
+                + t.outbound.dropped_packets),
+        0
+    );
 }
 
 #[test]

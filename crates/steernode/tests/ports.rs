@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use common::{patient_health, recv, sa, socket, DEADLINE};
 use netio::packet::{FrameBatch, PacketScratch, PacketSocket};
-use protego_steernode::{DropReason, ForwardKind, PortSpec, SteerConfig, SteerNode};
+use protego_steernode::{DropReason, ForwardKind, PortInfo, PortSpec, SteerConfig, SteerNode};
 use steer::{AttachEntry, AttachmentId, NodeId, PortId, PortKey};
 use wire::relay;
 
@@ -88,6 +88,16 @@ fn run() {
     }];
     let steer = SteerNode::start(c).expect("steer node with a port");
     let geneve = steer.local_addrs().geneve;
+    let port0 = PacketSocket::open("port0").expect("the port's interface");
+    assert_eq!(
+        steer.ports(),
+        vec![PortInfo {
+            id: PortId(5),
+            interface: "port0".into(),
+            mac: port0.mac(),
+        }]
+    );
+    drop(port0);
     let (d1, d2) = (socket("127.0.1.1"), socket("127.0.1.2"));
     steer
         .set_data_nodes(vec![

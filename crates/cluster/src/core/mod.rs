@@ -24,6 +24,7 @@
 //!
 //! The thin shell around it is [`crate::manager::Cluster`].
 
+mod attach;
 mod autoscale;
 mod moves;
 mod placement;
@@ -92,6 +93,12 @@ pub struct ClusterCore {
     pub(crate) next_token: u64,
     /// Install answers ignored because no install of their CHILD_SA was pending.
     pub(crate) ignored_answers: u64,
+    /// The configured customer attachments by id, with their serving data nodes.
+    pub(crate) attachments: BTreeMap<u32, AttachmentEntry>,
+    /// Attachment ids by name (stable for the core's lifetime).
+    pub(crate) attachment_ids: HashMap<String, u32>,
+    /// Each steer node's customer-facing ports (by its name), from its last Hello.
+    pub(crate) ports: HashMap<String, Vec<PortInfo>>,
     pub(crate) outbox: Outbox,
 }
 
@@ -130,6 +137,9 @@ impl ClusterCore {
             share_acks: Vec::new(),
             next_token: 1,
             ignored_answers: 0,
+            attachments: BTreeMap::new(),
+            attachment_ids: HashMap::new(),
+            ports: HashMap::new(),
             outbox: Outbox::default(),
         }
     }
@@ -289,9 +299,14 @@ impl ClusterCore {
                 load: n.last_report.clone(),
                 reports: n.reports,
                 rate_shares: shares.remove(id).unwrap_or_default(),
+                attachments: self.attachments_of_node(*id),
+                ports: self.ports.get(&n.name).cloned().unwrap_or_default(),
             })
             .collect();
-        Status { nodes }
+        Status {
+            nodes,
+            attachments: self.attachment_status(),
+        }
     }
 
     // ---- inputs: configuration ----
@@ -311,6 +326,11 @@ impl ClusterCore {
         self.placement.retain(|t, _| tunnels.contains_key(t));
         self.rekey_at.retain(|t, _| tunnels.contains_key(t));
         self.fire_data_nodes(&Directive::DataConfig);
+        // The attachments' VNets are found by name in the new VNets.
+        if !self.attachments.is_empty() {
+            let attachments = self.resolved_attachments();
+            self.fire_data_nodes(&Directive::SetAttachments(attachments));
+        }
         if self.reconciled {
             self.push_tables(now);
         }
@@ -339,8 +359,10 @@ impl ClusterCore {
             boot_id,
             workers,
             installed,
+            ports,
         } = hello;
         let id = self.node_id(&name);
+        let attachments_before = self.resolved_attachments();
         if role == Role::Steer {
             self.shares.add_node(steer::NodeId(id));
         } else {
@@ -382,6 +404,11 @@ impl ClusterCore {
                 }
                 let orphans = self.adopt(id, installed);
                 self.emit(id, Directive::DataConfig, Await::Nothing);
+                // Every attachment, after the VNets it names (a restarted node lost them).
+                if !self.attachments.is_empty() {
+                    let attachments = self.resolved_attachments();
+                    self.emit(id, Directive::SetAttachments(attachments), Await::Nothing);
+                }
                 let relays = self.relays();
                 if !relays.is_empty() {
                     self.emit(id, Directive::Relays(relays), Await::Nothing);
@@ -399,11 +426,17 @@ impl ClusterCore {
                     }
                 }
                 rekey = self.due(rekey, now);
+                // Attachments waiting for a data node are served here.
+                let placed = self.place_attachments(None);
                 if self.reconciled {
                     self.push_tables(now);
+                } else {
+                    self.emit_attachment_steering(&placed, None);
                 }
             }
             Role::Steer => {
+                // Its ports make attachments steerable (the tables below carry them).
+                self.handle_ports(id, &name, ports, &attachments_before);
                 if self.reconciled {
                     // Its shares first (the others' lowered ones go out now, their growth
                     // once they confirmed), then its tables with its own.
@@ -475,6 +508,13 @@ impl ClusterCore {
         }
         n.alive = true;
         info!(node = %n.name, id, "data node answers its probes again");
+        // It may have missed a change of the attachments while it counted as dead.
+        if !self.attachments.is_empty() {
+            let attachments = self.resolved_attachments();
+            self.emit(id, Directive::SetAttachments(attachments), Await::Nothing);
+        }
+        let placed = self.place_attachments(None);
+        self.emit_port_tags(&placed, None);
         let nodes = self.steer_nodes();
         self.emit_steers(&Directive::SetNodes(nodes), Await::Steer);
         for d in self.all_vni_directives() {
@@ -627,6 +667,9 @@ impl ClusterCore {
         }
         let rekey = self.due(stranded, now);
         self.rekey(rekey, "retry: no live data node held it");
+        // Attachments without a serving node, now that one may be there.
+        let placed = self.place_attachments(None);
+        self.emit_attachment_steering(&placed, None);
     }
 
     // ---- outputs ----

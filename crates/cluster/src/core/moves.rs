@@ -359,7 +359,7 @@ impl ClusterCore {
             .ok_or_else(|| ClusterError::UnknownTunnel(name.to_owned()))
     }
 
-    fn usable_data_node(&self, name: &str) -> Result<u32, ClusterError> {
+    pub(crate) fn usable_data_node(&self, name: &str) -> Result<u32, ClusterError> {
         let id = *self
             .ids
             .get(name)
@@ -403,8 +403,10 @@ impl ClusterCore {
         Ok((t, node))
     }
 
-    /// Drains data node `name` (`protego ctl drain`): nothing new is placed on it and every
-    /// tunnel on it moves to other live nodes. Returns the moves.
+    /// Drains data node `name` (`protego ctl drain`): nothing new is placed on it, every
+    /// attachment it serves is steered to another live node at once (the caller waits for
+    /// the steer nodes' answers), and every tunnel on it moves to other live nodes. Returns
+    /// the tunnels' moves.
     pub fn handle_drain(&mut self, name: &str) -> Result<Vec<(TunnelId, u32)>, ClusterError> {
         let id = *self
             .ids
@@ -422,6 +424,37 @@ impl ClusterCore {
         if let Some(n) = self.nodes.get_mut(&id) {
             n.draining = true;
         }
+        // Attachments first, all or none: their moves are steering flips.
+        let served: Vec<u32> = self
+            .attachments
+            .values()
+            .filter(|a| a.node == Some(id))
+            .map(|a| a.id)
+            .collect();
+        let mut attachment_moves = Vec::new();
+        for a in &served {
+            let Some(to) = self.choose_attachment(*a, Some(id)) else {
+                self.drain_failed(id);
+                return Err(ClusterError::Unsuitable {
+                    name: name.to_owned(),
+                    reason: "no other live data node can take its attachments",
+                });
+            };
+            attachment_moves.push((*a, to));
+        }
+        for (a, to) in &attachment_moves {
+            if let Some(e) = self.attachments.get_mut(a) {
+                e.node = Some(*to);
+            }
+        }
+        if !served.is_empty() {
+            info!(
+                node = name,
+                attachments = served.len(),
+                "draining data node: attachments move"
+            );
+            self.emit_attachment_steering(&served, None);
+        }
         let mut tunnels: Vec<TunnelId> = self
             .children
             .values()
@@ -433,9 +466,7 @@ impl ClusterCore {
         let mut moves = Vec::new();
         for t in &tunnels {
             let Some(to) = self.choose(*t, Some(id)) else {
-                if let Some(n) = self.nodes.get_mut(&id) {
-                    n.draining = false;
-                }
+                self.drain_failed(id);
                 return Err(ClusterError::Unsuitable {
                     name: name.to_owned(),
                     reason: "no other live data node can take its tunnels",
@@ -449,7 +480,18 @@ impl ClusterCore {
         Ok(moves)
     }
 
-    /// Ends a drain: the node takes tunnels again.
+    /// A drain of node `id` that could not be done: the node takes tunnels and attachments
+    /// again (those without a serving node are served there at once).
+    fn drain_failed(&mut self, id: u32) {
+        if let Some(n) = self.nodes.get_mut(&id) {
+            n.draining = false;
+        }
+        let placed = self.place_attachments(None);
+        self.emit_attachment_steering(&placed, None);
+    }
+
+    /// Ends a drain: the node takes tunnels and attachments again (attachments without a
+    /// serving node are served there at once).
     pub fn handle_undrain(&mut self, name: &str) -> Result<(), ClusterError> {
         let id = *self
             .ids
@@ -458,6 +500,8 @@ impl ClusterCore {
         if let Some(n) = self.nodes.get_mut(&id) {
             n.draining = false;
         }
+        let placed = self.place_attachments(None);
+        self.emit_attachment_steering(&placed, None);
         Ok(())
     }
 }

@@ -6,12 +6,32 @@ use ike::TunnelId;
 use std::collections::HashMap;
 use std::time::Instant;
 
+/// What is being placed (it does not count against the node it may stay on).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Placed {
+    /// A tunnel.
+    Tunnel(TunnelId),
+    /// An attachment, by id.
+    Attachment(u32),
+}
+
 impl ClusterCore {
     /// The data node for a new CHILD_SA of `tunnel`: its placement if that node is alive and
-    /// not draining, else the live data node with the fewest tunnels (then lowest
-    /// utilization, then lowest id), never `exclude`, and a parked one only if no other is
-    /// left.
+    /// not draining, else the live data node with the fewest tunnels and attachments (then
+    /// lowest utilization, then lowest id), never `exclude`, and a parked one only if no other
+    /// is left.
     pub fn choose(&self, tunnel: TunnelId, exclude: Option<u32>) -> Option<u32> {
+        let current = self.placement.get(&tunnel).copied();
+        self.choose_node(current, Placed::Tunnel(tunnel), exclude)
+    }
+
+    /// [`Self::choose`] for `what`, placed on `current` so far.
+    pub(crate) fn choose_node(
+        &self,
+        current: Option<u32>,
+        what: Placed,
+        exclude: Option<u32>,
+    ) -> Option<u32> {
         let usable = |id: &u32| {
             Some(*id) != exclude
                 && self
@@ -19,13 +39,18 @@ impl ClusterCore {
                     .get(id)
                     .is_some_and(|n| n.role == Role::Data && n.alive && !n.draining && !n.leaving)
         };
-        if let Some(p) = self.placement.get(&tunnel).filter(|p| usable(p)) {
-            return Some(*p);
+        if let Some(p) = current.filter(|p| usable(p)) {
+            return Some(p);
         }
         let mut count: HashMap<u32, usize> = HashMap::new();
         for (t, n) in &self.placement {
-            if *t != tunnel {
+            if what != Placed::Tunnel(*t) {
                 *count.entry(*n).or_default() += 1;
+            }
+        }
+        for a in self.attachments.values() {
+            if let Some(n) = a.node.filter(|_| what != Placed::Attachment(a.id)) {
+                *count.entry(n).or_default() += 1;
             }
         }
         // Parked nodes (held in reserve by the autoscaler) only when no other can.
@@ -120,8 +145,9 @@ impl ClusterCore {
         }
     }
 
-    /// Marks data node `id` lost: its CHILD_SAs are detached, its tunnels placed elsewhere,
-    /// the steer nodes told, the tunnels rekeyed.
+    /// Marks data node `id` lost: its CHILD_SAs are detached, its tunnels and attachments
+    /// placed elsewhere, the steer nodes told (port tags of the moved attachments, every VNI's
+    /// selectors, the data nodes), the tunnels rekeyed.
     pub(crate) fn lost(&mut self, id: u32, why: &'static str, now: Instant) {
         if let Some(n) = self.nodes.get_mut(&id) {
             n.alive = false;
@@ -146,6 +172,16 @@ impl ClusterCore {
                 }
             }
         }
+        let attachments = self.place_attachments(Some(id));
+        if !attachments.is_empty() {
+            tracing::info!(
+                node = id,
+                attachments = attachments.len(),
+                why,
+                "moving the attachments of a lost data node"
+            );
+        }
+        self.emit_port_tags(&attachments, None);
         for d in self.all_vni_directives() {
             self.emit_steers(&d, super::Await::Steer);
         }

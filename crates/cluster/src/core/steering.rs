@@ -69,15 +69,21 @@ impl ClusterCore {
             .collect();
         VniSelectors {
             vni,
+            attachments: self.attachment_routes(vni),
             selectors,
             neighbour_nodes,
             gateway_ips: self.gateways.get(&vni).cloned().unwrap_or_default(),
         }
     }
 
-    /// The VNIs of the configured tunnels.
+    /// The VNIs of the configured tunnels and attachments.
     pub(crate) fn vnis(&self) -> Vec<u32> {
-        let mut v: Vec<u32> = self.tunnels.values().filter_map(|t| t.vni).collect();
+        let mut v: Vec<u32> = self
+            .tunnels
+            .values()
+            .filter_map(|t| t.vni)
+            .chain(self.attachment_vnis())
+            .collect();
         v.sort_unstable();
         v.dedup();
         v
@@ -192,7 +198,8 @@ impl ClusterCore {
     }
 
     /// The whole steering state of steer node `node` (the tables are the same for every
-    /// steer node, the rate limits are its shares), including the SPIs of removed CHILD_SAs
+    /// steer node, but the rate limits are its shares and the port tags those of its own
+    /// ports), including the SPIs of removed CHILD_SAs
     /// still in their grace.
     pub fn steer_tables(&self, node: u32) -> SteerTables {
         let mut spis: Vec<(wire::EspSpi, u32, ike::TunnelId)> = self
@@ -217,6 +224,7 @@ impl ClusterCore {
             spis,
             vnis,
             limits: self.limits(node),
+            attachments: self.steer_attachments(node),
         }
     }
 

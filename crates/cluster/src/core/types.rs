@@ -3,7 +3,7 @@
 
 use ike::{IkeSpis, TrafficSelector, TunnelId};
 use std::collections::BTreeMap;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::time::Instant;
 use wire::EspSpi;
 
@@ -28,6 +28,71 @@ pub struct TunnelMeta {
     pub vni: Option<u32>,
     /// Its rate limit, Mbit/s.
     pub rate_limit_mbit: Option<u32>,
+}
+
+/// What control knows about a customer attachment from the configuration (issue 16).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AttachmentMeta {
+    /// Its configuration; `port` is `Interface(name)` of an interface of steer node `steer`.
+    pub config: datapath::AttachmentConfig,
+    /// The steer node owning the port (`[[attachment]] steer`).
+    pub steer: String,
+    /// Its VNet's VNI (None: the VNet is not configured, nothing is steered for its routes).
+    pub vni: Option<u32>,
+}
+
+/// A steer node's customer-facing port, as its Hello announced it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PortInfo {
+    /// Its id on the steer node.
+    pub id: u32,
+    /// The interface's name there.
+    pub interface: String,
+    /// The interface's MAC.
+    pub mac: [u8; 6],
+}
+
+/// One attachment as the core tracks it.
+#[derive(Debug, Clone)]
+pub struct AttachmentEntry {
+    /// Its id (by name, stable for the core's lifetime; the steer nodes count by it).
+    pub id: u32,
+    /// What the configuration says.
+    pub meta: AttachmentMeta,
+    /// The data node serving it: where the steer nodes send the CE's frames and the hosts'
+    /// VXLAN for its routes. None while its port is unknown or no data node can take it.
+    pub node: Option<u32>,
+    /// The CE's MAC, once a data node learned it.
+    pub ce_mac: Option<[u8; 6]>,
+}
+
+/// One prefix behind an attachment's CE, steered to its serving data node (first in its
+/// VNI's selector list).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AttachmentRoute {
+    /// The attachment's id.
+    pub attachment: u32,
+    /// The data node serving it.
+    pub node: u32,
+    /// The prefix.
+    pub prefix: (IpAddr, u8),
+}
+
+/// One attachment as `protego ctl nodes` shows it.
+#[derive(Debug, Clone)]
+pub struct AttachmentStatus {
+    /// Its name.
+    pub name: String,
+    /// The steer node owning its port.
+    pub steer: String,
+    /// The interface there.
+    pub interface: String,
+    /// The port's id, once the steer node announced the interface (None: unsteered).
+    pub port: Option<u32>,
+    /// The serving data node's name.
+    pub node: Option<String>,
+    /// The CE's MAC, once learned.
+    pub ce_mac: Option<[u8; 6]>,
 }
 
 /// A node's last reported load.
@@ -64,6 +129,8 @@ pub struct Hello {
     pub workers: u32,
     /// The CHILD_SAs it holds (data nodes).
     pub installed: Vec<dataplane::InstalledChild>,
+    /// Its customer-facing ports (steer nodes).
+    pub ports: Vec<PortInfo>,
 }
 
 /// One registered node as the core sees it.
@@ -166,6 +233,9 @@ pub struct SteeredSelector {
 pub struct VniSelectors {
     /// The VNI.
     pub vni: u32,
+    /// The prefixes behind the CEs of the VNI's steered attachments: first in the list (the
+    /// data node, too, sends to a CE before it looks at the tunnels).
+    pub attachments: Vec<AttachmentRoute>,
     /// Every selector pair of its tunnels' sending CHILD_SAs.
     pub selectors: Vec<SteeredSelector>,
     /// The live data nodes (neighbour discovery goes to them).
@@ -205,6 +275,8 @@ pub struct SteerTables {
     pub vnis: Vec<VniSelectors>,
     /// The node's shares of the tunnels' limits.
     pub limits: Vec<(steer::TunnelId, steer::Share)>,
+    /// The steered attachments on the node's own ports.
+    pub attachments: Vec<(steer::PortKey, steer::AttachEntry)>,
 }
 
 /// A directive to a node, in the core's terms (the shell turns it into protobuf).
@@ -220,6 +292,16 @@ pub enum Directive {
         tunnel: TunnelId,
         /// Its inbound SPI.
         inbound_spi: EspSpi,
+    },
+    /// Data node: every steerable attachment, resolved to its steer node's port (after
+    /// [`Directive::DataConfig`]).
+    SetAttachments(Vec<datapath::AttachmentConfig>),
+    /// Data node: an attachment's CE MAC, learned by another data node.
+    SetCeMac {
+        /// The attachment's name.
+        attachment: String,
+        /// The MAC.
+        mac: [u8; 6],
     },
     /// Data node: remove a CHILD_SA.
     RemoveChild {
@@ -251,6 +333,10 @@ pub enum Directive {
     SetShares(Vec<(steer::TunnelId, steer::Share)>),
     /// Steer node predating the division: one tunnel's limit.
     SetShare(steer::TunnelId, steer::Share),
+    /// Steer node owning the port: steer an attachment's tag pair to its serving data node.
+    SetPortTag(steer::PortKey, steer::AttachEntry),
+    /// Steer node owning the port: stop steering a tag pair.
+    RemovePortTag(steer::PortKey),
 }
 
 impl Directive {
@@ -259,6 +345,8 @@ impl Directive {
         matches!(
             self,
             Self::DataConfig
+                | Self::SetAttachments(_)
+                | Self::SetCeMac { .. }
                 | Self::Relays(_)
                 | Self::InstallChild { .. }
                 | Self::RemoveChild { .. }
@@ -351,6 +439,10 @@ pub struct NodeStatus {
     pub reports: u64,
     /// Its shares of the tunnels' limits (steer nodes).
     pub rate_shares: Vec<(TunnelId, steer::Share)>,
+    /// The attachments it serves (data nodes) or whose ports it owns (steer nodes).
+    pub attachments: Vec<String>,
+    /// Its customer-facing ports (steer nodes).
+    pub ports: Vec<PortInfo>,
 }
 
 /// The cluster as `protego ctl nodes` shows it, as plain data.
@@ -358,6 +450,8 @@ pub struct NodeStatus {
 pub struct Status {
     /// Every registered node.
     pub nodes: Vec<NodeStatus>,
+    /// Every configured attachment.
+    pub attachments: Vec<AttachmentStatus>,
 }
 
 /// A CHILD_SA the control loop installs, as the core needs it (no keys).
@@ -408,6 +502,17 @@ pub enum ClusterError {
     /// No tunnel of that name.
     #[error("unknown tunnel {0:?}")]
     UnknownTunnel(String),
+    /// No attachment of that name.
+    #[error("unknown attachment {0:?}")]
+    UnknownAttachment(String),
+    /// The attachment's port is not known: it cannot be steered anywhere.
+    #[error("attachment {name:?} is not steered: {reason}")]
+    Unsteered {
+        /// The attachment.
+        name: String,
+        /// Why.
+        reason: String,
+    },
     /// No node of that name.
     #[error("unknown node {0:?}")]
     UnknownNode(String),

@@ -119,6 +119,10 @@ pub struct ClusterConfig {
     pub node_capacity_mbit: u32,
     /// `[cluster.autoscale]`: the elastic provisioning model and what it may do.
     pub autoscale: AutoscaleConfig,
+    /// Each `[[attachment]]`'s steer node (`steer`), by attachment name: the attachment's
+    /// `port` in [`Config::dataplane`] is then `Interface(name)` of an interface of that steer
+    /// node (`[steer] ports` there), never opened here.
+    pub attachment_steers: std::collections::BTreeMap<String, String>,
 }
 
 /// Whether the autoscaler carries its decisions out.

@@ -215,6 +215,8 @@ pub(crate) struct RawAttachment {
     pub(crate) tenant: Spanned<String>,
     pub(crate) vnet: Spanned<String>,
     pub(crate) interface: Spanned<String>,
+    /// The steer node owning `interface` (the distributed form only).
+    pub(crate) steer: Option<Spanned<String>>,
     pub(crate) kind: Spanned<String>,
     pub(crate) s_tag: Option<Spanned<i64>>,
     pub(crate) c_tag: Spanned<i64>,

@@ -22,7 +22,9 @@ pub fn steer_spi_from_pb(entry: &pb::SteerSpi) -> Result<(EspSpi, SpiEntry)> {
     ))
 }
 
-/// An outbound steering rule as the protocol writes it.
+/// An outbound steering rule as the protocol writes it. An entry without a tunnel (an
+/// attachment's prefix) is written with tunnel 0 and `attachment` 0: use
+/// [`attachment_selector_to_pb`] to name the attachment.
 pub fn selector_to_pb(entry: &SelectorEntry) -> pb::Selector {
     let s = &entry.selector;
     pb::Selector {
@@ -35,8 +37,22 @@ pub fn selector_to_pb(entry: &SelectorEntry) -> pb::Selector {
         sport_end: u32::from(s.sport.end()),
         dport_start: u32::from(s.dport.start()),
         dport_end: u32::from(s.dport.end()),
-        tunnel: entry.tunnel.0,
+        tunnel: entry.tunnel.map_or(0, |t| t.0),
         node: entry.node.0,
+        attachment: entry.tunnel.is_none().then_some(0),
+    }
+}
+
+/// One of attachment `attachment`'s prefixes steered to its serving data node (`entry`'s
+/// tunnel is ignored: the rule has none), as the protocol writes it.
+pub fn attachment_selector_to_pb(
+    entry: &SelectorEntry,
+    attachment: steer::AttachmentId,
+) -> pb::Selector {
+    pb::Selector {
+        tunnel: 0,
+        attachment: Some(attachment.0),
+        ..selector_to_pb(entry)
     }
 }
 
@@ -56,7 +72,8 @@ pub(super) fn port_range_from_pb(prefix: &str, start: u32, end: u32) -> Result<P
 }
 
 /// Checks an outbound steering rule: destination and source address ranges of one family,
-/// start not above end; protocol up to 255; port ranges within 0-65535, start not above end.
+/// start not above end; protocol up to 255; port ranges within 0-65535, start not above end;
+/// an attachment's rule (`attachment` present) with tunnel 0, and then no tunnel.
 pub fn selector_from_pb(selector: &pb::Selector) -> Result<SelectorEntry> {
     let dst = addr_range_from_pb("dst", &selector.dst_start, &selector.dst_end)?;
     let src = addr_range_from_pb("src", &selector.src_start, &selector.src_end)?;
@@ -78,7 +95,19 @@ pub fn selector_from_pb(selector: &pb::Selector) -> Result<SelectorEntry> {
             sport: port_range_from_pb("sport", selector.sport_start, selector.sport_end)?,
             dport: port_range_from_pb("dport", selector.dport_start, selector.dport_end)?,
         },
-        tunnel: steer::TunnelId(selector.tunnel),
+        tunnel: match selector.attachment {
+            None => Some(steer::TunnelId(selector.tunnel)),
+            Some(_) if selector.tunnel == 0 => None,
+            Some(a) => {
+                return err(
+                    "tunnel",
+                    format!(
+                        "{} in a rule of attachment {a}: expected 0 (an attachment's prefix has no tunnel)",
+                        selector.tunnel
+                    ),
+                )
+            }
+        },
         node: NodeId(selector.node),
     })
 }
@@ -133,7 +162,7 @@ pub fn selector_entry(
             sport,
             dport,
         },
-        tunnel,
+        tunnel: Some(tunnel),
         node,
     })
 }

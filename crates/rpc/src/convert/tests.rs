@@ -7,6 +7,7 @@ use proptest::sample::select;
 use std::net::{Ipv6Addr, SocketAddrV6};
 
 mod arbitrary;
+mod attachment;
 mod errors;
 
 // ---------------------------------------------------------------------------------------------
@@ -351,7 +352,7 @@ fn arb_selector_entry() -> impl Strategy<Value = SelectorEntry> {
                 any::<u8>(),
                 arb_port_range(),
                 arb_port_range(),
-                any::<u32>(),
+                proptest::option::of(any::<u32>()),
                 any::<u32>(),
             )
         })
@@ -364,7 +365,7 @@ fn arb_selector_entry() -> impl Strategy<Value = SelectorEntry> {
                     sport,
                     dport,
                 },
-                tunnel: steer::TunnelId(tunnel),
+                tunnel: tunnel.map(steer::TunnelId),
                 node: NodeId(node),
             },
         )
@@ -485,6 +486,11 @@ proptest! {
     #[test]
     fn selector_round_trip(entry in arb_selector_entry()) {
         prop_assert_eq!(selector_from_pb(&selector_to_pb(&entry)), Ok(entry));
+        let attached = SelectorEntry { tunnel: None, ..entry };
+        prop_assert_eq!(
+            selector_from_pb(&attachment_selector_to_pb(&entry, steer::AttachmentId(5))),
+            Ok(attached)
+        );
     }
 
     #[test]

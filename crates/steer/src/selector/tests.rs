@@ -20,7 +20,7 @@ fn net(s: &str) -> AddrRange {
 fn entry(selector: Selector, tunnel: u32, node: u32) -> SelectorEntry {
     SelectorEntry {
         selector,
-        tunnel: TunnelId(tunnel),
+        tunnel: Some(TunnelId(tunnel)),
         node: NodeId(node),
     }
 }
@@ -185,7 +185,7 @@ fn set_vni_validates_whole_list_and_empty_removes() {
         Err(SteerError::SelectorFamilyMismatch {
             vni: vni(1),
             index: 1,
-            tunnel: TunnelId(9)
+            tunnel: Some(TunnelId(9))
         })
     );
     // The failed update changed nothing.
@@ -276,14 +276,17 @@ fn many_disjoint_tunnels_are_indexed() {
             sport: Some(1000),
             dport: Some(443),
         };
-        assert_eq!(t.lookup(vni(42), &f).map(|e| e.tunnel), Some(TunnelId(i)));
+        assert_eq!(
+            t.lookup(vni(42), &f).map(|e| e.tunnel),
+            Some(Some(TunnelId(i)))
+        );
     }
     let outside = flow("172.16.3.3", "9.9.9.9", 17, 5, 5);
     assert_eq!(t.lookup(vni(42), &outside), Some(&default));
     let f6 = flow("fd00::1", "2001:db8:0:63::5", 6, 1, 1);
     assert_eq!(
         t.lookup(vni(42), &f6).map(|e| e.tunnel),
-        Some(TunnelId(20_099))
+        Some(Some(TunnelId(20_099)))
     );
     assert_eq!(
         t.lookup(vni(42), &flow("fd00::1", "2001:db9::", 6, 1, 1)),
@@ -306,7 +309,10 @@ fn same_destination_different_sources_use_a_source_layer() {
     let stats = t.index_stats(vni(1)).unwrap();
     assert_eq!((stats.layers, stats.indexed, stats.fallback), (1, 64, 0));
     let f = flow("172.16.33.9", "192.168.5.5", 1, 0, 0);
-    assert_eq!(t.lookup(vni(1), &f).map(|e| e.tunnel), Some(TunnelId(33)));
+    assert_eq!(
+        t.lookup(vni(1), &f).map(|e| e.tunnel),
+        Some(Some(TunnelId(33)))
+    );
 }
 
 /// Nested prefixes (/8 ⊃ /16 ⊃ /24 …) spread over layers; the answer is still the first match.
@@ -587,7 +593,7 @@ proptest! {
             let first = pairs.iter().position(|(l, r)| {
                 l.covers(f.src, f.proto, f.sport) && r.covers(f.dst, f.proto, f.dport)
             });
-            prop_assert_eq!(t.lookup(vni(9), f).map(|e| e.tunnel.0 as usize), first);
+            prop_assert_eq!(t.lookup(vni(9), f).map(|e| e.tunnel.map_or(usize::MAX, |t| t.0 as usize)), first);
         }
     }
 }

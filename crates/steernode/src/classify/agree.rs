@@ -159,7 +159,7 @@ fn steered(local: &TrafficSelector, remote: &TrafficSelector, inner: &[u8]) -> b
     let mut t = Tables::default();
     let entry = SelectorEntry {
         selector,
-        tunnel: TunnelId(1),
+        tunnel: Some(TunnelId(1)),
         node: NodeId(1),
     };
     let steering = VniSteering {

@@ -62,17 +62,17 @@ fn tables() -> Tables {
             selectors: vec![
                 SelectorEntry {
                     selector: Selector::between(prefix("10.0.0.0", 24), prefix("192.168.1.0", 24)),
-                    tunnel: TunnelId(1),
+                    tunnel: Some(TunnelId(1)),
                     node: NodeId(1),
                 },
                 SelectorEntry {
                     selector: Selector::between(prefix("10.0.0.0", 24), prefix("192.168.2.0", 24)),
-                    tunnel: TunnelId(2),
+                    tunnel: Some(TunnelId(2)),
                     node: NodeId(2),
                 },
                 SelectorEntry {
                     selector: https,
-                    tunnel: TunnelId(3),
+                    tunnel: Some(TunnelId(3)),
                     node: NodeId(1),
                 },
             ],
@@ -212,7 +212,7 @@ fn entry_of(a: VxlanAction<'_>) -> Option<(TunnelId, NodeId)> {
     match a {
         VxlanAction::Data(vni, e) => {
             assert_eq!(vni.get(), VNI);
-            Some((e.tunnel, e.node))
+            Some((e.tunnel.expect("a tunnel's selector"), e.node))
         }
         _ => None,
     }

@@ -49,6 +49,7 @@ impl World {
             m.up = true;
             m.boot += 1;
             m.held.clear();
+            m.attachments.clear();
         }
         m.session = true;
         let (boot, installed) = (m.boot, m.held.values().cloned().collect());
@@ -70,6 +71,7 @@ impl World {
                 boot_id: boot,
                 workers: 2,
                 installed,
+                ports: ports_of(name, role),
             },
             now,
         );
@@ -128,6 +130,7 @@ impl World {
         self.stats.failovers += u64::from(!m.held.is_empty());
         let m = self.data.get_mut(&name).expect("picked");
         m.held.clear();
+        m.attachments.clear();
         let had_session = std::mem::take(&mut m.session);
         if had_session {
             self.session_ended(&name);
@@ -304,6 +307,7 @@ impl World {
                 let m = self.data.get_mut(&name).expect("a data node");
                 m.up = false;
                 m.held.clear();
+                m.attachments.clear();
                 if std::mem::take(&mut m.session) {
                     self.session_ended(&name);
                 }
@@ -387,6 +391,15 @@ impl World {
         self.record(format!(
             "migrate tunnel {} to {to}: {:?}",
             t.0,
+            r.map(|_| ())
+        ));
+        let to = format!("data{}", self.attachment_rng.next_u64() % 4);
+        let before = self.core.attachments().get(&1).and_then(|a| a.node);
+        let r = self.core.handle_migrate_attachment("att1", &to);
+        let moved = r.as_ref().is_ok_and(|(_, n)| before != Some(*n));
+        self.stats.attachment_moves += u64::from(moved);
+        self.record(format!(
+            "migrate attachment att1 to {to}: {:?}",
             r.map(|_| ())
         ));
     }
@@ -478,6 +491,8 @@ impl World {
         self.record("a new control node takes over".into());
         self.stats.takeovers += 1;
         self.core = new_core();
+        let now = self.now();
+        self.core.handle_attachments(attachments(), now);
         self.closed.clear();
         let steers: Vec<(String, u64)> = self
             .steer

@@ -37,6 +37,8 @@ struct DataModel {
     boot: u64,
     /// The CHILD_SAs its tables hold.
     held: HashMap<EspSpi, InstalledChild>,
+    /// The attachments it holds, by name (the last `set_attachments`).
+    attachments: Vec<String>,
 }
 
 /// A steer node as the simulation holds it.
@@ -49,6 +51,10 @@ struct SteerModel {
     synced: bool,
     spis: HashMap<EspSpi, u32>,
     selectors: BTreeMap<u32, Vec<(TunnelId, u32)>>,
+    /// Its port table: tag pair -> serving node.
+    port_tags: BTreeMap<steer::PortKey, u32>,
+    /// Per VNI, the attachments' prefixes leading its selectors.
+    attachment_routes: BTreeMap<u32, Vec<AttachmentRoute>>,
 }
 
 /// The core, its nodes, the control loop, the clock.
@@ -58,6 +64,8 @@ pub(super) struct World {
     /// Whether an install's answer comes twice: drawn apart from `rng`, so a seed's events
     /// stay what they were before duplicates were simulated (the regression seeds replay).
     dup_rng: SeededRng,
+    /// Which data node an attachment's migration goes to: apart from `rng` for the same reason.
+    attachment_rng: SeededRng,
     base: Instant,
     offset: Duration,
     pub(super) core: ClusterCore,
@@ -105,6 +113,10 @@ pub(super) struct Stats {
     pub(super) refused: u64,
     /// Install answers fed back a second time (and ignored).
     pub(super) duplicates: u64,
+    /// Port tags set at a steer node (attachments placed or moved).
+    pub(super) port_tags: u64,
+    /// Attachment migrations that moved it.
+    pub(super) attachment_moves: u64,
 }
 
 fn ts(net: &str) -> TrafficSelector {
@@ -121,6 +133,43 @@ fn tunnels() -> Vec<TunnelMeta> {
             rate_limit_mbit: (t % 2 == 1).then_some(100),
         })
         .collect()
+}
+
+/// The simulated attachments: "att1" on steer0's eth2 (which it announces), "att2" on steer1's
+/// eth9 (which it never announces: unsteered throughout).
+fn attachments() -> Vec<AttachmentMeta> {
+    let meta = |name: &str, steer: &str, interface: &str, c_tag| AttachmentMeta {
+        config: datapath::AttachmentConfig {
+            name: name.into(),
+            tenant: ids::TenantId::new("a").expect("a tenant"),
+            vnet: "vnet".into(),
+            port: datapath::AttachmentPort::Interface(interface.into()),
+            tags: datapath::AttachmentTags::QinQ { s_tag: 100, c_tag },
+            gateway_ip: "10.99.0.1".parse().expect("an address"),
+            ce_ip: None,
+            routes: vec![("10.99.0.0".parse().expect("an address"), 24)],
+            ce_mac: None,
+        },
+        steer: steer.into(),
+        vni: Some(VNI),
+    };
+    vec![
+        meta("att1", "steer0", "eth2", 20),
+        meta("att2", "steer1", "eth9", 30),
+    ]
+}
+
+/// The ports a node announces in its Hello.
+fn ports_of(name: &str, role: Role) -> Vec<PortInfo> {
+    if role != Role::Steer {
+        return Vec::new();
+    }
+    let interface = if name == "steer0" { "eth2" } else { "eth3" };
+    vec![PortInfo {
+        id: 1,
+        interface: interface.into(),
+        mac: [2, 0, 0, 0, 0, 1],
+    }]
 }
 
 fn new_core() -> ClusterCore {
@@ -140,6 +189,7 @@ impl World {
             seed,
             rng: SeededRng::new(seed),
             dup_rng: SeededRng::new(seed ^ 0x5eed_d0b1_e000_0000),
+            attachment_rng: SeededRng::new(seed ^ 0xa77a_c4ed_0000_0000),
             base: Instant::now(),
             offset: Duration::ZERO,
             core: new_core(),
@@ -157,6 +207,7 @@ impl World {
             stats: Stats::default(),
         };
         let now = w.now();
+        w.core.handle_attachments(attachments(), now);
         w.core.handle_reconcile(&[], now);
         w.deliver();
         w
@@ -306,6 +357,9 @@ impl World {
                 let sending = c.outbound_active || !sender;
                 m.held.insert(c.inbound_spi, held(&c, sending));
             }
+            Directive::SetAttachments(a) => {
+                m.attachments = a.iter().map(|a| a.name.clone()).collect();
+            }
             Directive::RemoveChild {
                 tunnel,
                 inbound_spi,
@@ -348,11 +402,25 @@ impl World {
             }
             Directive::SetSelectors(v) => {
                 m.selectors.insert(v.vni, pairs(v));
+                m.attachment_routes.insert(v.vni, v.attachments.clone());
             }
             Directive::SteerTables(t) => {
                 m.spis = t.spis.iter().map(|(s, n, _)| (*s, *n)).collect();
                 m.selectors = t.vnis.iter().map(|v| (v.vni, pairs(v))).collect();
+                m.attachment_routes = t
+                    .vnis
+                    .iter()
+                    .map(|v| (v.vni, v.attachments.clone()))
+                    .collect();
+                m.port_tags = t.attachments.iter().map(|(k, e)| (*k, e.node.0)).collect();
                 m.synced = true;
+            }
+            Directive::SetPortTag(k, e) => {
+                self.stats.port_tags += 1;
+                m.port_tags.insert(*k, e.node.0);
+            }
+            Directive::RemovePortTag(k) => {
+                m.port_tags.remove(k);
             }
             _ => {}
         }
@@ -410,7 +478,38 @@ impl World {
                     }
                 }
             }
+            // A data node steered an attachment's frames or routes holds it.
+            let routes = s.attachment_routes.values().flatten().map(|r| r.node);
+            for n in s.port_tags.values().copied().chain(routes) {
+                let holder = self.name(n);
+                let running = self.data.get(&holder).is_some_and(|m| m.up);
+                if running && self.data[&holder].attachments.is_empty() {
+                    self.fail(&format!(
+                        "{sname} steers an attachment to {holder}, which holds none"
+                    ));
+                }
+            }
             if settled {
+                let id = self.core.known_id(sname).unwrap_or_default();
+                let want: BTreeMap<steer::PortKey, u32> = self
+                    .core
+                    .steer_attachments(id)
+                    .into_iter()
+                    .map(|(k, e)| (k, e.node.0))
+                    .collect();
+                if s.port_tags != want {
+                    self.fail(&format!(
+                        "{sname}'s port tags {:?} are not the core's {want:?}",
+                        s.port_tags
+                    ));
+                }
+                let routes = self.core.vni_selectors(VNI).attachments;
+                if s.attachment_routes.get(&VNI).cloned().unwrap_or_default() != routes {
+                    self.fail(&format!(
+                        "{sname}'s attachment routes {:?} are not the core's {routes:?}",
+                        s.attachment_routes.get(&VNI)
+                    ));
+                }
                 for (spi, c) in &self.core.children {
                     if let Some(n) = c.node {
                         if s.spis.get(spi) != Some(&n) {
@@ -533,6 +632,56 @@ impl World {
         for r in &self.core.retiring {
             if self.core.children.contains_key(&r.spi) {
                 self.fail(&format!("{} both installed and retiring", r.spi));
+            }
+        }
+        self.check_attachments();
+    }
+
+    /// Attachments: one whose port is known is served by a live data node whenever a usable
+    /// one exists, one whose port is not known by none; every live data node holds the
+    /// steerable ones.
+    fn check_attachments(&self) {
+        let usable = self
+            .core
+            .nodes
+            .values()
+            .any(|n| n.role == Role::Data && n.alive && !n.draining && !n.leaving);
+        for a in self.core.attachments.values() {
+            let name = &a.meta.config.name;
+            let known = self.core.port_owner(a).is_some();
+            match a.node {
+                Some(n) if !known => self.fail(&format!("{name} served by {n} without a port")),
+                Some(n)
+                    if !self
+                        .core
+                        .node(n)
+                        .is_some_and(|n| n.alive && n.role == Role::Data) =>
+                {
+                    self.fail(&format!("{name} served by {n}, not a live data node"))
+                }
+                Some(_) => {}
+                None if known && usable => self.fail(&format!(
+                    "{name} has a port and a usable data node, but no server"
+                )),
+                None => {}
+            }
+        }
+        let want: Vec<String> = self
+            .core
+            .resolved_attachments()
+            .into_iter()
+            .map(|a| a.name)
+            .collect();
+        for (id, n) in &self.core.nodes {
+            let holder = self.name(*id);
+            let Some(m) = self.data.get(&holder).filter(|m| m.up && m.session) else {
+                continue;
+            };
+            if n.role == Role::Data && n.alive && m.attachments != want {
+                self.fail(&format!(
+                    "{holder} holds attachments {:?}, not the core's {want:?}",
+                    m.attachments
+                ));
             }
         }
     }

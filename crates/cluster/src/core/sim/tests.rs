@@ -59,6 +59,8 @@ fn seeded_runs_keep_the_invariants() {
         total.takeovers += s.takeovers;
         total.refused += s.refused;
         total.duplicates += s.duplicates;
+        total.port_tags += s.port_tags;
+        total.attachment_moves += s.attachment_moves;
     }
     println!("{total:?}");
     // The runs reach the states the invariants are about (a single seed may not).
@@ -72,6 +74,8 @@ fn seeded_runs_keep_the_invariants() {
             takeovers,
             refused,
             duplicates,
+            port_tags,
+            attachment_moves,
         } = total;
         for (what, n) in [
             ("installs", installed),
@@ -82,6 +86,8 @@ fn seeded_runs_keep_the_invariants() {
             ("takeovers", takeovers),
             ("refused updates", refused),
             ("duplicate install answers", duplicates),
+            ("port tags set", port_tags),
+            ("attachment migrations", attachment_moves),
         ] {
             assert!(n > 0, "no run went through {what}");
         }
@@ -128,6 +134,7 @@ fn small_core(now: std::time::Instant) -> (crate::core::ClusterCore, u32) {
         boot_id: 1,
         workers: 1,
         installed: Vec::new(),
+        ports: Vec::new(),
     };
     core.handle_hello(hello("steer1", Role::Steer), now);
     let d = core.handle_hello(hello("data1", Role::Data), now);

@@ -43,7 +43,10 @@ fn valid_attachments_reach_the_data_plane() {
     assert_eq!(a[0].name, "acme-prod");
     assert_eq!(a[0].vnet, "prod");
     assert_eq!(a[0].tenant.as_str(), "acme");
-    assert_eq!(a[0].port, datapath::AttachmentPort::Interface("eth1".into()));
+    assert_eq!(
+        a[0].port,
+        datapath::AttachmentPort::Interface("eth1".into())
+    );
     assert_eq!(
         a[0].tags,
         AttachmentTags::QinQ {
@@ -210,18 +213,91 @@ fn apply_keeps_attachments_and_refuses_to_remove_their_vnet() {
     }
 }
 
+const CLUSTER: &str = "[cluster]\nname = \"control1\"\ngrpc = \"10.0.0.1:7300\"\n\
+     geneve = \"10.0.0.1:6081\"\nca = \"pki/ca.pem\"\ncert = \"pki/c1.pem\"\nkey = \"pki/c1.key\"\n";
+
+/// The attachments of [`ATTACHMENTS`] on steer nodes' ports, for a `[cluster]` control node.
+fn on_steer_nodes(first: &str, second: &str) -> String {
+    let attachments = ATTACHMENTS
+        .replacen(
+            "interface = \"eth1\"",
+            &format!("interface = \"eth1\"\nsteer = {first:?}"),
+            1,
+        )
+        .replacen(
+            "interface = \"eth1\"\nkind",
+            &format!("interface = \"eth1\"\nsteer = {second:?}\nkind"),
+            1,
+        );
+    format!("{}\n{CLUSTER}", with_attachments(&attachments))
+}
+
 #[test]
-fn a_control_node_refuses_attachments() {
-    let text = format!(
-        "{}\n[cluster]\nname = \"control1\"\ngrpc = \"10.0.0.1:7300\"\ngeneve = \"10.0.0.1:6081\"\n\
-         ca = \"pki/ca.pem\"\ncert = \"pki/c1.pem\"\nkey = \"pki/c1.key\"\n",
-        with_attachments(ATTACHMENTS)
+fn a_control_node_takes_attachments_on_steer_nodes_ports() {
+    let text = on_steer_nodes("steer1", "steer2");
+    let cfg = Scratch::new().parse(&text).expect("valid");
+    let a = &cfg.dataplane.attachments;
+    assert_eq!(a.len(), 2);
+    // The interface is the steer node's, named as is: nothing is opened here.
+    assert_eq!(
+        a[1].port,
+        datapath::AttachmentPort::Interface("eth1".into())
     );
+    let steers = &cfg.cluster.expect("[cluster]").attachment_steers;
+    assert_eq!(steers.get("acme-prod").map(String::as_str), Some("steer1"));
+    assert_eq!(
+        steers.get("globex-main").map(String::as_str),
+        Some("steer2")
+    );
+}
+
+#[test]
+fn steer_is_required_with_cluster_and_refused_without() {
+    let text = format!("{}\n{CLUSTER}", with_attachments(ATTACHMENTS));
+    expect_error(&text, "name = \"acme-prod\"", "steer", "needs steer = ");
+    let text = with_attachments(&ATTACHMENTS.replacen(
+        "kind = \"qinq\"",
+        "steer = \"steer1\"\nkind = \"qinq\"",
+        1,
+    ));
+    expect_error(&text, "steer = \"steer1\"", "steer", "distributed form");
+    let text = on_steer_nodes("steer 1", "steer2");
     expect_error(
         &text,
-        "name = \"acme-prod\"",
+        "steer = \"steer 1\"",
+        "steer",
+        "not a steer node's name",
+    );
+}
+
+#[test]
+fn a_tag_pair_is_used_once_per_port_of_a_steer_node() {
+    let same_tags = |text: String| text.replace("s_tag = 200", "s_tag = 100");
+    // The same interface name on two steer nodes is two ports.
+    let text = same_tags(on_steer_nodes("steer1", "steer2"));
+    assert!(Scratch::new().parse(&text).is_ok());
+    let text = same_tags(on_steer_nodes("steer1", "steer1"));
+    expect_error_at(
+        &text,
+        nth_line_of(&text, "s_tag = 100", 1),
+        "s_tag",
+        "on eth1 of steer node \"steer1\" is already attachment \"acme-prod\"",
+    );
+}
+
+#[test]
+fn an_attachment_is_not_named_like_a_tunnel() {
+    // `ctl migrate NAME` takes either.
+    let text = format!(
+        "{}\n{}",
+        with_tunnel(TUNNEL_A),
+        ATTACHMENTS.replace("acme-prod", "a")
+    );
+    expect_error_at(
+        &text,
+        nth_line_of(&text, "name = \"a\"", 1),
         "name",
-        "served by `protego up` only",
+        "also the name of the tunnel on line",
     );
 }
 

@@ -2,6 +2,12 @@
 //! at L2 on one of the gateway's interfaces, told apart by an IEEE 802.1ad S-tag and 802.1Q
 //! C-tag (`kind = "qinq"`) or by one 802.1Q tag (`kind = "vlan"`). The VNet must be one of the
 //! attachment's tenant; a tag pair is used once per interface.
+//!
+//! The distributed form (`[cluster]`) names the steer node whose port `interface` is
+//! (`steer`, required there and refused without): the control node opens and checks no
+//! interface of its own, a tag pair is used once per interface of a steer node, and since
+//! `protego ctl migrate NAME` moves a tunnel or an attachment, an attachment's name differs
+//! from every tunnel's (in both forms, so that a file moves between them unchanged).
 
 use super::{parse_prefix, CheckedVnet, Validator};
 use crate::config::raw::RawAttachment;
@@ -17,17 +23,22 @@ const MAX_INTERFACE_NAME: usize = 15;
 /// A validated attachment with the line it was defined on (for duplicate messages).
 pub(super) struct CheckedAttachment {
     pub(super) config: AttachmentConfig,
+    /// The steer node owning the interface (the distributed form).
+    pub(super) steer: Option<String>,
     pub(super) line: usize,
 }
 
 impl Validator<'_, '_> {
-    /// Validates one `[[attachment]]` against the tenants, VNets and the attachments before it.
+    /// Validates one `[[attachment]]` against the tenants, VNets, the tunnels' names (with
+    /// their lines) and the attachments before it; `cluster`: the distributed form.
     pub(super) fn attachment(
         &self,
         a: &Spanned<RawAttachment>,
         tenants: &[(TenantId, usize)],
         vnets: &[CheckedVnet],
         done: &[CheckedAttachment],
+        tunnels: &[(&str, usize)],
+        cluster: bool,
     ) -> Result<CheckedAttachment, Box<ConfigError>> {
         let a = a.get_ref();
         let name = a.name.get_ref().clone();
@@ -45,6 +56,58 @@ impl Validator<'_, '_> {
                 ),
             ));
         }
+        if let Some((_, line)) = tunnels.iter().find(|(t, _)| *t == name) {
+            return Err(self.err(
+                a.name.span(),
+                s,
+                "name",
+                format!(
+                    "{name:?} is also the name of the tunnel on line {line} (`protego ctl \
+                     migrate NAME` moves either: give the attachment another name)"
+                ),
+            ));
+        }
+        let steer = match (&a.steer, cluster) {
+            (Some(st), true) => {
+                let n = st.get_ref();
+                if n.is_empty()
+                    || n.len() > 64
+                    || !n
+                        .chars()
+                        .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.')
+                {
+                    return Err(self.err(
+                        st.span(),
+                        s,
+                        "steer",
+                        format!(
+                            "{n:?} is not a steer node's name (1 to 64 letters, digits, '-', \
+                             '_' or '.')"
+                        ),
+                    ));
+                }
+                Some(n.clone())
+            }
+            (None, true) => {
+                return Err(self.err(
+                    a.name.span(),
+                    s,
+                    "steer",
+                    "a [cluster] control node needs steer = \"<steer node name>\": the steer \
+                     node whose port `interface` is (listed in its [steer] ports)",
+                ))
+            }
+            (Some(st), false) => {
+                return Err(self.err(
+                    st.span(),
+                    s,
+                    "steer",
+                    "steer is for the distributed form ([cluster]); `protego up` serves the \
+                     attachment on its own interface: remove the key",
+                ))
+            }
+            (None, false) => None,
+        };
         let tenant = self.tenant_ref(&a.tenant, tenants, s)?;
         let vnet = a.vnet.get_ref();
         if !vnets
@@ -114,21 +177,22 @@ impl Validator<'_, '_> {
                 ))
             }
         };
-        if let Some(other) = done
-            .iter()
-            .find(|o| {
-                matches!(&o.config.port, AttachmentPort::Interface(i) if i == interface)
-                    && o.config.tags == tags
-            })
-        {
+        if let Some(other) = done.iter().find(|o| {
+            matches!(&o.config.port, AttachmentPort::Interface(i) if i == interface)
+                && o.steer == steer
+                && o.config.tags == tags
+        }) {
             let at = a.s_tag.as_ref().map_or(a.c_tag.span(), Spanned::span);
             return Err(self.err(
                 at,
                 s,
                 if a.s_tag.is_some() { "s_tag" } else { "c_tag" },
                 format!(
-                    "{} on {interface} is already attachment {:?} (line {})",
+                    "{} on {interface}{} is already attachment {:?} (line {})",
                     describe(tags),
+                    steer
+                        .as_ref()
+                        .map_or(String::new(), |st| format!(" of steer node {st:?}")),
                     other.config.name,
                     other.line
                 ),
@@ -214,6 +278,7 @@ impl Validator<'_, '_> {
                 routes,
                 ce_mac: None,
             },
+            steer,
             line: self.line(&a.name.span()),
         })
     }

@@ -53,6 +53,7 @@ impl Validator<'_, '_> {
             Duration::from_millis(100)..=Duration::from_secs(60),
         )?;
         Ok(ClusterConfig {
+            attachment_steers: Default::default(),
             name: c.name.get_ref().clone(),
             grpc: socket(&c.grpc, "grpc")?,
             geneve: socket(&c.geneve, "geneve")?,

@@ -103,20 +103,27 @@ pub(crate) fn validate_with(
         });
     }
     let mut attachments: Vec<attachment::CheckedAttachment> = Vec::new();
+    let tunnel_names: Vec<(&str, usize)> = tunnels
+        .iter()
+        .map(|t| (t.tunnel.peer.name.as_str(), t.tunnel.line))
+        .collect();
     for a in &raw.attachment {
-        if cluster.is_some() {
-            // The distributed form does not place attachments yet (issue 16 §1): refuse
-            // rather than ignore them.
-            return Err(v.err(
-                a.get_ref().name.span(),
-                "[[attachment]]",
-                "name",
-                "attachments are served by `protego up` only; a [cluster] control node does \
-                 not place them yet",
-            ));
-        }
-        let checked = v.attachment(a, &tenants, &vnets, &attachments)?;
+        let checked = v.attachment(
+            a,
+            &tenants,
+            &vnets,
+            &attachments,
+            &tunnel_names,
+            cluster.is_some(),
+        )?;
         attachments.push(checked);
+    }
+    let mut cluster = cluster;
+    if let Some(c) = cluster.as_mut() {
+        c.attachment_steers = attachments
+            .iter()
+            .filter_map(|a| Some((a.config.name.clone(), a.steer.clone()?)))
+            .collect();
     }
     let any_tun = tunnels.iter().any(|t| t.tunnel.inside == TunnelInside::Tun);
     if let Some(key) = &gateway.key_log {

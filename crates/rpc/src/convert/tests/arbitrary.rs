@@ -119,7 +119,7 @@ proptest! {
     #[test]
     fn arbitrary_steer_messages_never_panic(
         texts in proptest::collection::vec(arb_text(), 4),
-        ints in proptest::collection::vec(arb_small(), 8),
+        ints in proptest::collection::vec(arb_small(), 9),
         limit in (any::<u64>(), prop_oneof![Just(0u64), any::<u64>()]),
     ) {
         let selector = pb::Selector {
@@ -134,6 +134,7 @@ proptest! {
             dport_end: ints[4],
             tunnel: ints[5],
             node: ints[6],
+            attachment: (ints[7] % 2 == 0).then_some(ints[8]),
         };
         let _ = selector_from_pb(&selector);
         let _ = vni_selectors_from_pb(&pb::VniSelectors {

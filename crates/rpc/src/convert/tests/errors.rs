@@ -366,8 +366,16 @@ fn steer_errors_name_the_field() {
         dport_end: 443,
         tunnel: 1,
         node: 2,
+        attachment: None,
     };
     let entry = selector_from_pb(&good).expect("valid");
+    let attached = selector_from_pb(&pb::Selector {
+        tunnel: 0,
+        attachment: Some(3),
+        ..good.clone()
+    })
+    .expect("an attachment's prefix");
+    assert_eq!((attached.tunnel, attached.node), (None, NodeId(2)));
     assert_eq!(entry.selector.dport, PortRange::single(443));
     let fails = |f: fn(&mut pb::Selector), field: &str| {
         let mut s = good.clone();
@@ -388,6 +396,7 @@ fn steer_errors_name_the_field() {
     fails(|s| s.proto = 300, "proto");
     fails(|s| s.sport_start = 70_000, "sport_start");
     fails(|s| s.dport_start = 444, "dport_end");
+    fails(|s| s.attachment = Some(3), "tunnel");
 
     let e = vni_selectors_from_pb(&pb::VniSelectors {
         vni: 7,
@@ -533,7 +542,7 @@ fn selector_entry_refuses_what_cannot_be_steered() {
         ok.selector.src,
         AddrRange::prefix(v4("10.1.0.0"), 24).expect("prefix")
     );
-    assert_eq!((ok.tunnel, ok.node), (steer::TunnelId(4), NodeId(2)));
+    assert_eq!((ok.tunnel, ok.node), (Some(steer::TunnelId(4)), NodeId(2)));
 }
 
 #[test]
