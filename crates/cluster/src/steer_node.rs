@@ -540,6 +540,7 @@ mod tests {
             c_tag,
             node: 1,
             attachment: 1,
+            vni: None,
         };
         a.apply(Op::SetPortTag(tag(1, 100, 20)))
             .expect("a tag pair of port 1");

@@ -14,6 +14,7 @@ use rustc_hash::FxHashMap;
 
 use crate::error::SteerError;
 use crate::ids::{AttachmentId, NodeId, PortId};
+use wire::vxlan::Vni;
 
 /// A port table key: the port, the S-tag (0 for a single-tag attachment) and the C-tag.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -49,6 +50,9 @@ pub struct AttachEntry {
     pub node: NodeId,
     /// The attachment (for counters).
     pub attachment: AttachmentId,
+    /// Its VNet's VNI: a CE's IP packet that one of the VNI's tunnel selectors takes goes to
+    /// that tunnel's node instead, as the hosts' VXLAN does (None: always `node`).
+    pub vni: Option<Vni>,
 }
 
 /// (port, S-tag, C-tag) → [`AttachEntry`] (see the module docs). `Clone`, so the I/O layer can
@@ -111,6 +115,7 @@ mod tests {
         AttachEntry {
             node: NodeId(node),
             attachment: AttachmentId(attachment),
+            vni: None,
         }
     }
 

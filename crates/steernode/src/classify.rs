@@ -174,16 +174,40 @@ pub(crate) struct Relay {
     pub(crate) payload: Range<usize>,
 }
 
-/// Where a customer's frame on `port` goes: the data node serving the attachment of its tags.
+/// Where a customer's frame on `port` goes: the data node serving the attachment of its tags,
+/// or, for an IP packet that one of the attachment's VNet's tunnel selectors takes (a CE's
+/// packet for the tenant's IPsec site), the node holding that tunnel's sending CHILD_SA, as
+/// for the hosts' VXLAN: every data node holds every attachment, and only the tunnel's node
+/// can seal for it, in the order of its relay lane. Everything else (ARP, neighbour
+/// discovery, packets for VMs and CEs) goes to the serving node.
 pub(crate) fn port(port: PortId, frame: &[u8], tables: &Tables) -> Result<AttachEntry, DropReason> {
     let t = tags::read(frame).map_err(|e| match e {
         tags::TagError::Malformed => DropReason::PortMalformed,
         tags::TagError::Unknown => DropReason::PortUnknownTags,
     })?;
-    tables
+    let entry = tables
         .ports
         .lookup(port, t.tags.0, t.tags.1)
-        .ok_or(DropReason::PortUnknownTags)
+        .ok_or(DropReason::PortUnknownTags)?;
+    let Some(vni) = entry.vni else {
+        return Ok(entry);
+    };
+    if !matches!(t.ethertype, EtherType::IPV4 | EtherType::IPV6) {
+        return Ok(entry);
+    }
+    let tunnel = frame
+        .get(t.payload..)
+        .and_then(inner_flow)
+        .filter(|inner| !inner.neighbour_discovery)
+        .and_then(|inner| tables.selectors.lookup(vni, &inner.flow))
+        .filter(|s| s.tunnel.is_some());
+    Ok(match tunnel {
+        Some(s) => AttachEntry {
+            node: s.node,
+            ..entry
+        },
+        None => entry,
+    })
 }
 
 /// [`port`] for a frame the port thread relays: where it goes, and if the kernel marked it

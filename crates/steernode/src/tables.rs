@@ -369,6 +369,7 @@ mod tests {
                 AttachEntry {
                     node: NodeId(1),
                     attachment: steer::AttachmentId(1),
+                    vni: None,
                 },
             )],
         };

@@ -113,6 +113,7 @@ fn run() {
     let entry = |node, id| AttachEntry {
         node: NodeId(node),
         attachment: AttachmentId(id),
+        vni: None,
     };
     steer.set_port_tags(key(100, 20), entry(1, 1)).unwrap();
     steer.set_port_tags(key(0, 30), entry(2, 2)).unwrap();

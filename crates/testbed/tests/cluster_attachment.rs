@@ -334,10 +334,27 @@ fn customers_on_a_steer_node_port_reach_their_vms_through_moves_and_a_data_node_
                 _ => Probe::NotYet(format!("{} replies since the kill", r.len())),
             })
         })?;
+        // Requests lost: the sequence numbers missing among the replies after the kill.
+        let seqs: Vec<u64> = pinger
+            .log()
+            .lines()
+            .filter(|l| l.contains("bytes from"))
+            .filter(|l| {
+                l.strip_prefix('[')
+                    .and_then(|l| l.split(']').next())
+                    .and_then(|v| v.parse::<f64>().ok())
+                    .is_some_and(|r| r > t)
+            })
+            .filter_map(|l| l.split("icmp_seq=").nth(1)?.split(' ').next()?.parse().ok())
+            .collect();
+        let lost = match (seqs.first(), seqs.last()) {
+            (Some(a), Some(b)) => (b - a + 1).saturating_sub(seqs.len() as u64),
+            _ => 0,
+        };
         pinger.stop();
         eprintln!(
             "kill -9 of {serving_red}: red-dc moved to {after} within {} ms; the longest silence \
-             between replies at 100 Hz around the kill: {} ms",
+             between replies at 100 Hz around the kill: {} ms, {lost} requests lost",
             t0.elapsed().as_millis(),
             outage.as_millis()
         );

@@ -114,6 +114,7 @@ impl ClusterCore {
                     steer::AttachEntry {
                         node: steer::NodeId(node),
                         attachment: steer::AttachmentId(a.id),
+                        vni: a.meta.vni.and_then(wire::vxlan::Vni::new),
                     },
                 ))
             })
@@ -374,6 +375,7 @@ impl ClusterCore {
                     steer::AttachEntry {
                         node: steer::NodeId(node),
                         attachment: steer::AttachmentId(a.id),
+                        vni: a.meta.vni.and_then(wire::vxlan::Vni::new),
                     },
                 ),
                 None => Directive::RemovePortTag(key),

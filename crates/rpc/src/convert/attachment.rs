@@ -63,17 +63,25 @@ pub fn port_tag_to_pb(key: PortKey, entry: AttachEntry) -> pb::PortTag {
         c_tag: u32::from(key.c_tag),
         node: entry.node.0,
         attachment: entry.attachment.0,
+        vni: entry.vni.map(|v| v.get()),
     }
 }
 
 /// Checks a port's tag pair: VLAN ids (S-tag 0 for a single tag), and its serving node.
 pub fn port_tag_from_pb(tag: &pb::PortTag) -> Result<(PortKey, AttachEntry)> {
     let key = port_key(tag.port, tag.s_tag, tag.c_tag)?;
+    let vni = match tag.vni {
+        Some(v) => Some(Vni::new(v).ok_or_else(|| {
+            ConvertError::new("port_tag.vni", format!("VNI {v} is above 2^24 - 1"))
+        })?),
+        None => None,
+    };
     Ok((
         key,
         AttachEntry {
             node: NodeId(tag.node),
             attachment: AttachmentId(tag.attachment),
+            vni,
         },
     ))
 }

@@ -607,6 +607,7 @@ fn port_tables() -> Tables {
             AttachEntry {
                 node: NodeId(node),
                 attachment: AttachmentId(id),
+                vni: None,
             },
         );
     }
@@ -633,6 +634,7 @@ fn port_frames_go_by_their_tag_pair() {
     let entry = |node, id| AttachEntry {
         node: NodeId(node),
         attachment: AttachmentId(id),
+        vni: None,
     };
     assert_eq!(port(PortId(5), &red, &t), Ok(entry(1, 1)));
     assert_eq!(port(PortId(5), &single, &t), Ok(entry(2, 2)));
@@ -653,6 +655,68 @@ fn port_frames_go_by_their_tag_pair() {
             "{cut}"
         );
     }
+}
+
+/// A Q-in-Q frame (S-tag 100, C-tag 20) from the CE carrying `ethertype` and `l3`.
+fn ce_frame(ethertype: EtherType, l3: &[u8]) -> Vec<u8> {
+    let mut f = vec![0x02, 0, 0, 0, 0, 1, 0x02, 0, 0, 0, 0, 2];
+    f.extend_from_slice(&[0x88, 0xa8, 0, 100, 0x81, 0x00, 0, 20]);
+    f.extend_from_slice(&ethertype.0.to_be_bytes());
+    f.extend_from_slice(l3);
+    f
+}
+
+#[test]
+fn a_ce_packet_for_a_tunnel_goes_to_the_tunnels_node() {
+    let mut t = port_tables();
+    // Red's attachment is served by node 1 and its VNet is the VNI whose tunnel 2 (node 2)
+    // takes 10.0.0.0/24 -> 192.168.2.0/24.
+    t.ports.insert(
+        PortKey::new(PortId(5), 100, 20).unwrap(),
+        AttachEntry {
+            node: NodeId(1),
+            attachment: AttachmentId(1),
+            vni: Some(Vni::new(VNI).unwrap()),
+        },
+    );
+    let go = |f: &[u8]| port(PortId(5), f, &t).map(|e| e.node);
+    // For the site behind tunnel 2: its node.
+    let to_site = ce_frame(
+        EtherType::IPV4,
+        &udp4("10.0.0.7", "192.168.2.9", 1000, 2000),
+    );
+    assert_eq!(go(&to_site), Ok(NodeId(2)));
+    // For a VM (no tunnel selector takes it), ARP, and what does not parse: the serving node.
+    let to_vm = ce_frame(EtherType::IPV4, &udp4("10.0.0.7", "10.0.0.9", 1000, 2000));
+    assert_eq!(go(&to_vm), Ok(NodeId(1)));
+    let arp = ArpRepr {
+        operation: ArpOperation::REQUEST,
+        source_hardware_addr: VM_MAC,
+        source_protocol_addr: "10.0.0.7".parse().unwrap(),
+        target_hardware_addr: EthernetAddress([0; 6]),
+        target_protocol_addr: "10.0.0.1".parse().unwrap(),
+    };
+    let mut a = vec![0u8; arp.buffer_len()];
+    arp.emit(&mut a).unwrap();
+    assert_eq!(go(&ce_frame(EtherType::ARP, &a)), Ok(NodeId(1)));
+    assert_eq!(go(&ce_frame(EtherType::IPV4, &[0x45; 10])), Ok(NodeId(1)));
+    // Without the VNI (a single-tag customer here): always its serving node.
+    let single = {
+        let mut f = vec![
+            0x02, 0, 0, 0, 0, 1, 0x02, 0, 0, 0, 0, 2, 0x81, 0x00, 0, 30, 0x08, 0,
+        ];
+        f.extend_from_slice(&udp4("10.0.0.7", "192.168.2.9", 1000, 2000));
+        f
+    };
+    assert_eq!(
+        go(&single),
+        Ok(NodeId(2)),
+        "the single-tag customer's own node"
+    );
+    assert_eq!(
+        port(PortId(5), &single, &t).map(|e| e.attachment),
+        Ok(AttachmentId(2))
+    );
 }
 
 #[test]
@@ -724,6 +788,7 @@ fn relayed_frames_get_the_checksum_a_local_stack_left_to_offload() {
     let entry = AttachEntry {
         node: NodeId(1),
         attachment: AttachmentId(1),
+        vni: None,
     };
     // UDP over IPv4 (the relay builder leaves the IPv4 UDP checksum zero) and TCP over IPv6.
     let udp = offloaded_frame(&red, udp4("10.1.0.5", "10.2.0.9", 4000, 53), 20, 26);

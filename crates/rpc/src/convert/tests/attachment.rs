@@ -99,7 +99,10 @@ fn ports_tags_and_ce_macs() {
         interface: "eth2".into(),
         mac: [0x02, 0, 0, 0, 0, 1],
     };
-    assert_eq!(steer_port_from_pb(&steer_port_to_pb(&port)), Ok(port.clone()));
+    assert_eq!(
+        steer_port_from_pb(&steer_port_to_pb(&port)),
+        Ok(port.clone())
+    );
     let mut bad = steer_port_to_pb(&port);
     bad.mac.pop();
     assert_eq!(steer_port_from_pb(&bad).expect_err("mac").field, "mac");
@@ -115,6 +118,7 @@ fn ports_tags_and_ce_macs() {
     let entry = AttachEntry {
         node: NodeId(3),
         attachment: AttachmentId(4),
+        vni: None,
     };
     assert_eq!(
         port_tag_from_pb(&port_tag_to_pb(key, entry)),
