@@ -360,4 +360,6 @@ fn not_persisted(e: Error) -> Error {
 }
 
 #[cfg(test)]
+mod media_tests;
+#[cfg(test)]
 mod tests;

@@ -33,7 +33,7 @@ fn journal_lines_round_trip_and_bad_ones_are_named() {
 
 /// A data path holding per-VM routes in a map, for VNet acme/prod only.
 #[derive(Default)]
-struct Fake(Mutex<std::collections::BTreeMap<IpAddr, IpAddr>>);
+pub(super) struct Fake(pub(super) Mutex<std::collections::BTreeMap<IpAddr, IpAddr>>);
 
 impl DataPath for Fake {
     fn install_child(&self, _: &ike::ChildSaInfo) -> Result<(), datapath::DataplaneError> {
@@ -119,7 +119,7 @@ impl DataPath for Fake {
     }
 }
 
-fn add(vm: &str, host: &str) -> Recorded {
+pub(super) fn add(vm: &str, host: &str) -> Recorded {
     Recorded::Add(VmRoute {
         tenant: TenantId::new("acme").expect("tenant"),
         vnet: "prod".into(),
@@ -189,16 +189,16 @@ fn files_sit_beside_the_state_store() {
     );
 }
 
-fn routes_of(dp: &Fake) -> Vec<(IpAddr, IpAddr)> {
+pub(super) fn routes_of(dp: &Fake) -> Vec<(IpAddr, IpAddr)> {
     let m = dp.0.lock().expect("lock");
     m.iter().map(|(a, h)| (*a, *h)).collect()
 }
 
-fn ip(s: &str) -> IpAddr {
+pub(super) fn ip(s: &str) -> IpAddr {
     s.parse().expect("ip")
 }
 
-fn del(vm: &str) -> Recorded {
+pub(super) fn del(vm: &str) -> Recorded {
     Recorded::Del {
         tenant: TenantId::new("acme").expect("tenant"),
         vnet: "prod".into(),
