@@ -15,7 +15,8 @@ use std::fmt;
 use std::io::Write;
 
 /// Why a medium failed: where (a file's path, an etcd key) and what.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{at}: {reason}")]
 pub struct MediumError {
     /// The file or key at fault.
     pub at: String,
@@ -30,12 +31,6 @@ impl MediumError {
             at: at.into(),
             reason: reason.to_string(),
         }
-    }
-}
-
-impl fmt::Display for MediumError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}: {}", self.at, self.reason)
     }
 }
 
