@@ -210,7 +210,7 @@ fn route_store_etcd_layout() {
     );
     let mut want: Vec<String> = vec![place.key("head")];
     want.extend((0..chunks).map(|i| place.key(&format!("snap/{:016x}/{i:08x}", 2))));
-    want.extend((0..2).map(|s| place.key(&format!("log/{:016x}/{s:016x}", 2))));
+    want.extend((1..=2).map(|s| place.key(&format!("log/{:016x}/{s:016x}", 2))));
     want.sort();
     assert_eq!(keys, want);
     let log = raw.dump(&place.key("log/"));
@@ -391,4 +391,69 @@ fn route_store_etcd_a_deposed_leader_writes_nothing() {
     let again = Fake::default();
     place.open().restore(&again).expect("restored");
     assert_eq!(routes_of(&again), [(ip("10.0.0.5"), ip("192.0.2.1"))]);
+}
+
+/// A damaged log record before the last one stops the start, naming it; a damaged last one is
+/// skipped (as a damaged last journal line of the file medium is).
+#[test]
+fn route_store_etcd_a_damaged_log_record() {
+    let Some(place) = InEtcd::start() else { return };
+    let raw = place.raw();
+    let (store, dp) = (place.open(), Fake::default());
+    store.restore(&dp).expect("empty");
+    store.apply(&dp, add("10.0.0.5", "192.0.2.1")).expect("add");
+    store.apply(&dp, add("10.0.0.6", "192.0.2.1")).expect("add");
+    let record = |seq: u64| place.key(&format!("log/{:016x}/{seq:016x}", 1));
+    let first = raw.dump(&record(1))[0].1.clone();
+    raw.put(&record(1), b"+ acme,prod,10.0.0.5,x");
+    let e = place.open().restore(&Fake::default()).expect_err("damaged");
+    assert!(e.to_string().contains("line 1"), "{e}");
+    assert!(e.to_string().contains(&place.key("log/")), "{e}");
+    assert!(e.to_string().contains("before the last one"), "{e}");
+    // The last one damaged: skipped.
+    raw.put(&record(1), &first);
+    raw.put(&record(2), b"+ acme,prod,10.0.0.6,x");
+    let again = Fake::default();
+    let r = place.open().restore(&again).expect("restored");
+    assert_eq!((r.journal, r.skipped), (1, 1));
+    assert_eq!(routes_of(&again), [(ip("10.0.0.5"), ip("192.0.2.1"))]);
+}
+
+/// A compaction that crashed after its head flip, before deleting the old generation, leaves
+/// that generation's log: it is not replayed over the new snapshot (it would undo the load),
+/// and the next compaction deletes it.
+#[test]
+fn route_store_etcd_the_log_of_the_previous_generation_is_not_replayed() {
+    let Some(place) = InEtcd::start() else { return };
+    let raw = place.raw();
+    let (store, dp) = (place.open(), Fake::default());
+    store.restore(&dp).expect("empty");
+    store
+        .load(&dp, Arc::from("acme,prod,10.0.0.6,192.0.2.1\n"))
+        .expect("load");
+    store.apply(&dp, add("10.0.0.5", "192.0.2.1")).expect("add");
+    store.apply(&dp, del("10.0.0.6")).expect("del");
+    let old_log = raw.dump(&place.key(&format!("log/{:016x}/", 2)));
+    assert_eq!(old_log.len(), 2);
+    store
+        .load(
+            &dp,
+            Arc::from("acme,prod,10.0.0.5,192.0.2.2\nacme,prod,10.0.0.6,192.0.2.2\n"),
+        )
+        .expect("load");
+    // The crash: generation 3 is the head, generation 2's log was not deleted.
+    for (k, v) in &old_log {
+        raw.put(k, v);
+    }
+    let (store, again) = (place.open(), Fake::default());
+    let r = store.restore(&again).expect("restored");
+    assert_eq!((r.snapshot, r.journal), (2, 0));
+    assert_eq!(
+        routes_of(&again),
+        [
+            (ip("10.0.0.5"), ip("192.0.2.2")),
+            (ip("10.0.0.6"), ip("192.0.2.2"))
+        ]
+    );
+    assert!(raw.dump(&place.key("log/")).is_empty(), "old log deleted");
 }

@@ -7,7 +7,8 @@
 //!   `overlay::snapshot` bytes) in chunks of at most 1 MiB (etcd refuses requests over
 //!   `--max-request-bytes`, 1.5 MiB by default), chunk `i` from 0;
 //! - `P/routes/log/<g:016x>/<seq:016x>`: one record per single change after the snapshot of
-//!   generation `g` (`+ tenant,vnet,address,host` or `- tenant,vnet,address`).
+//!   generation `g`, numbered from 1 (`+ tenant,vnet,address,host` or
+//!   `- tenant,vnet,address`).
 //!
 //! Chunks and log records are sealed with the key ring of `[store] encryption_key_file` when
 //! one is set, as [`SealedStore`](crate::store::SealedStore) seals its records (AES-256-GCM-SIV,
@@ -56,7 +57,8 @@ pub struct EtcdMedium {
     chunk: usize,
     /// The head as last read or written (the value appends are guarded by).
     current: Option<String>,
-    /// The next log record's number in the current generation.
+    /// The next log record's number in the current generation (from 1: the number is what
+    /// errors call the record's line).
     next_seq: u64,
 }
 
@@ -137,7 +139,7 @@ impl EtcdMedium {
             accept_cleartext: encryption.accept_cleartext,
             chunk: MAX_CHUNK,
             current: None,
-            next_seq: 0,
+            next_seq: 1,
         })
     }
 
@@ -420,7 +422,7 @@ impl RouteMedium for EtcdMedium {
             generation: snapshot,
             ..JournalRead::default()
         };
-        self.next_seq = 0;
+        self.next_seq = 1;
         for (key, value) in found {
             let seq = key
                 .strip_prefix(&start)
@@ -492,7 +494,7 @@ impl RouteMedium for EtcdMedium {
         let flip = TxnOp::put(self.head.clone(), head.clone(), None);
         self.write(&self.head, Vec::new(), vec![flip])?;
         self.current = Some(head);
-        self.next_seq = 0;
+        self.next_seq = 1;
         // The older generations (and their logs) are garbage now; a failure here costs space
         // only, and the next compaction deletes them.
         let (old_snap, _) = Self::generation_range(&self.snap, generation);
@@ -519,7 +521,7 @@ impl RouteMedium for EtcdMedium {
 
     fn start_journal(&mut self, _generation: u64) -> Result<(), MediumError> {
         // The log of a new generation is empty: its range was cleared before the flip.
-        self.next_seq = 0;
+        self.next_seq = 1;
         Ok(())
     }
 
