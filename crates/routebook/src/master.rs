@@ -91,6 +91,36 @@ impl RouteMaster {
         }
     }
 
+    /// The configured VNets changed, given as the data nodes get them (`DataConfig`'s VNets,
+    /// in configuration order, so that snapshots list them in the data nodes' order): numbers
+    /// them, checks each VNI (`vnets[i].vni`, nothing changes on an error), then
+    /// [`Self::set_vnets`].
+    pub fn set_vnet_configs(
+        &mut self,
+        vnets: &[datapath::VnetConfig],
+    ) -> Result<(), DataplaneError> {
+        let mut checked = Vec::with_capacity(vnets.len());
+        for (i, v) in vnets.iter().enumerate() {
+            let vni = overlay::Vni::new(v.vni).ok_or_else(|| DataplaneError::Config {
+                field: format!("vnets[{i}].vni"),
+                reason: format!("{} does not fit in 24 bits", v.vni),
+            })?;
+            checked.push((v, vni));
+        }
+        let vnets = checked
+            .into_iter()
+            .map(|(v, vni)| RouteVnet {
+                tenant: v.tenant.clone(),
+                name: v.name.clone(),
+                id: self.book.vnet_id(&v.tenant, &v.name),
+                vni,
+                vtep_v6: v.vtep.is_ipv6(),
+            })
+            .collect();
+        self.set_vnets(vnets);
+        Ok(())
+    }
+
     /// Applies `change`, validated whole first as a data node validates it (the same errors,
     /// naming line and field). A single change that applies is numbered and kept for replay;
     /// a bulk change (`Load`, `Restore`) that changed the table is numbered (even when it

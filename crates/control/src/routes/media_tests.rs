@@ -332,11 +332,18 @@ fn route_store_etcd_records_are_sealed() {
             );
         }
     }
-    let again = Fake::default();
-    place.open().restore(&again).expect("restored");
+    let (reopened, again) = (place.open(), Fake::default());
+    reopened.restore(&again).expect("restored");
     assert_eq!(routes_of(&again), routes_of(&dp));
+    // A key appended to the key file (a rotation): the next compaction seals under it.
+    let key_file = place.encryption.key_file.clone().expect("key file");
+    write_key_file(&key_file, &(key_line(7, 0x42) + &key_line(8, 0x43)));
+    reopened.compact(&again).expect("compacted");
+    for (k, v) in raw.dump(&place.key("snap/")) {
+        assert_eq!(crate::store::sealed_key_id(&v), Some(8), "{k}");
+    }
     // Chunk 0 copied over chunk 1: it does not open there.
-    let chunk = |i: u32| place.key(&format!("snap/{:016x}/{i:08x}", 3));
+    let chunk = |i: u32| place.key(&format!("snap/{:016x}/{i:08x}", 4));
     let first = raw.dump(&chunk(0))[0].1.clone();
     raw.put(&chunk(1), &first);
     let e = place.open().restore(&Fake::default()).expect_err("moved");

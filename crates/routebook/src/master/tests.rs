@@ -117,3 +117,34 @@ fn a_load_that_partly_fails_is_numbered() {
     assert!(m.change(add("10.0.0.9", "192.0.2.1")).is_err());
     assert_eq!((m.version().seq, m.routes().len()), (1, 1));
 }
+
+#[test]
+fn vnets_come_from_the_data_nodes_configuration() {
+    let cfg = |name: &str, vni: u32, vtep: &str| datapath::VnetConfig {
+        tenant: TenantId::new("acme").expect("tenant"),
+        name: name.into(),
+        vni,
+        gateway_ips: vec![ip("10.0.0.1")],
+        vtep: ip(vtep),
+        routes: Vec::new(),
+        router_mac: None,
+    };
+    let mut m = RouteMaster::new(1);
+    m.set_vnet_configs(&[
+        cfg("prod", 100, "192.0.2.100"),
+        cfg("six", 200, "2001:db8::100"),
+    ])
+    .expect("valid");
+    assert_eq!(m.book().vnets().len(), 2);
+    m.change(add("10.0.0.1", "192.0.2.1")).expect("added");
+    let e = m
+        .set_vnet_configs(&[cfg("prod", 1 << 24, "192.0.2.100")])
+        .expect_err("VNI too large");
+    assert!(e.to_string().contains("vnets[0].vni"), "{e}");
+    // Nothing changed: the entry is still there, and so is the VNet.
+    assert_eq!((m.routes().len(), m.book().vnets().len()), (1, 2));
+    // prod gone: its entry goes too (not a numbered change).
+    m.set_vnet_configs(&[cfg("six", 200, "2001:db8::100")])
+        .expect("valid");
+    assert_eq!((m.routes().len(), m.version().seq), (0, 1));
+}

@@ -11,7 +11,8 @@
 //!   `- tenant,vnet,address`).
 //!
 //! Chunks and log records are sealed with the key ring of `[store] encryption_key_file` when
-//! one is set, as [`SealedStore`](crate::store::SealedStore) seals its records (AES-256-GCM-SIV,
+//! one is set (read again at every compaction, so a new generation is sealed under the file's
+//! newest key), as [`SealedStore`](crate::store::SealedStore) seals its records (AES-256-GCM-SIV,
 //! the record's name `routes/snap/<g>/<i>` or `routes/log/<g>/<seq>` in the associated data, so
 //! a chunk moved to another place does not open); they hold the tenants' addresses.
 //!
@@ -444,6 +445,16 @@ impl RouteMedium for EtcdMedium {
         generation: u64,
         write: &mut WriteSnapshot<'_>,
     ) -> Result<usize, MediumError> {
+        // The key file again: a generation is sealed under its newest key (a rotation reaches
+        // the routes at the next compaction, and at the latest at the next start's).
+        if let Some(path) = self.keys.as_ref().map(|k| k.path().to_owned()) {
+            match KeyRing::load(&path) {
+                Ok(keys) => self.keys = Some(keys),
+                Err(e) => {
+                    tracing::warn!(error = %e, "key file not read again; the route snapshot is sealed with the keys read before")
+                }
+            }
+        }
         // What a compaction that stopped before its flip left under this generation.
         let (snap_start, snap_end) = Self::generation_range(&self.snap, generation);
         let (log_start, log_end) = Self::generation_range(&self.log, generation);
