@@ -22,4 +22,4 @@ mod book;
 mod master;
 
 pub use book::{Apply, Op, RouteBook, RouteVnet, Routes, Source};
-pub use master::{Replay, RouteMaster, RouteVersion};
+pub use master::{Replay, RouteMaster, RouteVersion, KEEP_CHANGES};

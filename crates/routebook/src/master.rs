@@ -32,14 +32,17 @@ pub enum Replay<'a> {
     /// It is current.
     Current,
     /// Apply these single changes, in order (numbered `seq`, the first one past the table's).
-    Changes(&'a [(u64, RouteChange)]),
+    Changes(Vec<&'a (u64, RouteChange)>),
     /// It must fetch the snapshot: another epoch, older than the changes kept, or ahead of the
     /// master (a master that crashed after telling the nodes a change, before storing it).
     Fetch,
 }
 
+/// Single changes kept for replay by default (a node further behind fetches the snapshot).
+pub const KEEP_CHANGES: usize = 100_000;
+
 /// The single-copy master table: the book of VNets, the routes, the version, and the single
-/// changes since the last snapshot or bulk change.
+/// changes since the last snapshot or bulk change (at most a limit, the oldest dropped first).
 pub struct RouteMaster {
     book: RouteBook,
     routes: Routes,
@@ -47,7 +50,9 @@ pub struct RouteMaster {
     /// The seq of the last snapshot written or bulk change applied: `since[i]` is change
     /// `base + 1 + i`.
     base: u64,
-    since: Vec<(u64, RouteChange)>,
+    since: std::collections::VecDeque<(u64, RouteChange)>,
+    /// The most single changes kept.
+    keep: usize,
 }
 
 impl RouteMaster {
@@ -58,7 +63,23 @@ impl RouteMaster {
             routes: Routes::default(),
             version: RouteVersion { epoch, seq: 0 },
             base: 0,
-            since: Vec::new(),
+            since: std::collections::VecDeque::new(),
+            keep: KEEP_CHANGES,
+        }
+    }
+
+    /// Keeps at most `changes` single changes for replay ([`KEEP_CHANGES`] by default).
+    pub fn with_replay_limit(mut self, changes: usize) -> Self {
+        self.keep = changes;
+        self.trim();
+        self
+    }
+
+    /// Drops the oldest changes kept beyond the limit.
+    fn trim(&mut self) {
+        while self.since.len() > self.keep {
+            self.since.pop_front();
+            self.base += 1;
         }
     }
 
@@ -143,7 +164,8 @@ impl RouteMaster {
         }
         let report = self.book.change(change.clone(), &mut self.routes)?;
         self.version.seq += 1;
-        self.since.push((self.version.seq, change));
+        self.since.push_back((self.version.seq, change));
+        self.trim();
         Ok((self.version, report))
     }
 
@@ -156,10 +178,10 @@ impl RouteMaster {
             return Replay::Fetch;
         }
         let from = (at.seq - self.base) as usize;
-        match self.since.get(from..) {
-            Some(changes) => Replay::Changes(changes),
-            None => Replay::Fetch,
+        if from > self.since.len() {
+            return Replay::Fetch;
         }
+        Replay::Changes(self.since.range(from..).collect())
     }
 
     /// Writes the snapshot of the table (`overlay::snapshot`, byte for byte what a data node

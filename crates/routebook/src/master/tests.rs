@@ -53,6 +53,21 @@ fn single_changes_are_numbered_and_replayed() {
 }
 
 #[test]
+fn only_the_latest_changes_are_kept() {
+    let mut m = master().with_replay_limit(2);
+    for i in 1..=4 {
+        m.change(add(&format!("10.0.0.{i}"), "192.0.2.1"))
+            .expect("added");
+    }
+    assert_eq!(m.kept(), 2);
+    assert_eq!(m.replay(RouteVersion { epoch: 7, seq: 1 }), Replay::Fetch);
+    match m.replay(RouteVersion { epoch: 7, seq: 2 }) {
+        Replay::Changes(c) => assert_eq!(c.iter().map(|(s, _)| *s).collect::<Vec<_>>(), [3, 4]),
+        other => panic!("expected changes, got {other:?}"),
+    }
+}
+
+#[test]
 fn a_refused_change_is_not_numbered() {
     let mut m = master();
     let e = m

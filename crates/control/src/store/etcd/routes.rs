@@ -58,6 +58,8 @@ pub struct EtcdMedium {
     chunk: usize,
     /// The head as last read or written (the value appends are guarded by).
     current: Option<String>,
+    /// The revision the head was last read at (0: none pending), for the reads after it.
+    pinned: i64,
     /// The next log record's number in the current generation (from 1: the number is what
     /// errors call the record's line).
     next_seq: u64,
@@ -140,6 +142,7 @@ impl EtcdMedium {
             accept_cleartext: encryption.accept_cleartext,
             chunk: MAX_CHUNK,
             current: None,
+            pinned: 0,
             next_seq: 1,
         })
     }
@@ -218,20 +221,21 @@ impl EtcdMedium {
         Ok(())
     }
 
-    /// Every key and value under `[start, end)` at one revision, in key order.
+    /// Every key and value under `[start, end)` at one revision, in key order: `revision` if
+    /// it is positive, else the revision of the first answer, which is left in `revision`.
     fn range(
         &self,
         start: &str,
         end: &str,
         page: i64,
+        revision: &mut i64,
     ) -> Result<Vec<(String, Vec<u8>)>, MediumError> {
         let mut out = Vec::new();
         let mut from = start.as_bytes().to_vec();
-        let mut revision = 0;
         loop {
             let mut options = GetOptions::new().with_range(end).with_limit(page);
-            if revision > 0 {
-                options = options.with_revision(revision);
+            if *revision > 0 {
+                options = options.with_revision(*revision);
             }
             let mut answer = self
                 .store
@@ -246,8 +250,8 @@ impl EtcdMedium {
                     }
                 })
                 .map_err(|detail| MediumError::new(start, format!("read failed: {detail}")))?;
-            if revision == 0 {
-                revision = answer.header().map_or(0, |h| h.revision());
+            if *revision <= 0 {
+                *revision = answer.header().map_or(0, |h| h.revision());
             }
             let more = answer.more();
             let kvs = answer.take_kvs();
@@ -265,8 +269,12 @@ impl EtcdMedium {
         Ok(out)
     }
 
+    /// The head, read at a revision the reads of its chunks and log that follow use too (so
+    /// a compaction by another node in between cannot make a chunk look missing).
     fn read_head(&mut self) -> Result<Option<Head>, MediumError> {
-        let found = self.range(&self.head, &format!("{}\0", self.head), 1)?;
+        let mut revision = 0;
+        let found = self.range(&self.head, &format!("{}\0", self.head), 1, &mut revision)?;
+        self.pinned = revision;
         let Some((_, value)) = found.into_iter().next() else {
             self.current = None;
             return Ok(None);
@@ -375,7 +383,8 @@ impl RouteMedium for EtcdMedium {
             return Ok(None);
         };
         let (start, end) = Self::generation_range(&self.snap, head.generation);
-        let found = self.range(&start, &end, CHUNK_PAGE)?;
+        let mut revision = self.pinned;
+        let found = self.range(&start, &end, CHUNK_PAGE, &mut revision)?;
         let mut bytes = Vec::with_capacity(usize::try_from(head.bytes).unwrap_or(0));
         let mut found = found.into_iter().peekable();
         for index in 0..head.chunks {
@@ -418,7 +427,9 @@ impl RouteMedium for EtcdMedium {
 
     fn read_journal(&mut self, snapshot: u64) -> Result<Option<JournalRead>, MediumError> {
         let (start, end) = Self::generation_range(&self.log, snapshot);
-        let found = self.range(&start, &end, LOG_PAGE)?;
+        // At the revision the snapshot was read at, if it was just read.
+        let mut revision = std::mem::take(&mut self.pinned);
+        let found = self.range(&start, &end, LOG_PAGE, &mut revision)?;
         let mut out = JournalRead {
             generation: snapshot,
             ..JournalRead::default()
