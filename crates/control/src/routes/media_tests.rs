@@ -464,3 +464,147 @@ fn route_store_etcd_the_log_of_the_previous_generation_is_not_replayed() {
     );
     assert!(raw.dump(&place.key("log/")).is_empty(), "old log deleted");
 }
+
+/// Writes through to `inner`, calling `hook` once `after` bytes went through.
+struct Tripwire<'a> {
+    inner: &'a mut dyn std::io::Write,
+    written: usize,
+    after: usize,
+    hook: &'a dyn Fn(),
+}
+
+impl std::io::Write for Tripwire<'_> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = self.inner.write(buf)?;
+        if self.written < self.after && self.written + n >= self.after {
+            (self.hook)();
+        }
+        self.written += n;
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.inner.flush()
+    }
+}
+
+/// A data path whose snapshot writes call `hook` after `after` bytes (the compaction is then
+/// in the middle of its chunks).
+struct Interrupted<'a> {
+    inner: &'a Fake,
+    after: usize,
+    hook: Box<dyn Fn() + Send + Sync + 'a>,
+}
+
+impl DataPath for Interrupted<'_> {
+    fn install_child(&self, c: &ike::ChildSaInfo) -> Result<(), datapath::DataplaneError> {
+        self.inner.install_child(c)
+    }
+    fn remove_child(&self, t: ike::TunnelId, i: wire::EspSpi, o: wire::EspSpi) {
+        self.inner.remove_child(t, i, o)
+    }
+    fn update_peer(
+        &self,
+        t: ike::TunnelId,
+        s: ike::IkeSpis,
+        l: std::net::SocketAddr,
+        r: std::net::SocketAddr,
+    ) {
+        self.inner.update_peer(t, s, l, r)
+    }
+    fn send_ike(
+        &self,
+        l: std::net::SocketAddr,
+        r: std::net::SocketAddr,
+        p: &[u8],
+    ) -> Result<(), datapath::DataplaneError> {
+        self.inner.send_ike(l, r, p)
+    }
+    fn stats(&self) -> datapath::DataplaneStats {
+        self.inner.stats()
+    }
+    fn change_routes(
+        &self,
+        change: RouteChange,
+    ) -> Result<RouteChangeReport, datapath::DataplaneError> {
+        self.inner.change_routes(change)
+    }
+    fn write_routes(
+        &self,
+        out: &mut dyn std::io::Write,
+    ) -> Result<usize, datapath::DataplaneError> {
+        let mut tripwire = Tripwire {
+            inner: out,
+            written: 0,
+            after: self.after,
+            hook: &*self.hook,
+        };
+        self.inner.write_routes(&mut tripwire)
+    }
+}
+
+/// The leader loses its leadership in the middle of a compaction, after some chunks of the
+/// new generation were written (what a crash there leaves, through the real code path): the
+/// rest is refused, the head is not flipped, and the next leader restores the old
+/// generation whole, with its log.
+#[test]
+fn route_store_etcd_interrupted_between_chunks_and_head_flip() {
+    let Some(mut place) = InEtcd::start() else {
+        return;
+    };
+    let raw = place.raw();
+    let leader = format!("{}/leader", place.prefix);
+    drop(place.open());
+    raw.put(&leader, b"control1");
+    let revision = {
+        let mut client = raw.client.clone();
+        let r = raw
+            .runtime
+            .block_on(client.get(leader.as_str(), None))
+            .expect("leader");
+        r.kvs()[0].create_revision()
+    };
+    place.fence = Some(Fence {
+        key: leader.clone(),
+        name: "control1".into(),
+        term: Term::from_revision(revision),
+    });
+    let (store, dp) = (place.open(), Fake::default());
+    store.restore(&dp).expect("empty");
+    store
+        .load(
+            &dp,
+            Arc::from("acme,prod,10.0.0.5,192.0.2.1\nacme,prod,10.0.0.6,192.0.2.1\n"),
+        )
+        .expect("load");
+    store.apply(&dp, add("10.0.0.7", "192.0.2.2")).expect("add");
+    let want = routes_of(&dp);
+    let head = || String::from_utf8(raw.dump(&place.key("head"))[0].1.clone()).expect("text");
+    let before = head();
+    assert!(before.starts_with("generation=2 "), "{before}");
+    // The compaction of generation 3: after two chunks, another node takes over.
+    let interrupted = Interrupted {
+        inner: &dp,
+        after: 2 * SMALL_CHUNK + 1,
+        hook: Box::new(|| {
+            raw.delete(&leader);
+            raw.put(&leader, b"control2");
+        }),
+    };
+    let e = store.compact(&interrupted).expect_err("deposed mid-way");
+    assert!(e.to_string().contains("no longer the leader"), "{e}");
+    assert!(
+        e.to_string()
+            .contains(&place.key(&format!("snap/{:016x}/", 3))),
+        "names the chunk: {e}"
+    );
+    let written = raw.dump(&place.key(&format!("snap/{:016x}/", 3)));
+    assert_eq!(written.len(), 2, "two chunks of generation 3 written");
+    assert_eq!(head(), before, "the head was not flipped");
+    // The next leader restores generation 2 and its log, whole.
+    place.fence = None;
+    let again = Fake::default();
+    let r = place.open().restore(&again).expect("restored");
+    assert_eq!((r.snapshot, r.journal), (2, 1));
+    assert_eq!(routes_of(&again), want);
+}
