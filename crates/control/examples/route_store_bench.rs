@@ -157,12 +157,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     let bytes = snapshot(entries)?;
     let master = Master::new()?;
-    let t = Instant::now();
     let store = RouteStore::new(medium()?);
     store.restore(&master)?;
-    master.change_routes(RouteChange::Restore(Arc::from(bytes.as_slice())))?;
+    let bytes: Arc<[u8]> = Arc::from(bytes);
+    let t = Instant::now();
+    master.change_routes(RouteChange::Restore(bytes))?;
     let built = t.elapsed();
-    drop(bytes);
 
     let t = Instant::now();
     let written = store.compact(&master)?;
