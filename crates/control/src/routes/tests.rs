@@ -1,5 +1,8 @@
 //! Tests of the route store: journal lines, restarts, and crashes at every step of a write.
+use super::file::JOURNAL_HEADER;
 use super::*;
+use std::fs::{File, OpenOptions};
+use std::io::Write;
 
 #[test]
 fn journal_lines_round_trip_and_bad_ones_are_named() {
@@ -30,7 +33,7 @@ fn journal_lines_round_trip_and_bad_ones_are_named() {
 
 /// A data path holding per-VM routes in a map, for VNet acme/prod only.
 #[derive(Default)]
-struct Fake(Mutex<std::collections::BTreeMap<IpAddr, IpAddr>>);
+pub(super) struct Fake(pub(super) Mutex<std::collections::BTreeMap<IpAddr, IpAddr>>);
 
 impl DataPath for Fake {
     fn install_child(&self, _: &ike::ChildSaInfo) -> Result<(), datapath::DataplaneError> {
@@ -116,7 +119,7 @@ impl DataPath for Fake {
     }
 }
 
-fn add(vm: &str, host: &str) -> Recorded {
+pub(super) fn add(vm: &str, host: &str) -> Recorded {
     Recorded::Add(VmRoute {
         tenant: TenantId::new("acme").expect("tenant"),
         vnet: "prod".into(),
@@ -186,16 +189,16 @@ fn files_sit_beside_the_state_store() {
     );
 }
 
-fn routes_of(dp: &Fake) -> Vec<(IpAddr, IpAddr)> {
+pub(super) fn routes_of(dp: &Fake) -> Vec<(IpAddr, IpAddr)> {
     let m = dp.0.lock().expect("lock");
     m.iter().map(|(a, h)| (*a, *h)).collect()
 }
 
-fn ip(s: &str) -> IpAddr {
+pub(super) fn ip(s: &str) -> IpAddr {
     s.parse().expect("ip")
 }
 
-fn del(vm: &str) -> Recorded {
+pub(super) fn del(vm: &str) -> Recorded {
     Recorded::Del {
         tenant: TenantId::new("acme").expect("tenant"),
         vnet: "prod".into(),
@@ -230,12 +233,12 @@ fn a_torn_last_line_is_not_replayed() {
 fn a_failed_write_is_cut_off_before_the_next_line() {
     let dir = tempfile::tempdir().expect("temp dir");
     let state = dir.path().join("state.redb");
-    let (store, dp) = (RouteStore::beside(&state), Fake::default());
+    let (store, dp) = (RouteStore::new(FileMedium::beside(&state)), Fake::default());
     store.restore(&dp).expect("empty");
     store.apply(&dp, add("10.0.0.5", "192.0.2.1")).expect("add");
-    // What `record` leaves after a failed write: part of a line, and no open file.
+    // What `append` leaves after a failed write: part of a line, and no open file.
     append(&store.journal, b"+ acme,prod,10.0.0.9,19");
-    store.lock().file = None;
+    store.lock().medium.file = None;
     store.apply(&dp, add("10.0.0.6", "192.0.2.2")).expect("add");
     let (store, again) = (RouteStore::beside(&state), Fake::default());
     let r = store.restore(&again).expect("restored");
@@ -374,7 +377,7 @@ fn a_damaged_line_in_the_middle_stops_the_start_and_the_previous_files_are_kept(
         .expect("restored");
     assert_eq!((r.journal, r.skipped), (1, 1));
     assert_eq!(routes_of(&again), [(ip("10.0.0.5"), ip("192.0.2.1"))]);
-    let prev = |p: &Path| RouteStore::prev(p);
+    let prev = |p: &Path| file::prev(p);
     assert_eq!(
         std::fs::read_to_string(prev(&store.journal)).expect("journal kept"),
         damaged
@@ -391,10 +394,10 @@ fn a_damaged_line_in_the_middle_stops_the_start_and_the_previous_files_are_kept(
 fn a_change_not_recorded_is_reported_as_applied_but_not_persisted() {
     let dir = tempfile::tempdir().expect("temp dir");
     let state = dir.path().join("state.redb");
-    let (store, dp) = (RouteStore::beside(&state), Fake::default());
+    let (store, dp) = (RouteStore::new(FileMedium::beside(&state)), Fake::default());
     store.restore(&dp).expect("empty");
     // A journal the store cannot write to.
-    store.lock().file = Some(File::open(&store.journal).expect("journal"));
+    store.lock().medium.file = Some(File::open(&store.journal).expect("journal"));
     let e = store
         .apply(&dp, add("10.0.0.5", "192.0.2.1"))
         .expect_err("not recorded");

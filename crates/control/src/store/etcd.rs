@@ -24,6 +24,8 @@ pub(super) const PAGE: i64 = 512;
 
 mod connect;
 mod ops;
+mod routes;
+pub use routes::{EtcdMedium, MAX_CHUNK};
 /// The largest response accepted (a page of [`PAGE`] snapshots of up to 128 KiB each).
 const MAX_RESPONSE_BYTES: usize = 64 << 20;
 

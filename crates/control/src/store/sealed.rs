@@ -66,6 +66,12 @@ pub(crate) enum RecordId {
     Config,
     /// The IKE SA with this own (local) SPI.
     IkeSa(u64),
+    /// Chunk `index` of the per-VM route snapshot of generation `generation`
+    /// ([`EtcdMedium`](super::EtcdMedium); it seals its records itself).
+    RouteChunk(u64, u32),
+    /// Journal record `seq` of the per-VM routes of generation `generation`
+    /// ([`EtcdMedium`](super::EtcdMedium)).
+    RouteLog(u64, u64),
 }
 
 impl fmt::Display for RecordId {
@@ -73,6 +79,12 @@ impl fmt::Display for RecordId {
         match self {
             RecordId::Config => f.write_str("config"),
             RecordId::IkeSa(spi) => write!(f, "ike_sa/{spi:016x}"),
+            RecordId::RouteChunk(generation, index) => {
+                write!(f, "routes/snap/{generation:016x}/{index:08x}")
+            }
+            RecordId::RouteLog(generation, seq) => {
+                write!(f, "routes/log/{generation:016x}/{seq:016x}")
+            }
         }
     }
 }
@@ -345,7 +357,7 @@ impl Store for SealedStore {
         // Every SA is known now: forget those that are gone.
         self.records().retain(|id, _| match id {
             RecordId::IkeSa(spi) => out.binary_search_by_key(spi, |(s, _)| *s).is_ok(),
-            RecordId::Config => true,
+            RecordId::Config | RecordId::RouteChunk(..) | RecordId::RouteLog(..) => true,
         });
         Ok(out)
     }
@@ -436,6 +448,9 @@ impl Store for SealedStore {
                         changes.push(Change::PutIkeSa { spi, snapshot });
                     }
                 }
+                // Never noted here: the route medium seals its records itself, and a new
+                // generation (written at every compaction) is sealed under the current key.
+                RecordId::RouteChunk(..) | RecordId::RouteLog(..) => {}
             }
         }
         self.commit(&changes)?;

@@ -1,6 +1,8 @@
 use super::*;
 use crate::vnet::Vnet;
 use datapath::{Route, VmRoute, VnetConfig};
+use overlay::Key;
+use std::net::IpAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 fn ip(s: &str) -> IpAddr {
