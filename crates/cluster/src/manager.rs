@@ -465,6 +465,8 @@ impl Cluster {
     /// Returns the node's id.
     pub fn migrate_attachment(&self, name: &str, to: &str) -> Result<u32, ClusterError> {
         let mut sh = self.state();
+        // Whether `to` confirmed holding the attachments.
+        Self::poll_acks(&mut sh);
         let (_, node) = sh.core.handle_migrate_attachment(name, to)?;
         let q = self.carry(&mut sh, None);
         drop(sh);
