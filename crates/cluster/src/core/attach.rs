@@ -177,10 +177,13 @@ impl ClusterCore {
 
     /// The data node for attachment `id`: its serving node if still usable, else chosen
     /// as for a tunnel ([`ClusterCore::choose`]: fewest tunnels and attachments), never
-    /// `exclude`.
+    /// `exclude`; among the nodes that confirmed holding the attachments if any can (the
+    /// others hold them too once their answer comes).
     pub fn choose_attachment(&self, id: u32, exclude: Option<u32>) -> Option<u32> {
         let current = self.attachments.get(&id).and_then(|a| a.node);
-        self.choose_node(current, super::placement::Placed::Attachment(id), exclude)
+        let what = super::placement::Placed::Attachment(id);
+        self.choose_node(current, what, exclude, |n| self.holds_attachments(n))
+            .or_else(|| self.choose_node(current, what, exclude, |_| true))
     }
 
     // ---- inputs ----
