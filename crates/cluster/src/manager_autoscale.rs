@@ -127,6 +127,9 @@ impl Cluster {
             (effects, q)
         };
         let mut outcomes = effects.outcomes;
+        // The steering the plan changed (attachments leaving a node to stop) is confirmed
+        // before the provider is asked.
+        self.finish(q);
         // Starts and stops are asked of the provider without the state lock held.
         if let Some(provider) = &self.provider {
             for call in effects.provider_calls {
@@ -157,7 +160,6 @@ impl Cluster {
                 }
             }
         }
-        self.finish(q);
         outcomes
     }
 }

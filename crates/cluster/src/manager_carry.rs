@@ -84,6 +84,15 @@ impl Cluster {
                     sh.core.handle_share_answer(t, false);
                 }
             },
+            Await::Attachments(t) => match result {
+                Ok(ack) => {
+                    sh.acks.insert(t, ack);
+                }
+                Err(e) => {
+                    warn!(node = %name, error = %e, "cannot send a directive");
+                    sh.core.handle_attachments_answer(t, false);
+                }
+            },
             Await::Resync(t) => q.resync.push((out.node, name, result, t)),
             Await::Install(_) => q.install = Some(result),
             Await::Logged => q.logged.push((name, out.directive, result)),
@@ -150,7 +159,8 @@ impl Cluster {
         sent
     }
 
-    /// Feeds the answers to shares that came into the core (call with the lock held).
+    /// Feeds the answers to shares and attachments that came into the core (call with the
+    /// lock held).
     pub(super) fn poll_acks(sh: &mut Shell) {
         let now = Instant::now();
         for token in sh.core.pending_shares(None) {
@@ -159,6 +169,16 @@ impl Cluster {
             };
             sh.acks.remove(&token);
             sh.core.handle_share_answer(token, answer.is_ok());
+        }
+        for token in sh.core.pending_attachment_acks() {
+            let Some(answer) = sh.acks.get(&token).and_then(|a| a.poll_until(now)) else {
+                continue;
+            };
+            sh.acks.remove(&token);
+            if let Err(e) = &answer {
+                warn!(error = %e, "data node did not take the attachments");
+            }
+            sh.core.handle_attachments_answer(token, answer.is_ok());
         }
     }
 

@@ -257,3 +257,26 @@ fn attachments_count_in_placement() {
         .any(|op| matches!(op, Op::InstallChild(c) if c.inbound_spi == 0x1000)));
     let _ = d2;
 }
+
+#[test]
+fn a_data_node_that_refuses_the_attachments_is_no_migration_target() {
+    let (b, _s1, d1, _d2, serving) = attached_bed();
+    let other = if serving == d1 { "data2" } else { "data1" };
+    // Its data plane refuses set_attachments (e.g. one that predates them).
+    *b.links[other].refuse.lock().unwrap() = Some("set_attachments: unsupported".into());
+    // A new version of the attachments: it does not take it.
+    let mut changed = acme();
+    changed.routes.push(("192.168.51.0".parse().unwrap(), 24));
+    b.cluster.set_attachments(
+        &[changed],
+        &[("acme".to_string(), "steer1".to_string())].into(),
+    );
+    b.clear();
+    match b.cluster.migrate_attachment("acme", other) {
+        Err(ClusterError::Unsuitable { reason, .. }) => {
+            assert!(reason.contains("set_attachments"), "{reason}")
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(b.ops("steer1").is_empty(), "nothing flipped");
+}

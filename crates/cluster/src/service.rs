@@ -8,7 +8,7 @@
 //! blocking pool, never on the runtime's threads.
 
 use crate::link::{NodeLink, SessionLink};
-use crate::manager::{Cluster, NodeLoad, Registration, Role, MAX_INSTALLED};
+use crate::manager::{Cluster, NodeLoad, PortInfo, Registration, Role, MAX_INSTALLED};
 use rpc::certs::NodeRole;
 use rpc::pb;
 use std::net::SocketAddr;
@@ -73,6 +73,34 @@ pub(crate) fn check_hello(
     Ok((role, geneve))
 }
 
+/// A steer node's customer-facing ports from its Hello, checked (errors name the field); a
+/// data node has none (any it lists are ignored).
+fn hello_ports(hello: &pb::Hello, role: Role) -> Result<Vec<PortInfo>, Status> {
+    if role != Role::Steer {
+        return Ok(Vec::new());
+    }
+    let mut ports: Vec<PortInfo> = Vec::with_capacity(hello.ports.len());
+    for (i, p) in hello.ports.iter().enumerate() {
+        let p = rpc::convert::steer_port_from_pb(p)
+            .map_err(|e| Status::invalid_argument(format!("hello.ports[{i}].{e}")))?;
+        if let Some(j) = ports
+            .iter()
+            .position(|q| q.id == p.id.0 || q.interface == p.interface)
+        {
+            return Err(Status::invalid_argument(format!(
+                "hello.ports[{i}]: port {} ({}) repeats hello.ports[{j}]'s id or interface",
+                p.id.0, p.interface
+            )));
+        }
+        ports.push(PortInfo {
+            id: p.id.0,
+            interface: p.interface,
+            mac: p.mac,
+        });
+    }
+    Ok(ports)
+}
+
 #[tonic::async_trait]
 impl pb::cluster_server::Cluster for ControlService {
     type SessionStream = SessionStream;
@@ -113,25 +141,7 @@ impl pb::cluster_server::Cluster for ControlService {
                     .map_err(|e| Status::invalid_argument(format!("hello.installed[{i}]: {e}")))?,
             );
         }
-        let mut ports = Vec::with_capacity(hello.ports.len());
-        for (i, p) in hello.ports.iter().enumerate() {
-            let p = rpc::convert::steer_port_from_pb(p)
-                .map_err(|e| Status::invalid_argument(format!("hello.ports[{i}].{e}")))?;
-            if ports
-                .iter()
-                .any(|q: &crate::manager::PortInfo| q.id == p.id.0 || q.interface == p.interface)
-            {
-                return Err(Status::invalid_argument(format!(
-                    "hello.ports[{i}]: port {} ({}) is listed twice",
-                    p.id.0, p.interface
-                )));
-            }
-            ports.push(crate::manager::PortInfo {
-                id: p.id.0,
-                interface: p.interface,
-                mac: p.mac,
-            });
-        }
+        let ports = hello_ports(&hello, role)?;
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
         let link = Arc::new(SessionLink::new(tx));
         let id = self.cluster.node_id(&hello.name);
@@ -243,6 +253,50 @@ async fn handle(
                 node = name,
                 "unexpected message in an open session; ignored"
             );
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_steer_nodes_ports_are_checked_and_a_data_nodes_ignored() {
+        let port = |id, interface: &str, mac: Vec<u8>| pb::Port {
+            id,
+            interface: interface.into(),
+            mac,
+        };
+        let mac = vec![2, 0, 0, 0, 0, 1];
+        let hello = |ports| pb::Hello {
+            ports,
+            ..pb::Hello::default()
+        };
+        let ok = hello(vec![
+            port(1, "eth2", mac.clone()),
+            port(2, "eth3", mac.clone()),
+        ]);
+        let ports = hello_ports(&ok, Role::Steer).expect("valid");
+        assert_eq!(
+            ports[1],
+            PortInfo {
+                id: 2,
+                interface: "eth3".into(),
+                mac: [2, 0, 0, 0, 0, 1],
+            }
+        );
+        assert!(hello_ports(&ok, Role::Data).expect("ignored").is_empty());
+        for (bad, says) in [
+            (vec![port(1, "eth2", vec![1; 6])], "hello.ports[0].mac"),
+            (vec![port(0, "eth2", mac.clone())], "hello.ports[0].id"),
+            (
+                vec![port(1, "eth2", mac.clone()), port(1, "eth3", mac.clone())],
+                "hello.ports[1]: port 1 (eth3) repeats",
+            ),
+        ] {
+            let e = hello_ports(&hello(bad), Role::Steer).expect_err(says);
+            assert!(e.message().starts_with(says), "{}", e.message());
         }
     }
 }

@@ -161,16 +161,18 @@ enum CtlCommand {
     /// `[cluster.autoscale] mode = "act"` whether each was carried out.
     Capacity,
     /// Move a tunnel to another data node without loss: rekey with the peer, install the new
-    /// SA on the target, steer it there, delete the old SA once the peer uses the new one.
+    /// SA on the target, steer it there, delete the old SA once the peer uses the new one. Or
+    /// move a customer attachment: the steer nodes send its CE's frames and its prefixes'
+    /// VXLAN to the target (which already holds it), answered once they all confirmed.
     Migrate {
-        /// The tunnel's name.
+        /// The tunnel's or the attachment's name.
         tunnel: String,
         /// The data node to move it to.
         #[arg(long, value_name = "NODE")]
         to: String,
     },
-    /// Move every tunnel off a data node without loss and place nothing new on it
-    /// (maintenance). `undrain` ends it.
+    /// Move every tunnel and attachment off a data node without loss and place nothing new on
+    /// it (maintenance). `undrain` ends it.
     Drain {
         /// The data node.
         node: String,

@@ -178,10 +178,13 @@ impl ClusterCore {
 
     /// The data node for attachment `id`: its serving node if still usable, else chosen
     /// as for a tunnel ([`ClusterCore::choose`]: fewest tunnels and attachments), never
-    /// `exclude`.
+    /// `exclude`; among the nodes that confirmed holding the attachments if any can (the
+    /// others hold them too once their answer comes).
     pub fn choose_attachment(&self, id: u32, exclude: Option<u32>) -> Option<u32> {
         let current = self.attachments.get(&id).and_then(|a| a.node);
-        self.choose_node(current, super::placement::Placed::Attachment(id), exclude)
+        let what = super::placement::Placed::Attachment(id);
+        self.choose_node(current, what, exclude, |n| self.holds_attachments(n))
+            .or_else(|| self.choose_node(current, what, exclude, |_| true))
     }
 
     // ---- inputs ----
@@ -220,8 +223,7 @@ impl ClusterCore {
         self.place_attachments(None);
         self.log_unsteered();
         if had_any || !self.attachments.is_empty() {
-            let all = self.resolved_attachments();
-            self.fire_data_nodes(&Directive::SetAttachments(all));
+            self.fire_attachments();
         }
         if self.reconciled {
             self.push_tables(now);
@@ -272,8 +274,9 @@ impl ClusterCore {
 
     /// Moves attachment `name` to data node `to` (`protego ctl migrate`): the steer node
     /// owning its port and every steer node's VNI selectors flip to `to` (acknowledged by the
-    /// caller before it answers). Every data node holds the attachment, so nothing is
-    /// installed first and frames already sent to the old node are still served there.
+    /// caller before it answers). `to` must have confirmed that it holds the current
+    /// attachments; every data node holds them, so nothing is installed first and frames
+    /// already sent to the old node are still served there.
     /// Returns the (attachment, node) ids.
     pub fn handle_migrate_attachment(
         &mut self,
@@ -284,6 +287,12 @@ impl ClusterCore {
             .attachment_by_name(name)
             .ok_or_else(|| ClusterError::UnknownAttachment(name.to_owned()))?;
         let node = self.usable_data_node(to)?;
+        if !self.holds_attachments(node) {
+            return Err(ClusterError::Unsuitable {
+                name: to.to_owned(),
+                reason: "it has not confirmed that it holds the attachments (set_attachments)",
+            });
+        }
         let a = &self.attachments[&id];
         if self.port_owner(a).is_none() {
             return Err(ClusterError::Unsteered {
@@ -303,6 +312,69 @@ impl ClusterCore {
             self.emit_attachment_steering(&[id], None);
         }
         Ok((id, node))
+    }
+
+    /// The answer to the attachments sent with `token` ([`Await::Attachments`]): on success
+    /// the node holds them (a migration may go there).
+    pub fn handle_attachments_answer(&mut self, token: u64, ok: bool) {
+        let Some(i) = self.attachment_acks.iter().position(|a| a.0 == token) else {
+            return;
+        };
+        let (_, node, version) = self.attachment_acks.remove(i);
+        if ok {
+            let held = self.attachments_held.entry(node).or_default();
+            *held = (*held).max(version);
+        } else {
+            warn!(node, "data node did not take the attachments");
+        }
+    }
+
+    /// The attachments sent whose answers have not come yet, by token.
+    pub fn pending_attachment_acks(&self) -> Vec<u64> {
+        self.attachment_acks.iter().map(|a| a.0).collect()
+    }
+
+    /// True if data node `id` confirmed it holds the current attachments.
+    pub fn holds_attachments(&self, id: u32) -> bool {
+        self.attachments_held.get(&id) == Some(&self.attachments_version)
+    }
+
+    /// Queues every steerable attachment to data node `id`, its answer pending: a new version
+    /// when what they are (CE MACs aside, which `set_ce_mac` carries) changed since the last.
+    pub(crate) fn send_attachments(&mut self, id: u32) {
+        let all = self.resolved_attachments();
+        let shape: Vec<AttachmentConfig> = all
+            .iter()
+            .map(|a| AttachmentConfig {
+                ce_mac: None,
+                ..a.clone()
+            })
+            .collect();
+        if shape != self.attachments_sent {
+            self.attachments_sent = shape;
+            self.attachments_version += 1;
+        }
+        let token = self.token();
+        self.attachment_acks
+            .push((token, id, self.attachments_version));
+        self.emit(
+            id,
+            Directive::SetAttachments(all),
+            Await::Attachments(token),
+        );
+    }
+
+    /// [`Self::send_attachments`] to every live data node.
+    pub(crate) fn fire_attachments(&mut self) {
+        let data: Vec<u32> = self
+            .nodes
+            .iter()
+            .filter(|(_, n)| n.role == Role::Data && n.alive)
+            .map(|(id, _)| *id)
+            .collect();
+        for id in data {
+            self.send_attachments(id);
+        }
     }
 
     // ---- placement and steering ----
@@ -431,7 +503,7 @@ impl ClusterCore {
         }
         let changed = self.place_attachments(None);
         self.log_unsteered();
-        self.fire_data_nodes(&Directive::SetAttachments(after));
+        self.fire_attachments();
         self.emit_attachment_steering(&changed, Some(id));
     }
 }

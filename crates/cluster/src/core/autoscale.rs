@@ -219,7 +219,8 @@ impl ClusterCore {
     }
 
     /// A `Stop` decision: not while a CHILD_SA is on the node, nor while steer nodes still
-    /// send it late packets of removed ones (their grace).
+    /// send it late packets of removed ones (their grace); the attachments it serves are
+    /// steered elsewhere first.
     fn plan_stop(
         &mut self,
         i: usize,
@@ -249,6 +250,31 @@ impl ClusterCore {
                 Outcome::Skipped("the node provider does not run it".into())
             }
             (true, Some(m), _) => {
+                // The attachments it serves move first (steering flips, confirmed by the
+                // steer nodes before the provider is asked), all or none.
+                let served: Vec<u32> = self
+                    .attachments
+                    .values()
+                    .filter(|a| a.node == Some(node))
+                    .map(|a| a.id)
+                    .collect();
+                let mut moves = Vec::new();
+                for a in &served {
+                    match self.choose_attachment(*a, Some(node)) {
+                        Some(to) => moves.push((*a, to)),
+                        None => {
+                            return Outcome::Skipped(
+                                "no other data node can serve its attachments".into(),
+                            )
+                        }
+                    }
+                }
+                for (a, to) in moves {
+                    if let Some(e) = self.attachments.get_mut(&a) {
+                        e.node = Some(to);
+                    }
+                }
+                self.emit_attachment_steering(&served, None);
                 // Nothing is placed on it from now on, not even as a fallback.
                 if let Some(n) = self.nodes.get_mut(&node) {
                     n.leaving = true;

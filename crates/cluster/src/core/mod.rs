@@ -99,6 +99,13 @@ pub struct ClusterCore {
     pub(crate) attachment_ids: HashMap<String, u32>,
     /// Each steer node's customer-facing ports (by its name), from its last Hello.
     pub(crate) ports: HashMap<String, Vec<PortInfo>>,
+    /// The attachments last sent to data nodes (CE MACs aside), and their version.
+    pub(crate) attachments_sent: Vec<datapath::AttachmentConfig>,
+    pub(crate) attachments_version: u64,
+    /// The version of the attachments each data node confirmed holding.
+    pub(crate) attachments_held: HashMap<u32, u64>,
+    /// Attachments sent whose answers have not come: (token, node, version).
+    pub(crate) attachment_acks: Vec<(u64, u32, u64)>,
     pub(crate) outbox: Outbox,
 }
 
@@ -140,6 +147,10 @@ impl ClusterCore {
             attachments: BTreeMap::new(),
             attachment_ids: HashMap::new(),
             ports: HashMap::new(),
+            attachments_sent: Vec::new(),
+            attachments_version: 0,
+            attachments_held: HashMap::new(),
+            attachment_acks: Vec::new(),
             outbox: Outbox::default(),
         }
     }
@@ -328,8 +339,7 @@ impl ClusterCore {
         self.fire_data_nodes(&Directive::DataConfig);
         // The attachments' VNets are found by name in the new VNets.
         if !self.attachments.is_empty() {
-            let attachments = self.resolved_attachments();
-            self.fire_data_nodes(&Directive::SetAttachments(attachments));
+            self.fire_attachments();
         }
         if self.reconciled {
             self.push_tables(now);
@@ -405,9 +415,11 @@ impl ClusterCore {
                 let orphans = self.adopt(id, installed);
                 self.emit(id, Directive::DataConfig, Await::Nothing);
                 // Every attachment, after the VNets it names (a restarted node lost them).
+                if restarted {
+                    self.attachments_held.remove(&id);
+                }
                 if !self.attachments.is_empty() {
-                    let attachments = self.resolved_attachments();
-                    self.emit(id, Directive::SetAttachments(attachments), Await::Nothing);
+                    self.send_attachments(id);
                 }
                 let relays = self.relays();
                 if !relays.is_empty() {
@@ -510,8 +522,7 @@ impl ClusterCore {
         info!(node = %n.name, id, "data node answers its probes again");
         // It may have missed a change of the attachments while it counted as dead.
         if !self.attachments.is_empty() {
-            let attachments = self.resolved_attachments();
-            self.emit(id, Directive::SetAttachments(attachments), Await::Nothing);
+            self.send_attachments(id);
         }
         let placed = self.place_attachments(None);
         self.emit_port_tags(&placed, None);

@@ -22,15 +22,17 @@ impl ClusterCore {
     /// is left.
     pub fn choose(&self, tunnel: TunnelId, exclude: Option<u32>) -> Option<u32> {
         let current = self.placement.get(&tunnel).copied();
-        self.choose_node(current, Placed::Tunnel(tunnel), exclude)
+        self.choose_node(current, Placed::Tunnel(tunnel), exclude, |_| true)
     }
 
-    /// [`Self::choose`] for `what`, placed on `current` so far.
+    /// [`Self::choose`] for `what`, placed on `current` so far; a new node only among those
+    /// `eligible` says.
     pub(crate) fn choose_node(
         &self,
         current: Option<u32>,
         what: Placed,
         exclude: Option<u32>,
+        eligible: impl Fn(u32) -> bool,
     ) -> Option<u32> {
         let usable = |id: &u32| {
             Some(*id) != exclude
@@ -61,7 +63,7 @@ impl ClusterCore {
             .any(|id| !self.nodes[id].parked);
         self.nodes
             .keys()
-            .filter(|id| usable(id) && !(unparked && self.nodes[*id].parked))
+            .filter(|id| usable(id) && !(unparked && self.nodes[*id].parked) && eligible(**id))
             .min_by(|a, b| {
                 let util = |id: &u32| {
                     self.nodes[id]

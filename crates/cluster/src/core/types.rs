@@ -368,6 +368,9 @@ pub enum Await {
     /// Whole tables resent by a tick: waited for, fed back with
     /// [`super::ClusterCore::handle_resync_answer`].
     Resync(u64),
+    /// Attachments sent to a data node: the answer is fed back with
+    /// [`super::ClusterCore::handle_attachments_answer`] when it comes (not waited for).
+    Attachments(u64),
     /// An install: waited for, fed back with
     /// [`super::ClusterCore::handle_install_answer`].
     Install(EspSpi),

@@ -1,8 +1,8 @@
 //! The control socket: a Unix stream socket (mode 0600) speaking one request per line and one
 //! JSON document per answer line. A request is either bare words (`status`, `ping`,
 //! `initiate NAME`, `terminate NAME`, `rekey NAME`, `rekey-ike NAME`, and on a control node of
-//! the distributed form `nodes`, `migrate TUNNEL NODE`, `drain NODE`, `undrain NODE`) or a
-//! JSON object (`{"command":"status"}`), plus `rotate-store-key` (`protego ctl store
+//! the distributed form `nodes`, `migrate NAME NODE` (a tunnel or an attachment), `drain NODE`,
+//! `undrain NODE`) or a JSON object (`{"command":"status"}`), plus `rotate-store-key` (`protego ctl store
 //! rotate-key`), and the per-VM routes' `route add TENANT VNET ADDRESS HOST`, `route del
 //! TENANT VNET ADDRESS`, `route load FILE` (the node reads FILE); an answer is the command's
 //! JSON document, or
@@ -157,7 +157,7 @@ impl Request {
                     tunnel: t.to_owned(),
                     to: n.to_owned(),
                 }),
-                _ => Err("migrate needs a tunnel name and a node name".to_owned()),
+                _ => Err("migrate needs a tunnel or attachment name and a node name".to_owned()),
             };
         }
         if words.next().is_some() {
@@ -192,7 +192,7 @@ impl Request {
             }
             (other, _) => Err(format!(
                 "unknown command {other:?} (status, ping, initiate NAME, terminate NAME, \
-                 rekey NAME, rekey-ike NAME, nodes, capacity, migrate TUNNEL NODE, drain NODE, \
+                 rekey NAME, rekey-ike NAME, nodes, capacity, migrate NAME NODE, drain NODE, \
                  undrain NODE, rotate-store-key, route add|del|load ...)"
             )),
         }

@@ -265,6 +265,7 @@ impl World {
                     Await::Steer if !ok => failed.push(o.node),
                     Await::Shares(t) => self.core.handle_share_answer(t, ok),
                     Await::Resync(t) => self.core.handle_resync_answer(o.node, t, ok),
+                    Await::Attachments(t) => self.core.handle_attachments_answer(t, ok),
                     Await::Install(_) => self.install_answer = Some(ok),
                     _ => {}
                 }
