@@ -304,6 +304,16 @@ impl ControlNode {
         // Customer attachments on steer nodes' ports (fixed until a restart, as in the
         // embedded form): placed once the steer nodes announce their ports.
         cluster.set_attachments(&config.dataplane.attachments, &cc.attachment_steers);
+        // The per-VM routes' master table, restored before any node registers (each data
+        // node's version is compared with it) and before IKE starts.
+        let routes = route_store(config, election.as_ref())?;
+        if let Some(store) = &routes {
+            cluster
+                .set_route_vnets(&config.dataplane.vnets)
+                .map_err(NodeError::Dataplane)?;
+            let r = store.restore(&*cluster)?;
+            info!(store = %store.path().display(), snapshot = r.snapshot, journal = r.journal, skipped = r.skipped, ignored = r.ignored, version = %cluster.routes_version(), "per-VM routes restored");
+        }
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .thread_name("protego-control-grpc")
@@ -407,12 +417,16 @@ impl ControlNode {
                     .map_err(NodeError::Start)?,
             );
         }
+        let mut inner = Responder::new(
+            control.handle(),
+            datapath,
+            TunnelDirectory::from_config(config),
+        );
+        if let Some(store) = routes {
+            inner = inner.with_routes(store);
+        }
         let responder = ClusterResponder {
-            inner: Responder::new(
-                control.handle(),
-                datapath,
-                TunnelDirectory::from_config(config),
-            ),
+            inner,
             cluster: Arc::clone(&cluster),
         };
         let server = StatusServer::start(&config.gateway.control_socket, Arc::new(responder))?;
@@ -489,6 +503,29 @@ impl ControlNode {
         if let Some(rt) = self.runtime.take() {
             rt.shutdown_timeout(Duration::from_secs(1));
         }
+    }
+}
+
+/// The store of the per-VM routes: files beside a file store, records under an etcd store's
+/// prefix (on a connection of its own, fenced by the leader's term like the state store);
+/// none for a memory store (routes then live until the control node stops).
+fn route_store(
+    config: &Config,
+    election: Option<&Election>,
+) -> Result<Option<Arc<control::routes::RouteStore>>, ControlNodeError> {
+    match &config.store {
+        StoreConfig::File { path } => Ok(Some(Arc::new(control::routes::RouteStore::beside(path)))),
+        StoreConfig::Etcd(options) => {
+            let mut store = control::store::EtcdStore::connect(options)?;
+            if let Some(fence) = election.and_then(Election::fence) {
+                store = store.fenced(fence);
+            }
+            let medium = control::store::EtcdMedium::new(store, &config.store_encryption)?;
+            Ok(Some(Arc::new(control::routes::RouteStore::new(Box::new(
+                medium,
+            )))))
+        }
+        StoreConfig::Memory => Ok(None),
     }
 }
 
@@ -624,11 +661,6 @@ impl RequestHandler for ClusterResponder {
                     Ok(outcome) => control::status::apply_answer(&outcome, dry_run),
                     Err(e) => json!({ "error": e.to_string() }),
                 }
-            }
-            Request::RouteAdd { .. } | Request::RouteDel { .. } | Request::RouteLoad { .. } => {
-                json!({
-                    "error": "per-VM routes are served by `protego up` only for now; the distributed form (control node as their source) is to follow"
-                })
             }
             other => self.inner.handle(other),
         }

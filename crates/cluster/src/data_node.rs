@@ -10,12 +10,14 @@
 //! breaks, so a control node's restart or failover does not stop ESP.
 
 use crate::agent::{Agent, Applier};
-use crate::node_config::{DataSection, NodeConfig};
+use crate::node_config::{ControlEndpoint, DataSection, NodeConfig};
+use crate::route_follow::RouteFollower;
 use dataplane::{DataPath, Dataplane, DataplaneConfig, DataplaneStats, RelayConfig, ToControl};
 use rpc::certs::{NodeRole, NodeTls};
 use rpc::pb;
 use std::collections::HashMap;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tracing::{info, warn};
@@ -99,11 +101,169 @@ struct DataApplier {
     dp: Arc<Dataplane>,
     boot_id: u64,
     last: Mutex<LastReport>,
+    routes: Arc<RouteSide>,
+}
+
+/// Where the data node fetches the route snapshot from.
+struct Fetcher {
+    tls: Arc<NodeTls>,
+    endpoints: Vec<ControlEndpoint>,
+}
+
+/// The data node's per-VM routes: the follower, and the thread fetching the snapshot.
+struct RouteSide {
+    dp: Arc<dyn dataplane::DataPath>,
+    follower: Mutex<RouteFollower>,
+    /// None: no fetching (tests).
+    fetcher: Option<Fetcher>,
+    /// The control node of the session (tried first).
+    control: Mutex<Option<String>>,
+    /// A fetch thread runs.
+    running: AtomicBool,
+    stop: AtomicBool,
+}
+
+/// Longest wait between fetch attempts.
+const FETCH_RETRY: Duration = Duration::from_secs(1);
+/// How long connecting for a fetch may take.
+const FETCH_CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
+
+impl RouteSide {
+    fn follower(&self) -> std::sync::MutexGuard<'_, RouteFollower> {
+        // Every step leaves the follower consistent before anything can panic.
+        self.follower.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn version(&self) -> routebook::RouteVersion {
+        self.follower().version()
+    }
+
+    /// Starts the fetch thread if the follower needs a fetch and none runs.
+    fn kick(self: &Arc<Self>) {
+        if self.fetcher.is_none()
+            || !self.follower().fetching()
+            || self.running.swap(true, Ordering::SeqCst)
+        {
+            return;
+        }
+        let side = Arc::clone(self);
+        let spawned = std::thread::Builder::new()
+            .name("protego-route-fetch".into())
+            .spawn(move || {
+                side.fetch_loop();
+                side.running.store(false, Ordering::SeqCst);
+                // A fetch asked for while this one was finishing.
+                side.kick();
+            });
+        if let Err(e) = spawned {
+            warn!(error = %e, "cannot start the route fetch thread");
+            self.running.store(false, Ordering::SeqCst);
+        }
+    }
+
+    /// Fetches and restores until the follower is current with what control announced.
+    fn fetch_loop(&self) {
+        while self.follower().fetching() && !self.stop.load(Ordering::Relaxed) {
+            let started = Instant::now();
+            let from = self.version();
+            match self.fetch_once(from) {
+                Ok((at, bytes)) => {
+                    let size = bytes.len();
+                    let mut f = self.follower();
+                    match f.restored(&*self.dp, at, bytes) {
+                        Ok(()) => {
+                            info!(from = %from, to = %at, bytes = size, ms = started.elapsed().as_millis() as u64, "per-VM routes fetched and restored")
+                        }
+                        Err(e) => warn!(error = %e, "fetched routes not restored; retrying"),
+                    }
+                }
+                Err(e) => {
+                    warn!(error = %e, "route snapshot not fetched; retrying");
+                    std::thread::sleep(FETCH_RETRY);
+                }
+            }
+        }
+    }
+
+    /// One fetch of the snapshot from the control node of the session (or any other).
+    fn fetch_once(
+        &self,
+        from: routebook::RouteVersion,
+    ) -> Result<(routebook::RouteVersion, Arc<[u8]>), String> {
+        let Some(fetcher) = &self.fetcher else {
+            return Err("no control node to fetch from".into());
+        };
+        let control = self
+            .control
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        let mut endpoints: Vec<&ControlEndpoint> = fetcher.endpoints.iter().collect();
+        endpoints.sort_by_key(|e| Some(&e.name) != control.as_ref());
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| format!("runtime: {e}"))?;
+        runtime.block_on(async {
+            let mut errors = Vec::new();
+            for ep in endpoints {
+                match fetch_from(ep, &fetcher.tls, from).await {
+                    Ok(r) => return Ok(r),
+                    Err(e) => errors.push(format!("{}: {e}", ep.name)),
+                }
+            }
+            Err(errors.join("; "))
+        })
+    }
+}
+
+/// Fetches the route snapshot from control node `ep` (the chunks in order, one version).
+async fn fetch_from(
+    ep: &ControlEndpoint,
+    tls: &NodeTls,
+    from: routebook::RouteVersion,
+) -> Result<(routebook::RouteVersion, Arc<[u8]>), String> {
+    let url = format!("https://{}", ep.address);
+    let mut client = rpc::connect(&url, tls, &ep.name, FETCH_CONNECT_TIMEOUT)
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut stream = client
+        .fetch_routes(pb::RoutesRequest {
+            epoch: from.epoch,
+            seq: from.seq,
+        })
+        .await
+        .map_err(|s| format!("{:?}: {}", s.code(), s.message()))?
+        .into_inner();
+    let mut bytes = Vec::new();
+    let mut at = None;
+    while let Some(chunk) = stream
+        .message()
+        .await
+        .map_err(|s| format!("{:?}: {}", s.code(), s.message()))?
+    {
+        let v = routebook::RouteVersion {
+            epoch: chunk.epoch,
+            seq: chunk.seq,
+        };
+        if *at.get_or_insert(v) != v {
+            return Err(format!(
+                "a chunk of version {v} inside the snapshot of {}",
+                at.unwrap_or(v)
+            ));
+        }
+        bytes.extend_from_slice(&chunk.bytes);
+        if chunk.last {
+            return Ok((v, Arc::from(bytes)));
+        }
+    }
+    Err("the snapshot ended before its last chunk".into())
 }
 
 impl Applier for DataApplier {
     fn hello(&self) -> pb::Hello {
         let stats = self.dp.stats();
+        let routes = self.routes.version();
         pb::Hello {
             name: self.name.clone(),
             role: pb::Role::Data as i32,
@@ -118,10 +278,18 @@ impl Applier for DataApplier {
                 .map(rpc::convert::installed_to_pb)
                 .collect(),
             ports: Vec::new(),
+            routes_epoch: routes.epoch,
+            routes_seq: routes.seq,
         }
     }
 
-    fn welcomed(&self, _welcome: &pb::Welcome) {}
+    fn welcomed(&self, welcome: &pb::Welcome) {
+        *self
+            .routes
+            .control
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = Some(welcome.control_name.clone());
+    }
 
     fn apply(&self, op: pb::directive::Op) -> Result<(), String> {
         use pb::directive::Op;
@@ -199,6 +367,25 @@ impl Applier for DataApplier {
                     .set_ce_mac(&attachment, mac)
                     .map_err(|e| e.to_string())
             }
+            Op::RouteChanges(c) => {
+                let changes = rpc::convert::route_changes_from_pb(&c)
+                    .map_err(|e| e.context("route_changes").to_string())?;
+                let result =
+                    self.routes
+                        .follower()
+                        .changes(&*self.routes.dp, c.epoch, c.first_seq, changes);
+                self.routes.kick();
+                result
+            }
+            Op::RoutesChanged(c) => {
+                let at = routebook::RouteVersion {
+                    epoch: c.epoch,
+                    seq: c.seq,
+                };
+                self.routes.follower().announced(at);
+                self.routes.kick();
+                Ok(())
+            }
             other => Err(format!("{} is not a data node directive", op_name(&other))),
         }
     }
@@ -206,7 +393,12 @@ impl Applier for DataApplier {
     fn report(&self) -> pb::Report {
         let stats = self.dp.stats();
         let mut last = self.last.lock().unwrap_or_else(|e| e.into_inner());
-        build_report(&stats, &mut last, Instant::now())
+        let routes = self.routes.version();
+        pb::Report {
+            routes_epoch: routes.epoch,
+            routes_seq: routes.seq,
+            ..build_report(&stats, &mut last, Instant::now())
+        }
     }
 }
 
@@ -279,6 +471,7 @@ fn build_report(stats: &DataplaneStats, last: &mut LastReport, now: Instant) -> 
         utilization,
         tunnels,
         drops: stats.drops.iter().cloned().collect(),
+        ..pb::Report::default()
     }
 }
 
@@ -301,6 +494,8 @@ pub(crate) fn op_name(op: &pb::directive::Op) -> &'static str {
         Op::SetCeMac(_) => "set_ce_mac",
         Op::SetPortTag(_) => "set_port_tag",
         Op::RemovePortTag(_) => "remove_port_tag",
+        Op::RouteChanges(_) => "route_changes",
+        Op::RoutesChanged(_) => "routes_changed",
     }
 }
 
@@ -332,6 +527,7 @@ fn dataplane_config(data: &DataSection) -> DataplaneConfig {
 /// A running data node.
 pub struct DataNode {
     dp: Arc<Dataplane>,
+    routes: Arc<RouteSide>,
     agent: Agent,
     geneve: SocketAddr,
 }
@@ -350,6 +546,17 @@ impl DataNode {
         let (to_agent, from_dp) = crossbeam_channel::bounded(EVENT_QUEUE);
         let dp = Dataplane::start(dataplane_config(&data), to_agent)?;
         let geneve = dp.relay_addr().unwrap_or(data.geneve);
+        let routes = Arc::new(RouteSide {
+            dp: dp.clone(),
+            follower: Mutex::new(RouteFollower::default()),
+            fetcher: Some(Fetcher {
+                tls: Arc::clone(&tls),
+                endpoints: config.node.control.clone(),
+            }),
+            control: Mutex::new(None),
+            running: AtomicBool::new(false),
+            stop: AtomicBool::new(false),
+        });
         let applier = Arc::new(DataApplier {
             name: config.node.name.clone(),
             geneve,
@@ -357,6 +564,7 @@ impl DataNode {
             dp: Arc::clone(&dp),
             boot_id: boot_id(),
             last: Mutex::new(LastReport::default()),
+            routes: Arc::clone(&routes),
         });
         let agent = Agent::start(
             "data",
@@ -368,7 +576,12 @@ impl DataNode {
         )
         .map_err(NodeError::Start)?;
         info!(node = %config.node.name, %geneve, "data node started");
-        Ok(Self { dp, agent, geneve })
+        Ok(Self {
+            dp,
+            routes,
+            agent,
+            geneve,
+        })
     }
 
     /// The Geneve address the data plane bound.
@@ -383,6 +596,7 @@ impl DataNode {
 
     /// Stops the session and the data plane.
     pub fn shutdown(mut self) {
+        self.routes.stop.store(true, Ordering::Relaxed);
         self.agent.shutdown();
         self.dp.shutdown();
     }
@@ -436,6 +650,14 @@ mod tests {
                 name: "data1".into(),
                 geneve: dp.relay_addr().unwrap(),
                 data,
+                routes: Arc::new(RouteSide {
+                    dp: dp.clone(),
+                    follower: Mutex::new(RouteFollower::default()),
+                    fetcher: None,
+                    control: Mutex::new(None),
+                    running: AtomicBool::new(false),
+                    stop: AtomicBool::new(false),
+                }),
                 dp,
                 boot_id: 1,
                 last: Mutex::new(LastReport::default()),

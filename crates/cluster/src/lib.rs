@@ -26,6 +26,7 @@ pub mod manager;
 pub mod node_config;
 pub mod peers;
 pub mod provider;
+mod route_follow;
 pub mod service;
 pub mod steer_node;
 

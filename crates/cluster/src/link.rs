@@ -37,6 +37,13 @@ impl Ack {
         Self(rx)
     }
 
+    /// An answer to be given later through the sender (tests: a node that answers late).
+    #[cfg(test)]
+    pub(crate) fn later() -> (Sender<Result<(), String>>, Self) {
+        let (tx, rx) = bounded(1);
+        (tx, Self(rx))
+    }
+
     /// Waits until `deadline` for the node's answer.
     pub fn wait_until(self, deadline: Instant) -> Result<(), LinkError> {
         let left = deadline.saturating_duration_since(Instant::now());

@@ -80,6 +80,8 @@ pub struct Registration {
     pub installed: Vec<InstalledChild>,
     /// Its customer-facing ports (steer nodes).
     pub ports: Vec<PortInfo>,
+    /// The version of the per-VM routes it holds (data nodes; epoch 0: none).
+    pub routes: routebook::RouteVersion,
 }
 
 /// Work the cluster hands to its own thread (it calls into the control loop, which must not
@@ -127,6 +129,8 @@ pub struct Cluster {
     ike: IkeRelay,
     tasks: Sender<Task>,
     to_control: Sender<ToControl>,
+    /// The per-VM routes' master table (locked before `state`, never after).
+    routes: Mutex<routes::RouteSync>,
     state: Mutex<Shell>,
 }
 
@@ -173,6 +177,7 @@ impl Cluster {
             ike,
             tasks,
             to_control,
+            routes: Mutex::new(routes::RouteSync::new()),
             state: Mutex::new(Shell {
                 core,
                 links: HashMap::new(),
@@ -239,9 +244,16 @@ impl Cluster {
     /// the tables they have, so a new control node never shrinks them).
     pub fn register(&self, hello: Registration, link: Arc<dyn NodeLink>) -> u32 {
         let role = hello.role;
+        let (name, routes) = (hello.name.clone(), hello.routes);
+        // Decided before the core may place anything on it: a node whose routes are behind
+        // takes new tunnels and attachments only if no current one can.
+        let routes_current = self.routes_current_at(routes);
         let mut sh = self.state();
         let id = sh.core.node_id(&hello.name);
         sh.links.insert(id, link);
+        if role == Role::Data {
+            sh.core.set_routes_current(id, routes_current);
+        }
         let id = sh.core.handle_hello(
             Hello {
                 name: hello.name,
@@ -262,6 +274,9 @@ impl Cluster {
             self.settle_shares(self.deadline(), Some(id));
         }
         self.finish(q);
+        if role == Role::Data {
+            self.routes_hello(id, &name, routes);
+        }
         id
     }
 
@@ -484,6 +499,11 @@ impl Cluster {
         self.state().core.steer_addrs()
     }
 
+    /// The role of node `id`, if it registered.
+    pub fn role_of(&self, id: u32) -> Option<Role> {
+        self.state().core.node(id).map(|n| n.role)
+    }
+
     /// Live data nodes (names).
     pub fn live_data_nodes(&self) -> Vec<String> {
         self.state()
@@ -527,6 +547,7 @@ impl DataPath for Cluster {
         tunnels: Vec<dataplane::TunnelBinding>,
     ) -> Result<(), DataplaneError> {
         self.check_inside(&vnets, &tunnels)?;
+        self.set_route_vnets(&vnets)?;
         let data_config = rpc::convert::data_config_to_pb(&vnets, &tunnels);
         let gateways = gateways(&data_config);
         *self
@@ -686,6 +707,23 @@ impl DataPath for Cluster {
         self.ike.send(&steers, local, remote, payload)
     }
 
+    /// See [`Cluster::cluster_change_routes`].
+    fn change_routes(
+        &self,
+        change: datapath::RouteChange,
+    ) -> Result<datapath::RouteChangeReport, DataplaneError> {
+        self.cluster_change_routes(change)
+    }
+
+    /// The master table's snapshot, headed by its version (what the route store keeps).
+    fn write_routes(&self, out: &mut dyn std::io::Write) -> Result<usize, DataplaneError> {
+        self.cluster_write_routes(out)
+    }
+
+    fn route_stats(&self) -> datapath::RouteStats {
+        self.cluster_route_stats()
+    }
+
     fn stats(&self) -> DataplaneStats {
         let sh = self.state();
         let mut drops: BTreeMap<String, u64> = BTreeMap::new();
@@ -726,6 +764,10 @@ mod carry;
 
 #[path = "manager_convert.rs"]
 mod convert;
+
+#[path = "manager_routes.rs"]
+mod routes;
+pub use routes::CHUNK_LEN;
 
 #[cfg(test)]
 #[path = "manager_tests.rs"]

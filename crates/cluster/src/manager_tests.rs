@@ -127,8 +127,12 @@ impl Bed {
         let addr = format!("10.0.0.{}:6081", 20 + self.links.len())
             .parse()
             .unwrap();
-        self.cluster
-            .register(registration(name, role, addr, boot, installed), link)
+        // Holding the master's routes (the route tests register behind on purpose).
+        let r = Registration {
+            routes: self.cluster.routes_version(),
+            ..registration(name, role, addr, boot, installed)
+        };
+        self.cluster.register(r, link)
     }
 
     /// The last whole steering tables sent to steer node `name`.
@@ -509,6 +513,7 @@ fn registration(
         workers: 2,
         installed,
         ports: Vec::new(),
+        routes: routebook::RouteVersion::default(),
     }
 }
 
@@ -743,3 +748,6 @@ mod limits;
 
 #[path = "manager_tests_attach.rs"]
 mod attach;
+
+#[path = "manager_tests_routes.rs"]
+mod routes;

@@ -101,9 +101,62 @@ fn hello_ports(hello: &pb::Hello, role: Role) -> Result<Vec<PortInfo>, Status> {
     Ok(ports)
 }
 
+/// True if node `id` is a data node.
+fn link_is_data(cluster: &Cluster, id: u32) -> bool {
+    cluster.role_of(id) == Some(Role::Data)
+}
+
+/// A fetching node's snapshot stream.
+type RoutesStream =
+    Pin<Box<dyn tokio_stream::Stream<Item = Result<pb::RoutesChunk, Status>> + Send>>;
+
 #[tonic::async_trait]
 impl pb::cluster_server::Cluster for ControlService {
     type SessionStream = SessionStream;
+    type FetchRoutesStream = RoutesStream;
+
+    /// The master table's snapshot in chunks of [`crate::manager::CHUNK_LEN`], to data nodes
+    /// only (by their certificate).
+    async fn fetch_routes(
+        &self,
+        request: Request<pb::RoutesRequest>,
+    ) -> Result<Response<Self::FetchRoutesStream>, Status> {
+        let identity = rpc::peer_identity(&request)
+            .map_err(|e| Status::unauthenticated(format!("client certificate: {e}")))?;
+        if identity.role != NodeRole::Data {
+            return Err(Status::permission_denied(format!(
+                "{} is a {} node: only data nodes fetch the routes",
+                identity.name, identity.role
+            )));
+        }
+        let held = request.into_inner();
+        let cluster = Arc::clone(&self.cluster);
+        let (at, bytes) = tokio::task::spawn_blocking(move || cluster.route_snapshot())
+            .await
+            .map_err(|_| Status::internal("snapshot not written"))?
+            .map_err(|e| Status::internal(e.to_string()))?;
+        info!(node = %identity.name, held = %format_args!("{}.{}", held.epoch, held.seq), at = %at, bytes = bytes.len(), "route snapshot sent");
+        let (tx, rx) = tokio::sync::mpsc::channel(4);
+        tokio::spawn(async move {
+            let mut offset = 0;
+            loop {
+                let end = (offset + crate::manager::CHUNK_LEN).min(bytes.len());
+                let chunk = pb::RoutesChunk {
+                    epoch: at.epoch,
+                    seq: at.seq,
+                    bytes: bytes[offset..end].to_vec(),
+                    last: end == bytes.len(),
+                };
+                if tx.send(Ok(chunk)).await.is_err() || end == bytes.len() {
+                    return;
+                }
+                offset = end;
+            }
+        });
+        Ok(Response::new(Box::pin(
+            tokio_stream::wrappers::ReceiverStream::new(rx),
+        )))
+    }
 
     async fn session(
         &self,
@@ -163,6 +216,10 @@ impl pb::cluster_server::Cluster for ControlService {
                 workers: hello.workers,
                 installed,
                 ports,
+                routes: routebook::RouteVersion {
+                    epoch: hello.routes_epoch,
+                    seq: hello.routes_seq,
+                },
             };
             let l = Arc::clone(&dyn_link);
             tokio::task::spawn_blocking(move || {
@@ -204,6 +261,10 @@ async fn handle(
     match message.msg {
         Some(pb::node_message::Msg::Ack(ack)) => link.complete(ack),
         Some(pb::node_message::Msg::Report(r)) => {
+            let routes = routebook::RouteVersion {
+                epoch: r.routes_epoch,
+                seq: r.routes_seq,
+            };
             let load = NodeLoad {
                 interval_ms: r.interval_ms,
                 utilization: r.utilization.clamp(0.0, 1.0),
@@ -238,6 +299,9 @@ async fn handle(
                     .collect(),
             };
             cluster.report(id, load);
+            if link_is_data(cluster, id) {
+                cluster.routes_reported(id, routes);
+            }
         }
         Some(pb::node_message::Msg::Event(e)) => {
             // Not awaited: handling a steer node's verdict waits for the steer nodes' answers,

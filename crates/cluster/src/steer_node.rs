@@ -193,6 +193,7 @@ impl Applier for SteerApplier {
                     })
                 })
                 .collect(),
+            ..pb::Hello::default()
         }
     }
 
@@ -389,6 +390,7 @@ fn build_report(
             .filter(|(_, n)| *n > 0)
             .map(|(r, n)| (r.name().to_owned(), n))
             .collect(),
+        ..pb::Report::default()
     }
 }
 

@@ -88,6 +88,15 @@ impl RouteMaster {
         self.version
     }
 
+    /// Renumbers the table as version `at` (a master restored from a store that recorded its
+    /// version: its nodes' versions keep meaning the same table). The changes kept for replay
+    /// are dropped.
+    pub fn set_version(&mut self, at: RouteVersion) {
+        self.version = at;
+        self.base = at.seq;
+        self.since.clear();
+    }
+
     /// The book of VNets.
     pub fn book(&self) -> &RouteBook {
         &self.book

@@ -42,10 +42,12 @@ mod tests;
 mod attachment;
 mod child_sa;
 mod data_node;
+mod routes;
 mod steer_node;
 pub use attachment::*;
 pub use child_sa::*;
 pub use data_node::*;
+pub use routes::*;
 pub use steer_node::*;
 
 /// A message field that does not hold an acceptable value.

@@ -9,8 +9,12 @@
 //! [`serve`]) with one error type ([`RpcError`]).
 //!
 //! # The session
-//! There is one RPC, `Cluster.Session`: one bidirectional stream per node, which the node
-//! opens to the active control node and keeps open.
+//! The main RPC is `Cluster.Session`: one bidirectional stream per node, which the node
+//! opens to the active control node and keeps open. The other, `Cluster.FetchRoutes`, streams
+//! the control node's per-VM route table to a data node as a snapshot in chunks of at most
+//! 1 MiB ([`pb::RoutesChunk`]), on a stream of its own so that the session's directives are
+//! not held up behind it; single route changes travel on the session
+//! ([`pb::RouteChanges`], numbered by the table's version, which Hello and Report carry).
 //! 1. The node sends [`pb::Hello`] first: its `name` and `role` (which must equal its
 //!    certificate's CN and OU, or control ends the session with `PERMISSION_DENIED`; see
 //!    [`verify_hello`]), its Geneve address, its packet worker count, a `boot_id` that changes

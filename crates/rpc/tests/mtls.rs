@@ -111,6 +111,17 @@ impl Cluster for Echo {
         });
         Ok(Response::new(ReceiverStream::new(rx)))
     }
+
+    type FetchRoutesStream = ReceiverStream<Result<pb::RoutesChunk, Status>>;
+
+    async fn fetch_routes(
+        &self,
+        _request: Request<pb::RoutesRequest>,
+    ) -> Result<Response<Self::FetchRoutesStream>, Status> {
+        Err(Status::unimplemented(
+            "the test's control node holds no routes",
+        ))
+    }
 }
 
 /// A running test server. `stop` shuts it down and waits for it; dropping it (a test that
@@ -173,6 +184,7 @@ fn hello(name: &str, role: pb::Role) -> NodeMessage {
             installed_spis: Vec::new(),
             installed: Vec::new(),
             ports: Vec::new(),
+            ..pb::Hello::default()
         })),
     }
 }

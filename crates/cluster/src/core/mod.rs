@@ -65,6 +65,9 @@ pub struct ClusterCore {
     /// The gateway addresses of each VNI's VNets.
     pub(crate) gateways: BTreeMap<u32, Vec<String>>,
     pub(crate) nodes: BTreeMap<u32, NodeEntry>,
+    /// Data nodes whose per-VM routes are not the master table's (behind, or fetching): not
+    /// chosen for new tunnels and attachments while a current one can be.
+    pub(crate) routes_behind: HashSet<u32>,
     pub(crate) ids: HashMap<String, u32>,
     pub(crate) placement: HashMap<TunnelId, u32>,
     pub(crate) children: HashMap<EspSpi, ChildEntry>,
@@ -127,6 +130,7 @@ impl ClusterCore {
             tunnels: tunnels.into_iter().map(|t| (t.id, t)).collect(),
             gateways,
             nodes: BTreeMap::new(),
+            routes_behind: HashSet::new(),
             ids: HashMap::new(),
             placement: HashMap::new(),
             children: HashMap::new(),

@@ -25,6 +25,16 @@ impl ClusterCore {
         self.choose_node(current, Placed::Tunnel(tunnel), exclude, |_| true)
     }
 
+    /// Says whether data node `id`'s per-VM routes are the master table's: one that is not is
+    /// chosen for something new only if no usable node is current.
+    pub fn set_routes_current(&mut self, id: u32, current: bool) {
+        if current {
+            self.routes_behind.remove(&id);
+        } else {
+            self.routes_behind.insert(id);
+        }
+    }
+
     /// [`Self::choose`] for `what`, placed on `current` so far; a new node only among those
     /// `eligible` says.
     pub(crate) fn choose_node(
@@ -61,9 +71,16 @@ impl ClusterCore {
             .keys()
             .filter(|id| usable(id))
             .any(|id| !self.nodes[id].parked);
+        // Nodes whose routes are behind only when no current one can.
+        let routed = self
+            .nodes
+            .keys()
+            .filter(|id| usable(id) && !(unparked && self.nodes[*id].parked) && eligible(**id))
+            .any(|id| !self.routes_behind.contains(id));
         self.nodes
             .keys()
             .filter(|id| usable(id) && !(unparked && self.nodes[*id].parked) && eligible(**id))
+            .filter(|id| !(routed && self.routes_behind.contains(*id)))
             .min_by(|a, b| {
                 let util = |id: &u32| {
                     self.nodes[id]

@@ -1,0 +1,342 @@
+//! The control node as the source of the data nodes' per-VM routes (issue 16 §2,
+//! docs/architecture.md "Per-VM routes in the cluster"): the single-copy master table
+//! ([`RouteMaster`]), each single change sent to every live data node (`route_changes`) and
+//! answered once they applied it; a bulk change announced (`routes_changed`), the nodes then
+//! fetching the snapshot (`FetchRoutes`). A node whose version is not the master's is behind:
+//! the core does not choose it for new tunnels and attachments while a current node can be.
+//!
+//! The snapshot the route store writes through [`DataPath::write_routes`] starts with the
+//! master's version (`PGRTVER1`, epoch, seq): restored, the master takes that version back, so
+//! that the data nodes of a restarted control node are current when nothing changed.
+//!
+//! Lock order: `routes`, then `state` (never the other way).
+
+use super::{Cluster, Role};
+use crate::link::{Ack, LinkError, NodeLink};
+use datapath::{DataplaneError, RouteChange, RouteChangeReport, RouteStats};
+use routebook::{Replay, RouteMaster, RouteVersion};
+use rpc::pb;
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Instant;
+use tracing::{debug, info, warn};
+
+/// The header of the snapshot the control node stores: magic, epoch, seq (big-endian).
+const VERSION_MAGIC: &[u8; 8] = b"PGRTVER1";
+const HEADER_LEN: usize = 24;
+
+/// Reports a node may send at another version before it is told again to fetch.
+const PROMPT_AFTER_REPORTS: u32 = 3;
+
+/// Chunks of the snapshot sent to a fetching data node, at most.
+pub const CHUNK_LEN: usize = 1 << 20;
+
+/// The master table and what the control node knows of each data node's copy.
+pub(super) struct RouteSync {
+    master: RouteMaster,
+    /// By data node id.
+    nodes: HashMap<u32, NodeRoutes>,
+    /// The last snapshot served, while the table has not changed.
+    cached: Option<(RouteVersion, Arc<[u8]>)>,
+}
+
+/// A data node's copy as control sees it.
+#[derive(Debug, Clone, Copy, Default)]
+struct NodeRoutes {
+    /// It holds the master's table (applied every change sent since).
+    current: bool,
+    /// Reports since it was last told to fetch, while not current.
+    reports: u32,
+    /// Times it was told to fetch (a replay acknowledged after a later prompt does not make
+    /// it current).
+    prompted: u64,
+}
+
+impl RouteSync {
+    /// An empty master table in a new epoch.
+    pub(super) fn new() -> Self {
+        Self {
+            master: RouteMaster::new(crate::data_node::boot_id() | 1),
+            nodes: HashMap::new(),
+            cached: None,
+        }
+    }
+}
+
+/// A single change's fan-out: the nodes and their pending answers.
+type Sent = Vec<(u32, String, Result<Ack, LinkError>)>;
+
+impl Cluster {
+    fn routes(&self) -> std::sync::MutexGuard<'_, RouteSync> {
+        // Every critical section leaves the table consistent before anything can panic.
+        self.routes.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The live data nodes with a session: (id, name, link).
+    fn route_targets(&self) -> Vec<(u32, String, Arc<dyn NodeLink>)> {
+        let sh = self.state();
+        sh.core
+            .nodes()
+            .iter()
+            .filter(|(_, n)| n.role == Role::Data && n.session_open)
+            .filter_map(|(id, n)| Some((*id, n.name.clone(), Arc::clone(sh.links.get(id)?))))
+            .collect()
+    }
+
+    /// Node `id`'s session (the state lock is released on return).
+    fn link(&self, id: u32) -> Option<Arc<dyn NodeLink>> {
+        self.state().links.get(&id).cloned()
+    }
+
+    /// The master's version.
+    pub fn routes_version(&self) -> RouteVersion {
+        self.routes().master.version()
+    }
+
+    /// True if a node at `at` holds the master's table.
+    pub(super) fn routes_current_at(&self, at: RouteVersion) -> bool {
+        self.routes().master.version() == at
+    }
+
+    /// Marks node `id` current or behind (with `rs` held).
+    fn mark(&self, rs: &mut RouteSync, id: u32, current: bool) {
+        let n = rs.nodes.entry(id).or_default();
+        n.current = current;
+        n.reports = 0;
+        self.state().core.set_routes_current(id, current);
+    }
+
+    /// Tells node `id` to fetch the table (with `rs` held).
+    fn prompt_fetch(&self, rs: &mut RouteSync, id: u32, link: &Arc<dyn NodeLink>) {
+        let v = rs.master.version();
+        self.mark(rs, id, false);
+        rs.nodes.entry(id).or_default().prompted += 1;
+        let op = pb::directive::Op::RoutesChanged(pb::RoutesChanged {
+            epoch: v.epoch,
+            seq: v.seq,
+        });
+        if let Err(e) = link.submit(op) {
+            warn!(id, error = %e, "cannot tell a data node to fetch the routes");
+        }
+    }
+
+    /// A data node registered holding the routes at `at`: current; a few changes behind in
+    /// the same epoch: they are replayed; otherwise (an empty table after a start, another
+    /// epoch, ahead of the master) it fetches the table. Waits for a replay's answer.
+    pub(super) fn routes_hello(&self, id: u32, name: &str, at: RouteVersion) {
+        let Some(link) = self.link(id) else {
+            return;
+        };
+        let mut rs = self.routes();
+        let replay = match rs.master.replay(at) {
+            Replay::Current => {
+                self.mark(&mut rs, id, true);
+                return;
+            }
+            Replay::Fetch => None,
+            Replay::Changes(changes) => {
+                let first = changes.first().map_or(at.seq + 1, |c| c.0);
+                let ops: Option<Vec<pb::RouteOp>> = changes
+                    .iter()
+                    .map(|(_, c)| rpc::convert::route_op_to_pb(c))
+                    .collect();
+                ops.map(|ops| (first, ops))
+            }
+        };
+        let Some((first_seq, ops)) = replay else {
+            info!(node = name, at = %at, master = %rs.master.version(), "data node fetches the routes");
+            self.prompt_fetch(&mut rs, id, &link);
+            return;
+        };
+        let v = rs.master.version();
+        self.mark(&mut rs, id, false);
+        let prompted = rs.nodes.get(&id).map_or(0, |n| n.prompted);
+        let count = ops.len();
+        let ack = link.submit(pb::directive::Op::RouteChanges(pb::RouteChanges {
+            epoch: v.epoch,
+            first_seq,
+            ops,
+        }));
+        drop(rs);
+        match ack.and_then(|a| a.wait_until(self.deadline())) {
+            Ok(()) => {
+                info!(node = name, at = %at, changes = count, "route changes replayed to a data node");
+                let mut rs = self.routes();
+                // Current unless a later change failed there meanwhile.
+                if rs.nodes.get(&id).is_some_and(|n| n.prompted == prompted) {
+                    self.mark(&mut rs, id, true);
+                }
+            }
+            Err(e) => {
+                warn!(node = name, error = %e, "route replay failed; the node fetches");
+                let mut rs = self.routes();
+                self.prompt_fetch(&mut rs, id, &link);
+            }
+        }
+    }
+
+    /// A data node reported holding the routes at `at`: current when it is the master's; a
+    /// node that stays behind is told again to fetch every few reports.
+    pub fn routes_reported(&self, id: u32, at: RouteVersion) {
+        let mut rs = self.routes();
+        let master = rs.master.version();
+        let Some(n) = rs.nodes.get(&id).copied() else {
+            return;
+        };
+        if n.current {
+            return;
+        }
+        if at == master {
+            debug!(id, at = %at, "data node's routes are current");
+            self.mark(&mut rs, id, true);
+            return;
+        }
+        let n = rs.nodes.entry(id).or_default();
+        n.reports += 1;
+        if n.reports >= PROMPT_AFTER_REPORTS {
+            let link = self.link(id);
+            if let Some(link) = link {
+                self.prompt_fetch(&mut rs, id, &link);
+            }
+        }
+    }
+
+    /// The snapshot of the master table for a fetching data node: its version and bytes
+    /// (kept while the table does not change, so nodes fetching together share it).
+    pub fn route_snapshot(&self) -> Result<(RouteVersion, Arc<[u8]>), DataplaneError> {
+        let mut rs = self.routes();
+        let v = rs.master.version();
+        if let Some((at, bytes)) = &rs.cached {
+            if *at == v {
+                return Ok((v, Arc::clone(bytes)));
+            }
+        }
+        let mut out = Vec::new();
+        rs.master.peek_snapshot(&mut out)?;
+        let bytes: Arc<[u8]> = Arc::from(out);
+        rs.cached = Some((v, Arc::clone(&bytes)));
+        Ok((v, bytes))
+    }
+
+    /// The configured VNets changed: the master's follow (entries of VNets gone go, as on
+    /// every data node, which applies the same configuration itself). Called by `set_inside`;
+    /// the control node calls it before restoring the route store.
+    pub fn set_route_vnets(&self, vnets: &[datapath::VnetConfig]) -> Result<(), DataplaneError> {
+        let mut rs = self.routes();
+        rs.cached = None;
+        rs.master.set_vnet_configs(vnets)
+    }
+
+    /// [`DataPath::change_routes`] for the cluster: the master first (validated as a data
+    /// node validates), then every live data node, answered once they applied it.
+    pub(super) fn cluster_change_routes(
+        &self,
+        change: RouteChange,
+    ) -> Result<RouteChangeReport, DataplaneError> {
+        let started = Instant::now();
+        let mut change = change;
+        let mut restored_at = None;
+        if let RouteChange::Restore(bytes) = &change {
+            if let Some((at, body)) = split_header(bytes) {
+                restored_at = Some(at);
+                change = RouteChange::Restore(Arc::from(body));
+            }
+        }
+        let single = rpc::convert::route_op_to_pb(&change);
+        let mut rs = self.routes();
+        let before = rs.master.version();
+        let result = rs.master.change(change).map(|(_, r)| r);
+        if let Some(at) = restored_at.filter(|_| result.is_ok()) {
+            rs.master.set_version(at);
+        }
+        let v = rs.master.version();
+        if v == before {
+            return result;
+        }
+        rs.cached = None;
+        let targets = self.route_targets();
+        let Some(op) = single else {
+            // A bulk change: every node fetches the table.
+            info!(version = %v, nodes = targets.len(), "per-VM routes changed in bulk; data nodes fetch them");
+            for (id, _, link) in &targets {
+                self.prompt_fetch(&mut rs, *id, link);
+            }
+            return result;
+        };
+        let sent: Sent = targets
+            .into_iter()
+            .map(|(id, name, link)| {
+                let ack = link.submit(pb::directive::Op::RouteChanges(pb::RouteChanges {
+                    epoch: v.epoch,
+                    first_seq: v.seq,
+                    ops: vec![op.clone()],
+                }));
+                (id, name, ack)
+            })
+            .collect();
+        drop(rs);
+        let deadline = self.deadline();
+        let nodes = sent.len();
+        let mut failed = Vec::new();
+        for (id, name, ack) in sent {
+            if let Err(e) = ack.and_then(|a| a.wait_until(deadline)) {
+                warn!(node = %name, version = %v, error = %e, "data node did not apply a route change; it fetches the table");
+                failed.push(id);
+            }
+        }
+        if !failed.is_empty() {
+            let mut rs = self.routes();
+            for id in failed {
+                let link = self.link(id);
+                if let Some(link) = link {
+                    self.prompt_fetch(&mut rs, id, &link);
+                }
+            }
+        }
+        debug!(version = %v, nodes, us = started.elapsed().as_micros() as u64, "route change applied on the data nodes");
+        result
+    }
+
+    /// [`DataPath::write_routes`] for the cluster: the master's version, then its snapshot.
+    pub(super) fn cluster_write_routes(
+        &self,
+        out: &mut dyn std::io::Write,
+    ) -> Result<usize, DataplaneError> {
+        let rs = self.routes();
+        let v = rs.master.version();
+        let mut header = [0u8; HEADER_LEN];
+        header[..8].copy_from_slice(VERSION_MAGIC);
+        header[8..16].copy_from_slice(&v.epoch.to_be_bytes());
+        header[16..].copy_from_slice(&v.seq.to_be_bytes());
+        out.write_all(&header)
+            .map_err(|e| DataplaneError::Unsupported {
+                operation: "write_routes",
+                reason: format!("cannot write the route snapshot: {e}"),
+            })?;
+        rs.master.peek_snapshot(out)
+    }
+
+    /// [`DataPath::route_stats`] for the cluster: the master table (one copy).
+    pub(super) fn cluster_route_stats(&self) -> RouteStats {
+        self.routes().master.stats()
+    }
+}
+
+/// The version and the snapshot of a stored snapshot that starts with one.
+fn split_header(bytes: &[u8]) -> Option<(RouteVersion, &[u8])> {
+    if bytes.len() < HEADER_LEN || &bytes[..8] != VERSION_MAGIC {
+        return None;
+    }
+    let word = |at: usize| {
+        let mut b = [0u8; 8];
+        b.copy_from_slice(&bytes[at..at + 8]);
+        u64::from_be_bytes(b)
+    };
+    Some((
+        RouteVersion {
+            epoch: word(8),
+            seq: word(16),
+        },
+        &bytes[HEADER_LEN..],
+    ))
+}

@@ -1,0 +1,197 @@
+//! A data node's copy of the per-VM routes following the control node's master table (issue 16
+//! §2, docs/architecture.md "Per-VM routes in the cluster"): single changes applied in order
+//! of their numbers, a gap refused, the snapshot fetched and restored when control announces
+//! a bulk change or the node fell behind, with the changes that arrive during the fetch kept
+//! and applied after it. No I/O: the data node's session and fetch thread drive it.
+
+use datapath::{DataPath, RouteChange};
+use routebook::RouteVersion;
+use std::sync::Arc;
+
+/// The version a node without routes reports (control's epochs are never 0).
+#[cfg(test)]
+pub(crate) const NO_ROUTES: RouteVersion = RouteVersion { epoch: 0, seq: 0 };
+
+/// Changes kept while a fetch is under way, at most (a node further behind fetches again).
+const MAX_BUFFERED: usize = 100_000;
+
+/// The follower's state.
+#[derive(Debug, Default)]
+pub(crate) struct RouteFollower {
+    /// The version of the table the data path holds.
+    version: RouteVersion,
+    /// A fetch is needed or under way.
+    fetching: bool,
+    /// The latest version control announced (`routes_changed`) during a fetch.
+    announced: Option<RouteVersion>,
+    /// Single changes received during the fetch: (epoch, first seq, changes).
+    buffered: Vec<(u64, u64, Vec<RouteChange>)>,
+    /// Changes in `buffered`.
+    buffered_len: usize,
+}
+
+impl RouteFollower {
+    /// The version held.
+    pub(crate) fn version(&self) -> RouteVersion {
+        self.version
+    }
+
+    /// True while the node must fetch (or is fetching) the snapshot.
+    pub(crate) fn fetching(&self) -> bool {
+        self.fetching
+    }
+
+    /// Single changes `changes`, numbered from `first_seq` in `epoch`. Applied in order when
+    /// they follow the version held (changes already held are skipped); kept during a fetch;
+    /// otherwise refused as a gap, and the node must fetch ([`Self::fetching`]).
+    pub(crate) fn changes(
+        &mut self,
+        dp: &dyn DataPath,
+        epoch: u64,
+        first_seq: u64,
+        changes: Vec<RouteChange>,
+    ) -> Result<(), String> {
+        if self.fetching {
+            if self.buffered_len + changes.len() > MAX_BUFFERED {
+                self.buffered.clear();
+                self.buffered_len = 0;
+                self.announced = Some(RouteVersion {
+                    epoch,
+                    seq: first_seq + changes.len() as u64 - 1,
+                });
+            } else {
+                self.buffered_len += changes.len();
+                self.buffered.push((epoch, first_seq, changes));
+            }
+            return Ok(());
+        }
+        self.apply(dp, epoch, first_seq, changes).map_err(|e| {
+            self.fetching = true;
+            format!("{e}; fetching the table (at {})", self.version)
+        })
+    }
+
+    /// Applies changes that follow the version held; a gap or a change the data path refuses
+    /// is an error (the changes before it are applied and counted).
+    fn apply(
+        &mut self,
+        dp: &dyn DataPath,
+        epoch: u64,
+        first_seq: u64,
+        changes: Vec<RouteChange>,
+    ) -> Result<(), String> {
+        if first_seq == 0 || epoch != self.version.epoch || first_seq > self.version.seq + 1 {
+            return Err(format!(
+                "gap: the routes are at {}, the changes start at {epoch}.{first_seq}",
+                self.version
+            ));
+        }
+        let skip = (self.version.seq + 1 - first_seq) as usize;
+        for (i, change) in changes.into_iter().enumerate().skip(skip) {
+            let seq = first_seq + i as u64;
+            dp.change_routes(change)
+                .map_err(|e| format!("route change {epoch}.{seq} refused: {e}"))?;
+            self.version.seq = seq;
+        }
+        Ok(())
+    }
+
+    /// Control announced the table at `at` after a bulk change: a node at another version
+    /// must fetch ([`Self::fetching`]).
+    pub(crate) fn announced(&mut self, at: RouteVersion) {
+        if self.fetching {
+            self.announced = Some(self.announced.map_or(at, |a| a.max(at)));
+        } else if at != self.version {
+            self.fetching = true;
+        }
+    }
+
+    /// The snapshot `bytes` of the table at `at` was fetched: the table becomes it (entries it
+    /// lacks removed, its entries restored), then the changes kept during the fetch that
+    /// follow it are applied. Another fetch is needed ([`Self::fetching`]) if a change kept
+    /// did not follow, or control announced a later bulk change meanwhile.
+    pub(crate) fn restored(
+        &mut self,
+        dp: &dyn DataPath,
+        at: RouteVersion,
+        bytes: Arc<[u8]>,
+    ) -> Result<(), String> {
+        remove_missing(dp, &bytes)?;
+        dp.change_routes(RouteChange::Restore(bytes))
+            .map_err(|e| format!("route snapshot {at} not restored: {e}"))?;
+        self.version = at;
+        self.fetching = false;
+        self.buffered_len = 0;
+        let mut again = false;
+        for (epoch, first, changes) in std::mem::take(&mut self.buffered) {
+            if epoch != at.epoch || first + changes.len() as u64 <= at.seq + 1 {
+                continue;
+            }
+            if let Err(e) = self.apply(dp, epoch, first, changes) {
+                tracing::warn!(error = %e, "route changes kept during the fetch do not follow it");
+                again = true;
+                break;
+            }
+        }
+        if let Some(a) = self.announced.take() {
+            again |= a.epoch != self.version.epoch || a.seq > self.version.seq;
+        }
+        self.fetching = again;
+        Ok(())
+    }
+}
+
+/// Removes from `dp` every entry the snapshot `bytes` does not hold (a restore only adds and
+/// replaces). Nothing to do for an empty table (a node that started).
+fn remove_missing(dp: &dyn DataPath, bytes: &[u8]) -> Result<(), String> {
+    if dp.route_stats().vnets.iter().all(|v| v.v4 + v.v6 == 0) {
+        return Ok(());
+    }
+    let wanted = overlay::read_snapshot(bytes).map_err(|e| format!("route snapshot: {e}"))?;
+    let mut keep = std::collections::HashSet::with_capacity(wanted.count);
+    for e in wanted.entries() {
+        let e = e.map_err(|e| format!("route snapshot: {e}"))?;
+        let Some((t, v)) = wanted.vnets.get(e.0 as usize) else {
+            continue;
+        };
+        keep.insert((*t, *v, e.1));
+    }
+    let mut mine = Vec::new();
+    dp.write_routes(&mut mine)
+        .map_err(|e| format!("own routes not read: {e}"))?;
+    let held = overlay::read_snapshot(&mine).map_err(|e| format!("own routes: {e}"))?;
+    for e in held.entries() {
+        let e = e.map_err(|e| format!("own routes: {e}"))?;
+        let Some((t, v)) = held.vnets.get(e.0 as usize) else {
+            continue;
+        };
+        if keep.contains(&(*t, *v, e.1)) {
+            continue;
+        }
+        let Ok(tenant) = ids::TenantId::new(t) else {
+            continue;
+        };
+        dp.change_routes(RouteChange::Del {
+            tenant,
+            vnet: (*v).to_owned(),
+            address: e.1,
+        })
+        .map_err(|e| format!("stale route not removed: {e}"))?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+impl RouteFollower {
+    /// A follower holding the table at `at` (tests).
+    pub(crate) fn at(at: RouteVersion) -> Self {
+        Self {
+            version: at,
+            ..Self::default()
+        }
+    }
+}
+
+#[cfg(test)]
+#[path = "route_follow_tests.rs"]
+pub(crate) mod tests;
