@@ -267,3 +267,44 @@ pub fn with_logs(cluster: &ProtegoCluster, body: impl FnOnce() -> Result<()>) ->
     cluster.stop_all();
     result
 }
+
+/// The host-side veth of VM `vm` of tenant 0 on its cloud host: the bridge port that is not
+/// the VXLAN device.
+pub fn host_veth(topo: &Topology, vm: usize) -> Result<String> {
+    let v = &topo.tenants[0].vms[vm];
+    let host = &topo.hosts[v.host];
+    let seg = &host.segments[0];
+    let out = host
+        .ns
+        .ip(["-j", "link", "show", "master", seg.bridge.as_str()])?;
+    let links: serde_json::Value = serde_json::from_str(&out).unwrap_or_default();
+    let vm_mac = v.mac.to_lowercase();
+    // The VM's own interface is the veth's peer: find the port whose peer is in the VM's
+    // namespace by elimination (not the VXLAN device, and not another VM's port).
+    let ports: Vec<String> = links
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|l| l["ifname"].as_str().map(str::to_owned))
+                .filter(|n| *n != seg.vxlan_if)
+                .collect()
+        })
+        .unwrap_or_default();
+    let peer_index =
+        v.ns.ip(["-j", "link", "show", v.ifname.as_str()])
+            .ok()
+            .and_then(|o| serde_json::from_str::<serde_json::Value>(&o).ok())
+            .and_then(|j| j[0]["link_index"].as_u64());
+    for p in &ports {
+        let j: serde_json::Value =
+            serde_json::from_str(&host.ns.ip(["-j", "link", "show", p.as_str()])?)
+                .unwrap_or_default();
+        if peer_index.is_some() && j[0]["ifindex"].as_u64() == peer_index {
+            return Ok(p.clone());
+        }
+    }
+    Err(protego_testbed::Error::InvalidSpec {
+        field: "vm veth".into(),
+        reason: format!("no bridge port of {vm_mac} among {ports:?}"),
+    })
+}
