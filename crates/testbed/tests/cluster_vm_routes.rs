@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use common::*;
 
-use protego_testbed::cluster::{ClusterSpec, ProtegoCluster};
+use protego_testbed::cluster::{ClusterSpec, ClusterStore, ProtegoCluster};
 use protego_testbed::protego::GatewayTunnel;
 use protego_testbed::{Cmd, Result, Testbed, Topology};
 
@@ -280,6 +280,79 @@ fn a_route_load_reaches_every_data_node_by_fetch() -> Result<()> {
             entries + 1,
             "{}",
             status["routes"]
+        );
+        Ok(())
+    })();
+    if result.is_err() {
+        eprintln!("{}", cluster.log_tails(80));
+    }
+    cluster.stop_all();
+    result
+}
+
+/// With the routes in etcd, the standby that takes over from a killed active control node
+/// restores the table (and its version) before it serves: the data nodes are current, fetch
+/// nothing, and the next change reaches them from the new active node.
+#[test]
+fn a_standby_takes_over_the_routes_from_etcd() -> Result<()> {
+    if skip_without_etcd("a_standby_takes_over_the_routes_from_etcd") {
+        return Ok(());
+    }
+    let bed = Testbed::new()?;
+    let topo = Topology::build(&bed, one_tenant(false)?)?;
+    let tun = GatewayTunnel::for_site(&topo, 0, PSK);
+    let spec = ClusterSpec {
+        controls: 2,
+        store: ClusterStore::Etcd,
+        ..ClusterSpec::default()
+    };
+    let cluster = ProtegoCluster::start(&bed, &topo, std::slice::from_ref(&tun), &spec)?;
+    let result = (|| -> Result<()> {
+        let site = site_charon(&topo, &tun)?;
+        site.initiate("net", UP)?;
+        site.wait_child_installed("net", UP)?;
+        warm_up(&topo, 0)?;
+        let tenant = &topo.tenants[0].name;
+        let vm = &topo.tenants[0].vms[0];
+        let host = topo.hosts[vm.host].underlay.addr;
+        let (active, standby) = cluster.active_and_standby()?;
+        let add = |on: &str, addr: &str| {
+            cluster.control_on(on, &format!("route add {tenant} vnet {addr} {host}"))
+        };
+        let answer = add(&active, &vm.addr.addr.to_string())?;
+        assert_eq!(answer["added"], 1, "{answer}");
+        let fetches = |n: &str| -> Result<usize> {
+            Ok(cluster
+                .log(n)?
+                .matches("per-VM routes fetched and restored")
+                .count())
+        };
+        let nodes = cluster.data_node_names();
+        let before: Vec<usize> = nodes.iter().map(|n| fetches(n)).collect::<Result<_>>()?;
+        cluster.kill(&active)?;
+        protego_testbed::wait::wait_for(
+            "the standby to serve the routes",
+            Duration::from_secs(15),
+            || {
+                Ok(match cluster.control_on(&standby, "status") {
+                    Ok(s) if s["routes"]["entries"] == 1 => protego_testbed::wait::Probe::Ready(()),
+                    Ok(s) => protego_testbed::wait::Probe::NotYet(s["routes"].to_string()),
+                    Err(e) => protego_testbed::wait::Probe::NotYet(e.to_string()),
+                })
+            },
+        )?;
+        cluster.wait_alive(
+            &nodes.iter().map(String::as_str).collect::<Vec<_>>(),
+            Duration::from_secs(15),
+        )?;
+        ping_all_vms(&topo, 0, 5)?;
+        // Another entry through the new active node reaches the data nodes as a change.
+        let answer = add(&standby, "10.99.0.7")?;
+        assert_eq!(answer["added"], 1, "{answer}");
+        let after: Vec<usize> = nodes.iter().map(|n| fetches(n)).collect::<Result<_>>()?;
+        assert_eq!(
+            before, after,
+            "the data nodes' routes were the restored master's: nothing to fetch"
         );
         Ok(())
     })();
