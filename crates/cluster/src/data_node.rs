@@ -748,6 +748,47 @@ mod tests {
         a.dp.shutdown();
     }
 
+    /// Route directives: bad fields named; a gap refused; the version in Hello and Report.
+    #[test]
+    fn route_directives_are_checked_and_versioned() {
+        let a = applier();
+        let add = |host: &str| pb::RouteOp {
+            op: Some(pb::route_op::Op::Add(pb::RouteAdd {
+                tenant: "acme".into(),
+                vnet: "prod".into(),
+                address: "10.1.0.7".into(),
+                host: host.into(),
+            })),
+        };
+        let e = a
+            .apply(pb::directive::Op::RouteChanges(pb::RouteChanges {
+                epoch: 5,
+                first_seq: 1,
+                ops: vec![add("not an address")],
+            }))
+            .unwrap_err();
+        assert!(e.starts_with("route_changes.ops[0].add.host"), "{e}");
+        // A node without routes cannot take changes of epoch 5: a gap, it must fetch.
+        let e = a
+            .apply(pb::directive::Op::RouteChanges(pb::RouteChanges {
+                epoch: 5,
+                first_seq: 3,
+                ops: vec![add("192.0.2.9")],
+            }))
+            .unwrap_err();
+        assert!(e.starts_with("gap: the routes are at 0.0"), "{e}");
+        assert!(a.routes.follower().fetching());
+        a.apply(pb::directive::Op::RoutesChanged(pb::RoutesChanged {
+            epoch: 5,
+            seq: 3,
+        }))
+        .expect("announcements are taken");
+        let (h, r) = (a.hello(), a.report());
+        assert_eq!((h.routes_epoch, h.routes_seq), (0, 0));
+        assert_eq!((r.routes_epoch, r.routes_seq), (0, 0));
+        a.dp.shutdown();
+    }
+
     #[test]
     fn reports_are_deltas_and_split_cpu_by_packets() {
         let child = |t: u32, spi: u32, packets: u64| ChildStats {

@@ -36,8 +36,9 @@ pub(super) struct RouteSync {
     master: RouteMaster,
     /// By data node id.
     nodes: HashMap<u32, NodeRoutes>,
-    /// The last snapshot served, while the table has not changed.
-    cached: Option<(RouteVersion, Arc<[u8]>)>,
+    /// The snapshot being served, while the table has not changed and a fetch still holds
+    /// it (nodes fetching together share one; none is kept once they are done).
+    cached: Option<(RouteVersion, std::sync::Weak<[u8]>)>,
 }
 
 /// A data node's copy as control sees it.
@@ -202,19 +203,22 @@ impl Cluster {
     }
 
     /// The snapshot of the master table for a fetching data node: its version and bytes
-    /// (kept while the table does not change, so nodes fetching together share it).
+    /// (shared by the nodes fetching the same version at the same time).
     pub fn route_snapshot(&self) -> Result<(RouteVersion, Arc<[u8]>), DataplaneError> {
         let mut rs = self.routes();
         let v = rs.master.version();
-        if let Some((at, bytes)) = &rs.cached {
-            if *at == v {
-                return Ok((v, Arc::clone(bytes)));
-            }
+        if let Some(bytes) = rs
+            .cached
+            .as_ref()
+            .filter(|(at, _)| *at == v)
+            .and_then(|(_, b)| b.upgrade())
+        {
+            return Ok((v, bytes));
         }
         let mut out = Vec::new();
         rs.master.peek_snapshot(&mut out)?;
         let bytes: Arc<[u8]> = Arc::from(out);
-        rs.cached = Some((v, Arc::clone(&bytes)));
+        rs.cached = Some((v, Arc::downgrade(&bytes)));
         Ok((v, bytes))
     }
 
