@@ -106,8 +106,8 @@ impl RouteFollower {
         }
     }
 
-    /// The snapshot `bytes` of the table at `at` was fetched: the table becomes it (entries it
-    /// lacks removed, its entries restored), then the changes kept during the fetch that
+    /// The snapshot `bytes` of the table at `at` was fetched: the table becomes it, published
+    /// at once (`RouteChange::Replace`: entries it lacks go), then the changes kept during the fetch that
     /// follow it are applied. Another fetch is needed ([`Self::fetching`]) if a change kept
     /// did not follow, or control announced a later bulk change meanwhile.
     pub(crate) fn restored(
@@ -116,8 +116,7 @@ impl RouteFollower {
         at: RouteVersion,
         bytes: Arc<[u8]>,
     ) -> Result<(), String> {
-        remove_missing(dp, &bytes)?;
-        dp.change_routes(RouteChange::Restore(bytes))
+        dp.change_routes(RouteChange::Replace(bytes))
             .map_err(|e| format!("route snapshot {at} not restored: {e}"))?;
         self.version = at;
         self.fetching = false;
@@ -139,46 +138,6 @@ impl RouteFollower {
         self.fetching = again;
         Ok(())
     }
-}
-
-/// Removes from `dp` every entry the snapshot `bytes` does not hold (a restore only adds and
-/// replaces). Nothing to do for an empty table (a node that started).
-fn remove_missing(dp: &dyn DataPath, bytes: &[u8]) -> Result<(), String> {
-    if dp.route_stats().vnets.iter().all(|v| v.v4 + v.v6 == 0) {
-        return Ok(());
-    }
-    let wanted = overlay::read_snapshot(bytes).map_err(|e| format!("route snapshot: {e}"))?;
-    let mut keep = std::collections::HashSet::with_capacity(wanted.count);
-    for e in wanted.entries() {
-        let e = e.map_err(|e| format!("route snapshot: {e}"))?;
-        let Some((t, v)) = wanted.vnets.get(e.0 as usize) else {
-            continue;
-        };
-        keep.insert((*t, *v, e.1));
-    }
-    let mut mine = Vec::new();
-    dp.write_routes(&mut mine)
-        .map_err(|e| format!("own routes not read: {e}"))?;
-    let held = overlay::read_snapshot(&mine).map_err(|e| format!("own routes: {e}"))?;
-    for e in held.entries() {
-        let e = e.map_err(|e| format!("own routes: {e}"))?;
-        let Some((t, v)) = held.vnets.get(e.0 as usize) else {
-            continue;
-        };
-        if keep.contains(&(*t, *v, e.1)) {
-            continue;
-        }
-        let Ok(tenant) = ids::TenantId::new(t) else {
-            continue;
-        };
-        dp.change_routes(RouteChange::Del {
-            tenant,
-            vnet: (*v).to_owned(),
-            address: e.1,
-        })
-        .map_err(|e| format!("stale route not removed: {e}"))?;
-    }
-    Ok(())
 }
 
 #[cfg(test)]

@@ -467,6 +467,10 @@ pub enum RouteChange {
     /// Adds or replaces the entries of a snapshot written by [`DataPath::write_routes`];
     /// entries of VNets no longer configured are skipped (and counted).
     Restore(std::sync::Arc<[u8]>),
+    /// Makes the table the snapshot's entries (written by [`DataPath::write_routes`]): those
+    /// it lacks are removed, all published at once (a data node catching up with the control
+    /// node's table); entries of VNets no longer configured are skipped (and counted).
+    Replace(std::sync::Arc<[u8]>),
 }
 
 /// What a [`RouteChange`] did.

@@ -27,6 +27,8 @@ pub struct Routes {
     failed: Option<(usize, OverlayError)>,
     /// Operations applied to this copy since it was made.
     applied: u64,
+    /// The limit of entries set ([`Op::Limit`]), kept across [`Op::Replace`].
+    limit: Option<usize>,
 }
 
 /// Where the entries of a bulk operation come from: read once per copy it is applied to.
@@ -50,14 +52,17 @@ pub enum Op {
     Remove(Key),
     /// Adds or replaces many entries.
     Bulk(Arc<dyn Source>),
+    /// Makes the table these entries: every entry removed, the configured VNets (number,
+    /// VNI) kept, then the entries inserted.
+    Replace(Arc<dyn Source>, Vec<(VnetId, Vni)>),
     /// Limits the entries of the table (tests: makes inserts fail); None: no limit.
     Limit(Option<usize>),
 }
 
 impl Op {
-    /// True for [`Op::Bulk`].
+    /// True for [`Op::Bulk`] and [`Op::Replace`].
     pub fn is_bulk(&self) -> bool {
-        matches!(self, Op::Bulk(_))
+        matches!(self, Op::Bulk(_) | Op::Replace(..))
     }
 }
 
@@ -181,14 +186,37 @@ impl Routes {
             }
             Op::Insert(key, host) => self.insert(*key, *host),
             Op::Remove(key) => self.remove(key),
-            Op::Bulk(source) => {
+            Op::Replace(source, vnets) => {
+                // The copy's old table goes first: three tables at once are not needed.
+                self.table = OverlayTable::new();
+                self.table.set_max_entries(self.limit);
+                for (vnet, vni) in vnets {
+                    if let Err(e) = self.table.set_vnet(*vnet, *vni) {
+                        tracing::error!(%vnet, error = %e, "overlay VNet not set");
+                    }
+                }
+                self.hosts.clear();
+                self.counts.clear();
+                self.apply_bulk(source.as_ref());
+            }
+            Op::Bulk(source) => self.apply_bulk(source.as_ref()),
+            Op::Limit(max) => {
+                self.limit = *max;
+                self.table.set_max_entries(*max)
+            }
+        }
+    }
+
+    /// Inserts every entry of `source`.
+    fn apply_bulk(&mut self, source: &dyn Source) {
+        {
+            {
                 let (v4, v6) = source.size();
                 if let Err(e) = self.table.reserve(v4, v6) {
                     tracing::warn!(error = %e, "no room reserved for a bulk load; the table grows as it goes");
                 }
                 source.each(&mut |key, host| self.insert(key, host));
             }
-            Op::Limit(max) => self.table.set_max_entries(*max),
         }
     }
 }
@@ -420,6 +448,7 @@ impl RouteBook {
         to: &mut A,
     ) -> Result<RouteChangeReport, DataplaneError> {
         let mut report = RouteChangeReport::default();
+        let replace = matches!(change, RouteChange::Replace(_));
         match change {
             RouteChange::Add(r) => {
                 let v = self.configured_or_err(r.tenant.as_str(), &r.vnet)?;
@@ -518,7 +547,7 @@ impl RouteBook {
                 report.replaced = (v4 + v6).saturating_sub(report.added);
                 Ok(report)
             }
-            RouteChange::Restore(bytes) => {
+            RouteChange::Restore(bytes) | RouteChange::Replace(bytes) => {
                 let snap = overlay::read_snapshot(&bytes)
                     .map_err(|e| route_err(None, None, e.to_string()))?;
                 let ids: Vec<Option<(VnetId, bool)>> = snap
@@ -544,7 +573,13 @@ impl RouteBook {
                     &mut || skipped += 1,
                 );
                 source.size = (v4, v6);
-                let failed = match to.apply(Op::Bulk(Arc::new(source))) {
+                let op = if replace {
+                    let vnets = self.vnets.iter().map(|v| (v.id, v.vni)).collect();
+                    Op::Replace(Arc::new(source), vnets)
+                } else {
+                    Op::Bulk(Arc::new(source))
+                };
+                let failed = match to.apply(op) {
                     Some((n, e)) => {
                         tracing::error!(entries = n, error = %e, "snapshot entries not restored");
                         n

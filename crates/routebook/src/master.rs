@@ -160,7 +160,10 @@ impl RouteMaster {
         &mut self,
         change: RouteChange,
     ) -> Result<(RouteVersion, RouteChangeReport), DataplaneError> {
-        let bulk = matches!(change, RouteChange::Load(_) | RouteChange::Restore(_));
+        let bulk = matches!(
+            change,
+            RouteChange::Load(_) | RouteChange::Restore(_) | RouteChange::Replace(_)
+        );
         if bulk {
             let before = self.routes.applied();
             let result = self.book.change(change, &mut self.routes);

@@ -65,6 +65,7 @@ impl DataPath for Fake {
     ) -> Result<RouteChangeReport, datapath::DataplaneError> {
         let mut m = self.0.lock().unwrap_or_else(PoisonError::into_inner);
         let mut r = RouteChangeReport::default();
+        let replace = matches!(change, RouteChange::Replace(_));
         match change {
             RouteChange::Add(v) => {
                 m.insert(v.address, v.host);
@@ -84,7 +85,10 @@ impl DataPath for Fake {
                     r.added += 1;
                 }
             }
-            RouteChange::Restore(bytes) => {
+            RouteChange::Restore(bytes) | RouteChange::Replace(bytes) => {
+                if replace {
+                    m.clear();
+                }
                 let s = overlay::read_snapshot(&bytes).map_err(|e| {
                     datapath::DataplaneError::Route {
                         line: None,

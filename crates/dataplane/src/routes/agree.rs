@@ -53,6 +53,8 @@ enum Step {
     Load(Vec<(usize, usize, usize, bool, bool)>),
     /// A snapshot of these entries (VNet index into `NAMES`, address, host).
     Restore(Vec<(usize, usize, usize)>),
+    /// A snapshot of these entries replaces the table.
+    Replace(Vec<(usize, usize, usize)>),
     /// Caps the entries of both tables.
     Limit(Option<usize>),
     /// Configures only the VNets whose bit is set.
@@ -72,6 +74,7 @@ fn step() -> impl Strategy<Value = Step> {
         3 => (0..4usize, 0..8usize).prop_map(|(v, a)| Step::Del(v, a)),
         2 => prop::collection::vec(line, 0..8).prop_map(Step::Load),
         1 => prop::collection::vec((0..4usize, 0..6usize, 0..3usize), 0..8).prop_map(Step::Restore),
+        1 => prop::collection::vec((0..4usize, 0..6usize, 0..3usize), 0..8).prop_map(Step::Replace),
         1 => prop::option::of(2..12usize).prop_map(Step::Limit),
         1 => (0..8u8).prop_map(Step::Vnets),
     ]
@@ -127,14 +130,18 @@ fn change(step: &Step) -> Option<RouteChange> {
             }
             RouteChange::Load(text.into())
         }
-        Step::Restore(entries) => {
+        Step::Restore(entries) | Step::Replace(entries) => {
             let entries: Vec<(u32, IpAddr, IpAddr)> = entries
                 .iter()
                 .map(|(v, a, h)| (*v as u32, ip(ADDRS[*a]), ip(HOSTS[*h])))
                 .collect();
             let mut bytes = Vec::new();
             overlay::write_snapshot(&mut bytes, &NAMES, entries.len(), entries).expect("in memory");
-            RouteChange::Restore(bytes.into())
+            if matches!(step, Step::Replace(_)) {
+                RouteChange::Replace(bytes.into())
+            } else {
+                RouteChange::Restore(bytes.into())
+            }
         }
         Step::Limit(_) | Step::Vnets(_) => return None,
     })

@@ -163,3 +163,36 @@ fn vnets_come_from_the_data_nodes_configuration() {
         .expect("valid");
     assert_eq!((m.routes().len(), m.version().seq), (0, 1));
 }
+
+/// `Replace` makes the table the snapshot's entries (a restore only adds and replaces), keeps
+/// the VNets (an entry added after it lands), and numbers the change as a bulk one.
+#[test]
+fn replace_removes_what_the_snapshot_lacks_and_keeps_the_vnets() {
+    let mut theirs = master();
+    theirs.change(add("10.0.0.2", "192.0.2.9")).expect("added");
+    theirs.change(add("10.0.0.3", "192.0.2.3")).expect("added");
+    let mut snap = Vec::new();
+    theirs.peek_snapshot(&mut snap).expect("snapshot");
+    let mut m = master();
+    m.change(add("10.0.0.1", "192.0.2.1")).expect("added");
+    m.change(add("10.0.0.2", "192.0.2.1")).expect("added");
+    let (v, r) = m
+        .change(RouteChange::Replace(snap.clone().into()))
+        .expect("replaced");
+    assert_eq!((v.seq, r.added, m.kept()), (3, 2, 0));
+    let id = m
+        .book()
+        .peek_id(&TenantId::new("acme").expect("tenant"), "prod");
+    assert_eq!(m.routes().exact(id, ip("10.0.0.1")), None);
+    assert_eq!(m.routes().exact(id, ip("10.0.0.2")), Some(ip("192.0.2.9")));
+    assert_eq!(m.routes().len(), 2);
+    assert_eq!(m.stats().hosts, 2);
+    m.change(add("10.0.0.4", "192.0.2.4"))
+        .expect("the VNet is still there");
+    // Restore, by contrast, keeps what the snapshot lacks.
+    let mut n = master();
+    n.change(add("10.0.0.1", "192.0.2.1")).expect("added");
+    n.change(RouteChange::Restore(snap.into()))
+        .expect("restored");
+    assert_eq!(n.routes().len(), 3);
+}

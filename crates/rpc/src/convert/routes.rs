@@ -23,7 +23,7 @@ pub fn route_op_to_pb(change: &RouteChange) -> Option<pb::RouteOp> {
             vnet: vnet.clone(),
             address: address.to_string(),
         }),
-        RouteChange::Load(_) | RouteChange::Restore(_) => return None,
+        RouteChange::Load(_) | RouteChange::Restore(_) | RouteChange::Replace(_) => return None,
     };
     Some(pb::RouteOp { op: Some(op) })
 }
