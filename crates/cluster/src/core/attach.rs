@@ -1,5 +1,5 @@
-//! Customer attachments in the distributed form (issue 16, docs/architecture.md "Customer
-//! attachments"): every data node holds every attachment; the core only chooses the data node
+//! Customer attachments in the distributed form (issue 16, docs/architecture.md "Moving
+//! tunnels", docs/operations.md "Customer attachments in the distributed form"): every data node holds every attachment; the core only chooses the data node
 //! serving each one, i.e. where the steer node owning its port sends the CE's frames (a port
 //! tag) and where every steer node sends the hosts' VXLAN for the prefixes behind the CE (the
 //! first selectors of its VNI). A move is therefore a steering flip: the new node already
@@ -36,7 +36,7 @@ pub(crate) fn port_key(port: u32, tags: AttachmentTags) -> steer::PortKey {
 fn interface(meta: &AttachmentMeta) -> &str {
     match &meta.config.port {
         AttachmentPort::Interface(name) => name,
-        // Already resolved (not what the configuration gives): matched by id below.
+        // Already resolved, which the configuration never gives: no port has this name.
         AttachmentPort::Steer { .. } => "",
     }
 }
