@@ -454,8 +454,14 @@ impl ClusterCore {
         }
     }
 
-    /// Queues the selectors of the VNIs of `changed` to every live steer node but `skip`.
+    /// Queues the selectors of the VNIs of `changed` to every live steer node but `skip`. Not
+    /// before the control loop reconciled: a VNI's list then may lack tunnels of data nodes
+    /// yet to register, and the steer nodes keep what they have until the whole tables come
+    /// (the attachments' old serving nodes still serve them meanwhile).
     pub(crate) fn emit_attachment_selectors(&mut self, changed: &[u32], skip: Option<u32>) {
+        if !self.reconciled {
+            return;
+        }
         let vnis: BTreeSet<u32> = changed
             .iter()
             .filter_map(|id| self.attachments.get(id)?.meta.vni)
