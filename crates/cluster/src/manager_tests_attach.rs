@@ -282,7 +282,7 @@ fn a_data_node_that_refuses_the_attachments_is_no_migration_target() {
 }
 
 #[test]
-fn a_new_control_node_sends_no_selectors_before_it_reconciled() {
+fn a_new_control_node_places_and_steers_attachments_once_it_reconciled() {
     // A takeover: until the control loop reconciled, a VNI's list may lack the tunnels of
     // data nodes yet to register; the steer nodes keep theirs until the whole tables come.
     let mut b = fresh_bed();
@@ -297,7 +297,10 @@ fn a_new_control_node_sends_no_selectors_before_it_reconciled() {
         .ops("steer2")
         .iter()
         .any(|op| matches!(op, Op::SetSelectors(_) | Op::SteerTables(_))));
+    // Nor is it placed yet: the steer nodes keep the old control node's placement.
+    assert_eq!(b.cluster.state().core.attachments()[&1].node, None);
     assert!(b.cluster.reconcile(&[]).is_empty());
+    assert!(b.cluster.state().core.attachments()[&1].node.is_some());
     let t = b.last_tables("steer2");
     assert_eq!(t.vnis[0].selectors[0].attachment, Some(1));
     assert_eq!(b.last_tables("steer1").attachments.len(), 1);

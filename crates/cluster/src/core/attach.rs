@@ -380,8 +380,13 @@ impl ClusterCore {
 
     /// Gives every steerable attachment without a usable serving node one (never `exclude`),
     /// and takes the node of those no longer steerable. Returns the attachments whose node
-    /// changed.
+    /// changed. Nothing before the control loop reconciled: after a takeover the steer nodes
+    /// keep steering by the old control node's placement until then, and the attachments are
+    /// spread over every data node that registered by then.
     pub(crate) fn place_attachments(&mut self, exclude: Option<u32>) -> Vec<u32> {
+        if !self.reconciled {
+            return Vec::new();
+        }
         let ids: Vec<u32> = self.attachments.keys().copied().collect();
         let mut changed = Vec::new();
         for id in ids {
