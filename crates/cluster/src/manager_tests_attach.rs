@@ -297,10 +297,14 @@ fn a_new_control_node_places_and_steers_attachments_once_it_reconciled() {
         .ops("steer2")
         .iter()
         .any(|op| matches!(op, Op::SetSelectors(_) | Op::SteerTables(_))));
-    // Nor is it placed yet: the steer nodes keep the old control node's placement.
+    // Nor is it placed yet: the steer nodes keep the old control node's placement; and the
+    // data nodes keep the attachments they hold.
     assert_eq!(b.cluster.state().core.attachments()[&1].node, None);
+    assert!(last_attachments(&b.ops("data1")).is_none());
     assert!(b.cluster.reconcile(&[]).is_empty());
     assert!(b.cluster.state().core.attachments()[&1].node.is_some());
+    let held = last_attachments(&b.ops("data1")).expect("at reconcile");
+    assert_eq!(held.attachments.len(), 1);
     let t = b.last_tables("steer2");
     assert_eq!(t.vnis[0].selectors[0].attachment, Some(1));
     assert_eq!(b.last_tables("steer1").attachments.len(), 1);

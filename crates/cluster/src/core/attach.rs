@@ -340,7 +340,14 @@ impl ClusterCore {
 
     /// Queues every steerable attachment to data node `id`, its answer pending: a new version
     /// when what they are (CE MACs aside, which `set_ce_mac` carries) changed since the last.
+    /// Not before the control loop reconciled: after a takeover the data nodes keep what they
+    /// hold until then, while the steer nodes whose ports make them steerable say hello (sent
+    /// earlier, a list missing a late steer node's attachments would take them from the data
+    /// nodes its frames still go to).
     pub(crate) fn send_attachments(&mut self, id: u32) {
+        if !self.reconciled {
+            return;
+        }
         let all = self.resolved_attachments();
         let shape: Vec<AttachmentConfig> = all
             .iter()
