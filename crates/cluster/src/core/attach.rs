@@ -285,13 +285,6 @@ impl ClusterCore {
         let id = self
             .attachment_by_name(name)
             .ok_or_else(|| ClusterError::UnknownAttachment(name.to_owned()))?;
-        let node = self.usable_data_node(to)?;
-        if !self.holds_attachments(node) {
-            return Err(ClusterError::Unsuitable {
-                name: to.to_owned(),
-                reason: "it has not confirmed that it holds the attachments (set_attachments)",
-            });
-        }
         let a = &self.attachments[&id];
         if self.port_owner(a).is_none() {
             return Err(ClusterError::Unsteered {
@@ -303,7 +296,14 @@ impl ClusterCore {
                 ),
             });
         }
-        if a.node != Some(node) {
+        let node = self.usable_data_node(to)?;
+        if !self.holds_attachments(node) {
+            return Err(ClusterError::Unsuitable {
+                name: to.to_owned(),
+                reason: "it has not confirmed that it holds the attachments (set_attachments)",
+            });
+        }
+        if self.attachments.get(&id).and_then(|a| a.node) != Some(node) {
             if let Some(a) = self.attachments.get_mut(&id) {
                 a.node = Some(node);
             }
