@@ -280,3 +280,32 @@ fn a_data_node_that_refuses_the_attachments_is_no_migration_target() {
     }
     assert!(b.ops("steer1").is_empty(), "nothing flipped");
 }
+
+#[test]
+fn a_new_control_node_places_and_steers_attachments_once_it_reconciled() {
+    // A takeover: until the control loop reconciled, a VNI's list may lack the tunnels of
+    // data nodes yet to register; the steer nodes keep theirs until the whole tables come.
+    let mut b = fresh_bed();
+    b.cluster.set_attachments(
+        &[acme()],
+        &[("acme".to_string(), "steer1".to_string())].into(),
+    );
+    b.join("steer2", Role::Steer, 1);
+    b.join("data1", Role::Data, 1);
+    b.join_steer_with_port("steer1", "eth2");
+    assert!(!b
+        .ops("steer2")
+        .iter()
+        .any(|op| matches!(op, Op::SetSelectors(_) | Op::SteerTables(_))));
+    // Nor is it placed yet: the steer nodes keep the old control node's placement; and the
+    // data nodes keep the attachments they hold.
+    assert_eq!(b.cluster.state().core.attachments()[&1].node, None);
+    assert!(last_attachments(&b.ops("data1")).is_none());
+    assert!(b.cluster.reconcile(&[]).is_empty());
+    assert!(b.cluster.state().core.attachments()[&1].node.is_some());
+    let held = last_attachments(&b.ops("data1")).expect("at reconcile");
+    assert_eq!(held.attachments.len(), 1);
+    let t = b.last_tables("steer2");
+    assert_eq!(t.vnis[0].selectors[0].attachment, Some(1));
+    assert_eq!(b.last_tables("steer1").attachments.len(), 1);
+}
