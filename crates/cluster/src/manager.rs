@@ -80,6 +80,8 @@ pub struct Registration {
     pub installed: Vec<InstalledChild>,
     /// Its customer-facing ports (steer nodes).
     pub ports: Vec<PortInfo>,
+    /// The attachments' CE MACs it knows (data nodes): (attachment, MAC).
+    pub ce_macs: Vec<(String, [u8; 6])>,
 }
 
 /// Work the cluster hands to its own thread (it calls into the control loop, which must not
@@ -254,6 +256,12 @@ impl Cluster {
             },
             Instant::now(),
         );
+        // A new active control node learns the CE MACs again from the nodes that know them.
+        if role == Role::Data {
+            for (attachment, mac) in &hello.ce_macs {
+                sh.core.handle_ce_learned(id, attachment, *mac);
+            }
+        }
         let q = self.carry(&mut sh, None);
         drop(sh);
         if role == Role::Steer {

@@ -509,6 +509,7 @@ fn registration(
         workers: 2,
         installed,
         ports: Vec::new(),
+        ce_macs: Vec::new(),
     }
 }
 

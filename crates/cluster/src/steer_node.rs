@@ -181,6 +181,7 @@ impl Applier for SteerApplier {
             boot_id: self.boot_id,
             installed_spis: Vec::new(),
             installed: Vec::new(),
+            ce_macs: Vec::new(),
             ports: self
                 .node
                 .ports()

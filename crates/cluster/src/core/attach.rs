@@ -231,7 +231,8 @@ impl ClusterCore {
     }
 
     /// Data node `from` learned attachment `name`'s CE MAC (or saw it change): recorded, and
-    /// passed on to the other live data nodes (which may serve it after a move). Unknown
+    /// passed on to every live data node (the others may serve it after a move; `from` may
+    /// have been given its older MAC by a `set_attachments` sent meanwhile). Unknown
     /// attachments and unchanged MACs are ignored.
     pub fn handle_ce_learned(&mut self, from: u32, name: &str, mac: [u8; 6]) {
         let Some(id) = self.attachment_by_name(name) else {
@@ -252,12 +253,14 @@ impl ClusterCore {
         info!(
             node = from,
             attachment = name,
-            "CE MAC learned; passed on to the other data nodes"
+            "CE MAC learned; passed on to the data nodes"
         );
+        // The node that learned it too: a `set_attachments` sent before this report arrived
+        // may have set the MAC it held until then there (it is not reported back).
         let others: Vec<u32> = self
             .nodes
             .iter()
-            .filter(|(id, n)| **id != from && n.role == Role::Data && n.alive)
+            .filter(|(_, n)| n.role == Role::Data && n.alive)
             .map(|(id, _)| *id)
             .collect();
         for id in others {

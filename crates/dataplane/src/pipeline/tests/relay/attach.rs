@@ -310,7 +310,8 @@ fn a_flapping_ce_mac_is_reported_at_most_once_a_second_and_the_last_one_at_the_e
     crate::pipeline::attach::report_ces(&e.sh, &t, later + Duration::from_secs(2));
     assert!(reports(&e).is_empty());
     // A MAC the control plane passes on is not reported back.
-    e.sh.set_ce_mac("dc", [0x52, 0x54, 0, 0, 0xc, 3]).expect("set");
+    e.sh.set_ce_mac("dc", [0x52, 0x54, 0, 0, 0xc, 3])
+        .expect("set");
     crate::pipeline::attach::report_ces(&e.sh, &t, later + Duration::from_secs(4));
     assert!(reports(&e).is_empty());
 }
