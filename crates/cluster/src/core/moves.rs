@@ -387,6 +387,9 @@ impl ClusterCore {
         if n.draining {
             return Err(unsuitable("it is being drained"));
         }
+        if n.leaving {
+            return Err(unsuitable("the autoscaler is stopping it"));
+        }
         Ok(id)
     }
 
