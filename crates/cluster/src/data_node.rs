@@ -278,6 +278,12 @@ impl Applier for DataApplier {
                 .map(rpc::convert::installed_to_pb)
                 .collect(),
             ports: Vec::new(),
+            ce_macs: self
+                .dp
+                .ce_macs()
+                .into_iter()
+                .map(|(attachment, mac)| rpc::convert::ce_mac_to_pb(&attachment, mac))
+                .collect(),
             routes_epoch: routes.epoch,
             routes_seq: routes.seq,
         }

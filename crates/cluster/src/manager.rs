@@ -80,6 +80,8 @@ pub struct Registration {
     pub installed: Vec<InstalledChild>,
     /// Its customer-facing ports (steer nodes).
     pub ports: Vec<PortInfo>,
+    /// The attachments' CE MACs it knows (data nodes): (attachment, MAC).
+    pub ce_macs: Vec<(String, [u8; 6])>,
     /// The version of the per-VM routes it holds (data nodes; epoch 0: none).
     pub routes: routebook::RouteVersion,
 }
@@ -266,6 +268,12 @@ impl Cluster {
             },
             Instant::now(),
         );
+        // A new active control node learns the CE MACs again from the nodes that know them.
+        if role == Role::Data {
+            for (attachment, mac) in &hello.ce_macs {
+                sh.core.handle_ce_learned(id, attachment, *mac);
+            }
+        }
         let q = self.carry(&mut sh, None);
         drop(sh);
         if role == Role::Steer {

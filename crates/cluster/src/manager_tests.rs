@@ -513,6 +513,7 @@ fn registration(
         workers: 2,
         installed,
         ports: Vec::new(),
+        ce_macs: Vec::new(),
         routes: routebook::RouteVersion::default(),
     }
 }

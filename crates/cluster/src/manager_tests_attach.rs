@@ -224,9 +224,14 @@ fn a_learned_ce_mac_is_passed_on_and_given_to_later_nodes() {
         })),
     };
     b.cluster.event(d1, "data1", learned.clone());
-    assert!(b.ops("data1").is_empty(), "not back to where it came from");
-    assert!(matches!(&b.ops("data2")[..], [Op::SetCeMac(m)]
-        if m.attachment == "acme" && m.mac == mac));
+    // To every data node, the one that learned it too (a set_attachments sent before the
+    // report may have set the MAC it held until then there).
+    for node in ["data1", "data2"] {
+        assert!(
+            matches!(&b.ops(node)[..], [Op::SetCeMac(m)] if m.attachment == "acme" && m.mac == mac),
+            "{node}"
+        );
+    }
     // The same MAC again changes nothing; a steer node may not say it.
     b.cluster.event(d1, "data1", learned.clone());
     assert!(b.ops("data2").is_empty());
@@ -240,6 +245,33 @@ fn a_learned_ce_mac_is_passed_on_and_given_to_later_nodes() {
         b.cluster.describe()["attachments"][0]["ce_mac"],
         "02:ce:00:00:00:01"
     );
+}
+
+#[test]
+fn a_data_node_says_the_ce_macs_it_knows_in_its_hello() {
+    // As after a control takeover: the nodes know the MAC, the new control node does not.
+    let (mut b, _s1, _d1, _d2, _serving) = attached_bed();
+    b.clear();
+    let mac = [0x02, 0xce, 0, 0, 0, 2];
+    let link = std::sync::Arc::new(FakeLink::default());
+    b.links.insert("data3".into(), std::sync::Arc::clone(&link));
+    let mut hello = registration(
+        "data3",
+        Role::Data,
+        "10.0.0.99:6081".parse().unwrap(),
+        1,
+        Vec::new(),
+    );
+    hello.ce_macs = vec![("acme".into(), mac), ("nobody".into(), mac)];
+    b.cluster.register(hello, link);
+    assert_eq!(
+        b.cluster.describe()["attachments"][0]["ce_mac"],
+        "02:ce:00:00:00:02"
+    );
+    assert!(b
+        .ops("data1")
+        .iter()
+        .any(|op| matches!(op, Op::SetCeMac(m) if m.attachment == "acme" && m.mac == mac)));
 }
 
 #[test]
@@ -279,4 +311,33 @@ fn a_data_node_that_refuses_the_attachments_is_no_migration_target() {
         other => panic!("{other:?}"),
     }
     assert!(b.ops("steer1").is_empty(), "nothing flipped");
+}
+
+#[test]
+fn a_new_control_node_places_and_steers_attachments_once_it_reconciled() {
+    // A takeover: until the control loop reconciled, a VNI's list may lack the tunnels of
+    // data nodes yet to register; the steer nodes keep theirs until the whole tables come.
+    let mut b = fresh_bed();
+    b.cluster.set_attachments(
+        &[acme()],
+        &[("acme".to_string(), "steer1".to_string())].into(),
+    );
+    b.join("steer2", Role::Steer, 1);
+    b.join("data1", Role::Data, 1);
+    b.join_steer_with_port("steer1", "eth2");
+    assert!(!b
+        .ops("steer2")
+        .iter()
+        .any(|op| matches!(op, Op::SetSelectors(_) | Op::SteerTables(_))));
+    // Nor is it placed yet: the steer nodes keep the old control node's placement; and the
+    // data nodes keep the attachments they hold.
+    assert_eq!(b.cluster.state().core.attachments()[&1].node, None);
+    assert!(last_attachments(&b.ops("data1")).is_none());
+    assert!(b.cluster.reconcile(&[]).is_empty());
+    assert!(b.cluster.state().core.attachments()[&1].node.is_some());
+    let held = last_attachments(&b.ops("data1")).expect("at reconcile");
+    assert_eq!(held.attachments.len(), 1);
+    let t = b.last_tables("steer2");
+    assert_eq!(t.vnis[0].selectors[0].attachment, Some(1));
+    assert_eq!(b.last_tables("steer1").attachments.len(), 1);
 }

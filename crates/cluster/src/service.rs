@@ -195,6 +195,19 @@ impl pb::cluster_server::Cluster for ControlService {
             );
         }
         let ports = hello_ports(&hello, role)?;
+        if hello.ce_macs.len() > MAX_INSTALLED {
+            return Err(Status::invalid_argument(format!(
+                "hello.ce_macs: {} CE MACs, at most {MAX_INSTALLED}",
+                hello.ce_macs.len()
+            )));
+        }
+        let mut ce_macs = Vec::with_capacity(hello.ce_macs.len());
+        for (i, m) in hello.ce_macs.iter().enumerate() {
+            ce_macs.push(
+                rpc::convert::ce_mac_from_pb(m)
+                    .map_err(|e| Status::invalid_argument(format!("hello.ce_macs[{i}]: {e}")))?,
+            );
+        }
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
         let link = Arc::new(SessionLink::new(tx));
         let id = self.cluster.node_id(&hello.name);
@@ -216,6 +229,7 @@ impl pb::cluster_server::Cluster for ControlService {
                 workers: hello.workers,
                 installed,
                 ports,
+                ce_macs,
                 routes: routebook::RouteVersion {
                     epoch: hello.routes_epoch,
                     seq: hello.routes_seq,

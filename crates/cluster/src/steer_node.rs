@@ -181,6 +181,7 @@ impl Applier for SteerApplier {
             boot_id: self.boot_id,
             installed_spis: Vec::new(),
             installed: Vec::new(),
+            ce_macs: Vec::new(),
             ports: self
                 .node
                 .ports()
@@ -486,7 +487,8 @@ mod tests {
     }
 
     /// A steer node with one customer port (a veth end in a namespace of the test's own)
-    /// announces it in its Hello, takes port tags of it and refuses bad ones, naming the field.
+    /// announces it in its Hello, takes port tags of it and refuses bad ones, naming the field,
+    /// and forwards a customer's frame by the tags its whole tables gave it.
     #[test]
     fn port_tags_are_applied_and_bad_fields_named() {
         if !testreq::program("port_tags_are_applied_and_bad_fields_named", "ip") {
@@ -515,6 +517,12 @@ mod tests {
             "127.0.0.20:0".parse().unwrap(),
         );
         (c.ike_port, c.natt_port) = (0, 0);
+        // The test's data node answers no probes: never declared dead.
+        c.health = HealthConfig {
+            timeout: Duration::from_secs(600),
+            idle_interval: Duration::from_secs(600),
+            ..HealthConfig::default()
+        };
         c.ports = vec![PortSpec {
             id: steer::PortId(1),
             interface: "port0".into(),
@@ -577,6 +585,43 @@ mod tests {
         };
         a.apply(tables(vec![tag(1, 100, 20), tag(1, 0, 7)]))
             .expect("whole tables with attachments");
+        // With its data node: a customer's frame of the pair reaches it, with the port option.
+        let data = std::net::UdpSocket::bind("127.0.1.1:0").expect("data node socket");
+        data.set_read_timeout(Some(Duration::from_millis(100)))
+            .expect("timeout");
+        a.apply(Op::SteerTables(pb::SteerTables {
+            nodes: Some(pb::SteerNodes {
+                data: vec![pb::DataNode {
+                    node: 1,
+                    name: "data1".into(),
+                    geneve: data.local_addr().unwrap().to_string(),
+                }],
+                control: String::new(),
+            }),
+            attachments: vec![tag(1, 100, 20)],
+            ..pb::SteerTables::default()
+        }))
+        .expect("tables with a data node");
+        let mut frame = vec![2, 0, 0, 0, 0, 1, 2, 0, 0, 0, 0, 2];
+        frame.extend_from_slice(&[0x88, 0xa8, 0, 100, 0x81, 0x00, 0, 20, 0x08, 0x00]);
+        frame.extend_from_slice(&[0xa1; 60]);
+        let ce = netio::packet::PacketSocket::open("ce0").expect("the customer's side");
+        let mut scratch = netio::packet::PacketScratch::default();
+        ce.send_batch(std::iter::once(&frame[..]), &mut scratch);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let mut buf = vec![0u8; 2048];
+        let got = loop {
+            assert!(Instant::now() < deadline, "no frame at the data node");
+            let Ok((n, _)) = data.recv_from(&mut buf) else {
+                continue;
+            };
+            let f = wire::relay::parse_frame(&buf[..n]).expect("Geneve");
+            if let Some(eth) = f.ethernet {
+                assert_eq!(f.port, Some(1));
+                break buf[eth].to_vec();
+            }
+        };
+        assert_eq!(got, frame);
         fails(
             tables(vec![tag(1, 100, 20), tag(3, 0, 7)]),
             "steer_tables.attachments[1].port",

@@ -33,6 +33,10 @@ const ALL_NODES: Ipv6Addr = Ipv6Addr::new(0xff02, 0, 0, 0, 0, 0, 0, 1);
 /// The least spacing of the gateway's requests for the CE's address.
 const CE_REQUEST_INTERVAL: Duration = Duration::from_secs(1);
 
+/// The least spacing of reports of an attachment's CE MAC (log line; in relay mode a message
+/// to the control plane, which passes it on to every data node).
+const CE_REPORT_INTERVAL: Duration = Duration::from_secs(1);
+
 /// (interface index, S-tag or 0 for `vlan`, C-tag): what tells attachments apart.
 pub(crate) type TagKey = (usize, u16, u16);
 
@@ -89,6 +93,11 @@ pub(crate) struct Attachment {
     ce_mac: AtomicU64,
     /// When the gateway last asked for the CE's address (ns since `epoch`).
     last_request: AtomicU64,
+    /// The CE's MAC as last reported (logged, and in relay mode told to the control
+    /// plane), encoded as `ce_mac` (0: none yet).
+    reported: AtomicU64,
+    /// When the CE's MAC was last reported (ns since `epoch`).
+    last_report: AtomicU64,
     epoch: Instant,
 }
 
@@ -98,6 +107,12 @@ const KNOWN: u64 = 1 << 63;
 fn encode_mac(mac: EthernetAddress) -> u64 {
     let m = mac.0;
     KNOWN | u64::from_be_bytes([0, 0, m[0], m[1], m[2], m[3], m[4], m[5]])
+}
+
+/// The MAC of a stored value.
+fn decode_mac(v: u64) -> EthernetAddress {
+    let b = v.to_be_bytes();
+    EthernetAddress([b[2], b[3], b[4], b[5], b[6], b[7]])
 }
 
 /// Prefixes as (network, mask) words per family: "is this address behind the CE" in a few
@@ -182,6 +197,8 @@ impl Attachment {
             link_local: link_local(mac),
             ce_mac: AtomicU64::new(0),
             last_request: AtomicU64::new(0),
+            reported: AtomicU64::new(0),
+            last_report: AtomicU64::new(0),
             epoch: Instant::now(),
         };
         if let Some(m) = cfg.ce_mac {
@@ -192,7 +209,8 @@ impl Attachment {
                     reason: format!("{m} is not a unicast MAC"),
                 });
             }
-            a.set_ce(m);
+            // Given by the control plane: known there already.
+            a.set_ce_reported(m);
         }
         Ok(a)
     }
@@ -213,26 +231,54 @@ impl Attachment {
     /// The CE's MAC, once known.
     pub(crate) fn ce_mac(&self) -> Option<EthernetAddress> {
         let v = self.ce_mac.load(Ordering::Relaxed);
-        (v & KNOWN != 0).then(|| {
-            let b = v.to_be_bytes();
-            EthernetAddress([b[2], b[3], b[4], b[5], b[6], b[7]])
-        })
+        (v & KNOWN != 0).then(|| decode_mac(v))
     }
 
     /// Records the CE's MAC (a unicast one; others are ignored); true if it was not the one
-    /// known (the caller tells the control plane, [`datapath::ToControl::CeLearned`]).
+    /// known. It is reported later, at most once a second ([`Attachment::report_due`]): a
+    /// CE whose source MAC flaps costs a store per frame, not a log line or a message.
     pub(crate) fn learn_ce(&self, mac: EthernetAddress) -> bool {
-        if !mac.is_unicast() || !self.set_ce(mac) {
-            return false;
-        }
-        tracing::info!(attachment = %self.name, tenant = %self.tenant, ce_mac = %mac, "CE MAC learned");
-        true
+        mac.is_unicast() && self.set_ce(mac)
     }
 
-    /// Sets the CE's MAC (learned elsewhere); true if it changed.
+    /// Sets the CE's MAC; true if it changed.
     pub(crate) fn set_ce(&self, mac: EthernetAddress) -> bool {
         let v = encode_mac(mac);
         self.ce_mac.swap(v, Ordering::Relaxed) != v
+    }
+
+    /// Sets the CE's MAC as another node learned it (the control plane passes it on): known
+    /// and already reported, so it is not reported back. True if it changed.
+    pub(crate) fn set_ce_reported(&self, mac: EthernetAddress) -> bool {
+        let changed = self.set_ce(mac);
+        self.reported.store(encode_mac(mac), Ordering::Relaxed);
+        changed
+    }
+
+    /// The CE's MAC if it differs from the one last reported and no report was made in the
+    /// last second (the time is taken: one caller reports). Reports that fail are retried
+    /// by the housekeeping, which asks again.
+    pub(crate) fn report_due(&self, now: Instant) -> Option<EthernetAddress> {
+        let current = self.ce_mac.load(Ordering::Relaxed);
+        if current == 0 || current == self.reported.load(Ordering::Relaxed) {
+            return None;
+        }
+        let t = u64::try_from(now.saturating_duration_since(self.epoch).as_nanos())
+            .unwrap_or(u64::MAX)
+            .max(1);
+        let last = self.last_report.load(Ordering::Relaxed);
+        if last != 0 && t.saturating_sub(last) < CE_REPORT_INTERVAL.as_nanos() as u64 {
+            return None;
+        }
+        self.last_report
+            .compare_exchange(last, t, Ordering::Relaxed, Ordering::Relaxed)
+            .ok()?;
+        Some(decode_mac(current))
+    }
+
+    /// Marks `mac` as reported.
+    pub(crate) fn reported(&self, mac: EthernetAddress) {
+        self.reported.store(encode_mac(mac), Ordering::Relaxed);
     }
 
     /// True if a frame from `ip` may teach the CE's MAC: the CE's address if configured, else
@@ -476,12 +522,14 @@ impl AttachTable {
             if cfg.ce_mac.is_some() {
                 continue;
             }
-            let kept = previous
+            let old = previous
                 .by_name(&a.name)
-                .filter(|o| o.out == a.out && o.tags == a.tags)
-                .and_then(|o| o.ce_mac());
-            if let Some(mac) = kept {
+                .filter(|o| o.out == a.out && o.tags == a.tags);
+            if let Some((o, mac)) = old.and_then(|o| Some((o, o.ce_mac()?))) {
                 a.set_ce(mac);
+                if o.reported.load(Ordering::Relaxed) == encode_mac(mac) {
+                    a.reported(mac);
+                }
             }
         }
         Ok(t)

@@ -195,6 +195,17 @@ impl Dataplane {
         self.shared.set_attachments(attachments)
     }
 
+    /// The attachments' CE MACs known here, (attachment, MAC), in configuration order.
+    pub fn ce_macs(&self) -> Vec<(String, [u8; 6])> {
+        let t = self.shared.tables.load();
+        t.attach
+            .table
+            .list
+            .iter()
+            .filter_map(|a| Some((a.name.clone(), a.ce_mac()?.0)))
+            .collect()
+    }
+
     /// Sets the MAC of attachment `attachment`'s CE (learned by another data node); an
     /// unknown name or a MAC that is not unicast is refused ([`DataplaneError::Config`]).
     pub fn set_ce_mac(&self, attachment: &str, mac: [u8; 6]) -> Result<(), DataplaneError> {

@@ -541,7 +541,7 @@ impl Shared {
                 reason: format!("{mac} is not a unicast MAC"),
             });
         }
-        if a.set_ce(mac) {
+        if a.set_ce_reported(mac) {
             tracing::info!(attachment = %name, ce_mac = %mac, "CE MAC set by the control plane");
         }
         Ok(())

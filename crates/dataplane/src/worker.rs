@@ -223,8 +223,9 @@ fn batch(sh: &Shared, w: &mut Worker, routes: &RouteReader, lane: usize) -> Batc
 /// were drawn before its own, by workers that no longer wait for a lock, and each gets sent
 /// (`crate::lane`): no wait cycle forms.
 ///
-/// A VTEP without a lane (relay mode, which refuses attachments at start) has nowhere to
-/// number its CHILD_SAs' packets in their one ordering domain: its packets are dropped as
+/// A VTEP without a lane has nowhere to number its CHILD_SAs' packets in their one ordering
+/// domain (relay mode has no attachment lane: it numbers a CE's packets in its relay lane,
+/// see `batch`): its packets are dropped as
 /// `no_route` rather than numbered in the attachment batch. Leaves the last VTEP batch begun
 /// (or the attachment batch, if none had a lane), for the caller to finish.
 fn to_vtep_lanes(sh: &Shared, w: &mut Worker, stage: crate::lane::Dispatch<'_>, now: Instant) {
@@ -432,5 +433,6 @@ fn housekeeping(sh: &Shared, w: &mut Worker, routes: &RouteReader) {
         drop(guard);
         w.out.finish(sh);
     }
+    crate::pipeline::attach::report_ces(sh, &sh.tables.load(), now);
     sh.expire_retired(now);
 }

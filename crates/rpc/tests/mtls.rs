@@ -184,6 +184,7 @@ fn hello(name: &str, role: pb::Role) -> NodeMessage {
             installed_spis: Vec::new(),
             installed: Vec::new(),
             ports: Vec::new(),
+            ce_macs: Vec::new(),
             ..pb::Hello::default()
         })),
     }

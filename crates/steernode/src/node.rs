@@ -117,6 +117,18 @@ impl SteerNode {
                     source,
                 }
             })?;
+            // The port's MAC is the gateway's on the customers' segments: a loopback or other
+            // interface without a unicast MAC cannot be a customer port.
+            let mac = wire::ethernet::EthernetAddress(sock.mac());
+            if !mac.is_unicast() || mac.0 == [0; 6] {
+                return Err(SteerNodeError::config(
+                    "ports",
+                    format!(
+                        "{} has no unicast Ethernet MAC ({mac}): not a customer port",
+                        p.interface
+                    ),
+                ));
+            }
             ports.push(Port { id: p.id, sock });
         }
         let shared = Arc::new(Shared {

@@ -1,5 +1,5 @@
-//! Customer attachments in the distributed form (issue 16, docs/architecture.md "Customer
-//! attachments"): every data node holds every attachment; the core only chooses the data node
+//! Customer attachments in the distributed form (issue 16, docs/architecture.md "Moving
+//! tunnels", docs/operations.md "Customer attachments in the distributed form"): every data node holds every attachment; the core only chooses the data node
 //! serving each one, i.e. where the steer node owning its port sends the CE's frames (a port
 //! tag) and where every steer node sends the hosts' VXLAN for the prefixes behind the CE (the
 //! first selectors of its VNI). A move is therefore a steering flip: the new node already
@@ -36,7 +36,7 @@ pub(crate) fn port_key(port: u32, tags: AttachmentTags) -> steer::PortKey {
 fn interface(meta: &AttachmentMeta) -> &str {
     match &meta.config.port {
         AttachmentPort::Interface(name) => name,
-        // Already resolved (not what the configuration gives): matched by id below.
+        // Already resolved, which the configuration never gives: no port has this name.
         AttachmentPort::Steer { .. } => "",
     }
 }
@@ -231,7 +231,8 @@ impl ClusterCore {
     }
 
     /// Data node `from` learned attachment `name`'s CE MAC (or saw it change): recorded, and
-    /// passed on to the other live data nodes (which may serve it after a move). Unknown
+    /// passed on to every live data node (the others may serve it after a move; `from` may
+    /// have been given its older MAC by a `set_attachments` sent meanwhile). Unknown
     /// attachments and unchanged MACs are ignored.
     pub fn handle_ce_learned(&mut self, from: u32, name: &str, mac: [u8; 6]) {
         let Some(id) = self.attachment_by_name(name) else {
@@ -252,12 +253,14 @@ impl ClusterCore {
         info!(
             node = from,
             attachment = name,
-            "CE MAC learned; passed on to the other data nodes"
+            "CE MAC learned; passed on to the data nodes"
         );
+        // The node that learned it too: a `set_attachments` sent before this report arrived
+        // may have set the MAC it held until then there (it is not reported back).
         let others: Vec<u32> = self
             .nodes
             .iter()
-            .filter(|(id, n)| **id != from && n.role == Role::Data && n.alive)
+            .filter(|(_, n)| n.role == Role::Data && n.alive)
             .map(|(id, _)| *id)
             .collect();
         for id in others {
@@ -286,13 +289,6 @@ impl ClusterCore {
         let id = self
             .attachment_by_name(name)
             .ok_or_else(|| ClusterError::UnknownAttachment(name.to_owned()))?;
-        let node = self.usable_data_node(to)?;
-        if !self.holds_attachments(node) {
-            return Err(ClusterError::Unsuitable {
-                name: to.to_owned(),
-                reason: "it has not confirmed that it holds the attachments (set_attachments)",
-            });
-        }
         let a = &self.attachments[&id];
         if self.port_owner(a).is_none() {
             return Err(ClusterError::Unsteered {
@@ -304,7 +300,14 @@ impl ClusterCore {
                 ),
             });
         }
-        if a.node != Some(node) {
+        let node = self.usable_data_node(to)?;
+        if !self.holds_attachments(node) {
+            return Err(ClusterError::Unsuitable {
+                name: to.to_owned(),
+                reason: "it has not confirmed that it holds the attachments (set_attachments)",
+            });
+        }
+        if self.attachments.get(&id).and_then(|a| a.node) != Some(node) {
             if let Some(a) = self.attachments.get_mut(&id) {
                 a.node = Some(node);
             }
@@ -341,7 +344,14 @@ impl ClusterCore {
 
     /// Queues every steerable attachment to data node `id`, its answer pending: a new version
     /// when what they are (CE MACs aside, which `set_ce_mac` carries) changed since the last.
+    /// Not before the control loop reconciled: after a takeover the data nodes keep what they
+    /// hold until then, while the steer nodes whose ports make them steerable say hello (sent
+    /// earlier, a list missing a late steer node's attachments would take them from the data
+    /// nodes its frames still go to).
     pub(crate) fn send_attachments(&mut self, id: u32) {
+        if !self.reconciled {
+            return;
+        }
         let all = self.resolved_attachments();
         let shape: Vec<AttachmentConfig> = all
             .iter()
@@ -381,8 +391,13 @@ impl ClusterCore {
 
     /// Gives every steerable attachment without a usable serving node one (never `exclude`),
     /// and takes the node of those no longer steerable. Returns the attachments whose node
-    /// changed.
+    /// changed. Nothing before the control loop reconciled: after a takeover the steer nodes
+    /// keep steering by the old control node's placement until then, and the attachments are
+    /// spread over every data node that registered by then.
     pub(crate) fn place_attachments(&mut self, exclude: Option<u32>) -> Vec<u32> {
+        if !self.reconciled {
+            return Vec::new();
+        }
         let ids: Vec<u32> = self.attachments.keys().copied().collect();
         let mut changed = Vec::new();
         for id in ids {
@@ -456,8 +471,14 @@ impl ClusterCore {
         }
     }
 
-    /// Queues the selectors of the VNIs of `changed` to every live steer node but `skip`.
+    /// Queues the selectors of the VNIs of `changed` to every live steer node but `skip`. Not
+    /// before the control loop reconciled: a VNI's list then may lack tunnels of data nodes
+    /// yet to register, and the steer nodes keep what they have until the whole tables come
+    /// (the attachments' old serving nodes still serve them meanwhile).
     pub(crate) fn emit_attachment_selectors(&mut self, changed: &[u32], skip: Option<u32>) {
+        if !self.reconciled {
+            return;
+        }
         let vnis: BTreeSet<u32> = changed
             .iter()
             .filter_map(|id| self.attachments.get(id)?.meta.vni)

@@ -102,8 +102,9 @@ pub struct ClusterCore {
     pub(crate) attachment_ids: HashMap<String, u32>,
     /// Each steer node's customer-facing ports (by its name), from its last Hello.
     pub(crate) ports: HashMap<String, Vec<PortInfo>>,
-    /// The attachments last sent to data nodes (CE MACs aside), and their version.
+    /// The attachments last sent to data nodes (CE MACs aside).
     pub(crate) attachments_sent: Vec<datapath::AttachmentConfig>,
+    /// Their version: bumped whenever what is sent changes.
     pub(crate) attachments_version: u64,
     /// The version of the attachments each data node confirmed holding.
     pub(crate) attachments_held: HashMap<u32, u64>,

@@ -338,6 +338,12 @@ impl ClusterCore {
             })
             .copied()
             .collect();
+        // The attachments are placed among every data node that came (not all on the first
+        // one to register after a takeover).
+        self.place_attachments(None);
+        if !self.attachments.is_empty() {
+            self.fire_attachments();
+        }
         // Now the steer nodes' tables can be replaced whole: every node that came has been
         // adopted.
         self.push_tables(now);
@@ -380,6 +386,9 @@ impl ClusterCore {
         }
         if n.draining {
             return Err(unsuitable("it is being drained"));
+        }
+        if n.leaving {
+            return Err(unsuitable("the autoscaler is stopping it"));
         }
         Ok(id)
     }

@@ -55,13 +55,21 @@ impl Config {
                 datapath::AttachmentTags::Vlan { c_tag } => format!("VLAN {c_tag}"),
             };
             let routes: Vec<String> = a.routes.iter().map(|(p, l)| format!("{p}/{l}")).collect();
+            // The distributed form: the interface is a port of a steer node.
+            let port = match self
+                .cluster
+                .as_ref()
+                .and_then(|c| c.attachment_steers.get(&a.name))
+            {
+                Some(steer) => format!("{} of steer node {steer}", a.port),
+                None => a.port.to_string(),
+            };
             let _ = writeln!(
                 out,
-                "attachment {} (tenant {}, vnet {}): {} {tags}, gateway {}, behind the CE {}",
+                "attachment {} (tenant {}, vnet {}): {port} {tags}, gateway {}, behind the CE {}",
                 a.name,
                 a.tenant,
                 a.vnet,
-                a.port,
                 a.gateway_ip,
                 routes.join(" ")
             );

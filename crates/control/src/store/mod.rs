@@ -82,9 +82,9 @@ pub use etcd_access::{explain as explain_etcd_error, token_refused};
 pub use etcd_access::{read_password_file, EtcdAccess, EtcdUser};
 pub use fence::{Fence, Term, DEFAULT_LEASE_TTL};
 pub use file::FileStore;
-pub use memory::MemoryStore;
 #[cfg(test)]
 pub(crate) use keyring::tests::{key_line, write_key_file};
+pub use memory::MemoryStore;
 #[cfg(test)]
 pub(crate) use sealed::key_id_of as sealed_key_id;
 pub use sealed::SealedStore;

@@ -205,17 +205,40 @@ fn send_nd(o: &mut Out, sh: &Shared, a: &Attachment, r: &NdOut) {
     );
 }
 
-/// Records the CE's MAC; a new one is told to the control plane (in the distributed form
-/// the other data nodes need it once the attachment moves to them).
+/// Records the CE's MAC; a new one is reported ([`report_ce`]).
 fn learn_ce(sh: &Shared, a: &Attachment, mac: EthernetAddress) {
     if a.learn_ce(mac) {
+        report_ce(sh, a, Instant::now());
+    }
+}
+
+/// Reports attachment `a`'s CE MAC if it changed since the last report and a second has
+/// passed ([`Attachment::report_due`]): logged, and in relay mode told to the control plane,
+/// which passes it on to the other data nodes (they may serve the attachment after a move).
+/// A report the control plane could not take is retried by the housekeeping
+/// ([`report_ces`]).
+pub(crate) fn report_ce(sh: &Shared, a: &Attachment, now: Instant) {
+    let Some(mac) = a.report_due(now) else {
+        return;
+    };
+    if sh.cfg.relay.is_some() {
         let msg = ToControl::CeLearned {
             attachment: a.name.clone(),
             mac: mac.0,
         };
         if !sh.tell_control(msg) {
-            tracing::debug!(attachment = %a.name, "control plane busy: CE MAC not reported");
+            tracing::debug!(attachment = %a.name, "control plane busy: CE MAC report retried later");
+            return;
         }
+    }
+    a.reported(mac);
+    tracing::info!(attachment = %a.name, tenant = %a.tenant, ce_mac = %mac, "CE MAC learned");
+}
+
+/// The housekeeping's part: every attachment's CE MAC not reported yet is reported now.
+pub(crate) fn report_ces(sh: &Shared, t: &Tables, now: Instant) {
+    for a in &t.attach.table.list {
+        report_ce(sh, a, now);
     }
 }
 

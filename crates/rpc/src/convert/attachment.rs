@@ -109,18 +109,6 @@ fn port_key(port: u32, s_tag: u32, c_tag: u32) -> Result<PortKey> {
     PortKey::new(PortId(port), s_tag, c_tag).map_err(|e| ConvertError::new("c_tag", e.to_string()))
 }
 
-/// The port key of an attachment's tags on port `port`.
-pub fn port_key_of(port: PortId, tags: AttachmentTags) -> PortKey {
-    match tags {
-        AttachmentTags::QinQ { s_tag, c_tag } => PortKey { port, s_tag, c_tag },
-        AttachmentTags::Vlan { c_tag } => PortKey {
-            port,
-            s_tag: 0,
-            c_tag,
-        },
-    }
-}
-
 /// An attachment on a steer node's port as the protocol writes it; `None` for one on a local
 /// interface (the embedded form, which the protocol does not carry).
 pub fn attachment_to_pb(a: &AttachmentConfig) -> Option<pb::Attachment> {

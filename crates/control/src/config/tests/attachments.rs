@@ -243,6 +243,11 @@ fn a_control_node_takes_attachments_on_steer_nodes_ports() {
         a[1].port,
         datapath::AttachmentPort::Interface("eth1".into())
     );
+    assert!(
+        cfg.summary().contains("eth1 of steer node steer2"),
+        "{}",
+        cfg.summary()
+    );
     let steers = &cfg.cluster.expect("[cluster]").attachment_steers;
     assert_eq!(steers.get("acme-prod").map(String::as_str), Some("steer1"));
     assert_eq!(

@@ -288,6 +288,15 @@ impl EtcdMedium {
         Ok(Some(head))
     }
 
+    /// The guard that the head is still the one this medium read or wrote (or that there is
+    /// none, if it read none).
+    fn head_unchanged(&self) -> Compare {
+        match &self.current {
+            Some(text) => Compare::value(self.head.clone(), CompareOp::Equal, text.clone()),
+            None => Compare::create_revision(self.head.clone(), CompareOp::Equal, 0),
+        }
+    }
+
     /// `<prefix><generation:016x>/`, and the end of its range.
     fn generation_range(prefix: &str, generation: u64) -> (String, String) {
         (
@@ -385,7 +394,9 @@ impl RouteMedium for EtcdMedium {
         let (start, end) = Self::generation_range(&self.snap, head.generation);
         let mut revision = self.pinned;
         let found = self.range(&start, &end, CHUNK_PAGE, &mut revision)?;
-        let mut bytes = Vec::with_capacity(usize::try_from(head.bytes).unwrap_or(0));
+        // The head is read in clear: reserve no more than its chunks can hold.
+        let most = u64::from(head.chunks).saturating_mul(MAX_CHUNK as u64);
+        let mut bytes = Vec::with_capacity(usize::try_from(head.bytes.min(most)).unwrap_or(0));
         let mut found = found.into_iter().peekable();
         for index in 0..head.chunks {
             let key = self.chunk_key(head.generation, index);
@@ -466,12 +477,27 @@ impl RouteMedium for EtcdMedium {
                 }
             }
         }
+        // Never a generation the head names (or an older one): its chunks are the snapshot.
+        let named = self
+            .current
+            .as_deref()
+            .and_then(|t| Head::parse(t).ok())
+            .map(|h| h.generation);
+        if named.is_some_and(|g| g >= generation) {
+            return Err(MediumError::new(
+                &self.head,
+                format!(
+                    "not written: the route head names generation {}, not older than {generation}",
+                    named.unwrap_or_default()
+                ),
+            ));
+        }
         // What a compaction that stopped before its flip left under this generation.
         let (snap_start, snap_end) = Self::generation_range(&self.snap, generation);
         let (log_start, log_end) = Self::generation_range(&self.log, generation);
         self.write(
             &snap_start,
-            Vec::new(),
+            vec![self.head_unchanged()],
             vec![
                 TxnOp::delete(
                     snap_start.clone(),
@@ -512,9 +538,16 @@ impl RouteMedium for EtcdMedium {
             fnv: chunks.fnv.0,
         }
         .text();
-        // The flip: from here on the new generation is the snapshot.
+        // The flip: from here on the new generation is the snapshot. A failed answer may
+        // hide a flip that landed (a timeout after the commit): the head read again says.
         let flip = TxnOp::put(self.head.clone(), head.clone(), None);
-        self.write(&self.head, Vec::new(), vec![flip])?;
+        if let Err(e) = self.write(&self.head, vec![self.head_unchanged()], vec![flip]) {
+            let landed = self.read_head().is_ok() && self.current.as_deref() == Some(&head);
+            if !landed {
+                return Err(e);
+            }
+            tracing::warn!(error = %e, "the route head's flip answered with an error but landed");
+        }
         self.current = Some(head);
         self.next_seq = 1;
         // The older generations (and their logs) are garbage now; a failure here costs space
@@ -556,14 +589,20 @@ impl RouteMedium for EtcdMedium {
             return Err(MediumError::new(&key, "no route snapshot to append to"));
         };
         let value = self.seal(RecordId::RouteLog(generation, seq), line.as_bytes());
-        self.write(
+        let written = self.write(
             &key,
             vec![
                 Compare::value(self.head.clone(), CompareOp::Equal, head),
                 Compare::create_revision(key.clone(), CompareOp::Equal, 0),
             ],
             vec![TxnOp::put(key.clone(), value, None)],
-        )
+        );
+        if written.is_err() {
+            // The head this medium holds may be stale (another writer, or a flip whose answer
+            // was lost): read it again, so that the next write is guarded by the real one.
+            let _ = self.read_head();
+        }
+        written
     }
 }
 

@@ -42,8 +42,20 @@ fn env_attached() -> Env {
 
 /// A Q-in-Q frame from the CE (tags `s_tag`, 10) relayed by `steer` from port `port`.
 fn from_ce(port: u32, s_tag: u16, dst: [u8; 6], ethertype: u16, payload: &[u8]) -> Vec<u8> {
+    from_mac(CE_MAC, port, s_tag, dst, ethertype, payload)
+}
+
+/// [`from_ce`] from source MAC `src`.
+fn from_mac(
+    src: [u8; 6],
+    port: u32,
+    s_tag: u16,
+    dst: [u8; 6],
+    ethertype: u16,
+    payload: &[u8],
+) -> Vec<u8> {
     let mut f = dst.to_vec();
-    f.extend_from_slice(&CE_MAC);
+    f.extend_from_slice(&src);
     f.extend_from_slice(&[0x88, 0xa8]);
     f.extend_from_slice(&s_tag.to_be_bytes());
     f.extend_from_slice(&[0x81, 0x00, 0x00, 10]);
@@ -267,4 +279,39 @@ fn attachments_are_replaced_whole_and_keep_their_ce_mac() {
     e.sh.set_attachments(Vec::new()).expect("none");
     ce_resolves_gateway(&mut e);
     assert_eq!(e.drops(DropReason::AttachUnknownPort), 1);
+}
+
+#[test]
+fn a_flapping_ce_mac_is_reported_at_most_once_a_second_and_the_last_one_at_the_end() {
+    let mut e = env_attached();
+    let other = [0x52, 0x54, 0, 0, 0xc, 2];
+    let reports = |e: &Env| {
+        e.rx.try_iter()
+            .filter_map(|m| match m {
+                ToControl::CeLearned { mac, .. } => Some(mac),
+                _ => None,
+            })
+            .collect::<Vec<_>>()
+    };
+    // 200 frames from the CE's address, the source MAC alternating.
+    for i in 0..200 {
+        let mac = if i % 2 == 0 { CE_MAC } else { other };
+        let req = arp(ArpOperation::REQUEST, mac, "10.99.0.2", [0; 6], "10.99.0.1");
+        e.recv(STEER, from_mac(mac, PORT, 100, [0xff; 6], 0x0806, &req));
+    }
+    e.sent();
+    assert_eq!(reports(&e).len(), 1, "one report within the second");
+    // A second later the housekeeping reports the MAC known last.
+    let t = e.sh.tables.load();
+    let later = Instant::now() + Duration::from_millis(1100);
+    crate::pipeline::attach::report_ces(&e.sh, &t, later);
+    assert_eq!(reports(&e), vec![other]);
+    // Nothing new: nothing more.
+    crate::pipeline::attach::report_ces(&e.sh, &t, later + Duration::from_secs(2));
+    assert!(reports(&e).is_empty());
+    // A MAC the control plane passes on is not reported back.
+    e.sh.set_ce_mac("dc", [0x52, 0x54, 0, 0, 0xc, 3])
+        .expect("set");
+    crate::pipeline::attach::report_ces(&e.sh, &t, later + Duration::from_secs(4));
+    assert!(reports(&e).is_empty());
 }
