@@ -169,12 +169,17 @@ impl RouteSide {
             match self.fetch_once(from) {
                 Ok((at, bytes)) => {
                     let size = bytes.len();
-                    let mut f = self.follower();
-                    match f.restored(&*self.dp, at, bytes) {
+                    let restored = self.follower().restored(&*self.dp, at, bytes);
+                    match restored {
                         Ok(()) => {
                             info!(from = %from, to = %at, bytes = size, ms = started.elapsed().as_millis() as u64, "per-VM routes fetched and restored")
                         }
-                        Err(e) => warn!(error = %e, "fetched routes not restored; retrying"),
+                        Err(e) => {
+                            // Not at once again: a snapshot this node refuses would be fetched
+                            // back to back.
+                            warn!(error = %e, "fetched routes not restored; retrying");
+                            std::thread::sleep(FETCH_RETRY);
+                        }
                     }
                 }
                 Err(e) => {

@@ -6,8 +6,11 @@
 //! the core does not choose it for new tunnels and attachments while a current node can be.
 //!
 //! The snapshot the route store writes through [`DataPath::write_routes`] starts with the
-//! master's version (`PGRTVER1`, epoch, seq): restored, the master takes that version back, so
-//! that the data nodes of a restarted control node are current when nothing changed.
+//! master's version (`PGRTVER1`, epoch, seq). A restored master does not take that version
+//! back: it keeps the new epoch it started with, so the data nodes fetch the table once after
+//! a control restart or takeover. Taking it back would let one version name two tables: the
+//! store may lack a change the data nodes applied (a crash after the fan-out, before the
+//! journal), and the restored master would then number its next change as the one they hold.
 //!
 //! Lock order: `routes`, then `state` (never the other way).
 
@@ -246,13 +249,13 @@ impl Cluster {
                 change = RouteChange::Restore(Arc::from(body));
             }
         }
+        if let Some(at) = restored_at {
+            info!(stored = %at, "per-VM routes restored under a new epoch: the data nodes fetch them once");
+        }
         let single = rpc::convert::route_op_to_pb(&change);
         let mut rs = self.routes();
         let before = rs.master.version();
         let result = rs.master.change(change).map(|(_, r)| r);
-        if let Some(at) = restored_at.filter(|_| result.is_ok()) {
-            rs.master.set_version(at);
-        }
         let v = rs.master.version();
         if v == before {
             return result;

@@ -314,7 +314,11 @@ async fn handle(
             };
             cluster.report(id, load);
             if link_is_data(cluster, id) {
-                cluster.routes_reported(id, routes);
+                // Off the runtime's workers: the routes lock may be held while the master
+                // writes a snapshot (a compaction into etcd), which must not stall every
+                // session's acknowledgements.
+                let c = Arc::clone(cluster);
+                let _ = tokio::task::spawn_blocking(move || c.routes_reported(id, routes)).await;
             }
         }
         Some(pb::node_message::Msg::Event(e)) => {

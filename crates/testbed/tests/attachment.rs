@@ -32,11 +32,11 @@ use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
+use protego_testbed::customers::{Attachment, CustomerLan};
 use protego_testbed::protego::{GatewayTunnel, ProtegoGateway};
 use protego_testbed::strongswan::CharonSettings;
 use protego_testbed::topology::{TenantSpec, VmSpec};
 use protego_testbed::traffic::{self, IperfOptions, PingOptions};
-use protego_testbed::customers::{Attachment, CustomerLan};
 use protego_testbed::{Netns, Prefix, Result, Testbed, Topology, TopologySpec};
 
 /// The CEs' address on the segment, the same for every customer.

@@ -108,8 +108,8 @@ fn ping_thread(
 }
 
 #[test]
-fn customers_on_a_steer_node_port_reach_their_vms_through_moves_and_a_data_node_kill(
-) -> Result<()> {
+fn customers_on_a_steer_node_port_reach_their_vms_through_moves_and_a_data_node_kill() -> Result<()>
+{
     let bed = Testbed::new()?;
     let spec = TopologySpec {
         tenants: vec![
@@ -218,7 +218,11 @@ fn customers_on_a_steer_node_port_reach_their_vms_through_moves_and_a_data_node_
             traffic::tshark_count(&red, "icmp && ip.len == 250")?,
             traffic::tshark_count(&blue, "icmp && ip.len == 139")?,
         );
-        assert_eq!(crossed, (0, 0), "a customer's packets reached the other VNet");
+        assert_eq!(
+            crossed,
+            (0, 0),
+            "a customer's packets reached the other VNet"
+        );
 
         // TCP both ways between red's CE and its VM.
         let server = traffic::iperf3_server(&red_vm.ns, vm_ip, 5201)?;
@@ -243,13 +247,17 @@ fn customers_on_a_steer_node_port_reach_their_vms_through_moves_and_a_data_node_
             &PingOptions::new(3, Duration::from_millis(300)),
         )?;
         assert_eq!(p.received, 0, "an unknown tag pair got through: {p:?}");
-        wait_for("port_unknown_tags on steer1", Duration::from_secs(10), || {
-            let d = node_drops(&cluster, "steer1")?;
-            Ok(match d.get("port_unknown_tags") {
-                Some(n) if *n >= 3 => Probe::Ready(()),
-                _ => Probe::NotYet(format!("{d:?}")),
-            })
-        })?;
+        wait_for(
+            "port_unknown_tags on steer1",
+            Duration::from_secs(10),
+            || {
+                let d = node_drops(&cluster, "steer1")?;
+                Ok(match d.get("port_unknown_tags") {
+                    Some(n) if *n >= 3 => Probe::Ready(()),
+                    _ => Probe::NotYet(format!("{d:?}")),
+                })
+            },
+        )?;
 
         // migrate under 1 kHz pings of both customers: nothing lost.
         let others = |not: &str| {
@@ -270,7 +278,11 @@ fn customers_on_a_steer_node_port_reach_their_vms_through_moves_and_a_data_node_
         assert_eq!(answer["ok"], true, "{answer}");
         for p in pings {
             let p = p.join().expect("pinger")?;
-            assert_eq!(p.lost(), 0, "pings lost in the migration {from} -> {to}: {p:?}");
+            assert_eq!(
+                p.lost(),
+                0,
+                "pings lost in the migration {from} -> {to}: {p:?}"
+            );
         }
         assert_eq!(serving(&cluster, "red-dc")?.as_deref(), Some(to.as_str()));
         eprintln!("red-dc migrated {from} -> {to}: {answer}");
@@ -289,7 +301,10 @@ fn customers_on_a_steer_node_port_reach_their_vms_through_moves_and_a_data_node_
             assert_eq!(p.lost(), 0, "pings lost in the drain of {victim}: {p:?}");
         }
         let now = serving(&cluster, "blue-dc")?;
-        assert!(now.is_some() && now.as_deref() != Some(victim.as_str()), "{now:?}");
+        assert!(
+            now.is_some() && now.as_deref() != Some(victim.as_str()),
+            "{now:?}"
+        );
         cluster.control(&format!("undrain {victim}"))?;
 
         // kill -9 of the data node serving red-dc under a 100 Hz ping: traffic comes back on
@@ -324,16 +339,20 @@ fn customers_on_a_steer_node_port_reach_their_vms_through_moves_and_a_data_node_
                 .filter(|&r| r > t - 0.1)
                 .collect()
         };
-        let outage = wait_for("replies again after the kill", Duration::from_secs(10), || {
-            let r = replies(&pinger.log());
-            Ok(match r.last() {
-                Some(&last) if last > t + 0.5 => {
-                    let gap = r.windows(2).map(|w| w[1] - w[0]).fold(0.0, f64::max);
-                    Probe::Ready(Duration::from_secs_f64(gap))
-                }
-                _ => Probe::NotYet(format!("{} replies since the kill", r.len())),
-            })
-        })?;
+        let outage = wait_for(
+            "replies again after the kill",
+            Duration::from_secs(10),
+            || {
+                let r = replies(&pinger.log());
+                Ok(match r.last() {
+                    Some(&last) if last > t + 0.5 => {
+                        let gap = r.windows(2).map(|w| w[1] - w[0]).fold(0.0, f64::max);
+                        Probe::Ready(Duration::from_secs_f64(gap))
+                    }
+                    _ => Probe::NotYet(format!("{} replies since the kill", r.len())),
+                })
+            },
+        )?;
         // Requests lost: the sequence numbers missing among the replies after the kill.
         let seqs: Vec<u64> = pinger
             .log()
