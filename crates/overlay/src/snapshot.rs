@@ -14,6 +14,8 @@
 //! All integers big-endian. The names are the route file's (tenant, VNet name): the numbers a
 //! table gives VNets ([`crate::VnetId`]) are the node's own and are not stored.
 
+use fnv::FnvHasher;
+use std::hash::Hasher;
 use std::io::{self, Write};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
@@ -33,32 +35,17 @@ pub struct SnapshotError {
 /// address and its host's.
 pub type SnapshotEntry = (u32, IpAddr, IpAddr);
 
-/// FNV-1a, 64 bits: enough to notice a torn or damaged file (not an adversary's).
-#[derive(Clone, Copy)]
-struct Fnv(u64);
-
-impl Fnv {
-    fn new() -> Self {
-        Self(0xcbf2_9ce4_8422_2325)
-    }
-
-    fn update(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 ^= u64::from(b);
-            self.0 = self.0.wrapping_mul(0x0100_0000_01b3);
-        }
-    }
-}
-
 /// A writer that hashes what it writes.
 struct Hashing<W> {
     w: W,
-    hash: Fnv,
+    /// FNV-1a, 64 bits (`fnv`): enough to notice a torn or damaged file (not an
+    /// adversary's).
+    hash: FnvHasher,
 }
 
 impl<W: Write> Hashing<W> {
     fn put(&mut self, bytes: &[u8]) -> io::Result<()> {
-        self.hash.update(bytes);
+        self.hash.write(bytes);
         self.w.write_all(bytes)
     }
 }
@@ -75,7 +62,7 @@ pub fn write_snapshot<W: Write>(
 ) -> io::Result<usize> {
     let mut h = Hashing {
         w,
-        hash: Fnv::new(),
+        hash: FnvHasher::default(),
     };
     h.put(MAGIC)?;
     let n = u32::try_from(vnets.len()).map_err(|_| invalid("too many VNets"))?;
@@ -113,7 +100,7 @@ pub fn write_snapshot<W: Write>(
     if written != count {
         return Err(invalid("entry count differs from the entries given"));
     }
-    let hash = h.hash.0;
+    let hash = h.hash.finish();
     h.w.write_all(&hash.to_be_bytes())?;
     h.w.flush()?;
     Ok(written)
@@ -189,8 +176,8 @@ pub fn read_snapshot(bytes: &[u8]) -> Result<Snapshot<'_>, SnapshotError> {
         });
     };
     let (body, tail) = bytes.split_at(body_len);
-    let mut hash = Fnv::new();
-    hash.update(body);
+    let mut hash = FnvHasher::default();
+    hash.write(body);
     let mut r = Reader { bytes: body, at: 0 };
     if r.take(MAGIC.len(), "not a route snapshot")? != MAGIC {
         return Err(SnapshotError {
@@ -208,7 +195,7 @@ pub fn read_snapshot(bytes: &[u8]) -> Result<Snapshot<'_>, SnapshotError> {
         offset: r.at - 8,
         reason: "entry count too large",
     })?;
-    if hash.0.to_be_bytes() != tail {
+    if hash.finish().to_be_bytes() != tail {
         return Err(SnapshotError {
             offset: body_len,
             reason: "hash mismatch (the file is damaged or was cut short)",

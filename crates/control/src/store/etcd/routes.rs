@@ -34,7 +34,9 @@ use crate::store::keyring::KeyRing;
 use crate::store::sealed::{open, seal, OpenError, RecordId};
 use crate::store::{EncryptionOptions, StoreError};
 use etcd_client::{Compare, CompareOp, GetOptions, Txn, TxnOp};
+use fnv::FnvHasher;
 use std::fmt;
+use std::hash::Hasher;
 use std::io::{self, Write};
 
 /// The largest chunk of a snapshot (before sealing: 37 bytes more).
@@ -102,23 +104,6 @@ impl Head {
             return Err("trailing fields".into());
         }
         Ok(head)
-    }
-}
-
-/// FNV-1a, 64 bits, over the snapshot's bytes: notices a torn or mixed-up snapshot.
-#[derive(Clone, Copy)]
-struct Fnv(u64);
-
-impl Fnv {
-    fn new() -> Self {
-        Self(0xcbf2_9ce4_8422_2325)
-    }
-
-    fn update(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 ^= u64::from(b);
-            self.0 = self.0.wrapping_mul(0x0100_0000_01b3);
-        }
     }
 }
 
@@ -331,7 +316,9 @@ struct Chunks<'a> {
     buf: Vec<u8>,
     index: u32,
     bytes: u64,
-    fnv: Fnv,
+    /// FNV-1a, 64 bits (`fnv`), over the snapshot's bytes: notices a torn or mixed-up
+    /// snapshot.
+    fnv: FnvHasher,
     /// The first failure, with the key it names (the writer returns a plain I/O error).
     failed: Option<MediumError>,
 }
@@ -364,7 +351,7 @@ impl Write for Chunks<'_> {
         let room = self.medium.chunk - self.buf.len();
         let n = data.len().min(room);
         self.buf.extend_from_slice(&data[..n]);
-        self.fnv.update(&data[..n]);
+        self.fnv.write(&data[..n]);
         self.bytes += n as u64;
         if self.buf.len() == self.medium.chunk {
             self.put()?;
@@ -416,9 +403,9 @@ impl RouteMedium for EtcdMedium {
             let chunk = self.open(&key, RecordId::RouteChunk(head.generation, index), &value)?;
             bytes.extend_from_slice(&chunk);
         }
-        let mut fnv = Fnv::new();
-        fnv.update(&bytes);
-        if bytes.len() as u64 != head.bytes || fnv.0 != head.fnv {
+        let mut fnv = FnvHasher::default();
+        fnv.write(&bytes);
+        if bytes.len() as u64 != head.bytes || fnv.finish() != head.fnv {
             return Err(MediumError::new(
                 &self.head,
                 format!(
@@ -427,7 +414,7 @@ impl RouteMedium for EtcdMedium {
                     head.generation,
                     head.chunks,
                     bytes.len(),
-                    fnv.0,
+                    fnv.finish(),
                     head.bytes,
                     head.fnv
                 ),
@@ -515,7 +502,7 @@ impl RouteMedium for EtcdMedium {
             buf: Vec::with_capacity(self.chunk),
             index: 0,
             bytes: 0,
-            fnv: Fnv::new(),
+            fnv: FnvHasher::default(),
             failed: None,
         };
         let written = write(&mut chunks).and_then(|n| {
@@ -535,7 +522,7 @@ impl RouteMedium for EtcdMedium {
             generation,
             chunks: chunks.index,
             bytes: chunks.bytes,
-            fnv: chunks.fnv.0,
+            fnv: chunks.fnv.finish(),
         }
         .text();
         // The flip: from here on the new generation is the snapshot. A failed answer may
