@@ -257,22 +257,10 @@ impl ClusterCore {
         );
         // The node that learned it too: a `set_attachments` sent before this report arrived
         // may have set the MAC it held until then there (it is not reported back).
-        let others: Vec<u32> = self
-            .nodes
-            .iter()
-            .filter(|(_, n)| n.role == Role::Data && n.alive)
-            .map(|(id, _)| *id)
-            .collect();
-        for id in others {
-            self.emit(
-                id,
-                Directive::SetCeMac {
-                    attachment: name.to_owned(),
-                    mac,
-                },
-                Await::Nothing,
-            );
-        }
+        self.fire_data_nodes(&Directive::SetCeMac {
+            attachment: name.to_owned(),
+            mac,
+        });
     }
 
     /// Moves attachment `name` to data node `to` (`protego ctl migrate`): the steer node
