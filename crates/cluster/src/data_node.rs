@@ -222,6 +222,9 @@ impl RouteSide {
     }
 }
 
+/// The largest route snapshot a data node takes (16 M IPv6 entries are about 500 MiB).
+const MAX_SNAPSHOT_BYTES: usize = 4 << 30;
+
 /// Fetches the route snapshot from control node `ep` (the chunks in order, one version).
 async fn fetch_from(
     ep: &ControlEndpoint,
@@ -255,6 +258,13 @@ async fn fetch_from(
             return Err(format!(
                 "a chunk of version {v} inside the snapshot of {}",
                 at.unwrap_or(v)
+            ));
+        }
+        // About 200 MiB at 16 M entries; far more is no snapshot of ours.
+        if bytes.len().saturating_add(chunk.bytes.len()) > MAX_SNAPSHOT_BYTES {
+            return Err(format!(
+                "the route snapshot exceeds {} MiB",
+                MAX_SNAPSHOT_BYTES >> 20
             ));
         }
         bytes.extend_from_slice(&chunk.bytes);

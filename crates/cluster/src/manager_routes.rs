@@ -334,6 +334,10 @@ fn split_header(bytes: &[u8]) -> Option<(RouteVersion, &[u8])> {
     if bytes.len() < HEADER_LEN || &bytes[..8] != VERSION_MAGIC {
         return None;
     }
+    // Epoch 0 is an empty table's: no master writes it.
+    if bytes[8..16] == [0; 8] {
+        return None;
+    }
     let word = |at: usize| {
         let mut b = [0u8; 8];
         b.copy_from_slice(&bytes[at..at + 8]);
