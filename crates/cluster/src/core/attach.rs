@@ -364,13 +364,7 @@ impl ClusterCore {
 
     /// [`Self::send_attachments`] to every live data node.
     pub(crate) fn fire_attachments(&mut self) {
-        let data: Vec<u32> = self
-            .nodes
-            .iter()
-            .filter(|(_, n)| n.role == Role::Data && n.alive)
-            .map(|(id, _)| *id)
-            .collect();
-        for id in data {
+        for id in self.live_data_nodes() {
             self.send_attachments(id);
         }
     }

@@ -715,15 +715,18 @@ impl ClusterCore {
         }
     }
 
-    /// Queues `directive` to every live data node without waiting.
-    pub(crate) fn fire_data_nodes(&mut self, directive: &Directive) {
-        let data: Vec<u32> = self
-            .nodes
+    /// The ids of the live data nodes.
+    pub(crate) fn live_data_nodes(&self) -> Vec<u32> {
+        self.nodes
             .iter()
             .filter(|(_, n)| n.role == Role::Data && n.alive)
             .map(|(id, _)| *id)
-            .collect();
-        for id in data {
+            .collect()
+    }
+
+    /// Queues `directive` to every live data node without waiting.
+    pub(crate) fn fire_data_nodes(&mut self, directive: &Directive) {
+        for id in self.live_data_nodes() {
             self.emit(id, directive.clone(), Await::Nothing);
         }
     }

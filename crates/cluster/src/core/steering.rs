@@ -61,12 +61,7 @@ impl ClusterCore {
                 }
             }
         }
-        let neighbour_nodes = self
-            .nodes
-            .iter()
-            .filter(|(_, n)| n.role == Role::Data && n.alive)
-            .map(|(id, _)| *id)
-            .collect();
+        let neighbour_nodes = self.live_data_nodes();
         VniSelectors {
             vni,
             attachments: self.attachment_routes(vni),

@@ -117,18 +117,7 @@ impl<'p, 't> Deliveries<'p, 't> {
                 *d = (item.vnet, item.parsed.flow.dst);
             }
         }
-        let mut keys =
-            [overlay::Key::new(overlay::VnetId(0), Ipv4Addr::UNSPECIFIED); overlay::BATCH];
-        let mut found = [None; overlay::BATCH];
-        let mut hosts = [None; overlay::BATCH];
-        encap::lookup(
-            t,
-            r,
-            &dsts[..n],
-            &mut keys[..n],
-            &mut found[..n],
-            &mut hosts[..n],
-        );
+        let hosts = lookup_hosts(t, r, &dsts[..n]);
         for (item, host) in self.items[..n].iter_mut().zip(hosts) {
             if let Some(d) = item.take() {
                 to_inside(o, sh, t, r, now, &d.opened, d.pkt, &d.parsed, Some(host));
@@ -187,6 +176,29 @@ pub(crate) fn relay<'p, 't>(
     if let Some(class) = classify::relay(o, sh, t, now, src, data, pass) {
         next(o, sh, t, r, now, class, data, d);
     }
+}
+
+/// The hosts of up to `overlay::BATCH` (VNet index, destination) pairs, looked up together
+/// by the lookup stage (`encap::lookup`), in their order; the slots past `dsts` stay None.
+/// The decrypted packets' deliveries and the CEs' packets share it.
+fn lookup_hosts(
+    t: &Tables,
+    r: &Routes,
+    dsts: &[(usize, IpAddr)],
+) -> [Option<IpAddr>; overlay::BATCH] {
+    let n = dsts.len().min(overlay::BATCH);
+    let mut keys = [overlay::Key::new(overlay::VnetId(0), Ipv4Addr::UNSPECIFIED); overlay::BATCH];
+    let mut found = [None; overlay::BATCH];
+    let mut hosts = [None; overlay::BATCH];
+    encap::lookup(
+        t,
+        r,
+        &dsts[..n],
+        &mut keys[..n],
+        &mut found[..n],
+        &mut hosts[..n],
+    );
+    hosts
 }
 
 /// Frames of an attachment lane's batch by their number in it: where the lookup stage finds
@@ -298,17 +310,7 @@ pub(crate) fn route_from_ces<F: FrameSource + ?Sized>(
             *d = (p.to.vnet, p.to.parsed.flow.dst);
         }
     }
-    let mut keys = [overlay::Key::new(overlay::VnetId(0), Ipv4Addr::UNSPECIFIED); overlay::BATCH];
-    let mut found = [None; overlay::BATCH];
-    let mut hosts = [None; overlay::BATCH];
-    encap::lookup(
-        t,
-        r,
-        &dsts[..n],
-        &mut keys[..n],
-        &mut found[..n],
-        &mut hosts[..n],
-    );
+    let hosts = lookup_hosts(t, r, &dsts[..n]);
     for (item, host) in lookups.items[..n].iter_mut().zip(hosts) {
         let Some(p) = item.take() else { continue };
         let Some(frame) = frames.frame(p.frame) else {
