@@ -56,6 +56,7 @@
 mod addr;
 pub mod packet;
 mod poll;
+pub mod priority;
 mod recv;
 mod send;
 mod socket;

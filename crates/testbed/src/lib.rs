@@ -55,6 +55,7 @@ pub mod l2tag;
 pub mod names;
 mod netns;
 pub mod prefix;
+pub mod probe;
 pub mod protego;
 pub mod router;
 pub mod strongswan;

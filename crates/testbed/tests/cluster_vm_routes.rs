@@ -170,16 +170,18 @@ fn routes_from_the_control_node_follow_a_vm_and_survive_restarts() -> Result<()>
     result
 }
 
-/// Entries `route load`ed by [`a_route_load_reaches_every_data_node_by_fetch`]
-/// (`PROTEGO_ROUTES_LOAD` overrides the default, e.g. 1000000 to measure).
-const LOAD_DEFAULT: usize = 10_000;
+/// Entries `route load`ed by [`a_route_load_reaches_every_data_node_by_fetch`], as issue 16
+/// §4 asks (`PROTEGO_ROUTES_LOAD` overrides it).
+const LOAD_DEFAULT: u32 = 1_000_000;
 
 /// A bulk load on the control node is announced to the data nodes, which fetch the table on
-/// its own stream and restore it; the tunnel's traffic keeps flowing meanwhile. Prints the
-/// load's answer time and each node's fetch-and-restore time.
+/// its own stream and restore it; the tunnel's traffic (an iperf3 TCP stream and a 1 kHz
+/// probe stream) keeps flowing meanwhile. Prints the load's answer time, each node's
+/// fetch-and-restore time and the longest stall the probes saw (not asserted: a timing on a
+/// shared 2-core machine; the figures are in docs/performance.md).
 #[test]
 fn a_route_load_reaches_every_data_node_by_fetch() -> Result<()> {
-    let entries = std::env::var("PROTEGO_ROUTES_LOAD")
+    let entries: u32 = std::env::var("PROTEGO_ROUTES_LOAD")
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(LOAD_DEFAULT);
@@ -197,26 +199,8 @@ fn a_route_load_reaches_every_data_node_by_fetch() -> Result<()> {
         site.initiate("net", UP)?;
         site.wait_child_installed("net", UP)?;
         warm_up(&topo, 0)?;
-        let tenant = &topo.tenants[0].name;
-        let vm = &topo.tenants[0].vms[0];
-        // Entries in 172.16/12 to the second host, and the VM's own at its host (the pings
-        // below go through it).
-        let mut text = String::with_capacity(entries * 40);
-        let other = topo.hosts[1 - vm.host].underlay.addr;
-        for i in 0..entries as u32 {
-            let a = std::net::Ipv4Addr::from(0xac10_0000u32 + i + 1);
-            text.push_str(&format!("{tenant},vnet,{a},{other}\n"));
-        }
-        text.push_str(&format!(
-            "{tenant},vnet,{},{}\n",
-            vm.addr.addr, topo.hosts[vm.host].underlay.addr
-        ));
         let file = cluster.dir().join("routes.csv");
-        std::fs::write(&file, &text).map_err(|e| protego_testbed::Error::Io {
-            action: "write the route file",
-            path: file.clone(),
-            source: e,
-        })?;
+        let lines = write_route_load(&topo, entries, &file)?;
         let fetched = |n: &str| -> Result<usize> {
             Ok(cluster
                 .log(n)?
@@ -225,42 +209,37 @@ fn a_route_load_reaches_every_data_node_by_fetch() -> Result<()> {
         };
         let nodes = cluster.data_node_names();
         let before: Vec<usize> = nodes.iter().map(|n| fetched(n)).collect::<Result<_>>()?;
-        let pinger = OutagePing::start(&topo)?;
-        std::thread::sleep(Duration::from_millis(200));
-        let since = epoch_secs(std::time::SystemTime::now());
-        let t0 = Instant::now();
-        let answer = cluster.control(&format!("route load {}", file.display()))?;
-        let answered = t0.elapsed();
-        assert_eq!(answer["added"], entries + 1, "{answer}");
-        protego_testbed::wait::wait_for(
-            "every data node fetched the loaded table",
-            Duration::from_secs(60),
-            || {
-                let mut done = true;
-                for (n, b) in nodes.iter().zip(&before) {
-                    done &= fetched(n)? > *b;
-                }
-                Ok(if done {
-                    protego_testbed::wait::Probe::Ready(())
-                } else {
-                    protego_testbed::wait::Probe::NotYet("fetching".into())
-                })
-            },
-        )?;
-        let all = t0.elapsed();
-        let replies: Vec<f64> = pinger
-            .replies()
-            .into_iter()
-            .filter(|t| *t >= since)
-            .collect();
-        let gap = replies.windows(2).map(|w| w[1] - w[0]).fold(0.0, f64::max);
-        pinger.process.stop();
+        let ((answer, answered, all), seen) = under_traffic(&topo, || {
+            let t0 = Instant::now();
+            let answer = cluster.control(&format!("route load {}", file.display()))?;
+            let answered = t0.elapsed();
+            protego_testbed::wait::wait_for(
+                "every data node fetched the loaded table",
+                Duration::from_secs(60),
+                || {
+                    let mut done = true;
+                    for (n, b) in nodes.iter().zip(&before) {
+                        done &= fetched(n)? > *b;
+                    }
+                    Ok(if done {
+                        protego_testbed::wait::Probe::Ready(())
+                    } else {
+                        protego_testbed::wait::Probe::NotYet("fetching".into())
+                    })
+                },
+            )?;
+            Ok((answer, answered, t0.elapsed()))
+        })?;
+        assert_eq!(answer["added"], lines, "{answer}");
         eprintln!(
-            "route load of {} entries: answered in {:.0} ms, on every data node after {:.0} ms; longest gap between ping replies {:.0} ms",
-            entries + 1,
+            "route load of {} entries: answered in {:.0} ms, on every data node after {:.0} ms; {seen}",
+            lines,
             answered.as_secs_f64() * 1e3,
             all.as_secs_f64() * 1e3,
-            gap * 1e3
+        );
+        assert!(
+            seen.during.is_some_and(|s| s.received > 0) && seen.iperf.bytes_received > 0,
+            "traffic stopped during the load: {seen}"
         );
         for n in &nodes {
             if let Some(line) = cluster
@@ -274,12 +253,7 @@ fn a_route_load_reaches_every_data_node_by_fetch() -> Result<()> {
         }
         ping_all_vms(&topo, 0, 5)?;
         let status = cluster.control("status")?;
-        assert_eq!(
-            status["routes"]["entries"],
-            entries + 1,
-            "{}",
-            status["routes"]
-        );
+        assert_eq!(status["routes"]["entries"], lines, "{}", status["routes"]);
         Ok(())
     })();
     if result.is_err() {

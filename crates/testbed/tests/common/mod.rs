@@ -308,3 +308,125 @@ pub fn host_veth(topo: &Topology, vm: usize) -> Result<String> {
         reason: format!("no bridge port of {vm_mac} among {ports:?}"),
     })
 }
+
+/// What the site's traffic to VM 0 saw while something ran ([`under_traffic`]).
+pub struct UnderTraffic {
+    /// The 1 kHz probe stream in the second before it started.
+    pub before: Option<protego_testbed::probe::ProbeStats>,
+    /// The probe stream while it ran.
+    pub during: Option<protego_testbed::probe::ProbeStats>,
+    /// How long it ran.
+    pub took: Duration,
+    /// The iperf3 TCP stream that ran across it.
+    pub iperf: IperfResult,
+}
+
+impl std::fmt::Display for UnderTraffic {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let show = |s: &Option<protego_testbed::probe::ProbeStats>| {
+            match s {
+            Some(s) => format!(
+                "stall {:.1} ms (longest gap {:.1} ms less the sender's {:.1} ms; delay median {:.2} ms, max {:.1} ms), {} of {} probes lost, {} reordered",
+                s.stall_us() as f64 / 1e3,
+                s.longest_gap_us as f64 / 1e3,
+                s.sender_gap_us as f64 / 1e3,
+                s.median_delay_us as f64 / 1e3,
+                s.max_delay_us as f64 / 1e3,
+                s.sent - s.received,
+                s.sent,
+                s.reordered
+            ),
+            None => "no probes".to_owned(),
+        }
+        };
+        write!(
+            f,
+            "during ({:.0} ms): {}; the second before: {}; iperf3 TCP site -> VM {:.0} Mbit/s",
+            self.took.as_secs_f64() * 1e3,
+            show(&self.during),
+            show(&self.before),
+            self.iperf.received_bps / 1e6
+        )
+    }
+}
+
+/// Runs `during` while the site sends an iperf3 TCP stream and a 1 kHz timestamped probe
+/// stream (`protego_testbed::probe`) to VM 0 of tenant 0 through the tunnel, and returns its
+/// result and what the traffic saw: the probe stream's longest stall while it ran and in the
+/// second before, and the TCP stream's rate. `during` must finish within about 4 s.
+pub fn under_traffic<T>(
+    topo: &Topology,
+    during: impl FnOnce() -> Result<T>,
+) -> Result<(T, UnderTraffic)> {
+    use protego_testbed::probe::{self, ProbeStream};
+    let site = &topo.sites[0];
+    let vm = &topo.tenants[0].vms[0];
+    let server = traffic::iperf3_server(&vm.ns, vm.addr.addr, 5201)?;
+    let stream = ProbeStream::start(
+        &site.ns,
+        site.lan_addr,
+        &vm.ns,
+        std::net::SocketAddr::new(vm.addr.addr, 6000),
+        1000,
+        Duration::from_secs(12),
+    )?;
+    let (ns, to, from) = (site.ns.clone(), server.addr, site.lan_addr);
+    let iperf = std::thread::spawn(move || {
+        let mut opts = IperfOptions::tcp(Duration::from_secs(7));
+        opts.bind = Some(from);
+        traffic::iperf3_client(&ns, to, &opts)
+    });
+    // TCP at full rate before the start.
+    std::thread::sleep(Duration::from_secs(2));
+    let now_ns = || {
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(0)
+    };
+    let t0 = now_ns();
+    let started = std::time::Instant::now();
+    let out = during();
+    let took = started.elapsed();
+    let t1 = now_ns();
+    let iperf = iperf
+        .join()
+        .unwrap_or_else(|p| std::panic::resume_unwind(p));
+    let samples = stream.finish()?;
+    drop(server);
+    let out = out?;
+    let iperf = iperf?;
+    Ok((
+        out,
+        UnderTraffic {
+            before: probe::stats(&samples, t0.saturating_sub(1_000_000_000), t0),
+            during: probe::stats(&samples, t0, t1),
+            took,
+            iperf,
+        },
+    ))
+}
+
+/// Writes a route file of `entries` per-VM entries of tenant 0's VNet in 172.16.0.0/12
+/// pointing at the host VM 0 is not on, and VM 0's own entry at its host (the traffic of
+/// [`under_traffic`] goes through it), to `path`. Returns the number of lines.
+pub fn write_route_load(topo: &Topology, entries: u32, path: &std::path::Path) -> Result<u32> {
+    let tenant = &topo.tenants[0].name;
+    let vm = &topo.tenants[0].vms[0];
+    let other = topo.hosts[1 - vm.host].underlay.addr;
+    let mut text = String::with_capacity(entries as usize * 40);
+    for i in 0..entries {
+        let a = std::net::Ipv4Addr::from(0xac10_0000u32 + i + 1);
+        text.push_str(&format!("{tenant},vnet,{a},{other}\n"));
+    }
+    text.push_str(&format!(
+        "{tenant},vnet,{},{}\n",
+        vm.addr.addr, topo.hosts[vm.host].underlay.addr
+    ));
+    std::fs::write(path, &text).map_err(|e| protego_testbed::Error::Io {
+        action: "write the route file",
+        path: path.to_path_buf(),
+        source: e,
+    })?;
+    Ok(entries + 1)
+}
