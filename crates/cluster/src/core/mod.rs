@@ -525,9 +525,16 @@ impl ClusterCore {
         }
         n.alive = true;
         info!(node = %n.name, id, "data node answers its probes again");
-        // It may have missed a change of the attachments while it counted as dead.
+        // While it counted as dead it was sent nothing: an apply's inside configuration, the
+        // attachments and the relay list may have changed meanwhile (its session stayed open,
+        // so it is not sent them as at a Hello).
+        self.emit(id, Directive::DataConfig, Await::Nothing);
         if !self.attachments.is_empty() {
             self.send_attachments(id);
+        }
+        let relays = self.relays();
+        if !relays.is_empty() {
+            self.emit(id, Directive::Relays(relays), Await::Nothing);
         }
         let placed = self.place_attachments(None);
         self.emit_port_tags(&placed, None);

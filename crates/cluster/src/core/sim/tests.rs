@@ -266,3 +266,40 @@ fn the_autoscalers_input_knows_the_child_sas_and_the_unplaced() {
     assert!(i.with_child.is_empty() && i.unplaced.is_empty(), "{i:?}");
     assert_eq!(i.placement, vec![(t, d)]);
 }
+
+/// A data node declared dead while its session stays open is sent nothing: an apply made
+/// meanwhile reaches it when it answers its probes again (its inside configuration and
+/// relay list), as it would at a Hello.
+#[test]
+fn a_node_back_from_the_dead_gets_the_configuration_it_missed() {
+    use crate::core::Directive;
+    let now = std::time::Instant::now();
+    let (mut core, d) = small_core(now);
+    core.handle_node_dead(d, now);
+    drop(core.poll_outbox());
+    core.handle_inventory(super::tunnels(), Default::default(), now);
+    let out = core.poll_outbox();
+    assert!(
+        out.send
+            .iter()
+            .all(|o| o.node != d || !matches!(o.directive, Directive::DataConfig)),
+        "a dead node was sent the configuration: {:?}",
+        out.send
+    );
+    core.handle_node_alive(d, now);
+    let out = core.poll_outbox();
+    let to_d: Vec<&Directive> = out
+        .send
+        .iter()
+        .filter(|o| o.node == d)
+        .map(|o| &o.directive)
+        .collect();
+    assert!(
+        to_d.iter().any(|d| matches!(d, Directive::DataConfig)),
+        "{to_d:?}"
+    );
+    assert!(
+        to_d.iter().any(|d| matches!(d, Directive::Relays(_))),
+        "{to_d:?}"
+    );
+}
