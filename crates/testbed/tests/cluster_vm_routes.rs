@@ -83,10 +83,7 @@ fn routes_from_the_control_node_follow_a_vm_and_survive_restarts() -> Result<()>
         &ClusterSpec::default(),
     )?;
     let result = (|| -> Result<()> {
-        let site = site_charon(&topo, &tun)?;
-        site.initiate("net", UP)?;
-        site.wait_child_installed("net", UP)?;
-        warm_up(&topo, 0)?;
+        let _site = site_up(&topo, &tun)?;
         let vm = &topo.tenants[0].vms[0];
         let tenant = topo.tenants[0].name.clone();
         let host = |h: usize| -> IpAddr { topo.hosts[h].underlay.addr };
@@ -195,10 +192,7 @@ fn a_route_load_reaches_every_data_node_by_fetch() -> Result<()> {
         &ClusterSpec::default(),
     )?;
     let result = (|| -> Result<()> {
-        let site = site_charon(&topo, &tun)?;
-        site.initiate("net", UP)?;
-        site.wait_child_installed("net", UP)?;
-        warm_up(&topo, 0)?;
+        let _site = site_up(&topo, &tun)?;
         let file = cluster.dir().join("routes.csv");
         let lines = write_route_load(&topo, entries, &file)?;
         let fetched = |n: &str| -> Result<usize> {
@@ -281,10 +275,7 @@ fn a_standby_takes_over_the_routes_from_etcd() -> Result<()> {
     };
     let cluster = ProtegoCluster::start(&bed, &topo, std::slice::from_ref(&tun), &spec)?;
     let result = (|| -> Result<()> {
-        let site = site_charon(&topo, &tun)?;
-        site.initiate("net", UP)?;
-        site.wait_child_installed("net", UP)?;
-        warm_up(&topo, 0)?;
+        let _site = site_up(&topo, &tun)?;
         let tenant = &topo.tenants[0].name;
         let vm = &topo.tenants[0].vms[0];
         let host = topo.hosts[vm.host].underlay.addr;

@@ -27,10 +27,7 @@ fn a_vm_moved_to_another_host_is_reached_through_its_exact_entry() -> Result<()>
     let tun = GatewayTunnel::for_site(&topo, 0, PSK);
     let gw = ProtegoGateway::start(&bed, &topo, std::slice::from_ref(&tun), &[])?;
     let result = (|| -> Result<()> {
-        let site = site_charon(&topo, &tun)?;
-        site.initiate("net", UP)?;
-        site.wait_child_installed("net", UP)?;
-        warm_up(&topo, 0)?;
+        let _site = site_up(&topo, &tun)?;
         let vm = &topo.tenants[0].vms[0];
         let (from, to) = (&topo.hosts[vm.host], &topo.hosts[1 - vm.host]);
         let tenant = &topo.tenants[0].name;
@@ -121,10 +118,7 @@ fn a_million_entries_load_while_traffic_flows() -> Result<()> {
     let tun = GatewayTunnel::for_site(&topo, 0, PSK);
     let gw = ProtegoGateway::start(&bed, &topo, std::slice::from_ref(&tun), &[])?;
     let result = (|| -> Result<()> {
-        let site = site_charon(&topo, &tun)?;
-        site.initiate("net", UP)?;
-        site.wait_child_installed("net", UP)?;
-        warm_up(&topo, 0)?;
+        let _site = site_up(&topo, &tun)?;
         let file = bed.dir().join("routes.csv");
         let lines = write_route_load(&topo, entries, &file)?;
         let (answer, seen) = under_traffic(&topo, || {

@@ -85,6 +85,16 @@ pub fn site_charon(topo: &Topology, tun: &GatewayTunnel) -> Result<Charon> {
     site_charon_with(topo, tun, &label, &CharonSettings::default(), |_| {})
 }
 
+/// Starts the site's charon toward Protego ([`site_charon`]), brings the tunnel up and waits
+/// until every VM answers ([`warm_up`]).
+pub fn site_up(topo: &Topology, tun: &GatewayTunnel) -> Result<Charon> {
+    let site = site_charon(topo, tun)?;
+    site.initiate("net", UP)?;
+    site.wait_child_installed("net", UP)?;
+    warm_up(topo, tun.site)?;
+    Ok(site)
+}
+
 /// Starts a charon labelled `label` with `settings` on the site of `tun` and loads the
 /// standard connection toward Protego, matching `tun`, after `edit` adjusted it (proposals,
 /// rekey times...).
