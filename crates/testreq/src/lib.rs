@@ -58,12 +58,16 @@ pub fn strict() -> bool {
 }
 
 /// Where `name` is: itself if it is a path to an existing file (executable, unless it is a
-/// shared object), else its first match on `PATH`, as `std::process::Command` would find it.
+/// shared object or a header), else its first match on `PATH`, as `std::process::Command`
+/// would find it.
 pub fn find(name: &str) -> Option<PathBuf> {
     let usable = |p: &Path| {
         use std::os::unix::fs::PermissionsExt;
         p.metadata().is_ok_and(|m| {
-            m.is_file() && (name.ends_with(".so") || m.permissions().mode() & 0o111 != 0)
+            m.is_file()
+                && (name.ends_with(".so")
+                    || name.ends_with(".h")
+                    || m.permissions().mode() & 0o111 != 0)
         })
     };
     if name.contains('/') {
@@ -195,6 +199,8 @@ mod tests {
             Some("libstrongswan-standard-plugins")
         );
         assert_eq!(package_of("charon-systemd"), Some("charon-systemd"));
+        assert_eq!(package_of("clang-14"), Some("clang-14"));
+        assert_eq!(package_of("bpf_helpers.h"), Some("libbpf-dev"));
         assert_eq!(package_of("no-such-program"), None);
     }
 
