@@ -1,0 +1,193 @@
+//! The PREVAIL verifier as the gateway runs it: an XDP context, the offered helpers only, the
+//! offered map types only, a termination check, and 496 of the 512 stack bytes.
+//!
+//! PREVAIL ("Simple and Precise Static Analysis of Untrusted Linux Kernel Extensions",
+//! Gershuni et al., PLDI 2019) proves, by abstract interpretation over the control-flow graph,
+//! that every memory access is inside the context, the stack, the packet or a map value, that
+//! map values are checked against NULL, that packet pointers are not used after
+//! `bpf_xdp_adjust_head/tail`, and (with the termination check) that every loop is bounded.
+
+use prevail::crab::ebpf_domain::DomainContext;
+use prevail::crab::var_registry::VariableRegistry;
+use prevail::elf_loader::UnmarshalError;
+use prevail::ir::syntax::Call;
+use prevail::linux::linux_platform::LinuxPlatform;
+use prevail::linux::spec_prototypes::HelperPrototype;
+use prevail::platform::{EbpfPlatform, KsymBtfId};
+use prevail::spec::config::EbpfVerifierOptions;
+use prevail::spec::type_descriptors::{
+    BtfLineInfo, EbpfMapDescriptor, EbpfMapType, EbpfProgramType, EbpfStructDescriptor, ProgramInfo,
+};
+use std::collections::BTreeMap;
+
+use crate::{Insn, LoadError, MapKind, OFFERED_HELPERS};
+
+/// Stack bytes a program may use. The last 16 of the kernel's 512 are kept for the runtime's
+/// own bookkeeping (the per-packet instruction meter of the next step), so programs are
+/// verified against 496.
+pub const STACK_SIZE: i32 = 496;
+
+/// What PREVAIL found for an accepted program.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Verdict {
+    /// The largest number of iterations of any loop that PREVAIL proved (0 without loops).
+    pub(crate) loop_bound: u32,
+}
+
+/// Linux's XDP platform narrowed to what the gateway offers: [`OFFERED_HELPERS`] and
+/// [`MapKind`]. Everything else is Linux's (helper prototypes, the `xdp_md` layout).
+struct GatewayPlatform {
+    linux: LinuxPlatform,
+}
+
+impl EbpfPlatform for GatewayPlatform {
+    fn get_program_type(&self, section: &str, path: &str) -> EbpfProgramType {
+        self.linux.get_program_type(section, path)
+    }
+    fn get_helper_prototype(&self, n: i32) -> &HelperPrototype {
+        self.linux.get_helper_prototype(n)
+    }
+    fn try_get_helper_prototype(&self, n: i32) -> Option<&HelperPrototype> {
+        self.linux.try_get_helper_prototype(n)
+    }
+    fn is_helper_usable(&self, n: i32) -> bool {
+        OFFERED_HELPERS.contains(&n) && self.linux.is_helper_usable(n)
+    }
+    fn resolve_builtin_call(&self, _name: &str) -> Option<i32> {
+        None
+    }
+    fn resolve_ksym_btf_id(&self, _name: &str) -> Option<KsymBtfId> {
+        None
+    }
+    fn get_builtin_call(&self, _id: i32) -> Option<Call> {
+        None
+    }
+    fn map_record_size(&self) -> usize {
+        self.linux.map_record_size()
+    }
+    fn parse_maps_section(
+        &mut self,
+        _descriptors: &mut Vec<EbpfMapDescriptor>,
+        _data: &[u8],
+        _record_size: usize,
+        _count: usize,
+        _options: &EbpfVerifierOptions,
+    ) {
+        // Maps come from aya-obj's BTF parsing (crate::maps), never from a legacy section.
+    }
+    fn resolve_inner_map_references(
+        &self,
+        _descriptors: &mut Vec<EbpfMapDescriptor>,
+    ) -> Result<(), UnmarshalError> {
+        Ok(())
+    }
+    fn get_map_descriptor(&self, map_fd: i32) -> Option<&EbpfMapDescriptor> {
+        self.linux.get_map_descriptor(map_fd)
+    }
+    fn get_map_type(&self, platform_specific_type: u32) -> EbpfMapType {
+        // An unoffered type becomes UNSPEC, which no helper accepts; the loader refuses such
+        // maps by name before the verifier runs.
+        let t = MapKind::from_type(platform_specific_type).map_or(0, MapKind::map_type);
+        self.linux.get_map_type(t)
+    }
+    fn sock_common_layout(&self) -> Option<&'static EbpfStructDescriptor> {
+        None
+    }
+    fn supported_conformance_groups(&self) -> u32 {
+        self.linux.supported_conformance_groups()
+    }
+}
+
+/// Runs PREVAIL on `insns` (map references relocated to the handles of `maps`). `lines` maps
+/// instruction indices to their C source, for the error.
+pub(crate) fn verify(
+    section: &str,
+    insns: &[Insn],
+    maps: &[EbpfMapDescriptor],
+    lines: &BTreeMap<usize, String>,
+) -> Result<Verdict, LoadError> {
+    let internal = |reason: String| LoadError::VerifierInternal {
+        section: section.to_owned(),
+        reason,
+    };
+    let mut linux = LinuxPlatform::new();
+    let program_type = linux.get_program_type("xdp", "");
+    linux.set_program_type(&program_type);
+    linux.map_descriptors = maps.to_vec();
+    let platform = GatewayPlatform { linux };
+    let mut info = ProgramInfo {
+        map_descriptors: maps.to_vec(),
+        program_type,
+        line_info: lines
+            .iter()
+            .map(|(&i, l)| {
+                let info = BtfLineInfo {
+                    file_name: String::new(),
+                    source_line: l.clone(),
+                    line_number: 0,
+                    column_number: 0,
+                };
+                (i, info)
+            })
+            .collect(),
+        ..ProgramInfo::default()
+    };
+    info.supported_conformance_groups = platform.supported_conformance_groups();
+    let mut options = EbpfVerifierOptions::default();
+    options.runtime.check_for_termination = true;
+    options.runtime.subprogram_stack_size = STACK_SIZE;
+    options.runtime.max_call_stack_frames = 1;
+    options.mock_map_fds = true;
+
+    let raw: Vec<_> = insns.iter().map(|i| i.to_prevail()).collect();
+    // PREVAIL is young (a port of the C++ verifier); an internal panic refuses the program
+    // instead of taking the caller down.
+    let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let mut notes = Vec::new();
+        let seq = prevail::ir::unmarshal::unmarshal(&raw, &mut notes, &info, &platform, &options)
+            .map_err(|e| internal(e.to_string()))?;
+        let program =
+            prevail::ir::program::Program::from_sequence(&seq, &mut info, &platform, &options)
+                .map_err(|e| internal(e.to_string()))?;
+        let ctx = DomainContext {
+            program_info: &info,
+            program: &program,
+            runtime: &options.runtime,
+            options: &options,
+            platform: &platform,
+        };
+        let mut registry = VariableRegistry::new();
+        let result = prevail::fwd_analyzer::analyze(&program, &ctx, &mut registry);
+        if !result.failed {
+            return Ok(Verdict {
+                loop_bound: u32::try_from(result.max_loop_count).unwrap_or(0),
+            });
+        }
+        let error = result.find_first_error();
+        let index = error
+            .as_ref()
+            .and_then(|e| e.label.as_ref())
+            .and_then(|l| usize::try_from(l.from).ok())
+            .filter(|&i| i < insns.len());
+        Err(LoadError::Verifier {
+            section: section.to_owned(),
+            index,
+            reason: error.map_or_else(|| "the program is not safe".to_owned(), |e| e.message),
+            source_line: index.and_then(|i| source_line(lines, i)),
+        })
+    }));
+    run.unwrap_or_else(|panic| {
+        let why = panic
+            .downcast_ref::<String>()
+            .cloned()
+            .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+            .unwrap_or_else(|| "unknown".to_owned());
+        Err(internal(format!("verifier panicked: {why}")))
+    })
+}
+
+/// The source line of instruction `index`: BTF line information names the first instruction
+/// of each line, so the nearest entry at or before it.
+fn source_line(lines: &BTreeMap<usize, String>, index: usize) -> Option<String> {
+    lines.range(..=index).next_back().map(|(_, l)| l.clone())
+}

@@ -1,0 +1,303 @@
+//! Loads the C programs of `tests/filters/` as clang compiles them (at test time, with the
+//! command the documentation gives tenants) and checks what is accepted and what is refused,
+//! and why.
+
+use filter::{LoadError, MapKind, MapSpec, Object};
+use std::path::PathBuf;
+use std::process::Command;
+
+/// The header the programs include from libbpf-dev (`scripts/requirements.tsv`).
+const BPF_HELPERS_H: &str = "/usr/include/bpf/bpf_helpers.h";
+
+/// Compiles `tests/filters/NAME.c` with `clang-14 -O2 [-g] -target bpf -mcpu=v3` and returns
+/// the object's bytes; `None` (the test returns) when clang or libbpf-dev is missing and the
+/// run is not strict: under `make test` a missing compiler fails the test.
+fn compile(name: &str, debug_info: bool) -> Option<Vec<u8>> {
+    let test = testreq::this_test();
+    if !testreq::program(&test, "clang-14") || !testreq::program(&test, BPF_HELPERS_H) {
+        return None;
+    }
+    let source = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(format!("tests/filters/{name}.c"));
+    // One output per test and variant: tests run in parallel.
+    let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!(
+        "filter-{name}-{}-{}.o",
+        if debug_info { "g" } else { "nog" },
+        test.replace("::", "-")
+    ));
+    let mut clang = Command::new("clang-14");
+    clang.args([
+        "-O2",
+        "-target",
+        "bpf",
+        "-mcpu=v3",
+        "-I/usr/include/x86_64-linux-gnu",
+    ]);
+    if debug_info {
+        clang.arg("-g");
+    }
+    let status = clang
+        .arg("-c")
+        .arg(&source)
+        .arg("-o")
+        .arg(&out)
+        .status()
+        .expect("clang-14 runs");
+    assert!(status.success(), "clang-14 failed on {}", source.display());
+    Some(std::fs::read(&out).expect("clang-14 wrote the object"))
+}
+
+fn refusal(name: &str, section: &str) -> Option<String> {
+    let bytes = compile(name, true)?;
+    match Object::load(&bytes, section) {
+        Ok(p) => panic!("{section} of {name}.c was accepted: {p:?}"),
+        Err(e) => Some(e.to_string()),
+    }
+}
+
+#[test]
+fn the_drop_filter_is_accepted_with_its_maps() {
+    let Some(bytes) = compile("drop", true) else {
+        return;
+    };
+    let p = Object::load(&bytes, "xdp").expect("drop.c verifies");
+    assert_eq!(p.function(), "drop_blocked");
+    assert_eq!(
+        p.maps(),
+        [
+            MapSpec {
+                name: "blocked".into(),
+                kind: MapKind::Array,
+                key_size: 4,
+                value_size: 4,
+                max_entries: 16,
+                flags: 0,
+            },
+            MapSpec {
+                name: "dropped".into(),
+                kind: MapKind::PerCpuArray,
+                key_size: 4,
+                value_size: 8,
+                max_entries: 1,
+                flags: 0,
+            },
+        ]
+    );
+    // The loop over the 16 slots is unrolled (see drop.c).
+    assert_eq!(p.loop_bound(), 0);
+    // Map references point at the program's maps: handle = index + 1.
+    let mut handles: Vec<i32> = p
+        .instructions()
+        .iter()
+        .filter(|i| i.is_lddw() && i.src == 1)
+        .map(|i| i.imm)
+        .collect();
+    handles.sort_unstable();
+    handles.dedup();
+    assert_eq!(handles, [1, 2]);
+    assert_eq!(p.bytecode().len(), 8 * p.instructions().len());
+    // The same program by name.
+    let by_name = Object::load(&bytes, "xdp:drop_blocked").expect("by name");
+    assert_eq!(by_name.instructions(), p.instructions());
+}
+
+#[test]
+fn the_dns_limiter_is_accepted_with_every_offered_helper() {
+    let Some(bytes) = compile("dns_limit", true) else {
+        return;
+    };
+    let p = Object::load(&bytes, "xdp").expect("dns_limit.c verifies");
+    let kinds: Vec<(&str, MapKind, u32)> = p
+        .maps()
+        .iter()
+        .map(|m| (m.name.as_str(), m.kind, m.max_entries))
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            ("config", MapKind::Array, 1),
+            ("exempt", MapKind::Hash, 64),
+            ("last_pass", MapKind::LruHash, 4096),
+            ("verdicts", MapKind::PerCpuArray, 2),
+        ]
+    );
+    let mut helpers: Vec<i32> = p
+        .instructions()
+        .iter()
+        .filter(|i| i.code == 0x85)
+        .map(|i| i.imm)
+        .collect();
+    helpers.sort_unstable();
+    helpers.dedup();
+    assert_eq!(helpers, filter::OFFERED_HELPERS);
+    assert_eq!(p.loop_bound(), 0);
+}
+
+#[test]
+fn an_out_of_bounds_packet_read_is_refused_where_it_happens() {
+    let Some(e) = refusal("refused", "xdp:out_of_bounds") else {
+        return;
+    };
+    assert!(
+        e.starts_with("section `xdp:out_of_bounds`, instruction ")
+            && e.contains("Upper bound must be at most packet_size")
+            && e.contains("refused.c:")
+            && e.contains("p[20]"),
+        "{e}"
+    );
+}
+
+#[test]
+fn a_map_value_used_without_a_null_check_is_refused() {
+    let Some(e) = refusal("refused", "xdp:no_null_check") else {
+        return;
+    };
+    assert!(
+        e.contains("Possible null access") && e.contains("return *v & 3;"),
+        "{e}"
+    );
+}
+
+#[test]
+fn an_unbounded_loop_is_refused() {
+    let Some(e) = refusal("refused", "xdp:unbounded_loop") else {
+        return;
+    };
+    assert!(e.contains("Loop counter is too large"), "{e}");
+}
+
+#[test]
+fn a_loop_bounded_by_the_packet_is_accepted() {
+    let Some(bytes) = compile("refused", true) else {
+        return;
+    };
+    let p = Object::load(&bytes, "xdp:packet_walk").expect("packet_walk verifies");
+    assert!(
+        (64..=100_000).contains(&p.loop_bound()),
+        "{}",
+        p.loop_bound()
+    );
+}
+
+#[test]
+fn a_packet_pointer_used_after_adjust_tail_is_refused_and_a_reloaded_one_is_not() {
+    let Some(e) = refusal("refused", "xdp:stale_pointer") else {
+        return;
+    };
+    assert!(
+        e.contains("Invalid type") && e.contains("p[30] = 1;"),
+        "{e}"
+    );
+    let Some(bytes) = compile("refused", true) else {
+        return;
+    };
+    Object::load(&bytes, "xdp:fresh_pointer").expect("reloaded pointers verify");
+}
+
+#[test]
+fn a_helper_the_gateway_does_not_offer_is_refused_by_name() {
+    let Some(e) = refusal("refused", "xdp:unknown_helper") else {
+        return;
+    };
+    assert!(
+        e.starts_with("section `xdp:unknown_helper`, instruction ")
+            && e.ends_with("helper bpf_get_smp_processor_id (8) is not offered"),
+        "{e}"
+    );
+}
+
+#[test]
+fn a_ring_buffer_map_is_refused_by_name() {
+    let Some(e) = refusal("refused", "xdp:ring_buffer") else {
+        return;
+    };
+    assert_eq!(e, "map `events`: type ringbuf (27) is not offered");
+}
+
+#[test]
+fn a_bpf_to_bpf_call_is_refused_for_now() {
+    let Some(e) = refusal("refused", "xdp:local_call") else {
+        return;
+    };
+    assert!(e.contains("bpf-to-bpf call is not supported yet"), "{e}");
+}
+
+#[test]
+fn an_object_without_btf_asks_for_dash_g() {
+    let Some(bytes) = compile("drop", false) else {
+        return;
+    };
+    let e = Object::load(&bytes, "xdp").expect_err("no BTF");
+    assert!(matches!(e, LoadError::NoBtf), "{e:?}");
+    assert!(e.to_string().contains("compile with -g"), "{e}");
+}
+
+#[test]
+fn the_section_must_name_one_xdp_program() {
+    let Some(bytes) = compile("refused", true) else {
+        return;
+    };
+    let obj = Object::parse(&bytes).expect("parses");
+    assert!(obj.programs().contains(&"xdp:fresh_pointer".to_owned()));
+    let e = obj
+        .program("xdp")
+        .expect_err("several programs")
+        .to_string();
+    assert!(
+        e.starts_with("section `xdp` holds several programs (xdp:fresh_pointer, ")
+            && e.ends_with("choose one with `xdp:FUNCTION`"),
+        "{e}"
+    );
+    let e = obj
+        .program("xdp:nope")
+        .expect_err("no such function")
+        .to_string();
+    assert!(
+        e.contains("no such XDP program") && e.contains("xdp:local_call"),
+        "{e}"
+    );
+    // `classify` is a function of the object but not a program.
+    assert!(obj.program("xdp:classify").is_err());
+    let e = obj
+        .program("xdp:multi_buffer")
+        .expect_err("frags")
+        .to_string();
+    assert!(
+        e.contains("is a multi-buffer XDP (xdp.frags) program"),
+        "{e}"
+    );
+    let e = obj
+        .program("xdp:traffic_control")
+        .expect_err("tc")
+        .to_string();
+    assert!(
+        e.contains("`traffic_control` is a SchedClassifier program"),
+        "{e}"
+    );
+    for bad in ["tc", "xdp/foo", "xdp:", ""] {
+        let e = obj.program(bad).expect_err(bad).to_string();
+        assert!(e.contains("expected `xdp`, or `xdp:FUNCTION`"), "{e}");
+    }
+}
+
+#[test]
+fn a_section_name_libbpf_does_not_know_refuses_the_object() {
+    let Some(bytes) = compile("bad_section", true) else {
+        return;
+    };
+    let e = Object::parse(&bytes).expect_err("xdp/filter").to_string();
+    assert_eq!(
+        e,
+        "section `xdp/filter` is not a program section we know: put the filter in SEC(\"xdp\")"
+    );
+}
+
+#[test]
+fn bytes_that_are_not_an_object_are_refused() {
+    let e = Object::load(b"not an ELF file", "xdp").expect_err("garbage");
+    assert!(
+        e.to_string().starts_with("not a readable eBPF object"),
+        "{e}"
+    );
+    let e = Object::load(&[], "xdp").expect_err("empty");
+    assert!(matches!(e, LoadError::Malformed { .. }), "{e:?}");
+}
