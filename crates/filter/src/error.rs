@@ -14,6 +14,12 @@ pub enum LoadError {
         #[source]
         source: aya_obj::ParseError,
     },
+    /// The ELF parser or the relocation failed on the object (a panic in `aya-obj`, caught).
+    #[error("not a readable eBPF object: the parser failed on it ({reason})")]
+    ParserFailed {
+        /// The parser's panic message.
+        reason: String,
+    },
     /// The object carries no BTF, so its maps cannot be described.
     #[error("the object has no BTF, which describes its maps: compile with -g (clang -O2 -g -target bpf -c ...)")]
     NoBtf,
@@ -222,6 +228,15 @@ pub fn map_type_name(map_type: u32) -> String {
     } else {
         "(unknown)".to_owned()
     }
+}
+
+/// The message of a caught panic.
+pub(crate) fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<String>()
+        .cloned()
+        .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+        .unwrap_or_else(|| "unknown".to_owned())
 }
 
 fn list(available: &[String]) -> String {

@@ -61,7 +61,15 @@ impl Object {
 
     /// Parses an eBPF ELF object. It must carry BTF (`clang -g`).
     pub fn parse(bytes: &[u8]) -> Result<Self, LoadError> {
-        let obj = aya_obj::Object::parse(bytes).map_err(|e| match e {
+        // aya-obj indexes into the ELF and BTF data it reads and panics on some damaged
+        // objects (seen in tests/malformed.rs): a panic refuses the object.
+        let parsed =
+            std::panic::catch_unwind(|| aya_obj::Object::parse(bytes)).map_err(|panic| {
+                LoadError::ParserFailed {
+                    reason: error::panic_message(panic.as_ref()),
+                }
+            })?;
+        let obj = parsed.map_err(|e| match e {
             aya_obj::ParseError::NoBTF => LoadError::NoBtf,
             aya_obj::ParseError::InvalidProgramSection { section } => {
                 LoadError::UnknownSection { section }
@@ -94,6 +102,16 @@ impl Object {
     /// Loads and verifies the program of `section`: `xdp` when the object's `xdp` section
     /// holds one program, `xdp:FUNCTION` to name one of several.
     pub fn program(&self, section: &str) -> Result<Program, LoadError> {
+        // As in `parse`: aya-obj's relocation may panic on a damaged object.
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.load_program(section)))
+            .unwrap_or_else(|panic| {
+                Err(LoadError::ParserFailed {
+                    reason: error::panic_message(panic.as_ref()),
+                })
+            })
+    }
+
+    fn load_program(&self, section: &str) -> Result<Program, LoadError> {
         let function = self.choose(section)?;
         let mut obj = self.obj.clone();
         // Every function section takes part in call linking; map symbols live elsewhere.

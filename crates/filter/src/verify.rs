@@ -177,11 +177,7 @@ pub(crate) fn verify(
         })
     }));
     run.unwrap_or_else(|panic| {
-        let why = panic
-            .downcast_ref::<String>()
-            .cloned()
-            .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_owned()))
-            .unwrap_or_else(|| "unknown".to_owned());
+        let why = crate::error::panic_message(panic.as_ref());
         Err(internal(format!("verifier panicked: {why}")))
     })
 }
