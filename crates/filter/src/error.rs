@@ -88,7 +88,7 @@ pub enum LoadError {
     Helper {
         /// The requested section.
         section: String,
-        /// The call's instruction index (64-bit loads count twice, as in `llvm-objdump`).
+        /// The call's instruction index in the program (see [`crate::Insn`]).
         index: usize,
         /// The helper's number in the kernel's `enum bpf_func_id`.
         id: i32,
@@ -120,7 +120,7 @@ pub enum LoadError {
     Unsupported {
         /// The requested section.
         section: String,
-        /// The instruction index.
+        /// The instruction index in the program (see [`crate::Insn`]).
         index: usize,
         /// What it is.
         what: Unsupported,
@@ -130,7 +130,8 @@ pub enum LoadError {
     Verifier {
         /// The requested section.
         section: String,
-        /// The instruction where the proof failed, when PREVAIL names one.
+        /// The instruction where the proof failed, when PREVAIL names one (an index in the
+        /// program, see [`crate::Insn`]).
         index: Option<usize>,
         /// PREVAIL's reason, e.g. `Upper bound must be at most packet_size (valid_access(r1.offset+20, width=1) for read)`.
         reason: String,

@@ -5,7 +5,9 @@
 use crate::{LoadError, Unsupported};
 
 /// One 8-byte eBPF instruction (RFC 9669 §3): the second slot of a 64-bit immediate load
-/// (`lddw`) is an instruction of its own, so indices count as `llvm-objdump` does.
+/// (`lddw`) is an instruction of its own, so indices count as `llvm-objdump -d` does, from the
+/// program's first instruction (`llvm-objdump` numbers from the start of the ELF section,
+/// which differs when a section holds several programs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Insn {
     /// The opcode: class (low 3 bits), source flag and operation or size/mode.

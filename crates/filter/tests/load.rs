@@ -194,6 +194,18 @@ fn a_packet_pointer_used_after_adjust_tail_is_refused_and_a_reloaded_one_is_not(
 }
 
 #[test]
+fn more_stack_than_496_bytes_is_refused() {
+    let Some(e) = refusal("refused", "xdp:big_stack") else {
+        return;
+    };
+    assert!(
+        e.contains("Lower bound must be at least r10.stack_offset - subprogram_stack_size")
+            && e.contains("r10.offset-500"),
+        "{e}"
+    );
+}
+
+#[test]
 fn a_helper_the_gateway_does_not_offer_is_refused_by_name() {
     let Some(e) = refusal("refused", "xdp:unknown_helper") else {
         return;
@@ -243,7 +255,7 @@ fn the_section_must_name_one_xdp_program() {
         .expect_err("several programs")
         .to_string();
     assert!(
-        e.starts_with("section `xdp` holds several programs (xdp:fresh_pointer, ")
+        e.starts_with("section `xdp` holds several programs (xdp:big_stack, xdp:fresh_pointer, ")
             && e.ends_with("choose one with `xdp:FUNCTION`"),
         "{e}"
     );

@@ -92,6 +92,16 @@ int fresh_pointer(struct xdp_md *ctx)
     return XDP_TX;
 }
 
+/* Uses 504 bytes of stack: more than the 496 a tenant program gets. */
+SEC("xdp")
+int big_stack(struct xdp_md *ctx)
+{
+    __u32 words[126];
+    __builtin_memset(words, 0, sizeof(words));
+    words[0] = ctx->rx_queue_index;
+    return bpf_csum_diff(0, 0, words, sizeof(words), 0) & 1 ? XDP_PASS : XDP_DROP;
+}
+
 /* A helper the gateway does not offer (id 8). */
 SEC("xdp")
 int unknown_helper(struct xdp_md *ctx)
