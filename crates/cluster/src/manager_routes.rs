@@ -15,8 +15,8 @@
 //! Lock order: `routes`, then `state` (never the other way).
 
 use super::{Cluster, Role};
-use crate::link::{Ack, LinkError, NodeLink};
-use datapath::{DataplaneError, RouteChange, RouteChangeReport, RouteStats};
+use crate::link::{Ack, Answer, LinkError, NodeLink};
+use datapath::{DataplaneError, RouteChange, RouteChangeReport, RouteFanout, RouteStats};
 use routebook::{Replay, RouteMaster, RouteVersion};
 use rpc::pb;
 use std::collections::HashMap;
@@ -235,7 +235,8 @@ impl Cluster {
     }
 
     /// [`DataPath::change_routes`] for the cluster: the master first (validated as a data
-    /// node validates), then every live data node, answered once they applied it.
+    /// node validates), then every live data node, answered once they applied it (or kept it
+    /// while fetching, or failed: the answer's `nodes` counts each).
     pub(super) fn cluster_change_routes(
         &self,
         change: RouteChange,
@@ -268,7 +269,13 @@ impl Cluster {
             for (id, _, link) in &targets {
                 self.prompt_fetch(&mut rs, *id, link);
             }
-            return result;
+            return result.map(|r| RouteChangeReport {
+                nodes: Some(RouteFanout {
+                    fetching: targets.len(),
+                    ..RouteFanout::default()
+                }),
+                ..r
+            });
         };
         let sent: Sent = targets
             .into_iter()
@@ -283,16 +290,29 @@ impl Cluster {
             .collect();
         drop(rs);
         let deadline = self.deadline();
-        let nodes = sent.len();
-        let mut failed = Vec::new();
+        let mut fanout = RouteFanout::default();
+        let (mut failed, mut kept) = (Vec::new(), Vec::new());
         for (id, name, ack) in sent {
-            if let Err(e) = ack.and_then(|a| a.wait_until(deadline)) {
-                warn!(node = %name, version = %v, error = %e, "data node did not apply a route change; it fetches the table");
-                failed.push(id);
+            match ack.and_then(|a| a.wait_answer_until(deadline)) {
+                Ok(Answer::Applied) => fanout.applied += 1,
+                Ok(Answer::Kept) => {
+                    debug!(node = %name, version = %v, "data node kept a route change while fetching the table");
+                    kept.push(id);
+                }
+                Err(e) => {
+                    warn!(node = %name, version = %v, error = %e, "data node did not apply a route change; it fetches the table");
+                    failed.push(id);
+                }
             }
         }
-        if !failed.is_empty() {
+        (fanout.fetching, fanout.failed) = (kept.len(), failed.len());
+        if !failed.is_empty() || !kept.is_empty() {
             let mut rs = self.routes();
+            // A node that kept the change holds it once its fetch is restored: behind until
+            // it reports the master's version.
+            for id in kept {
+                self.mark(&mut rs, id, false);
+            }
             for id in failed {
                 let link = self.link(id);
                 if let Some(link) = link {
@@ -300,8 +320,16 @@ impl Cluster {
                 }
             }
         }
-        debug!(version = %v, nodes, us = started.elapsed().as_micros() as u64, "route change applied on the data nodes");
-        result
+        let us = started.elapsed().as_micros() as u64;
+        if fanout.fetching > 0 || fanout.failed > 0 {
+            info!(version = %v, applied = fanout.applied, fetching = fanout.fetching, failed = fanout.failed, us, "route change not applied on every data node yet");
+        } else {
+            debug!(version = %v, applied = fanout.applied, us, "route change applied on the data nodes");
+        }
+        result.map(|r| RouteChangeReport {
+            nodes: Some(fanout),
+            ..r
+        })
     }
 
     /// [`DataPath::write_routes`] for the cluster: the master's version, then its snapshot.

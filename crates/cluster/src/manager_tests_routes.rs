@@ -48,7 +48,7 @@ impl NodeLink for RouteNode {
         let result = match op {
             Op::RouteChanges(c) if self.skip_next.swap(false, Ordering::SeqCst) => {
                 drop(c);
-                Ok(())
+                Ok(Answer::Applied)
             }
             Op::RouteChanges(c) => {
                 let changes = rpc::convert::route_changes_from_pb(&c).map_err(|e| e.to_string());
@@ -64,9 +64,9 @@ impl NodeLink for RouteNode {
                     epoch: c.epoch,
                     seq: c.seq,
                 });
-                Ok(())
+                Ok(Answer::Applied)
             }
-            _ => Ok(()),
+            _ => Ok(Answer::Applied),
         };
         if let Some(late) = *self.late.lock().unwrap() {
             let (tx, ack) = Ack::later();
@@ -76,7 +76,7 @@ impl NodeLink for RouteNode {
             });
             return Ok(ack);
         }
-        Ok(Ack::ready(result))
+        Ok(Ack::answered(result))
     }
 
     fn is_closed(&self) -> bool {
@@ -340,3 +340,6 @@ fn a_bulk_change_is_announced_and_a_restarted_control_node_starts_a_new_epoch() 
     assert_eq!(c.node("data1").dp.len(), 2);
     assert_eq!(c.bed.cluster.route_stats().vnets[0].v4, 2);
 }
+
+#[path = "manager_tests_routes_sync.rs"]
+mod sync;
