@@ -16,7 +16,16 @@ struct RouteNode {
     skip_next: AtomicBool,
     /// Answers to `route_changes` come this late (from another thread).
     late: Mutex<Option<Duration>>,
+    /// While set, answers wait here until [`Self::answer`] (a session that reads answers only
+    /// once its registration returned).
+    held: Mutex<Option<Vec<Held>>>,
 }
+
+/// An answer held back, and where it goes.
+type Held = (
+    crossbeam_channel::Sender<Result<Answer, String>>,
+    Result<Answer, String>,
+);
 
 impl RouteNode {
     fn new(at: RouteVersion) -> Self {
@@ -26,6 +35,19 @@ impl RouteNode {
             follower: Mutex::new(RouteFollower::at(at)),
             skip_next: AtomicBool::new(false),
             late: Mutex::new(None),
+            held: Mutex::new(None),
+        }
+    }
+
+    /// Holds the answers until [`Self::answer`].
+    fn hold(&self) {
+        *self.held.lock().unwrap() = Some(Vec::new());
+    }
+
+    /// Gives the answers held, and answers at once from now on.
+    fn answer(&self) {
+        for (tx, result) in self.held.lock().unwrap().take().unwrap_or_default() {
+            let _ = tx.send(result);
         }
     }
 
@@ -68,6 +90,11 @@ impl NodeLink for RouteNode {
             }
             _ => Ok(Answer::Applied),
         };
+        if let Some(held) = self.held.lock().unwrap().as_mut() {
+            let (tx, ack) = Ack::later();
+            held.push((tx, result));
+            return Ok(ack);
+        }
         if let Some(late) = *self.late.lock().unwrap() {
             let (tx, ack) = Ack::later();
             std::thread::spawn(move || {
