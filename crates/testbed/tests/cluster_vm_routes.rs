@@ -101,6 +101,11 @@ fn routes_from_the_control_node_follow_a_vm_and_survive_restarts() -> Result<()>
             host(first)
         ))?;
         assert_eq!(answer["added"], 1, "{answer}");
+        // The answer says where: applied on both data nodes, none fetching or failed.
+        let data_nodes = cluster.data_node_names().len();
+        assert_eq!(answer["nodes"]["applied"], data_nodes, "{answer}");
+        assert_eq!(answer["nodes"]["fetching"], 0, "{answer}");
+        assert_eq!(answer["nodes"]["failed"], 0, "{answer}");
         eprintln!(
             "route add on the control node answered in {} us",
             answer["us"]
