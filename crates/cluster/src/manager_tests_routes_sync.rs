@@ -310,3 +310,82 @@ fn route_changes_do_not_wait_for_the_route_stores_write() {
         .unwrap();
     assert_eq!(c.bed.cluster.route_stats().vnets[0].v4, 1);
 }
+
+/// An autoscaler plan of one decision, carried out by the core (act mode, no provider).
+fn plan_one(b: &RouteBed, action: provision::Action) -> crate::capacity::Outcome {
+    let mut sh = b.bed.cluster.state();
+    let (input, _) = sh.core.autoscale_input(false, Vec::new());
+    let plan = provision::Plan {
+        decisions: vec![provision::Decision {
+            action,
+            reason: provision::Reason::Empty,
+        }],
+        consolidation: None,
+        reservation: provision::Reservation {
+            mean: 0.0,
+            capacity: 0.0,
+            capacity_nodes: 0.0,
+            epsilon: 0.0,
+            required: 0,
+            reserved: 0,
+            active: 0,
+        },
+        unplaced: Vec::new(),
+        hotspots: Vec::new(),
+    };
+    let mut effects = sh.core.handle_plan(&plan, &input, false);
+    effects.outcomes.remove(0)
+}
+
+/// Planned moves (a drain, an autoscaler's migration) wait for a node whose per-VM routes are
+/// current; a lost node's tunnels still fall back to a node whose routes are behind.
+#[test]
+fn planned_moves_wait_for_current_routes_and_failover_does_not() {
+    let mut b = RouteBed::new();
+    b.bed.join("steer1", Role::Steer, 1);
+    let v = b.bed.cluster.routes_version();
+    let d1 = b.join("data1", 1, v);
+    b.bed
+        .cluster
+        .install_child(&child(1, 0x1000, None, true))
+        .unwrap();
+    // data2 starts (an empty table) and has not fetched yet.
+    let d2 = b.join("data2", 7, NO_ROUTES);
+    assert!(!b.current("data2"));
+    match b.bed.cluster.drain("data1") {
+        Err(ClusterError::Unsuitable { reason, .. }) => {
+            assert!(reason.contains("not current yet"), "{reason}")
+        }
+        other => panic!("drained onto a node without the routes: {other:?}"),
+    }
+    assert_eq!(b.bed.cluster.state().core.placement[&TunnelId(1)], d1);
+    let migrate = provision::Action::Migrate {
+        tunnel: provision::TunnelId(1),
+        from: provision::NodeId(d1),
+        to: provision::NodeId(d2),
+    };
+    assert!(matches!(
+        plan_one(&b, migrate),
+        crate::capacity::Outcome::Skipped(why) if why.contains("not current yet")
+    ));
+    assert_eq!(b.bed.cluster.state().core.placement[&TunnelId(1)], d1);
+    // Once data2 holds the table, both go.
+    b.fetch("data2");
+    assert!(matches!(
+        plan_one(&b, migrate),
+        crate::capacity::Outcome::Done
+    ));
+    assert_eq!(b.bed.cluster.state().core.placement[&TunnelId(1)], d2);
+    b.bed.rekeys();
+    // A bulk change: every node is behind until it fetches. data2, serving the tunnel, is
+    // lost: the tunnel goes to data1 all the same (behind, but alive beats nowhere).
+    b.bed
+        .cluster
+        .change_routes(datapath::RouteChange::Load(
+            "a,vnet,10.1.0.9,192.0.2.9\n".into(),
+        ))
+        .unwrap();
+    assert!(!b.current("data1") && !b.current("data2"));
+    b.bed.cluster.node_dead(d2, "steer1");
+    assert_eq!(b.bed.cluster.state().core.placement[&TunnelId(1)], d1);
+}
