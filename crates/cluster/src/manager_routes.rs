@@ -15,9 +15,9 @@
 //! Lock order: `routes`, then `state` (never the other way). The `routes` lock is held for
 //! in-memory work only: a change applied to the master, a snapshot serialised (for a fetch or
 //! the route store), never while waiting for a node's answer or writing to the store.
-//! Serialising is the longest hold (about 0.6 s at 16 M entries, the data plane's figure for
-//! the same snapshot, docs/performance.md); a replay's answer is waited for on a thread of
-//! its own ([`Ack::on_answer`]).
+//! Serialising is the longest hold (0.73–0.96 s at 16 M entries, docs/performance.md "The
+//! route snapshot in etcd"); a replay's answer is waited for on a thread of its own
+//! ([`Ack::on_answer`]).
 
 use super::{Cluster, Role, Shell};
 use crate::link::{Ack, Answer, LinkError, NodeLink};
