@@ -4,6 +4,7 @@
 //! happen. Packet forwarding never depends on the session: when it breaks, the node keeps
 //! forwarding with the tables it has and reconnects.
 
+use crate::link::Answer;
 use crate::node_config::ControlEndpoint;
 use rpc::certs::NodeTls;
 use rpc::pb;
@@ -31,8 +32,9 @@ pub trait Applier: Send + Sync + 'static {
     fn hello(&self) -> pb::Hello;
     /// A session was welcomed by the control node `welcome.control_name`.
     fn welcomed(&self, welcome: &pb::Welcome);
-    /// Applies one directive; `Err` names why nothing changed.
-    fn apply(&self, op: pb::directive::Op) -> Result<(), String>;
+    /// Applies one directive (or keeps it to apply later: [`Answer::Kept`]); `Err` names why
+    /// nothing changed.
+    fn apply(&self, op: pb::directive::Op) -> Result<Answer, String>;
     /// The report for the interval since the last one.
     fn report(&self) -> pb::Report;
     /// The session with control has been down for [`CONTROL_LOST_INTERVALS`] report
@@ -179,7 +181,8 @@ async fn session(
                         if let Err(e) = &result {
                             warn!(directive = id, error = %e, "directive rejected");
                         }
-                        send(pb::node_message::Msg::Ack(pb::Ack { id, error: result.err().unwrap_or_default() })).await?;
+                        let kept = matches!(result, Ok(Answer::Kept));
+                        send(pb::node_message::Msg::Ack(pb::Ack { id, error: result.err().unwrap_or_default(), kept })).await?;
                     }
                     Some(pb::control_message::Msg::Welcome(_)) | None => {
                         debug!("unexpected message from control; ignored");

@@ -10,6 +10,7 @@
 //! breaks, so a control node's restart or failover does not stop ESP.
 
 use crate::agent::{Agent, Applier};
+use crate::link::Answer;
 use crate::node_config::{ControlEndpoint, DataSection, NodeConfig};
 use crate::route_follow::RouteFollower;
 use dataplane::{DataPath, Dataplane, DataplaneConfig, DataplaneStats, RelayConfig, ToControl};
@@ -312,7 +313,40 @@ impl Applier for DataApplier {
             .unwrap_or_else(|e| e.into_inner()) = Some(welcome.control_name.clone());
     }
 
-    fn apply(&self, op: pb::directive::Op) -> Result<(), String> {
+    fn apply(&self, op: pb::directive::Op) -> Result<Answer, String> {
+        match op {
+            pb::directive::Op::RouteChanges(c) => self.route_changes(&c),
+            op => self.apply_op(op).map(|()| Answer::Applied),
+        }
+    }
+
+    fn report(&self) -> pb::Report {
+        let stats = self.dp.stats();
+        let mut last = self.last.lock().unwrap_or_else(|e| e.into_inner());
+        let routes = self.routes.version();
+        pb::Report {
+            routes_epoch: routes.epoch,
+            routes_seq: routes.seq,
+            ..build_report(&stats, &mut last, Instant::now())
+        }
+    }
+}
+
+impl DataApplier {
+    /// Route changes: applied, or kept while the node fetches the snapshot (and answered so).
+    fn route_changes(&self, c: &pb::RouteChanges) -> Result<Answer, String> {
+        let changes = rpc::convert::route_changes_from_pb(c)
+            .map_err(|e| e.context("route_changes").to_string())?;
+        let result =
+            self.routes
+                .follower()
+                .changes(&*self.routes.dp, c.epoch, c.first_seq, changes);
+        self.routes.kick();
+        result
+    }
+
+    /// Applies one directive but route changes; `Err` names why nothing changed.
+    fn apply_op(&self, op: pb::directive::Op) -> Result<(), String> {
         use pb::directive::Op;
         match op {
             Op::DataConfig(c) => {
@@ -388,16 +422,7 @@ impl Applier for DataApplier {
                     .set_ce_mac(&attachment, mac)
                     .map_err(|e| e.to_string())
             }
-            Op::RouteChanges(c) => {
-                let changes = rpc::convert::route_changes_from_pb(&c)
-                    .map_err(|e| e.context("route_changes").to_string())?;
-                let result =
-                    self.routes
-                        .follower()
-                        .changes(&*self.routes.dp, c.epoch, c.first_seq, changes);
-                self.routes.kick();
-                result
-            }
+            Op::RouteChanges(c) => self.route_changes(&c).map(drop),
             Op::RoutesChanged(c) => {
                 let at = routebook::RouteVersion {
                     epoch: c.epoch,
@@ -408,17 +433,6 @@ impl Applier for DataApplier {
                 Ok(())
             }
             other => Err(format!("{} is not a data node directive", op_name(&other))),
-        }
-    }
-
-    fn report(&self) -> pb::Report {
-        let stats = self.dp.stats();
-        let mut last = self.last.lock().unwrap_or_else(|e| e.into_inner());
-        let routes = self.routes.version();
-        pb::Report {
-            routes_epoch: routes.epoch,
-            routes_seq: routes.seq,
-            ..build_report(&stats, &mut last, Instant::now())
         }
     }
 }
@@ -804,6 +818,13 @@ mod tests {
             seq: 3,
         }))
         .expect("announcements are taken");
+        // While it fetches, a change is kept and answered as kept (`Ack.kept`), not applied.
+        let kept = a.apply(pb::directive::Op::RouteChanges(pb::RouteChanges {
+            epoch: 5,
+            first_seq: 4,
+            ops: vec![add("192.0.2.9")],
+        }));
+        assert_eq!(kept, Ok(Answer::Kept));
         let (h, r) = (a.hello(), a.report());
         assert_eq!((h.routes_epoch, h.routes_seq), (0, 0));
         assert_eq!((r.routes_epoch, r.routes_seq), (0, 0));

@@ -25,13 +25,31 @@ pub enum LinkError {
     Refused(String),
 }
 
+/// How a node took a directive it did not refuse.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Answer {
+    /// Applied.
+    Applied,
+    /// Kept, to be applied later: a data node fetching the route snapshot keeps the route
+    /// changes it receives meanwhile (`Ack.kept`).
+    Kept,
+}
+
+/// A node's answer as it travels to the waiter.
+type Answered = Result<Answer, String>;
+
 /// The pending answer to one directive.
 #[derive(Debug)]
-pub struct Ack(Receiver<Result<(), String>>);
+pub struct Ack(Receiver<Answered>);
 
 impl Ack {
     /// An answer that is already known (tests, and links that apply synchronously).
     pub fn ready(result: Result<(), String>) -> Self {
+        Self::answered(result.map(|()| Answer::Applied))
+    }
+
+    /// An answer that is already known, kept or applied.
+    pub fn answered(result: Result<Answer, String>) -> Self {
         let (tx, rx) = bounded(1);
         let _ = tx.send(result);
         Self(rx)
@@ -39,19 +57,53 @@ impl Ack {
 
     /// An answer to be given later through the sender (tests: a node that answers late).
     #[cfg(test)]
-    pub(crate) fn later() -> (Sender<Result<(), String>>, Self) {
+    pub(crate) fn later() -> (Sender<Result<Answer, String>>, Self) {
         let (tx, rx) = bounded(1);
         (tx, Self(rx))
     }
 
-    /// Waits until `deadline` for the node's answer.
+    /// Waits until `deadline` for the node's answer (a directive kept counts as taken).
     pub fn wait_until(self, deadline: Instant) -> Result<(), LinkError> {
+        self.wait_answer_until(deadline).map(drop)
+    }
+
+    /// Waits until `deadline` for the node's answer, applied or kept.
+    pub fn wait_answer_until(self, deadline: Instant) -> Result<Answer, LinkError> {
         let left = deadline.saturating_duration_since(Instant::now());
         match self.0.recv_timeout(left) {
-            Ok(Ok(())) => Ok(()),
+            Ok(Ok(answer)) => Ok(answer),
             Ok(Err(reason)) => Err(LinkError::Refused(reason)),
             Err(RecvTimeoutError::Timeout) => Err(LinkError::Timeout(left)),
             Err(RecvTimeoutError::Disconnected) => Err(LinkError::Closed),
+        }
+    }
+
+    /// Calls `done` with the node's answer (or the timeout at `deadline`) from a thread of
+    /// its own, so that the caller does not wait: a node's session reads answers only once
+    /// its registration returned. An error starting the thread is given to `done` at once,
+    /// as [`LinkError::Closed`] would be (nothing is known of the answer).
+    pub fn on_answer<F>(self, deadline: Instant, done: F)
+    where
+        F: FnOnce(Result<Answer, LinkError>) + Send + 'static,
+    {
+        // The closure runs exactly once: on the thread, or here if it cannot start.
+        let slot = std::sync::Arc::new(Mutex::new(Some(done)));
+        let on_thread = std::sync::Arc::clone(&slot);
+        let started = std::thread::Builder::new()
+            .name("protego-ack-wait".into())
+            .spawn(move || {
+                let answer = self.wait_answer_until(deadline);
+                let done = on_thread.lock().unwrap_or_else(|e| e.into_inner()).take();
+                if let Some(done) = done {
+                    done(answer);
+                }
+            });
+        if let Err(e) = started {
+            tracing::warn!(error = %e, "cannot start a thread to wait for a node's answer");
+            let done = slot.lock().unwrap_or_else(|e| e.into_inner()).take();
+            if let Some(done) = done {
+                done(Err(LinkError::Closed));
+            }
         }
     }
 }
@@ -62,7 +114,7 @@ impl Ack {
     pub fn poll_until(&self, deadline: Instant) -> Option<Result<(), LinkError>> {
         let left = deadline.saturating_duration_since(Instant::now());
         match self.0.recv_timeout(left) {
-            Ok(Ok(())) => Some(Ok(())),
+            Ok(Ok(_)) => Some(Ok(())),
             Ok(Err(reason)) => Some(Err(LinkError::Refused(reason))),
             Err(RecvTimeoutError::Timeout) => None,
             Err(RecvTimeoutError::Disconnected) => Some(Err(LinkError::Closed)),
@@ -87,7 +139,7 @@ pub type Outgoing = tokio::sync::mpsc::UnboundedSender<Result<pb::ControlMessage
 pub struct SessionLink {
     out: Outgoing,
     next_id: AtomicU64,
-    pending: Mutex<HashMap<u64, Sender<Result<(), String>>>>,
+    pending: Mutex<HashMap<u64, Sender<Answered>>>,
 }
 
 impl SessionLink {
@@ -111,10 +163,12 @@ impl SessionLink {
     pub fn complete(&self, ack: pb::Ack) {
         let waiter = self.pending().remove(&ack.id);
         if let Some(tx) = waiter {
-            let result = if ack.error.is_empty() {
-                Ok(())
-            } else {
+            let result = if !ack.error.is_empty() {
                 Err(ack.error)
+            } else if ack.kept {
+                Ok(Answer::Kept)
+            } else {
+                Ok(Answer::Applied)
             };
             let _ = tx.send(result);
         }
@@ -129,7 +183,7 @@ impl SessionLink {
         }
     }
 
-    fn pending(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Sender<Result<(), String>>>> {
+    fn pending(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Sender<Answered>>> {
         // A panicking holder cannot leave the map inconsistent (single inserts and removes).
         self.pending.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -179,10 +233,12 @@ mod tests {
         link.complete(pb::Ack {
             id: ids[1],
             error: "no such SA".into(),
+            kept: false,
         });
         link.complete(pb::Ack {
             id: ids[0],
             error: String::new(),
+            kept: false,
         });
         let deadline = Instant::now() + Duration::from_secs(1);
         assert_eq!(a.wait_until(deadline), Ok(()));
@@ -205,6 +261,39 @@ mod tests {
         drop(rx);
         assert!(link.is_closed());
         assert!(matches!(link.submit(op()), Err(LinkError::Closed)));
+    }
+
+    #[test]
+    fn a_kept_directive_is_told_from_an_applied_one() {
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let link = SessionLink::new(tx);
+        let a = link.submit(op()).unwrap();
+        let id = match rx.try_recv().unwrap().unwrap().msg {
+            Some(pb::control_message::Msg::Directive(d)) => d.id,
+            other => panic!("unexpected {other:?}"),
+        };
+        link.complete(pb::Ack {
+            id,
+            error: String::new(),
+            kept: true,
+        });
+        let deadline = Instant::now() + Duration::from_secs(1);
+        assert_eq!(a.wait_answer_until(deadline), Ok(Answer::Kept));
+    }
+
+    #[test]
+    fn an_answer_is_handed_on_without_waiting() {
+        let (tx, ack) = Ack::later();
+        let (done_tx, done) = bounded(1);
+        ack.on_answer(Instant::now() + Duration::from_secs(5), move |a| {
+            let _ = done_tx.send(a);
+        });
+        assert!(done.try_recv().is_err(), "called before the answer");
+        tx.send(Ok(Answer::Applied)).unwrap();
+        assert_eq!(
+            done.recv_timeout(Duration::from_secs(5)),
+            Ok(Ok(Answer::Applied))
+        );
     }
 
     #[test]

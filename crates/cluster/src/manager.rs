@@ -131,9 +131,10 @@ pub struct Cluster {
     ike: IkeRelay,
     tasks: Sender<Task>,
     to_control: Sender<ToControl>,
-    /// The per-VM routes' master table (locked before `state`, never after).
-    routes: Mutex<routes::RouteSync>,
-    state: Mutex<Shell>,
+    /// The per-VM routes' master table (locked before `state`, never after). Shared with the
+    /// threads that wait for a replay's answer ([`crate::link::Ack::on_answer`]).
+    routes: Arc<Mutex<routes::RouteSync>>,
+    state: Arc<Mutex<Shell>>,
 }
 
 /// Each VNI's gateway addresses in `config`.
@@ -179,12 +180,12 @@ impl Cluster {
             ike,
             tasks,
             to_control,
-            routes: Mutex::new(routes::RouteSync::new()),
-            state: Mutex::new(Shell {
+            routes: Arc::new(Mutex::new(routes::RouteSync::new())),
+            state: Arc::new(Mutex::new(Shell {
                 core,
                 links: HashMap::new(),
                 acks: HashMap::new(),
-            }),
+            })),
         }
     }
 
@@ -192,7 +193,7 @@ impl Cluster {
     #[must_use]
     pub fn with_provider(mut self, provider: Arc<dyn crate::provider::NodeProvider>) -> Self {
         self.state
-            .get_mut()
+            .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .core
             .provided = provider.nodes().into_iter().map(|n| n.name).collect();

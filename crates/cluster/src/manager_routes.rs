@@ -12,15 +12,20 @@
 //! store may lack a change the data nodes applied (a crash after the fan-out, before the
 //! journal), and the restored master would then number its next change as the one they hold.
 //!
-//! Lock order: `routes`, then `state` (never the other way).
+//! Lock order: `routes`, then `state` (never the other way). The `routes` lock is held for
+//! in-memory work only: a change applied to the master, a snapshot serialised (for a fetch or
+//! the route store), never while waiting for a node's answer or writing to the store.
+//! Serialising is the longest hold (0.73–0.96 s at 16 M entries, docs/performance.md "The
+//! route snapshot in etcd"); a replay's answer is waited for on a thread of its own
+//! ([`Ack::on_answer`]).
 
-use super::{Cluster, Role};
-use crate::link::{Ack, LinkError, NodeLink};
-use datapath::{DataplaneError, RouteChange, RouteChangeReport, RouteStats};
+use super::{Cluster, Role, Shell};
+use crate::link::{Ack, Answer, LinkError, NodeLink};
+use datapath::{DataplaneError, RouteChange, RouteChangeReport, RouteFanout, RouteStats};
 use routebook::{Replay, RouteMaster, RouteVersion};
 use rpc::pb;
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 use tracing::{debug, info, warn};
 
@@ -29,7 +34,7 @@ const VERSION_MAGIC: &[u8; 8] = b"PGRTVER1";
 const HEADER_LEN: usize = 24;
 
 /// Reports a node may send at another version before it is told again to fetch.
-const PROMPT_AFTER_REPORTS: u32 = 3;
+pub(super) const PROMPT_AFTER_REPORTS: u32 = 3;
 
 /// Chunks of the snapshot sent to a fetching data node, at most.
 pub const CHUNK_LEN: usize = 1 << 20;
@@ -39,9 +44,10 @@ pub(super) struct RouteSync {
     master: RouteMaster,
     /// By data node id.
     nodes: HashMap<u32, NodeRoutes>,
-    /// The snapshot being served, while the table has not changed and a fetch still holds
-    /// it (nodes fetching together share one; none is kept once they are done).
-    cached: Option<(RouteVersion, std::sync::Weak<[u8]>)>,
+    /// The snapshot being served, while the table has not changed and a fetch or a store
+    /// write still holds it (nodes fetching together share one; none is kept once they are
+    /// done): its version, entries and bytes.
+    cached: Option<(RouteVersion, usize, std::sync::Weak<[u8]>)>,
 }
 
 /// A data node's copy as control sees it.
@@ -49,11 +55,14 @@ pub(super) struct RouteSync {
 struct NodeRoutes {
     /// It holds the master's table (applied every change sent since).
     current: bool,
-    /// Reports since it was last told to fetch, while not current.
+    /// Consecutive reports that count against it: while not current, every report at another
+    /// version; while current, a report at another version that is not past its last one.
     reports: u32,
-    /// Times it was told to fetch (a replay acknowledged after a later prompt does not make
-    /// it current).
-    prompted: u64,
+    /// The version of its last report.
+    last: Option<RouteVersion>,
+    /// Bumped at every Hello and every prompt to fetch: the answer to a replay sent in an
+    /// earlier turn changes nothing.
+    turn: u64,
 }
 
 impl RouteSync {
@@ -64,6 +73,52 @@ impl RouteSync {
             nodes: HashMap::new(),
             cached: None,
         }
+    }
+
+    /// Marks node `id` current or behind, in the core too (`state` locked after `self`).
+    fn mark(&mut self, state: &Mutex<Shell>, id: u32, current: bool) {
+        let n = self.nodes.entry(id).or_default();
+        n.current = current;
+        n.reports = 0;
+        state
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .core
+            .set_routes_current(id, current);
+    }
+
+    /// Tells node `id` to fetch the table.
+    fn prompt_fetch(&mut self, state: &Mutex<Shell>, id: u32, link: &Arc<dyn NodeLink>) {
+        let v = self.master.version();
+        self.mark(state, id, false);
+        self.nodes.entry(id).or_default().turn += 1;
+        let op = pb::directive::Op::RoutesChanged(pb::RoutesChanged {
+            epoch: v.epoch,
+            seq: v.seq,
+        });
+        if let Err(e) = link.submit(op) {
+            warn!(id, error = %e, "cannot tell a data node to fetch the routes");
+        }
+    }
+
+    /// The snapshot of the master table, its version and entries: the one being served if it
+    /// is still held, else written now (in memory: the caller holds the lock, and does any I/O
+    /// after releasing it).
+    fn snapshot(&mut self) -> Result<(RouteVersion, usize, Arc<[u8]>), DataplaneError> {
+        let v = self.master.version();
+        if let Some((_, entries, bytes)) = self
+            .cached
+            .as_ref()
+            .filter(|(at, _, _)| *at == v)
+            .and_then(|(_, n, b)| Some((v, *n, b.upgrade()?)))
+        {
+            return Ok((v, entries, bytes));
+        }
+        let mut out = Vec::new();
+        let entries = self.master.peek_snapshot(&mut out)?;
+        let bytes: Arc<[u8]> = Arc::from(out);
+        self.cached = Some((v, entries, Arc::downgrade(&bytes)));
+        Ok((v, entries, bytes))
     }
 }
 
@@ -102,39 +157,27 @@ impl Cluster {
         self.routes().master.version() == at
     }
 
-    /// Marks node `id` current or behind (with `rs` held).
-    fn mark(&self, rs: &mut RouteSync, id: u32, current: bool) {
-        let n = rs.nodes.entry(id).or_default();
-        n.current = current;
-        n.reports = 0;
-        self.state().core.set_routes_current(id, current);
-    }
-
-    /// Tells node `id` to fetch the table (with `rs` held).
-    fn prompt_fetch(&self, rs: &mut RouteSync, id: u32, link: &Arc<dyn NodeLink>) {
-        let v = rs.master.version();
-        self.mark(rs, id, false);
-        rs.nodes.entry(id).or_default().prompted += 1;
-        let op = pb::directive::Op::RoutesChanged(pb::RoutesChanged {
-            epoch: v.epoch,
-            seq: v.seq,
-        });
-        if let Err(e) = link.submit(op) {
-            warn!(id, error = %e, "cannot tell a data node to fetch the routes");
-        }
-    }
-
     /// A data node registered holding the routes at `at`: current; a few changes behind in
     /// the same epoch: they are replayed; otherwise (an empty table after a start, another
-    /// epoch, ahead of the master) it fetches the table. Waits for a replay's answer.
+    /// epoch, ahead of the master) it fetches the table. Does not wait for a replay's answer
+    /// (the node's session reads answers only once the registration returned): a thread
+    /// waits for it, and marks the node current when it applied the replay, unless it was
+    /// told to fetch (or registered again) meanwhile; an error or no answer within the
+    /// directive timeout makes it fetch.
     pub(super) fn routes_hello(&self, id: u32, name: &str, at: RouteVersion) {
         let Some(link) = self.link(id) else {
             return;
         };
         let mut rs = self.routes();
+        let turn = {
+            let n = rs.nodes.entry(id).or_default();
+            n.turn += 1;
+            n.last = Some(at);
+            n.turn
+        };
         let replay = match rs.master.replay(at) {
             Replay::Current => {
-                self.mark(&mut rs, id, true);
+                rs.mark(&self.state, id, true);
                 return;
             }
             Replay::Fetch => None,
@@ -149,12 +192,11 @@ impl Cluster {
         };
         let Some((first_seq, ops)) = replay else {
             info!(node = name, at = %at, master = %rs.master.version(), "data node fetches the routes");
-            self.prompt_fetch(&mut rs, id, &link);
+            rs.prompt_fetch(&self.state, id, &link);
             return;
         };
         let v = rs.master.version();
-        self.mark(&mut rs, id, false);
-        let prompted = rs.nodes.get(&id).map_or(0, |n| n.prompted);
+        rs.mark(&self.state, id, false);
         let count = ops.len();
         let ack = link.submit(pb::directive::Op::RouteChanges(pb::RouteChanges {
             epoch: v.epoch,
@@ -162,80 +204,114 @@ impl Cluster {
             ops,
         }));
         drop(rs);
-        match ack.and_then(|a| a.wait_until(self.deadline())) {
-            Ok(()) => {
-                info!(node = name, at = %at, changes = count, "route changes replayed to a data node");
-                let mut rs = self.routes();
-                // Current unless a later change failed there meanwhile.
-                if rs.nodes.get(&id).is_some_and(|n| n.prompted == prompted) {
-                    self.mark(&mut rs, id, true);
+        let ack = match ack {
+            Ok(ack) => ack,
+            Err(e) => {
+                warn!(node = name, error = %e, "route replay not sent; the node fetches");
+                self.routes().prompt_fetch(&self.state, id, &link);
+                return;
+            }
+        };
+        let (routes, state, name) = (
+            Arc::clone(&self.routes),
+            Arc::clone(&self.state),
+            name.to_owned(),
+        );
+        ack.on_answer(self.deadline(), move |answer| {
+            let mut rs = routes.lock().unwrap_or_else(|e| e.into_inner());
+            if rs.nodes.get(&id).map(|n| n.turn) != Some(turn) {
+                debug!(node = %name, "answer to an earlier route replay ignored");
+                return;
+            }
+            match answer {
+                Ok(Answer::Applied) => {
+                    info!(node = %name, at = %at, to = %v, changes = count, "route changes replayed to a data node");
+                    rs.mark(&state, id, true);
+                }
+                Ok(Answer::Kept) => {
+                    info!(node = %name, at = %at, "route replay kept by a fetching data node; current once it reports the master's version");
+                }
+                Err(e) => {
+                    warn!(node = %name, error = %e, "route replay failed; the node fetches");
+                    rs.prompt_fetch(&state, id, &link);
                 }
             }
-            Err(e) => {
-                warn!(node = name, error = %e, "route replay failed; the node fetches");
-                let mut rs = self.routes();
-                self.prompt_fetch(&mut rs, id, &link);
-            }
-        }
+        });
     }
 
-    /// A data node reported holding the routes at `at`: current when it is the master's; a
-    /// node that stays behind is told again to fetch every few reports.
+    /// A data node reported holding the routes at `at`: current when it is the master's. A
+    /// node that is not current is told again to fetch every few reports. A current node is
+    /// judged too: reports race with changes on their way to it, so only a few consecutive
+    /// reports at another version that does not move forward (the same one again, another
+    /// epoch, or ahead of the master) mark it behind and make it fetch.
     pub fn routes_reported(&self, id: u32, at: RouteVersion) {
         let mut rs = self.routes();
         let master = rs.master.version();
-        let Some(n) = rs.nodes.get(&id).copied() else {
+        let Some(n) = rs.nodes.get_mut(&id) else {
             return;
         };
-        if n.current {
-            return;
-        }
+        let last = n.last.replace(at);
         if at == master {
-            debug!(id, at = %at, "data node's routes are current");
-            self.mark(&mut rs, id, true);
+            n.reports = 0;
+            if !n.current {
+                debug!(id, at = %at, "data node's routes are current");
+                rs.mark(&self.state, id, true);
+            }
             return;
         }
-        let n = rs.nodes.entry(id).or_default();
-        n.reports += 1;
-        if n.reports >= PROMPT_AFTER_REPORTS {
-            let link = self.link(id);
-            if let Some(link) = link {
-                self.prompt_fetch(&mut rs, id, &link);
+        if n.current {
+            // Past its last report, in the master's epoch and not ahead of it: following the
+            // master, with changes still on their way.
+            let following = last.is_some_and(|l| l.epoch == at.epoch && l.seq < at.seq)
+                && at.epoch == master.epoch
+                && at.seq < master.seq;
+            n.reports = if following { 0 } else { n.reports + 1 };
+            if n.reports < PROMPT_AFTER_REPORTS {
+                return;
             }
+            warn!(id, at = %at, master = %master, reports = n.reports, "a data node marked current reports another version; it fetches the table");
+        } else {
+            n.reports += 1;
+            if n.reports < PROMPT_AFTER_REPORTS {
+                return;
+            }
+        }
+        if let Some(link) = self.link(id) {
+            rs.prompt_fetch(&self.state, id, &link);
         }
     }
 
     /// The snapshot of the master table for a fetching data node: its version and bytes
-    /// (shared by the nodes fetching the same version at the same time).
+    /// (shared by the nodes fetching the same version at the same time, and with a store
+    /// write of it). Built with the routes lock held if no one holds it yet: in memory only,
+    /// the table's serialisation (see docs/performance.md).
     pub fn route_snapshot(&self) -> Result<(RouteVersion, Arc<[u8]>), DataplaneError> {
-        let mut rs = self.routes();
-        let v = rs.master.version();
-        if let Some(bytes) = rs
-            .cached
-            .as_ref()
-            .filter(|(at, _)| *at == v)
-            .and_then(|(_, b)| b.upgrade())
-        {
-            return Ok((v, bytes));
-        }
-        let mut out = Vec::new();
-        rs.master.peek_snapshot(&mut out)?;
-        let bytes: Arc<[u8]> = Arc::from(out);
-        rs.cached = Some((v, Arc::downgrade(&bytes)));
+        let (v, _, bytes) = self.routes().snapshot()?;
         Ok((v, bytes))
     }
 
     /// The configured VNets changed: the master's follow (entries of VNets gone go, as on
-    /// every data node, which applies the same configuration itself). Called by `set_inside`;
-    /// the control node calls it before restoring the route store.
+    /// every data node, which applies the same configuration itself). A change that dropped
+    /// entries is a numbered bulk change: the data nodes are told to fetch (their table, or a
+    /// snapshot on its way to them, may hold the entries under the version before). Called by
+    /// `set_inside`; the control node calls it before restoring the route store.
     pub fn set_route_vnets(&self, vnets: &[datapath::VnetConfig]) -> Result<(), DataplaneError> {
         let mut rs = self.routes();
+        if !rs.master.set_vnet_configs(vnets)? {
+            return Ok(());
+        }
         rs.cached = None;
-        rs.master.set_vnet_configs(vnets)
+        let targets = self.route_targets();
+        info!(version = %rs.master.version(), nodes = targets.len(), "VNets removed with their per-VM routes; data nodes fetch the table");
+        for (id, _, link) in &targets {
+            rs.prompt_fetch(&self.state, *id, link);
+        }
+        Ok(())
     }
 
     /// [`DataPath::change_routes`] for the cluster: the master first (validated as a data
-    /// node validates), then every live data node, answered once they applied it.
+    /// node validates), then every live data node, answered once they applied it (or kept it
+    /// while fetching, or failed: the answer's `nodes` counts each).
     pub(super) fn cluster_change_routes(
         &self,
         change: RouteChange,
@@ -266,9 +342,15 @@ impl Cluster {
             // A bulk change: every node fetches the table.
             info!(version = %v, nodes = targets.len(), "per-VM routes changed in bulk; data nodes fetch them");
             for (id, _, link) in &targets {
-                self.prompt_fetch(&mut rs, *id, link);
+                rs.prompt_fetch(&self.state, *id, link);
             }
-            return result;
+            return result.map(|r| RouteChangeReport {
+                nodes: Some(RouteFanout {
+                    fetching: targets.len(),
+                    ..RouteFanout::default()
+                }),
+                ..r
+            });
         };
         let sent: Sent = targets
             .into_iter()
@@ -283,44 +365,70 @@ impl Cluster {
             .collect();
         drop(rs);
         let deadline = self.deadline();
-        let nodes = sent.len();
-        let mut failed = Vec::new();
+        let mut fanout = RouteFanout::default();
+        let (mut failed, mut kept) = (Vec::new(), Vec::new());
         for (id, name, ack) in sent {
-            if let Err(e) = ack.and_then(|a| a.wait_until(deadline)) {
-                warn!(node = %name, version = %v, error = %e, "data node did not apply a route change; it fetches the table");
-                failed.push(id);
-            }
-        }
-        if !failed.is_empty() {
-            let mut rs = self.routes();
-            for id in failed {
-                let link = self.link(id);
-                if let Some(link) = link {
-                    self.prompt_fetch(&mut rs, id, &link);
+            match ack.and_then(|a| a.wait_answer_until(deadline)) {
+                Ok(Answer::Applied) => fanout.applied += 1,
+                Ok(Answer::Kept) => {
+                    debug!(node = %name, version = %v, "data node kept a route change while fetching the table");
+                    kept.push(id);
+                }
+                Err(e) => {
+                    warn!(node = %name, version = %v, error = %e, "data node did not apply a route change; it fetches the table");
+                    failed.push(id);
                 }
             }
         }
-        debug!(version = %v, nodes, us = started.elapsed().as_micros() as u64, "route change applied on the data nodes");
-        result
+        (fanout.fetching, fanout.failed) = (kept.len(), failed.len());
+        if !failed.is_empty() || !kept.is_empty() {
+            let mut rs = self.routes();
+            // A node that kept the change holds it once its fetch is restored: behind until
+            // it reports the master's version.
+            for id in kept {
+                rs.mark(&self.state, id, false);
+            }
+            for id in failed {
+                let link = self.link(id);
+                if let Some(link) = link {
+                    rs.prompt_fetch(&self.state, id, &link);
+                }
+            }
+        }
+        let us = started.elapsed().as_micros() as u64;
+        if fanout.fetching > 0 || fanout.failed > 0 {
+            info!(version = %v, applied = fanout.applied, fetching = fanout.fetching, failed = fanout.failed, us, "route change not applied on every data node yet");
+        } else {
+            debug!(version = %v, applied = fanout.applied, us, "route change applied on the data nodes");
+        }
+        result.map(|r| RouteChangeReport {
+            nodes: Some(fanout),
+            ..r
+        })
     }
 
     /// [`DataPath::write_routes`] for the cluster: the master's version, then its snapshot.
+    /// The snapshot is taken with the routes lock held (shared with the fetches of the same
+    /// version, or serialised in memory: [`Self::route_snapshot`]), and written to `out` (the
+    /// route store: a file, or etcd chunks) after it is released, so route changes,
+    /// registrations and reports do not wait behind the store's I/O. The header names the
+    /// version of the bytes that follow, taken under the same lock.
     pub(super) fn cluster_write_routes(
         &self,
         out: &mut dyn std::io::Write,
     ) -> Result<usize, DataplaneError> {
-        let rs = self.routes();
-        let v = rs.master.version();
+        let (v, entries, bytes) = self.routes().snapshot()?;
         let mut header = [0u8; HEADER_LEN];
         header[..8].copy_from_slice(VERSION_MAGIC);
         header[8..16].copy_from_slice(&v.epoch.to_be_bytes());
         header[16..].copy_from_slice(&v.seq.to_be_bytes());
         out.write_all(&header)
+            .and_then(|()| out.write_all(&bytes))
             .map_err(|e| DataplaneError::Unsupported {
                 operation: "write_routes",
                 reason: format!("cannot write the route snapshot: {e}"),
             })?;
-        rs.master.peek_snapshot(out)
+        Ok(entries)
     }
 
     /// [`DataPath::route_stats`] for the cluster: the master table (one copy).

@@ -1,7 +1,7 @@
 //! The cluster logic over in-memory links: placement, steering, moves and losses.
 
 use super::*;
-use crate::link::{Ack, LinkError, NodeLink};
+use crate::link::{Ack, Answer, LinkError, NodeLink};
 use crypto::Encr;
 use ike::{ChildKeys, TrafficSelector};
 use pb::directive::Op;

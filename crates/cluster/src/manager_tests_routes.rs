@@ -16,7 +16,16 @@ struct RouteNode {
     skip_next: AtomicBool,
     /// Answers to `route_changes` come this late (from another thread).
     late: Mutex<Option<Duration>>,
+    /// While set, answers wait here until [`Self::answer`] (a session that reads answers only
+    /// once its registration returned).
+    held: Mutex<Option<Vec<Held>>>,
 }
+
+/// An answer held back, and where it goes.
+type Held = (
+    crossbeam_channel::Sender<Result<Answer, String>>,
+    Result<Answer, String>,
+);
 
 impl RouteNode {
     fn new(at: RouteVersion) -> Self {
@@ -26,6 +35,19 @@ impl RouteNode {
             follower: Mutex::new(RouteFollower::at(at)),
             skip_next: AtomicBool::new(false),
             late: Mutex::new(None),
+            held: Mutex::new(None),
+        }
+    }
+
+    /// Holds the answers until [`Self::answer`].
+    fn hold(&self) {
+        *self.held.lock().unwrap() = Some(Vec::new());
+    }
+
+    /// Gives the answers held, and answers at once from now on.
+    fn answer(&self) {
+        for (tx, result) in self.held.lock().unwrap().take().unwrap_or_default() {
+            let _ = tx.send(result);
         }
     }
 
@@ -48,7 +70,7 @@ impl NodeLink for RouteNode {
         let result = match op {
             Op::RouteChanges(c) if self.skip_next.swap(false, Ordering::SeqCst) => {
                 drop(c);
-                Ok(())
+                Ok(Answer::Applied)
             }
             Op::RouteChanges(c) => {
                 let changes = rpc::convert::route_changes_from_pb(&c).map_err(|e| e.to_string());
@@ -64,10 +86,15 @@ impl NodeLink for RouteNode {
                     epoch: c.epoch,
                     seq: c.seq,
                 });
-                Ok(())
+                Ok(Answer::Applied)
             }
-            _ => Ok(()),
+            _ => Ok(Answer::Applied),
         };
+        if let Some(held) = self.held.lock().unwrap().as_mut() {
+            let (tx, ack) = Ack::later();
+            held.push((tx, result));
+            return Ok(ack);
+        }
         if let Some(late) = *self.late.lock().unwrap() {
             let (tx, ack) = Ack::later();
             std::thread::spawn(move || {
@@ -76,7 +103,7 @@ impl NodeLink for RouteNode {
             });
             return Ok(ack);
         }
-        Ok(Ack::ready(result))
+        Ok(Ack::answered(result))
     }
 
     fn is_closed(&self) -> bool {
@@ -340,3 +367,6 @@ fn a_bulk_change_is_announced_and_a_restarted_control_node_starts_a_new_epoch() 
     assert_eq!(c.node("data1").dp.len(), 2);
     assert_eq!(c.bed.cluster.route_stats().vnets[0].v4, 2);
 }
+
+#[path = "manager_tests_routes_sync.rs"]
+mod sync;

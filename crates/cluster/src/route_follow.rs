@@ -4,6 +4,7 @@
 //! a bulk change or the node fell behind, with the changes that arrive during the fetch kept
 //! and applied after it. No I/O: the data node's session and fetch thread drive it.
 
+use crate::link::Answer;
 use datapath::{DataPath, RouteChange};
 use routebook::RouteVersion;
 use std::sync::Arc;
@@ -42,7 +43,8 @@ impl RouteFollower {
     }
 
     /// Single changes `changes`, numbered from `first_seq` in `epoch`. Applied in order when
-    /// they follow the version held (changes already held are skipped); kept during a fetch;
+    /// they follow the version held (changes already held are skipped); kept during a fetch,
+    /// and answered [`Answer::Kept`] (not applied yet: control must not count them as held);
     /// otherwise refused as a gap, and the node must fetch ([`Self::fetching`]).
     pub(crate) fn changes(
         &mut self,
@@ -50,7 +52,7 @@ impl RouteFollower {
         epoch: u64,
         first_seq: u64,
         changes: Vec<RouteChange>,
-    ) -> Result<(), String> {
+    ) -> Result<Answer, String> {
         if self.fetching {
             if self.buffered_len + changes.len() > MAX_BUFFERED {
                 self.buffered.clear();
@@ -65,12 +67,14 @@ impl RouteFollower {
                 self.buffered_len += changes.len();
                 self.buffered.push((epoch, first_seq, changes));
             }
-            return Ok(());
+            return Ok(Answer::Kept);
         }
-        self.apply(dp, epoch, first_seq, changes).map_err(|e| {
-            self.fetching = true;
-            format!("{e}; fetching the table (at {})", self.version)
-        })
+        self.apply(dp, epoch, first_seq, changes)
+            .map(|()| Answer::Applied)
+            .map_err(|e| {
+                self.fetching = true;
+                format!("{e}; fetching the table (at {})", self.version)
+            })
     }
 
     /// Applies changes that follow the version held; a gap or a change the data path refuses

@@ -112,13 +112,13 @@ fn changes_apply_in_order_and_a_gap_is_refused_and_fetched() {
     f.restored(&dp, v, snap).unwrap();
     assert!(!f.fetching());
     assert_eq!(f.version(), RouteVersion { epoch: 7, seq: 1 });
-    f.changes(
+    let answer = f.changes(
         &dp,
         7,
         2,
         vec![add("10.1.0.6", "192.0.2.6"), del("10.1.0.5")],
-    )
-    .unwrap();
+    );
+    assert_eq!(answer, Ok(Answer::Applied));
     assert_eq!(f.version().seq, 3);
     assert_eq!(dp.host("10.1.0.6"), Some("192.0.2.6".parse().unwrap()));
     assert_eq!(dp.host("10.1.0.5"), None);
@@ -155,11 +155,12 @@ fn changes_during_a_fetch_are_applied_after_it_and_stale_entries_go() {
     dp.change_routes(add("10.1.0.99", "192.0.2.99")).unwrap();
     f.announced(RouteVersion { epoch: 3, seq: 2 });
     assert!(f.fetching());
-    // Changes 3 and 4 come while the snapshot (at 2) is on its way: kept.
-    f.changes(&dp, 3, 3, vec![add("10.1.0.3", "192.0.2.3")])
-        .unwrap();
-    f.changes(&dp, 3, 4, vec![add("10.1.0.1", "192.0.2.44")])
-        .unwrap();
+    // Changes 3 and 4 come while the snapshot (at 2) is on its way: kept, and answered so
+    // (not as applied: control must not count this node as holding them).
+    let kept = f.changes(&dp, 3, 3, vec![add("10.1.0.3", "192.0.2.3")]);
+    assert_eq!(kept, Ok(Answer::Kept));
+    let kept = f.changes(&dp, 3, 4, vec![add("10.1.0.1", "192.0.2.44")]);
+    assert_eq!(kept, Ok(Answer::Kept));
     assert_eq!(dp.host("10.1.0.3"), None, "kept, not applied");
     let (v, snap) = snapshot(
         3,

@@ -315,8 +315,8 @@ async fn handle(
             cluster.report(id, load);
             if link_is_data(cluster, id) {
                 // Off the runtime's workers: the routes lock may be held while the master
-                // writes a snapshot (a compaction into etcd), which must not stall every
-                // session's acknowledgements.
+                // serialises a snapshot (for a fetch, or for a compaction before it writes to
+                // the store), which must not stall every session's acknowledgements.
                 let c = Arc::clone(cluster);
                 let _ = tokio::task::spawn_blocking(move || c.routes_reported(id, routes)).await;
             }

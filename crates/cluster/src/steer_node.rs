@@ -10,6 +10,7 @@
 
 use crate::agent::{Agent, Applier};
 use crate::data_node::{boot_id, load_node_tls, op_name, NodeError};
+use crate::link::Answer;
 use crate::node_config::NodeConfig;
 use rpc::certs::NodeRole;
 use rpc::pb;
@@ -200,7 +201,44 @@ impl Applier for SteerApplier {
 
     fn welcomed(&self, _welcome: &pb::Welcome) {}
 
-    fn apply(&self, op: pb::directive::Op) -> Result<(), String> {
+    fn apply(&self, op: pb::directive::Op) -> Result<Answer, String> {
+        self.apply_op(op).map(|()| Answer::Applied)
+    }
+
+    fn report(&self) -> pb::Report {
+        let stats = self.node.stats();
+        let mut last = self.last.lock().unwrap_or_else(|e| e.into_inner());
+        let now = Instant::now();
+        // The first report covers everything since the node started; never 0 ms (which
+        // marks a steer node that measures no interval).
+        let interval = last
+            .at
+            .replace(now)
+            .map_or(Duration::ZERO, |at| now.saturating_duration_since(at))
+            .max(Duration::from_millis(1));
+        build_report(&stats, &mut last.tunnels, interval)
+    }
+
+    /// Control counts this node as lost (it may give its shares to the other steer nodes):
+    /// each tunnel drops to its fallback, until new tables come.
+    fn control_lost(&self) {
+        let shares = self.shares.lock().unwrap_or_else(|e| e.into_inner());
+        let lowered = fallen_back(&shares);
+        if !lowered.is_empty() {
+            warn!(
+                tunnels = lowered.len(),
+                "no session with control: rate limits drop to their fallback shares"
+            );
+        }
+        for (t, l) in lowered {
+            self.node.set_rate_limit(t, Some(l));
+        }
+    }
+}
+
+impl SteerApplier {
+    /// Applies one directive; `Err` names why nothing changed.
+    fn apply_op(&self, op: pb::directive::Op) -> Result<(), String> {
         use pb::directive::Op;
         let e = |e: steernode::SteerNodeError| e.to_string();
         match op {
@@ -292,36 +330,6 @@ impl Applier for SteerApplier {
                 Ok(())
             }
             other => Err(format!("{} is not a steer node directive", op_name(&other))),
-        }
-    }
-
-    fn report(&self) -> pb::Report {
-        let stats = self.node.stats();
-        let mut last = self.last.lock().unwrap_or_else(|e| e.into_inner());
-        let now = Instant::now();
-        // The first report covers everything since the node started; never 0 ms (which
-        // marks a steer node that measures no interval).
-        let interval = last
-            .at
-            .replace(now)
-            .map_or(Duration::ZERO, |at| now.saturating_duration_since(at))
-            .max(Duration::from_millis(1));
-        build_report(&stats, &mut last.tunnels, interval)
-    }
-
-    /// Control counts this node as lost (it may give its shares to the other steer nodes):
-    /// each tunnel drops to its fallback, until new tables come.
-    fn control_lost(&self) {
-        let shares = self.shares.lock().unwrap_or_else(|e| e.into_inner());
-        let lowered = fallen_back(&shares);
-        if !lowered.is_empty() {
-            warn!(
-                tunnels = lowered.len(),
-                "no session with control: rate limits drop to their fallback shares"
-            );
-        }
-        for (t, l) in lowered {
-            self.node.set_rate_limit(t, Some(l));
         }
     }
 }

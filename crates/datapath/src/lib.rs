@@ -484,6 +484,21 @@ pub struct RouteChangeReport {
     pub removed: usize,
     /// Entries skipped (a restored snapshot's entries of VNets no longer configured).
     pub skipped: usize,
+    /// Where a cluster's control node sent a single change (None: a standalone gateway, or a
+    /// change that reached no data node as such).
+    pub nodes: Option<RouteFanout>,
+}
+
+/// How the data nodes took a single route change a cluster's control node sent them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RouteFanout {
+    /// Data nodes that applied it.
+    pub applied: usize,
+    /// Data nodes that kept it while fetching the snapshot: applied after their restore,
+    /// not yet.
+    pub fetching: usize,
+    /// Data nodes that refused it or did not answer in time: told to fetch the snapshot.
+    pub failed: usize,
 }
 
 /// The per-VM routes of one VNet.

@@ -8,7 +8,7 @@ use datapath::{DataplaneError, RouteChange, RouteChangeReport, RouteStats};
 use ids::TenantId;
 use overlay::VnetId;
 
-use crate::book::{Apply, RouteBook, RouteVnet, Routes};
+use crate::book::{Apply, Op, RouteBook, RouteVnet, Routes};
 
 /// The version of a route table: `epoch` names the master's history (a new one when the master
 /// starts from its store), `seq` counts the changes applied in it.
@@ -113,22 +113,37 @@ impl RouteMaster {
         self.book.vnet_id(tenant, name)
     }
 
-    /// The configured VNets changed: VNets gone lose their entries (as on every data node,
-    /// which applies the same configuration itself: this is not a numbered change).
-    pub fn set_vnets(&mut self, vnets: Vec<RouteVnet>) {
+    /// The configured VNets changed: VNets gone (or whose VTEP changed address family) lose
+    /// their entries. A change that drops entries is numbered as a bulk change (the changes
+    /// kept for replay go), and returns true: a data node's table at the version before, or a
+    /// snapshot of it still on its way to a node, holds the entries, so one version must not
+    /// name both tables; the nodes are told to fetch. A change that drops none keeps the
+    /// version (every data node applies the same configuration itself).
+    pub fn set_vnets(&mut self, vnets: Vec<RouteVnet>) -> bool {
+        let mut dropped = false;
         for op in self.book.set_vnets(vnets) {
+            if let Op::RemoveVnet(id) = op {
+                dropped |= self.routes.count(id) != [0, 0];
+            }
             self.routes.apply(&op);
         }
+        if dropped {
+            self.version.seq += 1;
+            self.base = self.version.seq;
+            self.since.clear();
+        }
+        dropped
     }
 
     /// The configured VNets changed, given as the data nodes get them (`DataConfig`'s VNets,
     /// in configuration order, so that snapshots list them in the data nodes' order): numbers
     /// them, checks each VNI (`vnets[i].vni`, nothing changes on an error), then
-    /// [`Self::set_vnets`].
+    /// [`Self::set_vnets`] (returning what it returns: true when entries were dropped under a
+    /// new version).
     pub fn set_vnet_configs(
         &mut self,
         vnets: &[datapath::VnetConfig],
-    ) -> Result<(), DataplaneError> {
+    ) -> Result<bool, DataplaneError> {
         let mut checked = Vec::with_capacity(vnets.len());
         for (i, v) in vnets.iter().enumerate() {
             let vni = overlay::Vni::new(v.vni).ok_or_else(|| DataplaneError::Config {
@@ -147,8 +162,7 @@ impl RouteMaster {
                 vtep_v6: v.vtep.is_ipv6(),
             })
             .collect();
-        self.set_vnets(vnets);
-        Ok(())
+        Ok(self.set_vnets(vnets))
     }
 
     /// Applies `change`, validated whole first as a data node validates it (the same errors,
@@ -227,7 +241,7 @@ impl RouteMaster {
     /// Limits the entries of the table (inserts past it fail, as a data node's do when it
     /// runs out of room); None: no limit but memory. Not a numbered change.
     pub fn limit(&mut self, max: Option<usize>) {
-        Apply::apply(&mut self.routes, crate::Op::Limit(max));
+        Apply::apply(&mut self.routes, Op::Limit(max));
     }
 }
 

@@ -25,7 +25,8 @@
 //!    nodes by it), control's leadership term, the report interval and control's name.
 //! 3. Control then pushes [`pb::Directive`]s, each with an id the node acknowledges with
 //!    [`pb::Ack`] (an empty `error` when applied; otherwise why it was rejected, and nothing
-//!    changed). A data node gets its whole inside configuration ([`pb::DataConfig`]) right
+//!    changed; `kept` when taken but not applied yet: route changes a data node receives while
+//!    it fetches the route snapshot). A data node gets its whole inside configuration ([`pb::DataConfig`]) right
 //!    after Welcome and whenever it changes, then CHILD_SAs to install and remove, peer address
 //!    updates and the steer nodes to relay through; a steer node gets its whole table
 //!    ([`pb::SteerTables`]) after Welcome, then incremental changes.

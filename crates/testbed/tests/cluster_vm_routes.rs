@@ -98,6 +98,11 @@ fn routes_from_the_control_node_follow_a_vm_and_survive_restarts() -> Result<()>
             host(first)
         ))?;
         assert_eq!(answer["added"], 1, "{answer}");
+        // The answer says where: applied on both data nodes, none fetching or failed.
+        let data_nodes = cluster.data_node_names().len();
+        assert_eq!(answer["nodes"]["applied"], data_nodes, "{answer}");
+        assert_eq!(answer["nodes"]["fetching"], 0, "{answer}");
+        assert_eq!(answer["nodes"]["failed"], 0, "{answer}");
         eprintln!(
             "route add on the control node answered in {} us",
             answer["us"]
@@ -328,6 +333,86 @@ fn a_standby_takes_over_the_routes_from_etcd() -> Result<()> {
             },
         )?;
         ping_all_vms(&topo, 0, 5)?;
+        Ok(())
+    })();
+    if result.is_err() {
+        eprintln!("{}", cluster.log_tails(80));
+    }
+    cluster.stop_all();
+    result
+}
+
+/// A data node whose session drops while its process keeps its table (stopped long enough
+/// for control to end the session) misses a change; when it registers again, one change
+/// behind, control replays it, and the node is current without fetching the table (the
+/// replay's answer comes after the registration returned).
+#[test]
+fn a_data_node_back_from_a_session_drop_gets_the_missed_change_replayed() -> Result<()> {
+    let bed = Testbed::new()?;
+    let topo = Topology::build(&bed, one_tenant(false)?)?;
+    let tun = GatewayTunnel::for_site(&topo, 0, PSK);
+    let cluster = ProtegoCluster::start(
+        &bed,
+        &topo,
+        std::slice::from_ref(&tun),
+        &ClusterSpec::default(),
+    )?;
+    let result = (|| -> Result<()> {
+        let tenant = topo.tenants[0].name.clone();
+        let host = topo.hosts[0].underlay.addr;
+        let nodes = cluster.data_node_names();
+        let names: Vec<&str> = nodes.iter().map(String::as_str).collect();
+        cluster.wait_alive(&names, Duration::from_secs(30))?;
+        let add = |addr: &str| cluster.control(&format!("route add {tenant} vnet {addr} {host}"));
+        add("10.99.0.1")?;
+        let victim = nodes[0].clone();
+        let fetched = || -> Result<usize> {
+            Ok(cluster
+                .log(&victim)?
+                .matches("per-VM routes fetched and restored")
+                .count())
+        };
+        let before = fetched()?;
+        let process = cluster.node(&victim)?.process();
+        let control = cluster.active_control()?.to_owned();
+        let logged = |what: &'static str| {
+            let victim = victim.clone();
+            let control = control.clone();
+            let cluster = &cluster;
+            move || -> Result<protego_testbed::wait::Probe<()>> {
+                let seen = cluster
+                    .log(&control)?
+                    .lines()
+                    .any(|l| l.contains(what) && l.contains(&format!("node={victim}")));
+                Ok(if seen {
+                    protego_testbed::wait::Probe::Ready(())
+                } else {
+                    protego_testbed::wait::Probe::NotYet(format!("no {what:?} logged yet"))
+                })
+            }
+        };
+        process.signal(libc::SIGSTOP);
+        // Its session ends (HTTP/2 keepalive), not only its health probes.
+        let ended = protego_testbed::wait::wait_for(
+            "the stopped node's session to end",
+            Duration::from_secs(15),
+            logged("node session ended"),
+        );
+        // While it is stopped, a change reaches the other data nodes only.
+        let answer = ended.and_then(|()| add("10.99.0.2"));
+        process.signal(libc::SIGCONT);
+        let answer = answer?;
+        assert_eq!(answer["nodes"]["applied"], nodes.len() - 1, "{answer}");
+        cluster.wait_alive(&names, Duration::from_secs(30))?;
+        protego_testbed::wait::wait_for(
+            "the missed change replayed to the node",
+            Duration::from_secs(15),
+            logged("route changes replayed to a data node"),
+        )?;
+        assert_eq!(fetched()?, before, "the node fetched the table instead");
+        // The next change is applied on every data node, the one back included.
+        let answer = add("10.99.0.3")?;
+        assert_eq!(answer["nodes"]["applied"], nodes.len(), "{answer}");
         Ok(())
     })();
     if result.is_err() {

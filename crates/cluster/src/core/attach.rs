@@ -187,6 +187,19 @@ impl ClusterCore {
             .or_else(|| self.choose_node(current, what, exclude, |_| true))
     }
 
+    /// [`Self::choose_attachment`] for a planned move off data node `from` (a drain, an
+    /// autoscaler's stop): as [`ClusterCore::choose_planned`], a node whose per-VM routes
+    /// are behind only if `from`'s are too.
+    pub fn choose_attachment_planned(&self, id: u32, from: u32) -> Option<u32> {
+        let current = self.attachments.get(&id).and_then(|a| a.node);
+        let what = super::placement::Placed::Attachment(id);
+        let routed = |n| self.routed_for(from, n);
+        self.choose_node(current, what, Some(from), |n| {
+            self.holds_attachments(n) && routed(n)
+        })
+        .or_else(|| self.choose_node(current, what, Some(from), routed))
+    }
+
     // ---- inputs ----
 
     /// The configured attachments (at start, or replaced): ids are kept by name; every live

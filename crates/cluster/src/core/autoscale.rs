@@ -159,7 +159,18 @@ impl ClusterCore {
                     tunnel, to: node, ..
                 } => {
                     let t = tunnel;
+                    // A planned move (as a drain): not onto a node whose per-VM routes are
+                    // behind while the tunnel is on a live node whose routes are not.
+                    let from = self
+                        .placement
+                        .get(&t)
+                        .copied()
+                        .filter(|p| self.nodes.get(p).is_some_and(|n| n.alive));
+                    let behind = from.is_some_and(|f| f != node.0 && !self.routed_for(f, node.0));
                     match self.nodes.get_mut(&node.0) {
+                        Some(_) if behind => Outcome::Skipped(
+                            "the target's per-VM routes are not current yet".into(),
+                        ),
                         Some(n) if n.role == Role::Data && n.alive && !n.draining => {
                             n.parked = false;
                             if self.placement.get(&t) != Some(&node.0) {
@@ -260,8 +271,13 @@ impl ClusterCore {
                     .collect();
                 let mut moves = Vec::new();
                 for a in &served {
-                    match self.choose_attachment(*a, Some(node)) {
+                    match self.choose_attachment_planned(*a, node) {
                         Some(to) => moves.push((*a, to)),
+                        None if self.choose_attachment(*a, Some(node)).is_some() => {
+                            return Outcome::Skipped(
+                                "the other data nodes' per-VM routes are not current yet".into(),
+                            )
+                        }
                         None => {
                             return Outcome::Skipped(
                                 "no other data node can serve its attachments".into(),

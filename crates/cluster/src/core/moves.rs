@@ -442,11 +442,16 @@ impl ClusterCore {
             .collect();
         let mut attachment_moves = Vec::new();
         for a in &served {
-            let Some(to) = self.choose_attachment(*a, Some(id)) else {
+            let Some(to) = self.choose_attachment_planned(*a, id) else {
+                let reason = if self.choose_attachment(*a, Some(id)).is_some() {
+                    "the other data nodes' per-VM routes are not current yet (retry once they fetched the table)"
+                } else {
+                    "no other live data node can take its attachments"
+                };
                 self.drain_failed(id);
                 return Err(ClusterError::Unsuitable {
                     name: name.to_owned(),
-                    reason: "no other live data node can take its attachments",
+                    reason,
                 });
             };
             attachment_moves.push((*a, to));
@@ -474,11 +479,16 @@ impl ClusterCore {
         tunnels.dedup();
         let mut moves = Vec::new();
         for t in &tunnels {
-            let Some(to) = self.choose(*t, Some(id)) else {
+            let Some(to) = self.choose_planned(*t, id) else {
+                let reason = if self.choose(*t, Some(id)).is_some() {
+                    "the other data nodes' per-VM routes are not current yet (retry once they fetched the table)"
+                } else {
+                    "no other live data node can take its tunnels"
+                };
                 self.drain_failed(id);
                 return Err(ClusterError::Unsuitable {
                     name: name.to_owned(),
-                    reason: "no other live data node can take its tunnels",
+                    reason,
                 });
             };
             self.placement.insert(*t, to);

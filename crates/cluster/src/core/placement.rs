@@ -25,6 +25,23 @@ impl ClusterCore {
         self.choose_node(current, Placed::Tunnel(tunnel), exclude, |_| true)
     }
 
+    /// [`Self::choose`] for a planned move of `tunnel` off data node `from` (a drain): a node
+    /// whose per-VM routes are behind is chosen only if `from`'s are too (no worse than
+    /// staying), never as the fallback [`Self::choose`] allows. A planned move can wait until
+    /// the routes are fetched; a lost node's tunnels cannot, so failover keeps the fallback.
+    pub fn choose_planned(&self, tunnel: TunnelId, from: u32) -> Option<u32> {
+        let current = self.placement.get(&tunnel).copied();
+        self.choose_node(current, Placed::Tunnel(tunnel), Some(from), |n| {
+            self.routed_for(from, n)
+        })
+    }
+
+    /// True if a planned move off `from` may go to `to` as far as per-VM routes go: `to`'s
+    /// are current, or `from`'s are not either.
+    pub(crate) fn routed_for(&self, from: u32, to: u32) -> bool {
+        self.routes_behind.contains(&from) || !self.routes_behind.contains(&to)
+    }
+
     /// Says whether data node `id`'s per-VM routes are the master table's: one that is not is
     /// chosen for something new only if no usable node is current.
     pub fn set_routes_current(&mut self, id: u32, current: bool) {

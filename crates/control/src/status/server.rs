@@ -293,15 +293,26 @@ pub fn read_route_file(path: &Path, limit: u64) -> Result<String, Error> {
 }
 
 /// The control socket's answer to a route change.
+/// A cluster's control node adds `"nodes": {"applied", "fetching", "failed"}`: the data
+/// nodes that applied a single change, kept it while fetching the snapshot, or were told to
+/// fetch it.
 pub fn route_answer(r: &datapath::RouteChangeReport, elapsed: Duration) -> Value {
-    json!({
+    let mut answer = json!({
         "ok": true,
         "added": r.added,
         "replaced": r.replaced,
         "removed": r.removed,
         "skipped": r.skipped,
         "us": elapsed.as_micros() as u64,
-    })
+    });
+    if let Some(n) = r.nodes {
+        answer["nodes"] = json!({
+            "applied": n.applied,
+            "fetching": n.fetching,
+            "failed": n.failed,
+        });
+    }
+    answer
 }
 
 /// The control socket's answer to an apply: `{"ok":true,"dry_run":..,"generation":..,

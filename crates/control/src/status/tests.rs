@@ -640,3 +640,24 @@ fn a_route_file_is_read_up_to_its_limit() {
     let e = read_route_file(Path::new("/dev/zero"), 1 << 20).expect_err("a device");
     assert!(e.to_string().contains("not a regular file"), "{e}");
 }
+
+#[test]
+fn a_route_answer_names_the_data_nodes_only_in_a_cluster() {
+    let mut r = datapath::RouteChangeReport {
+        added: 1,
+        ..Default::default()
+    };
+    let alone = route_answer(&r, std::time::Duration::from_micros(5));
+    assert_eq!(alone["added"], 1);
+    assert!(alone.get("nodes").is_none());
+    r.nodes = Some(datapath::RouteFanout {
+        applied: 2,
+        fetching: 1,
+        failed: 0,
+    });
+    let cluster = route_answer(&r, std::time::Duration::from_micros(5));
+    assert_eq!(
+        cluster["nodes"],
+        json!({"applied": 2, "fetching": 1, "failed": 0})
+    );
+}

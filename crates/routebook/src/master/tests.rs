@@ -158,10 +158,22 @@ fn vnets_come_from_the_data_nodes_configuration() {
     assert!(e.to_string().contains("vnets[0].vni"), "{e}");
     // Nothing changed: the entry is still there, and so is the VNet.
     assert_eq!((m.routes().len(), m.book().vnets().len()), (1, 2));
-    // prod gone: its entry goes too (not a numbered change).
-    m.set_vnet_configs(&[cfg("six", 200, "2001:db8::100")])
+    // prod gone: its entry goes too, as a numbered bulk change (a table at version 1 holds
+    // the entry, so version 1 must not also name the table without it); the change kept for
+    // replay goes with it (a node at 1 fetches).
+    assert_eq!(m.kept(), 1);
+    let dropped = m
+        .set_vnet_configs(&[cfg("six", 200, "2001:db8::100")])
         .expect("valid");
-    assert_eq!((m.routes().len(), m.version().seq), (0, 1));
+    assert!(dropped);
+    assert_eq!((m.routes().len(), m.version().seq, m.kept()), (0, 2, 0));
+    assert_eq!(m.replay(RouteVersion { epoch: 1, seq: 1 }), Replay::Fetch);
+    // A VNet without entries goes, or one comes: the tables are the same, the version stays.
+    let dropped = m
+        .set_vnet_configs(&[cfg("prod", 100, "192.0.2.100")])
+        .expect("valid");
+    assert!(!dropped);
+    assert_eq!(m.version().seq, 2);
 }
 
 /// `Replace` makes the table the snapshot's entries (a restore only adds and replaces), keeps
