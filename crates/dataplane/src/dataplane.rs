@@ -390,13 +390,6 @@ impl DataPath for Dataplane {
 
     fn change_routes(&self, change: RouteChange) -> Result<RouteChangeReport, DataplaneError> {
         let started = Instant::now();
-        // A bulk change takes a core for about a second per million entries: it yields to the
-        // workers where they share cores (docs/architecture.md, "Per-VM routes").
-        let _background = matches!(
-            change,
-            RouteChange::Load(_) | RouteChange::Restore(_) | RouteChange::Replace(_)
-        )
-        .then(netio::priority::Background::enter);
         let report = self.shared.routes().change(change)?;
         tracing::info!(
             added = report.added,

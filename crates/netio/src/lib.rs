@@ -19,8 +19,6 @@
 //! - Frames: [`packet::PacketSocket`] is an AF_PACKET socket on a customer-facing interface,
 //!   frames in through a TPACKET_V3 ring into a [`packet::FrameBatch`] (outer VLAN tag written
 //!   back), frames out with `sendmmsg`.
-//! - Priority: [`priority::Background`] lowers the calling thread's priority while bulk work
-//!   (a route table load) runs beside the forwarding threads.
 //!
 //! Scratch space ([`RecvBatch`], [`SendScratch`]) is allocated once per thread; receiving and
 //! sending a batch allocate nothing and copy no packet bytes.
@@ -58,7 +56,6 @@
 mod addr;
 pub mod packet;
 mod poll;
-pub mod priority;
 mod recv;
 mod send;
 mod socket;

@@ -104,7 +104,7 @@ fn a_vm_moved_to_another_host_is_reached_through_its_exact_entry() -> Result<()>
 /// Issue 16 §4: a 1 M-entry table loaded (`route load`) while an iperf3 TCP stream and a
 /// 1 kHz probe stream run from the site to a VM through the tunnel. The traffic keeps
 /// flowing and reaches the VM through its own entry in the loaded table; the test prints
-/// the longest stall the probes saw during the load and in the second before it (not
+/// the longest stall the probes saw during the load and over as long a time before it (not
 /// asserted: a timing on a shared 2-core machine; the figures are in docs/performance.md).
 /// `PROTEGO_ROUTES_LOAD` changes the number of entries.
 #[test]

@@ -321,7 +321,9 @@ pub fn host_veth(topo: &Topology, vm: usize) -> Result<String> {
 
 /// What the site's traffic to VM 0 saw while something ran ([`under_traffic`]).
 pub struct UnderTraffic {
-    /// The 1 kHz probe stream in the second before it started.
+    /// The 1 kHz probe stream over as long a time before it started (at most 1.8 s: the TCP
+    /// stream's first 0.2 s are left out), the same traffic without it: a window's longest
+    /// stall grows with its length.
     pub before: Option<protego_testbed::probe::ProbeStats>,
     /// The probe stream while it ran.
     pub during: Option<protego_testbed::probe::ProbeStats>,
@@ -351,7 +353,7 @@ impl std::fmt::Display for UnderTraffic {
         };
         write!(
             f,
-            "during ({:.0} ms): {}; the second before: {}; iperf3 TCP site -> VM {:.0} Mbit/s",
+            "during ({:.0} ms): {}; as long before: {}; iperf3 TCP site -> VM {:.0} Mbit/s",
             self.took.as_secs_f64() * 1e3,
             show(&self.during),
             show(&self.before),
@@ -362,8 +364,9 @@ impl std::fmt::Display for UnderTraffic {
 
 /// Runs `during` while the site sends an iperf3 TCP stream and a 1 kHz timestamped probe
 /// stream (`protego_testbed::probe`) to VM 0 of tenant 0 through the tunnel, and returns its
-/// result and what the traffic saw: the probe stream's longest stall while it ran and in the
-/// second before, and the TCP stream's rate. `during` must finish within about 4 s.
+/// result and what the traffic saw: the probe stream's longest stall while it ran and over as
+/// long a time before (at most 1.8 s), and the TCP stream's rate. `during` must finish within
+/// about 4 s.
 pub fn under_traffic<T>(
     topo: &Topology,
     during: impl FnOnce() -> Result<T>,
@@ -409,7 +412,11 @@ pub fn under_traffic<T>(
     Ok((
         out,
         UnderTraffic {
-            before: probe::stats(&samples, t0.saturating_sub(1_000_000_000), t0),
+            before: probe::stats(
+                &samples,
+                t0.saturating_sub((took.as_nanos() as u64).min(1_800_000_000)),
+                t0,
+            ),
             during: probe::stats(&samples, t0, t1),
             took,
             iperf,
