@@ -5,6 +5,7 @@
 //!
 //! Values are `u32` (host indices); [`EMPTY`] marks a free slot.
 
+use crate::huge;
 use crate::prefetch::prefetch;
 
 /// Slots per bucket: five 12-byte IPv4 slots and a 4-byte counter fill one cache line.
@@ -82,11 +83,24 @@ pub(crate) struct GrowError {
 }
 
 /// The hash table.
-#[derive(Clone)]
 pub(crate) struct Cuckoo<K> {
     buckets: Vec<Bucket<K>>,
     len: usize,
     seed: u64,
+}
+
+/// A copy's buckets advised for huge pages too (the data plane keeps two copies of a table).
+impl<K: SlotKey> Clone for Cuckoo<K> {
+    fn clone(&self) -> Self {
+        let mut buckets = Vec::with_capacity(self.buckets.len());
+        huge::advise(buckets.spare_capacity_mut());
+        buckets.extend_from_slice(&self.buckets);
+        Self {
+            buckets,
+            len: self.len,
+            seed: self.seed,
+        }
+    }
 }
 
 /// Maps a 32-bit hash onto `0..n` without division (Lemire's multiply-shift).
@@ -435,6 +449,7 @@ impl<K: SlotKey> Cuckoo<K> {
             buckets.try_reserve_exact(n).map_err(|_| GrowError {
                 slots: n.saturating_mul(SLOTS),
             })?;
+            huge::advise(buckets.spare_capacity_mut());
             buckets.resize(n, Bucket::FREE);
             let mut bigger = Self {
                 buckets,

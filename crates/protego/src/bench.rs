@@ -123,6 +123,11 @@ struct EdgeArgs {
     /// second. Default: 100000.
     #[arg(long, value_name = "PPS")]
     equal_rate: Option<f64>,
+    /// Confine the gateway to PERCENT of one CPU (5..100, cgroup v1 cpu controller) from the
+    /// first warm-up on, so that it is saturated at the maximum rate and takes full batches:
+    /// CPU per packet then compares the table sizes at saturation (no equal-rate runs).
+    #[arg(long, value_name = "PERCENT")]
+    gateway_cpu: Option<u32>,
     /// Pre-built packets the load generator may hold per run, MiB. Default: 512.
     #[arg(long, value_name = "MIB")]
     pool_mb: Option<usize>,
@@ -175,6 +180,7 @@ impl EdgeArgs {
         if let Some(r) = self.equal_rate {
             o.equal_rate = r;
         }
+        o.gateway_cpu = self.gateway_cpu;
         o.protego_bin = self.gateway_bin.clone();
         o.keep = self.keep;
         o.validate()?;

@@ -20,6 +20,7 @@
 //! programs: the unit tests cover the pure parts (frames, route file, options, JSON shape).
 
 mod bed;
+mod cgroup;
 mod frames;
 mod packet_sock;
 mod plan;
@@ -39,6 +40,7 @@ use crate::error::{BenchError, Result};
 use crate::report::Target;
 use crate::stats::Percentiles;
 
+pub use cgroup::SHARES as GATEWAY_CPU_SHARES;
 pub use run::run;
 pub use table::TableFigure;
 
@@ -138,6 +140,11 @@ pub struct EdgeOptions {
     /// the same load, so that CPU per packet compares table sizes at equal batch sizes
     /// (at its own maximum rate each case runs with the batches its rate gives).
     pub equal_rate: f64,
+    /// Confine the gateway to this share of one CPU, percent ([`GATEWAY_CPU_SHARES`]), from
+    /// the warm-up of its first case on (the route load runs unconfined): the gateway, not
+    /// the load generator, limits the rate, and its batches are as full as the ring allows.
+    /// The cases then skip the equal-rate run (the maximum rate is the saturated one).
+    pub gateway_cpu: Option<u32>,
 }
 
 /// Default of [`EdgeOptions::equal_rate`]: below the maximum rate of every case measured on
@@ -157,6 +164,7 @@ impl EdgeOptions {
             table: true,
             resolve_macs: false,
             equal_rate: EQUAL_RATE,
+            gateway_cpu: None,
             table_lookups: 4 << 20,
             protego_bin: None,
             keep: false,
@@ -200,6 +208,13 @@ impl EdgeOptions {
                 "must be 1000 ..= 10 000 000 packets per second",
             ));
         }
+        if let Some(p) = self.gateway_cpu.filter(|p| !GATEWAY_CPU_SHARES.contains(p)) {
+            return Err(bad(
+                "--gateway-cpu",
+                p.to_string(),
+                "must be 5 ..= 100 percent of one CPU",
+            ));
+        }
         if self.duration < Duration::from_millis(50) {
             return Err(bad(
                 "--duration",
@@ -238,6 +253,12 @@ pub struct EdgeCase {
     /// Cores the gateway kept busy at the maximum rate (delivered rate × CPU per packet):
     /// well below 1 the gateway was not what limited the rate.
     pub busy_cores_at_max: f64,
+    /// Packets per batch the gateway's workers took over the maximum-rate run (None: the
+    /// gateway does not report batches).
+    pub packets_per_batch: Option<f64>,
+    /// Share of the maximum-rate run's wall time the gateway spent throttled by its CPU
+    /// share (`--gateway-cpu`; None without one).
+    pub throttled_share: Option<f64>,
     /// Gateway CPU per delivered packet at [`EdgeOptions::equal_rate`], ns (None: the case's
     /// maximum rate was below it).
     pub equal_rate_cpu_ns: Option<f64>,
@@ -302,6 +323,8 @@ pub struct EdgeSettings {
     pub cpus: u32,
     /// The VNet's `router_mac`, or None when each VM's MAC was resolved (`--resolve-macs`).
     pub router_mac: Option<String>,
+    /// The gateway's CPU share, percent of one CPU (`--gateway-cpu`), if it had one.
+    pub gateway_cpu_percent: Option<u32>,
     /// Notes on the method.
     pub notes: Vec<String>,
 }
@@ -358,12 +381,14 @@ pub(crate) fn targets(cases: &[EdgeCase], table: &[TableFigure]) -> Vec<Target> 
             detail: match big {
                 Some(c) => format!(
                     "{:.0} ns/packet at {} entries (drawn from {}), loss {:.1} %, {:.2} cores \
-                     busy at the maximum rate; at the equal rate {} ns/packet, {} x",
+                     busy at the maximum rate, {} packets per batch; at the equal rate {} \
+                     ns/packet, {} x",
                     c.cpu_ns_per_packet,
                     c.entries,
                     c.drawn_from,
                     c.loss * 100.0,
                     c.busy_cores_at_max,
+                    opt(c.packets_per_batch, 0),
                     opt(c.equal_rate_cpu_ns, 0),
                     opt(equal, 2)
                 ),
@@ -403,9 +428,9 @@ pub fn render(r: &EdgeReport) -> String {
     let _ =
         writeln!(
         out,
-        "{:<8} {:>9} {:>9} {:>5} {:>8} {:>8} {:>7} {:>9} {:>6} {:>5} {:>7} {:>6} {:>6} {:>8} {:>8}  gateway drops",
+        "{:<8} {:>9} {:>9} {:>5} {:>8} {:>8} {:>7} {:>9} {:>6} {:>5} {:>7} {:>7} {:>6} {:>6} {:>8} {:>8}  gateway drops",
         "dir", "entries", "drawn", "size", "offered", "deliv.", "ns/pkt", "Mpps/core",
-        "vs 1", "busy", "ns@eq", "vs1@eq", "loss%", "p50 us", "p99 us"
+        "vs 1", "busy", "pkt/bat", "ns@eq", "vs1@eq", "loss%", "p50 us", "p99 us"
     );
     for c in &r.cases {
         let mut drops = c
@@ -425,7 +450,7 @@ pub fn render(r: &EdgeReport) -> String {
         let drops = drops.join(" ");
         let _ = writeln!(
             out,
-            "{:<8} {:>9} {:>9} {:>5} {:>8.3} {:>8.3} {:>7.0} {:>9.2} {:>6} {:>5.2} {:>7} {:>6} {:>6.1} {:>8} {:>8}  {}",
+            "{:<8} {:>9} {:>9} {:>5} {:>8.3} {:>8.3} {:>7.0} {:>9.2} {:>6} {:>5.2} {:>7} {:>7} {:>6} {:>6.1} {:>8} {:>8}  {}",
             c.direction.name(),
             c.entries,
             c.drawn_from,
@@ -436,6 +461,7 @@ pub fn render(r: &EdgeReport) -> String {
             c.mpps_per_core,
             opt(c.cpu_vs_1_entry, 2),
             c.busy_cores_at_max,
+            opt(c.packets_per_batch, 0),
             opt(c.equal_rate_cpu_ns, 0),
             opt(c.equal_rate_vs_1_entry, 2),
             c.loss * 100.0,
@@ -510,6 +536,8 @@ mod tests {
             mpps_per_core: 1e3 / ns,
             cpu_vs_1_entry: None,
             busy_cores_at_max: 0.9 * ns / 1e3,
+            packets_per_batch: Some(64.0),
+            throttled_share: None,
             equal_rate_cpu_ns: Some(ns * 1.5),
             equal_rate_vs_1_entry: None,
             loss: 0.1,
@@ -546,6 +574,11 @@ mod tests {
         o.active = None;
         o.equal_rate = 10.0;
         assert!(o.validate().is_err());
+        o.equal_rate = EQUAL_RATE;
+        for (share, ok) in [(4, false), (5, true), (100, true), (101, false)] {
+            o.gateway_cpu = Some(share);
+            assert_eq!(o.validate().is_ok(), ok, "--gateway-cpu {share}");
+        }
     }
 
     #[test]
@@ -592,6 +625,7 @@ mod tests {
                 workers: 1,
                 cpus: 2,
                 router_mac: None,
+                gateway_cpu_percent: None,
                 notes: vec![],
             },
             cases,
@@ -617,6 +651,8 @@ mod tests {
             "mpps_per_core",
             "cpu_vs_1_entry",
             "busy_cores_at_max",
+            "packets_per_batch",
+            "throttled_share",
             "equal_rate_cpu_ns",
             "equal_rate_vs_1_entry",
             "loss",

@@ -15,6 +15,7 @@ use testbed::{CleanupHandle, Testbed};
 use wire::ethernet::{EtherType, EthernetAddress};
 
 use super::bed::{parse_mac, render_config, EdgeNet, CE_MAC, ROUTER_MAC, TAGS};
+use super::cgroup::{self, CpuShare};
 use super::frames;
 use super::packet_sock::{PacketSocket, Role};
 use super::plan::{self, Draw};
@@ -72,6 +73,8 @@ struct Edge {
     send_ns: Vec<u64>,
     scratch: SendScratch,
     cpus: u32,
+    /// The current gateway's CPU share (`--gateway-cpu`).
+    share: Option<CpuShare>,
 }
 
 fn protego_binary(opts: &EdgeOptions) -> Result<PathBuf> {
@@ -99,6 +102,12 @@ struct RunOut {
     loadgen_drops: u64,
     socket_drops: u64,
     latency_ns: Vec<u64>,
+    /// Packets and batches the gateway's workers processed.
+    worker_packets: u64,
+    worker_batches: u64,
+    /// Wall time of the run and the time the gateway spent throttled in it, ns.
+    wall_ns: u64,
+    throttled_ns: Option<u64>,
 }
 
 impl RunOut {
@@ -113,6 +122,10 @@ impl RunOut {
         } else {
             0.0
         }
+    }
+
+    fn packets_per_batch(&self) -> Option<f64> {
+        (self.worker_batches > 0).then(|| self.worker_packets as f64 / self.worker_batches as f64)
     }
 
     fn loss(&self) -> f64 {
@@ -134,6 +147,19 @@ fn drop_reasons(status: &serde_json::Value) -> DropReasons {
                 .collect()
         })
         .unwrap_or_default()
+}
+
+/// Packets and batches of all the gateway's workers in a status document (None: it reports
+/// no batches).
+fn worker_totals(status: &serde_json::Value) -> Option<(u64, u64)> {
+    let workers = status.get("workers")?.as_array()?;
+    let sum = |key: &str| -> Option<u64> {
+        workers
+            .iter()
+            .map(|w| w.get(key).and_then(|v| v.as_u64()))
+            .sum()
+    };
+    Some((sum("packets")?, sum("batches")?))
 }
 
 /// `after - before` per reason, the non-zero ones.
@@ -196,6 +222,7 @@ impl Edge {
             cpus: std::thread::available_parallelism()
                 .map(|n| n.get() as u32)
                 .unwrap_or(1),
+            share: None,
         })
     }
 
@@ -359,6 +386,7 @@ impl Edge {
         let cpu0 = cpu::thread_cpu_ns(pid)
             .map_err(|e| BenchError::io("read the gateway's CPU time", e))?;
         let path0 = backlog_drops();
+        let throttled0 = self.share.as_ref().and_then(CpuShare::throttled);
         let udp0 = cpu::netns_udp_drops(pid);
         self.ce_rx.take_drops();
         let mut out = RunOut::default();
@@ -422,6 +450,18 @@ impl Edge {
         let cpu1 = cpu::thread_cpu_ns(pid)
             .map_err(|e| BenchError::io("read the gateway's CPU time", e))?;
         let status1 = gateway::query_status(gw.socket())?;
+        out.wall_ns = u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        out.throttled_ns = self
+            .share
+            .as_ref()
+            .and_then(CpuShare::throttled)
+            .zip(throttled0)
+            .map(|((_, t1), (_, t0))| t1.saturating_sub(t0));
+        if let (Some((p1, b1)), Some((p0, b0))) = (worker_totals(&status1), worker_totals(&status0))
+        {
+            out.worker_packets = p1.saturating_sub(p0);
+            out.worker_batches = b1.saturating_sub(b0);
+        }
         out.cpu_ns = cpu1.since(&cpu0);
         out.path_drops = backlog_drops().saturating_sub(path0);
         out.socket_drops = cpu::netns_udp_drops(pid).saturating_sub(udp0);
@@ -494,7 +534,7 @@ impl Edge {
         };
         // The equal-rate run: every case at the same load (when its maximum allows it).
         let equal = self.opts.equal_rate;
-        let equal_rate_cpu_ns = if max_pps >= equal {
+        let equal_rate_cpu_ns = if max_pps >= equal && self.share.is_none() {
             let count = (equal * secs).clamp(1_000.0, 50e6) as u32;
             let e = self.run_once(
                 gw, dir, size, count, drawn_from, false, equal, false, vnet_mac,
@@ -528,6 +568,11 @@ impl Edge {
             },
             cpu_vs_1_entry: None,
             busy_cores_at_max: max_pps * cpu_ns_per_packet / 1e9,
+            packets_per_batch: max.packets_per_batch(),
+            throttled_share: max
+                .throttled_ns
+                .filter(|_| max.wall_ns > 0)
+                .map(|t| t as f64 / max.wall_ns as f64),
             equal_rate_cpu_ns,
             equal_rate_vs_1_entry: None,
             loss: max.loss(),
@@ -568,6 +613,16 @@ impl Edge {
             progress(&format!("loaded in {:.2} s", l.seconds));
             loads.push(l);
             let vnet_mac = self.resolve()?;
+            // The share is taken after the route load (16 M entries would take minutes at
+            // a few percent of a CPU) and before the first warm-up.
+            if let Some(percent) = self.opts.gateway_cpu {
+                self.share = Some(CpuShare::confine(gw.pid(), percent)?);
+                progress(&format!(
+                    "gateway confined to {percent} % of one CPU ({} of every {} µs)",
+                    cgroup::quota_us(percent),
+                    cgroup::PERIOD_US
+                ));
+            }
             for &dir in &self.opts.directions.clone() {
                 for &size in &self.opts.sizes.clone() {
                     progress(&format!("{} {entries} entries {size} B", dir.name()));
@@ -586,6 +641,8 @@ impl Edge {
         if result.is_err() {
             eprintln!("{}", gw.log_tail(30));
         }
+        // Its group is removed first (the gateway moved back to the parent group).
+        self.share = None;
         gw.stop();
         result
     }
@@ -630,6 +687,9 @@ pub fn run(
         }
         on_start(bed.cleanup_handle());
         let bin = protego_binary(opts)?;
+        if opts.gateway_cpu.is_some() {
+            cgroup::sweep_stale();
+        }
         let mut edge = Edge::new(&bed, opts)?;
         cpus = edge.cpus;
         for (group, &entries) in opts.entries.iter().enumerate() {
@@ -654,6 +714,22 @@ pub fn run(
     }
     fill_ratios(&mut cases);
     let targets = targets(&cases, &table_figures);
+    let mut notes = vec![
+        "CPU per packet is the gateway's own (all threads, schedstat) per delivered packet at the maximum rate; Mpps/core = 1000 / that".into(),
+        format!(
+            "before each case a warm-up visits up to {WARM_UP_MAX} of its destinations in order (the gateway's neighbour cache holds 65 536 VMs per VNet)"
+        ),
+        "latency is one way, load generator to load generator, at half the maximum rate".into(),
+        "pkt/bat: packets per batch of the gateway's workers over the maximum-rate run".into(),
+    ];
+    if let Some(p) = opts.gateway_cpu {
+        notes.push(format!(
+            "the gateway ran confined to {p} % of one CPU (cgroup v1 cpu controller, {} µs quota per {} µs period) from each entry count's first warm-up on: the maximum rate is the gateway's at saturation, busy is at most {:.2}; no equal-rate runs",
+            cgroup::quota_us(p),
+            cgroup::PERIOD_US,
+            f64::from(p) / 100.0
+        ));
+    }
     Ok(EdgeReport {
         version: EDGE_REPORT_VERSION,
         settings: EdgeSettings {
@@ -661,13 +737,8 @@ pub fn run(
             workers: 1,
             cpus,
             router_mac: (!opts.resolve_macs).then(|| ROUTER_MAC.to_owned()),
-            notes: vec![
-                "CPU per packet is the gateway's own (all threads, schedstat) per delivered packet at the maximum rate; Mpps/core = 1000 / that".into(),
-                format!(
-                    "before each case a warm-up visits up to {WARM_UP_MAX} of its destinations in order (the gateway's neighbour cache holds 65 536 VMs per VNet)"
-                ),
-                "latency is one way, load generator to load generator, at half the maximum rate".into(),
-            ],
+            gateway_cpu_percent: opts.gateway_cpu,
+            notes,
         },
         cases,
         route_loads: loads,
@@ -694,6 +765,15 @@ mod tests {
             DropReasons::from([("no_route".into(), 3), ("too_big".into(), 4)])
         );
         assert!(drop_reasons(&serde_json::json!({})).is_empty());
+        let status = serde_json::json!({"workers": [
+            {"cpu": 0, "packets": 640, "batches": 10, "busy_ns": 1},
+            {"cpu": 1, "packets": 60, "batches": 2, "busy_ns": 1},
+        ]});
+        assert_eq!(worker_totals(&status), Some((700, 12)));
+        assert_eq!(
+            worker_totals(&serde_json::json!({"workers": [{"packets": 3}]})),
+            None
+        );
         let r = RunOut {
             sent: 100,
             delivered: 90,
