@@ -108,6 +108,50 @@ impl Ack {
     }
 }
 
+/// Waits until `deadline` for the answers to `acks`, handing each to `each(index, answer)` as
+/// it arrives (in the order they arrive, not the order given): one node's refusal is acted on
+/// at once, not after a slower node's answer. Those without an answer by then are handed a
+/// timeout.
+pub fn each_answer(
+    acks: &[Ack],
+    deadline: Instant,
+    mut each: impl FnMut(usize, Result<Answer, LinkError>),
+) {
+    let waited = deadline.saturating_duration_since(Instant::now());
+    let mut select = crossbeam_channel::Select::new();
+    for ack in acks {
+        select.recv(&ack.0);
+    }
+    let mut answered = vec![false; acks.len()];
+    let mut pending = acks.len();
+    while pending > 0 {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let Ok(op) = select.select_timeout(left) else {
+            break;
+        };
+        let i = op.index();
+        let answer = match op.recv(&acks[i].0) {
+            Ok(Ok(answer)) => Ok(answer),
+            Ok(Err(reason)) => Err(LinkError::Refused(reason)),
+            Err(_) => Err(LinkError::Closed),
+        };
+        select.remove(i);
+        answered[i] = true;
+        pending -= 1;
+        each(i, answer);
+    }
+    for (i, ack) in acks.iter().enumerate().filter(|(i, _)| !answered[*i]) {
+        // An answer may have come between the last wait and now: still taken.
+        let answer = match ack.0.try_recv() {
+            Ok(Ok(answer)) => Ok(answer),
+            Ok(Err(reason)) => Err(LinkError::Refused(reason)),
+            Err(crossbeam_channel::TryRecvError::Disconnected) => Err(LinkError::Closed),
+            Err(crossbeam_channel::TryRecvError::Empty) => Err(LinkError::Timeout(waited)),
+        };
+        each(i, answer);
+    }
+}
+
 impl Ack {
     /// The node's answer if it comes by `deadline` (`None`: not yet; the answer can still be
     /// polled later). Taken once: a later poll after an answer sees [`LinkError::Closed`].
@@ -294,6 +338,44 @@ mod tests {
             done.recv_timeout(Duration::from_secs(5)),
             Ok(Ok(Answer::Applied))
         );
+    }
+
+    /// A refusal is handed on as soon as it comes, while another node's answer is still
+    /// awaited; a late answer, an answer from a closed session and silence each get theirs.
+    #[test]
+    fn each_answer_is_handed_on_as_it_comes() {
+        let (refuse_tx, refused) = Ack::later();
+        let (slow_tx, slow) = Ack::later();
+        let (closed_tx, closed) = Ack::later();
+        let (_silent_tx, silent) = Ack::later();
+        drop(closed_tx);
+        refuse_tx.send(Err("gap".into())).unwrap();
+        let (seen_tx, seen) = bounded(8);
+        let waiter = std::thread::spawn(move || {
+            each_answer(
+                &[slow, refused, closed, silent],
+                Instant::now() + Duration::from_secs(2),
+                |i, a| {
+                    let _ = seen_tx.send((i, a));
+                },
+            );
+        });
+        // The refusal and the closed session come first, the slow node has not answered.
+        let mut first: Vec<usize> = (0..2)
+            .map(|_| seen.recv_timeout(Duration::from_secs(5)).unwrap().0)
+            .collect();
+        first.sort_unstable();
+        assert_eq!(first, vec![1, 2]);
+        slow_tx.send(Ok(Answer::Applied)).unwrap();
+        assert_eq!(
+            seen.recv_timeout(Duration::from_secs(5)),
+            Ok((0, Ok(Answer::Applied)))
+        );
+        assert!(matches!(
+            seen.recv_timeout(Duration::from_secs(5)),
+            Ok((3, Err(LinkError::Timeout(_))))
+        ));
+        waiter.join().unwrap();
     }
 
     #[test]

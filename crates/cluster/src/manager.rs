@@ -251,6 +251,7 @@ impl Cluster {
         // Decided before the core may place anything on it: a node whose routes are behind
         // takes new tunnels and attachments only if no current one can.
         let routes_current = self.routes_current_at(routes);
+        let session = Arc::clone(&link);
         let mut sh = self.state();
         let id = sh.core.node_id(&hello.name);
         sh.links.insert(id, link);
@@ -284,7 +285,7 @@ impl Cluster {
         }
         self.finish(q);
         if role == Role::Data {
-            self.routes_hello(id, &name, routes);
+            self.routes_hello(id, &name, routes, &session);
         }
         id
     }

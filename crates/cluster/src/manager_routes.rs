@@ -20,7 +20,7 @@
 //! ([`Ack::on_answer`]).
 
 use super::{Cluster, Role, Shell};
-use crate::link::{Ack, Answer, LinkError, NodeLink};
+use crate::link::{self, Answer, NodeLink};
 use datapath::{DataplaneError, RouteChange, RouteChangeReport, RouteFanout, RouteStats};
 use routebook::{Replay, RouteMaster, RouteVersion};
 use rpc::pb;
@@ -122,9 +122,6 @@ impl RouteSync {
     }
 }
 
-/// A single change's fan-out: the nodes and their pending answers.
-type Sent = Vec<(u32, String, Result<Ack, LinkError>)>;
-
 impl Cluster {
     fn routes(&self) -> std::sync::MutexGuard<'_, RouteSync> {
         // Every critical section leaves the table consistent before anything can panic.
@@ -147,6 +144,14 @@ impl Cluster {
         self.state().links.get(&id).cloned()
     }
 
+    /// True if `link` is node `id`'s session still (the state lock is released on return).
+    fn is_session(&self, id: u32, link: &Arc<dyn NodeLink>) -> bool {
+        self.state()
+            .links
+            .get(&id)
+            .is_some_and(|l| Arc::ptr_eq(l, link))
+    }
+
     /// The master's version.
     pub fn routes_version(&self) -> RouteVersion {
         self.routes().master.version()
@@ -164,11 +169,23 @@ impl Cluster {
     /// waits for it, and marks the node current when it applied the replay, unless it was
     /// told to fetch (or registered again) meanwhile; an error or no answer within the
     /// directive timeout makes it fetch.
-    pub(super) fn routes_hello(&self, id: u32, name: &str, at: RouteVersion) {
-        let Some(link) = self.link(id) else {
-            return;
-        };
+    ///
+    /// `link` is the registering session's: a registration that a newer one of the same node
+    /// overtook (this one waited in `register` for steer nodes' answers meanwhile) does
+    /// nothing, since its Hello's version is no longer what the node holds.
+    pub(super) fn routes_hello(
+        &self,
+        id: u32,
+        name: &str,
+        at: RouteVersion,
+        link: &Arc<dyn NodeLink>,
+    ) {
         let mut rs = self.routes();
+        if !self.is_session(id, link) {
+            debug!(node = name, at = %at, "an overtaken registration's routes are not judged");
+            return;
+        }
+        let link = Arc::clone(link);
         let turn = {
             let n = rs.nodes.entry(id).or_default();
             n.turn += 1;
@@ -297,10 +314,12 @@ impl Cluster {
     /// `set_inside`; the control node calls it before restoring the route store.
     pub fn set_route_vnets(&self, vnets: &[datapath::VnetConfig]) -> Result<(), DataplaneError> {
         let mut rs = self.routes();
+        // The snapshot names the VNets: any change of them is a new snapshot, if not a new
+        // version.
+        rs.cached = None;
         if !rs.master.set_vnet_configs(vnets)? {
             return Ok(());
         }
-        rs.cached = None;
         let targets = self.route_targets();
         info!(version = %rs.master.version(), nodes = targets.len(), "VNets removed with their per-VM routes; data nodes fetch the table");
         for (id, _, link) in &targets {
@@ -352,49 +371,60 @@ impl Cluster {
                 ..r
             });
         };
-        let sent: Sent = targets
-            .into_iter()
-            .map(|(id, name, link)| {
-                let ack = link.submit(pb::directive::Op::RouteChanges(pb::RouteChanges {
-                    epoch: v.epoch,
-                    first_seq: v.seq,
-                    ops: vec![op.clone()],
-                }));
-                (id, name, ack)
-            })
-            .collect();
-        drop(rs);
-        let deadline = self.deadline();
+        let mut sent: Vec<(u32, String, Arc<dyn NodeLink>)> = Vec::new();
+        let mut acks = Vec::new();
         let mut fanout = RouteFanout::default();
-        let (mut failed, mut kept) = (Vec::new(), Vec::new());
-        for (id, name, ack) in sent {
-            match ack.and_then(|a| a.wait_answer_until(deadline)) {
-                Ok(Answer::Applied) => fanout.applied += 1,
-                Ok(Answer::Kept) => {
-                    debug!(node = %name, version = %v, "data node kept a route change while fetching the table");
-                    kept.push(id);
+        for (id, name, link) in targets {
+            match link.submit(pb::directive::Op::RouteChanges(pb::RouteChanges {
+                epoch: v.epoch,
+                first_seq: v.seq,
+                ops: vec![op.clone()],
+            })) {
+                Ok(ack) => {
+                    sent.push((id, name, link));
+                    acks.push(ack);
                 }
                 Err(e) => {
-                    warn!(node = %name, version = %v, error = %e, "data node did not apply a route change; it fetches the table");
-                    failed.push(id);
-                }
-            }
-        }
-        (fanout.fetching, fanout.failed) = (kept.len(), failed.len());
-        if !failed.is_empty() || !kept.is_empty() {
-            let mut rs = self.routes();
-            // A node that kept the change holds it once its fetch is restored: behind until
-            // it reports the master's version.
-            for id in kept {
-                rs.mark(&self.state, id, false);
-            }
-            for id in failed {
-                let link = self.link(id);
-                if let Some(link) = link {
+                    warn!(node = %name, version = %v, error = %e, "route change not sent to a data node; it fetches the table");
+                    fanout.failed += 1;
                     rs.prompt_fetch(&self.state, id, &link);
                 }
             }
         }
+        drop(rs);
+        // Each answer is acted on as it comes: a node that refused or kept the change is
+        // behind from then on, not once a slower node answered too.
+        link::each_answer(&acks, self.deadline(), |i, answer| {
+            let (id, name, link) = &sent[i];
+            match answer {
+                Ok(Answer::Applied) => fanout.applied += 1,
+                Ok(Answer::Kept) => {
+                    debug!(node = %name, version = %v, "data node kept a route change while fetching the table");
+                    fanout.fetching += 1;
+                    let mut rs = self.routes();
+                    // Behind until it reports the master's version, unless it already did
+                    // (its fetch ended between the change and this answer); a node already
+                    // behind keeps its count of reports toward the next prompt.
+                    let master = rs.master.version();
+                    if rs
+                        .nodes
+                        .get(id)
+                        .is_some_and(|n| n.current && n.last != Some(master))
+                    {
+                        rs.mark(&self.state, *id, false);
+                    }
+                }
+                Err(e) => {
+                    warn!(node = %name, version = %v, error = %e, "data node did not apply a route change; it fetches the table");
+                    fanout.failed += 1;
+                    // Told on the session the change went to; a newer session registered
+                    // meanwhile is judged by its own Hello.
+                    if self.is_session(*id, link) {
+                        self.routes().prompt_fetch(&self.state, *id, link);
+                    }
+                }
+            }
+        });
         let us = started.elapsed().as_micros() as u64;
         if fanout.fetching > 0 || fanout.failed > 0 {
             info!(version = %v, applied = fanout.applied, fetching = fanout.fetching, failed = fanout.failed, us, "route change not applied on every data node yet");
@@ -410,9 +440,10 @@ impl Cluster {
     /// [`DataPath::write_routes`] for the cluster: the master's version, then its snapshot.
     /// The snapshot is taken with the routes lock held (shared with the fetches of the same
     /// version, or serialised in memory: [`Self::route_snapshot`]), and written to `out` (the
-    /// route store: a file, or etcd chunks) after it is released, so route changes,
-    /// registrations and reports do not wait behind the store's I/O. The header names the
-    /// version of the bytes that follow, taken under the same lock.
+    /// route store: a file, or etcd chunks) after it is released, so the master's changes,
+    /// registrations and reports do not wait behind the store's I/O (an operator's change
+    /// through the route store still waits for the store's own lock, held while it writes).
+    /// The header names the version of the bytes that follow, taken under the same lock.
     pub(super) fn cluster_write_routes(
         &self,
         out: &mut dyn std::io::Write,

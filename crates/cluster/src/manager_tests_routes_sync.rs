@@ -165,6 +165,47 @@ fn a_current_node_that_keeps_reporting_another_version_fetches() {
     assert!(b.current("data1"));
 }
 
+/// A registration that waited in `register` (for steer nodes' answers) while the node
+/// restarted and registered again: its Hello's version, the master's, is no longer what the
+/// node holds (an empty table, fetching), and must not mark the node current.
+#[test]
+fn an_overtaken_registration_does_not_mark_its_node_current() {
+    let mut b = RouteBed::new();
+    b.bed
+        .cluster
+        .change_routes(add("10.1.0.1", "192.0.2.1"))
+        .unwrap();
+    let v = b.bed.cluster.routes_version();
+    // The first session, at the master's version.
+    let first = Arc::new(RouteNode::new(v));
+    let r = Registration {
+        routes: v,
+        ..registration(
+            "data1",
+            Role::Data,
+            "10.0.1.20:6081".parse().unwrap(),
+            1,
+            Vec::new(),
+        )
+    };
+    let id = b.bed.cluster.register(r, first.clone());
+    b.nodes.insert("data1".into(), (id, Arc::clone(&first)));
+    assert!(b.current("data1"));
+    // The node restarted with an empty table and registered again: it fetches.
+    let empty = RouteVersion { epoch: 0, seq: 0 };
+    assert_eq!(b.join("data1", 2, empty), id);
+    assert!(!b.current("data1"));
+    // The first registration's routes are judged only now.
+    let first: Arc<dyn NodeLink> = first;
+    b.bed.cluster.routes_hello(id, "data1", v, &first);
+    assert!(
+        !b.current("data1"),
+        "an overtaken registration marked a fetching node current"
+    );
+    b.fetch("data1");
+    assert!(b.current("data1"));
+}
+
 #[test]
 fn a_change_kept_by_a_fetching_node_is_not_counted_as_applied() {
     let mut b = RouteBed::new();
@@ -262,7 +303,7 @@ impl std::io::Write for StalledStore {
 }
 
 #[test]
-fn route_changes_do_not_wait_for_the_route_stores_write() {
+fn the_masters_changes_do_not_wait_for_the_route_stores_write() {
     let mut b = RouteBed::new();
     let v = b.bed.cluster.routes_version();
     b.join("data1", 1, v);
