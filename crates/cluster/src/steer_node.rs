@@ -706,4 +706,68 @@ mod tests {
             )]
         );
     }
+
+    /// The report's usage is made of the forwarder's counters: a tunnel's outbound admitted
+    /// and dropped bytes (VXLAN from hosts and CEs' packets into the tunnel alike), as deltas
+    /// since the last report, from which control divides the tunnel's limit; attachments'
+    /// counters as they are (cumulative).
+    #[test]
+    fn a_report_carries_the_interval_s_outbound_usage_and_the_attachments() {
+        let mut stats = SteerStats::default();
+        let tunnel = steer::TunnelId(7);
+        let outbound = |admitted_bytes, dropped_bytes| steer::TunnelCounters {
+            admitted_packets: 1,
+            admitted_bytes,
+            dropped_packets: 1,
+            dropped_bytes,
+        };
+        stats.tunnels.insert(
+            tunnel,
+            steernode::TunnelStats {
+                outbound: outbound(1000, 3000),
+                ..Default::default()
+            },
+        );
+        let key = PortKey::new(steer::PortId(1), 100, 20).unwrap();
+        stats.attachments.insert(
+            key,
+            steernode::AttachmentStats {
+                attachment: steer::AttachmentId(4),
+                from_ce_frames: 5,
+                from_ce_bytes: 1000,
+                to_ce_frames: 2,
+                to_ce_bytes: 400,
+                dropped: 15,
+            },
+        );
+        let mut last = BTreeMap::new();
+        let r = build_report(&stats, &mut last, Duration::from_secs(1));
+        let t = &r.tunnels[0];
+        assert_eq!(
+            (t.tunnel, t.bytes_out, t.rate_dropped_bytes_out, t.bytes_in),
+            (7, 1000, 3000, 0)
+        );
+        assert_eq!(
+            r.attachments,
+            [pb::AttachmentUsage {
+                attachment: 4,
+                port: 1,
+                s_tag: 100,
+                c_tag: 20,
+                from_ce_frames: 5,
+                from_ce_bytes: 1000,
+                to_ce_frames: 2,
+                to_ce_bytes: 400,
+                dropped: 15,
+            }]
+        );
+        // The next interval: only what was added since.
+        stats.tunnels.get_mut(&tunnel).unwrap().outbound = outbound(1600, 3000);
+        let r = build_report(&stats, &mut last, Duration::from_secs(1));
+        assert_eq!(
+            (r.tunnels[0].bytes_out, r.tunnels[0].rate_dropped_bytes_out),
+            (600, 0)
+        );
+        assert_eq!(r.attachments[0].from_ce_frames, 5, "cumulative");
+    }
 }
