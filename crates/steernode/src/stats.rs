@@ -263,10 +263,12 @@ pub struct AttachmentStats {
     pub to_ce_frames: u64,
     /// Their bytes, tags included.
     pub to_ce_bytes: u64,
-    /// Frames of the attachment this node dropped, either way: from the CE, for a data node
-    /// unknown or dead, over a tunnel's rate limit, or too large to wrap (each also counted
-    /// by its [`DropReason`]). Frames whose tags name no attachment, and frames the kernel
-    /// refused to send, count only node-wide (`port_unknown_tags*`, `send_failed`).
+    /// Frames from the CE this node dropped: for a data node unknown or dead, over a tunnel's
+    /// rate limit, or too large to wrap (each also counted by its [`DropReason`]). A frame
+    /// toward the CE whose tags are the attachment's passes every check of this node, so none
+    /// is counted here; frames whose tags name no attachment, and frames the kernel refused
+    /// to send either way (not told apart within a batch), count only node-wide
+    /// (`port_unknown_tags*`, `send_failed`).
     pub dropped: u64,
 }
 

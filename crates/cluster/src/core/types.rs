@@ -122,7 +122,8 @@ pub struct AttachmentTraffic {
     pub to_ce_frames: u64,
     /// Their bytes, tags included.
     pub to_ce_bytes: u64,
-    /// Frames of the attachment the steer node dropped, either way.
+    /// Frames from the CE the steer node dropped (no live data node, over a tunnel's rate
+    /// limit, too large to wrap).
     pub dropped: u64,
 }
 
