@@ -37,7 +37,8 @@ use tracing::{debug, info, warn};
 use wire::EspSpi;
 
 pub use crate::core::{
-    AttachmentMeta, ClusterError, NodeLoad, PortInfo, Role, TunnelMeta, STEER_GRACE,
+    AttachmentMeta, AttachmentTraffic, ClusterError, NodeLoad, PortInfo, Role, TunnelMeta,
+    STEER_GRACE,
 };
 
 /// Longest a waiting move sleeps without looking at the state again.

@@ -238,6 +238,9 @@ pub(super) fn status_json(control: &str, status: &Status) -> serde_json::Value {
         .attachments
         .iter()
         .map(|a| {
+            // Its frames at the steer node owning its port (zero until that node reports
+            // them).
+            let t = a.traffic.unwrap_or_default();
             serde_json::json!({
                 "name": a.name,
                 "steer": a.steer,
@@ -246,6 +249,13 @@ pub(super) fn status_json(control: &str, status: &Status) -> serde_json::Value {
                 "steered": a.port.is_some() && a.node.is_some(),
                 "node": a.node,
                 "ce_mac": a.ce_mac.map(mac_text),
+                "s_tag": a.s_tag,
+                "c_tag": a.c_tag,
+                "from_ce_frames": t.from_ce_frames,
+                "from_ce_bytes": t.from_ce_bytes,
+                "to_ce_frames": t.to_ce_frames,
+                "to_ce_bytes": t.to_ce_bytes,
+                "dropped": t.dropped,
             })
         })
         .collect();

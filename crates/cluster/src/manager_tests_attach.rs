@@ -156,6 +156,69 @@ fn an_attachment_is_steered_once_its_steer_node_announces_the_port() {
     );
     let name = if serving == d1 { "data1" } else { "data2" };
     assert_eq!(a["node"], name);
+    assert_eq!(
+        (a["s_tag"].as_u64(), a["c_tag"].as_u64()),
+        (Some(100), Some(20))
+    );
+    assert_eq!(a["from_ce_frames"], 0, "nothing reported yet");
+}
+
+#[test]
+fn an_attachments_frames_as_its_steer_node_reports_them_show_in_status() {
+    let (b, s1, _d1, _d2, _serving) = attached_bed();
+    let traffic = |attachment, c_tag| AttachmentTraffic {
+        attachment,
+        port: 1,
+        s_tag: 100,
+        c_tag,
+        from_ce_frames: 7,
+        from_ce_bytes: 700,
+        to_ce_frames: 5,
+        to_ce_bytes: 420,
+        dropped: 2,
+    };
+    b.cluster.report(
+        s1,
+        NodeLoad {
+            interval_ms: 1000,
+            // Acme's, and a stale pair of another id (e.g. from before a control restart).
+            attachments: vec![traffic(1, 20), traffic(9, 21)],
+            ..NodeLoad::default()
+        },
+    );
+    let status = b.cluster.describe();
+    let a = &status["attachments"][0];
+    assert_eq!(a["name"], "acme");
+    let got: Vec<_> = [
+        "from_ce_frames",
+        "from_ce_bytes",
+        "to_ce_frames",
+        "to_ce_bytes",
+        "dropped",
+    ]
+    .iter()
+    .map(|f| a[f].as_u64())
+    .collect();
+    assert_eq!(got, [Some(7), Some(700), Some(5), Some(420), Some(2)]);
+    // The steer node's own load lists what it reported, by id and tag pair.
+    let steer1 = status["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|n| n["name"] == "steer1")
+        .unwrap();
+    let listed = &steer1["load"]["attachments"];
+    assert_eq!(listed.as_array().map(Vec::len), Some(2));
+    assert_eq!(
+        (
+            listed[0]["attachment"].as_u64(),
+            listed[0]["c_tag"].as_u64()
+        ),
+        (Some(1), Some(20))
+    );
+    // A report without acme's pair: back to zero.
+    b.cluster.report(s1, NodeLoad::default());
+    assert_eq!(b.cluster.describe()["attachments"][0]["from_ce_frames"], 0);
 }
 
 #[test]

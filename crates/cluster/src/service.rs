@@ -8,7 +8,9 @@
 //! blocking pool, never on the runtime's threads.
 
 use crate::link::{NodeLink, SessionLink};
-use crate::manager::{Cluster, NodeLoad, PortInfo, Registration, Role, MAX_INSTALLED};
+use crate::manager::{
+    AttachmentTraffic, Cluster, NodeLoad, PortInfo, Registration, Role, MAX_INSTALLED,
+};
 use rpc::certs::NodeRole;
 use rpc::pb;
 use std::net::SocketAddr;
@@ -309,6 +311,21 @@ async fn handle(
                                 outbound: usage(t.bytes_out, t.rate_dropped_bytes_out),
                             },
                         )
+                    })
+                    .collect(),
+                attachments: r
+                    .attachments
+                    .iter()
+                    .map(|a| AttachmentTraffic {
+                        attachment: a.attachment,
+                        port: a.port,
+                        s_tag: u16::try_from(a.s_tag).unwrap_or(u16::MAX),
+                        c_tag: u16::try_from(a.c_tag).unwrap_or(u16::MAX),
+                        from_ce_frames: a.from_ce_frames,
+                        from_ce_bytes: a.from_ce_bytes,
+                        to_ce_frames: a.to_ce_frames,
+                        to_ce_bytes: a.to_ce_bytes,
+                        dropped: a.dropped,
                     })
                     .collect(),
             };

@@ -2,8 +2,9 @@
 //! (`steernode::SteerNode`) and applies the control node's directives to its tables: the
 //! whole tables after registering, then SPI, selector, node, rate limit and customer port
 //! tag updates. Its Hello announces its customer-facing ports (`[steer] ports`, numbered from
-//! 1 in the file's order) with their MACs. It passes its failure detector's verdicts up as events and reports per-tunnel traffic and
-//! rate-limit drops every interval.
+//! 1 in the file's order) with their MACs. It passes its failure detector's verdicts up as
+//! events and reports per-tunnel traffic and rate-limit drops, and per-attachment frames and
+//! drops, every interval.
 //!
 //! Forwarding never waits for the session: when it breaks the steer node keeps steering with
 //! the tables it has, and gets whole tables again when it reconnects.
@@ -354,7 +355,7 @@ struct LastReport {
 }
 
 /// Per-tunnel traffic and rate-limit drops during `interval` (since the last report), and the
-/// drop counters.
+/// drop and per-attachment counters (cumulative).
 fn build_report(
     stats: &SteerStats,
     last: &mut BTreeMap<u32, Counted>,
@@ -389,10 +390,26 @@ fn build_report(
     }
     // Tunnels no longer counted are forgotten.
     last.retain(|t, _| stats.tunnels.contains_key(&steer::TunnelId(*t)));
+    let attachments = stats
+        .attachments
+        .iter()
+        .map(|(key, a)| pb::AttachmentUsage {
+            attachment: a.attachment.0,
+            port: key.port.0,
+            s_tag: u32::from(key.s_tag),
+            c_tag: u32::from(key.c_tag),
+            from_ce_frames: a.from_ce_frames,
+            from_ce_bytes: a.from_ce_bytes,
+            to_ce_frames: a.to_ce_frames,
+            to_ce_bytes: a.to_ce_bytes,
+            dropped: a.dropped,
+        })
+        .collect();
     pb::Report {
         interval_ms: u32::try_from(interval.as_millis()).unwrap_or(u32::MAX),
         utilization: 0.0,
         tunnels,
+        attachments,
         drops: stats
             .dropped
             .iter()
@@ -630,6 +647,28 @@ mod tests {
             }
         };
         assert_eq!(got, frame);
+        // The next report counts it for the attachment of its tag pair (wait for the port
+        // thread's fold after the send).
+        let counted = loop {
+            let r = a.report();
+            if let Some(u) = r.attachments.first().filter(|u| u.from_ce_frames > 0) {
+                break *u;
+            }
+            assert!(Instant::now() < deadline, "the frame not counted: {r:?}");
+            std::thread::sleep(Duration::from_millis(5));
+        };
+        assert_eq!(
+            counted,
+            pb::AttachmentUsage {
+                attachment: 1,
+                port: 1,
+                s_tag: 100,
+                c_tag: 20,
+                from_ce_frames: 1,
+                from_ce_bytes: frame.len() as u64,
+                ..pb::AttachmentUsage::default()
+            }
+        );
         fails(
             tables(vec![tag(1, 100, 20), tag(3, 0, 7)]),
             "steer_tables.attachments[1].port",
@@ -666,5 +705,69 @@ mod tests {
                 }
             )]
         );
+    }
+
+    /// The report's usage is made of the forwarder's counters: a tunnel's outbound admitted
+    /// and dropped bytes (VXLAN from hosts and CEs' packets into the tunnel alike), as deltas
+    /// since the last report, from which control divides the tunnel's limit; attachments'
+    /// counters as they are (cumulative).
+    #[test]
+    fn a_report_carries_the_interval_s_outbound_usage_and_the_attachments() {
+        let mut stats = SteerStats::default();
+        let tunnel = steer::TunnelId(7);
+        let outbound = |admitted_bytes, dropped_bytes| steer::TunnelCounters {
+            admitted_packets: 1,
+            admitted_bytes,
+            dropped_packets: 1,
+            dropped_bytes,
+        };
+        stats.tunnels.insert(
+            tunnel,
+            steernode::TunnelStats {
+                outbound: outbound(1000, 3000),
+                ..Default::default()
+            },
+        );
+        let key = PortKey::new(steer::PortId(1), 100, 20).unwrap();
+        stats.attachments.insert(
+            key,
+            steernode::AttachmentStats {
+                attachment: steer::AttachmentId(4),
+                from_ce_frames: 5,
+                from_ce_bytes: 1000,
+                to_ce_frames: 2,
+                to_ce_bytes: 400,
+                dropped: 15,
+            },
+        );
+        let mut last = BTreeMap::new();
+        let r = build_report(&stats, &mut last, Duration::from_secs(1));
+        let t = &r.tunnels[0];
+        assert_eq!(
+            (t.tunnel, t.bytes_out, t.rate_dropped_bytes_out, t.bytes_in),
+            (7, 1000, 3000, 0)
+        );
+        assert_eq!(
+            r.attachments,
+            [pb::AttachmentUsage {
+                attachment: 4,
+                port: 1,
+                s_tag: 100,
+                c_tag: 20,
+                from_ce_frames: 5,
+                from_ce_bytes: 1000,
+                to_ce_frames: 2,
+                to_ce_bytes: 400,
+                dropped: 15,
+            }]
+        );
+        // The next interval: only what was added since.
+        stats.tunnels.get_mut(&tunnel).unwrap().outbound = outbound(1600, 3000);
+        let r = build_report(&stats, &mut last, Duration::from_secs(1));
+        assert_eq!(
+            (r.tunnels[0].bytes_out, r.tunnels[0].rate_dropped_bytes_out),
+            (600, 0)
+        );
+        assert_eq!(r.attachments[0].from_ce_frames, 5, "cumulative");
     }
 }

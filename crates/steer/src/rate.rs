@@ -9,10 +9,10 @@
 //! dropped, not queued, and leave the bucket as it was (no debt).
 //!
 //! [`RateLimiters`] keeps one bucket and one set of counters per tunnel. Use one per direction
-//! (inbound ESP, outbound VXLAN). With several steer nodes in parallel each enforces its own
-//! buckets with the limit it is given: the control node gives each node its share of a
-//! tunnel's rate, divided by the traffic each reports ([`crate::share`]), so the shares add up
-//! to the tunnel's limit.
+//! (inbound ESP; outbound: VXLAN from hosts and a CE's packets into the tunnel, one bucket
+//! for both). With several steer nodes in parallel each enforces its own buckets with the
+//! limit it is given: the control node gives each node its share of a tunnel's rate, divided
+//! by the traffic each reports ([`crate::share`]), so the shares add up to the tunnel's limit.
 
 use rustc_hash::FxHashMap;
 use std::time::Instant;

@@ -21,7 +21,9 @@
 use std::net::SocketAddr;
 use std::ops::Range;
 
-use steer::{AttachEntry, Flow, PortId, SelectorEntry, SpiEntry};
+use steer::{
+    AttachEntry, AttachmentId, Flow, NodeId, PortId, PortKey, SelectorEntry, SpiEntry, TunnelId,
+};
 use wire::arp::ArpPacket;
 use wire::esp::UdpEncap;
 use wire::ethernet::{tags, EtherType, EthernetRepr};
@@ -174,40 +176,61 @@ pub(crate) struct Relay {
     pub(crate) payload: Range<usize>,
 }
 
+/// Where a customer's frame goes ([`port`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct PortSteer {
+    /// Its port and tag pair (the key its attachment's counters are kept under).
+    pub(crate) key: PortKey,
+    /// The attachment's entry, as the table has it.
+    pub(crate) entry: AttachEntry,
+    /// The data node to send it to: the entry's, or the tunnel's.
+    pub(crate) node: NodeId,
+    /// The tunnel whose selector took it, if any: the frame is charged to that tunnel's
+    /// outbound rate limit, as a VM's packet into the tunnel (VXLAN from the hosts) is.
+    pub(crate) tunnel: Option<TunnelId>,
+}
+
 /// Where a customer's frame on `port` goes: the data node serving the attachment of its tags,
 /// or, for an IP packet that one of the attachment's VNet's tunnel selectors takes (a CE's
 /// packet for the tenant's IPsec site), the node holding that tunnel's sending CHILD_SA, as
 /// for the hosts' VXLAN: every data node holds every attachment, and only the tunnel's node
-/// can seal for it, in the order of its relay lane. Everything else (ARP, neighbour
-/// discovery, packets for VMs and CEs) goes to the serving node.
-pub(crate) fn port(port: PortId, frame: &[u8], tables: &Tables) -> Result<AttachEntry, DropReason> {
+/// can seal for it, in the order of its relay lane. Such a packet names its tunnel, to be
+/// charged to the tunnel's outbound rate limit like the hosts' VXLAN into it. Everything else
+/// (ARP, neighbour discovery, packets for VMs and CEs) goes to the serving node.
+pub(crate) fn port(port: PortId, frame: &[u8], tables: &Tables) -> Result<PortSteer, DropReason> {
     let t = tags::read(frame).map_err(|e| match e {
         tags::TagError::Malformed => DropReason::PortMalformed,
         tags::TagError::Unknown => DropReason::PortUnknownTags,
     })?;
+    let (s_tag, c_tag) = t.tags;
     let entry = tables
         .ports
-        .lookup(port, t.tags.0, t.tags.1)
+        .lookup(port, s_tag, c_tag)
         .ok_or(DropReason::PortUnknownTags)?;
+    let mut steer = PortSteer {
+        key: PortKey { port, s_tag, c_tag },
+        entry,
+        node: entry.node,
+        tunnel: None,
+    };
     let Some(vni) = entry.vni else {
-        return Ok(entry);
+        return Ok(steer);
     };
     if !matches!(t.ethertype, EtherType::IPV4 | EtherType::IPV6) {
-        return Ok(entry);
+        return Ok(steer);
     }
-    let tunnel = frame
+    let selected = frame
         .get(t.payload..)
         .and_then(inner_flow)
         .filter(|inner| !inner.neighbour_discovery)
-        .and_then(|inner| tables.selectors.lookup(vni, &inner.flow))
-        .filter(|s| s.tunnel.is_some());
-    Ok(match tunnel {
-        Some(s) => AttachEntry {
-            node: s.node,
-            ..entry
-        },
-        None => entry,
-    })
+        .and_then(|inner| tables.selectors.lookup(vni, &inner.flow));
+    if let Some(s) = selected {
+        if let Some(tunnel) = s.tunnel {
+            steer.node = s.node;
+            steer.tunnel = Some(tunnel);
+        }
+    }
+    Ok(steer)
 }
 
 /// [`port`] for a frame the port thread relays: where it goes, and if the kernel marked it
@@ -223,12 +246,12 @@ pub(crate) fn port_frame(
     frame: &mut [u8],
     csum_not_ready: bool,
     tables: &Tables,
-) -> Result<AttachEntry, DropReason> {
-    let entry = port(port_id, frame, tables)?;
+) -> Result<PortSteer, DropReason> {
+    let steer = port(port_id, frame, tables)?;
     if csum_not_ready {
         let _ = wire::checksum::finish_frame(frame);
     }
-    Ok(entry)
+    Ok(steer)
 }
 
 /// A customer's frame to send out of one of this node's ports.
@@ -238,6 +261,10 @@ pub(crate) struct ToPort {
     pub(crate) port: usize,
     /// The Ethernet frame's range within the Geneve frame.
     pub(crate) frame: Range<usize>,
+    /// Its port and tag pair (the key its attachment's counters are kept under).
+    pub(crate) key: PortKey,
+    /// The attachment of its tags.
+    pub(crate) attachment: AttachmentId,
 }
 
 /// What a Geneve frame from a node asks for.
@@ -286,13 +313,16 @@ pub(crate) fn geneve(
                 .get(range.clone())
                 .ok_or(DropReason::GeneveMalformed)?;
             let t = tags::read(eth).map_err(|_| DropReason::PortUnknownTagsOut)?;
-            tables
+            let (s_tag, c_tag) = t.tags;
+            let entry = tables
                 .ports
-                .lookup(port, t.tags.0, t.tags.1)
+                .lookup(port, s_tag, c_tag)
                 .ok_or(DropReason::PortUnknownTagsOut)?;
             Ok(ToPort {
                 port: index,
                 frame: range,
+                key: PortKey { port, s_tag, c_tag },
+                attachment: entry.attachment,
             })
         };
         match to() {

@@ -24,7 +24,7 @@ use wire::vxlan::Vni;
 use crate::classify::{self, VxlanAction, WanAction, WanPort};
 use crate::health::Health;
 use crate::limits::Direction;
-use crate::stats::{Counters, DropReason, ForwardKind};
+use crate::stats::{AttachCount, AttachCounters, AttachTally, Counters, DropReason, ForwardKind};
 use crate::sys::{recv_batch, Poller, Ready, TxBatch, UdpSocket, Waker};
 use crate::tables::{Published, Sender, Tables};
 use netio::RecvBatch;
@@ -69,7 +69,9 @@ pub(crate) struct Shared {
     pub(crate) health: Mutex<Health>,
     /// Inbound (ESP) rate limits.
     pub(crate) inbound: Mutex<Direction>,
-    /// Outbound (VXLAN) rate limits.
+    /// Outbound rate limits: VXLAN from hosts, and CEs' packets into tunnels (one bucket per
+    /// tunnel for both, so the port and underlay threads share this lock, each once per batch
+    /// at most).
     pub(crate) outbound: Mutex<Direction>,
     /// The VIP thread's counters.
     pub(crate) wan_counters: Counters,
@@ -77,6 +79,10 @@ pub(crate) struct Shared {
     pub(crate) underlay_counters: Counters,
     /// The port thread's counters.
     pub(crate) port_counters: Counters,
+    /// The port thread's per-attachment counters (frames from CEs).
+    pub(crate) port_attach: AttachCounters,
+    /// The underlay thread's per-attachment counters (frames to CEs).
+    pub(crate) underlay_attach: AttachCounters,
     /// Customer-facing ports.
     pub(crate) ports: Vec<Port>,
     /// Shutdown signal.
@@ -366,6 +372,7 @@ pub(crate) fn run_underlay(sh: Arc<Shared>) {
     let mut rx = recv_batch(sh.batch);
     let mut tx = TxBatch::with_capacity(sh.batch * 2048);
     let mut scratch = PacketScratch::default();
+    let mut tally = AttachTally::default();
     let mut next_tick = Instant::now();
     loop {
         let now = Instant::now();
@@ -384,7 +391,7 @@ pub(crate) fn run_underlay(sh: Arc<Shared>) {
             flush(&sh, &mut tx, counters);
         }
         if poller.readable(1) && receive(&sh, sh.geneve, &mut rx, counters) {
-            geneve_batch(&sh, &rx, &mut tx, &mut scratch);
+            geneve_batch(&sh, &rx, &mut tx, &mut scratch, &mut tally);
             flush(&sh, &mut tx, counters);
         }
     }
@@ -470,8 +477,15 @@ fn vxlan_batch(sh: &Shared, rx: &RecvBatch, tx: &mut TxBatch) {
 
 /// Handles one batch of Geneve frames from nodes: relays datagrams out of the VIPs, hands
 /// probe replies to the health monitor, sends customers' frames out of their ports (the
-/// batch's frames of a port in one `sendmmsg`, after the loop).
-fn geneve_batch(sh: &Shared, rx: &RecvBatch, tx: &mut TxBatch, scratch: &mut PacketScratch) {
+/// batch's frames of a port in one `sendmmsg`, after the loop), counted per attachment in
+/// `tally` and folded into the thread's counters at the end.
+fn geneve_batch(
+    sh: &Shared,
+    rx: &RecvBatch,
+    tx: &mut TxBatch,
+    scratch: &mut PacketScratch,
+    tally: &mut AttachTally,
+) {
     let counters = &sh.underlay_counters;
     let mut b = Batch::new(sh, counters, &sh.outbound);
     let tables = Arc::clone(&b.tables);
@@ -512,7 +526,10 @@ fn geneve_batch(sh: &Shared, rx: &RecvBatch, tx: &mut TxBatch, scratch: &mut Pac
         }
         if let Some(to) = action.to_port {
             match frame.get(to.frame) {
-                Some(eth) => to_ports.push((to.port, eth)),
+                Some(eth) => {
+                    tally.count(to.key, to.attachment, AttachCount::ToCe(eth.len()));
+                    to_ports.push((to.port, eth));
+                }
                 None => counters.dropped(DropReason::GeneveMalformed, 1),
             }
         }
@@ -542,6 +559,7 @@ fn geneve_batch(sh: &Shared, rx: &RecvBatch, tx: &mut TxBatch, scratch: &mut Pac
         counters.forwarded(ForwardKind::DataToPort, n - failed.min(n));
         counters.dropped(DropReason::SendFailed, failed);
     }
+    tally.fold(&sh.underlay_attach);
 }
 
 /// Longest wait of the port thread's poll (it has no timers; the waker ends it).
@@ -556,6 +574,7 @@ pub(crate) fn run_ports(sh: Arc<Shared>) {
     let mut poller = Poller::new(&fds, &sh.waker);
     let mut frames = FrameBatch::new(sh.batch, sh.batch * 2048);
     let mut tx = TxBatch::with_capacity(sh.batch * 2048);
+    let mut tally = AttachTally::default();
     while wait(&mut poller, PORT_IDLE) {
         for (pi, port) in sh.ports.iter().enumerate() {
             if !poller.readable(pi) {
@@ -564,7 +583,7 @@ pub(crate) fn run_ports(sh: Arc<Shared>) {
             loop {
                 let (n, full) = port.sock.read_batch(&mut frames);
                 if n > 0 {
-                    port_batch(&sh, port.id, &mut frames, &mut tx);
+                    port_batch(&sh, port.id, &mut frames, &mut tx, &mut tally);
                     flush(&sh, &mut tx, counters);
                 }
                 counters.dropped(
@@ -586,9 +605,19 @@ pub(crate) fn run_ports(sh: Arc<Shared>) {
 /// Steers one batch of customers' frames of `port` to the data nodes serving their
 /// attachments, inside Geneve with the port option (and a probe when one is due), with the
 /// TCP/UDP checksums a local stack left to offload finished first ([`classify::port_frame`]).
-fn port_batch(sh: &Shared, port: PortId, frames: &mut FrameBatch, tx: &mut TxBatch) {
+/// A CE's packet into a tunnel is charged to the tunnel's outbound rate limit (the frame's
+/// bytes, tags included) and dropped over it, as the hosts' VXLAN into the tunnel is. Each
+/// frame of a known tag pair is counted for its attachment in `tally`, folded into the
+/// thread's counters at the end.
+fn port_batch(
+    sh: &Shared,
+    port: PortId,
+    frames: &mut FrameBatch,
+    tx: &mut TxBatch,
+    tally: &mut AttachTally,
+) {
     let counters = &sh.port_counters;
-    let mut b = Batch::new(sh, counters, &sh.inbound);
+    let mut b = Batch::new(sh, counters, &sh.outbound);
     let tables = Arc::clone(&b.tables);
     for i in 0..frames.frames().len() {
         let rx = frames.frames()[i];
@@ -597,19 +626,35 @@ fn port_batch(sh: &Shared, port: PortId, frames: &mut FrameBatch, tx: &mut TxBat
             continue;
         }
         let frame = frames.frame_mut(i);
-        let r = classify::port_frame(port, frame, rx.csum_not_ready, &tables)
-            .and_then(|entry| b.admit_to_node(entry.node, None, frame.len()))
+        let steer = match classify::port_frame(port, frame, rx.csum_not_ready, &tables) {
+            Ok(s) => s,
+            Err(r) => {
+                counters.dropped(r, 1);
+                continue;
+            }
+        };
+        let len = frame.len();
+        let r = b
+            .admit_to_node(steer.node, steer.tunnel, len)
             .and_then(|(addr, probe)| {
-                let max = relay::l2_header_len(probe.is_some()) + frame.len();
+                let max = relay::l2_header_len(probe.is_some()) + len;
                 tx.push(sh.geneve, addr, max, |buf| {
                     relay::emit_l2_frame(buf, port.0, probe, frame)
                 })
                 .map_err(|_| DropReason::FrameTooLarge)
             });
+        let attachment = steer.entry.attachment;
         match r {
-            Ok(()) => counters.forwarded(ForwardKind::PortToData, 1),
-            Err(r) => counters.dropped(r, 1),
+            Ok(()) => {
+                counters.forwarded(ForwardKind::PortToData, 1);
+                tally.count(steer.key, attachment, AttachCount::FromCe(len));
+            }
+            Err(r) => {
+                counters.dropped(r, 1);
+                tally.count(steer.key, attachment, AttachCount::Dropped);
+            }
         }
     }
     b.finish();
+    tally.fold(&sh.port_attach);
 }

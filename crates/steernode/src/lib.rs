@@ -18,6 +18,11 @@
 //!   charged to the tunnel's outbound rate limit, with the tunnel id option (and the VNI in
 //!   the Geneve header); ARP, IPv6 neighbour discovery and packets to the VNet's gateway to
 //!   every live neighbour node of the VNI.
+//! - Customers' tagged frames on a customer-facing port by tag pair to the data node serving
+//!   the attachment, or, for a CE's IP packet one of the VNet's tunnel selectors takes, to the
+//!   tunnel's node, charged to the tunnel's outbound rate limit like the hosts' VXLAN; frames
+//!   from data nodes out of the port. Each attachment's frames and drops are counted
+//!   ([`AttachmentStats`]).
 //! - From a known data or control node: a relayed datagram whose inner source is one of our
 //!   VIP sockets is sent from that socket to its inner destination; probe replies go to the
 //!   failure detector.
@@ -45,5 +50,7 @@ pub use config::{PortSpec, SteerConfig, MAX_BATCH};
 pub use error::SteerNodeError;
 pub use health::SteerEvent;
 pub use node::{LocalAddrs, PortInfo, SteerNode};
-pub use stats::{DropReason, DropStats, ForwardKind, ForwardStats, SteerStats, TunnelStats};
+pub use stats::{
+    AttachmentStats, DropReason, DropStats, ForwardKind, ForwardStats, SteerStats, TunnelStats,
+};
 pub use tables::{SteerTables, VniSteering};

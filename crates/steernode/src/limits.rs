@@ -1,7 +1,7 @@
-//! Per-tunnel rate limits of one direction (inbound ESP or outbound VXLAN): the `steer`
-//! crate's [`RateLimiters`] for tunnels with a limit, plus per-tunnel counters for tunnels
-//! without one (which `RateLimiters` only counts together), so every tunnel's traffic shows
-//! in the stats.
+//! Per-tunnel rate limits of one direction (inbound ESP, or outbound: VXLAN from hosts and
+//! CEs' packets into tunnels): the `steer` crate's [`RateLimiters`] for tunnels with a limit,
+//! plus per-tunnel counters for tunnels without one (which `RateLimiters` only counts
+//! together), so every tunnel's traffic shows in the stats.
 
 use rustc_hash::FxHashMap;
 use std::collections::BTreeMap;

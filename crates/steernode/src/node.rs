@@ -144,6 +144,8 @@ impl SteerNode {
             wan_counters: Default::default(),
             underlay_counters: Default::default(),
             port_counters: Default::default(),
+            port_attach: Default::default(),
+            underlay_attach: Default::default(),
             ports,
             waker,
             batch: config.batch,
@@ -349,6 +351,11 @@ impl SteerNode {
             d.set_all(&limits, now);
             d.retain_counters(|t| mentioned.contains(&t));
         }
+        // Tag pairs the whole tables no longer have lose their counters.
+        let pairs: std::collections::HashSet<PortKey> = new.ports.iter().map(|(k, _)| k).collect();
+        for c in [&self.shared.port_attach, &self.shared.underlay_attach] {
+            c.retain(|k| pairs.contains(&k));
+        }
         self.shared.tables.store(new);
         Ok(())
     }
@@ -391,11 +398,15 @@ impl SteerNode {
                 e.limit = Some(TunnelLimit { inbound, outbound });
             }
         }
+        let mut attachments = std::collections::BTreeMap::new();
+        self.shared.port_attach.add_to(&mut attachments);
+        self.shared.underlay_attach.add_to(&mut attachments);
         let (health, revive, nodes) = lock(&self.shared.health).stats();
         SteerStats {
             forwarded,
             dropped,
             tunnels,
+            attachments,
             health,
             revive,
             nodes,

@@ -96,6 +96,53 @@ fn node_drops(cluster: &ProtegoCluster, node: &str) -> Result<BTreeMap<String, u
         .collect())
 }
 
+/// The steer node's counters of each attachment (`nodes`' `attachments`) after the pings
+/// above: every customer sent and got at least 100 frames (its pings to the VM and, for red,
+/// to its site, which go to the tunnel's node; the VMs' pings to the CEs), none dropped; the
+/// stranger's frames (S-tag 300) are nobody's. Waits for the steer node's next report.
+fn attachment_counters_show_the_pings(cluster: &ProtegoCluster) -> Result<()> {
+    let counters = wait_for(
+        "both attachments' frames reported by steer1",
+        Duration::from_secs(10),
+        || {
+            let nodes = cluster.nodes()?;
+            let all: Vec<serde_json::Value> =
+                nodes["attachments"].as_array().cloned().unwrap_or_default();
+            let ready = all.len() == 2
+                && all.iter().all(|a| {
+                    a["from_ce_frames"].as_u64() >= Some(100)
+                        && a["to_ce_frames"].as_u64() >= Some(100)
+                });
+            Ok(if ready {
+                Probe::Ready(nodes)
+            } else {
+                Probe::NotYet(format!("{all:?}"))
+            })
+        },
+    )?;
+    for a in counters["attachments"].as_array().into_iter().flatten() {
+        eprintln!("attachment counters: {a}");
+        let s_tag = if a["name"] == "red-dc" { 100 } else { 200 };
+        assert_eq!(
+            (a["s_tag"].as_u64(), a["c_tag"].as_u64()),
+            (Some(s_tag), Some(10))
+        );
+        let (frames, bytes) = (&a["from_ce_frames"], &a["from_ce_bytes"]);
+        // Every frame carries both tags: at least an unpadded ARP's 42 bytes and 8 of tags.
+        assert!(bytes.as_u64() >= frames.as_u64().map(|f| f * 50), "{a}");
+        assert_eq!(a["dropped"], 0, "{a}");
+    }
+    let steer1 = counters["nodes"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|n| n["name"] == "steer1")
+        .expect("steer1 in nodes");
+    let listed = steer1["load"]["attachments"].as_array().map(Vec::len);
+    assert_eq!(listed, Some(2), "only the two attachments: {steer1}");
+    Ok(())
+}
+
 /// A ping from `ns` to `dst` in a thread.
 fn ping_thread(
     ns: &Netns,
@@ -258,6 +305,8 @@ fn customers_on_a_steer_node_port_reach_their_vms_through_moves_and_a_data_node_
                 })
             },
         )?;
+
+        attachment_counters_show_the_pings(&cluster)?;
 
         // migrate under 1 kHz pings of both customers: nothing lost.
         let others = |not: &str| {

@@ -10,8 +10,8 @@
 //! it is left out of what the data nodes hold and of the steering, and shown unsteered.
 
 use super::{
-    AttachmentEntry, AttachmentMeta, AttachmentRoute, AttachmentStatus, Await, ClusterCore,
-    ClusterError, Directive, PortInfo, Role,
+    AttachmentEntry, AttachmentMeta, AttachmentRoute, AttachmentStatus, AttachmentTraffic, Await,
+    ClusterCore, ClusterError, Directive, PortInfo, Role,
 };
 use datapath::{AttachmentConfig, AttachmentPort, AttachmentTags};
 use std::collections::{BTreeSet, HashMap};
@@ -162,18 +162,42 @@ impl ClusterCore {
     pub(crate) fn attachment_status(&self) -> Vec<AttachmentStatus> {
         self.attachments
             .values()
-            .map(|a| AttachmentStatus {
-                name: a.meta.config.name.clone(),
-                steer: a.meta.steer.clone(),
-                interface: interface(&a.meta).to_owned(),
-                port: self.port_owner(a).map(|o| o.port.id),
-                node: a
-                    .node
-                    .and_then(|n| self.nodes.get(&n))
-                    .map(|n| n.name.clone()),
-                ce_mac: a.ce_mac,
+            .map(|a| {
+                // The tags alone (the port's id is `port`).
+                let tags = port_key(0, a.meta.config.tags);
+                AttachmentStatus {
+                    name: a.meta.config.name.clone(),
+                    steer: a.meta.steer.clone(),
+                    interface: interface(&a.meta).to_owned(),
+                    port: self.port_owner(a).map(|o| o.port.id),
+                    node: a
+                        .node
+                        .and_then(|n| self.nodes.get(&n))
+                        .map(|n| n.name.clone()),
+                    ce_mac: a.ce_mac,
+                    s_tag: tags.s_tag,
+                    c_tag: tags.c_tag,
+                    traffic: self.attachment_traffic(a),
+                }
             })
             .collect()
+    }
+
+    /// `a`'s frames as the steer node owning its port last reported them (by the attachment's
+    /// id and the port's current tag pair).
+    fn attachment_traffic(&self, a: &AttachmentEntry) -> Option<AttachmentTraffic> {
+        let owner = self.port_owner(a)?;
+        let key = port_key(owner.port.id, a.meta.config.tags);
+        let report = self.nodes.get(&owner.steer)?.last_report.as_ref()?;
+        report
+            .attachments
+            .iter()
+            .find(|t| {
+                t.attachment == a.id
+                    && t.port == key.port.0
+                    && (t.s_tag, t.c_tag) == (key.s_tag, key.c_tag)
+            })
+            .copied()
     }
 
     /// The data node for attachment `id`: its serving node if still usable, else chosen

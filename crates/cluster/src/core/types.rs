@@ -93,6 +93,38 @@ pub struct AttachmentStatus {
     pub node: Option<String>,
     /// The CE's MAC, once learned.
     pub ce_mac: Option<[u8; 6]>,
+    /// Its outer tag's VLAN id (0: a single 802.1Q tag).
+    pub s_tag: u16,
+    /// Its (inner) 802.1Q tag's VLAN id.
+    pub c_tag: u16,
+    /// Its frames and drops at the steer node owning its port (that node's last report;
+    /// None before one counted it).
+    pub traffic: Option<AttachmentTraffic>,
+}
+
+/// One attachment's frames at the steer node owning its port, as the node reported them
+/// (cumulative counters since it started, or since whole tables without the attachment).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
+pub struct AttachmentTraffic {
+    /// The attachment's id.
+    pub attachment: u32,
+    /// The port's id on the steer node.
+    pub port: u32,
+    /// The outer tag's VLAN id (0: a single 802.1Q tag).
+    pub s_tag: u16,
+    /// The (inner) 802.1Q tag's VLAN id.
+    pub c_tag: u16,
+    /// Frames from the CE relayed to a data node.
+    pub from_ce_frames: u64,
+    /// Their bytes, tags included.
+    pub from_ce_bytes: u64,
+    /// Frames from data nodes handed to the port for the CE.
+    pub to_ce_frames: u64,
+    /// Their bytes, tags included.
+    pub to_ce_bytes: u64,
+    /// Frames from the CE the steer node dropped (no live data node, over a tunnel's rate
+    /// limit, too large to wrap).
+    pub dropped: u64,
 }
 
 /// A node's last reported load.
@@ -112,6 +144,8 @@ pub struct NodeLoad {
     /// interval (steer reports): the demand its share of the tunnel's limit follows.
     #[serde(skip)]
     pub rate_usage: BTreeMap<u32, steer::TunnelUsage>,
+    /// Per attachment whose port the node owns (steer reports): its frames and drops.
+    pub attachments: Vec<AttachmentTraffic>,
 }
 
 /// A node's Hello as the core takes it (checked against its certificate by the shell).

@@ -636,8 +636,14 @@ fn port_frames_go_by_their_tag_pair() {
         attachment: AttachmentId(id),
         vni: None,
     };
-    assert_eq!(port(PortId(5), &red, &t), Ok(entry(1, 1)));
-    assert_eq!(port(PortId(5), &single, &t), Ok(entry(2, 2)));
+    let steer = |s_tag, c_tag, node, id| PortSteer {
+        key: PortKey::new(PortId(5), s_tag, c_tag).unwrap(),
+        entry: entry(node, id),
+        node: NodeId(node),
+        tunnel: None,
+    };
+    assert_eq!(port(PortId(5), &red, &t), Ok(steer(100, 20, 1, 1)));
+    assert_eq!(port(PortId(5), &single, &t), Ok(steer(0, 30, 2, 2)));
     // The same tags on another port, an unknown pair, untagged, S-tag 0: another customer or
     // nobody's.
     for (p, f) in [
@@ -680,15 +686,26 @@ fn a_ce_packet_for_a_tunnel_goes_to_the_tunnels_node() {
         },
     );
     let go = |f: &[u8]| port(PortId(5), f, &t).map(|e| e.node);
-    // For the site behind tunnel 2: its node.
+    // For the site behind tunnel 2: its node, naming the tunnel whose outbound rate limit it
+    // is charged to; counted for red's attachment.
     let to_site = ce_frame(
         EtherType::IPV4,
         &udp4("10.0.0.7", "192.168.2.9", 1000, 2000),
     );
     assert_eq!(go(&to_site), Ok(NodeId(2)));
+    let s = port(PortId(5), &to_site, &t).unwrap();
+    assert_eq!(s.tunnel, Some(TunnelId(2)));
+    assert_eq!(s.key, PortKey::new(PortId(5), 100, 20).unwrap());
+    assert_eq!(s.entry.attachment, AttachmentId(1));
+    assert_eq!(
+        s.entry.node,
+        NodeId(1),
+        "the entry stays the serving node's"
+    );
     // For a VM (no tunnel selector takes it), ARP, and what does not parse: the serving node.
     let to_vm = ce_frame(EtherType::IPV4, &udp4("10.0.0.7", "10.0.0.9", 1000, 2000));
     assert_eq!(go(&to_vm), Ok(NodeId(1)));
+    assert_eq!(port(PortId(5), &to_vm, &t).map(|s| s.tunnel), Ok(None));
     let arp = ArpRepr {
         operation: ArpOperation::REQUEST,
         source_hardware_addr: VM_MAC,
@@ -714,8 +731,8 @@ fn a_ce_packet_for_a_tunnel_goes_to_the_tunnels_node() {
         "the single-tag customer's own node"
     );
     assert_eq!(
-        port(PortId(5), &single, &t).map(|e| e.attachment),
-        Ok(AttachmentId(2))
+        port(PortId(5), &single, &t).map(|s| (s.entry.attachment, s.tunnel)),
+        Ok((AttachmentId(2), None))
     );
 }
 
@@ -734,6 +751,9 @@ fn frames_from_data_nodes_leave_by_their_port_only_with_its_tags() {
     let a = geneve(sa(NODE2), &f, &t, vip_sock, own).unwrap();
     let to = a.to_port.unwrap();
     assert_eq!(to.port, 0);
+    // Counted for red's attachment under its tag pair.
+    assert_eq!(to.key, PortKey::new(PortId(5), 100, 20).unwrap());
+    assert_eq!(to.attachment, AttachmentId(1));
     assert_eq!(&f[to.frame], &red[..]);
     assert_eq!((a.relay, a.drop), (None, None));
     for (src, frame, why) in [
@@ -785,10 +805,15 @@ fn relayed_frames_get_the_checksum_a_local_stack_left_to_offload() {
     use wire::udp::UdpPacket;
     let t = port_tables();
     let red = [(0x88a8, 100), (0x8100, 20)];
-    let entry = AttachEntry {
+    let entry = PortSteer {
+        key: PortKey::new(PortId(5), 100, 20).unwrap(),
+        entry: AttachEntry {
+            node: NodeId(1),
+            attachment: AttachmentId(1),
+            vni: None,
+        },
         node: NodeId(1),
-        attachment: AttachmentId(1),
-        vni: None,
+        tunnel: None,
     };
     // UDP over IPv4 (the relay builder leaves the IPv4 UDP checksum zero) and TCP over IPv6.
     let udp = offloaded_frame(&red, udp4("10.1.0.5", "10.2.0.9", 4000, 53), 20, 26);
