@@ -12,11 +12,9 @@ mod common;
 use std::net::Ipv4Addr;
 use std::time::Duration;
 
-use common::{patient_health, recv, sa, socket};
+use common::{recv, socket, start_with_port, with_customer_link};
 use netio::packet::{PacketScratch, PacketSocket};
-use protego_steernode::{
-    AttachmentStats, DropReason, ForwardKind, PortSpec, SteerConfig, SteerNode,
-};
+use protego_steernode::{AttachmentStats, DropReason, ForwardKind};
 use steer::{
     AddrRange, AttachEntry, AttachmentId, NodeId, PortId, PortKey, RateLimit, Selector,
     SelectorEntry, TunnelId,
@@ -57,14 +55,6 @@ fn ce_frame(dst: Ipv4Addr, tag: u8) -> Vec<u8> {
     f
 }
 
-fn ip(args: &[&str]) {
-    let st = std::process::Command::new("ip")
-        .args(args)
-        .status()
-        .expect("run ip");
-    assert!(st.success(), "ip {args:?}");
-}
-
 /// Ethernet frames that reach `sock` inside Geneve within `within`.
 fn frames_at(sock: &std::net::UdpSocket, within: Duration) -> Vec<Vec<u8>> {
     let mut got = Vec::new();
@@ -78,36 +68,11 @@ fn frames_at(sock: &std::net::UdpSocket, within: Duration) -> Vec<Vec<u8>> {
 
 #[test]
 fn a_ce_packet_into_a_tunnel_is_rate_limited_and_every_frame_counted_for_its_attachment() {
-    // Namespaces are per thread: everything runs in a thread that made its own.
-    std::thread::spawn(|| {
-        // SAFETY: plain system call; affects this thread (and the threads it starts) only.
-        assert_eq!(unsafe { libc::unshare(libc::CLONE_NEWNET) }, 0, "unshare");
-        ip(&["link", "set", "lo", "up"]);
-        ip(&[
-            "link", "add", "port0", "type", "veth", "peer", "name", "ce0",
-        ]);
-        ip(&["link", "set", "port0", "up"]);
-        ip(&["link", "set", "ce0", "up"]);
-        run();
-    })
-    .join()
-    .expect("in its own namespace");
+    with_customer_link(run);
 }
 
 fn run() {
-    let mut c = SteerConfig::new(
-        vec!["127.0.0.10".parse().unwrap()],
-        sa("127.0.0.20:0"),
-        sa("127.0.0.20:0"),
-    );
-    c.ike_port = 0;
-    c.natt_port = 0;
-    c.health = patient_health();
-    c.ports = vec![PortSpec {
-        id: PortId(5),
-        interface: "port0".into(),
-    }];
-    let steer = SteerNode::start(c).expect("steer node with a port");
+    let steer = start_with_port();
     let geneve = steer.local_addrs().geneve;
     // Data node 1 serves red's attachment; data node 2 holds tunnel 7, which takes
     // 10.0.0.0/24 -> 192.168.2.0/24 in red's VNet.

@@ -11,9 +11,9 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{patient_health, recv, sa, socket, DEADLINE};
+use common::{recv, socket, start_with_port, with_customer_link, DEADLINE};
 use netio::packet::{FrameBatch, PacketScratch, PacketSocket};
-use protego_steernode::{DropReason, ForwardKind, PortInfo, PortSpec, SteerConfig, SteerNode};
+use protego_steernode::{DropReason, ForwardKind, PortInfo};
 use steer::{AttachEntry, AttachmentId, NodeId, PortId, PortKey};
 use wire::relay;
 
@@ -28,14 +28,6 @@ fn customer_frame(tags: &[(u16, u16)], tag: u8) -> Vec<u8> {
     f.extend_from_slice(&[0x08, 0x00]);
     f.extend_from_slice(&[tag; 60]);
     f
-}
-
-fn ip(args: &[&str]) {
-    let st = std::process::Command::new("ip")
-        .args(args)
-        .status()
-        .expect("run ip");
-    assert!(st.success(), "ip {args:?}");
 }
 
 /// Reads frames from the customer's side until one ends with `tag` bytes, or the deadline.
@@ -57,36 +49,11 @@ fn read_customer(ce: &PacketSocket, tag: u8, within: Duration) -> Option<Vec<u8>
 
 #[test]
 fn customer_frames_go_by_tag_pair_to_the_serving_data_node_and_back() {
-    // Namespaces are per thread: everything runs in a thread that made its own.
-    std::thread::spawn(|| {
-        // SAFETY: plain system call; affects this thread (and the threads it starts) only.
-        assert_eq!(unsafe { libc::unshare(libc::CLONE_NEWNET) }, 0, "unshare");
-        ip(&["link", "set", "lo", "up"]);
-        ip(&[
-            "link", "add", "port0", "type", "veth", "peer", "name", "ce0",
-        ]);
-        ip(&["link", "set", "port0", "up"]);
-        ip(&["link", "set", "ce0", "up"]);
-        run();
-    })
-    .join()
-    .expect("in its own namespace");
+    with_customer_link(run);
 }
 
 fn run() {
-    let mut c = SteerConfig::new(
-        vec!["127.0.0.10".parse().unwrap()],
-        sa("127.0.0.20:0"),
-        sa("127.0.0.20:0"),
-    );
-    c.ike_port = 0;
-    c.natt_port = 0;
-    c.health = patient_health();
-    c.ports = vec![PortSpec {
-        id: PortId(5),
-        interface: "port0".into(),
-    }];
-    let steer = SteerNode::start(c).expect("steer node with a port");
+    let steer = start_with_port();
     let geneve = steer.local_addrs().geneve;
     let port0 = PacketSocket::open("port0").expect("the port's interface");
     assert_eq!(

@@ -157,3 +157,48 @@ pub(crate) fn esp(spi: u32, seq: u32, len: usize) -> Vec<u8> {
     d[4..8].copy_from_slice(&seq.to_be_bytes());
     d
 }
+
+/// Runs `ip ARGS` in the calling thread's namespace; the test fails if it fails.
+pub(crate) fn ip(args: &[&str]) {
+    let st = std::process::Command::new("ip")
+        .args(args)
+        .status()
+        .expect("run ip");
+    assert!(st.success(), "ip {args:?}");
+}
+
+/// Runs `test` in a network namespace of its own (namespaces are per thread: a thread that
+/// made its own, joined before returning) holding a veth pair up: `port0`, the steer node's
+/// customer-facing port, and `ce0`, the customer's end.
+pub(crate) fn with_customer_link(test: fn()) {
+    std::thread::spawn(move || {
+        // SAFETY: plain system call; affects this thread (and the threads it starts) only.
+        assert_eq!(unsafe { libc::unshare(libc::CLONE_NEWNET) }, 0, "unshare");
+        ip(&["link", "set", "lo", "up"]);
+        ip(&[
+            "link", "add", "port0", "type", "veth", "peer", "name", "ce0",
+        ]);
+        ip(&["link", "set", "port0", "up"]);
+        ip(&["link", "set", "ce0", "up"]);
+        test();
+    })
+    .join()
+    .expect("in its own namespace");
+}
+
+/// A steer node on loopback (as [`start`]'s) whose port `port0` has id 5.
+pub(crate) fn start_with_port() -> Arc<SteerNode> {
+    let mut c = SteerConfig::new(
+        vec!["127.0.0.10".parse().unwrap()],
+        sa("127.0.0.20:0"),
+        sa("127.0.0.20:0"),
+    );
+    c.ike_port = 0;
+    c.natt_port = 0;
+    c.health = patient_health();
+    c.ports = vec![protego_steernode::PortSpec {
+        id: steer::PortId(5),
+        interface: "port0".into(),
+    }];
+    SteerNode::start(c).expect("steer node with a port")
+}
