@@ -170,7 +170,10 @@ impl RouteSide {
             match self.fetch_once(from) {
                 Ok((at, bytes)) => {
                     let size = bytes.len();
-                    let restored = self.follower().restored(&*self.dp, at, bytes);
+                    // The table is replaced without the follower locked: the session keeps
+                    // (and answers) the changes that come meanwhile.
+                    let restored = RouteFollower::replace_table(&*self.dp, at, bytes)
+                        .and_then(|()| self.follower().restored_after(&*self.dp, at));
                     match restored {
                         Ok(()) => {
                             info!(from = %from, to = %at, bytes = size, ms = started.elapsed().as_millis() as u64, "per-VM routes fetched and restored")

@@ -116,8 +116,26 @@ impl RouteFollower {
     /// at once (`RouteChange::Replace`: entries it lacks go), then the changes kept during the fetch that
     /// follow it are applied. Another fetch is needed ([`Self::fetching`]) if a change kept
     /// did not follow, or control announced a later bulk change meanwhile.
+    ///
+    /// The same as [`Self::replace_table`] then [`Self::restored_after`]; a data node calls
+    /// those two apart, so that the follower is not locked while the table is replaced
+    /// (seconds at 16 M entries) and the changes control sends meanwhile are kept and
+    /// answered as kept, not left waiting.
+    #[cfg(test)]
     pub(crate) fn restored(
         &mut self,
+        dp: &dyn DataPath,
+        at: RouteVersion,
+        bytes: Arc<[u8]>,
+    ) -> Result<(), String> {
+        Self::replace_table(dp, at, bytes)?;
+        self.restored_after(dp, at)
+    }
+
+    /// Makes the data path's table the snapshot `bytes` of the table at `at`. Needs no
+    /// follower: while a fetch is under way the follower only keeps changes, so nothing else
+    /// changes the table meanwhile.
+    pub(crate) fn replace_table(
         dp: &dyn DataPath,
         at: RouteVersion,
         bytes: Arc<[u8]>,
@@ -133,6 +151,17 @@ impl RouteFollower {
                 report.skipped
             ));
         }
+        Ok(())
+    }
+
+    /// The table was replaced by the snapshot of the table at `at` ([`Self::replace_table`]):
+    /// the follower holds `at`, and applies the changes it kept during the fetch that follow
+    /// it.
+    pub(crate) fn restored_after(
+        &mut self,
+        dp: &dyn DataPath,
+        at: RouteVersion,
+    ) -> Result<(), String> {
         self.version = at;
         self.fetching = false;
         self.buffered_len = 0;
