@@ -17,6 +17,9 @@
 //!   encapsulation, RFC 3948) configured from Rust structs and observed through
 //!   `swanctl --list-sas`.
 //! - [`traffic`] measures: ping loss, iperf3 throughput, pcap captures.
+//! - [`probe`] times the path to the microsecond: a paced stream of timestamped datagrams
+//!   (the `protego-probe` program) whose arrivals the receiver's kernel stamps, read back as
+//!   the longest stall, delays, losses and reordering over a window.
 //! - [`inject`] sends hand-made UDP datagrams from inside a namespace, attaches an extra
 //!   host to the WAN and reads the UDP datagrams of a pcap (robustness tests).
 //! - [`l2tag`] tags and untags frames between customers' untagged links and one 802.1ad /
