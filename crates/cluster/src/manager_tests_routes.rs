@@ -129,7 +129,12 @@ impl RouteBed {
 
     /// Registers data node `name` holding the routes at `at` (booted `boot`).
     fn join(&mut self, name: &str, boot: u64, at: RouteVersion) -> u32 {
-        let node = Arc::new(RouteNode::new(at));
+        self.join_node(name, boot, Arc::new(RouteNode::new(at)))
+    }
+
+    /// Registers `node` as data node `name` (booted `boot`), at the version it holds.
+    fn join_node(&mut self, name: &str, boot: u64, node: Arc<RouteNode>) -> u32 {
+        let at = node.version();
         let addr = format!("10.0.1.{}:6081", 20 + self.nodes.len())
             .parse()
             .unwrap();

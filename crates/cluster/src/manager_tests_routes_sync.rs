@@ -55,18 +55,7 @@ fn a_replay_at_hello_is_answered_after_the_registration_returns() {
     // registration must neither wait for them nor give up on the replay.
     let node = Arc::new(RouteNode::new(behind));
     node.hold();
-    let r = Registration {
-        routes: behind,
-        ..registration(
-            "data1",
-            Role::Data,
-            "10.0.1.20:6081".parse().unwrap(),
-            1,
-            Vec::new(),
-        )
-    };
-    let id = b.bed.cluster.register(r, node.clone());
-    b.nodes.insert("data1".into(), (id, Arc::clone(&node)));
+    b.join_node("data1", 1, Arc::clone(&node));
     let ops = b.route_ops("data1");
     assert!(
         matches!(&ops[..], [Op::RouteChanges(c)] if c.first_seq == v.seq - 1),
@@ -83,18 +72,7 @@ fn a_replay_at_hello_is_answered_after_the_registration_returns() {
     // A node that never answers is told to fetch once the directive timeout (200 ms) passed.
     let quiet = Arc::new(RouteNode::new(behind));
     quiet.hold();
-    let r = Registration {
-        routes: behind,
-        ..registration(
-            "data2",
-            Role::Data,
-            "10.0.1.21:6081".parse().unwrap(),
-            1,
-            Vec::new(),
-        )
-    };
-    let id = b.bed.cluster.register(r, quiet.clone());
-    b.nodes.insert("data2".into(), (id, Arc::clone(&quiet)));
+    b.join_node("data2", 1, Arc::clone(&quiet));
     eventually("the silent node is told to fetch", || {
         quiet
             .ops
@@ -178,18 +156,7 @@ fn an_overtaken_registration_does_not_mark_its_node_current() {
     let v = b.bed.cluster.routes_version();
     // The first session, at the master's version.
     let first = Arc::new(RouteNode::new(v));
-    let r = Registration {
-        routes: v,
-        ..registration(
-            "data1",
-            Role::Data,
-            "10.0.1.20:6081".parse().unwrap(),
-            1,
-            Vec::new(),
-        )
-    };
-    let id = b.bed.cluster.register(r, first.clone());
-    b.nodes.insert("data1".into(), (id, Arc::clone(&first)));
+    let id = b.join_node("data1", 1, Arc::clone(&first));
     assert!(b.current("data1"));
     // The node restarted with an empty table and registered again: it fetches.
     let empty = RouteVersion { epoch: 0, seq: 0 };
