@@ -17,59 +17,7 @@ use common::*;
 
 use protego_testbed::cluster::{ClusterSpec, ClusterStore, ProtegoCluster};
 use protego_testbed::protego::GatewayTunnel;
-use protego_testbed::{Cmd, Result, Testbed, Topology};
-
-/// Pings sent 1 ms apart around the move.
-const PINGS: usize = 3000;
-
-/// Moves VM 0 of tenant 0 from host `from` to host `to` (its veth leaves one bridge for the
-/// other) while the site pings it every millisecond, then points its entry at `to` with
-/// `route add` on the control node. Returns (pings lost, time from the move to the answer,
-/// the answer).
-fn move_under_ping(
-    topo: &Topology,
-    cluster: &ProtegoCluster,
-    from: usize,
-    to: usize,
-) -> Result<(usize, Duration, serde_json::Value)> {
-    let vm = &topo.tenants[0].vms[0];
-    let (from, to) = (&topo.hosts[from], &topo.hosts[to]);
-    let s = &topo.sites[0];
-    let ping = s.ns.spawn(
-        "move-ping",
-        Cmd::new("ping").args([
-            "-n".to_owned(),
-            "-i".to_owned(),
-            "0.001".to_owned(),
-            "-c".to_owned(),
-            PINGS.to_string(),
-            "-W".to_owned(),
-            "1".to_owned(),
-            "-I".to_owned(),
-            s.lan_addr.to_string(),
-            vm.addr.addr.to_string(),
-        ]),
-    )?;
-    std::thread::sleep(Duration::from_millis(800));
-    let veth = host_veth(topo, 0)?;
-    let moved = Instant::now();
-    from.ns
-        .ip(["link", "set", veth.as_str(), "netns", to.ns.name()])?;
-    to.ns.set_master(&veth, &to.segments[0].bridge)?;
-    to.ns.link_up(&veth)?;
-    let answer = cluster.control(&format!(
-        "route add {} vnet {} {}",
-        topo.tenants[0].name, vm.addr.addr, to.underlay.addr
-    ))?;
-    let gap = moved.elapsed();
-    ping.wait(Duration::from_secs(10))?;
-    let log = ping.log();
-    let received = log.lines().filter(|l| l.contains("bytes from")).count();
-    if let Some(summary) = log.lines().find(|l| l.contains("packets transmitted")) {
-        eprintln!("ping: {summary}");
-    }
-    Ok((PINGS.saturating_sub(received), gap, answer))
-}
+use protego_testbed::{Result, Testbed, Topology};
 
 #[test]
 fn routes_from_the_control_node_follow_a_vm_and_survive_restarts() -> Result<()> {
@@ -110,10 +58,14 @@ fn routes_from_the_control_node_follow_a_vm_and_survive_restarts() -> Result<()>
         ping_all_vms(&topo, 0, 5)?;
 
         // The VM moves under a 1 kHz ping; the command follows it.
-        let (lost, gap, answer) = move_under_ping(&topo, &cluster, first, second)?;
+        let VmMove {
+            lost, gap, answer, ..
+        } = move_vm_under_ping(&topo, first, second, |host| {
+            cluster.control(&format!("route add {tenant} vnet {} {host}", vm.addr.addr))
+        })?;
         assert_eq!(answer["replaced"], 1, "{answer}");
         eprintln!(
-            "VM moved and its entry changed through the control node within {:.1} ms ({} us for the command); {lost} of {PINGS} pings lost",
+            "VM moved and its entry changed through the control node within {:.1} ms ({} us for the command); {lost} of {MOVE_PINGS} pings lost",
             gap.as_secs_f64() * 1e3,
             answer["us"]
         );

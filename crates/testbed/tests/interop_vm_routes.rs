@@ -13,12 +13,10 @@
 
 mod common;
 
-use std::time::{Duration, Instant};
-
 use common::*;
 
 use protego_testbed::protego::{GatewayTunnel, ProtegoGateway};
-use protego_testbed::{Cmd, Result, Testbed, Topology};
+use protego_testbed::{Result, Testbed, Topology};
 
 #[test]
 fn a_vm_moved_to_another_host_is_reached_through_its_exact_entry() -> Result<()> {
@@ -29,7 +27,7 @@ fn a_vm_moved_to_another_host_is_reached_through_its_exact_entry() -> Result<()>
     let result = (|| -> Result<()> {
         let _site = site_up(&topo, &tun)?;
         let vm = &topo.tenants[0].vms[0];
-        let (from, to) = (&topo.hosts[vm.host], &topo.hosts[1 - vm.host]);
+        let from = &topo.hosts[vm.host];
         let tenant = &topo.tenants[0].name;
 
         // An exact entry where the prefix already points: the VM answers through it.
@@ -39,45 +37,15 @@ fn a_vm_moved_to_another_host_is_reached_through_its_exact_entry() -> Result<()>
         add(&from.underlay.addr)?;
         ping_all_vms(&topo, 0, 5)?;
 
-        // Pings every millisecond from the site while the VM moves (an interval below 2 ms
-        // needs root, as these tests run).
-        const PINGS: usize = 3000;
-        let s = &topo.sites[0];
-        let ping = s.ns.spawn(
-            "move-ping",
-            Cmd::new("ping").args([
-                "-n".to_owned(),
-                "-i".to_owned(),
-                "0.001".to_owned(),
-                "-c".to_owned(),
-                PINGS.to_string(),
-                "-W".to_owned(),
-                "1".to_owned(),
-                "-I".to_owned(),
-                s.lan_addr.to_string(),
-                vm.addr.addr.to_string(),
-            ]),
-        )?;
-        std::thread::sleep(Duration::from_millis(800));
-        let veth = host_veth(&topo, 0)?;
-        let moved = Instant::now();
-        from.ns
-            .ip(["link", "set", veth.as_str(), "netns", to.ns.name()])?;
-        to.ns.set_master(&veth, &to.segments[0].bridge)?;
-        to.ns.link_up(&veth)?;
-        let answer = add(&to.underlay.addr)?;
-        let gap = moved.elapsed();
+        let VmMove {
+            lost,
+            gap,
+            answer,
+            log,
+        } = move_vm_under_ping(&topo, vm.host, 1 - vm.host, |host| add(&host))?;
         assert_eq!(answer["replaced"], 1, "{answer}");
-        ping.wait(Duration::from_secs(10))?;
-        let log = ping.log();
-        let received = log.lines().filter(|l| l.contains("bytes from")).count();
-        let lost = PINGS.saturating_sub(received);
-        // ping's summary: that it kept its interval (its `time`) through the move.
-        if let Some(summary) = log.lines().find(|l| l.contains("packets transmitted")) {
-            eprintln!("ping: {summary}");
-        }
         eprintln!(
-            "VM moved and its entry changed within {:.1} ms; {lost} of {PINGS} pings (1 ms apart) lost",
+            "VM moved and its entry changed within {:.1} ms; {lost} of {MOVE_PINGS} pings (1 ms apart) lost",
             gap.as_secs_f64() * 1e3
         );
         // Only the pings sent while the VM was at neither host may be lost: one per

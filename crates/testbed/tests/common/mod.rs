@@ -447,3 +447,70 @@ pub fn write_route_load(topo: &Topology, entries: u32, path: &std::path::Path) -
     })?;
     Ok(entries + 1)
 }
+
+/// What [`move_vm_under_ping`] saw.
+pub struct VmMove {
+    /// Pings (of [`MOVE_PINGS`], 1 ms apart) without a reply.
+    pub lost: usize,
+    /// From the VM's veth leaving its host to the route change's answer.
+    pub gap: std::time::Duration,
+    /// The route change's answer.
+    pub answer: serde_json::Value,
+    /// ping's output.
+    pub log: String,
+}
+
+/// Pings sent 1 ms apart around a VM's move.
+pub const MOVE_PINGS: usize = 3000;
+
+/// Moves VM 0 of tenant 0 from host `from` to host `to` (its veth leaves one bridge for the
+/// other, keeping its namespace, address and MAC, as in a live migration) while the site pings
+/// it every millisecond (an interval below 2 ms needs root, as these tests run), then points
+/// its entry at the new host with `point(new host's underlay address)`.
+pub fn move_vm_under_ping(
+    topo: &Topology,
+    from: usize,
+    to: usize,
+    point: impl FnOnce(std::net::IpAddr) -> Result<serde_json::Value>,
+) -> Result<VmMove> {
+    let vm = &topo.tenants[0].vms[0];
+    let (from, to) = (&topo.hosts[from], &topo.hosts[to]);
+    let s = &topo.sites[0];
+    let ping = s.ns.spawn(
+        "move-ping",
+        Cmd::new("ping").args([
+            "-n".to_owned(),
+            "-i".to_owned(),
+            "0.001".to_owned(),
+            "-c".to_owned(),
+            MOVE_PINGS.to_string(),
+            "-W".to_owned(),
+            "1".to_owned(),
+            "-I".to_owned(),
+            s.lan_addr.to_string(),
+            vm.addr.addr.to_string(),
+        ]),
+    )?;
+    std::thread::sleep(Duration::from_millis(800));
+    let veth = host_veth(topo, 0)?;
+    let moved = std::time::Instant::now();
+    from.ns
+        .ip(["link", "set", veth.as_str(), "netns", to.ns.name()])?;
+    to.ns.set_master(&veth, &to.segments[0].bridge)?;
+    to.ns.link_up(&veth)?;
+    let answer = point(to.underlay.addr)?;
+    let gap = moved.elapsed();
+    ping.wait(Duration::from_secs(10))?;
+    let log = ping.log();
+    let received = log.lines().filter(|l| l.contains("bytes from")).count();
+    // ping's summary: that it kept its interval (its `time`) through the move.
+    if let Some(summary) = log.lines().find(|l| l.contains("packets transmitted")) {
+        eprintln!("ping: {summary}");
+    }
+    Ok(VmMove {
+        lost: MOVE_PINGS.saturating_sub(received),
+        gap,
+        answer,
+        log,
+    })
+}
