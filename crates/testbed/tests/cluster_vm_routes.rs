@@ -148,7 +148,7 @@ fn a_route_load_reaches_every_data_node_by_fetch() -> Result<()> {
         std::slice::from_ref(&tun),
         &ClusterSpec::default(),
     )?;
-    let result = (|| -> Result<()> {
+    with_logs(&cluster, || {
         let _site = site_up(&topo, &tun)?;
         let file = cluster.dir().join("routes.csv");
         let lines = write_route_load(&topo, entries, &file)?;
@@ -206,12 +206,7 @@ fn a_route_load_reaches_every_data_node_by_fetch() -> Result<()> {
         let status = cluster.control("status")?;
         assert_eq!(status["routes"]["entries"], lines, "{}", status["routes"]);
         Ok(())
-    })();
-    if result.is_err() {
-        eprintln!("{}", cluster.log_tails(80));
-    }
-    cluster.stop_all();
-    result
+    })
 }
 
 /// With the routes in etcd, the standby that takes over from a killed active control node
@@ -231,7 +226,7 @@ fn a_standby_takes_over_the_routes_from_etcd() -> Result<()> {
         ..ClusterSpec::default()
     };
     let cluster = ProtegoCluster::start(&bed, &topo, std::slice::from_ref(&tun), &spec)?;
-    let result = (|| -> Result<()> {
+    with_logs(&cluster, || {
         let _site = site_up(&topo, &tun)?;
         let tenant = &topo.tenants[0].name;
         let vm = &topo.tenants[0].vms[0];
@@ -286,12 +281,7 @@ fn a_standby_takes_over_the_routes_from_etcd() -> Result<()> {
         )?;
         ping_all_vms(&topo, 0, 5)?;
         Ok(())
-    })();
-    if result.is_err() {
-        eprintln!("{}", cluster.log_tails(80));
-    }
-    cluster.stop_all();
-    result
+    })
 }
 
 /// A data node whose session drops while its process keeps its table (stopped long enough
@@ -309,7 +299,7 @@ fn a_data_node_back_from_a_session_drop_gets_the_missed_change_replayed() -> Res
         std::slice::from_ref(&tun),
         &ClusterSpec::default(),
     )?;
-    let result = (|| -> Result<()> {
+    with_logs(&cluster, || {
         let tenant = topo.tenants[0].name.clone();
         let host = topo.hosts[0].underlay.addr;
         let nodes = cluster.data_node_names();
@@ -366,10 +356,5 @@ fn a_data_node_back_from_a_session_drop_gets_the_missed_change_replayed() -> Res
         let answer = add("10.99.0.3")?;
         assert_eq!(answer["nodes"]["applied"], nodes.len(), "{answer}");
         Ok(())
-    })();
-    if result.is_err() {
-        eprintln!("{}", cluster.log_tails(80));
-    }
-    cluster.stop_all();
-    result
+    })
 }
