@@ -169,11 +169,18 @@ pub(crate) fn ip(args: &[&str]) {
 
 /// Runs `test` in a network namespace of its own (namespaces are per thread: a thread that
 /// made its own, joined before returning) holding a veth pair up: `port0`, the steer node's
-/// customer-facing port, and `ce0`, the customer's end.
+/// customer-facing port, and `ce0`, the customer's end. IPv6 is off in the namespace, so the
+/// kernel sends no untagged router solicitations or MLD reports of its own on the link: every
+/// frame the port sees is one the test wrote.
 pub(crate) fn with_customer_link(test: fn()) {
     std::thread::spawn(move || {
         // SAFETY: plain system call; affects this thread (and the threads it starts) only.
         assert_eq!(unsafe { libc::unshare(libc::CLONE_NEWNET) }, 0, "unshare");
+        // Read through this thread's network namespace (/proc/sys/net is per namespace).
+        for conf in ["all", "default"] {
+            std::fs::write(format!("/proc/sys/net/ipv6/conf/{conf}/disable_ipv6"), "1")
+                .expect("turn IPv6 off in the test's namespace");
+        }
         ip(&["link", "set", "lo", "up"]);
         ip(&[
             "link", "add", "port0", "type", "veth", "peer", "name", "ce0",
