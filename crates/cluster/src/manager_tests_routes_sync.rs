@@ -397,3 +397,25 @@ fn planned_moves_wait_for_current_routes_and_failover_does_not() {
     b.bed.cluster.node_dead(d2, "steer1");
     assert_eq!(b.bed.cluster.state().core.placement[&TunnelId(1)], d1);
 }
+
+/// A drain does not keep a tunnel's placement on a node whose per-VM routes are behind, even
+/// when a move toward that node was under way before the drain began.
+#[test]
+fn a_drain_does_not_keep_a_placement_on_a_node_whose_routes_are_behind() {
+    let mut b = RouteBed::new();
+    b.bed.join("steer1", Role::Steer, 1);
+    let v = b.bed.cluster.routes_version();
+    let d1 = b.join("data1", 1, v);
+    b.bed
+        .cluster
+        .install_child(&child(1, 0x1000, None, true))
+        .unwrap();
+    let d2 = b.join("data2", 2, v);
+    let d3 = b.join("data3", 3, NO_ROUTES);
+    assert!(b.current("data2") && !b.current("data3"));
+    // A move toward data3 under way: the next CHILD_SA was to go there.
+    b.bed.cluster.state().core.placement.insert(TunnelId(1), d3);
+    let moves = b.bed.cluster.drain("data1").expect("drain");
+    assert_eq!(moves, vec![(TunnelId(1), d2)], "{d1} -> {moves:?}");
+    assert_eq!(b.bed.cluster.state().core.placement[&TunnelId(1)], d2);
+}

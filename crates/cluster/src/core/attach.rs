@@ -215,9 +215,13 @@ impl ClusterCore {
     /// autoscaler's stop): as [`ClusterCore::choose_planned`], a node whose per-VM routes
     /// are behind only if `from`'s are too.
     pub fn choose_attachment_planned(&self, id: u32, from: u32) -> Option<u32> {
-        let current = self.attachments.get(&id).and_then(|a| a.node);
-        let what = super::placement::Placed::Attachment(id);
         let routed = |n| self.routed_for(from, n);
+        let current = self
+            .attachments
+            .get(&id)
+            .and_then(|a| a.node)
+            .filter(|&c| routed(c));
+        let what = super::placement::Placed::Attachment(id);
         self.choose_node(current, what, Some(from), |n| {
             self.holds_attachments(n) && routed(n)
         })

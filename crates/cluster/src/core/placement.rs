@@ -29,8 +29,14 @@ impl ClusterCore {
     /// whose per-VM routes are behind is chosen only if `from`'s are too (no worse than
     /// staying), never as the fallback [`Self::choose`] allows. A planned move can wait until
     /// the routes are fetched; a lost node's tunnels cannot, so failover keeps the fallback.
+    /// A placement already pointing at such a node (a move under way when the drain began) is
+    /// not kept either.
     pub fn choose_planned(&self, tunnel: TunnelId, from: u32) -> Option<u32> {
-        let current = self.placement.get(&tunnel).copied();
+        let current = self
+            .placement
+            .get(&tunnel)
+            .copied()
+            .filter(|&c| self.routed_for(from, c));
         self.choose_node(current, Placed::Tunnel(tunnel), Some(from), |n| {
             self.routed_for(from, n)
         })
