@@ -13,11 +13,24 @@ const BPF_HELPERS_H: &str = "/usr/include/bpf/bpf_helpers.h";
 /// the object's bytes; `None` (the test returns) when clang or libbpf-dev is missing and the
 /// run is not strict: under `make test` a missing compiler fails the test.
 fn compile(name: &str, debug_info: bool) -> Option<Vec<u8>> {
+    let source = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(format!("tests/filters/{name}.c"));
+    compile_source(&source, name, debug_info)
+}
+
+/// Compiles the repository's example program `examples/filters/NAME.c` (what tenants are
+/// pointed at), as [`compile`] does.
+fn compile_example(name: &str) -> Option<Vec<u8>> {
+    let source = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../examples/filters")
+        .join(format!("{name}.c"));
+    compile_source(&source, &format!("example-{name}"), true)
+}
+
+fn compile_source(source: &std::path::Path, name: &str, debug_info: bool) -> Option<Vec<u8>> {
     let test = testreq::this_test();
     if !testreq::program(&test, "clang-14") || !testreq::program(&test, BPF_HELPERS_H) {
         return None;
     }
-    let source = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(format!("tests/filters/{name}.c"));
     // One output per test and variant: tests run in parallel.
     let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!(
         "filter-{name}-{}-{}.o",
@@ -37,7 +50,7 @@ fn compile(name: &str, debug_info: bool) -> Option<Vec<u8>> {
     }
     let status = clang
         .arg("-c")
-        .arg(&source)
+        .arg(source)
         .arg("-o")
         .arg(&out)
         .status()
@@ -312,4 +325,27 @@ fn bytes_that_are_not_an_object_are_refused() {
     );
     let e = Object::load(&[], "xdp").expect_err("empty");
     assert!(matches!(e, LoadError::Malformed { .. }), "{e:?}");
+}
+
+/// The example programs of `examples/filters/` verify: the SYN-cookie proxy's two programs
+/// (one object, the same maps) and the DNS rate limiter.
+#[test]
+fn the_example_programs_are_accepted() {
+    let Some(bytes) = compile_example("syncookie") else {
+        return;
+    };
+    let names = |p: &filter::Program| p.maps().iter().map(|m| m.name.clone()).collect::<Vec<_>>();
+    let inbound = Object::load(&bytes, "xdp:syncookie_in").expect("syncookie_in verifies");
+    let outbound = Object::load(&bytes, "xdp:syncookie_out").expect("syncookie_out verifies");
+    assert_eq!(
+        names(&inbound),
+        ["conns", "protected_ports", "secret", "verdicts"]
+    );
+    assert_eq!(names(&outbound), ["conns", "verdicts"]);
+    let Some(bytes) = compile_example("dns_ratelimit") else {
+        return;
+    };
+    let limiter = Object::load(&bytes, "xdp").expect("dns_ratelimit verifies");
+    assert_eq!(limiter.function(), "dns_ratelimit");
+    assert_eq!(names(&limiter), ["buckets", "config", "verdicts"]);
 }
