@@ -1,6 +1,10 @@
 //! The data plane's public interface: configuration, the [`DataPath`] trait the control plane
 //! drives, and the messages it sends back.
 
+mod filters;
+
+pub use filters::{FilterConfig, FilterDirection};
+
 use ids::TenantId;
 use ike::{ChildSaInfo, IkeSpis, TunnelId};
 use std::net::{IpAddr, SocketAddr};

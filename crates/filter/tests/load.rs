@@ -4,59 +4,22 @@
 
 use filter::{LoadError, MapKind, MapSpec, Object};
 use std::path::PathBuf;
-use std::process::Command;
 
-/// The header the programs include from libbpf-dev (`scripts/requirements.tsv`).
-const BPF_HELPERS_H: &str = "/usr/include/bpf/bpf_helpers.h";
-
-/// Compiles `tests/filters/NAME.c` with `clang-14 -O2 [-g] -target bpf -mcpu=v3` and returns
-/// the object's bytes; `None` (the test returns) when clang or libbpf-dev is missing and the
-/// run is not strict: under `make test` a missing compiler fails the test.
+/// Compiles `tests/filters/NAME.c` (see [`testreq::bpf::compile`]); `None`: the test returns.
 fn compile(name: &str, debug_info: bool) -> Option<Vec<u8>> {
     let source = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(format!("tests/filters/{name}.c"));
-    compile_source(&source, name, debug_info)
-}
-
-/// Compiles the repository's example program `examples/filters/NAME.c` (what tenants are
-/// pointed at), as [`compile`] does.
-fn compile_example(name: &str) -> Option<Vec<u8>> {
-    let source = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../examples/filters")
-        .join(format!("{name}.c"));
-    compile_source(&source, &format!("example-{name}"), true)
-}
-
-fn compile_source(source: &std::path::Path, name: &str, debug_info: bool) -> Option<Vec<u8>> {
-    let test = testreq::this_test();
-    if !testreq::program(&test, "clang-14") || !testreq::program(&test, BPF_HELPERS_H) {
-        return None;
-    }
     // One output per test and variant: tests run in parallel.
     let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!(
         "filter-{name}-{}-{}.o",
         if debug_info { "g" } else { "nog" },
-        test.replace("::", "-")
+        testreq::this_test().replace("::", "-")
     ));
-    let mut clang = Command::new("clang-14");
-    clang.args([
-        "-O2",
-        "-target",
-        "bpf",
-        "-mcpu=v3",
-        "-I/usr/include/x86_64-linux-gnu",
-    ]);
-    if debug_info {
-        clang.arg("-g");
-    }
-    let status = clang
-        .arg("-c")
-        .arg(source)
-        .arg("-o")
-        .arg(&out)
-        .status()
-        .expect("clang-14 runs");
-    assert!(status.success(), "clang-14 failed on {}", source.display());
-    Some(std::fs::read(&out).expect("clang-14 wrote the object"))
+    testreq::bpf::compile(&source, &out, debug_info)
+}
+
+/// Compiles the repository's example program `examples/filters/NAME.c`.
+fn compile_example(name: &str) -> Option<Vec<u8>> {
+    testreq::bpf::example(name, std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))).map(|(_, b)| b)
 }
 
 fn refusal(name: &str, section: &str) -> Option<String> {

@@ -16,6 +16,8 @@
 //! Where the product itself adapts to the machine (a kernel that refuses TUN offloads), the
 //! test does not skip: it asserts the fallback path instead.
 
+pub mod bpf;
+
 use std::path::{Path, PathBuf};
 
 /// `scripts/requirements.tsv`: every program (or file) the build, the demo and the tests use,

@@ -88,6 +88,7 @@ impl Config {
             vnet: inventory.vnet,
             tunnel: inventory.tunnel,
             attachment: Vec::new(),
+            filter: Vec::new(),
             store: None,
             cluster: None,
         };
@@ -136,6 +137,30 @@ impl Config {
                     a.name,
                     a.vnet,
                     a.tenant.as_str()
+                ),
+                source_line: None,
+                span_len: 0,
+            })));
+        }
+        // Filters are the node's too (they change only with a restart): each must keep its
+        // tenant.
+        if let Some(f) = out
+            .filters
+            .iter()
+            .find(|f| !out.tenants.contains(&f.tenant))
+        {
+            return Err(Error::Config(Box::new(ConfigError {
+                file: path.to_owned(),
+                line: 0,
+                column: 1,
+                key: Some("tenant".into()),
+                section: Some("[[filter]]".into()),
+                message: format!(
+                    "tenant {:?} runs the filter {} of {} ({}), and this configuration removes                      the tenant (filters change only with a restart)",
+                    f.tenant.as_str(),
+                    f.section,
+                    f.object_name,
+                    f.direction
                 ),
                 source_line: None,
                 span_len: 0,

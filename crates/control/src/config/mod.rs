@@ -320,6 +320,8 @@ pub struct Config {
     pub store_encryption: crate::store::EncryptionOptions,
     /// `[cluster]`: present on the control nodes of the distributed form (`protego control`).
     pub cluster: Option<ClusterConfig>,
+    /// `[[filter]]`: the tenants' eBPF programs, each loaded and verified (issue 18).
+    pub filters: Vec<datapath::FilterConfig>,
     /// Things that are allowed but worth an operator's attention (world-readable PSK files, key
     /// log enabled). The binary prints or logs them.
     pub warnings: Vec<String>,

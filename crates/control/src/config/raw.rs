@@ -22,12 +22,15 @@ pub(crate) struct RawFile {
     pub(crate) tunnel: Vec<Spanned<RawTunnel>>,
     #[serde(default)]
     pub(crate) attachment: Vec<Spanned<RawAttachment>>,
+    #[serde(default)]
+    pub(crate) filter: Vec<Spanned<RawFilter>>,
     pub(crate) store: Option<Spanned<RawStore>>,
     pub(crate) cluster: Option<Spanned<RawCluster>>,
 }
 
 /// A file given to `protego ctl apply`: the tenants, VNets and tunnels; node-wide tables may
-/// be present (a whole configuration file) and are ignored.
+/// be present (a whole configuration file) and are ignored, and so are `[[filter]]` tables
+/// (filters change only with a restart).
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct RawInventory {
@@ -45,6 +48,8 @@ pub(crate) struct RawInventory {
     pub(crate) _cluster: Option<toml::Value>,
     #[serde(default, rename = "attachment")]
     pub(crate) _attachment: Option<toml::Value>,
+    #[serde(default, rename = "filter")]
+    pub(crate) _filter: Option<toml::Value>,
 }
 
 /// `[cluster]`: the control node's side of the distributed form.
@@ -223,6 +228,17 @@ pub(crate) struct RawAttachment {
     pub(crate) gateway_ip: Spanned<String>,
     pub(crate) ce_ip: Option<Spanned<String>>,
     pub(crate) routes: Option<Spanned<StringList>>,
+}
+
+/// `[[filter]]`: a tenant's eBPF program run on its traffic (issue 18).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawFilter {
+    pub(crate) tenant: Spanned<String>,
+    pub(crate) direction: Spanned<String>,
+    pub(crate) object: Spanned<String>,
+    pub(crate) section: Option<Spanned<String>>,
+    pub(crate) weight: Option<Spanned<i64>>,
 }
 
 /// A list of strings written either as a TOML array or as one comma-separated string, the way

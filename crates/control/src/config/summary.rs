@@ -74,6 +74,18 @@ impl Config {
                 routes.join(" ")
             );
         }
+        for f in &self.filters {
+            let _ = writeln!(
+                out,
+                "filter {} of {} (tenant {}, {}, weight {}): verified, {} bytes",
+                f.section,
+                f.object_name,
+                f.tenant,
+                f.direction,
+                f.weight,
+                f.object.len()
+            );
+        }
         for t in &self.tunnels {
             let p = &t.peer;
             let inside = match &t.inside {

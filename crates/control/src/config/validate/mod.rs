@@ -4,6 +4,7 @@
 //! checked in `tunnel.rs`.
 
 mod attachment;
+mod filter;
 mod cluster;
 mod etcd_access;
 mod gateway;
@@ -118,6 +119,11 @@ pub(crate) fn validate_with(
         )?;
         attachments.push(checked);
     }
+    let mut filters: Vec<filter::CheckedFilter> = Vec::new();
+    for f in &raw.filter {
+        let checked = v.filter(f, &tenants, &filters)?;
+        filters.push(checked);
+    }
     let mut cluster = cluster;
     if let Some(c) = cluster.as_mut() {
         c.attachment_steers = attachments
@@ -160,6 +166,7 @@ pub(crate) fn validate_with(
         store,
         store_encryption,
         cluster,
+        filters: filters.into_iter().map(|f| f.config).collect(),
         warnings: v.warnings,
     })
 }

@@ -1,0 +1,221 @@
+//! Tests of `[[filter]]` tables: tenants' eBPF programs, loaded and verified when the
+//! configuration is read (the objects are compiled with clang-14 at test time).
+
+use super::*;
+use datapath::FilterDirection;
+use std::path::Path;
+
+/// Compiles `examples/filters/NAME.c` (or, with `refused`, the filter crate's refused
+/// programs) into a directory of its own; `None`: the test returns (no clang, not strict).
+fn object(name: &str) -> Option<(ObjectDir, PathBuf)> {
+    let dir = ObjectDir::new();
+    let path = if name == "refused" {
+        let source =
+            testreq::bpf::examples_dir().join("../../crates/filter/tests/filters/refused.c");
+        let out = dir.0.join("refused.o");
+        testreq::bpf::compile(&source, &out, true)?;
+        out
+    } else {
+        testreq::bpf::example(name, &dir.0)?.0
+    };
+    Some((dir, path))
+}
+
+/// A directory for compiled objects, removed on drop.
+struct ObjectDir(PathBuf);
+
+impl ObjectDir {
+    fn new() -> Self {
+        static N: AtomicUsize = AtomicUsize::new(0);
+        let dir = std::env::temp_dir().join(format!(
+            "protego-filter-objects-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::SeqCst)
+        ));
+        std::fs::create_dir_all(&dir).expect("object directory");
+        Self(dir)
+    }
+}
+
+impl Drop for ObjectDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn with_filters(filters: &str) -> String {
+    format!("{GATEWAY}\n{TENANTS}\n{filters}")
+}
+
+fn filter(tenant: &str, direction: &str, object: &Path, section: &str) -> String {
+    format!(
+        "[[filter]]\ntenant = \"{tenant}\"\ndirection = \"{direction}\"\nobject = \"{}\"\nsection = \"{section}\"\n",
+        object.display()
+    )
+}
+
+#[test]
+fn filters_are_loaded_and_verified_with_the_configuration() {
+    let Some((_dir, syncookie)) = object("syncookie") else {
+        return;
+    };
+    let Some((_dir2, limiter)) = object("dns_ratelimit") else {
+        return;
+    };
+    let text = with_filters(&format!(
+        "{}{}[[filter]]\ntenant = \"globex\"\ndirection = \"to_cloud\"\nobject = \"{}\"\nweight = 7\n",
+        filter("acme", "to_cloud", &syncookie, "xdp:syncookie_in"),
+        filter("acme", "from_cloud", &syncookie, "xdp:syncookie_out"),
+        limiter.display()
+    ));
+    let cfg = Scratch::new().parse(&text).expect("valid");
+    let f = &cfg.filters;
+    assert_eq!(f.len(), 3);
+    assert_eq!(f[0].tenant.as_str(), "acme");
+    assert_eq!(f[0].direction, FilterDirection::ToCloud);
+    assert_eq!(f[0].section, "xdp:syncookie_in");
+    assert_eq!(f[0].weight, 0);
+    assert_eq!(f[1].direction, FilterDirection::FromCloud);
+    // One object, the same bytes: the two programs will share its maps.
+    assert_eq!(f[0].object, f[1].object);
+    assert_eq!(
+        &*f[0].object,
+        std::fs::read(&syncookie).expect("object").as_slice()
+    );
+    assert_eq!(f[2].tenant.as_str(), "globex");
+    // The section defaults to `xdp`, which holds the limiter alone.
+    assert_eq!(f[2].section, "xdp");
+    assert_eq!(f[2].weight, 7);
+    // The bytes are not printed.
+    assert!(!format!("{:?}", f[0]).contains("127, 69, 76, 70"));
+    let summary = cfg.summary();
+    assert!(
+        summary.contains("filter xdp:syncookie_out of ")
+            && summary.contains("(tenant acme, from_cloud, weight 0): verified"),
+        "{summary}"
+    );
+}
+
+#[test]
+fn a_filter_names_a_known_tenant_and_direction() {
+    let Some((_dir, limiter)) = object("dns_ratelimit") else {
+        return;
+    };
+    expect_error(
+        &with_filters(&filter("initech", "to_cloud", &limiter, "xdp")),
+        "tenant = \"initech\"",
+        "tenant",
+        "unknown tenant \"initech\"",
+    );
+    expect_error(
+        &with_filters(&filter("acme", "inbound", &limiter, "xdp")),
+        "direction = \"inbound\"",
+        "direction",
+        "expected \"to_cloud\" or \"from_cloud\"",
+    );
+}
+
+#[test]
+fn an_object_that_cannot_be_read_is_refused() {
+    let missing = std::env::temp_dir().join("protego-no-such-filter.o");
+    expect_error(
+        &with_filters(&filter("acme", "to_cloud", &missing, "xdp")),
+        "object = ",
+        "object",
+        "cannot read",
+    );
+    let dir = ObjectDir::new();
+    let junk = dir.0.join("junk.o");
+    std::fs::write(&junk, b"not an ELF object").expect("write");
+    expect_error(
+        &with_filters(&filter("acme", "to_cloud", &junk, "xdp")),
+        "object = ",
+        "object",
+        "not a readable eBPF object",
+    );
+}
+
+#[test]
+fn a_program_the_verifier_refuses_is_an_error_naming_the_instruction() {
+    let Some((_dir, refused)) = object("refused") else {
+        return;
+    };
+    let e = expect_error(
+        &with_filters(&filter("acme", "to_cloud", &refused, "xdp:out_of_bounds")),
+        "object = ",
+        "object",
+        "instruction",
+    );
+    assert!(e.to_string().contains("xdp:out_of_bounds"), "{e}");
+}
+
+#[test]
+fn a_section_that_names_no_program_is_an_error_at_the_section() {
+    let Some((_dir, syncookie)) = object("syncookie") else {
+        return;
+    };
+    expect_error(
+        &with_filters(&filter("acme", "to_cloud", &syncookie, "xdp:nonesuch")),
+        "section = ",
+        "section",
+        "xdp:syncookie_in",
+    );
+    // `xdp` alone is ambiguous in an object of two programs.
+    let text = with_filters(&format!(
+        "[[filter]]\ntenant = \"acme\"\ndirection = \"to_cloud\"\nobject = \"{}\"\n",
+        syncookie.display()
+    ));
+    expect_error(&text, "object = ", "object", "holds several programs");
+}
+
+#[test]
+fn the_same_program_twice_and_bad_weights_are_refused() {
+    let Some((_dir, limiter)) = object("dns_ratelimit") else {
+        return;
+    };
+    let once = filter("acme", "to_cloud", &limiter, "xdp");
+    let text = with_filters(&format!("{once}\n{once}"));
+    let line = nth_line_of(&text, "object = ", 1);
+    expect_error_at(
+        &text,
+        line,
+        "object",
+        "already runs xdp of this object to_cloud",
+    );
+    // The same program in the other direction is another filter.
+    let other = filter("acme", "from_cloud", &limiter, "xdp");
+    Scratch::new()
+        .parse(&with_filters(&format!("{once}\n{other}")))
+        .expect("one each way");
+    expect_error(
+        &with_filters(&format!("{once}weight = 1001\n")),
+        "weight = ",
+        "weight",
+        "between 0 and 1000",
+    );
+}
+
+#[test]
+fn apply_keeps_filters_and_refuses_to_remove_their_tenant() {
+    let Some((_dir, limiter)) = object("dns_ratelimit") else {
+        return;
+    };
+    let s = Scratch::new();
+    let text = with_filters(&filter("globex", "to_cloud", &limiter, "xdp"));
+    let node = s.parse(&text).expect("valid");
+    // An applied file may carry [[filter]] tables: they are ignored (fixed at start).
+    let same = node
+        .with_inventory(&text, &s.0.join("same.toml"), None)
+        .expect("applied");
+    assert_eq!(same.filters, node.filters);
+    let without_globex = "[[tenant]]\nname = \"acme\"\n";
+    match node.with_inventory(without_globex, &s.0.join("less.toml"), None) {
+        Err(Error::Config(e)) => {
+            let shown = e.to_string();
+            assert!(shown.contains("\"globex\" runs the filter xdp"), "{shown}");
+            assert_eq!(e.key.as_deref(), Some("tenant"));
+        }
+        Err(e) => panic!("unexpected error: {e}"),
+        Ok(_) => panic!("a filter's tenant was removed"),
+    }
+}
