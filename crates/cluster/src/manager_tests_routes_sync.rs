@@ -28,6 +28,20 @@ impl RouteBed {
         let (id, node) = &self.nodes[name];
         self.bed.cluster.routes_reported(*id, node.version());
     }
+
+    /// A steer node and data node `data1`, whose routes are current, serving tunnel 1; also
+    /// data1's id and the routes' version.
+    fn serving_tunnel_1() -> (Self, u32, RouteVersion) {
+        let mut b = Self::new();
+        b.bed.join("steer1", Role::Steer, 1);
+        let v = b.bed.cluster.routes_version();
+        let d1 = b.join("data1", 1, v);
+        b.bed
+            .cluster
+            .install_child(&child(1, 0x1000, None, true))
+            .unwrap();
+        (b, d1, v)
+    }
 }
 
 /// ```text
@@ -349,14 +363,7 @@ fn plan_one(b: &RouteBed, action: provision::Action) -> crate::capacity::Outcome
 /// current; a lost node's tunnels still fall back to a node whose routes are behind.
 #[test]
 fn planned_moves_wait_for_current_routes_and_failover_does_not() {
-    let mut b = RouteBed::new();
-    b.bed.join("steer1", Role::Steer, 1);
-    let v = b.bed.cluster.routes_version();
-    let d1 = b.join("data1", 1, v);
-    b.bed
-        .cluster
-        .install_child(&child(1, 0x1000, None, true))
-        .unwrap();
+    let (mut b, d1, _) = RouteBed::serving_tunnel_1();
     // data2 starts (an empty table) and has not fetched yet.
     let d2 = b.join("data2", 7, NO_ROUTES);
     assert!(!b.current("data2"));
@@ -402,14 +409,7 @@ fn planned_moves_wait_for_current_routes_and_failover_does_not() {
 /// when a move toward that node was under way before the drain began.
 #[test]
 fn a_drain_does_not_keep_a_placement_on_a_node_whose_routes_are_behind() {
-    let mut b = RouteBed::new();
-    b.bed.join("steer1", Role::Steer, 1);
-    let v = b.bed.cluster.routes_version();
-    let d1 = b.join("data1", 1, v);
-    b.bed
-        .cluster
-        .install_child(&child(1, 0x1000, None, true))
-        .unwrap();
+    let (mut b, d1, v) = RouteBed::serving_tunnel_1();
     let d2 = b.join("data2", 2, v);
     let d3 = b.join("data3", 3, NO_ROUTES);
     assert!(b.current("data2") && !b.current("data3"));

@@ -6,9 +6,9 @@ use datapath::FilterDirection;
 use std::path::Path;
 
 /// Compiles `examples/filters/NAME.c` (or, with `refused`, the filter crate's refused
-/// programs) into a directory of its own; `None`: the test returns (no clang, not strict).
-fn object(name: &str) -> Option<(ObjectDir, PathBuf)> {
-    let dir = ObjectDir::new();
+/// programs) into a scratch directory of its own; `None`: the test returns (no clang, not strict).
+fn object(name: &str) -> Option<(Scratch, PathBuf)> {
+    let dir = Scratch::new();
     let path = if name == "refused" {
         let source =
             testreq::bpf::examples_dir().join("../../crates/filter/tests/filters/refused.c");
@@ -19,28 +19,6 @@ fn object(name: &str) -> Option<(ObjectDir, PathBuf)> {
         testreq::bpf::example(name, &dir.0)?.0
     };
     Some((dir, path))
-}
-
-/// A directory for compiled objects, removed on drop.
-struct ObjectDir(PathBuf);
-
-impl ObjectDir {
-    fn new() -> Self {
-        static N: AtomicUsize = AtomicUsize::new(0);
-        let dir = std::env::temp_dir().join(format!(
-            "protego-filter-objects-{}-{}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::SeqCst)
-        ));
-        std::fs::create_dir_all(&dir).expect("object directory");
-        Self(dir)
-    }
-}
-
-impl Drop for ObjectDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
 }
 
 fn with_filters(filters: &str) -> String {
@@ -124,7 +102,7 @@ fn an_object_that_cannot_be_read_is_refused() {
         "object",
         "cannot read",
     );
-    let dir = ObjectDir::new();
+    let dir = Scratch::new();
     let junk = dir.0.join("junk.o");
     std::fs::write(&junk, b"not an ELF object").expect("write");
     expect_error(
