@@ -19,18 +19,28 @@
 //!    memory access is inside the context, the stack, the packet or a map value; a failed
 //!    proof names the instruction, PREVAIL's reason and the C source line.
 //!
-//! Nothing here runs a program: the runtime (rbpf's JIT behind a lowering pass with a
-//! per-packet instruction meter) is the next step and takes [`Program::instructions`] and
-//! [`Program::maps`] from here. No I/O, no clock: a pure function of the object's bytes.
+//! [`Program::instantiate`] ([`run`]) then runs a verified program: a lowering pass
+//! ([`lower`]: per-packet instruction meter, atomic add, map handles), rbpf's x86-64 JIT per
+//! worker, XDP frames below 4 GiB, the maps and the helpers. Loading does no I/O and reads
+//! no clock; running takes the time and the RNG seed from the caller.
 
 mod error;
 pub mod insn;
+pub mod lower;
 mod maps;
+// The runtime is x86-64 Linux only: rbpf's JIT emits x86-64, frames need MAP_32BIT.
+#[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+pub mod run;
 pub mod verify;
 
 pub use error::{helper_name, map_type_name, LoadError, Unsupported};
 pub use insn::{Insn, OFFERED_HELPERS};
 pub use maps::{MapKind, MapSpec, MAX_KEY_OR_VALUE};
+#[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+pub use run::{
+    Abort, Counters, Engine, FrameBuf, Instance, Map, MapError, RunConfig, RunError, Runtime,
+    Verdict, XdpAction,
+};
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 

@@ -106,6 +106,20 @@ pub(crate) fn verify(
     maps: &[EbpfMapDescriptor],
     lines: &BTreeMap<usize, String>,
 ) -> Result<Verdict, LoadError> {
+    verify_with_stack(section, insns, maps, lines, STACK_SIZE, true)
+}
+
+/// [`verify`] with `stack` bytes of stack and the termination check on or off: the runtime
+/// verifies its lowered programs, which use the 16 bytes kept from the tenant's program, with
+/// the whole 512.
+pub(crate) fn verify_with_stack(
+    section: &str,
+    insns: &[Insn],
+    maps: &[EbpfMapDescriptor],
+    lines: &BTreeMap<usize, String>,
+    stack: i32,
+    termination: bool,
+) -> Result<Verdict, LoadError> {
     let internal = |reason: String| LoadError::VerifierInternal {
         section: section.to_owned(),
         reason,
@@ -134,8 +148,8 @@ pub(crate) fn verify(
     };
     info.supported_conformance_groups = platform.supported_conformance_groups();
     let mut options = EbpfVerifierOptions::default();
-    options.runtime.check_for_termination = true;
-    options.runtime.subprogram_stack_size = STACK_SIZE;
+    options.runtime.check_for_termination = termination;
+    options.runtime.subprogram_stack_size = stack;
     options.runtime.max_call_stack_frames = 1;
     options.mock_map_fds = true;
 
