@@ -328,3 +328,103 @@ helpers!(
         int_xdp_adjust_tail
     ),
 );
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::run::FrameBuf;
+    use crate::{MapKind, MapSpec};
+    use rand_core::SeedableRng;
+    use std::sync::Arc;
+
+    /// Runs `f` inside a run over a 40-byte packet, a 4-byte-key hash map and a fake stack.
+    fn with_run(f: impl FnOnce(&mut FrameBuf, &[u8; 512])) {
+        let spec = MapSpec {
+            name: "h".into(),
+            kind: MapKind::Hash,
+            key_size: 4,
+            value_size: 8,
+            max_entries: 4,
+            flags: 0,
+        };
+        let maps = vec![Arc::new(Map::new(&spec, 1).expect("map"))];
+        let mut frame = FrameBuf::new(1500).expect("frame");
+        frame.load_ip(&[0x45; 40]).expect("fits");
+        frame.write_ctx(0, 0);
+        let stack = [7u8; 512];
+        let top = stack.as_ptr() as u64 + 512;
+        // SAFETY: the context's stack-pointer word, as the lowered program writes it.
+        unsafe { ((frame.ctx_addr() + 24) as *mut u64).write_unaligned(top) };
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(1);
+        let (data, data_end) = frame.data_addrs();
+        let mut state = RunState {
+            maps: &maps,
+            worker: 0,
+            now_ns: 42,
+            rng: &mut rng,
+            ctx: frame.ctx_addr(),
+            area: (frame.area_start(), frame.area_end()),
+            data,
+            data_end,
+        };
+        let _running = Running::new(&mut state);
+        f(&mut frame, &stack);
+    }
+
+    #[test]
+    fn helpers_refuse_pointers_outside_the_packet_stack_and_maps() {
+        with_run(|frame, stack| {
+            let key = stack.as_ptr() as u64 + 100;
+            let value = stack.as_ptr() as u64 + 200;
+            let (data, end) = frame.data_addrs();
+            let outside = [0u8; 16];
+            let outside = outside.as_ptr() as u64;
+            assert_eq!(map_update_elem(1, key, value, 0, 0), 0);
+            assert_ne!(map_lookup_elem(1, key, 0, 0, 0), 0);
+            // Unknown handles, keys or values outside, a key straddling the packet's end.
+            assert_eq!(map_lookup_elem(0, key, 0, 0, 0), 0);
+            assert_eq!(map_lookup_elem(2, key, 0, 0, 0), 0);
+            assert_eq!(map_lookup_elem(1, outside, 0, 0, 0), 0);
+            assert_eq!(map_lookup_elem(1, end - 2, 0, 0, 0), 0);
+            assert_eq!(map_update_elem(1, key, outside, 0, 0) as i64, EFAULT);
+            assert_eq!(map_update_elem(1, key, value, 7, 0) as i64, EINVAL);
+            assert_eq!(map_delete_elem(1, u64::MAX - 1, 0, 0, 0) as i64, EFAULT);
+            // A map value is readable as a key (its first bytes are the key's: 7 7 7 7).
+            let v = map_lookup_elem(1, key, 0, 0, 0);
+            assert_eq!(map_lookup_elem(1, v, 0, 0, 0), v);
+            // csum_diff: sizes multiples of 4, at most 512 together, ranges checked.
+            assert_eq!(csum_diff(data, 3, data, 4, 0) as i64, EINVAL);
+            assert_eq!(csum_diff(data, 260, data, 256, 0) as i64, EINVAL);
+            assert_eq!(csum_diff(outside, 4, data, 4, 0) as i64, EFAULT);
+            let ip = data + 14;
+            assert_eq!(
+                csum_diff(0, 0, ip, 4, 0),
+                u64::from(u32::from_ne_bytes([0x45; 4]))
+            );
+            // Adjusting with another context.
+            assert_eq!(
+                xdp_adjust_head(frame.ctx_addr() + 8, 0, 0, 0, 0) as i64,
+                EINVAL
+            );
+            assert_eq!(xdp_adjust_tail(0, 0, 0, 0, 0) as i64, EINVAL);
+            assert_eq!(ktime_get_ns(0, 0, 0, 0, 0), 42);
+        });
+        // Outside a run every helper fails closed.
+        assert_eq!(map_lookup_elem(1, 0, 0, 0, 0), 0);
+        assert_eq!(ktime_get_ns(0, 0, 0, 0, 0), 0);
+        assert_eq!(xdp_adjust_head(0, 0, 0, 0, 0) as i64, EINVAL);
+    }
+
+    #[test]
+    fn csum_diff_is_a_ones_complement_sum_with_end_around_carry() {
+        with_run(|frame, _| {
+            // The IP packet's bytes, all 0x45, after the 14-byte Ethernet header.
+            let data = frame.data_addrs().0 + 14;
+            let x = u64::from(u32::from_ne_bytes([0x45; 4]));
+            assert_eq!(csum_diff(0, 0, data, 8, 0), 2 * x);
+            // Removing and adding the same word: all ones; one more wraps around to 1.
+            assert_eq!(csum_diff(data, 4, data, 4, 0), 0xffff_ffff);
+            assert_eq!(csum_diff(data, 4, data, 4, 1), 1);
+        });
+    }
+}

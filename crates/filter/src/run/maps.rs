@@ -503,3 +503,107 @@ fn evict(index: &mut Index) -> usize {
         return slot;
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(kind: MapKind, key_size: u32, max_entries: u32) -> MapSpec {
+        MapSpec {
+            name: "m".into(),
+            kind,
+            key_size,
+            value_size: 4,
+            max_entries,
+            flags: 0,
+        }
+    }
+
+    #[test]
+    fn arrays_take_indices_refuse_deletes_and_exist_already() {
+        let m = Map::new(&spec(MapKind::Array, 4, 2), 1).expect("map");
+        assert_eq!(m.lookup(&1u32.to_le_bytes()), Ok(Some(vec![0; 4])));
+        assert_eq!(m.lookup(&2u32.to_le_bytes()), Ok(None));
+        m.update(&1u32.to_le_bytes(), &[1, 2, 3, 4], BPF_EXIST)
+            .expect("exists");
+        let e = m
+            .update(&0u32.to_le_bytes(), &[0; 4], BPF_NOEXIST)
+            .unwrap_err();
+        assert_eq!(e.errno(), -17);
+        assert_eq!(
+            m.update(&2u32.to_le_bytes(), &[0; 4], BPF_ANY)
+                .unwrap_err()
+                .errno(),
+            -7
+        );
+        assert_eq!(m.delete(&0u32.to_le_bytes()).unwrap_err().errno(), -22);
+        assert_eq!(
+            m.update(&0u32.to_le_bytes(), &[0; 4], 4)
+                .unwrap_err()
+                .errno(),
+            -22
+        );
+        assert!(matches!(m.lookup(&[0; 3]), Err(MapError::KeySize { .. })));
+        assert!(matches!(
+            m.update(&[0; 4], &[0; 5], BPF_ANY),
+            Err(MapError::ValueSize { .. })
+        ));
+        assert_eq!(m.dump()[1], (1u32.to_le_bytes().to_vec(), vec![1, 2, 3, 4]));
+    }
+
+    #[test]
+    fn per_cpu_values_are_one_per_worker_concatenated() {
+        let m = Map::new(&spec(MapKind::PerCpuArray, 4, 1), 3).expect("map");
+        m.update(&[0; 4], &[1, 0, 0, 0, 2, 0, 0, 0, 3, 0, 0, 0], BPF_ANY)
+            .expect("update");
+        let p = m.lookup_for(1, &[0; 4]).expect("value");
+        // SAFETY: a 4-byte value of worker 1.
+        assert_eq!(unsafe { *p }, 2);
+        assert!(m.contains(1, p as u64, 4) && !m.contains(0, p as u64, 4));
+        assert_eq!(m.ranges().len(), 3);
+        assert!(m.lookup_for(3, &[0; 4]).is_none());
+    }
+
+    #[test]
+    fn hashes_insert_update_delete_and_fill_up() {
+        let m = Map::new(&spec(MapKind::Hash, 2, 2), 1).expect("map");
+        m.update(b"aa", &[1; 4], BPF_NOEXIST).expect("new");
+        assert_eq!(
+            m.update(b"aa", &[2; 4], BPF_NOEXIST).unwrap_err().errno(),
+            -17
+        );
+        assert_eq!(m.update(b"bb", &[2; 4], BPF_EXIST).unwrap_err().errno(), -2);
+        m.update(b"bb", &[2; 4], BPF_ANY).expect("second");
+        assert_eq!(m.update(b"cc", &[3; 4], BPF_ANY).unwrap_err().errno(), -7);
+        m.delete(b"aa").expect("delete");
+        assert_eq!(m.delete(b"aa").unwrap_err().errno(), -2);
+        m.update(b"cc", &[3; 4], BPF_ANY).expect("reuses the slot");
+        assert_eq!(
+            m.dump(),
+            [(b"bb".to_vec(), vec![2; 4]), (b"cc".to_vec(), vec![3; 4])]
+        );
+        assert_eq!(m.len(), 2);
+    }
+
+    #[test]
+    fn lru_hashes_evict_what_was_not_used_since_the_clock_passed() {
+        let m = Map::new(&spec(MapKind::LruHash, 1, 2), 1).expect("map");
+        m.update(b"a", &[1; 4], BPF_ANY).expect("a");
+        m.update(b"b", &[2; 4], BPF_ANY).expect("b");
+        // Full: the clock clears both bits and evicts the first slot, `a`.
+        m.update(b"c", &[3; 4], BPF_ANY).expect("evicts");
+        assert_eq!(m.lookup(b"a"), Ok(None));
+        // `b`'s bit is clear, `c`'s set: `b` goes next, unless a lookup refreshes it.
+        assert!(m.lookup_for(0, b"b").is_some());
+        m.update(b"d", &[4; 4], BPF_ANY).expect("evicts");
+        assert_eq!(m.len(), 2);
+        assert!(m.lookup(b"d").expect("key").is_some());
+    }
+
+    #[test]
+    fn maps_larger_than_the_cap_are_refused() {
+        let mut s = spec(MapKind::Array, 4, u32::MAX);
+        s.value_size = 4096;
+        assert!(matches!(Map::new(&s, 1), Err(MapError::TooLarge { .. })));
+    }
+}
