@@ -34,6 +34,28 @@ pub(crate) struct RunState<'a> {
     pub(crate) data_end: u64,
 }
 
+/// Bytes copied out of the program's memory without allocating up to this length (keys and
+/// most values; the helpers run once or more per packet).
+const SMALL: usize = 64;
+
+/// Bytes a helper copied out of the program's memory.
+struct Copied {
+    small: [u8; SMALL],
+    big: Vec<u8>,
+    len: usize,
+}
+
+impl std::ops::Deref for Copied {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        if self.len <= SMALL {
+            &self.small[..self.len]
+        } else {
+            &self.big
+        }
+    }
+}
+
 thread_local! {
     static CURRENT: Cell<*mut RunState<'static>> = const { Cell::new(std::ptr::null_mut()) };
 }
@@ -101,14 +123,25 @@ impl RunState<'_> {
     }
 
     /// Copies `len` bytes the program handed over, after [`RunState::readable`].
-    fn bytes(&self, addr: u64, len: usize) -> Option<Vec<u8>> {
+    fn bytes(&self, addr: u64, len: usize) -> Option<Copied> {
         if !self.readable(addr, len as u64) {
             return None;
         }
-        let mut v = vec![0; len];
-        // SAFETY: the range is inside the packet, the stack or a map value (checked above).
-        unsafe { std::ptr::copy_nonoverlapping(addr as *const u8, v.as_mut_ptr(), len) };
-        Some(v)
+        let mut c = Copied {
+            small: [0; SMALL],
+            big: Vec::new(),
+            len,
+        };
+        let dst = if len <= SMALL {
+            c.small.as_mut_ptr()
+        } else {
+            c.big = vec![0; len];
+            c.big.as_mut_ptr()
+        };
+        // SAFETY: the range is inside the packet, the stack or a map value (checked above),
+        // and `dst` has room for `len` bytes.
+        unsafe { std::ptr::copy_nonoverlapping(addr as *const u8, dst, len) };
+        Some(c)
     }
 
     fn map(&self, handle: u64) -> Option<&std::sync::Arc<Map>> {
@@ -116,7 +149,7 @@ impl RunState<'_> {
         self.maps.get(i)
     }
 
-    fn key(&self, map: &Map, addr: u64) -> Option<Vec<u8>> {
+    fn key(&self, map: &Map, addr: u64) -> Option<Copied> {
         self.bytes(addr, map.spec().key_size as usize)
     }
 
