@@ -23,8 +23,8 @@ use std::collections::BTreeMap;
 use crate::{Insn, LoadError, MapKind, OFFERED_HELPERS};
 
 /// Stack bytes a program may use. The last 16 of the kernel's 512 are kept for the runtime's
-/// own bookkeeping (the per-packet instruction meter of the next step), so programs are
-/// verified against 496.
+/// own bookkeeping (the instruction meter's counter and a spill slot, [`crate::lower`]), so
+/// programs are verified against 496.
 pub const STACK_SIZE: i32 = 496;
 
 /// What PREVAIL found for an accepted program.

@@ -372,6 +372,8 @@ fn the_jit_and_the_interpreter_agree_on_random_packets() {
         ("loops", "xdp:walk_all"),
         ("adjust", "xdp:head"),
         ("adjust", "xdp:tail"),
+        ("refused", "xdp:packet_walk"),
+        ("refused", "xdp:fresh_pointer"),
     ];
     for (name, section) in programs {
         let config = RunConfig {

@@ -1,15 +1,15 @@
 //! The lowering pass between the verifier and rbpf (issue 18 §1.4): it rewrites a verified
 //! program into bytecode rbpf 0.4.1 runs, adding what rbpf lacks.
 //!
-//! - **Instruction meter.** At entry, `*(u64 *)(r10 - 512) = LIMIT`. Every loop head (the
+//! - **Instruction meter.** At entry, `*(u32 *)(r10 - 512) = LIMIT`. Every loop head (the
 //!   target of a backward jump) gets a block that subtracts the loop's span (the number of
 //!   instructions from the head to its furthest back edge, an upper bound of one trip around
 //!   it) and leaves the program when the counter drops below zero:
 //!   ```text
 //!   *(u64 *)(r10 - 504) = rT        ; spill a scratch register
-//!   rT = *(u64 *)(r10 - 512)
-//!   rT -= SPAN
-//!   *(u64 *)(r10 - 512) = rT
+//!   rT = *(u32 *)(r10 - 512)        ; zero-extended: 0 ..= i32::MAX
+//!   rT -= SPAN                      ; 64-bit: negative once exhausted
+//!   *(u32 *)(r10 - 512) = rT
 //!   if rT s< 0 goto exhausted       ; exhausted: r0 = METER_EXHAUSTED; exit
 //!   rT = *(u64 *)(r10 - 504)        ; restore
 //!   ```
@@ -30,18 +30,13 @@
 //!   lies in the program's stack.
 //!
 //! The meter and the atomic lowering use the 16 stack bytes below `r10 - 496` that
-//! [`crate::verify::STACK_SIZE`] keeps from the program. PREVAIL verifies the program again
-//! after the atomic lowering (with the whole 512-byte stack), so the spill, load, add, store
-//! and restore cannot open a hole. It is given the program *without* the meter: PREVAIL
-//! 0.2.6 does not reach a fixpoint, in minutes, on a loop whose head carries the meter's
-//! block (seen on an 11-instruction packet walk; loop-free programs with meter blocks verify
-//! at once). The meter is checked by construction instead (it writes only the two reserved
-//! slots, restores its scratch register before the original instruction runs, and its only
-//! other exit is `r0 = METER_EXHAUSTED; exit`) and by tests: the unit tests below, and the
-//! JIT against rbpf's interpreter, which checks every memory access, on random packets.
-//! The last two rewrites change no control flow and touch only memory the runtime owns, and
-//! are applied after the second proof (PREVAIL refuses plain numbers as map arguments and
-//! stores to the context).
+//! [`crate::verify::STACK_SIZE`] keeps from the program. PREVAIL verifies the result again
+//! (with the whole 512-byte stack and the termination check), so the rewrite cannot open a
+//! hole. The counter is 32 bits wide for that proof's sake: with a 64-bit counter PREVAIL
+//! 0.2.6 reaches no fixpoint, in minutes, on an 11-instruction packet walk (seen; 9 ms with
+//! 32 bits). The last two rewrites change no control flow and touch only memory the runtime
+//! owns, and are applied after the second proof (PREVAIL refuses plain numbers as map
+//! arguments and stores to the context).
 
 use crate::insn::{Insn, LDDW, PSEUDO_MAP_FD};
 
@@ -58,7 +53,7 @@ const METER_SLOT: i16 = -512;
 const SPILL_SLOT: i16 = -504;
 
 // Opcodes (RFC 9669).
-const STDW_IMM: u8 = 0x7a;
+const STW_IMM: u8 = 0x62;
 const STXDW: u8 = 0x7b;
 const STXW: u8 = 0x63;
 const LDXDW: u8 = 0x79;
@@ -105,7 +100,7 @@ pub enum LowerError {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Lowered {
     /// The instructions after the meter and the atomic lowering (map references and context
-    /// untouched).
+    /// untouched): what PREVAIL verifies a second time.
     pub verified: Vec<Insn>,
     /// The instructions rbpf runs: `verified` with map references turned into handles and
     /// the stack pointer's store at entry.
@@ -118,7 +113,7 @@ pub struct Lowered {
 }
 
 /// Lowers `insns` (a verified program) with an instruction meter of `limit` instructions, or
-/// without a meter (`None`: what PREVAIL verifies again, see the module documentation).
+/// without a meter (`None`).
 pub fn lower(insns: &[Insn], limit: Option<u64>) -> Result<Lowered, LowerError> {
     let limit = limit
         .map(|limit| i32::try_from(limit).map_err(|_| LowerError::Limit { limit }))
@@ -152,7 +147,7 @@ pub fn lower(insns: &[Insn], limit: Option<u64>) -> Result<Lowered, LowerError> 
         emit(
             &mut out,
             &mut origin,
-            ins(STDW_IMM, 10, 0, METER_SLOT, limit),
+            ins(STW_IMM, 10, 0, METER_SLOT, limit),
             None,
         );
     }
@@ -165,9 +160,9 @@ pub fn lower(insns: &[Insn], limit: Option<u64>) -> Result<Lowered, LowerError> 
             let o = Some(index);
             let span = i32::try_from(span).unwrap_or(i32::MAX);
             emit(&mut out, &mut origin, ins(STXDW, 10, t, SPILL_SLOT, 0), o);
-            emit(&mut out, &mut origin, ins(LDXDW, t, 10, METER_SLOT, 0), o);
+            emit(&mut out, &mut origin, ins(LDXW, t, 10, METER_SLOT, 0), o);
             emit(&mut out, &mut origin, ins(SUB64_IMM, t, 0, 0, span), o);
-            emit(&mut out, &mut origin, ins(STXDW, 10, t, METER_SLOT, 0), o);
+            emit(&mut out, &mut origin, ins(STXW, 10, t, METER_SLOT, 0), o);
             to_exhausted.push(out.len());
             emit(&mut out, &mut origin, ins(JSLT_IMM, t, 0, 0, 0), o);
             emit(&mut out, &mut origin, ins(LDXDW, t, 10, SPILL_SLOT, 0), o);

@@ -24,7 +24,7 @@ fn landing(l: &Lowered, at: usize) -> Option<usize> {
 fn a_program_without_loops_or_atomics_only_gains_the_meter_entry() {
     let p = [mov(0, 2), EXIT_I];
     let l = lower(&p, Some(1000)).expect("lowers");
-    assert_eq!(l.verified[0], ins(STDW_IMM, 10, 0, METER_SLOT, 1000));
+    assert_eq!(l.verified[0], ins(STW_IMM, 10, 0, METER_SLOT, 1000));
     assert_eq!(&l.verified[1..3], &p);
     assert!(l.loop_heads.is_empty());
     // The exhaustion block, then the stack pointer's store prepended for rbpf.

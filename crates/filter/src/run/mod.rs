@@ -2,7 +2,7 @@
 //! with XDP frames, maps and helpers.
 //!
 //! [`Program::instantiate`] lowers the program ([`crate::lower`]: instruction meter, atomic
-//! add, map handles), verifies the atomic lowering again with PREVAIL, allocates its maps
+//! add, map handles), verifies the lowered program again with PREVAIL, allocates its maps
 //! and compiles it once to refuse what rbpf's JIT cannot hold (its code buffer is one 4 KiB
 //! page and it panics past it). [`Instance::runtime`] then makes one [`Runtime`] per worker:
 //! its own JIT copy (rbpf's VM is not `Sync`), the worker's index (per-CPU maps,
@@ -170,23 +170,22 @@ pub struct Counters {
 impl Program {
     /// Lowers, re-verifies and compiles the program, and allocates its maps.
     pub fn instantiate(&self, config: RunConfig) -> Result<Instance, RunError> {
-        let lowering = |limit| {
-            lower::lower(self.instructions(), limit).map_err(|source| RunError::Lower {
-                section: self.section().to_owned(),
-                source,
-            })
-        };
-        let lowered = lowering(Some(config.insn_limit))?;
+        let lowered =
+            lower::lower(self.instructions(), Some(config.insn_limit)).map_err(|source| {
+                RunError::Lower {
+                    section: self.section().to_owned(),
+                    source,
+                }
+            })?;
         let descriptors: Vec<_> = self
             .maps()
             .iter()
             .enumerate()
             .map(|(i, m)| m.descriptor(crate::handle(i)))
             .collect();
-        // The second proof covers the atomic lowering; see `lower` for why not the meter.
         crate::verify::verify_with_stack(
             self.section(),
-            &lowering(None)?.verified,
+            &lowered.verified,
             &descriptors,
             &Default::default(),
             STACK_BYTES as i32,
