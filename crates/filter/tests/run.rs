@@ -229,6 +229,25 @@ fn the_meter_stops_a_long_loop_at_a_low_limit_and_counts_it() {
 }
 
 #[test]
+fn a_return_value_that_is_no_action_counts_as_aborted() {
+    let Some(inst) = instance("loops", "xdp:redirect", RunConfig::default()) else {
+        return;
+    };
+    let mut rt = inst.runtime(0, Engine::Jit, 0).expect("jit");
+    let mut frame = FrameBuf::new(1500).expect("frame");
+    frame
+        .load_ip(&ipv4([1, 2, 3, 4], [5, 6, 7, 8], UDP, b""))
+        .expect("fits");
+    let v = rt.run(&mut frame);
+    assert_eq!(
+        (v.action, v.abort),
+        (XdpAction::Aborted, Some(Abort::InvalidAction(4)))
+    );
+    let c = rt.counters();
+    assert_eq!((c.aborted, c.invalid_action, c.insn_limit), (1, 1, 0));
+}
+
+#[test]
 fn adjust_head_moves_the_frame_start_and_refuses_bad_deltas() {
     let Some(inst) = instance("adjust", "xdp:head", RunConfig::default()) else {
         return;

@@ -1,5 +1,5 @@
-/* Accepted: programs for the runtime's instruction meter and the JIT's size limit. Select
- * `xdp:walk_all` or `xdp:huge`. */
+/* Accepted: programs for the runtime's instruction meter, the JIT's size limit and return
+ * values. Select `xdp:walk_all`, `xdp:huge` or `xdp:redirect`. */
 #include <linux/bpf.h>
 #include <bpf/bpf_helpers.h>
 
@@ -32,6 +32,13 @@ int huge(struct xdp_md *ctx)
     for (int i = 0; i < 150; i++)
         h = ((h * 31) ^ (h >> 7)) + i;
     return h & 1 ? XDP_DROP : XDP_PASS;
+}
+
+/* XDP_REDIRECT, which the gateway does not offer: ABORTED. */
+SEC("xdp")
+int redirect(struct xdp_md *ctx)
+{
+    return XDP_REDIRECT;
 }
 
 char LICENSE[] SEC("license") = "GPL";
