@@ -15,3 +15,9 @@ pub(crate) fn compile(name: &str, debug_info: bool) -> Option<Vec<u8>> {
     ));
     testreq::bpf::compile(&source, &out, debug_info)
 }
+
+/// Compiles the repository's example program `examples/filters/NAME.c`.
+pub(crate) fn compile_example(name: &str) -> Option<Vec<u8>> {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+    testreq::bpf::example(name, &dir).map(|(_, bytes)| bytes)
+}
