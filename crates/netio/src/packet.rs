@@ -1,9 +1,10 @@
 //! AF_PACKET on a customer-facing interface (issue 16 §1): frames in through a TPACKET_V3
 //! receive ring (the kernel fills blocks of frames in shared memory; no system call per frame,
-//! none at all while blocks are waiting), frames out through a transmit ring on the same socket
-//! ([`tx`]: frames copied into shared slots, one `send` per batch, the queueing discipline
-//! bypassed), or with `sendmmsg` where the kernel refuses the ring. See packet(7) and the
-//! kernel's `Documentation/networking/packet_mmap`.
+//! none at all while blocks are waiting), frames out through a transmit ring on a second,
+//! send-only socket of the interface (`tx.rs`: frames copied into shared slots, one `send` per
+//! batch, the queueing discipline bypassed), or with `sendmmsg` on the receiving socket where
+//! the kernel refuses the ring. See packet(7) and the kernel's
+//! `Documentation/networking/packet_mmap`.
 //!
 //! The kernel moves a frame's outer VLAN tag into metadata before packet sockets see it
 //! (`skb_vlan_untag` in `__netif_receive_skb_core`, and any NIC or veth VLAN offload), so the
@@ -514,7 +515,7 @@ impl PacketSocket {
 
     /// Sends `frames` (whole Ethernet frames, tags in the data) in their order: through the
     /// transmit ring, one `send` per call (and one more each time the ring fills), or with
-    /// `sendmmsg`, [`SEND_CHUNK`] per system call. Waits up to 50 ms in all for room when the
+    /// `sendmmsg`, 64 frames per system call. Waits up to 50 ms in all for room when the
     /// ring or the socket's queue is full; what still finds none is dropped and counted.
     pub fn send_frames<'a>(
         &self,
