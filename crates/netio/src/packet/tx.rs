@@ -313,14 +313,15 @@ impl TxRing {
             if available(st) {
                 return true;
             }
-            if marked(st) {
+            let untaken = marked(st);
+            if untaken {
                 // Marked but not taken: another `send` may take it now.
                 wait.kick();
                 if available(self.status(i).load(Ordering::Acquire)) {
                     return true;
                 }
             }
-            if !wait.retry() {
+            if !wait.retry(untaken) {
                 return false;
             }
         }
@@ -331,7 +332,7 @@ impl TxRing {
     /// contiguous run ending before `next`) and returns how many.
     fn finish(&self, next: &mut usize, wait: &mut Wait) -> u64 {
         let last = (*next + self.slots - 1) % self.slots;
-        while marked(self.status(last).load(Ordering::Acquire)) && wait.retry() {
+        while marked(self.status(last).load(Ordering::Acquire)) && wait.retry(true) {
             wait.kick();
         }
         // Outside a `send` the kernel leaves marked slots alone, and our lock keeps every
@@ -425,15 +426,15 @@ impl<'n> Wait<'n> {
         }
     }
 
-    /// Whether to kick again for a slot still marked or in flight: at once after an
-    /// interface's refusal (up to [`REFUSALS`] in a row), else after waiting for the socket
-    /// to become writable (or a short nap if it already is, the slot being in flight); false
-    /// once the call's wait is spent.
-    fn retry(&mut self) -> bool {
+    /// Whether to look at a slot again: a `marked` one (the kernel did not take it) at once
+    /// after an interface's refusal (up to [`REFUSALS`] in a row); otherwise (no buffer room,
+    /// or the slot in flight) after waiting for the socket to become writable, or a short nap
+    /// if it already is. False once the call's wait is spent.
+    fn retry(&mut self, marked: bool) -> bool {
         if self.spent {
             return false;
         }
-        if self.refused.is_some() {
+        if marked && self.refused.is_some() {
             self.spent = self.refusals >= REFUSALS;
             return !self.spent;
         }
