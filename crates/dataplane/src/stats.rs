@@ -117,6 +117,9 @@ drops! {
     /// Attachment: frames given up because a receive ring frame header lay outside its
     /// block (a kernel we do not understand; never seen).
     AttachRingMalformed = "attach_ring_malformed",
+    /// Attachment: frames toward a CE dropped because the interface's transmit ring (or, without
+    /// one, the socket's queue) stayed full for the whole bounded wait of a send (50 ms).
+    AttachTxFull = "attach_tx_full",
     /// Attachment: a frame whose tags are no attachment's on its interface (untagged, an
     /// unknown tag pair, a TPID other than 0x88a8 outside 0x8100 or 0x8100 alone).
     AttachUnknownTags = "attach_unknown_tags",

@@ -18,7 +18,8 @@
 //!   (an `eventfd`, readable for good once woken) signals shutdown.
 //! - Frames: [`packet::PacketSocket`] is an AF_PACKET socket on a customer-facing interface,
 //!   frames in through a TPACKET_V3 ring into a [`packet::FrameBatch`] (outer VLAN tag written
-//!   back), frames out with `sendmmsg`.
+//!   back), frames out through a transmit ring (`PACKET_TX_RING`, one `send` per batch), or
+//!   with `sendmmsg` where the kernel refuses the ring.
 //!
 //! Scratch space ([`RecvBatch`], [`SendScratch`]) is allocated once per thread; receiving and
 //! sending a batch allocate nothing and copy no packet bytes.

@@ -1,7 +1,10 @@
 //! AF_PACKET on a customer-facing interface (issue 16 §1): frames in through a TPACKET_V3
 //! receive ring (the kernel fills blocks of frames in shared memory; no system call per frame,
-//! none at all while blocks are waiting), frames out with `sendmmsg` on the same socket (one
-//! system call per batch). See packet(7) and the kernel's `Documentation/networking/packet_mmap`.
+//! none at all while blocks are waiting), frames out through a transmit ring on a second,
+//! send-only socket of the interface (`tx.rs`: frames copied into shared slots, one `send` per
+//! batch, the queueing discipline bypassed), or with `sendmmsg` on the receiving socket where
+//! the kernel refuses the ring. See packet(7) and the kernel's
+//! `Documentation/networking/packet_mmap`.
 //!
 //! The kernel moves a frame's outer VLAN tag into metadata before packet sockets see it
 //! (`skb_vlan_untag` in `__netif_receive_skb_core`, and any NIC or veth VLAN offload), so the
@@ -13,13 +16,18 @@
 //! Why not a crate: the Rust AF_PACKET crates we know either receive one frame per system call
 //! (`pnet_datalink`), or read the ring but allocate a vector per block and are GPL-licensed
 //! (`af_packet`); AF_XDP (`xsk-rs`, libxdp bindings) needs libbpf built from C and an XDP
-//! program per interface. This file is the ring walk and one `sendmmsg` loop, over `libc`.
+//! program per interface. This file is the receive ring walk and the `sendmmsg` fallback,
+//! `tx.rs` the transmit ring, over `libc`.
 
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::ptr;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Mutex;
+pub use tx::FrameSendReport;
+use tx::TxRing;
+
+mod tx;
 
 /// Bytes per ring block (the kernel hands the ring over block by block).
 const BLOCK_SIZE: usize = 1 << 18;
@@ -33,7 +41,8 @@ const FRAME_SIZE: usize = 2048;
 const BLOCK_TIMEOUT_MS: u32 = 1;
 /// Frames per `sendmmsg` call.
 const SEND_CHUNK: usize = 64;
-/// How long a send waits for room in the socket's queue before the rest is dropped.
+/// How long a send waits for room in the socket's queue (or transmit ring) before the rest is
+/// dropped.
 const SEND_WAIT_MS: i32 = 50;
 /// Offset of `block_status` in `struct tpacket_block_desc` (after `version` and
 /// `offset_to_priv`).
@@ -48,6 +57,17 @@ const HDR_ALIGNED: usize = (std::mem::size_of::<libc::tpacket3_hdr>() + libc::TP
     & !(libc::TPACKET_ALIGNMENT - 1);
 /// Offset of `sll_pkttype` in `struct sockaddr_ll`.
 const SLL_PKTTYPE: usize = 10;
+
+/// How a [`PacketSocket`] sends frames.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum TxMode {
+    /// Through a transmit ring (`PACKET_TX_RING`); with `sendmmsg` (logged) if the kernel
+    /// refuses the ring.
+    #[default]
+    Ring,
+    /// With `sendmmsg`, one message per frame.
+    Sendmmsg,
+}
 
 /// One received frame in a [`FrameBatch`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -159,6 +179,9 @@ pub struct PacketSocket {
     mac: [u8; 6],
     ring: *mut u8,
     ring_len: usize,
+    /// The transmit ring, on a socket of its own (None: the kernel refused it, or
+    /// [`TxMode::Sendmmsg`]).
+    tx: Option<TxRing>,
     /// The reading position; readers are serialised by their lane's dispatch stage, the lock
     /// makes it so for any caller.
     cursor: Mutex<Cursor>,
@@ -166,8 +189,9 @@ pub struct PacketSocket {
     losing: AtomicBool,
 }
 
-// SAFETY: the ring is shared memory owned by this value until drop; it is read only under
-// `cursor`'s lock, and each block's status word is accessed atomically.
+// SAFETY: the rings are shared memory owned by this value until drop; the receive ring is read
+// only under `cursor`'s lock, the transmit ring written only under its own, and each block's or
+// slot's status word is accessed atomically.
 unsafe impl Send for PacketSocket {}
 // SAFETY: as above; `send_batch` only reads caller buffers.
 unsafe impl Sync for PacketSocket {}
@@ -258,9 +282,17 @@ fn setsockopt<T>(fd: RawFd, level: libc::c_int, name: libc::c_int, value: &T) ->
 
 impl PacketSocket {
     /// Opens `interface` (which must exist): an AF_PACKET socket for every EtherType, bound to
-    /// it, non-blocking, with the receive ring mapped, the interface promiscuous while it is
-    /// open. Needs CAP_NET_RAW.
+    /// it, non-blocking, with the receive ring and (where the kernel grants it) the transmit
+    /// ring mapped, the interface promiscuous while it is open. Needs CAP_NET_RAW.
     pub fn open(interface: &str) -> io::Result<Self> {
+        Self::open_with(interface, TxMode::Ring)
+    }
+
+    /// [`PacketSocket::open`], sending as `mode` says. Either way frames bypass the
+    /// interface's queueing discipline (`PACKET_QDISC_BYPASS`): they go straight to the
+    /// driver, not through `tc` (no shaping, no egress filters) and not past the interface's
+    /// packet taps (a capture on this interface does not see them; one on the far end does).
+    pub fn open_with(interface: &str, mode: TxMode) -> io::Result<Self> {
         let ifindex = interface_index(interface)?;
         let proto = (libc::ETH_P_ALL as u16).to_be();
         // SAFETY: plain socket call.
@@ -291,6 +323,16 @@ impl PacketSocket {
             libc::PACKET_IGNORE_OUTGOING,
             &1 as &libc::c_int,
         );
+        // Straight to the driver (Linux 3.14+); without it frames take the queueing
+        // discipline's path, which works as well.
+        if let Err(e) = setsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_PACKET,
+            libc::PACKET_QDISC_BYPASS,
+            &1 as &libc::c_int,
+        ) {
+            tracing::debug!(interface, error = %e, "PACKET_QDISC_BYPASS refused");
+        }
         let req = libc::tpacket_req3 {
             tp_block_size: BLOCK_SIZE as u32,
             tp_block_nr: BLOCKS as u32,
@@ -316,13 +358,27 @@ impl PacketSocket {
         if ring == libc::MAP_FAILED {
             return Err(last_error());
         }
+        let ring = ring.cast::<u8>();
+        let tx = match mode {
+            TxMode::Sendmmsg => None,
+            TxMode::Ring => match interface_mtu(fd.as_raw_fd(), interface)
+                .and_then(|mtu| TxRing::open(ifindex, mtu))
+            {
+                Ok(tx) => Some(tx),
+                Err(e) => {
+                    tracing::warn!(interface, error = %e, "no transmit ring: sending with sendmmsg");
+                    None
+                }
+            },
+        };
         let mut sock = Self {
             fd,
             ifindex,
             name: interface.to_owned(),
             mac: [0; 6],
-            ring: ring.cast(),
+            ring,
             ring_len,
+            tx,
             cursor: Mutex::new(Cursor {
                 block: 0,
                 read: 0,
@@ -351,6 +407,18 @@ impl PacketSocket {
         )?;
         sock.mac = hardware_address(sock.fd.as_raw_fd(), interface)?;
         Ok(sock)
+    }
+
+    /// Whether frames go out through the transmit ring (false: `sendmmsg`).
+    pub fn has_tx_ring(&self) -> bool {
+        self.tx.is_some()
+    }
+
+    /// The longest frame a transmit ring slot holds (None without a ring); frames are also
+    /// held to the interface's MTU when the socket was opened, plus the Ethernet header (and
+    /// an 802.1Q tag).
+    pub fn tx_ring_room(&self) -> Option<usize> {
+        self.tx.as_ref().map(TxRing::room)
     }
 
     /// The descriptor workers poll (readable when a block is handed over).
@@ -445,14 +513,38 @@ impl PacketSocket {
         }
     }
 
-    /// Sends `frames` with `sendmmsg`, [`SEND_CHUNK`] per call; waits up to 50 ms for room
-    /// when the queue is full. Returns how many frames were not sent.
+    /// Sends `frames` (whole Ethernet frames, tags in the data) in their order: through the
+    /// transmit ring, one `send` per call (and one more each time the ring fills), or with
+    /// `sendmmsg`, 64 frames per system call. Waits up to 50 ms in all for room when the
+    /// ring or the socket's queue is full; what still finds none is dropped and counted.
+    pub fn send_frames<'a>(
+        &self,
+        frames: impl Iterator<Item = &'a [u8]>,
+        scratch: &mut PacketScratch,
+    ) -> FrameSendReport {
+        match &self.tx {
+            Some(tx) => tx.send(&self.name, frames),
+            None => self.send_mmsg(frames, scratch),
+        }
+    }
+
+    /// [`PacketSocket::send_frames`], returning how many frames were not sent.
     pub fn send_batch<'a>(
         &self,
         frames: impl Iterator<Item = &'a [u8]>,
         scratch: &mut PacketScratch,
     ) -> u64 {
-        let mut failed = 0;
+        self.send_frames(frames, scratch).failed()
+    }
+
+    /// Sends `frames` with `sendmmsg`, [`SEND_CHUNK`] per call; waits up to 50 ms for room
+    /// when the queue is full.
+    fn send_mmsg<'a>(
+        &self,
+        frames: impl Iterator<Item = &'a [u8]>,
+        scratch: &mut PacketScratch,
+    ) -> FrameSendReport {
+        let mut report = FrameSendReport::default();
         scratch.clear();
         for f in frames {
             scratch.iovs.push(libc::iovec {
@@ -485,6 +577,7 @@ impl PacketSocket {
             };
             if r > 0 {
                 done += r as usize;
+                report.sent += r as u64;
                 continue;
             }
             let e = last_error();
@@ -501,19 +594,19 @@ impl PacketSocket {
                     unsafe { libc::poll(&mut p, 1, SEND_WAIT_MS) };
                 }
                 io::ErrorKind::WouldBlock => {
-                    failed += (total - done) as u64;
+                    report.queue_full += (total - done) as u64;
                     break;
                 }
                 _ => {
                     // This frame is refused (too long for the interface, say): skip it.
                     tracing::debug!(interface = %self.name, error = %e, "frame not sent");
-                    failed += 1;
+                    report.refused += 1;
                     done += 1;
                 }
             }
         }
         scratch.clear();
-        failed
+        report
     }
 }
 
@@ -641,6 +734,22 @@ impl PacketScratch {
         self.msgs.clear();
         self.iovs.clear();
     }
+}
+
+/// The MTU of `interface` (SIOCGIFMTU on `fd`).
+fn interface_mtu(fd: RawFd, interface: &str) -> io::Result<usize> {
+    // SAFETY: ifreq is plain data.
+    let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
+    for (d, s) in req.ifr_name.iter_mut().zip(interface.bytes()) {
+        *d = s as libc::c_char;
+    }
+    // SAFETY: `req` is a live ifreq naming the interface.
+    if unsafe { libc::ioctl(fd, libc::SIOCGIFMTU, &mut req) } != 0 {
+        return Err(last_error());
+    }
+    // SAFETY: SIOCGIFMTU filled the MTU member.
+    let mtu = unsafe { req.ifr_ifru.ifru_mtu };
+    Ok(usize::try_from(mtu).unwrap_or(0))
 }
 
 /// The MAC address of `interface` (SIOCGIFHWADDR on `fd`), which must be an Ethernet

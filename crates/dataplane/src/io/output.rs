@@ -34,7 +34,8 @@ pub(crate) struct Output {
 struct Wire {
     /// sendmmsg scratch.
     scratch: SendScratch,
-    /// sendmmsg scratch of the attachments' packet sockets.
+    /// sendmmsg scratch of the attachments' packet sockets (used where the kernel refused
+    /// their transmit rings).
     packet: PacketScratch,
     /// Coalesces packets written to the TUN device into GSO super-packets.
     tun: Option<TunWriter>,
@@ -141,8 +142,9 @@ impl Wire {
         }
     }
 
-    /// Sends frames toward customers' edge routers on packet interface `iface`: one
-    /// `sendmmsg` series for the run (trains of equal-size frames split).
+    /// Sends frames toward customers' edge routers on packet interface `iface`: the run
+    /// written into the interface's transmit ring and handed over with one `send` (or one
+    /// `sendmmsg` series without a ring; trains of equal-size frames split).
     fn send_frames(
         &mut self,
         sh: &Shared,
@@ -159,8 +161,9 @@ impl Wire {
             let end = (m.start + m.len).min(data.len());
             data[m.start.min(end)..end].chunks(m.seg.max(1))
         });
-        let failed = sock.send_batch(frames, &mut self.packet);
-        drops.add_n(DropReason::SendError, failed);
+        let r = sock.send_frames(frames, &mut self.packet);
+        drops.add_n(DropReason::SendError, r.refused);
+        drops.add_n(DropReason::AttachTxFull, r.queue_full);
     }
 
     fn write_tun(&mut self, sh: &Shared, data: &[u8], msgs: &[TxMsg], drops: &mut DropCounts) {

@@ -260,3 +260,235 @@ fn header_offsets_match_the_kernel_layout() {
         SLL_PKTTYPE
     );
 }
+
+/// Runs `test` on a thread in a network namespace of its own holding a veth pair `v0`-`v1`
+/// (both up, MTU 1500).
+fn in_veth_namespace(test: impl FnOnce() + Send + 'static) {
+    let run = move || {
+        // SAFETY: plain system call; affects this thread only.
+        assert_eq!(unsafe { libc::unshare(libc::CLONE_NEWNET) }, 0, "unshare");
+        for args in [
+            &["link", "add", "v0", "type", "veth", "peer", "name", "v1"][..],
+            &["link", "set", "v0", "up"],
+            &["link", "set", "v1", "up"],
+        ] {
+            let st = std::process::Command::new("ip")
+                .args(args)
+                .status()
+                .expect("ip");
+            assert!(st.success(), "ip {args:?}");
+        }
+        test();
+    };
+    std::thread::spawn(run)
+        .join()
+        .expect("in its own namespace");
+}
+
+/// An experimental EtherType (IEEE 802 local use): the kernel's stack leaves these frames
+/// alone, and the namespace's own traffic (IPv6 neighbour discovery) is told apart by it.
+const TEST_TYPE: [u8; 2] = [0x88, 0xb5];
+
+/// A frame to `dst` of `len` bytes (at least 18) carrying `seq`; with `tag`, an 802.1Q tag
+/// after the addresses.
+fn test_frame(dst: [u8; 6], seq: u32, len: usize, tag: bool) -> Vec<u8> {
+    let mut f = vec![0u8; len];
+    f[..6].copy_from_slice(&dst);
+    f[6..12].copy_from_slice(&[2, 0, 0, 0, 0, 1]);
+    let at = if tag {
+        f[12..16].copy_from_slice(&[0x81, 0x00, 0x00, 0x0a]);
+        16
+    } else {
+        12
+    };
+    f[at..at + 2].copy_from_slice(&TEST_TYPE);
+    f[at + 2..at + 6].copy_from_slice(&seq.to_be_bytes());
+    f
+}
+
+/// The sequence numbers and lengths of our test frames `rx` received within `within`, until
+/// `want` arrived.
+fn receive(rx: &PacketSocket, want: usize, within: std::time::Duration) -> Vec<(u32, usize)> {
+    let deadline = std::time::Instant::now() + within;
+    let mut batch = FrameBatch::new(1024, 1 << 20);
+    let mut got = Vec::new();
+    while got.len() < want && std::time::Instant::now() < deadline {
+        let (n, _) = rx.read_batch(&mut batch);
+        if n == 0 {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+            continue;
+        }
+        for i in 0..n {
+            let f = batch.frame_mut(i);
+            // The ring hands the 802.1Q tag back in the data, as it was on the wire.
+            let at = if f[12..14] == [0x81, 0x00] { 16 } else { 12 };
+            if f.len() >= at + 6 && f[at..at + 2] == TEST_TYPE {
+                let seq = u32::from_be_bytes(f[at + 2..at + 6].try_into().expect("4 bytes"));
+                got.push((seq, f.len()));
+            }
+        }
+    }
+    got
+}
+
+#[test]
+fn the_transmit_ring_sends_every_frame_in_order() {
+    in_veth_namespace(|| {
+        let tx = PacketSocket::open("v0").expect("open v0");
+        assert!(tx.has_tx_ring(), "the kernel refused the transmit ring");
+        // MTU 1500: a slot of 2048 bytes, 1990 of them for the frame.
+        assert_eq!(tx.tx_ring_room(), Some(2048 - tx::TX_FRAME));
+        let rx = PacketSocket::open("v1").expect("open v1");
+        let dst = rx.mac();
+        // Twice the ring's 2048 slots, in batches of 700 (so batches wrap around the ring),
+        // of every size from 60 to 1514 bytes.
+        let count = 4096u32;
+        let frames: Vec<Vec<u8>> = (0..count)
+            .map(|i| test_frame(dst, i, 60 + (i as usize * 37) % 1455, false))
+            .collect();
+        let mut scratch = PacketScratch::default();
+        let mut sent = 0;
+        let mut got = Vec::new();
+        for chunk in frames.chunks(700) {
+            let r = tx.send_frames(chunk.iter().map(|f| &f[..]), &mut scratch);
+            assert_eq!(r.failed(), 0, "{r:?}");
+            sent += r.sent;
+            got.extend(receive(&rx, chunk.len(), std::time::Duration::from_secs(5)));
+        }
+        assert_eq!(sent, u64::from(count));
+        let want: Vec<(u32, usize)> = frames
+            .iter()
+            .enumerate()
+            .map(|(i, f)| (i as u32, f.len()))
+            .collect();
+        assert_eq!(got.len(), want.len());
+        assert!(got == want, "frames lost, reordered or resized");
+    });
+}
+
+#[test]
+fn frames_the_kernel_would_refuse_are_counted_and_the_rest_sent() {
+    in_veth_namespace(|| {
+        let tx = PacketSocket::open("v0").expect("open v0");
+        assert!(tx.has_tx_ring());
+        let rx = PacketSocket::open("v1").expect("open v1");
+        let dst = rx.mac();
+        let frames = [
+            test_frame(dst, 0, 1514, false),
+            // One byte over MTU + Ethernet header, untagged: the kernel refuses it.
+            test_frame(dst, 1, 1515, false),
+            // With an 802.1Q tag, 4 bytes more are allowed.
+            test_frame(dst, 2, 1518, true),
+            test_frame(dst, 3, 1519, true),
+            // Larger than a slot.
+            test_frame(dst, 4, 3000, false),
+            // Shorter than an Ethernet header.
+            vec![0u8; 10],
+            test_frame(dst, 5, 64, false),
+        ];
+        let r = tx.send_frames(frames.iter().map(|f| &f[..]), &mut PacketScratch::default());
+        assert_eq!(
+            r,
+            FrameSendReport {
+                sent: 3,
+                refused: 4,
+                queue_full: 0
+            }
+        );
+        let got = receive(&rx, 3, std::time::Duration::from_secs(5));
+        assert_eq!(got, vec![(0, 1514), (2, 1518), (5, 64)]);
+    });
+}
+
+#[test]
+fn a_full_transmit_ring_drops_within_the_bound_and_recovers() {
+    in_veth_namespace(|| {
+        let tx = PacketSocket::open("v0").expect("open v0");
+        assert!(tx.has_tx_ring());
+        let rx = PacketSocket::open("v1").expect("open v1");
+        let dst = rx.mac();
+        // With the peer down the interface drops every frame at once; the kernel leaves the
+        // first marked and stops there, so the ring fills.
+        let st = std::process::Command::new("ip")
+            .args(["link", "set", "v1", "down"])
+            .status()
+            .expect("ip");
+        assert!(st.success());
+        let frames: Vec<Vec<u8>> = (0..3000).map(|i| test_frame(dst, i, 64, false)).collect();
+        let started = std::time::Instant::now();
+        let r = tx.send_frames(frames.iter().map(|f| &f[..]), &mut PacketScratch::default());
+        let took = started.elapsed();
+        assert_eq!(r.sent, 0, "{r:?}");
+        assert_eq!(
+            r.queue_full,
+            3000 - 2048,
+            "{r:?}: the frames that found no slot"
+        );
+        assert_eq!(
+            r.refused, 2048,
+            "{r:?}: the frames the kernel left in the ring"
+        );
+        assert!(
+            took < std::time::Duration::from_millis(500),
+            "the wait is bounded: {took:?}"
+        );
+        // Up again: the ring was emptied, frames flow again, in order.
+        let st = std::process::Command::new("ip")
+            .args(["link", "set", "v1", "up"])
+            .status()
+            .expect("ip");
+        assert!(st.success());
+        let frames: Vec<Vec<u8>> = (0..100).map(|i| test_frame(dst, i, 64, false)).collect();
+        let mut r = FrameSendReport::default();
+        // The carrier comes back asynchronously.
+        for _ in 0..100 {
+            r = tx.send_frames(frames.iter().map(|f| &f[..]), &mut PacketScratch::default());
+            if r.sent == 100 {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        assert_eq!(r.sent, 100, "{r:?}");
+        let got = receive(&rx, 100, std::time::Duration::from_secs(5));
+        let seqs: Vec<u32> = got.iter().map(|(s, _)| *s).collect();
+        assert_eq!(seqs, (0..100).collect::<Vec<u32>>());
+    });
+}
+
+#[test]
+fn without_a_ring_frames_go_with_sendmmsg() {
+    in_veth_namespace(|| {
+        let tx = PacketSocket::open_with("v0", TxMode::Sendmmsg).expect("open v0");
+        assert!(!tx.has_tx_ring());
+        assert_eq!(tx.tx_ring_room(), None);
+        let rx = PacketSocket::open("v1").expect("open v1");
+        let frames: Vec<Vec<u8>> = (0..10)
+            .map(|i| test_frame(rx.mac(), i, 100, false))
+            .collect();
+        let r = tx.send_frames(frames.iter().map(|f| &f[..]), &mut PacketScratch::default());
+        assert_eq!(r.sent, 10, "{r:?}");
+        let seqs: Vec<u32> = receive(&rx, 10, std::time::Duration::from_secs(5))
+            .iter()
+            .map(|(s, _)| *s)
+            .collect();
+        assert_eq!(seqs, (0..10).collect::<Vec<u32>>());
+    });
+}
+
+#[test]
+fn transmit_ring_geometry_fits_the_mtu() {
+    assert_eq!(tx::geometry(1500), (2048, 2048));
+    assert_eq!(tx::geometry(9000), (16384, 256));
+    // Loopback's 64 KiB MTU: the largest slot; longer frames are refused.
+    assert_eq!(tx::geometry(65536), (16384, 256));
+    for mtu in [576, 1500, 9000, 65536] {
+        let (slot, slots) = tx::geometry(mtu);
+        let req = tx::request(slot, slots);
+        assert_eq!(
+            req.tp_block_size as usize * req.tp_block_nr as usize,
+            slot * slots
+        );
+        assert_eq!(req.tp_block_size as usize % slot, 0);
+        assert_eq!(req.tp_block_size as usize % 4096, 0);
+    }
+}
