@@ -88,30 +88,39 @@ impl MapSpec {
             map: map_name(),
             map_type: map.map_type(),
         })?;
-        let shape = |what| LoadError::MapShape {
-            map: map_name(),
-            what,
-        };
-        if map.key_size() == 0 || map.key_size() > MAX_KEY_OR_VALUE {
-            return Err(shape("key size must be 1 to 4096 bytes"));
-        }
-        if kind.is_array() && map.key_size() != 4 {
-            return Err(shape("an array's key must be a 4-byte index (__u32)"));
-        }
-        if map.value_size() == 0 || map.value_size() > MAX_KEY_OR_VALUE {
-            return Err(shape("value size must be 1 to 4096 bytes"));
-        }
-        if map.max_entries() == 0 {
-            return Err(shape("max_entries must be at least 1"));
-        }
-        Ok(Self {
+        let spec = Self {
             name: name.to_owned(),
             kind,
             key_size: map.key_size(),
             value_size: map.value_size(),
             max_entries: map.max_entries(),
             flags: map.map_flags(),
-        })
+        };
+        match spec.shape_error() {
+            Some(what) => Err(LoadError::MapShape {
+                map: map_name(),
+                what,
+            }),
+            None => Ok(spec),
+        }
+    }
+
+    /// What is wrong with the map's shape for the gateway, if anything: key and value sizes
+    /// of 1 to [`MAX_KEY_OR_VALUE`] bytes, a 4-byte key for arrays, at least one entry.
+    pub fn shape_error(&self) -> Option<&'static str> {
+        if self.key_size == 0 || self.key_size > MAX_KEY_OR_VALUE {
+            return Some("key size must be 1 to 4096 bytes");
+        }
+        if self.kind.is_array() && self.key_size != 4 {
+            return Some("an array's key must be a 4-byte index (__u32)");
+        }
+        if self.value_size == 0 || self.value_size > MAX_KEY_OR_VALUE {
+            return Some("value size must be 1 to 4096 bytes");
+        }
+        if self.max_entries == 0 {
+            return Some("max_entries must be at least 1");
+        }
+        None
     }
 
     /// The map descriptor PREVAIL checks helper arguments and value accesses against.

@@ -288,6 +288,11 @@ fn adjust_head_moves_the_frame_start_and_refuses_bad_deltas() {
                 assert_eq!((v.action, result), (XdpAction::Pass, 0), "{delta}");
                 assert_eq!(v.bounds, s..end, "{delta}");
                 assert_eq!(frame.frame()[0], 0xab, "{delta}");
+                if s == 0 {
+                    // The first case wrote 0xab 20 bytes into the headroom: given up again,
+                    // the headroom shows zeros, not an earlier run's bytes.
+                    assert_eq!(frame.frame()[HEADROOM - 20], 0, "stale headroom");
+                }
             }
             None => {
                 assert_eq!((v.action, result), (XdpAction::Drop, -22), "{delta}");

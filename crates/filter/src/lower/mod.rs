@@ -22,6 +22,14 @@
 //!   across threads**: two workers adding to the same hash or array value at once can lose an
 //!   increment. Per-CPU arrays, XDP's idiom for counters, are exact. Other atomic operations
 //!   are refused at load ([`crate::insn`]).
+//! - **rbpf's JIT and the ISA.** Four instructions the JIT computes differently from RFC 9669
+//!   (`w = w`, `le16`, `le32`, a 32-bit modulo by zero keep the destination's upper half) are
+//!   rewritten, in the program rbpf runs, into forms it gets right (`isa_fix`). Each form
+//!   computes the same value as the instruction it replaces under RFC 9669, which is what
+//!   PREVAIL proves the program safe under; `run::conformance` checks that both engines compute
+//!   RFC 9669's values for every ALU and byte-swap instruction. The second proof is of the
+//!   program without these forms: PREVAIL loses the relations a `w &= -1` keeps (a packet
+//!   length in a register no longer bounds an access), so it refuses programs it accepted.
 //! - **Map references.** `lddw rX, H` with the map pseudo-source becomes a plain `lddw rX, H`:
 //!   the helpers take the map's handle `H` and check it against the program's maps.
 //! - **Stack pointer for the helpers.** The first instruction stores r10 into a hidden word
@@ -68,6 +76,12 @@ const CALL: u8 = 0x85;
 const EXIT: u8 = 0x95;
 const ATOMIC_DW: u8 = 0xdb;
 const ATOMIC_W: u8 = 0xc3;
+const MOV32_REG: u8 = 0xbc;
+const MOD32_IMM: u8 = 0x94;
+const MOD32_REG: u8 = 0x9c;
+const AND32_IMM: u8 = 0x54;
+/// `le16`/`le32`/`le64` (BPF_END, to little endian).
+const LE: u8 = 0xd4;
 
 /// Why a verified program could not be lowered.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -102,8 +116,8 @@ pub struct Lowered {
     /// The instructions after the meter and the atomic lowering (map references and context
     /// untouched): what PREVAIL verifies a second time.
     pub verified: Vec<Insn>,
-    /// The instructions rbpf runs: `verified` with map references turned into handles and
-    /// the stack pointer's store at entry.
+    /// The instructions rbpf runs: `verified` with `isa_fix`'s forms, map references turned
+    /// into handles and the stack pointer's store at entry.
     pub runnable: Vec<Insn>,
     /// For each instruction of `verified`, the original instruction it comes from (`None`
     /// for the meter's entry and exhaustion blocks).
@@ -118,13 +132,41 @@ pub fn lower(insns: &[Insn], limit: Option<u64>) -> Result<Lowered, LowerError> 
     let limit = limit
         .map(|limit| i32::try_from(limit).map_err(|_| LowerError::Limit { limit }))
         .transpose()?;
-    let n = insns.len();
     let heads = if limit.is_some() {
         loop_heads(insns)
     } else {
         Vec::new()
     };
     let init = initialised(insns);
+    let (verified, origin) = emit(insns, limit, &heads, &init, false)?;
+    let (mut runnable, _) = emit(insns, limit, &heads, &init, true)?;
+    for i in runnable
+        .iter_mut()
+        .filter(|i| i.is_lddw() && i.src == PSEUDO_MAP_FD)
+    {
+        i.src = 0;
+    }
+    // The stack pointer's store is prepended: relative jumps inside keep their meaning and
+    // nothing jumps to the first instruction.
+    runnable.insert(0, ins(STXDW, 1, 10, CTX_STACK_SLOT, 0));
+    Ok(Lowered {
+        verified,
+        runnable,
+        origin,
+        loop_heads: heads,
+    })
+}
+
+/// The program with the meter at `heads` and the atomic lowering, and with [`isa_fix`]'s
+/// forms if `fix`; with each emitted instruction's original.
+fn emit(
+    insns: &[Insn],
+    limit: Option<i32>,
+    heads: &[(usize, u32)],
+    init: &[u16],
+    fix: bool,
+) -> Result<(Vec<Insn>, Vec<Option<usize>>), LowerError> {
+    let n = insns.len();
     let scratch = |index: usize, taken: &[u8], what| {
         (0..10u8)
             .rev()
@@ -183,7 +225,10 @@ pub fn lower(insns: &[Insn], limit: Option<u64>) -> Result<Lowered, LowerError> 
             emit(&mut out, &mut origin, ins(store, i.dst, t, i.off, 0), o);
             emit(&mut out, &mut origin, ins(LDXDW, t, 10, SPILL_SLOT, 0), o);
         } else {
-            emit(&mut out, &mut origin, i, o);
+            let forms = if fix { isa_fix(i) } else { [Some(i), None] };
+            for form in forms.into_iter().flatten() {
+                emit(&mut out, &mut origin, form, o);
+            }
         }
         if i.is_lddw() && index + 1 < n {
             start[index + 1] = out.len();
@@ -221,22 +266,27 @@ pub fn lower(insns: &[Insn], limit: Option<u64>) -> Result<Lowered, LowerError> 
         out[j].off = offset(j, exhausted, origin[j].unwrap_or(0))?;
     }
 
-    let mut runnable = out.clone();
-    for i in runnable
-        .iter_mut()
-        .filter(|i| i.is_lddw() && i.src == PSEUDO_MAP_FD)
-    {
-        i.src = 0;
+    Ok((out, origin))
+}
+
+/// `i` as rbpf 0.4.1's JIT must see it to compute what RFC 9669 (and PREVAIL's proof) says:
+/// its x86-64 JIT keeps the upper half of the destination in `w = w` (a 64-bit `mov`), `le16`
+/// and `le32` (no code at all) and a 32-bit modulo by zero (the destination left as it was),
+/// where eBPF zero-extends. A program proved safe would then compute other addresses than
+/// the ones proved (seen in review: a read past the stack). The fix: a 32-bit `and` with all
+/// ones (`w &= -1`, which x86 zero-extends) after `w = w` and the 32-bit modulo, in place of
+/// `w = w` on one register and of `le32`, and `w &= 0xffff` in place of `le16`; `le64`
+/// (no-op on this little-endian machine) stays as it is. Each fixed form computes the same
+/// value on the ISA (see the module's documentation for why that carries the proof over).
+fn isa_fix(i: Insn) -> [Option<Insn>; 2] {
+    let zext = |dst| ins(AND32_IMM, dst, 0, 0, -1);
+    match i.code {
+        MOV32_REG if i.dst == i.src => [Some(zext(i.dst)), None],
+        MOV32_REG | MOD32_IMM | MOD32_REG => [Some(i), Some(zext(i.dst))],
+        LE if i.imm == 16 => [Some(ins(AND32_IMM, i.dst, 0, 0, 0xffff)), None],
+        LE if i.imm == 32 => [Some(zext(i.dst)), None],
+        _ => [Some(i), None],
     }
-    // The stack pointer's store is prepended: relative jumps inside keep their meaning and
-    // nothing jumps to the first instruction.
-    runnable.insert(0, ins(STXDW, 1, 10, CTX_STACK_SLOT, 0));
-    Ok(Lowered {
-        verified: out,
-        runnable,
-        origin,
-        loop_heads: heads,
-    })
 }
 
 fn ins(code: u8, dst: u8, src: u8, off: i16, imm: i32) -> Insn {

@@ -49,7 +49,15 @@ pub enum FrameError {
     /// The packet is neither IPv4 nor IPv6 (its first nibble).
     #[error("not an IP packet (version nibble {0})")]
     NotIp(u8),
+    /// A frame for packets larger than [`MAX_MTU`] was asked for.
+    #[error("a frame holds packets of at most {MAX_MTU} bytes, not {0}")]
+    Mtu(usize),
 }
+
+/// The largest packet a frame holds: the verifier's proof assumes `data_end - data` never
+/// exceeds 0xffff, and a program can move `data` back by the headroom and `data_end` on by
+/// the tailroom.
+pub const MAX_MTU: usize = 0xffff - (HEADROOM + ETH_HLEN + TAILROOM);
 
 /// One XDP frame: the context and the packet memory a program runs on, below 4 GiB.
 pub struct FrameBuf {
@@ -79,6 +87,9 @@ impl std::fmt::Debug for FrameBuf {
 impl FrameBuf {
     /// Maps a frame for IP packets of up to `mtu` bytes.
     pub fn new(mtu: usize) -> Result<Self, FrameError> {
+        if mtu > MAX_MTU {
+            return Err(FrameError::Mtu(mtu));
+        }
         let len = AREA + HEADROOM + ETH_HLEN + mtu + TAILROOM;
         let page = 4096;
         let map_len = len.div_ceil(page) * page;

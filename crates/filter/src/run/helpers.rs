@@ -249,13 +249,19 @@ extern "C" fn csum_diff(from: u64, from_size: u64, to: u64, to_size: u64, seed: 
 }
 
 /// `long bpf_xdp_adjust_head(ctx, delta)` (44): moves `data` by `delta` within the headroom's
-/// start and 14 bytes (an Ethernet header) before `data_end`.
+/// start and 14 bytes (an Ethernet header) before `data_end`; bytes the headroom gives up are
+/// zeroed (unlike the kernel, which leaves what the page held).
 extern "C" fn xdp_adjust_head(ctx: u64, delta: u64, _: u64, _: u64, _: u64) -> u64 {
     with_state(|s| {
         let delta = i64::from(delta as i32);
         let new = s.data as i64 + delta;
         if ctx != s.ctx || new < s.area.0 as i64 || new > s.data_end as i64 - ETH_HLEN as i64 {
             return ret(EINVAL);
+        }
+        if new < s.data as i64 {
+            // Bytes the headroom gives up are zeroed: they may hold an earlier packet's.
+            // SAFETY: [new, data) lies inside the packet area (checked above).
+            unsafe { std::ptr::write_bytes(new as *mut u8, 0, (s.data - new as u64) as usize) };
         }
         s.data = new as u64;
         s.publish_bounds();

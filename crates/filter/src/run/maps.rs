@@ -202,6 +202,12 @@ impl std::fmt::Debug for Map {
 impl Map {
     /// Allocates the map `spec` describes, for `workers` workers (per-CPU maps).
     pub fn new(spec: &MapSpec, workers: usize) -> Result<Self, MapError> {
+        if let Some(what) = spec.shape_error() {
+            return Err(MapError::Invalid {
+                map: spec.name.clone(),
+                what,
+            });
+        }
         let stride = (spec.value_size as usize).div_ceil(8) * 8;
         let copies = if spec.kind == MapKind::PerCpuArray {
             workers.max(1)
@@ -326,12 +332,10 @@ impl Map {
         value: &[u8],
         flags: u64,
     ) -> Result<(), MapError> {
-        let slot = self.slot_for_update(key, flags)?;
         let slab = self
             .slab(worker)
             .ok_or_else(|| self.invalid("no such worker"))?;
-        slab.write(slot * self.stride, value);
-        Ok(())
+        self.with_slot_for_update(key, flags, |slot| slab.write(slot * self.stride, value))
     }
 
     fn invalid(&self, what: &'static str) -> MapError {
@@ -341,8 +345,15 @@ impl Map {
         }
     }
 
-    /// The slot `key`'s value goes to under `flags`, inserting the key into a hash.
-    fn slot_for_update(&self, key: &[u8], flags: u64) -> Result<usize, MapError> {
+    /// Calls `write` with the slot `key`'s value goes to under `flags` (inserting the key into
+    /// a hash), with a hash's index locked: no other key can take the slot before the value is
+    /// written, and no reader sees the key before its value.
+    fn with_slot_for_update<R>(
+        &self,
+        key: &[u8],
+        flags: u64,
+        write: impl FnOnce(usize) -> R,
+    ) -> Result<R, MapError> {
         self.check_key(key)?;
         if flags > BPF_EXIST {
             return Err(self.invalid("flags must be BPF_ANY, BPF_NOEXIST or BPF_EXIST"));
@@ -356,7 +367,7 @@ impl Map {
             if flags == BPF_NOEXIST {
                 return Err(MapError::Exists { map: name() });
             }
-            return Ok(slot);
+            return Ok(write(slot));
         }
         let mut index = self.index();
         if let Some(&slot) = index.slots.get(key) {
@@ -364,7 +375,7 @@ impl Map {
                 return Err(MapError::Exists { map: name() });
             }
             index.referenced[slot as usize] = true;
-            return Ok(slot as usize);
+            return Ok(write(slot as usize));
         }
         if flags == BPF_EXIST {
             return Err(MapError::NotFound { map: name() });
@@ -383,11 +394,11 @@ impl Map {
         index.slots.insert(key.clone(), slot as u32);
         index.keys[slot] = Some(key);
         index.referenced[slot] = true;
-        // A new key starts from a zeroed value (the caller writes the whole value next).
+        // A new key starts from a zeroed value (then `write` writes the whole value).
         if let Some(slab) = self.slab(0) {
             slab.write(slot * self.stride, &vec![0; self.stride]);
         }
-        Ok(slot)
+        Ok(write(slot))
     }
 
     /// Deletes `key` (hash kinds; arrays refuse with `-EINVAL`).
@@ -414,10 +425,9 @@ impl Map {
                 None => return Ok(None),
             }
         } else {
-            match self.index().slots.get(key) {
-                Some(&s) => s as usize,
-                None => return Ok(None),
-            }
+            // Read under the index's lock: the slot cannot pass to another key meanwhile.
+            let index = self.index();
+            return Ok(index.slots.get(key).map(|&s| self.value_of(s as usize)));
         };
         Ok(Some(self.value_of(slot)))
     }
@@ -441,13 +451,13 @@ impl Map {
                 got: value.len(),
             });
         }
-        let slot = self.slot_for_update(key, flags)?;
-        for (w, v) in value.chunks(size).enumerate() {
-            if let Some(s) = self.slab(w) {
-                s.write(slot * self.stride, v);
+        self.with_slot_for_update(key, flags, |slot| {
+            for (w, v) in value.chunks(size).enumerate() {
+                if let Some(s) = self.slab(w) {
+                    s.write(slot * self.stride, v);
+                }
             }
-        }
-        Ok(())
+        })
     }
 
     /// Every entry as (key, value), keys in ascending byte order (arrays: every index, in
@@ -458,15 +468,12 @@ impl Map {
                 .map(|i| (i.to_le_bytes().to_vec(), self.value_of(i as usize)))
                 .collect();
         }
-        let slots: Vec<(Vec<u8>, usize)> = self
+        // Values read under the index's lock, each with its own key.
+        let mut entries: Vec<_> = self
             .index()
             .slots
             .iter()
-            .map(|(k, &s)| (k.to_vec(), s as usize))
-            .collect();
-        let mut entries: Vec<_> = slots
-            .into_iter()
-            .map(|(k, s)| (k, self.value_of(s)))
+            .map(|(k, &s)| (k.to_vec(), self.value_of(s as usize)))
             .collect();
         entries.sort();
         entries
@@ -516,6 +523,24 @@ mod tests {
             value_size: 4,
             max_entries,
             flags: 0,
+        }
+    }
+
+    #[test]
+    fn a_map_of_no_entries_or_empty_values_is_refused() {
+        for (kind, value_size, max_entries) in [
+            (MapKind::LruHash, 4, 0),
+            (MapKind::Hash, 4, 0),
+            (MapKind::PerCpuArray, 0, 4),
+        ] {
+            let s = MapSpec {
+                value_size,
+                ..spec(kind, 4, max_entries)
+            };
+            assert!(
+                matches!(Map::new(&s, 2), Err(MapError::Invalid { .. })),
+                "{s:?}"
+            );
         }
     }
 

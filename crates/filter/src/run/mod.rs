@@ -19,7 +19,10 @@ mod frame;
 mod helpers;
 mod maps;
 
-pub use frame::{FrameBuf, FrameError, ETH_HLEN, HEADROOM, TAILROOM};
+#[cfg(test)]
+mod conformance;
+
+pub use frame::{FrameBuf, FrameError, ETH_HLEN, HEADROOM, MAX_MTU, TAILROOM};
 pub use maps::{Map, MapError, BPF_ANY, BPF_EXIST, BPF_NOEXIST, MAX_MAP_BYTES};
 
 use crate::lower::{self, LowerError, Lowered, METER_EXHAUSTED};
@@ -373,15 +376,14 @@ impl Runtime {
             }
         };
         frame.set_data_addrs(state.data, state.data_end);
-        let (action, abort) = match result {
+        // The kernel takes an XDP program's verdict as the low 32 bits of r0.
+        let (action, abort) = match result.map(|r| r as u32) {
             Ok(0) => (XdpAction::Aborted, Some(Abort::Returned)),
             Ok(1) => (XdpAction::Drop, None),
             Ok(2) => (XdpAction::Pass, None),
             Ok(3) => (XdpAction::Tx, None),
-            Ok(r) if r == METER_EXHAUSTED as i64 as u64 => {
-                (XdpAction::Aborted, Some(Abort::InsnLimit))
-            }
-            Ok(r) => (XdpAction::Aborted, Some(Abort::InvalidAction(r))),
+            Ok(r) if r == METER_EXHAUSTED as u32 => (XdpAction::Aborted, Some(Abort::InsnLimit)),
+            Ok(r) => (XdpAction::Aborted, Some(Abort::InvalidAction(u64::from(r)))),
             Err(e) => (XdpAction::Aborted, Some(Abort::Fault(e.to_string()))),
         };
         let c = &mut self.counters;
