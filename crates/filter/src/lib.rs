@@ -24,6 +24,11 @@
 //! worker, XDP frames below 4 GiB, the maps and the helpers. Loading does no I/O and reads
 //! no clock; running takes the time and the RNG seed from the caller.
 
+// Loading and compiling refuse what aya-obj, PREVAIL and rbpf's JIT panic on by catching the
+// panic; with `panic = "abort"` a tenant's object would take the gateway down instead.
+#[cfg(not(panic = "unwind"))]
+compile_error!("protego-filter needs panic = \"unwind\": it refuses objects its parsers panic on");
+
 mod error;
 pub mod insn;
 pub mod lower;
