@@ -222,6 +222,10 @@ pub(crate) struct WorkerCounters {
     pub(crate) batches: AtomicU64,
     /// Nanoseconds spent receiving and processing batches.
     pub(crate) busy_ns: AtomicU64,
+    /// Cycles the CPU charge could not attribute to a tenant.
+    pub(crate) cpu_unattributed: AtomicU64,
+    /// Phases the CPU charge split by packet count (too many tenant runs).
+    pub(crate) cpu_capped: AtomicU64,
 }
 
 impl WorkerCounters {

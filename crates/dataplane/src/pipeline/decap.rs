@@ -8,6 +8,7 @@
 
 use crate::inner::InnerIp;
 use crate::out::Out;
+use crate::pipeline::charge::NO_TENANT;
 use crate::pipeline::classify::Via;
 use crate::routes::Routes;
 use crate::stats::DropReason;
@@ -80,9 +81,12 @@ pub(crate) fn decap<'t>(
         Via::Vtep(vtep) => t.overlay.by_vtep.get(&(vtep, vni)),
         Via::Relay => t.overlay.by_vni.get(&vni),
     };
-    let Some(vnet) = found.and_then(|&vi| t.overlay.vnets.get(vi)) else {
+    let Some((vi, vnet)) = found.and_then(|&vi| Some((vi, t.overlay.vnets.get(vi)?))) else {
+        o.tenant(NO_TENANT);
         return drop(o, DropReason::VxlanUnknownVni);
     };
+    // The tenant is known (the VNet's): the charge's mark.
+    o.tenant(t.tenants.vnet(vi));
     let host = src.ip();
     if !vnet.accepts_host(r, host) {
         return drop(o, DropReason::VxlanUnknownHost);
