@@ -202,7 +202,11 @@ impl Dataplane {
         let mut reg = self.shared.registry();
         reg.tenants().configure(fairness);
         self.shared.publish(&reg);
-        tracing::info!(mode = fairness.mode.as_str(), weights = fairness.weights.len(), "CPU fairness set");
+        tracing::info!(
+            mode = fairness.mode.as_str(),
+            weights = fairness.weights.len(),
+            "CPU fairness set"
+        );
         Ok(())
     }
 

@@ -271,7 +271,12 @@ impl Registry {
     /// Gives every tenant of the overlay's VNets and tunnels its slot.
     fn give_slots(&mut self) {
         let o = Arc::clone(&self.overlay);
-        for t in o.vnets.iter().map(|v| &v.tenant).chain(o.tunnels.iter().map(|b| &b.tenant)) {
+        for t in o
+            .vnets
+            .iter()
+            .map(|v| &v.tenant)
+            .chain(o.tunnels.iter().map(|b| &b.tenant))
+        {
             self.tenants.slot(t);
         }
     }
