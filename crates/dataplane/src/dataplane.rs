@@ -196,11 +196,19 @@ impl Dataplane {
                 reason: "must be an integer from 1 to 65535".into(),
             });
         }
-        if fairness.mode != datapath::CpuFairness::Off {
-            crate::sys::tsc::cycles_per_ns();
-        }
+        let params = match fairness.mode {
+            datapath::CpuFairness::Off => None,
+            _ => Some(
+                crate::pipeline::charge::fair_params(crate::sys::tsc::cycles_per_ns()).map_err(
+                    |e| DataplaneError::Config {
+                        field: "cpu_fairness".into(),
+                        reason: e.to_string(),
+                    },
+                )?,
+            ),
+        };
         let mut reg = self.shared.registry();
-        reg.tenants().configure(fairness);
+        reg.tenants().configure(fairness, params);
         self.shared.publish(&reg);
         tracing::info!(
             mode = fairness.mode.as_str(),
@@ -378,7 +386,7 @@ impl DataPath for Dataplane {
                 d
             },
             relay_probes_answered: sh.relay_probes_answered.load(Ordering::Relaxed),
-            tenants: tenant_stats(&sh.tables.load().tenants),
+            tenants: tenant_stats(sh, &sh.tables.load().tenants),
             cpu_unattributed_ns: crate::sys::tsc::to_ns(
                 sh.worker_stats
                     .iter()
@@ -461,7 +469,29 @@ impl DataPath for Dataplane {
 
 /// The tenants' CPU counters, in name order; none while nothing was ever charged (fairness
 /// off from the start: no calibration is run for an empty list).
-fn tenant_stats(t: &crate::pipeline::charge::TenantTable) -> Vec<datapath::TenantStats> {
+fn tenant_stats(
+    sh: &Shared,
+    t: &crate::pipeline::charge::TenantTable,
+) -> Vec<datapath::TenantStats> {
+    // Enforcing: each tenant's tokens summed over the workers.
+    let tokens = t.params.map(|_| {
+        let mut sum = vec![0i64; t.names.len()];
+        for w in &sh.worker_stats {
+            let w = w.tokens.lock().unwrap_or_else(|p| p.into_inner());
+            for (s, v) in sum.iter_mut().zip(w.iter()) {
+                *s = s.saturating_add(*v);
+            }
+        }
+        sum
+    });
+    let ns = |cycles: i64| {
+        let n = crate::sys::tsc::to_ns(cycles.unsigned_abs()) as i64;
+        if cycles < 0 {
+            -n
+        } else {
+            n
+        }
+    };
     let charged = t
         .counters
         .iter()
@@ -474,13 +504,17 @@ fn tenant_stats(t: &crate::pipeline::charge::TenantTable) -> Vec<datapath::Tenan
         .iter()
         .zip(&t.counters)
         .zip(&t.weights)
-        .map(|((name, c), &w)| datapath::TenantStats {
+        .enumerate()
+        .map(|(slot, ((name, c), &w))| datapath::TenantStats {
             tenant: name.clone(),
             cpu_weight: w,
             cpu_ns: crate::sys::tsc::to_ns(c.cycles.load(Ordering::Relaxed)),
             packets: c.packets.load(Ordering::Relaxed),
             fair_drops: c.fair_drops.load(Ordering::Relaxed),
-            tokens_ns: None,
+            tokens_ns: tokens
+                .as_ref()
+                .and_then(|v| v.get(slot))
+                .map(|&cycles| ns(cycles)),
         })
         .collect();
     v.sort_by(|a, b| a.tenant.cmp(&b.tenant));

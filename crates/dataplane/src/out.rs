@@ -303,12 +303,31 @@ impl Out {
     }
 
     /// A packet of `slot`'s tenant: charged from here on to its tenant (one branch while
-    /// `cpu_fairness` is off).
+    /// `cpu_fairness` is off). False if it is to be dropped for its tenant's fair share (the
+    /// drop is counted per tenant here, and as `fair_share` by the caller's
+    /// [`fair_share`](Self::fair_share)).
     #[inline]
-    pub(crate) fn tenant(&mut self, slot: TenantSlot) {
-        if let Some(c) = self.charge.as_deref_mut() {
-            c.enter(slot);
+    #[must_use]
+    pub(crate) fn tenant(&mut self, slot: TenantSlot) -> bool {
+        match self.charge.as_deref_mut() {
+            Some(c) => c.enter(slot),
+            None => true,
         }
+    }
+
+    /// A packet whose tenant is not known (dropped before it could be): what follows is
+    /// charged to no tenant.
+    #[inline]
+    pub(crate) fn no_tenant(&mut self) {
+        if let Some(c) = self.charge.as_deref_mut() {
+            c.switch(crate::pipeline::charge::NO_TENANT, 1);
+        }
+    }
+
+    /// Counts a drop for the tenant's fair share (after [`tenant`](Self::tenant) said so).
+    #[cold]
+    pub(crate) fn fair_share(&mut self) {
+        self.drops.add(DropReason::FairShare);
     }
 
     /// Counts a drop.

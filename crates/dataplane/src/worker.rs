@@ -164,16 +164,18 @@ fn batch(sh: &Shared, w: &mut Worker, routes: &RouteReader, lane: usize) -> Batc
     let ticket = stage.ticket();
     let tables = sh.tables.load();
     let tenants = Arc::clone(&tables.tenants);
-    match (tenants.mode, w.out.charge.is_some()) {
-        (CpuFairness::Off, true) => w.out.charge = None,
-        (CpuFairness::Account | CpuFairness::Enforce, false) => {
+    match (tenants.mode, w.out.charge.as_deref_mut()) {
+        (CpuFairness::Off, Some(_)) => w.out.charge = None,
+        (CpuFairness::Off, None) => {}
+        (_, Some(c)) => c.follow(&tenants),
+        (_, None) => {
             // Charging begins with this batch (its receive was not measured).
             let mut c = Charge::new(Box::new(Tsc));
             c.start();
             c.received();
+            c.follow(&tenants);
             w.out.charge = Some(Box::new(c));
         }
-        _ => {}
     }
     let guard = routes.enter();
     let r = guard.as_deref().unwrap_or(RouteReader::empty());
@@ -235,13 +237,20 @@ fn charged(sh: &Shared, w: &mut Worker, tenants: &TenantTable, packets: u64) {
 }
 
 fn fold(sh: &Shared, id: usize, c: &mut Charge, tenants: &TenantTable, packets: u64) {
-    let folded = c.end(packets, |slot, cycles, n| {
-        if let Some(t) = tenants.counters.get(usize::from(slot)) {
-            t.cycles.fetch_add(cycles, Ordering::Relaxed);
-            t.packets.fetch_add(n, Ordering::Relaxed);
+    let folded = c.end(packets, |ch| {
+        if let Some(t) = tenants.counters.get(usize::from(ch.slot)) {
+            t.cycles.fetch_add(ch.cycles, Ordering::Relaxed);
+            t.packets.fetch_add(ch.packets, Ordering::Relaxed);
+            if ch.refused != 0 {
+                t.fair_drops.fetch_add(ch.refused, Ordering::Relaxed);
+            }
         }
     });
     let ws = &sh.worker_stats[id];
+    if let Ok(mut tokens) = ws.tokens.try_lock() {
+        // Once per Δt at most; a reader holding the lock makes it wait for the next.
+        c.tokens(&mut tokens);
+    }
     ws.cpu_unattributed
         .fetch_add(folded.unattributed, Ordering::Relaxed);
     if folded.capped != 0 {

@@ -203,3 +203,33 @@ fn every_packet_is_charged_to_its_tenant() {
     assert_eq!(packets(&after, "acme"), 60, "nothing counted while off");
     assert_eq!(packets(&after, "globex"), 20);
 }
+
+#[test]
+fn enforcing_drops_nothing_while_the_workers_keep_up() {
+    // A few hundred packets on two workers are far below what they can do: every bucket
+    // stays positive (work conservation), nothing is dropped for a fair share, and the
+    // tokens are shown.
+    let s = common::start_beside_host(config);
+    let acme = site(&s, 1, 0, 100, 0);
+    let globex = site(&s, 2, 1, 200, 1);
+    s.dp.set_cpu_fairness(&CpuFairnessConfig {
+        mode: CpuFairness::Enforce,
+        weights: vec![(tenant("acme"), 1), (tenant("globex"), 3)],
+    })
+    .expect("enforce");
+    acme.exchange(&s, 30);
+    globex.exchange(&s, 30);
+    wait_stats(&s.dp, "packets counted per tenant", |st| {
+        packets(st, "acme") == 60 && packets(st, "globex") == 60
+    });
+    let st = s.dp.stats();
+    for name in ["acme", "globex"] {
+        let t = tenant_stats(&st, name).expect("tenant");
+        assert_eq!(t.fair_drops, 0, "{st:?}");
+        assert!(
+            t.tokens_ns.is_some(),
+            "tokens shown while enforcing: {st:?}"
+        );
+    }
+    assert_eq!(common::drop_count(&st, "fair_share"), 0);
+}

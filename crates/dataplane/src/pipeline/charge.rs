@@ -23,6 +23,21 @@
 //! atomic adds per tenant and batch when the batch's charges are folded into the shared
 //! per-tenant counters ([`Charge::end`]).
 //!
+//! # Enforcement (`cpu_fairness = "enforce"`)
+//! Each worker keeps one token bucket per tenant ([`fair::Buckets`], the offloading paper's
+//! Algorithm 1, work-conserving, weighted by `cpu_weight`). Tokens are generated at a batch's
+//! start for the intervals Δt elapsed on a *virtual* clock: the cycle counter minus the cycles
+//! the worker spent inside batches on nothing a tenant is charged for. An idle worker's clock
+//! runs with the wall clock (every bucket fills: nobody is refused); a saturated worker's runs
+//! with the charged cycles, of which [`FairParams`] generates 31/32 (`fair::Params`' doc: as
+//! many tokens as cycles would let a flood keep an unfair share), so the buckets drain and the
+//! split converges to the weights. The gate is [`Charge::enter`] at the same marks: a tenant
+//! whose bucket holds no token has the packet dropped there (`fair_share`), before decryption,
+//! decapsulation or the attach stage; the packet is still counted and the cycles up to its
+//! drop (its classification, its share of the system calls) still charged to its tenant: a
+//! flood pays for itself, down to the floor −B. Every run's cycles are taken from the bucket as
+//! soon as the run ends, so a tenant is refused within the batch that empties its bucket.
+//!
 //! Tenants are numbered with dense slots ([`TenantSlot`]) that the registry gives on first
 //! sight and keeps for the process's life (a tenant removed and added again has its slot and
 //! its counters back); the published [`TenantTable`] carries the slots' names, weights,
@@ -30,6 +45,7 @@
 
 use crate::sys::tsc::Cycles;
 use datapath::{CpuFairness, CpuFairnessConfig};
+use fair::{Buckets, Occupant, Params, Weight};
 use ids::TenantId;
 use std::collections::HashMap;
 use std::sync::atomic::AtomicU64;
@@ -68,8 +84,18 @@ pub(crate) struct TenantTable {
     pub(crate) counters: Vec<Arc<TenantCounters>>,
     /// Each VNet's tenant, by VNet index.
     pub(crate) vnets: Vec<TenantSlot>,
+    /// The token buckets' parameters (enforcing only).
+    pub(crate) params: Option<Params>,
     /// The slot of each tenant.
     by_name: HashMap<TenantId, TenantSlot>,
+}
+
+/// The token buckets' parameters, in cycles of the cycle counter at `cycles_per_ns`: Δt = 1 ms,
+/// B = 4 ms (the design's proposal: a tenant idle for a while may burst 4 ms), tokens 31/32 of
+/// Δt per interval.
+pub(crate) fn fair_params(cycles_per_ns: f64) -> Result<Params, fair::FairError> {
+    let ms = ((cycles_per_ns * 1e6) as u64).max(32);
+    Params::new(ms, 4 * ms)?.with_tokens(ms / 32 * 31)
 }
 
 impl TenantTable {
@@ -89,6 +115,7 @@ impl TenantTable {
 #[derive(Debug, Default)]
 pub(crate) struct TenantBook {
     mode: CpuFairness,
+    params: Option<Params>,
     names: Vec<TenantId>,
     counters: Vec<Arc<TenantCounters>>,
     by_name: HashMap<TenantId, TenantSlot>,
@@ -113,9 +140,10 @@ impl TenantBook {
         s
     }
 
-    /// Sets the mode and the weights.
-    pub(crate) fn configure(&mut self, cfg: &CpuFairnessConfig) {
+    /// Sets the mode, the weights and (enforcing) the buckets' parameters.
+    pub(crate) fn configure(&mut self, cfg: &CpuFairnessConfig, params: Option<Params>) {
         self.mode = cfg.mode;
+        self.params = params;
         self.weights = cfg.weights.iter().cloned().collect();
     }
 
@@ -135,6 +163,7 @@ impl TenantBook {
                 .collect(),
             counters: self.counters.clone(),
             vnets,
+            params: self.params.filter(|_| self.mode == CpuFairness::Enforce),
             by_name: self.by_name.clone(),
         }
     }
@@ -162,6 +191,35 @@ pub(crate) struct Charge {
     unattributed: u64,
     /// Phases capped in this batch.
     capped: u64,
+    /// Packets dropped for their fair share in this batch, per slot.
+    refused: Vec<u32>,
+    /// Cycles spent inside batches on nothing charged to a tenant, since the start (the
+    /// virtual clock of the buckets runs that much behind the counter).
+    uncharged: u64,
+    /// Enforcing: the token buckets.
+    enforce: Option<Enforce>,
+}
+
+/// A worker's token buckets and the tenant table they were sized for.
+struct Enforce {
+    buckets: Buckets,
+    /// The table (its address) the buckets follow.
+    table: usize,
+    /// Tokens were generated since [`Charge::tokens`] last looked.
+    generated: bool,
+}
+
+/// One tenant's charge in a batch (handed to the fold of [`Charge::end`]).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) struct Charged {
+    /// Its slot.
+    pub(crate) slot: TenantSlot,
+    /// Cycles charged.
+    pub(crate) cycles: u64,
+    /// Packets counted.
+    pub(crate) packets: u64,
+    /// Packets dropped for the fair share.
+    pub(crate) refused: u64,
 }
 
 /// What one batch's charge amounted to (folded into the shared counters by the worker).
@@ -188,12 +246,86 @@ impl Charge {
             touched: Vec::new(),
             unattributed: 0,
             capped: 0,
+            refused: Vec::new(),
+            uncharged: 0,
+            enforce: None,
         }
     }
 
-    /// Starts a batch (and its first phase) now, before its input is received.
+    /// Follows `table`: enforcing with its parameters and weights (buckets kept for the slots
+    /// whose tenant stays, full for new ones), or not enforcing when it has none. Call once
+    /// per batch, after [`start`](Self::start), with the batch's tables.
+    pub(crate) fn follow(&mut self, table: &TenantTable) {
+        let Some(params) = table.params else {
+            self.enforce = None;
+            return;
+        };
+        let id = table as *const TenantTable as usize;
+        if let Some(e) = self.enforce.as_mut() {
+            if e.table == id {
+                return;
+            }
+            if e.buckets.params() != params {
+                e.buckets.set_params(params);
+            }
+        }
+        let occupants: Vec<Option<Occupant>> = table
+            .weights
+            .iter()
+            .enumerate()
+            .map(|(slot, &w)| {
+                Some(Occupant {
+                    key: slot as u64,
+                    weight: Weight::new(u64::from(w)).unwrap_or(Weight::ONE),
+                })
+            })
+            .collect();
+        let set = match self.enforce.as_mut() {
+            Some(e) => e.buckets.set_tenants(&occupants),
+            None => Buckets::new(params, &occupants).map(|mut buckets| {
+                // The origin of the virtual clock: the batch's start.
+                buckets.tick(self.since.saturating_sub(self.uncharged));
+                self.enforce = Some(Enforce {
+                    buckets,
+                    table: id,
+                    generated: true,
+                });
+            }),
+        };
+        match set {
+            Ok(()) => {
+                if let Some(e) = self.enforce.as_mut() {
+                    e.table = id;
+                }
+            }
+            Err(e) => {
+                // More than 65 536 slots: cannot happen (slots are u16).
+                tracing::error!(error = %e, "cannot size the token buckets; not enforcing");
+                self.enforce = None;
+            }
+        }
+    }
+
+    /// Enforcing: writes every slot's tokens (cycles) into `out`, if tokens were generated
+    /// since the last call (at most once per Δt); false otherwise.
+    pub(crate) fn tokens(&mut self, out: &mut Vec<i64>) -> bool {
+        let Some(e) = self.enforce.as_mut().filter(|e| e.generated) else {
+            return false;
+        };
+        e.generated = false;
+        out.clear();
+        out.extend((0..e.buckets.slots()).map(|s| e.buckets.tokens(s).unwrap_or(0)));
+        true
+    }
+
+    /// Starts a batch (and its first phase) now, before its input is received; enforcing,
+    /// generates the tokens of the intervals elapsed on the virtual clock.
     pub(crate) fn start(&mut self) {
         self.since = self.clock.now();
+        if let Some(e) = self.enforce.as_mut() {
+            let g = e.buckets.tick(self.since.saturating_sub(self.uncharged));
+            e.generated |= g.generated != 0;
+        }
         self.current = NO_TENANT;
         self.runs = 0;
         self.tail = None;
@@ -208,11 +340,19 @@ impl Charge {
     }
 
     /// A packet of `slot`'s tenant: counted, and a new run begins if the previous packet's
-    /// tenant differs.
+    /// tenant differs. False if the packet is to be dropped for its tenant's fair share
+    /// (enforcing, its bucket empty; counted here).
     #[inline]
-    pub(crate) fn enter(&mut self, slot: TenantSlot) {
+    pub(crate) fn enter(&mut self, slot: TenantSlot) -> bool {
         self.count(slot, 1);
         self.switch(slot, 1);
+        match self.enforce.as_ref() {
+            Some(e) if !e.buckets.admit(usize::from(slot)) => {
+                self.refused[usize::from(slot)] += 1;
+                false
+            }
+            _ => true,
+        }
     }
 
     /// Work for `packets` packets of `slot`'s tenant follows (a feature chain, sealing): a
@@ -269,34 +409,38 @@ impl Charge {
 
     /// Ends the batch: the current phase ends, the system calls' cycles are split over the
     /// batch's `packets` (those whose tenant was not known are unattributed), each touched
-    /// slot's cycles and packets are handed to `fold` (slot, cycles, packets), and the batch's
-    /// state is cleared.
-    pub(crate) fn end(
-        &mut self,
-        packets: u64,
-        mut fold: impl FnMut(TenantSlot, u64, u64),
-    ) -> Folded {
+    /// slot's charge is handed to `fold`, and the batch's state is cleared.
+    pub(crate) fn end(&mut self, packets: u64, mut fold: impl FnMut(Charged)) -> Folded {
         self.phase();
         let known: u64 = self.packets.iter().map(|&n| u64::from(n)).sum();
         let total = packets.max(known).max(1);
         let syscalls = std::mem::take(&mut self.syscalls);
         let mut given = 0;
-        for &s in &self.touched {
+        for i in 0..self.touched.len() {
+            let s = self.touched[i];
             let n = u64::from(self.packets[usize::from(s)]);
             let share = split(syscalls, n, total);
             given += share;
-            self.cycles[usize::from(s)] += share;
+            self.add(s, share);
         }
         self.unattributed += syscalls - given;
         for &s in &self.touched {
             let i = usize::from(s);
-            fold(s, self.cycles[i], u64::from(self.packets[i]));
+            fold(Charged {
+                slot: s,
+                cycles: self.cycles[i],
+                packets: u64::from(self.packets[i]),
+                refused: u64::from(self.refused[i]),
+            });
             self.cycles[i] = 0;
             self.packets[i] = 0;
+            self.refused[i] = 0;
         }
         self.touched.clear();
+        let unattributed = std::mem::take(&mut self.unattributed);
+        self.uncharged = self.uncharged.saturating_add(unattributed);
         Folded {
-            unattributed: std::mem::take(&mut self.unattributed),
+            unattributed,
             capped: std::mem::take(&mut self.capped),
         }
     }
@@ -332,6 +476,9 @@ impl Charge {
         }
         self.touch(slot);
         self.cycles[usize::from(slot)] += cycles;
+        if let Some(e) = self.enforce.as_mut() {
+            e.buckets.charge(usize::from(slot), cycles);
+        }
     }
 
     #[inline]
@@ -349,6 +496,7 @@ impl Charge {
         if i >= self.cycles.len() {
             self.cycles.resize(i + 1, 0);
             self.packets.resize(i + 1, 0);
+            self.refused.resize(i + 1, 0);
         }
         if self.cycles[i] == 0 && self.packets[i] == 0 && !self.touched.contains(&slot) {
             self.touched.push(slot);

@@ -8,7 +8,6 @@
 
 use crate::inner::InnerIp;
 use crate::out::Out;
-use crate::pipeline::charge::NO_TENANT;
 use crate::pipeline::classify::Via;
 use crate::routes::Routes;
 use crate::stats::DropReason;
@@ -82,11 +81,14 @@ pub(crate) fn decap<'t>(
         Via::Relay => t.overlay.by_vni.get(&vni),
     };
     let Some((vi, vnet)) = found.and_then(|&vi| Some((vi, t.overlay.vnets.get(vi)?))) else {
-        o.tenant(NO_TENANT);
+        o.no_tenant();
         return drop(o, DropReason::VxlanUnknownVni);
     };
-    // The tenant is known (the VNet's): the charge's mark.
-    o.tenant(t.tenants.vnet(vi));
+    // The tenant is known (the VNet's): the charge's mark and the fairness gate.
+    if !o.tenant(t.tenants.vnet(vi)) {
+        o.fair_share();
+        return None;
+    }
     let host = src.ip();
     if !vnet.accepts_host(r, host) {
         return drop(o, DropReason::VxlanUnknownHost);

@@ -397,14 +397,16 @@ pub(crate) fn tun(o: &mut Out, sh: &Shared, t: &Tables, pkt: &mut [u8]) {
     let (chain, same_tenant, len) = match t.features.tun_outbound() {
         TunChain::None => {
             if let Some((child, len)) = seal::select_tun(o, t, pkt) {
-                o.tenant(child.tenant);
+                if !o.tenant(child.tenant) {
+                    return o.fair_share();
+                }
                 seal::queue(o, sh, child, &pkt[..len]);
             }
             return;
         }
         TunChain::One(chain) => {
-            if o.charge.is_some() {
-                o.tenant(t.tenants.slot(chain.tenant()));
+            if o.charge.is_some() && !o.tenant(t.tenants.slot(chain.tenant())) {
+                return o.fair_share();
             }
             let Some(parsed) = InnerIp::parse(pkt) else {
                 return o.drop_packet(DropReason::TunMalformed);
@@ -417,7 +419,9 @@ pub(crate) fn tun(o: &mut Out, sh: &Shared, t: &Tables, pkt: &mut [u8]) {
             let Some((child, len)) = seal::select_tun(o, t, pkt) else {
                 return;
             };
-            o.tenant(child.tenant);
+            if !o.tenant(child.tenant) {
+                return o.fair_share();
+            }
             let Some(chain) = t.features.chain(child.tunnel, Direction::Outbound) else {
                 return seal::queue(o, sh, child, &pkt[..len]);
             };
