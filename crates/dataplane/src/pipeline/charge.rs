@@ -38,6 +38,12 @@
 //! flood pays for itself, down to the floor −B. Every run's cycles are taken from the bucket as
 //! soon as the run ends, so a tenant is refused within the batch that empties its bucket.
 //!
+//! Nobody is refused while only one tenant was charged in the last interval: with no other
+//! tenant to be fair to, a refusal would only idle the worker. (Measured with one flooded
+//! tenant: since 31/32 of the charged cycles come back as tokens and a refused packet's own
+//! cycles are charged too, a lone flood that keeps the worker busy even while being refused
+//! never earns its bucket back, and most of it was refused.)
+//!
 //! Tenants are numbered with dense slots ([`TenantSlot`]) that the registry gives on first
 //! sight and keeps for the process's life (a tenant removed and added again has its slot and
 //! its counters back); the published [`TenantTable`] carries the slots' names, weights,
@@ -207,6 +213,14 @@ struct Enforce {
     table: usize,
     /// Tokens were generated since [`Charge::tokens`] last looked.
     generated: bool,
+    /// Per slot: the interval (number) in which it was last charged.
+    stamp: Vec<u64>,
+    /// The current interval's number (since the buckets were made).
+    interval: u64,
+    /// Tenants charged in the current interval.
+    active: u32,
+    /// Two tenants or more were charged in the last interval: refusals are on.
+    competing: bool,
 }
 
 /// One tenant's charge in a batch (handed to the fold of [`Charge::end`]).
@@ -289,6 +303,10 @@ impl Charge {
                     buckets,
                     table: id,
                     generated: true,
+                    stamp: Vec::new(),
+                    interval: 1,
+                    active: 0,
+                    competing: false,
                 });
             }),
         };
@@ -324,7 +342,12 @@ impl Charge {
         self.since = self.clock.now();
         if let Some(e) = self.enforce.as_mut() {
             let g = e.buckets.tick(self.since.saturating_sub(self.uncharged));
-            e.generated |= g.generated != 0;
+            if g.generated != 0 {
+                e.generated = true;
+                e.competing = e.active >= 2;
+                e.interval += 1;
+                e.active = 0;
+            }
         }
         self.current = NO_TENANT;
         self.runs = 0;
@@ -347,7 +370,7 @@ impl Charge {
         self.count(slot, 1);
         self.switch(slot, 1);
         match self.enforce.as_ref() {
-            Some(e) if !e.buckets.admit(usize::from(slot)) => {
+            Some(e) if e.competing && !e.buckets.admit(usize::from(slot)) => {
                 self.refused[usize::from(slot)] += 1;
                 false
             }
@@ -478,6 +501,14 @@ impl Charge {
         self.cycles[usize::from(slot)] += cycles;
         if let Some(e) = self.enforce.as_mut() {
             e.buckets.charge(usize::from(slot), cycles);
+            let i = usize::from(slot);
+            if i >= e.stamp.len() {
+                e.stamp.resize(i + 1, 0);
+            }
+            if e.stamp[i] != e.interval {
+                e.stamp[i] = e.interval;
+                e.active += 1;
+            }
         }
     }
 

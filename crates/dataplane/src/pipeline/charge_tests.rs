@@ -343,3 +343,19 @@ fn an_idle_tenants_share_goes_to_the_busy_ones() {
     let total: u64 = s.charged.iter().sum();
     assert!(total as f64 >= 0.9 * (RUN / 2) as f64, "{:?}", s.charged);
 }
+
+#[test]
+fn a_lone_flood_is_not_refused() {
+    // One tenant offering three cores: nobody to be fair to, so nothing is refused and the
+    // worker does admitted work all the time (but the system calls).
+    let s = simulate(&[1, 3], &[3.0, 0.0], Some(sim_params()));
+    let total: u64 = s.charged.iter().sum();
+    assert_eq!(s.admitted[1], 0);
+    assert!(
+        s.admitted[0] as f64 >= 0.9 * total as f64,
+        "{:?} {:?}",
+        s.admitted,
+        s.charged
+    );
+    assert!(total as f64 >= 0.95 * (RUN / 2) as f64, "{:?}", s.charged);
+}
