@@ -362,6 +362,67 @@ pub struct DataplaneStats {
     /// Relay mode: health probes from steer nodes answered (idle control frames and probes
     /// riding on data frames).
     pub relay_probes_answered: u64,
+    /// Per tenant: the CPU charged to it (empty while `cpu_fairness` is off and nothing was
+    /// ever charged), in tenant name order.
+    pub tenants: Vec<TenantStats>,
+    /// CPU time the workers spent inside batches on work no tenant is known for (IKE
+    /// datagrams, packets dropped before their tenant is known), in nanoseconds, cumulative.
+    pub cpu_unattributed_ns: u64,
+    /// Phases of a batch that crossed more tenant runs than the charge measures one by one
+    /// (the rest of such a phase is one interval split by packet count), cumulative.
+    pub cpu_capped_phases: u64,
+}
+
+/// The CPU fairness mode (`[gateway] cpu_fairness`, issue 18 §3).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum CpuFairness {
+    /// Nothing is measured or charged (one branch per packet).
+    #[default]
+    Off,
+    /// Every packet's CPU time is measured and charged to its tenant; nothing is dropped.
+    Account,
+    /// Charged as with `Account`, and a tenant whose token bucket is empty has its packets
+    /// dropped at the earliest point its tenant is known (Algorithm 1 of the offloading
+    /// paper).
+    Enforce,
+}
+
+impl CpuFairness {
+    /// The mode as the configuration spells it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Off => "off",
+            Self::Account => "account",
+            Self::Enforce => "enforce",
+        }
+    }
+}
+
+/// What [`DataPath::set_cpu_fairness`] applies.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct CpuFairnessConfig {
+    /// The mode.
+    pub mode: CpuFairness,
+    /// Each tenant's `cpu_weight` (1..=65535); a tenant not listed has weight 1.
+    pub weights: Vec<(TenantId, u16)>,
+}
+
+/// The CPU charged to one tenant (cumulative since the data plane started).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TenantStats {
+    /// The tenant.
+    pub tenant: TenantId,
+    /// Its `cpu_weight`.
+    pub cpu_weight: u16,
+    /// CPU time charged to it, in nanoseconds (cycle counter readings at the calibrated rate).
+    pub cpu_ns: u64,
+    /// Its packets the charge counted (those whose tenant became known).
+    pub packets: u64,
+    /// Its packets dropped because its token bucket was empty (`cpu_fairness = "enforce"`).
+    pub fair_drops: u64,
+    /// Its tokens summed over the workers, in nanoseconds (negative: in debt); None unless
+    /// enforcing.
+    pub tokens_ns: Option<i64>,
 }
 
 /// Errors of the data plane.
@@ -656,5 +717,17 @@ pub trait DataPath: Send + Sync {
     /// The per-VM route table's size. The default has none.
     fn route_stats(&self) -> RouteStats {
         RouteStats::default()
+    }
+    /// Sets the CPU fairness mode and the tenants' weights (takes effect at the workers' next
+    /// batch). The default accepts only [`CpuFairness::Off`] and refuses the others
+    /// ([`DataplaneError::Unsupported`]).
+    fn set_cpu_fairness(&self, fairness: &CpuFairnessConfig) -> Result<(), DataplaneError> {
+        if fairness.mode == CpuFairness::Off {
+            return Ok(());
+        }
+        Err(DataplaneError::Unsupported {
+            operation: "set_cpu_fairness",
+            reason: "this data path does not measure CPU per tenant".into(),
+        })
     }
 }

@@ -88,6 +88,7 @@ impl Shared {
                 rekey_requested: AtomicBool::new(false),
                 moved_reported: std::sync::Mutex::new(None),
             }),
+            tenant: reg.tenant_slot(&binding.tenant),
         };
         if reg.contains(child.inbound_spi) {
             return Err(install_error(child, "inbound SPI already installed"));

@@ -182,6 +182,42 @@ impl Dataplane {
         self.shared.set_inside(vnets, tunnels)
     }
 
+    /// Sets the CPU fairness mode and the tenants' weights (issue 18 §3, docs/architecture.md
+    /// "CPU charge"): workers start or stop charging from their next batch. Turning
+    /// it on calibrates the cycle counter once (about 20 ms, on the calling thread). Errors: a
+    /// weight of 0 ([`DataplaneError::Config`], naming the tenant).
+    pub fn set_cpu_fairness(
+        &self,
+        fairness: &datapath::CpuFairnessConfig,
+    ) -> Result<(), DataplaneError> {
+        if let Some((tenant, _)) = fairness.weights.iter().find(|(_, w)| *w == 0) {
+            return Err(DataplaneError::Config {
+                field: format!("cpu_weight of tenant {tenant}"),
+                reason: "must be an integer from 1 to 65535".into(),
+            });
+        }
+        let params = match fairness.mode {
+            datapath::CpuFairness::Off => None,
+            _ => Some(
+                crate::pipeline::charge::fair_params(crate::sys::tsc::cycles_per_ns()).map_err(
+                    |e| DataplaneError::Config {
+                        field: "cpu_fairness".into(),
+                        reason: e.to_string(),
+                    },
+                )?,
+            ),
+        };
+        let mut reg = self.shared.registry();
+        reg.tenants().configure(fairness, params);
+        self.shared.publish(&reg);
+        tracing::info!(
+            mode = fairness.mode.as_str(),
+            weights = fairness.weights.len(),
+            "CPU fairness set"
+        );
+        Ok(())
+    }
+
     /// Relay mode: replaces the customers attached at L2 on the steer nodes' ports
     /// ([`AttachmentPort::Steer`](datapath::AttachmentPort::Steer)), validated whole first
     /// (errors name the field, e.g. `attachments[1].routes[0]`; nothing changes then). A CE
@@ -350,7 +386,26 @@ impl DataPath for Dataplane {
                 d
             },
             relay_probes_answered: sh.relay_probes_answered.load(Ordering::Relaxed),
+            tenants: tenant_stats(sh, &sh.tables.load().tenants),
+            cpu_unattributed_ns: crate::sys::tsc::to_ns(
+                sh.worker_stats
+                    .iter()
+                    .map(|w| w.cpu_unattributed.load(Ordering::Relaxed))
+                    .sum(),
+            ),
+            cpu_capped_phases: sh
+                .worker_stats
+                .iter()
+                .map(|w| w.cpu_capped.load(Ordering::Relaxed))
+                .sum(),
         }
+    }
+
+    fn set_cpu_fairness(
+        &self,
+        fairness: &datapath::CpuFairnessConfig,
+    ) -> Result<(), DataplaneError> {
+        Dataplane::set_cpu_fairness(self, fairness)
     }
 
     fn installed(&self) -> Vec<InstalledChild> {
@@ -410,4 +465,58 @@ impl DataPath for Dataplane {
         // Not from the writer: its lock is held for the whole of a bulk load.
         RouteStats::clone(&self.shared.route_readers.stats())
     }
+}
+
+/// The tenants' CPU counters, in name order; none while nothing was ever charged (fairness
+/// off from the start: no calibration is run for an empty list).
+fn tenant_stats(
+    sh: &Shared,
+    t: &crate::pipeline::charge::TenantTable,
+) -> Vec<datapath::TenantStats> {
+    // Enforcing: each tenant's tokens summed over the workers.
+    let tokens = t.params.map(|_| {
+        let mut sum = vec![0i64; t.names.len()];
+        for w in &sh.worker_stats {
+            let w = w.tokens.lock().unwrap_or_else(|p| p.into_inner());
+            for (s, v) in sum.iter_mut().zip(w.iter()) {
+                *s = s.saturating_add(*v);
+            }
+        }
+        sum
+    });
+    let ns = |cycles: i64| {
+        let n = crate::sys::tsc::to_ns(cycles.unsigned_abs()) as i64;
+        if cycles < 0 {
+            -n
+        } else {
+            n
+        }
+    };
+    let charged = t
+        .counters
+        .iter()
+        .any(|c| c.packets.load(Ordering::Relaxed) != 0 || c.cycles.load(Ordering::Relaxed) != 0);
+    if t.mode == datapath::CpuFairness::Off && !charged {
+        return Vec::new();
+    }
+    let mut v: Vec<datapath::TenantStats> = t
+        .names
+        .iter()
+        .zip(&t.counters)
+        .zip(&t.weights)
+        .enumerate()
+        .map(|(slot, ((name, c), &w))| datapath::TenantStats {
+            tenant: name.clone(),
+            cpu_weight: w,
+            cpu_ns: crate::sys::tsc::to_ns(c.cycles.load(Ordering::Relaxed)),
+            packets: c.packets.load(Ordering::Relaxed),
+            fair_drops: c.fair_drops.load(Ordering::Relaxed),
+            tokens_ns: tokens
+                .as_ref()
+                .and_then(|v| v.get(slot))
+                .map(|&cycles| ns(cycles)),
+        })
+        .collect();
+    v.sort_by(|a, b| a.tenant.cmp(&b.tenant));
+    v
 }

@@ -141,6 +141,13 @@ pub(crate) struct ChainRun {
     stages: Vec<StageRun>,
 }
 
+impl ChainRun {
+    /// The chain's tenant.
+    pub(crate) fn tenant(&self) -> &TenantId {
+        &self.tenant
+    }
+}
+
 /// A stage and the counters of its drop reasons (same order).
 type StageRun = (Arc<dyn Feature>, Vec<Arc<AtomicU64>>);
 
@@ -418,8 +425,9 @@ impl<R> Held<R> {
     }
 
     /// Runs every held packet's chain, stage by stage over the packets of each chain; counts
-    /// the drops. Then [`drain`](Self::drain) hands the packets on.
-    pub(crate) fn run(&mut self, now: Instant) {
+    /// the drops. `before` is told of each chain about to run and how many packets it sees
+    /// (the CPU charge begins the chain's tenant's run there). Then [`drain`](Self::drain) hands the packets on.
+    pub(crate) fn run(&mut self, now: Instant, mut before: impl FnMut(&ChainRun, usize)) {
         for (ci, chain) in self.chains.iter().enumerate() {
             let mut seen = 0;
             for (si, (stage, _)) in chain.stages.iter().enumerate() {
@@ -436,6 +444,7 @@ impl<R> Held<R> {
                 }
                 if si == 0 {
                     seen = self.live.len();
+                    before(chain, seen);
                 }
                 let mut batch = FeatureBatch {
                     tenant: &chain.tenant,
@@ -658,7 +667,7 @@ mod tests {
             assert!(held.hold(&run, &[i; 3], meta.clone(), i));
         }
         assert!(!held.hold(&run, &[9; 3], meta, 9), "10 bytes hold three");
-        held.run(Instant::now());
+        held.run(Instant::now(), |_, _| {});
         let mut seen = Vec::new();
         held.drain(|r, _, pkt, dropped| seen.push((r, pkt[0], dropped)));
         assert_eq!(seen, vec![(0, 0, true), (1, 1, true), (2, 2, true)]);

@@ -148,10 +148,10 @@ mod testutil;
 // The interface types live in the `datapath` crate (so the control plane and the RPC layer
 // need not link the data plane); the modules here use them from there.
 pub use datapath::{
-    AttachmentConfig, AttachmentTags, ChildStats, DataPath, DataplaneConfig, DataplaneError,
-    DataplaneStats, IkeDatagram, Inside, InstalledChild, KnownChild, RelayConfig, Route,
-    RouteChange, RouteChangeReport, RouteStats, ToControl, TunnelBinding, VmRoute, VnetConfig,
-    VnetRouteStats, WorkerStats,
+    AttachmentConfig, AttachmentTags, ChildStats, CpuFairness, CpuFairnessConfig, DataPath,
+    DataplaneConfig, DataplaneError, DataplaneStats, IkeDatagram, Inside, InstalledChild,
+    KnownChild, RelayConfig, Route, RouteChange, RouteChangeReport, RouteStats, TenantStats,
+    ToControl, TunnelBinding, VmRoute, VnetConfig, VnetRouteStats, WorkerStats,
 };
 pub use dataplane::{BoundAddrs, Dataplane};
 pub use feature::{Direction, Feature, FeatureBatch, FeatureChain, PacketMeta};

@@ -19,6 +19,7 @@
 
 use crate::batch::{AcceptJob, TxBatch};
 use crate::feature::Held;
+use crate::pipeline::charge::{Charge, TenantSlot};
 use crate::relays;
 use crate::shared::{tx_batch_size, Shared};
 use crate::stats::{DropCounts, DropReason};
@@ -69,6 +70,8 @@ pub(crate) struct SealJob {
     pub(crate) seq: u64,
     /// Inbound SPI of the CHILD_SA (the key of `Tables::by_spi`).
     pub(crate) child: EspSpi,
+    /// The CHILD_SA's tenant (the CPU charge).
+    pub(crate) tenant: TenantSlot,
 }
 
 /// How a packet held for its tenant's feature chain goes on once the chain let it through.
@@ -220,6 +223,8 @@ pub(crate) struct Out {
     parts: Vec<TxBatch>,
     /// The output stage (scratch space, the TUN writer).
     output: Box<dyn Transmit>,
+    /// The CPU charge of the current batch (None: `cpu_fairness` is off).
+    pub(crate) charge: Option<Box<Charge>>,
 }
 
 impl Out {
@@ -247,6 +252,7 @@ impl Out {
             generation: 0,
             parts: Vec::new(),
             output,
+            charge: None,
         }
     }
 
@@ -296,6 +302,34 @@ impl Out {
         self.relay_dst.set(None);
     }
 
+    /// A packet of `slot`'s tenant: charged from here on to its tenant (one branch while
+    /// `cpu_fairness` is off). False if it is to be dropped for its tenant's fair share (the
+    /// drop is counted per tenant here, and as `fair_share` by the caller's
+    /// [`fair_share`](Self::fair_share)).
+    #[inline]
+    #[must_use]
+    pub(crate) fn tenant(&mut self, slot: TenantSlot) -> bool {
+        match self.charge.as_deref_mut() {
+            Some(c) => c.enter(slot),
+            None => true,
+        }
+    }
+
+    /// A packet whose tenant is not known (dropped before it could be): what follows is
+    /// charged to no tenant.
+    #[inline]
+    pub(crate) fn no_tenant(&mut self) {
+        if let Some(c) = self.charge.as_deref_mut() {
+            c.switch(crate::pipeline::charge::NO_TENANT, 1);
+        }
+    }
+
+    /// Counts a drop for the tenant's fair share (after [`tenant`](Self::tenant) said so).
+    #[cold]
+    pub(crate) fn fair_share(&mut self) {
+        self.drops.add(DropReason::FairShare);
+    }
+
     /// Counts a drop.
     pub(crate) fn drop_packet(&mut self, reason: DropReason) {
         self.drops.add(reason);
@@ -335,6 +369,7 @@ impl Out {
             inner_len,
             seq,
             child: child.inbound_spi,
+            tenant: child.tenant,
         });
     }
 
@@ -383,6 +418,9 @@ impl Out {
         let data = self.tx.data_mut();
         let mut last: Option<(EspSpi, &Arc<Child>)> = None;
         for job in self.seals.drain(..) {
+            if let Some(c) = self.charge.as_deref_mut() {
+                c.switch(job.tenant, 1);
+            }
             let child = match last {
                 Some((spi, c)) if spi == job.child => c,
                 _ => match tables.by_spi.get(&job.child) {
@@ -444,14 +482,25 @@ impl Out {
             (Some(InLane { lane, ticket }), Some(worker)) => {
                 let fresh = sh.pools[worker].take(&sh.waker);
                 let part = std::mem::replace(&mut self.tx, fresh);
-                let (output, drops) = (&mut self.output, &mut self.drops);
-                sh.lanes[lane].submit(ticket, part, last, &mut self.parts, |p| {
-                    output.transmit(sh, &p, drops);
-                    sh.pools[p.owner].give(p);
-                });
+                let (output, drops, parts) = (&mut self.output, &mut self.drops, &mut self.parts);
+                let send = || {
+                    sh.lanes[lane].submit(ticket, part, last, parts, |p| {
+                        output.transmit(sh, &p, drops);
+                        sh.pools[p.owner].give(p);
+                    })
+                };
+                match self.charge.as_deref_mut() {
+                    Some(c) => c.syscall(send),
+                    None => send(),
+                }
             }
             _ => {
-                self.output.transmit(sh, &self.tx, &mut self.drops);
+                let (output, drops, tx) = (&mut self.output, &mut self.drops, &self.tx);
+                let mut send = || output.transmit(sh, tx, drops);
+                match self.charge.as_deref_mut() {
+                    Some(c) => c.syscall(send),
+                    None => send(),
+                }
                 self.tx.clear();
             }
         }

@@ -136,6 +136,10 @@ drops! {
     AttachNoVnet = "attach_no_vnet",
     /// Attachment: a packet for the CE while its MAC is not known yet.
     AttachCeUnresolved = "attach_ce_unresolved",
+    /// CPU fairness (`cpu_fairness = "enforce"`): the packet's tenant had used up its share
+    /// of the worker's CPU (its token bucket was empty); dropped where its tenant became
+    /// known, before decryption or decapsulation (per tenant: `TenantStats::fair_drops`).
+    FairShare = "fair_share",
     /// Attachment: a packet for the CE from a host whose VNet routes do not place its source
     /// there.
     AttachVnetSource = "attach_vnet_source",
@@ -225,6 +229,13 @@ pub(crate) struct WorkerCounters {
     pub(crate) batches: AtomicU64,
     /// Nanoseconds spent receiving and processing batches.
     pub(crate) busy_ns: AtomicU64,
+    /// Cycles the CPU charge could not attribute to a tenant.
+    pub(crate) cpu_unattributed: AtomicU64,
+    /// Phases the CPU charge split by packet count (too many tenant runs).
+    pub(crate) cpu_capped: AtomicU64,
+    /// Enforcing CPU fairness: the worker's tokens per tenant slot (cycles), as of its last
+    /// generation.
+    pub(crate) tokens: std::sync::Mutex<Vec<i64>>,
 }
 
 impl WorkerCounters {

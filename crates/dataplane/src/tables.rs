@@ -16,6 +16,7 @@
 use crate::attach::AttachView;
 use crate::feature::{ChainConfig, ChainRun, Direction, FeatureTable};
 use crate::overlay::Overlay;
+use crate::pipeline::charge::{TenantBook, TenantSlot, TenantTable};
 use crate::relays::Relays;
 use crate::sa::SaPair;
 use crate::select;
@@ -107,6 +108,8 @@ pub(crate) struct Child {
     pub(crate) remote_ts: Vec<TrafficSelector>,
     /// ESP state and counters (shared across address updates).
     pub(crate) state: Arc<ChildState>,
+    /// The tunnel's tenant's slot (the CPU charge, [`crate::pipeline::charge`]).
+    pub(crate) tenant: TenantSlot,
 }
 
 impl Child {
@@ -125,8 +128,11 @@ impl Child {
         self.rebuilt(local, remote, sock, self.inside.clone())
     }
 
-    fn with_inside(&self, inside: Inside) -> Self {
-        self.rebuilt(self.local, self.remote, self.sock, inside)
+    fn with_inside(&self, inside: Inside, tenant: TenantSlot) -> Self {
+        Self {
+            tenant,
+            ..self.rebuilt(self.local, self.remote, self.sock, inside)
+        }
     }
 
     fn rebuilt(&self, local: SocketAddr, remote: SocketAddr, sock: usize, inside: Inside) -> Self {
@@ -142,6 +148,7 @@ impl Child {
             local_ts: self.local_ts.clone(),
             remote_ts: self.remote_ts.clone(),
             state: Arc::clone(&self.state),
+            tenant: self.tenant,
         }
     }
 
@@ -210,6 +217,8 @@ pub(crate) struct Tables {
     /// Which VNet each attachment serves, and each VNet's attachments (set by
     /// `Shared::publish`).
     pub(crate) attach: AttachView,
+    /// The tenants' slots, weights and CPU counters, and the CPU fairness mode.
+    pub(crate) tenants: Arc<TenantTable>,
 }
 
 impl Tables {
@@ -241,18 +250,45 @@ pub(crate) struct Registry {
     overlay: Arc<Overlay>,
     relays: Option<Arc<Relays>>,
     chains: ChainConfig,
+    tenants: TenantBook,
 }
 
 impl Registry {
     /// A registry without CHILD_SAs over `overlay`; `relays` in relay mode.
     pub(crate) fn new(overlay: Arc<Overlay>, relays: Option<Arc<Relays>>) -> Self {
-        Self {
+        let mut reg = Self {
             children: SpiMap::default(),
             next_order: 0,
             overlay,
             relays,
             chains: ChainConfig::default(),
+            tenants: TenantBook::default(),
+        };
+        reg.give_slots();
+        reg
+    }
+
+    /// Gives every tenant of the overlay's VNets and tunnels its slot.
+    fn give_slots(&mut self) {
+        let o = Arc::clone(&self.overlay);
+        for t in o
+            .vnets
+            .iter()
+            .map(|v| &v.tenant)
+            .chain(o.tunnels.iter().map(|b| &b.tenant))
+        {
+            self.tenants.slot(t);
         }
+    }
+
+    /// `tenant`'s slot (given now if it has none).
+    pub(crate) fn tenant_slot(&mut self, tenant: &ids::TenantId) -> TenantSlot {
+        self.tenants.slot(tenant)
+    }
+
+    /// The tenants' slots and the CPU fairness mode and weights.
+    pub(crate) fn tenants(&mut self) -> &mut TenantBook {
+        &mut self.tenants
     }
 
     /// Sets (None: clears) `tenant`'s feature chain for `direction`.
@@ -289,15 +325,17 @@ impl Registry {
             bound
         });
         let mut rebound = 0;
+        self.overlay = overlay;
+        self.give_slots();
         for i in self.children.values_mut() {
-            if let Some(b) = overlay.binding(i.child.tunnel) {
-                if b.inside != i.child.inside {
-                    i.child = Arc::new(i.child.with_inside(b.inside.clone()));
+            if let Some(b) = self.overlay.binding(i.child.tunnel) {
+                let tenant = self.tenants.slot(&b.tenant);
+                if b.inside != i.child.inside || tenant != i.child.tenant {
+                    i.child = Arc::new(i.child.with_inside(b.inside.clone(), tenant));
                     rebound += 1;
                 }
             }
         }
-        self.overlay = overlay;
         (rebound, removed)
     }
 
@@ -482,6 +520,10 @@ impl Registry {
                     .map(|b| (b.tunnel, b.tenant.as_str(), b.inside == Inside::Tun)),
             ),
             attach: AttachView::default(),
+            tenants: Arc::new(
+                self.tenants
+                    .table(self.overlay.vnets.iter().map(|v| &v.tenant)),
+            ),
         }
     }
 

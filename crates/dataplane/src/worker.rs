@@ -27,16 +27,21 @@ use crate::io::input::{self, RxBatch};
 use crate::io::output::Output;
 use crate::lane::LaneKind;
 use crate::out::Out;
+use crate::pipeline::charge::{Charge, TenantTable};
 use crate::pipeline::classify::{Pass, Via};
 use crate::pipeline::graph::Deliveries;
 use crate::pipeline::{encap, graph};
 use crate::routes::{RouteReader, Routes};
 use crate::shared::{Shared, HOUSEKEEPING};
 use crate::stats::DropReason;
+use crate::sys::tsc::Tsc;
 use crate::tables::Tables;
+use datapath::CpuFairness;
 use netio::{Poller, Ready};
 use std::net::SocketAddr;
 use std::os::fd::RawFd;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Batches taken from one lane before the worker looks at the others again.
@@ -146,12 +151,32 @@ fn batch(sh: &Shared, w: &mut Worker, routes: &RouteReader, lane: usize) -> Batc
         return Batch::Empty;
     };
     let started = Instant::now();
+    if let Some(c) = w.out.charge.as_deref_mut() {
+        c.start();
+    }
     let (n, more) = input::receive(sh, &mut w.rx, l.kind, &mut w.out.drops);
     if n == 0 {
         return Batch::Empty;
     }
+    if let Some(c) = w.out.charge.as_deref_mut() {
+        c.received();
+    }
     let ticket = stage.ticket();
     let tables = sh.tables.load();
+    let tenants = Arc::clone(&tables.tenants);
+    match (tenants.mode, w.out.charge.as_deref_mut()) {
+        (CpuFairness::Off, Some(_)) => w.out.charge = None,
+        (CpuFairness::Off, None) => {}
+        (_, Some(c)) => c.follow(&tenants),
+        (_, None) => {
+            // Charging begins with this batch (its receive was not measured).
+            let mut c = Charge::new(Box::new(Tsc));
+            c.start();
+            c.received();
+            c.follow(&tenants);
+            w.out.charge = Some(Box::new(c));
+        }
+    }
     let guard = routes.enter();
     let r = guard.as_deref().unwrap_or(RouteReader::empty());
     let now = started;
@@ -188,7 +213,11 @@ fn batch(sh: &Shared, w: &mut Worker, routes: &RouteReader, lane: usize) -> Batc
         process(sh, w, r, l.kind, now, Pass::All)
     };
     drop(guard);
+    if let Some(c) = w.out.charge.as_deref_mut() {
+        c.phase();
+    }
     w.out.finish(sh);
+    charged(sh, w, &tenants, packets);
     let busy = started.elapsed();
     sh.worker_stats[w.id].batch(packets, busy);
     w.out.held.batch_done(packets, busy);
@@ -196,6 +225,36 @@ fn batch(sh: &Shared, w: &mut Worker, routes: &RouteReader, lane: usize) -> Batc
         Batch::Full
     } else {
         Batch::Partial
+    }
+}
+
+/// Folds the batch's CPU charge into the tenants' counters and the worker's (charging begins
+/// and ends in `batch`, as the batch's tables say, once they are loaded).
+fn charged(sh: &Shared, w: &mut Worker, tenants: &TenantTable, packets: u64) {
+    if let Some(c) = w.out.charge.as_deref_mut() {
+        fold(sh, w.id, c, tenants, packets);
+    }
+}
+
+fn fold(sh: &Shared, id: usize, c: &mut Charge, tenants: &TenantTable, packets: u64) {
+    let folded = c.end(packets, |ch| {
+        if let Some(t) = tenants.counters.get(usize::from(ch.slot)) {
+            t.cycles.fetch_add(ch.cycles, Ordering::Relaxed);
+            t.packets.fetch_add(ch.packets, Ordering::Relaxed);
+            if ch.refused != 0 {
+                t.fair_drops.fetch_add(ch.refused, Ordering::Relaxed);
+            }
+        }
+    });
+    let ws = &sh.worker_stats[id];
+    if let Ok(mut tokens) = ws.tokens.try_lock() {
+        // Once per Δt at most; a reader holding the lock makes it wait for the next.
+        c.tokens(&mut tokens);
+    }
+    ws.cpu_unattributed
+        .fetch_add(folded.unattributed, Ordering::Relaxed);
+    if folded.capped != 0 {
+        ws.cpu_capped.fetch_add(folded.capped, Ordering::Relaxed);
     }
 }
 

@@ -130,6 +130,10 @@ fn serve(config: Config, discard_applied: bool) -> Result<(), UpError> {
     let config = &config;
     let (to_control, from_dataplane) = crossbeam_channel::bounded(CONTROL_QUEUE);
     let dp = Dataplane::start(config.dataplane.clone(), to_control)?;
+    if let Err(e) = dp.set_cpu_fairness(&config.cpu_fairness()) {
+        dp.shutdown();
+        return Err(e.into());
+    }
     let datapath: Arc<dyn DataPath> = dp.clone();
     // The per-VM overlay routes live beside a file store (a memory store keeps none). They
     // are restored before IKE starts: an SA established earlier would carry packets to moved

@@ -88,6 +88,8 @@ pub struct Gateway {
     pub ike_port: u16,
     /// NAT-T port (4500).
     pub natt_port: u16,
+    /// CPU fairness between tenants (`cpu_fairness`, default off).
+    pub cpu_fairness: datapath::CpuFairness,
 }
 
 /// `[cluster]`: how a control node of the distributed form meets its data and steer nodes.
@@ -307,6 +309,8 @@ pub struct Config {
     pub endpoint: ike::EndpointConfig,
     /// Tenant names in file order.
     pub tenants: Vec<TenantId>,
+    /// Each tenant's `cpu_weight` (1 unless set), in the order of `tenants`.
+    pub cpu_weights: Vec<u16>,
     /// Tunnels in file order. Ids are assigned in file order (1, 2, ...) when a file is read;
     /// a configuration applied to a running node keeps the ids of tunnels that keep their
     /// names ([`Config::keep_ids`]).
@@ -351,6 +355,20 @@ impl Config {
         let raw: raw::RawFile =
             toml::from_str(text).map_err(|e| Error::Config(source.toml_error(&e)))?;
         validate::validate(&source, raw).map_err(Error::Config)
+    }
+
+    /// What the data path's CPU charge and fairness use: `[gateway] cpu_fairness` and every
+    /// tenant's `cpu_weight`.
+    pub fn cpu_fairness(&self) -> datapath::CpuFairnessConfig {
+        datapath::CpuFairnessConfig {
+            mode: self.gateway.cpu_fairness,
+            weights: self
+                .tenants
+                .iter()
+                .cloned()
+                .zip(self.cpu_weights.iter().copied())
+                .collect(),
+        }
     }
 
     /// The tunnel with this id.

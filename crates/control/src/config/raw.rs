@@ -149,6 +149,7 @@ pub(crate) struct RawGateway {
     pub(crate) cookie_threshold: Option<Spanned<i64>>,
     pub(crate) half_open_timeout: Option<Spanned<DurationValue>>,
     pub(crate) keep_alive: Option<Spanned<DurationValue>>,
+    pub(crate) cpu_fairness: Option<Spanned<String>>,
 }
 
 /// `[[tenant]]`.
@@ -156,6 +157,7 @@ pub(crate) struct RawGateway {
 #[serde(deny_unknown_fields)]
 pub(crate) struct RawTenant {
     pub(crate) name: Spanned<String>,
+    pub(crate) cpu_weight: Option<Spanned<i64>>,
 }
 
 /// `[[vnet]]`.

@@ -10,6 +10,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 mod attachments;
+mod fairness;
 mod filters;
 mod references;
 mod sections;

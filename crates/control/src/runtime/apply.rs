@@ -151,6 +151,10 @@ impl Driver {
         {
             error!(error = %e, "data path refused VNets and tunnels it had accepted; traffic of changed tunnels may not flow");
         }
+        // The tenants' CPU weights (new tenants, changed weights).
+        if let Err(e) = self.datapath.set_cpu_fairness(&new.cpu_fairness()) {
+            error!(error = %e, "data path refused the tenants' CPU weights");
+        }
         // Tunnels removed by an earlier apply whose SAs are gone by now.
         let status = self.endpoint.status(now);
         self.tunnels

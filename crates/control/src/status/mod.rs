@@ -28,7 +28,7 @@ use wire::EspSpi;
 pub const STATUS_VERSION: u32 = 1;
 
 /// The answer to a `status` request.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct StatusReport {
     /// [`STATUS_VERSION`].
     pub version: u32,
@@ -53,6 +53,38 @@ pub struct StatusReport {
     /// The per-VM overlay routes (absent when the data path has none).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub routes: Option<RouteStatus>,
+    /// The CPU charged per tenant (`[gateway] cpu_fairness`; empty while it is off and
+    /// nothing was charged), in tenant name order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tenants: Vec<TenantCpuStatus>,
+    /// CPU time of the workers' batches no tenant is known for, in nanoseconds (IKE,
+    /// packets dropped before their tenant is known).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub cpu_unattributed_ns: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
+/// The CPU charged to one tenant since the data plane started (issue 18 §3).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TenantCpuStatus {
+    /// The tenant.
+    pub tenant: TenantId,
+    /// Its `cpu_weight`.
+    pub cpu_weight: u16,
+    /// CPU time charged to it, in nanoseconds.
+    pub cpu_ns: u64,
+    /// Its share of all the CPU time charged to tenants, in `[0, 1]` (cumulative).
+    pub cpu_share: f64,
+    /// Its packets the charge counted.
+    pub packets: u64,
+    /// Its packets dropped for its fair share (`cpu_fairness = "enforce"`).
+    pub fair_drops: u64,
+    /// Its tokens summed over the workers, in nanoseconds (only when enforcing).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokens_ns: Option<i64>,
 }
 
 /// The per-VM overlay route table of the node.
@@ -336,6 +368,24 @@ impl StatusReport {
                 batches: w.batches,
             })
             .collect();
+        let charged: u64 = stats.tenants.iter().map(|t| t.cpu_ns).sum();
+        let tenants = stats
+            .tenants
+            .iter()
+            .map(|t| TenantCpuStatus {
+                tenant: t.tenant.clone(),
+                cpu_weight: t.cpu_weight,
+                cpu_ns: t.cpu_ns,
+                cpu_share: if charged == 0 {
+                    0.0
+                } else {
+                    t.cpu_ns as f64 / charged as f64
+                },
+                packets: t.packets,
+                fair_drops: t.fair_drops,
+                tokens_ns: t.tokens_ns,
+            })
+            .collect();
         Self {
             version: STATUS_VERSION,
             uptime_secs,
@@ -346,6 +396,8 @@ impl StatusReport {
             workers,
             store: None,
             routes: None,
+            tenants,
+            cpu_unattributed_ns: stats.cpu_unattributed_ns,
         }
     }
 }

@@ -58,6 +58,7 @@ pub fn render_text(report: &StatusReport) -> String {
     render_counters(&mut out, "drops", &report.drops);
     render_counters(&mut out, "ike drops", &report.ike_drops);
     render_workers(&mut out, &report.workers);
+    render_tenants_cpu(&mut out, report);
     if let Some(store) = &report.store {
         render_store(&mut out, store);
     }
@@ -175,6 +176,35 @@ fn render_workers(out: &mut String, workers: &[super::WorkerStatus]) {
             w.worker, w.packets, w.batches
         );
     }
+}
+
+/// One line per tenant the CPU charge knows: CPU time, share, weight, packets, fairness drops
+/// and tokens (when enforcing), then the unattributed CPU time.
+fn render_tenants_cpu(out: &mut String, report: &super::StatusReport) {
+    if report.tenants.is_empty() {
+        return;
+    }
+    let _ = writeln!(out, "tenant cpu:");
+    for t in &report.tenants {
+        let tokens = t.tokens_ns.map_or_else(String::new, |n| {
+            format!(", tokens {:.3} ms", n as f64 / 1e6)
+        });
+        let _ = writeln!(
+            out,
+            "  {}: {:.3} ms ({:.1} %, weight {}), {} packets, {} fair-share drops{tokens}",
+            t.tenant,
+            t.cpu_ns as f64 / 1e6,
+            t.cpu_share * 100.0,
+            t.cpu_weight,
+            t.packets,
+            t.fair_drops,
+        );
+    }
+    let _ = writeln!(
+        out,
+        "  unattributed: {:.3} ms",
+        report.cpu_unattributed_ns as f64 / 1e6
+    );
 }
 
 /// A `title:` block of the non-zero counters, one `reason  count` line each, or `title: none`.

@@ -107,6 +107,26 @@ fn sample_report() -> StatusReport {
             ("esp_replay".into(), 1),
         ],
         relay_probes_answered: 0,
+        tenants: vec![
+            datapath::TenantStats {
+                tenant: TenantId::new("acme").unwrap(),
+                cpu_weight: 1,
+                cpu_ns: 3_000_000,
+                packets: 300,
+                fair_drops: 0,
+                tokens_ns: None,
+            },
+            datapath::TenantStats {
+                tenant: TenantId::new("globex").unwrap(),
+                cpu_weight: 3,
+                cpu_ns: 1_000_000,
+                packets: 100,
+                fair_drops: 7,
+                tokens_ns: Some(-250_000),
+            },
+        ],
+        cpu_unattributed_ns: 500_000,
+        cpu_capped_phases: 0,
     };
     let mut report = StatusReport::build(&directory(), &sas, &IkeStats::default(), &stats, 3_700);
     *report.ike_drops.get_mut("icv_failed").unwrap() = 2;
@@ -201,6 +221,13 @@ fn json_round_trip() {
     assert_eq!(v["workers"][1]["packets"], 300);
     assert!(v["workers"][1]["cpu"].is_null());
     assert_eq!(v["ike_drops"]["unknown_spi"], 0);
+    assert_eq!(v["tenants"][0]["tenant"], "acme");
+    assert_eq!(v["tenants"][0]["cpu_ns"], 3_000_000);
+    assert_eq!(v["tenants"][0]["cpu_share"], 0.75);
+    assert_eq!(v["tenants"][1]["fair_drops"], 7);
+    assert_eq!(v["tenants"][1]["tokens_ns"], -250_000);
+    assert!(v["tenants"][0].get("tokens_ns").is_none());
+    assert_eq!(v["cpu_unattributed_ns"], 500_000);
     // A document from a node without IKE counters still parses.
     let mut old = v.clone();
     old.as_object_mut().unwrap().remove("ike_drops");
@@ -248,6 +275,14 @@ fn text_rendering() {
         "{text}"
     );
     assert!(!text.contains("unknown_spi"), "{text}");
+    assert!(
+        text.contains(
+            "tenant cpu:\n  acme: 3.000 ms (75.0 %, weight 1), 300 packets, 0 fair-share drops\n  \
+             globex: 1.000 ms (25.0 %, weight 3), 100 packets, 7 fair-share drops, tokens -0.250 ms\n  \
+             unattributed: 0.500 ms\n"
+        ),
+        "{text}"
+    );
     let quiet = StatusReport::build(
         &directory(),
         &[],

@@ -84,6 +84,11 @@ pub(crate) fn from_ce(
     let Some(vnet) = t.attach.vnet.get(a.index).copied().flatten() else {
         return dropped(o, DropReason::AttachNoVnet);
     };
+    // The tenant is known (the attachment's VNet's): the charge's mark and the fairness gate.
+    if !o.tenant(t.tenants.vnet(vnet)) {
+        o.fair_share();
+        return None;
+    }
     let start = tagged.payload;
     match tagged.ethertype {
         EtherType::ARP => {

@@ -80,9 +80,15 @@ pub(crate) fn decap<'t>(
         Via::Vtep(vtep) => t.overlay.by_vtep.get(&(vtep, vni)),
         Via::Relay => t.overlay.by_vni.get(&vni),
     };
-    let Some(vnet) = found.and_then(|&vi| t.overlay.vnets.get(vi)) else {
+    let Some((vi, vnet)) = found.and_then(|&vi| Some((vi, t.overlay.vnets.get(vi)?))) else {
+        o.no_tenant();
         return drop(o, DropReason::VxlanUnknownVni);
     };
+    // The tenant is known (the VNet's): the charge's mark and the fairness gate.
+    if !o.tenant(t.tenants.vnet(vi)) {
+        o.fair_share();
+        return None;
+    }
     let host = src.ip();
     if !vnet.accepts_host(r, host) {
         return drop(o, DropReason::VxlanUnknownHost);

@@ -318,6 +318,9 @@ pub(crate) fn route_from_ces<F: FrameSource + ?Sized>(
             continue;
         };
         let to = p.to;
+        if let Some(c) = o.charge.as_deref_mut() {
+            c.switch(t.tenants.vnet(to.vnet), 1);
+        }
         // The attach stage found the VNet in this snapshot, so its index is in it; were it not,
         // or the offset past the frame, there is nowhere to route the packet: no_route.
         let (Some(vnet), Some(pkt)) = (t.overlay.vnets.get(to.vnet), frame.get_mut(to.at)) else {
@@ -375,6 +378,9 @@ pub(crate) fn seal_from_ces(o: &mut Out, sh: &Shared, t: &Tables, pick: impl FnM
         let Some(parsed) = InnerIp::parse(pkt) else {
             return o.drop_packet(DropReason::AttachMalformed);
         };
+        if let Some(c) = o.charge.as_deref_mut() {
+            c.switch(t.tenants.vnet(vnet.index), 1);
+        }
         let len = parsed.len.min(pkt.len());
         let pkt = &mut pkt[..len];
         let no_tunnel = DropReason::NoRoute;
@@ -391,11 +397,17 @@ pub(crate) fn tun(o: &mut Out, sh: &Shared, t: &Tables, pkt: &mut [u8]) {
     let (chain, same_tenant, len) = match t.features.tun_outbound() {
         TunChain::None => {
             if let Some((child, len)) = seal::select_tun(o, t, pkt) {
+                if !o.tenant(child.tenant) {
+                    return o.fair_share();
+                }
                 seal::queue(o, sh, child, &pkt[..len]);
             }
             return;
         }
         TunChain::One(chain) => {
+            if o.charge.is_some() && !o.tenant(t.tenants.slot(chain.tenant())) {
+                return o.fair_share();
+            }
             let Some(parsed) = InnerIp::parse(pkt) else {
                 return o.drop_packet(DropReason::TunMalformed);
             };
@@ -407,6 +419,9 @@ pub(crate) fn tun(o: &mut Out, sh: &Shared, t: &Tables, pkt: &mut [u8]) {
             let Some((child, len)) = seal::select_tun(o, t, pkt) else {
                 return;
             };
+            if !o.tenant(child.tenant) {
+                return o.fair_share();
+            }
             let Some(chain) = t.features.chain(child.tunnel, Direction::Outbound) else {
                 return seal::queue(o, sh, child, &pkt[..len]);
             };
@@ -648,7 +663,15 @@ pub(crate) fn end_pass(o: &mut Out, sh: &Shared, t: &Tables, r: &Routes, now: In
         return;
     }
     let mut held = std::mem::replace(&mut o.held, crate::feature::Held::new(0));
-    held.run(now);
+    // The charge: each chain is a run of its tenant, and so is each packet's way on after it.
+    let mut charge = o.charge.take();
+    held.run(now, |chain, packets| {
+        if let Some(c) = charge.as_deref_mut() {
+            let n = u32::try_from(packets).unwrap_or(u32::MAX);
+            c.switch(t.tenants.slot(chain.tenant()), n);
+        }
+    });
+    o.charge = charge;
     held.drain(|resume, chain, pkt, dropped| match resume {
         Resume::Inbound {
             child,
@@ -656,6 +679,9 @@ pub(crate) fn end_pass(o: &mut Out, sh: &Shared, t: &Tables, r: &Routes, now: In
             local,
             src,
         } => {
+            if let Some(c) = o.charge.as_deref_mut() {
+                c.switch(child.tenant, 1);
+            }
             let opened = Opened {
                 child: &child,
                 spi: child.inbound_spi,
@@ -680,6 +706,9 @@ pub(crate) fn end_pass(o: &mut Out, sh: &Shared, t: &Tables, r: &Routes, now: In
         }
         Resume::FromVnet(_) | Resume::FromCe(_) | Resume::FromTun { .. } if dropped => {}
         Resume::FromVnet(vnet) => {
+            if let Some(c) = o.charge.as_deref_mut() {
+                c.switch(t.tenants.vnet(vnet.index), 1);
+            }
             // The seal stage chooses on the packet as the chain left it.
             let Some(parsed) = InnerIp::parse(pkt) else {
                 return o.drop_packet(DropReason::VxlanMalformed);

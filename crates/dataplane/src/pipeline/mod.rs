@@ -19,6 +19,7 @@
 //! The input and output stages, which alone touch sockets, are in [`crate::io`].
 
 pub(crate) mod attach;
+pub(crate) mod charge;
 pub(crate) mod classify;
 pub(crate) mod decap;
 pub(crate) mod encap;

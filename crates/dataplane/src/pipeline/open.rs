@@ -45,9 +45,15 @@ pub(crate) fn open<'t>(
     data: &mut [u8],
 ) -> Option<(Opened<'t>, InnerPacket)> {
     let Some(child) = t.by_spi.get(&spi) else {
+        o.no_tenant();
         o.drop_packet(DropReason::EspUnknownSpi);
         return None;
     };
+    // The tenant is known (before decryption): the charge's mark and the fairness gate.
+    if !o.tenant(child.tenant) {
+        o.fair_share();
+        return None;
+    }
     match child.state.sa.open_unaccepted(data) {
         Ok((packet, inner)) => Some((
             Opened {

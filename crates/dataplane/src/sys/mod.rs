@@ -2,6 +2,7 @@
 //! offloads. UDP sockets with batched I/O, the shutdown waker and the AF_PACKET rings of
 //! customer-facing interfaces are `netio`'s (shared with the steer node and the benchmark).
 
+pub(crate) mod tsc;
 pub(crate) mod tun;
 pub(crate) mod tun_offload;
 

@@ -239,6 +239,23 @@ impl Validator<'_, '_> {
             endpoint.nat_keepalive = t.get_ref().0;
         }
 
+        let cpu_fairness = match &g.cpu_fairness {
+            None => datapath::CpuFairness::Off,
+            Some(f) => match f.get_ref().as_str() {
+                "off" => datapath::CpuFairness::Off,
+                "account" => datapath::CpuFairness::Account,
+                "enforce" => datapath::CpuFairness::Enforce,
+                other => {
+                    return Err(self.err(
+                        f.span(),
+                        S,
+                        "cpu_fairness",
+                        format!("unknown mode {other:?} (use \"off\", \"account\" or \"enforce\")"),
+                    ));
+                }
+            },
+        };
+
         let gateway = Gateway {
             listen,
             control_socket,
@@ -246,6 +263,7 @@ impl Validator<'_, '_> {
             key_log,
             ike_port,
             natt_port,
+            cpu_fairness,
         };
         Ok((
             gateway,

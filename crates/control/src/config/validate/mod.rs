@@ -78,6 +78,7 @@ pub(crate) fn validate_with(
     let store_encryption = v.store_encryption(raw.store.as_ref())?;
     let cluster = raw.cluster.as_ref().map(|c| v.cluster(c)).transpose()?;
     let tenants = v.tenants(&raw)?;
+    let cpu_weights = v.cpu_weights(&raw)?;
     let vnets = v.vnets(&raw, &tenants)?;
     let mut tunnels = Vec::with_capacity(raw.tunnel.len());
     for (index, t) in raw.tunnel.iter().enumerate() {
@@ -161,6 +162,7 @@ pub(crate) fn validate_with(
         gateway,
         endpoint,
         tenants: tenants.into_iter().map(|(name, _)| name).collect(),
+        cpu_weights,
         tunnels: tunnels.into_iter().map(|t| t.tunnel).collect(),
         dataplane,
         store,
@@ -247,6 +249,27 @@ impl Validator<'_, '_> {
                 .unwrap_or_else(|| Path::new("."))
                 .join(p)
         }
+    }
+
+    /// Each tenant's `cpu_weight` (1 unless set), in file order.
+    fn cpu_weights(&self, raw: &RawFile) -> Result<Vec<u16>, Box<ConfigError>> {
+        raw.tenant
+            .iter()
+            .map(|t| match &t.get_ref().cpu_weight {
+                None => Ok(1),
+                Some(w) => u16::try_from(*w.get_ref())
+                    .ok()
+                    .filter(|w| *w >= 1)
+                    .ok_or_else(|| {
+                        self.err(
+                            w.span(),
+                            "[[tenant]]",
+                            "cpu_weight",
+                            "must be an integer from 1 to 65535",
+                        )
+                    }),
+            })
+            .collect()
     }
 
     /// Tenants with the line each was defined on.

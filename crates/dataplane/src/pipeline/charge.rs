@@ -1,0 +1,545 @@
+//! The CPU charge (issue 18 §3; docs/architecture.md, "CPU charge"): every packet's CPU time
+//! is charged to its tenant, measured with the cycle counter ([`crate::sys::tsc`]) but read
+//! once per *tenant run*, not per packet: [`Charge::enter`] is called where a packet's tenant
+//! becomes known (ESP open by SPI before decryption, VXLAN decap after the VNI → VNet lookup,
+//! the attach stage after the tag → attachment lookup, the seal stage's choice for a TUN
+//! packet) and reads the counter only when the tenant differs from the previous packet's. The
+//! cycles from one reading to the next are the run's tenant's: its packets' classification,
+//! decryption or decapsulation, delivery or sealing queue. Before the first tenant of a batch
+//! is known, and for packets no tenant is known for, cycles are *unattributed* and reported
+//! as such.
+//!
+//! A batch has phases: receive (one `recvmmsg`), the graph pass (with the feature chains, one
+//! run per chain), encryption of the queued packets (runs of one CHILD_SA's tenant), and the
+//! hand-over to the sender (`sendmmsg`, possibly other workers' batches too). The system calls'
+//! cycles are split over the batch's packets by tenant counts: each packet pays an equal share
+//! (the issue's "per-packet share of the batch's system calls"). A phase that crosses more than
+//! [`CAP_RUNS`] tenant runs (perfectly interleaved tenants) stops reading the counter: the
+//! rest of the phase is one interval split by packet count, and the phase is counted as
+//! capped, so a bench can tell how often the charge was approximate.
+//!
+//! Cost: one branch per packet while `cpu_fairness` is off (`Out::charge` is None); else a
+//! comparison per packet, one counter read per run (14–20 ns on the development VM), and a few
+//! atomic adds per tenant and batch when the batch's charges are folded into the shared
+//! per-tenant counters ([`Charge::end`]).
+//!
+//! # Enforcement (`cpu_fairness = "enforce"`)
+//! Each worker keeps one token bucket per tenant ([`fair::Buckets`], the offloading paper's
+//! Algorithm 1, work-conserving, weighted by `cpu_weight`). Tokens are generated at a batch's
+//! start for the intervals Δt elapsed on a *virtual* clock: the cycle counter minus the cycles
+//! the worker spent inside batches on nothing a tenant is charged for. An idle worker's clock
+//! runs with the wall clock (every bucket fills: nobody is refused); a saturated worker's runs
+//! with the charged cycles, of which [`FairParams`] generates 31/32 (`fair::Params`' doc: as
+//! many tokens as cycles would let a flood keep an unfair share), so the buckets drain and the
+//! split converges to the weights. The gate is [`Charge::enter`] at the same marks: a tenant
+//! whose bucket holds no token has the packet dropped there (`fair_share`), before decryption,
+//! decapsulation or the attach stage; the packet is still counted and the cycles up to its
+//! drop (its classification, its share of the system calls) still charged to its tenant: a
+//! flood pays for itself, down to the floor −B. Every run's cycles are taken from the bucket as
+//! soon as the run ends, so a tenant is refused within the batch that empties its bucket.
+//!
+//! Nobody is refused while only one tenant was charged in the last interval: with no other
+//! tenant to be fair to, a refusal would only idle the worker. (Measured with one flooded
+//! tenant: since 31/32 of the charged cycles come back as tokens and a refused packet's own
+//! cycles are charged too, a lone flood that keeps the worker busy even while being refused
+//! never earns its bucket back, and most of it was refused.)
+//!
+//! Tenants are numbered with dense slots ([`TenantSlot`]) that the registry gives on first
+//! sight and keeps for the process's life (a tenant removed and added again has its slot and
+//! its counters back); the published [`TenantTable`] carries the slots' names, weights,
+//! counters and each VNet's slot.
+
+use crate::sys::tsc::Cycles;
+use datapath::{CpuFairness, CpuFairnessConfig};
+use fair::{Buckets, Occupant, Params, Weight};
+use ids::TenantId;
+use std::collections::HashMap;
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
+
+/// A tenant's dense number (see the module's doc).
+pub(crate) type TenantSlot = u16;
+
+/// No tenant (not known yet, or beyond the slots).
+pub(crate) const NO_TENANT: TenantSlot = TenantSlot::MAX;
+
+/// Tenant runs a phase measures one by one before the rest of it is split by packet count.
+pub(crate) const CAP_RUNS: u32 = 8;
+
+/// One tenant's shared counters (cycles, packets), cumulative.
+#[derive(Debug, Default)]
+pub(crate) struct TenantCounters {
+    /// Cycles charged.
+    pub(crate) cycles: AtomicU64,
+    /// Packets counted.
+    pub(crate) packets: AtomicU64,
+    /// Packets dropped for its fair share.
+    pub(crate) fair_drops: AtomicU64,
+}
+
+/// The tenants as the packet path sees them, published with the SA tables.
+#[derive(Debug, Default)]
+pub(crate) struct TenantTable {
+    /// The mode.
+    pub(crate) mode: CpuFairness,
+    /// Each slot's tenant.
+    pub(crate) names: Vec<TenantId>,
+    /// Each slot's weight (1 unless configured).
+    pub(crate) weights: Vec<u16>,
+    /// Each slot's counters.
+    pub(crate) counters: Vec<Arc<TenantCounters>>,
+    /// Each VNet's tenant, by VNet index.
+    pub(crate) vnets: Vec<TenantSlot>,
+    /// The token buckets' parameters (enforcing only).
+    pub(crate) params: Option<Params>,
+    /// The slot of each tenant.
+    by_name: HashMap<TenantId, TenantSlot>,
+}
+
+/// The token buckets' parameters, in cycles of the cycle counter at `cycles_per_ns`: Δt = 1 ms,
+/// B = 4 ms (the design's proposal: a tenant idle for a while may burst 4 ms), tokens 31/32 of
+/// Δt per interval.
+pub(crate) fn fair_params(cycles_per_ns: f64) -> Result<Params, fair::FairError> {
+    let ms = ((cycles_per_ns * 1e6) as u64).max(32);
+    Params::new(ms, 4 * ms)?.with_tokens(ms / 32 * 31)
+}
+
+impl TenantTable {
+    /// The slot of `tenant` (NO_TENANT if it has none).
+    pub(crate) fn slot(&self, tenant: &TenantId) -> TenantSlot {
+        self.by_name.get(tenant).copied().unwrap_or(NO_TENANT)
+    }
+
+    /// VNet `index`'s tenant's slot.
+    #[inline]
+    pub(crate) fn vnet(&self, index: usize) -> TenantSlot {
+        self.vnets.get(index).copied().unwrap_or(NO_TENANT)
+    }
+}
+
+/// The registry's tenant slots and weights (edited under the registry's lock).
+#[derive(Debug, Default)]
+pub(crate) struct TenantBook {
+    mode: CpuFairness,
+    params: Option<Params>,
+    names: Vec<TenantId>,
+    counters: Vec<Arc<TenantCounters>>,
+    by_name: HashMap<TenantId, TenantSlot>,
+    weights: HashMap<TenantId, u16>,
+}
+
+impl TenantBook {
+    /// `tenant`'s slot, given now if it has none (NO_TENANT once every slot is given).
+    pub(crate) fn slot(&mut self, tenant: &TenantId) -> TenantSlot {
+        if let Some(&s) = self.by_name.get(tenant) {
+            return s;
+        }
+        let Ok(s) = TenantSlot::try_from(self.names.len()) else {
+            return NO_TENANT;
+        };
+        if s == NO_TENANT {
+            return NO_TENANT;
+        }
+        self.names.push(tenant.clone());
+        self.counters.push(Arc::default());
+        self.by_name.insert(tenant.clone(), s);
+        s
+    }
+
+    /// Sets the mode, the weights and (enforcing) the buckets' parameters.
+    pub(crate) fn configure(&mut self, cfg: &CpuFairnessConfig, params: Option<Params>) {
+        self.mode = cfg.mode;
+        self.params = params;
+        self.weights = cfg.weights.iter().cloned().collect();
+    }
+
+    /// The published table, with the slots of the VNets' tenants `vnets` (by VNet index; a
+    /// tenant without a slot yet gets none: give slots with [`slot`](Self::slot) first).
+    pub(crate) fn table<'a>(&self, vnets: impl Iterator<Item = &'a TenantId>) -> TenantTable {
+        let vnets = vnets
+            .map(|t| self.by_name.get(t).copied().unwrap_or(NO_TENANT))
+            .collect();
+        TenantTable {
+            mode: self.mode,
+            names: self.names.clone(),
+            weights: self
+                .names
+                .iter()
+                .map(|n| self.weights.get(n).copied().unwrap_or(1).max(1))
+                .collect(),
+            counters: self.counters.clone(),
+            vnets,
+            params: self.params.filter(|_| self.mode == CpuFairness::Enforce),
+            by_name: self.by_name.clone(),
+        }
+    }
+}
+
+/// A worker's CPU charge of the current batch (see the module's doc).
+pub(crate) struct Charge {
+    clock: Box<dyn Cycles>,
+    /// The tenant of the current run.
+    current: TenantSlot,
+    /// The reading at which the current run (or the capped tail) began.
+    since: u64,
+    /// Runs begun in this phase.
+    runs: u32,
+    /// After [`CAP_RUNS`] runs: the phase's packets since the last reading, by tenant.
+    tail: Option<Vec<(TenantSlot, u32)>>,
+    /// Cycles of the batch's system calls, split at the end.
+    syscalls: u64,
+    /// Per slot: cycles and packets of this batch.
+    cycles: Vec<u64>,
+    packets: Vec<u32>,
+    /// Slots charged or counted in this batch, once each.
+    touched: Vec<TenantSlot>,
+    /// Cycles no tenant is known for, in this batch.
+    unattributed: u64,
+    /// Phases capped in this batch.
+    capped: u64,
+    /// Packets dropped for their fair share in this batch, per slot.
+    refused: Vec<u32>,
+    /// Cycles spent inside batches on nothing charged to a tenant, since the start (the
+    /// virtual clock of the buckets runs that much behind the counter).
+    uncharged: u64,
+    /// Enforcing: the token buckets.
+    enforce: Option<Enforce>,
+}
+
+/// A worker's token buckets and the tenant table they were sized for.
+struct Enforce {
+    buckets: Buckets,
+    /// The table (its address) the buckets follow.
+    table: usize,
+    /// Tokens were generated since [`Charge::tokens`] last looked.
+    generated: bool,
+    /// Per slot: the interval (number) in which it was last charged.
+    stamp: Vec<u64>,
+    /// The current interval's number (since the buckets were made).
+    interval: u64,
+    /// Tenants charged in the current interval.
+    active: u32,
+    /// Two tenants or more were charged in the last interval: refusals are on.
+    competing: bool,
+}
+
+/// One tenant's charge in a batch (handed to the fold of [`Charge::end`]).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) struct Charged {
+    /// Its slot.
+    pub(crate) slot: TenantSlot,
+    /// Cycles charged.
+    pub(crate) cycles: u64,
+    /// Packets counted.
+    pub(crate) packets: u64,
+    /// Packets dropped for the fair share.
+    pub(crate) refused: u64,
+}
+
+/// What one batch's charge amounted to (folded into the shared counters by the worker).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Folded {
+    /// Cycles no tenant is known for.
+    pub(crate) unattributed: u64,
+    /// Capped phases.
+    pub(crate) capped: u64,
+}
+
+impl Charge {
+    /// A charge reading `clock`.
+    pub(crate) fn new(clock: Box<dyn Cycles>) -> Self {
+        Self {
+            clock,
+            current: NO_TENANT,
+            since: 0,
+            runs: 0,
+            tail: None,
+            syscalls: 0,
+            cycles: Vec::new(),
+            packets: Vec::new(),
+            touched: Vec::new(),
+            unattributed: 0,
+            capped: 0,
+            refused: Vec::new(),
+            uncharged: 0,
+            enforce: None,
+        }
+    }
+
+    /// Follows `table`: enforcing with its parameters and weights (buckets kept for the slots
+    /// whose tenant stays, full for new ones), or not enforcing when it has none. Call once
+    /// per batch, after [`start`](Self::start), with the batch's tables.
+    pub(crate) fn follow(&mut self, table: &TenantTable) {
+        let Some(params) = table.params else {
+            self.enforce = None;
+            return;
+        };
+        let id = table as *const TenantTable as usize;
+        if let Some(e) = self.enforce.as_mut() {
+            if e.table == id {
+                return;
+            }
+            if e.buckets.params() != params {
+                e.buckets.set_params(params);
+            }
+        }
+        let occupants: Vec<Option<Occupant>> = table
+            .weights
+            .iter()
+            .enumerate()
+            .map(|(slot, &w)| {
+                Some(Occupant {
+                    key: slot as u64,
+                    weight: Weight::new(u64::from(w)).unwrap_or(Weight::ONE),
+                })
+            })
+            .collect();
+        let set = match self.enforce.as_mut() {
+            Some(e) => e.buckets.set_tenants(&occupants),
+            None => Buckets::new(params, &occupants).map(|mut buckets| {
+                // The origin of the virtual clock: the batch's start.
+                buckets.tick(self.since.saturating_sub(self.uncharged));
+                self.enforce = Some(Enforce {
+                    buckets,
+                    table: id,
+                    generated: true,
+                    stamp: Vec::new(),
+                    interval: 1,
+                    active: 0,
+                    competing: false,
+                });
+            }),
+        };
+        match set {
+            Ok(()) => {
+                if let Some(e) = self.enforce.as_mut() {
+                    e.table = id;
+                }
+            }
+            Err(e) => {
+                // More than 65 536 slots: cannot happen (slots are u16).
+                tracing::error!(error = %e, "cannot size the token buckets; not enforcing");
+                self.enforce = None;
+            }
+        }
+    }
+
+    /// Enforcing: writes every slot's tokens (cycles) into `out`, if tokens were generated
+    /// since the last call (at most once per Δt); false otherwise.
+    pub(crate) fn tokens(&mut self, out: &mut Vec<i64>) -> bool {
+        let Some(e) = self.enforce.as_mut().filter(|e| e.generated) else {
+            return false;
+        };
+        e.generated = false;
+        out.clear();
+        out.extend((0..e.buckets.slots()).map(|s| e.buckets.tokens(s).unwrap_or(0)));
+        true
+    }
+
+    /// Starts a batch (and its first phase) now, before its input is received; enforcing,
+    /// generates the tokens of the intervals elapsed on the virtual clock.
+    pub(crate) fn start(&mut self) {
+        self.since = self.clock.now();
+        if let Some(e) = self.enforce.as_mut() {
+            let g = e.buckets.tick(self.since.saturating_sub(self.uncharged));
+            if g.generated != 0 {
+                e.generated = true;
+                e.competing = e.active >= 2;
+                e.interval += 1;
+                e.active = 0;
+            }
+        }
+        self.current = NO_TENANT;
+        self.runs = 0;
+        self.tail = None;
+    }
+
+    /// The batch's input has been received: the cycles since [`start`](Self::start) are a
+    /// system call's, split over the batch's packets at the end; the graph pass begins.
+    pub(crate) fn received(&mut self) {
+        let now = self.clock.now();
+        self.syscalls += now.saturating_sub(self.since);
+        self.since = now;
+    }
+
+    /// A packet of `slot`'s tenant: counted, and a new run begins if the previous packet's
+    /// tenant differs. False if the packet is to be dropped for its tenant's fair share
+    /// (enforcing, its bucket empty; counted here).
+    #[inline]
+    pub(crate) fn enter(&mut self, slot: TenantSlot) -> bool {
+        self.count(slot, 1);
+        self.switch(slot, 1);
+        match self.enforce.as_ref() {
+            Some(e) if e.competing && !e.buckets.admit(usize::from(slot)) => {
+                self.refused[usize::from(slot)] += 1;
+                false
+            }
+            _ => true,
+        }
+    }
+
+    /// Work for `packets` packets of `slot`'s tenant follows (a feature chain, sealing): a
+    /// new run begins if the current one is another tenant's. The packets are not counted
+    /// again (only to split a capped phase).
+    #[inline]
+    pub(crate) fn switch(&mut self, slot: TenantSlot, packets: u32) {
+        if let Some(tail) = self.tail.as_mut() {
+            self.current = slot;
+            match tail.last_mut() {
+                Some((s, n)) if *s == slot => *n += packets,
+                _ => tail.push((slot, packets)),
+            }
+            return;
+        }
+        if slot == self.current {
+            return;
+        }
+        let now = self.clock.now();
+        self.add(self.current, now.saturating_sub(self.since));
+        self.since = now;
+        self.current = slot;
+        self.runs += 1;
+        if self.runs > CAP_RUNS {
+            self.tail = Some(vec![(slot, packets)]);
+        }
+    }
+
+    /// Ends the current phase (its last run, or its capped tail, is charged); the next one
+    /// begins with no tenant known.
+    pub(crate) fn phase(&mut self) {
+        let now = self.clock.now();
+        self.close(now);
+        self.current = NO_TENANT;
+        self.runs = 0;
+    }
+
+    /// Runs `f`, a system call for the batch (sending): its cycles are split over the batch's
+    /// packets at the end; the current run goes on after it.
+    pub(crate) fn syscall<T>(&mut self, f: impl FnOnce() -> T) -> T {
+        let before = self.clock.now();
+        let capped = self.tail.is_some();
+        self.close(before);
+        let r = f();
+        let after = self.clock.now();
+        self.syscalls += after.saturating_sub(before);
+        self.since = after;
+        if capped {
+            // The phase stays capped: what follows is split among the packets that follow.
+            self.tail = Some(Vec::new());
+        }
+        r
+    }
+
+    /// Ends the batch: the current phase ends, the system calls' cycles are split over the
+    /// batch's `packets` (those whose tenant was not known are unattributed), each touched
+    /// slot's charge is handed to `fold`, and the batch's state is cleared.
+    pub(crate) fn end(&mut self, packets: u64, mut fold: impl FnMut(Charged)) -> Folded {
+        self.phase();
+        let known: u64 = self.packets.iter().map(|&n| u64::from(n)).sum();
+        let total = packets.max(known).max(1);
+        let syscalls = std::mem::take(&mut self.syscalls);
+        let mut given = 0;
+        for i in 0..self.touched.len() {
+            let s = self.touched[i];
+            let n = u64::from(self.packets[usize::from(s)]);
+            let share = split(syscalls, n, total);
+            given += share;
+            self.add(s, share);
+        }
+        self.unattributed += syscalls - given;
+        for &s in &self.touched {
+            let i = usize::from(s);
+            fold(Charged {
+                slot: s,
+                cycles: self.cycles[i],
+                packets: u64::from(self.packets[i]),
+                refused: u64::from(self.refused[i]),
+            });
+            self.cycles[i] = 0;
+            self.packets[i] = 0;
+            self.refused[i] = 0;
+        }
+        self.touched.clear();
+        let unattributed = std::mem::take(&mut self.unattributed);
+        self.uncharged = self.uncharged.saturating_add(unattributed);
+        Folded {
+            unattributed,
+            capped: std::mem::take(&mut self.capped),
+        }
+    }
+
+    /// Charges the current run (or splits the capped tail) up to `now`.
+    fn close(&mut self, now: u64) {
+        let spent = now.saturating_sub(self.since);
+        self.since = now;
+        match self.tail.take() {
+            None => self.add(self.current, spent),
+            Some(tail) if tail.is_empty() => self.add(self.current, spent),
+            Some(tail) => {
+                self.capped += 1;
+                let total: u64 = tail.iter().map(|&(_, n)| u64::from(n)).sum();
+                let mut given = 0;
+                for (i, &(slot, n)) in tail.iter().enumerate() {
+                    let share = if i + 1 == tail.len() {
+                        spent - given
+                    } else {
+                        split(spent, u64::from(n), total)
+                    };
+                    given += share;
+                    self.add(slot, share);
+                }
+            }
+        }
+    }
+
+    fn add(&mut self, slot: TenantSlot, cycles: u64) {
+        if slot == NO_TENANT {
+            self.unattributed += cycles;
+            return;
+        }
+        self.touch(slot);
+        self.cycles[usize::from(slot)] += cycles;
+        if let Some(e) = self.enforce.as_mut() {
+            e.buckets.charge(usize::from(slot), cycles);
+            let i = usize::from(slot);
+            if i >= e.stamp.len() {
+                e.stamp.resize(i + 1, 0);
+            }
+            if e.stamp[i] != e.interval {
+                e.stamp[i] = e.interval;
+                e.active += 1;
+            }
+        }
+    }
+
+    #[inline]
+    fn count(&mut self, slot: TenantSlot, packets: u32) {
+        if slot == NO_TENANT {
+            return;
+        }
+        self.touch(slot);
+        self.packets[usize::from(slot)] += packets;
+    }
+
+    #[inline]
+    fn touch(&mut self, slot: TenantSlot) {
+        let i = usize::from(slot);
+        if i >= self.cycles.len() {
+            self.cycles.resize(i + 1, 0);
+            self.packets.resize(i + 1, 0);
+            self.refused.resize(i + 1, 0);
+        }
+        if self.cycles[i] == 0 && self.packets[i] == 0 && !self.touched.contains(&slot) {
+            self.touched.push(slot);
+        }
+    }
+}
+
+/// `n / total` of `cycles`, rounded down (`n ≤ total`, `total > 0`).
+fn split(cycles: u64, n: u64, total: u64) -> u64 {
+    (u128::from(cycles) * u128::from(n) / u128::from(total.max(1))) as u64
+}
+
+#[cfg(test)]
+#[path = "charge_tests.rs"]
+mod tests;
