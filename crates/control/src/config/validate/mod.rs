@@ -4,9 +4,9 @@
 //! checked in `tunnel.rs`.
 
 mod attachment;
-mod filter;
 mod cluster;
 mod etcd_access;
+mod filter;
 mod gateway;
 mod storage;
 mod tunnel;
@@ -77,6 +77,16 @@ pub(crate) fn validate_with(
     let store = v.store(raw.store.as_ref())?;
     let store_encryption = v.store_encryption(raw.store.as_ref())?;
     let cluster = raw.cluster.as_ref().map(|c| v.cluster(c)).transpose()?;
+    if let (Some(_), Some(f)) = (&cluster, &raw.gateway.get_ref().cpu_fairness) {
+        if gateway.cpu_fairness != datapath::CpuFairness::Off {
+            return Err(v.err(
+                f.span(),
+                "[gateway]",
+                "cpu_fairness",
+                "the distributed form does not carry CPU fairness to its data nodes yet: use                  \"off\" with [cluster]",
+            ));
+        }
+    }
     let tenants = v.tenants(&raw)?;
     let cpu_weights = v.cpu_weights(&raw)?;
     let vnets = v.vnets(&raw, &tenants)?;
