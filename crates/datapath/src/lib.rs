@@ -730,4 +730,16 @@ pub trait DataPath: Send + Sync {
             reason: "this data path does not measure CPU per tenant".into(),
         })
     }
+    /// Replaces the tenants' eBPF filters ([`FilterConfig`]), each loaded and verified by the
+    /// data path first: nothing changes on an error. The default accepts none but an empty
+    /// list ([`DataplaneError::Unsupported`]).
+    fn set_filters(&self, filters: &[FilterConfig]) -> Result<(), DataplaneError> {
+        if filters.is_empty() {
+            return Ok(());
+        }
+        Err(DataplaneError::Unsupported {
+            operation: "set_filters",
+            reason: "this data path runs no tenant filters".into(),
+        })
+    }
 }

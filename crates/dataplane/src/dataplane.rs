@@ -218,6 +218,15 @@ impl Dataplane {
         Ok(())
     }
 
+    /// Replaces the tenants' eBPF filters (`[[filter]]`, issue 18): each program is loaded,
+    /// verified and compiled for every worker first (an error names the filter and changes
+    /// nothing), then it runs as its tenant's feature chain stage for its direction from the
+    /// workers' next batch. Programs of one tenant from the same object share its maps, and
+    /// maps whose declaration is unchanged keep their contents.
+    pub fn set_filters(&self, filters: &[datapath::FilterConfig]) -> Result<(), DataplaneError> {
+        self.shared.set_filters(filters)
+    }
+
     /// Relay mode: replaces the customers attached at L2 on the steer nodes' ports
     /// ([`AttachmentPort::Steer`](datapath::AttachmentPort::Steer)), validated whole first
     /// (errors name the field, e.g. `attachments[1].routes[0]`; nothing changes then). A CE
@@ -406,6 +415,10 @@ impl DataPath for Dataplane {
         fairness: &datapath::CpuFairnessConfig,
     ) -> Result<(), DataplaneError> {
         Dataplane::set_cpu_fairness(self, fairness)
+    }
+
+    fn set_filters(&self, filters: &[datapath::FilterConfig]) -> Result<(), DataplaneError> {
+        Dataplane::set_filters(self, filters)
     }
 
     fn installed(&self) -> Vec<InstalledChild> {

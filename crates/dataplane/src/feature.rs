@@ -344,7 +344,24 @@ pub(crate) struct HeldPacket {
     chain: usize,
     /// (stage, reason) that dropped it.
     dropped: Option<(usize, usize)>,
+    /// A stage sent it back the way it came ([`FeatureBatch::reflect`]).
+    reflected: bool,
 }
+
+/// What became of a held packet in its chain.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Fate {
+    /// Let through: it goes on as it would have without the chain.
+    Pass,
+    /// Dropped by a stage (counted).
+    Dropped,
+    /// Sent back the way it came ([`FeatureBatch::reflect`]).
+    Reflected,
+}
+
+/// Bytes beyond the held packets' own that stages may add in one pass by lengthening
+/// packets ([`FeatureBatch::replace`]); reserved with the buffer, so growth never moves it.
+pub(crate) const GROWTH_BUDGET: usize = 256 * 1024;
 
 /// A worker's packets held for their chains during one pass over a batch, copied out of the
 /// receive batch (one copy per packet of a tenant with a chain; nothing for the others). The
@@ -399,7 +416,7 @@ impl<R> Held<R> {
         resume: R,
     ) -> bool {
         if self.buf.capacity() == 0 {
-            self.buf.reserve_exact(self.capacity);
+            self.buf.reserve_exact(self.capacity + GROWTH_BUDGET);
         }
         if self.buf.len() + pkt.len() > self.capacity {
             return false;
@@ -419,6 +436,7 @@ impl<R> Held<R> {
             meta,
             chain,
             dropped: None,
+            reflected: false,
         });
         self.resumes.push(resume);
         true
@@ -427,7 +445,12 @@ impl<R> Held<R> {
     /// Runs every held packet's chain, stage by stage over the packets of each chain; counts
     /// the drops. `before` is told of each chain about to run and how many packets it sees
     /// (the CPU charge begins the chain's tenant's run there). Then [`drain`](Self::drain) hands the packets on.
-    pub(crate) fn run(&mut self, now: Instant, mut before: impl FnMut(&ChainRun, usize)) {
+    pub(crate) fn run(
+        &mut self,
+        now: Instant,
+        worker: usize,
+        mut before: impl FnMut(&ChainRun, usize),
+    ) {
         for (ci, chain) in self.chains.iter().enumerate() {
             let mut seen = 0;
             for (si, (stage, _)) in chain.stages.iter().enumerate() {
@@ -436,7 +459,7 @@ impl<R> Held<R> {
                     self.packets
                         .iter()
                         .enumerate()
-                        .filter(|(_, p)| p.chain == ci && p.dropped.is_none())
+                        .filter(|(_, p)| p.chain == ci && p.dropped.is_none() && !p.reflected)
                         .map(|(i, _)| i),
                 );
                 if self.live.is_empty() {
@@ -452,6 +475,8 @@ impl<R> Held<R> {
                     now,
                     stage: si,
                     buf: &mut self.buf,
+                    limit: self.capacity + GROWTH_BUDGET,
+                    worker,
                     packets: &mut self.packets,
                     live: &self.live,
                 };
@@ -483,11 +508,16 @@ impl<R> Held<R> {
     }
 
     /// The held packets in the order they were held: (how it goes on, the chain that ran,
-    /// bytes, dropped by its chain). Empties the buffer.
-    pub(crate) fn drain(&mut self, mut f: impl FnMut(R, &Arc<ChainRun>, &mut [u8], bool)) {
+    /// bytes as the chain left them, what became of it). Empties the buffer.
+    pub(crate) fn drain(&mut self, mut f: impl FnMut(R, &Arc<ChainRun>, &mut [u8], Fate)) {
         for (p, resume) in self.packets.drain(..).zip(self.resumes.drain(..)) {
             let bytes = &mut self.buf[p.start..p.start + p.len];
-            f(resume, &self.chains[p.chain], bytes, p.dropped.is_some());
+            let fate = match (p.dropped, p.reflected) {
+                (Some(_), _) => Fate::Dropped,
+                (None, true) => Fate::Reflected,
+                (None, false) => Fate::Pass,
+            };
+            f(resume, &self.chains[p.chain], bytes, fate);
         }
         self.buf.clear();
         self.chains.clear();
@@ -511,7 +541,10 @@ pub struct FeatureBatch<'a> {
     direction: Direction,
     now: Instant,
     stage: usize,
-    buf: &'a mut [u8],
+    buf: &'a mut Vec<u8>,
+    /// How long `buf` may grow ([`FeatureBatch::replace`]); within its reserved capacity.
+    limit: usize,
+    worker: usize,
     packets: &'a mut [HeldPacket],
     live: &'a [usize],
 }
@@ -583,6 +616,45 @@ impl FeatureBatch<'_> {
     /// True if packet `i` was dropped by this stage.
     pub fn is_dropped(&self, i: usize) -> bool {
         self.packets[self.live[i]].dropped.is_some()
+    }
+
+    /// The data plane worker running the batch (0-based, below the configured workers): a
+    /// stage may keep per-worker state indexed by it.
+    pub fn worker(&self) -> usize {
+        self.worker
+    }
+
+    /// Replaces packet `i` by `bytes`, which may be shorter or longer (a stage that adds or
+    /// removes headers). False, and the packet unchanged, if the batch has no room left for
+    /// the longer packet ([`GROWTH_BUDGET`] bytes per pass beyond the packets' own).
+    pub fn replace(&mut self, i: usize, bytes: &[u8]) -> bool {
+        let p = &mut self.packets[self.live[i]];
+        if bytes.len() <= p.len {
+            self.buf[p.start..p.start + bytes.len()].copy_from_slice(bytes);
+        } else {
+            if self.buf.len() + bytes.len() > self.limit {
+                return false;
+            }
+            p.start = self.buf.len();
+            self.buf.extend_from_slice(bytes);
+        }
+        p.len = bytes.len();
+        true
+    }
+
+    /// Sends packet `i` back the way it came, as the stage left it (XDP's `XDP_TX`): a
+    /// decrypted packet into the tunnels of its VNet (or the TUN device's), a packet from the
+    /// VNet back into it, from a CE back to the CE. Later stages do not see it.
+    pub fn reflect(&mut self, i: usize) {
+        let p = &mut self.packets[self.live[i]];
+        if p.dropped.is_none() {
+            p.reflected = true;
+        }
+    }
+
+    /// True if packet `i` was sent back by this stage.
+    pub fn is_reflected(&self, i: usize) -> bool {
+        self.packets[self.live[i]].reflected
     }
 }
 
@@ -667,9 +739,9 @@ mod tests {
             assert!(held.hold(&run, &[i; 3], meta.clone(), i));
         }
         assert!(!held.hold(&run, &[9; 3], meta, 9), "10 bytes hold three");
-        held.run(Instant::now(), |_, _| {});
+        held.run(Instant::now(), 0, |_, _| {});
         let mut seen = Vec::new();
-        held.drain(|r, _, pkt, dropped| seen.push((r, pkt[0], dropped)));
+        held.drain(|r, _, pkt, fate| seen.push((r, pkt[0], fate == Fate::Dropped)));
         assert_eq!(seen, vec![(0, 0, true), (1, 1, true), (2, 2, true)]);
         assert_eq!(
             drops.snapshot(),

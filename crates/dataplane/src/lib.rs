@@ -124,6 +124,7 @@ mod batch;
 mod control;
 mod dataplane;
 mod feature;
+mod filters;
 mod inner;
 mod io;
 mod lane;

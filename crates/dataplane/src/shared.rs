@@ -123,6 +123,8 @@ pub(crate) struct Shared {
     /// steer nodes' ports, replaced by [`Shared::set_attachments`]. Published with the tables
     /// ([`crate::attach::AttachView`]).
     pub(crate) attach: Mutex<Arc<AttachTable>>,
+    /// The tenants' filters (their maps kept across replacements).
+    pub(crate) filters: Mutex<crate::filters::Filters>,
 }
 
 fn config_err(field: impl Into<String>, reason: impl Into<String>) -> DataplaneError {
@@ -368,6 +370,7 @@ impl Shared {
             housekeeping: Mutex::new(Instant::now() + HOUSEKEEPING),
             stop: AtomicBool::new(false),
             attach: Mutex::new(attach),
+            filters: Mutex::default(),
         })
     }
 
@@ -467,6 +470,29 @@ impl Shared {
         self.publish(&reg);
         drop(reg);
         tracing::info!(%tenant, ?direction, stages = ?chain, "feature chain set");
+        Ok(())
+    }
+
+    /// Replaces the tenants' filters: every program loaded, verified and instantiated first
+    /// (nothing changes on an error), then each (tenant, direction) with filters gets its
+    /// stage, and those that had one and have none now lose it.
+    pub(crate) fn set_filters(
+        &self,
+        filters: &[datapath::FilterConfig],
+    ) -> Result<(), DataplaneError> {
+        let mut current = self.filters.lock().unwrap_or_else(|p| p.into_inner());
+        let mut built = current.build(filters, self.workers)?;
+        let direction = |d| match d {
+            datapath::FilterDirection::ToCloud => Direction::Inbound,
+            datapath::FilterDirection::FromCloud => Direction::Outbound,
+        };
+        for (tenant, d, chain) in &built.stages {
+            self.set_feature_chain(tenant, direction(*d), chain.clone())?;
+        }
+        for (tenant, d) in current.commit(&mut built) {
+            self.set_feature_chain(&tenant, direction(d), FeatureChain::new())?;
+        }
+        tracing::info!(filters = filters.len(), "tenant filters set");
         Ok(())
     }
 

@@ -94,6 +94,9 @@ drops! {
     TooBig = "too_big",
     /// A packet for a tenant's feature chain found the worker's hold buffer full.
     FeatureHoldFull = "feature_hold_full",
+    /// A packet a feature stage sent back the way it came (a filter's `XDP_TX`) found no way
+    /// back: no CHILD_SA of the VNet covers it, no route to its destination, no CE for it.
+    ReflectNoRoute = "reflect_no_route",
     /// The outbound SA's sequence numbers are exhausted, or sealing failed.
     EspSeal = "esp_seal",
     /// The kernel refused to send.

@@ -472,3 +472,49 @@ fn the_jit_and_the_interpreter_agree_on_random_packets() {
         assert_eq!(a.counters(), b.counters(), "{name} {section}");
     }
 }
+
+/// The SYN-cookie proxy's two programs, instantiated from one object, share its maps: a
+/// connection the inbound program records is the outbound program's too.
+#[test]
+fn programs_of_one_object_share_its_maps() {
+    let Some(bytes) = compile_example("syncookie") else {
+        return;
+    };
+    let inbound = Object::load(&bytes, "xdp:syncookie_in")
+        .expect("verifies")
+        .instantiate(RunConfig::default())
+        .expect("instantiates");
+    let outbound = Object::load(&bytes, "xdp:syncookie_out")
+        .expect("verifies")
+        .instantiate_sharing(RunConfig::default(), inbound.maps())
+        .expect("instantiates");
+    let conns = inbound.map("conns").expect("conns");
+    assert!(std::sync::Arc::ptr_eq(
+        conns,
+        outbound.map("conns").expect("conns")
+    ));
+    conns.update(&[1; 12], &[2; 16], BPF_ANY).expect("update");
+    assert_eq!(
+        outbound.map("conns").expect("conns").lookup(&[1; 12]),
+        Ok(Some(vec![2; 16]))
+    );
+    // A map declared differently is not taken: a per-CPU map for another worker count.
+    let four = Object::load(&bytes, "xdp:syncookie_out")
+        .expect("verifies")
+        .instantiate_sharing(
+            RunConfig {
+                workers: 4,
+                ..RunConfig::default()
+            },
+            inbound.maps(),
+        )
+        .expect("instantiates");
+    assert!(!std::sync::Arc::ptr_eq(
+        inbound.map("verdicts").expect("verdicts"),
+        four.map("verdicts").expect("verdicts")
+    ));
+    assert!(std::sync::Arc::ptr_eq(
+        conns,
+        four.map("conns").expect("conns")
+    ));
+}

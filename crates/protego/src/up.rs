@@ -134,6 +134,11 @@ fn serve(config: Config, discard_applied: bool) -> Result<(), UpError> {
         dp.shutdown();
         return Err(e.into());
     }
+    // Tenant filters run before the first tunnel is up.
+    if let Err(e) = dp.set_filters(&config.filters) {
+        dp.shutdown();
+        return Err(e.into());
+    }
     let datapath: Arc<dyn DataPath> = dp.clone();
     // The per-VM overlay routes live beside a file store (a memory store keeps none). They
     // are restored before IKE starts: an SA established earlier would carry packets to moved

@@ -36,7 +36,7 @@ use super::decap::{self, Frame};
 use super::encap;
 use super::open::{self, Opened};
 use super::seal;
-use crate::feature::{Direction, PacketMeta, TunChain};
+use crate::feature::{Direction, Fate, PacketMeta, TunChain};
 use crate::inner::InnerIp;
 use crate::out::{Out, Resume};
 use crate::routes::Routes;
@@ -665,14 +665,15 @@ pub(crate) fn end_pass(o: &mut Out, sh: &Shared, t: &Tables, r: &Routes, now: In
     let mut held = std::mem::replace(&mut o.held, crate::feature::Held::new(0));
     // The charge: each chain is a run of its tenant, and so is each packet's way on after it.
     let mut charge = o.charge.take();
-    held.run(now, |chain, packets| {
+    let worker = o.worker.unwrap_or(0);
+    held.run(now, worker, |chain, packets| {
         if let Some(c) = charge.as_deref_mut() {
             let n = u32::try_from(packets).unwrap_or(u32::MAX);
             c.switch(t.tenants.slot(chain.tenant()), n);
         }
     });
     o.charge = charge;
-    held.drain(|resume, chain, pkt, dropped| match resume {
+    held.drain(|resume, chain, pkt, fate| match resume {
         Resume::Inbound {
             child,
             packet,
@@ -689,8 +690,13 @@ pub(crate) fn end_pass(o: &mut Out, sh: &Shared, t: &Tables, r: &Routes, now: In
                 local,
                 src,
             };
-            if dropped {
-                return o.defer_accept(o.mark(), opened.job(None));
+            if fate != Fate::Pass {
+                // Authentic either way: the replay window takes it.
+                o.defer_accept(o.mark(), opened.job(None));
+                if fate == Fate::Reflected {
+                    reflect_inbound(o, sh, t, child.inside.clone(), pkt);
+                }
+                return;
             }
             // A stage may have rewritten the headers: parse again.
             match InnerIp::parse(pkt) {
@@ -704,7 +710,8 @@ pub(crate) fn end_pass(o: &mut Out, sh: &Shared, t: &Tables, r: &Routes, now: In
                 }
             }
         }
-        Resume::FromVnet(_) | Resume::FromCe(_) | Resume::FromTun { .. } if dropped => {}
+        Resume::FromVnet(_) | Resume::FromCe(_) | Resume::FromTun { .. }
+            if fate == Fate::Dropped => {}
         Resume::FromVnet(vnet) => {
             if let Some(c) = o.charge.as_deref_mut() {
                 c.switch(t.tenants.vnet(vnet.index), 1);
@@ -715,6 +722,15 @@ pub(crate) fn end_pass(o: &mut Out, sh: &Shared, t: &Tables, r: &Routes, now: In
             };
             let len = parsed.len.min(pkt.len());
             let pkt = &mut pkt[..len];
+            if fate == Fate::Reflected {
+                // Back into the VNet, toward the packet's (new) destination.
+                if t.attach.by_vnet.is_empty()
+                    || !attach::to_ce_of_vnet(o, sh, t, now, vnet.index, pkt, &parsed)
+                {
+                    encap::deliver(o, sh, t, r, now, vnet.index, pkt, &parsed, || Ok(()));
+                }
+                return;
+            }
             let no_tunnel = DropReason::VxlanNoTunnel;
             if let Some(child) = seal::select_vnet(o, t, &vnet, pkt, &parsed.flow, no_tunnel) {
                 seal::queue(o, sh, child, pkt);
@@ -726,10 +742,18 @@ pub(crate) fn end_pass(o: &mut Out, sh: &Shared, t: &Tables, r: &Routes, now: In
                 return o.drop_packet(DropReason::AttachMalformed);
             };
             let len = parsed.len.min(pkt.len());
+            if fate == Fate::Reflected {
+                // Back to the CE it came from (the one its destination is behind now).
+                if !attach::to_ce_of_vnet(o, sh, t, now, vnet.index, &mut pkt[..len], &parsed) {
+                    o.drop_packet(DropReason::ReflectNoRoute);
+                }
+                return;
+            }
             if !o.ce_bound.hold(&vnet, &pkt[..len]) {
                 o.drop_packet(DropReason::TooBig);
             }
         }
+        Resume::FromTun { .. } if fate == Fate::Reflected => encap::deliver_tun(o, sh, pkt),
         Resume::FromTun { same_tenant } => {
             let Some((child, len)) = seal::select_tun(o, t, pkt) else {
                 return;
@@ -747,4 +771,34 @@ pub(crate) fn end_pass(o: &mut Out, sh: &Shared, t: &Tables, r: &Routes, now: In
         }
     });
     o.held = held;
+}
+
+/// A decrypted packet a feature stage sent back (a filter's `XDP_TX`): sealed into the
+/// tunnels its inside interface's outbound traffic takes (the VNet's, chosen on the packet as
+/// the stage left it, or the TUN device's), as a packet from the VNet would be.
+///
+/// It is sealed on this worker, in the ESP lane's batch, while the CHILD_SA's other outbound
+/// packets are sealed in the VTEP lane's: the two may interleave their sequence numbers, so
+/// the peer can see them out of order (within its replay window they are accepted).
+fn reflect_inbound(o: &mut Out, sh: &Shared, t: &Tables, inside: Inside, pkt: &mut [u8]) {
+    let Some(parsed) = InnerIp::parse(pkt) else {
+        return o.drop_packet(DropReason::InnerMalformed);
+    };
+    let len = parsed.len.min(pkt.len());
+    let pkt = &mut pkt[..len];
+    let child = match inside {
+        Inside::Vnet(v) => match t.overlay.vnets.get(v) {
+            Some(vnet) => {
+                seal::select_vnet(o, t, vnet, pkt, &parsed.flow, DropReason::ReflectNoRoute)
+            }
+            None => {
+                o.drop_packet(DropReason::ReflectNoRoute);
+                None
+            }
+        },
+        Inside::Tun => seal::select_tun(o, t, pkt).map(|(child, _)| child),
+    };
+    if let Some(child) = child {
+        seal::queue(o, sh, child, pkt);
+    }
 }

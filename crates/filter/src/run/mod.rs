@@ -173,6 +173,18 @@ pub struct Counters {
 impl Program {
     /// Lowers, re-verifies and compiles the program, and allocates its maps.
     pub fn instantiate(&self, config: RunConfig) -> Result<Instance, RunError> {
+        self.instantiate_sharing(config, &[])
+    }
+
+    /// [`Program::instantiate`], taking each map from `maps` when one there has the same
+    /// declaration (name, kind, sizes, entries, flags) and is kept for as many workers: the
+    /// programs of one object share its maps, as under libbpf, and a program replaced by one
+    /// with the same maps keeps their contents.
+    pub fn instantiate_sharing(
+        &self,
+        config: RunConfig,
+        maps: &[Arc<Map>],
+    ) -> Result<Instance, RunError> {
         let lowered =
             lower::lower(self.instructions(), Some(config.insn_limit)).map_err(|source| {
                 RunError::Lower {
@@ -198,7 +210,20 @@ impl Program {
         let maps = self
             .maps()
             .iter()
-            .map(|spec| Map::new(spec, config.workers).map(Arc::new))
+            .map(|spec| {
+                let copies = if spec.kind == crate::MapKind::PerCpuArray {
+                    config.workers.max(1)
+                } else {
+                    1
+                };
+                match maps
+                    .iter()
+                    .find(|m| m.spec() == spec && m.copies() == copies)
+                {
+                    Some(m) => Ok(Arc::clone(m)),
+                    None => Map::new(spec, config.workers).map(Arc::new),
+                }
+            })
             .collect::<Result<Vec<_>, _>>()?;
         let code: Arc<[u8]> = lowered.runnable.iter().flat_map(|i| i.to_bytes()).collect();
         let instance = Instance {

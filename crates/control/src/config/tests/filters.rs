@@ -197,3 +197,22 @@ fn apply_keeps_filters_and_refuses_to_remove_their_tenant() {
         Ok(_) => panic!("a filter's tenant was removed"),
     }
 }
+
+#[test]
+fn the_distributed_form_refuses_filters_until_its_data_nodes_get_them() {
+    let Some((_dir, limiter)) = object("dns_ratelimit") else {
+        return;
+    };
+    let cluster = "[cluster]\nname = \"control1\"\ngrpc = \"10.0.0.1:7300\"\n\
+         geneve = \"10.0.0.1:6081\"\nca = \"pki/ca.pem\"\ncert = \"pki/c1.pem\"\nkey = \"pki/c1.key\"\n";
+    let text = format!(
+        "{}\n{cluster}",
+        with_filters(&filter("acme", "to_cloud", &limiter, "xdp"))
+    );
+    expect_error(
+        &text,
+        "[[filter]]",
+        "tenant",
+        "does not ship filters to its data nodes yet",
+    );
+}

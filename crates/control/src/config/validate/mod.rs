@@ -132,6 +132,15 @@ pub(crate) fn validate_with(
     }
     let mut filters: Vec<filter::CheckedFilter> = Vec::new();
     for f in &raw.filter {
+        if cluster.is_some() {
+            return Err(v.err(
+                f.span(),
+                "[[filter]]",
+                "tenant",
+                "the distributed form does not ship filters to its data nodes yet: \
+                 [[filter]] runs with `protego up` only",
+            ));
+        }
         let checked = v.filter(f, &tenants, &filters)?;
         filters.push(checked);
     }

@@ -1,0 +1,249 @@
+//! Tenant filters in the data path (issue 18): the eBPF programs of `[[filter]]` tables, run
+//! by `filter`'s runtime as one stage of their tenant's feature chain per direction.
+//!
+//! [`Filters::set`] loads and verifies every program again (the data path trusts no caller),
+//! instantiates it for every worker (its JIT code compiled once per worker, a frame per
+//! worker) and publishes one [`BpfStage`] per (tenant, direction) that has filters: the
+//! tenant's programs of that direction in increasing weight. Each program sees the packets
+//! the earlier ones let through (`XDP_PASS`), as their last stage left them; `XDP_DROP` and
+//! `XDP_ABORTED` drop the packet (counted as `<tenant>/filter_drop` and
+//! `<tenant>/filter_aborted`), `XDP_TX` sends it back the way it came
+//! ([`FeatureBatch::reflect`]).
+//!
+//! Programs of one tenant loaded from the same object (the same bytes) share the object's
+//! maps, as under libbpf, and a replacement keeps a map whose declaration did not change,
+//! with its contents: the maps of every filter set are kept by (tenant, object) and handed to
+//! the next set's instances. A batch in flight finishes with the stage it read from the
+//! published tables; the next batch runs the new one.
+
+use crate::feature::{Feature, FeatureBatch, FeatureChain};
+use datapath::{DataplaneError, FilterConfig, FilterDirection};
+use filter::run::{Engine, FrameBuf, Map, RunConfig, Runtime, XdpAction};
+use ids::TenantId;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+/// The drop reasons of a filter stage, in [`Feature::drop_reasons`] order.
+const REASONS: [&str; 3] = ["filter_drop", "filter_aborted", "filter_too_long"];
+const DROP: usize = 0;
+const ABORTED: usize = 1;
+const TOO_LONG: usize = 2;
+
+/// The largest packet a filter's frame holds (the gateway's packets fit a 64 KiB datagram).
+const FRAME_MTU: usize = 65_000;
+
+/// One program of a stage: a runtime (its JIT code and maps) and a frame per worker.
+struct Program {
+    workers: Vec<Mutex<(Runtime, FrameBuf)>>,
+}
+
+/// A tenant's filters of one direction: one stage of its feature chain.
+pub(crate) struct BpfStage {
+    programs: Vec<Program>,
+    /// `bpf_ktime_get_ns` is CLOCK_MONOTONIC: its value at `base`.
+    base: Instant,
+    base_ns: u64,
+}
+
+impl Feature for BpfStage {
+    fn name(&self) -> &'static str {
+        "filter"
+    }
+
+    fn drop_reasons(&self) -> &'static [&'static str] {
+        &REASONS
+    }
+
+    fn process(&self, batch: &mut FeatureBatch<'_>) {
+        let now_ns = self.base_ns
+            + u64::try_from(batch.now().saturating_duration_since(self.base).as_nanos())
+                .unwrap_or(u64::MAX);
+        for program in &self.programs {
+            let Some(slot) = program.workers.get(batch.worker()) else {
+                continue;
+            };
+            let mut guard = slot.lock().unwrap_or_else(|p| p.into_inner());
+            let (rt, frame) = &mut *guard;
+            rt.set_now(now_ns);
+            for i in 0..batch.len() {
+                if batch.is_dropped(i) || batch.is_reflected(i) {
+                    continue;
+                }
+                if frame.load_ip(batch.packet(i)).is_err() {
+                    batch.drop_packet(i, TOO_LONG);
+                    continue;
+                }
+                let verdict = rt.run(frame);
+                match verdict.action {
+                    XdpAction::Drop => batch.drop_packet(i, DROP),
+                    XdpAction::Aborted => batch.drop_packet(i, ABORTED),
+                    XdpAction::Pass | XdpAction::Tx => {
+                        // The program may have rewritten the packet or moved its bounds.
+                        let Some(ip) = frame.ip_packet() else {
+                            batch.drop_packet(i, ABORTED);
+                            continue;
+                        };
+                        if !batch.replace(i, ip) {
+                            batch.drop_packet(i, TOO_LONG);
+                        } else if verdict.action == XdpAction::Tx {
+                            batch.reflect(i);
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// A tenant's object (its bytes) and the maps its programs share.
+type ObjectMaps = (TenantId, Arc<[u8]>, Vec<Arc<Map>>);
+
+/// The filters a data path runs, and the maps kept across replacements.
+#[derive(Default)]
+pub(crate) struct Filters {
+    /// The maps of the current set, by (tenant, object bytes).
+    maps: Vec<ObjectMaps>,
+    /// The tenants and directions that have a stage now.
+    chains: Vec<(TenantId, FilterDirection)>,
+}
+
+/// The stages a filter set makes, by (tenant, direction), and what [`Filters`] keeps of it.
+pub(crate) struct Built {
+    pub(crate) stages: Vec<(TenantId, FilterDirection, FeatureChain)>,
+    maps: Vec<ObjectMaps>,
+}
+
+impl Filters {
+    /// Loads, verifies and instantiates `filters` for `workers` workers, reusing the maps of
+    /// the current set where a program's declaration matches; changes nothing (an error
+    /// naming the filter) if any program is refused.
+    pub(crate) fn build(
+        &self,
+        filters: &[FilterConfig],
+        workers: usize,
+    ) -> Result<Built, DataplaneError> {
+        let mut sorted: Vec<(usize, &FilterConfig)> = filters.iter().enumerate().collect();
+        sorted.sort_by_key(|(i, f)| (f.tenant.clone(), f.direction, f.weight, *i));
+        let mut maps: Vec<ObjectMaps> = Vec::new();
+        let mut stages: Vec<(TenantId, FilterDirection, Vec<Program>)> = Vec::new();
+        for (index, f) in sorted {
+            let err = |reason: String| DataplaneError::Config {
+                field: format!("filters[{index}]"),
+                reason: format!(
+                    "{} of {} (tenant {}, {}): {reason}",
+                    f.section, f.object_name, f.tenant, f.direction
+                ),
+            };
+            let program =
+                filter::Object::load(&f.object, &f.section).map_err(|e| err(e.to_string()))?;
+            // The maps this object already has in the new set, else those of the current one.
+            let pool: Vec<Arc<Map>> = maps
+                .iter()
+                .chain(&self.maps)
+                .find(|(t, o, _)| *t == f.tenant && **o == *f.object)
+                .map(|(_, _, m)| m.clone())
+                .unwrap_or_default();
+            let config = RunConfig {
+                workers: workers.max(1),
+                ..RunConfig::default()
+            };
+            let instance = program
+                .instantiate_sharing(config, &pool)
+                .map_err(|e| err(e.to_string()))?;
+            match maps
+                .iter_mut()
+                .find(|(t, o, _)| *t == f.tenant && **o == *f.object)
+            {
+                Some((_, _, m)) => {
+                    for map in instance.maps() {
+                        if !m.iter().any(|k| Arc::ptr_eq(k, map)) {
+                            m.push(Arc::clone(map));
+                        }
+                    }
+                }
+                None => maps.push((
+                    f.tenant.clone(),
+                    Arc::clone(&f.object),
+                    instance.maps().to_vec(),
+                )),
+            }
+            let runtimes = (0..workers.max(1))
+                .map(|w| {
+                    let rt = instance
+                        .runtime(w, Engine::Jit, seed(w))
+                        .map_err(|e| err(e.to_string()))?;
+                    let frame = FrameBuf::new(FRAME_MTU).map_err(|e| err(e.to_string()))?;
+                    Ok(Mutex::new((rt, frame)))
+                })
+                .collect::<Result<Vec<_>, DataplaneError>>()?;
+            tracing::info!(
+                tenant = %f.tenant,
+                direction = %f.direction,
+                program = %f.section,
+                object = %f.object_name,
+                weight = f.weight,
+                instructions = program.instructions().len(),
+                "tenant filter loaded"
+            );
+            let p = Program { workers: runtimes };
+            match stages
+                .iter_mut()
+                .find(|(t, d, _)| *t == f.tenant && *d == f.direction)
+            {
+                Some((_, _, programs)) => programs.push(p),
+                None => stages.push((f.tenant.clone(), f.direction, vec![p])),
+            }
+        }
+        let base = Instant::now();
+        let base_ns = monotonic_ns();
+        let stages = stages
+            .into_iter()
+            .map(|(tenant, direction, programs)| {
+                let stage = BpfStage {
+                    programs,
+                    base,
+                    base_ns,
+                };
+                (tenant, direction, FeatureChain::new().with(Arc::new(stage)))
+            })
+            .collect();
+        Ok(Built { stages, maps })
+    }
+
+    /// Takes `built` as the current set; returns the (tenant, direction) pairs that had a
+    /// stage before and have none now (their chains to clear).
+    pub(crate) fn commit(&mut self, built: &mut Built) -> Vec<(TenantId, FilterDirection)> {
+        let now: Vec<(TenantId, FilterDirection)> = built
+            .stages
+            .iter()
+            .map(|(t, d, _)| (t.clone(), *d))
+            .collect();
+        let gone = self
+            .chains
+            .iter()
+            .filter(|c| !now.contains(c))
+            .cloned()
+            .collect();
+        self.chains = now;
+        self.maps = std::mem::take(&mut built.maps);
+        gone
+    }
+}
+
+/// A per-worker seed for `bpf_get_prandom_u32`, different in each process.
+fn seed(worker: usize) -> u64 {
+    let mut s = monotonic_ns() ^ (u64::from(std::process::id()) << 32);
+    s ^= (worker as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    s
+}
+
+/// CLOCK_MONOTONIC in nanoseconds (what `bpf_ktime_get_ns` returns).
+fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes the timespec it is given.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    u64::try_from(ts.tv_sec).unwrap_or(0) * 1_000_000_000 + u64::try_from(ts.tv_nsec).unwrap_or(0)
+}
