@@ -107,7 +107,12 @@ pub(crate) fn run(sh: &Shared, id: usize) {
         } else {
             housekeeping_due(sh).saturating_duration_since(now)
         };
-        match poller.wait(Some(timeout)) {
+        // The wait is the worker's idle time: it fills the tenants' token buckets.
+        let waited = match w.out.charge.as_deref_mut() {
+            Some(c) => c.idle(|| poller.wait(Some(timeout))),
+            None => poller.wait(Some(timeout)),
+        };
+        match waited {
             Ok(Ready::Shutdown) => return,
             Ok(Ready::Readable) => {}
             Err(e) => {
@@ -156,6 +161,9 @@ fn batch(sh: &Shared, w: &mut Worker, routes: &RouteReader, lane: usize) -> Batc
     }
     let (n, more) = input::receive(sh, &mut w.rx, l.kind, &mut w.out.drops);
     if n == 0 {
+        if let Some(c) = w.out.charge.as_deref_mut() {
+            c.empty();
+        }
         return Batch::Empty;
     }
     if let Some(c) = w.out.charge.as_deref_mut() {

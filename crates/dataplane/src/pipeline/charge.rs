@@ -94,6 +94,15 @@ pub(crate) struct TenantTable {
     pub(crate) params: Option<Params>,
     /// The slot of each tenant.
     by_name: HashMap<TenantId, TenantSlot>,
+    /// A number no other table of this process has (a worker's buckets follow a table by
+    /// it: an address could be reused by a later table).
+    pub(crate) generation: u64,
+}
+
+/// A table generation no earlier table had.
+fn next_generation() -> u64 {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
 }
 
 /// The token buckets' parameters, in cycles of the cycle counter at `cycles_per_ns`: Δt = 1 ms,
@@ -171,6 +180,7 @@ impl TenantBook {
             vnets,
             params: self.params.filter(|_| self.mode == CpuFairness::Enforce),
             by_name: self.by_name.clone(),
+            generation: next_generation(),
         }
     }
 }
@@ -199,9 +209,18 @@ pub(crate) struct Charge {
     capped: u64,
     /// Packets dropped for their fair share in this batch, per slot.
     refused: Vec<u32>,
-    /// Cycles spent inside batches on nothing charged to a tenant, since the start (the
-    /// virtual clock of the buckets runs that much behind the counter).
+    /// Cycles spent on nothing charged to a tenant, since the start: inside batches (no
+    /// tenant known) and between them (housekeeping, polls that found work, the lanes' locks),
+    /// all but the worker's idle waits. The virtual clock of the buckets runs that much behind
+    /// the counter, so tokens are generated for charged and idle cycles only: a saturated
+    /// worker generates 31/32 of what it charges, whatever its overhead.
     uncharged: u64,
+    /// Where the time between batches was last accounted up to (a batch's start or end).
+    mark: Option<u64>,
+    /// Cycles of idle waits ([`idle`](Self::idle)) since `mark`.
+    idle: u64,
+    /// A batch is under way (between [`start`](Self::start) and [`end`](Self::end)).
+    in_batch: bool,
     /// Enforcing: the token buckets.
     enforce: Option<Enforce>,
 }
@@ -209,8 +228,8 @@ pub(crate) struct Charge {
 /// A worker's token buckets and the tenant table they were sized for.
 struct Enforce {
     buckets: Buckets,
-    /// The table (its address) the buckets follow.
-    table: usize,
+    /// The generation of the table the buckets follow.
+    table: u64,
     /// Tokens were generated since [`Charge::tokens`] last looked.
     generated: bool,
     /// Per slot: the interval (number) in which it was last charged.
@@ -262,6 +281,9 @@ impl Charge {
             capped: 0,
             refused: Vec::new(),
             uncharged: 0,
+            mark: None,
+            idle: 0,
+            in_batch: false,
             enforce: None,
         }
     }
@@ -274,7 +296,7 @@ impl Charge {
             self.enforce = None;
             return;
         };
-        let id = table as *const TenantTable as usize;
+        let id = table.generation;
         if let Some(e) = self.enforce.as_mut() {
             if e.table == id {
                 return;
@@ -340,6 +362,8 @@ impl Charge {
     /// generates the tokens of the intervals elapsed on the virtual clock.
     pub(crate) fn start(&mut self) {
         self.since = self.clock.now();
+        self.between(self.since);
+        self.in_batch = true;
         if let Some(e) = self.enforce.as_mut() {
             let g = e.buckets.tick(self.since.saturating_sub(self.uncharged));
             if g.generated != 0 {
@@ -352,6 +376,36 @@ impl Charge {
         self.current = NO_TENANT;
         self.runs = 0;
         self.tail = None;
+    }
+
+    /// Runs `f`, an idle wait of the worker (its poll): those cycles advance the buckets'
+    /// virtual clock; every other cycle between batches does not.
+    pub(crate) fn idle<T>(&mut self, f: impl FnOnce() -> T) -> T {
+        let before = self.clock.now();
+        let r = f();
+        self.idle = self
+            .idle
+            .saturating_add(self.clock.now().saturating_sub(before));
+        r
+    }
+
+    /// A batch begun with [`start`](Self::start) found nothing to receive: its time counts
+    /// as an idle wait, and no batch is under way.
+    pub(crate) fn empty(&mut self) {
+        let now = self.clock.now();
+        self.idle = self.idle.saturating_add(now.saturating_sub(self.since));
+        self.in_batch = false;
+    }
+
+    /// Accounts the time from `mark` to `now`, between batches: what was not an idle wait is
+    /// uncharged.
+    fn between(&mut self, now: u64) {
+        if let Some(mark) = self.mark {
+            let busy = now.saturating_sub(mark).saturating_sub(self.idle);
+            self.uncharged = self.uncharged.saturating_add(busy);
+        }
+        self.idle = 0;
+        self.mark = Some(now);
     }
 
     /// The batch's input has been received: the cycles since [`start`](Self::start) are a
@@ -416,6 +470,10 @@ impl Charge {
     /// Runs `f`, a system call for the batch (sending): its cycles are split over the batch's
     /// packets at the end; the current run goes on after it.
     pub(crate) fn syscall<T>(&mut self, f: impl FnOnce() -> T) -> T {
+        if !self.in_batch {
+            // Outside a batch (housekeeping): no tenant's, and not idle either.
+            return f();
+        }
         let before = self.clock.now();
         let capped = self.tail.is_some();
         self.close(before);
@@ -435,6 +493,10 @@ impl Charge {
     /// slot's charge is handed to `fold`, and the batch's state is cleared.
     pub(crate) fn end(&mut self, packets: u64, mut fold: impl FnMut(Charged)) -> Folded {
         self.phase();
+        self.in_batch = false;
+        // From here to the next batch's start is accounted then.
+        self.idle = 0;
+        self.mark = Some(self.since);
         let known: u64 = self.packets.iter().map(|&n| u64::from(n)).sum();
         let total = packets.max(known).max(1);
         let syscalls = std::mem::take(&mut self.syscalls);

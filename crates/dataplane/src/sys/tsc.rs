@@ -47,8 +47,9 @@ fn read() -> u64 {
     u64::try_from(origin.elapsed().as_nanos()).unwrap_or(u64::MAX)
 }
 
-/// How long the calibration measures (twice, the faster rate of the two kept: a preemption
-/// during one only lengthens it).
+/// How long the calibration measures (twice, the faster rate of the two kept: the counter's
+/// interval lies inside the clock's, so a preemption between a clock read and a counter read
+/// only lowers the rate).
 const CALIBRATION: Duration = Duration::from_millis(10);
 
 /// Cycles of [`Tsc`] per nanosecond, measured once per process against `CLOCK_MONOTONIC`
@@ -63,7 +64,7 @@ pub(crate) fn cycles_per_ns() -> f64 {
             let ns = t1.duration_since(t0).as_nanos() as f64;
             c1.saturating_sub(c0) as f64 / ns.max(1.0)
         };
-        let rate = once().min(once());
+        let rate = once().max(once());
         if rate.is_finite() && rate > 0.0 {
             rate
         } else {
