@@ -121,9 +121,19 @@ pub(crate) fn natt(
     data: &[u8],
 ) -> Option<Class> {
     match UdpEncap::classify(data) {
-        Err(_) => o.drop_packet(DropReason::MalformedUdp),
-        Ok(UdpEncap::NatKeepalive) => o.drop_packet(DropReason::NattKeepalive),
-        Ok(UdpEncap::Ike) => ike(o, sh, local, src, &data[NON_ESP_MARKER_LEN..]),
+        // No tenant's: charged to none (not to the tenant of the packet before).
+        Err(_) => {
+            o.no_tenant();
+            o.drop_packet(DropReason::MalformedUdp)
+        }
+        Ok(UdpEncap::NatKeepalive) => {
+            o.no_tenant();
+            o.drop_packet(DropReason::NattKeepalive)
+        }
+        Ok(UdpEncap::Ike) => {
+            o.no_tenant();
+            ike(o, sh, local, src, &data[NON_ESP_MARKER_LEN..])
+        }
         Ok(UdpEncap::Esp(spi)) => {
             return Some(Class::Esp {
                 spi,

@@ -51,6 +51,7 @@ use wire::EspSpi;
 
 /// A datagram on the IKE socket `local` from `src`.
 pub(crate) fn ike(o: &mut Out, sh: &Shared, local: SocketAddr, src: SocketAddr, data: &[u8]) {
+    o.no_tenant();
     classify::ike(o, sh, local, src, data);
 }
 
