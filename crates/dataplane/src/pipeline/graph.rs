@@ -63,6 +63,15 @@ struct Delivery<'p, 't> {
     vnet: usize,
 }
 
+/// A queued delivery's work is its tenant's (the queue is flushed under whichever run is
+/// current: another tenant's, or none).
+#[inline]
+fn charge_to(o: &mut Out, opened: &Opened<'_>) {
+    if let Some(c) = o.charge.as_deref_mut() {
+        c.switch(opened.child.tenant, 1);
+    }
+}
+
 /// The lookup stage's queue: opened packets for VNets (in the receive batch `'p`, with the
 /// tables `'t`) waiting to be looked up together. See the module docs.
 pub(crate) struct Deliveries<'p, 't> {
@@ -107,6 +116,7 @@ impl<'p, 't> Deliveries<'p, 't> {
             // No per-VM entries: the prefixes answer, packet by packet, as before the stage.
             for item in &mut self.items[..n] {
                 if let Some(d) = item.take() {
+                    charge_to(o, &d.opened);
                     to_inside(o, sh, t, r, now, &d.opened, d.pkt, &d.parsed, None);
                 }
             }
@@ -121,6 +131,7 @@ impl<'p, 't> Deliveries<'p, 't> {
         let hosts = lookup_hosts(t, r, &dsts[..n]);
         for (item, host) in self.items[..n].iter_mut().zip(hosts) {
             if let Some(d) = item.take() {
+                charge_to(o, &d.opened);
                 to_inside(o, sh, t, r, now, &d.opened, d.pkt, &d.parsed, Some(host));
             }
         }
