@@ -13,7 +13,8 @@
 //! Programs of one tenant loaded from the same object (the same bytes) share the object's
 //! maps, as under libbpf, and a replacement keeps a map whose declaration did not change,
 //! with its contents: the maps of every filter set are kept by (tenant, object) and handed to
-//! the next set's instances. A batch in flight finishes with the stage it read from the
+//! the next set's instances of the same object, or of the object that replaces it in the same
+//! place (tenant, direction, section). A batch in flight finishes with the stage it read from the
 //! published tables; the next batch runs the new one.
 
 use crate::feature::{Feature, FeatureBatch, FeatureChain};
@@ -105,12 +106,19 @@ pub(crate) struct Filters {
     maps: Vec<ObjectMaps>,
     /// The tenants and directions that have a stage now.
     chains: Vec<(TenantId, FilterDirection)>,
+    /// Each current filter's place and object: a filter replaced by another object in the
+    /// same place (tenant, direction, section) takes over its maps.
+    placed: Vec<Placed>,
 }
+
+/// Where a filter runs (tenant, direction, section) and its object's bytes.
+type Placed = (TenantId, FilterDirection, String, Arc<[u8]>);
 
 /// The stages a filter set makes, by (tenant, direction), and what [`Filters`] keeps of it.
 pub(crate) struct Built {
     pub(crate) stages: Vec<(TenantId, FilterDirection, FeatureChain)>,
     maps: Vec<ObjectMaps>,
+    placed: Vec<Placed>,
 }
 
 impl Filters {
@@ -136,11 +144,24 @@ impl Filters {
             };
             let program =
                 filter::Object::load(&f.object, &f.section).map_err(|e| err(e.to_string()))?;
-            // The maps this object already has in the new set, else those of the current one.
+            // The maps this object already has in the new set, else in the current one, else
+            // those of the object the current set runs in this place (a new version of the
+            // program: its maps whose declaration did not change keep their contents).
+            let replaced = self
+                .placed
+                .iter()
+                .find(|(t, d, s, _)| *t == f.tenant && *d == f.direction && *s == f.section)
+                .map(|(_, _, _, o)| Arc::clone(o));
             let pool: Vec<Arc<Map>> = maps
                 .iter()
                 .chain(&self.maps)
                 .find(|(t, o, _)| *t == f.tenant && **o == *f.object)
+                .or_else(|| {
+                    let old = replaced?;
+                    self.maps
+                        .iter()
+                        .find(|(t, o, _)| *t == f.tenant && *o == old)
+                })
                 .map(|(_, _, m)| m.clone())
                 .unwrap_or_default();
             let config = RunConfig {
@@ -207,7 +228,22 @@ impl Filters {
                 (tenant, direction, FeatureChain::new().with(Arc::new(stage)))
             })
             .collect();
-        Ok(Built { stages, maps })
+        let placed = filters
+            .iter()
+            .map(|f| {
+                (
+                    f.tenant.clone(),
+                    f.direction,
+                    f.section.clone(),
+                    Arc::clone(&f.object),
+                )
+            })
+            .collect();
+        Ok(Built {
+            stages,
+            maps,
+            placed,
+        })
     }
 
     /// Takes `built` as the current set; returns the (tenant, direction) pairs that had a
@@ -226,6 +262,7 @@ impl Filters {
             .collect();
         self.chains = now;
         self.maps = std::mem::take(&mut built.maps);
+        self.placed = std::mem::take(&mut built.placed);
         gone
     }
 }
@@ -246,4 +283,68 @@ fn monotonic_ns() -> u64 {
     // SAFETY: clock_gettime writes the timespec it is given.
     unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
     u64::try_from(ts.tv_sec).unwrap_or(0) * 1_000_000_000 + u64::try_from(ts.tv_nsec).unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `tests/filters/echo.c`, compiled, and a copy of it with other bytes (a trailing byte
+    /// the ELF reader ignores): a new version of the same program.
+    fn objects() -> Option<[Arc<[u8]>; 2]> {
+        let source = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/filters/echo.c");
+        let out = std::env::temp_dir().join(format!("protego-echo-{}.o", std::process::id()));
+        let bytes = testreq::bpf::compile(&source, &out, true)?;
+        let _ = std::fs::remove_file(&out);
+        let mut other = bytes.clone();
+        other.push(0);
+        Some([bytes.into(), other.into()])
+    }
+
+    fn config(object: &Arc<[u8]>, direction: FilterDirection) -> FilterConfig {
+        FilterConfig {
+            tenant: TenantId::new("acme").expect("tenant"),
+            direction,
+            object_name: "echo.o".into(),
+            object: Arc::clone(object),
+            section: "xdp".into(),
+            weight: 0,
+        }
+    }
+
+    fn seen(built: &Built) -> Arc<Map> {
+        Arc::clone(&built.maps[0].2[0])
+    }
+
+    #[test]
+    fn a_new_version_of_a_program_in_the_same_place_keeps_its_maps() {
+        let Some([v1, v2]) = objects() else {
+            return;
+        };
+        let mut filters = Filters::default();
+        let mut first = filters
+            .build(&[config(&v1, FilterDirection::ToCloud)], 2)
+            .expect("builds");
+        let map = seen(&first);
+        map.update(&0u32.to_le_bytes(), &[7; 16], 0)
+            .expect("update");
+        filters.commit(&mut first);
+        // The same object again, and a new version in its place: the same map, its contents.
+        let mut again = filters
+            .build(&[config(&v1, FilterDirection::ToCloud)], 2)
+            .expect("builds");
+        assert!(Arc::ptr_eq(&map, &seen(&again)));
+        filters.commit(&mut again);
+        let mut newer = filters
+            .build(&[config(&v2, FilterDirection::ToCloud)], 2)
+            .expect("builds");
+        assert!(Arc::ptr_eq(&map, &seen(&newer)));
+        assert_eq!(map.lookup(&0u32.to_le_bytes()), Ok(Some(vec![7; 16])));
+        filters.commit(&mut newer);
+        // Elsewhere (the other direction), the new version starts with maps of its own.
+        let elsewhere = Filters::default()
+            .build(&[config(&v2, FilterDirection::FromCloud)], 2)
+            .expect("builds");
+        assert!(!Arc::ptr_eq(&map, &seen(&elsewhere)));
+    }
 }
