@@ -626,7 +626,7 @@ impl FeatureBatch<'_> {
 
     /// Replaces packet `i` by `bytes`, which may be shorter or longer (a stage that adds or
     /// removes headers). False, and the packet unchanged, if the batch has no room left for
-    /// the longer packet ([`GROWTH_BUDGET`] bytes per pass beyond the packets' own).
+    /// the longer packet (256 KiB per pass beyond the packets' own).
     pub fn replace(&mut self, i: usize, bytes: &[u8]) -> bool {
         let p = &mut self.packets[self.live[i]];
         if bytes.len() <= p.len {

@@ -1,10 +1,11 @@
 //! Tenant filters in the data path (issue 18): the eBPF programs of `[[filter]]` tables, run
 //! by `filter`'s runtime as one stage of their tenant's feature chain per direction.
 //!
-//! [`Filters::set`] loads and verifies every program again (the data path trusts no caller),
+//! [`Filters::build`] loads and verifies every program again (the data path trusts no caller),
 //! instantiates it for every worker (its JIT code compiled once per worker, a frame per
-//! worker) and publishes one [`BpfStage`] per (tenant, direction) that has filters: the
-//! tenant's programs of that direction in increasing weight. Each program sees the packets
+//! worker) and makes one [`BpfStage`] per (tenant, direction) that has filters, which
+//! `Shared::set_filters` publishes as that tenant's feature chain: the tenant's programs of
+//! that direction in increasing weight. Each program sees the packets
 //! the earlier ones let through (`XDP_PASS`), as their last stage left them; `XDP_DROP` and
 //! `XDP_ABORTED` drop the packet (counted as `<tenant>/filter_drop` and
 //! `<tenant>/filter_aborted`), `XDP_TX` sends it back the way it came
