@@ -196,6 +196,14 @@ impl Dataplane {
                 reason: "must be an integer from 1 to 65535".into(),
             });
         }
+        if fairness.mode != datapath::CpuFairness::Off {
+            if let Some(why) = crate::sys::tsc::unusable() {
+                return Err(DataplaneError::Config {
+                    field: "cpu_fairness".into(),
+                    reason: why,
+                });
+            }
+        }
         let params = match fairness.mode {
             datapath::CpuFairness::Off => None,
             _ => Some(

@@ -47,6 +47,50 @@ fn read() -> u64 {
     u64::try_from(origin.elapsed().as_nanos()).unwrap_or(u64::MAX)
 }
 
+/// The `/proc/cpuinfo` flags the charge needs of the counter: a rate that does not change
+/// with the CPU's frequency (`constant_tsc`) and does not stop in idle states (`nonstop_tsc`).
+const NEEDED_FLAGS: [&str; 2] = ["constant_tsc", "nonstop_tsc"];
+
+/// Why this machine's cycle counter cannot measure the CPU charge, if it cannot: a flag of
+/// [`NEEDED_FLAGS`] missing, or a calibrated rate outside 0.1–100 cycles per nanosecond.
+pub(crate) fn unusable() -> Option<String> {
+    if cfg!(target_arch = "x86_64") {
+        let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+        let missing = missing_flags(&cpuinfo);
+        if !missing.is_empty() {
+            return Some(format!(
+                "this machine's time-stamp counter lacks {} in /proc/cpuinfo, so it cannot \
+                 measure CPU time per tenant (use \"off\")",
+                missing.join(" and ")
+            ));
+        }
+    }
+    let rate = cycles_per_ns();
+    if !(0.1..=100.0).contains(&rate) {
+        return Some(format!(
+            "the cycle counter ran at {rate:.3} cycles per nanosecond when calibrated, which is \
+             not a clock rate (use \"off\")"
+        ));
+    }
+    None
+}
+
+/// The flags of [`NEEDED_FLAGS`] the first processor of `cpuinfo` (`/proc/cpuinfo`'s text)
+/// does not list.
+fn missing_flags(cpuinfo: &str) -> Vec<&'static str> {
+    let flags: Vec<&str> = cpuinfo
+        .lines()
+        .find_map(|l| {
+            let (key, value) = l.split_once(':')?;
+            (key.trim() == "flags").then(|| value.split_whitespace().collect())
+        })
+        .unwrap_or_default();
+    NEEDED_FLAGS
+        .into_iter()
+        .filter(|f| !flags.contains(f))
+        .collect()
+}
+
 /// How long the calibration measures (twice, the faster rate of the two kept: the counter's
 /// interval lies inside the clock's, so a preemption between a clock read and a counter read
 /// only lowers the rate).
@@ -92,5 +136,15 @@ mod tests {
         let rate = cycles_per_ns();
         assert!(rate > 0.0 && rate.is_finite());
         assert_eq!(to_ns(0), 0);
+    }
+
+    #[test]
+    fn a_counter_without_a_constant_rate_is_named() {
+        let ok = "processor\t: 0\nflags\t\t: fpu tsc constant_tsc nonstop_tsc tsc_known_freq\n\n\
+                  processor\t: 1\nflags\t\t: fpu\n";
+        assert!(missing_flags(ok).is_empty());
+        let old = "processor\t: 0\nflags\t\t: fpu tsc constant_tsc\n";
+        assert_eq!(missing_flags(old), ["nonstop_tsc"]);
+        assert_eq!(missing_flags(""), ["constant_tsc", "nonstop_tsc"]);
     }
 }
