@@ -235,6 +235,16 @@ impl Dataplane {
         self.shared.set_filters(filters)
     }
 
+    /// The maps of `tenant`'s filters (`filter::run::Map`: lookup, update, delete and dump by
+    /// bytes), each once however many of its programs share it; empty if it has none.
+    pub fn filter_maps(&self, tenant: &ids::TenantId) -> Vec<std::sync::Arc<filter::run::Map>> {
+        self.shared
+            .filters
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .tenant_maps(tenant)
+    }
+
     /// Relay mode: replaces the customers attached at L2 on the steer nodes' ports
     /// ([`AttachmentPort::Steer`](datapath::AttachmentPort::Steer)), validated whole first
     /// (errors name the field, e.g. `attachments[1].routes[0]`; nothing changes then). A CE

@@ -247,6 +247,19 @@ impl Filters {
         })
     }
 
+    /// The maps of `tenant`'s filters (each once, whichever programs share it).
+    pub(crate) fn tenant_maps(&self, tenant: &TenantId) -> Vec<Arc<Map>> {
+        let mut out: Vec<Arc<Map>> = Vec::new();
+        for (_, _, maps) in self.maps.iter().filter(|(t, _, _)| t == tenant) {
+            for m in maps {
+                if !out.iter().any(|o| Arc::ptr_eq(o, m)) {
+                    out.push(Arc::clone(m));
+                }
+            }
+        }
+        out
+    }
+
     /// Takes `built` as the current set; returns the (tenant, direction) pairs that had a
     /// stage before and have none now (their chains to clear).
     pub(crate) fn commit(&mut self, built: &mut Built) -> Vec<(TenantId, FilterDirection)> {

@@ -183,3 +183,216 @@ fn a_tenant_filter_drops_passes_sends_back_and_lengthens_both_ways() {
     let p = to_vm(&s.host);
     assert_eq!(p[PAYLOAD], 10, "no filter any more");
 }
+
+/// The ones' complement sum of `data` (RFC 1071), folded, not complemented.
+fn sum16(data: &[u8], mut sum: u32) -> u32 {
+    for c in data.chunks(2) {
+        sum += u32::from(u16::from_be_bytes([c[0], *c.get(1).unwrap_or(&0)]));
+    }
+    while sum > 0xffff {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    sum
+}
+
+/// An IPv4 TCP segment without payload: `flags` (0x02 SYN, 0x10 ACK, 0x12 SYN-ACK), an MSS
+/// option if `mss` is given, checksums filled in. (The arguments are the header's fields.)
+#[allow(clippy::too_many_arguments)]
+fn tcp4(
+    src: [u8; 4],
+    sport: u16,
+    dst: [u8; 4],
+    dport: u16,
+    seq: u32,
+    ack: u32,
+    flags: u8,
+    mss: Option<u16>,
+) -> Vec<u8> {
+    let tcp_len = 20 + if mss.is_some() { 4 } else { 0 };
+    let total = 20 + tcp_len;
+    let mut p = vec![0u8; total];
+    p[0] = 0x45;
+    p[2..4].copy_from_slice(&(total as u16).to_be_bytes());
+    p[6] = 0x40;
+    p[8] = 64;
+    p[9] = 6;
+    p[12..16].copy_from_slice(&src);
+    p[16..20].copy_from_slice(&dst);
+    let ip_sum = !(sum16(&p[..20], 0) as u16);
+    p[10..12].copy_from_slice(&ip_sum.to_be_bytes());
+    let t = &mut p[20..];
+    t[0..2].copy_from_slice(&sport.to_be_bytes());
+    t[2..4].copy_from_slice(&dport.to_be_bytes());
+    t[4..8].copy_from_slice(&seq.to_be_bytes());
+    t[8..12].copy_from_slice(&ack.to_be_bytes());
+    t[12] = ((tcp_len / 4) as u8) << 4;
+    t[13] = flags;
+    t[14..16].copy_from_slice(&29200u16.to_be_bytes());
+    if let Some(mss) = mss {
+        t[20..24].copy_from_slice(&[2, 4, (mss >> 8) as u8, mss as u8]);
+    }
+    let sum = tcp_sum(&p);
+    p[36..38].copy_from_slice(&sum.to_be_bytes());
+    p
+}
+
+/// The TCP checksum an IPv4 packet's segment should carry (its checksum field taken as 0).
+fn tcp_sum(p: &[u8]) -> u16 {
+    let tcp = &p[20..];
+    let mut pseudo = Vec::new();
+    pseudo.extend_from_slice(&p[12..20]);
+    pseudo.extend_from_slice(&[0, 6]);
+    pseudo.extend_from_slice(&(tcp.len() as u16).to_be_bytes());
+    let mut seg = tcp.to_vec();
+    seg[16..18].copy_from_slice(&[0, 0]);
+    !(sum16(&seg, sum16(&pseudo, 0)) as u16)
+}
+
+/// (seq, ack, flags, MSS option) of an IPv4 TCP packet, checksums checked.
+fn segment(p: &[u8]) -> (u32, u32, u8, Option<u16>) {
+    assert_eq!(p[9], 6, "TCP");
+    assert_eq!(!(sum16(&p[..20], 0) as u16), 0, "IPv4 checksum");
+    assert_eq!(
+        u16::from_be_bytes([p[36], p[37]]),
+        tcp_sum(p),
+        "TCP checksum"
+    );
+    let t = &p[20..];
+    let word = |i: usize| u32::from_be_bytes([t[i], t[i + 1], t[i + 2], t[i + 3]]);
+    let mss =
+        (t[12] >> 4 >= 6 && t[20] == 2 && t[21] == 4).then(|| u16::from_be_bytes([t[22], t[23]]));
+    (word(4), word(8), t[13], mss)
+}
+
+/// The SYN-cookie proxy of `examples/filters/syncookie.c` completes a TCP handshake through a
+/// tunnel: the peer's SYN is answered by the gateway with a cookie (the VM sees nothing), the
+/// peer's ACK carrying the cookie becomes the SYN the VM gets, the VM's SYN-ACK is answered
+/// for the peer, and the connection's sequence numbers are translated from then on.
+#[test]
+fn the_syn_cookie_proxy_completes_a_handshake_through_a_tunnel() {
+    let Some((_, bytes)) =
+        testreq::bpf::example("syncookie", Path::new(env!("CARGO_TARGET_TMPDIR")))
+    else {
+        return;
+    };
+    let object: Arc<[u8]> = bytes.into();
+    let s = setup();
+    let c = common::site_child(s.natt, s.peer.local_addr().expect("addr"));
+    s.dp.install_child(&c).expect("install");
+    let peer = Peer::of(&c);
+    let gw_mac = s.dp.gateway_mac(0).expect("vnet 0");
+    let hello = udp4("10.0.0.5", 1000, "192.168.0.9", 2000, 64, &[0; 4]);
+    s.host
+        .send_to(&vxlan(100, gw_mac, VM_MAC, EtherType::IPV4, &hello), s.vtep)
+        .expect("send vxlan");
+    peer.open(&recv(&s.peer).0).expect("peer opens");
+    let section = |direction, section: &str| FilterConfig {
+        section: section.into(),
+        ..filter(&object, direction)
+    };
+    s.dp.set_filters(&[
+        section(FilterDirection::ToCloud, "xdp:syncookie_in"),
+        section(FilterDirection::FromCloud, "xdp:syncookie_out"),
+    ])
+    .expect("filters set");
+    let maps =
+        s.dp.filter_maps(&ids::TenantId::new("acme").expect("tenant"));
+    let map = |name: &str| {
+        maps.iter()
+            .find(|m| m.spec().name == name)
+            .unwrap_or_else(|| panic!("map {name}"))
+            .clone()
+    };
+    // Port 80 is protected (the key is the port in network order, as the program reads it).
+    map("protected_ports")
+        .update(&80u16.to_be_bytes(), &[1], 0)
+        .expect("protect port 80");
+
+    let (peer_ip, vm_ip) = ([192, 168, 0, 9], [10, 0, 0, 5]);
+    let isn = 1_000_000u32;
+    // SYN: answered by the gateway, through the tunnel, with a cookie.
+    let syn = tcp4(peer_ip, 40000, vm_ip, 80, isn, 0, 0x02, Some(1460));
+    s.peer.send_to(&peer.seal(&syn), s.natt).expect("send syn");
+    let synack = peer
+        .open(&recv(&s.peer).0)
+        .expect("the peer opens the SYN-ACK");
+    assert_eq!(&synack[12..16], &vm_ip);
+    assert_eq!(&synack[16..20], &peer_ip);
+    let (cookie, ack, flags, mss) = segment(&synack);
+    assert_eq!((ack, flags, mss), (isn + 1, 0x12, Some(1460)));
+    // ACK with the cookie: the VM gets the peer's SYN (its ISN, the MSS from the cookie).
+    let ack = tcp4(
+        peer_ip,
+        40000,
+        vm_ip,
+        80,
+        isn + 1,
+        cookie.wrapping_add(1),
+        0x10,
+        None,
+    );
+    s.peer.send_to(&peer.seal(&ack), s.natt).expect("send ack");
+    let to_server = to_vm(&s.host);
+    assert_eq!(segment(&to_server), (isn, 0, 0x02, Some(1460)));
+    // The VM answers with its own ISN: the gateway acknowledges it for the peer.
+    let server_isn = 7_000_000u32;
+    let server_synack = tcp4(
+        vm_ip,
+        80,
+        peer_ip,
+        40000,
+        server_isn,
+        isn + 1,
+        0x12,
+        Some(1460),
+    );
+    s.host
+        .send_to(
+            &vxlan(100, gw_mac, VM_MAC, EtherType::IPV4, &server_synack),
+            s.vtep,
+        )
+        .expect("send vxlan");
+    let back = to_vm(&s.host);
+    assert_eq!(&back[16..20], &vm_ip, "back to the VM");
+    assert_eq!(segment(&back), (isn + 1, server_isn + 1, 0x10, None));
+    // From now on the VM's sequence numbers reach the peer in the cookie's space, and the
+    // peer's acknowledgements reach the VM in the VM's.
+    let data = tcp4(
+        vm_ip,
+        80,
+        peer_ip,
+        40000,
+        server_isn + 1,
+        isn + 1,
+        0x10,
+        None,
+    );
+    s.host
+        .send_to(&vxlan(100, gw_mac, VM_MAC, EtherType::IPV4, &data), s.vtep)
+        .expect("send vxlan");
+    let at_peer = peer.open(&recv(&s.peer).0).expect("peer opens");
+    assert_eq!(segment(&at_peer).0, cookie.wrapping_add(1));
+    let peer_ack = tcp4(
+        peer_ip,
+        40000,
+        vm_ip,
+        80,
+        isn + 1,
+        cookie.wrapping_add(1),
+        0x10,
+        None,
+    );
+    s.peer
+        .send_to(&peer.seal(&peer_ack), s.natt)
+        .expect("send ack");
+    let at_vm = to_vm(&s.host);
+    assert_eq!(segment(&at_vm).1, server_isn + 1);
+    // An ACK with a wrong cookie for another connection is answered with a RST.
+    let forged = tcp4(peer_ip, 40001, vm_ip, 80, 5, 12345, 0x10, None);
+    s.peer
+        .send_to(&peer.seal(&forged), s.natt)
+        .expect("send forged ack");
+    let rst = peer.open(&recv(&s.peer).0).expect("peer opens the RST");
+    let (seq, _, flags, _) = segment(&rst);
+    assert_eq!((seq, flags & 0x04), (12345, 0x04));
+}
