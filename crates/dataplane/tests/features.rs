@@ -8,12 +8,11 @@ mod common;
 #[path = "../src/testutil.rs"]
 mod testutil;
 
-use common::{drop_count, drop_counter, recv, wait_stats, Started};
+use common::{drop_count, drop_counter, recv, wait_stats};
 use protego_dataplane::{
     DataPath, Dataplane, DataplaneError, DataplaneStats, Direction, Feature, FeatureBatch,
     FeatureChain, Inside,
 };
-use std::net::{SocketAddr, UdpSocket};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -101,29 +100,9 @@ impl Feature for DropOdd {
     }
 }
 
-struct Setup {
-    dp: Arc<Dataplane>,
-    host: UdpSocket,
-    peer: UdpSocket,
-    natt: SocketAddr,
-    vtep: SocketAddr,
-}
-
-fn setup() -> Setup {
-    let Started { dp, host, .. } = common::start_beside_host(common::config);
-    let addrs = dp.local_addrs();
-    Setup {
-        dp,
-        host,
-        peer: common::bind("127.0.0.1:0"),
-        natt: addrs.natt[0],
-        vtep: addrs.vxlan[0],
-    }
-}
-
 #[test]
 fn feature_chains_count_rewrite_and_drop_both_ways() {
-    let s = setup();
+    let s = common::peer_and_host();
     let c = common::site_child(s.natt, s.peer.local_addr().expect("addr"));
     s.dp.install_child(&c).expect("install");
     let peer = Peer::of(&c);
@@ -288,7 +267,7 @@ impl Feature for SourceNat {
 
 #[test]
 fn outbound_chain_runs_before_the_child_sa_choice() {
-    let s = setup();
+    let s = common::peer_and_host();
     let c = common::site_child(s.natt, s.peer.local_addr().expect("addr"));
     s.dp.install_child(&c).expect("install");
     let peer = Peer::of(&c);
@@ -357,7 +336,7 @@ fn outbound_chain_runs_before_the_child_sa_choice() {
 
 #[test]
 fn drop_counters_are_per_tenant_and_a_refused_chain_leaves_none() {
-    let s = setup();
+    let s = common::peer_and_host();
     let names = |dp: &Dataplane| -> Vec<String> {
         dp.stats()
             .drops

@@ -7,10 +7,10 @@ mod common;
 #[path = "../src/testutil.rs"]
 mod testutil;
 
-use common::{drop_counter, recv, wait_stats, Started};
+use common::{drop_counter, recv, wait_stats, PeerAndHost};
 use datapath::{FilterConfig, FilterDirection};
-use protego_dataplane::{DataPath, Dataplane, DataplaneError};
-use std::net::{SocketAddr, UdpSocket};
+use protego_dataplane::{DataPath, DataplaneError};
+use std::net::UdpSocket;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
@@ -44,24 +44,19 @@ fn filter(object: &Arc<[u8]>, direction: FilterDirection) -> FilterConfig {
     }
 }
 
-struct Setup {
-    dp: Arc<Dataplane>,
-    host: UdpSocket,
-    peer: UdpSocket,
-    natt: SocketAddr,
-    vtep: SocketAddr,
-}
-
-fn setup() -> Setup {
-    let Started { dp, host, .. } = common::start_beside_host(common::config);
-    let addrs = dp.local_addrs();
-    Setup {
-        dp,
-        host,
-        peer: common::bind("127.0.0.1:0"),
-        natt: addrs.natt[0],
-        vtep: addrs.vxlan[0],
-    }
+/// Installs the site's CHILD_SA and has the VM speak first through it, so the gateway knows
+/// the VM's MAC; returns the peer's end of the SA and the gateway's MAC.
+fn tunnel_up(s: &PeerAndHost) -> (Peer, [u8; 6]) {
+    let c = common::site_child(s.natt, s.peer.local_addr().expect("addr"));
+    s.dp.install_child(&c).expect("install");
+    let peer = Peer::of(&c);
+    let gw_mac = s.dp.gateway_mac(0).expect("vnet 0");
+    let hello = udp4("10.0.0.5", 1000, "192.168.0.9", 2000, 64, &[0; 4]);
+    s.host
+        .send_to(&vxlan(100, gw_mac, VM_MAC, EtherType::IPV4, &hello), s.vtep)
+        .expect("send vxlan");
+    peer.open(&recv(&s.peer).0).expect("peer opens");
+    (peer, gw_mac)
 }
 
 /// The next IPv4 packet the host's VTEP receives for the VM (ARP and others skipped).
@@ -80,17 +75,8 @@ fn a_tenant_filter_drops_passes_sends_back_and_lengthens_both_ways() {
     let Some(object) = echo() else {
         return;
     };
-    let s = setup();
-    let c = common::site_child(s.natt, s.peer.local_addr().expect("addr"));
-    s.dp.install_child(&c).expect("install");
-    let peer = Peer::of(&c);
-    let gw_mac = s.dp.gateway_mac(0).expect("vnet 0");
-    // The VM speaks first, so the gateway knows its MAC.
-    let hello = udp4("10.0.0.5", 1000, "192.168.0.9", 2000, 64, &[0; 4]);
-    s.host
-        .send_to(&vxlan(100, gw_mac, VM_MAC, EtherType::IPV4, &hello), s.vtep)
-        .expect("send vxlan");
-    peer.open(&recv(&s.peer).0).expect("peer opens");
+    let s = common::peer_and_host();
+    let (peer, gw_mac) = tunnel_up(&s);
 
     s.dp.set_filters(&[
         filter(&object, FilterDirection::ToCloud),
@@ -276,16 +262,8 @@ fn the_syn_cookie_proxy_completes_a_handshake_through_a_tunnel() {
         return;
     };
     let object: Arc<[u8]> = bytes.into();
-    let s = setup();
-    let c = common::site_child(s.natt, s.peer.local_addr().expect("addr"));
-    s.dp.install_child(&c).expect("install");
-    let peer = Peer::of(&c);
-    let gw_mac = s.dp.gateway_mac(0).expect("vnet 0");
-    let hello = udp4("10.0.0.5", 1000, "192.168.0.9", 2000, 64, &[0; 4]);
-    s.host
-        .send_to(&vxlan(100, gw_mac, VM_MAC, EtherType::IPV4, &hello), s.vtep)
-        .expect("send vxlan");
-    peer.open(&recv(&s.peer).0).expect("peer opens");
+    let s = common::peer_and_host();
+    let (peer, gw_mac) = tunnel_up(&s);
     let section = |direction, section: &str| FilterConfig {
         section: section.into(),
         ..filter(&object, direction)

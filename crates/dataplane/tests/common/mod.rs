@@ -130,6 +130,32 @@ pub(crate) fn start_beside_host(mut config: impl FnMut(u16) -> DataplaneConfig) 
     panic!("no free port for the VXLAN socket");
 }
 
+/// A data plane on [`config`] beside a host VTEP, with a peer's socket for ESP in UDP.
+pub(crate) struct PeerAndHost {
+    pub(crate) dp: Arc<Dataplane>,
+    /// The host's VTEP socket (VM 10.0.0.5 lives behind it).
+    pub(crate) host: UdpSocket,
+    /// The peer's socket on 127.0.0.1.
+    pub(crate) peer: UdpSocket,
+    /// The data plane's NAT-T socket.
+    pub(crate) natt: SocketAddr,
+    /// The data plane's VXLAN socket.
+    pub(crate) vtep: SocketAddr,
+}
+
+/// Starts a [`PeerAndHost`].
+pub(crate) fn peer_and_host() -> PeerAndHost {
+    let Started { dp, host, .. } = start_beside_host(config);
+    let addrs = dp.local_addrs();
+    PeerAndHost {
+        dp,
+        host,
+        peer: bind("127.0.0.1:0"),
+        natt: addrs.natt[0],
+        vtep: addrs.vxlan[0],
+    }
+}
+
 /// The next datagram on `s` and its sender, None when none came within the read timeout.
 pub(crate) fn try_recv(s: &UdpSocket) -> Option<(Vec<u8>, SocketAddr)> {
     let mut buf = vec![0u8; 65536];

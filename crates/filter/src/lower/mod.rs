@@ -289,7 +289,8 @@ fn isa_fix(i: Insn) -> [Option<Insn>; 2] {
     }
 }
 
-fn ins(code: u8, dst: u8, src: u8, off: i16, imm: i32) -> Insn {
+/// An instruction from its fields.
+pub(crate) fn ins(code: u8, dst: u8, src: u8, off: i16, imm: i32) -> Insn {
     Insn {
         code,
         dst,

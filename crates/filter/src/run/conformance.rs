@@ -5,7 +5,7 @@
 //! `le32` and 32-bit modulo by zero kept the upper half before `lower::isa_fix`).
 
 use super::{Abort, Engine, FrameBuf, RunConfig, XdpAction};
-use crate::lower::METER_EXHAUSTED;
+use crate::lower::{ins, METER_EXHAUSTED};
 use crate::{Insn, Program};
 
 const ALU64: u8 = 0x07;
@@ -67,16 +67,6 @@ fn reference(op: u8, wide: bool, dst: u64, src: u64) -> u64 {
             0xc0 => ((d as i32) >> (s & 31)) as u32,
             _ => unreachable!("not an ALU operation"),
         })
-    }
-}
-
-fn ins(code: u8, dst: u8, src: u8, off: i16, imm: i32) -> Insn {
-    Insn {
-        code,
-        dst,
-        src,
-        off,
-        imm,
     }
 }
 
