@@ -662,6 +662,13 @@ impl RequestHandler for ClusterResponder {
                     Err(e) => json!({ "error": e.to_string() }),
                 }
             }
+            Request::FilterLoad { .. }
+            | Request::FilterUnload { .. }
+            | Request::FilterShow { .. }
+            | Request::FilterMap { .. } => json!({
+                "error": "tenant filters need `protego up`: the distributed form does not ship \
+                          filters to its data nodes yet"
+            }),
             other => self.inner.handle(other),
         }
     }

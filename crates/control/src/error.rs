@@ -72,6 +72,17 @@ pub enum Error {
         /// What is wrong.
         detail: String,
     },
+    /// The filters loaded with `protego ctl filter` cannot be read or run.
+    #[error("the filters loaded with `protego ctl filter` ({store}) cannot be used: {detail}")]
+    Filters {
+        /// The store, as [`crate::store::Store::describe`] puts it.
+        store: String,
+        /// What is wrong.
+        detail: String,
+    },
+    /// `protego ctl filter` refused a change; nothing changed.
+    #[error("no filter changed: {0}")]
+    Filter(String),
     /// `protego ctl apply` refused a configuration; nothing changed.
     #[error("nothing applied: {0}")]
     Apply(String),

@@ -15,6 +15,7 @@
 pub mod applied;
 pub mod config;
 mod error;
+pub mod filters;
 mod keylog;
 pub mod routes;
 pub mod runtime;

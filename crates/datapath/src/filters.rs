@@ -76,3 +76,109 @@ impl fmt::Debug for FilterConfig {
             .finish()
     }
 }
+
+/// What one filter did since it was loaded (its runs on every worker, summed).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct FilterCounters {
+    /// Runs that returned `XDP_PASS`.
+    pub passed: u64,
+    /// Runs that returned `XDP_DROP`.
+    pub dropped: u64,
+    /// Runs that returned `XDP_TX`.
+    pub tx: u64,
+    /// Runs that ended `XDP_ABORTED`: returned it, stopped by the instruction meter, returned
+    /// no valid action, or faulted.
+    pub aborted: u64,
+    /// Of the aborted runs, those the instruction meter stopped.
+    pub insn_limit: u64,
+    /// Instructions the meter charged: every trip around one of the program's loops charges
+    /// the loop's length; code outside loops (at most the program's length per run) is not
+    /// charged.
+    pub metered_insns: u64,
+    /// CPU time in the program, in nanoseconds (the cycle counter around its runs).
+    pub cpu_ns: u64,
+}
+
+/// One running filter and its counters.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FilterProgramReport {
+    /// The tenant.
+    pub tenant: TenantId,
+    /// Where it runs.
+    pub direction: FilterDirection,
+    /// Its section.
+    pub section: String,
+    /// The object file's name as given.
+    pub object_name: String,
+    /// Its order among the tenant's filters of the direction.
+    pub weight: u32,
+    /// Its instructions as loaded.
+    pub instructions: usize,
+    /// What it did.
+    pub counters: FilterCounters,
+}
+
+/// One map of a tenant's filters.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FilterMapReport {
+    /// The tenant.
+    pub tenant: TenantId,
+    /// The map's name as declared.
+    pub name: String,
+    /// The object file that declares it.
+    pub object_name: String,
+    /// `hash`, `array`, `percpu_array` or `lru_hash`.
+    pub kind: String,
+    /// Key size in bytes.
+    pub key_size: u32,
+    /// Value size in bytes (of one worker's value, for a per-CPU map).
+    pub value_size: u32,
+    /// Most entries.
+    pub max_entries: u32,
+    /// Entries held (arrays: `max_entries`).
+    pub entries: usize,
+    /// Values per key: the number of workers for a per-CPU map, else 1.
+    pub copies: usize,
+}
+
+/// The running filters and their maps (of one tenant, or of all).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct FilterReport {
+    /// The filters, by tenant, direction and weight.
+    pub programs: Vec<FilterProgramReport>,
+    /// Their maps, each once.
+    pub maps: Vec<FilterMapReport>,
+}
+
+/// An operation on one map of a tenant's filters (`protego ctl filter map`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FilterMapOp {
+    /// Every entry.
+    Dump,
+    /// Sets `key`'s value (every worker's, concatenated, for a per-CPU map) under `flags`
+    /// (0 any, 1 only a new key, 2 only an existing key: the kernel's `BPF_ANY`,
+    /// `BPF_NOEXIST`, `BPF_EXIST`).
+    Update {
+        /// The key's bytes.
+        key: Vec<u8>,
+        /// The value's bytes.
+        value: Vec<u8>,
+        /// `BPF_ANY`, `BPF_NOEXIST` or `BPF_EXIST`.
+        flags: u64,
+    },
+    /// Deletes `key` (hash kinds).
+    Delete {
+        /// The key's bytes.
+        key: Vec<u8>,
+    },
+}
+
+/// What a [`FilterMapOp`] found: the map, and for a dump its entries as (key, value), keys in
+/// ascending byte order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FilterMapAnswer {
+    /// The map.
+    pub map: FilterMapReport,
+    /// The entries (a dump), else empty.
+    pub entries: Vec<(Vec<u8>, Vec<u8>)>,
+}

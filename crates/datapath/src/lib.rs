@@ -3,7 +3,10 @@
 
 mod filters;
 
-pub use filters::{FilterConfig, FilterDirection};
+pub use filters::{
+    FilterConfig, FilterCounters, FilterDirection, FilterMapAnswer, FilterMapOp, FilterMapReport,
+    FilterProgramReport, FilterReport,
+};
 
 use ids::TenantId;
 use ike::{ChildSaInfo, IkeSpis, TunnelId};
@@ -486,6 +489,15 @@ pub enum DataplaneError {
         /// What is wrong.
         reason: String,
     },
+    /// An operation on a tenant filter's map was refused (see [`DataPath::filter_map`]);
+    /// nothing changed.
+    #[error("filter map {map}: {reason}")]
+    FilterMap {
+        /// The map as named in the request.
+        map: String,
+        /// What is wrong.
+        reason: String,
+    },
     /// A send failed.
     #[error("send to {to}: {source}")]
     Send {
@@ -739,6 +751,27 @@ pub trait DataPath: Send + Sync {
         }
         Err(DataplaneError::Unsupported {
             operation: "set_filters",
+            reason: "this data path runs no tenant filters".into(),
+        })
+    }
+    /// The running filters of `tenant` (of every tenant: `None`) with their counters and maps.
+    /// The default runs none.
+    fn filter_report(&self, tenant: Option<&ids::TenantId>) -> FilterReport {
+        let _ = tenant;
+        FilterReport::default()
+    }
+    /// Reads or changes the map `map` of `tenant`'s filters (a map's name, or
+    /// `OBJECT:NAME` when two of the tenant's objects declare maps of that name). The default
+    /// runs no filters ([`DataplaneError::Unsupported`]).
+    fn filter_map(
+        &self,
+        tenant: &ids::TenantId,
+        map: &str,
+        op: FilterMapOp,
+    ) -> Result<FilterMapAnswer, DataplaneError> {
+        let _ = (tenant, map, op);
+        Err(DataplaneError::Unsupported {
+            operation: "filter_map",
             reason: "this data path runs no tenant filters".into(),
         })
     }

@@ -238,11 +238,7 @@ impl Dataplane {
     /// The maps of `tenant`'s filters (`filter::run::Map`: lookup, update, delete and dump by
     /// bytes), each once however many of its programs share it; empty if it has none.
     pub fn filter_maps(&self, tenant: &ids::TenantId) -> Vec<std::sync::Arc<filter::run::Map>> {
-        self.shared
-            .filters
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .tenant_maps(tenant)
+        self.shared.filters().tenant_maps(tenant)
     }
 
     /// Relay mode: replaces the customers attached at L2 on the steer nodes' ports
@@ -437,6 +433,19 @@ impl DataPath for Dataplane {
 
     fn set_filters(&self, filters: &[datapath::FilterConfig]) -> Result<(), DataplaneError> {
         Dataplane::set_filters(self, filters)
+    }
+
+    fn filter_report(&self, tenant: Option<&ids::TenantId>) -> datapath::FilterReport {
+        self.shared.filters().report(tenant)
+    }
+
+    fn filter_map(
+        &self,
+        tenant: &ids::TenantId,
+        map: &str,
+        op: datapath::FilterMapOp,
+    ) -> Result<datapath::FilterMapAnswer, DataplaneError> {
+        self.shared.filters().map_op(tenant, map, op)
     }
 
     fn installed(&self) -> Vec<InstalledChild> {

@@ -19,7 +19,11 @@
 //! published tables; the next batch runs the new one.
 
 use crate::feature::{Feature, FeatureBatch, FeatureChain};
-use datapath::{DataplaneError, FilterConfig, FilterDirection};
+use crate::sys::tsc::{Cycles, Tsc};
+use datapath::{
+    DataplaneError, FilterConfig, FilterCounters, FilterDirection, FilterMapAnswer, FilterMapOp,
+    FilterMapReport, FilterProgramReport, FilterReport,
+};
 use filter::run::{Engine, FrameBuf, Map, RunConfig, Runtime, XdpAction};
 use ids::TenantId;
 use std::sync::{Arc, Mutex};
@@ -34,14 +38,56 @@ const TOO_LONG: usize = 2;
 /// The largest packet a filter's frame holds (the gateway's packets fit a 64 KiB datagram).
 const FRAME_MTU: usize = 65_000;
 
-/// One program of a stage: a runtime (its JIT code and maps) and a frame per worker.
+/// One worker's copy of a program: its runtime, its frame and the cycles spent in it.
+struct Slot {
+    rt: Runtime,
+    frame: FrameBuf,
+    cycles: u64,
+}
+
+/// One program of a stage: where it runs, and a [`Slot`] per worker.
 struct Program {
-    workers: Vec<Mutex<(Runtime, FrameBuf)>>,
+    tenant: TenantId,
+    direction: FilterDirection,
+    section: String,
+    object_name: String,
+    /// The object's bytes (whose maps it shares).
+    object: Arc<[u8]>,
+    weight: u32,
+    instructions: usize,
+    workers: Vec<Mutex<Slot>>,
+}
+
+impl Program {
+    /// What it did, summed over the workers.
+    fn report(&self) -> FilterProgramReport {
+        let mut c = FilterCounters::default();
+        for slot in &self.workers {
+            let slot = slot.lock().unwrap_or_else(|p| p.into_inner());
+            let r = slot.rt.counters();
+            c.passed += r.passed;
+            c.dropped += r.dropped;
+            c.tx += r.tx;
+            c.aborted += r.aborted;
+            c.insn_limit += r.insn_limit;
+            c.metered_insns += r.metered_insns;
+            c.cpu_ns += crate::sys::tsc::to_ns(slot.cycles);
+        }
+        FilterProgramReport {
+            tenant: self.tenant.clone(),
+            direction: self.direction,
+            section: self.section.clone(),
+            object_name: self.object_name.clone(),
+            weight: self.weight,
+            instructions: self.instructions,
+            counters: c,
+        }
+    }
 }
 
 /// A tenant's filters of one direction: one stage of its feature chain.
 pub(crate) struct BpfStage {
-    programs: Vec<Program>,
+    programs: Vec<Arc<Program>>,
     /// `bpf_ktime_get_ns` is CLOCK_MONOTONIC: its value at `base`.
     base: Instant,
     base_ns: u64,
@@ -65,7 +111,8 @@ impl Feature for BpfStage {
                 continue;
             };
             let mut guard = slot.lock().unwrap_or_else(|p| p.into_inner());
-            let (rt, frame) = &mut *guard;
+            let started = Tsc.now();
+            let Slot { rt, frame, cycles } = &mut *guard;
             rt.set_now(now_ns);
             for i in 0..batch.len() {
                 if batch.is_dropped(i) || batch.is_reflected(i) {
@@ -93,6 +140,7 @@ impl Feature for BpfStage {
                     }
                 }
             }
+            *cycles += Tsc.now().wrapping_sub(started);
         }
     }
 }
@@ -110,6 +158,8 @@ pub(crate) struct Filters {
     /// Each current filter's place and object: a filter replaced by another object in the
     /// same place (tenant, direction, section) takes over its maps.
     placed: Vec<Placed>,
+    /// The programs running now, in stage order.
+    programs: Vec<Arc<Program>>,
 }
 
 /// Where a filter runs (tenant, direction, section) and its object's bytes.
@@ -120,6 +170,7 @@ pub(crate) struct Built {
     pub(crate) stages: Vec<(TenantId, FilterDirection, FeatureChain)>,
     maps: Vec<ObjectMaps>,
     placed: Vec<Placed>,
+    programs: Vec<Arc<Program>>,
 }
 
 impl Filters {
@@ -134,7 +185,7 @@ impl Filters {
         let mut sorted: Vec<(usize, &FilterConfig)> = filters.iter().enumerate().collect();
         sorted.sort_by_key(|(i, f)| (f.tenant.clone(), f.direction, f.weight, *i));
         let mut maps: Vec<ObjectMaps> = Vec::new();
-        let mut stages: Vec<(TenantId, FilterDirection, Vec<Program>)> = Vec::new();
+        let mut stages: Vec<(TenantId, FilterDirection, Vec<Arc<Program>>)> = Vec::new();
         for (index, f) in sorted {
             let err = |reason: String| DataplaneError::Config {
                 field: format!("filters[{index}]"),
@@ -195,7 +246,11 @@ impl Filters {
                         .runtime(w, Engine::Jit, seed(w))
                         .map_err(|e| err(e.to_string()))?;
                     let frame = FrameBuf::new(FRAME_MTU).map_err(|e| err(e.to_string()))?;
-                    Ok(Mutex::new((rt, frame)))
+                    Ok(Mutex::new(Slot {
+                        rt,
+                        frame,
+                        cycles: 0,
+                    }))
                 })
                 .collect::<Result<Vec<_>, DataplaneError>>()?;
             tracing::info!(
@@ -207,7 +262,16 @@ impl Filters {
                 instructions = program.instructions().len(),
                 "tenant filter loaded"
             );
-            let p = Program { workers: runtimes };
+            let p = Arc::new(Program {
+                tenant: f.tenant.clone(),
+                direction: f.direction,
+                section: f.section.clone(),
+                object_name: f.object_name.clone(),
+                object: Arc::clone(&f.object),
+                weight: f.weight,
+                instructions: program.instructions().len(),
+                workers: runtimes,
+            });
             match stages
                 .iter_mut()
                 .find(|(t, d, _)| *t == f.tenant && *d == f.direction)
@@ -218,6 +282,10 @@ impl Filters {
         }
         let base = Instant::now();
         let base_ns = monotonic_ns();
+        let programs = stages
+            .iter()
+            .flat_map(|(_, _, p)| p.iter().cloned())
+            .collect();
         let stages = stages
             .into_iter()
             .map(|(tenant, direction, programs)| {
@@ -244,6 +312,7 @@ impl Filters {
             stages,
             maps,
             placed,
+            programs,
         })
     }
 
@@ -277,7 +346,127 @@ impl Filters {
         self.chains = now;
         self.maps = std::mem::take(&mut built.maps);
         self.placed = std::mem::take(&mut built.placed);
+        self.programs = std::mem::take(&mut built.programs);
         gone
+    }
+
+    /// The running programs of `tenant` (of all: `None`) with their counters, and their maps.
+    pub(crate) fn report(&self, tenant: Option<&TenantId>) -> FilterReport {
+        let of = |t: &TenantId| tenant.is_none_or(|x| x == t);
+        FilterReport {
+            programs: (self.programs.iter())
+                .filter(|p| of(&p.tenant))
+                .map(|p| p.report())
+                .collect(),
+            maps: self
+                .named_maps()
+                .into_iter()
+                .filter(|(t, _, _)| of(t))
+                .map(|(t, object, m)| map_report(t, object, m))
+                .collect(),
+        }
+    }
+
+    /// Every map once, with its tenant and the name of an object that declares it.
+    fn named_maps(&self) -> Vec<(&TenantId, &str, &Arc<Map>)> {
+        let mut out: Vec<(&TenantId, &str, &Arc<Map>)> = Vec::new();
+        for (tenant, object, maps) in &self.maps {
+            let name = self
+                .programs
+                .iter()
+                .find(|p| p.tenant == *tenant && p.object == *object)
+                .map_or("?", |p| p.object_name.as_str());
+            for m in maps {
+                if !out.iter().any(|(_, _, o)| Arc::ptr_eq(o, m)) {
+                    out.push((tenant, name, m));
+                }
+            }
+        }
+        out
+    }
+
+    /// Carries out `op` on `tenant`'s map `name` (`OBJECT:MAP` when two objects declare maps
+    /// of that name).
+    pub(crate) fn map_op(
+        &self,
+        tenant: &TenantId,
+        name: &str,
+        op: FilterMapOp,
+    ) -> Result<FilterMapAnswer, DataplaneError> {
+        let err = |reason: String| DataplaneError::FilterMap {
+            map: name.to_owned(),
+            reason,
+        };
+        let all = self.named_maps();
+        let mine: Vec<_> = all.iter().filter(|(t, _, _)| *t == tenant).collect();
+        let (object, map_name) = match name.rsplit_once(':') {
+            Some((o, m)) => (Some(o), m),
+            None => (None, name),
+        };
+        let found: Vec<_> = mine
+            .iter()
+            .filter(|(_, o, m)| m.spec().name == map_name && object.is_none_or(|x| x == *o))
+            .collect();
+        let (t, o, map) = match found[..] {
+            [one] => **one,
+            [] => {
+                let names: Vec<String> = mine
+                    .iter()
+                    .map(|(_, o, m)| format!("{o}:{}", m.spec().name))
+                    .collect();
+                return Err(err(if names.is_empty() {
+                    format!("tenant {:?} runs no filter with maps", tenant.as_str())
+                } else {
+                    format!(
+                        "tenant {:?} has no map of that name (its maps: {})",
+                        tenant.as_str(),
+                        names.join(", ")
+                    )
+                }));
+            }
+            _ => {
+                let names: Vec<String> = found
+                    .iter()
+                    .map(|(_, o, _)| format!("{o}:{map_name}"))
+                    .collect();
+                return Err(err(format!(
+                    "several of the tenant's objects declare a map of that name: name one of {}",
+                    names.join(", ")
+                )));
+            }
+        };
+        let map_err = |e: filter::run::MapError| err(e.to_string());
+        let entries = match op {
+            FilterMapOp::Dump => map.dump(),
+            FilterMapOp::Update { key, value, flags } => {
+                map.update(&key, &value, flags).map_err(map_err)?;
+                Vec::new()
+            }
+            FilterMapOp::Delete { key } => {
+                map.delete(&key).map_err(map_err)?;
+                Vec::new()
+            }
+        };
+        Ok(FilterMapAnswer {
+            map: map_report(t, o, map),
+            entries,
+        })
+    }
+}
+
+/// What status and `ctl filter show` say of a map.
+fn map_report(tenant: &TenantId, object_name: &str, m: &Map) -> FilterMapReport {
+    let spec = m.spec();
+    FilterMapReport {
+        tenant: tenant.clone(),
+        name: spec.name.clone(),
+        object_name: object_name.to_owned(),
+        kind: spec.kind.to_string(),
+        key_size: spec.key_size,
+        value_size: spec.value_size,
+        max_entries: spec.max_entries,
+        entries: m.len(),
+        copies: m.copies(),
     }
 }
 

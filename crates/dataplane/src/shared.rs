@@ -480,7 +480,7 @@ impl Shared {
         &self,
         filters: &[datapath::FilterConfig],
     ) -> Result<(), DataplaneError> {
-        let mut current = self.filters.lock().unwrap_or_else(|p| p.into_inner());
+        let mut current = self.filters();
         let mut built = current.build(filters, self.workers)?;
         let direction = |d| match d {
             datapath::FilterDirection::ToCloud => Direction::Inbound,
@@ -494,6 +494,12 @@ impl Shared {
         }
         tracing::info!(filters = filters.len(), "tenant filters set");
         Ok(())
+    }
+
+    /// The running filters (a poisoned lock still holds a whole set: `commit` replaces it in
+    /// one step).
+    pub(crate) fn filters(&self) -> MutexGuard<'_, crate::filters::Filters> {
+        self.filters.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// The per-VM routes' writer (a poisoned lock still holds consistent copies: the table

@@ -153,6 +153,26 @@ fn a_tenant_filter_drops_passes_sends_back_and_lengthens_both_ways() {
         drop_counter(st, "acme/filter_drop") == Some(2)
     });
 
+    // Each program's counters, summed over the workers: the verdicts above, CPU time.
+    let report =
+        s.dp.filter_report(Some(&ids::TenantId::new("acme").expect("tenant")));
+    let counters = |d: FilterDirection| {
+        let p = (report.programs.iter())
+            .find(|p| p.direction == d)
+            .expect("the program of each direction");
+        assert!(p.instructions > 0 && p.counters.cpu_ns > 0, "{p:?}");
+        let c = p.counters;
+        (c.passed, c.dropped, c.tx, c.aborted)
+    };
+    assert_eq!(counters(FilterDirection::ToCloud), (2, 1, 1, 1));
+    assert_eq!(counters(FilterDirection::FromCloud), (1, 1, 1, 0));
+    assert!(!report.maps.is_empty());
+    assert!(s
+        .dp
+        .filter_report(Some(&ids::TenantId::new("other").expect("tenant")))
+        .programs
+        .is_empty());
+
     // Removed: packets pass untouched again; a refused object changes nothing.
     let junk: Arc<[u8]> = Arc::from(&b"not an object"[..]);
     assert!(matches!(

@@ -221,10 +221,22 @@ fn the_meter_stops_a_long_loop_at_a_low_limit_and_counts_it() {
             (XdpAction::Aborted, Some(Abort::InsnLimit)),
             "{engine:?}"
         );
+        // Exhausted: the meter charged its whole limit.
+        assert!(inst.counts_insns());
+        assert_eq!(rt.counters().metered_insns, 1000, "{engine:?}");
         frame.load_ip(&short).expect("fits");
         assert_ne!(rt.run(&mut frame).action, XdpAction::Aborted, "{engine:?}");
         let c = rt.counters();
         assert_eq!((c.aborted, c.insn_limit), (1, 1), "{engine:?}");
+        // The short packet: one loop span per byte of its frame (Ethernet, IP header, UDP
+        // payload), give or take the loop's entry and exit.
+        let span = u64::from(inst.lowered().loop_heads[0].1);
+        let charged = c.metered_insns - 1000;
+        let bytes = 14 + short.len() as u64;
+        assert!(
+            charged % span == 0 && (bytes - 1..=bytes + 1).contains(&(charged / span)),
+            "{engine:?}: {charged} charged, span {span}, {bytes} bytes"
+        );
         // The default limit lets the whole packet through the loop.
         let mut rt = full.runtime(0, engine, 0).expect("runtime");
         frame.load_ip(&long).expect("fits");

@@ -195,6 +195,12 @@ enum CtlCommand {
         #[command(subcommand)]
         command: RouteCommand,
     },
+    /// The tenants' eBPF filters (works on `protego up`): load, unload, show, and a map's
+    /// entries (dump, update, delete). Changes are kept in the store.
+    Filter {
+        #[command(subcommand)]
+        command: crate::filterctl::FilterCommand,
+    },
     /// Replace the running tenants, VNets and tunnels with FILE's, validated whole first
     /// (nothing changes on an error). Works on `protego up` and on the active control node.
     /// FILE may be a whole configuration file (its [gateway], [store] and [cluster] are
@@ -439,6 +445,16 @@ pub(crate) fn run_ctl(args: &CtlArgs) -> ExitCode {
         }
         CtlCommand::Route { command } => match route_request(command) {
             Ok(r) => r,
+            Err(e) => {
+                eprintln!("error: {e}");
+                return ExitCode::FAILURE;
+            }
+        },
+        CtlCommand::Filter { command } => match crate::filterctl::request(command) {
+            Ok((request, text)) => {
+                summary = text;
+                request
+            }
             Err(e) => {
                 eprintln!("error: {e}");
                 return ExitCode::FAILURE;

@@ -8,6 +8,7 @@
 mod bench;
 mod certs;
 mod cluster;
+mod filterctl;
 mod sim;
 mod up;
 

@@ -126,7 +126,9 @@ fn serve(config: Config, discard_applied: bool) -> Result<(), UpError> {
         config.store.open()?,
         &config.store_encryption,
     )?);
-    let (config, _) = control::applied::effective(config, &mut *store, discard_applied)?;
+    let (mut config, _) = control::applied::effective(config, &mut *store, discard_applied)?;
+    // The filters loaded with `protego ctl filter`, if any, in place of the file's.
+    control::filters::effective(&mut config, &mut *store, discard_applied)?;
     let config = &config;
     let (to_control, from_dataplane) = crossbeam_channel::bounded(CONTROL_QUEUE);
     let dp = Dataplane::start(config.dataplane.clone(), to_control)?;

@@ -156,7 +156,8 @@ impl Config {
                 key: Some("tenant".into()),
                 section: Some("[[filter]]".into()),
                 message: format!(
-                    "tenant {:?} runs the filter {} of {} ({}), and this configuration removes                      the tenant (filters change only with a restart)",
+                    "tenant {:?} runs the filter {} of {} ({}), and this configuration removes \
+                     the tenant (unload it first with `protego ctl filter unload`)",
                     f.tenant.as_str(),
                     f.section,
                     f.object_name,

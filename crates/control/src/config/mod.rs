@@ -16,6 +16,7 @@ mod tests;
 
 pub use duration::{format_duration, parse_duration};
 pub use inventory::{plan, tunnel_change, ConfigPlan, StoredPsks, TunnelChange};
+pub use validate::filter::{MAX_OBJECT_BYTES, MAX_PER_DIRECTION, MAX_WEIGHT};
 
 use crate::error::{ConfigError, Error};
 use ids::TenantId;

@@ -4,6 +4,32 @@
 use super::*;
 
 impl Driver {
+    /// Stores `filters` as the next generation of the filter set and makes them the running
+    /// configuration's (see [`ControlHandle::commit_filters`]).
+    pub(super) fn commit_filters(
+        &mut self,
+        filters: Vec<datapath::FilterConfig>,
+    ) -> Result<u64, Error> {
+        if self.shutdown_deadline.is_some() {
+            return Err(Error::ShuttingDown);
+        }
+        let generation = self.persist.filters()?.map_or(0, |r| r.generation) + 1;
+        let record = crate::filters::FilterRecord {
+            generation,
+            filters,
+        };
+        self.persist
+            .commit_config(
+                &[crate::store::Change::PutFilters {
+                    record: record.encode(),
+                }],
+                &[],
+            )
+            .map_err(|e| Error::Filter(format!("cannot write it to the store: {e}")))?;
+        self.config.filters = record.filters;
+        Ok(generation)
+    }
+
     /// Carries out an apply (see [`ControlHandle::apply`]).
     pub(super) fn apply(
         &mut self,

@@ -201,6 +201,17 @@ impl Driver {
             Command::Apply(request, reply) => {
                 let _ = reply.send(self.apply(now, *request));
             }
+            Command::FilterState(reply) => {
+                let state = self.persist.filters().map(|stored| FilterState {
+                    filters: self.config.filters.clone(),
+                    tenants: self.config.tenants.clone(),
+                    generation: stored.map_or(0, |r| r.generation),
+                });
+                let _ = reply.send(state);
+            }
+            Command::CommitFilters(filters, reply) => {
+                let _ = reply.send(self.commit_filters(filters));
+            }
             Command::Shutdown { grace } => self.begin_shutdown(now, grace),
             Command::Abort => self.aborted = true,
         }

@@ -53,6 +53,8 @@ enum Command {
     RekeyChild(TunnelId, Sender<Result<(), CommandFailure>>),
     RekeyIke(TunnelId, Sender<Result<(), CommandFailure>>),
     Apply(Box<ApplyRequest>, Sender<Result<ApplyOutcome, Error>>),
+    FilterState(Sender<Result<FilterState, Error>>),
+    CommitFilters(Vec<datapath::FilterConfig>, Sender<Result<u64, Error>>),
     Shutdown {
         grace: Duration,
     },
@@ -89,6 +91,18 @@ pub struct ApplyOutcome {
     pub generation: u64,
     /// The configuration now running (with the tunnels' final ids).
     pub config: Config,
+}
+
+/// The running filter set and what a change of it is checked against
+/// ([`ControlHandle::filter_state`]).
+#[derive(Debug, Clone)]
+pub struct FilterState {
+    /// The filters running now.
+    pub filters: Vec<datapath::FilterConfig>,
+    /// The tenants running now.
+    pub tenants: Vec<ids::TenantId>,
+    /// The stored set's generation (0: none stored, the file's `[[filter]]` tables run).
+    pub generation: u64,
 }
 
 /// A cloneable handle for talking to a running control loop (status server, signal handler).
@@ -169,6 +183,29 @@ impl ControlHandle {
         let (tx, rx) = bounded(1);
         self.commands
             .send(Command::Apply(Box::new(request), tx))
+            .map_err(|_| Error::ControlStopped)?;
+        rx.recv_timeout(APPLY_TIMEOUT)
+            .map_err(|_| Error::ControlStopped)?
+    }
+
+    /// The running filter set, the running tenants and the stored set's generation.
+    pub fn filter_state(&self) -> Result<FilterState, Error> {
+        let (tx, rx) = bounded(1);
+        self.commands
+            .send(Command::FilterState(tx))
+            .map_err(|_| Error::ControlStopped)?;
+        rx.recv_timeout(COMMAND_TIMEOUT)
+            .map_err(|_| Error::ControlStopped)?
+    }
+
+    /// Makes `filters` the running set of the configuration (what `ctl apply` checks its
+    /// tenants against) once the store keeps it (as the next generation, returned). The data
+    /// path must already run them; on an error nothing was stored and the caller puts the data
+    /// path's old set back.
+    pub fn commit_filters(&self, filters: Vec<datapath::FilterConfig>) -> Result<u64, Error> {
+        let (tx, rx) = bounded(1);
+        self.commands
+            .send(Command::CommitFilters(filters, tx))
             .map_err(|_| Error::ControlStopped)?;
         rx.recv_timeout(APPLY_TIMEOUT)
             .map_err(|_| Error::ControlStopped)?

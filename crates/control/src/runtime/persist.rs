@@ -198,6 +198,19 @@ impl Persister {
             })
     }
 
+    /// The stored filter set, if any.
+    pub(crate) fn filters(&self) -> Result<Option<crate::filters::FilterRecord>, Error> {
+        let Some(bytes) = self.store.filters()? else {
+            return Ok(None);
+        };
+        crate::filters::FilterRecord::decode(&bytes)
+            .map(Some)
+            .map_err(|detail| Error::Filters {
+                store: self.store.describe(),
+                detail,
+            })
+    }
+
     /// Commits a change of the applied configuration at once, with `changes` (the
     /// configuration and the deletion of the `doomed` IKE SAs, which the change retires),
     /// on their own: `protego ctl apply` waits for it, and nothing changes unless it is
@@ -512,6 +525,9 @@ mod tests {
         }
         fn applied_config(&self) -> Result<Option<Snapshot>, StoreError> {
             self.inner.applied_config()
+        }
+        fn filters(&self) -> Result<Option<Snapshot>, StoreError> {
+            self.inner.filters()
         }
         fn describe(&self) -> String {
             "limited".into()

@@ -9,7 +9,7 @@ mod server;
 #[cfg(test)]
 mod tests;
 
-pub use render::render_text;
+pub use render::{render_filters, render_text};
 pub use server::{
     apply_answer, distributed_only, query, query_status, query_with_timeout, read_route_file,
     route_answer, vm_route, Request, RequestHandler, Responder, StatusServer, MAX_ROUTE_FILE,
@@ -61,6 +61,102 @@ pub struct StatusReport {
     /// packets dropped before their tenant is known).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub cpu_unattributed_ns: u64,
+    /// The tenants' running filters with their counters (issue 18), by tenant, direction
+    /// and weight.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub filters: Vec<FilterStatus>,
+}
+
+/// One running tenant filter and what it did since it was loaded (`protego status`,
+/// `protego ctl filter show`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FilterStatus {
+    /// The tenant.
+    pub tenant: String,
+    /// `to_cloud` or `from_cloud`.
+    pub direction: String,
+    /// The program's section.
+    pub section: String,
+    /// The object file's name as given.
+    pub object: String,
+    /// Its order among the tenant's filters of the direction (lower first).
+    pub weight: u32,
+    /// Its instructions as loaded.
+    pub instructions: usize,
+    /// Runs that returned `XDP_PASS`.
+    pub passed: u64,
+    /// Runs that returned `XDP_DROP`.
+    pub dropped: u64,
+    /// Runs that returned `XDP_TX`.
+    pub tx: u64,
+    /// Runs that ended `XDP_ABORTED` (of which `insn_limit` by the instruction meter).
+    pub aborted: u64,
+    /// Runs the instruction meter stopped.
+    pub insn_limit: u64,
+    /// Instructions the meter charged (each trip around a loop charges the loop's length;
+    /// code outside loops is not charged).
+    pub metered_insns: u64,
+    /// CPU time in the program, in nanoseconds.
+    pub cpu_ns: u64,
+}
+
+impl FilterStatus {
+    /// The status of one program the data path reports.
+    pub fn of(p: &datapath::FilterProgramReport) -> Self {
+        let c = &p.counters;
+        Self {
+            tenant: p.tenant.as_str().to_owned(),
+            direction: p.direction.to_string(),
+            section: p.section.clone(),
+            object: p.object_name.clone(),
+            weight: p.weight,
+            instructions: p.instructions,
+            passed: c.passed,
+            dropped: c.dropped,
+            tx: c.tx,
+            aborted: c.aborted,
+            insn_limit: c.insn_limit,
+            metered_insns: c.metered_insns,
+            cpu_ns: c.cpu_ns,
+        }
+    }
+}
+
+/// One map of a tenant's filters (`protego ctl filter show`, `map dump`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FilterMapStatus {
+    /// The map's name as declared.
+    pub name: String,
+    /// The object file that declares it.
+    pub object: String,
+    /// `hash`, `array`, `percpu_array` or `lru_hash`.
+    pub kind: String,
+    /// Key size in bytes.
+    pub key_size: u32,
+    /// Value size in bytes (one worker's, for a per-CPU map).
+    pub value_size: u32,
+    /// Most entries.
+    pub max_entries: u32,
+    /// Entries held (arrays: `max_entries`).
+    pub entries: usize,
+    /// Values per key: the workers, for a per-CPU map; else 1.
+    pub copies: usize,
+}
+
+impl FilterMapStatus {
+    /// The status of one map the data path reports.
+    pub fn of(m: &datapath::FilterMapReport) -> Self {
+        Self {
+            name: m.name.clone(),
+            object: m.object_name.clone(),
+            kind: m.kind.clone(),
+            key_size: m.key_size,
+            value_size: m.value_size,
+            max_entries: m.max_entries,
+            entries: m.entries,
+            copies: m.copies,
+        }
+    }
 }
 
 fn is_zero(n: &u64) -> bool {
@@ -396,6 +492,7 @@ impl StatusReport {
             workers,
             store: None,
             routes: None,
+            filters: Vec::new(),
             tenants,
             cpu_unattributed_ns: stats.cpu_unattributed_ns,
         }

@@ -59,6 +59,7 @@ pub fn render_text(report: &StatusReport) -> String {
     render_counters(&mut out, "ike drops", &report.ike_drops);
     render_workers(&mut out, &report.workers);
     render_tenants_cpu(&mut out, report);
+    render_filters(&mut out, &report.filters);
     if let Some(store) = &report.store {
         render_store(&mut out, store);
     }
@@ -205,6 +206,34 @@ fn render_tenants_cpu(out: &mut String, report: &super::StatusReport) {
         "  unattributed: {:.3} ms",
         report.cpu_unattributed_ns as f64 / 1e6
     );
+}
+
+/// One line per running tenant filter: where it runs, its verdicts, its instructions and CPU.
+pub fn render_filters(out: &mut String, filters: &[super::FilterStatus]) {
+    if filters.is_empty() {
+        return;
+    }
+    let _ = writeln!(out, "filters:");
+    for f in filters {
+        let _ = writeln!(
+            out,
+            "  {} {} {} of {} (weight {}, {} insns): {} passed, {} dropped, {} tx, {} aborted \
+             ({} at the instruction limit), {} metered insns, {:.3} ms",
+            f.tenant,
+            f.direction,
+            f.section,
+            f.object,
+            f.weight,
+            f.instructions,
+            f.passed,
+            f.dropped,
+            f.tx,
+            f.aborted,
+            f.insn_limit,
+            f.metered_insns,
+            f.cpu_ns as f64 / 1e6,
+        );
+    }
 }
 
 /// A `title:` block of the non-zero counters, one `reason  count` line each, or `title: none`.

@@ -8,7 +8,8 @@
 //! JSON document, or
 //! `{"error":"..."}`. `apply` is JSON only: `{"command":"apply","file":PATH,"text":TEXT,
 //! "dry_run":false}` (what `protego ctl apply -f FILE` sends); a request line may be up to
-//! 16 MiB long for it.
+//! 16 MiB long for it. So are the tenant filters' `filter_load`, `filter_unload`,
+//! `filter_show` and `filter_map` (docs/operations.md, "Tenant filters at run time").
 
 use super::{StatusReport, TunnelDirectory};
 use crate::error::Error;
@@ -116,6 +117,60 @@ pub enum Request {
     RouteLoad {
         /// The route file's path, as the node sees it.
         file: std::path::PathBuf,
+    },
+    /// Runs a program on a tenant's traffic, in place of the one in its place (tenant,
+    /// direction, section) if there is one (`protego ctl filter load`).
+    FilterLoad {
+        /// The tenant.
+        tenant: String,
+        /// `to_cloud` or `from_cloud`.
+        direction: String,
+        /// The object file's name (for status and errors).
+        object_name: String,
+        /// The object's bytes in Base64.
+        object: String,
+        /// The section (`xdp` when absent).
+        #[serde(default)]
+        section: Option<String>,
+        /// The order among the tenant's filters of the direction (when absent: the replaced
+        /// program's, else 0).
+        #[serde(default)]
+        weight: Option<u32>,
+    },
+    /// Stops a tenant's filters (`protego ctl filter unload`).
+    FilterUnload {
+        /// The tenant.
+        tenant: String,
+        /// Only this direction.
+        #[serde(default)]
+        direction: Option<String>,
+        /// Only this section.
+        #[serde(default)]
+        section: Option<String>,
+    },
+    /// A tenant's filters with their counters, and their maps (`protego ctl filter show`).
+    FilterShow {
+        /// The tenant.
+        tenant: String,
+    },
+    /// Reads or changes a map of a tenant's filters (`protego ctl filter map dump|update|
+    /// delete`).
+    FilterMap {
+        /// The tenant.
+        tenant: String,
+        /// The map's name (`OBJECT:NAME` when two objects declare maps of that name).
+        map: String,
+        /// `dump`, `update` or `delete`.
+        op: String,
+        /// The key in hex (`update`, `delete`).
+        #[serde(default)]
+        key: Option<String>,
+        /// The value in hex (`update`; a per-CPU map takes every worker's value, in order).
+        #[serde(default)]
+        value: Option<String>,
+        /// `any` (default), `noexist` (only a new key) or `exist` (only an existing key).
+        #[serde(default)]
+        flags: Option<String>,
     },
     /// Replace the running tenants, VNets and tunnels (`protego ctl apply -f FILE`).
     Apply {
@@ -292,6 +347,37 @@ pub fn read_route_file(path: &Path, limit: u64) -> Result<String, Error> {
     Ok(text)
 }
 
+/// Bytes written in hex: digits, optionally `0x`-prefixed, in one word or in words
+/// separated by spaces, `:` or `-`, each word whole bytes (a separated word of one digit is
+/// one byte): `0a000001`, `0a 00 00 01`, `0x0a 0x0 0x0 0x1`.
+pub(crate) fn parse_hex(text: &str) -> Result<Vec<u8>, String> {
+    let words: Vec<&str> = text
+        .split(|c: char| c.is_whitespace() || c == ':' || c == '-')
+        .filter(|w| !w.is_empty())
+        .map(|w| {
+            w.strip_prefix("0x")
+                .or_else(|| w.strip_prefix("0X"))
+                .unwrap_or(w)
+        })
+        .collect();
+    let bad = || format!("{text:?} is not bytes in hex");
+    let mut out = Vec::new();
+    for w in &words {
+        let padded;
+        let w = if w.len() == 1 && words.len() > 1 {
+            padded = format!("0{w}");
+            padded.as_str()
+        } else {
+            w
+        };
+        out.extend(hex::decode(w).map_err(|_| bad())?);
+    }
+    if out.is_empty() {
+        return Err("no bytes".into());
+    }
+    Ok(out)
+}
+
 /// The control socket's answer to a route change.
 /// A cluster's control node adds `"nodes": {"applied", "fetching", "failed"}`: the data
 /// nodes that applied a single change, kept it while fetching the snapshot, or were told to
@@ -421,6 +507,182 @@ impl Responder {
         Ok(route_answer(&report, started.elapsed()))
     }
 
+    /// Carries out a filter request (`FilterLoad`, `FilterUnload`, `FilterShow`, `FilterMap`).
+    ///
+    /// A load or unload is serialised with applies (which check the filters' tenants): the
+    /// new set is checked and the new program verified here, outside the control loop (a
+    /// verification may take a while and IKE must not wait for it), then the data path takes
+    /// the new set, then the control loop stores it; if the store refuses, the data path gets
+    /// the old set back.
+    pub fn filter(&self, request: Request) -> Result<Value, Error> {
+        let change = match request {
+            Request::FilterShow { tenant } => return self.filter_show(&tenant),
+            Request::FilterMap {
+                tenant,
+                map,
+                op,
+                key,
+                value,
+                flags,
+            } => return self.filter_map(&tenant, &map, &op, key, value, flags),
+            Request::FilterLoad {
+                tenant,
+                direction,
+                object_name,
+                object,
+                section,
+                weight,
+            } => {
+                use base64ct::{Base64, Encoding};
+                let object = Base64::decode_vec(&object)
+                    .map_err(|_| Error::Filter("object: not Base64".into()))?;
+                crate::filters::FilterChange::Load {
+                    tenant,
+                    direction,
+                    object_name,
+                    object,
+                    section,
+                    weight,
+                }
+            }
+            Request::FilterUnload {
+                tenant,
+                direction,
+                section,
+            } => crate::filters::FilterChange::Unload {
+                tenant,
+                direction,
+                section,
+            },
+            other => return Err(Error::Filter(format!("not a filter request: {other:?}"))),
+        };
+        let _one_at_a_time = self
+            .apply_lock
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let state = self.control.filter_state()?;
+        let changed = crate::filters::change(&state.filters, &state.tenants, change)
+            .map_err(Error::Filter)?;
+        self.datapath
+            .set_filters(&changed.filters)
+            .map_err(|e| Error::Filter(e.to_string()))?;
+        let generation = match self.control.commit_filters(changed.filters.clone()) {
+            Ok(g) => g,
+            Err(e) => {
+                if let Err(back) = self.datapath.set_filters(&state.filters) {
+                    tracing::error!(error = %back, "cannot put the data path's filters back after the store refused the new set: the data path runs the new set, the store keeps the old one");
+                }
+                return Err(e);
+            }
+        };
+        let place = |f: &datapath::FilterConfig| {
+            json!({
+                "direction": f.direction.as_str(),
+                "section": f.section,
+                "object": f.object_name,
+                "weight": f.weight,
+            })
+        };
+        let mut answer = json!({ "ok": true, "generation": generation });
+        match &changed.loaded {
+            Some(f) => {
+                tracing::info!(tenant = %f.tenant, direction = %f.direction, section = %f.section, object = %f.object_name, replaced = !changed.replaced.is_empty(), generation, "filter loaded");
+                answer["loaded"] = place(f);
+                answer["replaced"] = json!(changed.replaced.iter().map(place).collect::<Vec<_>>());
+            }
+            None => {
+                tracing::info!(
+                    removed = changed.replaced.len(),
+                    generation,
+                    "filters unloaded"
+                );
+                answer["removed"] = json!(changed.replaced.iter().map(place).collect::<Vec<_>>());
+            }
+        }
+        Ok(answer)
+    }
+
+    /// `filter show`: the tenant's filters with their counters, and their maps.
+    fn filter_show(&self, tenant: &str) -> Result<Value, Error> {
+        let tenant =
+            ids::TenantId::new(tenant).map_err(|e| Error::Filter(format!("tenant: {e}")))?;
+        let report = self.datapath.filter_report(Some(&tenant));
+        let filters: Vec<super::FilterStatus> = report
+            .programs
+            .iter()
+            .map(super::FilterStatus::of)
+            .collect();
+        let maps: Vec<super::FilterMapStatus> =
+            report.maps.iter().map(super::FilterMapStatus::of).collect();
+        Ok(json!({ "tenant": tenant.as_str(), "filters": filters, "maps": maps }))
+    }
+
+    /// `filter map dump|update|delete`.
+    fn filter_map(
+        &self,
+        tenant: &str,
+        map: &str,
+        op: &str,
+        key: Option<String>,
+        value: Option<String>,
+        flags: Option<String>,
+    ) -> Result<Value, Error> {
+        let tenant =
+            ids::TenantId::new(tenant).map_err(|e| Error::Filter(format!("tenant: {e}")))?;
+        let bytes = |field: &str, text: Option<String>| {
+            let text = text.ok_or_else(|| Error::Filter(format!("{op} needs a {field}")))?;
+            parse_hex(&text).map_err(|e| Error::Filter(format!("{field}: {e}")))
+        };
+        let op = match op {
+            "dump" => datapath::FilterMapOp::Dump,
+            "update" => datapath::FilterMapOp::Update {
+                key: bytes("key", key)?,
+                value: bytes("value", value)?,
+                flags: match flags.as_deref() {
+                    None | Some("any") => 0,
+                    Some("noexist") => 1,
+                    Some("exist") => 2,
+                    Some(other) => {
+                        return Err(Error::Filter(format!(
+                            "flags: {other:?} is not any, noexist or exist"
+                        )))
+                    }
+                },
+            },
+            "delete" => datapath::FilterMapOp::Delete {
+                key: bytes("key", key)?,
+            },
+            other => {
+                return Err(Error::Filter(format!(
+                    "unknown map operation {other:?} (dump, update, delete)"
+                )))
+            }
+        };
+        let changes = !matches!(op, datapath::FilterMapOp::Dump);
+        let answer = self
+            .datapath
+            .filter_map(&tenant, map, op)
+            .map_err(|e| Error::Filter(e.to_string()))?;
+        let status = super::FilterMapStatus::of(&answer.map);
+        if changes {
+            tracing::info!(tenant = %tenant, map = %status.name, object = %status.object, "filter map changed");
+            return Ok(json!({ "ok": true, "map": status }));
+        }
+        let size = answer.map.value_size as usize;
+        let entries: Vec<Value> = answer
+            .entries
+            .iter()
+            .map(|(k, v)| {
+                if answer.map.copies > 1 && size > 0 {
+                    json!({ "key": hex::encode(k), "values": v.chunks(size).map(hex::encode).collect::<Vec<_>>() })
+                } else {
+                    json!({ "key": hex::encode(k), "value": hex::encode(v) })
+                }
+            })
+            .collect();
+        Ok(json!({ "map": status, "entries": entries }))
+    }
+
     /// The current status report.
     pub fn status(&self) -> Result<StatusReport, Error> {
         let (ike, ike_stats) = self.control.ike_report()?;
@@ -434,6 +696,9 @@ impl Responder {
         );
         report.store = Some(self.control.store_stats()?);
         report.routes = super::RouteStatus::of(&self.datapath.route_stats());
+        report.filters = (self.datapath.filter_report(None).programs.iter())
+            .map(super::FilterStatus::of)
+            .collect();
         Ok(report)
     }
 
@@ -551,6 +816,10 @@ impl RequestHandler for Responder {
             r @ (Request::RouteAdd { .. }
             | Request::RouteDel { .. }
             | Request::RouteLoad { .. }) => self.route(r),
+            r @ (Request::FilterLoad { .. }
+            | Request::FilterUnload { .. }
+            | Request::FilterShow { .. }
+            | Request::FilterMap { .. }) => self.filter(r),
             Request::Apply {
                 file,
                 text,

@@ -416,6 +416,10 @@ impl RequestHandler for Fake {
                 json!({ "ok": true })
             }
             Request::RotateStoreKey => json!({ "error": "no key file" }),
+            Request::FilterLoad { .. }
+            | Request::FilterUnload { .. }
+            | Request::FilterShow { .. }
+            | Request::FilterMap { .. } => json!({ "error": "no filters" }),
         }
     }
 }

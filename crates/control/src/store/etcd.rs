@@ -65,12 +65,14 @@ pub struct EtcdOptions {
 /// - `P/config`: the configuration last applied with `protego ctl apply`
 ///   ([`crate::applied::AppliedConfig`], with the tunnels' PSKs), absent until the first apply.
 ///   A node reads it once, when it becomes the active control node.
+/// - `P/filters`: the tenants' filters loaded with `protego ctl filter`
+///   ([`crate::filters::FilterRecord`]), absent until the first load.
 ///
 /// # Requests
 ///
 /// - [`Store::commit`] is **one** etcd transaction (`Txn`) holding a put or delete per changed
 ///   SA (the last change of each SPI in the batch, which has the batch's effect; likewise for
-///   `P/config`), guarded by `P/schema` still being `1`, by the fence (the leader key, if the
+///   `P/config` and `P/filters`), guarded by `P/schema` still being `1`, by the fence (the leader key, if the
 ///   store is [fenced](EtcdStore::fenced)) and by each written key's modification revision as
 ///   this store last saw it (read or written; 0 for a key it believes absent): etcd applies all
 ///   of it or none of it, and answers only once a quorum of its members has written it to their
@@ -230,6 +232,8 @@ struct Keys {
     ike_sas_end: String,
     /// `P/config`: the configuration applied with `protego ctl apply`.
     config: String,
+    /// `P/filters`: the filters loaded with `protego ctl filter`.
+    filters: String,
     /// `P/`: the start of the prefix's range.
     all: String,
     /// `P0`: the end of the prefix's range.
@@ -243,6 +247,7 @@ impl Keys {
             ike_sas: format!("{prefix}/ike_sas/"),
             ike_sas_end: format!("{prefix}/ike_sas0"),
             config: format!("{prefix}/config"),
+            filters: format!("{prefix}/filters"),
             all: format!("{prefix}/"),
             all_end: format!("{prefix}0"),
         }
@@ -254,6 +259,22 @@ impl Keys {
 }
 
 impl EtcdStore {
+    /// The value of one key (`P/config`, `P/filters`), noting its revision for the guards.
+    fn read_one(&self, key: &str) -> Result<Option<Snapshot>, StoreError> {
+        let response = self
+            .call(|mut client| {
+                let key = key.to_owned();
+                async move { client.get(key, None).await }
+            })
+            .map_err(|detail| self.read_error(detail))?;
+        let kv = response.kvs().first();
+        self.revisions().insert(
+            key.to_owned(),
+            kv.map_or(0, etcd_client::KeyValue::mod_revision),
+        );
+        Ok(kv.map(|kv| Zeroizing::new(kv.value().to_vec())))
+    }
+
     /// Makes every commit conditional on `fence`: the election's leader key still names this
     /// node in the same term ([`super::Fence::compares`]). A deposed leader's commit
     /// then fails whole and writes nothing, whatever its own view of its role.

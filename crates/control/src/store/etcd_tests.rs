@@ -305,7 +305,10 @@ fn store_etcd_batches() {
             Change::DeleteIkeSa { spi } => {
                 want.remove(spi);
             }
-            Change::PutConfig { .. } | Change::DeleteConfig => unreachable!("only IKE SAs"),
+            Change::PutConfig { .. }
+            | Change::DeleteConfig
+            | Change::PutFilters { .. }
+            | Change::DeleteFilters => unreachable!("only IKE SAs"),
         }
     }
     assert_eq!(contents(&store), want.into_iter().collect::<Vec<_>>());

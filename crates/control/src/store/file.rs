@@ -26,10 +26,13 @@ pub(super) const SCHEMA_KEY: &str = "schema_version";
 pub(super) const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 /// IKE SA snapshots by the SA's own (local) SPI.
 pub(super) const IKE_SAS: TableDefinition<u64, &[u8]> = TableDefinition::new("ike_sas");
-/// The configuration applied with `protego ctl apply`, under [`CONFIG_KEY`].
+/// The configuration applied with `protego ctl apply` (under [`CONFIG_KEY`]) and the filters
+/// loaded with `protego ctl filter` (under [`FILTERS_KEY`]).
 pub(super) const CONFIG: TableDefinition<&str, &[u8]> = TableDefinition::new("config");
-/// The one key of [`CONFIG`].
+/// The key of [`CONFIG`] holding the applied configuration.
 const CONFIG_KEY: &str = "applied";
+/// The key of [`CONFIG`] holding the filters loaded with `protego ctl filter`.
+const FILTERS_KEY: &str = "filters";
 
 /// The embedded file store: one redb database file, opened by one process at a time.
 ///
@@ -159,6 +162,18 @@ impl FileStore {
             detail: e.into().to_string(),
         }
     }
+
+    /// The record under `key` of [`CONFIG`], if any.
+    fn read_config(&self, key: &str) -> Result<Option<Snapshot>, StoreError> {
+        let read = self.db.begin_read().map_err(|e| self.read_error(e))?;
+        let table = match read.open_table(CONFIG) {
+            Ok(table) => table,
+            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(None),
+            Err(e) => return Err(self.read_error(e)),
+        };
+        let value = table.get(key).map_err(|e| self.read_error(e))?;
+        Ok(value.map(|v| Zeroizing::new(v.value().to_vec())))
+    }
 }
 
 /// Sets the file's mode to 0600 unless it already is, and refuses a file that stays readable
@@ -222,10 +237,16 @@ impl Store for FileStore {
         let write = self.db.begin_write().map_err(|e| self.write_error(e))?;
         {
             let mut table = write.open_table(IKE_SAS).map_err(|e| self.write_error(e))?;
-            // Created by the first apply, not by every IKE commit.
-            let touches_config = changes
-                .iter()
-                .any(|c| matches!(c, Change::PutConfig { .. } | Change::DeleteConfig));
+            // Created by the first apply or filter load, not by every IKE commit.
+            let touches_config = changes.iter().any(|c| {
+                matches!(
+                    c,
+                    Change::PutConfig { .. }
+                        | Change::DeleteConfig
+                        | Change::PutFilters { .. }
+                        | Change::DeleteFilters
+                )
+            });
             let mut config = touches_config
                 .then(|| write.open_table(CONFIG))
                 .transpose()
@@ -240,16 +261,24 @@ impl Store for FileStore {
                     Change::DeleteIkeSa { spi } => {
                         table.remove(*spi).map_err(|e| self.write_error(e))?;
                     }
-                    Change::PutConfig { record } => {
+                    Change::PutConfig { record } | Change::PutFilters { record } => {
+                        let key = match change {
+                            Change::PutConfig { .. } => CONFIG_KEY,
+                            _ => FILTERS_KEY,
+                        };
                         if let Some(config) = config.as_mut() {
                             config
-                                .insert(CONFIG_KEY, record.as_slice())
+                                .insert(key, record.as_slice())
                                 .map_err(|e| self.write_error(e))?;
                         }
                     }
-                    Change::DeleteConfig => {
+                    Change::DeleteConfig | Change::DeleteFilters => {
+                        let key = match change {
+                            Change::DeleteConfig => CONFIG_KEY,
+                            _ => FILTERS_KEY,
+                        };
                         if let Some(config) = config.as_mut() {
-                            config.remove(CONFIG_KEY).map_err(|e| self.write_error(e))?;
+                            config.remove(key).map_err(|e| self.write_error(e))?;
                         }
                     }
                 }
@@ -274,14 +303,11 @@ impl Store for FileStore {
     }
 
     fn applied_config(&self) -> Result<Option<Snapshot>, StoreError> {
-        let read = self.db.begin_read().map_err(|e| self.read_error(e))?;
-        let table = match read.open_table(CONFIG) {
-            Ok(table) => table,
-            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(None),
-            Err(e) => return Err(self.read_error(e)),
-        };
-        let value = table.get(CONFIG_KEY).map_err(|e| self.read_error(e))?;
-        Ok(value.map(|v| Zeroizing::new(v.value().to_vec())))
+        self.read_config(CONFIG_KEY)
+    }
+
+    fn filters(&self) -> Result<Option<Snapshot>, StoreError> {
+        self.read_config(FILTERS_KEY)
     }
 
     fn describe(&self) -> String {

@@ -20,6 +20,7 @@ pub struct MemoryStore {
 struct Shared {
     ike_sas: BTreeMap<u64, Snapshot>,
     config: Option<Snapshot>,
+    filters: Option<Snapshot>,
     fail_commits: bool,
     fail_reads: bool,
     commits: u64,
@@ -81,6 +82,8 @@ impl Store for MemoryStore {
                 }
                 Change::PutConfig { record } => shared.config = Some(record.clone()),
                 Change::DeleteConfig => shared.config = None,
+                Change::PutFilters { record } => shared.filters = Some(record.clone()),
+                Change::DeleteFilters => shared.filters = None,
             }
         }
         shared.commits += 1;
@@ -111,6 +114,17 @@ impl Store for MemoryStore {
             });
         }
         Ok(shared.config.clone())
+    }
+
+    fn filters(&self) -> Result<Option<Snapshot>, StoreError> {
+        let shared = self.lock();
+        if shared.fail_reads {
+            return Err(StoreError::Read {
+                store: "memory".into(),
+                detail: "reads made to fail (test)".into(),
+            });
+        }
+        Ok(shared.filters.clone())
     }
 
     fn describe(&self) -> String {

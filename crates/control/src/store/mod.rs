@@ -122,6 +122,15 @@ pub enum Change {
     /// Forgets the applied configuration (the configuration file's tenants, VNets and tunnels
     /// count again at the next start).
     DeleteConfig,
+    /// Stores (or replaces) the tenants' filters loaded with `protego ctl filter`: every
+    /// program's place and object, see [`crate::filters`].
+    PutFilters {
+        /// The encoded [`crate::filters::FilterRecord`].
+        record: Zeroizing<Vec<u8>>,
+    },
+    /// Forgets the stored filters (the configuration file's `[[filter]]` tables count again at
+    /// the next start).
+    DeleteFilters,
 }
 
 impl fmt::Debug for Change {
@@ -142,6 +151,11 @@ impl fmt::Debug for Change {
                 .field("record", &format_args!("<{} bytes>", record.len()))
                 .finish(),
             Change::DeleteConfig => f.write_str("DeleteConfig"),
+            Change::PutFilters { record } => f
+                .debug_struct("PutFilters")
+                .field("record", &format_args!("<{} bytes>", record.len()))
+                .finish(),
+            Change::DeleteFilters => f.write_str("DeleteFilters"),
         }
     }
 }
@@ -158,6 +172,9 @@ pub trait Store: Send {
 
     /// The stored applied configuration ([`Change::PutConfig`]), if any.
     fn applied_config(&self) -> Result<Option<Snapshot>, StoreError>;
+
+    /// The stored filter set ([`Change::PutFilters`]), if any.
+    fn filters(&self) -> Result<Option<Snapshot>, StoreError>;
 
     /// What the store is, for logs and `protego status`: e.g.
     /// `file /var/lib/protego/state.redb`, `memory`.
@@ -209,6 +226,10 @@ impl<S: Store + ?Sized> Store for Box<S> {
 
     fn ike_sas(&self) -> Result<Vec<(u64, Snapshot)>, StoreError> {
         (**self).ike_sas()
+    }
+
+    fn filters(&self) -> Result<Option<Snapshot>, StoreError> {
+        (**self).filters()
     }
 
     fn applied_config(&self) -> Result<Option<Snapshot>, StoreError> {

@@ -64,6 +64,8 @@ const TAG: usize = 16;
 pub(crate) enum RecordId {
     /// The applied configuration.
     Config,
+    /// The filters loaded with `protego ctl filter`.
+    Filters,
     /// The IKE SA with this own (local) SPI.
     IkeSa(u64),
     /// Chunk `index` of the per-VM route snapshot of generation `generation`
@@ -78,6 +80,7 @@ impl fmt::Display for RecordId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             RecordId::Config => f.write_str("config"),
+            RecordId::Filters => f.write_str("filters"),
             RecordId::IkeSa(spi) => write!(f, "ike_sa/{spi:016x}"),
             RecordId::RouteChunk(generation, index) => {
                 write!(f, "routes/snap/{generation:016x}/{index:08x}")
@@ -313,7 +316,12 @@ impl SealedStore {
             Change::PutConfig { record } => Change::PutConfig {
                 record: seal(keys, keys.current(), RecordId::Config, record),
             },
-            Change::DeleteIkeSa { .. } | Change::DeleteConfig => change.clone(),
+            Change::PutFilters { record } => Change::PutFilters {
+                record: seal(keys, keys.current(), RecordId::Filters, record),
+            },
+            Change::DeleteIkeSa { .. } | Change::DeleteConfig | Change::DeleteFilters => {
+                change.clone()
+            }
         }
     }
 
@@ -334,6 +342,12 @@ impl SealedStore {
                 }
                 Change::DeleteConfig => {
                     records.remove(&RecordId::Config);
+                }
+                Change::PutFilters { .. } => {
+                    records.insert(RecordId::Filters, key);
+                }
+                Change::DeleteFilters => {
+                    records.remove(&RecordId::Filters);
                 }
             }
         }
@@ -357,7 +371,10 @@ impl Store for SealedStore {
         // Every SA is known now: forget those that are gone.
         self.records().retain(|id, _| match id {
             RecordId::IkeSa(spi) => out.binary_search_by_key(spi, |(s, _)| *s).is_ok(),
-            RecordId::Config | RecordId::RouteChunk(..) | RecordId::RouteLog(..) => true,
+            RecordId::Config
+            | RecordId::Filters
+            | RecordId::RouteChunk(..)
+            | RecordId::RouteLog(..) => true,
         });
         Ok(out)
     }
@@ -378,6 +395,16 @@ impl Store for SealedStore {
             Some(record) => self.open_record(RecordId::Config, &record).map(Some),
             None => {
                 self.records().remove(&RecordId::Config);
+                Ok(None)
+            }
+        }
+    }
+
+    fn filters(&self) -> Result<Option<Snapshot>, StoreError> {
+        match self.inner.filters()? {
+            Some(record) => self.open_record(RecordId::Filters, &record).map(Some),
+            None => {
+                self.records().remove(&RecordId::Filters);
                 Ok(None)
             }
         }
@@ -440,6 +467,12 @@ impl Store for SealedStore {
                 RecordId::Config => {
                     if let Some(record) = self.applied_config()? {
                         changes.push(Change::PutConfig { record });
+                    }
+                    break;
+                }
+                RecordId::Filters => {
+                    if let Some(record) = self.filters()? {
+                        changes.push(Change::PutFilters { record });
                     }
                     break;
                 }

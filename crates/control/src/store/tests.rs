@@ -133,6 +133,35 @@ pub(super) fn round_trips(store: &mut dyn Store) {
         }])
         .unwrap();
     assert_eq!(config(store).as_deref(), Some(&b"kept"[..]));
+
+    // The filter set: a record of its own, apart from the configuration.
+    let filters = |store: &dyn Store| store.filters().unwrap().map(|r| r.to_vec());
+    assert_eq!(filters(store), None);
+    store
+        .commit(&[
+            Change::PutFilters {
+                record: Zeroizing::new(b"filters one".to_vec()),
+            },
+            put(7, b"seven"),
+        ])
+        .unwrap();
+    assert_eq!(filters(store).as_deref(), Some(&b"filters one"[..]));
+    assert_eq!(config(store).as_deref(), Some(&b"kept"[..]));
+    store.commit(&[Change::DeleteConfig]).unwrap();
+    assert_eq!(filters(store).as_deref(), Some(&b"filters one"[..]));
+    store
+        .commit(&[Change::PutFilters {
+            record: Zeroizing::new(b"filters two".to_vec()),
+        }])
+        .unwrap();
+    assert_eq!(filters(store).as_deref(), Some(&b"filters two"[..]));
+    store.commit(&[Change::DeleteFilters]).unwrap();
+    assert_eq!(filters(store), None);
+    store
+        .commit(&[Change::PutConfig {
+            record: Zeroizing::new(b"kept".to_vec()),
+        }])
+        .unwrap();
 }
 
 #[test]

@@ -37,6 +37,14 @@
 //!   the verifier lets the program touch), so helpers can check that a pointer argument
 //!   lies in the program's stack.
 //!
+//! - **What the meter charged.** In the program rbpf runs, the first instructions also keep
+//!   the context's address in the stack word at `r10 - 508` (32 bits: frames live below
+//!   4 GiB), and every `exit` becomes a jump to one tail (after the exhaustion block, which
+//!   falls into it): load that address into r1, load the meter's counter into r2, store r2 at
+//!   [`CTX_METER_SLOT`] of the context, `exit` (only r0 is live at an exit). The runtime reads
+//!   it back to count the instructions the meter charged. (One tail, not a copy per exit:
+//!   rbpf's JIT holds a program's code in one 4 KiB page.)
+//!
 //! The meter and the atomic lowering use the 16 stack bytes below `r10 - 496` that
 //! [`crate::verify::STACK_SIZE`] keeps from the program. PREVAIL verifies the result again
 //! (with the whole 512-byte stack and the termination check), so the rewrite cannot open a
@@ -54,6 +62,13 @@ pub const METER_EXHAUSTED: i32 = -0x4d45;
 
 /// Offset in the context buffer of the hidden word that receives r10 at entry.
 pub const CTX_STACK_SLOT: i16 = 24;
+
+/// Offset in the context buffer of the hidden 32-bit word that receives the meter's counter at
+/// every exit (with a meter).
+pub const CTX_METER_SLOT: i16 = 32;
+
+/// Stack offset of the 32-bit word holding the context's address (with a meter).
+const CTX_ADDR_SLOT: i16 = -508;
 
 /// Stack offset of the meter's counter.
 const METER_SLOT: i16 = -512;
@@ -117,7 +132,8 @@ pub struct Lowered {
     /// untouched): what PREVAIL verifies a second time.
     pub verified: Vec<Insn>,
     /// The instructions rbpf runs: `verified` with `isa_fix`'s forms, map references turned
-    /// into handles and the stack pointer's store at entry.
+    /// into handles, the stack pointer's and the context address's stores at entry and the
+    /// meter's store before every exit.
     pub runnable: Vec<Insn>,
     /// For each instruction of `verified`, the original instruction it comes from (`None`
     /// for the meter's entry and exhaustion blocks).
@@ -127,8 +143,19 @@ pub struct Lowered {
 }
 
 /// Lowers `insns` (a verified program) with an instruction meter of `limit` instructions, or
-/// without a meter (`None`).
+/// without a meter (`None`); with a meter, the runnable code stores what it charged in the
+/// context at every exit.
 pub fn lower(insns: &[Insn], limit: Option<u64>) -> Result<Lowered, LowerError> {
+    lower_with(insns, limit, true)
+}
+
+/// [`lower`], with the meter's store at the exits only if `readback` (it costs the JIT about
+/// 40 bytes of machine code, which a program near rbpf's 4 KiB may not have).
+pub fn lower_with(
+    insns: &[Insn],
+    limit: Option<u64>,
+    readback: bool,
+) -> Result<Lowered, LowerError> {
     let limit = limit
         .map(|limit| i32::try_from(limit).map_err(|_| LowerError::Limit { limit }))
         .transpose()?;
@@ -138,16 +165,24 @@ pub fn lower(insns: &[Insn], limit: Option<u64>) -> Result<Lowered, LowerError> 
         Vec::new()
     };
     let init = initialised(insns);
-    let (verified, origin) = emit(insns, limit, &heads, &init, false)?;
-    let (mut runnable, _) = emit(insns, limit, &heads, &init, true)?;
+    let (verified, origin) = emit(insns, limit, &heads, &init, Fix::None)?;
+    let fix = if readback {
+        Fix::IsaAndReadback
+    } else {
+        Fix::Isa
+    };
+    let (mut runnable, _) = emit(insns, limit, &heads, &init, fix)?;
     for i in runnable
         .iter_mut()
         .filter(|i| i.is_lddw() && i.src == PSEUDO_MAP_FD)
     {
         i.src = 0;
     }
-    // The stack pointer's store is prepended: relative jumps inside keep their meaning and
-    // nothing jumps to the first instruction.
+    // The stack pointer's store (and the context address's) are prepended: relative jumps
+    // inside keep their meaning and nothing jumps to the first instruction.
+    if limit.is_some() && readback {
+        runnable.insert(0, ins(STXW, 10, 1, CTX_ADDR_SLOT, 0));
+    }
     runnable.insert(0, ins(STXDW, 1, 10, CTX_STACK_SLOT, 0));
     Ok(Lowered {
         verified,
@@ -157,15 +192,28 @@ pub fn lower(insns: &[Insn], limit: Option<u64>) -> Result<Lowered, LowerError> 
     })
 }
 
-/// The program with the meter at `heads` and the atomic lowering, and with [`isa_fix`]'s
-/// forms if `fix`; with each emitted instruction's original.
+/// What [`emit`] adds for rbpf beyond the verified program.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Fix {
+    /// Nothing: the program PREVAIL verifies.
+    None,
+    /// [`isa_fix`]'s forms.
+    Isa,
+    /// [`isa_fix`]'s forms and, with a meter, the exits through the meter's tail.
+    IsaAndReadback,
+}
+
+/// The program with the meter at `heads` and the atomic lowering, and what `fix` adds; with
+/// each emitted instruction's original.
 fn emit(
     insns: &[Insn],
     limit: Option<i32>,
     heads: &[(usize, u32)],
     init: &[u16],
-    fix: bool,
+    fix: Fix,
 ) -> Result<(Vec<Insn>, Vec<Option<usize>>), LowerError> {
+    let readback = fix == Fix::IsaAndReadback && limit.is_some();
+    let fix = fix != Fix::None;
     let n = insns.len();
     let scratch = |index: usize, taken: &[u8], what| {
         (0..10u8)
@@ -181,6 +229,7 @@ fn emit(
     let mut start = vec![0usize; n + 1];
     let mut at = vec![0usize; n];
     let mut to_exhausted = Vec::new();
+    let mut to_tail = Vec::new();
     let emit = |out: &mut Vec<Insn>, origin: &mut Vec<Option<usize>>, i: Insn, o| {
         out.push(i);
         origin.push(o);
@@ -224,6 +273,9 @@ fn emit(
             emit(&mut out, &mut origin, ins(add, t, i.src, 0, 0), o);
             emit(&mut out, &mut origin, ins(store, i.dst, t, i.off, 0), o);
             emit(&mut out, &mut origin, ins(LDXDW, t, 10, SPILL_SLOT, 0), o);
+        } else if i.code == EXIT && readback {
+            to_tail.push(out.len());
+            emit(&mut out, &mut origin, ins(JA, 0, 0, 0, 0), o);
         } else {
             let forms = if fix { isa_fix(i) } else { [Some(i), None] };
             for form in forms.into_iter().flatten() {
@@ -248,7 +300,15 @@ fn emit(
             ins(MOV64_IMM, 0, 0, 0, METER_EXHAUSTED),
             None,
         );
-        emit(&mut out, &mut origin, ins(EXIT, 0, 0, 0, 0), None);
+        if !readback {
+            emit(&mut out, &mut origin, ins(EXIT, 0, 0, 0, 0), None);
+        }
+    }
+    let tail = out.len();
+    if readback {
+        for form in meter_exit() {
+            emit(&mut out, &mut origin, form, None);
+        }
     }
 
     // Jump offsets, relative to the next instruction.
@@ -264,6 +324,9 @@ fn emit(
     }
     for &j in &to_exhausted {
         out[j].off = offset(j, exhausted, origin[j].unwrap_or(0))?;
+    }
+    for &j in &to_tail {
+        out[j].off = offset(j, tail, origin[j].unwrap_or(0))?;
     }
 
     Ok((out, origin))
@@ -287,6 +350,17 @@ fn isa_fix(i: Insn) -> [Option<Insn>; 2] {
         LE if i.imm == 32 => [Some(zext(i.dst)), None],
         _ => [Some(i), None],
     }
+}
+
+/// The exit tail: stores the meter's counter in the context, then exits (see the module's
+/// documentation); r1 and r2 are dead at an exit.
+fn meter_exit() -> [Insn; 4] {
+    [
+        ins(LDXW, 1, 10, CTX_ADDR_SLOT, 0),
+        ins(LDXW, 2, 10, METER_SLOT, 0),
+        ins(STXW, 1, 2, CTX_METER_SLOT, 0),
+        ins(EXIT, 0, 0, 0, 0),
+    ]
 }
 
 /// An instruction from its fields.

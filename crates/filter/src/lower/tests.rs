@@ -27,10 +27,16 @@ fn a_program_without_loops_or_atomics_only_gains_the_meter_entry() {
     assert_eq!(l.verified[0], ins(STW_IMM, 10, 0, METER_SLOT, 1000));
     assert_eq!(&l.verified[1..3], &p);
     assert!(l.loop_heads.is_empty());
-    // The exhaustion block, then the stack pointer's store prepended for rbpf.
+    // The exhaustion block; for rbpf the stack pointer's and the context address's stores
+    // prepended, and the exits jumping to one tail that stores the meter's counter in the
+    // context first (the exhaustion block falls into it).
     assert_eq!(l.verified.len(), 5);
-    assert_eq!(l.runnable.len(), 6);
+    assert_eq!(l.runnable.len(), 5 + 2 + 3);
     assert_eq!(l.runnable[0], ins(STXDW, 1, 10, CTX_STACK_SLOT, 0));
+    assert_eq!(l.runnable[1], ins(STXW, 10, 1, CTX_ADDR_SLOT, 0));
+    assert_eq!(l.runnable[4], ins(JA, 0, 0, 1, 0));
+    assert_eq!(l.runnable[5], ins(MOV64_IMM, 0, 0, 0, METER_EXHAUSTED));
+    assert_eq!(&l.runnable[6..], &meter_exit());
 }
 
 #[test]
@@ -134,8 +140,8 @@ fn map_references_become_plain_handles_only_in_the_runnable_code() {
     ];
     let l = lower(&p, Some(10)).expect("lowers");
     assert_eq!(l.verified[1].src, PSEUDO_MAP_FD);
-    assert_eq!(l.runnable[2].src, 0);
-    assert_eq!(l.runnable[2].imm, 2);
+    assert_eq!(l.runnable[3].src, 0);
+    assert_eq!(l.runnable[3].imm, 2);
     assert!(lower(&p, Some(u64::MAX)).is_err());
 }
 

@@ -5,9 +5,9 @@
 //! Linux; the kernel places it in the low 2 GiB). Its layout:
 //!
 //! ```text
-//! 0      32                64         64+256       +14               data_end    +256
+//! 0      40                64         64+256       +14               data_end    +256
 //! | ctx  | (unused)        | headroom | Ethernet   | IP packet  ...  | tailroom   |
-//!   struct xdp_md (24 B) + the lowered program's stack-pointer word
+//!   struct xdp_md (24 B) + the lowered program's stack-pointer and meter words
 //! ```
 //!
 //! The Ethernet header is synthetic (dst 02:00:00:00:00:01, src 02:00:00:00:00:02, the
@@ -25,8 +25,9 @@ pub const TAILROOM: usize = 256;
 pub const ETH_HLEN: usize = 14;
 /// Where the packet area starts in the mapping (after the context).
 pub(crate) const AREA: usize = 64;
-/// Bytes of the context buffer: `struct xdp_md` (24) and the stack-pointer word.
-pub(crate) const CTX_LEN: usize = 32;
+/// Bytes of the context buffer: `struct xdp_md` (24), the stack-pointer word and the meter's
+/// word (see [`crate::lower`]).
+pub(crate) const CTX_LEN: usize = 40;
 
 const ETH_DST: [u8; 6] = [0x02, 0, 0, 0, 0, 0x01];
 const ETH_SRC: [u8; 6] = [0x02, 0, 0, 0, 0, 0x02];
@@ -213,7 +214,7 @@ impl FrameBuf {
 
     /// Writes the context for a run: `struct xdp_md` {data, data_end, data_meta (= data),
     /// ingress_ifindex, rx_queue_index, egress_ifindex (0)}, each a u32.
-    pub(crate) fn write_ctx(&mut self, ingress_ifindex: u32, rx_queue_index: u32) {
+    pub(crate) fn write_ctx(&mut self, ingress_ifindex: u32, rx_queue_index: u32, meter: u32) {
         let (data, end) = self.data_addrs();
         let words = [
             data as u32,
@@ -223,12 +224,21 @@ impl FrameBuf {
             rx_queue_index,
             0,
         ];
-        // SAFETY: the context's 32 bytes are the mapping's first, owned by this value.
+        // SAFETY: the context's bytes are the mapping's first, owned by this value.
         let ctx = unsafe { std::slice::from_raw_parts_mut(self.base, CTX_LEN) };
         for (chunk, w) in ctx.chunks_exact_mut(4).zip(words) {
             chunk.copy_from_slice(&w.to_ne_bytes());
         }
         ctx[24..32].fill(0);
+        ctx[32..36].copy_from_slice(&meter.to_ne_bytes());
+        ctx[36..40].fill(0);
+    }
+
+    /// The meter's word as the program's last exit left it (see [`crate::lower`]).
+    pub(crate) fn meter_left(&self) -> i32 {
+        // SAFETY: as in `write_ctx`.
+        let ctx = unsafe { std::slice::from_raw_parts(self.base, CTX_LEN) };
+        i32::from_ne_bytes([ctx[32], ctx[33], ctx[34], ctx[35]])
     }
 
     /// The context buffer (for rbpf, which takes it as the "mbuff").

@@ -389,7 +389,7 @@ mod tests {
         let maps = vec![Arc::new(Map::new(&spec, 1).expect("map"))];
         let mut frame = FrameBuf::new(1500).expect("frame");
         frame.load_ip(&[0x45; 40]).expect("fits");
-        frame.write_ctx(0, 0);
+        frame.write_ctx(0, 0, 0);
         let stack = [7u8; 512];
         let top = stack.as_ptr() as u64 + 512;
         // SAFETY: the context's stack-pointer word, as the lowered program writes it.

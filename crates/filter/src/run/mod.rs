@@ -168,6 +168,9 @@ pub struct Counters {
     pub invalid_action: u64,
     /// Of the aborted runs, memory faults the interpreter caught.
     pub faults: u64,
+    /// Instructions the meter charged (every trip around a loop charges the loop's span;
+    /// code outside loops is not charged).
+    pub metered_insns: u64,
 }
 
 impl Program {
@@ -185,13 +188,17 @@ impl Program {
         config: RunConfig,
         maps: &[Arc<Map>],
     ) -> Result<Instance, RunError> {
-        let lowered =
-            lower::lower(self.instructions(), Some(config.insn_limit)).map_err(|source| {
-                RunError::Lower {
+        // With the meter's count read back at the exits if the JIT still holds the program
+        // then, else without (the program runs; its metered instructions are not counted).
+        let lower = |readback| {
+            lower::lower_with(self.instructions(), Some(config.insn_limit), readback).map_err(
+                |source| RunError::Lower {
                     section: self.section().to_owned(),
                     source,
-                }
-            })?;
+                },
+            )
+        };
+        let lowered = lower(true)?;
         let descriptors: Vec<_> = self
             .maps()
             .iter()
@@ -225,15 +232,25 @@ impl Program {
                 }
             })
             .collect::<Result<Vec<_>, _>>()?;
-        let code: Arc<[u8]> = lowered.runnable.iter().flat_map(|i| i.to_bytes()).collect();
-        let instance = Instance {
+        let code =
+            |l: &Lowered| -> Arc<[u8]> { l.runnable.iter().flat_map(|i| i.to_bytes()).collect() };
+        let mut instance = Instance {
             section: self.section().to_owned(),
+            code: code(&lowered),
             lowered: Arc::new(lowered),
-            code,
             maps: Arc::new(maps),
             workers: config.workers.max(1),
+            // `lower` refused a limit above i32::MAX.
+            insn_limit: u32::try_from(config.insn_limit).unwrap_or(u32::MAX),
+            counts_insns: true,
         };
         // Compile once here, so that a program the JIT cannot hold is refused at load.
+        if let Err(RunError::TooLarge { .. }) = instance.runtime(0, Engine::Jit, 0) {
+            let plain = lower(false)?;
+            instance.code = code(&plain);
+            instance.lowered = Arc::new(plain);
+            instance.counts_insns = false;
+        }
         instance.runtime(0, Engine::Jit, 0)?;
         Ok(instance)
     }
@@ -247,9 +264,18 @@ pub struct Instance {
     code: Arc<[u8]>,
     maps: Arc<Vec<Arc<Map>>>,
     workers: usize,
+    insn_limit: u32,
+    /// Whether the runnable code stores the meter's count at its exits.
+    counts_insns: bool,
 }
 
 impl Instance {
+    /// Whether runs count the instructions the meter charged (`Counters::metered_insns`):
+    /// not when the code that stores the count would not fit the JIT's 4 KiB.
+    pub fn counts_insns(&self) -> bool {
+        self.counts_insns
+    }
+
     /// The lowered program.
     pub fn lowered(&self) -> &Lowered {
         &self.lowered
@@ -322,6 +348,8 @@ impl Instance {
             now_ns: 0,
             ingress_ifindex: 0,
             counters: Counters::default(),
+            insn_limit: self.insn_limit,
+            counts_insns: self.counts_insns,
             _code: self.code.clone(),
         })
     }
@@ -338,6 +366,10 @@ pub struct Runtime {
     now_ns: u64,
     ingress_ifindex: u32,
     counters: Counters,
+    /// The meter's limit (what the context's meter word starts at).
+    insn_limit: u32,
+    /// Whether the code stores the meter's count at its exits.
+    counts_insns: bool,
     _code: Arc<[u8]>,
 }
 
@@ -374,7 +406,7 @@ impl Runtime {
 
     /// Runs the program on `frame`; the frame's bounds follow `adjust_head`/`adjust_tail`.
     pub fn run(&mut self, frame: &mut FrameBuf) -> Verdict {
-        frame.write_ctx(self.ingress_ifindex, self.worker as u32);
+        frame.write_ctx(self.ingress_ifindex, self.worker as u32, self.insn_limit);
         let (data, data_end) = frame.data_addrs();
         let mut state = RunState {
             maps: &self.maps,
@@ -401,6 +433,12 @@ impl Runtime {
             }
         };
         frame.set_data_addrs(state.data, state.data_end);
+        // What the meter charged: its limit less what the last exit left (negative once
+        // exhausted; untouched, so nothing, if the run faulted before an exit).
+        if self.counts_insns {
+            let left = frame.meter_left().max(0) as u32;
+            self.counters.metered_insns += u64::from(self.insn_limit.saturating_sub(left));
+        }
         // The kernel takes an XDP program's verdict as the low 32 bits of r0.
         let (action, abort) = match result.map(|r| r as u32) {
             Ok(0) => (XdpAction::Aborted, Some(Abort::Returned)),

@@ -11,13 +11,13 @@ use std::sync::Arc;
 use toml::Spanned;
 
 /// The largest object file accepted (the distributed form stores and ships it whole).
-pub(crate) const MAX_OBJECT_BYTES: u64 = 1 << 20;
+pub const MAX_OBJECT_BYTES: u64 = 1 << 20;
 
 /// The most filters a tenant may run in one direction.
-pub(crate) const MAX_PER_DIRECTION: usize = 16;
+pub const MAX_PER_DIRECTION: usize = 16;
 
 /// The largest `weight`.
-pub(crate) const MAX_WEIGHT: i64 = 1000;
+pub const MAX_WEIGHT: i64 = 1000;
 
 /// A validated filter with the line it was defined on (for duplicate messages).
 pub(super) struct CheckedFilter {

@@ -6,7 +6,7 @@
 mod attachment;
 mod cluster;
 mod etcd_access;
-mod filter;
+pub(crate) mod filter;
 mod gateway;
 mod storage;
 mod tunnel;

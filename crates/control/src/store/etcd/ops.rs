@@ -11,6 +11,7 @@ impl Store for EtcdStore {
         // the effect of all of them. Each write: the key and its new value (None: delete).
         let mut last: BTreeMap<u64, Option<&Snapshot>> = BTreeMap::new();
         let mut config: Option<Option<&Snapshot>> = None;
+        let mut filters: Option<Option<&Snapshot>> = None;
         for change in changes {
             match change {
                 Change::PutIkeSa { spi, snapshot } => {
@@ -21,12 +22,15 @@ impl Store for EtcdStore {
                 }
                 Change::PutConfig { record } => config = Some(Some(record)),
                 Change::DeleteConfig => config = Some(None),
+                Change::PutFilters { record } => filters = Some(Some(record)),
+                Change::DeleteFilters => filters = Some(None),
             }
         }
         let writes: Vec<(String, Option<&Snapshot>)> = last
             .iter()
             .map(|(&spi, value)| (self.keys.ike_sa(spi), *value))
             .chain(config.map(|value| (self.keys.config.clone(), value)))
+            .chain(filters.map(|value| (self.keys.filters.clone(), value)))
             .collect();
         let ops: Vec<TxnOp> = writes
             .iter()
@@ -176,18 +180,11 @@ impl Store for EtcdStore {
     }
 
     fn applied_config(&self) -> Result<Option<Snapshot>, StoreError> {
-        let response = self
-            .call(|mut client| {
-                let key = self.keys.config.clone();
-                async move { client.get(key, None).await }
-            })
-            .map_err(|detail| self.read_error(detail))?;
-        let kv = response.kvs().first();
-        self.revisions().insert(
-            self.keys.config.clone(),
-            kv.map_or(0, etcd_client::KeyValue::mod_revision),
-        );
-        Ok(kv.map(|kv| Zeroizing::new(kv.value().to_vec())))
+        self.read_one(&self.keys.config)
+    }
+
+    fn filters(&self) -> Result<Option<Snapshot>, StoreError> {
+        self.read_one(&self.keys.filters)
     }
 
     fn read_ike_sa(&self, spi: u64) -> Result<Option<Snapshot>, StoreError> {

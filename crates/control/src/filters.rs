@@ -1,0 +1,369 @@
+//! The tenants' filters at run time (issue 18 §1): `protego ctl filter load` and `unload`
+//! change the running set, and the store keeps it.
+//!
+//! A node starts with its configuration file's `[[filter]]` tables. Once a filter was loaded or
+//! unloaded with `protego ctl filter`, the store holds the whole set ([`FilterRecord`]: every
+//! filter's tenant, direction, section, weight, object name and the object's bytes, each
+//! object once), sealed like the other records, and at start ([`effective`]) the stored set
+//! wins over the file's (a warning says when they differ; `--discard-applied` drops it with
+//! the applied configuration). A change ([`change`]) is checked whole as the configuration's
+//! `[[filter]]` tables are (the tenant exists, the object is at most
+//! [`MAX_OBJECT_BYTES`](crate::config::MAX_OBJECT_BYTES), the program loads and verifies, at most
+//! [`MAX_PER_DIRECTION`](crate::config::MAX_PER_DIRECTION) per tenant and direction), then
+//! the data path takes the new set (it verifies every program again and changes nothing on an
+//! error), then the store keeps it; should the store refuse, the data path gets the old set
+//! back.
+//!
+//! A filter's place is (tenant, direction, section): loading a program into a place that holds
+//! one replaces it (atomically: batches in flight finish with the old program, the next runs
+//! the new one; maps whose declaration did not change keep their contents). Map contents are
+//! not stored: like the kernel's maps, they start as the object declares them after a
+//! restart.
+
+use crate::config::Config;
+use crate::config::{MAX_OBJECT_BYTES, MAX_PER_DIRECTION, MAX_WEIGHT};
+use crate::error::Error;
+use crate::store::{Change, Store};
+use base64ct::{Base64, Encoding};
+use datapath::{FilterConfig, FilterDirection};
+use ids::TenantId;
+use serde::{Deserialize, Serialize};
+use std::sync::Arc;
+use zeroize::Zeroizing;
+
+/// Version of the record's encoding.
+const VERSION: u32 = 1;
+
+/// The filter set as the store keeps it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FilterRecord {
+    /// 1 for the first change, then one more for each.
+    pub generation: u64,
+    /// Every filter, in the order the data path is given them.
+    pub filters: Vec<FilterConfig>,
+}
+
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Wire {
+    version: u32,
+    generation: u64,
+    /// Each distinct object once, in Base64.
+    objects: Vec<String>,
+    filters: Vec<WireFilter>,
+}
+
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct WireFilter {
+    tenant: String,
+    direction: String,
+    section: String,
+    weight: u32,
+    object_name: String,
+    /// Index into `objects`.
+    object: usize,
+}
+
+impl FilterRecord {
+    /// The record's bytes.
+    pub fn encode(&self) -> Zeroizing<Vec<u8>> {
+        let mut objects: Vec<&Arc<[u8]>> = Vec::new();
+        let filters = self
+            .filters
+            .iter()
+            .map(|f| {
+                let object = match objects.iter().position(|o| **o == f.object) {
+                    Some(i) => i,
+                    None => {
+                        objects.push(&f.object);
+                        objects.len() - 1
+                    }
+                };
+                WireFilter {
+                    tenant: f.tenant.as_str().to_owned(),
+                    direction: f.direction.to_string(),
+                    section: f.section.clone(),
+                    weight: f.weight,
+                    object_name: f.object_name.clone(),
+                    object,
+                }
+            })
+            .collect();
+        let wire = Wire {
+            version: VERSION,
+            generation: self.generation,
+            objects: objects.iter().map(|o| Base64::encode_string(o)).collect(),
+            filters,
+        };
+        // Serializing plain strings and numbers into a Vec cannot fail.
+        Zeroizing::new(serde_json::to_vec(&wire).unwrap_or_default())
+    }
+
+    /// Reads a record written by [`FilterRecord::encode`].
+    pub fn decode(bytes: &[u8]) -> Result<Self, String> {
+        let wire: Wire =
+            serde_json::from_slice(bytes).map_err(|e| format!("unreadable record: {e}"))?;
+        if wire.version != VERSION {
+            return Err(format!(
+                "record version {} (this Protego reads version {VERSION})",
+                wire.version
+            ));
+        }
+        let objects = wire
+            .objects
+            .iter()
+            .enumerate()
+            .map(|(i, text)| {
+                Base64::decode_vec(text)
+                    .map(Arc::<[u8]>::from)
+                    .map_err(|_| format!("object {i} is not Base64"))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let filters = wire
+            .filters
+            .into_iter()
+            .enumerate()
+            .map(|(i, f)| {
+                let bad = |what: String| format!("filter {i}: {what}");
+                Ok(FilterConfig {
+                    tenant: TenantId::new(&f.tenant).map_err(|e| bad(e.to_string()))?,
+                    direction: FilterDirection::parse(&f.direction)
+                        .ok_or_else(|| bad(format!("unknown direction {:?}", f.direction)))?,
+                    object: objects
+                        .get(f.object)
+                        .cloned()
+                        .ok_or_else(|| bad(format!("no object {}", f.object)))?,
+                    object_name: f.object_name,
+                    section: f.section,
+                    weight: f.weight,
+                })
+            })
+            .collect::<Result<Vec<_>, String>>()?;
+        Ok(Self {
+            generation: wire.generation,
+            filters,
+        })
+    }
+}
+
+/// A change of the running filter set (`protego ctl filter load|unload`), as the control
+/// socket receives it: fields are checked by [`change`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FilterChange {
+    /// Runs `section` of `object` on `tenant`'s traffic in `direction`, in place of the program
+    /// in that place if there is one.
+    Load {
+        /// The tenant.
+        tenant: String,
+        /// `to_cloud` or `from_cloud`.
+        direction: String,
+        /// The object file's name (for status and errors).
+        object_name: String,
+        /// The object's bytes.
+        object: Vec<u8>,
+        /// The program's section (`xdp` when absent).
+        section: Option<String>,
+        /// Its order among the tenant's filters of that direction (lower first); when absent,
+        /// the weight of the program it replaces, else 0.
+        weight: Option<u32>,
+    },
+    /// Stops the tenant's filters in `direction` (both when absent) of `section` (every
+    /// section when absent).
+    Unload {
+        /// The tenant.
+        tenant: String,
+        /// `to_cloud`, `from_cloud`, or both.
+        direction: Option<String>,
+        /// The section, or every one.
+        section: Option<String>,
+    },
+}
+
+/// A filter set after a change, and what changed.
+#[derive(Debug, Clone)]
+pub struct Changed {
+    /// The whole new set.
+    pub filters: Vec<FilterConfig>,
+    /// The filter loaded (its place), if the change was a load.
+    pub loaded: Option<FilterConfig>,
+    /// Whether the load took the place of a program (`Load`), or the filters removed
+    /// (`Unload`).
+    pub replaced: Vec<FilterConfig>,
+}
+
+/// The set `current` becomes with `change`, checked as the configuration's `[[filter]]`
+/// tables are against `tenants` (the running ones); an error says what is wrong and nothing
+/// changes.
+pub fn change(
+    current: &[FilterConfig],
+    tenants: &[TenantId],
+    change: FilterChange,
+) -> Result<Changed, String> {
+    let tenant_of = |name: &str| {
+        let tenant = TenantId::new(name).map_err(|e| format!("tenant: {e}"))?;
+        if tenants.contains(&tenant) {
+            Ok(tenant)
+        } else {
+            Err(format!("tenant {name:?} is not configured on this node"))
+        }
+    };
+    let direction_of = |text: &str| {
+        FilterDirection::parse(text).ok_or_else(|| {
+            format!("unknown direction {text:?}: expected \"to_cloud\" or \"from_cloud\"")
+        })
+    };
+    match change {
+        FilterChange::Load {
+            tenant,
+            direction,
+            object_name,
+            object,
+            section,
+            weight,
+        } => {
+            let tenant = tenant_of(&tenant)?;
+            let direction = direction_of(&direction)?;
+            let section = section.unwrap_or_else(|| "xdp".to_owned());
+            if weight.is_some_and(|w| i64::from(w) > MAX_WEIGHT) {
+                return Err(format!(
+                    "weight must be between 0 and {MAX_WEIGHT} (lower runs first)"
+                ));
+            }
+            if object.len() as u64 > MAX_OBJECT_BYTES {
+                return Err(format!(
+                    "{object_name} has {} bytes; an object may have at most {MAX_OBJECT_BYTES}",
+                    object.len()
+                ));
+            }
+            filter::Object::load(&object, &section).map_err(|e| format!("{object_name}: {e}"))?;
+            let place = |f: &FilterConfig| {
+                f.tenant == tenant && f.direction == direction && f.section == section
+            };
+            let replaced: Vec<FilterConfig> =
+                current.iter().filter(|f| place(f)).cloned().collect();
+            let others = current
+                .iter()
+                .filter(|f| f.tenant == tenant && f.direction == direction && !place(f))
+                .count();
+            if others >= MAX_PER_DIRECTION {
+                return Err(format!(
+                    "tenant {:?} has {MAX_PER_DIRECTION} filters {direction} already, the most \
+                     one direction may run",
+                    tenant.as_str()
+                ));
+            }
+            let loaded = FilterConfig {
+                tenant: tenant.clone(),
+                direction,
+                object_name,
+                object: object.into(),
+                weight: weight
+                    .or_else(|| replaced.first().map(|f| f.weight))
+                    .unwrap_or(0),
+                section: section.clone(),
+            };
+            // In the place of the program it replaces, else after the others.
+            let mut filters = Vec::with_capacity(current.len() + 1);
+            let mut put = false;
+            for f in current {
+                if place(f) {
+                    if !put {
+                        filters.push(loaded.clone());
+                        put = true;
+                    }
+                } else {
+                    filters.push(f.clone());
+                }
+            }
+            if !put {
+                filters.push(loaded.clone());
+            }
+            Ok(Changed {
+                filters,
+                loaded: Some(loaded),
+                replaced,
+            })
+        }
+        FilterChange::Unload {
+            tenant,
+            direction,
+            section,
+        } => {
+            let tenant = TenantId::new(&tenant).map_err(|e| format!("tenant: {e}"))?;
+            let direction = direction.as_deref().map(direction_of).transpose()?;
+            let gone = |f: &FilterConfig| {
+                f.tenant == tenant
+                    && direction.is_none_or(|d| d == f.direction)
+                    && section.as_ref().is_none_or(|s| *s == f.section)
+            };
+            let replaced: Vec<FilterConfig> = current.iter().filter(|f| gone(f)).cloned().collect();
+            if replaced.is_empty() {
+                let mut what = format!("tenant {:?} runs no filter", tenant.as_str());
+                if let Some(d) = direction {
+                    what.push_str(&format!(" {d}"));
+                }
+                if let Some(s) = &section {
+                    what.push_str(&format!(" in section {s}"));
+                }
+                return Err(what);
+            }
+            Ok(Changed {
+                filters: current.iter().filter(|f| !gone(f)).cloned().collect(),
+                loaded: None,
+                replaced,
+            })
+        }
+    }
+}
+
+/// The filters a starting node runs: `config`'s `[[filter]]` tables, or, once a set was
+/// changed with `protego ctl filter`, the stored set (returned with its generation; a warning
+/// says when it differs from the file's). A stored filter whose tenant `config` no longer has
+/// fails the start with an error that says so. With `discard` the stored set is deleted first
+/// (`--discard-applied`).
+pub fn effective(config: &mut Config, store: &mut dyn Store, discard: bool) -> Result<u64, Error> {
+    if discard {
+        store.commit(&[Change::DeleteFilters])?;
+        return Ok(0);
+    }
+    let Some(bytes) = store.filters()? else {
+        return Ok(0);
+    };
+    let stored_error = |detail: String| Error::Filters {
+        store: store.describe(),
+        detail,
+    };
+    let record = FilterRecord::decode(&bytes).map_err(stored_error)?;
+    if let Some(f) = record
+        .filters
+        .iter()
+        .find(|f| !config.tenants.contains(&f.tenant))
+    {
+        return Err(stored_error(format!(
+            "tenant {:?} runs {} of {} ({}) and is not configured (configure the tenant again, \
+             or start once with --discard-applied to run the file's filters)",
+            f.tenant.as_str(),
+            f.section,
+            f.object_name,
+            f.direction
+        )));
+    }
+    if record.filters == config.filters {
+        tracing::info!(
+            generation = record.generation,
+            filters = record.filters.len(),
+            "running the stored filters (the same as the file's [[filter]] tables)"
+        );
+    } else {
+        tracing::warn!(generation = record.generation, filters = record.filters.len(),
+            config = %config.path.display(),
+            "running the filters loaded with `protego ctl filter`, not the file's [[filter]] tables \
+             (start with --discard-applied to run the file's)");
+    }
+    config.filters = record.filters;
+    Ok(record.generation)
+}
+
+#[cfg(test)]
+mod tests;

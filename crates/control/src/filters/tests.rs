@@ -1,0 +1,180 @@
+//! The stored filter set's encoding, and changes of the running set checked as `[[filter]]`
+//! tables are (objects compiled with clang-14 at test time).
+
+use super::*;
+
+/// `examples/filters/NAME.c` compiled into a scratch directory (removed after); `None`: the
+/// test returns (no clang, not strict).
+fn example(name: &str) -> Option<Vec<u8>> {
+    let dir = std::env::temp_dir().join(format!(
+        "protego-filters-{}-{}",
+        std::process::id(),
+        testreq::this_test().replace("::", "-")
+    ));
+    std::fs::create_dir_all(&dir).ok()?;
+    let bytes = testreq::bpf::example(name, &dir).map(|(_, b)| b);
+    let _ = std::fs::remove_dir_all(&dir);
+    bytes
+}
+
+fn tenant(name: &str) -> TenantId {
+    TenantId::new(name).expect("tenant")
+}
+
+fn load(
+    t: &str,
+    direction: &str,
+    object: &[u8],
+    section: Option<&str>,
+    weight: Option<u32>,
+) -> FilterChange {
+    FilterChange::Load {
+        tenant: t.into(),
+        direction: direction.into(),
+        object_name: "prog.o".into(),
+        object: object.to_vec(),
+        section: section.map(str::to_owned),
+        weight,
+    }
+}
+
+#[test]
+fn a_record_survives_encoding_with_each_object_once() {
+    let a: Arc<[u8]> = Arc::from(&b"\x7fELF one"[..]);
+    let b: Arc<[u8]> = Arc::from(&b"\x7fELF two"[..]);
+    let f = |t: &str, d, o: &Arc<[u8]>, s: &str, w| FilterConfig {
+        tenant: tenant(t),
+        direction: d,
+        object_name: format!("{s}.o"),
+        object: Arc::clone(o),
+        section: s.into(),
+        weight: w,
+    };
+    let record = FilterRecord {
+        generation: 7,
+        filters: vec![
+            f("acme", FilterDirection::ToCloud, &a, "xdp:in", 3),
+            f("acme", FilterDirection::FromCloud, &a, "xdp:out", 0),
+            f("beta", FilterDirection::ToCloud, &b, "xdp", 1000),
+        ],
+    };
+    let bytes = record.encode();
+    let wire: serde_json::Value = serde_json::from_slice(&bytes).expect("json");
+    assert_eq!(wire["objects"].as_array().map(Vec::len), Some(2));
+    assert_eq!(FilterRecord::decode(&bytes), Ok(record));
+}
+
+#[test]
+fn a_bad_record_is_refused_with_a_reason() {
+    let bad = |text: &str| FilterRecord::decode(text.as_bytes()).unwrap_err();
+    assert!(bad("{").contains("unreadable"));
+    assert!(bad(r#"{"version":9,"generation":1,"objects":[],"filters":[]}"#).contains("version 9"));
+    let filter = |object: usize, direction: &str| {
+        format!(
+            r#"{{"version":1,"generation":1,"objects":["AAEC"],"filters":[{{"tenant":"acme","direction":"{direction}","section":"xdp","weight":0,"object_name":"x.o","object":{object}}}]}}"#
+        )
+    };
+    assert!(bad(&filter(1, "to_cloud")).contains("no object 1"));
+    assert!(bad(&filter(0, "up")).contains("\"up\""));
+    assert!(
+        bad(r#"{"version":1,"generation":1,"objects":["!!"],"filters":[]}"#).contains("Base64")
+    );
+}
+
+#[test]
+fn a_load_replaces_its_place_or_adds_one_and_unload_removes() {
+    let Some(dns) = example("dns_ratelimit") else {
+        return;
+    };
+    let Some(cookie) = example("syncookie") else {
+        return;
+    };
+    let tenants = [tenant("acme"), tenant("beta")];
+    let first =
+        change(&[], &tenants, load("acme", "to_cloud", &dns, None, Some(5))).expect("loads");
+    assert_eq!(first.filters.len(), 1);
+    assert!(first.replaced.is_empty());
+    assert_eq!(first.filters[0].section, "xdp");
+    let two = change(
+        &first.filters,
+        &tenants,
+        load(
+            "acme",
+            "from_cloud",
+            &cookie,
+            Some("xdp:syncookie_out"),
+            None,
+        ),
+    )
+    .expect("loads");
+    assert_eq!(two.filters.len(), 2);
+    // The same place again: replaced where it was, keeping its weight.
+    let again = change(
+        &two.filters,
+        &tenants,
+        load("acme", "to_cloud", &dns, None, None),
+    )
+    .expect("loads");
+    assert_eq!(again.filters.len(), 2);
+    assert_eq!(again.replaced.len(), 1);
+    assert_eq!(again.filters[0].direction, FilterDirection::ToCloud);
+    assert_eq!(again.filters[0].weight, 5);
+    // Unload by direction, then nothing left to unload there.
+    let unload = |set: &[FilterConfig], direction: Option<&str>| {
+        change(
+            set,
+            &tenants,
+            FilterChange::Unload {
+                tenant: "acme".into(),
+                direction: direction.map(str::to_owned),
+                section: None,
+            },
+        )
+    };
+    let out = unload(&again.filters, Some("from_cloud")).expect("unloads");
+    assert_eq!(out.filters.len(), 1);
+    assert_eq!(out.replaced[0].section, "xdp:syncookie_out");
+    assert!(unload(&out.filters, Some("from_cloud"))
+        .unwrap_err()
+        .contains("runs no filter from_cloud"));
+    assert!(unload(&out.filters, None)
+        .expect("unloads")
+        .filters
+        .is_empty());
+}
+
+#[test]
+fn a_load_is_checked_as_a_filter_table_is() {
+    let Some(dns) = example("dns_ratelimit") else {
+        return;
+    };
+    let tenants = [tenant("acme")];
+    let refused = |c| change(&[], &tenants, c).unwrap_err();
+    assert!(refused(load("nobody", "to_cloud", &dns, None, None)).contains("not configured"));
+    assert!(refused(load("acme", "in", &dns, None, None)).contains("unknown direction \"in\""));
+    assert!(refused(load("acme", "to_cloud", &dns, None, Some(1001))).contains("weight"));
+    assert!(refused(load("acme", "to_cloud", &dns, Some("xdp:nope"), None)).contains("prog.o"));
+    assert!(refused(load("acme", "to_cloud", b"not an object", None, None)).contains("prog.o"));
+    let big = vec![0u8; MAX_OBJECT_BYTES as usize + 1];
+    assert!(refused(load("acme", "to_cloud", &big, None, None)).contains("at most"));
+    // At most MAX_PER_DIRECTION per tenant and direction (a replacement does not count).
+    let mut set: Vec<FilterConfig> = Vec::new();
+    for i in 0..MAX_PER_DIRECTION {
+        let mut f = change(&[], &tenants, load("acme", "to_cloud", &dns, None, None))
+            .expect("loads")
+            .filters
+            .remove(0);
+        f.section = format!("xdp:copy{i}");
+        set.push(f);
+    }
+    let more = change(&set, &tenants, load("acme", "to_cloud", &dns, None, None)).unwrap_err();
+    assert!(more.contains("16 filters"), "{more}");
+    let mut replace = set.clone();
+    replace[0].section = "xdp".into();
+    assert!(change(
+        &replace,
+        &tenants,
+        load("acme", "to_cloud", &dns, None, None)
+    )
+    .is_ok());
+}
