@@ -291,7 +291,7 @@ fn bytes_that_are_not_an_object_are_refused() {
 }
 
 /// The example programs of `examples/filters/` verify: the SYN-cookie proxy's two programs
-/// (one object, the same maps) and the DNS rate limiter.
+/// (one object, the same maps), the DNS rate limiter and the UDP firewall.
 #[test]
 fn the_example_programs_are_accepted() {
     let Some(bytes) = compile_example("syncookie") else {
@@ -311,4 +311,10 @@ fn the_example_programs_are_accepted() {
     let limiter = Object::load(&bytes, "xdp").expect("dns_ratelimit verifies");
     assert_eq!(limiter.function(), "dns_ratelimit");
     assert_eq!(names(&limiter), ["buckets", "config", "verdicts"]);
+    let Some(bytes) = compile_example("udp_firewall") else {
+        return;
+    };
+    let firewall = Object::load(&bytes, "xdp").expect("udp_firewall verifies");
+    assert_eq!(firewall.function(), "udp_firewall");
+    assert_eq!(names(&firewall), ["blocked_ports", "verdicts"]);
 }

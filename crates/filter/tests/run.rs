@@ -418,6 +418,7 @@ fn the_jit_and_the_interpreter_agree_on_random_packets() {
         ("examples/dns_ratelimit", "xdp"),
         ("examples/syncookie", "xdp:syncookie_in"),
         ("examples/syncookie", "xdp:syncookie_out"),
+        ("examples/udp_firewall", "xdp"),
     ];
     for (name, section) in programs {
         let config = RunConfig {
@@ -441,6 +442,7 @@ fn the_jit_and_the_interpreter_agree_on_random_packets() {
             set("blocked", &key(0), &[10, 0, 0, 9]);
             set("config", &key(0), &500u64.to_le_bytes());
             set("exempt", &[198, 51, 100, 3], &[1]);
+            set("blocked_ports", &53u16.to_be_bytes(), &[1]);
         };
         setup(&jit);
         setup(&interp);

@@ -1,12 +1,18 @@
 //! Hand-made traffic for robustness tests: UDP sockets opened inside a test namespace (to send
 //! arbitrary IKE or ESP-in-UDP datagrams at a gateway, RFC 7296 / RFC 3948, and read what it
-//! answers), an extra host attached to a [`Topology`]'s WAN (an attacker next to the sites), and
-//! the UDP datagrams recorded in a pcap file (to replay captured messages).
+//! answers) and TCP sockets (a client and a server at either end of a tunnel), UDP datagrams
+//! counted by destination port across a path ([`UdpByPort`], what a firewall let through), an
+//! extra host attached to a [`Topology`]'s WAN (an attacker next to the sites), and the UDP
+//! datagrams recorded in a pcap file (to replay captured messages).
 
+use std::collections::BTreeMap;
 use std::fs::File;
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, UdpSocket};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream, UdpSocket};
 use std::os::fd::AsRawFd;
 use std::path::Path;
+use std::time::{Duration, Instant};
+
+use socket2::{Domain, Protocol, Socket, Type};
 
 use crate::bed::Testbed;
 use crate::error::{Error, Result};
@@ -19,21 +25,127 @@ impl Netns {
     /// belongs to the namespace it was created in, whatever thread uses it later, so the caller
     /// sends and receives from this namespace with ordinary `std` calls.
     pub fn udp_socket(&self, bind: SocketAddr) -> Result<UdpSocket> {
+        self.socket_in("bind a UDP socket in", &bind.to_string(), move || {
+            UdpSocket::bind(bind)
+        })
+    }
+
+    /// A TCP listener on `bind` inside this namespace (as [`Netns::udp_socket`]: the caller
+    /// accepts with ordinary `std` calls).
+    pub fn tcp_listener(&self, bind: SocketAddr) -> Result<TcpListener> {
+        self.socket_in("listen on TCP in", &bind.to_string(), move || {
+            TcpListener::bind(bind)
+        })
+    }
+
+    /// A TCP connection from `from` (port 0: any free port) to `to`, opened inside this
+    /// namespace within `timeout`: the source address chooses the traffic selector a site's
+    /// tunnel carries, as `ping -I` does.
+    pub fn tcp_connect(
+        &self,
+        from: SocketAddr,
+        to: SocketAddr,
+        timeout: Duration,
+    ) -> Result<TcpStream> {
+        self.socket_in("connect over TCP in", &format!("{from}->{to}"), move || {
+            let socket = Socket::new(Domain::for_address(to), Type::STREAM, Some(Protocol::TCP))?;
+            socket.bind(&from.into())?;
+            socket.connect_timeout(&to.into(), timeout)?;
+            Ok(socket.into())
+        })
+    }
+
+    /// Runs `open` in a thread that entered this namespace and returns what it opened;
+    /// `action` and `what` name it in an error.
+    fn socket_in<T: Send + 'static>(
+        &self,
+        action: &'static str,
+        what: &str,
+        open: impl FnOnce() -> std::io::Result<T> + Send + 'static,
+    ) -> Result<T> {
         let path = Path::new("/run/netns").join(self.name());
         let file = File::open(&path).map_err(|e| Error::io("open namespace", &path, e))?;
         // setns(2) changes the namespace of the calling thread only: do it in a thread of
-        // its own, which ends right after creating the socket.
-        let worker = std::thread::spawn(move || -> std::io::Result<UdpSocket> {
+        // its own, which ends right after opening the socket.
+        let worker = std::thread::spawn(move || -> std::io::Result<T> {
             // SAFETY: setns only reads the descriptor, which `file` keeps open during the call.
             if unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
                 return Err(std::io::Error::last_os_error());
             }
-            UdpSocket::bind(bind)
+            open()
         });
         worker
             .join()
             .map_err(|_| Error::io("enter namespace", &path, std::io::Error::other("panicked")))?
-            .map_err(|e| Error::io("bind a UDP socket in", path.join(bind.to_string()), e))
+            .map_err(|e| Error::io(action, path.join(what), e))
+    }
+}
+
+/// UDP datagrams across a path, counted by destination port: what a firewall let through.
+#[derive(Debug, Clone, Copy)]
+pub struct UdpByPort<'a> {
+    /// The sender's namespace.
+    pub src: &'a Netns,
+    /// The sender's address (port 0: any).
+    pub from: IpAddr,
+    /// The receivers' namespace.
+    pub dst: &'a Netns,
+    /// The receivers' address: one socket per port listens on it.
+    pub to: IpAddr,
+    /// The destination ports, each sent `copies` datagrams.
+    pub ports: &'a [u16],
+    /// Datagrams per port.
+    pub copies: u32,
+}
+
+impl UdpByPort<'_> {
+    /// Sends `copies` datagrams to every port (port by port) and returns how many each port
+    /// received once every port of `expected` received all of its copies, or after `limit`
+    /// (the caller compares what arrived with what it expected). A datagram to a port left
+    /// out of `expected` that arrives after that is not counted: pair the result with a
+    /// counter of the datagrams the path dropped.
+    pub fn run(&self, expected: &[u16], limit: Duration) -> Result<BTreeMap<u16, u32>> {
+        let receivers = self
+            .ports
+            .iter()
+            .map(|&port| {
+                let socket = self.dst.udp_socket(SocketAddr::new(self.to, port))?;
+                socket.set_nonblocking(true).map_err(|e| {
+                    Error::io("set a UDP socket non-blocking in", self.dst.name(), e)
+                })?;
+                Ok((port, socket))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let sender = self.src.udp_socket(SocketAddr::new(self.from, 0))?;
+        for &port in self.ports {
+            for copy in 0..self.copies {
+                let payload = format!("port {port} copy {copy}");
+                sender
+                    .send_to(payload.as_bytes(), SocketAddr::new(self.to, port))
+                    .map_err(|e| Error::io("send a UDP datagram in", self.src.name(), e))?;
+            }
+        }
+        let mut received: BTreeMap<u16, u32> = self.ports.iter().map(|&p| (p, 0)).collect();
+        let deadline = Instant::now() + limit;
+        let mut buf = [0u8; 2048];
+        loop {
+            for (port, socket) in &receivers {
+                loop {
+                    match socket.recv(&mut buf) {
+                        Ok(_) => *received.entry(*port).or_default() += 1,
+                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                        Err(e) => return Err(Error::io("receive UDP in", self.dst.name(), e)),
+                    }
+                }
+            }
+            let done = expected
+                .iter()
+                .all(|p| received.get(p).is_some_and(|&n| n >= self.copies));
+            if done || Instant::now() >= deadline {
+                return Ok(received);
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
     }
 }
 

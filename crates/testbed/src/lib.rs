@@ -20,7 +20,8 @@
 //! - [`probe`] times the path to the microsecond: a paced stream of timestamped datagrams
 //!   (the `protego-probe` program) whose arrivals the receiver's kernel stamps, read back as
 //!   the longest stall, delays, losses and reordering over a window.
-//! - [`inject`] sends hand-made UDP datagrams from inside a namespace, attaches an extra
+//! - [`inject`] opens UDP and TCP sockets inside a namespace (hand-made datagrams, a TCP client
+//!   and server across a tunnel), counts UDP datagrams by port across a path, attaches an extra
 //!   host to the WAN and reads the UDP datagrams of a pcap (robustness tests).
 //! - [`l2tag`] tags and untags frames between customers' untagged links and one 802.1ad /
 //!   802.1Q trunk in userspace (the `protego-l2tag` program), where the kernel has no VLANs.

@@ -64,6 +64,44 @@ impl GatewayTunnel {
     }
 }
 
+/// One `[[filter]]` of the gateway: a tenant's eBPF program (docs/configuration.md).
+#[derive(Debug, Clone)]
+pub struct GatewayFilter {
+    /// The tenant whose traffic it sees.
+    pub tenant: String,
+    /// `"to_cloud"` or `"from_cloud"`.
+    pub direction: &'static str,
+    /// The ELF object (absolute, or relative to the configuration file).
+    pub object: PathBuf,
+    /// The program: `"xdp"` or `"xdp:FUNCTION"`.
+    pub section: String,
+    /// Order among the tenant's filters of one direction (lower first).
+    pub weight: u32,
+}
+
+impl GatewayFilter {
+    /// The `[[filter]]` table, for [`ProtegoGateway::start_with_tables`].
+    pub fn to_toml(&self) -> String {
+        format!(
+            "[[filter]]\ntenant = {:?}\ndirection = {:?}\nobject = {:?}\nsection = {:?}\nweight = {}\n",
+            self.tenant,
+            self.direction,
+            self.object.display().to_string(),
+            self.section,
+            self.weight
+        )
+    }
+
+    /// The `[[filter]]` tables of `filters`, one after the other.
+    pub fn tables(filters: &[GatewayFilter]) -> String {
+        filters
+            .iter()
+            .map(GatewayFilter::to_toml)
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+}
+
 /// A running `protego up` in the gateway namespace.
 #[derive(Debug)]
 pub struct ProtegoGateway {
@@ -377,6 +415,20 @@ impl ProtegoGateway {
     pub fn apply(&self, text: &str, dry_run: bool) -> Result<String> {
         let dir = self.config.parent().unwrap_or(std::path::Path::new("."));
         ctl_apply(&self.bin, &self.socket, dir, text, dry_run)
+    }
+
+    /// Runs `protego ctl --socket SOCKET ARGS...` (the socket is a file: no namespace needed)
+    /// and returns what it printed; a command that fails is an error carrying its message.
+    pub fn ctl<I, S>(&self, args: I) -> Result<String>
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        Cmd::new(self.bin.display().to_string())
+            .args(["ctl", "--socket", &self.socket.display().to_string()])
+            .args(args)
+            .timeout(Duration::from_secs(20))
+            .run()
     }
 
     /// Stops the gateway with SIGTERM (it deletes its IKE SAs) and waits for it to exit.
