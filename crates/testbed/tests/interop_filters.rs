@@ -265,7 +265,7 @@ fn the_syn_cookie_program_answers_a_syn_through_the_tunnel() -> Result<()> {
         filter("to_cloud", &object, "xdp:syncookie_in", 1),
         filter("from_cloud", &object, "xdp:syncookie_out", 0),
     ];
-    with_gateway(&bed, &topo, &filters, |gw| {
+    with_gateway(&bed, &topo, &filters, |_gw| {
         let site = &topo.sites[0];
         let vm = &topo.tenants[0].vms[0];
         let tcp = format!("tcp port {SERVER_PORT}");
@@ -310,7 +310,8 @@ fn the_syn_cookie_program_answers_a_syn_through_the_tunnel() -> Result<()> {
             format!("tcp.dstport == {SERVER_PORT} && tcp.flags.syn == 0 && tcp.flags.ack == 1");
         let (acked_at, _) = first_packet(&site_pcap, &client_ack)?;
         let (cookie_at, cookie) = first_packet(&site_pcap, syn_ack)?;
-        let (vm_syn_at, _) = first_packet(&vm_pcap, syn)?;
+        let (_, client_isn) = first_packet(&site_pcap, syn)?;
+        let (vm_syn_at, vm_syn_isn) = first_packet(&vm_pcap, syn)?;
         let (_, server_isn) = first_packet(&vm_pcap, syn_ack)?;
         eprintln!(
             "client saw SYN-ACK seq {cookie} at {cookie_at:.6}, acknowledged at {acked_at:.6}; \
@@ -326,11 +327,12 @@ fn the_syn_cookie_program_answers_a_syn_through_the_tunnel() -> Result<()> {
             "the client's SYN-ACK came from the gateway, not the VM"
         );
         assert_eq!(
-            traffic::tshark_count(&vm_pcap, syn)?,
-            1,
-            "the VM saw one SYN, the proxy's"
+            vm_syn_isn, client_isn,
+            "the VM's SYN carries the client's initial sequence number"
         );
-        assert_eq!(filter_drops(gw)?, 0);
+        // Not asserted: `t1/filter_drop`. The proxy drops the client's segments that arrive
+        // before the server answered (the client sends them again), which a loaded machine
+        // makes happen.
         Ok(())
     })
 }
