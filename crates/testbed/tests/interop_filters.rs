@@ -2,18 +2,18 @@
 //! tenant's XDP programs (`[[filter]]`, compiled with clang-14 as a tenant would) on the traffic
 //! between the site's tunnel and the tenant's VM behind a kernel VXLAN host.
 //!
-//! - A firewall (`examples/filters/udp_firewall.c`) drops exactly the UDP ports it names, in
-//!   both directions, and `protego status` counts each dropped datagram as `t1/filter_drop`.
-//! - The SYN-cookie proxy (`examples/filters/syncookie.c`) answers a real client's SYN itself:
-//!   the VM's server sees its SYN only after the client acknowledged the cookie, the client's
-//!   and the server's initial sequence numbers differ, and data flows both ways translated.
+//! - A firewall (`examples/filters/udp_firewall.c`) drops exactly the UDP ports a tenant
+//!   names in its map (`protego ctl filter map update`), in both directions, and `protego
+//!   status` and `protego ctl filter show` count each dropped datagram.
+//! - The SYN-cookie proxy (`examples/filters/syncookie.c`, its port set the same way) answers
+//!   a real client's SYN itself: the VM's server sees its SYN only after the client
+//!   acknowledged the cookie, the client's and the server's initial sequence numbers differ,
+//!   and data flows both ways translated.
+//! - A pass-everything program replaced several times (`protego ctl filter load`) under a
+//!   1 kHz ping loses no ping.
 //! - Programs that read out of bounds, loop without bound or call a helper the gateway lacks
 //!   are refused by `protego check` and `protego up`, naming the section, the instruction and
 //!   the source line; nothing runs.
-//!
-//! Until `protego ctl filter map update` exists, the firewall's ports and the proxy's port are
-//! put into their maps by a third program of the same object, run first
-//! (`tests/filters/*.c`): the example programs themselves are unchanged.
 
 mod common;
 
@@ -28,7 +28,7 @@ use common::*;
 use protego_testbed::inject::UdpByPort;
 use protego_testbed::protego::{GatewayFilter, GatewayTunnel, ProtegoGateway};
 use protego_testbed::topology::VmSpec;
-use protego_testbed::traffic;
+use protego_testbed::traffic::{self, PingOptions};
 use protego_testbed::wait::{wait_for, Probe};
 use protego_testbed::{Cmd, Error, Result, Testbed, Topology, TopologySpec};
 
@@ -62,11 +62,44 @@ fn compile(bed: &Testbed, source: &Path) -> Option<PathBuf> {
     testreq::bpf::compile(source, &out, true).map(|_| out)
 }
 
-/// `tests/filters/NAME.c` of this crate.
-fn test_filter(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/filters")
-        .join(format!("{name}.c"))
+/// `examples/filters/NAME.c`, compiled as [`compile`] does.
+fn example(bed: &Testbed, name: &str) -> Option<PathBuf> {
+    compile(bed, &testreq::bpf::examples_dir().join(format!("{name}.c")))
+}
+
+/// `protego ctl filter map update TENANT MAP --key KEY --value VALUE` (hex).
+fn map_update(gw: &ProtegoGateway, map: &str, key: &str, value: &str) -> Result<()> {
+    gw.ctl([
+        "filter", "map", "update", TENANT, map, "--key", key, "--value", value,
+    ])
+    .map(drop)
+}
+
+/// The counters of the tenant's program `section` in `direction`, from `protego ctl filter
+/// show --json`.
+fn program_counters(
+    gw: &ProtegoGateway,
+    direction: &str,
+    section: &str,
+) -> Result<serde_json::Value> {
+    let out = gw.ctl(["filter", "show", TENANT, "--json"])?;
+    let show: serde_json::Value = serde_json::from_str(&out).map_err(|e| Error::Parse {
+        what: "protego ctl filter show --json",
+        detail: e.to_string(),
+        input: out.chars().take(400).collect(),
+    })?;
+    show["filters"]
+        .as_array()
+        .and_then(|fs| {
+            fs.iter()
+                .find(|f| f["direction"] == direction && f["section"] == section)
+                .cloned()
+        })
+        .ok_or_else(|| Error::Parse {
+            what: "protego ctl filter show --json",
+            detail: format!("no program {section} {direction}"),
+            input: out.chars().take(400).collect(),
+        })
 }
 
 /// A `[[filter]]` of [`TENANT`].
@@ -136,21 +169,23 @@ const COPIES: u32 = 5;
 #[test]
 fn a_tenant_firewall_drops_exactly_the_ports_it_names_both_ways() -> Result<()> {
     let bed = Testbed::new()?;
-    let Some(object) = compile(&bed, &test_filter("firewall_7001_7003")) else {
+    let Some(object) = example(&bed, "udp_firewall") else {
         return Ok(());
     };
     let topo = Topology::build(&bed, one_vm()?)?;
     let filters = [
-        // Fills `blocked_ports` before the firewall runs (a map update's stand-in).
-        filter("to_cloud", &object, "xdp:block_7001_7003", 0),
-        filter("to_cloud", &object, "xdp:udp_firewall", 1),
+        filter("to_cloud", &object, "xdp", 0),
         // The same object: the same map, so the same ports, from the VM.
-        filter("from_cloud", &object, "xdp:udp_firewall", 0),
+        filter("from_cloud", &object, "xdp", 0),
     ];
     with_gateway(&bed, &topo, &filters, |gw| {
         let site = &topo.sites[0];
         let vm = &topo.tenants[0].vms[0];
         assert_eq!(filter_drops(gw)?, 0, "the warm-up pings passed");
+        // The tenant names its ports: `blocked_ports` is u16 (network order) -> u8.
+        for port in BLOCKED {
+            map_update(gw, "blocked_ports", &format!("{port:04x}"), "01")?;
+        }
         let passing: Vec<u16> = PORTS
             .iter()
             .copied()
@@ -189,6 +224,11 @@ fn a_tenant_firewall_drops_exactly_the_ports_it_names_both_ways() -> Result<()> 
         let seen = to_site.run(&passing, Duration::from_secs(5))?;
         wait_filter_drops(gw, 2 * dropped)?;
         assert_eq!(seen, expected, "datagrams the site received, by port");
+        // The programs' own counters say which one dropped them.
+        for direction in ["to_cloud", "from_cloud"] {
+            let counters = program_counters(gw, direction, "xdp")?;
+            assert_eq!(counters["dropped"], dropped, "{direction}: {counters}");
+        }
 
         // ICMP is not the firewall's: the VM still answers.
         ping_all_vms(&topo, 0, 3)?;
@@ -201,7 +241,7 @@ fn a_tenant_firewall_drops_exactly_the_ports_it_names_both_ways() -> Result<()> 
     })
 }
 
-/// The TCP port the SYN-cookie test's server listens on (`tests/filters/syncookie_8080.c`).
+/// The TCP port the SYN-cookie test's server listens on, protected by the proxy.
 const SERVER_PORT: u16 = 8080;
 /// Bytes the client sends, and the server sends back: many segments, each with its sequence
 /// numbers translated by the proxy.
@@ -255,17 +295,17 @@ fn first_packet(pcap: &Path, display_filter: &str) -> Result<(f64, u64)> {
 #[test]
 fn the_syn_cookie_program_answers_a_syn_through_the_tunnel() -> Result<()> {
     let bed = Testbed::new()?;
-    let Some(object) = compile(&bed, &test_filter("syncookie_8080")) else {
+    let Some(object) = example(&bed, "syncookie") else {
         return Ok(());
     };
     let topo = Topology::build(&bed, one_vm()?)?;
     let filters = [
-        // Protects port 8080 before the proxy runs (a map update's stand-in).
-        filter("to_cloud", &object, "xdp:protect_8080", 0),
-        filter("to_cloud", &object, "xdp:syncookie_in", 1),
+        filter("to_cloud", &object, "xdp:syncookie_in", 0),
         filter("from_cloud", &object, "xdp:syncookie_out", 0),
     ];
-    with_gateway(&bed, &topo, &filters, |_gw| {
+    with_gateway(&bed, &topo, &filters, |gw| {
+        // `protected_ports` is u16 (network order) -> u8.
+        map_update(gw, "protected_ports", &format!("{SERVER_PORT:04x}"), "01")?;
         let site = &topo.sites[0];
         let vm = &topo.tenants[0].vms[0];
         let tcp = format!("tcp port {SERVER_PORT}");
@@ -330,9 +370,175 @@ fn the_syn_cookie_program_answers_a_syn_through_the_tunnel() -> Result<()> {
             vm_syn_isn, client_isn,
             "the VM's SYN carries the client's initial sequence number"
         );
+        // The programs sent the SYN-ACK to the client and the ACK to the server (XDP_TX).
+        for direction in ["to_cloud", "from_cloud"] {
+            let section = if direction == "to_cloud" {
+                "xdp:syncookie_in"
+            } else {
+                "xdp:syncookie_out"
+            };
+            let counters = program_counters(gw, direction, section)?;
+            assert!(
+                counters["tx"].as_u64().is_some_and(|n| n >= 1),
+                "{direction}: {counters}"
+            );
+        }
         // Not asserted: `t1/filter_drop`. The proxy drops the client's segments that arrive
         // before the server answered (the client sends them again), which a loaded machine
         // makes happen.
+        Ok(())
+    })
+}
+
+/// Writes and compiles version `version` of a program that passes every packet (and counts
+/// them in its map `seen`, which a replacement keeps), or drops every packet with `drop`.
+fn pass_program(bed: &Testbed, version: u32, drop: bool) -> Option<PathBuf> {
+    let verdict = if drop { "XDP_DROP" } else { "XDP_PASS" };
+    let source = bed.dir().join(format!("pass_v{version}.c"));
+    let text = format!(
+        "/* Version {version}: {verdict} for every packet. */\n\
+         #include <linux/bpf.h>\n\
+         #include <bpf/bpf_helpers.h>\n\
+         struct {{\n\
+             __uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);\n\
+             __uint(max_entries, 1);\n\
+             __type(key, __u32);\n\
+             __type(value, __u64);\n\
+         }} seen SEC(\".maps\");\n\
+         SEC(\"xdp\")\n\
+         int pass(struct xdp_md *ctx)\n\
+         {{\n\
+             __u32 key = 0;\n\
+             __u64 *n = bpf_map_lookup_elem(&seen, &key);\n\
+             if (n)\n\
+                 *n += {version} + 1;\n\
+             return {verdict};\n\
+         }}\n\
+         char LICENSE[] SEC(\"license\") = \"GPL\";\n"
+    );
+    std::fs::write(&source, text).expect("write the program into the run directory");
+    compile(bed, &source)
+}
+
+/// The sum of every worker's value of the pass programs' map `seen`
+/// (`protego ctl filter map dump`).
+fn seen_total(gw: &ProtegoGateway) -> Result<u64> {
+    let out = gw.ctl(["filter", "map", "dump", TENANT, "seen", "--json"])?;
+    let dump: serde_json::Value = serde_json::from_str(&out).map_err(|e| Error::Parse {
+        what: "protego ctl filter map dump --json",
+        detail: e.to_string(),
+        input: out.chars().take(400).collect(),
+    })?;
+    let values = dump["entries"][0]["values"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    values
+        .iter()
+        .map(|v| {
+            let bytes = v.as_str().and_then(|h| hex::decode(h).ok());
+            bytes
+                .and_then(|b| <[u8; 8]>::try_from(b).ok())
+                .map(u64::from_le_bytes)
+                .ok_or_else(|| Error::Parse {
+                    what: "protego ctl filter map dump --json",
+                    detail: "a value of `seen` is not 8 bytes of hex".to_owned(),
+                    input: out.chars().take(400).collect(),
+                })
+        })
+        .sum()
+}
+
+/// Pings at 1 kHz during the replacements.
+const PINGS: u32 = 3000;
+/// Replacements under the ping.
+const REPLACEMENTS: u32 = 6;
+
+#[test]
+fn replacing_a_program_under_a_1_khz_ping_loses_no_ping() -> Result<()> {
+    let bed = Testbed::new()?;
+    let mut versions = Vec::new();
+    for v in 0..=REPLACEMENTS {
+        let Some(object) = pass_program(&bed, v, false) else {
+            return Ok(());
+        };
+        versions.push(object);
+    }
+    let Some(dropping) = pass_program(&bed, REPLACEMENTS + 1, true) else {
+        return Ok(());
+    };
+    let topo = Topology::build(&bed, one_vm()?)?;
+    let filters = [filter("to_cloud", &versions[0], "xdp", 0)];
+    with_gateway(&bed, &topo, &filters, |gw| {
+        let site = &topo.sites[0];
+        let vm = &topo.tenants[0].vms[0];
+        let load = |object: &Path| {
+            gw.ctl([
+                "filter",
+                "load",
+                TENANT,
+                "--direction",
+                "to_cloud",
+                "--object",
+                &object.display().to_string(),
+                "--section",
+                "xdp",
+            ])
+        };
+        let (ns, from, to) = (site.ns.clone(), site.lan_addr, vm.addr.addr);
+        let pinging = std::thread::spawn(move || {
+            traffic::ping(
+                &ns,
+                to,
+                &PingOptions::new(PINGS, Duration::from_millis(1)).from(from),
+            )
+        });
+        // Replacements spread over the ping's middle (it runs for about 3 s).
+        std::thread::sleep(Duration::from_millis(500));
+        let loaded = versions[1..].iter().try_for_each(|object| {
+            let out = load(object)?;
+            eprintln!("filter load {}: {}", object.display(), out.trim());
+            // A replacement in the same place, not a second program.
+            assert!(out.contains("in place of"), "{out}");
+            std::thread::sleep(Duration::from_millis(250));
+            Ok(())
+        });
+        // The ping ends by itself; wait for it before reporting a failed load.
+        let ping = pinging
+            .join()
+            .unwrap_or_else(|p| std::panic::resume_unwind(p));
+        loaded?;
+        let ping = ping?;
+        eprintln!("{ping:?}");
+        assert_eq!(ping.transmitted, PINGS, "{ping:?}");
+        assert_eq!(
+            ping.lost(),
+            0,
+            "pings lost across the replacements: {ping:?}"
+        );
+        // The last version runs, and its map kept what the earlier ones counted: each
+        // version adds its number plus one per packet, so the last alone cannot make the sum.
+        let seen = seen_total(gw)?;
+        let last = program_counters(gw, "to_cloud", "xdp")?;
+        assert_eq!(last["object"], format!("pass_v{REPLACEMENTS}.o"), "{last}");
+        let own = u64::from(REPLACEMENTS + 1) * last["passed"].as_u64().unwrap_or(u64::MAX);
+        assert!(
+            seen > own,
+            "map `seen` holds {seen}, no more than the last version's {own}: {last}"
+        );
+
+        // The loads took effect: a version that drops everything stops the pings (each
+        // request dropped and counted), and the passing one brings them back.
+        load(&dropping)?;
+        let lost = traffic::ping(
+            &site.ns,
+            vm.addr.addr,
+            &PingOptions::new(5, Duration::from_millis(10)).from(site.lan_addr),
+        )?;
+        assert_eq!(lost.received, 0, "{lost:?}");
+        wait_filter_drops(gw, 5)?;
+        load(&versions[0])?;
+        ping_all_vms(&topo, 0, 5)?;
         Ok(())
     })
 }
