@@ -10,10 +10,10 @@
 //!   acknowledged the cookie, the client's and the server's initial sequence numbers differ,
 //!   and data flows both ways translated.
 //! - A pass-everything program replaced several times (`protego ctl filter load`) under a
-//!   1 kHz ping loses no ping.
+//!   1 kHz ping loses no ping; its map keeps its contents across the replacements.
 //! - Programs that read out of bounds, loop without bound or call a helper the gateway lacks
-//!   are refused by `protego check` and `protego up`, naming the section, the instruction and
-//!   the source line; nothing runs.
+//!   are refused by `protego check` and `protego up` (nothing runs) and by `protego ctl filter
+//!   load` (nothing changes), naming the section, the instruction and the source line.
 
 mod common;
 
@@ -467,6 +467,9 @@ fn replacing_a_program_under_a_1_khz_ping_loses_no_ping() -> Result<()> {
     let Some(dropping) = pass_program(&bed, REPLACEMENTS + 1, true) else {
         return Ok(());
     };
+    let Some(refused) = compile(&bed, &refused_source()) else {
+        return Ok(());
+    };
     let topo = Topology::build(&bed, one_vm()?)?;
     let filters = [filter("to_cloud", &versions[0], "xdp", 0)];
     with_gateway(&bed, &topo, &filters, |gw| {
@@ -539,16 +542,58 @@ fn replacing_a_program_under_a_1_khz_ping_loses_no_ping() -> Result<()> {
         wait_filter_drops(gw, 5)?;
         load(&versions[0])?;
         ping_all_vms(&topo, 0, 5)?;
+
+        // A program the verifier refuses, loaded at run time, changes nothing and says why.
+        for r in &REFUSED {
+            let e = gw
+                .ctl([
+                    "filter",
+                    "load",
+                    TENANT,
+                    "--direction",
+                    "to_cloud",
+                    "--object",
+                    &refused.display().to_string(),
+                    "--section",
+                    r.section,
+                ])
+                .expect_err("a refused program is not loaded");
+            eprintln!("ctl filter load {}: {e}", r.section);
+            let e = e.to_string();
+            r.assert_said(&format!("ctl filter load {}", r.section), &e);
+            assert!(e.contains("no filter changed"), "{e}");
+        }
+        let running = program_counters(gw, "to_cloud", "xdp")?;
+        assert_eq!(running["object"], "pass_v0.o", "{running}");
+        ping_all_vms(&topo, 0, 5)?;
         Ok(())
     })
 }
 
-/// A program of `crates/filter/tests/filters/refused.c` the gateway must refuse, and what the
-/// refusal must say besides its section.
+/// `crates/filter/tests/filters/refused.c`: programs the loader must refuse.
+fn refused_source() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../filter/tests/filters/refused.c")
+}
+
+/// A program of [`refused_source`] the gateway must refuse, and what the refusal must say
+/// besides its section.
 struct Refused {
     section: &'static str,
     /// Each must appear in the message.
     says: &'static [&'static str],
+}
+
+impl Refused {
+    /// Asserts that `message`, what `what` printed, names the section and says the rest.
+    fn assert_said(&self, what: &str, message: &str) {
+        let section = format!("section `{}`", self.section);
+        for needle in std::iter::once(section.as_str()).chain(self.says.iter().copied()) {
+            assert!(
+                message.contains(needle),
+                "{what}: {needle:?} missing from\n{message}"
+            );
+        }
+    }
 }
 
 const REFUSED: [Refused; 3] = [
@@ -580,8 +625,7 @@ fn refusal_config(dir: &Path, object: &Path, section: &str) -> String {
 #[test]
 fn programs_that_read_out_of_bounds_loop_or_call_unknown_helpers_are_refused() -> Result<()> {
     let bed = Testbed::new()?;
-    let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("../filter/tests/filters/refused.c");
-    let Some(object) = compile(&bed, &source) else {
+    let Some(object) = compile(&bed, &refused_source()) else {
         return Ok(());
     };
     let ns = bed.netns("refuse")?;
@@ -607,14 +651,7 @@ fn programs_that_read_out_of_bounds_loop_or_call_unknown_helpers_are_refused() -
             let message = format!("{}{}", out.stdout, out.stderr);
             eprintln!("protego {what} on {}:\n{message}", r.section);
             assert_eq!(out.code(), Some(1), "protego {what} refuses {}", r.section);
-            let section = format!("section `{}`", r.section);
-            for needle in std::iter::once(section.as_str()).chain(r.says.iter().copied()) {
-                assert!(
-                    message.contains(needle),
-                    "protego {what} on {}: {needle:?} missing from\n{message}",
-                    r.section
-                );
-            }
+            r.assert_said(&format!("protego {what} on {}", r.section), &message);
             assert!(
                 message.contains("key `object` in [[filter]]"),
                 "the configuration's key named:\n{message}"
