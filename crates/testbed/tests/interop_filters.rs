@@ -160,7 +160,7 @@ fn with_gateway(
     result
 }
 
-/// The ports the firewall test sends to; `tests/filters/firewall_7001_7003.c` blocks two.
+/// The ports the firewall test sends to, and those it blocks (`map update blocked_ports`).
 const PORTS: [u16; 6] = [7000, 7001, 7002, 7003, 7004, 7005];
 const BLOCKED: [u16; 2] = [7001, 7003];
 /// Datagrams per port.
