@@ -253,9 +253,16 @@ impl ChainConfig {
             return FeatureTable::default();
         }
         let out = Direction::Outbound.index();
-        let vnet_out = vnets
-            .map(|tenant| self.0.get(tenant).and_then(|pair| pair[out].clone()))
-            .collect();
+        let inbound = Direction::Inbound.index();
+        let (vnet_in, vnet_out) = vnets
+            .map(|tenant| {
+                let pair = self.0.get(tenant);
+                (
+                    pair.and_then(|p| p[inbound].clone()),
+                    pair.and_then(|p| p[out].clone()),
+                )
+            })
+            .unzip();
         let mut by_tunnel = FxHashMap::default();
         let mut tun_tenants: Vec<&str> = Vec::new();
         for (tunnel, tenant, tun) in bindings {
@@ -277,6 +284,7 @@ impl ChainConfig {
         FeatureTable {
             any: true,
             by_tunnel,
+            vnet_in,
             vnet_out,
             tun_out,
         }
@@ -296,13 +304,15 @@ pub(crate) enum TunChain {
     ByTunnel,
 }
 
-/// The published chains: inbound by tunnel (through its tenant), outbound by VNet index and
-/// for the TUN device, resolved when the snapshot is built.
+/// The published chains: by tunnel (through its tenant), by VNet index (its tenant's, for the
+/// packets of its attachments' CEs and toward them) and for the TUN device, resolved when the
+/// snapshot is built.
 #[derive(Default)]
 pub(crate) struct FeatureTable {
     /// Some tenant has a chain.
     any: bool,
     by_tunnel: FxHashMap<TunnelId, [Option<Arc<ChainRun>>; 2]>,
+    vnet_in: Vec<Option<Arc<ChainRun>>>,
     vnet_out: Vec<Option<Arc<ChainRun>>>,
     tun_out: TunChain,
 }
@@ -326,6 +336,16 @@ impl FeatureTable {
             return None;
         }
         self.vnet_out.get(index)?.as_ref()
+    }
+
+    /// The inbound chain of VNet `index`'s tenant (what its attachments' CEs send toward its
+    /// VMs runs it), if it has one. Costs one branch when no tenant has a chain.
+    #[inline]
+    pub(crate) fn vnet_inbound(&self, index: usize) -> Option<&Arc<ChainRun>> {
+        if !self.any {
+            return None;
+        }
+        self.vnet_in.get(index)?.as_ref()
     }
 
     /// The outbound chain of packets read from the TUN device.
@@ -703,6 +723,18 @@ mod tests {
         let t = c.table(vnets(), [(TunnelId(1), "a", true)].into_iter());
         assert!(matches!(t.tun_outbound(), TunChain::One(r) if r.tenant == "a"));
         assert!(t.vnet_outbound(0).is_some() && t.vnet_outbound(1).is_none());
+        assert!(t.vnet_inbound(0).is_none(), "no inbound chain yet");
+        // An inbound chain of tenant a: its VNets' (for their CEs' packets) and its tunnels'.
+        let mut with_in = config(&drops, &["a"]);
+        let a = TenantId::new("a").expect("tenant");
+        let chain = FeatureChain::new().with(Arc::new(DropAll(&["x"])));
+        let run = drops
+            .prepare(&a, Direction::Inbound, &chain)
+            .expect("chain");
+        with_in.set(&a, Direction::Inbound, Some(run));
+        let t = with_in.table(vnets(), [(TunnelId(1), "a", false)].into_iter());
+        assert!(t.vnet_inbound(0).is_some() && t.vnet_inbound(1).is_none());
+        assert!(t.chain(TunnelId(1), Direction::Inbound).is_some());
         // The TUN tenant has no chain.
         let t = c.table(vnets(), [(TunnelId(2), "b", true)].into_iter());
         assert!(matches!(t.tun_outbound(), TunChain::None));

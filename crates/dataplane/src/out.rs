@@ -92,6 +92,9 @@ pub(crate) enum Resume {
     /// From a CE attached to this VNet, for none of its VMs: held in [`CeBound`] for the seal
     /// stage (a packet no tunnel covers is `no_route`).
     FromCe(Arc<Vnet>),
+    /// From a CE attached to this VNet, toward its VMs (the VNet's tenant's inbound chain
+    /// ran): delivered to the VM its destination names.
+    CeToVnet(Arc<Vnet>),
     /// Read from the TUN device: to the seal stage, which chooses among the TUN tunnels. With
     /// `same_tenant` (TUN tunnels of several tenants) the choice must be a tunnel whose tenant
     /// has the chain that ran.

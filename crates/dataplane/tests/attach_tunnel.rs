@@ -10,13 +10,13 @@ mod common;
 #[path = "../src/testutil.rs"]
 mod testutil;
 
-use common::try_recv;
+use common::{packet_socket, run, try_recv};
 use protego_dataplane::{
     AttachmentConfig, AttachmentTags, DataPath, DataplaneConfig, Inside, Route, TunnelBinding,
     VnetConfig,
 };
 use std::net::{IpAddr, UdpSocket};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::AsRawFd;
 use std::process::Command;
 use std::time::Duration;
 use testutil::{child, ts, udp4, vxlan, Peer};
@@ -30,41 +30,6 @@ const COUNT: u32 = 4_000;
 
 fn ip(s: &str) -> IpAddr {
     s.parse().expect("ip address")
-}
-
-fn run(args: &[&str]) {
-    let st = Command::new(args[0])
-        .args(&args[1..])
-        .status()
-        .expect(args[0]);
-    assert!(st.success(), "{args:?}");
-}
-
-/// A raw packet socket bound to `iface`, receiving nothing.
-fn packet_socket(iface: &str) -> OwnedFd {
-    // SAFETY: plain system call; the descriptor is owned below.
-    let fd = unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_RAW, 0) };
-    assert!(fd >= 0, "AF_PACKET socket (needs root)");
-    // SAFETY: a fresh descriptor this function owns.
-    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-    let name = std::ffi::CString::new(iface).expect("name");
-    // SAFETY: a NUL-terminated name.
-    let index = unsafe { libc::if_nametoindex(name.as_ptr()) };
-    assert_ne!(index, 0, "{iface}");
-    // SAFETY: sockaddr_ll is plain data.
-    let mut sll: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
-    sll.sll_family = libc::AF_PACKET as u16;
-    sll.sll_ifindex = index as i32;
-    // SAFETY: binds a live descriptor to a sockaddr_ll of the size given.
-    let ret = unsafe {
-        libc::bind(
-            fd.as_raw_fd(),
-            (&sll as *const libc::sockaddr_ll).cast(),
-            std::mem::size_of::<libc::sockaddr_ll>() as libc::socklen_t,
-        )
-    };
-    assert_eq!(ret, 0, "bind to {iface}");
-    fd
 }
 
 fn big_rcvbuf(s: &UdpSocket) {
@@ -243,7 +208,7 @@ fn vms_and_ces_share_tunnels(nets: usize) {
         .iter()
         .map(|n| ce_frame(n.c_tag, &format!("10.{}.0.2", n.segment)))
         .collect();
-    let fd = packet_socket("ce0");
+    let fd = packet_socket("ce0", false);
     std::thread::scope(|s| {
         s.spawn(|| {
             for i in 0..COUNT {

@@ -2,15 +2,18 @@
 //! `features.rs`: a peer speaks ESP-in-UDP to the NAT-T socket, a host socket plays the VTEP
 //! of VM 10.0.0.5, and `tests/filters/echo.c` (compiled with clang-14) runs as tenant acme's
 //! filter in each direction: it drops, passes, sends back (`XDP_TX`), lengthens and aborts.
+//! The same between a CE attached at L2 (a veth pair in a namespace of the test's own) and
+//! the VM.
 
 mod common;
 #[path = "../src/testutil.rs"]
 mod testutil;
 
-use common::{drop_counter, recv, wait_stats, PeerAndHost};
-use datapath::{FilterConfig, FilterDirection};
-use protego_dataplane::{DataPath, DataplaneError};
+use common::{drop_counter, packet_socket, recv, run, wait_stats, PeerAndHost};
+use datapath::{AttachmentConfig, AttachmentTags, FilterConfig, FilterDirection};
+use protego_dataplane::{DataPath, DataplaneConfig, DataplaneError};
 use std::net::UdpSocket;
+use std::os::fd::AsRawFd;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
@@ -393,4 +396,174 @@ fn the_syn_cookie_proxy_completes_a_handshake_through_a_tunnel() {
     let rst = peer.open(&recv(&s.peer).0).expect("peer opens the RST");
     let (seq, _, flags, _) = segment(&rst);
     assert_eq!((seq, flags & 0x04), (12345, 0x04));
+}
+
+/// The CE's MAC on the attachment's segment.
+const CE_MAC: [u8; 6] = [0x52, 0x54, 0, 0, 0xa, 1];
+/// The attachment interface's MAC (the gateway's on the segment).
+const GW_PORT_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 1];
+
+/// A tenant's filters see its attached CE's traffic too: what the CE sends toward the VNet
+/// passes the `to_cloud` filter, what the VMs send to the CE the `from_cloud` one, and
+/// `XDP_TX` sends each back the way it came (to the CE, into the VNet). In a network
+/// namespace of its own (a veth pair for the attachment); needs root.
+#[test]
+fn a_tenant_filter_sees_an_attached_ces_traffic_both_ways() {
+    std::thread::spawn(ce_and_vm_through_filters)
+        .join()
+        .expect("the test's thread");
+}
+
+fn ce_and_vm_through_filters() {
+    let Some(object) = echo() else {
+        return;
+    };
+    // SAFETY: plain system call; affects this thread (and the threads it starts) only.
+    assert_eq!(unsafe { libc::unshare(libc::CLONE_NEWNET) }, 0, "unshare");
+    run(&["ip", "link", "set", "lo", "up"]);
+    run(&[
+        "ip", "link", "add", "ce0", "type", "veth", "peer", "name", "gw0",
+    ]);
+    run(&["ip", "link", "set", "gw0", "address", "02:00:00:00:00:01"]);
+    for i in ["ce0", "gw0"] {
+        run(&["ip", "link", "set", i, "mtu", "1508", "up"]);
+    }
+    let ip = |s: &str| s.parse::<std::net::IpAddr>().expect("ip");
+    let common::Started { dp, host, .. } = common::start_beside_host(|port| DataplaneConfig {
+        attachments: vec![AttachmentConfig {
+            name: "dc".into(),
+            tenant: ids::TenantId::new("acme").expect("tenant"),
+            vnet: "prod".into(),
+            port: datapath::AttachmentPort::Interface("gw0".into()),
+            tags: AttachmentTags::Vlan { c_tag: 10 },
+            gateway_ip: ip("10.99.0.1"),
+            ce_ip: None,
+            routes: vec![(ip("10.99.0.0"), 24)],
+            ce_mac: None,
+        }],
+        tunnels: vec![],
+        ..common::config(port)
+    });
+    dp.set_filters(&[
+        filter(&object, FilterDirection::ToCloud),
+        filter(&object, FilterDirection::FromCloud),
+    ])
+    .expect("filters set");
+    let vtep = dp.local_addrs().vxlan[0];
+    let gw_mac = dp.gateway_mac(0).expect("vnet 0");
+    let ce = packet_socket("ce0", true);
+    let tv = libc::timeval {
+        tv_sec: 0,
+        tv_usec: 200_000,
+    };
+    // SAFETY: sets a timeval option on a live socket from a live timeval.
+    let ret = unsafe {
+        libc::setsockopt(
+            ce.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_RCVTIMEO,
+            (&tv as *const libc::timeval).cast(),
+            std::mem::size_of::<libc::timeval>() as libc::socklen_t,
+        )
+    };
+    assert_eq!(ret, 0, "SO_RCVTIMEO");
+    // The CE sends UDP from 10.99.0.2 to the VM on `port`, tagged 10, marked `mark`.
+    let from_ce = |port: u16, mark: u8| {
+        let mut f = GW_PORT_MAC.to_vec();
+        f.extend_from_slice(&CE_MAC);
+        f.extend_from_slice(&[0x81, 0x00, 0x00, 10, 0x08, 0x00]);
+        f.extend_from_slice(&udp4(
+            "10.99.0.2",
+            3000,
+            "10.0.0.5",
+            port,
+            64,
+            &[mark, 0, 0, 0],
+        ));
+        // SAFETY: writes a live buffer of the length given on a live descriptor.
+        let n = unsafe { libc::send(ce.as_raw_fd(), f.as_ptr().cast(), f.len(), 0) };
+        assert_eq!(n, f.len() as isize, "write to ce0");
+    };
+    // The next IPv4 packet the gateway sends the CE (tagged 10, to its MAC), if one comes.
+    let to_ce = || -> Option<Vec<u8>> {
+        let mut buf = vec![0u8; 2048];
+        for _ in 0..50 {
+            // SAFETY: reads into a live buffer of the length given.
+            let n = unsafe { libc::recv(ce.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
+            if n < 0 {
+                return None;
+            }
+            let f = &buf[..n as usize];
+            // Ours: from the gateway's port, tagged 10, IPv4 (the CE's own frames echo too).
+            if f.len() > 18
+                && f[6..12] == GW_PORT_MAC
+                && f[12..16] == [0x81, 0, 0, 10]
+                && f[16..18] == [8, 0]
+            {
+                assert_eq!(&f[..6], &CE_MAC, "to the CE's MAC");
+                return Some(f[18..].to_vec());
+            }
+        }
+        None
+    };
+
+    // The VM sends from 10.0.0.5 to the CE on `port`, marked `mark`.
+    let from_vm = |port: u16, mark: u8| {
+        let inner = udp4("10.0.0.5", 1000, "10.99.0.2", port, 64, &[mark, 0, 0, 0]);
+        host.send_to(&vxlan(100, gw_mac, VM_MAC, EtherType::IPV4, &inner), vtep)
+            .expect("send vxlan");
+    };
+    // The VM speaks first, so that the gateway knows its MAC (the CE's is not known yet:
+    // dropped after the filter passed it).
+    from_vm(2000, 0);
+    wait_stats(&dp, "the VM's first packet", |st| {
+        drop_counter(st, "attach_ce_unresolved") == Some(1)
+    });
+
+    // CE -> VM (to_cloud): port 2000 passes, 9 is dropped, 7 comes back to the CE.
+    from_ce(2000, 1);
+    let p = to_vm(&host);
+    assert_eq!(
+        (&p[12..16], p[PAYLOAD]),
+        (&[10, 99, 0, 2][..], 1),
+        "passed to the VM"
+    );
+    from_ce(9, 2);
+    from_ce(7, 3);
+    let back = to_ce().expect("the CE gets the packet its filter sent back");
+    assert_eq!(&back[12..16], &[10, 0, 0, 5], "from the VM's address");
+    assert_eq!(&back[16..20], &[10, 99, 0, 2], "to the CE's");
+    assert_eq!(back[PAYLOAD], 3);
+    from_ce(2000, 4);
+    assert_eq!(to_vm(&host)[PAYLOAD], 4, "the dropped packet never arrived");
+    wait_stats(
+        &dp,
+        "the CE's packet dropped by the to_cloud filter",
+        |st| drop_counter(st, "acme/filter_drop") == Some(1),
+    );
+
+    // VM -> CE (from_cloud): port 2000 reaches the CE, 9 is dropped, 7 comes back to the VM.
+    from_vm(2000, 5);
+    let p = to_ce().expect("the CE gets the VM's packet");
+    assert_eq!(p[PAYLOAD], 5);
+    from_vm(9, 6);
+    from_vm(7, 7);
+    let p = to_vm(&host);
+    assert_eq!(
+        &p[12..16],
+        &[10, 99, 0, 2],
+        "sent back from the CE's address"
+    );
+    assert_eq!((&p[16..20], p[PAYLOAD]), (&[10, 0, 0, 5][..], 7));
+    from_vm(2000, 8);
+    assert_eq!(to_ce().expect("the CE gets the next one")[PAYLOAD], 8);
+    wait_stats(
+        &dp,
+        "the VM's packet dropped by the from_cloud filter",
+        |st| drop_counter(st, "acme/filter_drop") == Some(2),
+    );
+    let report = dp.filter_report(None);
+    let tx: u64 = report.programs.iter().map(|p| p.counters.tx).sum();
+    assert_eq!(tx, 2, "{report:?}");
+    dp.shutdown();
 }

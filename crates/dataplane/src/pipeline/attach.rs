@@ -14,8 +14,13 @@
 //! seal stage, which chooses among the VNet's tunnels only and numbers it in the order of the
 //! VNet's VTEP lane, see `worker::batch`).
 //!
-//! Toward the CE ([`to_ce`], called by the graph for IP frames from a VNet's hosts;
-//! [`to_ce_of_vnet`] for decrypted ESP of the VNet and for packets from a CE): when the
+//! A CE's packets toward the VNet's VMs run the tenant's inbound feature chain first (its
+//! `to_cloud` filters), those toward the tunnels its outbound chain; between two CEs of the
+//! VNet none runs.
+//!
+//! Toward the CE ([`to_ce`], called by the graph for IP frames from a VNet's hosts, or
+//! [`may_reach_ce`] then [`to_ce_of_vnet`] when the tenant has an outbound chain, which runs
+//! first; [`to_ce_of_vnet`] for decrypted ESP of the VNet and for packets from a CE): when the
 //! destination is behind one of the VNet's attachments, the packet is tagged and sent to the
 //! CE's MAC on the attachment's interface, before any IPsec tunnel is considered (the two can
 //! serve one VNet together: prefixes behind the CE go to the CE, the rest to the tunnels).
@@ -339,6 +344,27 @@ pub(crate) fn to_ce(
     }
     toward_ce(o, sh, now, a, pkt, parsed);
     true
+}
+
+/// Whether an IP packet from a host of `vnet` (`host`) may go on toward the VNet's CEs: false
+/// (dropped and counted, `attach_vnet_source`) if its destination is behind one of them and
+/// its source is not one of the VNet's VMs on that host; true otherwise (the CE is chosen
+/// later, after the tenant's outbound chain).
+pub(crate) fn may_reach_ce(
+    o: &mut Out,
+    t: &Tables,
+    r: &Routes,
+    vnet: &Vnet,
+    host: IpAddr,
+    parsed: &InnerIp,
+) -> bool {
+    if t.attach.toward(vnet.index, parsed.flow.dst).is_none()
+        || vnet.lives_behind(r, parsed.flow.src, host)
+    {
+        return true;
+    }
+    o.drop_packet(DropReason::AttachVnetSource);
+    false
 }
 
 /// A packet of VNet `vnet` from a source that needs no further check (decrypted from one of

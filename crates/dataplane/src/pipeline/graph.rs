@@ -341,10 +341,14 @@ pub(crate) fn route_from_ces<F: FrameSource + ?Sized>(
         };
         let tunnels = t.vnet_out.get(to.vnet).is_some_and(|c| !c.is_empty());
         if host.is_some() || !tunnels {
+            // Toward the VNet: the tenant's inbound chain first, if it has one.
+            if hold_for_vnet_chain(o, t, vnet, Direction::Inbound, pkt, Resume::CeToVnet) {
+                continue;
+            }
             encap::deliver_routed(o, sh, t, now, to.vnet, host, pkt, &to.parsed, || Ok(()));
             continue;
         }
-        if hold_for_outbound_chain(o, t, vnet, pkt, Resume::FromCe) {
+        if hold_for_vnet_chain(o, t, vnet, Direction::Outbound, pkt, Resume::FromCe) {
             continue;
         }
         if !o.ce_bound.hold(vnet, pkt) {
@@ -353,22 +357,28 @@ pub(crate) fn route_from_ces<F: FrameSource + ?Sized>(
     }
 }
 
-/// Holds `pkt`, an IP packet of VNet `vnet` on its way out (from a VM or a CE), for the VNet's
-/// outbound feature chain if it has one (`feature_hold_full` if the hold is full), to resume
-/// as `resume` says at the end of the pass; false if the VNet has no chain.
-fn hold_for_outbound_chain(
+/// Holds `pkt`, an IP packet of VNet `vnet`, for the chain of `direction` of the VNet's
+/// tenant if it has one (`feature_hold_full` if the hold is full), to resume as `resume` says
+/// at the end of the pass; false if there is no such chain. Outbound: on its way out, from a VM
+/// or a CE; inbound: from a CE toward the VNet.
+fn hold_for_vnet_chain(
     o: &mut Out,
     t: &Tables,
     vnet: &Arc<crate::vnet::Vnet>,
+    direction: Direction,
     pkt: &mut [u8],
     resume: fn(Arc<crate::vnet::Vnet>) -> Resume,
 ) -> bool {
-    let Some(chain) = t.features.vnet_outbound(vnet.index) else {
+    let chain = match direction {
+        Direction::Outbound => t.features.vnet_outbound(vnet.index),
+        Direction::Inbound => t.features.vnet_inbound(vnet.index),
+    };
+    let Some(chain) = chain else {
         return false;
     };
     let meta = PacketMeta {
         tunnel: None,
-        direction: Direction::Outbound,
+        direction,
         inside: Inside::Vnet(vnet.index),
     };
     if !o.held.hold(chain, pkt, meta, resume(Arc::clone(vnet))) {
@@ -650,13 +660,18 @@ fn from_host(
             encap::learn_from_ip(o, sh, vnet, r, host, now, parsed.flow.src, src_mac);
             let pkt = &mut data[at];
             // Prefixes behind a customer's edge router attached to this VNet go there (one
-            // branch when the VNet has no attachment).
-            if !t.attach.by_vnet.is_empty()
-                && attach::to_ce(o, sh, t, r, now, vnet, host, pkt, &parsed)
-            {
-                return;
+            // branch when the VNet has no attachment), after the tenant's outbound chain if it
+            // has one (then the source is checked here and the CE chosen at the chain's end).
+            if !t.attach.by_vnet.is_empty() {
+                if t.features.vnet_outbound(vnet.index).is_none() {
+                    if attach::to_ce(o, sh, t, r, now, vnet, host, pkt, &parsed) {
+                        return;
+                    }
+                } else if !attach::may_reach_ce(o, t, r, vnet, host, &parsed) {
+                    return;
+                }
             }
-            if hold_for_outbound_chain(o, t, vnet, pkt, Resume::FromVnet) {
+            if hold_for_vnet_chain(o, t, vnet, Direction::Outbound, pkt, Resume::FromVnet) {
                 return;
             }
             let no_tunnel = DropReason::VxlanNoTunnel;
@@ -722,7 +737,7 @@ pub(crate) fn end_pass(o: &mut Out, sh: &Shared, t: &Tables, r: &Routes, now: In
                 }
             }
         }
-        Resume::FromVnet(_) | Resume::FromCe(_) | Resume::FromTun { .. }
+        Resume::FromVnet(_) | Resume::FromCe(_) | Resume::CeToVnet(_) | Resume::FromTun { .. }
             if fate == Fate::Dropped => {}
         Resume::FromVnet(vnet) => {
             if let Some(c) = o.charge.as_deref_mut() {
@@ -743,10 +758,34 @@ pub(crate) fn end_pass(o: &mut Out, sh: &Shared, t: &Tables, r: &Routes, now: In
                 }
                 return;
             }
+            // Behind one of the VNet's CEs (as the chain left the packet): there.
+            if !t.attach.by_vnet.is_empty()
+                && attach::to_ce_of_vnet(o, sh, t, now, vnet.index, pkt, &parsed)
+            {
+                return;
+            }
             let no_tunnel = DropReason::VxlanNoTunnel;
             if let Some(child) = seal::select_vnet(o, t, &vnet, pkt, &parsed.flow, no_tunnel) {
                 seal::queue(o, sh, child, pkt);
             }
+        }
+        Resume::CeToVnet(vnet) => {
+            if let Some(c) = o.charge.as_deref_mut() {
+                c.switch(t.tenants.vnet(vnet.index), 1);
+            }
+            let Some(parsed) = InnerIp::parse(pkt) else {
+                return o.drop_packet(DropReason::AttachMalformed);
+            };
+            let len = parsed.len.min(pkt.len());
+            let pkt = &mut pkt[..len];
+            // Sent back (XDP_TX), or rewritten toward a CE of the VNet: to that CE.
+            if attach::to_ce_of_vnet(o, sh, t, now, vnet.index, pkt, &parsed) {
+                return;
+            }
+            if fate == Fate::Reflected {
+                return o.drop_packet(DropReason::ReflectNoRoute);
+            }
+            encap::deliver(o, sh, t, r, now, vnet.index, pkt, &parsed, || Ok(()));
         }
         Resume::FromCe(vnet) => {
             // Held for the seal stage as the chain left it.

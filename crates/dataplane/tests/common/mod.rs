@@ -15,6 +15,8 @@ use protego_dataplane::{
     TunnelBinding, VnetConfig,
 };
 use std::net::{IpAddr, SocketAddr, UdpSocket};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -191,4 +193,47 @@ pub(crate) fn wait_stats(dp: &Dataplane, what: &str, f: impl Fn(&DataplaneStats)
         assert!(Instant::now() < deadline, "{what}: {s:?}");
         std::thread::sleep(Duration::from_millis(5));
     }
+}
+
+/// Runs a command that must succeed (`ip ...` in a test's namespace).
+pub(crate) fn run(args: &[&str]) {
+    let st = Command::new(args[0])
+        .args(&args[1..])
+        .status()
+        .expect(args[0]);
+    assert!(st.success(), "{args:?}");
+}
+
+/// A raw packet socket bound to `iface`: it receives every frame on it with `receive`, else
+/// none (it only sends).
+pub(crate) fn packet_socket(iface: &str, receive: bool) -> OwnedFd {
+    let protocol = if receive {
+        i32::from((libc::ETH_P_ALL as u16).to_be())
+    } else {
+        0
+    };
+    // SAFETY: plain system call; the descriptor is owned below.
+    let fd = unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_RAW, protocol) };
+    assert!(fd >= 0, "AF_PACKET socket (needs root)");
+    // SAFETY: a fresh descriptor this function owns.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    let name = std::ffi::CString::new(iface).expect("name");
+    // SAFETY: a NUL-terminated name.
+    let index = unsafe { libc::if_nametoindex(name.as_ptr()) };
+    assert_ne!(index, 0, "{iface}");
+    // SAFETY: sockaddr_ll is plain data.
+    let mut sll: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
+    sll.sll_family = libc::AF_PACKET as u16;
+    sll.sll_ifindex = index as i32;
+    sll.sll_protocol = protocol as u16;
+    // SAFETY: binds a live descriptor to a sockaddr_ll of the size given.
+    let ret = unsafe {
+        libc::bind(
+            fd.as_raw_fd(),
+            (&sll as *const libc::sockaddr_ll).cast(),
+            std::mem::size_of::<libc::sockaddr_ll>() as libc::socklen_t,
+        )
+    };
+    assert_eq!(ret, 0, "bind to {iface}");
+    fd
 }
