@@ -17,7 +17,6 @@ use protego_dataplane::{
 };
 use std::net::{IpAddr, UdpSocket};
 use std::os::fd::AsRawFd;
-use std::process::Command;
 use std::time::Duration;
 use testutil::{child, ts, udp4, vxlan, Peer};
 use wire::ethernet::EtherType;
