@@ -186,7 +186,7 @@ pub(crate) fn verify_with_stack(
         Err(LoadError::Verifier {
             section: section.to_owned(),
             index,
-            reason: error.map_or_else(|| "the program is not safe".to_owned(), |e| e.message),
+            reason: error.map_or_else(|| "the program is not safe".to_owned(), |e| explained(e.message)),
             source_line: index.and_then(|i| source_line(lines, i)),
         })
     }));
@@ -194,6 +194,23 @@ pub(crate) fn verify_with_stack(
         let why = crate::error::panic_message(panic.as_ref());
         Err(internal(format!("verifier panicked: {why}")))
     })
+}
+
+/// PREVAIL's `message`, followed for the refusals tenants meet most by what it means in C
+/// terms (the verifier's own words name its abstract domain, not the program).
+fn explained(message: String) -> String {
+    let meaning = if message.contains("Loop counter is too large") {
+        "the loop may not terminate: the verifier found no bound on its iterations (bound it \
+         by a constant, or walk the packet with a pointer checked against data_end)"
+    } else if message.contains("must be at most packet_size") {
+        "a packet access that may pass data_end: check `pointer + length <= data_end` before \
+         the access"
+    } else if message.contains("Possible null access") {
+        "a pointer that may be NULL (a map lookup's result) used without checking it"
+    } else {
+        return message;
+    };
+    format!("{message}: {meaning}")
 }
 
 /// The source line of instruction `index`: BTF line information names the first instruction
