@@ -11,6 +11,11 @@
 //! `<tenant>/filter_aborted`), `XDP_TX` sends it back the way it came
 //! ([`FeatureBatch::reflect`]).
 //!
+//! A program the current set already runs in the same place (tenant, direction, section),
+//! from the same object and at the same weight, is kept as it is (not verified or compiled
+//! again; its maps and counters go on), so a change of one tenant's filters costs the others
+//! nothing.
+//!
 //! Programs of one tenant loaded from the same object (the same bytes) share the object's
 //! maps, as under libbpf, and a replacement keeps a map whose declaration did not change,
 //! with its contents: the maps of every filter set are kept by (tenant, object) and handed to
@@ -148,8 +153,9 @@ impl Feature for BpfStage {
 /// A tenant's object (its bytes) and the maps its programs share.
 type ObjectMaps = (TenantId, Arc<[u8]>, Vec<Arc<Map>>);
 
-/// The filters a data path runs, and the maps kept across replacements.
-#[derive(Default)]
+/// The filters a data path runs, and the maps kept across replacements. Cloning it is cheap
+/// (shared programs and maps): a new set is built from a clone, outside the data path's lock.
+#[derive(Default, Clone)]
 pub(crate) struct Filters {
     /// The maps of the current set, by (tenant, object bytes).
     maps: Vec<ObjectMaps>,
@@ -187,6 +193,45 @@ impl Filters {
         let mut maps: Vec<ObjectMaps> = Vec::new();
         let mut stages: Vec<(TenantId, FilterDirection, Vec<Arc<Program>>)> = Vec::new();
         for (index, f) in sorted {
+            // A program the current set runs in the same place, from the same object, at the
+            // same weight: kept as it is (verified, compiled, its maps and counters), so that a
+            // change of one tenant's filters costs the others nothing.
+            if let Some(p) = self.programs.iter().find(|p| {
+                p.tenant == f.tenant
+                    && p.direction == f.direction
+                    && p.section == f.section
+                    && p.weight == f.weight
+                    && p.object == f.object
+            }) {
+                let kept = self
+                    .maps
+                    .iter()
+                    .find(|(t, o, _)| *t == f.tenant && *o == f.object)
+                    .map(|(_, _, m)| m.clone())
+                    .unwrap_or_default();
+                match maps
+                    .iter_mut()
+                    .find(|(t, o, _)| *t == f.tenant && **o == *f.object)
+                {
+                    Some((_, _, m)) => {
+                        for map in kept {
+                            if !m.iter().any(|k| Arc::ptr_eq(k, &map)) {
+                                m.push(map);
+                            }
+                        }
+                    }
+                    None => maps.push((f.tenant.clone(), Arc::clone(&f.object), kept)),
+                }
+                let p = Arc::clone(p);
+                match stages
+                    .iter_mut()
+                    .find(|(t, d, _)| *t == f.tenant && *d == f.direction)
+                {
+                    Some((_, _, programs)) => programs.push(p),
+                    None => stages.push((f.tenant.clone(), f.direction, vec![p])),
+                }
+                continue;
+            }
             let err = |reason: String| DataplaneError::Config {
                 field: format!("filters[{index}]"),
                 reason: format!(
@@ -531,17 +576,22 @@ mod tests {
         let map = seen(&first);
         map.update(&0u32.to_le_bytes(), &[7; 16], 0)
             .expect("update");
+        let first_program = Arc::clone(&first.programs[0]);
         filters.commit(&mut first);
-        // The same object again, and a new version in its place: the same map, its contents.
+        // The same object again (kept as it is: the same program, not compiled again), and a
+        // new version in its place: the same map, its contents.
         let mut again = filters
             .build(&[config(&v1, FilterDirection::ToCloud)], 2)
             .expect("builds");
         assert!(Arc::ptr_eq(&map, &seen(&again)));
+        assert!(Arc::ptr_eq(&first_program, &again.programs[0]));
+        let again_program = Arc::clone(&again.programs[0]);
         filters.commit(&mut again);
         let mut newer = filters
             .build(&[config(&v2, FilterDirection::ToCloud)], 2)
             .expect("builds");
         assert!(Arc::ptr_eq(&map, &seen(&newer)));
+        assert!(!Arc::ptr_eq(&again_program, &newer.programs[0]));
         assert_eq!(map.lookup(&0u32.to_le_bytes()), Ok(Some(vec![7; 16])));
         filters.commit(&mut newer);
         // Elsewhere (the other direction), the new version starts with maps of its own.

@@ -125,6 +125,8 @@ pub(crate) struct Shared {
     pub(crate) attach: Mutex<Arc<AttachTable>>,
     /// The tenants' filters (their maps kept across replacements).
     pub(crate) filters: Mutex<crate::filters::Filters>,
+    /// Held by a change of the filters from start to end (`set_filters`).
+    filter_updates: Mutex<()>,
 }
 
 fn config_err(field: impl Into<String>, reason: impl Into<String>) -> DataplaneError {
@@ -371,6 +373,7 @@ impl Shared {
             stop: AtomicBool::new(false),
             attach: Mutex::new(attach),
             filters: Mutex::default(),
+            filter_updates: Mutex::default(),
         })
     }
 
@@ -480,7 +483,13 @@ impl Shared {
         &self,
         filters: &[datapath::FilterConfig],
     ) -> Result<(), DataplaneError> {
-        let mut current = self.filters();
+        // One change at a time; the new set is built (programs verified and compiled) from a
+        // copy of the current one, without the lock that status and map requests take.
+        let _one_at_a_time = self
+            .filter_updates
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        let current = self.filters().clone();
         let mut built = current.build(filters, self.workers)?;
         let direction = |d| match d {
             datapath::FilterDirection::ToCloud => Direction::Inbound,
@@ -489,7 +498,7 @@ impl Shared {
         for (tenant, d, chain) in &built.stages {
             self.set_feature_chain(tenant, direction(*d), chain.clone())?;
         }
-        for (tenant, d) in current.commit(&mut built) {
+        for (tenant, d) in self.filters().commit(&mut built) {
             self.set_feature_chain(&tenant, direction(d), FeatureChain::new())?;
         }
         tracing::info!(filters = filters.len(), "tenant filters set");
