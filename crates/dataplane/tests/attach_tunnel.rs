@@ -10,7 +10,7 @@ mod common;
 #[path = "../src/testutil.rs"]
 mod testutil;
 
-use common::{packet_socket, run, try_recv};
+use common::{packet_socket, try_recv};
 use protego_dataplane::{
     AttachmentConfig, AttachmentTags, DataPath, DataplaneConfig, Inside, Route, TunnelBinding,
     VnetConfig,
@@ -148,16 +148,7 @@ struct Received {
 /// numbered in both VTEP lanes.
 fn vms_and_ces_share_tunnels(nets: usize) {
     let nets = &NETS[..nets];
-    // SAFETY: plain system call; affects this thread (and the threads it starts) only.
-    assert_eq!(unsafe { libc::unshare(libc::CLONE_NEWNET) }, 0, "unshare");
-    run(&["ip", "link", "set", "lo", "up"]);
-    run(&[
-        "ip", "link", "add", "ce0", "type", "veth", "peer", "name", "gw0",
-    ]);
-    run(&["ip", "link", "set", "gw0", "address", "02:00:00:00:00:01"]);
-    for i in ["ce0", "gw0"] {
-        run(&["ip", "link", "set", i, "mtu", "1508", "up"]);
-    }
+    common::attachment_namespace();
     let common::Started { dp, host, .. } = common::start_beside_host(|port| DataplaneConfig {
         attachments: nets.iter().map(Net::attachment).collect(),
         vnets: nets.iter().map(Net::vnet).collect(),

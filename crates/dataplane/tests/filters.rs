@@ -9,7 +9,7 @@ mod common;
 #[path = "../src/testutil.rs"]
 mod testutil;
 
-use common::{drop_counter, packet_socket, recv, run, wait_stats, PeerAndHost};
+use common::{drop_counter, packet_socket, recv, wait_stats, PeerAndHost};
 use datapath::{AttachmentConfig, AttachmentTags, FilterConfig, FilterDirection};
 use protego_dataplane::{DataPath, DataplaneConfig, DataplaneError};
 use std::net::UdpSocket;
@@ -418,16 +418,7 @@ fn ce_and_vm_through_filters() {
     let Some(object) = echo() else {
         return;
     };
-    // SAFETY: plain system call; affects this thread (and the threads it starts) only.
-    assert_eq!(unsafe { libc::unshare(libc::CLONE_NEWNET) }, 0, "unshare");
-    run(&["ip", "link", "set", "lo", "up"]);
-    run(&[
-        "ip", "link", "add", "ce0", "type", "veth", "peer", "name", "gw0",
-    ]);
-    run(&["ip", "link", "set", "gw0", "address", "02:00:00:00:00:01"]);
-    for i in ["ce0", "gw0"] {
-        run(&["ip", "link", "set", i, "mtu", "1508", "up"]);
-    }
+    common::attachment_namespace();
     let ip = |s: &str| s.parse::<std::net::IpAddr>().expect("ip");
     let common::Started { dp, host, .. } = common::start_beside_host(|port| DataplaneConfig {
         attachments: vec![AttachmentConfig {

@@ -167,18 +167,21 @@ fn filters_are_loaded_shown_tuned_kept_and_unloaded_at_run_time() {
     };
     let dns = dns.to_str().unwrap().to_owned();
     let show = |node: &Node| node.json(&["filter", "show", "acme", "--json"]);
+    let load_dns = |node: &Node| {
+        node.json(&[
+            "filter",
+            "load",
+            "acme",
+            "--direction",
+            "to_cloud",
+            "--object",
+            &dns,
+            "--json",
+        ])
+    };
 
     // Load: the answer names the place; show and status list it with its maps.
-    let loaded = node.json(&[
-        "filter",
-        "load",
-        "acme",
-        "--direction",
-        "to_cloud",
-        "--object",
-        &dns,
-        "--json",
-    ]);
+    let loaded = load_dns(&node);
     assert_eq!(loaded["ok"], true);
     assert_eq!(loaded["generation"], 1);
     assert_eq!(loaded["loaded"]["section"], "xdp");
@@ -298,16 +301,7 @@ fn filters_are_loaded_shown_tuned_kept_and_unloaded_at_run_time() {
 
     // Loading into the same place replaces the program; unload empties the set, and that
     // too survives a restart.
-    let again = node.json(&[
-        "filter",
-        "load",
-        "acme",
-        "--direction",
-        "to_cloud",
-        "--object",
-        &dns,
-        "--json",
-    ]);
+    let again = load_dns(&node);
     assert_eq!(again["generation"], 2);
     assert_eq!(again["replaced"].as_array().unwrap().len(), 1);
     let gone = node.json(&["filter", "unload", "acme", "--json"]);

@@ -195,6 +195,23 @@ pub(crate) fn wait_stats(dp: &Dataplane, what: &str, f: impl Fn(&DataplaneStats)
     }
 }
 
+/// Moves this thread (and the threads it starts) into a network namespace of its own with
+/// loopback up and a veth pair for an attachment: `gw0`, the gateway's port (MAC
+/// 02:00:00:00:00:01), and `ce0`, the CE's side, both with room for two VLAN tags (MTU 1508).
+/// Needs root.
+pub(crate) fn attachment_namespace() {
+    // SAFETY: plain system call; affects this thread (and the threads it starts) only.
+    assert_eq!(unsafe { libc::unshare(libc::CLONE_NEWNET) }, 0, "unshare");
+    run(&["ip", "link", "set", "lo", "up"]);
+    run(&[
+        "ip", "link", "add", "ce0", "type", "veth", "peer", "name", "gw0",
+    ]);
+    run(&["ip", "link", "set", "gw0", "address", "02:00:00:00:00:01"]);
+    for i in ["ce0", "gw0"] {
+        run(&["ip", "link", "set", i, "mtu", "1508", "up"]);
+    }
+}
+
 /// Runs a command that must succeed (`ip ...` in a test's namespace).
 pub(crate) fn run(args: &[&str]) {
     let st = Command::new(args[0])
