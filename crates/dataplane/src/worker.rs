@@ -207,7 +207,7 @@ fn batch(sh: &Shared, w: &mut Worker, routes: &RouteReader, lane: usize) -> Batc
         if w.out.ce_bound.is_empty() {
             drop(stage);
         } else {
-            to_vtep_lanes(sh, w, stage, now);
+            to_vtep_lanes(sh, w, Some(stage), now);
         }
         p
     } else if l.kind.is_outbound() {
@@ -218,7 +218,14 @@ fn batch(sh: &Shared, w: &mut Worker, routes: &RouteReader, lane: usize) -> Batc
         p
     } else {
         drop(stage);
-        process(sh, w, r, l.kind, now, Pass::All)
+        let p = process(sh, w, r, l.kind, now, Pass::All);
+        // Decrypted packets a filter sent back into their tunnels (`XDP_TX`) are numbered in
+        // their VNet's VTEP lane, as a CE's are, where the VMs' packets for the same CHILD_SAs
+        // are numbered.
+        if !w.out.ce_bound.is_empty() {
+            to_vtep_lanes(sh, w, None, now);
+        }
+        p
     };
     drop(guard);
     if let Some(c) = w.out.charge.as_deref_mut() {
@@ -267,7 +274,9 @@ fn fold(sh: &Shared, id: usize, c: &mut Charge, tenants: &TenantTable, packets: 
 }
 
 /// The end of an attachment lane batch that holds a CE's packets for the tunnels
-/// (`Out::ce_bound`): they are numbered and sent in the order of their VNet's VTEP lane,
+/// (`Out::ce_bound`), or of an ESP lane batch that holds decrypted packets a filter sent back
+/// (`stage` None: an inbound lane releases its stage before its pass): they are numbered and
+/// sent in the order of their VNet's VTEP lane,
 /// where the VMs' packets for the same CHILD_SAs are, so each CHILD_SA has one ordering
 /// domain and its peer receives its sequence numbers in order (two lanes numbering for one
 /// SA would let a batch numbered earlier leave after one numbered later, and the peer's
@@ -295,7 +304,12 @@ fn fold(sh: &Shared, id: usize, c: &mut Charge, tenants: &TenantTable, packets: 
 /// see `batch`): its packets are dropped as
 /// `no_route` rather than numbered in the attachment batch. Leaves the last VTEP batch begun
 /// (or the attachment batch, if none had a lane), for the caller to finish.
-fn to_vtep_lanes(sh: &Shared, w: &mut Worker, stage: crate::lane::Dispatch<'_>, now: Instant) {
+fn to_vtep_lanes(
+    sh: &Shared,
+    w: &mut Worker,
+    stage: Option<crate::lane::Dispatch<'_>>,
+    now: Instant,
+) {
     let tables = w.out.tables();
     let lane_of = |vtep: usize| {
         sh.lanes

@@ -828,15 +828,26 @@ pub(crate) fn end_pass(o: &mut Out, sh: &Shared, t: &Tables, r: &Routes, now: In
 /// tunnels its inside interface's outbound traffic takes (the VNet's, chosen on the packet as
 /// the stage left it, or the TUN device's), as a packet from the VNet would be.
 ///
-/// It is sealed on this worker, in the ESP lane's batch, while the CHILD_SA's other outbound
-/// packets are sealed in the VTEP lane's: the two may interleave their sequence numbers, so
-/// the peer can see them out of order (within its replay window they are accepted).
+/// A VNet's packet is held like a CE's for the tunnels ([`Out::ce_bound`]) and numbered in the
+/// VNet's VTEP lane after this batch (`worker::to_vtep_lanes`), where the CHILD_SA's other
+/// outbound packets are numbered, so the peer receives its sequence numbers in order. In relay
+/// mode (one ordering domain, the relay lane, whose inbound pass runs after its stage) and for
+/// the TUN device it is sealed here, in this batch: the peer may then see its sequence number
+/// out of order with the CHILD_SA's other packets (within its replay window, accepted).
 fn reflect_inbound(o: &mut Out, sh: &Shared, t: &Tables, inside: Inside, pkt: &mut [u8]) {
     let Some(parsed) = InnerIp::parse(pkt) else {
         return o.drop_packet(DropReason::InnerMalformed);
     };
     let len = parsed.len.min(pkt.len());
     let pkt = &mut pkt[..len];
+    if let (Inside::Vnet(v), None) = (&inside, &sh.cfg.relay) {
+        match t.overlay.vnets.get(*v) {
+            Some(vnet) if !o.ce_bound.hold(vnet, pkt) => o.drop_packet(DropReason::TooBig),
+            Some(_) => {}
+            None => o.drop_packet(DropReason::ReflectNoRoute),
+        }
+        return;
+    }
     let child = match inside {
         Inside::Vnet(v) => match t.overlay.vnets.get(v) {
             Some(vnet) => {
