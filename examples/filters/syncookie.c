@@ -28,6 +28,7 @@
  *                    the first SYN" (two workers doing so at once may each answer one SYN with
  *                    its own key; such a client's ACK is refused with a RST and it retries).
  * Counters (`verdicts`, per CPU): see the enum below.
+ * Built with -DSYNCOOKIE_PORT=N, port N is protected and `protected_ports` is not read.
  *
  * Compile: clang -O2 -g -target bpf -mcpu=v3 -I/usr/include/x86_64-linux-gnu -c syncookie.c */
 #include <linux/bpf.h>
@@ -330,8 +331,15 @@ int syncookie_in(struct xdp_md *ctx)
     if (!v.tcp)
         return XDP_PASS;
     __u16 port = v.tcp->dest;
+#ifdef SYNCOOKIE_PORT
+    /* A build with -DSYNCOOKIE_PORT=N protects port N instead of the map's ports (for a
+     * gateway on which no one can update maps yet, e.g. `protego bench fairness`). */
+    if (port != bpf_htons(SYNCOOKIE_PORT))
+        return XDP_PASS;
+#else
     if (!bpf_map_lookup_elem(&protected_ports, &port))
         return XDP_PASS;
+#endif
     /* IP options or a first fragment toward a protected port: not proxied, not let by. */
     if (parsed < 0)
         return count(MALFORMED, XDP_DROP);

@@ -260,6 +260,10 @@ impl UnderTest for ProtegoUnderTest {
         self.read_counters().ok()
     }
 
+    fn status(&self) -> Option<serde_json::Value> {
+        query_status(&self.socket).ok()
+    }
+
     fn check_running(&self) -> Result<()> {
         self.process
             .check_running()

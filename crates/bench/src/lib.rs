@@ -25,6 +25,7 @@ mod crypto_only;
 pub mod edge;
 mod error;
 pub mod failover;
+pub mod fairness;
 mod gateway;
 mod ike_client;
 mod imix;

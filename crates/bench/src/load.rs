@@ -49,6 +49,23 @@ pub(crate) trait UnderTest {
     fn check_running(&self) -> Result<()>;
     /// Stops it (SIGTERM, then SIGKILL after a grace period).
     fn stop(&self);
+    /// Its whole status document, if it has one (Protego's control socket).
+    fn status(&self) -> Option<serde_json::Value> {
+        None
+    }
+}
+
+/// The inbound packets of a [`Flow::Planned`] run: which tunnel each goes through and what
+/// it carries (`protego bench fairness` mixes tenants and kinds of traffic).
+pub(crate) trait InboundPlan {
+    /// The tunnel (an index into the flow's SAs) and the inner IP packet's length of the
+    /// run's packet `i`.
+    fn slot(&self, i: u32) -> (usize, usize);
+    /// Writes the run's packet `i` (as long as [`slot`](Self::slot) said) at the start of
+    /// `buf`, marking it with `tag` if it is a kind the receiver counts; None if it cannot.
+    fn write(&self, i: u32, tag: u32, buf: &mut [u8]) -> Option<()>;
+    /// The longest inner IP packet of the plan.
+    fn max_len(&self) -> usize;
 }
 
 /// Where the host side of the load generator sits.
@@ -81,6 +98,14 @@ pub(crate) enum Flow<'a> {
     /// VXLAN frames from the peer namespace to the host VTEP, forwarded by the gateway
     /// namespace's kernel: the path without any gateway in user space.
     Baseline,
+    /// ESP from the peer to the gateway as `plan` lays it out (tunnel, size and content per
+    /// packet); inner packets the plan marks are counted at the host.
+    Planned {
+        /// The tunnels' SAs.
+        sas: &'a [TunnelSa],
+        /// The packets.
+        plan: &'a dyn InboundPlan,
+    },
 }
 
 /// How to run.
@@ -129,6 +154,8 @@ pub(crate) struct RunResult {
     pub(crate) reorder: Option<(u64, u64)>,
     /// One-way delays of the recorded packets, nanoseconds.
     pub(crate) latency_ns: Vec<u64>,
+    /// The gateway's status documents just before and just after the run (Protego only).
+    pub(crate) status: Option<(serde_json::Value, serde_json::Value)>,
 }
 
 impl RunResult {
@@ -158,6 +185,7 @@ impl RunResult {
 
 /// The gateway's counters at one instant.
 struct Snapshot {
+    status: Option<serde_json::Value>,
     counters: Option<GatewayCounters>,
     udp_drops: u64,
     path_drops: u64,
@@ -187,6 +215,8 @@ pub(crate) struct Loadgen {
     pool: Pool,
     scratch: SendScratch,
     send_ns: Vec<u64>,
+    /// The tunnel of each packet of the pool of a [`Flow::Planned`] run.
+    planned: Vec<u32>,
     next_tag: u32,
     interrupted: Arc<AtomicBool>,
     /// The load generator's namespaces (for their interface drop counters).
@@ -254,6 +284,7 @@ impl Loadgen {
             pool: Pool::with_budget(pool_bytes),
             scratch: SendScratch::default(),
             send_ns: Vec::new(),
+            planned: Vec::new(),
             next_tag: (std::process::id() << 12) ^ 0x5a5a_0000,
             interrupted,
             namespaces: [bench.peer.clone(), bench.host.clone()],
@@ -328,6 +359,19 @@ impl Loadgen {
                 sa.next_seq.fetch_add(sent_t, Ordering::Relaxed);
             }
         }
+        if let Flow::Planned { sas, .. } = flow {
+            // The sent packets are the pool's first `sent`: each tunnel's next number follows
+            // the last of them it carried.
+            let mut per_tunnel = vec![0u64; sas.len()];
+            for &t in self.planned.iter().take(sent as usize) {
+                if let Some(n) = per_tunnel.get_mut(t as usize) {
+                    *n += 1;
+                }
+            }
+            for (sa, n) in sas.iter().zip(per_tunnel) {
+                sa.next_seq.fetch_add(n, Ordering::Relaxed);
+            }
+        }
         drain(&rx, sent);
         let mut result = RunResult {
             offered_pps: spec.rate_pps,
@@ -345,6 +389,9 @@ impl Loadgen {
                 result.gateway_drops = Some(d.drops);
                 result.worker_packets = d.worker_packets;
                 result.reorder = Some((d.max_reorder, d.replay_window));
+            }
+            if let (Some(s0), Some(s1)) = (before.status, after.status) {
+                result.status = Some((s0, s1));
             }
             g.check_running()?;
         }
@@ -385,6 +432,7 @@ impl Loadgen {
         };
         match flow {
             Flow::Baseline => (&self.rx_host, &self.base, plain(spec.record)),
+            Flow::Planned { .. } => (&self.rx_host, &self.natt, plain(spec.record)),
             Flow::Inbound { host, .. } => {
                 let rx = match host {
                     HostSide::Vxlan => &self.rx_host,
@@ -429,8 +477,13 @@ impl Loadgen {
     fn snapshot(&self, g: &dyn UnderTest) -> Result<Snapshot> {
         // The status query first: the thread answering it is then (nearly) done when the
         // CPU times are read.
-        let counters = g.counters();
+        let status = g.status();
+        let counters = match &status {
+            Some(s) => Some(GatewayCounters::from_status(s)),
+            None => g.counters(),
+        };
         Ok(Snapshot {
+            status,
             counters,
             udp_drops: cpu::netns_udp_drops(g.pid()),
             path_drops: cpu::path_drops(g.pid()) + self.loadgen_link_drops(),
@@ -475,6 +528,44 @@ impl Loadgen {
                             detail: format!("cannot build a {s}-byte packet"),
                         }
                     })?;
+                    let sealed = t.outbound.seal_with_seq(slot, s, seq).map_err(|source| {
+                        BenchError::Esp {
+                            spi: t.outbound.spi().0,
+                            source,
+                        }
+                    })?;
+                    Ok(Built {
+                        len: sealed.len,
+                        dst,
+                    })
+                })
+            }
+            Flow::Planned { sas, plan } => {
+                let first = sas.first().ok_or_else(|| BenchError::NoTraffic {
+                    case: "planned".to_owned(),
+                    detail: "no tunnel".to_owned(),
+                })?;
+                let max_len = first.outbound.sealed_len(plan.max_len());
+                let dst = BenchNet::gw_natt();
+                let mut used = vec![0u64; sas.len()];
+                let planned = &mut self.planned;
+                planned.clear();
+                self.pool.build(spec.packets, max_len, train, |i, slot| {
+                    let (k, s) = plan.slot(i);
+                    let bad = |detail: String| BenchError::NoTraffic {
+                        case: "planned".to_owned(),
+                        detail,
+                    };
+                    let t = sas
+                        .get(k)
+                        .ok_or_else(|| bad(format!("packet {i}: no tunnel {k}")))?;
+                    let seq = t.next_seq.load(Ordering::Relaxed) + used[k];
+                    used[k] += 1;
+                    planned.push(k as u32);
+                    let hl = t.outbound.header_len();
+                    slot.get_mut(hl..hl + s)
+                        .and_then(|buf| plan.write(i, tag, buf))
+                        .ok_or_else(|| bad(format!("cannot build a {s}-byte packet")))?;
                     let sealed = t.outbound.seal_with_seq(slot, s, seq).map_err(|source| {
                         BenchError::Esp {
                             spi: t.outbound.spi().0,

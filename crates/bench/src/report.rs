@@ -436,6 +436,7 @@ mod tests {
             worker_packets: vec![300, 100],
             reorder: Some((12, 8192)),
             latency_ns: Vec::new(),
+            status: None,
         }
     }
 

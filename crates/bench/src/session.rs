@@ -472,7 +472,8 @@ fn protego_binary(options: &Options) -> Result<PathBuf> {
     Ok(testbed::workspace_bin("protego")?)
 }
 
-fn machine(cpus: u32) -> Machine {
+/// The machine the benchmark runs on.
+pub(crate) fn machine(cpus: u32) -> Machine {
     let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease")
         .map(|s| s.trim().to_owned())
         .unwrap_or_default();

@@ -3,6 +3,8 @@
 //! beside strongSwan, prints a table or one JSON document, and removes every namespace and
 //! process it started — also on Ctrl-C.
 
+mod fairness;
+
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::atomic::Ordering;
@@ -89,6 +91,13 @@ enum BenchScenario {
     /// at 1, 1 M and 16 M per-VM overlay entries (CPU per packet, Mpps per core, drops,
     /// latency), and the overlay table alone (needs root; see docs/performance.md).
     Edge(EdgeArgs),
+    /// CPU fairness between tenants (issue 18 §4, the offloading paper's experiment): a SYN
+    /// flood with the SYN-cookie program, a DNS flood with the rate limiter and IMIX without a
+    /// program through one worker under overload, with cpu_fairness off, account and enforce;
+    /// per-tenant CPU shares against their weighted fair shares, an idle tenant, the charge's
+    /// cost, 1 against 64 tenants, a program that runs to its instruction limit (needs root
+    /// and clang-14; see docs/performance.md).
+    Fairness(fairness::FairArgs),
 }
 
 /// Options of `protego bench edge`.
@@ -336,6 +345,7 @@ pub(crate) fn run(args: &BenchArgs) -> ExitCode {
             gateway_bin,
         }) => return run_failover(*json, *file_store, gateway_bin.clone()),
         Some(BenchScenario::Edge(edge)) => return run_edge(edge),
+        Some(BenchScenario::Fairness(f)) => return fairness::run(f),
         None => {}
     }
     let options = match args.options() {

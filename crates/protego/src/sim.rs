@@ -14,7 +14,7 @@
 //! published.
 
 mod font;
-mod plot;
+pub(crate) mod plot;
 mod png;
 
 use std::fmt::Write as _;
@@ -636,10 +636,10 @@ fn tolerated(o: &Outcome) -> usize {
 }
 
 const BLACK: [u8; 3] = [0, 0, 0];
-const GREY: [u8; 3] = [150, 150, 150];
+pub(crate) const GREY: [u8; 3] = [150, 150, 150];
 const GREEN: [u8; 3] = [0, 140, 60];
-const RED: [u8; 3] = [210, 40, 30];
-const BLUE: [u8; 3] = [30, 80, 200];
+pub(crate) const RED: [u8; 3] = [210, 40, 30];
+pub(crate) const BLUE: [u8; 3] = [30, 80, 200];
 const ORANGE: [u8; 3] = [230, 140, 0];
 
 /// A run's per-minute values as (hour, value) points.

@@ -69,6 +69,20 @@ pub(crate) enum Style {
     Step,
     /// Lines with a marker at every point.
     LineMarkers,
+    /// A marker at every point, no line (values of separate things side by side).
+    Markers,
+}
+
+impl Style {
+    /// Whether points are joined by lines.
+    fn lines(self) -> bool {
+        self != Style::Markers
+    }
+
+    /// Whether each point gets a marker.
+    fn markers(self) -> bool {
+        matches!(self, Style::LineMarkers | Style::Markers)
+    }
 }
 
 /// One series.
@@ -219,11 +233,13 @@ impl Chart {
             } else {
                 ""
             };
-            s.push_str(&format!(
-                "<polyline fill=\"none\" stroke=\"{color}\" stroke-width=\"2\"{dash} points=\"{}\"/>\n",
-                points.join(" ")
-            ));
-            if series.style == Style::LineMarkers {
+            if series.style.lines() {
+                s.push_str(&format!(
+                    "<polyline fill=\"none\" stroke=\"{color}\" stroke-width=\"2\"{dash} points=\"{}\"/>\n",
+                    points.join(" ")
+                ));
+            }
+            if series.style.markers() {
                 for (k, &(x, y)) in series.points.iter().enumerate() {
                     let (px, py) = (self.px(x), self.py(y));
                     s.push_str(&format!(
@@ -321,10 +337,12 @@ impl Chart {
             // Steps change every minute or so: thin lines keep them readable.
             let size = if series.style == Style::Step { 1 } else { 2 };
             let mut dash = 0usize;
-            for w in path.windows(2) {
-                dash = c.line_dashed(w[0], w[1], color, size, series.dashed, dash);
+            if series.style.lines() {
+                for w in path.windows(2) {
+                    dash = c.line_dashed(w[0], w[1], color, size, series.dashed, dash);
+                }
             }
-            if series.style == Style::LineMarkers {
+            if series.style.markers() {
                 for (k, &(x, y)) in series.points.iter().enumerate() {
                     let (px, py) = (self.px(x), self.py(y));
                     c.disc(px, py, 4, color);
