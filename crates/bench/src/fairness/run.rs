@@ -56,6 +56,10 @@ pub fn run(
     let bench = BenchNet::build(&bed)?;
     let interrupted = Arc::new(AtomicBool::new(false));
     let mut load = Loadgen::new(&bench, opts.pool_bytes, interrupted)?;
+    if let Some(n) = opts.nice {
+        // Threads inherit their creator's nice value: the IKE threads started later too.
+        renice(std::process::id(), n)?;
+    }
     let dir = bed.dir().join("fair");
     std::fs::create_dir_all(&dir)
         .map_err(|e| BenchError::io(format!("create {}", dir.display()), e))?;
@@ -122,6 +126,7 @@ pub fn run(
             workers: opts.workers,
             cipher: opts.cipher.name().to_owned(),
             gateway_options: opts.gateway_options.clone(),
+            nice: opts.nice,
             dns_rate: (DNS_RATE, DNS_BURST),
             notes: notes(),
         },
@@ -136,7 +141,7 @@ pub fn run(
 fn notes() -> Vec<String> {
     vec![
         "cpu% = the tenant's part of the CPU the gateway charged to tenants over the run (protego status `tenants` cpu_ns); absent with cpu_fairness = off, so `account` (charged, nothing refused) stands for \"without fairness\"".to_owned(),
-        "fair% = weighted max-min fair share: weight over the weights of the tenants that send, a tenant wanting less (its offered packets times its cost per packet in the account runs) keeping only what it wants".to_owned(),
+        "fair% = weighted max-min fair share: weight over the weights of the tenants that send, a tenant wanting less keeping only what it wants (its demand: its packets that reached the gateway, refused ones included, times its cost per packet in the account runs, over the CPU charged; median over the charged runs)".to_owned(),
         "dev = cpu% / fair% - 1; Jain = Jain's index of cpu%/fair% over the tenants that send".to_owned(),
         "dec.Mpps = packets the gateway decrypted for the tenant (its CHILD_SAs' packets_in), i.e. admitted past the fairness gate; the tenant's program may then drop them (DNS limiter) or answer them (SYN cookie, XDP_TX)".to_owned(),
         "gateway ns/packet = the gateway process's CPU time (schedstat of all its threads) over the run per decrypted packet".to_owned(),
@@ -248,7 +253,10 @@ fn run_one(
         &socket,
         ctx.opts.keep,
     )?;
-    let result = measure(ctx, load, case, mode, round, &gw);
+    let result = match ctx.opts.nice {
+        Some(n) => renice(gw.pid(), n).and_then(|()| measure(ctx, load, case, mode, round, &gw)),
+        None => measure(ctx, load, case, mode, round, &gw),
+    };
     let _ = load.set_ike_inbox(None);
     gw.stop();
     result
@@ -301,6 +309,30 @@ fn measure(
         path: gw.socket().to_owned(),
         reason: "no status document around the run".to_owned(),
     })
+}
+
+/// Sets the nice value of every thread of process `pid` (Linux keeps one per thread).
+fn renice(pid: u32, nice: i32) -> Result<()> {
+    let dir = format!("/proc/{pid}/task");
+    let tasks = std::fs::read_dir(&dir).map_err(|e| BenchError::io(format!("list {dir}"), e))?;
+    for task in tasks.flatten() {
+        let Some(tid) = task
+            .file_name()
+            .to_str()
+            .and_then(|t| t.parse::<libc::id_t>().ok())
+        else {
+            continue;
+        };
+        // SAFETY: setpriority takes plain integers and touches no memory of ours.
+        let rc = unsafe { libc::setpriority(libc::PRIO_PROCESS, tid, nice) };
+        if rc != 0 {
+            return Err(BenchError::io(
+                format!("set the nice value of thread {tid} of {pid} to {nice}"),
+                std::io::Error::last_os_error(),
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// Sends a few packets through `sas` until they arrive.
@@ -422,6 +454,12 @@ pub(crate) fn figures(
     let (c0, c1) = (tenant_counters(s0), tenant_counters(s1));
     let offered = plan.counts(r.sent);
     let unattributed = |s: &Value| s.get("cpu_unattributed_ns").and_then(Value::as_u64);
+    // Absent while zero.
+    let capped = |s: &Value| {
+        s.get("cpu_capped_phases")
+            .and_then(Value::as_u64)
+            .or(Some(0))
+    };
     let charged = mode != Mode::Off;
     let tenants = case
         .tenants
@@ -466,6 +504,7 @@ pub(crate) fn figures(
         host_delivered: r.delivered,
         socket_drops: r.gateway_socket_drops,
         unattributed_ns: since(unattributed(s1), unattributed(s0)).filter(|_| charged),
+        capped_phases: charged.then(|| since(capped(s1), capped(s0)).unwrap_or(0)),
         loadavg: std::fs::read_to_string("/proc/loadavg")
             .ok()
             .and_then(|s| s.split_whitespace().next()?.parse().ok()),

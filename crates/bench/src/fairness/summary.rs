@@ -24,10 +24,12 @@ fn ratio(a: u64, b: u64) -> Option<f64> {
     (b > 0).then(|| a as f64 / b as f64)
 }
 
-/// Each tenant's demand as a share of the worker, from the case's `account` runs: what it was
-/// offered times what a packet of it cost, over all the CPU charged in the run (medians over
-/// the runs). None for a tenant without such a run (taken as more than the worker); 0 for a
-/// tenant that sends nothing.
+/// Each tenant's demand as a share of the worker: the packets of it that reached the gateway
+/// (counted by the charge, refused ones included) times what one of its packets costs when
+/// served (the median of the case's `account` runs, where nothing is refused), over all the
+/// CPU charged in the run; the median over the case's enforcing runs (accounting ones if
+/// there are none). None for a tenant whose cost is unknown (taken as more than the worker);
+/// 0 for a tenant that sends nothing.
 fn demands(case: &CaseSpec, runs: &[&RunFigures]) -> Vec<Option<f64>> {
     case.tenants
         .iter()
@@ -36,14 +38,29 @@ fn demands(case: &CaseSpec, runs: &[&RunFigures]) -> Vec<Option<f64>> {
             if t.share == 0 {
                 return Some(0.0);
             }
-            let per_run: Vec<f64> = runs
+            let costs: Vec<f64> = runs
                 .iter()
                 .filter(|r| r.mode == Mode::Account.name())
                 .filter_map(|r| {
                     let tr = r.tenants.get(k)?;
+                    ratio(tr.cpu_ns?, tr.counted?)
+                })
+                .collect();
+            let cost = median(&costs)?;
+            // Arrivals while enforcing (refused packets are cheap, so the gateway reads more
+            // of them than while accounting), else while accounting.
+            let mode = if runs.iter().any(|r| r.mode == Mode::Enforce.name()) {
+                Mode::Enforce
+            } else {
+                Mode::Account
+            };
+            let per_run: Vec<f64> = runs
+                .iter()
+                .filter(|r| r.mode == mode.name())
+                .filter_map(|r| {
                     let charged: u64 = r.tenants.iter().filter_map(|t| t.cpu_ns).sum();
-                    let cost = ratio(tr.cpu_ns?, tr.counted?)?;
-                    (charged > 0).then(|| tr.offered as f64 * cost / charged as f64)
+                    let arrived = r.tenants.get(k)?.counted?;
+                    (charged > 0).then(|| arrived as f64 * cost / charged as f64)
                 })
                 .collect();
             median(&per_run)
@@ -127,6 +144,7 @@ pub(crate) fn summarize(cases: &[CaseSpec], runs: &[RunFigures]) -> Vec<CaseSumm
                 gateway_cores: med(&|r| Some(r.gateway_cpu_ns as f64 / 1e9 / r.span_s))
                     .unwrap_or(0.0),
                 loadavg: med(&|r| r.loadavg),
+                capped_phases_per_s: med(&|r| Some(r.capped_phases? as f64 / r.span_s)),
                 jain,
                 max_deviation,
                 tenants,
@@ -397,7 +415,7 @@ pub fn render(r: &FairReport) -> String {
             .map_or("", |k| k.purpose);
         let _ = writeln!(
             s,
-            "\n{} / {} ({purpose}), median of {}: offered {:.3} Mpps, decrypted {:.3} Mpps, at the host {:.3} Mpps, gateway {:.0} ns/packet, {:.2} cores (load average {}), Jain {}, largest deviation {}",
+            "\n{} / {} ({purpose}), median of {}: offered {:.3} Mpps, decrypted {:.3} Mpps, at the host {:.3} Mpps, gateway {:.0} ns/packet, {:.2} cores (load average {}), capped charge phases {}/s, Jain {}, largest deviation {}",
             c.case,
             c.mode,
             c.rounds,
@@ -407,6 +425,7 @@ pub fn render(r: &FairReport) -> String {
             c.cpu_ns_per_packet,
             c.gateway_cores,
             opt(c.loadavg, |l| format!("{l:.1}")),
+            opt(c.capped_phases_per_s, |p| format!("{p:.0}")),
             opt(c.jain, |j| format!("{j:.3}")),
             opt(c.max_deviation, |d| format!("{:.1} %", d * 100.0)),
         );

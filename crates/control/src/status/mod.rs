@@ -65,6 +65,11 @@ pub struct StatusReport {
     /// and weight.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub filters: Vec<FilterStatus>,
+    /// Batch phases whose CPU charge crossed more than 8 tenant runs, so that the rest of the
+    /// phase was split among its packets by count (an approximation; docs/architecture.md,
+    /// "CPU charge").
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub cpu_capped_phases: u64,
 }
 
 /// One running tenant filter and what it did since it was loaded (`protego status`,
@@ -495,6 +500,7 @@ impl StatusReport {
             filters: Vec::new(),
             tenants,
             cpu_unattributed_ns: stats.cpu_unattributed_ns,
+            cpu_capped_phases: stats.cpu_capped_phases,
         }
     }
 }

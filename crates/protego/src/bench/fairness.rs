@@ -56,6 +56,10 @@ pub(crate) struct FairArgs {
     /// An extra `key = value` line for the gateway's `[gateway]` table (repeatable).
     #[arg(long, value_name = "LINE")]
     gateway_option: Vec<String>,
+    /// Run the gateway's and the load generator's threads at this nice value (-20..19), so
+    /// that other work on a shared machine takes less of their CPU (e.g. -10).
+    #[arg(long, value_name = "N", allow_hyphen_values = true)]
+    nice: Option<i32>,
 }
 
 impl FairArgs {
@@ -92,6 +96,7 @@ impl FairArgs {
         o.protego_bin = self.gateway_bin.clone();
         o.keep = self.keep;
         o.gateway_options = self.gateway_option.clone();
+        o.nice = self.nice;
         o.validate()?;
         Ok(o)
     }
@@ -234,6 +239,8 @@ mod tests {
             "2000000",
             "--duration",
             "2s",
+            "--nice",
+            "-10",
         ])
         .expect("parses");
         let o = cli.args.options().expect("valid");
@@ -244,6 +251,7 @@ mod tests {
         assert_eq!(o.modes, Some(vec![Mode::Off, Mode::Enforce]));
         assert_eq!((o.rounds, o.rate_pps), (5, 2e6));
         assert_eq!(o.duration, std::time::Duration::from_secs(2));
+        assert_eq!(o.nice, Some(-10));
         let bad = Cli::try_parse_from(["x", "--cases", "weighted,nope"]).expect("parses");
         assert!(bad.args.options().is_err());
         let bad = Cli::try_parse_from(["x", "--rounds", "0"]).expect("parses");
@@ -266,6 +274,7 @@ mod tests {
                 workers: 1,
                 cipher: "aes256gcm".into(),
                 gateway_options: Vec::new(),
+                nice: None,
                 dns_rate: (1000, 100),
                 notes: Vec::new(),
             },
@@ -299,6 +308,7 @@ mod tests {
             cpu_ns_per_packet: 0.0,
             gateway_cores: 0.0,
             loadavg: None,
+            capped_phases_per_s: None,
             jain: shares[0].map(|_| 1.0),
             max_deviation: None,
             tenants: vec![
