@@ -142,9 +142,10 @@ impl CaseSpec {
 }
 
 /// Every case's name, in run order.
-pub const CASES: [&str; 8] = [
+pub const CASES: [&str; 9] = [
     "equal",
     "weighted",
+    "weighted-skew",
     "idle",
     "overhead",
     "scale1",
@@ -232,6 +233,13 @@ pub fn case(name: &str) -> Result<CaseSpec> {
             name: "weighted",
             purpose: "the paper's three tenants, weights 1:2:3, offered packets 1:2:4",
             tenants: paper_tenants([1, 2, 3], WEIGHTED_SHARES),
+            modes: all,
+            block: BLOCK,
+        },
+        "weighted-skew" => CaseSpec {
+            name: "weighted-skew",
+            purpose: "the paper's three tenants, weights 1:2:3, offered packets 1:1:2 (shares without fairness far from the weights)",
+            tenants: paper_tenants([1, 2, 3], [1, 1, 2]),
             modes: all,
             block: BLOCK,
         },
@@ -337,6 +345,8 @@ pub struct FairOptions {
     /// Run the gateway's and the load generator's threads at this nice value (-20..=19;
     /// None: as started), so that other work on a shared machine takes less of their CPU.
     pub nice: Option<i32>,
+    /// Packets of one tenant in a row in every case (None: each case's own).
+    pub block: Option<u32>,
 }
 
 impl FairOptions {
@@ -355,6 +365,7 @@ impl FairOptions {
             keep: false,
             gateway_options: Vec::new(),
             nice: None,
+            block: None,
         })
     }
 
@@ -390,6 +401,9 @@ impl FairOptions {
         }
         if self.nice.is_some_and(|n| !(-20..=19).contains(&n)) {
             return Err(bad("--nice", format!("{:?}", self.nice), "-20 to 19"));
+        }
+        if self.block.is_some_and(|b| !(1..=4096).contains(&b)) {
+            return Err(bad("--block", format!("{:?}", self.block), "1 to 4096"));
         }
         if self.modes.as_ref().is_some_and(|m| m.is_empty()) {
             return Err(bad("--modes", String::new(), "the list is empty"));
@@ -544,6 +558,8 @@ pub struct FairSettings {
     pub gateway_options: Vec<String>,
     /// The nice value of the gateway's and the load generator's threads.
     pub nice: Option<i32>,
+    /// Packets of one tenant in a row, if set for every case (`--block`).
+    pub block: Option<u32>,
     /// The DNS limiter's rate per source (queries/s) and burst.
     pub dns_rate: (u64, u64),
     /// How to read the figures.

@@ -127,6 +127,7 @@ pub fn run(
             cipher: opts.cipher.name().to_owned(),
             gateway_options: opts.gateway_options.clone(),
             nice: opts.nice,
+            block: opts.block,
             dns_rate: (DNS_RATE, DNS_BURST),
             notes: notes(),
         },
@@ -288,7 +289,13 @@ fn measure(
         .take_while(|&&k| case.tenants[k].program != Program::Spin)
         .count();
     warm_up(load, &sas[..passing], gw)?;
-    let plan = plan_of(case)?;
+    let plan = match ctx.opts.block {
+        Some(block) => plan_of(&CaseSpec {
+            block,
+            ..case.clone()
+        })?,
+        None => plan_of(case)?,
+    };
     let spec = RunSpec {
         size: PacketSize::Fixed(64),
         packets: (ctx.opts.rate_pps * ctx.opts.duration.as_secs_f64()).clamp(1000.0, 4e9) as u32,

@@ -192,7 +192,7 @@ fn not_measured(name: &str, requirement: &str, unit: &str, why: &str) -> Target 
 /// The targets (§4), from the summaries.
 pub(crate) fn targets(s: &[CaseSummary]) -> Vec<Target> {
     let mut out = Vec::new();
-    for case in ["equal", "weighted"] {
+    for case in ["equal", "weighted", "weighted-skew"] {
         let name = format!("fair shares ({case})");
         let requirement = format!(
             "under overload, enforcing: every tenant's CPU share within ±{:.0} % of its weighted fair share, Jain's index ≥ {JAIN_MIN}",
