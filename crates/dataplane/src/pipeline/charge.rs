@@ -458,6 +458,26 @@ impl Charge {
         }
     }
 
+    /// A run of `packets` packets of `slot`'s tenant that is measured even in a capped phase:
+    /// a feature chain, whose tenant's program may cost anything (one that runs to its
+    /// instruction limit costs 30 µs a packet, against 1 µs for the rest of a packet's way).
+    /// Split by packet count with the capped tail, such a chain's cost would be paid by every
+    /// tenant of the batch (seen in `protego bench fairness`, case `spin`). One counter reading
+    /// at its start (the tail so far is split then) and one at its end (the next
+    /// [`switch`](Self::switch), which resumes the capped tail, or the phase's end): two reads
+    /// per chain and batch at most.
+    pub(crate) fn exact(&mut self, slot: TenantSlot, packets: u32) {
+        if self.tail.is_none() && self.runs < CAP_RUNS {
+            // Below the cap it is a run like any other (and does not reach the cap).
+            return self.switch(slot, packets);
+        }
+        let now = self.clock.now();
+        self.close(now);
+        self.current = slot;
+        // Past the cap: the next switch ends this run with a reading, then caps again.
+        self.runs = self.runs.max(CAP_RUNS) + 1;
+    }
+
     /// Ends the current phase (its last run, or its capped tail, is charged); the next one
     /// begins with no tenant known.
     pub(crate) fn phase(&mut self) {

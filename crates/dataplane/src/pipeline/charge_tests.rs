@@ -114,6 +114,33 @@ fn a_phase_past_the_cap_is_split_by_packet_count() {
 }
 
 #[test]
+fn a_feature_chain_past_the_cap_is_charged_to_its_tenant_alone() {
+    // As above up to the cap (8 runs of 10 cycles, alternating tenants 0 and 1), 4 more
+    // packets in the capped tail (50 cycles for 5 packets: 3 of tenant 0, 2 of tenant 1), then
+    // tenant 2's feature chain of 4 packets takes 1000 cycles, then one packet of tenant 0
+    // goes on (20 cycles, capped again) until the phase ends.
+    let mut readings = vec![0, 0];
+    for k in 0..=u64::from(CAP_RUNS) {
+        readings.push(10 * k);
+    }
+    readings.extend([130, 1130, 1150]);
+    let (mut c, script) = charge(&readings);
+    c.start();
+    c.received();
+    for i in 0..(CAP_RUNS as usize + 1 + 4) {
+        assert!(c.enter((i % 2) as TenantSlot));
+    }
+    c.exact(2, 4);
+    c.switch(0, 1);
+    let (v, f) = fold(&mut c, 13);
+    assert!(script.lock().expect("script").is_empty());
+    // Tenant 0: 40 measured + 30 of the tail + 20 after the chain; tenant 1: 40 + 20; the
+    // chain's 1000 cycles are tenant 2's alone (its packets were counted where they entered).
+    assert_eq!(v, vec![(0, 90, 7), (1, 60, 6), (2, 1000, 0)]);
+    assert_eq!(f.capped, 2);
+}
+
+#[test]
 fn packets_without_a_tenant_leave_their_share_unattributed() {
     let (mut c, _script) = charge(&[0, 90, 90, 90]);
     c.start();

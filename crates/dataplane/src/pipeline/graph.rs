@@ -690,13 +690,14 @@ pub(crate) fn end_pass(o: &mut Out, sh: &Shared, t: &Tables, r: &Routes, now: In
         return;
     }
     let mut held = std::mem::replace(&mut o.held, crate::feature::Held::new(0));
-    // The charge: each chain is a run of its tenant, and so is each packet's way on after it.
+    // The charge: each chain is a run of its tenant, measured even past the cap (its programs
+    // may cost anything), and so is each packet's way on after it.
     let mut charge = o.charge.take();
     let worker = o.worker.unwrap_or(0);
     held.run(now, worker, |chain, packets| {
         if let Some(c) = charge.as_deref_mut() {
             let n = u32::try_from(packets).unwrap_or(u32::MAX);
-            c.switch(t.tenants.slot(chain.tenant()), n);
+            c.exact(t.tenants.slot(chain.tenant()), n);
         }
     });
     o.charge = charge;
