@@ -181,8 +181,13 @@ async fn session(
                         if let Err(e) = &result {
                             warn!(directive = id, error = %e, "directive rejected");
                         }
-                        let kept = matches!(result, Ok(Answer::Kept));
-                        send(pb::node_message::Msg::Ack(pb::Ack { id, error: result.err().unwrap_or_default(), kept })).await?;
+                        let ack = match result {
+                            Ok(Answer::Applied) => pb::Ack { id, ..pb::Ack::default() },
+                            Ok(Answer::Kept) => pb::Ack { id, kept: true, ..pb::Ack::default() },
+                            Ok(Answer::FilterMap(m)) => pb::Ack { id, filter_map: Some(*m), ..pb::Ack::default() },
+                            Err(error) => pb::Ack { id, error, ..pb::Ack::default() },
+                        };
+                        send(pb::node_message::Msg::Ack(ack)).await?;
                     }
                     Some(pb::control_message::Msg::Welcome(_)) | None => {
                         debug!("unexpected message from control; ignored");

@@ -6,7 +6,8 @@
 //! gRPC server; then the control loop, after the first data and steer nodes registered (or
 //! after [`STARTUP_WAIT`], so a cluster that starts in any order converges: CHILD_SAs that
 //! find no data node move to the first one that registers). Then the control socket, with
-//! `nodes`, `migrate`, `drain` and `undrain` added to the commands of `protego up`.
+//! `nodes`, `migrate`, `drain` and `undrain` added to the commands of `protego up` (whose
+//! `filter` commands reach every data node through the [`Cluster`]).
 
 use crate::data_node::NodeError;
 use crate::election::{Election, ElectionOptions, Role};
@@ -255,8 +256,10 @@ impl ControlNode {
         let mut store: Box<dyn control::store::Store> = Box::new(
             control::store::SealedStore::open(store, &config.store_encryption)?,
         );
-        let (config, _) =
+        let (mut config, _) =
             control::applied::effective(config.clone(), &mut *store, discard_applied)?;
+        // The filters loaded with `protego ctl filter`, if any, in place of the file's.
+        control::filters::effective(&mut config, &mut *store, discard_applied)?;
         let config = &config;
         let (to_control, from_nodes) = crossbeam_channel::bounded(CONTROL_QUEUE);
         let ike = IkeRelay::bind(
@@ -301,6 +304,14 @@ impl ControlNode {
             Some(p) => cluster.with_provider(p),
             None => cluster,
         });
+        // The tenants' CPU fairness and filters, before any data node registers: each gets
+        // them right after its inside configuration, before a CHILD_SA is placed on it.
+        cluster
+            .set_cpu_fairness(&config.cpu_fairness())
+            .map_err(NodeError::Dataplane)?;
+        cluster
+            .set_filters(&config.filters)
+            .map_err(NodeError::Dataplane)?;
         // Customer attachments on steer nodes' ports (fixed until a restart, as in the
         // embedded form): placed once the steer nodes announce their ports.
         cluster.set_attachments(&config.dataplane.attachments, &cc.attachment_steers);
@@ -662,13 +673,6 @@ impl RequestHandler for ClusterResponder {
                     Err(e) => json!({ "error": e.to_string() }),
                 }
             }
-            Request::FilterLoad { .. }
-            | Request::FilterUnload { .. }
-            | Request::FilterShow { .. }
-            | Request::FilterMap { .. } => json!({
-                "error": "tenant filters need `protego up`: the distributed form does not ship \
-                          filters to its data nodes yet"
-            }),
             other => self.inner.handle(other),
         }
     }

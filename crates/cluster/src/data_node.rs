@@ -103,6 +103,8 @@ struct DataApplier {
     boot_id: u64,
     last: Mutex<LastReport>,
     routes: Arc<RouteSide>,
+    /// The tenant filters' objects the node holds.
+    filter_objects: filters::FilterObjects,
 }
 
 /// Where the data node fetches the route snapshot from.
@@ -319,6 +321,7 @@ impl Applier for DataApplier {
     fn apply(&self, op: pb::directive::Op) -> Result<Answer, String> {
         match op {
             pb::directive::Op::RouteChanges(c) => self.route_changes(&c),
+            pb::directive::Op::FilterMap(r) => self.filter_map(r),
             op => self.apply_op(op).map(|()| Answer::Applied),
         }
     }
@@ -327,11 +330,13 @@ impl Applier for DataApplier {
         let stats = self.dp.stats();
         let mut last = self.last.lock().unwrap_or_else(|e| e.into_inner());
         let routes = self.routes.version();
-        pb::Report {
+        let mut report = pb::Report {
             routes_epoch: routes.epoch,
             routes_seq: routes.seq,
             ..build_report(&stats, &mut last, Instant::now())
-        }
+        };
+        self.filter_report(&stats, &mut report);
+        report
     }
 }
 
@@ -426,6 +431,10 @@ impl DataApplier {
                     .map_err(|e| e.to_string())
             }
             Op::RouteChanges(c) => self.route_changes(&c).map(drop),
+            Op::StageFilterObject(o) => self.stage_filter_object(o),
+            Op::SetFilters(f) => self.set_filters(&f),
+            Op::SetCpuFairness(f) => self.set_cpu_fairness(&f),
+            Op::FilterMap(r) => self.filter_map(r).map(drop),
             Op::RoutesChanged(c) => {
                 let at = routebook::RouteVersion {
                     epoch: c.epoch,
@@ -534,6 +543,10 @@ pub(crate) fn op_name(op: &pb::directive::Op) -> &'static str {
         Op::RemovePortTag(_) => "remove_port_tag",
         Op::RouteChanges(_) => "route_changes",
         Op::RoutesChanged(_) => "routes_changed",
+        Op::StageFilterObject(_) => "stage_filter_object",
+        Op::SetFilters(_) => "set_filters",
+        Op::SetCpuFairness(_) => "set_cpu_fairness",
+        Op::FilterMap(_) => "filter_map",
     }
 }
 
@@ -603,6 +616,7 @@ impl DataNode {
             boot_id: boot_id(),
             last: Mutex::new(LastReport::default()),
             routes: Arc::clone(&routes),
+            filter_objects: filters::FilterObjects::default(),
         });
         let agent = Agent::start(
             "data",
@@ -663,13 +677,16 @@ fn data_event(msg: ToControl) -> Option<pb::node_event::Event> {
     }
 }
 
+#[path = "data_node_filters.rs"]
+mod filters;
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use dataplane::{ChildStats, WorkerStats};
 
     /// A data node's applier over a relay-mode data plane on loopback (no session).
-    fn applier() -> DataApplier {
+    pub(super) fn applier() -> DataApplier {
         for attempt in 0..20u16 {
             let data = DataSection {
                 geneve: "127.0.0.1:0".parse().unwrap(),
@@ -699,6 +716,7 @@ mod tests {
                 dp,
                 boot_id: 1,
                 last: Mutex::new(LastReport::default()),
+                filter_objects: filters::FilterObjects::default(),
             };
         }
         panic!("no free VXLAN port");

@@ -26,13 +26,15 @@ pub enum LinkError {
 }
 
 /// How a node took a directive it did not refuse.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum Answer {
     /// Applied.
     Applied,
     /// Kept, to be applied later: a data node fetching the route snapshot keeps the route
     /// changes it receives meanwhile (`Ack.kept`).
     Kept,
+    /// Applied, with the answer to a `filter_map` directive (`Ack.filter_map`).
+    FilterMap(Box<pb::FilterMapResult>),
 }
 
 /// A node's answer as it travels to the waiter.
@@ -211,6 +213,8 @@ impl SessionLink {
                 Err(ack.error)
             } else if ack.kept {
                 Ok(Answer::Kept)
+            } else if let Some(m) = ack.filter_map {
+                Ok(Answer::FilterMap(Box::new(m)))
             } else {
                 Ok(Answer::Applied)
             };
@@ -277,12 +281,11 @@ mod tests {
         link.complete(pb::Ack {
             id: ids[1],
             error: "no such SA".into(),
-            kept: false,
+            ..pb::Ack::default()
         });
         link.complete(pb::Ack {
             id: ids[0],
-            error: String::new(),
-            kept: false,
+            ..pb::Ack::default()
         });
         let deadline = Instant::now() + Duration::from_secs(1);
         assert_eq!(a.wait_until(deadline), Ok(()));
@@ -318,8 +321,8 @@ mod tests {
         };
         link.complete(pb::Ack {
             id,
-            error: String::new(),
             kept: true,
+            ..pb::Ack::default()
         });
         let deadline = Instant::now() + Duration::from_secs(1);
         assert_eq!(a.wait_answer_until(deadline), Ok(Answer::Kept));

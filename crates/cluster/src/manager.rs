@@ -112,6 +112,8 @@ struct Shell {
     links: HashMap<u32, Arc<dyn NodeLink>>,
     /// Answers to shares, by the core's token, polled as they come.
     acks: HashMap<u64, Ack>,
+    /// The tenant filters and CPU fairness the data nodes get, and what they report.
+    filters: filters::FilterShip,
 }
 
 /// The cluster: registry, placement, steering. Shared by the control loop (as its
@@ -186,6 +188,7 @@ impl Cluster {
                 core,
                 links: HashMap::new(),
                 acks: HashMap::new(),
+                filters: filters::FilterShip::default(),
             })),
         }
     }
@@ -278,6 +281,10 @@ impl Cluster {
             }
         }
         let q = self.carry(&mut sh, None);
+        if role == Role::Data {
+            // After its inside configuration, before anything placed on it.
+            self.filters_on_hello(&mut sh, id, &name);
+        }
         drop(sh);
         if role == Role::Steer {
             // The newcomer starts with what the others gave up: wait for them to confirm (not
@@ -735,6 +742,34 @@ impl DataPath for Cluster {
         self.cluster_route_stats()
     }
 
+    /// See [`Cluster::cluster_set_cpu_fairness`].
+    fn set_cpu_fairness(
+        &self,
+        fairness: &datapath::CpuFairnessConfig,
+    ) -> Result<(), DataplaneError> {
+        self.cluster_set_cpu_fairness(fairness)
+    }
+
+    /// See [`Cluster::cluster_set_filters`].
+    fn set_filters(&self, filters: &[datapath::FilterConfig]) -> Result<(), DataplaneError> {
+        self.cluster_set_filters(filters)
+    }
+
+    /// See [`Cluster::cluster_filter_report`].
+    fn filter_report(&self, tenant: Option<&ids::TenantId>) -> datapath::FilterReport {
+        self.cluster_filter_report(tenant)
+    }
+
+    /// See [`Cluster::cluster_filter_map`].
+    fn filter_map(
+        &self,
+        tenant: &ids::TenantId,
+        map: &str,
+        op: datapath::FilterMapOp,
+    ) -> Result<datapath::FilterMapAnswer, DataplaneError> {
+        self.cluster_filter_map(tenant, map, op)
+    }
+
     fn stats(&self) -> DataplaneStats {
         let sh = self.state();
         let mut drops: BTreeMap<String, u64> = BTreeMap::new();
@@ -751,6 +786,7 @@ impl DataPath for Cluster {
         }
         DataplaneStats {
             drops: drops.into_iter().collect(),
+            tenants: self.cluster_tenant_stats(),
             ..DataplaneStats::default()
         }
     }
@@ -775,6 +811,10 @@ mod carry;
 
 #[path = "manager_convert.rs"]
 mod convert;
+
+#[path = "manager_filters.rs"]
+mod filters;
+pub use filters::FilterUsage;
 
 #[path = "manager_routes.rs"]
 mod routes;

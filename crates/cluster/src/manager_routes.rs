@@ -241,7 +241,7 @@ impl Cluster {
                 return;
             }
             match answer {
-                Ok(Answer::Applied) => {
+                Ok(Answer::Applied | Answer::FilterMap(_)) => {
                     info!(node = %name, at = %at, to = %v, changes = count, "route changes replayed to a data node");
                     rs.mark(&state, id, true);
                 }
@@ -397,7 +397,7 @@ impl Cluster {
         link::each_answer(&acks, self.deadline(), |i, answer| {
             let (id, name, link) = &sent[i];
             match answer {
-                Ok(Answer::Applied) => fanout.applied += 1,
+                Ok(Answer::Applied | Answer::FilterMap(_)) => fanout.applied += 1,
                 Ok(Answer::Kept) => {
                     debug!(node = %name, version = %v, "data node kept a route change while fetching the table");
                     fanout.fetching += 1;

@@ -752,3 +752,6 @@ mod attach;
 
 #[path = "manager_tests_routes.rs"]
 mod routes;
+
+#[path = "manager_tests_filters.rs"]
+mod filters;

@@ -9,7 +9,7 @@
 
 use crate::link::{NodeLink, SessionLink};
 use crate::manager::{
-    AttachmentTraffic, Cluster, NodeLoad, PortInfo, Registration, Role, MAX_INSTALLED,
+    AttachmentTraffic, Cluster, FilterUsage, NodeLoad, PortInfo, Registration, Role, MAX_INSTALLED,
 };
 use rpc::certs::NodeRole;
 use rpc::pb;
@@ -281,6 +281,9 @@ async fn handle(
                 epoch: r.routes_epoch,
                 seq: r.routes_seq,
             };
+            if link_is_data(cluster, id) {
+                cluster.filters_reported(id, filter_usage(name, &r));
+            }
             let load = NodeLoad {
                 interval_ms: r.interval_ms,
                 utilization: r.utilization.clamp(0.0, 1.0),
@@ -353,6 +356,47 @@ async fn handle(
                 "unexpected message in an open session; ignored"
             );
         }
+    }
+}
+
+/// A data node's report of its filters and tenants, checked (an entry the node got wrong is
+/// left out and logged).
+fn filter_usage(node: &str, r: &pb::Report) -> FilterUsage {
+    fn keep<T, U>(
+        node: &str,
+        what: &str,
+        items: &[T],
+        f: impl Fn(&T) -> Result<U, rpc::convert::ConvertError>,
+    ) -> Vec<U> {
+        items
+            .iter()
+            .enumerate()
+            .filter_map(|(i, item)| {
+                f(item)
+                    .map_err(|e| warn!(node, error = %e.context(format_args!("report.{what}[{i}]")), "report entry ignored"))
+                    .ok()
+            })
+            .collect()
+    }
+    FilterUsage {
+        programs: keep(
+            node,
+            "filters",
+            &r.filters,
+            rpc::convert::filter_usage_from_pb,
+        ),
+        maps: keep(
+            node,
+            "filter_maps",
+            &r.filter_maps,
+            rpc::convert::filter_map_info_from_pb,
+        ),
+        tenants: keep(
+            node,
+            "tenants",
+            &r.tenants,
+            rpc::convert::tenant_cpu_from_pb,
+        ),
     }
 }
 

@@ -179,6 +179,19 @@ pub enum FilterMapOp {
 pub struct FilterMapAnswer {
     /// The map.
     pub map: FilterMapReport,
-    /// The entries (a dump), else empty.
+    /// The entries (a dump on one data path), else empty.
+    pub entries: Vec<(Vec<u8>, Vec<u8>)>,
+    /// The distributed form: each data node's answer, by node name (every data node holds its
+    /// own copy of the map, as each CPU holds its own copy of a per-CPU map); `entries` is
+    /// then empty. Empty for one data path.
+    pub nodes: Vec<FilterMapNode>,
+}
+
+/// One data node's part of a [`FilterMapAnswer`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FilterMapNode {
+    /// The data node's name.
+    pub node: String,
+    /// Its entries (a dump), keys in ascending byte order; else empty.
     pub entries: Vec<(Vec<u8>, Vec<u8>)>,
 }

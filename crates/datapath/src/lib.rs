@@ -4,8 +4,8 @@
 mod filters;
 
 pub use filters::{
-    FilterConfig, FilterCounters, FilterDirection, FilterMapAnswer, FilterMapOp, FilterMapReport,
-    FilterProgramReport, FilterReport,
+    FilterConfig, FilterCounters, FilterDirection, FilterMapAnswer, FilterMapNode, FilterMapOp,
+    FilterMapReport, FilterProgramReport, FilterReport,
 };
 
 use ids::TenantId;
@@ -489,6 +489,13 @@ pub enum DataplaneError {
         /// What is wrong.
         reason: String,
     },
+    /// The distributed form: data nodes refused what the control node sent them, or did not
+    /// answer in time (each node with its reason, by name).
+    #[error("{}", nodes_error_text(failures))]
+    Nodes {
+        /// (node name, why) of each node that failed.
+        failures: Vec<(String, String)>,
+    },
     /// An operation on a tenant filter's map was refused (see [`DataPath::filter_map`]);
     /// nothing changed.
     #[error("filter map {map}: {reason}")]
@@ -602,6 +609,15 @@ pub struct RouteStats {
     pub hosts: usize,
     /// Bytes the table holds, both published copies included.
     pub memory_bytes: usize,
+}
+
+/// `data node d1: REASON; data node d2: REASON`.
+fn nodes_error_text(failures: &[(String, String)]) -> String {
+    let parts: Vec<String> = failures
+        .iter()
+        .map(|(node, reason)| format!("data node {node}: {reason}"))
+        .collect();
+    parts.join("; ")
 }
 
 /// `line 3, field host: REASON`, `field host: REASON`, `line 3: REASON` or `REASON`.

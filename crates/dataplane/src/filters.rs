@@ -495,6 +495,7 @@ impl Filters {
         Ok(FilterMapAnswer {
             map: map_report(t, o, map),
             entries,
+            nodes: Vec::new(),
         })
     }
 }

@@ -1,4 +1,5 @@
-//! `protego ctl filter ...`: the tenants' eBPF filters on a running `protego up` (issue 18 §1):
+//! `protego ctl filter ...`: the tenants' eBPF filters (issue 18 §1) on a running `protego up`,
+//! or on the active control node of the distributed form (which acts on every data node):
 //! load, unload, show, and a map's entries (dump, update, delete) so that a tenant can tune
 //! its program at run time.
 
@@ -321,27 +322,44 @@ fn show_summary(answer: &Value) -> String {
     out
 }
 
-/// `map dump`: one `key: value` line per entry (a per-CPU map's values separated by ` | `).
+/// `map dump`: one `key: value` line per entry (a per-CPU map's values separated by ` | `);
+/// on a control node of the distributed form, each data node's entries under its name.
 fn dump_summary(answer: &Value) -> String {
     let mut out = String::new();
-    let entries = answer["entries"].as_array().cloned().unwrap_or_default();
-    let _ = writeln!(
-        out,
-        "{}:{} ({} entries)",
+    let map = format!(
+        "{}:{}",
         answer["map"]["object"].as_str().unwrap_or("?"),
-        answer["map"]["name"].as_str().unwrap_or("?"),
-        entries.len()
+        answer["map"]["name"].as_str().unwrap_or("?")
     );
-    for e in entries {
-        let value = match e["values"].as_array() {
-            Some(values) => values
-                .iter()
-                .map(|v| v.as_str().unwrap_or("?"))
-                .collect::<Vec<_>>()
-                .join(" | "),
-            None => e["value"].as_str().unwrap_or("?").to_owned(),
-        };
-        let _ = writeln!(out, "  {}: {value}", e["key"].as_str().unwrap_or("?"));
+    let lines = |out: &mut String, entries: &[Value], indent: &str| {
+        for e in entries {
+            let value = match e["values"].as_array() {
+                Some(values) => values
+                    .iter()
+                    .map(|v| v.as_str().unwrap_or("?"))
+                    .collect::<Vec<_>>()
+                    .join(" | "),
+                None => e["value"].as_str().unwrap_or("?").to_owned(),
+            };
+            let _ = writeln!(out, "{indent}{}: {value}", e["key"].as_str().unwrap_or("?"));
+        }
+    };
+    if let Some(nodes) = answer["nodes"].as_array() {
+        let _ = writeln!(out, "{map} on {} data nodes", nodes.len());
+        for n in nodes {
+            let entries = n["entries"].as_array().cloned().unwrap_or_default();
+            let _ = writeln!(
+                out,
+                "  {} ({} entries)",
+                n["node"].as_str().unwrap_or("?"),
+                entries.len()
+            );
+            lines(&mut out, &entries, "    ");
+        }
+        return out;
     }
+    let entries = answer["entries"].as_array().cloned().unwrap_or_default();
+    let _ = writeln!(out, "{map} ({} entries)", entries.len());
+    lines(&mut out, &entries, "  ");
     out
 }

@@ -42,11 +42,13 @@ mod tests;
 mod attachment;
 mod child_sa;
 mod data_node;
+mod filters;
 mod routes;
 mod steer_node;
 pub use attachment::*;
 pub use child_sa::*;
 pub use data_node::*;
+pub use filters::*;
 pub use routes::*;
 pub use steer_node::*;
 

@@ -664,23 +664,37 @@ impl Responder {
             .filter_map(&tenant, map, op)
             .map_err(|e| Error::Filter(e.to_string()))?;
         let status = super::FilterMapStatus::of(&answer.map);
+        let nodes: Vec<&str> = answer.nodes.iter().map(|n| n.node.as_str()).collect();
         if changes {
-            tracing::info!(tenant = %tenant, map = %status.name, object = %status.object, "filter map changed");
-            return Ok(json!({ "ok": true, "map": status }));
+            tracing::info!(tenant = %tenant, map = %status.name, object = %status.object, nodes = ?nodes, "filter map changed");
+            let mut done = json!({ "ok": true, "map": status });
+            if !nodes.is_empty() {
+                done["nodes"] = json!(nodes);
+            }
+            return Ok(done);
         }
         let size = answer.map.value_size as usize;
-        let entries: Vec<Value> = answer
-            .entries
+        let entries = |list: &[(Vec<u8>, Vec<u8>)]| -> Vec<Value> {
+            list.iter()
+                .map(|(k, v)| {
+                    if answer.map.copies > 1 && size > 0 {
+                        json!({ "key": hex::encode(k), "values": v.chunks(size).map(hex::encode).collect::<Vec<_>>() })
+                    } else {
+                        json!({ "key": hex::encode(k), "value": hex::encode(v) })
+                    }
+                })
+                .collect()
+        };
+        if answer.nodes.is_empty() {
+            return Ok(json!({ "map": status, "entries": entries(&answer.entries) }));
+        }
+        // The distributed form: each data node's own copy, by name.
+        let per_node: Vec<Value> = answer
+            .nodes
             .iter()
-            .map(|(k, v)| {
-                if answer.map.copies > 1 && size > 0 {
-                    json!({ "key": hex::encode(k), "values": v.chunks(size).map(hex::encode).collect::<Vec<_>>() })
-                } else {
-                    json!({ "key": hex::encode(k), "value": hex::encode(v) })
-                }
-            })
+            .map(|n| json!({ "node": n.node, "entries": entries(&n.entries) }))
             .collect();
-        Ok(json!({ "map": status, "entries": entries }))
+        Ok(json!({ "map": status, "nodes": per_node }))
     }
 
     /// The current status report.

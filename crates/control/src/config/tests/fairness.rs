@@ -65,23 +65,18 @@ fn cpu_weight_out_of_range() {
 }
 
 #[test]
-fn the_distributed_form_refuses_cpu_fairness_until_its_data_nodes_carry_it() {
+fn the_distributed_form_takes_cpu_fairness_to_its_data_nodes() {
     let cluster = "[cluster]\nname = \"control1\"\ngrpc = \"10.0.0.1:7300\"\n\
          geneve = \"10.0.0.1:6081\"\nca = \"pki/ca.pem\"\ncert = \"pki/c1.pem\"\nkey = \"pki/c1.key\"\n";
-    let with = |mode: &str| {
-        format!(
+    for mode in ["off", "account", "enforce"] {
+        let text = format!(
             "{}\n{cluster}",
             with_tunnel(TUNNEL_A).replace(
                 "[gateway]\n",
                 &format!("[gateway]\ncpu_fairness = \"{mode}\"\n")
             )
-        )
-    };
-    Scratch::new().parse(&with("off")).expect("off is fine");
-    expect_error(
-        &with("account"),
-        "cpu_fairness = ",
-        "cpu_fairness",
-        "does not carry CPU fairness to its data nodes yet",
-    );
+        );
+        let config = Scratch::new().parse(&text).expect(mode);
+        assert_eq!(config.gateway.cpu_fairness.as_str(), mode);
+    }
 }

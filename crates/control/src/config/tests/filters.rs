@@ -199,7 +199,7 @@ fn apply_keeps_filters_and_refuses_to_remove_their_tenant() {
 }
 
 #[test]
-fn the_distributed_form_refuses_filters_until_its_data_nodes_get_them() {
+fn the_distributed_form_takes_filters_to_its_data_nodes() {
     let Some((_dir, limiter)) = object("dns_ratelimit") else {
         return;
     };
@@ -209,10 +209,7 @@ fn the_distributed_form_refuses_filters_until_its_data_nodes_get_them() {
         "{}\n{cluster}",
         with_filters(&filter("acme", "to_cloud", &limiter, "xdp"))
     );
-    expect_error(
-        &text,
-        "[[filter]]",
-        "tenant",
-        "does not ship filters to its data nodes yet",
-    );
+    let config = Scratch::new().parse(&text).expect("filters with [cluster]");
+    assert_eq!(config.filters.len(), 1);
+    assert!(config.cluster.is_some());
 }

@@ -77,16 +77,6 @@ pub(crate) fn validate_with(
     let store = v.store(raw.store.as_ref())?;
     let store_encryption = v.store_encryption(raw.store.as_ref())?;
     let cluster = raw.cluster.as_ref().map(|c| v.cluster(c)).transpose()?;
-    if let (Some(_), Some(f)) = (&cluster, &raw.gateway.get_ref().cpu_fairness) {
-        if gateway.cpu_fairness != datapath::CpuFairness::Off {
-            return Err(v.err(
-                f.span(),
-                "[gateway]",
-                "cpu_fairness",
-                "the distributed form does not carry CPU fairness to its data nodes yet: use                  \"off\" with [cluster]",
-            ));
-        }
-    }
     let tenants = v.tenants(&raw)?;
     let cpu_weights = v.cpu_weights(&raw)?;
     let vnets = v.vnets(&raw, &tenants)?;
@@ -132,15 +122,6 @@ pub(crate) fn validate_with(
     }
     let mut filters: Vec<filter::CheckedFilter> = Vec::new();
     for f in &raw.filter {
-        if cluster.is_some() {
-            return Err(v.err(
-                f.span(),
-                "[[filter]]",
-                "tenant",
-                "the distributed form does not ship filters to its data nodes yet: \
-                 [[filter]] runs with `protego up` only",
-            ));
-        }
         let checked = v.filter(f, &tenants, &filters)?;
         filters.push(checked);
     }

@@ -1,0 +1,451 @@
+//! The shell's side of tenant filters and CPU fairness (issue 18, distributed form): the
+//! control node ships the whole filter set and the fairness mode and weights to every data
+//! node, and reads the filters' counters and the tenants' CPU from the nodes' reports.
+//!
+//! Every data node gets every tenant's filters, not only the nodes serving the tenant's
+//! tunnels now: a tunnel moves to another node by a rekey (a migration, a drain, a failover)
+//! that must not wait for programs to be verified and compiled there, and a node that runs
+//! no traffic of a tenant spends nothing on its filters but their memory.
+//!
+//! A set travels as one `stage_filter_object` per object the node does not hold yet (each at
+//! most 1 MiB, so no message grows with the number of tenants), then one `set_filters` naming
+//! the objects by SHA-256. The node applies directives in order, so a node that registers
+//! gets the set right after its inside configuration and before any CHILD_SA placed on it.
+//!
+//! Map contents are per data node, as a per-CPU map's are per CPU: `filter map update` and
+//! `delete` go to every live data node, `dump` answers each node's entries by name, and a
+//! node that starts (or restarts) has its maps as the objects declare them.
+
+use super::{Cluster, Shell};
+use crate::core::Role;
+use crate::link::{each_answer, Ack, Answer, LinkError};
+use datapath::{
+    CpuFairnessConfig, DataplaneError, FilterConfig, FilterMapAnswer, FilterMapNode, FilterMapOp,
+    FilterMapReport, FilterProgramReport, FilterReport, TenantStats,
+};
+use ids::TenantId;
+use rpc::convert::ObjectDigest;
+use rpc::pb;
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Arc;
+use tracing::{info, warn};
+
+/// What one data node last reported of its filters and tenants.
+#[derive(Debug, Clone, Default)]
+pub struct FilterUsage {
+    /// Each running filter's counters (cumulative on the node).
+    pub programs: Vec<FilterProgramReport>,
+    /// Its filters' maps.
+    pub maps: Vec<FilterMapReport>,
+    /// The CPU charged to each tenant (cumulative on the node).
+    pub tenants: Vec<TenantStats>,
+}
+
+/// The filter set and fairness as the data nodes get them, and what they report.
+#[derive(Default)]
+pub(super) struct FilterShip {
+    /// The running set.
+    filters: Vec<FilterConfig>,
+    /// Its objects (each once) and its message.
+    objects: rpc::convert::FilterObjects,
+    set: pb::Filters,
+    /// The fairness mode and weights.
+    fairness: CpuFairnessConfig,
+    /// Per data node: the objects sent on its current session (it holds them until a set
+    /// leaves them out).
+    held: HashMap<u32, HashSet<ObjectDigest>>,
+    /// Per data node: its last report.
+    reports: HashMap<u32, FilterUsage>,
+}
+
+impl FilterShip {
+    /// Makes `filters` the running set.
+    fn replace(&mut self, filters: &[FilterConfig]) -> Vec<FilterConfig> {
+        let (objects, set) = rpc::convert::filters_to_pb(filters);
+        self.objects = objects;
+        self.set = set;
+        std::mem::replace(&mut self.filters, filters.to_vec())
+    }
+}
+
+/// The answers a shipment waits for: (node, name, answer).
+type Waiting = Vec<(u32, String, Ack)>;
+
+impl Cluster {
+    /// The data nodes with an open session: (id, name).
+    fn data_sessions(sh: &Shell) -> Vec<(u32, String)> {
+        let mut nodes: Vec<(u32, String)> = sh
+            .core
+            .nodes()
+            .iter()
+            .filter(|(id, n)| {
+                n.role == Role::Data
+                    && n.session_open
+                    && sh.links.get(id).is_some_and(|l| !l.is_closed())
+            })
+            .map(|(id, n)| (*id, n.name.clone()))
+            .collect();
+        nodes.sort_by(|a, b| a.1.cmp(&b.1));
+        nodes
+    }
+
+    /// Queues the running filter set to data node `id` (the objects it does not hold, then
+    /// the set); returns the answers to wait for.
+    fn queue_filters(sh: &mut Shell, id: u32) -> Result<Vec<Ack>, LinkError> {
+        let link = Arc::clone(sh.links.get(&id).ok_or(LinkError::Closed)?);
+        let ship = &mut sh.filters;
+        let held = ship.held.entry(id).or_default();
+        let mut acks = Vec::new();
+        for (digest, object) in &ship.objects {
+            if held.contains(digest) {
+                continue;
+            }
+            let op =
+                pb::directive::Op::StageFilterObject(rpc::convert::filter_object_to_pb(object));
+            acks.push(link.submit(op)?);
+            held.insert(*digest);
+        }
+        acks.push(link.submit(pb::directive::Op::SetFilters(ship.set.clone()))?);
+        // Once the set is taken the node keeps only what it names.
+        held.retain(|d| ship.objects.iter().any(|(o, _)| o == d));
+        Ok(acks)
+    }
+
+    /// Queues the fairness mode and weights to data node `id`.
+    fn queue_fairness(sh: &Shell, id: u32) -> Result<Ack, LinkError> {
+        let link = sh.links.get(&id).ok_or(LinkError::Closed)?;
+        link.submit(pb::directive::Op::SetCpuFairness(
+            rpc::convert::cpu_fairness_to_pb(&sh.filters.fairness),
+        ))
+    }
+
+    /// A data node registered (its session is new: it may hold other objects, or none):
+    /// queues its fairness and filters right after its inside configuration, before anything
+    /// can be placed on it. Not waited for (its answers come once the registration
+    /// returned); a refusal is logged, and makes the next shipment resend every object.
+    pub(super) fn filters_on_hello(&self, sh: &mut Shell, id: u32, name: &str) {
+        sh.filters.held.remove(&id);
+        sh.filters.reports.remove(&id);
+        let deadline = self.deadline();
+        let node = name.to_owned();
+        match Self::queue_fairness(sh, id) {
+            Ok(ack) => ack.on_answer(deadline, move |a| {
+                if let Err(e) = a {
+                    warn!(node = %node, error = %e, "data node did not take the CPU fairness mode and weights");
+                }
+            }),
+            Err(e) => warn!(node = %name, error = %e, "cannot send the CPU fairness mode"),
+        }
+        // Also an empty set: a node may hold filters another control node sent it.
+        match Self::queue_filters(sh, id) {
+            Ok(acks) => {
+                let state = Arc::clone(&self.state);
+                let node = name.to_owned();
+                let filters = sh.filters.filters.len();
+                // The set's answer comes after its objects' (the node answers in order).
+                if let Some(last) = acks.into_iter().last() {
+                    last.on_answer(deadline, move |a| match a {
+                        Ok(_) => info!(node = %node, filters, "data node runs the tenant filters"),
+                        Err(e) => {
+                            warn!(node = %node, error = %e, "data node did not take the tenant filters");
+                            let mut sh = state.lock().unwrap_or_else(|e| e.into_inner());
+                            sh.filters.held.remove(&id);
+                        }
+                    });
+                }
+            }
+            Err(e) => warn!(node = %name, error = %e, "cannot send the tenant filters"),
+        }
+    }
+
+    /// Waits for `waiting` and returns the failures by node name (a node whose session closed
+    /// meanwhile is not one: it gets the current set when it registers again).
+    fn failures(&self, waiting: Waiting) -> Vec<(u32, String, String)> {
+        let (who, acks): (Vec<(u32, String)>, Vec<Ack>) = waiting
+            .into_iter()
+            .map(|(id, name, ack)| ((id, name), ack))
+            .unzip();
+        let mut failed: BTreeMap<u32, (String, String)> = BTreeMap::new();
+        each_answer(&acks, self.deadline(), |i, answer| {
+            let (id, name) = &who[i];
+            match answer {
+                Ok(_) | Err(LinkError::Closed) => {}
+                Err(e) => {
+                    failed
+                        .entry(*id)
+                        .or_insert_with(|| (name.clone(), reason(&e)));
+                }
+            }
+        });
+        failed
+            .into_iter()
+            .map(|(id, (name, why))| (id, name, why))
+            .collect()
+    }
+
+    /// Sends `filters` to every data node with a session (see [`DataPath::set_filters`]).
+    fn ship_filters(&self, filters: &[FilterConfig]) -> (Vec<FilterConfig>, Waiting) {
+        let mut sh = self.state();
+        let old = sh.filters.replace(filters);
+        let mut waiting = Vec::new();
+        for (id, name) in Self::data_sessions(&sh) {
+            match Self::queue_filters(&mut sh, id) {
+                Ok(acks) => waiting.extend(acks.into_iter().map(|a| (id, name.clone(), a))),
+                Err(e) => debug_closed(&name, &e),
+            }
+        }
+        (old, waiting)
+    }
+
+    /// Every data node with a session gets `filters`, and has answered when this returns. A
+    /// node that refuses (a program its data plane does not verify) or does not answer fails
+    /// the call with its reason; the nodes then get the previous set back. A node without a
+    /// session gets the set when it registers.
+    pub(super) fn cluster_set_filters(
+        &self,
+        filters: &[FilterConfig],
+    ) -> Result<(), DataplaneError> {
+        let (old, waiting) = self.ship_filters(filters);
+        let nodes = waiting.iter().map(|w| w.0).collect::<HashSet<_>>().len();
+        let failed = self.failures(waiting);
+        if failed.is_empty() {
+            info!(
+                filters = filters.len(),
+                nodes, "tenant filters sent to the data nodes"
+            );
+            return Ok(());
+        }
+        {
+            let mut sh = self.state();
+            for (id, _, _) in &failed {
+                sh.filters.held.remove(id);
+            }
+        }
+        let (_, back) = self.ship_filters(&old);
+        for (_, name, why) in self.failures(back) {
+            warn!(node = %name, error = %why, "data node did not take the previous tenant filters back");
+        }
+        Err(DataplaneError::Nodes {
+            failures: failed.into_iter().map(|(_, n, w)| (n, w)).collect(),
+        })
+    }
+
+    /// Every data node with a session gets the fairness mode and weights, and has answered
+    /// when this returns; a node that refuses (one whose time-stamp counter cannot be used)
+    /// fails the call with its reason. Nodes registering later get them at registration.
+    pub(super) fn cluster_set_cpu_fairness(
+        &self,
+        fairness: &CpuFairnessConfig,
+    ) -> Result<(), DataplaneError> {
+        let mut waiting = Vec::new();
+        {
+            let mut sh = self.state();
+            sh.filters.fairness = fairness.clone();
+            for (id, name) in Self::data_sessions(&sh) {
+                match Self::queue_fairness(&sh, id) {
+                    Ok(a) => waiting.push((id, name, a)),
+                    Err(e) => debug_closed(&name, &e),
+                }
+            }
+        }
+        let failed = self.failures(waiting);
+        if failed.is_empty() {
+            return Ok(());
+        }
+        Err(DataplaneError::Nodes {
+            failures: failed.into_iter().map(|(_, n, w)| (n, w)).collect(),
+        })
+    }
+
+    /// A data node's report of its filters and tenants.
+    pub fn filters_reported(&self, id: u32, usage: FilterUsage) {
+        let mut sh = self.state();
+        if sh.core.node(id).is_some_and(|n| n.role == Role::Data) {
+            sh.filters.reports.insert(id, usage);
+        }
+    }
+
+    /// The reports of the data nodes with a session.
+    fn live_reports(sh: &Shell) -> Vec<&FilterUsage> {
+        Self::data_sessions(sh)
+            .iter()
+            .filter_map(|(id, _)| sh.filters.reports.get(id))
+            .collect()
+    }
+
+    /// The running filters (of `tenant`, or all) with their counters summed over the data
+    /// nodes' last reports, and their maps (each once; `entries` summed over the nodes).
+    pub(super) fn cluster_filter_report(&self, tenant: Option<&TenantId>) -> FilterReport {
+        let sh = self.state();
+        let reports = Self::live_reports(&sh);
+        let programs = sh
+            .filters
+            .filters
+            .iter()
+            .filter(|f| tenant.is_none_or(|t| *t == f.tenant))
+            .map(|f| {
+                let mut p = FilterProgramReport {
+                    tenant: f.tenant.clone(),
+                    direction: f.direction,
+                    section: f.section.clone(),
+                    object_name: f.object_name.clone(),
+                    weight: f.weight,
+                    instructions: 0,
+                    counters: datapath::FilterCounters::default(),
+                };
+                for r in reports.iter().flat_map(|u| &u.programs).filter(|r| {
+                    r.tenant == f.tenant && r.direction == f.direction && r.section == f.section
+                }) {
+                    p.instructions = p.instructions.max(r.instructions);
+                    add_counters(&mut p.counters, &r.counters);
+                }
+                p
+            })
+            .collect();
+        let mut maps: Vec<FilterMapReport> = Vec::new();
+        for m in reports
+            .iter()
+            .flat_map(|u| &u.maps)
+            .filter(|m| tenant.is_none_or(|t| *t == m.tenant))
+        {
+            match maps.iter_mut().find(|k| {
+                k.tenant == m.tenant && k.object_name == m.object_name && k.name == m.name
+            }) {
+                Some(k) => {
+                    k.entries = k.entries.saturating_add(m.entries);
+                    k.copies = k.copies.max(m.copies);
+                }
+                None => maps.push(m.clone()),
+            }
+        }
+        maps.sort_by(|a, b| {
+            (&a.tenant, &a.object_name, &a.name).cmp(&(&b.tenant, &b.object_name, &b.name))
+        });
+        FilterReport { programs, maps }
+    }
+
+    /// The CPU charged to each tenant, summed over the data nodes' last reports (tokens too:
+    /// each node's workers hold their own buckets).
+    pub(super) fn cluster_tenant_stats(&self) -> Vec<TenantStats> {
+        let sh = self.state();
+        let mut by_tenant: BTreeMap<String, TenantStats> = BTreeMap::new();
+        for t in Self::live_reports(&sh).iter().flat_map(|u| &u.tenants) {
+            let e = by_tenant
+                .entry(t.tenant.as_str().to_owned())
+                .or_insert_with(|| TenantStats {
+                    tenant: t.tenant.clone(),
+                    cpu_weight: t.cpu_weight,
+                    cpu_ns: 0,
+                    packets: 0,
+                    fair_drops: 0,
+                    tokens_ns: None,
+                });
+            e.cpu_ns = e.cpu_ns.saturating_add(t.cpu_ns);
+            e.packets = e.packets.saturating_add(t.packets);
+            e.fair_drops = e.fair_drops.saturating_add(t.fair_drops);
+            if let Some(tokens) = t.tokens_ns {
+                e.tokens_ns = Some(e.tokens_ns.unwrap_or(0).saturating_add(tokens));
+            }
+        }
+        by_tenant.into_values().collect()
+    }
+
+    /// Reads or changes map `map` of `tenant`'s filters on every data node with a session
+    /// (each holds its own copy). A dump answers each node's entries by name; an update or
+    /// delete is applied on every node, and a node that refuses fails the call with its
+    /// reason (the others applied it: the error names those too).
+    pub(super) fn cluster_filter_map(
+        &self,
+        tenant: &TenantId,
+        map: &str,
+        op: FilterMapOp,
+    ) -> Result<FilterMapAnswer, DataplaneError> {
+        let request = rpc::convert::filter_map_request_to_pb(tenant, map, &op);
+        let mut waiting = Vec::new();
+        {
+            let sh = self.state();
+            for (id, name) in Self::data_sessions(&sh) {
+                if let Some(link) = sh.links.get(&id) {
+                    match link.submit(pb::directive::Op::FilterMap(request.clone())) {
+                        Ok(a) => waiting.push((name, a)),
+                        Err(e) => debug_closed(&name, &e),
+                    }
+                }
+            }
+        }
+        if waiting.is_empty() {
+            return Err(DataplaneError::FilterMap {
+                map: map.to_owned(),
+                reason: "no data node has a session with this control node".into(),
+            });
+        }
+        let (names, acks): (Vec<String>, Vec<Ack>) = waiting.into_iter().unzip();
+        let mut answers: Vec<(String, FilterMapAnswer)> = Vec::new();
+        let mut failures: Vec<(String, String)> = Vec::new();
+        each_answer(&acks, self.deadline(), |i, answer| {
+            let name = names[i].clone();
+            match answer {
+                Ok(Answer::FilterMap(r)) => match rpc::convert::filter_map_answer_from_pb(*r) {
+                    Ok(a) => answers.push((name, a)),
+                    Err(e) => failures.push((name, format!("unreadable answer: {e}"))),
+                },
+                Ok(_) => failures.push((name, "answered without the map".into())),
+                Err(LinkError::Closed) => {}
+                Err(e) => failures.push((name, reason(&e))),
+            }
+        });
+        answers.sort_by(|a, b| a.0.cmp(&b.0));
+        failures.sort();
+        if !failures.is_empty() {
+            if !matches!(op, FilterMapOp::Dump) && !answers.is_empty() {
+                let applied: Vec<&str> = answers.iter().map(|a| a.0.as_str()).collect();
+                failures.push((
+                    applied.join(", "),
+                    "applied the change (it is not undone)".into(),
+                ));
+            }
+            return Err(DataplaneError::Nodes { failures });
+        }
+        let Some((_, first)) = answers.first() else {
+            return Err(DataplaneError::FilterMap {
+                map: map.to_owned(),
+                reason: "every data node's session closed before it answered".into(),
+            });
+        };
+        let mut info = first.map.clone();
+        info.entries = answers.iter().map(|(_, a)| a.map.entries).sum();
+        Ok(FilterMapAnswer {
+            map: info,
+            entries: Vec::new(),
+            nodes: answers
+                .into_iter()
+                .map(|(node, a)| FilterMapNode {
+                    node,
+                    entries: a.entries,
+                })
+                .collect(),
+        })
+    }
+}
+
+/// A node's failure as the operator reads it.
+fn reason(e: &LinkError) -> String {
+    match e {
+        LinkError::Refused(why) => why.clone(),
+        other => other.to_string(),
+    }
+}
+
+fn debug_closed(name: &str, e: &LinkError) {
+    tracing::debug!(node = %name, error = %e, "data node's session closed; it gets the filters when it registers");
+}
+
+fn add_counters(sum: &mut datapath::FilterCounters, c: &datapath::FilterCounters) {
+    sum.passed = sum.passed.saturating_add(c.passed);
+    sum.dropped = sum.dropped.saturating_add(c.dropped);
+    sum.tx = sum.tx.saturating_add(c.tx);
+    sum.aborted = sum.aborted.saturating_add(c.aborted);
+    sum.insn_limit = sum.insn_limit.saturating_add(c.insn_limit);
+    sum.metered_insns = sum.metered_insns.saturating_add(c.metered_insns);
+    sum.cpu_ns = sum.cpu_ns.saturating_add(c.cpu_ns);
+}
