@@ -888,6 +888,29 @@ impl ProtegoCluster {
         crate::protego::ctl_apply(&workspace_bin("protego")?, socket, &self.dir, text, false)
     }
 
+    /// Runs `protego ctl --socket SOCKET ARGS...` against the active control node (e.g.
+    /// `filter load t1 --direction to_cloud --object F --json`); returns what it printed. A
+    /// non-zero exit is an [`Error::Command`] with its stderr.
+    pub fn ctl(&self, args: &[&str]) -> Result<String> {
+        let name = self.active_control()?;
+        let socket = self
+            .node(name)?
+            .socket
+            .as_deref()
+            .ok_or_else(|| Error::InvalidSpec {
+                field: format!("cluster node {name:?}"),
+                reason: "a control node without a control socket".to_owned(),
+            })?
+            .display()
+            .to_string();
+        let mut all = vec!["ctl", "--socket", socket.as_str()];
+        all.extend_from_slice(args);
+        Cmd::new(workspace_bin("protego")?.display().to_string())
+            .args(all)
+            .timeout(REQUEST_TIMEOUT)
+            .run()
+    }
+
     /// [`ProtegoCluster::control`] on the control socket of control node `name`.
     pub fn control_on(&self, name: &str, request: &str) -> Result<serde_json::Value> {
         let node = self.node(name)?;
