@@ -20,13 +20,21 @@ use tracing::info;
 /// control node from filling the node's memory).
 pub(super) const MAX_STAGED_BYTES: usize = 256 << 20;
 
-/// The objects a data node holds, by digest.
+/// The objects a data node holds, by digest, and the set it runs.
 #[derive(Default)]
-pub(super) struct FilterObjects(Mutex<HashMap<ObjectDigest, Arc<[u8]>>>);
+pub(super) struct FilterObjects(Mutex<Held>);
+
+#[derive(Default)]
+pub(super) struct Held {
+    objects: HashMap<ObjectDigest, Arc<[u8]>>,
+    /// The set the data plane runs, as control sent it (a new control node sends the same
+    /// set again: it is not verified again).
+    running: pb::Filters,
+}
 
 impl FilterObjects {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<ObjectDigest, Arc<[u8]>>> {
-        // Single inserts and retains: a panicking holder leaves the map consistent.
+    fn lock(&self) -> std::sync::MutexGuard<'_, Held> {
+        // Single inserts and replacements: a panicking holder leaves them consistent.
         self.0.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
@@ -36,7 +44,7 @@ impl DataApplier {
     pub(super) fn stage_filter_object(&self, o: pb::FilterObject) -> Result<(), String> {
         let (digest, bytes) = rpc::convert::filter_object_from_pb(o)
             .map_err(|e| e.context("stage_filter_object").to_string())?;
-        let mut objects = self.filter_objects.lock();
+        let objects = &mut self.filter_objects.lock().objects;
         if objects.contains_key(&digest) {
             return Ok(());
         }
@@ -55,19 +63,24 @@ impl DataApplier {
     /// `set_filters`: the whole set, each program loaded and verified by the data plane
     /// (nothing changes on an error); then only the objects the set names are kept.
     pub(super) fn set_filters(&self, set: &pb::Filters) -> Result<(), String> {
-        let mut objects = self.filter_objects.lock();
-        let filters = rpc::convert::filters_from_pb(set, |d| objects.get(d).cloned())
+        let mut held = self.filter_objects.lock();
+        let filters = rpc::convert::filters_from_pb(set, |d| held.objects.get(d).cloned())
             .map_err(|e| e.context("set_filters").to_string())?;
-        self.dp.set_filters(&filters).map_err(|e| e.to_string())?;
+        let unchanged = held.running == *set;
+        if !unchanged {
+            self.dp.set_filters(&filters).map_err(|e| e.to_string())?;
+            held.running = set.clone();
+        }
         let named: Vec<ObjectDigest> = set
             .filters
             .iter()
             .filter_map(|f| f.object_sha256.as_slice().try_into().ok())
             .collect();
-        objects.retain(|d, _| named.contains(d));
+        held.objects.retain(|d, _| named.contains(d));
         info!(
             filters = filters.len(),
-            objects = objects.len(),
+            objects = held.objects.len(),
+            unchanged,
             "tenant filters applied"
         );
         Ok(())
@@ -174,7 +187,7 @@ mod tests {
         a.set_filters(&set(&digest, "acme")).expect("runs");
         assert_eq!(a.dp.filter_report(None).programs.len(), 1);
         assert_eq!(
-            a.filter_objects.lock().len(),
+            a.filter_objects.lock().objects.len(),
             1,
             "the unused object is dropped"
         );
@@ -198,7 +211,7 @@ mod tests {
         // An empty set stops them.
         a.set_filters(&pb::Filters::default()).expect("none");
         assert!(a.dp.filter_report(None).programs.is_empty());
-        assert!(a.filter_objects.lock().is_empty());
+        assert!(a.filter_objects.lock().objects.is_empty());
     }
 
     #[test]

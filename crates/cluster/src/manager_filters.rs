@@ -68,6 +68,10 @@ impl FilterShip {
     }
 }
 
+/// How long a data node may take to take a filter set: it verifies and compiles every
+/// program of it (far longer than a usual directive, for a large set).
+const FILTER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(20);
+
 /// The answers a shipment waits for: (node, name, answer).
 type Waiting = Vec<(u32, String, Ack)>;
 
@@ -126,7 +130,7 @@ impl Cluster {
     pub(super) fn filters_on_hello(&self, sh: &mut Shell, id: u32, name: &str) {
         sh.filters.held.remove(&id);
         sh.filters.reports.remove(&id);
-        let deadline = self.deadline();
+        let deadline = self.filter_deadline();
         let node = name.to_owned();
         match Self::queue_fairness(sh, id) {
             Ok(ack) => ack.on_answer(deadline, move |a| {
@@ -158,6 +162,11 @@ impl Cluster {
         }
     }
 
+    /// When a filter set's (or the fairness') answers are due.
+    fn filter_deadline(&self) -> std::time::Instant {
+        std::time::Instant::now() + self.settings.directive_timeout.max(FILTER_TIMEOUT)
+    }
+
     /// Waits for `waiting` and returns the failures by node name (a node whose session closed
     /// meanwhile is not one: it gets the current set when it registers again).
     fn failures(&self, waiting: Waiting) -> Vec<(u32, String, String)> {
@@ -166,7 +175,7 @@ impl Cluster {
             .map(|(id, name, ack)| ((id, name), ack))
             .unzip();
         let mut failed: BTreeMap<u32, (String, String)> = BTreeMap::new();
-        each_answer(&acks, self.deadline(), |i, answer| {
+        each_answer(&acks, self.filter_deadline(), |i, answer| {
             let (id, name) = &who[i];
             match answer {
                 Ok(_) | Err(LinkError::Closed) => {}

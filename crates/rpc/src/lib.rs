@@ -28,10 +28,14 @@
 //!    changed; `kept` when taken but not applied yet: route changes a data node receives while
 //!    it fetches the route snapshot). A data node gets its whole inside configuration ([`pb::DataConfig`]) right
 //!    after Welcome and whenever it changes, then CHILD_SAs to install and remove, peer address
-//!    updates and the steer nodes to relay through; a steer node gets its whole table
+//!    updates and the steer nodes to relay through, and the tenants' filters (each object once
+//!    as [`pb::FilterObject`], then the set naming them by SHA-256, [`pb::Filters`]), the CPU
+//!    fairness mode and weights, and map operations ([`pb::FilterMapRequest`], whose answer the
+//!    `Ack` carries in `filter_map`); a steer node gets its whole table
 //!    ([`pb::SteerTables`]) after Welcome, then incremental changes.
 //! 4. The node sends a [`pb::Report`] every report interval and [`pb::NodeEvent`]s as they
-//!    happen (a data node: an SA needs rekeying, a peer's address moved; a steer node: a data
+//!    happen (a data node's report also carries its filters' counters and its tenants' CPU
+//!    charge; events: a data node's SA needs rekeying, a peer's address moved; a steer node: a data
 //!    node stopped or resumed answering its probes).
 //!
 //! A standby control node refuses a session with `FAILED_PRECONDITION`, naming the leader, if
