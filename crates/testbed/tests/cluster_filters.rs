@@ -2,7 +2,8 @@
 //! loaded on the control node (`protego ctl filter load`) drops exactly the packets it names
 //! on the data node serving the tunnel, and keeps doing so after the tunnel migrates to the
 //! other data node, after the serving node is killed and restarted (it gets the filters again
-//! when it registers), and after the control node restarts (the set comes from its store).
+//! when it registers), and after the control node restarts (the set comes from its store); with
+//! two control nodes on etcd, the standby that takes over runs the stored set and changes it.
 //!
 //! The data nodes run with `cpu_fairness = "account"`, shipped to them by the control node,
 //! whose `status` sums the tenant's CPU over them.
@@ -19,7 +20,7 @@ use std::time::Duration;
 
 use common::*;
 
-use protego_testbed::cluster::{ClusterSpec, ProtegoCluster};
+use protego_testbed::cluster::{ClusterSpec, ClusterStore, ProtegoCluster};
 use protego_testbed::protego::GatewayTunnel;
 use protego_testbed::traffic::{self, PingOptions};
 use protego_testbed::wait::{wait_for, Probe};
@@ -41,8 +42,21 @@ fn replies(topo: &Topology, size: Option<u32>) -> Result<u32> {
     Ok(traffic::ping(&s.ns, vm.addr.addr, &opts)?.received)
 }
 
-/// Pings of `dropped` bytes get no reply, the others all of theirs (in one of three runs: a
-/// ping lost on a busy machine is not the filter's doing, a filter drops every one).
+/// Waits (at most 10 s) for a run of pings of `size` that all get their replies: a ping lost
+/// while the cluster settles (a failover after missed probes on a busy machine) is not a
+/// filter's doing, which drops every one.
+fn all_replies(topo: &Topology, size: Option<u32>, what: &str) -> Result<()> {
+    wait_for(what, Duration::from_secs(10), || {
+        let got = replies(topo, size)?;
+        Ok(if got == PINGS {
+            Probe::Ready(())
+        } else {
+            Probe::NotYet(format!("{got} of {PINGS} replies"))
+        })
+    })
+}
+
+/// Pings of `dropped` bytes get no reply, the others all of theirs.
 fn drops_exactly(topo: &Topology, dropped: u32, where_: &str) -> Result<()> {
     let other = if dropped == DEFAULT_SIZE {
         MAPPED_SIZE
@@ -51,15 +65,7 @@ fn drops_exactly(topo: &Topology, dropped: u32, where_: &str) -> Result<()> {
     };
     assert_eq!(replies(topo, Some(dropped))?, 0, "{where_}: -s {dropped}");
     for size in [Some(other), None] {
-        let mut got = Vec::new();
-        while got.len() < 3 && got.last() != Some(&PINGS) {
-            got.push(replies(topo, size)?);
-        }
-        assert_eq!(
-            got.last(),
-            Some(&PINGS),
-            "{where_}: -s {size:?}: replies {got:?}"
-        );
+        all_replies(topo, size, &format!("{where_}: -s {size:?}"))?;
     }
     Ok(())
 }
@@ -103,14 +109,40 @@ fn sizes(cluster: &ProtegoCluster, tenant: &str) -> Result<Vec<(String, String)>
         .collect())
 }
 
+/// `tests/filters/drop_size.c` compiled for the running test; `None`: no clang-14 (not strict).
+fn drop_size() -> Option<String> {
+    let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/filters/drop_size.c");
+    let object = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!(
+        "drop_size-{}-{}.o",
+        std::process::id(),
+        testreq::this_test().replace("::", "-")
+    ));
+    testreq::bpf::compile(&source, &object, true)?;
+    Some(object.display().to_string())
+}
+
+/// `protego ctl filter load TENANT --direction to_cloud --object OBJECT` on the active control
+/// node.
+fn load(cluster: &ProtegoCluster, tenant: &str, object: &str) -> Result<()> {
+    let loaded = cluster.ctl(&[
+        "filter",
+        "load",
+        tenant,
+        "--direction",
+        "to_cloud",
+        "--object",
+        object,
+        "--json",
+    ])?;
+    assert!(loaded.contains("\"generation\""), "{loaded}");
+    Ok(())
+}
+
 #[test]
 fn a_filter_loaded_on_the_control_node_follows_the_tunnel_across_data_nodes() -> Result<()> {
-    let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/filters/drop_size.c");
-    let object =
-        Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("drop_size-{}.o", std::process::id()));
-    if testreq::bpf::compile(&source, &object, true).is_none() {
+    let Some(object) = drop_size() else {
         return Ok(());
-    }
+    };
     let bed = Testbed::new()?;
     let topo = Topology::build(&bed, one_tenant(false)?)?;
     let tun = GatewayTunnel::for_site(&topo, 0, PSK);
@@ -133,17 +165,7 @@ fn a_filter_loaded_on_the_control_node_follows_the_tunnel_across_data_nodes() ->
         );
 
         // Loaded on the control node: every data node verified it before the answer.
-        let loaded = cluster.ctl(&[
-            "filter",
-            "load",
-            &tenant,
-            "--direction",
-            "to_cloud",
-            "--object",
-            &object.display().to_string(),
-            "--json",
-        ])?;
-        assert!(loaded.contains("\"generation\""), "{loaded}");
+        load(&cluster, &tenant, &object)?;
         let holder = cluster
             .sa_holder()?
             .expect("one data node holds the tunnel");
@@ -221,6 +243,12 @@ fn a_filter_loaded_on_the_control_node_follows_the_tunnel_across_data_nodes() ->
             "map state is per data node: {per_node:?}"
         );
 
+        // The same map on both nodes again (0: the declared length), so that whichever node
+        // serves the tunnel from now on drops the same pings.
+        cluster.control(&format!(
+            r#"{{"command":"filter_map","tenant":"{tenant}","map":"size","op":"update","key":"00000000","value":"00000000"}}"#
+        ))?;
+
         // The control node restarts: the set comes from its store, the data nodes keep
         // running it, and `filter show` lists it again.
         cluster.kill("control1")?;
@@ -239,6 +267,59 @@ fn a_filter_loaded_on_the_control_node_follows_the_tunnel_across_data_nodes() ->
             );
         }
         Ok(())
+    })();
+    if result.is_err() {
+        eprintln!("{}", cluster.log_tails(80));
+    }
+    cluster.stop_all();
+    result
+}
+
+/// With two control nodes on etcd, the standby that takes over after a `kill -9` of the
+/// active one runs the stored set (its `filter show` lists it, the data nodes keep dropping)
+/// and changes it on every data node (an unload there lets the pings through again).
+#[test]
+fn a_standby_taking_over_runs_and_changes_the_stored_filters() -> Result<()> {
+    if skip_without_etcd("a_standby_taking_over_runs_and_changes_the_stored_filters") {
+        return Ok(());
+    }
+    let Some(object) = drop_size() else {
+        return Ok(());
+    };
+    let bed = Testbed::new()?;
+    let topo = Topology::build(&bed, one_tenant(false)?)?;
+    let tun = GatewayTunnel::for_site(&topo, 0, PSK);
+    let spec = ClusterSpec {
+        controls: 2,
+        store: ClusterStore::Etcd,
+        ..ClusterSpec::default()
+    };
+    let cluster = ProtegoCluster::start(&bed, &topo, std::slice::from_ref(&tun), &spec)?;
+    let result = (|| -> Result<()> {
+        let _site = site_up(&topo, &tun)?;
+        warm_up(&topo, 0)?;
+        let tenant = topo.tenants[0].name.clone();
+        load(&cluster, &tenant, &object)?;
+        drops_exactly(
+            &topo,
+            DEFAULT_SIZE,
+            "loaded on the first active control node",
+        )?;
+
+        let (active, standby) = cluster.active_and_standby()?;
+        cluster.kill(&active)?;
+        cluster.wait_alive(&["data1", "data2", "steer1"], Duration::from_secs(15))?;
+        assert_eq!(cluster.active_control()?, standby);
+        let show = cluster.control(&format!(
+            r#"{{"command":"filter_show","tenant":"{tenant}"}}"#
+        ))?;
+        assert_eq!(show["filters"][0]["section"], "xdp", "{show}");
+        drops_exactly(&topo, DEFAULT_SIZE, &format!("after {standby} took over"))?;
+        eprintln!("{active} killed: {standby} took over and runs the stored filters");
+
+        let unloaded = cluster.ctl(&["filter", "unload", &tenant, "--json"])?;
+        assert!(unloaded.contains("\"removed\""), "{unloaded}");
+        all_replies(&topo, Some(DEFAULT_SIZE), "-s 1000 after the unload")
     })();
     if result.is_err() {
         eprintln!("{}", cluster.log_tails(80));
