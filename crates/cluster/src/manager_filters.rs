@@ -169,13 +169,17 @@ impl Cluster {
 
     /// Waits for `waiting` and returns the failures by node name (a node whose session closed
     /// meanwhile is not one: it gets the current set when it registers again).
-    fn failures(&self, waiting: Waiting) -> Vec<(u32, String, String)> {
+    fn failures(
+        &self,
+        waiting: Waiting,
+        deadline: std::time::Instant,
+    ) -> Vec<(u32, String, String)> {
         let (who, acks): (Vec<(u32, String)>, Vec<Ack>) = waiting
             .into_iter()
             .map(|(id, name, ack)| ((id, name), ack))
             .unzip();
         let mut failed: BTreeMap<u32, (String, String)> = BTreeMap::new();
-        each_answer(&acks, self.filter_deadline(), |i, answer| {
+        each_answer(&acks, deadline, |i, answer| {
             let (id, name) = &who[i];
             match answer {
                 Ok(_) | Err(LinkError::Closed) => {}
@@ -216,7 +220,7 @@ impl Cluster {
     ) -> Result<(), DataplaneError> {
         let (old, waiting) = self.ship_filters(filters);
         let nodes = waiting.iter().map(|w| w.0).collect::<HashSet<_>>().len();
-        let failed = self.failures(waiting);
+        let failed = self.failures(waiting, self.filter_deadline());
         if failed.is_empty() {
             info!(
                 filters = filters.len(),
@@ -231,7 +235,7 @@ impl Cluster {
             }
         }
         let (_, back) = self.ship_filters(&old);
-        for (_, name, why) in self.failures(back) {
+        for (_, name, why) in self.failures(back, self.filter_deadline()) {
             warn!(node = %name, error = %why, "data node did not take the previous tenant filters back");
         }
         Err(DataplaneError::Nodes {
@@ -240,7 +244,7 @@ impl Cluster {
     }
 
     /// Every data node with a session gets the fairness mode and weights, and has answered
-    /// when this returns; a node that refuses (one whose time-stamp counter cannot be used)
+    /// (within `directive_timeout`) when this returns; a node that refuses (one whose time-stamp counter cannot be used)
     /// fails the call with its reason. Nodes registering later get them at registration.
     pub(super) fn cluster_set_cpu_fairness(
         &self,
@@ -257,7 +261,8 @@ impl Cluster {
                 }
             }
         }
-        let failed = self.failures(waiting);
+        // Within the usual directive timeout: an apply calls this from the control loop.
+        let failed = self.failures(waiting, self.deadline());
         if failed.is_empty() {
             return Ok(());
         }
