@@ -130,6 +130,7 @@ impl Cluster {
     pub(super) fn filters_on_hello(&self, sh: &mut Shell, id: u32, name: &str) {
         sh.filters.held.remove(&id);
         sh.filters.reports.remove(&id);
+        sh.core.set_filters_current(id, true);
         let deadline = self.filter_deadline();
         let node = name.to_owned();
         match Self::queue_fairness(sh, id) {
@@ -151,9 +152,10 @@ impl Cluster {
                     last.on_answer(deadline, move |a| match a {
                         Ok(_) => info!(node = %node, filters, "data node runs the tenant filters"),
                         Err(e) => {
-                            warn!(node = %node, error = %e, "data node did not take the tenant filters");
+                            warn!(node = %node, error = %e, "data node did not take the tenant filters; nothing new is placed on it while another node can take it");
                             let mut sh = state.lock().unwrap_or_else(|e| e.into_inner());
                             sh.filters.held.remove(&id);
+                            sh.core.set_filters_current(id, false);
                         }
                     });
                 }
@@ -219,12 +221,18 @@ impl Cluster {
         filters: &[FilterConfig],
     ) -> Result<(), DataplaneError> {
         let (old, waiting) = self.ship_filters(filters);
-        let nodes = waiting.iter().map(|w| w.0).collect::<HashSet<_>>().len();
+        let nodes: HashSet<u32> = waiting.iter().map(|w| w.0).collect();
         let failed = self.failures(waiting, self.filter_deadline());
         if failed.is_empty() {
+            let mut sh = self.state();
+            for id in &nodes {
+                sh.core.set_filters_current(*id, true);
+            }
+            drop(sh);
             info!(
                 filters = filters.len(),
-                nodes, "tenant filters sent to the data nodes"
+                nodes = nodes.len(),
+                "tenant filters sent to the data nodes"
             );
             return Ok(());
         }
@@ -234,18 +242,29 @@ impl Cluster {
                 sh.filters.held.remove(id);
             }
         }
+        // The nodes that took the new set get the old one back; one that refuses it too runs
+        // neither as far as control knows.
         let (_, back) = self.ship_filters(&old);
-        for (_, name, why) in self.failures(back, self.filter_deadline()) {
-            warn!(node = %name, error = %why, "data node did not take the previous tenant filters back");
+        let sent_back: HashSet<u32> = back.iter().map(|w| w.0).collect();
+        let refused = self.failures(back, self.filter_deadline());
+        let mut sh = self.state();
+        for id in &sent_back {
+            sh.core.set_filters_current(*id, true);
         }
+        for (id, name, why) in &refused {
+            warn!(node = %name, error = %why, "data node did not take the previous tenant filters back; nothing new is placed on it while another node can take it");
+            sh.filters.held.remove(id);
+            sh.core.set_filters_current(*id, false);
+        }
+        drop(sh);
         Err(DataplaneError::Nodes {
             failures: failed.into_iter().map(|(_, n, w)| (n, w)).collect(),
         })
     }
 
     /// Every data node with a session gets the fairness mode and weights, and has answered
-    /// (within `directive_timeout`) when this returns; a node that refuses (one whose time-stamp counter cannot be used)
-    /// fails the call with its reason. Nodes registering later get them at registration.
+    /// (within `directive_timeout`) when this returns; a node that refuses (one whose
+    /// time-stamp counter cannot be used) fails the call with its reason. Nodes registering later get them at registration.
     pub(super) fn cluster_set_cpu_fairness(
         &self,
         fairness: &CpuFairnessConfig,

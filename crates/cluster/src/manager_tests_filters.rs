@@ -329,3 +329,34 @@ fn counters_and_tenant_cpu_are_summed_over_the_data_nodes_reports() {
         .programs
         .is_empty());
 }
+
+#[test]
+fn a_data_node_that_refused_the_filters_takes_a_new_tunnel_only_if_no_other_can() {
+    let b = bed();
+    let a = object("object a");
+    b.cluster.set_filters(&[filter("a", "xdp", &a)]).unwrap();
+    let (d1, d2) = (FilterLink::new(1), FilterLink::new(2));
+    // d2 registers first: by the tie-break (lowest id) it would take the tunnel.
+    *d2.refuse.lock().unwrap() = Some("cannot map the JIT's memory".into());
+    let id2 = join(&b, "d2", 1, &d2);
+    let id1 = join(&b, "d1", 1, &d1);
+    // The refusal comes back after the registration, from the answer's thread.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !b.cluster.state().core.filters_refused.contains(&id2) {
+        assert!(Instant::now() < deadline, "the refusal was not recorded");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    b.cluster
+        .install_child(&child(1, 0x1000, None, true))
+        .expect("placed");
+    assert_eq!(b.cluster.state().core.choose(TunnelId(1), None), Some(id1));
+    assert!(d1
+        .take()
+        .iter()
+        .any(|op| matches!(op, Op::InstallChild(c) if c.inbound_spi == 0x1000)));
+    assert!(!d2.take().iter().any(|op| matches!(op, Op::InstallChild(_))));
+    // Once it takes a set, it is a node like the others.
+    *d2.refuse.lock().unwrap() = None;
+    b.cluster.set_filters(&[]).expect("both take it");
+    assert!(!b.cluster.state().core.filters_refused.contains(&id2));
+}

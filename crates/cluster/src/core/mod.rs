@@ -68,6 +68,9 @@ pub struct ClusterCore {
     /// Data nodes whose per-VM routes are not the master table's (behind, or fetching): not
     /// chosen for new tunnels and attachments while a current one can be.
     pub(crate) routes_behind: HashSet<u32>,
+    /// Data nodes that refused the running tenant filter set: not chosen for new tunnels and
+    /// attachments while another can be (they would carry the tenants' traffic unfiltered).
+    pub(crate) filters_refused: HashSet<u32>,
     pub(crate) ids: HashMap<String, u32>,
     pub(crate) placement: HashMap<TunnelId, u32>,
     pub(crate) children: HashMap<EspSpi, ChildEntry>,
@@ -132,6 +135,7 @@ impl ClusterCore {
             gateways,
             nodes: BTreeMap::new(),
             routes_behind: HashSet::new(),
+            filters_refused: HashSet::new(),
             ids: HashMap::new(),
             placement: HashMap::new(),
             children: HashMap::new(),

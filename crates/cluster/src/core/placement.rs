@@ -58,6 +58,22 @@ impl ClusterCore {
         }
     }
 
+    /// Says whether data node `id` runs the tenant filter set (it refused it: `false`); one
+    /// that does not is chosen for something new only if no usable node does.
+    pub fn set_filters_current(&mut self, id: u32, current: bool) {
+        if current {
+            self.filters_refused.remove(&id);
+        } else {
+            self.filters_refused.insert(id);
+        }
+    }
+
+    /// True if data node `id` is chosen for something new only when no other can be: its
+    /// per-VM routes are behind, or it refused the tenant filters.
+    fn behind(&self, id: u32) -> bool {
+        self.routes_behind.contains(&id) || self.filters_refused.contains(&id)
+    }
+
     /// [`Self::choose`] for `what`, placed on `current` so far; a new node only among those
     /// `eligible` says.
     pub(crate) fn choose_node(
@@ -94,16 +110,17 @@ impl ClusterCore {
             .keys()
             .filter(|id| usable(id))
             .any(|id| !self.nodes[id].parked);
-        // Nodes whose routes are behind only when no current one can.
+        // Nodes whose routes are behind (or that refused the filters) only when no current
+        // one can.
         let routed = self
             .nodes
             .keys()
             .filter(|id| usable(id) && !(unparked && self.nodes[*id].parked) && eligible(**id))
-            .any(|id| !self.routes_behind.contains(id));
+            .any(|id| !self.behind(*id));
         self.nodes
             .keys()
             .filter(|id| usable(id) && !(unparked && self.nodes[*id].parked) && eligible(**id))
-            .filter(|id| !(routed && self.routes_behind.contains(*id)))
+            .filter(|id| !(routed && self.behind(**id)))
             .min_by(|a, b| {
                 let util = |id: &u32| {
                     self.nodes[id]
