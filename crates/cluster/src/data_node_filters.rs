@@ -24,8 +24,10 @@ pub(super) const MAX_STAGED_BYTES: usize = 256 << 20;
 #[derive(Default)]
 pub(super) struct FilterObjects(Mutex<Held>);
 
+/// What [`FilterObjects`] guards.
 #[derive(Default)]
 pub(super) struct Held {
+    /// The staged and running objects, by SHA-256.
     objects: HashMap<ObjectDigest, Arc<[u8]>>,
     /// The set the data plane runs, as control sent it (a new control node sends the same
     /// set again: it is not verified again).
