@@ -130,7 +130,10 @@ impl Cluster {
     pub(super) fn filters_on_hello(&self, sh: &mut Shell, id: u32, name: &str) {
         sh.filters.held.remove(&id);
         sh.filters.reports.remove(&id);
-        sh.core.set_filters_current(id, true);
+        // Not current until it answers (nothing is placed on it while another node can take
+        // it): a node that refuses the set would run its tenants' tunnels without their filters.
+        sh.core
+            .set_filters_current(id, sh.filters.filters.is_empty());
         let deadline = self.filter_deadline();
         let node = name.to_owned();
         match Self::queue_fairness(sh, id) {
@@ -150,7 +153,18 @@ impl Cluster {
                 // The set's answer comes after its objects' (the node answers in order).
                 if let Some(last) = acks.into_iter().last() {
                     last.on_answer(deadline, move |a| match a {
-                        Ok(_) => info!(node = %node, filters, "data node runs the tenant filters"),
+                        Ok(_) => {
+                            info!(node = %node, filters, "data node runs the tenant filters");
+                            let mut sh = state.lock().unwrap_or_else(|e| e.into_inner());
+                            sh.core.set_filters_current(id, true);
+                        }
+                        // Still verifying: it takes its directives in order, so a tunnel placed
+                        // on it now is installed after the set.
+                        Err(LinkError::Timeout(_)) => {
+                            warn!(node = %node, "data node has not answered the tenant filters yet; taken as current (it applies its directives in order)");
+                            let mut sh = state.lock().unwrap_or_else(|e| e.into_inner());
+                            sh.core.set_filters_current(id, true);
+                        }
                         Err(e) => {
                             warn!(node = %node, error = %e, "data node did not take the tenant filters; nothing new is placed on it while another node can take it");
                             let mut sh = state.lock().unwrap_or_else(|e| e.into_inner());

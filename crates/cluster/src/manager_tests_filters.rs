@@ -346,6 +346,11 @@ fn a_data_node_that_refused_the_filters_takes_a_new_tunnel_only_if_no_other_can(
         assert!(Instant::now() < deadline, "the refusal was not recorded");
         std::thread::sleep(Duration::from_millis(5));
     }
+    // A node is current only once it answered that it runs the set.
+    while b.cluster.state().core.filters_refused.contains(&id1) {
+        assert!(Instant::now() < deadline, "d1's answer was not recorded");
+        std::thread::sleep(Duration::from_millis(5));
+    }
     b.cluster
         .install_child(&child(1, 0x1000, None, true))
         .expect("placed");

@@ -201,6 +201,7 @@ impl Filters {
                     && p.direction == f.direction
                     && p.section == f.section
                     && p.weight == f.weight
+                    && p.object_name == f.object_name
                     && p.object == f.object
             }) {
                 let kept = self

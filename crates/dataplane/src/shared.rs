@@ -498,7 +498,8 @@ impl Shared {
         for (tenant, d, chain) in &built.stages {
             self.set_feature_chain(tenant, direction(*d), chain.clone())?;
         }
-        for (tenant, d) in self.filters().commit(&mut built) {
+        let gone = self.filters().commit(&mut built);
+        for (tenant, d) in gone {
             self.set_feature_chain(&tenant, direction(d), FeatureChain::new())?;
         }
         tracing::info!(filters = filters.len(), "tenant filters set");

@@ -568,6 +568,17 @@ impl Responder {
             .map_err(|e| Error::Filter(e.to_string()))?;
         let generation = match self.control.commit_filters(changed.filters.clone()) {
             Ok(g) => g,
+            // No answer: the control loop may still store the new set. The data path keeps
+            // it, so that a later commit leaves the two alike.
+            Err(Error::ControlStopped) => {
+                tracing::error!("the control loop did not answer the commit of the new filter set: the data path runs it, the store may or may not keep it");
+                return Err(Error::Filter(
+                    "the control loop did not answer: the data path runs the new set, and the \
+                     store may or may not keep it (check with `protego ctl filter show` after \
+                     a restart, or load again)"
+                        .into(),
+                ));
+            }
             Err(e) => {
                 if let Err(back) = self.datapath.set_filters(&state.filters) {
                     tracing::error!(error = %back, "cannot put the data path's filters back after the store refused the new set: the data path runs the new set, the store keeps the old one");
