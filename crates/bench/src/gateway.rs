@@ -49,6 +49,33 @@ pub(crate) struct GatewayParams {
 
 /// The `[gateway]` line setting the worker count. Kept in one place: binaries that do not know
 /// the key yet reject it, and [`workers_key_supported`] decides whether to write it.
+/// Appends the `[[tunnel]]` table of the load generator's peer `i` (named `t{i}`) of `tenant`
+/// into `vnet`, its PSK file's path in `psk`: no rekeying during a run.
+pub(crate) fn write_tunnel(
+    out: &mut String,
+    i: u32,
+    tenant: &str,
+    vnet: &str,
+    psk: &str,
+    cipher: Cipher,
+) {
+    let _ = writeln!(out, "\n[[tunnel]]");
+    let _ = writeln!(out, "name = \"t{i}\"");
+    let _ = writeln!(out, "tenant = \"{tenant}\"");
+    let _ = writeln!(out, "vnet = \"{vnet}\"");
+    let _ = writeln!(out, "remote_addrs = \"{}\"", net::PEER);
+    let _ = writeln!(out, "local_id = \"{GATEWAY_ID}\"");
+    let _ = writeln!(out, "remote_id = \"{}\"", peer_id(i));
+    let _ = writeln!(out, "psk_file = {psk:?}");
+    let _ = writeln!(out, "proposals = \"{IKE_PROPOSAL}\"");
+    let _ = writeln!(out, "esp_proposals = \"{}\"", cipher.esp_proposal());
+    let _ = writeln!(out, "local_ts = \"{}\"", net::VNET);
+    let _ = writeln!(out, "remote_ts = \"{}/32\"", net::tunnel_addr(i));
+    let _ = writeln!(out, "rekey_time = \"0\"");
+    let _ = writeln!(out, "child_rekey_time = \"0\"");
+    let _ = writeln!(out, "life_time = \"0\"");
+}
+
 pub(crate) fn workers_line(workers: u32) -> String {
     format!("workers = {workers}")
 }
@@ -88,22 +115,7 @@ pub(crate) fn render_config(p: &GatewayParams) -> String {
     );
     let psk = p.psk_file.display().to_string();
     for i in 0..p.tunnels {
-        let _ = writeln!(out, "\n[[tunnel]]");
-        let _ = writeln!(out, "name = \"t{i}\"");
-        let _ = writeln!(out, "tenant = \"bench\"");
-        let _ = writeln!(out, "vnet = \"vnet\"");
-        let _ = writeln!(out, "remote_addrs = \"{}\"", net::PEER);
-        let _ = writeln!(out, "local_id = \"{GATEWAY_ID}\"");
-        let _ = writeln!(out, "remote_id = \"{}\"", peer_id(i));
-        let _ = writeln!(out, "psk_file = {psk:?}");
-        let _ = writeln!(out, "proposals = \"{IKE_PROPOSAL}\"");
-        let _ = writeln!(out, "esp_proposals = \"{}\"", p.cipher.esp_proposal());
-        let _ = writeln!(out, "local_ts = \"{}\"", net::VNET);
-        let _ = writeln!(out, "remote_ts = \"{}/32\"", net::tunnel_addr(i));
-        // No rekeying during a run.
-        let _ = writeln!(out, "rekey_time = \"0\"");
-        let _ = writeln!(out, "child_rekey_time = \"0\"");
-        let _ = writeln!(out, "life_time = \"0\"");
+        write_tunnel(&mut out, i, "bench", "vnet", &psk, p.cipher);
     }
     // The benchmark measures forwarding; the IKE state store is not under test (and writing
     // 1000 tunnels' state to disk would only slow the set-up).

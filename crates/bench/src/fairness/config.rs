@@ -7,7 +7,7 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
 use crate::error::{BenchError, Result};
-use crate::gateway::{peer_id, GATEWAY_ID, IKE_PROPOSAL};
+use crate::gateway::write_tunnel;
 use crate::net;
 use crate::options::Cipher;
 
@@ -161,21 +161,7 @@ pub(crate) fn render(case: &CaseSpec, mode: Mode, files: &GatewayFiles<'_>) -> S
             net::HOST_VTEP
         );
         for _ in 0..t.tunnels {
-            let _ = writeln!(out, "\n[[tunnel]]");
-            let _ = writeln!(out, "name = \"t{index}\"");
-            let _ = writeln!(out, "tenant = \"{}\"", t.name);
-            let _ = writeln!(out, "vnet = \"{vnet}\"");
-            let _ = writeln!(out, "remote_addrs = \"{}\"", net::PEER);
-            let _ = writeln!(out, "local_id = \"{GATEWAY_ID}\"");
-            let _ = writeln!(out, "remote_id = \"{}\"", peer_id(index));
-            let _ = writeln!(out, "psk_file = {psk:?}");
-            let _ = writeln!(out, "proposals = \"{IKE_PROPOSAL}\"");
-            let _ = writeln!(out, "esp_proposals = \"{}\"", files.cipher.esp_proposal());
-            let _ = writeln!(out, "local_ts = \"{}\"", net::VNET);
-            let _ = writeln!(out, "remote_ts = \"{}/32\"", net::tunnel_addr(index));
-            let _ = writeln!(out, "rekey_time = \"0\"");
-            let _ = writeln!(out, "child_rekey_time = \"0\"");
-            let _ = writeln!(out, "life_time = \"0\"");
+            write_tunnel(&mut out, index, &t.name, &vnet, &psk, files.cipher);
             index += 1;
         }
         let filters: &[(&str, &Path, &str)] = match t.program {
