@@ -186,7 +186,10 @@ pub(crate) fn verify_with_stack(
         Err(LoadError::Verifier {
             section: section.to_owned(),
             index,
-            reason: error.map_or_else(|| "the program is not safe".to_owned(), |e| explained(e.message)),
+            reason: error.map_or_else(
+                || "the program is not safe".to_owned(),
+                |e| explained(e.message),
+            ),
             source_line: index.and_then(|i| source_line(lines, i)),
         })
     }));
