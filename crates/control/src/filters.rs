@@ -14,8 +14,8 @@
 //! error), then the store keeps it; should the store refuse, the data path gets the old set
 //! back.
 //!
-//! A filter's place is (tenant, direction, section): loading a program into a place that holds
-//! one replaces it (atomically: batches in flight finish with the old program, the next runs
+//! A filter's place is (tenant, direction, object file name, section): loading a program into a
+//! place that holds one (a new version of the same file) replaces it (atomically: batches in flight finish with the old program, the next runs
 //! the new one; maps whose declaration did not change keep their contents). Map contents are
 //! not stored: like the kernel's maps, they start as the object declares them after a
 //! restart.
@@ -238,7 +238,10 @@ pub fn change(
             }
             filter::Object::load(&object, &section).map_err(|e| format!("{object_name}: {e}"))?;
             let place = |f: &FilterConfig| {
-                f.tenant == tenant && f.direction == direction && f.section == section
+                f.tenant == tenant
+                    && f.direction == direction
+                    && f.section == section
+                    && f.object_name == object_name
             };
             let replaced: Vec<FilterConfig> =
                 current.iter().filter(|f| place(f)).cloned().collect();
@@ -256,7 +259,7 @@ pub fn change(
             let loaded = FilterConfig {
                 tenant: tenant.clone(),
                 direction,
-                object_name,
+                object_name: object_name.clone(),
                 object: object.into(),
                 weight: weight
                     .or_else(|| replaced.first().map(|f| f.weight))

@@ -11,17 +11,17 @@
 //! `<tenant>/filter_aborted`), `XDP_TX` sends it back the way it came
 //! ([`FeatureBatch::reflect`]).
 //!
-//! A program the current set already runs in the same place (tenant, direction, section),
-//! from the same object and at the same weight, is kept as it is (not verified or compiled
-//! again; its maps and counters go on), so a change of one tenant's filters costs the others
-//! nothing.
+//! A program the current set already runs in the same place (tenant, direction, object file
+//! name, section), from the same object and at the same weight, is kept as it is (not verified
+//! or compiled again; its maps and counters go on), so a change of one tenant's filters costs
+//! the others nothing.
 //!
 //! Programs of one tenant loaded from the same object (the same bytes) share the object's
 //! maps, as under libbpf, and a replacement keeps a map whose declaration did not change,
 //! with its contents: the maps of every filter set are kept by (tenant, object) and handed to
 //! the next set's instances of the same object, or of the object that replaces it in the same
-//! place (tenant, direction, section). A batch in flight finishes with the stage it read from the
-//! published tables; the next batch runs the new one.
+//! place (tenant, direction, object file name, section). A batch in flight finishes with the
+//! stage it read from the published tables; the next batch runs the new one.
 
 use crate::feature::{Feature, FeatureBatch, FeatureChain};
 use crate::sys::tsc::{Cycles, Tsc};
@@ -162,14 +162,14 @@ pub(crate) struct Filters {
     /// The tenants and directions that have a stage now.
     chains: Vec<(TenantId, FilterDirection)>,
     /// Each current filter's place and object: a filter replaced by another object in the
-    /// same place (tenant, direction, section) takes over its maps.
+    /// same place (tenant, direction, object file name, section) takes over its maps.
     placed: Vec<Placed>,
     /// The programs running now, in stage order.
     programs: Vec<Arc<Program>>,
 }
 
-/// Where a filter runs (tenant, direction, section) and its object's bytes.
-type Placed = (TenantId, FilterDirection, String, Arc<[u8]>);
+/// Where a filter runs (tenant, direction, object file name, section) and its object's bytes.
+type Placed = (TenantId, FilterDirection, String, String, Arc<[u8]>);
 
 /// The stages a filter set makes, by (tenant, direction), and what [`Filters`] keeps of it.
 pub(crate) struct Built {
@@ -248,8 +248,10 @@ impl Filters {
             let replaced = self
                 .placed
                 .iter()
-                .find(|(t, d, s, _)| *t == f.tenant && *d == f.direction && *s == f.section)
-                .map(|(_, _, _, o)| Arc::clone(o));
+                .find(|(t, d, s, n, _)| {
+                    *t == f.tenant && *d == f.direction && *s == f.section && *n == f.object_name
+                })
+                .map(|(_, _, _, _, o)| Arc::clone(o));
             let pool: Vec<Arc<Map>> = maps
                 .iter()
                 .chain(&self.maps)
@@ -350,6 +352,7 @@ impl Filters {
                     f.tenant.clone(),
                     f.direction,
                     f.section.clone(),
+                    f.object_name.clone(),
                     Arc::clone(&f.object),
                 )
             })

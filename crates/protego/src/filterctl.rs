@@ -11,10 +11,11 @@ use std::path::PathBuf;
 /// `protego ctl filter ...`.
 #[derive(Debug, Clone, clap::Subcommand)]
 pub(crate) enum FilterCommand {
-    /// Run a program of an eBPF object (`clang -O2 -target bpf -c`) on TENANT's traffic, in
-    /// place of the program in the same place (tenant, direction, section) if there is one:
-    /// batches in flight finish with the old program, the next runs the new one, and maps
-    /// whose declaration did not change keep their contents. The program is verified first;
+    /// Run a program of an eBPF object (`clang -O2 -target bpf -c`) on TENANT's traffic,
+    /// beside the tenant's others, or in place of the program in the same place (tenant,
+    /// direction, object file name, section: a new version of the file): batches in flight
+    /// finish with the old program, the next runs the new one, and maps whose declaration did
+    /// not change keep their contents. The program is verified first;
     /// nothing changes if it is refused. Kept in the store: a restart runs it.
     Load {
         /// The tenant.

@@ -108,6 +108,14 @@ fn a_load_replaces_its_place_or_adds_one_and_unload_removes() {
     )
     .expect("loads");
     assert_eq!(two.filters.len(), 2);
+    // Another file with the same section: beside it, not in its place.
+    let mut other = load("acme", "to_cloud", &dns, None, None);
+    if let FilterChange::Load { object_name, .. } = &mut other {
+        *object_name = "other.o".into();
+    }
+    let beside = change(&two.filters, &tenants, other).expect("loads");
+    assert_eq!(beside.filters.len(), 3);
+    assert!(beside.replaced.is_empty());
     // The same place again: replaced where it was, keeping its weight.
     let again = change(
         &two.filters,
