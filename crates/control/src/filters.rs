@@ -237,12 +237,15 @@ pub fn change(
                 ));
             }
             filter::Object::load(&object, &section).map_err(|e| format!("{object_name}: {e}"))?;
-            let place = |f: &FilterConfig| {
-                f.tenant == tenant
-                    && f.direction == direction
-                    && f.section == section
-                    && f.object_name == object_name
+            let mut loaded = FilterConfig {
+                tenant: tenant.clone(),
+                direction,
+                object_name,
+                object: object.into(),
+                weight: weight.unwrap_or(0),
+                section,
             };
+            let place = |f: &FilterConfig| loaded.same_place(f);
             let replaced: Vec<FilterConfig> =
                 current.iter().filter(|f| place(f)).cloned().collect();
             let others = current
@@ -256,16 +259,12 @@ pub fn change(
                     tenant.as_str()
                 ));
             }
-            let loaded = FilterConfig {
-                tenant: tenant.clone(),
-                direction,
-                object_name: object_name.clone(),
-                object: object.into(),
-                weight: weight
-                    .or_else(|| replaced.first().map(|f| f.weight))
-                    .unwrap_or(0),
-                section: section.clone(),
-            };
+            if weight.is_none() {
+                if let Some(old) = replaced.first() {
+                    loaded.weight = old.weight;
+                }
+            }
+            let place = |f: &FilterConfig| loaded.same_place(f);
             // In the place of the program it replaces, else after the others.
             let mut filters = Vec::with_capacity(current.len() + 1);
             let mut put = false;

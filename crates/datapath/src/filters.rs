@@ -63,6 +63,26 @@ pub struct FilterConfig {
     pub weight: u32,
 }
 
+impl FilterConfig {
+    /// The file name of the object (`object_name` without its directories): what tells two
+    /// versions of one program apart from two programs, whichever path named the file.
+    pub fn file_name(&self) -> &str {
+        std::path::Path::new(&self.object_name)
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or(&self.object_name)
+    }
+
+    /// Whether `other` runs in this filter's place: the same tenant, direction, section and
+    /// object file name (a new version of the same program replaces it there).
+    pub fn same_place(&self, other: &FilterConfig) -> bool {
+        self.tenant == other.tenant
+            && self.direction == other.direction
+            && self.section == other.section
+            && self.file_name() == other.file_name()
+    }
+}
+
 impl fmt::Debug for FilterConfig {
     /// Everything but the object's bytes (their length instead).
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

@@ -168,7 +168,8 @@ pub(crate) struct Filters {
     programs: Vec<Arc<Program>>,
 }
 
-/// Where a filter runs (tenant, direction, object file name, section) and its object's bytes.
+/// Where a filter runs (tenant, direction, section, object file name: see
+/// [`FilterConfig::same_place`]) and its object's bytes.
 type Placed = (TenantId, FilterDirection, String, String, Arc<[u8]>);
 
 /// The stages a filter set makes, by (tenant, direction), and what [`Filters`] keeps of it.
@@ -249,7 +250,7 @@ impl Filters {
                 .placed
                 .iter()
                 .find(|(t, d, s, n, _)| {
-                    *t == f.tenant && *d == f.direction && *s == f.section && *n == f.object_name
+                    *t == f.tenant && *d == f.direction && *s == f.section && n == f.file_name()
                 })
                 .map(|(_, _, _, _, o)| Arc::clone(o));
             let pool: Vec<Arc<Map>> = maps
@@ -352,7 +353,7 @@ impl Filters {
                     f.tenant.clone(),
                     f.direction,
                     f.section.clone(),
-                    f.object_name.clone(),
+                    f.file_name().to_owned(),
                     Arc::clone(&f.object),
                 )
             })

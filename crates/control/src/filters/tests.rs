@@ -116,6 +116,18 @@ fn a_load_replaces_its_place_or_adds_one_and_unload_removes() {
     let beside = change(&two.filters, &tenants, other).expect("loads");
     assert_eq!(beside.filters.len(), 3);
     assert!(beside.replaced.is_empty());
+    // The same file under another path: the same place.
+    let mut moved = load("acme", "to_cloud", &dns, None, None);
+    if let FilterChange::Load { object_name, .. } = &mut moved {
+        *object_name = "/srv/filters/prog.o".into();
+    }
+    assert_eq!(
+        change(&two.filters, &tenants, moved)
+            .expect("loads")
+            .replaced
+            .len(),
+        1
+    );
     // The same place again: replaced where it was, keeping its weight.
     let again = change(
         &two.filters,
