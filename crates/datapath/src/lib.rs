@@ -374,6 +374,10 @@ pub struct DataplaneStats {
     /// Phases of a batch that crossed more tenant runs than the charge measures one by one
     /// (the rest of such a phase is one interval split by packet count), cumulative.
     pub cpu_capped_phases: u64,
+    /// CPU time taken back from the tenants' charges because their worker was preempted
+    /// (not running) while it was charged, in nanoseconds, cumulative (docs/architecture.md,
+    /// "CPU charge").
+    pub cpu_preempted_ns: u64,
 }
 
 /// The CPU fairness mode (`[gateway] cpu_fairness`, issue 18 §3).

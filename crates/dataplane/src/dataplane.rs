@@ -421,6 +421,12 @@ impl DataPath for Dataplane {
                 .iter()
                 .map(|w| w.cpu_capped.load(Ordering::Relaxed))
                 .sum(),
+            cpu_preempted_ns: crate::sys::tsc::to_ns(
+                sh.worker_stats
+                    .iter()
+                    .map(|w| w.cpu_preempted.load(Ordering::Relaxed))
+                    .sum(),
+            ),
         }
     }
 

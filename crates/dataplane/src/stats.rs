@@ -236,6 +236,9 @@ pub(crate) struct WorkerCounters {
     pub(crate) cpu_unattributed: AtomicU64,
     /// Phases the CPU charge split by packet count (too many tenant runs).
     pub(crate) cpu_capped: AtomicU64,
+    /// Cycles the CPU charge took back from the tenants: the worker was preempted while it
+    /// charged them.
+    pub(crate) cpu_preempted: AtomicU64,
     /// Enforcing CPU fairness: the worker's tokens per tenant slot (cycles), as of its last
     /// generation.
     pub(crate) tokens: std::sync::Mutex<Vec<i64>>,

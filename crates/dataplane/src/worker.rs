@@ -254,7 +254,14 @@ fn charged(sh: &Shared, w: &mut Worker, tenants: &TenantTable, packets: u64) {
 fn fold(sh: &Shared, id: usize, c: &mut Charge, tenants: &TenantTable, packets: u64) {
     let folded = c.end(packets, |ch| {
         if let Some(t) = tenants.counters.get(usize::from(ch.slot)) {
-            t.cycles.fetch_add(ch.cycles, Ordering::Relaxed);
+            // The refund is of cycles folded in earlier batches: the sum stays positive.
+            if ch.cycles >= ch.refunded {
+                t.cycles
+                    .fetch_add(ch.cycles - ch.refunded, Ordering::Relaxed);
+            } else {
+                t.cycles
+                    .fetch_sub(ch.refunded - ch.cycles, Ordering::Relaxed);
+            }
             t.packets.fetch_add(ch.packets, Ordering::Relaxed);
             if ch.refused != 0 {
                 t.fair_drops.fetch_add(ch.refused, Ordering::Relaxed);
@@ -270,6 +277,10 @@ fn fold(sh: &Shared, id: usize, c: &mut Charge, tenants: &TenantTable, packets: 
         .fetch_add(folded.unattributed, Ordering::Relaxed);
     if folded.capped != 0 {
         ws.cpu_capped.fetch_add(folded.capped, Ordering::Relaxed);
+    }
+    if folded.preempted != 0 {
+        ws.cpu_preempted
+            .fetch_add(folded.preempted, Ordering::Relaxed);
     }
 }
 

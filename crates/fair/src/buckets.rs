@@ -152,6 +152,19 @@ impl Buckets {
         }
     }
 
+    /// Gives back to `slot`'s bucket `cycles` of an earlier [`charge`](Buckets::charge) that
+    /// turned out not to be its tenant's (time its worker was preempted in the middle of the
+    /// tenant's run), up to B at most. Does nothing for a vacant or unknown slot.
+    pub fn refund(&mut self, slot: usize, cycles: u64) {
+        if let (Some(t), Some(&w)) = (self.tokens.get_mut(slot), self.weights.get(slot)) {
+            if w != 0 {
+                let bucket = self.params.bucket() as i64;
+                let cycles = i64::try_from(cycles).unwrap_or(i64::MAX);
+                *t = t.saturating_add(cycles).min(bucket);
+            }
+        }
+    }
+
     /// Generates `intervals` intervals of tokens ([`Params::tokens`] cycles each) by Algorithm 1. The result is
     /// that of `intervals` generations in a row with no charge in between; the cost is that of
     /// one, however many intervals passed.

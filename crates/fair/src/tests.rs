@@ -210,7 +210,8 @@ proptest! {
         let mut now = 0u64;
         for (slot, n, op) in ops {
             match op {
-                0 | 1 => b.charge(slot, n >> (n % 64)),
+                0 => b.charge(slot, n >> (n % 64)),
+                1 => b.refund(slot, n >> (n % 64)),
                 2 => { b.generate(n % 4); }
                 _ => { now = now.saturating_add(n % (4 * s.interval)); b.tick(now); }
             }
@@ -347,6 +348,26 @@ fn charge_floors_at_minus_bucket() {
     assert!(!b.admit(0));
     b.generate(1);
     assert!(b.admit(0));
+}
+
+#[test]
+fn a_refund_gives_back_up_to_the_bucket() {
+    let s = Scenario {
+        bucket: 1_000,
+        interval: 100,
+        slots: vec![Some((1, 1_000)), None],
+    };
+    let mut b = s.buckets();
+    b.charge(0, 1_500);
+    assert_eq!(b.tokens(0), Some(-500));
+    b.refund(0, 700);
+    assert_eq!(b.tokens(0), Some(200));
+    b.refund(0, u64::MAX);
+    assert_eq!(b.tokens(0), Some(1_000));
+    // Vacant and unknown slots are untouched.
+    b.refund(1, 5);
+    b.refund(99, 5);
+    assert_eq!(tokens(&b), [Some(1_000), None]);
 }
 
 #[test]

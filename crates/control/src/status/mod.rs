@@ -70,6 +70,10 @@ pub struct StatusReport {
     /// "CPU charge").
     #[serde(default, skip_serializing_if = "is_zero")]
     pub cpu_capped_phases: u64,
+    /// CPU time taken back from the tenants' charges because their worker was preempted
+    /// while it charged them, in nanoseconds (docs/architecture.md, "CPU charge").
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub cpu_preempted_ns: u64,
 }
 
 /// One running tenant filter and what it did since it was loaded (`protego status`,
@@ -501,6 +505,7 @@ impl StatusReport {
             tenants,
             cpu_unattributed_ns: stats.cpu_unattributed_ns,
             cpu_capped_phases: stats.cpu_capped_phases,
+            cpu_preempted_ns: stats.cpu_preempted_ns,
         }
     }
 }

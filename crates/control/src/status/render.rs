@@ -180,7 +180,8 @@ fn render_workers(out: &mut String, workers: &[super::WorkerStatus]) {
 }
 
 /// One line per tenant the CPU charge knows: CPU time, share, weight, packets, fairness drops
-/// and tokens (when enforcing), then the unattributed CPU time.
+/// and tokens (when enforcing), then the unattributed CPU time and the time taken back from
+/// the tenants because their worker was preempted.
 fn render_tenants_cpu(out: &mut String, report: &super::StatusReport) {
     if report.tenants.is_empty() {
         return;
@@ -206,6 +207,13 @@ fn render_tenants_cpu(out: &mut String, report: &super::StatusReport) {
         "  unattributed: {:.3} ms",
         report.cpu_unattributed_ns as f64 / 1e6
     );
+    if report.cpu_preempted_ns != 0 {
+        let _ = writeln!(
+            out,
+            "  taken back (worker preempted): {:.3} ms",
+            report.cpu_preempted_ns as f64 / 1e6
+        );
+    }
 }
 
 /// One line per running tenant filter: where it runs, its verdicts, its instructions and CPU.

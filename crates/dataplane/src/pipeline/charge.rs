@@ -36,7 +36,15 @@
 //! decapsulation or the attach stage; the packet is still counted and the cycles up to its
 //! drop (its classification, its share of the system calls) still charged to its tenant: a
 //! flood pays for itself, down to the floor −B. Every run's cycles are taken from the bucket as
-//! soon as the run ends, so a tenant is refused within the batch that empties its bucket.
+//! soon as the run ends, so a tenant is refused within the batch that empties its bucket. The
+//! gate also counts what the packets it already admitted in the batch will cost in their
+//! tenant's feature chains (run at the end of the pass): each reserves the tenant's expected
+//! chain cost per admitted packet, a moving average of its chains' measured cycles, so a
+//! program at its instruction limit cannot have a whole batch admitted on a few tokens.
+//!
+//! The counter measures wall time. Once per millisecond the thread's CPU time is read too, and
+//! the time the worker did not run in between (it was preempted) is taken back from the
+//! tenants in proportion to their charges in that window ([`Charge::preemption`]).
 //!
 //! Nobody is refused while only one tenant was charged in the last interval: with no other
 //! tenant to be fair to, a refusal would only idle the worker. (Measured with one flooded
@@ -223,6 +231,28 @@ pub(crate) struct Charge {
     in_batch: bool,
     /// Enforcing: the token buckets.
     enforce: Option<Enforce>,
+    /// Counter cycles between two readings of the thread's CPU time (1 ms).
+    cpu_every: u64,
+    /// The counter and the thread's CPU time at the last reading of the latter.
+    cpu_mark: Option<(u64, u64)>,
+    /// Idle cycles since `cpu_mark`.
+    window_idle: u64,
+    /// Per slot: cycles charged since `cpu_mark`.
+    window: Vec<u64>,
+    /// Per slot: cycles taken back from its charge (preemption) not folded yet.
+    refunded: Vec<u64>,
+    /// Cycles taken back from the tenants' charges (preemption) since the last fold.
+    preempted: u64,
+    /// The current run is a feature chain's (its cycles are its tenant's chain cost).
+    chain: bool,
+    /// Per slot: cycles of its feature chains in this batch.
+    chain_cycles: Vec<u64>,
+    /// Per slot: the expected cost of its chains per packet it has admitted (a moving
+    /// average over batches), in cycles.
+    chain_cost: Vec<u64>,
+    /// Per slot (enforcing): the expected cost of its packets admitted in this batch that
+    /// has not been charged yet.
+    reserved: Vec<u64>,
 }
 
 /// A worker's token buckets and the tenant table they were sized for.
@@ -253,6 +283,9 @@ pub(crate) struct Charged {
     pub(crate) packets: u64,
     /// Packets dropped for the fair share.
     pub(crate) refused: u64,
+    /// Cycles taken back from earlier charges (folded before this batch's): the worker was
+    /// preempted while it charged them.
+    pub(crate) refunded: u64,
 }
 
 /// What one batch's charge amounted to (folded into the shared counters by the worker).
@@ -262,6 +295,8 @@ pub(crate) struct Folded {
     pub(crate) unattributed: u64,
     /// Capped phases.
     pub(crate) capped: u64,
+    /// Cycles taken back from the tenants' charges (the worker was preempted).
+    pub(crate) preempted: u64,
 }
 
 impl Charge {
@@ -285,7 +320,25 @@ impl Charge {
             idle: 0,
             in_batch: false,
             enforce: None,
+            cpu_every: crate::sys::tsc::from_ns(1_000_000),
+            cpu_mark: None,
+            window_idle: 0,
+            window: Vec::new(),
+            refunded: Vec::new(),
+            preempted: 0,
+            chain: false,
+            chain_cycles: Vec::new(),
+            chain_cost: Vec::new(),
+            reserved: Vec::new(),
         }
+    }
+
+    /// Reads the thread's CPU time every `cycles` of the counter instead of every millisecond
+    /// (tests of simulated clocks).
+    #[cfg(test)]
+    pub(crate) fn with_cpu_every(mut self, cycles: u64) -> Self {
+        self.cpu_every = cycles;
+        self
     }
 
     /// Follows `table`: enforcing with its parameters and weights (buckets kept for the slots
@@ -363,6 +416,12 @@ impl Charge {
     pub(crate) fn start(&mut self) {
         self.since = self.clock.now();
         self.between(self.since);
+        if self
+            .cpu_mark
+            .is_none_or(|(at, _)| self.since.saturating_sub(at) >= self.cpu_every)
+        {
+            self.preemption(self.since);
+        }
         self.in_batch = true;
         if let Some(e) = self.enforce.as_mut() {
             let g = e.buckets.tick(self.since.saturating_sub(self.uncharged));
@@ -383,9 +442,9 @@ impl Charge {
     pub(crate) fn idle<T>(&mut self, f: impl FnOnce() -> T) -> T {
         let before = self.clock.now();
         let r = f();
-        self.idle = self
-            .idle
-            .saturating_add(self.clock.now().saturating_sub(before));
+        let waited = self.clock.now().saturating_sub(before);
+        self.idle = self.idle.saturating_add(waited);
+        self.window_idle = self.window_idle.saturating_add(waited);
         r
     }
 
@@ -393,8 +452,51 @@ impl Charge {
     /// as an idle wait, and no batch is under way.
     pub(crate) fn empty(&mut self) {
         let now = self.clock.now();
-        self.idle = self.idle.saturating_add(now.saturating_sub(self.since));
+        let waited = now.saturating_sub(self.since);
+        self.idle = self.idle.saturating_add(waited);
+        self.window_idle = self.window_idle.saturating_add(waited);
         self.in_batch = false;
+    }
+
+    /// Reads the thread's CPU time (at `now`, a batch's start) and takes back from the
+    /// tenants' charges since the last reading the time the thread did not run: the counter
+    /// measures wall time, so a worker preempted in the middle of a tenant's run would charge
+    /// the whole preemption to that tenant (on a shared machine, milliseconds at a time: enough
+    /// to empty a bucket). The busy time of the window (all but the idle waits) minus the CPU
+    /// time the thread ran in it is the preemption; each tenant gets back its part of it in
+    /// proportion to what it was charged in the window (where in the window the thread was
+    /// preempted cannot be told from two readings), to its bucket at once and to its counters
+    /// at the batch's fold, and the buckets' virtual clock does not advance over it.
+    fn preemption(&mut self, now: u64) {
+        let Some(cpu) = self.clock.cpu() else {
+            return;
+        };
+        let idle = std::mem::take(&mut self.window_idle);
+        let Some((at, ran_at)) = self.cpu_mark.replace((now, cpu)) else {
+            self.window.iter_mut().for_each(|w| *w = 0);
+            return;
+        };
+        let busy = now.saturating_sub(at).saturating_sub(idle);
+        let ran = cpu.saturating_sub(ran_at);
+        let lost = busy.saturating_sub(ran);
+        for slot in 0..self.window.len() {
+            let charged = std::mem::take(&mut self.window[slot]);
+            if lost == 0 || charged == 0 {
+                continue;
+            }
+            let back = split(charged, lost.min(busy), busy).min(charged);
+            if back == 0 {
+                continue;
+            }
+            let s = slot as TenantSlot;
+            self.touch(s);
+            self.refunded[slot] += back;
+            self.preempted += back;
+            self.uncharged = self.uncharged.saturating_add(back);
+            if let Some(e) = self.enforce.as_mut() {
+                e.buckets.refund(slot, back);
+            }
+        }
     }
 
     /// Accounts the time from `mark` to `now`, between batches: what was not an idle wait is
@@ -423,13 +525,23 @@ impl Charge {
     pub(crate) fn enter(&mut self, slot: TenantSlot) -> bool {
         self.count(slot, 1);
         self.switch(slot, 1);
-        match self.enforce.as_ref() {
-            Some(e) if e.competing && !e.buckets.admit(usize::from(slot)) => {
-                self.refused[usize::from(slot)] += 1;
-                false
-            }
-            _ => true,
+        let Some(e) = self.enforce.as_ref().filter(|e| e.competing) else {
+            return true;
+        };
+        let i = usize::from(slot);
+        let Some(tokens) = e.buckets.tokens(i) else {
+            return true;
+        };
+        // Admitted against what the packets already admitted in this batch will cost it
+        // (their feature chains run at the end of the pass, after the gate): one dear
+        // program cannot have a whole batch admitted on the few tokens left.
+        let reserved = &mut self.reserved[i];
+        if tokens <= i64::try_from(*reserved).unwrap_or(i64::MAX) {
+            self.refused[i] += 1;
+            return false;
         }
+        *reserved = reserved.saturating_add(self.chain_cost[i]);
+        true
     }
 
     /// Work for `packets` packets of `slot`'s tenant follows (a feature chain, sealing): a
@@ -445,11 +557,11 @@ impl Charge {
             }
             return;
         }
-        if slot == self.current {
+        if slot == self.current && !self.chain {
             return;
         }
         let now = self.clock.now();
-        self.add(self.current, now.saturating_sub(self.since));
+        self.run_ends(now.saturating_sub(self.since));
         self.since = now;
         self.current = slot;
         self.runs += 1;
@@ -458,7 +570,7 @@ impl Charge {
         }
     }
 
-    /// A run of `packets` packets of `slot`'s tenant that is measured even in a capped phase:
+    /// A run of `slot`'s tenant that is measured even in a capped phase:
     /// a feature chain, whose tenant's program may cost anything (one that runs to its
     /// instruction limit costs 30 µs a packet, against 1 µs for the rest of a packet's way).
     /// Split by packet count with the capped tail, such a chain's cost would be paid by every
@@ -466,16 +578,21 @@ impl Charge {
     /// at its start (the tail so far is split then) and one at its end (the next
     /// [`switch`](Self::switch), which resumes the capped tail, or the phase's end): two reads
     /// per chain and batch at most.
-    pub(crate) fn exact(&mut self, slot: TenantSlot, packets: u32) {
-        if self.tail.is_none() && self.runs < CAP_RUNS {
-            // Below the cap it is a run like any other (and does not reach the cap).
-            return self.switch(slot, packets);
-        }
+    ///
+    /// The chain's cycles are also its tenant's chain cost, of which the moving average per
+    /// admitted packet is reserved at the gate ([`enter`](Self::enter)) while enforcing.
+    pub(crate) fn exact(&mut self, slot: TenantSlot) {
         let now = self.clock.now();
+        let capped = self.tail.is_some() || self.runs >= CAP_RUNS;
         self.close(now);
         self.current = slot;
+        self.chain = true;
         // Past the cap: the next switch ends this run with a reading, then caps again.
-        self.runs = self.runs.max(CAP_RUNS) + 1;
+        self.runs = if capped {
+            self.runs.max(CAP_RUNS) + 1
+        } else {
+            self.runs + 1
+        };
     }
 
     /// Ends the current phase (its last run, or its capped tail, is charged); the next one
@@ -536,10 +653,21 @@ impl Charge {
                 cycles: self.cycles[i],
                 packets: u64::from(self.packets[i]),
                 refused: u64::from(self.refused[i]),
+                refunded: self.refunded[i],
             });
+            let admitted = u64::from(self.packets[i].saturating_sub(self.refused[i]));
+            let chain = std::mem::take(&mut self.chain_cycles[i]);
+            if let Some(sample) = chain.checked_div(admitted) {
+                // A moving average over batches (weight 1/4 to the newest): a tenant whose
+                // program changes cost is followed within a few batches.
+                let cost = &mut self.chain_cost[i];
+                *cost = (3 * *cost + sample) / 4;
+            }
             self.cycles[i] = 0;
             self.packets[i] = 0;
             self.refused[i] = 0;
+            self.refunded[i] = 0;
+            self.reserved[i] = 0;
         }
         self.touched.clear();
         let unattributed = std::mem::take(&mut self.unattributed);
@@ -547,6 +675,7 @@ impl Charge {
         Folded {
             unattributed,
             capped: std::mem::take(&mut self.capped),
+            preempted: std::mem::take(&mut self.preempted),
         }
     }
 
@@ -555,8 +684,8 @@ impl Charge {
         let spent = now.saturating_sub(self.since);
         self.since = now;
         match self.tail.take() {
-            None => self.add(self.current, spent),
-            Some(tail) if tail.is_empty() => self.add(self.current, spent),
+            None => self.run_ends(spent),
+            Some(tail) if tail.is_empty() => self.run_ends(spent),
             Some(tail) => {
                 self.capped += 1;
                 let total: u64 = tail.iter().map(|&(_, n)| u64::from(n)).sum();
@@ -574,13 +703,26 @@ impl Charge {
         }
     }
 
+    /// The current run ends after `spent` cycles: charged to its tenant (and counted as its
+    /// chain cost if it was a chain).
+    fn run_ends(&mut self, spent: u64) {
+        if std::mem::take(&mut self.chain) && self.current != NO_TENANT {
+            self.touch(self.current);
+            self.chain_cycles[usize::from(self.current)] += spent;
+        }
+        self.add(self.current, spent);
+    }
+
     fn add(&mut self, slot: TenantSlot, cycles: u64) {
         if slot == NO_TENANT {
             self.unattributed += cycles;
             return;
         }
         self.touch(slot);
-        self.cycles[usize::from(slot)] += cycles;
+        let i = usize::from(slot);
+        self.cycles[i] += cycles;
+        self.window[i] = self.window[i].saturating_add(cycles);
+        self.reserved[i] = self.reserved[i].saturating_sub(cycles);
         if let Some(e) = self.enforce.as_mut() {
             e.buckets.charge(usize::from(slot), cycles);
             let i = usize::from(slot);
@@ -610,6 +752,11 @@ impl Charge {
             self.cycles.resize(i + 1, 0);
             self.packets.resize(i + 1, 0);
             self.refused.resize(i + 1, 0);
+            self.window.resize(i + 1, 0);
+            self.refunded.resize(i + 1, 0);
+            self.chain_cycles.resize(i + 1, 0);
+            self.chain_cost.resize(i + 1, 0);
+            self.reserved.resize(i + 1, 0);
         }
         if self.cycles[i] == 0 && self.packets[i] == 0 && !self.touched.contains(&slot) {
             self.touched.push(slot);

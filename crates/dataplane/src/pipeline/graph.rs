@@ -694,10 +694,9 @@ pub(crate) fn end_pass(o: &mut Out, sh: &Shared, t: &Tables, r: &Routes, now: In
     // may cost anything), and so is each packet's way on after it.
     let mut charge = o.charge.take();
     let worker = o.worker.unwrap_or(0);
-    held.run(now, worker, |chain, packets| {
+    held.run(now, worker, |chain, _packets| {
         if let Some(c) = charge.as_deref_mut() {
-            let n = u32::try_from(packets).unwrap_or(u32::MAX);
-            c.exact(t.tenants.slot(chain.tenant()), n);
+            c.exact(t.tenants.slot(chain.tenant()));
         }
     });
     o.charge = charge;

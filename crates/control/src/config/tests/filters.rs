@@ -165,6 +165,34 @@ fn the_same_program_twice_and_bad_weights_are_refused() {
     Scratch::new()
         .parse(&with_filters(&format!("{once}\n{other}")))
         .expect("one each way");
+    // Another program in a file of the same name (in another directory) would share its place.
+    let Some((_fw_dir, firewall)) = object("udp_firewall") else {
+        return;
+    };
+    let renamed = Scratch::new();
+    let name = limiter.file_name().expect("a file name");
+    let twin = renamed.0.join(name);
+    std::fs::copy(&firewall, &twin).expect("copy");
+    let text = with_filters(&format!(
+        "{once}\n{}",
+        filter("acme", "to_cloud", &twin, "xdp")
+    ));
+    let line = nth_line_of(&text, "object = ", 1);
+    expect_error_at(
+        &text,
+        line,
+        "object",
+        &format!(
+            "already runs xdp of a file named {} to_cloud",
+            name.to_string_lossy()
+        ),
+    );
+    std::fs::copy(&firewall, renamed.0.join("firewall.o")).expect("copy");
+    let text = with_filters(&format!(
+        "{once}\n{}",
+        filter("acme", "to_cloud", &renamed.0.join("firewall.o"), "xdp")
+    ));
+    Scratch::new().parse(&text).expect("two files of two names");
     expect_error(
         &with_filters(&format!("{once}weight = 1001\n")),
         "weight = ",

@@ -113,16 +113,27 @@ impl Validator<'_, '_> {
                  one direction may run"
             )));
         }
-        Ok(CheckedFilter {
-            config: FilterConfig {
-                tenant,
-                direction,
-                object_name,
-                object,
-                section,
-                weight,
-            },
-            line,
-        })
+        let config = FilterConfig {
+            tenant,
+            direction,
+            object_name,
+            object,
+            section,
+            weight,
+        };
+        // A filter's place is its file's name, not its path (`ctl filter load` of a new
+        // version replaces the program of that name): two files of one name would be one place.
+        if let Some(other) = done.iter().find(|o| o.config.same_place(&config)) {
+            return Err(object_err(format!(
+                "tenant {:?} already runs {} of a file named {} {} (line {}); two filters of one \
+                 tenant, direction and section need objects of different file names",
+                config.tenant,
+                config.section,
+                config.file_name(),
+                config.direction,
+                other.line
+            )));
+        }
+        Ok(CheckedFilter { config, line })
     }
 }
