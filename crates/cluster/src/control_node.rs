@@ -259,7 +259,7 @@ impl ControlNode {
         let (mut config, _) =
             control::applied::effective(config.clone(), &mut *store, discard_applied)?;
         // The filters loaded with `protego ctl filter`, if any, in place of the file's.
-        control::filters::effective(&mut config, &mut *store, discard_applied)?;
+        let settings = control::filters::effective(&mut config, &mut *store, discard_applied)?;
         let config = &config;
         let (to_control, from_nodes) = crossbeam_channel::bounded(CONTROL_QUEUE);
         let ike = IkeRelay::bind(
@@ -311,6 +311,10 @@ impl ControlNode {
             .map_err(NodeError::Dataplane)?;
         cluster
             .set_filters(&config.filters)
+            .map_err(NodeError::Dataplane)?;
+        // The tenants' map settings, written into each data node after its filter set.
+        cluster
+            .keep_filter_settings(&settings)
             .map_err(NodeError::Dataplane)?;
         // Customer attachments on steer nodes' ports (fixed until a restart, as in the
         // embedded form): placed once the steer nodes announce their ports.

@@ -755,6 +755,15 @@ impl DataPath for Cluster {
         self.cluster_set_filters(filters)
     }
 
+    /// See [`Cluster::cluster_keep_filter_settings`].
+    fn keep_filter_settings(
+        &self,
+        settings: &[datapath::FilterMapSetting],
+    ) -> Result<(), DataplaneError> {
+        self.cluster_keep_filter_settings(settings);
+        Ok(())
+    }
+
     /// See [`Cluster::cluster_filter_report`].
     fn filter_report(&self, tenant: Option<&ids::TenantId>) -> datapath::FilterReport {
         self.cluster_filter_report(tenant)

@@ -13,15 +13,17 @@
 //! gets the set right after its inside configuration and before any CHILD_SA placed on it.
 //!
 //! Map contents are per data node, as a per-CPU map's are per CPU: `filter map update` and
-//! `delete` go to every live data node, `dump` answers each node's entries by name, and a
-//! node that starts (or restarts) has its maps as the objects declare them.
+//! `delete` go to every live data node, `dump` answers each node's entries by name. A node
+//! that registers (a new one, a restarted one) gets the tenants' map settings (the updates the
+//! control node's store keeps, `control::filters`) written into its maps right after its
+//! filter set; what the programs wrote themselves starts as the objects declare it.
 
 use super::{Cluster, Shell};
 use crate::core::Role;
 use crate::link::{each_answer, Ack, Answer, LinkError};
 use datapath::{
     CpuFairnessConfig, DataplaneError, FilterConfig, FilterMapAnswer, FilterMapNode, FilterMapOp,
-    FilterMapReport, FilterProgramReport, FilterReport, TenantStats,
+    FilterMapReport, FilterMapSetting, FilterProgramReport, FilterReport, TenantStats,
 };
 use ids::TenantId;
 use rpc::convert::ObjectDigest;
@@ -51,6 +53,8 @@ pub(super) struct FilterShip {
     set: pb::Filters,
     /// The fairness mode and weights.
     fairness: CpuFairnessConfig,
+    /// The tenants' map settings, written into the maps of each node that registers.
+    settings: Vec<FilterMapSetting>,
     /// Per data node: the objects sent on its current session (it holds them until a set
     /// leaves them out).
     held: HashMap<u32, HashSet<ObjectDigest>>,
@@ -176,6 +180,43 @@ impl Cluster {
             }
             Err(e) => warn!(node = %name, error = %e, "cannot send the tenant filters"),
         }
+        self.queue_settings(sh, id, name);
+    }
+
+    /// Queues the tenants' map settings to data node `id`, after its filter set: each as an
+    /// update of its key. Not waited for; a node that refuses one (its set refused, or a
+    /// per-CPU value that does not fit its workers) is logged.
+    fn queue_settings(&self, sh: &Shell, id: u32, name: &str) {
+        let Some(link) = sh.links.get(&id) else {
+            return;
+        };
+        let deadline = self.filter_deadline();
+        for s in &sh.filters.settings {
+            let op = FilterMapOp::Update {
+                key: s.key.clone(),
+                value: s.value.clone(),
+                flags: 0,
+            };
+            let request = rpc::convert::filter_map_request_to_pb(&s.tenant, &s.map, &op);
+            let (node, tenant, map) = (name.to_owned(), s.tenant.clone(), s.map.clone());
+            match link.submit(pb::directive::Op::FilterMap(request)) {
+                Ok(ack) => ack.on_answer(deadline, move |a| {
+                    if let Err(e) = a {
+                        warn!(node = %node, tenant = %tenant, map = %map, error = %e, "data node did not take a tenant's map setting");
+                    }
+                }),
+                Err(e) => {
+                    warn!(node = %name, error = %e, "cannot send the tenants' map settings");
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Keeps `settings` for the data nodes that register from now on (those registered
+    /// have them: each update went to every live node).
+    pub(super) fn cluster_keep_filter_settings(&self, settings: &[FilterMapSetting]) {
+        self.state().filters.settings = settings.to_vec();
     }
 
     /// When a filter set's (or the fairness') answers are due.

@@ -16,23 +16,30 @@
 //!
 //! A filter's place is (tenant, direction, object file name, section): loading a program into a
 //! place that holds one (a new version of the same file) replaces it (atomically: batches in flight finish with the old program, the next runs
-//! the new one; maps whose declaration did not change keep their contents). Map contents are
-//! not stored: like the kernel's maps, they start as the object declares them after a
-//! restart.
+//! the new one; maps whose declaration did not change keep their contents).
+//!
+//! Map contents are not stored, but the tenants' *settings* are: each `filter map update` is
+//! kept in the record ([`FilterMapSetting`], one per map and key, the latest value; a `delete`
+//! of the key forgets it) and written again into the map wherever it starts afresh: by a
+//! restarted gateway after its filters, and in the distributed form by every data node that
+//! registers. What the programs write themselves (connection tables, counters) starts as the
+//! object declares it, as the kernel's maps do after a reboot. A new set whose map of that
+//! name is declared differently, or not at all, forgets the map's settings
+//! ([`keep_settings`]), as the data path does its contents.
 
 use crate::config::Config;
 use crate::config::{MAX_OBJECT_BYTES, MAX_PER_DIRECTION, MAX_WEIGHT};
 use crate::error::Error;
 use crate::store::{Change, Store};
 use base64ct::{Base64, Encoding};
-use datapath::{FilterConfig, FilterDirection};
+use datapath::{FilterConfig, FilterDirection, FilterMapOp, FilterMapSetting};
 use ids::TenantId;
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 use zeroize::Zeroizing;
 
-/// Version of the record's encoding.
-const VERSION: u32 = 1;
+/// Version of the record's encoding (2: with the map settings; 1, without, is read too).
+const VERSION: u32 = 2;
 
 /// The filter set as the store keeps it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -41,6 +48,8 @@ pub struct FilterRecord {
     pub generation: u64,
     /// Every filter, in the order the data path is given them.
     pub filters: Vec<FilterConfig>,
+    /// The tenants' map settings, in the order they were first made.
+    pub settings: Vec<FilterMapSetting>,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -51,6 +60,19 @@ struct Wire {
     /// Each distinct object once, in Base64.
     objects: Vec<String>,
     filters: Vec<WireFilter>,
+    #[serde(default)]
+    settings: Vec<WireSetting>,
+}
+
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct WireSetting {
+    tenant: String,
+    map: String,
+    /// Hex.
+    key: String,
+    /// Hex.
+    value: String,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -95,6 +117,16 @@ impl FilterRecord {
             generation: self.generation,
             objects: objects.iter().map(|o| Base64::encode_string(o)).collect(),
             filters,
+            settings: self
+                .settings
+                .iter()
+                .map(|s| WireSetting {
+                    tenant: s.tenant.as_str().to_owned(),
+                    map: s.map.clone(),
+                    key: hex::encode(&s.key),
+                    value: hex::encode(&s.value),
+                })
+                .collect(),
         };
         // Serializing plain strings and numbers into a Vec cannot fail.
         Zeroizing::new(serde_json::to_vec(&wire).unwrap_or_default())
@@ -104,7 +136,7 @@ impl FilterRecord {
     pub fn decode(bytes: &[u8]) -> Result<Self, String> {
         let wire: Wire =
             serde_json::from_slice(bytes).map_err(|e| format!("unreadable record: {e}"))?;
-        if wire.version != VERSION {
+        if !(1..=VERSION).contains(&wire.version) {
             return Err(format!(
                 "record version {} (this Protego reads version {VERSION})",
                 wire.version
@@ -140,11 +172,138 @@ impl FilterRecord {
                 })
             })
             .collect::<Result<Vec<_>, String>>()?;
+        let settings = wire
+            .settings
+            .into_iter()
+            .enumerate()
+            .map(|(i, s)| {
+                let bad = |what: String| format!("setting {i}: {what}");
+                Ok(FilterMapSetting {
+                    tenant: TenantId::new(&s.tenant).map_err(|e| bad(e.to_string()))?,
+                    map: s.map,
+                    key: hex::decode(&s.key).map_err(|e| bad(format!("key: {e}")))?,
+                    value: hex::decode(&s.value).map_err(|e| bad(format!("value: {e}")))?,
+                })
+            })
+            .collect::<Result<Vec<_>, String>>()?;
         Ok(Self {
             generation: wire.generation,
             filters,
+            settings,
         })
     }
+}
+
+/// The declaration of `tenant`'s map `map` (`NAME`, or `OBJECT:NAME` with the object's name
+/// as loaded) in `filters`, if exactly one of the tenant's objects declares it (as the data
+/// path resolves the name).
+fn declaration(filters: &[FilterConfig], tenant: &TenantId, map: &str) -> Option<filter::MapSpec> {
+    let (object, name) = match map.rsplit_once(':') {
+        Some((o, m)) => (Some(o), m),
+        None => (None, map),
+    };
+    let mut found: Vec<(&Arc<[u8]>, filter::MapSpec)> = Vec::new();
+    for f in filters.iter().filter(|f| f.tenant == *tenant) {
+        if object.is_some_and(|o| o != f.object_name) {
+            continue;
+        }
+        let Ok(program) = filter::Object::load(&f.object, &f.section) else {
+            continue;
+        };
+        for spec in program.maps().iter().filter(|m| m.name == name) {
+            // The programs of one object share its maps.
+            if !found
+                .iter()
+                .any(|(o, m)| **o == f.object && m.name == spec.name)
+            {
+                found.push((&f.object, spec.clone()));
+            }
+        }
+    }
+    match <[_; 1]>::try_from(found) {
+        Ok([(_, spec)]) => Some(spec),
+        Err(_) => None,
+    }
+}
+
+/// `settings` after `op` on `tenant`'s map `map` was carried out on the running `filters`:
+/// an update keeps the key's new value (replacing an older one of the same key; the oldest
+/// setting of the map goes once it holds as many as the map has entries), a delete forgets
+/// the key; a dump changes nothing. None when nothing changed (a delete of a key no setting
+/// wrote: the programs' own entries are not settings).
+pub fn record_setting(
+    settings: &[FilterMapSetting],
+    filters: &[FilterConfig],
+    tenant: &TenantId,
+    map: &str,
+    op: &FilterMapOp,
+) -> Option<Vec<FilterMapSetting>> {
+    let same =
+        |s: &FilterMapSetting, key: &[u8]| s.tenant == *tenant && s.map == map && s.key == key;
+    match op {
+        FilterMapOp::Dump => None,
+        FilterMapOp::Delete { key } => {
+            let kept: Vec<FilterMapSetting> =
+                settings.iter().filter(|s| !same(s, key)).cloned().collect();
+            (kept.len() != settings.len()).then_some(kept)
+        }
+        FilterMapOp::Update { key, value, .. } => {
+            if settings.iter().any(|s| same(s, key) && s.value == *value) {
+                return None;
+            }
+            let mut next: Vec<FilterMapSetting> =
+                settings.iter().filter(|s| !same(s, key)).cloned().collect();
+            next.push(FilterMapSetting {
+                tenant: tenant.clone(),
+                map: map.to_owned(),
+                key: key.clone(),
+                value: value.clone(),
+            });
+            let room =
+                declaration(filters, tenant, map).map_or(usize::MAX, |d| d.max_entries as usize);
+            let of_map = |s: &FilterMapSetting| s.tenant == *tenant && s.map == map;
+            let mut over = next
+                .iter()
+                .filter(|s| of_map(s))
+                .count()
+                .saturating_sub(room);
+            next.retain(|s| {
+                if over > 0 && of_map(s) {
+                    over -= 1;
+                    return false;
+                }
+                true
+            });
+            Some(next)
+        }
+    }
+}
+
+/// The settings that stay when the running set goes from `old` to `new`: those of maps
+/// declared alike in both (the data path keeps such a map's contents across the change);
+/// a map declared differently, or no more, loses its settings with its contents.
+pub fn keep_settings(
+    settings: &[FilterMapSetting],
+    old: &[FilterConfig],
+    new: &[FilterConfig],
+) -> Vec<FilterMapSetting> {
+    let mut verdicts: Vec<(&TenantId, &str, bool)> = Vec::new();
+    settings
+        .iter()
+        .filter(|s| {
+            if let Some((_, _, keep)) = verdicts
+                .iter()
+                .find(|(t, m, _)| **t == s.tenant && *m == s.map)
+            {
+                return *keep;
+            }
+            let before = declaration(old, &s.tenant, &s.map);
+            let keep = before.is_some() && before == declaration(new, &s.tenant, &s.map);
+            verdicts.push((&s.tenant, &s.map, keep));
+            keep
+        })
+        .cloned()
+        .collect()
 }
 
 /// A change of the running filter set (`protego ctl filter load|unload`), as the control
@@ -320,17 +479,22 @@ pub fn change(
 }
 
 /// The filters a starting node runs: `config`'s `[[filter]]` tables, or, once a set was
-/// changed with `protego ctl filter`, the stored set (returned with its generation; a warning
-/// says when it differs from the file's). A stored filter whose tenant `config` no longer has
-/// fails the start with an error that says so. With `discard` the stored set is deleted first
+/// changed with `protego ctl filter`, the stored set (a warning says when it differs from the
+/// file's), put in `config`; returned: the stored map settings to write into the maps once
+/// the filters run. A stored filter whose tenant `config` no longer has fails the start with
+/// an error that says so. With `discard` the stored set is deleted first
 /// (`--discard-applied`).
-pub fn effective(config: &mut Config, store: &mut dyn Store, discard: bool) -> Result<u64, Error> {
+pub fn effective(
+    config: &mut Config,
+    store: &mut dyn Store,
+    discard: bool,
+) -> Result<Vec<FilterMapSetting>, Error> {
     if discard {
         store.commit(&[Change::DeleteFilters])?;
-        return Ok(0);
+        return Ok(Vec::new());
     }
     let Some(bytes) = store.filters()? else {
-        return Ok(0);
+        return Ok(Vec::new());
     };
     let stored_error = |detail: String| Error::Filters {
         store: store.describe(),
@@ -364,7 +528,35 @@ pub fn effective(config: &mut Config, store: &mut dyn Store, discard: bool) -> R
              (start with --discard-applied to run the file's)");
     }
     config.filters = record.filters;
-    Ok(record.generation)
+    if !record.settings.is_empty() {
+        tracing::info!(
+            settings = record.settings.len(),
+            "the tenants' map settings are written again into their filters' maps"
+        );
+    }
+    Ok(record.settings)
+}
+
+/// Writes `settings` into the maps of the filters `datapath` runs (an embedded gateway's
+/// start, after its filters): each as an update of its key. One that fails (a map whose
+/// per-CPU value no longer fits this node's workers) is logged and skipped. Returns how many
+/// were written.
+pub fn write_settings(datapath: &dyn datapath::DataPath, settings: &[FilterMapSetting]) -> usize {
+    let mut written = 0;
+    for s in settings {
+        let op = FilterMapOp::Update {
+            key: s.key.clone(),
+            value: s.value.clone(),
+            flags: 0,
+        };
+        match datapath.filter_map(&s.tenant, &s.map, op) {
+            Ok(_) => written += 1,
+            Err(e) => {
+                tracing::warn!(tenant = %s.tenant, map = %s.map, error = %e, "a stored map setting could not be written again");
+            }
+        }
+    }
+    written
 }
 
 #[cfg(test)]

@@ -193,6 +193,23 @@ pub enum FilterMapOp {
     },
 }
 
+/// A tenant's setting of one map entry: a `protego ctl filter map update` that the node keeps
+/// (in its store) and writes again into the map wherever the map starts afresh (a restarted
+/// gateway, a data node that registers), so that a threshold a tenant tuned stays tuned. A
+/// `delete` of the key forgets it; a new filter set whose map of that name is declared
+/// differently (or gone) forgets the map's settings, as the map's contents are.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FilterMapSetting {
+    /// The tenant.
+    pub tenant: TenantId,
+    /// The map as the update named it (`NAME` or `OBJECT:NAME`).
+    pub map: String,
+    /// The key's bytes.
+    pub key: Vec<u8>,
+    /// The value's bytes (every worker's, concatenated, for a per-CPU map).
+    pub value: Vec<u8>,
+}
+
 /// What a [`FilterMapOp`] found: the map, and for a dump its entries as (key, value), keys in
 /// ascending byte order.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -5,7 +5,7 @@ mod filters;
 
 pub use filters::{
     FilterConfig, FilterCounters, FilterDirection, FilterMapAnswer, FilterMapNode, FilterMapOp,
-    FilterMapReport, FilterProgramReport, FilterReport,
+    FilterMapReport, FilterMapSetting, FilterProgramReport, FilterReport,
 };
 
 use ids::TenantId;
@@ -779,6 +779,16 @@ pub trait DataPath: Send + Sync {
     fn filter_report(&self, tenant: Option<&ids::TenantId>) -> FilterReport {
         let _ = tenant;
         FilterReport::default()
+    }
+    /// Keeps the tenants' map settings ([`FilterMapSetting`]: what `protego ctl filter map
+    /// update` wrote, as the store keeps it) to write into the maps of a data plane that
+    /// starts the filters later: the distributed form writes them into every data node that
+    /// registers, right after its filter set. A data path that starts no other data plane
+    /// keeps nothing (the default); the embedded form writes them with
+    /// [`filter_map`](Self::filter_map) when it starts.
+    fn keep_filter_settings(&self, settings: &[FilterMapSetting]) -> Result<(), DataplaneError> {
+        let _ = settings;
+        Ok(())
     }
     /// Reads or changes the map `map` of `tenant`'s filters (a map's name, or
     /// `OBJECT:NAME` when two of the tenant's objects declare maps of that name). The default

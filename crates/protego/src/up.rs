@@ -128,7 +128,7 @@ fn serve(config: Config, discard_applied: bool) -> Result<(), UpError> {
     )?);
     let (mut config, _) = control::applied::effective(config, &mut *store, discard_applied)?;
     // The filters loaded with `protego ctl filter`, if any, in place of the file's.
-    control::filters::effective(&mut config, &mut *store, discard_applied)?;
+    let settings = control::filters::effective(&mut config, &mut *store, discard_applied)?;
     let config = &config;
     let (to_control, from_dataplane) = crossbeam_channel::bounded(CONTROL_QUEUE);
     let dp = Dataplane::start(config.dataplane.clone(), to_control)?;
@@ -141,6 +141,8 @@ fn serve(config: Config, discard_applied: bool) -> Result<(), UpError> {
         dp.shutdown();
         return Err(e.into());
     }
+    // With the tenants' map settings (`protego ctl filter map update`) written again.
+    control::filters::write_settings(&*dp, &settings);
     let datapath: Arc<dyn DataPath> = dp.clone();
     // The per-VM overlay routes live beside a file store (a memory store keeps none). They
     // are restored before IKE starts: an SA established earlier would carry packets to moved

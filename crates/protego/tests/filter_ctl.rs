@@ -1,6 +1,7 @@
 //! `protego ctl filter` against a running `protego up` on loopback: load, show, map update
-//! and dump, refusals that change nothing, the set kept in the store across a restart, unload,
-//! and `ctl apply` refusing to remove a tenant that runs a filter.
+//! and dump, refusals that change nothing, the set and the tenant's map settings kept in the
+//! store across restarts, unload, and `ctl apply` refusing to remove a tenant that runs a
+//! filter.
 
 use serde_json::Value;
 use std::path::{Path, PathBuf};
@@ -287,23 +288,33 @@ fn filters_are_loaded_shown_tuned_kept_and_unloaded_at_run_time() {
     let e = node.refused(&["apply", "-f", inventory.to_str().unwrap()]);
     assert!(e.contains("acme") && e.contains("filter"), "{e}");
 
-    // The set is kept in the store: after a restart the filter runs again, its maps as
-    // the object declares them (contents are not stored).
+    // The set is kept in the store, and so is the tenant's setting of `config`: after a
+    // restart the filter runs again with the limiter tuned as before, while what the program
+    // writes itself (`buckets`) starts empty, as the object declares it.
     node.stop();
     node.start();
     let shown = show(&node);
     assert_eq!(shown["filters"].as_array().unwrap().len(), 1, "{shown}");
-    let dump = node.json(&["filter", "map", "dump", "acme", "config", "--json"]);
-    assert_eq!(
-        dump["entries"][0]["value"],
-        "00000000000000000000000000000000"
-    );
+    let tuned = |node: &Node| {
+        let dump = node.json(&["filter", "map", "dump", "acme", "config", "--json"]);
+        dump["entries"][0]["value"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned()
+    };
+    assert_eq!(tuned(&node), "05000000000000000a00000000000000");
+    let dump = node.json(&["filter", "map", "dump", "acme", "buckets", "--json"]);
+    assert_eq!(dump["entries"].as_array().map(Vec::len), Some(0), "{dump}");
 
-    // Loading into the same place replaces the program; unload empties the set, and that
-    // too survives a restart.
+    // Loading into the same place replaces the program (generation 3: the load, the
+    // setting, this load) and keeps the setting of its map declared alike; unload empties
+    // the set and forgets the setting, and that too survives a restart.
     let again = load_dns(&node);
-    assert_eq!(again["generation"], 2);
+    assert_eq!(again["generation"], 3);
     assert_eq!(again["replaced"].as_array().unwrap().len(), 1);
+    node.stop();
+    node.start();
+    assert_eq!(tuned(&node), "05000000000000000a00000000000000");
     let gone = node.json(&["filter", "unload", "acme", "--json"]);
     assert_eq!(gone["removed"].as_array().unwrap().len(), 1);
     let e = node.refused(&["filter", "unload", "acme"]);
@@ -311,6 +322,9 @@ fn filters_are_loaded_shown_tuned_kept_and_unloaded_at_run_time() {
     node.stop();
     node.start();
     assert_eq!(show(&node)["filters"].as_array().unwrap().len(), 0);
+    // Loaded again, the limiter starts as the object declares it: the setting went with it.
+    load_dns(&node);
+    assert_eq!(tuned(&node), "00000000000000000000000000000000");
     let log = node.stop();
     assert!(!log.contains("panicked"), "{log}");
 }

@@ -10,8 +10,9 @@
 //!
 //! The filter, `tests/filters/drop_size.c`, drops ICMP echo requests of one IPv4 total length:
 //! 1028 (`ping -s 1000`) until its map `size` says another. Map state is per data node: an
-//! update reaches every live data node, and a node that restarts has the object's declared
-//! contents again, which the test checks too.
+//! update reaches every live data node, and a node that restarts gets the tenant's map
+//! settings (the updates the control node stored) written again after its filters, which the
+//! test checks too.
 
 mod common;
 
@@ -221,8 +222,8 @@ fn a_filter_loaded_on_the_control_node_follows_the_tunnel_across_data_nodes() ->
         )?;
 
         // The serving node is killed: the tunnel fails over to the first one. Restarted, the
-        // node gets the filters again when it registers (with the maps as declared); moved
-        // back onto it, the tunnel's pings of the declared size are dropped there.
+        // node gets the filters again when it registers, then the tenant's map setting; moved
+        // back onto it, the tunnel's pings of the size the tenant set are dropped there.
         cluster.kill(&other)?;
         warm_up_within(&topo, 0, Duration::from_secs(10))?;
         drops_exactly(
@@ -235,16 +236,16 @@ fn a_filter_loaded_on_the_control_node_follows_the_tunnel_across_data_nodes() ->
         let moved = cluster.control(&format!("migrate {} {other}", tun.name))?;
         assert_eq!(moved["ok"], true, "{moved}");
         warm_up_within(&topo, 0, Duration::from_secs(10))?;
-        drops_exactly(&topo, DEFAULT_SIZE, &format!("on restarted {other}"))?;
+        drops_exactly(&topo, MAPPED_SIZE, &format!("on restarted {other}"))?;
         let per_node = sizes(&cluster, &tenant)?;
         assert!(
-            per_node.contains(&(other.clone(), "00000000".to_owned()))
+            per_node.contains(&(other.clone(), mapped.clone()))
                 && per_node.contains(&(holder.clone(), mapped.clone())),
-            "map state is per data node: {per_node:?}"
+            "the setting on both nodes: {per_node:?}"
         );
 
-        // The same map on both nodes again (0: the declared length), so that whichever node
-        // serves the tunnel from now on drops the same pings.
+        // Back to the declared length (0), on both nodes; the setting stays stored, and the
+        // control node's restart below writes it into the nodes as they register again.
         cluster.control(&format!(
             r#"{{"command":"filter_map","tenant":"{tenant}","map":"size","op":"update","key":"00000000","value":"00000000"}}"#
         ))?;

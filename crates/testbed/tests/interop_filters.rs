@@ -143,17 +143,17 @@ fn with_gateway(
     bed: &Testbed,
     topo: &Topology,
     filters: &[GatewayFilter],
-    body: impl FnOnce(&ProtegoGateway) -> Result<()>,
+    body: impl FnOnce(&mut ProtegoGateway) -> Result<()>,
 ) -> Result<()> {
     let tun = GatewayTunnel::for_site(topo, 0, PSK);
-    let gw = ProtegoGateway::start_with_tables(
+    let mut gw = ProtegoGateway::start_with_tables(
         bed,
         topo,
         std::slice::from_ref(&tun),
         &[],
         &GatewayFilter::tables(filters),
     )?;
-    let result = site_up(topo, &tun).and_then(|_site| body(&gw));
+    let result = site_up(topo, &tun).and_then(|_site| body(&mut gw));
     if result.is_err() {
         eprintln!("--- protego log ---\n{}", gw.log());
     }
@@ -236,6 +236,31 @@ fn a_tenant_firewall_drops_exactly_the_ports_it_names_both_ways() -> Result<()> 
         assert!(
             text.contains(&format!("{TENANT}/filter_drop")),
             "protego status shows the drops:\n{text}"
+        );
+
+        // Killed and restarted, the gateway runs the filters with the tenant's map settings
+        // written again from its store: the same ports stay blocked.
+        let killed = gw.process().stop_with(SIGKILL);
+        assert!(killed.is_some(), "protego was running");
+        gw.restart(&topo, "protego-restarted")?;
+        warm_up_within(&topo, 0, Duration::from_secs(20))?;
+        let dump = map_dump(gw, "blocked_ports")?;
+        let mut keys: Vec<String> = dump["entries"]
+            .as_array()
+            .map(|e| {
+                e.iter()
+                    .filter_map(|e| e["key"].as_str().map(str::to_owned))
+                    .collect()
+            })
+            .unwrap_or_default();
+        keys.sort();
+        let want: Vec<String> = BLOCKED.iter().map(|p| format!("{p:04x}")).collect();
+        assert_eq!(keys, want, "the settings after the restart: {dump}");
+        let seen = to_vm.run(&passing, Duration::from_secs(5))?;
+        wait_filter_drops(gw, dropped)?;
+        assert_eq!(
+            seen, expected,
+            "datagrams the VM received after the restart, by port"
         );
         Ok(())
     })
@@ -425,15 +450,20 @@ fn pass_program(bed: &Testbed, version: u32, drop: bool) -> Option<PathBuf> {
     testreq::bpf::compile(&source, &out, true).map(|_| out)
 }
 
-/// The sum of every worker's value of the pass programs' map `seen`
-/// (`protego ctl filter map dump`).
-fn seen_total(gw: &ProtegoGateway) -> Result<u64> {
-    let out = gw.ctl(["filter", "map", "dump", TENANT, "seen", "--json"])?;
-    let dump: serde_json::Value = serde_json::from_str(&out).map_err(|e| Error::Parse {
+/// `protego ctl filter map dump TENANT MAP --json`.
+fn map_dump(gw: &ProtegoGateway, map: &str) -> Result<serde_json::Value> {
+    let out = gw.ctl(["filter", "map", "dump", TENANT, map, "--json"])?;
+    serde_json::from_str(&out).map_err(|e| Error::Parse {
         what: "protego ctl filter map dump --json",
         detail: e.to_string(),
         input: out.chars().take(400).collect(),
-    })?;
+    })
+}
+
+/// The sum of every worker's value of the pass programs' map `seen`
+/// (`protego ctl filter map dump`).
+fn seen_total(gw: &ProtegoGateway) -> Result<u64> {
+    let dump = map_dump(gw, "seen")?;
     let values = dump["entries"][0]["values"]
         .as_array()
         .cloned()
@@ -448,7 +478,7 @@ fn seen_total(gw: &ProtegoGateway) -> Result<u64> {
                 .ok_or_else(|| Error::Parse {
                     what: "protego ctl filter map dump --json",
                     detail: "a value of `seen` is not 8 bytes of hex".to_owned(),
-                    input: out.chars().take(400).collect(),
+                    input: dump.to_string().chars().take(400).collect(),
                 })
         })
         .sum()

@@ -57,11 +57,25 @@ fn a_record_survives_encoding_with_each_object_once() {
             f("acme", FilterDirection::FromCloud, &a, "xdp:out", 0),
             f("beta", FilterDirection::ToCloud, &b, "xdp", 1000),
         ],
+        settings: vec![FilterMapSetting {
+            tenant: tenant("acme"),
+            map: "xdp:in.o:config".into(),
+            key: vec![0, 0, 0, 0],
+            value: vec![0xe8, 3, 0, 0],
+        }],
     };
     let bytes = record.encode();
     let wire: serde_json::Value = serde_json::from_slice(&bytes).expect("json");
     assert_eq!(wire["objects"].as_array().map(Vec::len), Some(2));
-    assert_eq!(FilterRecord::decode(&bytes), Ok(record));
+    assert_eq!(wire["settings"][0]["value"], "e8030000");
+    assert_eq!(FilterRecord::decode(&bytes), Ok(record.clone()));
+    // A record of version 1 (before the settings) is read with none.
+    let mut old: serde_json::Value = wire.clone();
+    old["version"] = 1.into();
+    old.as_object_mut().expect("object").remove("settings");
+    let old = FilterRecord::decode(&serde_json::to_vec(&old).expect("json")).expect("version 1");
+    assert_eq!(old.filters, record.filters);
+    assert!(old.settings.is_empty());
 }
 
 #[test]
@@ -197,4 +211,123 @@ fn a_load_is_checked_as_a_filter_table_is() {
         load("acme", "to_cloud", &dns, None, None)
     )
     .is_ok());
+}
+
+fn update(key: &[u8], value: &[u8]) -> FilterMapOp {
+    FilterMapOp::Update {
+        key: key.to_vec(),
+        value: value.to_vec(),
+        flags: 0,
+    }
+}
+
+#[test]
+fn map_settings_keep_the_latest_value_per_key_and_forget_deleted_keys() {
+    let Some(cookie) = example("syncookie") else {
+        return;
+    };
+    let acme = tenant("acme");
+    let set = change(
+        &[],
+        std::slice::from_ref(&acme),
+        load("acme", "to_cloud", &cookie, Some("xdp:syncookie_in"), None),
+    )
+    .expect("loads")
+    .filters;
+    let port = |p: u16| p.to_be_bytes().to_vec();
+    let record = |settings: &[FilterMapSetting], map: &str, op: &FilterMapOp| {
+        record_setting(settings, &set, &acme, map, op)
+    };
+    let s = record(&[], "protected_ports", &update(&port(80), &[1])).expect("a setting");
+    let s = record(&s, "protected_ports", &update(&port(443), &[1])).expect("a setting");
+    // The same value again changes nothing; a new value replaces the key's.
+    assert_eq!(
+        record(&s, "protected_ports", &update(&port(80), &[1])),
+        None
+    );
+    let s = record(&s, "protected_ports", &update(&port(80), &[0])).expect("a setting");
+    assert_eq!(s.len(), 2);
+    assert_eq!((s[1].key.clone(), s[1].value.clone()), (port(80), vec![0]));
+    // A delete forgets the key; of a key no setting wrote (the program's own), changes nothing.
+    let s = record(
+        &s,
+        "protected_ports",
+        &FilterMapOp::Delete { key: port(443) },
+    )
+    .expect("forgotten");
+    assert_eq!(s.len(), 1);
+    assert_eq!(
+        record(
+            &s,
+            "protected_ports",
+            &FilterMapOp::Delete { key: port(22) }
+        ),
+        None
+    );
+    assert_eq!(record(&s, "protected_ports", &FilterMapOp::Dump), None);
+    // No more settings than the map has entries (64): the oldest go.
+    let mut many = s.clone();
+    for p in 1000..1070u16 {
+        many = record(&many, "protected_ports", &update(&port(p), &[1])).expect("a setting");
+    }
+    assert_eq!(many.len(), 64);
+    assert_eq!(many[0].key, port(1006));
+    assert_eq!(many[63].key, port(1069));
+}
+
+#[test]
+fn a_new_set_keeps_the_settings_of_maps_declared_alike() {
+    let Some(dns) = example("dns_ratelimit") else {
+        return;
+    };
+    let Some(cookie) = example("syncookie") else {
+        return;
+    };
+    let tenants = [tenant("acme")];
+    let dns_set = change(&[], &tenants, load("acme", "to_cloud", &dns, None, None))
+        .expect("loads")
+        .filters;
+    let both = change(
+        &dns_set,
+        &tenants,
+        load(
+            "acme",
+            "from_cloud",
+            &cookie,
+            Some("xdp:syncookie_out"),
+            None,
+        ),
+    )
+    .expect("loads")
+    .filters;
+    let settings = vec![
+        FilterMapSetting {
+            tenant: tenant("acme"),
+            map: "config".into(),
+            key: vec![0; 4],
+            value: vec![1; 16],
+        },
+        FilterMapSetting {
+            tenant: tenant("acme"),
+            map: "protected_ports".into(),
+            key: vec![0, 80],
+            value: vec![1],
+        },
+    ];
+    // The limiter stays (declared alike), the proxy goes: only the limiter's setting stays.
+    assert_eq!(keep_settings(&settings, &both, &dns_set), settings[..1]);
+    // A new version of the limiter's file, declared alike: kept.
+    let again = change(
+        &dns_set,
+        &tenants,
+        load("acme", "to_cloud", &dns, None, None),
+    )
+    .expect("loads")
+    .filters;
+    assert_eq!(
+        keep_settings(&settings[..1], &dns_set, &again),
+        settings[..1]
+    );
+    // Unloaded: forgotten.
+    assert!(keep_settings(&settings, &both, &[]).is_empty());
 }

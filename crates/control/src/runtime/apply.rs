@@ -4,20 +4,65 @@
 use super::*;
 
 impl Driver {
-    /// Stores `filters` as the next generation of the filter set and makes them the running
-    /// configuration's (see [`ControlHandle::commit_filters`]).
+    /// Stores `filters` as the next generation of the filter set, with the map settings that
+    /// stay ([`crate::filters::keep_settings`]), and makes them the running configuration's
+    /// (see [`ControlHandle::commit_filters`]).
     pub(super) fn commit_filters(
         &mut self,
         filters: Vec<datapath::FilterConfig>,
-    ) -> Result<u64, Error> {
+    ) -> Result<FilterCommit, Error> {
         if self.shutdown_deadline.is_some() {
             return Err(Error::ShuttingDown);
         }
-        let generation = self.persist.filters()?.map_or(0, |r| r.generation) + 1;
+        let stored = self.persist.filters()?;
+        let settings = stored.as_ref().map_or_else(Vec::new, |r| {
+            crate::filters::keep_settings(&r.settings, &self.config.filters, &filters)
+        });
         let record = crate::filters::FilterRecord {
-            generation,
+            generation: stored.map_or(0, |r| r.generation) + 1,
             filters,
+            settings,
         };
+        self.store_filters(&record)?;
+        self.config.filters = record.filters;
+        Ok(FilterCommit {
+            generation: record.generation,
+            settings: record.settings,
+        })
+    }
+
+    /// Stores the change of the running filters' map `map` of `tenant` by `op` (carried out by
+    /// the data path) in the map settings, if it changes them (see
+    /// [`ControlHandle::commit_map_setting`]).
+    pub(super) fn commit_map_setting(
+        &mut self,
+        tenant: &ids::TenantId,
+        map: &str,
+        op: &datapath::FilterMapOp,
+    ) -> Result<Option<FilterCommit>, Error> {
+        if self.shutdown_deadline.is_some() {
+            return Err(Error::ShuttingDown);
+        }
+        let stored = self.persist.filters()?;
+        let (generation, settings) = stored.map_or((0, Vec::new()), |r| (r.generation, r.settings));
+        let Some(settings) =
+            crate::filters::record_setting(&settings, &self.config.filters, tenant, map, op)
+        else {
+            return Ok(None);
+        };
+        let record = crate::filters::FilterRecord {
+            generation: generation + 1,
+            filters: self.config.filters.clone(),
+            settings,
+        };
+        self.store_filters(&record)?;
+        Ok(Some(FilterCommit {
+            generation: record.generation,
+            settings: record.settings,
+        }))
+    }
+
+    fn store_filters(&mut self, record: &crate::filters::FilterRecord) -> Result<(), Error> {
         self.persist
             .commit_config(
                 &[crate::store::Change::PutFilters {
@@ -25,9 +70,7 @@ impl Driver {
                 }],
                 &[],
             )
-            .map_err(|e| Error::Filter(format!("cannot write it to the store: {e}")))?;
-        self.config.filters = record.filters;
-        Ok(generation)
+            .map_err(|e| Error::Filter(format!("cannot write it to the store: {e}")))
     }
 
     /// Carries out an apply (see [`ControlHandle::apply`]).

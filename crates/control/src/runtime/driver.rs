@@ -212,6 +212,9 @@ impl Driver {
             Command::CommitFilters(filters, reply) => {
                 let _ = reply.send(self.commit_filters(filters));
             }
+            Command::CommitMapSetting(tenant, map, op, reply) => {
+                let _ = reply.send(self.commit_map_setting(&tenant, &map, &op));
+            }
             Command::Shutdown { grace } => self.begin_shutdown(now, grace),
             Command::Abort => self.aborted = true,
         }

@@ -54,7 +54,16 @@ enum Command {
     RekeyIke(TunnelId, Sender<Result<(), CommandFailure>>),
     Apply(Box<ApplyRequest>, Sender<Result<ApplyOutcome, Error>>),
     FilterState(Sender<Result<FilterState, Error>>),
-    CommitFilters(Vec<datapath::FilterConfig>, Sender<Result<u64, Error>>),
+    CommitFilters(
+        Vec<datapath::FilterConfig>,
+        Sender<Result<FilterCommit, Error>>,
+    ),
+    CommitMapSetting(
+        ids::TenantId,
+        String,
+        datapath::FilterMapOp,
+        Sender<Result<Option<FilterCommit>, Error>>,
+    ),
     Shutdown {
         grace: Duration,
     },
@@ -103,6 +112,15 @@ pub struct FilterState {
     pub tenants: Vec<ids::TenantId>,
     /// The stored set's generation (0: none stored, the file's `[[filter]]` tables run).
     pub generation: u64,
+}
+
+/// A stored change of the filter set or of its map settings.
+#[derive(Debug, Clone)]
+pub struct FilterCommit {
+    /// The stored record's generation.
+    pub generation: u64,
+    /// The map settings it holds.
+    pub settings: Vec<datapath::FilterMapSetting>,
 }
 
 /// A cloneable handle for talking to a running control loop (status server, signal handler).
@@ -199,13 +217,33 @@ impl ControlHandle {
     }
 
     /// Makes `filters` the running set of the configuration (what `ctl apply` checks its
-    /// tenants against) once the store keeps it (as the next generation, returned). The data
-    /// path must already run them; on an error nothing was stored and the caller puts the data
-    /// path's old set back.
-    pub fn commit_filters(&self, filters: Vec<datapath::FilterConfig>) -> Result<u64, Error> {
+    /// tenants against) once the store keeps it (as the next generation, returned with the
+    /// map settings that stay). The data path must already run them; on an error nothing was
+    /// stored and the caller puts the data path's old set back.
+    pub fn commit_filters(
+        &self,
+        filters: Vec<datapath::FilterConfig>,
+    ) -> Result<FilterCommit, Error> {
         let (tx, rx) = bounded(1);
         self.commands
             .send(Command::CommitFilters(filters, tx))
+            .map_err(|_| Error::ControlStopped)?;
+        rx.recv_timeout(APPLY_TIMEOUT)
+            .map_err(|_| Error::ControlStopped)?
+    }
+
+    /// Keeps the change `op` of `tenant`'s map `map`, which the data path carried out, in the
+    /// stored map settings (an update, or the delete of a key an update set); None when it
+    /// changes no setting.
+    pub fn commit_map_setting(
+        &self,
+        tenant: ids::TenantId,
+        map: String,
+        op: datapath::FilterMapOp,
+    ) -> Result<Option<FilterCommit>, Error> {
+        let (tx, rx) = bounded(1);
+        self.commands
+            .send(Command::CommitMapSetting(tenant, map, op, tx))
             .map_err(|_| Error::ControlStopped)?;
         rx.recv_timeout(APPLY_TIMEOUT)
             .map_err(|_| Error::ControlStopped)?

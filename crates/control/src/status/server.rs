@@ -567,7 +567,10 @@ impl Responder {
             .set_filters(&changed.filters)
             .map_err(|e| Error::Filter(e.to_string()))?;
         let generation = match self.control.commit_filters(changed.filters.clone()) {
-            Ok(g) => g,
+            Ok(commit) => {
+                self.keep_settings(&commit.settings);
+                commit.generation
+            }
             // No answer: the control loop may still store the new set. The data path keeps
             // it, so that a later commit leaves the two alike.
             Err(Error::ControlStopped) => {
@@ -611,6 +614,14 @@ impl Responder {
             }
         }
         Ok(answer)
+    }
+
+    /// Hands the stored map settings to the data path, which writes them into data nodes that
+    /// register later (the distributed form).
+    fn keep_settings(&self, settings: &[datapath::FilterMapSetting]) {
+        if let Err(e) = self.datapath.keep_filter_settings(settings) {
+            tracing::error!(error = %e, "the data path did not take the tenants' map settings");
+        }
     }
 
     /// `filter show`: the tenant's filters with their counters, and their maps.
@@ -670,10 +681,32 @@ impl Responder {
             }
         };
         let changes = !matches!(op, datapath::FilterMapOp::Dump);
+        // A change and the setting it makes are kept in the order they were carried out.
+        let _one_at_a_time = changes.then(|| {
+            self.apply_lock
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+        });
         let answer = self
             .datapath
-            .filter_map(&tenant, map, op)
+            .filter_map(&tenant, map, op.clone())
             .map_err(|e| Error::Filter(e.to_string()))?;
+        if changes {
+            match self
+                .control
+                .commit_map_setting(tenant.clone(), map.to_owned(), op)
+            {
+                Ok(Some(commit)) => self.keep_settings(&commit.settings),
+                Ok(None) => {}
+                Err(e) => {
+                    tracing::error!(tenant = %tenant, map, error = %e, "a map change the filters run was not kept in the store");
+                    return Err(Error::Filter(format!(
+                        "the running maps have the change, but it was not kept (a restarted \
+                         node, or a data node that registers, will not have it): {e}"
+                    )));
+                }
+            }
+        }
         let status = super::FilterMapStatus::of(&answer.map);
         let nodes: Vec<&str> = answer.nodes.iter().map(|n| n.node.as_str()).collect();
         if changes {
