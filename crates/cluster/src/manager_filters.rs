@@ -427,8 +427,10 @@ impl Cluster {
                     packets: 0,
                     fair_drops: 0,
                     tokens_ns: None,
+                    recent_cpu_ns: 0,
                 });
             e.cpu_ns = e.cpu_ns.saturating_add(t.cpu_ns);
+            e.recent_cpu_ns = e.recent_cpu_ns.saturating_add(t.recent_cpu_ns);
             e.packets = e.packets.saturating_add(t.packets);
             e.fair_drops = e.fair_drops.saturating_add(t.fair_drops);
             if let Some(tokens) = t.tokens_ns {

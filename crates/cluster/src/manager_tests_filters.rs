@@ -299,6 +299,7 @@ fn counters_and_tenant_cpu_are_summed_over_the_data_nodes_reports() {
             packets: 10,
             fair_drops: 1,
             tokens_ns: tokens,
+            recent_cpu_ns: cpu_ns / 2,
         }],
     };
     b.cluster.filters_reported(id1, usage(5, 100, Some(-4)));
@@ -322,6 +323,8 @@ fn counters_and_tenant_cpu_are_summed_over_the_data_nodes_reports() {
         ),
         (150, 20, 2, Some(-4))
     );
+    // The recent charge sums over the nodes too (50 + 25).
+    assert_eq!(tenants[0].recent_cpu_ns, 75);
     // Another tenant's show lists nothing.
     assert!(b
         .cluster

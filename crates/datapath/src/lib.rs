@@ -430,7 +430,14 @@ pub struct TenantStats {
     /// Its tokens summed over the workers, in nanoseconds (negative: in debt); None unless
     /// enforcing.
     pub tokens_ns: Option<i64>,
+    /// CPU time charged to it over the last [`RECENT_CPU_WINDOW`] (less right after the
+    /// start), in nanoseconds.
+    pub recent_cpu_ns: u64,
 }
+
+/// The window of [`TenantStats::recent_cpu_ns`]: a tenant's share of the CPU *now* (a data
+/// plane's cumulative figures are since its start).
+pub const RECENT_CPU_WINDOW: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Errors of the data plane.
 #[derive(Debug, thiserror::Error)]

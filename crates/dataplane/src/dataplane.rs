@@ -545,6 +545,11 @@ fn tenant_stats(
     if t.mode == datapath::CpuFairness::Off && !charged {
         return Vec::new();
     }
+    let recent = sh
+        .recent_cpu
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .recent(std::time::Instant::now(), &t.counters);
     let mut v: Vec<datapath::TenantStats> = t
         .names
         .iter()
@@ -561,6 +566,7 @@ fn tenant_stats(
                 .as_ref()
                 .and_then(|v| v.get(slot))
                 .map(|&cycles| ns(cycles)),
+            recent_cpu_ns: crate::sys::tsc::to_ns(recent.get(slot).copied().unwrap_or(0)),
         })
         .collect();
     v.sort_by(|a, b| a.tenant.cmp(&b.tenant));

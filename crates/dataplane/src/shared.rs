@@ -117,6 +117,8 @@ pub(crate) struct Shared {
     pub(crate) worker_stats: Vec<WorkerCounters>,
     /// When the next neighbour cache housekeeping round is due (one worker runs it).
     pub(crate) housekeeping: Mutex<Instant>,
+    /// The tenants' CPU charge over the last seconds (sampled by the housekeeping round).
+    pub(crate) recent_cpu: Mutex<crate::pipeline::charge::RecentCpu>,
     /// Set at shutdown (workers busy with full batches check it between batches).
     pub(crate) stop: AtomicBool,
     /// Customers attached at L2: on local interfaces, fixed at start; in relay mode on the
@@ -370,6 +372,7 @@ impl Shared {
             pools,
             worker_stats: (0..workers).map(|_| WorkerCounters::default()).collect(),
             housekeeping: Mutex::new(Instant::now() + HOUSEKEEPING),
+            recent_cpu: Mutex::default(),
             stop: AtomicBool::new(false),
             attach: Mutex::new(attach),
             filters: Mutex::default(),

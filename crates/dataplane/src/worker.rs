@@ -527,4 +527,8 @@ fn housekeeping(sh: &Shared, w: &mut Worker, routes: &RouteReader) {
     }
     crate::pipeline::attach::report_ces(sh, &sh.tables.load(), now);
     sh.expire_retired(now);
+    sh.recent_cpu
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .sample(now, &sh.tables.load().tenants.counters);
 }

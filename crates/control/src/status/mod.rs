@@ -183,6 +183,14 @@ pub struct TenantCpuStatus {
     pub cpu_ns: u64,
     /// Its share of all the CPU time charged to tenants, in `[0, 1]` (cumulative).
     pub cpu_share: f64,
+    /// CPU time charged to it over the last 10 s (`datapath::RECENT_CPU_WINDOW`; less right
+    /// after the start), in nanoseconds.
+    #[serde(default)]
+    pub recent_cpu_ns: u64,
+    /// Its share of the CPU time charged to tenants over the same window, in `[0, 1]`: its
+    /// share now.
+    #[serde(default)]
+    pub recent_cpu_share: f64,
     /// Its packets the charge counted.
     pub packets: u64,
     /// Its packets dropped for its fair share (`cpu_fairness = "enforce"`).
@@ -474,6 +482,14 @@ impl StatusReport {
             })
             .collect();
         let charged: u64 = stats.tenants.iter().map(|t| t.cpu_ns).sum();
+        let recent: u64 = stats.tenants.iter().map(|t| t.recent_cpu_ns).sum();
+        let share = |part: u64, all: u64| {
+            if all == 0 {
+                0.0
+            } else {
+                part as f64 / all as f64
+            }
+        };
         let tenants = stats
             .tenants
             .iter()
@@ -481,11 +497,9 @@ impl StatusReport {
                 tenant: t.tenant.clone(),
                 cpu_weight: t.cpu_weight,
                 cpu_ns: t.cpu_ns,
-                cpu_share: if charged == 0 {
-                    0.0
-                } else {
-                    t.cpu_ns as f64 / charged as f64
-                },
+                cpu_share: share(t.cpu_ns, charged),
+                recent_cpu_ns: t.recent_cpu_ns,
+                recent_cpu_share: share(t.recent_cpu_ns, recent),
                 packets: t.packets,
                 fair_drops: t.fair_drops,
                 tokens_ns: t.tokens_ns,

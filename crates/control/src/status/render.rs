@@ -193,11 +193,14 @@ fn render_tenants_cpu(out: &mut String, report: &super::StatusReport) {
         });
         let _ = writeln!(
             out,
-            "  {}: {:.3} ms ({:.1} %, weight {}), {} packets, {} fair-share drops{tokens}",
+            "  {}: {:.1} % of the last 10 s ({:.3} ms), weight {}; since the start {:.3} ms \
+             ({:.1} %), {} packets, {} fair-share drops{tokens}",
             t.tenant,
+            t.recent_cpu_share * 100.0,
+            t.recent_cpu_ns as f64 / 1e6,
+            t.cpu_weight,
             t.cpu_ns as f64 / 1e6,
             t.cpu_share * 100.0,
-            t.cpu_weight,
             t.packets,
             t.fair_drops,
         );

@@ -115,6 +115,7 @@ fn sample_report() -> StatusReport {
                 packets: 300,
                 fair_drops: 0,
                 tokens_ns: None,
+                recent_cpu_ns: 500_000,
             },
             datapath::TenantStats {
                 tenant: TenantId::new("globex").unwrap(),
@@ -123,6 +124,7 @@ fn sample_report() -> StatusReport {
                 packets: 100,
                 fair_drops: 7,
                 tokens_ns: Some(-250_000),
+                recent_cpu_ns: 1_500_000,
             },
         ],
         cpu_unattributed_ns: 500_000,
@@ -225,6 +227,9 @@ fn json_round_trip() {
     assert_eq!(v["tenants"][0]["tenant"], "acme");
     assert_eq!(v["tenants"][0]["cpu_ns"], 3_000_000);
     assert_eq!(v["tenants"][0]["cpu_share"], 0.75);
+    // Over the last seconds globex took three quarters, whatever it took since the start.
+    assert_eq!(v["tenants"][0]["recent_cpu_share"], 0.25);
+    assert_eq!(v["tenants"][1]["recent_cpu_ns"], 1_500_000);
     assert_eq!(v["tenants"][1]["fair_drops"], 7);
     assert_eq!(v["tenants"][1]["tokens_ns"], -250_000);
     assert!(v["tenants"][0].get("tokens_ns").is_none());
@@ -278,8 +283,10 @@ fn text_rendering() {
     assert!(!text.contains("unknown_spi"), "{text}");
     assert!(
         text.contains(
-            "tenant cpu:\n  acme: 3.000 ms (75.0 %, weight 1), 300 packets, 0 fair-share drops\n  \
-             globex: 1.000 ms (25.0 %, weight 3), 100 packets, 7 fair-share drops, tokens -0.250 ms\n  \
+            "tenant cpu:\n  acme: 25.0 % of the last 10 s (0.500 ms), weight 1; since the start \
+             3.000 ms (75.0 %), 300 packets, 0 fair-share drops\n  \
+             globex: 75.0 % of the last 10 s (1.500 ms), weight 3; since the start 1.000 ms \
+             (25.0 %), 100 packets, 7 fair-share drops, tokens -0.250 ms\n  \
              unattributed: 0.500 ms\n"
         ),
         "{text}"

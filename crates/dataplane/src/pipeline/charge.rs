@@ -764,6 +764,68 @@ impl Charge {
     }
 }
 
+/// The tenants' charged cycles as they were over the last [`datapath::RECENT_CPU_WINDOW`]: a
+/// sample of every slot's counter at most once a second (taken by the housekeeping round),
+/// so that status shows a tenant's share *now*, not since the start.
+#[derive(Debug, Default)]
+pub(crate) struct RecentCpu {
+    /// (when, every slot's cycles then), oldest first, spanning the window and one more.
+    samples: std::collections::VecDeque<(std::time::Instant, Vec<u64>)>,
+}
+
+/// How often [`RecentCpu`] samples the counters.
+const RECENT_SAMPLE: std::time::Duration = std::time::Duration::from_secs(1);
+
+impl RecentCpu {
+    /// Samples `counters` at `now` if a second has passed since the last sample, and forgets
+    /// the samples older than the window needs.
+    pub(crate) fn sample(&mut self, now: std::time::Instant, counters: &[Arc<TenantCounters>]) {
+        if self
+            .samples
+            .back()
+            .is_some_and(|(at, _)| now.saturating_duration_since(*at) < RECENT_SAMPLE)
+        {
+            return;
+        }
+        let cycles = counters
+            .iter()
+            .map(|c| c.cycles.load(std::sync::atomic::Ordering::Relaxed))
+            .collect();
+        self.samples.push_back((now, cycles));
+        // Keep the newest sample at least a window old (it is the base of `recent`).
+        while self.samples.len() > 1
+            && now.saturating_duration_since(self.samples[1].0) >= datapath::RECENT_CPU_WINDOW
+        {
+            self.samples.pop_front();
+        }
+    }
+
+    /// Every slot's cycles charged since the oldest sample within the window (since the
+    /// start, while no sample is that old), from its counter now (`counters`); a slot the
+    /// sample did not know yet counts from zero.
+    pub(crate) fn recent(
+        &self,
+        now: std::time::Instant,
+        counters: &[Arc<TenantCounters>],
+    ) -> Vec<u64> {
+        let base = self
+            .samples
+            .iter()
+            .find(|(at, _)| now.saturating_duration_since(*at) <= datapath::RECENT_CPU_WINDOW)
+            .map(|(_, c)| c.as_slice())
+            .unwrap_or(&[]);
+        counters
+            .iter()
+            .enumerate()
+            .map(|(slot, c)| {
+                let now = c.cycles.load(std::sync::atomic::Ordering::Relaxed);
+                // A refund (preemption) may take a counter below a sample's value.
+                now.saturating_sub(base.get(slot).copied().unwrap_or(0))
+            })
+            .collect()
+    }
+}
+
 /// `n / total` of `cycles`, rounded down (`n ≤ total`, `total > 0`).
 fn split(cycles: u64, n: u64, total: u64) -> u64 {
     (u128::from(cycles) * u128::from(n) / u128::from(total.max(1))) as u64

@@ -615,3 +615,43 @@ fn a_dear_program_is_admitted_against_its_expected_cost() {
         spin.charged
     );
 }
+
+#[test]
+fn the_recent_charge_is_that_of_the_last_ten_seconds() {
+    use std::sync::atomic::Ordering::Relaxed;
+    use std::time::{Duration, Instant};
+    let counters: Vec<Arc<TenantCounters>> = vec![Arc::default(), Arc::default()];
+    let mut r = RecentCpu::default();
+    // Before any sample: everything since the start.
+    counters[0].cycles.fetch_add(7, Relaxed);
+    let t0 = Instant::now();
+    assert_eq!(r.recent(t0, &counters), vec![7, 0]);
+    counters[0].cycles.store(0, Relaxed);
+    // Tenant 0 is charged 100 cycles a second for 21 s; tenant 1 300 a second in the last 6.
+    for s in 0..=20u64 {
+        let now = t0 + Duration::from_secs(s);
+        r.sample(now, &counters);
+        // A second sample within the second is not taken.
+        r.sample(now + Duration::from_millis(500), &counters);
+        counters[0].cycles.fetch_add(100, Relaxed);
+        if s >= 15 {
+            counters[1].cycles.fetch_add(300, Relaxed);
+        }
+    }
+    // At 20 s the base is the sample of 10 s (tenant 0 at 1000, tenant 1 at 0).
+    assert_eq!(
+        r.recent(t0 + Duration::from_secs(20), &counters),
+        vec![1_100, 1_800]
+    );
+    // A slot the samples did not know counts from zero; a counter below its sample (a
+    // refund) counts nothing.
+    let mut more = counters.clone();
+    more.push(Arc::default());
+    more[2].cycles.fetch_add(5, Relaxed);
+    assert_eq!(
+        r.recent(t0 + Duration::from_secs(20), &more),
+        vec![1_100, 1_800, 5]
+    );
+    counters[0].cycles.store(10, Relaxed);
+    assert_eq!(r.recent(t0 + Duration::from_secs(20), &counters)[0], 0);
+}

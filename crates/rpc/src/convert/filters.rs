@@ -320,6 +320,7 @@ pub fn tenant_cpu_to_pb(t: &TenantStats) -> pb::TenantCpu {
         packets: t.packets,
         fair_drops: t.fair_drops,
         tokens_ns: t.tokens_ns,
+        recent_cpu_ns: t.recent_cpu_ns,
     }
 }
 
@@ -337,6 +338,7 @@ pub fn tenant_cpu_from_pb(t: &pb::TenantCpu) -> Result<TenantStats> {
         packets: t.packets,
         fair_drops: t.fair_drops,
         tokens_ns: t.tokens_ns,
+        recent_cpu_ns: t.recent_cpu_ns,
     })
 }
 

@@ -182,6 +182,7 @@ fn reported_counters_and_cpu_read_back() {
         packets: 11,
         fair_drops: 12,
         tokens_ns: Some(-13),
+        recent_cpu_ns: 14,
     };
     assert_eq!(tenant_cpu_from_pb(&tenant_cpu_to_pb(&t)).unwrap(), t);
     let mut bad = tenant_cpu_to_pb(&t);
