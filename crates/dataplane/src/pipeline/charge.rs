@@ -800,9 +800,10 @@ impl RecentCpu {
         }
     }
 
-    /// Every slot's cycles charged since the oldest sample within the window (since the
-    /// start, while no sample is that old), from its counter now (`counters`); a slot the
-    /// sample did not know yet counts from zero.
+    /// Every slot's cycles charged since the oldest sample at most a window old (while the
+    /// data plane is younger than the window, its first sample), from its counter now
+    /// (`counters`); a slot the sample did not know yet counts from zero, and without any
+    /// sample everything counts.
     pub(crate) fn recent(
         &self,
         now: std::time::Instant,
