@@ -17,6 +17,11 @@ fn example(name: &str) -> Option<Vec<u8>> {
     bytes
 }
 
+/// The DNS rate limiter's and the SYN-cookie proxy's objects ([`example`]).
+fn limiter_and_proxy() -> Option<(Vec<u8>, Vec<u8>)> {
+    Some((example("dns_ratelimit")?, example("syncookie")?))
+}
+
 fn tenant(name: &str) -> TenantId {
     TenantId::new(name).expect("tenant")
 }
@@ -97,10 +102,7 @@ fn a_bad_record_is_refused_with_a_reason() {
 
 #[test]
 fn a_load_replaces_its_place_or_adds_one_and_unload_removes() {
-    let Some(dns) = example("dns_ratelimit") else {
-        return;
-    };
-    let Some(cookie) = example("syncookie") else {
+    let Some((dns, cookie)) = limiter_and_proxy() else {
         return;
     };
     let tenants = [tenant("acme"), tenant("beta")];
@@ -277,10 +279,7 @@ fn map_settings_keep_the_latest_value_per_key_and_forget_deleted_keys() {
 
 #[test]
 fn a_new_set_keeps_the_settings_of_maps_declared_alike() {
-    let Some(dns) = example("dns_ratelimit") else {
-        return;
-    };
-    let Some(cookie) = example("syncookie") else {
+    let Some((dns, cookie)) = limiter_and_proxy() else {
         return;
     };
     let tenants = [tenant("acme")];
