@@ -48,6 +48,10 @@ pub struct FilterRecord {
     pub generation: u64,
     /// Every filter, in the order the data path is given them.
     pub filters: Vec<FilterConfig>,
+    /// Whether the set was changed with `protego ctl filter load|unload`, so that it runs
+    /// instead of the file's `[[filter]]` tables; false while the record holds only map
+    /// settings made on the file's filters (the file's tables keep running then, as edited).
+    pub set_stored: bool,
     /// The tenants' map settings, in the order they were first made.
     pub settings: Vec<FilterMapSetting>,
 }
@@ -60,8 +64,15 @@ struct Wire {
     /// Each distinct object once, in Base64.
     objects: Vec<String>,
     filters: Vec<WireFilter>,
+    /// Absent in version 1, whose records were all stored sets.
+    #[serde(default = "stored_set_by_default")]
+    set_stored: bool,
     #[serde(default)]
     settings: Vec<WireSetting>,
+}
+
+fn stored_set_by_default() -> bool {
+    true
 }
 
 #[derive(Serialize, Deserialize)]
@@ -117,6 +128,7 @@ impl FilterRecord {
             generation: self.generation,
             objects: objects.iter().map(|o| Base64::encode_string(o)).collect(),
             filters,
+            set_stored: self.set_stored,
             settings: self
                 .settings
                 .iter()
@@ -189,6 +201,7 @@ impl FilterRecord {
         Ok(Self {
             generation: wire.generation,
             filters,
+            set_stored: wire.set_stored,
             settings,
         })
     }
@@ -501,6 +514,17 @@ pub fn effective(
         detail,
     };
     let record = FilterRecord::decode(&bytes).map_err(stored_error)?;
+    if !record.set_stored {
+        // Only map settings, made on the file's filters: those run, as the file has them now
+        // (a setting whose map is gone or changed is skipped when it is written).
+        if !record.settings.is_empty() {
+            tracing::info!(
+                settings = record.settings.len(),
+                "the tenants' map settings are written again into the file's filters' maps"
+            );
+        }
+        return Ok(record.settings);
+    }
     if let Some(f) = record
         .filters
         .iter()

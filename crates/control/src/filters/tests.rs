@@ -62,6 +62,7 @@ fn a_record_survives_encoding_with_each_object_once() {
             f("acme", FilterDirection::FromCloud, &a, "xdp:out", 0),
             f("beta", FilterDirection::ToCloud, &b, "xdp", 1000),
         ],
+        set_stored: true,
         settings: vec![FilterMapSetting {
             tenant: tenant("acme"),
             map: "xdp:in.o:config".into(),
@@ -78,8 +79,10 @@ fn a_record_survives_encoding_with_each_object_once() {
     let mut old: serde_json::Value = wire.clone();
     old["version"] = 1.into();
     old.as_object_mut().expect("object").remove("settings");
+    old.as_object_mut().expect("object").remove("set_stored");
     let old = FilterRecord::decode(&serde_json::to_vec(&old).expect("json")).expect("version 1");
     assert_eq!(old.filters, record.filters);
+    assert!(old.set_stored, "a version 1 record is a stored set");
     assert!(old.settings.is_empty());
 }
 

@@ -21,6 +21,7 @@ impl Driver {
         let record = crate::filters::FilterRecord {
             generation: stored.map_or(0, |r| r.generation) + 1,
             filters,
+            set_stored: true,
             settings,
         };
         self.store_filters(&record)?;
@@ -44,7 +45,11 @@ impl Driver {
             return Err(Error::ShuttingDown);
         }
         let stored = self.persist.filters()?;
-        let (generation, settings) = stored.map_or((0, Vec::new()), |r| (r.generation, r.settings));
+        // Settings alone do not make the running set a stored one: the file's tables keep
+        // running at the next start unless a load or unload stored a set.
+        let (generation, set_stored, settings) = stored.map_or((0, false, Vec::new()), |r| {
+            (r.generation, r.set_stored, r.settings)
+        });
         let Some(settings) =
             crate::filters::record_setting(&settings, &self.config.filters, tenant, map, op)
         else {
@@ -53,6 +58,7 @@ impl Driver {
         let record = crate::filters::FilterRecord {
             generation: generation + 1,
             filters: self.config.filters.clone(),
+            set_stored,
             settings,
         };
         self.store_filters(&record)?;

@@ -241,3 +241,57 @@ fn the_distributed_form_takes_filters_to_its_data_nodes() {
     assert_eq!(config.filters.len(), 1);
     assert!(config.cluster.is_some());
 }
+
+/// Review: a `filter map update` on the file's filters stored the running set with the
+/// setting, and from then on the stored set ran instead of the file's tables, as if the
+/// filters had been loaded with `ctl filter`. A record of settings alone leaves the file's
+/// tables running; a stored set runs instead of them.
+#[test]
+fn map_settings_alone_leave_the_files_filters_running() {
+    let Some((_dir, limiter)) = object("dns_ratelimit") else {
+        return;
+    };
+    let Some((_dir2, syncookie)) = object("syncookie") else {
+        return;
+    };
+    let text = with_filters(&filter("acme", "to_cloud", &limiter, "xdp"));
+    let scratch = Scratch::new();
+    let file = scratch.parse(&text).expect("valid");
+    let proxy = Scratch::new()
+        .parse(&with_filters(&filter(
+            "acme",
+            "to_cloud",
+            &syncookie,
+            "xdp:syncookie_in",
+        )))
+        .expect("valid")
+        .filters;
+    let setting = datapath::FilterMapSetting {
+        tenant: ids::TenantId::new("acme").expect("tenant"),
+        map: "config".into(),
+        key: vec![0; 4],
+        value: vec![5; 16],
+    };
+    for set_stored in [false, true] {
+        let mut store = crate::store::MemoryStore::new();
+        let record = crate::filters::FilterRecord {
+            generation: 3,
+            filters: proxy.clone(),
+            set_stored,
+            settings: vec![setting.clone()],
+        };
+        crate::store::Store::commit(
+            &mut store,
+            &[crate::store::Change::PutFilters {
+                record: record.encode(),
+            }],
+        )
+        .expect("stored");
+        let mut config = file.clone();
+        let settings =
+            crate::filters::effective(&mut config, &mut store, false).expect("effective");
+        assert_eq!(settings, vec![setting.clone()]);
+        let runs = if set_stored { &proxy } else { &file.filters };
+        assert_eq!(&config.filters, runs, "set_stored {set_stored}");
+    }
+}
