@@ -1030,6 +1030,17 @@ impl ProtegoCluster {
         Ok(node.process.stop())
     }
 
+    /// Ends a test's run on the cluster: on an error, prints the last 80 lines of every
+    /// node's log; then stops every node ([`stop_all`](Self::stop_all)) and hands `result`
+    /// back.
+    pub fn finish<T>(&self, result: Result<T>) -> Result<T> {
+        if result.is_err() {
+            eprintln!("{}", self.log_tails(80));
+        }
+        self.stop_all();
+        result
+    }
+
     /// Stops every node gracefully: the control nodes first (they delete their IKE SAs with
     /// the peers through the steer nodes), then the data nodes, then the steer nodes, then etcd.
     /// Returns how each node ended (`None`: already stopped).

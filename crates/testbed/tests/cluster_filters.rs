@@ -269,11 +269,7 @@ fn a_filter_loaded_on_the_control_node_follows_the_tunnel_across_data_nodes() ->
         }
         Ok(())
     })();
-    if result.is_err() {
-        eprintln!("{}", cluster.log_tails(80));
-    }
-    cluster.stop_all();
-    result
+    cluster.finish(result)
 }
 
 /// With two control nodes on etcd, the standby that takes over after a `kill -9` of the
@@ -322,11 +318,7 @@ fn a_standby_taking_over_runs_and_changes_the_stored_filters() -> Result<()> {
         assert!(unloaded.contains("\"removed\""), "{unloaded}");
         all_replies(&topo, Some(DEFAULT_SIZE), "-s 1000 after the unload")
     })();
-    if result.is_err() {
-        eprintln!("{}", cluster.log_tails(80));
-    }
-    cluster.stop_all();
-    result
+    cluster.finish(result)
 }
 
 /// A 32-bit number's little-endian bytes in hex (as an array map stores it).

@@ -614,9 +614,5 @@ fn three_tenants_survive_each_kind_of_node_killed() -> Result<()> {
         eprintln!("test d took {} ms", started.elapsed().as_millis());
         Ok(())
     })();
-    if result.is_err() {
-        eprintln!("{}", full.cluster.log_tails(80));
-    }
-    full.cluster.stop_all();
-    result
+    full.cluster.finish(result)
 }

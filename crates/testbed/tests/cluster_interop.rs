@@ -154,11 +154,7 @@ fn tunnel_through_steer_and_data_nodes_and_migration() -> Result<()> {
         assert_eq!(step["after"]["hotspots"], 0, "{capacity}");
         Ok(())
     })();
-    if result.is_err() {
-        eprintln!("{}", cluster.log_tails(60));
-    }
-    cluster.stop_all();
-    result
+    cluster.finish(result)
 }
 
 /// Two migrations (there and back) during a TCP stream and a 1 kHz ping through the tunnel:
@@ -462,11 +458,7 @@ fn with_logs_mut(
     body: impl FnOnce(&mut ProtegoCluster) -> Result<()>,
 ) -> Result<()> {
     let result = body(cluster);
-    if result.is_err() {
-        eprintln!("{}", cluster.log_tails(80));
-    }
-    cluster.stop_all();
-    result
+    cluster.finish(result)
 }
 
 /// The longest time without a ping reply from the last reply before `t0` on, in seconds.

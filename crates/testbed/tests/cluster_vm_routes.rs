@@ -117,11 +117,7 @@ fn routes_from_the_control_node_follow_a_vm_and_survive_restarts() -> Result<()>
         }
         Ok(())
     })();
-    if result.is_err() {
-        eprintln!("{}", cluster.log_tails(80));
-    }
-    cluster.stop_all();
-    result
+    cluster.finish(result)
 }
 
 /// Entries `route load`ed by [`a_route_load_reaches_every_data_node_by_fetch`], as issue 16
