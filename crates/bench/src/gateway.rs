@@ -405,6 +405,21 @@ impl GatewayCounters {
     }
 }
 
+/// The `protego` binary to put under test: `given` (`--gateway-bin`), else this executable
+/// when it is `protego` (running as `protego bench`), else the workspace's build (as the test
+/// bed finds it).
+pub(crate) fn protego_binary(given: Option<&Path>) -> Result<PathBuf> {
+    if let Some(b) = given {
+        return Ok(b.to_path_buf());
+    }
+    if let Ok(exe) = std::env::current_exe() {
+        if exe.file_name().is_some_and(|n| n == "protego") {
+            return Ok(exe);
+        }
+    }
+    Ok(testbed::workspace_bin("protego")?)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -3,7 +3,7 @@
 //! under test, negotiate the tunnels over IKEv2, measure each case: maximum rate, then latency
 //! at half of it) and the targets.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -129,7 +129,9 @@ impl Session {
             .map_err(|e| BenchError::io(format!("create {}", files.display()), e))?;
         let psk_file = gateway::write_psk(&files)?;
         let bin = if needs_protego {
-            Some(protego_binary(options)?)
+            Some(crate::gateway::protego_binary(
+                options.gateway_bin.as_deref(),
+            )?)
         } else {
             None
         };
@@ -456,20 +458,6 @@ struct GroupCtx<'a> {
     options: &'a Options,
     crypto: &'a [CryptoFigure],
     baseline_us: Option<f64>,
-}
-
-/// The `protego` binary to put under test: `--gateway-bin`, else this executable when it is
-/// `protego` (running as `protego bench`), else the workspace's build (as the test bed finds it).
-fn protego_binary(options: &Options) -> Result<PathBuf> {
-    if let Some(b) = &options.gateway_bin {
-        return Ok(b.clone());
-    }
-    if let Ok(exe) = std::env::current_exe() {
-        if exe.file_name().is_some_and(|n| n == "protego") {
-            return Ok(exe);
-        }
-    }
-    Ok(testbed::workspace_bin("protego")?)
 }
 
 /// The machine the benchmark runs on.

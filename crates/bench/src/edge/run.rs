@@ -77,18 +77,6 @@ struct Edge {
     share: Option<CpuShare>,
 }
 
-fn protego_binary(opts: &EdgeOptions) -> Result<PathBuf> {
-    if let Some(b) = &opts.protego_bin {
-        return Ok(b.clone());
-    }
-    if let Ok(exe) = std::env::current_exe() {
-        if exe.file_name().is_some_and(|n| n == "protego") {
-            return Ok(exe);
-        }
-    }
-    Ok(testbed::workspace_bin("protego")?)
-}
-
 /// What one run measured.
 #[derive(Debug, Default)]
 struct RunOut {
@@ -686,7 +674,7 @@ pub fn run(
             bed.keep_files(true);
         }
         on_start(bed.cleanup_handle());
-        let bin = protego_binary(opts)?;
+        let bin = crate::gateway::protego_binary(opts.protego_bin.as_deref())?;
         if opts.gateway_cpu.is_some() {
             cgroup::sweep_stale();
         }

@@ -6,7 +6,7 @@
 //! before and after it.
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::Duration;
@@ -65,7 +65,7 @@ pub fn run(
         .map_err(|e| BenchError::io(format!("create {}", dir.display()), e))?;
     let psk = gateway::write_psk(&dir)?;
     let objects = config::compile_programs(&dir)?;
-    let bin = protego_binary(opts)?;
+    let bin = crate::gateway::protego_binary(opts.protego_bin.as_deref())?;
     progress(&format!(
         "programs compiled; run directory {}; {} case(s), {} round(s)",
         dir.display(),
@@ -178,18 +178,6 @@ fn line(case: &CaseSpec, f: &RunFigures) -> String {
         f.loadavg
             .map_or_else(|| "-".to_owned(), |l| format!("{l:.1}"))
     )
-}
-
-fn protego_binary(opts: &FairOptions) -> Result<PathBuf> {
-    if let Some(b) = &opts.protego_bin {
-        return Ok(b.clone());
-    }
-    if let Ok(exe) = std::env::current_exe() {
-        if exe.file_name().is_some_and(|n| n == "protego") {
-            return Ok(exe);
-        }
-    }
-    Ok(testbed::workspace_bin("protego")?)
 }
 
 /// The tunnels of `case` in configuration order, as `(tenant index, tunnel index)`.
