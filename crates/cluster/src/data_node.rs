@@ -567,6 +567,7 @@ fn dataplane_config(data: &DataSection) -> DataplaneConfig {
         cpus: Vec::new(),
         pin_workers: false,
         busy_poll: Duration::ZERO,
+        fair_kernel_gate: true,
         relay: Some(RelayConfig {
             listen: data.geneve,
             vtep: Some(data.vtep),

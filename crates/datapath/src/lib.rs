@@ -202,6 +202,10 @@ pub struct DataplaneConfig {
     /// How long a worker keeps polling without sleeping after it last found traffic (zero:
     /// sleep as soon as nothing is waiting). Trades CPU for latency.
     pub busy_poll: std::time::Duration,
+    /// With `cpu_fairness = "enforce"`: drop a tenant's datagrams in the kernel (a socket
+    /// filter by SPI or VNI) while every worker refuses it, before they cost a receive; false
+    /// leaves every refusal to the workers.
+    pub fair_kernel_gate: bool,
     /// Relay mode behind steer nodes (None: the node owns its public addresses).
     pub relay: Option<RelayConfig>,
     /// Customers attached at L2 over VLAN / Q-in-Q at start (their VNets are found by name
@@ -378,6 +382,10 @@ pub struct DataplaneStats {
     /// (not running) while it was charged, in nanoseconds, cumulative (docs/architecture.md,
     /// "CPU charge").
     pub cpu_preempted_ns: u64,
+    /// Enforcing with the kernel gate open (`[gateway] cpu_fairness_kernel`): the datagrams
+    /// it dropped (also in the tenants' `fair_drops` and the `fair_share` drops); None while
+    /// no gate is open.
+    pub fair_kernel_drops: Option<u64>,
 }
 
 /// The CPU fairness mode (`[gateway] cpu_fairness`, issue 18 §3).

@@ -257,6 +257,7 @@ fn main() -> Result<(), Error> {
         cpus: vec![],
         pin_workers: false,
         busy_poll: Duration::ZERO,
+        fair_kernel_gate: true,
         relay: None,
         attachments: vec![AttachmentConfig {
             name: "dc".into(),

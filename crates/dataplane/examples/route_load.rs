@@ -50,6 +50,7 @@ fn main() {
         cpus: vec![],
         pin_workers: false,
         busy_poll: Duration::ZERO,
+        fair_kernel_gate: true,
         relay: None,
         attachments: vec![],
     };

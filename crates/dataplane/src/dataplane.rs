@@ -8,8 +8,10 @@
 //! replaced at run time with [`Dataplane::set_relays`] and [`Dataplane::set_inside`].
 
 use crate::feature::{Direction, FeatureChain};
+use crate::pipeline::charge::TenantSlot;
 use crate::relays;
 use crate::shared::Shared;
+use crate::stats::DropReason;
 use crossbeam_channel::Sender;
 use datapath::{
     DataPath, DataplaneConfig, DataplaneError, DataplaneStats, InstalledChild, RouteChange,
@@ -390,6 +392,11 @@ impl DataPath for Dataplane {
 
     fn stats(&self) -> DataplaneStats {
         let sh = &self.shared;
+        let kernel_drops = sh.gate().map(|g| {
+            (0..sh.tables.load().tenants.names.len())
+                .map(|s| g.drops(s as TenantSlot))
+                .sum::<u64>()
+        });
         DataplaneStats {
             children: sh.registry().stats(),
             workers: sh
@@ -405,6 +412,13 @@ impl DataPath for Dataplane {
                 .collect(),
             drops: {
                 let mut d = sh.drops.snapshot();
+                // The kernel gate's drops are fair-share drops too.
+                if let Some((_, n)) = d
+                    .iter_mut()
+                    .find(|(r, _)| r == DropReason::FairShare.name())
+                {
+                    *n += kernel_drops.unwrap_or(0);
+                }
                 d.extend(sh.feature_drops.snapshot());
                 d
             },
@@ -427,6 +441,7 @@ impl DataPath for Dataplane {
                     .map(|w| w.cpu_preempted.load(Ordering::Relaxed))
                     .sum(),
             ),
+            fair_kernel_drops: kernel_drops,
         }
     }
 
@@ -561,7 +576,8 @@ fn tenant_stats(
             cpu_weight: w,
             cpu_ns: crate::sys::tsc::to_ns(c.cycles.load(Ordering::Relaxed)),
             packets: c.packets.load(Ordering::Relaxed),
-            fair_drops: c.fair_drops.load(Ordering::Relaxed),
+            fair_drops: c.fair_drops.load(Ordering::Relaxed)
+                + sh.gate().map_or(0, |g| g.drops(slot as TenantSlot)),
             tokens_ns: tokens
                 .as_ref()
                 .and_then(|v| v.get(slot))

@@ -24,6 +24,7 @@
 //!     cpus: vec![],
 //!     pin_workers: true,
 //!     busy_poll: std::time::Duration::ZERO,
+//!     fair_kernel_gate: true,
 //!     relay: None,
 //! };
 //! let (to_control, from_dataplane) = crossbeam_channel::unbounded();

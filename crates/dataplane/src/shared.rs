@@ -8,11 +8,13 @@ use crate::feature::{Direction, FeatureChain, FeatureDrops};
 use crate::io::sockets::Sockets;
 use crate::lane::Lane;
 use crate::overlay::{Overlay, Rules};
+use crate::pipeline::charge::NO_TENANT;
 use crate::pool::TxPool;
 use crate::relays::Relays;
 use crate::routes::{RouteReaders, RouteVnet, RouteWriter};
 use crate::stats::{DropCounters, WorkerCounters};
-use crate::tables::{Published, Registry};
+use crate::sys::gate::{Gate, Keyed};
+use crate::tables::{Published, Registry, Tables};
 use crossbeam_channel::{Sender, TrySendError};
 use datapath::{
     AttachmentConfig, DataplaneConfig, DataplaneError, RelayConfig, ToControl, TunnelBinding,
@@ -20,6 +22,7 @@ use datapath::{
 };
 use netio::{Waker, RX_SLOT};
 use std::net::{IpAddr, SocketAddr};
+use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -129,6 +132,9 @@ pub(crate) struct Shared {
     pub(crate) filters: Mutex<crate::filters::Filters>,
     /// Held by a change of the filters from start to end (`set_filters`).
     filter_updates: Mutex<()>,
+    /// The kernel gate of CPU fairness, opened at the first publication that enforces (None
+    /// inside: it could not be opened, and refusals stay the workers').
+    gate: std::sync::OnceLock<Option<Arc<Gate>>>,
 }
 
 fn config_err(field: impl Into<String>, reason: impl Into<String>) -> DataplaneError {
@@ -377,6 +383,7 @@ impl Shared {
             attach: Mutex::new(attach),
             filters: Mutex::default(),
             filter_updates: Mutex::default(),
+            gate: std::sync::OnceLock::new(),
         })
     }
 
@@ -531,7 +538,87 @@ impl Shared {
     pub(crate) fn publish(&self, reg: &Registry) {
         let mut t = reg.snapshot();
         t.attach = AttachTable::view(&self.attachments(), &t.overlay.vnets);
+        self.sync_gate(&t);
         self.tables.store(t);
+    }
+
+    /// The kernel gate, if one is open (see [`crate::sys::gate`]).
+    pub(crate) fn gate(&self) -> Option<&Arc<Gate>> {
+        self.gate.get().and_then(Option::as_ref)
+    }
+
+    /// Opens the kernel gate when `t` is the first table that enforces, and makes its keys
+    /// those of `t`: every inbound SPI and every VNI with its tenant's slot.
+    fn sync_gate(&self, t: &Tables) {
+        let enforce = t.tenants.mode == datapath::CpuFairness::Enforce;
+        let gate = if enforce && self.cfg.fair_kernel_gate {
+            self.gate.get_or_init(|| self.open_gate())
+        } else {
+            match self.gate.get() {
+                Some(g) => g,
+                None => return,
+            }
+        };
+        let Some(g) = gate else { return };
+        let spis = t
+            .by_spi
+            .iter()
+            .map(|(spi, c)| (spi.0, c.tenant))
+            .filter(|&(_, s)| s != NO_TENANT);
+        let vnis = t
+            .overlay
+            .vnets
+            .iter()
+            .enumerate()
+            .map(|(i, v)| (v.vni.get(), t.tenants.vnet(i)))
+            .filter(|&(_, s)| s != NO_TENANT);
+        let left_out = g.sync(Keyed::Spi, spis) + g.sync(Keyed::Vni, vnis);
+        if left_out != 0 {
+            tracing::warn!(
+                keys = left_out,
+                "CPU fairness: the kernel gate has no room for some SPIs or VNIs; \
+                 their tenants are refused by the workers only"
+            );
+        }
+    }
+
+    /// The kernel gate, attached to the NAT-T sockets and (unless relayed) the VTEPs; None,
+    /// said once in the log, if the kernel refuses it (refusals then stay the workers'), and
+    /// in relay mode, where the packets come in the steer nodes' Geneve, which it does not
+    /// read.
+    fn open_gate(&self) -> Option<Arc<Gate>> {
+        if self.cfg.relay.is_some() {
+            tracing::info!(
+                "CPU fairness: relay mode; refused packets are dropped by the workers \
+                 (the kernel gate does not read Geneve)"
+            );
+            return None;
+        }
+        let opened = Gate::new(self.workers).and_then(|g| {
+            for l in &self.io.listen {
+                g.attach(self.io.socks[l.natt].as_raw_fd(), Keyed::Spi)?;
+            }
+            for v in &self.io.vteps {
+                g.attach(self.io.socks[v.recv].as_raw_fd(), Keyed::Vni)?;
+            }
+            Ok(g)
+        });
+        match opened {
+            Ok(g) => {
+                tracing::info!(
+                    "CPU fairness: kernel gate attached (a refused tenant's datagrams are \
+                     dropped before they reach the workers)"
+                );
+                Some(Arc::new(g))
+            }
+            Err(e) => {
+                tracing::warn!(
+                    error = %e,
+                    "CPU fairness: no kernel gate; refused packets are dropped by the workers"
+                );
+                None
+            }
+        }
     }
 
     /// The current attachments (a poisoned lock still holds a whole table: it is replaced in

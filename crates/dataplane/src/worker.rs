@@ -109,6 +109,17 @@ pub(crate) fn run(sh: &Shared, id: usize) {
         };
         // The wait is the worker's idle time: it fills the tenants' token buckets.
         let waited = match w.out.charge.as_deref_mut() {
+            Some(c) if c.kernel_refuses() && !timeout.is_zero() => {
+                // An idle worker refuses nobody: before it sleeps, the kernel admits again
+                // the tenants it refuses for this worker (looking first without sleeping).
+                match c.idle(|| poller.wait(Some(Duration::ZERO))) {
+                    Ok(Ready::Readable) if !poller.any_readable() => {
+                        c.release_kernel();
+                        c.idle(|| poller.wait(Some(timeout)))
+                    }
+                    other => other,
+                }
+            }
             Some(c) => c.idle(|| poller.wait(Some(timeout))),
             None => poller.wait(Some(timeout)),
         };
@@ -175,10 +186,20 @@ fn batch(sh: &Shared, w: &mut Worker, routes: &RouteReader, lane: usize) -> Batc
     match (tenants.mode, w.out.charge.as_deref_mut()) {
         (CpuFairness::Off, Some(_)) => w.out.charge = None,
         (CpuFairness::Off, None) => {}
-        (_, Some(c)) => c.follow(&tenants),
+        (_, Some(c)) => {
+            if !c.has_kernel() {
+                if let Some(g) = sh.gate() {
+                    c.set_kernel(Arc::clone(g) as _, w.id);
+                }
+            }
+            c.follow(&tenants);
+        }
         (_, None) => {
             // Charging begins with this batch (its receive was not measured).
             let mut c = Charge::new(Box::new(Tsc));
+            if let Some(g) = sh.gate() {
+                c.set_kernel(Arc::clone(g) as _, w.id);
+            }
             c.start();
             c.received();
             c.follow(&tenants);

@@ -232,4 +232,30 @@ fn enforcing_drops_nothing_while_the_workers_keep_up() {
         );
     }
     assert_eq!(common::drop_count(&st, "fair_share"), 0);
+    // The kernel gate opened with enforcement (as root), and dropped nothing either.
+    if testreq::need(
+        &testreq::this_test(),
+        st.fair_kernel_drops.is_some(),
+        "the kernel gate of CPU fairness did not open (bpf(2) socket filters)",
+        "run as root (CAP_BPF) on Linux 5.5 or later",
+    ) {
+        assert_eq!(st.fair_kernel_drops, Some(0));
+    }
+}
+
+#[test]
+fn the_kernel_gate_stays_closed_when_turned_off() {
+    let s = common::start_beside_host(|port| DataplaneConfig {
+        fair_kernel_gate: false,
+        ..config(port)
+    });
+    let acme = site(&s, 1, 0, 100, 0);
+    s.dp.set_cpu_fairness(&CpuFairnessConfig {
+        mode: CpuFairness::Enforce,
+        weights: vec![(tenant("acme"), 1)],
+    })
+    .expect("enforce");
+    acme.exchange(&s, 10);
+    wait_stats(&s.dp, "packets counted", |st| packets(st, "acme") == 20);
+    assert_eq!(s.dp.stats().fair_kernel_drops, None);
 }

@@ -135,7 +135,7 @@ pub(crate) fn render(case: &CaseSpec, mode: Mode, files: &GatewayFiles<'_>) -> S
     let _ = writeln!(out, "cookie_threshold = {}", tunnels.saturating_mul(2) + 64);
     let _ = writeln!(out, "half_open_timeout = \"60s\"");
     let _ = writeln!(out, "workers = {}", files.workers);
-    let _ = writeln!(out, "cpu_fairness = \"{}\"", mode.name());
+    let _ = writeln!(out, "{}", mode.config_lines());
     for line in files.extra {
         let _ = writeln!(out, "{line}");
     }

@@ -63,17 +63,39 @@ pub enum Mode {
     Account,
     /// Charged and shared by weight.
     Enforce,
+    /// As `Enforce` without the kernel gate (`cpu_fairness_kernel = false`): every refusal is
+    /// the workers'. Not in any case's modes by default; `--modes` asks for it.
+    EnforceWorkers,
 }
 
 impl Mode {
-    /// The configuration's name.
+    /// The mode's name in reports and `--modes`.
     pub fn name(self) -> &'static str {
         match self {
             Mode::Off => "off",
             Mode::Account => "account",
             Mode::Enforce => "enforce",
+            Mode::EnforceWorkers => "enforce-workers",
         }
     }
+
+    /// The gateway configuration's lines for this mode.
+    pub(crate) fn config_lines(self) -> &'static str {
+        match self {
+            Mode::Off => "cpu_fairness = \"off\"",
+            Mode::Account => "cpu_fairness = \"account\"",
+            Mode::Enforce => "cpu_fairness = \"enforce\"",
+            Mode::EnforceWorkers => "cpu_fairness = \"enforce\"\ncpu_fairness_kernel = false",
+        }
+    }
+
+    /// Every mode, in report order.
+    pub(crate) const ALL: [Mode; 4] = [
+        Mode::Off,
+        Mode::Account,
+        Mode::Enforce,
+        Mode::EnforceWorkers,
+    ];
 }
 
 /// A tenant's program.
@@ -308,10 +330,11 @@ impl FromStr for Mode {
             "off" => Ok(Mode::Off),
             "account" => Ok(Mode::Account),
             "enforce" => Ok(Mode::Enforce),
+            "enforce-workers" => Ok(Mode::EnforceWorkers),
             other => Err(BenchError::InvalidOption {
                 option: "--modes",
                 value: other.to_owned(),
-                reason: "expected off, account or enforce".to_owned(),
+                reason: "expected off, account, enforce or enforce-workers".to_owned(),
             }),
         }
     }
@@ -411,13 +434,18 @@ impl FairOptions {
         Ok(())
     }
 
-    /// The modes `case` runs in.
+    /// The modes `case` runs in: its own, or those of `--modes` among them (`enforce-workers`
+    /// wherever `enforce` is one of them).
     pub(crate) fn modes_of(&self, case: &CaseSpec) -> Vec<Mode> {
         match &self.modes {
             Some(only) => case
                 .modes
                 .iter()
                 .copied()
+                .flat_map(|m| match m {
+                    Mode::Enforce => vec![Mode::Enforce, Mode::EnforceWorkers],
+                    m => vec![m],
+                })
                 .filter(|m| only.contains(m))
                 .collect(),
             None => case.modes.clone(),

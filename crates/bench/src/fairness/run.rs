@@ -31,6 +31,19 @@ use crate::options::PacketSize;
 /// Packets per GSO train at most.
 const TRAIN: usize = 64;
 
+/// The GSO train of a plan in blocks of `block`: one block each, so a train is one tenant's
+/// packets, as trains from separate peers are (trains of several tenants' blocks, of one
+/// length, would arrive at the gateway as one GRO buffer of one 5-tuple, which the kernel
+/// gate lets pass whole). Cases interleaved packet by packet (`block` 1: the charge's worst
+/// case, one run per packet) keep trains of [`TRAIN`]: one peer whose tunnels belong to
+/// several tenants.
+fn train_of(block: u32) -> usize {
+    match block {
+        1 => TRAIN,
+        b => (b as usize).min(TRAIN),
+    }
+}
+
 /// Where a run's gateway finds its files.
 struct Ctx<'a> {
     opts: &'a FairOptions,
@@ -277,18 +290,16 @@ fn measure(
         .take_while(|&&k| case.tenants[k].program != Program::Spin)
         .count();
     warm_up(load, &sas[..passing], gw)?;
-    let plan = match ctx.opts.block {
-        Some(block) => plan_of(&CaseSpec {
-            block,
-            ..case.clone()
-        })?,
-        None => plan_of(case)?,
-    };
+    let block = ctx.opts.block.unwrap_or(case.block);
+    let plan = plan_of(&CaseSpec {
+        block,
+        ..case.clone()
+    })?;
     let spec = RunSpec {
         size: PacketSize::Fixed(64),
         packets: (ctx.opts.rate_pps * ctx.opts.duration.as_secs_f64()).clamp(1000.0, 4e9) as u32,
         rate_pps: ctx.opts.rate_pps,
-        train: TRAIN,
+        train: train_of(block),
         record: false,
     };
     let r = load.run(

@@ -75,7 +75,7 @@ pub(crate) fn summarize(cases: &[CaseSpec], runs: &[RunFigures]) -> Vec<CaseSumm
         let of_case: Vec<&RunFigures> = runs.iter().filter(|r| r.case == case.name).collect();
         let weights: Vec<u16> = case.tenants.iter().map(|t| t.weight).collect();
         let fair = fair_shares(&weights, &demands(case, &of_case));
-        for mode in [Mode::Off, Mode::Account, Mode::Enforce] {
+        for mode in Mode::ALL {
             let rs: Vec<&RunFigures> = of_case
                 .iter()
                 .copied()
@@ -273,7 +273,7 @@ pub(crate) fn targets(s: &[CaseSummary]) -> Vec<Target> {
                 unit: "% CPU per packet, enforce vs off".to_owned(),
                 met: Some(re <= OVERHEAD_MAX),
                 detail: format!(
-                    "gateway CPU per decrypted packet: off {:.0} ns, account {}, enforce {:.0} ns ({}); Mpps off {:.3}, enforce {:.3}",
+                    "gateway CPU per decrypted packet: off {:.0} ns, account {}, enforce {:.0} ns ({}){}; Mpps off {:.3}, enforce {:.3}",
                     o.cpu_ns_per_packet,
                     a.map_or_else(|| "-".to_owned(), |a| format!(
                         "{:.0} ns ({})",
@@ -282,6 +282,11 @@ pub(crate) fn targets(s: &[CaseSummary]) -> Vec<Target> {
                     )),
                     e.cpu_ns_per_packet,
                     pct(re),
+                    find(s, "overhead", Mode::EnforceWorkers).map_or_else(String::new, |w| format!(
+                        ", enforce-workers {:.0} ns ({})",
+                        w.cpu_ns_per_packet,
+                        pct(w.cpu_ns_per_packet / o.cpu_ns_per_packet - 1.0)
+                    )),
                     o.decrypted_pps / 1e6,
                     e.decrypted_pps / 1e6
                 ),
@@ -365,6 +370,18 @@ pub(crate) fn targets(s: &[CaseSummary]) -> Vec<Target> {
                 ),
                 _ => String::new(),
             };
+            let workers = match (
+                find(s, "spin-base", Mode::EnforceWorkers),
+                find(s, "spin", Mode::EnforceWorkers),
+            ) {
+                (Some(a), Some(b)) if others(a) > 0.0 => format!(
+                    "; refused by the workers only (enforce-workers): {:.3} → {:.3} Mpps ({})",
+                    others(a) / 1e6,
+                    others(b) / 1e6,
+                    pct(others(b) / others(a) - 1.0)
+                ),
+                _ => String::new(),
+            };
             out.push(Target {
                 name: "spinning program".to_owned(),
                 requirement: spin_req,
@@ -372,7 +389,7 @@ pub(crate) fn targets(s: &[CaseSummary]) -> Vec<Target> {
                 unit: "% others' throughput".to_owned(),
                 met: Some(r >= 1.0 - SPIN_MAX_FALL),
                 detail: format!(
-                    "enforce: the other tenants {:.3} → {:.3} Mpps decrypted; shares with the spinning tenant: {}{acc}",
+                    "enforce: the other tenants {:.3} → {:.3} Mpps decrypted; shares with the spinning tenant: {}{acc}{workers}",
                     others(base) / 1e6,
                     others(spin) / 1e6,
                     shares_text(spin)

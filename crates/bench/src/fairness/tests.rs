@@ -78,6 +78,15 @@ fn the_paper_case_has_its_programs_weights_and_tunnel_names() {
         .filter_map(|t| t["cpu_weight"].as_integer())
         .collect();
     assert_eq!(weights, vec![1, 2, 3]);
+    assert_eq!(parsed["gateway"]["cpu_fairness"].as_str(), Some("enforce"));
+    assert!(parsed["gateway"].get("cpu_fairness_kernel").is_none());
+    let workers: toml::Value =
+        toml::from_str(&render(&c, Mode::EnforceWorkers)).expect("valid TOML");
+    assert_eq!(workers["gateway"]["cpu_fairness"].as_str(), Some("enforce"));
+    assert_eq!(
+        workers["gateway"]["cpu_fairness_kernel"].as_bool(),
+        Some(false)
+    );
     let filters = parsed["filter"].as_array().expect("filters");
     let f: Vec<(&str, &str, &str)> = filters
         .iter()
@@ -128,9 +137,23 @@ fn options_are_checked() {
         o.modes_of(&case("equal").expect("case")),
         vec![Mode::Enforce]
     );
+    // The workers-only variant runs only when asked for, and where enforce would.
+    o.modes = Some(vec![Mode::Account, Mode::EnforceWorkers]);
+    assert_eq!(
+        o.modes_of(&case("spin").expect("case")),
+        vec![Mode::Account, Mode::EnforceWorkers]
+    );
+    assert_eq!(
+        o.modes_of(&case("equal").expect("case")),
+        vec![Mode::Account, Mode::EnforceWorkers]
+    );
     o.rate_pps = 1.0;
     assert!(o.validate().is_err());
     assert_eq!("account".parse::<Mode>().ok(), Some(Mode::Account));
+    assert_eq!(
+        "enforce-workers".parse::<Mode>().ok(),
+        Some(Mode::EnforceWorkers)
+    );
     assert!("on".parse::<Mode>().is_err());
 }
 

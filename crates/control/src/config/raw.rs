@@ -150,6 +150,7 @@ pub(crate) struct RawGateway {
     pub(crate) half_open_timeout: Option<Spanned<DurationValue>>,
     pub(crate) keep_alive: Option<Spanned<DurationValue>>,
     pub(crate) cpu_fairness: Option<Spanned<String>>,
+    pub(crate) cpu_fairness_kernel: Option<Spanned<bool>>,
 }
 
 /// `[[tenant]]`.

@@ -74,6 +74,11 @@ pub struct StatusReport {
     /// while it charged them, in nanoseconds (docs/architecture.md, "CPU charge").
     #[serde(default, skip_serializing_if = "is_zero")]
     pub cpu_preempted_ns: u64,
+    /// Enforcing with the kernel gate open: the tenants' datagrams it dropped before they
+    /// reached the workers (counted in `fair_drops` too); absent while no gate is open
+    /// (docs/configuration.md, `cpu_fairness_kernel`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fair_kernel_drops: Option<u64>,
 }
 
 /// One running tenant filter and what it did since it was loaded (`protego status`,
@@ -520,6 +525,7 @@ impl StatusReport {
             cpu_unattributed_ns: stats.cpu_unattributed_ns,
             cpu_capped_phases: stats.cpu_capped_phases,
             cpu_preempted_ns: stats.cpu_preempted_ns,
+            fair_kernel_drops: stats.fair_kernel_drops,
         }
     }
 }

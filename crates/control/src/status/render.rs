@@ -217,6 +217,9 @@ fn render_tenants_cpu(out: &mut String, report: &super::StatusReport) {
             report.cpu_preempted_ns as f64 / 1e6
         );
     }
+    if let Some(n) = report.fair_kernel_drops {
+        let _ = writeln!(out, "  kernel gate: on, {n} datagrams dropped");
+    }
 }
 
 /// One line per running tenant filter: where it runs, its verdicts, its instructions and CPU.

@@ -253,6 +253,19 @@ pub(crate) struct Charge {
     /// Per slot (enforcing): the expected cost of its packets admitted in this batch that
     /// has not been charged yet.
     reserved: Vec<u64>,
+    /// Where this worker's refusals also reach the kernel (the gate of `sys::gate`), and the
+    /// worker's number there.
+    kernel: Option<(Arc<dyn KernelRefusal>, usize)>,
+    /// Slots this worker has the kernel refuse now.
+    in_kernel: Vec<TenantSlot>,
+}
+
+/// Where a worker's refusals reach the kernel, which drops a tenant's datagrams before they
+/// are queued to the sockets while every worker refuses it (`sys::gate::Gate`; the tests
+/// record them instead).
+pub(crate) trait KernelRefusal: Send + Sync {
+    /// Worker `worker` refuses (`on`) or admits again `slot`'s tenant.
+    fn refuse(&self, slot: TenantSlot, worker: usize, on: bool);
 }
 
 /// A worker's token buckets and the tenant table they were sized for.
@@ -330,6 +343,37 @@ impl Charge {
             chain_cycles: Vec::new(),
             chain_cost: Vec::new(),
             reserved: Vec::new(),
+            kernel: None,
+            in_kernel: Vec::new(),
+        }
+    }
+
+    /// Has `kernel` refuse (as worker `worker`) the tenants this worker refuses, while
+    /// enforcing: a tenant refused in a batch whose bucket is still empty at the batch's end
+    /// is refused there until tokens come back (the next batch that generates them, or the
+    /// worker's next sleep: an idle worker refuses nobody).
+    pub(crate) fn set_kernel(&mut self, kernel: Arc<dyn KernelRefusal>, worker: usize) {
+        self.release_kernel();
+        self.kernel = Some((kernel, worker));
+    }
+
+    /// A kernel is set ([`set_kernel`](Self::set_kernel)).
+    pub(crate) fn has_kernel(&self) -> bool {
+        self.kernel.is_some()
+    }
+
+    /// The kernel refuses some of this worker's tenants now.
+    pub(crate) fn kernel_refuses(&self) -> bool {
+        !self.in_kernel.is_empty()
+    }
+
+    /// The kernel refuses none of this worker's tenants any more (the worker is about to
+    /// sleep, stops enforcing or ends).
+    pub(crate) fn release_kernel(&mut self) {
+        if let Some((k, worker)) = &self.kernel {
+            for s in self.in_kernel.drain(..) {
+                k.refuse(s, *worker, false);
+            }
         }
     }
 
@@ -347,6 +391,7 @@ impl Charge {
     pub(crate) fn follow(&mut self, table: &TenantTable) {
         let Some(params) = table.params else {
             self.enforce = None;
+            self.release_kernel();
             return;
         };
         let id = table.generation;
@@ -430,6 +475,19 @@ impl Charge {
                 e.competing = e.active >= 2;
                 e.interval += 1;
                 e.active = 0;
+                if let Some((k, worker)) = &self.kernel {
+                    // Admitted again in the kernel once tokens are back (or nobody competes).
+                    let competing = e.competing;
+                    let buckets = &e.buckets;
+                    self.in_kernel.retain(|&s| {
+                        let empty = buckets.tokens(usize::from(s)).is_some_and(|t| t <= 0);
+                        let keep = competing && empty;
+                        if !keep {
+                            k.refuse(s, *worker, false);
+                        }
+                        keep
+                    });
+                }
             }
         }
         self.current = NO_TENANT;
@@ -646,7 +704,8 @@ impl Charge {
             self.add(s, share);
         }
         self.unattributed += syscalls - given;
-        for &s in &self.touched {
+        for t in 0..self.touched.len() {
+            let s = self.touched[t];
             let i = usize::from(s);
             fold(Charged {
                 slot: s,
@@ -655,6 +714,9 @@ impl Charge {
                 refused: u64::from(self.refused[i]),
                 refunded: self.refunded[i],
             });
+            if self.refused[i] != 0 {
+                self.refuse_in_kernel(s);
+            }
             let admitted = u64::from(self.packets[i].saturating_sub(self.refused[i]));
             let chain = std::mem::take(&mut self.chain_cycles[i]);
             if let Some(sample) = chain.checked_div(admitted) {
@@ -676,6 +738,19 @@ impl Charge {
             unattributed,
             capped: std::mem::take(&mut self.capped),
             preempted: std::mem::take(&mut self.preempted),
+        }
+    }
+
+    /// `slot`'s tenant was refused in the batch: if its bucket is still empty, the kernel
+    /// refuses it too (as this worker), before its datagrams cost a receive.
+    fn refuse_in_kernel(&mut self, slot: TenantSlot) {
+        let (Some((k, worker)), Some(e)) = (&self.kernel, &self.enforce) else {
+            return;
+        };
+        let empty = e.buckets.tokens(usize::from(slot)).is_some_and(|t| t <= 0);
+        if e.competing && empty && !self.in_kernel.contains(&slot) {
+            k.refuse(slot, *worker, true);
+            self.in_kernel.push(slot);
         }
     }
 
@@ -761,6 +836,12 @@ impl Charge {
         if self.cycles[i] == 0 && self.packets[i] == 0 && !self.touched.contains(&slot) {
             self.touched.push(slot);
         }
+    }
+}
+
+impl Drop for Charge {
+    fn drop(&mut self) {
+        self.release_kernel();
     }
 }
 

@@ -85,6 +85,7 @@ fn env() -> Env {
             cpus: vec![],
             pin_workers: false,
             busy_poll: std::time::Duration::ZERO,
+            fair_kernel_gate: true,
             relay: None,
         };
         let (tx, rx) = crossbeam_channel::unbounded();

@@ -89,6 +89,7 @@ pub(crate) fn config(vxlan_port: u16) -> DataplaneConfig {
         cpus: vec![],
         pin_workers: false,
         busy_poll: Duration::ZERO,
+        fair_kernel_gate: true,
         relay: None,
     }
 }

@@ -80,3 +80,18 @@ fn the_distributed_form_takes_cpu_fairness_to_its_data_nodes() {
         assert_eq!(config.gateway.cpu_fairness.as_str(), mode);
     }
 }
+
+#[test]
+fn the_kernel_gate_is_on_unless_turned_off() {
+    let c = Scratch::new().parse(&with_tunnel(TUNNEL_A)).unwrap();
+    assert!(c.dataplane.fair_kernel_gate);
+    let text = with_tunnel(TUNNEL_A).replace(
+        "[gateway]\n",
+        "[gateway]\ncpu_fairness = \"enforce\"\ncpu_fairness_kernel = false\n",
+    );
+    let c = Scratch::new().parse(&text).unwrap();
+    assert!(!c.dataplane.fair_kernel_gate);
+    let text =
+        with_tunnel(TUNNEL_A).replace("[gateway]\n", "[gateway]\ncpu_fairness_kernel = \"no\"\n");
+    assert!(Scratch::new().parse(&text).is_err());
+}

@@ -154,6 +154,7 @@ pub(crate) fn validate_with(
         cpus: extra.cpus,
         pin_workers: extra.pin_workers,
         busy_poll: extra.busy_poll,
+        fair_kernel_gate: extra.fair_kernel_gate,
         relay: None,
     };
     Ok(Config {
@@ -200,6 +201,7 @@ struct DataplaneExtra {
     cpus: Vec<usize>,
     pin_workers: bool,
     busy_poll: Duration,
+    fair_kernel_gate: bool,
 }
 
 /// A validated VNet with the line it was defined on (for duplicate messages).

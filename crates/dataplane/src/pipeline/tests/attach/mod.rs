@@ -66,6 +66,7 @@ fn env() -> Env {
             cpus: vec![],
             pin_workers: false,
             busy_poll: std::time::Duration::ZERO,
+            fair_kernel_gate: true,
             relay: None,
             attachments: vec![
                 attachment("a", "a", 100),
@@ -551,6 +552,7 @@ fn an_interface_under_two_names_is_one_interface() {
             cpus: vec![],
             pin_workers: false,
             busy_poll: std::time::Duration::ZERO,
+            fair_kernel_gate: true,
             relay: None,
             attachments: vec![attachment("a", "a", 100), second],
         };

@@ -1,0 +1,402 @@
+//! The few `bpf(2)` commands the kernel gate needs ([`super::gate`]): create a map, update
+//! and delete an element, load a socket filter program, and map an array's values
+//! into memory. Written here over `libc` rather than with `aya` (which the filter crate uses
+//! to *parse* tenants' objects): aya loads programs only from ELF objects, which would put
+//! clang into the gateway's own build for a program of 30 instructions, assembled below
+//! with [`Insn`].
+
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+
+/// `bpf_cmd` values.
+const BPF_MAP_CREATE: libc::c_long = 0;
+const BPF_MAP_UPDATE_ELEM: libc::c_long = 2;
+const BPF_MAP_DELETE_ELEM: libc::c_long = 3;
+const BPF_PROG_LOAD: libc::c_long = 5;
+
+/// `bpf_map_type` values.
+pub(crate) const MAP_HASH: u32 = 1;
+pub(crate) const MAP_ARRAY: u32 = 2;
+/// Map flags: allocate hash elements on insert, not all at creation.
+pub(crate) const F_NO_PREALLOC: u32 = 1;
+/// Map flags: the array's values can be mapped into memory (`mmap`).
+pub(crate) const F_MMAPABLE: u32 = 1 << 10;
+/// `BPF_PROG_TYPE_SOCKET_FILTER`.
+const PROG_SOCKET_FILTER: u32 = 1;
+/// `SO_ATTACH_BPF` (not in every libc).
+const SO_ATTACH_BPF: libc::c_int = 50;
+
+/// The attribute union is 128 bytes in every kernel this runs on; the kernel checks that
+/// the bytes past what it knows are zero.
+#[repr(C, align(8))]
+struct Attr([u8; 128]);
+
+impl Attr {
+    fn new() -> Self {
+        Self([0; 128])
+    }
+
+    fn u32(&mut self, at: usize, v: u32) -> &mut Self {
+        self.0[at..at + 4].copy_from_slice(&v.to_ne_bytes());
+        self
+    }
+
+    fn u64(&mut self, at: usize, v: u64) -> &mut Self {
+        self.0[at..at + 8].copy_from_slice(&v.to_ne_bytes());
+        self
+    }
+
+    fn name(&mut self, at: usize, name: &str) -> &mut Self {
+        let n = name.len().min(15);
+        self.0[at..at + n].copy_from_slice(&name.as_bytes()[..n]);
+        self
+    }
+
+    /// Runs command `cmd` with these attributes.
+    fn call(&mut self, cmd: libc::c_long) -> io::Result<libc::c_long> {
+        // SAFETY: the attributes are a valid, zero-padded `union bpf_attr` of the size
+        // passed; every pointer in them points to memory alive for the call.
+        let ret = unsafe {
+            libc::syscall(
+                libc::SYS_bpf,
+                cmd,
+                self.0.as_mut_ptr(),
+                std::mem::size_of::<Attr>() as libc::c_uint,
+            )
+        };
+        if ret < 0 {
+            Err(io::Error::last_os_error())
+        } else {
+            Ok(ret)
+        }
+    }
+
+    /// Runs a command that returns a new descriptor.
+    fn call_fd(&mut self, cmd: libc::c_long) -> io::Result<OwnedFd> {
+        let fd = self.call(cmd)?;
+        let fd = RawFd::try_from(fd).map_err(|_| io::Error::other("descriptor out of range"))?;
+        // SAFETY: the kernel returned a new descriptor that nothing else owns.
+        Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+    }
+}
+
+/// A map: `(type, key size, value size, max entries, flags)`, named `name` (15 bytes shown).
+pub(crate) fn map_create(
+    kind: u32,
+    key: u32,
+    value: u32,
+    max_entries: u32,
+    flags: u32,
+    name: &str,
+) -> io::Result<OwnedFd> {
+    Attr::new()
+        .u32(0, kind)
+        .u32(4, key)
+        .u32(8, value)
+        .u32(12, max_entries)
+        .u32(16, flags)
+        .name(28, name)
+        .call_fd(BPF_MAP_CREATE)
+}
+
+fn elem(map: &OwnedFd, key: &[u8], value: u64, flags: u64, cmd: libc::c_long) -> io::Result<()> {
+    Attr::new()
+        .u32(0, map.as_raw_fd() as u32)
+        .u64(8, key.as_ptr() as u64)
+        .u64(16, value)
+        .u64(24, flags)
+        .call(cmd)
+        .map(drop)
+}
+
+/// Sets `key`'s value (created or replaced).
+pub(crate) fn map_update(map: &OwnedFd, key: &[u8], value: &[u8]) -> io::Result<()> {
+    elem(map, key, value.as_ptr() as u64, 0, BPF_MAP_UPDATE_ELEM)
+}
+
+/// Deletes `key` (an error `ENOENT` if it is not there).
+pub(crate) fn map_delete(map: &OwnedFd, key: &[u8]) -> io::Result<()> {
+    elem(map, key, 0, 0, BPF_MAP_DELETE_ELEM)
+}
+
+/// Loads `insns` as a socket filter; a refusal carries the end of the verifier's log.
+pub(crate) fn prog_load_socket_filter(insns: &[Insn], name: &str) -> io::Result<OwnedFd> {
+    let insn_cnt = u32::try_from(insns.len()).map_err(|_| io::Error::other("program too long"))?;
+    let load = |log: &mut [u8]| {
+        let license = c"GPL";
+        let mut a = Attr::new();
+        a.u32(0, PROG_SOCKET_FILTER)
+            .u32(4, insn_cnt)
+            .u64(8, insns.as_ptr() as u64)
+            .u64(16, license.as_ptr() as u64)
+            .name(48, name);
+        if !log.is_empty() {
+            // Level 1: the instructions the verifier walked, ending with why it refused.
+            // A buffer too small for the whole walk fails the load (ENOSPC) even when the
+            // program is fine, hence the first load without it.
+            a.u32(24, 1)
+                .u32(28, log.len() as u32)
+                .u64(32, log.as_mut_ptr() as u64);
+        }
+        a.call_fd(BPF_PROG_LOAD)
+    };
+    // Without a log first; the log is asked for only to say why it was refused.
+    load(&mut []).or_else(|e| {
+        let mut log = vec![0u8; 1 << 20];
+        match load(&mut log) {
+            Ok(fd) => Ok(fd),
+            Err(_) => {
+                let end = log.iter().position(|&b| b == 0).unwrap_or(log.len());
+                let text = String::from_utf8_lossy(&log[..end]);
+                let tail: Vec<&str> = text.lines().rev().take(6).collect();
+                let tail: Vec<&str> = tail.into_iter().rev().collect();
+                Err(io::Error::new(
+                    e.kind(),
+                    format!("{e}; verifier: {}", tail.join(" | ")),
+                ))
+            }
+        }
+    })
+}
+
+/// Attaches program `prog` to socket `sock` as its filter (replacing any other).
+pub(crate) fn attach_socket(sock: RawFd, prog: &OwnedFd) -> io::Result<()> {
+    let fd: libc::c_int = prog.as_raw_fd();
+    // SAFETY: `fd` is a valid c_int for the option's length.
+    super::cvt(unsafe {
+        libc::setsockopt(
+            sock,
+            libc::SOL_SOCKET,
+            SO_ATTACH_BPF,
+            std::ptr::from_ref(&fd).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    })
+    .map(drop)
+}
+
+/// An array map's values mapped into memory (the map created with [`F_MMAPABLE`]), as
+/// 64-bit words shared with the kernel's programs.
+pub(crate) struct MappedArray {
+    ptr: std::ptr::NonNull<std::sync::atomic::AtomicU64>,
+    words: usize,
+    len: usize,
+}
+
+// SAFETY: the mapping is shared memory of atomics, valid until drop.
+unsafe impl Send for MappedArray {}
+// SAFETY: as above; every access is atomic.
+unsafe impl Sync for MappedArray {}
+
+impl MappedArray {
+    /// Maps the `words` 8-byte values of array `map`.
+    pub(crate) fn new(map: &OwnedFd, words: usize) -> io::Result<Self> {
+        // SAFETY: sysconf has no preconditions.
+        let page = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096);
+        let len = (words * 8).div_ceil(page) * page;
+        // SAFETY: a shared mapping of the map's descriptor, of a length the map covers.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                map.as_raw_fd(),
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        let ptr = std::ptr::NonNull::new(p.cast()).ok_or_else(|| io::Error::other("mmap"))?;
+        Ok(Self { ptr, words, len })
+    }
+
+    /// Value `i` (None beyond the array).
+    pub(crate) fn get(&self, i: usize) -> Option<&std::sync::atomic::AtomicU64> {
+        // SAFETY: `i` is inside the mapping, which is 8-byte aligned (page aligned) and lives
+        // as long as `self`.
+        (i < self.words).then(|| unsafe { &*self.ptr.as_ptr().add(i) })
+    }
+}
+
+impl Drop for MappedArray {
+    fn drop(&mut self) {
+        // SAFETY: the mapping made in `new`, unmapped once.
+        unsafe {
+            libc::munmap(self.ptr.as_ptr().cast(), self.len);
+        }
+    }
+}
+
+/// One eBPF instruction (`struct bpf_insn`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Insn {
+    code: u8,
+    regs: u8,
+    off: i16,
+    imm: i32,
+}
+
+/// Registers.
+pub(crate) const R0: u8 = 0;
+pub(crate) const R1: u8 = 1;
+pub(crate) const R2: u8 = 2;
+pub(crate) const R6: u8 = 6;
+pub(crate) const R10: u8 = 10;
+
+impl Insn {
+    const fn new(code: u8, dst: u8, src: u8, off: i16, imm: i32) -> Self {
+        Self {
+            code,
+            regs: (src << 4) | (dst & 0xf),
+            off,
+            imm,
+        }
+    }
+
+    /// The same instruction with offset `off` (a jump's target, fixed up after assembly).
+    pub(crate) const fn with_off(self, off: i16) -> Self {
+        Self { off, ..self }
+    }
+
+    /// `dst = src` (64 bits).
+    pub(crate) const fn mov(dst: u8, src: u8) -> Self {
+        Self::new(0xbf, dst, src, 0, 0)
+    }
+
+    /// `dst = imm` (64 bits, sign-extended).
+    pub(crate) const fn mov_imm(dst: u8, imm: i32) -> Self {
+        Self::new(0xb7, dst, 0, 0, imm)
+    }
+
+    /// `dst += imm` (64 bits).
+    pub(crate) const fn add_imm(dst: u8, imm: i32) -> Self {
+        Self::new(0x07, dst, 0, 0, imm)
+    }
+
+    /// `dst >>= imm` (32 bits; the upper half cleared).
+    pub(crate) const fn rsh32_imm(dst: u8, imm: i32) -> Self {
+        Self::new(0x74, dst, 0, 0, imm)
+    }
+
+    /// `dst = *(u32 *)(src + off)`.
+    pub(crate) const fn load32(dst: u8, src: u8, off: i16) -> Self {
+        Self::new(0x61, dst, src, off, 0)
+    }
+
+    /// `dst = *(u64 *)(src + off)`.
+    pub(crate) const fn load64(dst: u8, src: u8, off: i16) -> Self {
+        Self::new(0x79, dst, src, off, 0)
+    }
+
+    /// `*(u32 *)(dst + off) = src`.
+    pub(crate) const fn store32(dst: u8, off: i16, src: u8) -> Self {
+        Self::new(0x63, dst, src, off, 0)
+    }
+
+    /// `lock *(u64 *)(dst + off) += src`.
+    pub(crate) const fn atomic_add64(dst: u8, off: i16, src: u8) -> Self {
+        Self::new(0xdb, dst, src, off, 0)
+    }
+
+    /// `r0 = ntohl(*(u32 *)(skb->data + imm))`, the packet's bytes from the start of what the
+    /// socket filter sees (`r6` holds the context); a read past the end ends the program
+    /// with 0.
+    pub(crate) const fn load_abs32(imm: i32) -> Self {
+        Self::new(0x20, 0, 0, 0, imm)
+    }
+
+    /// `r0 = ntohl(*(u32 *)(skb->data + src + imm))`, as [`load_abs32`](Self::load_abs32)
+    /// at an offset in register `src`.
+    pub(crate) const fn load_ind32(src: u8, imm: i32) -> Self {
+        Self::new(0x40, 0, src, 0, imm)
+    }
+
+    /// `dst += src` (64 bits).
+    pub(crate) const fn add(dst: u8, src: u8) -> Self {
+        Self::new(0x0f, dst, src, 0, 0)
+    }
+
+    /// `if dst > src goto +off` (unsigned).
+    pub(crate) const fn jgt(dst: u8, src: u8, off: i16) -> Self {
+        Self::new(0x2d, dst, src, off, 0)
+    }
+
+    /// `goto +off`.
+    pub(crate) const fn ja(off: i16) -> Self {
+        Self::new(0x05, 0, 0, off, 0)
+    }
+
+    /// `if dst == imm goto +off`.
+    pub(crate) const fn jeq_imm(dst: u8, imm: i32, off: i16) -> Self {
+        Self::new(0x15, dst, 0, off, imm)
+    }
+
+    /// `if dst != src goto +off`.
+    pub(crate) const fn jne(dst: u8, src: u8, off: i16) -> Self {
+        Self::new(0x5d, dst, src, off, 0)
+    }
+
+    /// `if dst < imm goto +off` (unsigned).
+    pub(crate) const fn jlt_imm(dst: u8, imm: i32, off: i16) -> Self {
+        Self::new(0xa5, dst, 0, off, imm)
+    }
+
+    /// `if dst <= src goto +off` (unsigned).
+    pub(crate) const fn jle(dst: u8, src: u8, off: i16) -> Self {
+        Self::new(0xbd, dst, src, off, 0)
+    }
+
+    /// `if dst > imm goto +off` (unsigned).
+    pub(crate) const fn jgt_imm(dst: u8, imm: i32, off: i16) -> Self {
+        Self::new(0x25, dst, 0, off, imm)
+    }
+
+    /// Helper call `id`.
+    pub(crate) const fn call(id: i32) -> Self {
+        Self::new(0x85, 0, 0, 0, id)
+    }
+
+    /// `exit`.
+    pub(crate) const fn exit() -> Self {
+        Self::new(0x95, 0, 0, 0, 0)
+    }
+
+    /// `dst = imm64` (two instructions).
+    pub(crate) const fn load_imm64(dst: u8, imm: u64) -> [Self; 2] {
+        [
+            Self::new(0x18, dst, 0, 0, imm as u32 as i32),
+            Self::new(0, 0, 0, 0, (imm >> 32) as u32 as i32),
+        ]
+    }
+
+    /// `dst = map` (the map's descriptor, which the loader turns into its address).
+    pub(crate) fn load_map(dst: u8, map: &OwnedFd) -> [Self; 2] {
+        [
+            Self::new(0x18, dst, 1, 0, map.as_raw_fd()),
+            Self::new(0, 0, 0, 0, 0),
+        ]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn instructions_encode_as_the_kernel_reads_them() {
+        // `r1 = *(u32 *)(r6 + 0)`: opcode 0x61, dst 1 in the low nibble, src 6 in the high.
+        let i = Insn::load32(R1, R6, 0);
+        // SAFETY: Insn is 8 bytes of plain data.
+        let bytes: [u8; 8] = unsafe { std::mem::transmute(i) };
+        assert_eq!(bytes, [0x61, 0x61, 0, 0, 0, 0, 0, 0]);
+        let i = Insn::jeq_imm(R0, 0, -2);
+        // SAFETY: as above.
+        let bytes: [u8; 8] = unsafe { std::mem::transmute(i) };
+        assert_eq!(bytes, [0x15, 0x00, 0xfe, 0xff, 0, 0, 0, 0]);
+        let [lo, hi] = Insn::load_imm64(R2, 0x1122_3344_5566_7788);
+        assert_eq!((lo.imm as u32, hi.imm as u32), (0x5566_7788, 0x1122_3344));
+    }
+}
