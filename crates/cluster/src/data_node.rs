@@ -567,7 +567,8 @@ fn dataplane_config(data: &DataSection) -> DataplaneConfig {
         cpus: Vec::new(),
         pin_workers: false,
         busy_poll: Duration::ZERO,
-        fair_kernel_gate: true,
+        // Relay mode: the gate does not read Geneve (it would not open).
+        fair_kernel_gate: false,
         relay: Some(RelayConfig {
             listen: data.geneve,
             vtep: Some(data.vtep),

@@ -202,9 +202,9 @@ pub struct DataplaneConfig {
     /// How long a worker keeps polling without sleeping after it last found traffic (zero:
     /// sleep as soon as nothing is waiting). Trades CPU for latency.
     pub busy_poll: std::time::Duration,
-    /// With `cpu_fairness = "enforce"`: drop a tenant's datagrams in the kernel (a socket
-    /// filter by SPI or VNI) while every worker refuses it, before they cost a receive; false
-    /// leaves every refusal to the workers.
+    /// With `cpu_fairness = "enforce"`: have the kernel refuse floods too (a socket filter by
+    /// SPI or VNI, while every worker refuses the tenant), before they cost a receive; false
+    /// (the configuration's default) leaves every refusal to the workers.
     pub fair_kernel_gate: bool,
     /// Relay mode behind steer nodes (None: the node owns its public addresses).
     pub relay: Option<RelayConfig>,

@@ -63,9 +63,9 @@ pub enum Mode {
     Account,
     /// Charged and shared by weight.
     Enforce,
-    /// As `Enforce` without the kernel gate (`cpu_fairness_kernel = false`): every refusal is
-    /// the workers'. Not in any case's modes by default; `--modes` asks for it.
-    EnforceWorkers,
+    /// As `Enforce` with the kernel gate (`cpu_fairness_kernel = true`): floods refused in
+    /// the kernel too. Not in any case's modes by default; `--modes` asks for it.
+    EnforceKernel,
 }
 
 impl Mode {
@@ -75,7 +75,7 @@ impl Mode {
             Mode::Off => "off",
             Mode::Account => "account",
             Mode::Enforce => "enforce",
-            Mode::EnforceWorkers => "enforce-workers",
+            Mode::EnforceKernel => "enforce-kernel",
         }
     }
 
@@ -85,17 +85,13 @@ impl Mode {
             Mode::Off => "cpu_fairness = \"off\"",
             Mode::Account => "cpu_fairness = \"account\"",
             Mode::Enforce => "cpu_fairness = \"enforce\"",
-            Mode::EnforceWorkers => "cpu_fairness = \"enforce\"\ncpu_fairness_kernel = false",
+            Mode::EnforceKernel => "cpu_fairness = \"enforce\"\ncpu_fairness_kernel = true",
         }
     }
 
     /// Every mode, in report order.
-    pub(crate) const ALL: [Mode; 4] = [
-        Mode::Off,
-        Mode::Account,
-        Mode::Enforce,
-        Mode::EnforceWorkers,
-    ];
+    pub(crate) const ALL: [Mode; 4] =
+        [Mode::Off, Mode::Account, Mode::Enforce, Mode::EnforceKernel];
 }
 
 /// A tenant's program.
@@ -330,11 +326,11 @@ impl FromStr for Mode {
             "off" => Ok(Mode::Off),
             "account" => Ok(Mode::Account),
             "enforce" => Ok(Mode::Enforce),
-            "enforce-workers" => Ok(Mode::EnforceWorkers),
+            "enforce-kernel" => Ok(Mode::EnforceKernel),
             other => Err(BenchError::InvalidOption {
                 option: "--modes",
                 value: other.to_owned(),
-                reason: "expected off, account, enforce or enforce-workers".to_owned(),
+                reason: "expected off, account, enforce or enforce-kernel".to_owned(),
             }),
         }
     }
@@ -434,7 +430,7 @@ impl FairOptions {
         Ok(())
     }
 
-    /// The modes `case` runs in: its own, or those of `--modes` among them (`enforce-workers`
+    /// The modes `case` runs in: its own, or those of `--modes` among them (`enforce-kernel`
     /// wherever `enforce` is one of them).
     pub(crate) fn modes_of(&self, case: &CaseSpec) -> Vec<Mode> {
         match &self.modes {
@@ -443,7 +439,7 @@ impl FairOptions {
                 .iter()
                 .copied()
                 .flat_map(|m| match m {
-                    Mode::Enforce => vec![Mode::Enforce, Mode::EnforceWorkers],
+                    Mode::Enforce => vec![Mode::Enforce, Mode::EnforceKernel],
                     m => vec![m],
                 })
                 .filter(|m| only.contains(m))

@@ -282,8 +282,8 @@ pub(crate) fn targets(s: &[CaseSummary]) -> Vec<Target> {
                     )),
                     e.cpu_ns_per_packet,
                     pct(re),
-                    find(s, "overhead", Mode::EnforceWorkers).map_or_else(String::new, |w| format!(
-                        ", enforce-workers {:.0} ns ({})",
+                    find(s, "overhead", Mode::EnforceKernel).map_or_else(String::new, |w| format!(
+                        ", enforce-kernel {:.0} ns ({})",
                         w.cpu_ns_per_packet,
                         pct(w.cpu_ns_per_packet / o.cpu_ns_per_packet - 1.0)
                     )),
@@ -371,11 +371,11 @@ pub(crate) fn targets(s: &[CaseSummary]) -> Vec<Target> {
                 _ => String::new(),
             };
             let workers = match (
-                find(s, "spin-base", Mode::EnforceWorkers),
-                find(s, "spin", Mode::EnforceWorkers),
+                find(s, "spin-base", Mode::EnforceKernel),
+                find(s, "spin", Mode::EnforceKernel),
             ) {
                 (Some(a), Some(b)) if others(a) > 0.0 => format!(
-                    "; refused by the workers only (enforce-workers): {:.3} → {:.3} Mpps ({})",
+                    "; with the kernel gate (enforce-kernel): {:.3} → {:.3} Mpps ({})",
                     others(a) / 1e6,
                     others(b) / 1e6,
                     pct(others(b) / others(a) - 1.0)

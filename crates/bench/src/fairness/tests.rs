@@ -80,12 +80,11 @@ fn the_paper_case_has_its_programs_weights_and_tunnel_names() {
     assert_eq!(weights, vec![1, 2, 3]);
     assert_eq!(parsed["gateway"]["cpu_fairness"].as_str(), Some("enforce"));
     assert!(parsed["gateway"].get("cpu_fairness_kernel").is_none());
-    let workers: toml::Value =
-        toml::from_str(&render(&c, Mode::EnforceWorkers)).expect("valid TOML");
-    assert_eq!(workers["gateway"]["cpu_fairness"].as_str(), Some("enforce"));
+    let kernel: toml::Value = toml::from_str(&render(&c, Mode::EnforceKernel)).expect("valid TOML");
+    assert_eq!(kernel["gateway"]["cpu_fairness"].as_str(), Some("enforce"));
     assert_eq!(
-        workers["gateway"]["cpu_fairness_kernel"].as_bool(),
-        Some(false)
+        kernel["gateway"]["cpu_fairness_kernel"].as_bool(),
+        Some(true)
     );
     let filters = parsed["filter"].as_array().expect("filters");
     let f: Vec<(&str, &str, &str)> = filters
@@ -137,22 +136,22 @@ fn options_are_checked() {
         o.modes_of(&case("equal").expect("case")),
         vec![Mode::Enforce]
     );
-    // The workers-only variant runs only when asked for, and where enforce would.
-    o.modes = Some(vec![Mode::Account, Mode::EnforceWorkers]);
+    // The kernel-gate variant runs only when asked for, and where enforce would.
+    o.modes = Some(vec![Mode::Account, Mode::EnforceKernel]);
     assert_eq!(
         o.modes_of(&case("spin").expect("case")),
-        vec![Mode::Account, Mode::EnforceWorkers]
+        vec![Mode::Account, Mode::EnforceKernel]
     );
     assert_eq!(
         o.modes_of(&case("equal").expect("case")),
-        vec![Mode::Account, Mode::EnforceWorkers]
+        vec![Mode::Account, Mode::EnforceKernel]
     );
     o.rate_pps = 1.0;
     assert!(o.validate().is_err());
     assert_eq!("account".parse::<Mode>().ok(), Some(Mode::Account));
     assert_eq!(
-        "enforce-workers".parse::<Mode>().ok(),
-        Some(Mode::EnforceWorkers)
+        "enforce-kernel".parse::<Mode>().ok(),
+        Some(Mode::EnforceKernel)
     );
     assert!("on".parse::<Mode>().is_err());
 }

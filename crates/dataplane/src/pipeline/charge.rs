@@ -258,6 +258,10 @@ pub(crate) struct Charge {
     kernel: Option<(Arc<dyn KernelRefusal>, usize)>,
     /// Slots this worker has the kernel refuse now.
     in_kernel: Vec<TenantSlot>,
+    /// Per slot: the cycles charged to it per packet it had admitted (a moving average over
+    /// batches; its refusals included, since its tokens pay for them too): what a datagram
+    /// the kernel lets through will cost its bucket.
+    admitted_cost: Vec<u64>,
 }
 
 /// Where a worker's refusals reach the kernel, which drops a tenant's datagrams before they
@@ -266,6 +270,10 @@ pub(crate) struct Charge {
 pub(crate) trait KernelRefusal: Send + Sync {
     /// Worker `worker` refuses (`on`) or admits again `slot`'s tenant.
     fn refuse(&self, slot: TenantSlot, worker: usize, on: bool);
+
+    /// While it is refused, the kernel lets the next `datagrams` of `slot`'s tenant through
+    /// (what its tokens can pay for), replacing what was left of an earlier grant.
+    fn grant(&self, slot: TenantSlot, datagrams: u64);
 }
 
 /// A worker's token buckets and the tenant table they were sized for.
@@ -345,13 +353,15 @@ impl Charge {
             reserved: Vec::new(),
             kernel: None,
             in_kernel: Vec::new(),
+            admitted_cost: Vec::new(),
         }
     }
 
-    /// Has `kernel` refuse (as worker `worker`) the tenants this worker refuses, while
-    /// enforcing: a tenant refused in a batch whose bucket is still empty at the batch's end
-    /// is refused there until tokens come back (the next batch that generates them, or the
-    /// worker's next sleep: an idle worker refuses nobody).
+    /// Has `kernel` refuse (as worker `worker`) the floods this worker refuses, while
+    /// enforcing: a tenant of which a batch refused more than half the packets, its bucket
+    /// still empty at the batch's end, is refused there, with a budget of the datagrams its
+    /// tokens pay for set at every generation, until nobody competes, the worker sleeps (an
+    /// idle worker refuses nobody) or the charge ends.
     pub(crate) fn set_kernel(&mut self, kernel: Arc<dyn KernelRefusal>, worker: usize) {
         self.release_kernel();
         self.kernel = Some((kernel, worker));
@@ -476,14 +486,21 @@ impl Charge {
                 e.interval += 1;
                 e.active = 0;
                 if let Some((k, worker)) = &self.kernel {
-                    // Admitted again in the kernel once tokens are back (or nobody competes).
+                    // While it competes, a tenant refused in the kernel has as many datagrams
+                    // let through as its new tokens pay for; admitted again when nobody
+                    // competes, or when what a datagram costs it is not known yet.
                     let competing = e.competing;
                     let buckets = &e.buckets;
+                    let costs = &self.admitted_cost;
                     self.in_kernel.retain(|&s| {
-                        let empty = buckets.tokens(usize::from(s)).is_some_and(|t| t <= 0);
-                        let keep = competing && empty;
+                        let i = usize::from(s);
+                        let tokens = buckets.tokens(i).unwrap_or(0);
+                        let cost = costs.get(i).copied().unwrap_or(0);
+                        let keep = competing && (tokens <= 0 || cost != 0);
                         if !keep {
                             k.refuse(s, *worker, false);
+                        } else if tokens > 0 {
+                            k.grant(s, tokens.unsigned_abs() / cost);
                         }
                         keep
                     });
@@ -714,10 +731,20 @@ impl Charge {
                 refused: u64::from(self.refused[i]),
                 refunded: self.refunded[i],
             });
-            if self.refused[i] != 0 {
+            // A flood (most of its packets refused), not a tenant whose bucket hovers about
+            // zero: the kernel refuses by the millisecond, the workers by the packet.
+            if self.refused[i] > self.packets[i] / 2 {
                 self.refuse_in_kernel(s);
             }
             let admitted = u64::from(self.packets[i].saturating_sub(self.refused[i]));
+            if let Some(sample) = self.cycles[i].checked_div(admitted) {
+                let cost = &mut self.admitted_cost[i];
+                *cost = if *cost == 0 {
+                    sample
+                } else {
+                    (3 * *cost + sample) / 4
+                };
+            }
             let chain = std::mem::take(&mut self.chain_cycles[i]);
             if let Some(sample) = chain.checked_div(admitted) {
                 // A moving average over batches (weight 1/4 to the newest): a tenant whose
@@ -741,14 +768,16 @@ impl Charge {
         }
     }
 
-    /// `slot`'s tenant was refused in the batch: if its bucket is still empty, the kernel
-    /// refuses it too (as this worker), before its datagrams cost a receive.
+    /// Most of `slot`'s packets were refused in the batch: if its bucket is still empty, the
+    /// kernel refuses it too (as this worker, with no budget until the next generation),
+    /// before its datagrams cost a receive.
     fn refuse_in_kernel(&mut self, slot: TenantSlot) {
         let (Some((k, worker)), Some(e)) = (&self.kernel, &self.enforce) else {
             return;
         };
         let empty = e.buckets.tokens(usize::from(slot)).is_some_and(|t| t <= 0);
         if e.competing && empty && !self.in_kernel.contains(&slot) {
+            k.grant(slot, 0);
             k.refuse(slot, *worker, true);
             self.in_kernel.push(slot);
         }
@@ -832,6 +861,7 @@ impl Charge {
             self.chain_cycles.resize(i + 1, 0);
             self.chain_cost.resize(i + 1, 0);
             self.reserved.resize(i + 1, 0);
+            self.admitted_cost.resize(i + 1, 0);
         }
         if self.cycles[i] == 0 && self.packets[i] == 0 && !self.touched.contains(&slot) {
             self.touched.push(slot);

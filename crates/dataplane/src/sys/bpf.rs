@@ -301,6 +301,22 @@ impl Insn {
         Self::new(0xdb, dst, src, off, 0)
     }
 
+    /// `src = atomic_fetch_add((u64 *)(dst + off), src)`: the old value into `src`.
+    pub(crate) const fn atomic_fetch_add64(dst: u8, off: i16, src: u8) -> Self {
+        // BPF_ADD | BPF_FETCH.
+        Self::new(0xdb, dst, src, off, 0x01)
+    }
+
+    /// `dst -= src` (64 bits).
+    pub(crate) const fn sub(dst: u8, src: u8) -> Self {
+        Self::new(0x1f, dst, src, 0, 0)
+    }
+
+    /// `if (s64)dst >= (s64)src goto +off`.
+    pub(crate) const fn jsge(dst: u8, src: u8, off: i16) -> Self {
+        Self::new(0x7d, dst, src, off, 0)
+    }
+
     /// `r0 = ntohl(*(u32 *)(skb->data + imm))`, the packet's bytes from the start of what the
     /// socket filter sees (`r6` holds the context); a read past the end ends the program
     /// with 0.

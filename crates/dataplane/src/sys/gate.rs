@@ -16,6 +16,11 @@
 //!   clear their bits in the memory-mapped array, without a system call ([`Gate::refuse`]);
 //!   the program drops only when all bits are set, since the workers share the sockets and a
 //!   datagram may be any worker's;
+//! - `budget`: per slot, datagrams the program still lets through while the tenant is refused
+//!   (a count the workers set from the tenant's new tokens, [`Gate::grant`], and the program
+//!   takes from, a train all its datagrams or none): the kernel admits what the tokens pay
+//!   for and drops the rest, instead of a worker receiving the whole flood to refuse most of
+//!   it;
 //! - `drops`: per slot, datagrams dropped by the program (a GRO train counts its segments),
 //!   added to the tenant's `fair_drops` by status.
 
@@ -61,8 +66,10 @@ pub(crate) struct Gate {
     spi: Program,
     vni: Program,
     refused: MappedArray,
+    budget: MappedArray,
     drops: MappedArray,
     _refused_map: OwnedFd,
+    _budget_map: OwnedFd,
     _drops_map: OwnedFd,
 }
 
@@ -85,9 +92,16 @@ impl Gate {
                 .map_err(|e| io::Error::new(e.kind(), format!("array map {name}: {e}")))
         };
         let refused_map = array("protego_refused")?;
+        let budget_map = array("protego_budget")?;
         let drops_map = array("protego_drops")?;
         let refused = MappedArray::new(&refused_map, SLOTS)?;
+        let budget = MappedArray::new(&budget_map, SLOTS)?;
         let drops = MappedArray::new(&drops_map, SLOTS)?;
+        let maps = Maps {
+            refused: &refused_map,
+            budget: &budget_map,
+            drops: &drops_map,
+        };
         let program = |keyed| -> io::Result<Program> {
             let name = match keyed {
                 Keyed::Spi => "protego_spis",
@@ -95,7 +109,7 @@ impl Gate {
             };
             let keys = bpf::map_create(bpf::MAP_HASH, 4, 4, MAX_KEYS, bpf::F_NO_PREALLOC, name)
                 .map_err(|e| io::Error::new(e.kind(), format!("hash map {name}: {e}")))?;
-            let insns = program(keyed, &keys, &refused_map, &drops_map, full);
+            let insns = program(keyed, &keys, &maps, full);
             let prog = bpf::prog_load_socket_filter(&insns, name)
                 .map_err(|e| io::Error::new(e.kind(), format!("socket filter {name}: {e}")))?;
             Ok(Program {
@@ -108,8 +122,10 @@ impl Gate {
             spi: program(Keyed::Spi)?,
             vni: program(Keyed::Vni)?,
             refused,
+            budget,
             drops,
             _refused_map: refused_map,
+            _budget_map: budget_map,
             _drops_map: drops_map,
         })
     }
@@ -178,6 +194,14 @@ impl Gate {
         }
     }
 
+    /// While `slot`'s tenant is refused, the next `datagrams` of it pass (replacing what was
+    /// left of an earlier grant).
+    pub(crate) fn grant(&self, slot: TenantSlot, datagrams: u64) {
+        if let Some(b) = self.budget.get(usize::from(slot)) {
+            b.store(datagrams.min(i64::MAX as u64), Ordering::Relaxed);
+        }
+    }
+
     /// Datagrams of `slot`'s tenant the kernel dropped since the start.
     pub(crate) fn drops(&self, slot: TenantSlot) -> u64 {
         self.drops
@@ -190,23 +214,36 @@ impl KernelRefusal for Gate {
     fn refuse(&self, slot: TenantSlot, worker: usize, on: bool) {
         Gate::refuse(self, slot, worker, on);
     }
+
+    fn grant(&self, slot: TenantSlot, datagrams: u64) {
+        Gate::grant(self, slot, datagrams);
+    }
+}
+
+/// The arrays the programs share.
+struct Maps<'a> {
+    refused: &'a OwnedFd,
+    budget: &'a OwnedFd,
+    drops: &'a OwnedFd,
 }
 
 /// A program with labels: jumps to them are fixed up at the end.
 struct Asm {
     insns: Vec<Insn>,
     fixups: Vec<(usize, Label)>,
-    labels: [Option<usize>; 3],
+    labels: [Option<usize>; 4],
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Label {
     /// Keep the datagram.
     Pass = 0,
-    /// Count it as dropped, then drop it.
+    /// Refused: count its datagrams, let it through on the budget or drop it.
     Count = 1,
+    /// Count it as dropped, then drop it.
+    Dropped = 2,
     /// Drop it.
-    Drop = 2,
+    Drop = 3,
 }
 
 impl Asm {
@@ -214,7 +251,7 @@ impl Asm {
         Self {
             insns: Vec::new(),
             fixups: Vec::new(),
-            labels: [None; 3],
+            labels: [None; 4],
         }
     }
 
@@ -259,13 +296,7 @@ const TRAIN_MAX: usize = 128;
 /// count and drop the datagram, else keep all of it. A train (one buffer of several datagrams
 /// of one 5-tuple, which UDP GRO merged) is dropped only if every datagram in it has the same
 /// key: one peer's tunnels may belong to several tenants, and one host's VNIs do.
-fn program(
-    keyed: Keyed,
-    keys: &OwnedFd,
-    refused: &OwnedFd,
-    drops: &OwnedFd,
-    full: u64,
-) -> Vec<Insn> {
+fn program(keyed: Keyed, keys: &OwnedFd, maps: &Maps<'_>, full: u64) -> Vec<Insn> {
     // The filter sees the datagram from its UDP header: the payload is at 8.
     const R7: u8 = 7;
     const R8: u8 = 8;
@@ -297,7 +328,7 @@ fn program(
         .op(Insn::store32(R10, -8, R1))
         .op(Insn::mov(R2, R10))
         .op(Insn::add_imm(R2, -8))
-        .ops(Insn::load_map(R1, refused))
+        .ops(Insn::load_map(R1, maps.refused))
         .op(Insn::call(1))
         .jump(Insn::jeq_imm(R0, 0, 0), Label::Pass)
         .op(Insn::load64(R1, R0, 0))
@@ -323,14 +354,10 @@ fn program(
             .op(Insn::add(R9, R7));
     }
     a.jump(Insn::ja(0), Label::Pass);
-    // Counted (a train's datagrams each: `gso_segs` if the buffer is longer than one segment,
-    // since a segment split from a train may keep the train's count; else one) and dropped.
+    // r7: the datagrams of the buffer (`gso_segs` if it is longer than one segment, since a
+    // segment split from a train may keep the train's count; else one).
     a.label(Label::Count)
-        .op(Insn::mov(R2, R10))
-        .op(Insn::add_imm(R2, -8))
-        .ops(Insn::load_map(R1, drops))
-        .op(Insn::call(1))
-        .jump(Insn::jeq_imm(R0, 0, 0), Label::Drop)
+        .op(Insn::mov_imm(R7, 1))
         .op(Insn::load32(R1, R6, SKB_GSO_SIZE))
         .op(Insn::jeq_imm(R1, 0, 5))
         .op(Insn::load32(R2, R6, 0))
@@ -338,8 +365,27 @@ fn program(
         .op(Insn::jle(R2, R1, 2))
         .op(Insn::load32(R1, R6, SKB_GSO_SEGS))
         .op(Insn::jgt_imm(R1, 0, 1))
-        .op(Insn::mov_imm(R1, 1))
-        .op(Insn::atomic_add64(R0, 0, R1));
+        .op(Insn::mov(R1, R7))
+        .op(Insn::mov(R7, R1))
+        // Taken from the budget: through if it held them all, else given back.
+        .op(Insn::mov(R2, R10))
+        .op(Insn::add_imm(R2, -8))
+        .ops(Insn::load_map(R1, maps.budget))
+        .op(Insn::call(1))
+        .jump(Insn::jeq_imm(R0, 0, 0), Label::Dropped)
+        .op(Insn::mov_imm(R1, 0))
+        .op(Insn::sub(R1, R7))
+        .op(Insn::atomic_fetch_add64(R0, 0, R1))
+        .jump(Insn::jsge(R1, R7, 0), Label::Pass)
+        .op(Insn::atomic_add64(R0, 0, R7));
+    // Counted and dropped.
+    a.label(Label::Dropped)
+        .op(Insn::mov(R2, R10))
+        .op(Insn::add_imm(R2, -8))
+        .ops(Insn::load_map(R1, maps.drops))
+        .op(Insn::call(1))
+        .jump(Insn::jeq_imm(R0, 0, 0), Label::Drop)
+        .op(Insn::atomic_add64(R0, 0, R7));
     a.label(Label::Drop)
         .op(Insn::mov_imm(R0, 0))
         .op(Insn::exit());

@@ -142,6 +142,10 @@ fn more_workers_than_the_masks_hold_are_refused() {
     assert!(err.to_string().contains("64"), "{err}");
 }
 
+/// `UDP_SEGMENT` and `UDP_GRO` (linux/udp.h).
+const UDP_SEGMENT: libc::c_int = 103;
+const UDP_GRO: libc::c_int = 104;
+
 /// Sets an integer UDP socket option.
 fn udp_opt(s: &UdpSocket, opt: libc::c_int, v: libc::c_int) {
     // SAFETY: a c_int option of the right length on a valid socket.
@@ -166,8 +170,6 @@ fn udp_opt(s: &UdpSocket, opt: libc::c_int, v: libc::c_int) {
 /// receiving socket takes it whole (UDP GRO, as the gateway's sockets) or segmented.
 #[test]
 fn a_train_counts_each_of_its_datagrams() {
-    const UDP_SEGMENT: libc::c_int = 103;
-    const UDP_GRO: libc::c_int = 104;
     let Some(g) = gate() else { return };
     g.sync(Keyed::Spi, [(0x1000, 3)].into_iter());
     g.refuse(3, 0, true);
@@ -193,8 +195,6 @@ fn a_train_counts_each_of_its_datagrams() {
 /// whole: the workers refuse what is to be refused in it.
 #[test]
 fn a_train_of_several_keys_passes() {
-    const UDP_SEGMENT: libc::c_int = 103;
-    const UDP_GRO: libc::c_int = 104;
     let Some(g) = gate() else { return };
     g.sync(Keyed::Spi, [(0x1000, 3), (0x2000, 4)].into_iter());
     g.refuse(3, 0, true);
@@ -211,4 +211,42 @@ fn a_train_of_several_keys_passes() {
     let n = rx.recv(&mut buf).expect("the mixed train arrives");
     assert_eq!(n, train.len(), "whole, as one GRO buffer");
     assert_eq!(g.drops(3), 0);
+}
+
+/// A refused tenant's budget lets that many datagrams through, then the rest is dropped; a
+/// train takes its datagrams from it (and passes if any was left).
+#[test]
+fn a_refused_tenant_passes_on_its_budget() {
+    let Some(g) = gate() else { return };
+    g.sync(Keyed::Spi, [(0x1000, 3)].into_iter());
+    let (rx, tx) = pair(&g, Keyed::Spi);
+    g.refuse(3, 0, true);
+    g.refuse(3, 1, true);
+    g.grant(3, 2);
+    let sent: Vec<Vec<u8>> = (0..5).map(|i| esp(0x1000, i)).collect();
+    assert_eq!(through(&rx, &tx, &sent), sent[..2].to_vec());
+    assert_eq!(g.drops(3), 3);
+    // A new grant replaces what is left.
+    g.grant(3, 1);
+    assert_eq!(through(&rx, &tx, &sent), sent[..1].to_vec());
+    assert_eq!(g.drops(3), 7);
+    // A train of ten takes ten: dropped on a budget of nine (which it leaves), through on
+    // a budget of fifteen, leaving five.
+    udp_opt(&rx, UDP_GRO, 1);
+    let seg = esp(0x1000, 9);
+    udp_opt(&tx, UDP_SEGMENT, seg.len() as libc::c_int);
+    let train: Vec<u8> = (0..10).flat_map(|_| seg.clone()).collect();
+    let mut buf = [0u8; 4096];
+    g.grant(3, 9);
+    tx.send(&train).expect("send");
+    assert!(
+        rx.recv(&mut buf).is_err(),
+        "a train larger than the budget is dropped"
+    );
+    assert_eq!(g.drops(3), 17);
+    g.grant(3, 15);
+    tx.send(&train).expect("send");
+    assert_eq!(rx.recv(&mut buf).expect("through"), train.len());
+    assert_eq!(through(&rx, &tx, &sent), sent[..5].to_vec());
+    assert_eq!(g.drops(3), 17);
 }

@@ -19,8 +19,8 @@ pub(crate) struct FairArgs {
     /// scale64, spin-base, spin. Default: all.
     #[arg(long, value_name = "LIST")]
     cases: Option<String>,
-    /// Only these modes of each case: off, account, enforce, enforce-workers (enforcing
-    /// without the kernel gate, wherever a case enforces). Default: each case's own.
+    /// Only these modes of each case: off, account, enforce, enforce-kernel (enforcing with
+    /// `cpu_fairness_kernel = true`, wherever a case enforces). Default: each case's own.
     #[arg(long, value_name = "LIST")]
     modes: Option<String>,
     /// Rounds: every case in every mode once per round, the modes' order turned each round;

@@ -82,15 +82,15 @@ fn the_distributed_form_takes_cpu_fairness_to_its_data_nodes() {
 }
 
 #[test]
-fn the_kernel_gate_is_on_unless_turned_off() {
+fn the_kernel_gate_is_off_unless_turned_on() {
     let c = Scratch::new().parse(&with_tunnel(TUNNEL_A)).unwrap();
-    assert!(c.dataplane.fair_kernel_gate);
+    assert!(!c.dataplane.fair_kernel_gate);
     let text = with_tunnel(TUNNEL_A).replace(
         "[gateway]\n",
-        "[gateway]\ncpu_fairness = \"enforce\"\ncpu_fairness_kernel = false\n",
+        "[gateway]\ncpu_fairness = \"enforce\"\ncpu_fairness_kernel = true\n",
     );
     let c = Scratch::new().parse(&text).unwrap();
-    assert!(!c.dataplane.fair_kernel_gate);
+    assert!(c.dataplane.fair_kernel_gate);
     let text =
         with_tunnel(TUNNEL_A).replace("[gateway]\n", "[gateway]\ncpu_fairness_kernel = \"no\"\n");
     assert!(Scratch::new().parse(&text).is_err());

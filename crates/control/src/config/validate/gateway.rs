@@ -276,7 +276,7 @@ impl Validator<'_, '_> {
                 cpus,
                 pin_workers,
                 busy_poll,
-                fair_kernel_gate: g.cpu_fairness_kernel.as_ref().is_none_or(|k| *k.get_ref()),
+                fair_kernel_gate: g.cpu_fairness_kernel.as_ref().is_some_and(|k| *k.get_ref()),
             },
         ))
     }
