@@ -392,8 +392,9 @@ impl DataPath for Dataplane {
 
     fn stats(&self) -> DataplaneStats {
         let sh = &self.shared;
+        let tenants = Arc::clone(&sh.tables.load().tenants);
         let kernel_drops = sh.gate().map(|g| {
-            (0..sh.tables.load().tenants.names.len())
+            (0..tenants.names.len())
                 .map(|s| g.drops(s as TenantSlot))
                 .sum::<u64>()
         });
@@ -423,7 +424,7 @@ impl DataPath for Dataplane {
                 d
             },
             relay_probes_answered: sh.relay_probes_answered.load(Ordering::Relaxed),
-            tenants: tenant_stats(sh, &sh.tables.load().tenants),
+            tenants: tenant_stats(sh, &tenants),
             cpu_unattributed_ns: crate::sys::tsc::to_ns(
                 sh.worker_stats
                     .iter()

@@ -186,24 +186,21 @@ fn batch(sh: &Shared, w: &mut Worker, routes: &RouteReader, lane: usize) -> Batc
     match (tenants.mode, w.out.charge.as_deref_mut()) {
         (CpuFairness::Off, Some(_)) => w.out.charge = None,
         (CpuFairness::Off, None) => {}
-        (_, Some(c)) => {
-            if !c.has_kernel() {
-                if let Some(g) = sh.gate() {
-                    c.set_kernel(Arc::clone(g) as _, w.id);
-                }
-            }
-            c.follow(&tenants);
-        }
+        (_, Some(c)) => c.follow(&tenants),
         (_, None) => {
             // Charging begins with this batch (its receive was not measured).
             let mut c = Charge::new(Box::new(Tsc));
-            if let Some(g) = sh.gate() {
-                c.set_kernel(Arc::clone(g) as _, w.id);
-            }
             c.start();
             c.received();
             c.follow(&tenants);
             w.out.charge = Some(Box::new(c));
+        }
+    }
+    // The kernel gate opens with the first table that enforces: a charge made before it
+    // (or in this batch) takes it up here.
+    if let (Some(c), Some(g)) = (w.out.charge.as_deref_mut(), sh.gate()) {
+        if !c.has_kernel() {
+            c.set_kernel(Arc::clone(g) as _, w.id);
         }
     }
     let guard = routes.enter();
