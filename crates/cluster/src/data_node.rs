@@ -574,6 +574,7 @@ fn dataplane_config(data: &DataSection) -> DataplaneConfig {
             vtep: Some(data.vtep),
             steer: Vec::new(),
         }),
+        dispatch: None,
     }
 }
 

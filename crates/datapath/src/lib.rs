@@ -93,6 +93,42 @@ pub struct RelayConfig {
     pub steer: Vec<SocketAddr>,
 }
 
+/// Self-dispatch on the VNet side (issue 19 §1; the clustering paper's Algorithms 1–4 over
+/// VXLAN, docs/architecture.md "Self-dispatch"): the hosts' kernel VXLAN devices flood to
+/// every data node's VTEP and learn where each MAC lives, and each VNet's `vmacs` virtual MACs
+/// (`dispatch::VmacSpace`) are split among the data nodes. A VM whose MAC is `m` is told, by
+/// the only node that answers its ARP or ND request for the gateway, that the gateway is the
+/// virtual MAC `h(m)`; the owner of `h(m)` then processes what the VM sends. With this set
+/// the node's VTEPs receive VXLAN themselves, also in relay mode.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DispatchConfig {
+    /// `K`, the virtual MACs of every dispatched VNet (1..=65536).
+    pub vmacs: u32,
+    /// Algorithm 3: how often an owner sends each host of the VNet a frame from each of its
+    /// virtual MACs, so that the hosts' learnt entries never age out (the kernel's default
+    /// ageing is 300 s). Virtual MACs a node gains are announced at once.
+    pub announce_interval: std::time::Duration,
+    /// How long a node sends on to their new owner the frames still arriving for virtual
+    /// MACs it no longer owns (the hosts learn the move from the new owner's announcement;
+    /// until then they may still send to the old one). Frames for other nodes' virtual MACs
+    /// are otherwise left to their owner, which receives its own copy of what hosts flood.
+    pub linger: std::time::Duration,
+    /// The dispatched VNets (by VNI) and who owns each of their virtual MACs. A VNet that is
+    /// not listed keeps the single gateway MAC.
+    pub vnets: Vec<VnetOwners>,
+}
+
+/// Who owns each virtual MAC of one VNet.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VnetOwners {
+    /// The VNet's VNI.
+    pub vni: u32,
+    /// The data nodes' VTEP addresses (this node's is the VNet's `vtep`).
+    pub nodes: Vec<IpAddr>,
+    /// Per virtual MAC index (`vmacs` entries): its owner's index in `nodes`.
+    pub owners: Vec<u16>,
+}
+
 /// The VLAN tags that identify an attachment on its interface (issue 16 §1, the paper's L2
 /// "tunnel" between the customer's edge router and the gateway).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -208,6 +244,9 @@ pub struct DataplaneConfig {
     pub fair_kernel_gate: bool,
     /// Relay mode behind steer nodes (None: the node owns its public addresses).
     pub relay: Option<RelayConfig>,
+    /// Self-dispatch of the VNets' traffic among data nodes (None: every VNet answers with
+    /// its one gateway MAC; replaceable with [`DataPath::set_dispatch`] once set).
+    pub dispatch: Option<DispatchConfig>,
     /// Customers attached at L2 over VLAN / Q-in-Q at start (their VNets are found by name
     /// in the current VNets): on local interfaces ([`AttachmentPort::Interface`], fixed at
     /// start), or in relay mode on steer nodes' ports (replaceable with
@@ -386,6 +425,24 @@ pub struct DataplaneStats {
     /// it dropped (also in the tenants' `fair_drops` and the `fair_share` drops); None while
     /// no gate is open.
     pub fair_kernel_drops: Option<u64>,
+    /// Self-dispatch's counters (None when it is not configured).
+    pub dispatch: Option<DispatchStats>,
+}
+
+/// What self-dispatch did (cumulative; see [`DispatchConfig`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DispatchStats {
+    /// Virtual MACs this node owns now, over all dispatched VNets.
+    pub owned: u64,
+    /// ARP and ND requests for the gateway answered with one of this node's virtual MACs.
+    pub answered: u64,
+    /// Requests for the gateway left to the owner of the requester's virtual MAC.
+    pub left_to_owner: u64,
+    /// Frames to another node's virtual MAC sent on to that node (still arriving after a
+    /// move, before the hosts learnt where the virtual MAC went).
+    pub forwarded: u64,
+    /// Frames the Algorithm 3 announcements sent (one per virtual MAC and host).
+    pub announced: u64,
 }
 
 /// The CPU fairness mode (`[gateway] cpu_fairness`, issue 18 §3).
@@ -690,6 +747,15 @@ pub trait DataPath: Send + Sync {
         Err(DataplaneError::Unsupported {
             operation: "set_relays",
             reason: "this data path has no relay mode".into(),
+        })
+    }
+    /// Self-dispatch: replaces who owns which virtual MACs (validated whole first; a batch
+    /// sees the old or the new table). The default refuses ([`DataplaneError::Unsupported`]).
+    fn set_dispatch(&self, dispatch: DispatchConfig) -> Result<(), DataplaneError> {
+        let _ = dispatch;
+        Err(DataplaneError::Unsupported {
+            operation: "set_dispatch",
+            reason: "this data path has no self-dispatch".into(),
         })
     }
     /// Checks what [`set_inside`](Self::set_inside) would check, changing nothing (so that a

@@ -259,6 +259,7 @@ fn main() -> Result<(), Error> {
         busy_poll: Duration::ZERO,
         fair_kernel_gate: true,
         relay: None,
+        dispatch: None,
         attachments: vec![AttachmentConfig {
             name: "dc".into(),
             tenant: ids::TenantId::new("acme")?,

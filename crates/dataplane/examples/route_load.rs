@@ -52,6 +52,7 @@ fn main() {
         busy_poll: Duration::ZERO,
         fair_kernel_gate: true,
         relay: None,
+        dispatch: None,
         attachments: vec![],
     };
     let (tx, _rx) = crossbeam_channel::unbounded();

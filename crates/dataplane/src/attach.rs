@@ -357,6 +357,7 @@ impl Attachment {
                     src: target_addr,
                     dst,
                     dst_mac: dst_mac.0,
+                    src_mac: self.mac,
                     msg: NdpRepr::NeighborAdvert {
                         flags: NaFlags {
                             router: true,
@@ -403,6 +404,7 @@ impl Attachment {
                     src,
                     dst,
                     dst_mac: EthernetAddress::from_ipv6_multicast(&dst).0,
+                    src_mac: self.mac,
                     msg: NdpRepr::NeighborSolicit {
                         target_addr: target,
                         source_lladdr: Some(self.mac),

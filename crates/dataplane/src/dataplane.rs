@@ -14,8 +14,8 @@ use crate::shared::Shared;
 use crate::stats::DropReason;
 use crossbeam_channel::Sender;
 use datapath::{
-    DataPath, DataplaneConfig, DataplaneError, DataplaneStats, InstalledChild, RouteChange,
-    RouteChangeReport, RouteStats, ToControl, TunnelBinding, VnetConfig, WorkerStats,
+    DataPath, DataplaneConfig, DataplaneError, DataplaneStats, DispatchConfig, InstalledChild,
+    RouteChange, RouteChangeReport, RouteStats, ToControl, TunnelBinding, VnetConfig, WorkerStats,
 };
 use ike::{ChildSaInfo, IkeSpis, TunnelId};
 use std::io;
@@ -392,7 +392,8 @@ impl DataPath for Dataplane {
 
     fn stats(&self) -> DataplaneStats {
         let sh = &self.shared;
-        let tenants = Arc::clone(&sh.tables.load().tenants);
+        let tables = sh.tables.load();
+        let tenants = &tables.tenants;
         let kernel_drops = sh.gate().map(|g| {
             (0..tenants.names.len())
                 .map(|s| g.drops(s as TenantSlot))
@@ -424,7 +425,7 @@ impl DataPath for Dataplane {
                 d
             },
             relay_probes_answered: sh.relay_probes_answered.load(Ordering::Relaxed),
-            tenants: tenant_stats(sh, &tenants),
+            tenants: tenant_stats(sh, tenants),
             cpu_unattributed_ns: crate::sys::tsc::to_ns(
                 sh.worker_stats
                     .iter()
@@ -443,6 +444,10 @@ impl DataPath for Dataplane {
                     .sum(),
             ),
             fair_kernel_drops: kernel_drops,
+            dispatch: sh.cfg.dispatch.as_ref().map(|_| {
+                let owned = tables.dispatch.as_ref().map_or(0, |d| d.owned());
+                sh.dispatch_counters.stats(owned)
+            }),
         }
     }
 
@@ -476,6 +481,10 @@ impl DataPath for Dataplane {
 
     fn set_relays(&self, steer: Vec<SocketAddr>) -> Result<(), DataplaneError> {
         Dataplane::set_relays(self, steer)
+    }
+
+    fn set_dispatch(&self, dispatch: DispatchConfig) -> Result<(), DataplaneError> {
+        self.shared.set_dispatch(&dispatch)
     }
 
     fn check_inside(

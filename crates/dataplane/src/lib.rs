@@ -26,6 +26,7 @@
 //!     busy_poll: std::time::Duration::ZERO,
 //!     fair_kernel_gate: true,
 //!     relay: None,
+//!     dispatch: None,
 //! };
 //! let (to_control, from_dataplane) = crossbeam_channel::unbounded();
 //! let dp = Dataplane::start(cfg, to_control)?;
@@ -151,9 +152,10 @@ mod testutil;
 // need not link the data plane); the modules here use them from there.
 pub use datapath::{
     AttachmentConfig, AttachmentTags, ChildStats, CpuFairness, CpuFairnessConfig, DataPath,
-    DataplaneConfig, DataplaneError, DataplaneStats, IkeDatagram, Inside, InstalledChild,
-    KnownChild, RelayConfig, Route, RouteChange, RouteChangeReport, RouteStats, TenantStats,
-    ToControl, TunnelBinding, VmRoute, VnetConfig, VnetRouteStats, WorkerStats,
+    DataplaneConfig, DataplaneError, DataplaneStats, DispatchConfig, DispatchStats, IkeDatagram,
+    Inside, InstalledChild, KnownChild, RelayConfig, Route, RouteChange, RouteChangeReport,
+    RouteStats, TenantStats, ToControl, TunnelBinding, VmRoute, VnetConfig, VnetOwners,
+    VnetRouteStats, WorkerStats,
 };
 pub use dataplane::{BoundAddrs, Dataplane};
 pub use feature::{Direction, Feature, FeatureBatch, FeatureChain, PacketMeta};

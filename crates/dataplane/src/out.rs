@@ -268,6 +268,16 @@ impl Out {
         self.relay_dst.set(None);
     }
 
+    /// Self-dispatch: the current batch's share of the virtual MACs of VNI `vni` (None: the
+    /// VNet is not dispatched, or no batch is under way).
+    #[inline]
+    pub(crate) fn dispatch_share(
+        &self,
+        vni: wire::vxlan::Vni,
+    ) -> Option<&crate::vnet::vmacs::Share> {
+        self.tables.as_deref()?.dispatch.as_deref()?.share(vni)
+    }
+
     /// The SA tables of the current batch (an empty set outside a batch).
     pub(crate) fn tables(&self) -> Arc<Tables> {
         self.tables.clone().unwrap_or_default()

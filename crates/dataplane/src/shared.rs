@@ -15,10 +15,11 @@ use crate::routes::{RouteReaders, RouteVnet, RouteWriter};
 use crate::stats::{DropCounters, WorkerCounters};
 use crate::sys::gate::{Gate, Keyed};
 use crate::tables::{Published, Registry, Tables};
+use crate::vnet::vmacs::{Dispatch, DispatchCounters};
 use crossbeam_channel::{Sender, TrySendError};
 use datapath::{
-    AttachmentConfig, DataplaneConfig, DataplaneError, RelayConfig, ToControl, TunnelBinding,
-    VnetConfig,
+    AttachmentConfig, DataplaneConfig, DataplaneError, DispatchConfig, RelayConfig, ToControl,
+    TunnelBinding, VnetConfig,
 };
 use netio::{Waker, RX_SLOT};
 use std::net::{IpAddr, SocketAddr};
@@ -103,6 +104,11 @@ pub(crate) struct Shared {
     pub(crate) feature_drops: FeatureDrops,
     /// Relay health probes answered.
     pub(crate) relay_probes_answered: AtomicU64,
+    /// Self-dispatch's counters.
+    pub(crate) dispatch_counters: DispatchCounters,
+    /// Self-dispatch: when the next full announcement round is due, and the newest table
+    /// whose gains were announced.
+    pub(crate) announce: Mutex<(Instant, u64)>,
     /// Messages to the control plane.
     pub(crate) to_control: Sender<ToControl>,
     /// Shutdown signal.
@@ -332,7 +338,15 @@ impl Shared {
             .relay
             .as_ref()
             .map(|r| Arc::new(Relays::new(r.steer.clone())));
-        let registry = Registry::new(Arc::new(overlay), relays);
+        let mut registry = Registry::new(Arc::new(overlay), relays);
+        if let Some(d) = &cfg.dispatch {
+            registry.set_dispatch(Arc::new(Dispatch::build(
+                d,
+                &vtep_ips,
+                None,
+                Instant::now(),
+            )?));
+        }
         let tables = Published::default();
         let mut first = registry.snapshot();
         first.attach = AttachTable::view(&attach, &first.overlay.vnets);
@@ -370,6 +384,8 @@ impl Shared {
             drops: DropCounters::default(),
             feature_drops: FeatureDrops::default(),
             relay_probes_answered: AtomicU64::new(0),
+            dispatch_counters: DispatchCounters::default(),
+            announce: Mutex::new((Instant::now(), 0)),
             to_control,
             waker,
             lanes,
@@ -463,6 +479,33 @@ impl Shared {
         let previous = self.tables.load().relays.clone();
         reg.set_relays(Arc::new(Relays::replacing(steer, previous.as_deref())));
         self.publish(&reg);
+        Ok(())
+    }
+
+    /// Self-dispatch: replaces who owns which virtual MACs (validated whole first).
+    pub(crate) fn set_dispatch(&self, cfg: &DispatchConfig) -> Result<(), DataplaneError> {
+        if self.cfg.dispatch.is_none() {
+            return Err(DataplaneError::Unsupported {
+                operation: "set_dispatch",
+                reason:
+                    "the data plane was started without self-dispatch (its VTEPs do not receive)"
+                        .into(),
+            });
+        }
+        let vtep_ips: Vec<IpAddr> = self.io.vteps.iter().map(|v| v.ip).collect();
+        let mut reg = self.registry();
+        let table = Dispatch::build(cfg, &vtep_ips, reg.dispatch().map(|d| &**d), Instant::now())?;
+        tracing::info!(
+            vnets = cfg.vnets.len(),
+            owned = table.owned(),
+            gained = table.gained.len(),
+            "self-dispatch table replaced"
+        );
+        reg.set_dispatch(Arc::new(table));
+        self.publish(&reg);
+        drop(reg);
+        // What it gained is announced by the next housekeeping round: make it due.
+        *self.housekeeping.lock().unwrap_or_else(|p| p.into_inner()) = Instant::now();
         Ok(())
     }
 

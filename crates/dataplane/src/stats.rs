@@ -66,6 +66,9 @@ drops! {
     VxlanUnknownHost = "vxlan_unknown_host",
     /// A frame neither for the gateway's MAC nor an ARP/ND packet for it.
     VxlanNotForGateway = "vxlan_not_for_gateway",
+    /// Self-dispatch: a frame for a virtual MAC another data node owns (the host flooded it
+    /// to every node before it learnt where that MAC lives; the owner takes its own copy).
+    DispatchOtherOwner = "dispatch_other_owner",
     /// An ethertype other than IPv4, IPv6 and ARP.
     VxlanEthertype = "vxlan_ethertype",
     /// An ARP or ND packet that is invalid or not for the gateway.

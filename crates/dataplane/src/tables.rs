@@ -22,6 +22,7 @@ use crate::sa::SaPair;
 use crate::select;
 use crate::select::index::{SelectorIndex, LINEAR_MAX};
 use crate::stats::ChildCounters;
+use crate::vnet::vmacs::Dispatch;
 use datapath::{ChildStats, Inside, InstalledChild};
 use ike::{IkeSpis, TrafficSelector, TunnelId};
 use rustc_hash::FxHashMap;
@@ -212,6 +213,8 @@ pub(crate) struct Tables {
     pub(crate) overlay: Arc<Overlay>,
     /// Relay mode: the steer nodes (None: not in relay mode).
     pub(crate) relays: Option<Arc<Relays>>,
+    /// Self-dispatch: who owns each dispatched VNet's virtual MACs (None: not configured).
+    pub(crate) dispatch: Option<Arc<Dispatch>>,
     /// The tenants' feature chains (inbound by tunnel, outbound by VNet and for the TUN).
     pub(crate) features: FeatureTable,
     /// Which VNet each attachment serves, and each VNet's attachments (set by
@@ -249,6 +252,7 @@ pub(crate) struct Registry {
     next_order: u64,
     overlay: Arc<Overlay>,
     relays: Option<Arc<Relays>>,
+    dispatch: Option<Arc<Dispatch>>,
     chains: ChainConfig,
     tenants: TenantBook,
 }
@@ -261,6 +265,7 @@ impl Registry {
             next_order: 0,
             overlay,
             relays,
+            dispatch: None,
             chains: ChainConfig::default(),
             tenants: TenantBook::default(),
         };
@@ -309,6 +314,16 @@ impl Registry {
     /// Replaces the steer nodes (relay mode).
     pub(crate) fn set_relays(&mut self, relays: Arc<Relays>) {
         self.relays = Some(relays);
+    }
+
+    /// The self-dispatch table now in use.
+    pub(crate) fn dispatch(&self) -> Option<&Arc<Dispatch>> {
+        self.dispatch.as_ref()
+    }
+
+    /// Replaces the self-dispatch table.
+    pub(crate) fn set_dispatch(&mut self, dispatch: Arc<Dispatch>) {
+        self.dispatch = Some(dispatch);
     }
 
     /// Replaces the VNets and tunnel bindings. Every CHILD_SA follows its tunnel's new
@@ -512,6 +527,7 @@ impl Registry {
             tun_out: index(tun_out),
             overlay: Arc::clone(&self.overlay),
             relays: self.relays.clone(),
+            dispatch: self.dispatch.clone(),
             features: self.chains.table(
                 self.overlay.vnets.iter().map(|v| v.tenant.as_str()),
                 self.overlay

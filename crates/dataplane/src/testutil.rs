@@ -201,3 +201,18 @@ pub fn arp(op: ArpOperation, sha: [u8; 6], spa: &str, tha: [u8; 6], tpa: &str) -
 pub fn ip(s: &str) -> IpAddr {
     s.parse().expect("ip address")
 }
+
+/// A self-dispatch table for VNI `vni`: `owners.len()` virtual MACs, the owner of each an
+/// index into `nodes` (VTEP addresses), announced every 30 s, sent on for 5 s after a move.
+pub fn dispatch_table(vni: u32, nodes: &[&str], owners: Vec<u16>) -> datapath::DispatchConfig {
+    datapath::DispatchConfig {
+        vmacs: owners.len() as u32,
+        announce_interval: std::time::Duration::from_secs(30),
+        linger: std::time::Duration::from_secs(5),
+        vnets: vec![datapath::VnetOwners {
+            vni,
+            nodes: nodes.iter().map(|n| n.parse().expect("ip")).collect(),
+            owners,
+        }],
+    }
+}

@@ -510,8 +510,9 @@ fn housekeeping_due(sh: &Shared) -> Instant {
 }
 
 /// Runs the neighbour cache housekeeping if it is due and no other worker is running it. Its
-/// output (ARP requests, ND solicitations) goes through the VTEP's lane like a batch (in
-/// relay mode, where there are no VTEP lanes, through the relay lane, for every VNet).
+/// output (ARP requests, ND solicitations, self-dispatch's announcements) goes through the
+/// VTEP's lane like a batch (in relay mode without self-dispatch, where there are no VTEP
+/// lanes, through the relay lane, for every VNet).
 fn housekeeping(sh: &Shared, w: &mut Worker, routes: &RouteReader) {
     let now = Instant::now();
     {
@@ -523,10 +524,12 @@ fn housekeeping(sh: &Shared, w: &mut Worker, routes: &RouteReader) {
         }
         *due = now + HOUSEKEEPING;
     }
+    let announce = encap::announcements_due(sh, &sh.tables.load(), now);
     for (lane, l) in sh.lanes.iter().enumerate() {
         let vtep = match l.kind {
             LaneKind::Vtep { vtep } => Some(vtep),
-            LaneKind::Relay => None,
+            // Relay mode without lanes of the VTEPs' own (no self-dispatch): every VNet.
+            LaneKind::Relay if !sh.io.vteps_receive => None,
             _ => continue,
         };
         let Some(mut stage) = l.dispatch(true) else {
@@ -539,7 +542,7 @@ fn housekeeping(sh: &Shared, w: &mut Worker, routes: &RouteReader) {
             .begin(lane, ticket, std::sync::Arc::clone(&tables), now);
         let guard = routes.enter();
         let r = guard.as_deref().unwrap_or(RouteReader::empty());
-        encap::housekeeping(&mut w.out, sh, &tables, r, vtep, now);
+        encap::housekeeping(&mut w.out, sh, &tables, r, vtep, now, announce);
         drop(guard);
         w.out.finish(sh);
     }

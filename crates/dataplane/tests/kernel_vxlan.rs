@@ -11,58 +11,12 @@ mod common;
 #[path = "../src/testutil.rs"]
 mod testutil;
 
+use common::netns::{in_netns, new_netns, ns_path, run};
 use protego_dataplane::{DataPath, Dataplane, DataplaneConfig};
-use std::fs::File;
 use std::net::UdpSocket;
-use std::os::fd::AsRawFd;
-use std::process::Command;
 use std::time::Duration;
 use testutil::{udp4, Peer};
 use wire::ip::Ipv4Packet;
-
-fn run(args: &[&str]) {
-    let out = Command::new(args[0])
-        .args(&args[1..])
-        .output()
-        .expect("run command");
-    assert!(
-        out.status.success(),
-        "{args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-/// A new network namespace, held open by the returned file.
-fn new_netns() -> File {
-    std::thread::spawn(|| {
-        // SAFETY: unshare(2) affects only this short-lived thread.
-        assert_eq!(unsafe { libc::unshare(libc::CLONE_NEWNET) }, 0, "unshare");
-        File::open("/proc/thread-self/ns/net").expect("open netns")
-    })
-    .join()
-    .expect("netns thread")
-}
-
-/// Runs `f` on a thread inside namespace `ns`.
-fn in_netns<T: Send + 'static>(ns: &File, f: impl FnOnce() -> T + Send + 'static) -> T {
-    let fd = ns.try_clone().expect("dup netns fd");
-    std::thread::spawn(move || {
-        // SAFETY: setns(2) affects only this thread; `fd` is a network namespace.
-        assert_eq!(
-            unsafe { libc::setns(fd.as_raw_fd(), libc::CLONE_NEWNET) },
-            0,
-            "setns"
-        );
-        f()
-    })
-    .join()
-    .expect("namespace thread")
-}
-
-/// A path naming the namespace for `ip link set ... netns PATH`.
-fn ns_path(ns: &File) -> String {
-    format!("/proc/{}/fd/{}", std::process::id(), ns.as_raw_fd())
-}
 
 fn gateway_namespace() {
     // SAFETY: unshare(2) affects only the calling thread's namespaces.

@@ -131,6 +131,7 @@ fn sample_report() -> StatusReport {
         cpu_capped_phases: 0,
         cpu_preempted_ns: 0,
         fair_kernel_drops: None,
+        dispatch: None,
     };
     let mut report = StatusReport::build(&directory(), &sas, &IkeStats::default(), &stats, 3_700);
     *report.ike_drops.get_mut("icv_failed").unwrap() = 2;

@@ -60,6 +60,9 @@ pub(crate) struct Vtep {
     pub(crate) recv: usize,
     /// Socket indexes of the source-port pool.
     pub(crate) pool: Vec<usize>,
+    /// With self-dispatch, the MAC this node's frames on this VTEP come from when they come
+    /// from none of its virtual MACs (`vnet::vmacs::node_mac`).
+    pub(crate) node_mac: wire::ethernet::EthernetAddress,
 }
 
 /// A listen address: its IKE and NAT-T sockets.
@@ -83,6 +86,9 @@ pub(crate) struct Sockets {
     pub(crate) vteps: Vec<Vtep>,
     /// Relay mode: index of the Geneve socket.
     pub(crate) relay_sock: Option<usize>,
+    /// The VTEPs' main sockets receive on the VXLAN port (not in relay mode, unless with
+    /// self-dispatch): each is an input lane.
+    pub(crate) vteps_receive: bool,
     /// The TUN device, if configured.
     pub(crate) tun: Option<Tun>,
     /// AF_PACKET sockets of the attachments' interfaces, one per interface (in order of
@@ -117,12 +123,15 @@ impl Sockets {
             None => None,
         };
         let mut vteps = Vec::with_capacity(vtep_ips.len());
+        let vteps_receive = relay_sock.is_none() || cfg.dispatch.is_some();
         for &ip in vtep_ips {
             // In relay mode hosts send to the steer nodes, not here: the VTEP's main socket
-            // only sends (ARP/ND), from an ephemeral port.
-            let recv = match relay_sock {
-                None => open(SocketAddr::new(ip, cfg.vxlan_port), esp_opts)?,
-                Some(_) => open(SocketAddr::new(ip, 0), socket_options(false, true, false))?,
+            // only sends (ARP/ND), from an ephemeral port. With self-dispatch the hosts send
+            // to the data nodes' VTEPs.
+            let recv = if vteps_receive {
+                open(SocketAddr::new(ip, cfg.vxlan_port), esp_opts)?
+            } else {
+                open(SocketAddr::new(ip, 0), socket_options(false, true, false))?
             };
             let mut pool = Vec::with_capacity(VXLAN_SOURCE_PORTS);
             for _ in 0..VXLAN_SOURCE_PORTS {
@@ -131,7 +140,12 @@ impl Sockets {
                     socket_options(false, true, false),
                 )?);
             }
-            vteps.push(Vtep { ip, recv, pool });
+            vteps.push(Vtep {
+                ip,
+                recv,
+                pool,
+                node_mac: crate::vnet::vmacs::node_mac(ip),
+            });
         }
         let tun =
             match &cfg.tun_name {
@@ -177,6 +191,7 @@ impl Sockets {
             listen,
             vteps,
             relay_sock,
+            vteps_receive,
             tun,
             packet,
             attach_iface,
@@ -184,7 +199,7 @@ impl Sockets {
     }
 
     /// The inputs, one lane each, with the descriptor workers poll: IKE and NAT-T sockets per
-    /// listen address, then the Geneve socket (relay mode) or the VTEPs' receiving sockets,
+    /// listen address, then the Geneve socket (relay mode) and the VTEPs' receiving sockets,
     /// then the TUN device.
     pub(crate) fn inputs(&self) -> Vec<(LaneKind, RawFd)> {
         let mut inputs = Vec::new();
@@ -194,7 +209,8 @@ impl Sockets {
         }
         if let Some(sock) = self.relay_sock {
             inputs.push((LaneKind::Relay, self.socks[sock].as_raw_fd()));
-        } else {
+        }
+        if self.vteps_receive {
             for (i, v) in self.vteps.iter().enumerate() {
                 inputs.push((LaneKind::Vtep { vtep: i }, self.socks[v.recv].as_raw_fd()));
             }

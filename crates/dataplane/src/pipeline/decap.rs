@@ -4,7 +4,12 @@
 //! L2 side (the encap stage answers them), with the VNet it belongs to; or a counted drop. The
 //! VNI must be a VNet configured on the receiving VTEP (relay mode: the VNet of the VNI) and
 //! the sender one of its route hosts (prefix routes or per-VM entries); the frame must come from a unicast MAC and, for IP
-//! other than neighbour discovery, be addressed to the gateway's MAC.
+//! other than neighbour discovery, be addressed to the gateway's MAC. With self-dispatch
+//! (`crate::vnet::vmacs`) a frame to one of this node's virtual MACs is the gateway's too; one
+//! to a virtual MAC the node gave away within `linger` is sent on to its new owner, which
+//! also accepts it from that node (and finds its host by the inner source); one to another
+//! node's virtual MAC is left to its owner (hosts flood frames for MACs they have not learnt
+//! to every data node).
 
 use crate::inner::InnerIp;
 use crate::out::Out;
@@ -16,6 +21,7 @@ use crate::vnet::Vnet;
 use std::net::{IpAddr, SocketAddr};
 use std::ops::Range;
 use std::sync::Arc;
+use std::time::Instant;
 use wire::ethernet::{EtherType, EthernetAddress, EthernetFrame, ETHERNET_HEADER_LEN};
 use wire::ip::{IpProtocol, IpVersion};
 use wire::ndp::{ICMPV6_NEIGHBOR_ADVERT, ICMPV6_NEIGHBOR_SOLICIT};
@@ -47,7 +53,18 @@ pub(crate) enum Frame<'t> {
         /// The IPv6 packet.
         at: Range<usize>,
     },
-    /// An IP packet sent to the gateway's MAC.
+    /// Self-dispatch: a frame to a virtual MAC this node gave away a moment ago, to send on
+    /// unchanged (the whole datagram) to the VTEP of its new owner.
+    Forward {
+        /// The new owner's VTEP.
+        to: IpAddr,
+        /// Its VNet (the local VTEP it leaves from).
+        vnet: &'t Arc<Vnet>,
+        /// The inner packet's flow (for the source port).
+        flow: wire::flow::Flow,
+    },
+    /// An IP packet sent to the gateway's MAC (or, with self-dispatch, to one of this node's
+    /// virtual MACs).
     Ip {
         /// Its VNet.
         vnet: &'t Arc<Vnet>,
@@ -70,6 +87,7 @@ pub(crate) fn decap<'t>(
     via: Via,
     src: SocketAddr,
     data: &[u8],
+    now: Instant,
 ) -> Option<Frame<'t>> {
     let vni = match VxlanPacket::new_checked(data) {
         // RFC 7348 §5: the I flag MUST be set for a valid VNI.
@@ -89,8 +107,13 @@ pub(crate) fn decap<'t>(
         o.fair_share();
         return None;
     }
-    let host = src.ip();
-    if !vnet.accepts_host(r, host) {
+    let mut host = src.ip();
+    // Self-dispatch: the VNet's share of virtual MACs, and whether another data node sent
+    // the frame on (it then carries a VM's frame to one of this node's virtual MACs).
+    let dispatch = t.dispatch.as_deref();
+    let share = dispatch.and_then(|d| d.share(vni));
+    let from_node = share.is_some_and(|s| s.is_other_node(host));
+    if !from_node && !vnet.accepts_host(r, host) {
         return drop(o, DropReason::VxlanUnknownHost);
     }
     let frame = &data[VXLAN_HEADER_LEN..];
@@ -100,7 +123,12 @@ pub(crate) fn decap<'t>(
     };
     let start = VXLAN_HEADER_LEN + ETHERNET_HEADER_LEN;
     let payload = &data[start..];
+    // Nodes send each other only frames to virtual MACs.
+    if from_node && share.and_then(|s| s.index_of(dst_mac)).is_none() {
+        return drop(o, DropReason::VxlanUnknownHost);
+    }
     match ethertype {
+        EtherType::ARP if from_node => drop(o, DropReason::VxlanUnknownHost),
         EtherType::ARP => Some(Frame::Arp {
             vnet,
             host,
@@ -119,6 +147,9 @@ pub(crate) fn decap<'t>(
                     Some(ICMPV6_NEIGHBOR_SOLICIT | ICMPV6_NEIGHBOR_ADVERT)
                 );
             if is_nd {
+                if from_node {
+                    return drop(o, DropReason::VxlanUnknownHost);
+                }
                 return Some(Frame::Nd {
                     vnet,
                     host,
@@ -128,7 +159,30 @@ pub(crate) fn decap<'t>(
                 });
             }
             if dst_mac != vnet.mac {
-                return drop(o, DropReason::VxlanNotForGateway);
+                let Some((share, index)) = share.and_then(|s| Some((s, s.index_of(dst_mac)?)))
+                else {
+                    return drop(o, DropReason::VxlanNotForGateway);
+                };
+                if !share.owns(index) {
+                    let lingers =
+                        !from_node && dispatch.is_some_and(|d| d.lingers(vni, index, now));
+                    return match share.owner(index) {
+                        Some(to) if lingers => Some(Frame::Forward {
+                            to,
+                            vnet,
+                            flow: parsed.flow,
+                        }),
+                        _ => drop(o, DropReason::DispatchOtherOwner),
+                    };
+                }
+                if from_node {
+                    // Sent on by the node that gave the virtual MAC away: its host is where
+                    // the VM lives.
+                    let Some(h) = vnet.route(r, parsed.flow.src) else {
+                        return drop(o, DropReason::VxlanUnknownHost);
+                    };
+                    host = h;
+                }
             }
             Some(Frame::Ip {
                 vnet,

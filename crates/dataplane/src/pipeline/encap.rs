@@ -23,10 +23,11 @@ use crate::stats::DropReason;
 use crate::tables::Tables;
 use crate::vnet::nd::NdOut;
 use crate::vnet::neigh::{Mac, Resolution};
+use crate::vnet::vmacs::{DispatchCounters, ANNOUNCE_ETHERTYPE};
 use crate::vnet::{arp, nd, write_frame_header, Vnet, FRAME_HEADER_LEN};
 use std::net::{IpAddr, SocketAddr};
 use std::time::Instant;
-use wire::arp::{ArpPacket, ArpRepr};
+use wire::arp::{ArpOperation, ArpPacket, ArpRepr};
 use wire::ethernet::{EtherType, EthernetAddress};
 use wire::flow::Flow;
 use wire::ip::{IpVersion, Ipv6Packet};
@@ -48,15 +49,76 @@ pub(crate) fn arp(
     dst_mac: EthernetAddress,
     payload: &[u8],
 ) {
-    if dst_mac != vnet.mac && !dst_mac.is_broadcast() {
+    if !dst_mac.is_broadcast() && !for_this_node(o, sh, vnet, dst_mac) {
         return o.drop_packet(DropReason::NeighIgnored);
     }
     let Ok(repr) = ArpPacket::new_checked(payload).and_then(|p| ArpRepr::parse(&p)) else {
         return o.drop_packet(DropReason::NeighIgnored);
     };
-    let verdict = arp::handle(vnet, &repr);
+    let asks = repr.operation == ArpOperation::REQUEST
+        && vnet.gateway_v4 == Some(repr.target_protocol_addr);
+    let answer_with = answer_with(o, sh, vnet, repr.source_hardware_addr, asks);
+    let verdict = arp::handle(vnet, &repr, answer_with);
     let answer = verdict.reply.map(Answer::Arp);
     learn_and_answer(o, sh, vnet, r, host, now, verdict.learn, answer);
+}
+
+/// Whether a unicast frame to `dst` is for this node in `vnet`: to the gateway's MAC, or with
+/// self-dispatch to one of this node's virtual MACs or its own MAC.
+fn for_this_node(o: &Out, sh: &Shared, vnet: &Vnet, dst: EthernetAddress) -> bool {
+    dst == vnet.mac
+        || o.dispatch_share(vnet.vni).is_some_and(|s| {
+            dst == sh.io.vteps[vnet.vtep].node_mac || s.index_of(dst).is_some_and(|i| s.owns(i))
+        })
+}
+
+/// The MAC a request for the gateway from `requester` is answered with: the gateway's, or
+/// with self-dispatch `h(requester)` if this node owns it (None: its owner answers). `asks`:
+/// the packet is such a request (counted).
+fn answer_with(
+    o: &Out,
+    sh: &Shared,
+    vnet: &Vnet,
+    requester: EthernetAddress,
+    asks: bool,
+) -> Option<EthernetAddress> {
+    let Some(share) = o.dispatch_share(vnet.vni) else {
+        return Some(vnet.mac);
+    };
+    let mac = share.own_vmac_for(requester.0);
+    if asks {
+        let c = &sh.dispatch_counters;
+        DispatchCounters::add(
+            if mac.is_some() {
+                &c.answered
+            } else {
+                &c.left_to_owner
+            },
+            1,
+        );
+    }
+    mac
+}
+
+/// The source MAC of a frame this node sends to the VM whose MAC is `vm` (an IP packet): the
+/// gateway's, or with self-dispatch `h(vm)` if this node owns it (Algorithm 2, step 3: the
+/// host's learning then confirms the owner) and else the node's own MAC (so the host never
+/// learns a virtual MAC at a node that does not own it).
+#[inline]
+fn source_mac(o: &Out, sh: &Shared, vnet: &Vnet, vm: Mac) -> EthernetAddress {
+    match o.dispatch_share(vnet.vni) {
+        None => vnet.mac,
+        Some(s) => s
+            .own_vmac_for(vm)
+            .unwrap_or(sh.io.vteps[vnet.vtep].node_mac),
+    }
+}
+
+/// The MAC this node's own requests (ARP, ND) come from with self-dispatch (None: the
+/// gateway's, as without it).
+fn requester_mac(o: &Out, sh: &Shared, vnet: &Vnet) -> Option<EthernetAddress> {
+    o.dispatch_share(vnet.vni)
+        .map(|_| sh.io.vteps[vnet.vtep].node_mac)
 }
 
 /// Learns the MAC of the sender of an IP frame to the gateway (`src` from `src_mac`, if it
@@ -92,7 +154,7 @@ pub(crate) fn nd(
     dst_mac: EthernetAddress,
     pkt: &[u8],
 ) {
-    if dst_mac != vnet.mac && !dst_mac.is_multicast() {
+    if !dst_mac.is_multicast() && !for_this_node(o, sh, vnet, dst_mac) {
         return o.drop_packet(DropReason::NeighIgnored);
     }
     let Ok(p) = Ipv6Packet::new_checked(pkt) else {
@@ -102,7 +164,10 @@ pub(crate) fn nd(
     let Ok(msg) = NdpRepr::parse(&src, &p.dst_addr(), p.hop_limit(), p.payload()) else {
         return o.drop_packet(DropReason::NeighIgnored);
     };
-    let verdict = nd::handle(vnet, src, src_mac, &msg);
+    let asks = matches!(msg, NdpRepr::NeighborSolicit { target_addr, .. }
+        if vnet.is_gateway(IpAddr::V6(target_addr)));
+    let answer_with = answer_with(o, sh, vnet, src_mac, asks);
+    let verdict = nd::handle(vnet, src, src_mac, &msg, answer_with);
     let answer = verdict.reply.map(Answer::Nd);
     learn_and_answer(o, sh, vnet, r, host, now, verdict.learn, answer);
 }
@@ -142,7 +207,7 @@ fn learn_and_answer(
             sh,
             vnet,
             host,
-            reply.target_hardware_addr.0,
+            (reply.target_hardware_addr.0, reply.source_hardware_addr),
             EtherType::ARP,
             reply.buffer_len(),
             |b| reply.emit(b).ok(),
@@ -152,7 +217,7 @@ fn learn_and_answer(
             sh,
             vnet,
             host,
-            reply.dst_mac,
+            (reply.dst_mac, reply.src_mac),
             EtherType::IPV6,
             reply.len(),
             |b| reply.emit(b),
@@ -304,15 +369,34 @@ fn emit_ip(
     parsed: &InnerIp,
 ) {
     let len = FRAME_HEADER_LEN + pkt.len();
+    let from = source_mac(o, sh, vnet, mac);
     let Some(room) = o.room(sh, len) else { return };
     let ethertype = match parsed.version {
         IpVersion::V4 => EtherType::IPV4,
         IpVersion::V6 => EtherType::IPV6,
     };
-    write_frame_header(room, vnet.vni, mac, vnet.mac, ethertype);
+    write_frame_header(room, vnet.vni, mac, from, ethertype);
     room[FRAME_HEADER_LEN..len].copy_from_slice(pkt);
     let sock = source_socket(sh, vnet, &parsed.flow);
     o.tx.commit(sock, SocketAddr::new(host, sh.cfg.vxlan_port), len);
+}
+
+/// Self-dispatch: sends a host's VXLAN `datagram` (UDP payload) for a virtual MAC this node
+/// gave away on to `to`, the new owner's VTEP, unchanged.
+pub(crate) fn send_on(
+    o: &mut Out,
+    sh: &Shared,
+    vnet: &Vnet,
+    to: IpAddr,
+    flow: &Flow,
+    datagram: &[u8],
+) {
+    let len = datagram.len();
+    let Some(room) = o.room(sh, len) else { return };
+    room[..len].copy_from_slice(datagram);
+    let sock = source_socket(sh, vnet, flow);
+    o.tx.commit(sock, SocketAddr::new(to, sh.cfg.vxlan_port), len);
+    DispatchCounters::add(&sh.dispatch_counters.forwarded, 1);
 }
 
 /// The socket whose source port carries this flow (RFC 7348 §5).
@@ -325,21 +409,22 @@ fn source_socket(sh: &Shared, vnet: &Vnet, flow: &Flow) -> usize {
     }
 }
 
-/// Sends a frame built by `write` (which returns the payload length) to `host`.
+/// Sends a frame built by `write` (which returns the payload length) to `host`, from
+/// `macs.1` to `macs.0`.
 #[allow(clippy::too_many_arguments)]
 fn send_frame(
     o: &mut Out,
     sh: &Shared,
     vnet: &Vnet,
     host: IpAddr,
-    dst_mac: Mac,
+    macs: (Mac, EthernetAddress),
     ethertype: EtherType,
     payload_len: usize,
     write: impl FnOnce(&mut [u8]) -> Option<usize>,
 ) {
     let max = FRAME_HEADER_LEN + payload_len.max(MIN_ETHERNET_PAYLOAD);
     let Some(room) = o.room(sh, max) else { return };
-    write_frame_header(room, vnet.vni, dst_mac, vnet.mac, ethertype);
+    write_frame_header(room, vnet.vni, macs.0, macs.1, ethertype);
     let Some(n) = write(&mut room[FRAME_HEADER_LEN..max]) else {
         return o.drop_packet(DropReason::TooBig);
     };
@@ -354,28 +439,29 @@ fn send_frame(
 
 /// Asks `host` for the MAC of `ip` (ARP request or neighbour solicitation).
 fn solicit(o: &mut Out, sh: &Shared, vnet: &Vnet, host: IpAddr, ip: IpAddr) {
+    let node = requester_mac(o, sh, vnet);
     match ip {
         IpAddr::V4(a) => {
-            let req = arp::request(vnet, a);
+            let req = arp::request(vnet, a, node);
             send_frame(
                 o,
                 sh,
                 vnet,
                 host,
-                EthernetAddress::BROADCAST.0,
+                (EthernetAddress::BROADCAST.0, req.source_hardware_addr),
                 EtherType::ARP,
                 req.buffer_len(),
                 |b| req.emit(b).ok(),
             );
         }
         IpAddr::V6(a) => {
-            let ns = nd::solicit(vnet, a);
+            let ns = nd::solicit(vnet, a, node);
             send_frame(
                 o,
                 sh,
                 vnet,
                 host,
-                ns.dst_mac,
+                (ns.dst_mac, ns.src_mac),
                 EtherType::IPV6,
                 ns.len(),
                 |b| ns.emit(b),
@@ -384,8 +470,81 @@ fn solicit(o: &mut Out, sh: &Shared, vnet: &Vnet, host: IpAddr, ip: IpAddr) {
     }
 }
 
+/// Which of this node's virtual MACs a housekeeping round announces (Algorithm 3).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Announce {
+    /// None (no self-dispatch, or nothing due).
+    Nothing,
+    /// Those the table of this generation gave the node.
+    Gained(u64),
+    /// All of them (the period is up).
+    All,
+}
+
+/// What the housekeeping round starting at `now` over `t` announces; one round at a time
+/// asks (the housekeeping's lock).
+pub(crate) fn announcements_due(sh: &Shared, t: &Tables, now: Instant) -> Announce {
+    let Some(d) = t.dispatch.as_deref() else {
+        return Announce::Nothing;
+    };
+    let mut due = sh.announce.lock().unwrap_or_else(|p| p.into_inner());
+    let (next, announced) = &mut *due;
+    if now >= *next {
+        *next = now + d.announce_interval;
+        *announced = d.generation;
+        Announce::All
+    } else if *announced < d.generation {
+        *announced = d.generation;
+        Announce::Gained(d.generation)
+    } else {
+        Announce::Nothing
+    }
+}
+
+/// Algorithm 3 for `vnet`: a frame from each announced virtual MAC to itself, to every host of
+/// the VNet. The host's VXLAN device learns the virtual MAC at this node's VTEP; its bridge
+/// sends the frame back nowhere (the MAC is on the port it came in on), so no VM sees it.
+fn announce(o: &mut Out, sh: &Shared, t: &Tables, vnet: &Vnet, which: Announce) {
+    let Some(d) = t.dispatch.as_deref() else {
+        return;
+    };
+    let Some(share) = d.share(vnet.vni) else {
+        return;
+    };
+    let indices: Vec<u16> = match which {
+        Announce::Nothing => return,
+        Announce::All => share.owned().collect(),
+        Announce::Gained(g) if g == d.generation => d
+            .gained
+            .iter()
+            .filter(|(vni, _)| *vni == vnet.vni)
+            .map(|(_, i)| *i)
+            .collect(),
+        Announce::Gained(_) => return,
+    };
+    let mut sent = 0;
+    for i in indices {
+        let mac = share.mac(i);
+        for &host in &vnet.hosts {
+            send_frame(
+                o,
+                sh,
+                vnet,
+                host,
+                (mac.0, mac),
+                EtherType(ANNOUNCE_ETHERTYPE),
+                0,
+                |_| Some(0),
+            );
+            sent += 1;
+        }
+    }
+    DispatchCounters::add(&sh.dispatch_counters.announced, sent);
+}
+
 /// Neighbour cache housekeeping for the VNets of `t` on local VTEP `vtep` (None: every VNet,
-/// relay mode): retries requests, expires entries, counts the packets of failed resolutions.
+/// relay mode): retries requests, expires entries, counts the packets of failed resolutions;
+/// with self-dispatch it sends the announcements `which` asks for.
 pub(crate) fn housekeeping(
     o: &mut Out,
     sh: &Shared,
@@ -393,9 +552,11 @@ pub(crate) fn housekeeping(
     r: &Routes,
     vtep: Option<usize>,
     now: Instant,
+    which: Announce,
 ) {
     let mine = |v: &&std::sync::Arc<Vnet>| vtep.is_none_or(|i| v.vtep == i);
     for vnet in t.overlay.vnets.iter().filter(mine) {
+        announce(o, sh, t, vnet, which);
         let mut requests = std::mem::take(&mut o.requests);
         requests.clear();
         let dropped = vnet.neigh().tick(now, &mut requests);

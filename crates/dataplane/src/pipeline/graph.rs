@@ -635,8 +635,9 @@ fn from_host(
     src: SocketAddr,
     data: &mut [u8],
 ) {
-    match decap::decap(o, t, r, via, src, data) {
+    match decap::decap(o, t, r, via, src, data, now) {
         None => {}
+        Some(Frame::Forward { to, vnet, flow }) => encap::send_on(o, sh, vnet, to, &flow, data),
         Some(Frame::Arp {
             vnet,
             host,

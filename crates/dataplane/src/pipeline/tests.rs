@@ -61,6 +61,11 @@ pub(super) fn binding(tunnel: u32, tenant: &str, inside: Inside) -> TunnelBindin
 
 /// Two tenants with the same address plan on VNIs 100 and 200, tunnels 1 and 2.
 fn env() -> Env {
+    env_with(None)
+}
+
+/// [`env`] with self-dispatch `dispatch`.
+fn env_with(dispatch: Option<datapath::DispatchConfig>) -> Env {
     let vnets = vec![vnet("a", 100), vnet("b", 200)];
     let tunnels = vec![
         binding(1, "a", Inside::Vnet(0)),
@@ -87,6 +92,7 @@ fn env() -> Env {
             busy_poll: std::time::Duration::ZERO,
             fair_kernel_gate: true,
             relay: None,
+            dispatch: dispatch.clone(),
         };
         let (tx, rx) = crossbeam_channel::unbounded();
         match Shared::open(cfg, tx) {
@@ -856,4 +862,5 @@ fn vnets_and_bindings_are_replaced_at_run_time_on_the_start_vteps() {
 }
 
 mod attach;
+mod dispatch;
 mod relay;

@@ -16,8 +16,13 @@ pub(crate) struct ArpVerdict {
 }
 
 /// Handles an ARP packet received in `vnet`. RFC 826's merge rule: the sender's entry is
-/// updated if known, and created when we are the target.
-pub(crate) fn handle(vnet: &Vnet, arp: &ArpRepr) -> ArpVerdict {
+/// updated if known, and created when we are the target. A request for the gateway is
+/// answered with `answer_with` (None: another node answers it, self-dispatch).
+pub(crate) fn handle(
+    vnet: &Vnet,
+    arp: &ArpRepr,
+    answer_with: Option<EthernetAddress>,
+) -> ArpVerdict {
     let gw = vnet.gateway_v4;
     let for_us = gw == Some(arp.target_protocol_addr);
     let sender_ok = !arp.source_protocol_addr.is_unspecified()
@@ -30,19 +35,28 @@ pub(crate) fn handle(vnet: &Vnet, arp: &ArpRepr) -> ArpVerdict {
         arp.source_hardware_addr.0,
         for_us,
     ));
-    let reply =
-        (for_us && arp.operation == ArpOperation::REQUEST && arp.source_hardware_addr.is_unicast())
-            .then(|| arp.reply(vnet.mac));
+    let reply = answer_with
+        .filter(|_| {
+            for_us
+                && arp.operation == ArpOperation::REQUEST
+                && arp.source_hardware_addr.is_unicast()
+        })
+        .map(|mac| arp.reply(mac));
     ArpVerdict { reply, learn }
 }
 
 /// A request from the gateway for `target` (broadcast). The sender address is the gateway's if
-/// it is IPv4, else 0.0.0.0 (an RFC 5227 probe, which hosts answer as well).
-pub(crate) fn request(vnet: &Vnet, target: Ipv4Addr) -> ArpRepr {
-    let spa = vnet.gateway_v4.unwrap_or(Ipv4Addr::UNSPECIFIED);
+/// it is IPv4, else 0.0.0.0 (an RFC 5227 probe, which hosts answer as well). With
+/// self-dispatch it comes from the node's own MAC `node`, always as a probe: a VM that hears
+/// it must not take that MAC for the gateway's.
+pub(crate) fn request(vnet: &Vnet, target: Ipv4Addr, node: Option<EthernetAddress>) -> ArpRepr {
+    let spa = match node {
+        Some(_) => Ipv4Addr::UNSPECIFIED,
+        None => vnet.gateway_v4.unwrap_or(Ipv4Addr::UNSPECIFIED),
+    };
     ArpRepr {
         operation: ArpOperation::REQUEST,
-        source_hardware_addr: vnet.mac,
+        source_hardware_addr: node.unwrap_or(vnet.mac),
         source_protocol_addr: spa,
         target_hardware_addr: EthernetAddress([0; 6]),
         target_protocol_addr: target,
@@ -86,7 +100,7 @@ mod tests {
     #[test]
     fn request_for_gateway_is_answered_with_gateway_mac() {
         let v = vnet();
-        let verdict = handle(&v, &req([10, 0, 0, 1]));
+        let verdict = handle(&v, &req([10, 0, 0, 1]), Some(v.mac));
         let reply = verdict.reply.expect("reply");
         assert_eq!(reply.operation, ArpOperation::REPLY);
         assert_eq!(reply.source_hardware_addr, v.mac);
@@ -102,7 +116,7 @@ mod tests {
     #[test]
     fn request_for_another_vm_is_not_answered_and_only_updates() {
         let v = vnet();
-        let verdict = handle(&v, &req([10, 0, 0, 7]));
+        let verdict = handle(&v, &req([10, 0, 0, 7]), Some(v.mac));
         assert_eq!(verdict.reply, None);
         assert_eq!(
             verdict.learn,
@@ -115,16 +129,16 @@ mod tests {
         let v = vnet();
         let mut probe = req([10, 0, 0, 1]);
         probe.source_protocol_addr = Ipv4Addr::UNSPECIFIED;
-        let verdict = handle(&v, &probe);
+        let verdict = handle(&v, &probe, Some(v.mac));
         assert!(verdict.reply.is_some(), "RFC 5227 probes are answered");
         assert_eq!(verdict.learn, None);
         let mut spoof = req([10, 0, 0, 9]);
         spoof.source_protocol_addr = Ipv4Addr::new(10, 0, 0, 1);
-        assert_eq!(handle(&v, &spoof).learn, None);
+        assert_eq!(handle(&v, &spoof, Some(v.mac)).learn, None);
         let mut bcast = req([10, 0, 0, 1]);
         bcast.source_hardware_addr = EthernetAddress::BROADCAST;
         assert_eq!(
-            handle(&v, &bcast),
+            handle(&v, &bcast, Some(v.mac)),
             ArpVerdict {
                 reply: None,
                 learn: None
@@ -135,12 +149,35 @@ mod tests {
     #[test]
     fn our_request_names_the_gateway() {
         let v = vnet();
-        let r = request(&v, Ipv4Addr::new(10, 0, 0, 5));
+        let r = request(&v, Ipv4Addr::new(10, 0, 0, 5), None);
         assert_eq!(r.operation, ArpOperation::REQUEST);
         assert_eq!(
             (r.source_hardware_addr, r.source_protocol_addr),
             (v.mac, Ipv4Addr::new(10, 0, 0, 1))
         );
         assert_eq!(r.target_protocol_addr, Ipv4Addr::new(10, 0, 0, 5));
+        // A dispatched node's request is a probe from its own MAC.
+        let node = EthernetAddress([0x02, 0x50, 0x48, 1, 2, 3]);
+        let p = request(&v, Ipv4Addr::new(10, 0, 0, 5), Some(node));
+        assert_eq!(
+            (p.source_hardware_addr, p.source_protocol_addr),
+            (node, Ipv4Addr::UNSPECIFIED)
+        );
+    }
+
+    #[test]
+    fn a_request_left_to_another_node_is_learnt_from_but_not_answered() {
+        let v = vnet();
+        let verdict = handle(&v, &req([10, 0, 0, 1]), None);
+        assert_eq!(verdict.reply, None);
+        assert_eq!(
+            verdict.learn,
+            Some(("10.0.0.5".parse().expect("ip"), VM_MAC.0, true))
+        );
+        let vmac = EthernetAddress([0x02, 0, 0, 100, 0, 7]);
+        let reply = handle(&v, &req([10, 0, 0, 1]), Some(vmac))
+            .reply
+            .expect("reply");
+        assert_eq!(reply.source_hardware_addr, vmac);
     }
 }

@@ -6,6 +6,7 @@ pub(crate) mod arp;
 pub(crate) mod nd;
 pub(crate) mod neigh;
 pub(crate) mod route;
+pub(crate) mod vmacs;
 
 use crate::routes::Routes;
 use datapath::{DataplaneError, VnetConfig};

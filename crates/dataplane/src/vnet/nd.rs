@@ -17,6 +17,8 @@ pub(crate) struct NdOut {
     pub(crate) dst: Ipv6Addr,
     /// Ethernet destination.
     pub(crate) dst_mac: [u8; 6],
+    /// Ethernet source.
+    pub(crate) src_mac: EthernetAddress,
     /// The message.
     pub(crate) msg: NdpRepr,
 }
@@ -57,12 +59,15 @@ pub(crate) struct NdVerdict {
     pub(crate) learn: Option<(IpAddr, [u8; 6], bool)>,
 }
 
-/// Handles a validated ND message from `src` (IPv6 source) in a frame from `frame_src`.
+/// Handles a validated ND message from `src` (IPv6 source) in a frame from `frame_src`. A
+/// solicitation for the gateway is answered with `answer_with` as the target's link-layer
+/// address (None: another node answers it, self-dispatch).
 pub(crate) fn handle(
     vnet: &Vnet,
     src: Ipv6Addr,
     frame_src: EthernetAddress,
     msg: &NdpRepr,
+    answer_with: Option<EthernetAddress>,
 ) -> NdVerdict {
     match *msg {
         NdpRepr::NeighborSolicit {
@@ -80,7 +85,7 @@ pub(crate) fn handle(
                 }
                 _ => None,
             };
-            let reply = for_us.then(|| {
+            let reply = answer_with.filter(|_| for_us).map(|mac| {
                 // §7.2.4: to the solicitor, or to all-nodes for a DAD probe (S clear).
                 let (dst, dst_mac, solicited) = if src.is_unspecified() {
                     let all_nodes = Ipv6Addr::new(0xff02, 0, 0, 0, 0, 0, 0, 1);
@@ -96,6 +101,7 @@ pub(crate) fn handle(
                     src: target_addr,
                     dst,
                     dst_mac,
+                    src_mac: mac,
                     msg: NdpRepr::NeighborAdvert {
                         flags: NaFlags {
                             router: true,
@@ -103,7 +109,7 @@ pub(crate) fn handle(
                             overrides: true,
                         },
                         target_addr,
-                        target_lladdr: Some(vnet.mac),
+                        target_lladdr: Some(mac),
                     },
                 }
             });
@@ -126,17 +132,23 @@ pub(crate) fn handle(
 }
 
 /// A solicitation from the gateway for `target`, to its solicited-node group (§7.2.2). The
-/// source is the gateway address if IPv6, else its link-local address.
-pub(crate) fn solicit(vnet: &Vnet, target: Ipv6Addr) -> NdOut {
-    let src = vnet.gateway_v6.unwrap_or(vnet.link_local);
+/// source is the gateway address if IPv6, else its link-local address. With self-dispatch it
+/// comes from the node's own MAC `node` and that MAC's link-local address: a VM that hears it
+/// must not take that MAC for the gateway's.
+pub(crate) fn solicit(vnet: &Vnet, target: Ipv6Addr, node: Option<EthernetAddress>) -> NdOut {
+    let (src, mac) = match node {
+        Some(m) => (super::link_local(m), m),
+        None => (vnet.gateway_v6.unwrap_or(vnet.link_local), vnet.mac),
+    };
     let dst = solicited_node_multicast(&target);
     NdOut {
         src,
         dst,
         dst_mac: EthernetAddress::from_ipv6_multicast(&dst).0,
+        src_mac: mac,
         msg: NdpRepr::NeighborSolicit {
             target_addr: target,
-            source_lladdr: Some(vnet.mac),
+            source_lladdr: Some(mac),
         },
     }
 }
@@ -177,7 +189,7 @@ mod tests {
             target_addr: "2001:db8::1".parse().expect("ip"),
             source_lladdr: Some(VM),
         };
-        let verdict = handle(&v, vm_ip(), VM, &ns);
+        let verdict = handle(&v, vm_ip(), VM, &ns, Some(v.mac));
         assert_eq!(verdict.learn, Some((IpAddr::V6(vm_ip()), VM.0, true)));
         let reply = verdict.reply.expect("NA");
         assert_eq!((reply.dst, reply.dst_mac), (vm_ip(), VM.0));
@@ -222,8 +234,8 @@ mod tests {
             target_addr: "2001:db8::1".parse().expect("ip"),
             source_lladdr: Some(VM),
         };
-        assert!(handle(&v, vm_ip(), VM, &ns).reply.is_some());
-        let out = solicit(&v, vm_ip());
+        assert!(handle(&v, vm_ip(), VM, &ns, Some(v.mac)).reply.is_some());
+        let out = solicit(&v, vm_ip(), None);
         assert_eq!(out.src, "2001:db8::1".parse::<Ipv6Addr>().expect("ip"));
     }
 
@@ -234,7 +246,7 @@ mod tests {
             target_addr: v.link_local,
             source_lladdr: None,
         };
-        let verdict = handle(&v, Ipv6Addr::UNSPECIFIED, VM, &ns);
+        let verdict = handle(&v, Ipv6Addr::UNSPECIFIED, VM, &ns, Some(v.mac));
         let reply = verdict.reply.expect("NA");
         assert_eq!(reply.dst, "ff02::1".parse::<Ipv6Addr>().expect("ip"));
         assert_eq!(reply.dst_mac, [0x33, 0x33, 0, 0, 0, 1]);
@@ -248,7 +260,7 @@ mod tests {
             target_addr: "2001:db8::9".parse().expect("ip"),
             source_lladdr: Some(VM),
         };
-        let verdict = handle(&v, vm_ip(), VM, &ns);
+        let verdict = handle(&v, vm_ip(), VM, &ns, Some(v.mac));
         assert_eq!(verdict.reply, None);
         assert_eq!(verdict.learn, Some((IpAddr::V6(vm_ip()), VM.0, false)));
         let na = NdpRepr::NeighborAdvert {
@@ -257,7 +269,7 @@ mod tests {
             target_lladdr: None,
         };
         assert_eq!(
-            handle(&v, vm_ip(), VM, &na).learn,
+            handle(&v, vm_ip(), VM, &na, Some(v.mac)).learn,
             Some((IpAddr::V6(vm_ip()), VM.0, false))
         );
     }
@@ -265,7 +277,7 @@ mod tests {
     #[test]
     fn solicitation_we_send_is_valid() {
         let v = vnet();
-        let out = solicit(&v, vm_ip());
+        let out = solicit(&v, vm_ip(), None);
         let mut buf = [0u8; 128];
         let n = out.emit(&mut buf).expect("fits");
         let p = Ipv6Packet::new_checked(&buf[..n]).expect("ipv6");

@@ -7,6 +7,8 @@
 //! it (the CHILD_SA is built with it).
 #![allow(dead_code)]
 
+pub(crate) mod netns;
+
 use crate::testutil::{child, ts};
 use crossbeam_channel::Receiver;
 use ike::ChildSaInfo;
@@ -91,6 +93,7 @@ pub(crate) fn config(vxlan_port: u16) -> DataplaneConfig {
         busy_poll: Duration::ZERO,
         fair_kernel_gate: true,
         relay: None,
+        dispatch: None,
     }
 }
 

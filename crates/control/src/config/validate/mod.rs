@@ -156,6 +156,7 @@ pub(crate) fn validate_with(
         busy_poll: extra.busy_poll,
         fair_kernel_gate: extra.fair_kernel_gate,
         relay: None,
+        dispatch: None,
     };
     Ok(Config {
         path: src.file.to_owned(),

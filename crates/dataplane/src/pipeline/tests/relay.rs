@@ -71,6 +71,7 @@ fn config(vnets: Vec<VnetConfig>, tunnels: Vec<TunnelBinding>) -> DataplaneConfi
             vtep: None,
             steer: vec![sa(STEER)],
         }),
+        dispatch: None,
     }
 }
 

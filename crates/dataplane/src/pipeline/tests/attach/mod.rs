@@ -68,6 +68,7 @@ fn env() -> Env {
             busy_poll: std::time::Duration::ZERO,
             fair_kernel_gate: true,
             relay: None,
+            dispatch: None,
             attachments: vec![
                 attachment("a", "a", 100),
                 attachment("b", "b", 200),
@@ -375,6 +376,7 @@ fn neighbour_solicitation_for_an_ipv6_gateway_is_answered_tagged() {
         src: ce,
         dst: group,
         dst_mac: EthernetAddress::from_ipv6_multicast(&group).0,
+        src_mac: EthernetAddress(CE_B),
         msg: NdpRepr::NeighborSolicit {
             target_addr: gw,
             source_lladdr: Some(EthernetAddress(CE_B)),
@@ -554,6 +556,7 @@ fn an_interface_under_two_names_is_one_interface() {
             busy_poll: std::time::Duration::ZERO,
             fair_kernel_gate: true,
             relay: None,
+            dispatch: None,
             attachments: vec![attachment("a", "a", 100), second],
         };
         let alias = |s_tag| AttachmentConfig {
