@@ -452,6 +452,17 @@ impl IkeSa {
         self.send_child_request(ctx, None, l, r, None, 0)
     }
 
+    /// Creates one more CHILD_SA with the tunnel's configured selectors, whatever is in use:
+    /// a CREATE_CHILD_SA without REKEY_SA (RFC 7296 §1.3.1), so the peer holds it beside the
+    /// others, each with its own keys and sequence numbers.
+    pub(crate) fn start_child_add(&mut self, ctx: &mut Ctx<'_>) -> Result<(), Error> {
+        let Some(cfg) = self.peer_config(ctx.peers) else {
+            return Ok(());
+        };
+        let (l, r) = (cfg.local_ts.clone(), cfg.remote_ts.clone());
+        self.send_child_request(ctx, None, l, r, None, 0)
+    }
+
     fn send_child_request(
         &mut self,
         ctx: &mut Ctx<'_>,

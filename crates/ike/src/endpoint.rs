@@ -239,18 +239,56 @@ impl Endpoint {
             .map(|sa| sa.spi)
     }
 
-    /// Starts a rekey of the tunnel's IKE SA.
-    pub fn rekey_ike(&mut self, now: Instant, tunnel: TunnelId) -> Result<(), Error> {
+    /// Creates one more CHILD_SA of `tunnel` beside those in use, with its configured traffic
+    /// selectors and ESP proposals (a CREATE_CHILD_SA without REKEY_SA on its newest
+    /// established IKE SA, queued behind any exchange in flight): parallel CHILD_SAs with the
+    /// same selectors, each with its own keys and sequence numbers, so that several senders
+    /// (one per data node, issue 19 §2) need not share one sequence space. Each is announced
+    /// by [`Event::ChildSaInstalled`] and rekeyed on its own; one the peer refuses is not
+    /// asked for again (the caller sees no install and may ask again). Errors: an unknown
+    /// tunnel, or one without an established IKE SA.
+    pub fn add_child(&mut self, now: Instant, tunnel: TunnelId) -> Result<(), Error> {
+        let spi = self.newest_established(tunnel)?;
+        self.run(now, spi, |sa, ctx| {
+            sa.enqueue(Pending::AddChild);
+            sa.start_next_task(ctx);
+        });
+        Ok(())
+    }
+
+    /// Deletes the CHILD_SA with this inbound SPI (an INFORMATIONAL DELETE to the peer),
+    /// leaving its IKE SA and the tunnel's other CHILD_SAs; [`Event::ChildSaDeleted`] follows
+    /// with [`DeleteReason::LocalRequest`].
+    pub fn delete_child(&mut self, now: Instant, inbound_spi: EspSpi) -> Result<(), Error> {
+        let spi = self
+            .established_owner(inbound_spi)
+            .ok_or(Error::UnknownChildSa(inbound_spi))?;
+        self.run(now, spi, |sa, ctx| {
+            sa.enqueue(Pending::DeleteChildren(
+                vec![inbound_spi],
+                DeleteReason::LocalRequest,
+            ));
+            sa.start_next_task(ctx);
+        });
+        Ok(())
+    }
+
+    /// The SPIs of `tunnel`'s newest established IKE SA.
+    fn newest_established(&self, tunnel: TunnelId) -> Result<IkeSpi, Error> {
         if !self.peers.contains_key(&tunnel) {
             return Err(Error::UnknownTunnel(tunnel));
         }
-        let spi = self
-            .sas
+        self.sas
             .values()
             .filter(|sa| sa.tunnel == Some(tunnel) && sa.state == SaState::Established)
             .max_by_key(|sa| sa.established)
             .map(|sa| sa.spi)
-            .ok_or(Error::NotEstablished(tunnel))?;
+            .ok_or(Error::NotEstablished(tunnel))
+    }
+
+    /// Starts a rekey of the tunnel's IKE SA.
+    pub fn rekey_ike(&mut self, now: Instant, tunnel: TunnelId) -> Result<(), Error> {
+        let spi = self.newest_established(tunnel)?;
         self.run(now, spi, |sa, ctx| {
             sa.enqueue(Pending::RekeyIke);
             sa.start_next_task(ctx);

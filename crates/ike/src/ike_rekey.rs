@@ -129,7 +129,10 @@ impl IkeSa {
         for p in self.queue.drain(..) {
             if matches!(
                 p,
-                Pending::RekeyChild(_) | Pending::DeleteChildren(..) | Pending::CreateChild
+                Pending::RekeyChild(_)
+                    | Pending::DeleteChildren(..)
+                    | Pending::CreateChild
+                    | Pending::AddChild
             ) {
                 new.queue.push_back(p);
             }
@@ -137,7 +140,10 @@ impl IkeSa {
         for (t, p) in self.deferred.drain(..) {
             if matches!(
                 p,
-                Pending::RekeyChild(_) | Pending::DeleteChildren(..) | Pending::CreateChild
+                Pending::RekeyChild(_)
+                    | Pending::DeleteChildren(..)
+                    | Pending::CreateChild
+                    | Pending::AddChild
             ) {
                 new.deferred.push((t, p));
             }

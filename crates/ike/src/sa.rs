@@ -190,6 +190,9 @@ pub(crate) enum Pending {
     RekeyChild(EspSpi),
     /// Create an additional CHILD_SA from the tunnel's configuration.
     CreateChild,
+    /// Create one more CHILD_SA with the tunnel's selectors beside those in use (parallel
+    /// CHILD_SAs, `Endpoint::add_child`); never merged with another queued one.
+    AddChild,
     /// Rekey the IKE SA.
     RekeyIke,
     /// Delete CHILD_SAs (inbound SPIs).
@@ -717,7 +720,7 @@ impl IkeSa {
 
     /// Queues work unless the same work is already queued or in flight.
     pub(crate) fn enqueue(&mut self, p: Pending) {
-        if self.queue.contains(&p) {
+        if p != Pending::AddChild && self.queue.contains(&p) {
             return;
         }
         let in_flight = match (&p, self.active.as_ref().map(|a| &a.task)) {
@@ -758,6 +761,7 @@ impl IkeSa {
             let result = match p {
                 Pending::RekeyChild(spi) => self.start_child_rekey(ctx, spi),
                 Pending::CreateChild => self.start_child_create(ctx),
+                Pending::AddChild => self.start_child_add(ctx),
                 Pending::RekeyIke => self.start_ike_rekey(ctx),
                 Pending::DeleteChildren(spis, reason) => {
                     self.start_delete_children(ctx, spis, reason)

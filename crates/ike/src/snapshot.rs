@@ -116,6 +116,7 @@ impl W {
                 self.u8(reason_code(*r));
             }
             Pending::Dpd => self.u8(5),
+            Pending::AddChild => self.u8(6),
         }
     }
 }
@@ -381,6 +382,7 @@ impl R<'_> {
             }
             4 => Pending::DeleteIke(reason_from(self.u8()?)?),
             5 => Pending::Dpd,
+            6 => Pending::AddChild,
             _ => return Err(Error::Snapshot("unknown queued task")),
         })
     }

@@ -362,22 +362,9 @@ fn child_rekey_colliding_with_delete() {
 #[test]
 fn lossy_link_eventually_consistent() {
     for seed in 700..712 {
-        let (mut a, mut b) = (cfg_a(), cfg_b());
-        for c in [&mut a, &mut b] {
-            c.child_rekey_time = Duration::from_secs(120);
-            c.child_life_time = Duration::from_secs(400);
-            c.rand_time = Duration::from_secs(30);
-            c.ike_rekey_time = Duration::from_secs(500);
-        }
         // 20 % loss makes 6 straight losses of an exchange likely over a long run; more tries
         // keep the SAs alive so that consistency is what is tested.
-        let e = EndpointConfig {
-            retransmit_tries: 10,
-            ..Default::default()
-        };
-        let mut p = Pair::new(seed, e.clone(), e);
-        p.a.ep.add_peer(p.now, a).expect("a");
-        p.b.ep.add_peer(p.now, b).expect("b");
+        let mut p = Pair::with_rekeying_tunnel(seed);
         p.link.loss = 0.2;
         p.link.duplicate = 0.1;
         p.link.jitter = Duration::from_millis(200);

@@ -230,6 +230,34 @@ impl Env {
     }
 }
 
+/// A VXLAN frame (VNI 100) carrying a neighbour solicitation for `target` from the VM whose
+/// MAC is `vm` (from its link-local address, to the target's solicited-node group).
+fn solicitation(vm: [u8; 6], target: std::net::Ipv6Addr) -> Vec<u8> {
+    use wire::ip::{IpProtocol, Ipv6Repr};
+    use wire::ndp::{NdpRepr, ND_HOP_LIMIT};
+    let src = crate::vnet::link_local(wire::ethernet::EthernetAddress(vm));
+    let dst = wire::ndp::solicited_node_multicast(&target);
+    let ns = NdpRepr::NeighborSolicit {
+        target_addr: target,
+        source_lladdr: Some(wire::ethernet::EthernetAddress(vm)),
+    };
+    let mut pkt = vec![0u8; 40 + ns.buffer_len()];
+    ns.emit(&src, &dst, &mut pkt[40..]).expect("ns");
+    Ipv6Repr {
+        src_addr: src,
+        dst_addr: dst,
+        next_header: IpProtocol::ICMPV6,
+        payload_len: ns.buffer_len(),
+        hop_limit: ND_HOP_LIMIT,
+        traffic_class: 0,
+        flow_label: 0,
+    }
+    .emit(&mut pkt)
+    .expect("ipv6");
+    let mcast = wire::ethernet::EthernetAddress::from_ipv6_multicast(&dst).0;
+    vxlan_frame(100, mcast, vm, EtherType::IPV6, &pkt)
+}
+
 fn spi_of(esp: &[u8]) -> u32 {
     u32::from_be_bytes([esp[0], esp[1], esp[2], esp[3]])
 }
@@ -665,34 +693,10 @@ fn authentic_esp_from_a_new_address_moves_the_sa() {
 
 #[test]
 fn ipv6_neighbor_solicitation_for_v4_gateway_link_local_is_answered() {
-    use wire::ip::{IpProtocol, Ipv6Repr};
-    use wire::ndp::{NdpRepr, ND_HOP_LIMIT};
+    use wire::ndp::NdpRepr;
     let mut e = env();
     let target = e.sh.tables.load().overlay.vnets[0].link_local;
-    let src: std::net::Ipv6Addr = "fe80::5054:ff:fe00:5".parse().expect("ip");
-    let dst = wire::ndp::solicited_node_multicast(&target);
-    let ns = NdpRepr::NeighborSolicit {
-        target_addr: target,
-        source_lladdr: Some(wire::ethernet::EthernetAddress(VM_MAC)),
-    };
-    let mut pkt = vec![0u8; 40 + ns.buffer_len()];
-    ns.emit(&src, &dst, &mut pkt[40..]).expect("ns");
-    Ipv6Repr {
-        src_addr: src,
-        dst_addr: dst,
-        next_header: IpProtocol::ICMPV6,
-        payload_len: ns.buffer_len(),
-        hop_limit: ND_HOP_LIMIT,
-        traffic_class: 0,
-        flow_label: 0,
-    }
-    .emit(&mut pkt)
-    .expect("ipv6");
-    let mcast = wire::ethernet::EthernetAddress::from_ipv6_multicast(&dst).0;
-    e.recv_from_host(
-        e.host(),
-        vxlan_frame(100, mcast, VM_MAC, EtherType::IPV6, &pkt),
-    );
+    e.recv_from_host(e.host(), solicitation(VM_MAC, target));
     let sent = e.sent();
     assert_eq!(sent.len(), 1);
     let (_, dmac, smac, ty, payload) = parse_vxlan(&sent[0].1);

@@ -303,6 +303,27 @@ impl Pair {
         p
     }
 
+    /// The default tunnel with CHILD_SA rekeys every 2 minutes (±30 s, hard lifetime 400 s)
+    /// and IKE SA rekeys every 500 s, retransmitting up to 10 times, not initiated yet: for
+    /// long runs over a bad link, where consistency, not giving up, is what is tested.
+    pub fn with_rekeying_tunnel(seed: u64) -> Self {
+        let (mut a, mut b) = (cfg_a(), cfg_b());
+        for c in [&mut a, &mut b] {
+            c.child_rekey_time = Duration::from_secs(120);
+            c.child_life_time = Duration::from_secs(400);
+            c.rand_time = Duration::from_secs(30);
+            c.ike_rekey_time = Duration::from_secs(500);
+        }
+        let e = EndpointConfig {
+            retransmit_tries: 10,
+            ..Default::default()
+        };
+        let mut p = Pair::new(seed, e.clone(), e);
+        p.a.ep.add_peer(p.now, a).expect("a");
+        p.b.ep.add_peer(p.now, b).expect("b");
+        p
+    }
+
     pub fn elapsed(&self) -> Duration {
         self.now - self.start
     }

@@ -84,6 +84,29 @@ fn only_the_owner_of_a_vms_virtual_mac_answers_its_arp() {
 }
 
 #[test]
+fn only_the_owner_answers_a_neighbour_solicitation_with_its_virtual_mac() {
+    use wire::ndp::NdpRepr;
+    let mut e = env_with(Some(table(even_mine())));
+    let target = e.sh.tables.load().overlay.vnets[0].link_local;
+    let (mine, index) = vm(true);
+    e.recv_from_host(e.host(), solicitation(mine, target));
+    let sent = e.sent();
+    assert_eq!(sent.len(), 1, "answered");
+    let (_, dst, src, ty, payload) = parse_vxlan(&sent[0].1);
+    let vmac = space().mac(index);
+    assert_eq!((dst, src, ty), (mine, vmac, EtherType::IPV6));
+    let p = wire::ip::Ipv6Packet::new_checked(&payload[..]).expect("ipv6");
+    let na =
+        NdpRepr::parse(&p.src_addr(), &p.dst_addr(), p.hop_limit(), p.payload()).expect("valid NA");
+    assert!(matches!(na, NdpRepr::NeighborAdvert { target_lladdr: Some(ll), .. } if ll.0 == vmac));
+    let (theirs, _) = vm(false);
+    e.recv_from_host(e.host(), solicitation(theirs, target));
+    assert!(e.sent().is_empty());
+    let c = counters(&e);
+    assert_eq!((c.answered, c.left_to_owner), (1, 1));
+}
+
+#[test]
 fn the_owner_seals_what_its_virtual_macs_receive_and_leaves_the_rest() {
     let mut e = env_with(Some(table(even_mine())));
     let a = e.child(1, 0x1001, PEER_A);
