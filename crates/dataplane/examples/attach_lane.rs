@@ -164,21 +164,7 @@ struct Counts {
 
 /// Nanoseconds the threads named `dp-worker…` have run on a CPU.
 fn worker_cpu_ns() -> Result<u64, Error> {
-    let mut total = 0;
-    for task in std::fs::read_dir("/proc/self/task")? {
-        let dir = task?.path();
-        let name = std::fs::read_to_string(dir.join("comm"))?;
-        if !name.starts_with("dp-worker") {
-            continue;
-        }
-        let stat = std::fs::read_to_string(dir.join("schedstat"))?;
-        total += stat
-            .split_whitespace()
-            .next()
-            .ok_or("empty schedstat")?
-            .parse::<u64>()?;
-    }
-    Ok(total)
+    Ok(testutil::threads_cpu_ns(&testutil::worker_threads()?)?)
 }
 
 fn counts(dp: &Dataplane) -> Result<Counts, Error> {

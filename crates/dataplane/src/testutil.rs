@@ -216,3 +216,36 @@ pub fn dispatch_table(vni: u32, nodes: &[&str], owners: Vec<u16>) -> datapath::D
         }],
     }
 }
+
+/// The thread ids of this process's data plane workers (threads named `dp-worker…`).
+pub fn worker_threads() -> std::io::Result<Vec<u32>> {
+    let mut tids = Vec::new();
+    for task in std::fs::read_dir("/proc/self/task")? {
+        let dir = task?.path();
+        if std::fs::read_to_string(dir.join("comm"))?.starts_with("dp-worker") {
+            if let Some(tid) = dir
+                .file_name()
+                .and_then(|n| n.to_str())
+                .and_then(|n| n.parse().ok())
+            {
+                tids.push(tid);
+            }
+        }
+    }
+    Ok(tids)
+}
+
+/// Nanoseconds threads `tids` of this process have run on a CPU
+/// (`/proc/self/task/TID/schedstat`, its first field).
+pub fn threads_cpu_ns(tids: &[u32]) -> std::io::Result<u64> {
+    let mut total = 0;
+    for tid in tids {
+        let stat = std::fs::read_to_string(format!("/proc/self/task/{tid}/schedstat"))?;
+        total += stat
+            .split_whitespace()
+            .next()
+            .and_then(|f| f.parse::<u64>().ok())
+            .ok_or_else(|| std::io::Error::other(format!("thread {tid}: bad schedstat")))?;
+    }
+    Ok(total)
+}

@@ -54,36 +54,45 @@ impl VmacSpace {
         (u32::from(index) < self.k).then_some(index)
     }
 
-    /// `h`: the index of the virtual MAC that serves the VM (or host) whose MAC is `mac`. A
-    /// fixed mix of the MAC's 48 bits and the VNI (SplitMix64's finalizer, which spreads
-    /// consecutive MACs, as hypervisors hand them out, evenly), reduced to `0..K`; the same on
-    /// every node and every release, since the hosts learn by it.
+    /// `h`: the index of the virtual MAC that serves the VM (or host) whose MAC is `mac`:
+    /// Fibonacci hashing of the MAC's 48 bits (the VNI in the bits above them), multiplied by
+    /// 2^64/φ and scaled to `0..K` by its high bits. MACs in an arithmetic sequence — as
+    /// hypervisors hand them out, one after the other or in any fixed step — land on indices
+    /// spread nearly evenly (the fractional parts of `i·s/φ` are equidistributed with low
+    /// discrepancy), so their counts per index differ by a few, where a random
+    /// hash would leave them binomially uneven (±9 % per node for 240 VMs on three) and
+    /// the paper's `m mod K` would put a sequence of step K on one index. Random MACs are spread
+    /// as any hash spreads them. The same on every node and every release, since the hosts learn
+    /// by it.
     pub fn assign(&self, mac: [u8; 6]) -> u16 {
         let mut m = [0u8; 8];
         m[2..].copy_from_slice(&mac);
-        let mut x = u64::from_be_bytes(m) ^ (u64::from(self.vni) << 48);
-        x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        x ^= x >> 31;
-        // K ≤ 2^16: the index fits.
-        (x % u64::from(self.k)) as u16
+        let x = u64::from_be_bytes(m) ^ (u64::from(self.vni) << 48);
+        let y = x.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        // (y / 2^64) · K < K ≤ 2^16: the index fits.
+        ((u128::from(y) * u128::from(self.k)) >> 64) as u16
     }
 }
 
 /// Algorithm 1, step 3: the indices `0..k` split among `nodes` as evenly as they go (counts
-/// differ by at most one), interleaved so that each node's part spreads over the hash's range;
-/// in the order of `nodes`. No node: nothing.
+/// differ by at most one, the first nodes taking the extra ones), each node a contiguous range
+/// in the order of `nodes`: `h` spreads MACs handed out in sequence nearly evenly over any
+/// range of indices, not over every third one. No node: nothing.
 pub fn partition(k: u32, nodes: &[u32]) -> Vec<(u32, Vec<u16>)> {
-    let mut parts: Vec<(u32, Vec<u16>)> = nodes.iter().map(|&n| (n, Vec::new())).collect();
-    if parts.is_empty() {
-        return parts;
-    }
-    let n = parts.len();
-    for index in 0..k.min(MAX_VMACS) {
-        // index < 2^16.
-        parts[index as usize % n].1.push(index as u16);
-    }
-    parts
+    let n = nodes.len() as u32;
+    let k = k.min(MAX_VMACS);
+    let mut start = 0u32;
+    nodes
+        .iter()
+        .enumerate()
+        .map(|(j, &node)| {
+            let size = k / n + u32::from((j as u32) < k % n);
+            // Indices below 2^16.
+            let part = (start..start + size).map(|i| i as u16).collect();
+            start += size;
+            (node, part)
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -115,23 +124,58 @@ mod tests {
         );
     }
 
-    #[test]
-    fn the_hash_spreads_consecutive_vm_macs_evenly() {
-        // 4096 VMs with consecutive MACs (as a hypervisor hands them out) over K = 256.
-        let s = VmacSpace::new(1001, 256).expect("space");
-        let mut count = [0u32; 256];
-        for n in 0..4096u32 {
-            let b = n.to_be_bytes();
-            count[usize::from(s.assign([0x52, 0x54, 0x00, b[1], b[2], b[3]]))] += 1;
+    /// How many of `macs` each index of `s` gets.
+    fn counts(s: &VmacSpace, macs: impl Iterator<Item = [u8; 6]>) -> Vec<u32> {
+        let mut count = vec![0u32; s.len() as usize];
+        for m in macs {
+            count[usize::from(s.assign(m))] += 1;
         }
-        let (min, max) = (count.iter().min(), count.iter().max());
-        // 16 per virtual MAC on average; a uniform hash stays well within 4..=32.
+        count
+    }
+
+    fn mac_of(n: u64) -> [u8; 6] {
+        let b = n.to_be_bytes();
+        [b[2], b[3], b[4], b[5], b[6], b[7]]
+    }
+
+    #[test]
+    fn the_hash_spreads_arithmetic_sequences_of_macs_evenly() {
+        let s = VmacSpace::new(1001, 256).expect("space");
+        let base = 0x5254_0000_0000u64;
+        // 4096 consecutive MACs (as a hypervisor hands them out), and the paper's Fig. 5
+        // sequence of step 0x100 (which `m mod K` puts on one index): 16 per index, give or
+        // take three (a uniform random hash would give about 8..=25).
+        for step in [1u64, 0x100, 7, 0x1_0000] {
+            let c = counts(&s, (0..4096).map(|n| mac_of(base + n * step)));
+            let (min, max) = (c.iter().min(), c.iter().max());
+            assert!(
+                min >= Some(&13) && max <= Some(&19),
+                "step {step}: {min:?}..{max:?}"
+            );
+        }
+        // 240 consecutive VMs over three nodes' contiguous parts: 80 each, give or take two.
+        let parts = partition(256, &[0, 1, 2]);
+        let c = counts(&s, (0..240).map(|n| mac_of(base + 0x18 + n)));
+        for (node, part) in &parts {
+            let on: u32 = part.iter().map(|&i| c[usize::from(i)]).sum();
+            assert!((78..=82).contains(&on), "node {node}: {on}");
+        }
+        // Random MACs (a fixed LCG): spread as a uniform hash would, within 4..=32.
+        let mut x = 12345u64;
+        let c = counts(
+            &s,
+            (0..4096).map(|_| {
+                x = x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+                mac_of(x >> 16)
+            }),
+        );
+        let (min, max) = (c.iter().min(), c.iter().max());
         assert!(min >= Some(&4) && max <= Some(&32), "{min:?}..{max:?}");
         // Fixed: the hosts learn by it, so it must not change between releases (values
-        // computed once by hand from SplitMix64's finalizer).
+        // computed once apart, with Python's integers).
         let vm = [0x52, 0x54, 0x00, 0x12, 0x34, 0x56];
-        assert_eq!(s.assign(vm), 18);
-        assert_eq!(VmacSpace::new(1001, 4096).expect("space").assign(vm), 2834);
+        assert_eq!(s.assign(vm), 200);
+        assert_eq!(VmacSpace::new(1001, 4096).expect("space").assign(vm), 3211);
     }
 
     #[test]
