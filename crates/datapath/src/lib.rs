@@ -430,10 +430,14 @@ pub struct DataplaneStats {
 }
 
 /// What self-dispatch did (cumulative; see [`DispatchConfig`]).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct DispatchStats {
     /// Virtual MACs this node owns now, over all dispatched VNets.
     pub owned: u64,
+    /// Frames processed per virtual MAC this node owns, cumulative (kept while the VNet and
+    /// `vmacs` stay): (VNI, index, frames), those with any, in VNI and index order. The
+    /// ring's measure of each virtual MAC's load.
+    pub vmac_packets: Vec<(u32, u16, u64)>,
     /// ARP and ND requests for the gateway answered with one of this node's virtual MACs.
     pub answered: u64,
     /// Requests for the gateway left to the owner of the requester's virtual MAC.

@@ -444,10 +444,11 @@ impl DataPath for Dataplane {
                     .sum(),
             ),
             fair_kernel_drops: kernel_drops,
-            dispatch: sh.cfg.dispatch.as_ref().map(|_| {
-                let owned = tables.dispatch.as_ref().map_or(0, |d| d.owned());
-                sh.dispatch_counters.stats(owned)
-            }),
+            dispatch: sh
+                .cfg
+                .dispatch
+                .as_ref()
+                .map(|_| sh.dispatch_counters.stats(tables.dispatch.as_deref())),
         }
     }
 

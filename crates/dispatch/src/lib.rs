@@ -17,6 +17,10 @@
 //!   between). What the node must do on the wire comes out as [`Action`]s; what it hears
 //!   from the other nodes goes in as [`Msg`]s.
 //!
+//! - [`Agent`]: a [`Node`] fed with what a data path measures (its load, each virtual MAC's
+//!   frame count) and turned into the owner of every virtual MAC as the node knows it, for
+//!   the data path's table.
+//!
 //! How `W` is chosen: the paper picks it at random. A node that knows each of its virtual
 //! MACs' load ([`Node::set_load`]) picks instead at most `|W|` whose loads add up as close to
 //! half the difference as they can (moving that much leaves the two nodes level): with a few
@@ -29,9 +33,11 @@
 //! three nodes at 60 % load, a max/mean of 1.17), plus the load of one virtual MAC (a heavy
 //! VM's cannot be split). A tighter balance needs a smaller `L_D`.
 
+mod agent;
 mod ring;
 mod vmac;
 
+pub use agent::Agent;
 pub use ring::{Action, Move, Msg, Node, NodeId, Params};
 pub use vmac::{partition, VmacSpace, MAX_VMACS};
 

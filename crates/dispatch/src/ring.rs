@@ -229,6 +229,11 @@ impl Node {
         self.moves.iter()
     }
 
+    /// Each owned virtual MAC's part of the load, as last set (empty: not measured).
+    pub fn vmac_loads(&self) -> &BTreeMap<u16, f64> {
+        &self.vmac_loads
+    }
+
     /// Its last load, and its successor's as last reported.
     pub fn loads(&self) -> (f64, Option<f64>) {
         (self.load, self.successor_load.map(|(_, l, _)| l))

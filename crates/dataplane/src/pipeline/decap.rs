@@ -175,6 +175,7 @@ pub(crate) fn decap<'t>(
                         _ => drop(o, DropReason::DispatchOtherOwner),
                     };
                 }
+                share.count(index);
                 if from_node {
                     // Sent on by the node that gave the virtual MAC away: its host is where
                     // the VM lives.

@@ -20,6 +20,7 @@ use dispatch::VmacSpace;
 use rustc_hash::FxHashMap;
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 use wire::ethernet::EthernetAddress;
 use wire::vxlan::Vni;
@@ -64,6 +65,10 @@ pub(crate) struct Share {
     owners: Vec<u16>,
     /// This node's index in `nodes` (None: it owns none of the VNet's virtual MACs).
     me: Option<u16>,
+    /// Per virtual MAC index: the frames to it this node processed (cumulative, kept across
+    /// tables of the same VNet and `K`): each virtual MAC's load, for the ring's choice of
+    /// which to hand over.
+    packets: Arc<[AtomicU64]>,
 }
 
 impl Share {
@@ -113,6 +118,14 @@ impl Share {
         self.owns(i).then(|| self.mac(i))
     }
 
+    /// Counts a frame to virtual MAC `index` that this node processes.
+    #[inline]
+    pub(crate) fn count(&self, index: u16) {
+        if let Some(c) = self.packets.get(usize::from(index)) {
+            c.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
     /// The indices of the virtual MACs this node owns.
     pub(crate) fn owned(&self) -> impl Iterator<Item = u16> + '_ {
         let me = self.me;
@@ -158,10 +171,12 @@ impl DispatchCounters {
         counter.fetch_add(n, Ordering::Relaxed);
     }
 
-    /// The counters as the statistics give them, with `owned` from the table in use.
-    pub(crate) fn stats(&self, owned: u64) -> datapath::DispatchStats {
+    /// The counters as the statistics give them, with what the table in use owns and
+    /// counted.
+    pub(crate) fn stats(&self, table: Option<&Dispatch>) -> datapath::DispatchStats {
         datapath::DispatchStats {
-            owned,
+            owned: table.map_or(0, Dispatch::owned),
+            vmac_packets: table.map(Dispatch::packets).unwrap_or_default(),
             answered: self.answered.load(Ordering::Relaxed),
             left_to_owner: self.left_to_owner.load(Ordering::Relaxed),
             forwarded: self.forwarded.load(Ordering::Relaxed),
@@ -257,12 +272,20 @@ impl Dispatch {
                     "lists two of this node's VTEP addresses",
                 ));
             }
+            let packets = previous
+                .and_then(|p| p.share(vni))
+                .filter(|b| b.space == space)
+                .map_or_else(
+                    || (0..space.len()).map(|_| AtomicU64::new(0)).collect(),
+                    |b| Arc::clone(&b.packets),
+                );
             let share = Share {
                 space,
                 nodes: v.nodes.clone(),
                 owners: v.owners.clone(),
                 // At most 2^16 - 1 nodes.
                 me: mine.first().map(|&n| n as u16),
+                packets,
             };
             if shares.insert(vni, share).is_some() {
                 return Err(config_err(
@@ -315,6 +338,23 @@ impl Dispatch {
     /// `now` (it gave the virtual MAC away less than `linger` ago).
     pub(crate) fn lingers(&self, vni: Vni, index: u16, now: Instant) -> bool {
         !self.released.is_empty() && self.released.get(&(vni, index)).is_some_and(|u| *u > now)
+    }
+
+    /// The frames each virtual MAC this node owns received (cumulative): (VNI, index,
+    /// frames), those with any, in VNI and index order.
+    pub(crate) fn packets(&self) -> Vec<(u32, u16, u64)> {
+        let mut v: Vec<(u32, u16, u64)> = self
+            .shares
+            .iter()
+            .flat_map(|(vni, s)| {
+                s.owned().filter_map(move |i| {
+                    let n = s.packets[usize::from(i)].load(Ordering::Relaxed);
+                    (n > 0).then_some((vni.get(), i, n))
+                })
+            })
+            .collect();
+        v.sort_unstable();
+        v
     }
 
     /// Virtual MACs this node owns, over every dispatched VNet.

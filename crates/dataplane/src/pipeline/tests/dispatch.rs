@@ -37,7 +37,8 @@ fn request(vm: [u8; 6]) -> Vec<u8> {
 }
 
 fn counters(e: &Env) -> datapath::DispatchStats {
-    e.sh.dispatch_counters.stats(0)
+    e.sh.dispatch_counters
+        .stats(e.sh.tables.load().dispatch.as_deref())
 }
 
 #[test]
@@ -123,6 +124,11 @@ fn the_owner_seals_what_its_virtual_macs_receive_and_leaves_the_rest() {
     let sent = e.sent();
     assert_eq!(sent.len(), 1);
     assert_eq!(&p.open(&sent[0].1).expect("peer opens")[28..], b"out");
+    assert_eq!(
+        counters(&e).vmac_packets,
+        vec![(100, i_mine, 1)],
+        "its load counted"
+    );
     // To the other node's (flooded by a host that has not learnt it): its owner's copy.
     e.recv_from_host(
         e.host(),
