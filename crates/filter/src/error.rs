@@ -138,6 +138,21 @@ pub enum LoadError {
         /// The C source line of that instruction, from the object's BTF line information.
         source_line: Option<String>,
     },
+    /// The verification took longer than its budget (`verify::VERIFY_BUDGET`).
+    #[error("section `{section}`: the verifier gave up after {seconds} s (the program is too complex to prove in time: simplify its loops and branches, or split it)")]
+    VerifierBudget {
+        /// The requested section.
+        section: String,
+        /// The budget, in seconds.
+        seconds: f64,
+    },
+    /// Earlier verifications that ran past their budget are still running: refused without
+    /// starting, until they end.
+    #[error("section `{section}`: the verifier is still busy with programs that ran past their time budget; try again later")]
+    VerifierBusy {
+        /// The requested section.
+        section: String,
+    },
     /// PREVAIL could not read the program, or failed internally.
     #[error("section `{section}`: the verifier could not analyse the program: {reason}")]
     VerifierInternal {

@@ -19,6 +19,9 @@ use prevail::spec::type_descriptors::{
     BtfLineInfo, EbpfMapDescriptor, EbpfMapType, EbpfProgramType, EbpfStructDescriptor, ProgramInfo,
 };
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{mpsc, Arc, Mutex};
+use std::time::Duration;
 
 use crate::{Insn, LoadError, MapKind, OFFERED_HELPERS};
 
@@ -109,9 +112,23 @@ pub(crate) fn verify(
     verify_with_stack(section, insns, maps, lines, STACK_SIZE, true)
 }
 
+/// How long one verification may take. PREVAIL's analysis terminates (it widens loops), but
+/// its time grows with the program's size and branching; a program that takes longer is
+/// refused, so that no tenant's program holds the thread that loads it (a control socket's
+/// or `ctl apply`'s) for long. The gateway's own programs take well under a second.
+pub const VERIFY_BUDGET: Duration = Duration::from_secs(10);
+
+/// Verifications that ran past their budget and were left to finish on their own thread;
+/// while [`MAX_ABANDONED`] are still running, new ones are refused at once, so that programs
+/// sent again and again cannot pile up threads that burn the gateway's CPU.
+static ABANDONED: AtomicUsize = AtomicUsize::new(0);
+
+/// The most verifications left running past their budget.
+const MAX_ABANDONED: usize = 2;
+
 /// [`verify`] with `stack` bytes of stack and the termination check on or off: the runtime
 /// verifies its lowered programs, which use the 16 bytes kept from the tenant's program, with
-/// the whole 512.
+/// the whole 512. Within [`VERIFY_BUDGET`].
 pub(crate) fn verify_with_stack(
     section: &str,
     insns: &[Insn],
@@ -120,6 +137,104 @@ pub(crate) fn verify_with_stack(
     stack: i32,
     termination: bool,
 ) -> Result<Verdict, LoadError> {
+    let work = Analysis {
+        section: section.to_owned(),
+        insns: insns.to_vec(),
+        maps: maps.to_vec(),
+        lines: lines.clone(),
+        stack,
+        termination,
+        #[cfg(test)]
+        pause: Duration::ZERO,
+    };
+    within(VERIFY_BUDGET, &ABANDONED, work)
+}
+
+/// One verification's inputs, owned so that it can run on a thread of its own.
+struct Analysis {
+    section: String,
+    insns: Vec<Insn>,
+    maps: Vec<EbpfMapDescriptor>,
+    lines: BTreeMap<usize, String>,
+    stack: i32,
+    termination: bool,
+    /// Tests: how long the analysis waits before it starts.
+    #[cfg(test)]
+    pause: Duration,
+}
+
+/// Runs `work` on a thread of its own and waits for it at most `budget`: past it the program
+/// is refused ([`LoadError::VerifierBudget`]) and the analysis finishes unobserved, counted in
+/// `abandoned` until it ends; while [`MAX_ABANDONED`] are, new work is refused without
+/// starting ([`LoadError::VerifierBusy`]).
+fn within(
+    budget: Duration,
+    abandoned: &'static AtomicUsize,
+    work: Analysis,
+) -> Result<Verdict, LoadError> {
+    let section = work.section.clone();
+    if abandoned.load(Ordering::Acquire) >= MAX_ABANDONED {
+        return Err(LoadError::VerifierBusy { section });
+    }
+    let (tx, rx) = mpsc::sync_channel(1);
+    // Set when the caller gave up waiting: the thread then counts itself out of `abandoned`.
+    let gave_up = Arc::new(Mutex::new(false));
+    let flag = Arc::clone(&gave_up);
+    let spawned = std::thread::Builder::new()
+        .name("bpf-verify".into())
+        .spawn(move || {
+            let verdict = analyse(&work);
+            let given_up = flag.lock().map(|g| *g).unwrap_or(true);
+            if given_up {
+                abandoned.fetch_sub(1, Ordering::AcqRel);
+            } else {
+                // The caller may give up between the check and the send: it then counts
+                // this thread, which still ends here.
+                let _ = tx.send(verdict);
+            }
+        });
+    if let Err(e) = spawned {
+        return Err(LoadError::VerifierInternal {
+            section,
+            reason: format!("cannot start the verifier's thread: {e}"),
+        });
+    }
+    match rx.recv_timeout(budget) {
+        Ok(verdict) => verdict,
+        Err(mpsc::RecvTimeoutError::Timeout) => {
+            let mut g = gave_up.lock().unwrap_or_else(|p| p.into_inner());
+            // The verdict may have come meanwhile.
+            if let Ok(verdict) = rx.try_recv() {
+                return verdict;
+            }
+            *g = true;
+            abandoned.fetch_add(1, Ordering::AcqRel);
+            Err(LoadError::VerifierBudget {
+                section,
+                seconds: budget.as_secs_f64(),
+            })
+        }
+        Err(mpsc::RecvTimeoutError::Disconnected) => Err(LoadError::VerifierInternal {
+            section,
+            reason: "the verifier's thread ended without a verdict".into(),
+        }),
+    }
+}
+
+/// The analysis itself.
+fn analyse(work: &Analysis) -> Result<Verdict, LoadError> {
+    #[cfg(test)]
+    std::thread::sleep(work.pause);
+    let Analysis {
+        section,
+        insns,
+        maps,
+        lines,
+        stack,
+        termination,
+        ..
+    } = work;
+    let (section, stack, termination) = (section.as_str(), *stack, *termination);
     let internal = |reason: String| LoadError::VerifierInternal {
         section: section.to_owned(),
         reason,
@@ -220,4 +335,78 @@ fn explained(message: String) -> String {
 /// of each line, so the nearest entry at or before it.
 fn source_line(lines: &BTreeMap<usize, String>, index: usize) -> Option<String> {
     lines.range(..=index).next_back().map(|(_, l)| l.clone())
+}
+
+#[cfg(test)]
+mod budget_tests {
+    use super::*;
+
+    /// `r0 = XDP_PASS; exit`, with a loop of `n` bounded trips before it when `n > 0` (more
+    /// work for the verifier).
+    fn work(n: i32) -> Analysis {
+        let ins = |code: u8, dst: u8, src: u8, off: i16, imm: i32| Insn {
+            code,
+            dst,
+            src,
+            off,
+            imm,
+        };
+        let mut insns = Vec::new();
+        if n > 0 {
+            // r1 = 0; loop: r1 += 1; if r1 < n goto loop
+            insns.push(ins(0xb7, 1, 0, 0, 0));
+            insns.push(ins(0x07, 1, 0, 0, 1));
+            insns.push(ins(0xa5, 1, 0, -2, n));
+        }
+        insns.push(ins(0xb7, 0, 0, 0, 2));
+        insns.push(ins(0x95, 0, 0, 0, 0));
+        Analysis {
+            section: "xdp".into(),
+            insns,
+            maps: Vec::new(),
+            lines: BTreeMap::new(),
+            stack: STACK_SIZE,
+            termination: true,
+            pause: Duration::ZERO,
+        }
+    }
+
+    #[test]
+    fn a_verification_within_its_budget_gives_its_verdict() {
+        static COUNT: AtomicUsize = AtomicUsize::new(0);
+        let v = within(Duration::from_secs(60), &COUNT, work(100)).expect("verified");
+        assert!(v.loop_bound >= 100, "{v:?}");
+        assert_eq!(COUNT.load(Ordering::Acquire), 0);
+    }
+
+    #[test]
+    fn past_its_budget_a_program_is_refused_and_the_analysis_ends_on_its_own() {
+        static COUNT: AtomicUsize = AtomicUsize::new(0);
+        let slow = Analysis {
+            pause: Duration::from_millis(300),
+            ..work(1000)
+        };
+        let err = within(Duration::from_millis(50), &COUNT, slow).expect_err("over budget");
+        assert!(
+            matches!(&err, LoadError::VerifierBudget { section, .. } if section == "xdp"),
+            "{err}"
+        );
+        assert!(err.to_string().contains("gave up after 0.05 s"), "{err}");
+        assert_eq!(COUNT.load(Ordering::Acquire), 1, "still running, counted");
+        // The abandoned analysis counts itself out when it ends.
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        while COUNT.load(Ordering::Acquire) > 0 {
+            assert!(std::time::Instant::now() < deadline, "never ended");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    #[test]
+    fn while_too_many_run_past_their_budget_new_ones_are_refused_at_once() {
+        static COUNT: AtomicUsize = AtomicUsize::new(MAX_ABANDONED);
+        let err = within(Duration::from_secs(60), &COUNT, work(0)).expect_err("busy");
+        assert!(matches!(err, LoadError::VerifierBusy { .. }), "{err}");
+        COUNT.store(MAX_ABANDONED - 1, Ordering::Release);
+        within(Duration::from_secs(60), &COUNT, work(0)).expect("one fewer: verified");
+    }
 }
