@@ -475,7 +475,7 @@ fn solicit(o: &mut Out, sh: &Shared, vnet: &Vnet, host: IpAddr, ip: IpAddr) {
 pub(crate) enum Announce {
     /// None (no self-dispatch, or nothing due).
     Nothing,
-    /// Those the table of this generation gave the node.
+    /// Those gained with tables newer than this generation (the last announced).
     Gained(u64),
     /// All of them (the period is up).
     All,
@@ -494,8 +494,8 @@ pub(crate) fn announcements_due(sh: &Shared, t: &Tables, now: Instant) -> Announ
         *announced = d.generation;
         Announce::All
     } else if *announced < d.generation {
-        *announced = d.generation;
-        Announce::Gained(d.generation)
+        let since = std::mem::replace(announced, d.generation);
+        Announce::Gained(since)
     } else {
         Announce::Nothing
     }
@@ -514,13 +514,12 @@ fn announce(o: &mut Out, sh: &Shared, t: &Tables, vnet: &Vnet, which: Announce) 
     let indices: Vec<u16> = match which {
         Announce::Nothing => return,
         Announce::All => share.owned().collect(),
-        Announce::Gained(g) if g == d.generation => d
+        Announce::Gained(since) => d
             .gained
             .iter()
-            .filter(|(vni, _)| *vni == vnet.vni)
-            .map(|(_, i)| *i)
+            .filter(|(vni, _, generation)| *vni == vnet.vni && *generation > since)
+            .map(|(_, i, _)| *i)
             .collect(),
-        Announce::Gained(_) => return,
     };
     let mut sent = 0;
     for i in indices {

@@ -144,9 +144,10 @@ pub(crate) struct Dispatch {
     shares: FxHashMap<Vni, Share>,
     /// Algorithm 3's period.
     pub(crate) announce_interval: Duration,
-    /// Virtual MACs this table gives this node that the one it replaced did not (announced at
-    /// once by the next housekeeping round).
-    pub(crate) gained: Vec<(Vni, u16)>,
+    /// Virtual MACs this node gained and still owns, with the generation of the table that
+    /// gave each: the next housekeeping round announces those newer than the last it
+    /// announced, also when several tables came in between.
+    pub(crate) gained: Vec<(Vni, u16, u64)>,
     /// Numbers the tables in the order they were built (the housekeeping announces each
     /// table's `gained` once).
     pub(crate) generation: u64,
@@ -294,18 +295,30 @@ impl Dispatch {
                 ));
             }
         }
-        let mut gained = Vec::new();
+        let generation = previous.map_or(1, |p| p.generation + 1);
+        let owns = |vni: Vni, i: u16| shares.get(&vni).is_some_and(|s| s.owns(i));
+        let mut gained: Vec<(Vni, u16, u64)> = previous
+            .map(|p| {
+                p.gained
+                    .iter()
+                    .copied()
+                    .filter(|&(vni, i, _)| {
+                        owns(vni, i)
+                            && p.share(vni).map(|b| b.space) == shares.get(&vni).map(|s| s.space)
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
         for (vni, share) in &shares {
             let before = previous.and_then(|p| p.share(*vni));
             for i in share.owned() {
                 let had = before.is_some_and(|b| b.space == share.space && b.owns(i));
                 if !had {
-                    gained.push((*vni, i));
+                    gained.push((*vni, i, generation));
                 }
             }
         }
-        gained.sort_unstable_by_key(|(v, i)| (v.get(), *i));
-        let owns = |vni: Vni, i: u16| shares.get(&vni).is_some_and(|s| s.owns(i));
+        gained.sort_unstable_by_key(|(v, i, _)| (v.get(), *i));
         let mut released = FxHashMap::default();
         if let Some(p) = previous {
             for (&(vni, i), &until) in &p.released {
@@ -323,7 +336,7 @@ impl Dispatch {
             shares,
             announce_interval: cfg.announce_interval,
             gained,
-            generation: previous.map_or(1, |p| p.generation + 1),
+            generation,
             released,
         })
     }
@@ -403,7 +416,7 @@ mod tests {
         assert_eq!(s.owner(0), Some(ip("192.0.2.1")));
         assert!(s.is_other_node(ip("192.0.2.1")) && !s.is_other_node(ip("192.0.2.2")));
         assert_eq!(d.owned(), 2);
-        assert_eq!(d.gained, vec![(vni(), 1), (vni(), 2)]);
+        assert_eq!(d.gained, vec![(vni(), 1, 1), (vni(), 2, 1)]);
         // A VM's virtual MAC is offered only by its owner.
         let vm = (0..=255u8)
             .map(|b| [0x52, 0x54, 0, 0, 0, b])
@@ -425,7 +438,9 @@ mod tests {
         let t0 = now();
         let first = Dispatch::build(&cfg(vec![0, 1, 1, 0]), &me, None, t0).expect("ok");
         let second = Dispatch::build(&cfg(vec![1, 1, 0, 0]), &me, Some(&first), t0).expect("ok");
-        assert_eq!(second.gained, vec![(vni(), 0)]);
+        // Index 0 is new; index 1, gained with the first table, is carried with its
+        // generation (the housekeeping announces what is newer than it last announced).
+        assert_eq!(second.gained, vec![(vni(), 0, 2), (vni(), 1, 1)]);
         assert_eq!(second.generation, first.generation + 1);
         // What it gave away (index 2) it sends on for `linger`, and then no more.
         assert!(second.lingers(vni(), 2, t0 + Duration::from_secs(4)));
@@ -437,7 +452,7 @@ mod tests {
         assert!(third.lingers(vni(), 2, t0 + Duration::from_secs(4)));
         let back = Dispatch::build(&cfg(vec![1, 1, 1, 0]), &me, Some(&third), t1).expect("ok");
         assert!(!back.lingers(vni(), 2, t1));
-        assert_eq!(back.gained, vec![(vni(), 2)]);
+        assert!(back.gained.contains(&(vni(), 2, back.generation)));
     }
 
     #[test]

@@ -301,15 +301,20 @@ fn owners_announce_their_virtual_macs_to_every_host() {
     // A new table: what it gained, at once.
     let mut more = even_mine();
     more[1] = 0;
+    e.sh.set_dispatch(&table(more.clone())).expect("replace");
+    let t = e.sh.tables.load();
+    let due = encap::announcements_due(&e.sh, &t, Instant::now());
+    assert_eq!(due, Announce::Gained(1), "newer than the first table");
+    assert_eq!(frames(&announce(&mut e, due)), vec![1]);
+    assert_eq!(counters(&e).announced, 5);
+    // Two tables before the next round: the gains of both.
+    more[3] = 0;
+    e.sh.set_dispatch(&table(more.clone())).expect("replace");
+    more[5] = 0;
     e.sh.set_dispatch(&table(more)).expect("replace");
     let t = e.sh.tables.load();
     let due = encap::announcements_due(&e.sh, &t, Instant::now());
-    assert_eq!(
-        due,
-        Announce::Gained(t.dispatch.as_ref().expect("set").generation)
-    );
-    assert_eq!(frames(&announce(&mut e, due)), vec![1]);
-    assert_eq!(counters(&e).announced, 5);
+    assert_eq!(frames(&announce(&mut e, due)), vec![3, 5]);
     // Nothing without self-dispatch.
     let mut plain = env();
     let t = plain.sh.tables.load();
