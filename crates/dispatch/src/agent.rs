@@ -189,6 +189,19 @@ mod tests {
     }
 
     #[test]
+    fn a_failed_nodes_virtual_macs_are_adopted_by_its_successor() {
+        let t0 = Instant::now();
+        let mut a = Agent::new(1, Params::paper(), vec![1, 2, 3], 6, t0, 1).expect("a");
+        assert_eq!(a.owners(), &[1, 1, 2, 2, 3, 3]);
+        a.take_changed();
+        // Node 3 failed; node 1 is its successor and takes its share.
+        a.set_ring(vec![1, 2], &[4, 5]);
+        assert_eq!(a.owners(), &[1, 1, 2, 2, 1, 1]);
+        assert!(a.take_changed());
+        assert_eq!(a.node().successor(), 2);
+    }
+
+    #[test]
     fn counts_become_each_virtual_macs_part_of_the_load() {
         let t0 = Instant::now();
         let mut a = Agent::new(1, Params::paper(), vec![1], 4, t0, 1).expect("a");

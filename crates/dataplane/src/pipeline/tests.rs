@@ -132,7 +132,12 @@ impl Env {
         )
     }
 
-    fn recv_from_host(&mut self, from: SocketAddr, mut data: Vec<u8>) {
+    /// Runs `f` as a lane's batch would: over the published tables (which the output uses
+    /// too) and the per-VM routes.
+    fn in_batch<R>(
+        &mut self,
+        f: impl FnOnce(&mut Out, &Shared, &crate::tables::Tables, &crate::routes::Routes) -> R,
+    ) -> R {
         let t = self.sh.tables.load();
         self.out.use_tables(std::sync::Arc::clone(&t));
         let reader = self.sh.route_readers.reader();
@@ -140,16 +145,13 @@ impl Env {
         let r = guard
             .as_deref()
             .unwrap_or(crate::routes::RouteReader::empty());
-        graph::vxlan(
-            &mut self.out,
-            &self.sh,
-            &t,
-            r,
-            Instant::now(),
-            Via::Vtep(0),
-            from,
-            &mut data,
-        );
+        f(&mut self.out, &self.sh, &t, r)
+    }
+
+    fn recv_from_host(&mut self, from: SocketAddr, mut data: Vec<u8>) {
+        self.in_batch(|o, sh, t, r| {
+            graph::vxlan(o, sh, t, r, Instant::now(), Via::Vtep(0), from, &mut data);
+        });
         // What the worker does before the batch leaves: seal the queued ESP packets.
         self.out.seal_queued();
     }
@@ -171,28 +173,23 @@ impl Env {
     }
 
     fn open_from_peer(&mut self, from: &str, mut data: Vec<u8>) {
-        let t = self.sh.tables.load();
-        self.out.use_tables(std::sync::Arc::clone(&t));
         let local = self.natt();
-        let reader = self.sh.route_readers.reader();
-        let guard = reader.enter();
-        let r = guard
-            .as_deref()
-            .unwrap_or(crate::routes::RouteReader::empty());
-        let now = Instant::now();
-        let mut d = graph::Deliveries::new();
-        graph::natt(
-            &mut self.out,
-            &self.sh,
-            &t,
-            r,
-            now,
-            local,
-            from.parse().expect("peer"),
-            &mut data,
-            &mut d,
-        );
-        d.flush(&mut self.out, &self.sh, &t, r, now);
+        self.in_batch(|o, sh, t, r| {
+            let now = Instant::now();
+            let mut d = graph::Deliveries::new();
+            graph::natt(
+                o,
+                sh,
+                t,
+                r,
+                now,
+                local,
+                from.parse().expect("peer"),
+                &mut data,
+                &mut d,
+            );
+            d.flush(o, sh, t, r, now);
+        });
     }
 
     /// Datagrams queued for sending, and empties the batch.

@@ -262,15 +262,9 @@ fn deliveries_leave_from_the_vms_virtual_mac_or_the_nodes_own() {
 fn owners_announce_their_virtual_macs_to_every_host() {
     let mut e = env_with(Some(table(even_mine())));
     let announce = |e: &mut Env, which: Announce| {
-        let t = e.sh.tables.load();
-        e.out.use_tables(std::sync::Arc::clone(&t));
-        let reader = e.sh.route_readers.reader();
-        let guard = reader.enter();
-        let r = guard
-            .as_deref()
-            .unwrap_or(crate::routes::RouteReader::empty());
-        encap::housekeeping(&mut e.out, &e.sh, &t, r, Some(0), Instant::now(), which);
-        drop(guard);
+        e.in_batch(|o, sh, t, r| {
+            encap::housekeeping(o, sh, t, r, Some(0), Instant::now(), which);
+        });
         e.sent()
     };
     let frames = |sent: &[(SocketAddr, Vec<u8>)]| -> Vec<u16> {
