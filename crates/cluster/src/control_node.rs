@@ -293,6 +293,7 @@ impl ControlNode {
                 geneve: cc.geneve,
                 node_capacity_mbit: cc.node_capacity_mbit,
                 autoscale: cc.autoscale.clone(),
+                dispatch: cc.dispatch.clone(),
             },
             tunnel_meta(config),
             rpc::convert::data_config_to_pb(&config.dataplane.vnets, &config.dataplane.tunnels),
@@ -586,6 +587,25 @@ fn run_tasks(tasks: &Receiver<Task>, control: &ControlHandle, stop: &AtomicBool)
                     }
                 }
             }
+            Ok(Task::AddChildren(tunnels)) => {
+                for t in tunnels {
+                    if let Err(e) = control.add_child(t) {
+                        warn!(tunnel = t.0, error = %e, "cannot ask for a CHILD_SA for another data node");
+                    }
+                }
+            }
+            Ok(Task::DeleteChildren(children)) => {
+                for (t, spi) in children {
+                    match control.delete_child(t, spi) {
+                        Ok(()) => {
+                            info!(tunnel = t.0, spi_in = %spi, "deleting the CHILD_SA of a lost data node")
+                        }
+                        Err(e) => {
+                            warn!(tunnel = t.0, spi_in = %spi, error = %e, "cannot delete the CHILD_SA of a lost data node")
+                        }
+                    }
+                }
+            }
             Err(RecvTimeoutError::Timeout) => {}
             Err(RecvTimeoutError::Disconnected) => return,
         }
@@ -607,6 +627,7 @@ impl RequestHandler for ClusterResponder {
         match request {
             Request::Nodes => self.cluster.describe(),
             Request::Capacity => self.cluster.capacity(),
+            Request::Dispatch => self.cluster.dispatch_show(),
             Request::Migrate { tunnel, to } if self.cluster.is_attachment(&tunnel) => {
                 let started = Instant::now();
                 match self.cluster.migrate_attachment(&tunnel, &to) {

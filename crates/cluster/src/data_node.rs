@@ -307,6 +307,12 @@ impl Applier for DataApplier {
                 .collect(),
             routes_epoch: routes.epoch,
             routes_seq: routes.seq,
+            // Only a node whose VTEP receives can take part in self-dispatch.
+            vtep: if self.dp.vteps_receive() {
+                self.data.vtep.to_string()
+            } else {
+                String::new()
+            },
         }
     }
 
@@ -336,6 +342,16 @@ impl Applier for DataApplier {
             ..build_report(&stats, &mut last, Instant::now())
         };
         self.filter_report(&stats, &mut report);
+        report.vmac_packets = stats
+            .dispatch
+            .iter()
+            .flat_map(|d| d.vmac_packets.iter())
+            .map(|&(vni, vmac, packets)| pb::VmacPackets {
+                vni,
+                vmac: u32::from(vmac),
+                packets,
+            })
+            .collect();
         report
     }
 }
@@ -435,6 +451,14 @@ impl DataApplier {
             Op::SetFilters(f) => self.set_filters(&f),
             Op::SetCpuFairness(f) => self.set_cpu_fairness(&f),
             Op::FilterMap(r) => self.filter_map(r).map(drop),
+            Op::SetDispatch(d) => {
+                let table = rpc::convert::dispatch_from_pb(&d)
+                    .map_err(|e| e.context("set_dispatch").to_string())?;
+                let n = table.vnets.len();
+                self.dp.set_dispatch(table).map_err(|e| e.to_string())?;
+                info!(vnets = n, "self-dispatch table applied");
+                Ok(())
+            }
             Op::RoutesChanged(c) => {
                 let at = routebook::RouteVersion {
                     epoch: c.epoch,
@@ -547,11 +571,14 @@ pub(crate) fn op_name(op: &pb::directive::Op) -> &'static str {
         Op::SetFilters(_) => "set_filters",
         Op::SetCpuFairness(_) => "set_cpu_fairness",
         Op::FilterMap(_) => "filter_map",
+        Op::SetDispatch(_) => "set_dispatch",
     }
 }
 
 /// The data plane of a data node: relay mode behind the steer nodes, no VNets or tunnels until
-/// control sends them.
+/// control sends them. Its VTEP receives VXLAN too, for self-dispatch (issue 19): the hosts
+/// send there only when control's `[cluster.dispatch] mode` is `self`, and until control
+/// sends a table no VNet is dispatched.
 fn dataplane_config(data: &DataSection) -> DataplaneConfig {
     DataplaneConfig {
         attachments: vec![],
@@ -574,7 +601,12 @@ fn dataplane_config(data: &DataSection) -> DataplaneConfig {
             vtep: Some(data.vtep),
             steer: Vec::new(),
         }),
-        dispatch: None,
+        dispatch: Some(datapath::DispatchConfig {
+            vmacs: 1,
+            announce_interval: Duration::from_secs(10),
+            linger: Duration::from_secs(1),
+            vnets: Vec::new(),
+        }),
     }
 }
 
@@ -704,7 +736,20 @@ mod tests {
             let Ok(dp) = Dataplane::start(config, tx) else {
                 continue;
             };
-            return DataApplier {
+            if !dp.vteps_receive() {
+                // Another test process holds the VXLAN port.
+                dp.shutdown();
+                continue;
+            }
+            return applier_on(dp, data);
+        }
+        panic!("no free VXLAN port");
+    }
+
+    /// The applier of data plane `dp` started from `data`.
+    fn applier_on(dp: Arc<Dataplane>, data: DataSection) -> DataApplier {
+        {
+            DataApplier {
                 name: "data1".into(),
                 geneve: dp.relay_addr().unwrap(),
                 data,
@@ -720,9 +765,8 @@ mod tests {
                 boot_id: 1,
                 last: Mutex::new(LastReport::default()),
                 filter_objects: filters::FilterObjects::default(),
-            };
+            }
         }
-        panic!("no free VXLAN port");
     }
 
     #[test]
@@ -900,5 +944,54 @@ mod tests {
         assert_eq!(t1.cpu_ns, 750_000_000);
         assert_eq!(t2.cpu_ns, 250_000_000);
         assert_eq!(r.drops["esp_replay"], 3);
+    }
+
+    #[test]
+    fn dispatch_tables_are_checked_applied_and_the_vtep_announced() {
+        let a = applier();
+        assert_eq!(a.hello().vtep, "127.0.0.1");
+        let table = |owners: Vec<u32>| pb::DispatchTable {
+            vmacs: 4,
+            announce_interval_ms: 10_000,
+            linger_ms: 1_000,
+            vnets: vec![pb::DispatchVnet {
+                vni: 1001,
+                nodes: vec!["127.0.0.1".into(), "127.0.0.2".into()],
+                owners,
+            }],
+        };
+        a.apply(pb::directive::Op::SetDispatch(table(vec![0, 1, 0, 1])))
+            .unwrap();
+        let owned = |a: &DataApplier| a.dp.stats().dispatch.map(|d| d.owned);
+        assert_eq!(owned(&a), Some(2));
+        // A bad table names the field and changes nothing.
+        let e = a
+            .apply(pb::directive::Op::SetDispatch(table(vec![0, 0, 0, 2])))
+            .unwrap_err();
+        assert!(e.contains("set_dispatch.vnets[0].owners[3]"), "{e}");
+        assert_eq!(owned(&a), Some(2));
+        a.apply(pb::directive::Op::SetDispatch(table(vec![0, 0, 0, 1])))
+            .unwrap();
+        assert_eq!(owned(&a), Some(3));
+    }
+
+    #[test]
+    fn a_second_data_node_on_the_same_vtep_runs_without_self_dispatch() {
+        let a = applier();
+        let (tx, _rx) = crossbeam_channel::unbounded();
+        let dp = Dataplane::start(dataplane_config(&a.data), tx).unwrap();
+        assert!(!dp.vteps_receive());
+        let b = applier_on(dp, a.data.clone());
+        assert_eq!(b.hello().vtep, "", "it cannot join the ring");
+        let e = b
+            .apply(pb::directive::Op::SetDispatch(pb::DispatchTable {
+                vmacs: 1,
+                announce_interval_ms: 10_000,
+                linger_ms: 1_000,
+                vnets: Vec::new(),
+            }))
+            .unwrap_err();
+        assert!(e.contains("VTEP port was taken"), "{e}");
+        assert_eq!(a.hello().vtep, "127.0.0.1");
     }
 }

@@ -62,6 +62,8 @@ pub struct Settings {
     pub node_capacity_mbit: u32,
     /// The autoscaler's model and mode (`[cluster.autoscale]`).
     pub autoscale: control::config::AutoscaleConfig,
+    /// Steer or self-dispatch, and the ring (`[cluster.dispatch]`).
+    pub dispatch: control::config::ClusterDispatch,
 }
 
 /// What a node says when it registers (its checked Hello).
@@ -85,6 +87,8 @@ pub struct Registration {
     pub ce_macs: Vec<(String, [u8; 6])>,
     /// The version of the per-VM routes it holds (data nodes; epoch 0: none).
     pub routes: routebook::RouteVersion,
+    /// Its own VTEP address (data nodes; None: it cannot take part in self-dispatch).
+    pub vtep: Option<std::net::IpAddr>,
 }
 
 /// Work the cluster hands to its own thread (it calls into the control loop, which must not
@@ -93,6 +97,10 @@ pub struct Registration {
 pub enum Task {
     /// Rekey these tunnels' CHILD_SAs onto their (new) placement.
     Rekey(Vec<TunnelId>, &'static str),
+    /// Self-dispatch: create one more CHILD_SA per entry (spread tunnels, one per data node).
+    AddChildren(Vec<TunnelId>),
+    /// Self-dispatch: delete these CHILD_SAs with the peer (their data node was lost).
+    DeleteChildren(Vec<(TunnelId, wire::EspSpi)>),
 }
 
 /// How long control keeps a lost steer node's shares reserved: the steer node drops to its
@@ -166,13 +174,14 @@ impl Cluster {
             crate::capacity::Autoscaler::new(settings.node_capacity_mbit, &settings.autoscale)
                 .map_err(|e| warn!(error = %e, "autoscaler disabled"))
                 .ok();
-        let core = ClusterCore::new(
+        let mut core = ClusterCore::new(
             settings.geneve,
             std::collections::HashSet::new(),
             tunnels,
             gateways(&data_config),
             share_grace(settings.report_interval),
         );
+        core.set_dispatch_settings(settings.dispatch.clone(), std::time::Instant::now());
         Self {
             autoscaler: Mutex::new((autoscaler, None)),
             provider: None,
@@ -271,6 +280,7 @@ impl Cluster {
                 workers: hello.workers,
                 installed: hello.installed,
                 ports: hello.ports,
+                vtep: hello.vtep,
             },
             Instant::now(),
         );
@@ -510,6 +520,13 @@ impl Cluster {
     pub fn describe(&self) -> serde_json::Value {
         let status = self.state().core.status();
         convert::status_json(&self.settings.name, &status)
+    }
+
+    /// Self-dispatch as `protego ctl dispatch show` shows it.
+    pub fn dispatch_show(&self) -> serde_json::Value {
+        let sh = self.state();
+        let status = sh.core.dispatch_status(Instant::now());
+        convert::dispatch_json(&status, sh.core.nodes())
     }
 
     /// Geneve addresses of the live steer nodes (where IKE may come from and goes to).

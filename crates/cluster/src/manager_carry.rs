@@ -24,6 +24,9 @@ pub(super) struct Queued {
     pub(super) after_steers: Vec<Outgoing>,
     /// Tunnels to rekey.
     pub(super) rekeys: Vec<(Vec<TunnelId>, &'static str)>,
+    /// CHILD_SAs to create and to delete (self-dispatch).
+    pub(super) add_children: Vec<TunnelId>,
+    pub(super) delete_children: Vec<(TunnelId, wire::EspSpi)>,
 }
 
 impl Cluster {
@@ -37,6 +40,8 @@ impl Cluster {
         let mut q = Queued {
             after_steers: outbox.after_steers,
             rekeys: outbox.rekeys,
+            add_children: outbox.add_children,
+            delete_children: outbox.delete_children,
             ..Queued::default()
         };
         for out in outbox.send {
@@ -91,6 +96,15 @@ impl Cluster {
                 Err(e) => {
                     warn!(node = %name, error = %e, "cannot send a directive");
                     sh.core.handle_attachments_answer(t, false);
+                }
+            },
+            Await::Dispatch(t) => match result {
+                Ok(ack) => {
+                    sh.acks.insert(t, ack);
+                }
+                Err(e) => {
+                    warn!(node = %name, error = %e, "cannot send a directive");
+                    sh.core.handle_dispatch_answer(t, false, Instant::now());
                 }
             },
             Await::Resync(t) => q.resync.push((out.node, name, result, t)),
@@ -156,6 +170,15 @@ impl Cluster {
         for (tunnels, why) in q.rekeys {
             sent &= self.tasks.send(Task::Rekey(tunnels, why)).is_ok();
         }
+        if !q.delete_children.is_empty() {
+            sent &= self
+                .tasks
+                .send(Task::DeleteChildren(q.delete_children))
+                .is_ok();
+        }
+        if !q.add_children.is_empty() {
+            sent &= self.tasks.send(Task::AddChildren(q.add_children)).is_ok();
+        }
         sent
     }
 
@@ -179,6 +202,16 @@ impl Cluster {
                 warn!(error = %e, "data node did not take the attachments");
             }
             sh.core.handle_attachments_answer(token, answer.is_ok());
+        }
+        for token in sh.core.pending_dispatch_acks() {
+            let Some(answer) = sh.acks.get(&token).and_then(|a| a.poll_until(now)) else {
+                continue;
+            };
+            sh.acks.remove(&token);
+            if let Err(e) = &answer {
+                warn!(error = %e, "data node did not take its self-dispatch table");
+            }
+            sh.core.handle_dispatch_answer(token, answer.is_ok(), now);
         }
     }
 

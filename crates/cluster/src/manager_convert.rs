@@ -1,7 +1,7 @@
 //! The shell's protobuf and JSON side: the core's [`Directive`]s as the directives nodes
 //! receive, and its [`Status`] as `protego ctl nodes` prints it.
 
-use crate::core::{Directive, Status, SteerNodes, VniSelectors};
+use crate::core::{Directive, DispatchStatus, NodeEntry, Status, SteerNodes, VniSelectors};
 use ike::ChildSaInfo;
 use rpc::pb;
 use std::collections::BTreeMap;
@@ -20,6 +20,7 @@ pub(super) fn to_pb(
     let op = match directive {
         Directive::DataConfig => Op::DataConfig(config.clone()),
         Directive::SetAttachments(a) => Op::SetAttachments(rpc::convert::attachments_to_pb(a)),
+        Directive::SetDispatch(d) => Op::SetDispatch(rpc::convert::dispatch_to_pb(d)),
         Directive::SetCeMac { attachment, mac } => {
             Op::SetCeMac(rpc::convert::ce_mac_to_pb(attachment, *mac))
         }
@@ -265,4 +266,73 @@ pub(super) fn status_json(control: &str, status: &Status) -> serde_json::Value {
 /// A MAC as `02:00:00:00:00:01`.
 fn mac_text(mac: [u8; 6]) -> String {
     wire::ethernet::EthernetAddress(mac).to_string()
+}
+
+/// Self-dispatch as `protego ctl dispatch show` prints it: the mode and `K`, the ring by
+/// name, per node its VTEP, the virtual MACs it owns and its load per VNet (a fraction of the
+/// node, from its last report) and whether it confirmed its latest table, and the last moves.
+pub(super) fn dispatch_json(
+    status: &DispatchStatus,
+    nodes: &BTreeMap<u32, NodeEntry>,
+) -> serde_json::Value {
+    use serde_json::json;
+    let name = |id: u32| {
+        nodes
+            .get(&id)
+            .map_or_else(|| format!("#{id}"), |n| n.name.clone())
+    };
+    let vni_map =
+        |m: BTreeMap<u32, serde_json::Value>| -> serde_json::Map<String, serde_json::Value> {
+            m.into_iter().map(|(k, v)| (k.to_string(), v)).collect()
+        };
+    let ring: Vec<String> = status.ring.iter().map(|&id| name(id)).collect();
+    let node_list: Vec<serde_json::Value> = status
+        .ring
+        .iter()
+        .map(|&id| {
+            let owned: BTreeMap<u32, serde_json::Value> = status
+                .owned
+                .iter()
+                .map(|(vni, o)| (*vni, json!(o.get(&id).copied().unwrap_or(0))))
+                .collect();
+            let loads: BTreeMap<u32, serde_json::Value> = status
+                .loads
+                .get(&id)
+                .map(|l| l.iter().map(|(vni, x)| (*vni, json!(x))).collect())
+                .unwrap_or_default();
+            let n = nodes.get(&id);
+            json!({
+                "name": name(id),
+                "id": id,
+                "vtep": n.and_then(|n| n.vtep).map(|v| v.to_string()),
+                "utilization": n.and_then(|n| n.last_report.as_ref()).map(|r| r.utilization),
+                "owned": vni_map(owned),
+                "loads": vni_map(loads),
+                "confirmed": !status.unconfirmed.contains(&id),
+            })
+        })
+        .collect();
+    let moves: Vec<serde_json::Value> = status
+        .moves
+        .iter()
+        .rev()
+        .map(|(ago, m)| {
+            json!({
+                "ago_ms": ago.as_millis() as u64,
+                "vni": m.vni,
+                "from": m.from.map(name),
+                "to": name(m.to),
+                "vmacs": m.vmacs,
+                "why": m.why,
+                "loads": m.loads.map(|(a, b)| json!([a, if b.is_finite() { json!(b) } else { json!(null) }])),
+            })
+        })
+        .collect();
+    json!({
+        "mode": status.mode,
+        "vmacs": status.vmacs,
+        "ring": ring,
+        "nodes": node_list,
+        "moves": moves,
+    })
 }

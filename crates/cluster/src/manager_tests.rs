@@ -85,6 +85,7 @@ fn fresh_bed_with(autoscale: control::config::AutoscaleConfig) -> Bed {
             geneve: "10.0.0.10:6081".parse().unwrap(),
             node_capacity_mbit: 5000,
             autoscale,
+            dispatch: Default::default(),
         },
         tunnels,
         pb::DataConfig {
@@ -515,6 +516,7 @@ fn registration(
         ports: Vec::new(),
         ce_macs: Vec::new(),
         routes: routebook::RouteVersion::default(),
+        vtep: None,
     }
 }
 

@@ -75,6 +75,21 @@ pub(crate) fn check_hello(
     Ok((role, geneve))
 }
 
+/// A data node's VTEP address from its Hello: None when it names none (a node that cannot
+/// take part in self-dispatch), an error for one that is not a unicast address.
+fn hello_vtep(hello: &pb::Hello) -> Result<Option<std::net::IpAddr>, Status> {
+    if hello.vtep.is_empty() {
+        return Ok(None);
+    }
+    match hello.vtep.parse::<std::net::IpAddr>() {
+        Ok(ip) if !ip.is_unspecified() && !ip.is_multicast() => Ok(Some(ip)),
+        _ => Err(Status::invalid_argument(format!(
+            "hello.vtep: {:?} is not a unicast address",
+            hello.vtep
+        ))),
+    }
+}
+
 /// A steer node's customer-facing ports from its Hello, checked (errors name the field); a
 /// data node has none (any it lists are ignored).
 fn hello_ports(hello: &pb::Hello, role: Role) -> Result<Vec<PortInfo>, Status> {
@@ -210,6 +225,7 @@ impl pb::cluster_server::Cluster for ControlService {
                     .map_err(|e| Status::invalid_argument(format!("hello.ce_macs[{i}]: {e}")))?,
             );
         }
+        let vtep = hello_vtep(&hello)?;
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
         let link = Arc::new(SessionLink::new(tx));
         let id = self.cluster.node_id(&hello.name);
@@ -232,6 +248,7 @@ impl pb::cluster_server::Cluster for ControlService {
                 installed,
                 ports,
                 ce_macs,
+                vtep,
                 routes: routebook::RouteVersion {
                     epoch: hello.routes_epoch,
                     seq: hello.routes_seq,
@@ -330,6 +347,11 @@ async fn handle(
                         to_ce_bytes: a.to_ce_bytes,
                         dropped: a.dropped,
                     })
+                    .collect(),
+                vmac_packets: r
+                    .vmac_packets
+                    .iter()
+                    .filter_map(|p| Some((p.vni, u16::try_from(p.vmac).ok()?, p.packets)))
                     .collect(),
             };
             cluster.report(id, load);

@@ -135,6 +135,12 @@ impl Dataplane {
         io.relay_sock.map(|s| io.local_addr(s))
     }
 
+    /// True if the VTEPs receive VXLAN (not in relay mode, or with self-dispatch when the
+    /// VTEP port was free at start): only then can `set_dispatch` take a table.
+    pub fn vteps_receive(&self) -> bool {
+        self.shared.io.vteps_receive
+    }
+
     /// The gateway MAC the VNet with (current) configuration index `vnet` answers ARP/ND
     /// with.
     pub fn gateway_mac(&self, vnet: usize) -> Option<[u8; 6]> {

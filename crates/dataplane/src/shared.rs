@@ -484,12 +484,16 @@ impl Shared {
 
     /// Self-dispatch: replaces who owns which virtual MACs (validated whole first).
     pub(crate) fn set_dispatch(&self, cfg: &DispatchConfig) -> Result<(), DataplaneError> {
-        if self.cfg.dispatch.is_none() {
+        if self.cfg.dispatch.is_none() || !self.io.vteps_receive {
             return Err(DataplaneError::Unsupported {
                 operation: "set_dispatch",
-                reason:
+                reason: if self.cfg.dispatch.is_none() {
                     "the data plane was started without self-dispatch (its VTEPs do not receive)"
-                        .into(),
+                        .into()
+                } else {
+                    "the VTEP port was taken on this node's address at start (its VTEPs do not receive)"
+                        .into()
+                },
             });
         }
         let vtep_ips: Vec<IpAddr> = self.io.vteps.iter().map(|v| v.ip).collect();

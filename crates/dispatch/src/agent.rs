@@ -43,15 +43,34 @@ impl Agent {
         seed: u64,
     ) -> Result<Self, DispatchError> {
         let mut owners = vec![id; k as usize];
-        let mut mine = Vec::new();
         for (node, part) in partition(k, &ring) {
             for i in part {
                 owners[usize::from(i)] = node;
-                if node == id {
-                    mine.push(i);
-                }
             }
         }
+        Self::with_owners(id, params, ring, owners, now, seed)
+    }
+
+    /// Node `id` of `ring` where `owners` (per virtual MAC index) says who owns what: the node
+    /// owns the virtual MACs `owners` gives it (none, for a node that joins the ring and is
+    /// then given its share by the others' moves, or a share the caller carved out for it).
+    pub fn with_owners(
+        id: NodeId,
+        params: Params,
+        ring: Vec<NodeId>,
+        owners: Vec<NodeId>,
+        now: Instant,
+        seed: u64,
+    ) -> Result<Self, DispatchError> {
+        let k = u32::try_from(owners.len()).unwrap_or(u32::MAX);
+        if owners.is_empty() || k > crate::MAX_VMACS {
+            return Err(DispatchError::Count { k });
+        }
+        let mine = owners
+            .iter()
+            .enumerate()
+            .filter(|(_, o)| **o == id)
+            .map(|(i, _)| i as u16);
         let (node, _) = Node::new(id, params, ring, mine, now, seed)?;
         Ok(Self {
             node,

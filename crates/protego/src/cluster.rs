@@ -160,6 +160,12 @@ enum CtlCommand {
     /// predicted capacity, the reserve, hotspots, and its decisions with their reasons; with
     /// `[cluster.autoscale] mode = "act"` whether each was carried out.
     Capacity,
+    /// Self-dispatch (`[cluster.dispatch] mode = "self"`): the ring of data nodes, how many
+    /// virtual MACs each owns per VNet, their loads, and the last moves along the ring.
+    Dispatch {
+        #[command(subcommand)]
+        command: DispatchCommand,
+    },
     /// Move a tunnel to another data node without loss: rekey with the peer, install the new
     /// SA on the target, steer it there, delete the old SA once the peer uses the new one. Or
     /// move a customer attachment: the steer nodes send its CE's frames and its prefixes'
@@ -218,6 +224,109 @@ enum CtlCommand {
         #[arg(long)]
         json: bool,
     },
+}
+
+/// `protego ctl dispatch ...`.
+#[derive(Debug, Clone, clap::Subcommand)]
+enum DispatchCommand {
+    /// Owners, loads and the last moves.
+    Show {
+        /// Print the node's JSON answer instead of the table.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// What `protego ctl dispatch show` prints.
+fn dispatch_summary(answer: &serde_json::Value) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::new();
+    let mode = answer["mode"].as_str().unwrap_or("?");
+    if mode != "self" {
+        let _ = writeln!(
+            out,
+            "mode {mode}: the hosts send VXLAN to the steer nodes (no virtual MACs)"
+        );
+        return out;
+    }
+    let ring: Vec<&str> = answer["ring"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|n| n.as_str())
+        .collect();
+    let _ = writeln!(
+        out,
+        "mode self, {} virtual MACs per VNet; ring: {}",
+        answer["vmacs"],
+        if ring.is_empty() {
+            "(no data node)".to_owned()
+        } else {
+            ring.join(" -> ")
+        }
+    );
+    let nodes = answer["nodes"].as_array().cloned().unwrap_or_default();
+    let mut vnis: Vec<String> = nodes
+        .iter()
+        .filter_map(|n| n["owned"].as_object())
+        .flat_map(|o| o.keys().cloned())
+        .collect();
+    vnis.sort_by_key(|v| v.parse::<u32>().unwrap_or(u32::MAX));
+    vnis.dedup();
+    let _ = write!(out, "{:<16} {:<16} {:>5}", "NODE", "VTEP", "BUSY");
+    for v in &vnis {
+        let _ = write!(out, "  {:>16}", format!("VNI {v}"));
+    }
+    let _ = writeln!(out);
+    for n in &nodes {
+        let busy = n["utilization"]
+            .as_f64()
+            .map_or_else(|| "-".to_owned(), |u| format!("{:.0}%", u * 100.0));
+        let _ = write!(
+            out,
+            "{:<16} {:<16} {:>5}",
+            n["name"].as_str().unwrap_or("?"),
+            n["vtep"].as_str().unwrap_or("-"),
+            busy
+        );
+        for v in &vnis {
+            let owned = n["owned"][v].as_u64().unwrap_or(0);
+            let load = n["loads"][v]
+                .as_f64()
+                .map_or_else(String::new, |l| format!(" ({:.0}%)", l * 100.0));
+            let _ = write!(out, "  {:>16}", format!("{owned}{load}"));
+        }
+        if n["confirmed"] == serde_json::Value::Bool(false) {
+            let _ = write!(out, "  (table not confirmed yet)");
+        }
+        let _ = writeln!(out);
+    }
+    let moves = answer["moves"].as_array().cloned().unwrap_or_default();
+    if moves.is_empty() {
+        let _ = writeln!(out, "no moves yet");
+    } else {
+        let _ = writeln!(out, "last moves (newest first):");
+    }
+    for m in &moves {
+        let ago = m["ago_ms"].as_u64().unwrap_or(0) as f64 / 1000.0;
+        let from = m["from"].as_str().unwrap_or("every node");
+        let loads = match m["loads"].as_array().map(Vec::as_slice) {
+            Some([a, b]) => match (a.as_f64(), b.as_f64()) {
+                (Some(a), Some(b)) => format!(", loads {:.0}% and {:.0}%", a * 100.0, b * 100.0),
+                _ => String::new(),
+            },
+            _ => String::new(),
+        };
+        let _ = writeln!(
+            out,
+            "  {ago:>8.1}s ago  VNI {}  {from} -> {}  {} virtual MAC(s)  ({}{loads})",
+            m["vni"],
+            m["to"].as_str().unwrap_or("?"),
+            m["vmacs"],
+            m["why"].as_str().unwrap_or("?"),
+        );
+    }
+    out
 }
 
 /// `protego ctl route ...`.
@@ -462,6 +571,14 @@ pub(crate) fn run_ctl(args: &CtlArgs) -> ExitCode {
         },
         CtlCommand::Nodes => Request::Nodes,
         CtlCommand::Capacity => Request::Capacity,
+        CtlCommand::Dispatch {
+            command: DispatchCommand::Show { json },
+        } => {
+            if !json {
+                summary = Some(dispatch_summary);
+            }
+            Request::Dispatch
+        }
         CtlCommand::Migrate { tunnel, to } => Request::Migrate {
             tunnel: tunnel.clone(),
             to: to.clone(),
@@ -501,7 +618,7 @@ pub(crate) fn run_ctl(args: &CtlArgs) -> ExitCode {
 
 #[cfg(test)]
 mod tests {
-    use super::rotation_summary;
+    use super::{dispatch_summary, rotation_summary};
     use serde_json::json;
 
     #[test]
@@ -523,5 +640,58 @@ mod tests {
                 && generated.contains("docs/operations.md"),
             "{generated}"
         );
+    }
+
+    #[test]
+    fn dispatch_summary_lists_nodes_owners_and_moves() {
+        let answer = json!({
+            "mode": "self", "vmacs": 1024, "ring": ["data1", "data2"],
+            "nodes": [
+                {"name": "data1", "id": 1, "vtep": "10.0.0.21", "utilization": 0.42,
+                 "owned": {"1001": 600}, "loads": {"1001": 0.4}, "confirmed": true},
+                {"name": "data2", "id": 2, "vtep": "10.0.0.22", "utilization": null,
+                 "owned": {"1001": 424}, "loads": {}, "confirmed": false},
+            ],
+            "moves": [{"ago_ms": 3200, "vni": 1001, "from": "data1", "to": "data2",
+                       "vmacs": 4, "why": "load", "loads": [0.45, 0.2]},
+                      {"ago_ms": 9000, "vni": 1001, "from": null, "to": "data2",
+                       "vmacs": 512, "why": "join", "loads": null}],
+        });
+        let text = dispatch_summary(&answer);
+        assert!(
+            text.starts_with("mode self, 1024 virtual MACs per VNet; ring: data1 -> data2\n"),
+            "{text}"
+        );
+        assert!(text.contains("VNI 1001"), "{text}");
+        let line = |name: &str| {
+            text.lines()
+                .find(|l| l.starts_with(name))
+                .unwrap()
+                .to_owned()
+        };
+        assert!(
+            line("data1").contains("10.0.0.21")
+                && line("data1").contains("42%")
+                && line("data1").contains("600 (40%)"),
+            "{text}"
+        );
+        assert!(
+            line("data2").contains("424") && line("data2").contains("not confirmed"),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "3.2s ago  VNI 1001  data1 -> data2  4 virtual MAC(s)  (load, loads 45% and 20%)"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains("every node -> data2  512 virtual MAC(s)  (join)"),
+            "{text}"
+        );
+        let steer = dispatch_summary(
+            &json!({"mode": "steer", "vmacs": 0, "ring": [], "nodes": [], "moves": []}),
+        );
+        assert!(steer.starts_with("mode steer"), "{steer}");
     }
 }

@@ -536,6 +536,40 @@ impl Topology {
         })
     }
 
+    /// Sets the cloud hosts up for self-dispatch (docs/configuration.md, `[cluster.dispatch]`):
+    /// every VXLAN device learns source MACs and floods to each of `vteps` (the data nodes'
+    /// VTEPs) instead of the gateway's address: the virtual MACs' owners teach each host
+    /// where to send, with no dispatcher on the way.
+    pub fn flood_to_data_nodes(&self, vteps: &[IpAddr]) -> Result<()> {
+        let gateway = self.gateway.underlay.addr.to_string();
+        for host in &self.hosts {
+            for seg in &host.segments {
+                host.ns.ip([
+                    "link",
+                    "set",
+                    "dev",
+                    &seg.vxlan_if,
+                    "type",
+                    "vxlan",
+                    "learning",
+                ])?;
+                host.ns.exec(Cmd::new("bridge").args([
+                    "fdb",
+                    "del",
+                    "00:00:00:00:00:00",
+                    "dev",
+                    seg.vxlan_if.as_str(),
+                    "dst",
+                    gateway.as_str(),
+                ]))?;
+                for v in vteps {
+                    host.ns.fdb_append(&seg.vxlan_if, "00:00:00:00:00:00", *v)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// Terminates every tenant's VNI in the gateway namespace with a kernel
     /// VXLAN device carrying the VNet gateway IP(s), with flood entries to every
     /// host that runs one of the tenant's VMs (MAC learning on). This is what a

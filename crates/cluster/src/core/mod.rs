@@ -26,15 +26,19 @@
 
 mod attach;
 mod autoscale;
+mod dispatch;
 mod moves;
 mod placement;
 mod steering;
 mod types;
 
 #[cfg(test)]
+mod dispatch_tests;
+#[cfg(test)]
 mod sim;
 
 pub use autoscale::{PlanEffects, ProviderCall};
+pub use dispatch::{DispatchMove, DispatchState, DispatchStatus, Owners};
 pub use types::*;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -113,6 +117,8 @@ pub struct ClusterCore {
     pub(crate) attachments_held: HashMap<u32, u64>,
     /// Attachments sent whose answers have not come: (token, node, version).
     pub(crate) attachment_acks: Vec<(u64, u32, u64)>,
+    /// Self-dispatch: the ring, the owners of the virtual MACs, the nodes' tables.
+    pub(crate) dispatch: DispatchState,
     pub(crate) outbox: Outbox,
 }
 
@@ -160,6 +166,7 @@ impl ClusterCore {
             attachments_version: 0,
             attachments_held: HashMap::new(),
             attachment_acks: Vec::new(),
+            dispatch: DispatchState::default(),
             outbox: Outbox::default(),
         }
     }
@@ -346,6 +353,8 @@ impl ClusterCore {
         self.placement.retain(|t, _| tunnels.contains_key(t));
         self.rekey_at.retain(|t, _| tunnels.contains_key(t));
         self.fire_data_nodes(&Directive::DataConfig);
+        // Self-dispatch: VNets gone leave the tables, new ones are partitioned.
+        self.dispatch_update(now);
         // The attachments' VNets are found by name in the new VNets.
         if !self.attachments.is_empty() {
             self.fire_attachments();
@@ -379,6 +388,7 @@ impl ClusterCore {
             workers,
             installed,
             ports,
+            vtep,
         } = hello;
         let id = self.node_id(&name);
         let attachments_before = self.resolved_attachments();
@@ -411,6 +421,7 @@ impl ClusterCore {
                 workers,
                 last_report: None,
                 reports: 0,
+                vtep,
             },
         );
         info!(node = %name, id, role = ?role, %geneve, restarted, "node registered");
@@ -421,6 +432,9 @@ impl ClusterCore {
                 if restarted {
                     rekey.extend(self.lose_node_children(id));
                 }
+                // A new session: its self-dispatch table is sent whole (after a restart
+                // it has none; otherwise it is the same).
+                self.dispatch_forget(id);
                 let orphans = self.adopt(id, installed);
                 self.emit(id, Directive::DataConfig, Await::Nothing);
                 // Every attachment, after the VNets it names (a restarted node lost them).
@@ -469,6 +483,7 @@ impl ClusterCore {
             }
         }
         self.rekey(rekey, "data node available");
+        self.dispatch_update(now);
         id
     }
 
@@ -555,11 +570,12 @@ impl ClusterCore {
         }
         let rekey = self.due(stranded, now);
         self.rekey(rekey, "data node available");
+        self.dispatch_update(now);
     }
 
     /// A node's report. A live steer node's report re-divides the tunnels' limits among the
     /// steer nodes: shares that moved enough are sent.
-    pub fn handle_report(&mut self, id: u32, load: NodeLoad, now: Instant) {
+    pub fn handle_report(&mut self, id: u32, mut load: NodeLoad, now: Instant) {
         let Some(n) = self.nodes.get_mut(&id) else {
             return;
         };
@@ -569,8 +585,13 @@ impl ClusterCore {
                 load.rate_usage.clone(),
             )
         });
+        let dispatch = (n.role == Role::Data && n.alive)
+            .then(|| (load.utilization, std::mem::take(&mut load.vmac_packets)));
         n.last_report = Some(load);
         n.reports += 1;
+        if let Some((utilization, packets)) = dispatch {
+            self.dispatch_report(id, utilization, &packets);
+        }
         if let Some((interval, usage)) = steer_usage {
             let usage = usage.into_iter().map(|(t, u)| (steer::TunnelId(t), u));
             // A zero interval (a steer node that predates the division) pins it to an equal
@@ -697,6 +718,8 @@ impl ClusterCore {
         // Attachments without a serving node, now that one may be there.
         let placed = self.place_attachments(None);
         self.emit_attachment_steering(&placed, None);
+        // Self-dispatch: the ring's clocks, membership changes (parks, drains).
+        self.dispatch_update(now);
     }
 
     // ---- outputs ----

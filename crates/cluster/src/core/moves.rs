@@ -23,7 +23,12 @@ impl ClusterCore {
         if self.children.contains_key(&child.inbound_spi) {
             return Err(InstallRefused::Duplicate);
         }
-        let node = self.choose(child.tunnel, None);
+        // A spread tunnel (self-dispatch) has a CHILD_SA on every node of the ring.
+        let node = if self.spread(child.tunnel) {
+            self.spread_node(&child)
+        } else {
+            self.choose(child.tunnel, None)
+        };
         self.seq += 1;
         self.children.insert(
             child.inbound_spi,
@@ -157,6 +162,7 @@ impl ClusterCore {
         outbound_spi: EspSpi,
         now: Instant,
     ) {
+        self.dispatch.deleting.remove(&inbound_spi);
         let Some(entry) = self.children.remove(&inbound_spi) else {
             tracing::debug!(tunnel = tunnel.0, spi_in = %inbound_spi, "remove_child: not placed");
             return;

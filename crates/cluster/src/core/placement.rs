@@ -143,12 +143,13 @@ impl ClusterCore {
     pub fn unplaced(&self) -> Vec<TunnelId> {
         let mut out: Vec<TunnelId> = self
             .children
-            .values()
-            .filter(|c| {
+            .iter()
+            .filter(|(spi, c)| {
                 c.node
                     .is_none_or(|n| self.nodes.get(&n).is_none_or(|n| !n.alive))
+                    && !self.spread_deleting(**spi)
             })
-            .map(|c| c.tunnel)
+            .map(|(_, c)| c.tunnel)
             .collect();
         out.sort();
         out.dedup();
@@ -213,10 +214,13 @@ impl ClusterCore {
             tracing::warn!(node = %n.name, id, why, "data node lost");
         }
         let mut tunnels = self.lose_node_children(id);
+        // Spread tunnels keep their other nodes' CHILD_SAs: the lost ones are deleted.
+        let spread = self.spread_lost(id);
+        tunnels.retain(|t| !spread.contains(t));
         tunnels.extend(
             self.placement
                 .iter()
-                .filter(|(_, n)| **n == id)
+                .filter(|(t, n)| **n == id && !spread.contains(t))
                 .map(|(t, _)| *t),
         );
         tunnels.sort();
@@ -256,5 +260,8 @@ impl ClusterCore {
         }
         let tunnels = self.due(tunnels, now);
         self.rekey(tunnels, why);
+        // Self-dispatch: its virtual MACs go to its successor at once.
+        self.dispatch_forget(id);
+        self.dispatch_update(now);
     }
 }

@@ -146,6 +146,10 @@ pub struct NodeLoad {
     pub rate_usage: BTreeMap<u32, steer::TunnelUsage>,
     /// Per attachment whose port the node owns (steer reports): its frames and drops.
     pub attachments: Vec<AttachmentTraffic>,
+    /// Data nodes in self-dispatch: (VNI, virtual MAC, frames) of each virtual MAC the node
+    /// owns, cumulative.
+    #[serde(skip)]
+    pub vmac_packets: Vec<(u32, u16, u64)>,
 }
 
 /// A node's Hello as the core takes it (checked against its certificate by the shell).
@@ -165,6 +169,8 @@ pub struct Hello {
     pub installed: Vec<dataplane::InstalledChild>,
     /// Its customer-facing ports (steer nodes).
     pub ports: Vec<PortInfo>,
+    /// Its own VTEP address (data nodes that can take part in self-dispatch).
+    pub vtep: Option<std::net::IpAddr>,
 }
 
 /// One registered node as the core sees it.
@@ -194,6 +200,8 @@ pub struct NodeEntry {
     pub last_report: Option<NodeLoad>,
     /// Reports received so far (tells the autoscaler a report is new).
     pub reports: u64,
+    /// Its own VTEP address (data nodes that can take part in self-dispatch).
+    pub vtep: Option<std::net::IpAddr>,
 }
 
 /// One installed CHILD_SA.
@@ -371,6 +379,8 @@ pub enum Directive {
     SetPortTag(steer::PortKey, steer::AttachEntry),
     /// Steer node owning the port: stop steering a tag pair.
     RemovePortTag(steer::PortKey),
+    /// Data node: its self-dispatch table.
+    SetDispatch(Box<datapath::DispatchConfig>),
 }
 
 impl Directive {
@@ -384,6 +394,7 @@ impl Directive {
                 | Self::Relays(_)
                 | Self::InstallChild { .. }
                 | Self::RemoveChild { .. }
+                | Self::SetDispatch(_)
         )
     }
 }
@@ -405,6 +416,9 @@ pub enum Await {
     /// Attachments sent to a data node: the answer is fed back with
     /// [`super::ClusterCore::handle_attachments_answer`] when it comes (not waited for).
     Attachments(u64),
+    /// A self-dispatch table: the answer is fed back with
+    /// [`super::ClusterCore::handle_dispatch_answer`] when it comes (not waited for).
+    Dispatch(u64),
     /// An install: waited for, fed back with
     /// [`super::ClusterCore::handle_install_answer`].
     Install(EspSpi),
@@ -435,6 +449,12 @@ pub struct Outbox {
     pub rekeys: Vec<(Vec<TunnelId>, &'static str)>,
     /// The live steer nodes' Geneve addresses, when the relay list was sent.
     pub ike_steers: Option<Vec<SocketAddr>>,
+    /// Self-dispatch: tunnels that need one more CHILD_SA (one entry per CHILD_SA to
+    /// create; the control loop's `add_child`).
+    pub add_children: Vec<TunnelId>,
+    /// Self-dispatch: CHILD_SAs (by inbound SPI) the control loop deletes with the peer (their
+    /// data node was lost; the tunnel's other data nodes hold their own).
+    pub delete_children: Vec<(TunnelId, EspSpi)>,
 }
 
 impl Outbox {
@@ -444,6 +464,8 @@ impl Outbox {
             && self.after_steers.is_empty()
             && self.rekeys.is_empty()
             && self.ike_steers.is_none()
+            && self.add_children.is_empty()
+            && self.delete_children.is_empty()
     }
 }
 
@@ -508,6 +530,8 @@ pub struct NewChild {
     pub local_ts: Vec<TrafficSelector>,
     /// Its remote selectors.
     pub remote_ts: Vec<TrafficSelector>,
+    /// The CHILD_SA it replaces (a rekey): it goes to that one's data node when it can.
+    pub replaces: Option<EspSpi>,
 }
 
 impl From<&ike::ChildSaInfo> for NewChild {
@@ -520,6 +544,7 @@ impl From<&ike::ChildSaInfo> for NewChild {
             outbound_active: c.outbound_active,
             local_ts: c.local_ts.clone(),
             remote_ts: c.remote_ts.clone(),
+            replaces: c.replaces,
         }
     }
 }

@@ -122,11 +122,69 @@ pub struct ClusterConfig {
     pub node_capacity_mbit: u32,
     /// `[cluster.autoscale]`: the elastic provisioning model and what it may do.
     pub autoscale: AutoscaleConfig,
+    /// `[cluster.dispatch]`: how VXLAN from the cloud hosts reaches the data nodes.
+    pub dispatch: ClusterDispatch,
     /// Each `[[attachment]]`'s steer node (`steer`), by attachment name: the attachment's
     /// `port` in [`Config::dataplane`] is then `Interface(name)` of an interface of that steer
     /// node (`[steer] ports` there), never opened here.
     pub attachment_steers: std::collections::BTreeMap<String, String>,
 }
+
+/// How the cloud hosts' VXLAN reaches the data nodes (`[cluster.dispatch] mode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum DispatchMode {
+    /// The hosts send to the steer nodes' VTEP, which relay each frame to the data node of
+    /// its tunnel.
+    #[default]
+    Steer,
+    /// Self-dispatch (issue 19): the hosts send to the data nodes' own VTEPs (`[data] vtep`),
+    /// each VM to the owner of its virtual MAC; no dispatcher on the way.
+    SelfDispatch,
+}
+
+impl DispatchMode {
+    /// The mode as the file spells it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Steer => "steer",
+            Self::SelfDispatch => "self",
+        }
+    }
+}
+
+/// `[cluster.dispatch]` (see docs/configuration.md and docs/architecture.md, "Self-dispatch").
+#[derive(Debug, Clone, PartialEq)]
+pub struct ClusterDispatch {
+    /// Steer or self.
+    pub mode: DispatchMode,
+    /// `K`: the virtual MACs of each VNet.
+    pub vmacs: u32,
+    /// Algorithm 3: how often an owner refreshes the hosts' learnt entries of its virtual
+    /// MACs.
+    pub announce_interval: std::time::Duration,
+    /// The ring (Algorithm 5): `T_L` (`load_interval`), `T_M` (`move_interval`), `L_D`
+    /// (`load_difference`), `|W|` (`move_vmacs`), and `linger`, how long a node that gave a
+    /// virtual MAC away sends its late frames on to the new owner.
+    pub ring: dispatch::Params,
+}
+
+impl Default for ClusterDispatch {
+    /// Steer mode; for self mode 1024 virtual MACs per VNet, announcements every 10 s (the
+    /// kernel ages learnt entries out after 300 s), and the paper's ring: `T_L` = 1.33 s,
+    /// `T_M` = 4 s, `L_D` = 0.10, `|W|` = 4, with 1 s of forwarding after a move.
+    fn default() -> Self {
+        Self {
+            mode: DispatchMode::Steer,
+            vmacs: DEFAULT_VMACS,
+            announce_interval: std::time::Duration::from_secs(10),
+            ring: dispatch::Params::paper(),
+        }
+    }
+}
+
+/// Default `[cluster.dispatch] vmacs`: well above the VMs a host group holds, so that each
+/// node's share stays close to even when some VMs send far more than others.
+pub const DEFAULT_VMACS: u32 = 1024;
 
 /// Whether the autoscaler carries its decisions out.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

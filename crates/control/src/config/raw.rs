@@ -67,6 +67,21 @@ pub(crate) struct RawCluster {
     pub(crate) lease: Option<Spanned<DurationValue>>,
     pub(crate) node_capacity_mbit: Option<Spanned<i64>>,
     pub(crate) autoscale: Option<RawAutoscale>,
+    pub(crate) dispatch: Option<RawDispatch>,
+}
+
+/// `[cluster.dispatch]`: self-dispatch and the ring.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawDispatch {
+    pub(crate) mode: Option<Spanned<String>>,
+    pub(crate) vmacs: Option<Spanned<i64>>,
+    pub(crate) announce_interval: Option<Spanned<DurationValue>>,
+    pub(crate) linger: Option<Spanned<DurationValue>>,
+    pub(crate) load_interval: Option<Spanned<DurationValue>>,
+    pub(crate) move_interval: Option<Spanned<DurationValue>>,
+    pub(crate) load_difference: Option<Spanned<f64>>,
+    pub(crate) move_vmacs: Option<Spanned<i64>>,
 }
 
 /// `[cluster.autoscale]`: the elastic provisioning model and what it may do.

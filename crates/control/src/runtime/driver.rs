@@ -198,6 +198,26 @@ impl Driver {
                 };
                 let _ = reply.send(result);
             }
+            Command::AddChild(tunnel, reply) => {
+                let result = if self.shutdown_deadline.is_some() {
+                    Err(CommandFailure::ShuttingDown)
+                } else {
+                    self.endpoint
+                        .add_child(now, tunnel)
+                        .map_err(CommandFailure::Engine)
+                };
+                let _ = reply.send(result);
+            }
+            Command::DeleteChild(spi, reply) => {
+                let result = if self.shutdown_deadline.is_some() {
+                    Err(CommandFailure::ShuttingDown)
+                } else {
+                    self.endpoint
+                        .delete_child(now, spi)
+                        .map_err(CommandFailure::Engine)
+                };
+                let _ = reply.send(result);
+            }
             Command::Apply(request, reply) => {
                 let _ = reply.send(self.apply(now, *request));
             }

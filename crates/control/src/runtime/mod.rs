@@ -52,6 +52,8 @@ enum Command {
     Terminate(TunnelId, Sender<Result<(), CommandFailure>>),
     RekeyChild(TunnelId, Sender<Result<(), CommandFailure>>),
     RekeyIke(TunnelId, Sender<Result<(), CommandFailure>>),
+    AddChild(TunnelId, Sender<Result<(), CommandFailure>>),
+    DeleteChild(wire::EspSpi, Sender<Result<(), CommandFailure>>),
     Apply(Box<ApplyRequest>, Sender<Result<ApplyOutcome, Error>>),
     FilterState(Sender<Result<FilterState, Error>>),
     CommitFilters(
@@ -182,6 +184,21 @@ impl ControlHandle {
     /// the request is queued, not when the rekey is done.
     pub fn rekey_child(&self, tunnel: TunnelId) -> Result<(), Error> {
         self.request("rekey", tunnel, |tx| Command::RekeyChild(tunnel, tx))
+    }
+
+    /// Creates one more CHILD_SA of the tunnel beside those in use (same selectors, its own
+    /// keys and sequence numbers; issue 19 §2: one per data node that serves the tunnel);
+    /// returns once the request is queued.
+    pub fn add_child(&self, tunnel: TunnelId) -> Result<(), Error> {
+        self.request("add-child", tunnel, |tx| Command::AddChild(tunnel, tx))
+    }
+
+    /// Deletes the tunnel's CHILD_SA with this inbound SPI with the peer, leaving its other
+    /// CHILD_SAs and the IKE SA; returns once the request is queued.
+    pub fn delete_child(&self, tunnel: TunnelId, inbound_spi: wire::EspSpi) -> Result<(), Error> {
+        self.request("delete-child", tunnel, |tx| {
+            Command::DeleteChild(inbound_spi, tx)
+        })
     }
 
     /// Starts rekeying the tunnel's IKE SA now (`swanctl --rekey --ike`); returns once the

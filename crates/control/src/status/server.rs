@@ -70,6 +70,9 @@ pub enum Request {
     Nodes,
     /// The capacity advisor's view of the data nodes (distributed form).
     Capacity,
+    /// Self-dispatch: the ring, who owns the virtual MACs, the nodes' loads and the last
+    /// moves (distributed form).
+    Dispatch,
     /// Move a tunnel to another data node without loss (distributed form).
     Migrate {
         /// Tunnel name.
@@ -221,6 +224,7 @@ impl Request {
         match (command, argument) {
             ("nodes", None) => Ok(Request::Nodes),
             ("capacity", None) => Ok(Request::Capacity),
+            ("dispatch", None) => Ok(Request::Dispatch),
             ("drain", Some(n)) => Ok(Request::Drain { node: n.to_owned() }),
             ("undrain", Some(n)) => Ok(Request::Undrain { node: n.to_owned() }),
             ("drain" | "undrain", None) => Err(format!("{command} needs a node name")),
@@ -242,12 +246,12 @@ impl Request {
             ("initiate" | "terminate" | "rekey" | "rekey-ike", None) => {
                 Err(format!("{command} needs a tunnel name"))
             }
-            ("status" | "ping" | "nodes" | "capacity" | "rotate-store-key", Some(_)) => {
+            ("status" | "ping" | "nodes" | "capacity" | "dispatch" | "rotate-store-key", Some(_)) => {
                 Err(format!("{command} takes no argument"))
             }
             (other, _) => Err(format!(
                 "unknown command {other:?} (status, ping, initiate NAME, terminate NAME, \
-                 rekey NAME, rekey-ike NAME, nodes, capacity, migrate NAME NODE, drain NODE, \
+                 rekey NAME, rekey-ike NAME, nodes, capacity, dispatch, migrate NAME NODE, drain NODE, \
                  undrain NODE, rotate-store-key, route add|del|load ...)"
             )),
         }
@@ -868,6 +872,7 @@ impl RequestHandler for Responder {
             }),
             Request::Nodes => return distributed_only("nodes"),
             Request::Capacity => return distributed_only("capacity"),
+            Request::Dispatch => return distributed_only("dispatch"),
             Request::Migrate { .. } => return distributed_only("migrate"),
             Request::Drain { .. } => return distributed_only("drain"),
             Request::Undrain { .. } => return distributed_only("undrain"),

@@ -418,6 +418,7 @@ impl RequestHandler for Fake {
             }
             Request::Nodes => distributed_only("nodes"),
             Request::Capacity => distributed_only("capacity"),
+            Request::Dispatch => distributed_only("dispatch"),
             Request::Migrate { .. } | Request::Drain { .. } | Request::Undrain { .. } => {
                 distributed_only("moves")
             }

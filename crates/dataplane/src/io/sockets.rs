@@ -101,7 +101,38 @@ pub(crate) struct Sockets {
 impl Sockets {
     /// Opens the sockets of `cfg` (validated) with VTEPs on `vtep_ips`, and the TUN device.
     pub(crate) fn open(cfg: &DataplaneConfig, vtep_ips: &[IpAddr]) -> Result<Self, DataplaneError> {
-        let mut socks = Vec::new();
+        // In relay mode hosts send to the steer nodes, not here: the VTEP's main socket only
+        // sends (ARP/ND), from an ephemeral port. With self-dispatch the hosts send to the
+        // data nodes' VTEPs; in relay mode a VTEP port already taken on this address (another
+        // data node on the same host) leaves this node without (it cannot join the ring,
+        // see `Dataplane::vteps_receive`).
+        let mut bound = Vec::with_capacity(vtep_ips.len());
+        let mut vteps_receive = cfg.relay.is_none() || cfg.dispatch.is_some();
+        if vteps_receive {
+            for &ip in vtep_ips {
+                let addr = SocketAddr::new(ip, cfg.vxlan_port);
+                match UdpSocket::bind(addr, &socket_options(true, true, true)) {
+                    Ok(s) => bound.push(s),
+                    Err(e) if cfg.relay.is_some() && e.kind() == std::io::ErrorKind::AddrInUse => {
+                        tracing::warn!(
+                            vtep = %addr,
+                            "the VTEP port is taken on this address: this data node cannot take part in self-dispatch"
+                        );
+                        bound.clear();
+                        vteps_receive = false;
+                        break;
+                    }
+                    Err(source) => return Err(DataplaneError::Bind { addr, source }),
+                }
+            }
+        }
+        // The receiving sockets come first in `socks`.
+        let mut socks: Vec<Arc<UdpSocket>> = Vec::new();
+        let mut receivers: Vec<usize> = Vec::with_capacity(bound.len());
+        for s in bound {
+            socks.push(Arc::new(s));
+            receivers.push(socks.len() - 1);
+        }
         let mut open = |addr: SocketAddr, opts: SocketOptions| -> Result<usize, DataplaneError> {
             let s = UdpSocket::bind(addr, &opts)
                 .map_err(|source| DataplaneError::Bind { addr, source })?;
@@ -123,15 +154,11 @@ impl Sockets {
             None => None,
         };
         let mut vteps = Vec::with_capacity(vtep_ips.len());
-        let vteps_receive = relay_sock.is_none() || cfg.dispatch.is_some();
+        let mut receivers = receivers.into_iter();
         for &ip in vtep_ips {
-            // In relay mode hosts send to the steer nodes, not here: the VTEP's main socket
-            // only sends (ARP/ND), from an ephemeral port. With self-dispatch the hosts send
-            // to the data nodes' VTEPs.
-            let recv = if vteps_receive {
-                open(SocketAddr::new(ip, cfg.vxlan_port), esp_opts)?
-            } else {
-                open(SocketAddr::new(ip, 0), socket_options(false, true, false))?
+            let recv = match receivers.next() {
+                Some(i) => i,
+                None => open(SocketAddr::new(ip, 0), socket_options(false, true, false))?,
             };
             let mut pool = Vec::with_capacity(VXLAN_SOURCE_PORTS);
             for _ in 0..VXLAN_SOURCE_PORTS {

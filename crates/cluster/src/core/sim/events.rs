@@ -72,6 +72,8 @@ impl World {
                 workers: 2,
                 installed,
                 ports: ports_of(name, role),
+                vtep: (role == Role::Data)
+                    .then(|| format!("10.0.0.{}", 20 + id).parse().expect("an address")),
             },
             now,
         );
@@ -230,6 +232,7 @@ impl World {
             outbound_active,
             local_ts: vec![ts("10.1.0.0/24")],
             remote_ts: vec![ts(&format!("192.168.{}.0/24", tunnel.0))],
+            replaces: None,
         };
         self.record(format!(
             "control installs {} on tunnel {} (outbound_active {outbound_active})",

@@ -135,6 +135,7 @@ fn small_core(now: std::time::Instant) -> (crate::core::ClusterCore, u32) {
         workers: 1,
         installed: Vec::new(),
         ports: Vec::new(),
+        vtep: None,
     };
     core.handle_hello(hello("steer1", Role::Steer), now);
     let d = core.handle_hello(hello("data1", Role::Data), now);
@@ -166,6 +167,7 @@ fn child(spi: u32) -> crate::core::NewChild {
         outbound_active: true,
         local_ts: vec![super::ts("10.1.0.0/24")],
         remote_ts: vec![super::ts("192.168.1.0/24")],
+        replaces: None,
     }
 }
 

@@ -456,3 +456,67 @@ fn cluster_autoscale_defaults_values_and_errors() {
         assert!(e.contains(key), "{bad}: {e}");
     }
 }
+
+#[test]
+fn cluster_dispatch_defaults_values_and_errors() {
+    use crate::config::DispatchMode;
+    let s = Scratch::new();
+    let cluster = |extra: &str| {
+        format!(
+            "{}\n[cluster]\nname = \"control1\"\ngrpc = \"10.0.0.1:7300\"\ngeneve = \"10.0.0.1:6081\"\n\
+             ca = \"pki/ca.pem\"\ncert = \"pki/c1.pem\"\nkey = \"pki/c1.key\"\n{extra}\n",
+            with_tunnel(TUNNEL_A)
+        )
+    };
+    // Without the table: steer mode; self mode's values are the paper's ring.
+    let d = s.parse(&cluster("")).unwrap().cluster.unwrap().dispatch;
+    assert_eq!(d.mode, DispatchMode::Steer);
+    assert_eq!(d.vmacs, 1024);
+    assert_eq!(d.announce_interval, Duration::from_secs(10));
+    assert_eq!(d.ring, dispatch::Params::paper());
+    let d = s
+        .parse(&cluster(
+            "[cluster.dispatch]\nmode = \"self\"\nvmacs = 4096\nannounce_interval = \"2s\"\n\
+             linger = \"3s\"\nload_interval = \"500ms\"\nmove_interval = \"2s\"\n\
+             load_difference = 0.05\nmove_vmacs = 8\n",
+        ))
+        .unwrap()
+        .cluster
+        .unwrap()
+        .dispatch;
+    assert_eq!(d.mode, DispatchMode::SelfDispatch);
+    assert_eq!(d.vmacs, 4096);
+    assert_eq!(d.announce_interval, Duration::from_secs(2));
+    assert_eq!(d.ring.linger, Duration::from_secs(3));
+    assert_eq!(d.ring.load_interval, Duration::from_millis(500));
+    assert_eq!(d.ring.move_interval, Duration::from_secs(2));
+    assert_eq!((d.ring.threshold, d.ring.batch), (0.05, 8));
+    for (extra, key, says) in [
+        ("mode = \"ring\"", "mode", "\"steer\""),
+        ("vmacs = 0", "vmacs", "between 1 and 65536"),
+        ("vmacs = 70000", "vmacs", "between 1 and 65536"),
+        (
+            "load_difference = 1.5",
+            "load_difference",
+            "above 0 and below 1",
+        ),
+        ("move_vmacs = 0", "move_vmacs", "between 1 and 4096"),
+        (
+            "announce_interval = \"10m\"",
+            "announce_interval",
+            "between",
+        ),
+        (
+            "load_interval = \"5s\"\nmove_interval = \"2s\"",
+            "move_interval",
+            "T_M must be at least T_L",
+        ),
+        ("speed = 3", "speed", "unknown key"),
+    ] {
+        let e = s
+            .parse(&cluster(&format!("[cluster.dispatch]\n{extra}\n")))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(key) && e.contains(says), "{extra}: {e}");
+    }
+}

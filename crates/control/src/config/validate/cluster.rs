@@ -98,6 +98,102 @@ impl Validator<'_, '_> {
                     })?,
             },
             autoscale: self.autoscale(c.autoscale.as_ref(), report_interval)?,
+            dispatch: self.dispatch(c.dispatch.as_ref())?,
+        })
+    }
+
+    /// `[cluster.dispatch]`: the mode, `K`, the announcements and the ring's parameters
+    /// (checked together: `T_M` must be at least `T_L`).
+    pub(super) fn dispatch(
+        &self,
+        raw: Option<&RawDispatch>,
+    ) -> Result<ClusterDispatch, Box<ConfigError>> {
+        const S: &str = "cluster.dispatch";
+        let defaults = ClusterDispatch::default();
+        let Some(raw) = raw else {
+            return Ok(defaults);
+        };
+        let duration = |value: &Option<Spanned<crate::config::raw::DurationValue>>,
+                        key: &str,
+                        default: Duration,
+                        range: std::ops::RangeInclusive<Duration>| {
+            self.duration_in(value, S, key, default, range)
+        };
+        let count = |value: &Option<Spanned<i64>>, key: &str, default: u32, max: u32| match value {
+            None => Ok(default),
+            Some(v) => u32::try_from(*v.get_ref())
+                .ok()
+                .filter(|n| (1..=max).contains(n))
+                .ok_or_else(|| self.err(v.span(), S, key, format!("must be between 1 and {max}"))),
+        };
+        let mode = match &raw.mode {
+            None => defaults.mode,
+            Some(m) => match m.get_ref().as_str() {
+                "steer" => DispatchMode::Steer,
+                "self" => DispatchMode::SelfDispatch,
+                _ => {
+                    return Err(self.err(
+                        m.span(),
+                        S,
+                        "mode",
+                        "must be \"steer\" (hosts send to the steer nodes) or \"self\" (hosts send to the data nodes' VTEPs, each VM to the owner of its virtual MAC)",
+                    ))
+                }
+            },
+        };
+        let d = defaults.ring;
+        let ring =
+            dispatch::Params {
+                load_interval: duration(
+                    &raw.load_interval,
+                    "load_interval",
+                    d.load_interval,
+                    Duration::from_millis(100)..=Duration::from_secs(600),
+                )?,
+                move_interval: duration(
+                    &raw.move_interval,
+                    "move_interval",
+                    d.move_interval,
+                    Duration::from_millis(100)..=Duration::from_secs(3600),
+                )?,
+                threshold: match &raw.load_difference {
+                    None => d.threshold,
+                    Some(v) if *v.get_ref() > 0.0 && *v.get_ref() < 1.0 => *v.get_ref(),
+                    Some(v) => return Err(self.err(
+                        v.span(),
+                        S,
+                        "load_difference",
+                        "must be a fraction of a node's capacity above 0 and below 1 (e.g. 0.1)",
+                    )),
+                },
+                batch: count(&raw.move_vmacs, "move_vmacs", d.batch as u32, 4096)? as usize,
+                linger: duration(
+                    &raw.linger,
+                    "linger",
+                    d.linger,
+                    Duration::from_millis(100)..=Duration::from_secs(60),
+                )?,
+                ack_timeout: d.ack_timeout,
+            };
+        if let Err(e) = ring.check() {
+            let span = raw
+                .move_interval
+                .as_ref()
+                .map(|v| v.span())
+                .or(raw.load_interval.as_ref().map(|v| v.span()))
+                .unwrap_or(0..0);
+            return Err(self.err(span, S, "move_interval", e.to_string()));
+        }
+        Ok(ClusterDispatch {
+            mode,
+            vmacs: count(&raw.vmacs, "vmacs", defaults.vmacs, dispatch::MAX_VMACS)?,
+            announce_interval: duration(
+                &raw.announce_interval,
+                "announce_interval",
+                defaults.announce_interval,
+                Duration::from_millis(100)..=Duration::from_secs(120),
+            )?,
+            ring,
         })
     }
 

@@ -12,12 +12,13 @@ mod storage;
 mod tunnel;
 
 use super::raw::{
-    RawAutoscale, RawCluster, RawFile, RawGateway, RawLocalProvider, RawStore, RawVnet, StringList,
+    RawAutoscale, RawCluster, RawDispatch, RawFile, RawGateway, RawLocalProvider, RawStore,
+    RawVnet, StringList,
 };
 use super::{
-    AutoscaleConfig, AutoscaleMode, ClusterConfig, Config, Gateway, LocalNodeConfig,
-    LocalProviderConfig, LogFormat, Source, StoreConfig, StoredPsks, Tunnel, TunnelInside,
-    DEFAULT_CONTROL_SOCKET, DEFAULT_ETCD_CONNECT_TIMEOUT, DEFAULT_ETCD_PREFIX,
+    AutoscaleConfig, AutoscaleMode, ClusterConfig, ClusterDispatch, Config, DispatchMode, Gateway,
+    LocalNodeConfig, LocalProviderConfig, LogFormat, Source, StoreConfig, StoredPsks, Tunnel,
+    TunnelInside, DEFAULT_CONTROL_SOCKET, DEFAULT_ETCD_CONNECT_TIMEOUT, DEFAULT_ETCD_PREFIX,
     DEFAULT_ETCD_TIMEOUT, DEFAULT_STORE_PATH,
 };
 use crate::error::ConfigError;
