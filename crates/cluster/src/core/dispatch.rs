@@ -155,8 +155,9 @@ impl ClusterCore {
         self.dispatch_update(now);
     }
 
-    /// The ring: live data nodes with a VTEP, neither parked, draining nor leaving, by id.
-    fn dispatch_ring(&self) -> Vec<u32> {
+    /// The data nodes that may serve the dispatched VNets: live, with a VTEP, neither
+    /// parked, draining nor leaving, by id. Each gets a CHILD_SA of every spread tunnel.
+    fn dispatch_candidates(&self) -> Vec<u32> {
         self.nodes
             .iter()
             .filter(|(_, n)| {
@@ -169,6 +170,37 @@ impl ClusterCore {
                     && !n.leaving
             })
             .map(|(id, _)| *id)
+            .collect()
+    }
+
+    /// The ring: the candidates already in it, and those that hold a CHILD_SA of every
+    /// spread tunnel that is up (a node joins once it can seal what its virtual MACs will
+    /// bring; before any tunnel is up every candidate is in). A node in the ring stays while
+    /// a new tunnel's CHILD_SA is on its way to it.
+    fn dispatch_ring(&self) -> Vec<u32> {
+        let up: Vec<ike::TunnelId> = self
+            .tunnels
+            .keys()
+            .copied()
+            .filter(|t| self.spread_vnet(*t))
+            .filter(|t| {
+                self.children.values().any(|c| {
+                    c.tunnel == *t
+                        && c.node
+                            .is_some_and(|n| self.nodes.get(&n).is_some_and(|e| e.alive))
+                })
+            })
+            .collect();
+        self.dispatch_candidates()
+            .into_iter()
+            .filter(|id| {
+                self.dispatch.ring.contains(id)
+                    || up.iter().all(|t| {
+                        self.children
+                            .values()
+                            .any(|c| c.tunnel == *t && c.node == Some(*id))
+                    })
+            })
             .collect()
     }
 
@@ -276,8 +308,12 @@ impl ClusterCore {
     /// self-dispatch is on, the tunnel's VNet is dispatched and the ring has a node. Each node
     /// then seals what the VMs of its virtual MACs send with a CHILD_SA of its own.
     pub fn spread(&self, tunnel: ike::TunnelId) -> bool {
+        self.spread_vnet(tunnel) && !self.dispatch_candidates().is_empty()
+    }
+
+    /// Self-dispatch is on and `tunnel`'s VNet is dispatched.
+    fn spread_vnet(&self, tunnel: ike::TunnelId) -> bool {
         self.dispatch.settings().is_some()
-            && !self.dispatch.ring.is_empty()
             && self
                 .tunnels
                 .get(&tunnel)
@@ -290,16 +326,21 @@ impl ClusterCore {
     /// the ring that holds none of the tunnel's (nor has one on its way), else to the one with
     /// the fewest.
     pub(crate) fn spread_node(&self, child: &super::NewChild) -> Option<u32> {
-        let ring = &self.dispatch.ring;
+        let candidates = self.dispatch_candidates();
         if let Some(r) = child.replaces.and_then(|r| self.children.get(&r)) {
-            if let Some(n) = r.node.or(r.installing).filter(|n| ring.contains(n)) {
+            if let Some(n) = r.node.or(r.installing).filter(|n| candidates.contains(n)) {
                 return Some(n);
             }
         }
         let held = self.spread_held(child.tunnel);
-        ring.iter()
-            .copied()
-            .min_by_key(|n| (held.get(n).copied().unwrap_or(0), *n))
+        // The ring's nodes first (the first CHILD_SA of a tunnel goes where frames arrive).
+        candidates.iter().copied().min_by_key(|n| {
+            (
+                held.get(n).copied().unwrap_or(0),
+                !self.dispatch.ring.contains(n),
+                *n,
+            )
+        })
     }
 
     /// How many of `tunnel`'s CHILD_SAs each live node holds or is installing.
@@ -323,8 +364,8 @@ impl ClusterCore {
         self.dispatch.deleting.contains(&spi)
     }
 
-    /// Asks the control loop for the CHILD_SAs the spread tunnels miss: one per ring node
-    /// that holds none, for tunnels that have one already (an established IKE SA), asked again
+    /// Asks the control loop for the CHILD_SAs the spread tunnels miss: one per candidate
+    /// node that holds none, for tunnels that have one already (an established IKE SA), asked again
     /// after [`super::REKEY_RETRY`] while still missing.
     fn spread_children(&mut self, now: Instant) {
         if self.dispatch.settings().is_none() {
@@ -342,8 +383,7 @@ impl ClusterCore {
                 continue;
             }
             let missing = self
-                .dispatch
-                .ring
+                .dispatch_candidates()
                 .iter()
                 .filter(|n| !held.contains_key(n))
                 .count();

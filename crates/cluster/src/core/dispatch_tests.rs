@@ -347,12 +347,16 @@ fn a_spread_tunnel_gets_a_child_sa_on_every_node_and_loses_only_a_dead_nodes() {
     c.handle_remove(TUNNEL, wire::EspSpi(300), wire::EspSpi(1300), now);
     assert!(!c.dispatch.deleting.contains(&wire::EspSpi(300)));
 
-    // A node that joins gets one.
+    // A node that joins gets one, and joins the ring only once it holds it (it could not
+    // seal what its virtual MACs would bring before).
     hello(&mut c, "data4", now);
     drop(c.poll_outbox());
     c.handle_tick(now + Duration::from_secs(30));
     assert_eq!(c.poll_outbox().add_children, vec![TUNNEL]);
+    assert!(!c.dispatch_status(now).ring.contains(&id(&c, "data4")));
     assert_eq!(install(&mut c, child(400, None), now), id(&c, "data4"));
+    c.handle_tick(now + Duration::from_secs(31));
+    assert!(c.dispatch_status(now).ring.contains(&id(&c, "data4")));
 }
 
 #[test]
