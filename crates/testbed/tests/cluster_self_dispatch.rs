@@ -275,10 +275,9 @@ fn hosts_reach_three_data_nodes_without_a_dispatcher_and_each_seals_its_vms() ->
 /// A data node killed: the ring gives its virtual MACs to its successor and the peer
 /// deletes its CHILD_SA; every VM answers again. The node started again joins the ring once
 /// it holds a CHILD_SA and takes its share back. Then a redistribution round under load
-/// moves virtual MACs along the ring and loses nothing.
+/// moves virtual MACs along the ring, and a drain takes a node out of it, losing nothing.
 #[test]
-fn a_killed_data_node_is_replaced_a_new_one_joins_and_moves_along_the_ring_lose_nothing(
-) -> Result<()> {
+fn a_killed_node_is_replaced_a_new_one_joins_and_moves_and_a_drain_lose_nothing() -> Result<()> {
     let bed = Testbed::new()?;
     let topo = Topology::build(&bed, twelve_vms()?)?;
     let tun = GatewayTunnel::for_site(&topo, 0, PSK);
@@ -376,6 +375,33 @@ fn a_killed_data_node_is_replaced_a_new_one_joins_and_moves_along_the_ring_lose_
         assert!(
             pings.iter().all(|(_, l)| *l == 0),
             "moves along the ring lose nothing: {pings:?}"
+        );
+
+        // data3 drained under 500 Hz pings to every VM: it leaves the ring, its virtual MACs
+        // go to the others, then its CHILD_SA is deleted with the peer; nothing is lost.
+        let pinger = {
+            let topo = topo.clone();
+            std::thread::spawn(move || ping_every_vm(&topo, 2000, Duration::from_millis(2)))
+        };
+        std::thread::sleep(Duration::from_millis(500));
+        let answer = cluster.control("drain data3")?;
+        assert!(answer.get("error").is_none(), "{answer}");
+        ring_of(&cluster, 2)?;
+        children_on(&cluster, 2)?;
+        let pings = pinger.join().expect("the pinger")?;
+        eprintln!("data3 drained: pings lost per VM (2 ms apart): {pings:?}");
+        let show = cluster.control("dispatch")?;
+        assert!(
+            show["moves"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|m| m["why"] == "left" && m["from"] == "data3"),
+            "{show}"
+        );
+        assert!(
+            pings.iter().all(|(_, l)| *l == 0),
+            "a drain loses nothing: {pings:?}"
         );
         Ok(())
     })();

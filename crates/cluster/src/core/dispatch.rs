@@ -91,6 +91,8 @@ pub struct DispatchState {
     adding: HashMap<ike::TunnelId, Instant>,
     /// CHILD_SAs of lost nodes whose deletion was asked for (not rekeyed meanwhile).
     pub(crate) deleting: std::collections::HashSet<EspSpi>,
+    /// Nodes that restarted: they join the ring again only once they hold the CHILD_SAs.
+    rejoin: std::collections::HashSet<u32>,
 }
 
 impl DispatchState {
@@ -194,7 +196,7 @@ impl ClusterCore {
         self.dispatch_candidates()
             .into_iter()
             .filter(|id| {
-                self.dispatch.ring.contains(id)
+                (self.dispatch.ring.contains(id) && !self.dispatch.rejoin.contains(id))
                     || up.iter().all(|t| {
                         self.children
                             .values()
@@ -213,6 +215,7 @@ impl ClusterCore {
         let ring = self.dispatch_ring();
         let vnis: Vec<u32> = self.gateways.keys().copied().collect();
         let d = &mut self.dispatch;
+        d.rejoin.retain(|id| !ring.contains(id));
         // VNets gone, and VNets new or the first ring: Algorithm 1's partition.
         let before = d.agents.len();
         d.agents.retain(|vni, _| vnis.contains(vni));
@@ -302,6 +305,50 @@ impl ClusterCore {
             self.dispatch_send();
         }
         self.spread_children(now);
+        self.spread_retire();
+    }
+
+    /// Live data nodes out of the ring (drained, parked, leaving) whose own confirmed table
+    /// gives them no virtual MAC any more: their CHILD_SAs of spread tunnels are deleted with
+    /// the peer, as those of a lost node, once the tunnel has one on a node of the ring.
+    fn spread_retire(&mut self) {
+        let ring = &self.dispatch.ring;
+        let retired: Vec<u32> = self
+            .nodes
+            .iter()
+            .filter(|(id, n)| n.role == Role::Data && n.alive && !ring.contains(id))
+            .filter(|(id, _)| {
+                !self.dispatch.pending.iter().any(|p| p.node == **id)
+                    && self
+                        .dispatch
+                        .held
+                        .get(id)
+                        .is_none_or(|h| h.values().all(|o| !o.contains(id)))
+            })
+            .map(|(id, _)| *id)
+            .collect();
+        let mut delete = Vec::new();
+        for id in retired {
+            for (spi, c) in &self.children {
+                if c.node != Some(id)
+                    || self.dispatch.deleting.contains(spi)
+                    || !self.spread(c.tunnel)
+                {
+                    continue;
+                }
+                let elsewhere = self.children.values().any(|o| {
+                    o.tunnel == c.tunnel && o.node.is_some_and(|n| n != id && ring.contains(&n))
+                });
+                if elsewhere {
+                    delete.push((c.tunnel, *spi, id));
+                }
+            }
+        }
+        for (t, spi, id) in delete {
+            info!(node = id, tunnel = t.0, spi_in = %spi, "deleting the CHILD_SA of a data node out of the self-dispatch ring");
+            self.dispatch.deleting.insert(spi);
+            self.outbox.delete_children.push((t, spi));
+        }
     }
 
     /// True if `tunnel`'s CHILD_SAs are spread over the ring, one per node (issue 19 §2):
@@ -729,6 +776,12 @@ impl ClusterCore {
     /// The tables whose answers have not come yet, by token.
     pub fn pending_dispatch_acks(&self) -> Vec<u64> {
         self.dispatch.pending.iter().map(|p| p.token).collect()
+    }
+
+    /// Data node `id` restarted (its CHILD_SAs are gone): it leaves the ring until it holds
+    /// them again, as a node that joins.
+    pub(crate) fn dispatch_restarted(&mut self, id: u32) {
+        self.dispatch.rejoin.insert(id);
     }
 
     /// A data node's tables are gone (it restarted) or it left: it is sent a whole table

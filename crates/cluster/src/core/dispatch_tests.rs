@@ -370,3 +370,83 @@ fn in_steer_mode_a_tunnel_is_not_spread() {
     c.handle_tick(now + Duration::from_secs(10));
     assert!(c.poll_outbox().add_children.is_empty());
 }
+
+#[test]
+fn a_drained_node_gives_its_virtual_macs_away_then_its_child_sa_is_deleted() {
+    let now = Instant::now();
+    let mut c = core(DispatchMode::SelfDispatch, now);
+    c.handle_reconcile(&[], now);
+    for n in ["data1", "data2"] {
+        hello(&mut c, n, now);
+        let t = tables(&mut c);
+        let r = confirm(&mut c, &t, now);
+        confirm(&mut c, &r, now);
+    }
+    let (d1, d2) = (c.known_id("data1").unwrap(), c.known_id("data2").unwrap());
+    assert_eq!(install(&mut c, child(100, None), now), d1);
+    assert_eq!(install(&mut c, child(200, None), now), d2);
+    // A drain moves no spread tunnel: data2 leaves the ring.
+    let moved = c.handle_drain("data2").unwrap();
+    assert!(moved.is_empty(), "{moved:?}");
+    c.handle_tick(now);
+    let t = tables(&mut c);
+    // data1 takes data2's virtual MACs; data2 keeps them until then: nothing deleted yet.
+    assert!(
+        t.iter().any(|x| x.0 == d1 && count(&x.2, 1) == K as usize),
+        "{t:?}"
+    );
+    assert!(!c.dispatch.deleting.contains(&wire::EspSpi(200)));
+    let released = confirm(&mut c, &t, now);
+    assert!(
+        released.iter().any(|x| x.0 == d2 && count(&x.2, 2) == 0),
+        "{released:?}"
+    );
+    assert!(
+        !c.dispatch.deleting.contains(&wire::EspSpi(200)),
+        "not before data2 confirmed"
+    );
+    for (_, token, _) in &released {
+        c.handle_dispatch_answer(*token, true, now);
+    }
+    let out = c.poll_outbox();
+    assert_eq!(out.delete_children, vec![(TUNNEL, wire::EspSpi(200))]);
+    assert!(out.rekeys.is_empty());
+}
+
+#[test]
+fn a_restarted_nodes_lost_child_sa_is_deleted_not_rekeyed() {
+    let now = Instant::now();
+    let mut c = core(DispatchMode::SelfDispatch, now);
+    c.handle_reconcile(&[], now);
+    for n in ["data1", "data2"] {
+        hello(&mut c, n, now);
+    }
+    drop(c.poll_outbox());
+    let d2 = c.known_id("data2").unwrap();
+    install(&mut c, child(100, None), now);
+    assert_eq!(install(&mut c, child(200, None), now), d2);
+    // data2 comes back with a new boot id before its session's end was seen.
+    c.handle_hello(
+        Hello {
+            name: "data2".into(),
+            role: Role::Data,
+            geneve: "10.0.0.22:6081".parse().unwrap(),
+            boot_id: 2,
+            workers: 1,
+            installed: Vec::new(),
+            ports: Vec::new(),
+            vtep: Some("10.0.0.22".parse().unwrap()),
+        },
+        now,
+    );
+    let out = c.poll_outbox();
+    assert_eq!(out.delete_children, vec![(TUNNEL, wire::EspSpi(200))]);
+    assert!(out.rekeys.is_empty(), "{:?}", out.rekeys);
+    // It leaves the ring until it holds a CHILD_SA again.
+    assert!(!c.dispatch_status(now).ring.contains(&d2));
+    c.handle_tick(now + Duration::from_secs(10));
+    assert_eq!(c.poll_outbox().add_children, vec![TUNNEL]);
+    assert_eq!(install(&mut c, child(300, None), now), d2);
+    c.handle_tick(now + Duration::from_secs(11));
+    assert!(c.dispatch_status(now).ring.contains(&d2));
+}

@@ -431,6 +431,11 @@ impl ClusterCore {
                 // Its tables are empty after a restart: whatever it held is lost.
                 if restarted {
                     rekey.extend(self.lose_node_children(id));
+                    // Spread tunnels keep their other nodes' CHILD_SAs: the lost ones are
+                    // deleted with the peer instead.
+                    let spread = self.spread_lost(id);
+                    rekey.retain(|t| !spread.contains(t));
+                    self.dispatch_restarted(id);
                 }
                 // A new session: its self-dispatch table is sent whole (after a restart
                 // it has none; otherwise it is the same).

@@ -475,10 +475,12 @@ impl ClusterCore {
             );
             self.emit_attachment_steering(&served, None);
         }
+        // Spread tunnels (self-dispatch) do not move: the node leaves the ring, its virtual
+        // MACs go to the others, then its CHILD_SAs are deleted with the peer.
         let mut tunnels: Vec<TunnelId> = self
             .children
             .values()
-            .filter(|c| c.node == Some(id))
+            .filter(|c| c.node == Some(id) && !self.spread(c.tunnel))
             .map(|c| c.tunnel)
             .collect();
         tunnels.sort();
