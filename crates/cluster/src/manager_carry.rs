@@ -194,25 +194,26 @@ impl Cluster {
             sh.core.handle_share_answer(token, answer.is_ok());
         }
         for token in sh.core.pending_attachment_acks() {
-            let Some(answer) = sh.acks.get(&token).and_then(|a| a.poll_until(now)) else {
-                continue;
-            };
-            sh.acks.remove(&token);
-            if let Err(e) = &answer {
-                warn!(error = %e, "data node did not take the attachments");
+            if let Some(ok) = Self::answered(sh, token, now, "the attachments") {
+                sh.core.handle_attachments_answer(token, ok);
             }
-            sh.core.handle_attachments_answer(token, answer.is_ok());
         }
         for token in sh.core.pending_dispatch_acks() {
-            let Some(answer) = sh.acks.get(&token).and_then(|a| a.poll_until(now)) else {
-                continue;
-            };
-            sh.acks.remove(&token);
-            if let Err(e) = &answer {
-                warn!(error = %e, "data node did not take its self-dispatch table");
+            if let Some(ok) = Self::answered(sh, token, now, "its self-dispatch table") {
+                sh.core.handle_dispatch_answer(token, ok, now);
             }
-            sh.core.handle_dispatch_answer(token, answer.is_ok(), now);
         }
+    }
+
+    /// Whether the answer to the directive sent with `token` (a data node's `what`) came and
+    /// applied it; None while it has not come. A refusal is logged.
+    fn answered(sh: &mut Shell, token: u64, now: Instant, what: &str) -> Option<bool> {
+        let answer = sh.acks.get(&token).and_then(|a| a.poll_until(now))?;
+        sh.acks.remove(&token);
+        if let Err(e) = &answer {
+            warn!(error = %e, "data node did not take {what}");
+        }
+        Some(answer.is_ok())
     }
 
     /// Waits until `deadline` (without the lock) for the steer nodes' answers to their

@@ -113,12 +113,7 @@ impl Validator<'_, '_> {
         let Some(raw) = raw else {
             return Ok(defaults);
         };
-        let duration = |value: &Option<Spanned<crate::config::raw::DurationValue>>,
-                        key: &str,
-                        default: Duration,
-                        range: std::ops::RangeInclusive<Duration>| {
-            self.duration_in(value, S, key, default, range)
-        };
+        let duration = |value, key, default, range| self.duration_in(value, S, key, default, range);
         let count = |value: &Option<Spanned<i64>>, key: &str, default: u32, max: u32| match value {
             None => Ok(default),
             Some(v) => u32::try_from(*v.get_ref())
