@@ -309,6 +309,11 @@ async fn handle(
                     .iter()
                     .map(|t| (t.tunnel, t.bytes_in.saturating_add(t.bytes_out)))
                     .collect(),
+                packets: r
+                    .tunnels
+                    .iter()
+                    .map(|t| t.packets_in.saturating_add(t.packets_out))
+                    .fold(0, u64::saturating_add),
                 drops: r.drops.into_iter().collect(),
                 rate_dropped: r
                     .tunnels

@@ -52,6 +52,10 @@ pub(crate) enum WanAction {
     Control(SocketAddr),
     /// Send it to the data node of this SPI entry.
     Data(SpiEntry),
+    /// ESP for an SPI that is not steered (yet): hold it a moment, a CHILD_SA that was just
+    /// negotiated may be steered any moment (the peer may send on it before its data node
+    /// holds it).
+    UnknownSpi(wire::EspSpi),
     /// A NAT keepalive: drop it (not an error).
     Keepalive,
     /// Drop it.
@@ -72,7 +76,7 @@ pub(crate) fn wan(port: WanPort, payload: &[u8], tables: &Tables) -> WanAction {
             Ok(UdpEncap::Ike) => to_control(),
             Ok(UdpEncap::Esp(spi)) => match tables.spis.lookup(spi) {
                 Some(entry) => WanAction::Data(entry),
-                None => WanAction::Drop(DropReason::UnknownSpi),
+                None => WanAction::UnknownSpi(spi),
             },
             Err(_) => WanAction::Drop(DropReason::EspMalformed),
         },

@@ -23,6 +23,7 @@ use wire::vxlan::Vni;
 
 use crate::classify::{self, VxlanAction, WanAction, WanPort};
 use crate::health::Health;
+use crate::hold::{Hold, HOLD_POLL};
 use crate::limits::Direction;
 use crate::stats::{AttachCount, AttachCounters, AttachTally, Counters, DropReason, ForwardKind};
 use crate::sys::{recv_batch, Poller, Ready, TxBatch, UdpSocket, Waker};
@@ -303,18 +304,78 @@ pub(crate) fn run_wan(sh: Arc<Shared>) {
     let mut poller = Poller::new(&fds, &sh.waker);
     let mut rx = recv_batch(sh.batch);
     let mut tx = TxBatch::with_capacity(sh.batch * 2048);
-    while wait(&mut poller, WAN_IDLE) {
+    let mut hold = Hold::default();
+    loop {
+        let idle = if hold.is_empty() { WAN_IDLE } else { HOLD_POLL };
+        if !wait(&mut poller, idle) {
+            return;
+        }
+        // What was held for SPIs steered since goes first, in arrival order.
+        if !hold.is_empty() {
+            release_held(&sh, &mut hold, &mut tx);
+            flush(&sh, &mut tx, counters);
+        }
         for (pi, &si) in socks.iter().enumerate() {
             if poller.readable(pi) && receive(&sh, si, &mut rx, counters) {
-                wan_batch(&sh, si, &rx, &mut tx);
+                wan_batch(&sh, si, &rx, &mut tx, &mut hold);
                 flush(&sh, &mut tx, counters);
             }
         }
     }
 }
 
+/// The SPI of an ESP datagram the classifier took as ESP (at least an ESP header long).
+fn esp_spi(payload: &[u8]) -> wire::EspSpi {
+    let mut spi = [0; 4];
+    spi.copy_from_slice(&payload[..4]);
+    wire::EspSpi(u32::from_be_bytes(spi))
+}
+
+/// Sends on the held ESP whose SPI is steered now; drops what waited too long.
+fn release_held(sh: &Shared, hold: &mut Hold, tx: &mut TxBatch) {
+    let counters = &sh.wan_counters;
+    let mut b = Batch::new(sh, counters, &sh.inbound);
+    let released = hold.release(&b.tables, b.now);
+    counters.dropped(DropReason::UnknownSpi, released.expired);
+    counters.dropped(DropReason::NodeDead, released.expired_dead);
+    for h in released.ready {
+        let Some(entry) = b.tables.spis.lookup(h.spi) else {
+            continue;
+        };
+        let rcv = Received {
+            src: h.src,
+            local: h.local,
+            payload: &h.payload,
+        };
+        let result = b
+            .admit_to_node(entry.node, Some(entry.tunnel), h.payload.len())
+            .and_then(|(addr, probe)| {
+                push_frame(
+                    tx,
+                    sh.geneve,
+                    addr,
+                    Vni::default(),
+                    Some(entry.tunnel),
+                    probe,
+                    rcv,
+                )
+            });
+        match result {
+            Ok(()) => counters.forwarded(ForwardKind::EspToData, 1),
+            Err(DropReason::NodeDead) => {
+                let now = b.now;
+                if !hold.wait_for_node(h, now) {
+                    counters.dropped(DropReason::NodeDead, 1);
+                }
+            }
+            Err(r) => counters.dropped(r, 1),
+        }
+    }
+    b.finish();
+}
+
 /// Forwards one batch received on VIP socket `si`.
-fn wan_batch(sh: &Shared, si: usize, rx: &RecvBatch, tx: &mut TxBatch) {
+fn wan_batch(sh: &Shared, si: usize, rx: &RecvBatch, tx: &mut TxBatch, hold: &mut Hold) {
     let counters = &sh.wan_counters;
     let port = if sh.roles[si] == Role::Ike {
         WanPort::Ike
@@ -338,7 +399,7 @@ fn wan_batch(sh: &Shared, si: usize, rx: &RecvBatch, tx: &mut TxBatch) {
                 push_frame(tx, sh.geneve, control, Vni::default(), None, None, rcv)
                     .map(|()| ForwardKind::IkeToControl)
             }
-            WanAction::Data(entry) => b
+            WanAction::Data(entry) => match b
                 .admit_to_node(entry.node, Some(entry.tunnel), data.len())
                 .and_then(|(addr, probe)| {
                     push_frame(
@@ -350,8 +411,24 @@ fn wan_batch(sh: &Shared, si: usize, rx: &RecvBatch, tx: &mut TxBatch) {
                         probe,
                         rcv,
                     )
-                })
-                .map(|()| ForwardKind::EspToData),
+                }) {
+                Ok(()) => Ok(ForwardKind::EspToData),
+                // Its node is declared dead: held a moment, it may answer its probes again (a
+                // node that restarted, just given a CHILD_SA); dropped as before after it.
+                Err(DropReason::NodeDead)
+                    if hold.push(esp_spi(data), b.now, (src, local), data) =>
+                {
+                    Ok(ForwardKind::EspHeld)
+                }
+                Err(r) => Err(r),
+            },
+            WanAction::UnknownSpi(spi) => {
+                if hold.push(spi, b.now, (src, local), data) {
+                    Ok(ForwardKind::EspHeld)
+                } else {
+                    Err(DropReason::UnknownSpi)
+                }
+            }
             WanAction::Keepalive => Ok(ForwardKind::NatKeepalives),
             WanAction::Drop(r) => Err(r),
         };

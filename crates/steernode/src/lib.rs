@@ -40,6 +40,7 @@ mod config;
 mod error;
 mod forward;
 mod health;
+mod hold;
 mod limits;
 mod node;
 mod stats;

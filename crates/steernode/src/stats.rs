@@ -115,6 +115,9 @@ reasons! {
         IkeToControl => "ike_to_control",
         /// ESP datagrams sent to data nodes.
         EspToData => "esp_to_data",
+        /// ESP datagrams for an SPI not steered yet, held until it is (counted when held;
+        /// those released count in `esp_to_data` too, the others as `unknown_spi` drops).
+        EspHeld => "esp_held",
         /// VXLAN datagrams steered by selector to a data node.
         VxlanToData => "vxlan_to_data",
         /// VXLAN datagrams (ARP, neighbour discovery, gateway traffic) sent to a VNI's

@@ -96,6 +96,44 @@ fn esp_goes_to_its_data_node_and_the_answer_leaves_from_the_vip() {
     steer.shutdown();
 }
 
+/// ESP the peer sends on a CHILD_SA before its SPI is steered (it may, once it answered the
+/// CREATE_CHILD_SA) is held and sent on in order once the SPI is steered.
+#[test]
+fn esp_for_an_spi_steered_a_moment_later_is_held_and_sent_on() {
+    let steer = start(patient_health(), None);
+    let local = steer.local_addrs().clone();
+    let node = socket("127.0.1.1");
+    let peer = socket("127.0.0.50");
+    steer
+        .set_data_nodes(vec![(NodeId(1), node.local_addr().unwrap())])
+        .unwrap();
+    let first = esp(0x2000, 1, 100);
+    let second = esp(0x2000, 2, 100);
+    peer.send_to(&first, local.natt[0]).unwrap();
+    peer.send_to(&second, local.natt[0]).unwrap();
+    wait_stats(&steer, "two held", |s| {
+        s.forwarded.get(ForwardKind::EspHeld) == 2
+    });
+    assert!(recv_frame(&node, false, Duration::from_millis(20)).is_none());
+    steer
+        .set_spi(
+            EspSpi(0x2000),
+            SpiEntry {
+                node: NodeId(1),
+                tunnel: TunnelId(5),
+            },
+        )
+        .unwrap();
+    let a = recv_frame(&node, false, DEADLINE).expect("the first held datagram");
+    let b = recv_frame(&node, false, DEADLINE).expect("the second held datagram");
+    assert_eq!(a.payload(), &first[..]);
+    assert_eq!(b.payload(), &second[..]);
+    let s = wait_stats(&steer, "sent on", |s| {
+        s.forwarded.get(ForwardKind::EspToData) == 2
+    });
+    assert_eq!(s.dropped.get(DropReason::UnknownSpi), 0);
+}
+
 #[test]
 fn ike_goes_to_control_and_the_answer_leaves_from_the_port_it_came_to() {
     let steer = start(patient_health(), None);

@@ -616,12 +616,17 @@ impl ClusterCore {
         }
     }
 
-    /// A data node's report: its load for each VNet (the busy fraction of its workers, split
-    /// by its virtual MACs' frames) and each virtual MAC's frames, to its agents.
+    /// A data node's report: its load for each VNet and each virtual MAC's frames, to its
+    /// agents. A VNet's load is the busy fraction of the node's workers times its virtual
+    /// MACs' part of the packets the node handled (`tunnel_packets`, both ways, or their
+    /// frames if more): what the node spends on other work, e.g. opening everything a peer
+    /// sends on the CHILD_SA it holds, is not charged to virtual MACs, which could not take
+    /// it along.
     pub(crate) fn dispatch_report(
         &mut self,
         id: u32,
         utilization: f64,
+        tunnel_packets: u64,
         packets: &[(u32, u16, u64)],
     ) {
         if self.dispatch.settings().is_none() {
@@ -636,7 +641,7 @@ impl ClusterCore {
             let b = before.get(&(vni, v)).copied().unwrap_or(0);
             *per_vni.entry(vni).or_default() += if n >= b { n - b } else { n };
         }
-        let total: u64 = per_vni.values().sum();
+        let total: u64 = per_vni.values().sum::<u64>().max(tunnel_packets);
         let utilization = if utilization.is_finite() {
             utilization.clamp(0.0, 1.0)
         } else {

@@ -590,12 +590,17 @@ impl ClusterCore {
                 load.rate_usage.clone(),
             )
         });
-        let dispatch = (n.role == Role::Data && n.alive)
-            .then(|| (load.utilization, std::mem::take(&mut load.vmac_packets)));
+        let dispatch = (n.role == Role::Data && n.alive).then(|| {
+            (
+                load.utilization,
+                load.packets,
+                std::mem::take(&mut load.vmac_packets),
+            )
+        });
         n.last_report = Some(load);
         n.reports += 1;
-        if let Some((utilization, packets)) = dispatch {
-            self.dispatch_report(id, utilization, &packets);
+        if let Some((utilization, packets, frames)) = dispatch {
+            self.dispatch_report(id, utilization, packets, &frames);
         }
         if let Some((interval, usage)) = steer_usage {
             let usage = usage.into_iter().map(|(t, u)| (steer::TunnelId(t), u));

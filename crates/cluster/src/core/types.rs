@@ -150,6 +150,9 @@ pub struct NodeLoad {
     /// owns, cumulative.
     #[serde(skip)]
     pub vmac_packets: Vec<(u32, u16, u64)>,
+    /// Packets of the node's tunnels during the interval, both ways (data nodes): what the
+    /// busy share is divided by, so that a virtual MAC is charged its frames' part of it.
+    pub packets: u64,
 }
 
 /// A node's Hello as the core takes it (checked against its certificate by the shell).

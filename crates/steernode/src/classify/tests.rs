@@ -248,7 +248,7 @@ fn wan_ike_goes_to_control_esp_by_spi_keepalives_are_not_errors() {
     let unknown = [0, 0xc0, 0xff, 0xef, 0, 0, 0, 1];
     assert_eq!(
         wan(WanPort::NatT, &unknown, &t),
-        WanAction::Drop(DropReason::UnknownSpi)
+        WanAction::UnknownSpi(wire::EspSpi(0x00c0_ffef))
     );
     for short in [&[][..], &[1, 2, 3][..], &[0, 0xc0, 0xff, 0xee, 0, 0, 0][..]] {
         assert_eq!(
