@@ -93,6 +93,8 @@ pub struct DispatchState {
     pub(crate) deleting: std::collections::HashSet<EspSpi>,
     /// Nodes that restarted: they join the ring again only once they hold the CHILD_SAs.
     rejoin: std::collections::HashSet<u32>,
+    /// Nodes that refused a table, and when: sent one again after [`super::REKEY_RETRY`].
+    refused: HashMap<u32, Instant>,
 }
 
 impl DispatchState {
@@ -301,6 +303,11 @@ impl ClusterCore {
         for m in moves {
             d.remember(m);
         }
+        // Nodes that refused a table get one again once the retry interval is over.
+        let before = d.refused.len();
+        d.refused
+            .retain(|_, at| now.saturating_duration_since(*at) < super::REKEY_RETRY);
+        d.dirty |= d.refused.len() != before;
         if std::mem::take(&mut d.dirty) {
             self.dispatch_send();
         }
@@ -707,7 +714,13 @@ impl ClusterCore {
         let targets: Vec<u32> = self
             .nodes
             .iter()
-            .filter(|(_, n)| n.role == Role::Data && n.alive && n.session_open && n.vtep.is_some())
+            .filter(|(id, n)| {
+                n.role == Role::Data
+                    && n.alive
+                    && n.session_open
+                    && n.vtep.is_some()
+                    && !self.dispatch.refused.contains_key(id)
+            })
             .map(|(id, _)| *id)
             .collect();
         let confirmed = |d: &DispatchState, owner: u32, vni: u32, v: usize| {
@@ -769,12 +782,11 @@ impl ClusterCore {
         } else {
             warn!(
                 node = p.node,
-                "data node did not take its self-dispatch table; sending it again"
+                "data node did not take its self-dispatch table; sending it again in {:?}",
+                super::REKEY_RETRY
             );
-            // Sent again on the next update.
             self.dispatch.sent.remove(&p.node);
-            self.dispatch.dirty = true;
-            self.dispatch_update(now);
+            self.dispatch.refused.insert(p.node, now);
         }
     }
 
@@ -796,6 +808,7 @@ impl ClusterCore {
         self.dispatch.held.remove(&id);
         self.dispatch.packets.remove(&id);
         self.dispatch.pending.retain(|p| p.node != id);
+        self.dispatch.refused.remove(&id);
         self.dispatch.dirty = true;
     }
 

@@ -450,3 +450,19 @@ fn a_restarted_nodes_lost_child_sa_is_deleted_not_rekeyed() {
     c.handle_tick(now + Duration::from_secs(11));
     assert!(c.dispatch_status(now).ring.contains(&d2));
 }
+
+#[test]
+fn a_refused_table_is_sent_again_after_the_retry_interval() {
+    let now = Instant::now();
+    let mut c = core(DispatchMode::SelfDispatch, now);
+    hello(&mut c, "data1", now);
+    let t = tables(&mut c);
+    assert_eq!(t.len(), 1);
+    c.handle_dispatch_answer(t[0].1, false, now);
+    c.handle_tick(now + Duration::from_secs(1));
+    assert!(tables(&mut c).is_empty(), "not at once");
+    c.handle_tick(now + Duration::from_secs(6));
+    let again = tables(&mut c);
+    assert_eq!(again.len(), 1);
+    assert_eq!(again[0].2, t[0].2);
+}
