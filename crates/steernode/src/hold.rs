@@ -140,6 +140,25 @@ impl Hold {
         if self.held.is_empty() || !(changed || expiring || node_due) {
             return out;
         }
+        if !(changed || node_due) {
+            // Only the oldest expired: nothing can have become steerable since the last look
+            // (the tables are the same), so only the expired ones at the front go, without a
+            // look at the others (a slow stream of unknown SPIs costs no scan per batch).
+            while let Some(h) = self
+                .held
+                .front()
+                .filter(|h| now.saturating_duration_since(h.at) >= HOLD_FOR)
+            {
+                if h.for_node {
+                    out.expired_dead += 1;
+                } else {
+                    out.expired += 1;
+                }
+                self.bytes -= h.payload.len();
+                self.held.pop_front();
+            }
+            return out;
+        }
         self.seen = Some(Arc::clone(tables));
         self.node_wait = None;
         let mut kept = VecDeque::with_capacity(self.held.len());
