@@ -108,7 +108,8 @@ impl Agent {
                 (i, if n >= before { n - before } else { n })
             })
             .collect();
-        self.last = now;
+        // Merged: a virtual MAC that comes back goes on from its count then.
+        self.last.extend(now.iter().map(|(k, v)| (*k, *v)));
         let total: u64 = delta.iter().map(|(_, d)| d).sum();
         let per_vmac = delta.into_iter().filter(|(_, d)| *d > 0).map(|(i, d)| {
             // Fractions of a total above zero.

@@ -416,7 +416,7 @@ fn wan_batch(sh: &Shared, si: usize, rx: &RecvBatch, tx: &mut TxBatch, hold: &mu
                 // Its node is declared dead: held a moment, it may answer its probes again (a
                 // node that restarted, just given a CHILD_SA); dropped as before after it.
                 Err(DropReason::NodeDead)
-                    if hold.push(esp_spi(data), b.now, (src, local), data) =>
+                    if hold.push_for_node(esp_spi(data), b.now, (src, local), data) =>
                 {
                     Ok(ForwardKind::EspHeld)
                 }

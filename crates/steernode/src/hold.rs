@@ -100,6 +100,25 @@ impl Hold {
         true
     }
 
+    /// Holds a datagram for `spi` whose data node is declared dead (see
+    /// [`Hold::wait_for_node`]); false if the hold is full.
+    pub(crate) fn push_for_node(
+        &mut self,
+        spi: EspSpi,
+        now: Instant,
+        addrs: (SocketAddr, SocketAddr),
+        payload: &[u8],
+    ) -> bool {
+        if !self.push(spi, now, addrs, payload) {
+            return false;
+        }
+        if let Some(h) = self.held.back_mut() {
+            h.for_node = true;
+        }
+        self.node_wait.get_or_insert(now);
+        true
+    }
+
     /// True if nothing is held.
     pub(crate) fn is_empty(&self) -> bool {
         self.held.is_empty()

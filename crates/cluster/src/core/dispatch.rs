@@ -200,9 +200,11 @@ impl ClusterCore {
             .filter(|id| {
                 (self.dispatch.ring.contains(id) && !self.dispatch.rejoin.contains(id))
                     || up.iter().all(|t| {
-                        self.children
-                            .values()
-                            .any(|c| c.tunnel == *t && c.node == Some(*id))
+                        self.children.iter().any(|(spi, c)| {
+                            c.tunnel == *t
+                                && c.node == Some(*id)
+                                && !self.dispatch.deleting.contains(spi)
+                        })
                     })
             })
             .collect()
@@ -319,11 +321,14 @@ impl ClusterCore {
     /// gives them no virtual MAC any more: their CHILD_SAs of spread tunnels are deleted with
     /// the peer, as those of a lost node, once the tunnel has one on a node of the ring.
     fn spread_retire(&mut self) {
+        let candidates = self.dispatch_candidates();
         let ring = &self.dispatch.ring;
+        // Not a node that is joining (a candidate out of the ring until it holds every
+        // tunnel's CHILD_SA): only one that may not serve (drained, parked, leaving).
         let retired: Vec<u32> = self
             .nodes
             .iter()
-            .filter(|(id, n)| n.role == Role::Data && n.alive && !ring.contains(id))
+            .filter(|(id, n)| n.role == Role::Data && n.alive && !candidates.contains(id))
             .filter(|(id, _)| {
                 !self.dispatch.pending.iter().any(|p| p.node == **id)
                     && self
@@ -460,6 +465,8 @@ impl ClusterCore {
             }
         }
         self.outbox.add_children.extend(ask);
+        let tunnels = &self.tunnels;
+        self.dispatch.adding.retain(|t, _| tunnels.contains_key(t));
     }
 
     /// Data node `id` was lost: the CHILD_SAs it held of spread tunnels are deleted with the
@@ -642,7 +649,13 @@ impl ClusterCore {
         let d = &mut self.dispatch;
         let now: BTreeMap<(u32, u16), u64> =
             packets.iter().map(|&(vni, v, n)| ((vni, v), n)).collect();
-        let before = d.packets.insert(id, now.clone()).unwrap_or_default();
+        // Merged, not replaced: a virtual MAC that comes back to the node goes on from its
+        // count then (the node keeps counting it across tables).
+        let before = d.packets.get(&id).cloned().unwrap_or_default();
+        d.packets
+            .entry(id)
+            .or_default()
+            .extend(now.iter().map(|(k, v)| (*k, *v)));
         let mut per_vni: BTreeMap<u32, u64> = BTreeMap::new();
         for (&(vni, v), &n) in &now {
             let b = before.get(&(vni, v)).copied().unwrap_or(0);
@@ -723,21 +736,28 @@ impl ClusterCore {
             })
             .map(|(id, _)| *id)
             .collect();
+        // The owner confirmed a table giving it v, and none it has not answered yet takes v
+        // from it again.
         let confirmed = |d: &DispatchState, owner: u32, vni: u32, v: usize| {
-            d.held
-                .get(&owner)
-                .and_then(|h| h.get(&vni))
-                .is_some_and(|o| o.get(v) == Some(&owner))
+            let owns = |o: &Owners| o.get(&vni).is_some_and(|o| o.get(v) == Some(&owner));
+            d.held.get(&owner).is_some_and(owns)
+                && d.pending
+                    .iter()
+                    .filter(|p| p.node == owner)
+                    .all(|p| owns(&p.owners))
         };
         for id in targets {
             let mut table: Owners = BTreeMap::new();
             for (vni, owners) in &desired {
                 let before = self.dispatch.sent.get(&id).and_then(|s| s.get(vni));
+                let confirmed_before = self.dispatch.held.get(&id).and_then(|s| s.get(vni));
                 let mine: Vec<u32> = owners
                     .iter()
                     .enumerate()
                     .map(|(v, &owner)| {
-                        let had = before.is_some_and(|b| b.get(v) == Some(&id));
+                        // What it was last sent or last confirmed.
+                        let had = before.is_some_and(|b| b.get(v) == Some(&id))
+                            || confirmed_before.is_some_and(|b| b.get(v) == Some(&id));
                         if owner != id && had && !confirmed(&self.dispatch, owner, *vni, v) {
                             id
                         } else {
@@ -808,6 +828,23 @@ impl ClusterCore {
         self.dispatch.held.remove(&id);
         self.dispatch.packets.remove(&id);
         self.dispatch.pending.retain(|p| p.node != id);
+        self.dispatch.refused.remove(&id);
+        self.dispatch.loads.remove(&id);
+        self.dispatch.dirty = true;
+    }
+
+    /// Data node `id` opened a new session without restarting: it still holds its last table;
+    /// what it had not answered on the old session is sent again if still wanted.
+    pub(crate) fn dispatch_reconnected(&mut self, id: u32) {
+        self.dispatch.pending.retain(|p| p.node != id);
+        match self.dispatch.held.get(&id).cloned() {
+            Some(h) => {
+                self.dispatch.sent.insert(id, h);
+            }
+            None => {
+                self.dispatch.sent.remove(&id);
+            }
+        }
         self.dispatch.refused.remove(&id);
         self.dispatch.dirty = true;
     }

@@ -466,3 +466,57 @@ fn a_refused_table_is_sent_again_after_the_retry_interval() {
     assert_eq!(again.len(), 1);
     assert_eq!(again[0].2, t[0].2);
 }
+
+#[test]
+fn a_joining_node_keeps_its_first_child_sa_until_it_holds_every_tunnels() {
+    let now = Instant::now();
+    let t2 = ike::TunnelId(2);
+    let mut c = ClusterCore::new(
+        "10.0.0.10:6081".parse().unwrap(),
+        Default::default(),
+        [TUNNEL, t2]
+            .into_iter()
+            .map(|id| TunnelMeta {
+                id,
+                name: format!("t{}", id.0),
+                vni: Some(VNI),
+                rate_limit_mbit: None,
+            })
+            .collect(),
+        BTreeMap::from([(VNI, vec!["10.1.0.1".to_owned()])]),
+        Duration::from_secs(5),
+    );
+    c.set_dispatch_settings(settings(), now);
+    c.handle_reconcile(&[], now);
+    hello(&mut c, "data1", now);
+    drop(c.poll_outbox());
+    install(&mut c, child(100, None), now);
+    install(
+        &mut c,
+        NewChild {
+            tunnel: t2,
+            ..child(110, None)
+        },
+        now,
+    );
+    let d2 = hello(&mut c, "data2", now);
+    // data2 confirms its table (it owns nothing yet).
+    let t = tables(&mut c);
+    let r = confirm(&mut c, &t, now);
+    confirm(&mut c, &r, now);
+    // data2's first CHILD_SA (tunnel 1) arrives; it is not in the ring yet (tunnel 2's is
+    // missing), and that CHILD_SA is not deleted.
+    assert_eq!(install(&mut c, child(200, None), now), d2);
+    c.handle_tick(now + Duration::from_secs(1));
+    let out = c.poll_outbox();
+    assert!(out.delete_children.is_empty(), "{:?}", out.delete_children);
+    assert!(!c.dispatch_status(now).ring.contains(&d2));
+    let t2_child = NewChild {
+        tunnel: t2,
+        ..child(210, None)
+    };
+    assert_eq!(install(&mut c, t2_child, now), d2);
+    c.handle_tick(now + Duration::from_secs(2));
+    assert!(c.dispatch_status(now).ring.contains(&d2));
+    assert!(c.poll_outbox().delete_children.is_empty());
+}

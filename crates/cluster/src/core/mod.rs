@@ -398,6 +398,7 @@ impl ClusterCore {
             self.shares.remove_node(steer::NodeId(id));
         }
         let previous = self.nodes.get(&id);
+        let previous_missing = previous.is_none();
         let restarted = previous.is_some_and(|n| n.boot_id != boot_id || n.role != role);
         // A drain or a park outlives a reconnect (not a restart of the process); a node the
         // provider started joins the reserve.
@@ -437,9 +438,13 @@ impl ClusterCore {
                     rekey.retain(|t| !spread.contains(t));
                     self.dispatch_restarted(id);
                 }
-                // A new session: its self-dispatch table is sent whole (after a restart
-                // it has none; otherwise it is the same).
-                self.dispatch_forget(id);
+                // Self-dispatch: after a restart it holds no table (sent whole); after a
+                // reconnect the one it confirmed.
+                if restarted || previous_missing {
+                    self.dispatch_forget(id);
+                } else {
+                    self.dispatch_reconnected(id);
+                }
                 let orphans = self.adopt(id, installed);
                 self.emit(id, Directive::DataConfig, Await::Nothing);
                 // Every attachment, after the VNets it names (a restarted node lost them).
