@@ -520,3 +520,22 @@ fn a_joining_node_keeps_its_first_child_sa_until_it_holds_every_tunnels() {
     assert!(c.dispatch_status(now).ring.contains(&d2));
     assert!(c.poll_outbox().delete_children.is_empty());
 }
+
+#[test]
+fn a_reconnect_keeps_the_confirmed_table_and_resends_an_unanswered_one() {
+    let now = Instant::now();
+    let mut c = core(DispatchMode::SelfDispatch, now);
+    hello(&mut c, "data1", now);
+    let first = tables(&mut c);
+    assert_eq!(first.len(), 1);
+    // The session ends before the answer; the node comes back without restarting: the table
+    // is sent again (its answer was lost with the session).
+    hello(&mut c, "data1", now);
+    let again = tables(&mut c);
+    assert_eq!(again.len(), 1);
+    assert_eq!(again[0].2, first[0].2);
+    confirm(&mut c, &again, now);
+    // Confirmed, then a reconnect: nothing to send, it holds it.
+    hello(&mut c, "data1", now);
+    assert!(tables(&mut c).is_empty());
+}
