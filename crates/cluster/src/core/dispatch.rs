@@ -2,8 +2,9 @@
 //! ring of data nodes, who owns each virtual MAC of every VNet, and each data node's table.
 //!
 //! The ring's agents (`dispatch::Agent`, Algorithm 5) run here, one per data node and VNet,
-//! fed by the nodes' reports (the busy fraction of their workers and each owned virtual MAC's
-//! frames); their messages (loads to the predecessor every `T_L`, offers and
+//! fed by the nodes' reports (the busy fraction of their workers, charged to the VNets by
+//! their virtual MACs' part of the node's packets, and each owned virtual MAC's frames); their
+//! messages (loads to the predecessor every `T_L`, offers and
 //! acknowledgements) are delivered between them in this process. What the data nodes see of
 //! it is their table ([`Directive::SetDispatch`]), one per node, built by one rule that makes
 //! every hand-over lossless, whatever caused it (a move, a join, a node that leaves):
@@ -17,11 +18,14 @@
 //! at once (nobody else is sending them anywhere).
 //!
 //! Membership: the ring is the live data nodes that announced a VTEP and are neither parked,
-//! draining nor leaving, in id order. A node that joins takes an even share at once, an equal
+//! draining nor leaving, in id order, once they hold a CHILD_SA of every spread tunnel that is
+//! up (one per node; see [`ClusterCore::spread`]). A node that joins takes an even share at
+//! once, an equal
 //! part of each other node's virtual MACs (their hosts re-learn from its announcements); one
 //! that fails is replaced by its successor; one that is drained hands its virtual MACs to its
 //! successor as a move does. A new active control node starts again from Algorithm 1's
-//! partition: the nodes' tables move to it by the same rule.
+//! partition; it does not know the nodes' tables, so they move to it at once (the old owners
+//! still send late frames on for `linger`).
 
 use super::{Await, ClusterCore, Directive, Role};
 use control::config::{ClusterDispatch, DispatchMode};
