@@ -184,6 +184,27 @@ impl<'a> Batch<'a> {
         Ok((addr, probe))
     }
 
+    /// Queues ESP datagram `rcv` to the data node of its SPI `entry` (admitted as
+    /// [`Self::admit_to_node`] does, with the tunnel option).
+    fn esp_to_node(
+        &mut self,
+        tx: &mut TxBatch,
+        entry: steer::SpiEntry,
+        rcv: Received<'_>,
+    ) -> Result<(), DropReason> {
+        let (addr, probe) =
+            self.admit_to_node(entry.node, Some(entry.tunnel), rcv.payload.len())?;
+        push_frame(
+            tx,
+            self.sh.geneve,
+            addr,
+            Vni::default(),
+            Some(entry.tunnel),
+            probe,
+            rcv,
+        )
+    }
+
     /// Reports deaths noticed during the batch and releases the locks.
     fn finish(mut self) {
         let now = self.now;
@@ -347,20 +368,7 @@ fn release_held(sh: &Shared, hold: &mut Hold, tx: &mut TxBatch) {
             local: h.local,
             payload: &h.payload,
         };
-        let result = b
-            .admit_to_node(entry.node, Some(entry.tunnel), h.payload.len())
-            .and_then(|(addr, probe)| {
-                push_frame(
-                    tx,
-                    sh.geneve,
-                    addr,
-                    Vni::default(),
-                    Some(entry.tunnel),
-                    probe,
-                    rcv,
-                )
-            });
-        match result {
+        match b.esp_to_node(tx, entry, rcv) {
             Ok(()) => counters.forwarded(ForwardKind::EspToData, 1),
             Err(DropReason::NodeDead) => {
                 let now = b.now;
@@ -399,19 +407,7 @@ fn wan_batch(sh: &Shared, si: usize, rx: &RecvBatch, tx: &mut TxBatch, hold: &mu
                 push_frame(tx, sh.geneve, control, Vni::default(), None, None, rcv)
                     .map(|()| ForwardKind::IkeToControl)
             }
-            WanAction::Data(entry) => match b
-                .admit_to_node(entry.node, Some(entry.tunnel), data.len())
-                .and_then(|(addr, probe)| {
-                    push_frame(
-                        tx,
-                        sh.geneve,
-                        addr,
-                        Vni::default(),
-                        Some(entry.tunnel),
-                        probe,
-                        rcv,
-                    )
-                }) {
+            WanAction::Data(entry) => match b.esp_to_node(tx, entry, rcv) {
                 Ok(()) => Ok(ForwardKind::EspToData),
                 // Its node is declared dead: held a moment, it may answer its probes again (a
                 // node that restarted, just given a CHILD_SA); dropped as before after it.
