@@ -206,6 +206,21 @@ mod tests {
     use super::*;
     use steer::{NodeId, SpiEntry, TunnelId};
 
+    /// Tables that steer `spi` to node 1.
+    fn steering(spi: EspSpi) -> Arc<Tables> {
+        let mut t = Tables::default();
+        t.spis
+            .insert(
+                spi,
+                SpiEntry {
+                    node: NodeId(1),
+                    tunnel: TunnelId(1),
+                },
+            )
+            .unwrap();
+        Arc::new(t)
+    }
+
     fn addrs() -> (SocketAddr, SocketAddr) {
         (
             "198.51.100.2:4500".parse().unwrap(),
@@ -224,17 +239,7 @@ mod tests {
         let r = hold.release(&empty, t0);
         assert!(r.ready.is_empty() && r.expired == 0);
         // SPI 7 steered: its two datagrams, in order; 8 waits.
-        let mut t = Tables::default();
-        t.spis
-            .insert(
-                EspSpi(0x1007),
-                SpiEntry {
-                    node: NodeId(1),
-                    tunnel: TunnelId(1),
-                },
-            )
-            .unwrap();
-        let t = Arc::new(t);
+        let t = steering(EspSpi(0x1007));
         let r = hold.release(&t, t0 + Duration::from_millis(3));
         let got: Vec<Vec<u8>> = r.ready.iter().map(|h| h.payload.clone()).collect();
         assert_eq!(got, vec![vec![1, 2, 3], vec![5]]);
@@ -267,17 +272,7 @@ mod tests {
     fn a_datagram_waiting_for_its_node_is_looked_at_again_until_it_expires() {
         let t0 = Instant::now();
         let mut hold = Hold::default();
-        let mut t = Tables::default();
-        t.spis
-            .insert(
-                EspSpi(0x1007),
-                SpiEntry {
-                    node: NodeId(1),
-                    tunnel: TunnelId(1),
-                },
-            )
-            .unwrap();
-        let t = Arc::new(t);
+        let t = steering(EspSpi(0x1007));
         assert!(hold.push(EspSpi(0x1007), t0, addrs(), &[1]));
         let mut r = hold.release(&t, t0);
         let h = r.ready.pop().unwrap();
