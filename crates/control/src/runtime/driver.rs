@@ -162,14 +162,7 @@ impl Driver {
                 let _ = reply.send(self.persist.rotate_key());
             }
             Command::Initiate(tunnel, reply) => {
-                let result = if self.shutdown_deadline.is_some() {
-                    Err(CommandFailure::ShuttingDown)
-                } else {
-                    self.endpoint
-                        .initiate(now, tunnel)
-                        .map_err(CommandFailure::Engine)
-                };
-                let _ = reply.send(result);
+                let _ = reply.send(self.unless_shutting_down(|d| d.endpoint.initiate(now, tunnel)));
             }
             Command::Terminate(tunnel, reply) => {
                 self.restart.retain(|t| *t != tunnel);
@@ -180,43 +173,20 @@ impl Driver {
                 );
             }
             Command::RekeyChild(tunnel, reply) => {
-                let result = if self.shutdown_deadline.is_some() {
-                    Err(CommandFailure::ShuttingDown)
-                } else {
-                    self.rekey_tunnel_child(now, tunnel)
-                        .map_err(CommandFailure::Engine)
-                };
-                let _ = reply.send(result);
+                let _ =
+                    reply.send(self.unless_shutting_down(|d| d.rekey_tunnel_child(now, tunnel)));
             }
             Command::RekeyIke(tunnel, reply) => {
-                let result = if self.shutdown_deadline.is_some() {
-                    Err(CommandFailure::ShuttingDown)
-                } else {
-                    self.endpoint
-                        .rekey_ike(now, tunnel)
-                        .map_err(CommandFailure::Engine)
-                };
-                let _ = reply.send(result);
+                let _ =
+                    reply.send(self.unless_shutting_down(|d| d.endpoint.rekey_ike(now, tunnel)));
             }
             Command::AddChild(tunnel, reply) => {
-                let result = if self.shutdown_deadline.is_some() {
-                    Err(CommandFailure::ShuttingDown)
-                } else {
-                    self.endpoint
-                        .add_child(now, tunnel)
-                        .map_err(CommandFailure::Engine)
-                };
-                let _ = reply.send(result);
+                let _ =
+                    reply.send(self.unless_shutting_down(|d| d.endpoint.add_child(now, tunnel)));
             }
             Command::DeleteChild(spi, reply) => {
-                let result = if self.shutdown_deadline.is_some() {
-                    Err(CommandFailure::ShuttingDown)
-                } else {
-                    self.endpoint
-                        .delete_child(now, spi)
-                        .map_err(CommandFailure::Engine)
-                };
-                let _ = reply.send(result);
+                let _ =
+                    reply.send(self.unless_shutting_down(|d| d.endpoint.delete_child(now, spi)));
             }
             Command::Apply(request, reply) => {
                 let _ = reply.send(self.apply(now, *request));
@@ -238,6 +208,17 @@ impl Driver {
             Command::Shutdown { grace } => self.begin_shutdown(now, grace),
             Command::Abort => self.aborted = true,
         }
+    }
+
+    /// Runs an engine command unless the loop is shutting down.
+    fn unless_shutting_down(
+        &mut self,
+        command: impl FnOnce(&mut Self) -> Result<(), ike::Error>,
+    ) -> Result<(), CommandFailure> {
+        if self.shutdown_deadline.is_some() {
+            return Err(CommandFailure::ShuttingDown);
+        }
+        command(self).map_err(CommandFailure::Engine)
     }
 
     /// Rekeys the tunnel's CHILD_SA: the oldest one of its newest established IKE SA. A tunnel
