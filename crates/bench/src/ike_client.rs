@@ -144,6 +144,7 @@ fn peer_config(i: u32, cipher: Cipher) -> Result<PeerConfig> {
         dpd_action: DpdAction::Clear,
         start_action: StartAction::None,
         replay_window: MAX_REPLAY_WINDOW,
+        resource_sas: ike::DEFAULT_RESOURCE_SAS,
     })
 }
 

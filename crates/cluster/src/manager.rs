@@ -693,6 +693,10 @@ impl DataPath for Cluster {
         self.finish(q);
     }
 
+    fn children_capped(&self, tunnel: TunnelId) {
+        self.state().core.handle_children_capped(tunnel);
+    }
+
     fn update_peer(&self, tunnel: TunnelId, ike: IkeSpis, local: SocketAddr, remote: SocketAddr) {
         let sh = self.state();
         let links: Vec<(String, Arc<dyn NodeLink>)> = sh

@@ -71,6 +71,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         dpd_action: DpdAction::Clear,
         start_action: StartAction::None,
         replay_window: 64,
+        resource_sas: protego_ike::DEFAULT_RESOURCE_SAS,
     };
     let s500 = UdpSocket::bind(SocketAddr::new(local, 500))?;
     let s4500 = UdpSocket::bind(SocketAddr::new(local, 4500))?;

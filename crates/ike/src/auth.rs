@@ -4,7 +4,7 @@
 //! CHILD_SA.
 
 use crate::{
-    child::offer_payloads,
+    child::{offer_payloads, resource_info},
     config::PeerConfig,
     event::{DeleteReason, Event},
     init::candidates,
@@ -24,6 +24,8 @@ pub(crate) struct ChildOffer {
     pub(crate) spi: EspSpi,
     pub(crate) local_ts: Vec<TrafficSelector>,
     pub(crate) remote_ts: Vec<TrafficSelector>,
+    /// We offered SA_RESOURCE_INFO with it (RFC 9611).
+    pub(crate) resource: bool,
 }
 
 /// Initiator state while IKE_AUTH is outstanding ("expect IKE_AUTH response").
@@ -84,10 +86,16 @@ impl IkeSa {
             let (sa, ts) = offer_payloads(cfg, spi, false, None, &cfg.local_ts, &cfg.remote_ts);
             payloads.push(sa);
             payloads.extend(ts);
+            // RFC 9611: the first CHILD_SA of a group of per-resource ones (the peer's fallback).
+            let resource = cfg.resource_sas > 0;
+            if resource {
+                payloads.push(resource_info());
+            }
             Some(ChildOffer {
                 spi,
                 local_ts: cfg.local_ts.clone(),
                 remote_ts: cfg.remote_ts.clone(),
+                resource,
             })
         };
         let spi = child.as_ref().map(|c| c.spi);
@@ -168,6 +176,7 @@ impl IkeSa {
         if let Some(n) = first_error(payloads) {
             warn!(ispi = %self.spis.initiator, notify = %n.ty, "first CHILD_SA refused");
             ctx.esp_spis.remove(&offer.spi.0);
+            self.child_refused(ctx, n.ty);
             return;
         }
         let (ni, nr) = (self.ni.clone(), self.nr.clone());
@@ -182,10 +191,14 @@ impl IkeSa {
             &nr,
             false,
         ) {
-            Ok(child) => self.install_child(ctx, child, None, true),
+            Ok(mut child) => {
+                child.resource = Self::resource_answer(offer.resource, payloads);
+                self.install_child(ctx, child, None, true);
+            }
             Err(e) => {
                 warn!(ispi = %self.spis.initiator, error = %e, "unacceptable CHILD_SA in IKE_AUTH response");
                 ctx.esp_spis.remove(&offer.spi.0);
+                self.child_refused(ctx, NotifyType::NO_PROPOSAL_CHOSEN);
                 self.enqueue(crate::sa::Pending::DeleteChildren(
                     vec![offer.spi],
                     DeleteReason::NegotiationFailed,
@@ -359,8 +372,13 @@ impl IkeSa {
         if wants_child {
             let (ni, nr) = (self.ni.clone(), self.nr.clone());
             match self.negotiate_child_responder(ctx, cfg, payloads, &ni, &nr, false) {
-                Ok((p, c)) => {
+                Ok((p, mut c)) => {
                     resp.extend(p);
+                    // The first CHILD_SA: the limit cannot be reached yet.
+                    c.resource = matches!(self.resource_request(cfg, payloads), Ok(true));
+                    if c.resource {
+                        resp.push(resource_info());
+                    }
                     child = Some(c);
                 }
                 Err(e) => {

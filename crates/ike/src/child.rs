@@ -3,6 +3,14 @@
 //! rekeying (§1.3.3, §2.8) including simultaneous rekeys (§2.8.1): the exchange whose lower
 //! nonce is the smallest of the four produced the redundant SA, which its initiator deletes.
 //!
+//! Per-resource CHILD_SAs (RFC 9611): every new CHILD_SA we ask for (IKE_AUTH's included)
+//! carries SA_RESOURCE_INFO when the tunnel allows them (`resource_sas` > 0), and one the peer
+//! asks for with it is answered with it, up to `resource_sas` per IKE SA (then TS_MAX_QUEUE).
+//! Both sides then hold a group of CHILD_SAs with the same selectors that each side may spread
+//! its sending over (a peer's CPUs, our data nodes). Rekeys carry no SA_RESOURCE_INFO and keep
+//! the flag, as strongSwan does. A peer that does not answer with it gets a plain parallel
+//! CHILD_SA (RFC 7296 §1.3.1), as before.
+//!
 //! The old CHILD_SA stays installed until the new one is: the data path gets
 //! `ChildSaInstalled { replaces: Some(old) }` first and `ChildSaDeleted` for the old one only
 //! when its DELETE exchange is done. The rekey's initiator sends on the new SA at once (the peer
@@ -51,6 +59,8 @@ pub(crate) struct ChildTask {
     /// deleted the very SA this exchange creates before its answer reached us.
     pub(crate) deleted_spis: Vec<u32>,
     pub(crate) retries: u8,
+    /// We offered SA_RESOURCE_INFO (a new CHILD_SA of a tunnel that allows RFC 9611).
+    pub(crate) resource: bool,
 }
 
 impl ChildTask {
@@ -133,6 +143,13 @@ pub(crate) fn offer_payloads(
     )
 }
 
+/// The SA_RESOURCE_INFO notify we send (RFC 9611 §3.1), offering or accepting a per-resource
+/// CHILD_SA. It names no resource: the identifier is opaque to the peer, and the data node that
+/// will hold the CHILD_SA is chosen only once it is installed.
+pub(crate) fn resource_info() -> Payload {
+    Payload::Notify(NotifyPayload::new(NotifyType::SA_RESOURCE_INFO, Vec::new()))
+}
+
 fn one_ts(payloads: &[Payload], initiator: bool) -> Option<&TsPayload> {
     let mut it = payloads.iter().filter_map(|p| match (p, initiator) {
         (Payload::TsI(t), true) | (Payload::TsR(t), false) => Some(t),
@@ -149,6 +166,47 @@ fn to_config_ts(t: &TsPayload) -> Vec<TrafficSelector> {
 }
 
 impl IkeSa {
+    /// Responder side of RFC 9611 for a new CHILD_SA the peer asks for (not a rekey): true if
+    /// it becomes a per-resource one (the peer sent SA_RESOURCE_INFO and the tunnel allows
+    /// them), [`Error::TsMaxQueue`] if this IKE SA holds as many as the tunnel allows.
+    pub(crate) fn resource_request(
+        &self,
+        cfg: &PeerConfig,
+        payloads: &[Payload],
+    ) -> Result<bool, Error> {
+        if cfg.resource_sas == 0 || find_notify(payloads, NotifyType::SA_RESOURCE_INFO).is_none() {
+            return Ok(false);
+        }
+        let held = self
+            .children
+            .iter()
+            .filter(|c| {
+                c.resource && matches!(c.state, ChildState::Installed | ChildState::Rekeying)
+            })
+            .count();
+        if held >= cfg.resource_sas as usize {
+            return Err(Error::TsMaxQueue(cfg.resource_sas));
+        }
+        Ok(true)
+    }
+
+    /// Initiator side of RFC 9611: the new CHILD_SA is a per-resource one if we offered it and
+    /// the peer's answer accepted it with SA_RESOURCE_INFO.
+    pub(crate) fn resource_answer(offered: bool, payloads: &[Payload]) -> bool {
+        offered && find_notify(payloads, NotifyType::SA_RESOURCE_INFO).is_some()
+    }
+
+    /// The peer refused a new CHILD_SA we asked for: tell the driver.
+    pub(crate) fn child_refused(&self, ctx: &mut Ctx<'_>, notify: NotifyType) {
+        if let Some(tunnel) = self.tunnel {
+            ctx.out.events.push_back(Event::ChildSaRefused {
+                tunnel,
+                ike: self.spis,
+                notify,
+            });
+        }
+    }
+
     /// Responder side of CHILD_SA negotiation. `ni`/`nr` are the exchange's nonces (those of
     /// IKE_SA_INIT when called from IKE_AUTH); `pfs` is false in IKE_AUTH. Returns the SA,
     /// [KEr], TSi, TSr payloads of the answer and the CHILD_SA.
@@ -242,6 +300,7 @@ impl IkeSa {
             installed_at: ctx.now,
             timers: ChildTimers::default(),
             predecessor: None,
+            resource: false,
         };
         Ok((out, child))
     }
@@ -326,6 +385,7 @@ impl IkeSa {
             installed_at: ctx.now,
             timers: ChildTimers::default(),
             predecessor: None,
+            resource: false,
         })
     }
 
@@ -507,6 +567,10 @@ impl IkeSa {
             }));
         }
         payloads.extend(ts);
+        let resource = rekey.is_none() && cfg.resource_sas > 0;
+        if resource {
+            payloads.push(resource_info());
+        }
         if let Some(old) = rekey {
             info!(ispi = %self.spis.initiator, spi_in = %old, "rekeying CHILD_SA");
             if let Some(c) = self.child_mut(old) {
@@ -524,6 +588,7 @@ impl IkeSa {
             old_deleted: false,
             deleted_spis: Vec::new(),
             retries,
+            resource,
         };
         let r = self.send_request(
             ctx,
@@ -574,7 +639,16 @@ impl IkeSa {
             &nr,
             true,
         ) {
-            Ok(c) => c,
+            Ok(mut c) => {
+                c.resource = match task.rekey {
+                    Some(old) => self
+                        .children
+                        .iter()
+                        .any(|o| o.inbound_spi == old && o.resource),
+                    None => Self::resource_answer(task.resource, payloads),
+                };
+                c
+            }
             Err(e) => {
                 warn!(ispi = %self.spis.initiator, error = %e, "unacceptable CREATE_CHILD_SA response");
                 // The peer installed its half; delete it (the SPI is unknown locally).
@@ -677,7 +751,10 @@ impl IkeSa {
                 return;
             }
         }
-        let Some(old) = task.rekey else { return };
+        let Some(old) = task.rekey else {
+            self.child_refused(ctx, notify);
+            return;
+        };
         if task.collision.is_some() {
             // The peer rekeyed it already; its replacement wins and it deletes the old SA.
             if let Some(c) = self.child_mut(old) {
@@ -777,13 +854,24 @@ impl IkeSa {
             }
             rekeyed = Some(child.inbound_spi);
         }
+        let resource = match rekeyed {
+            Some(old) => self
+                .children
+                .iter()
+                .any(|c| c.inbound_spi == old && c.resource),
+            None => self.resource_request(cfg, payloads)?,
+        };
         let ni = crate::init::one!(payloads, Nonce, self.spi, "CREATE_CHILD_SA", "Nonce")?
             .data
             .clone();
         let nr = ctx.nonce();
-        let (mut resp, child) =
+        let (mut resp, mut child) =
             self.negotiate_child_responder(ctx, cfg, payloads, &ni, &nr, true)?;
         resp.insert(1, Payload::Nonce(NoncePayload { data: nr.clone() }));
+        child.resource = resource;
+        if resource && rekeyed.is_none() {
+            resp.push(resource_info());
+        }
         if let Some(old) = rekeyed {
             // Remember the nonces for a possible collision with our own rekey of `old`.
             if let Some(Task::Child(t)) = self.active.as_mut().map(|a| &mut a.task) {

@@ -409,7 +409,17 @@ pub struct PeerConfig {
     pub start_action: StartAction,
     /// Anti-replay window in packets for inbound CHILD_SAs.
     pub replay_window: u32,
+    /// Per-resource CHILD_SAs (RFC 9611): the most CHILD_SAs negotiated with SA_RESOURCE_INFO
+    /// that one IKE SA of the tunnel holds (the first, the peer's fallback, included); a request
+    /// for one more is refused with TS_MAX_QUEUE. Zero: RFC 9611 is neither offered nor
+    /// answered (a peer's SA_RESOURCE_INFO is ignored and its CHILD_SAs are plain parallel
+    /// ones, RFC 7296 §1.3.1).
+    pub resource_sas: u32,
 }
+
+/// The default of [`PeerConfig::resource_sas`]: more than the CPUs of most peers (strongSwan
+/// asks for one CHILD_SA per CPU that sends) and the data nodes of a cluster.
+pub const DEFAULT_RESOURCE_SAS: u32 = 64;
 
 impl fmt::Debug for PeerConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -434,6 +444,7 @@ impl fmt::Debug for PeerConfig {
             .field("dpd_action", &self.dpd_action)
             .field("start_action", &self.start_action)
             .field("replay_window", &self.replay_window)
+            .field("resource_sas", &self.resource_sas)
             .finish()
     }
 }

@@ -571,6 +571,7 @@ impl Endpoint {
                         local_ts: c.local_ts.clone(),
                         remote_ts: c.remote_ts.clone(),
                         age_secs: now.saturating_duration_since(c.installed_at).as_secs(),
+                        per_resource: c.resource,
                     })
                     .collect(),
             })

@@ -99,6 +99,9 @@ pub enum Error {
     /// The request collides with an exchange in progress; the peer should retry later.
     #[error("temporary failure: {0}")]
     TemporaryFailure(&'static str),
+    /// The tunnel holds as many per-resource CHILD_SAs as it accepts (RFC 9611 §3.2).
+    #[error("the tunnel holds its most per-resource CHILD_SAs ({0})")]
+    TsMaxQueue(u32),
 }
 
 impl Error {
@@ -130,6 +133,7 @@ impl Error {
             Error::AuthenticationFailed(_) => Some(NotifyType::AUTHENTICATION_FAILED),
             Error::ChildSaNotFound(_) => Some(NotifyType::CHILD_SA_NOT_FOUND),
             Error::TemporaryFailure(_) => Some(NotifyType::TEMPORARY_FAILURE),
+            Error::TsMaxQueue(_) => Some(NotifyType::TS_MAX_QUEUE),
         }
     }
 

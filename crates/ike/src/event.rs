@@ -195,6 +195,18 @@ pub enum Event {
         /// Why.
         reason: DeleteReason,
     },
+    /// The peer refused a new CHILD_SA we asked for (not a rekey): the first one of IKE_AUTH,
+    /// or one more with [`crate::Endpoint::add_child`]. `notify` is the peer's error;
+    /// TS_MAX_QUEUE (RFC 9611) and NO_ADDITIONAL_SAS say it takes no more, so asking again
+    /// is pointless until one of the tunnel's CHILD_SAs is gone.
+    ChildSaRefused {
+        /// The tunnel.
+        tunnel: TunnelId,
+        /// The IKE SA the request went over.
+        ike: IkeSpis,
+        /// The peer's error notify (NO_PROPOSAL_CHOSEN for an answer we could not accept).
+        notify: wire::ike::NotifyType,
+    },
     /// The peer's address or port changed (NAT rebinding, RFC 7296 §2.23): update the outer
     /// addresses of all CHILD_SAs of this IKE SA.
     PeerAddressChanged {
@@ -244,6 +256,8 @@ pub struct ChildSaStatus {
     pub remote_ts: Vec<TrafficSelector>,
     /// Seconds since it was installed.
     pub age_secs: u64,
+    /// Negotiated with SA_RESOURCE_INFO: one of the tunnel's per-resource CHILD_SAs (RFC 9611).
+    pub per_resource: bool,
 }
 
 /// Status of one IKE SA.

@@ -50,7 +50,7 @@ mod unit_tests;
 
 pub use config::{
     DpdAction, EndpointConfig, EspProposal, Identity, IkeProposal, PeerConfig, StartAction,
-    TrafficSelector, TunnelId,
+    TrafficSelector, TunnelId, DEFAULT_RESOURCE_SAS,
 };
 pub use endpoint::Endpoint;
 pub use error::Error;

@@ -158,6 +158,9 @@ pub(crate) struct ChildSa {
     /// that one, its rekey may not be complete on its side (our answer may be lost), so we do
     /// not rekey this one yet.
     pub(crate) predecessor: Option<EspSpi>,
+    /// Negotiated with SA_RESOURCE_INFO (RFC 9611): one of a group of per-resource CHILD_SAs
+    /// with these selectors. A rekey keeps it (without the notify, as strongSwan does).
+    pub(crate) resource: bool,
 }
 
 /// Data kept from IKE_SA_INIT until IKE_AUTH completes (for the AUTH payloads, §2.15).

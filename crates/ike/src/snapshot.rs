@@ -31,8 +31,12 @@ const MAGIC: &[u8; 4] = b"PIKE";
 /// the IV must not repeat for a key). The gap keeps the IVs fresh unless 2^32 messages were
 /// protected since that older copy; the 64-bit counter allows 2^32 restores.
 pub(crate) const RESTORE_IV_GAP: u64 = 1 << 32;
-/// 2: the IKE SA's hard lifetime timer (`over_time`) joined the timers.
-const VERSION: u8 = 2;
+/// 2: the IKE SA's hard lifetime timer (`over_time`) joined the timers. 3: each CHILD_SA ends
+/// with whether it is a per-resource one (RFC 9611). Version 2 is still read (a control node
+/// restoring what an older one stored, its CHILD_SAs then plain ones).
+const VERSION: u8 = 3;
+/// The oldest version [`decode`] reads.
+const OLDEST_VERSION: u8 = 2;
 
 struct W(Zeroizing<Vec<u8>>);
 
@@ -268,6 +272,7 @@ pub(crate) fn encode(sa: &IkeSa, now: Instant) -> Option<Vec<u8>> {
         w.dur(now.saturating_duration_since(c.installed_at));
         w.opt_remaining(c.timers.get(ChildTimer::Rekey), now);
         w.opt_remaining(c.timers.get(ChildTimer::Expire), now);
+        w.bool(c.resource);
     }
     Some(w.0.to_vec())
 }
@@ -282,6 +287,14 @@ fn truncated(_: wire::ike::IkeWireError) -> Error {
 impl R<'_> {
     fn u8(&mut self) -> Result<u8, Error> {
         self.0.u8().map_err(truncated)
+    }
+    /// The format version after the magic: one this reader knows.
+    fn version(&mut self) -> Result<u8, Error> {
+        let v = self.u8()?;
+        if !(OLDEST_VERSION..=VERSION).contains(&v) {
+            return Err(Error::Snapshot("unsupported snapshot version"));
+        }
+        Ok(v)
     }
     fn u16(&mut self) -> Result<u16, Error> {
         self.0.u16().map_err(truncated)
@@ -408,9 +421,7 @@ pub(crate) fn tunnel_of(bytes: &[u8]) -> Result<Option<TunnelId>, Error> {
     if r.0.take(4).map_err(truncated)? != MAGIC {
         return Err(Error::Snapshot("not an IKE SA snapshot"));
     }
-    if r.u8()? != VERSION {
-        return Err(Error::Snapshot("unsupported snapshot version"));
-    }
+    r.version()?;
     for _ in 0..3 {
         r.u64()?;
     }
@@ -426,9 +437,7 @@ pub(crate) fn decode(bytes: &[u8], now: Instant, age: Duration) -> Result<IkeSa,
     if r.0.take(4).map_err(truncated)? != MAGIC {
         return Err(Error::Snapshot("not an IKE SA snapshot"));
     }
-    if r.u8()? != VERSION {
-        return Err(Error::Snapshot("unsupported snapshot version"));
-    }
+    let version = r.version()?;
     let spi = IkeSpi(r.u64()?);
     let spis = IkeSpis {
         initiator: IkeSpi(r.u64()?),
@@ -580,6 +589,7 @@ pub(crate) fn decode(bytes: &[u8], now: Instant, age: Duration) -> Result<IkeSa,
         if let Some(t) = r.opt_remaining(now)? {
             timers.set(ChildTimer::Expire, t);
         }
+        let resource = version >= 3 && r.bool()?;
         sa.children.push(ChildSa {
             inbound_spi,
             outbound_spi,
@@ -592,6 +602,7 @@ pub(crate) fn decode(bytes: &[u8], now: Instant, age: Duration) -> Result<IkeSa,
             installed_at,
             timers,
             predecessor: None,
+            resource,
         });
     }
     r.0.finish()

@@ -6,7 +6,7 @@
 //! passes the ICV. Nothing may panic, and no datagram may be counted twice.
 
 mod harness;
-use crypto::{Encr, SaCipher};
+use crypto::SaCipher;
 use harness::*;
 use protego_ike::*;
 use std::net::SocketAddr;
@@ -122,50 +122,6 @@ fn parser_survives_random_and_mutated_input_and_round_trips() {
     }
     assert!(parsed > 1_000, "{parsed}");
     assert!(round_trips > 100, "{round_trips}");
-}
-
-/// The SK keys of one IKE SA, from the engine's key log line
-/// (`SPIi,SPIr,SK_ei,SK_er,"encr",SK_ai,SK_ar,"integ"`).
-struct SkKeys {
-    initiator: SaCipher,
-    responder: SaCipher,
-}
-
-fn unhex(s: &str) -> Vec<u8> {
-    (0..s.len() / 2)
-        .map(|i| u8::from_str_radix(&s[2 * i..2 * i + 2], 16).expect("hex"))
-        .collect()
-}
-
-fn keys_from_log(line: &str) -> SkKeys {
-    let f: Vec<&str> = line.split(',').collect();
-    assert!(
-        f[4].contains("AES-GCM-256"),
-        "harness default proposal: {line}"
-    );
-    SkKeys {
-        initiator: SaCipher::new(Encr::AesGcm16_256, &unhex(f[2]), None).expect("SK_ei"),
-        responder: SaCipher::new(Encr::AesGcm16_256, &unhex(f[3]), None).expect("SK_er"),
-    }
-}
-
-/// Decrypts an SK-protected message: (header, first inner payload type, inner chain bytes).
-fn open(cipher: &SaCipher, data: &[u8]) -> Option<(Header, PayloadType, Vec<u8>)> {
-    let m = Message::parse(data).ok()?;
-    let enc = m.encrypted?;
-    let body = &data[enc.body.clone()];
-    let (iv_len, icv_len) = (cipher.iv_len(), cipher.icv_len());
-    let mut pt = body[iv_len..body.len() - icv_len].to_vec();
-    cipher
-        .open_in_place(
-            &body[..iv_len],
-            &data[..enc.body.start],
-            &mut pt,
-            &body[body.len() - icv_len..],
-        )
-        .ok()?;
-    let inner = strip_padding(&pt).ok()?.to_vec();
-    Some((m.header, enc.next_inner, inner))
 }
 
 /// Seals `inner` under `header` as the SA would (RFC 7296 §3.14).

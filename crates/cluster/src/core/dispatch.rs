@@ -93,6 +93,9 @@ pub struct DispatchState {
     dirty: bool,
     /// Per spread tunnel, when more CHILD_SAs were last asked for.
     adding: HashMap<ike::TunnelId, Instant>,
+    /// Spread tunnels whose peer takes no more CHILD_SAs (TS_MAX_QUEUE, NO_ADDITIONAL_SAS):
+    /// none is asked for until one of theirs is removed.
+    capped: std::collections::HashSet<ike::TunnelId>,
     /// CHILD_SAs of lost nodes whose deletion was asked for (not rekeyed meanwhile).
     pub(crate) deleting: std::collections::HashSet<EspSpi>,
     /// Nodes that restarted: they join the ring again only once they hold the CHILD_SAs.
@@ -181,10 +184,11 @@ impl ClusterCore {
             .collect()
     }
 
-    /// The ring: the candidates already in it, and those that hold a CHILD_SA of every
-    /// spread tunnel that is up (a node joins once it can seal what its virtual MACs will
-    /// bring; before any tunnel is up every candidate is in). A node in the ring stays while
-    /// a new tunnel's CHILD_SA is on its way to it.
+    /// The ring: the candidates that hold a CHILD_SA of every spread tunnel that is up (a node
+    /// joins once it can seal what its virtual MACs will bring; before any tunnel is up every
+    /// candidate is in). A node in the ring stays while a new tunnel's CHILD_SA is on its way
+    /// to it, but not for a tunnel whose peer takes no more (capped): none will come, and
+    /// what its virtual MACs bring for that tunnel could not be sealed there.
     fn dispatch_ring(&self) -> Vec<u32> {
         let up: Vec<ike::TunnelId> = self
             .tunnels
@@ -202,14 +206,15 @@ impl ClusterCore {
         self.dispatch_candidates()
             .into_iter()
             .filter(|id| {
-                (self.dispatch.ring.contains(id) && !self.dispatch.rejoin.contains(id))
-                    || up.iter().all(|t| {
-                        self.children.iter().any(|(spi, c)| {
+                let stays = self.dispatch.ring.contains(id) && !self.dispatch.rejoin.contains(id);
+                up.iter().all(|t| {
+                    (stays && !self.dispatch.capped.contains(t))
+                        || self.children.iter().any(|(spi, c)| {
                             c.tunnel == *t
                                 && c.node == Some(*id)
                                 && !self.dispatch.deleting.contains(spi)
                         })
-                    })
+                })
             })
             .collect()
     }
@@ -442,7 +447,7 @@ impl ClusterCore {
                 continue;
             }
             let held = self.spread_held(t);
-            if held.is_empty() {
+            if held.is_empty() || self.dispatch.capped.contains(&t) {
                 continue;
             }
             let missing = self
@@ -471,6 +476,26 @@ impl ClusterCore {
         self.outbox.add_children.extend(ask);
         let tunnels = &self.tunnels;
         self.dispatch.adding.retain(|t, _| tunnels.contains_key(t));
+        self.dispatch.capped.retain(|t| tunnels.contains_key(t));
+    }
+
+    /// The peer of `tunnel` refused one more CHILD_SA for good (TS_MAX_QUEUE, RFC 9611, or
+    /// NO_ADDITIONAL_SAS): no more is asked for until one of the tunnel's is removed. The
+    /// candidates still without one of its CHILD_SAs stay out of the ring (they could not seal
+    /// its traffic).
+    pub fn handle_children_capped(&mut self, tunnel: ike::TunnelId) {
+        if self.dispatch.capped.insert(tunnel) {
+            warn!(
+                tunnel = tunnel.0,
+                held = self.spread_held(tunnel).values().sum::<usize>(),
+                "the peer takes no more CHILD_SAs of this tunnel: not asking for more until one is removed"
+            );
+        }
+    }
+
+    /// One of `tunnel`'s CHILD_SAs was removed: its peer may take another.
+    pub(crate) fn spread_uncap(&mut self, tunnel: ike::TunnelId) {
+        self.dispatch.capped.remove(&tunnel);
     }
 
     /// Data node `id` was lost: the CHILD_SAs it held of spread tunnels are deleted with the

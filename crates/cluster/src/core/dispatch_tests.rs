@@ -360,6 +360,40 @@ fn a_spread_tunnel_gets_a_child_sa_on_every_node_and_loses_only_a_dead_nodes() {
 }
 
 #[test]
+fn a_peer_that_takes_no_more_child_sas_is_not_asked_again_until_one_is_removed() {
+    let now = Instant::now();
+    let mut c = core(DispatchMode::SelfDispatch, now);
+    c.handle_reconcile(&[], now);
+    for n in ["data1", "data2", "data3"] {
+        hello(&mut c, n, now);
+    }
+    drop(c.poll_outbox());
+    let id = |c: &ClusterCore, n: &str| c.known_id(n).unwrap();
+    // The peer's own CHILD_SAs (per-resource ones, RFC 9611, or plain parallel ones) go to
+    // the nodes that hold none of the tunnel's, one each.
+    assert_eq!(install(&mut c, child(100, None), now), id(&c, "data1"));
+    assert_eq!(install(&mut c, child(200, None), now), id(&c, "data2"));
+    c.handle_tick(now);
+    assert_eq!(c.poll_outbox().add_children, vec![TUNNEL]);
+    // data3 stays in the ring while its CHILD_SA is on its way.
+    assert!(c.dispatch_status(now).ring.contains(&id(&c, "data3")));
+    // The peer answers TS_MAX_QUEUE: data3 gets none, none is asked for however long, and
+    // data3 leaves the ring (it could not seal what its virtual MACs bring).
+    c.handle_children_capped(TUNNEL);
+    for s in [10, 20, 60] {
+        c.handle_tick(now + Duration::from_secs(s));
+        assert!(c.poll_outbox().add_children.is_empty(), "at {s} s");
+    }
+    let ring = c.dispatch_status(now).ring;
+    assert_eq!(ring, vec![id(&c, "data1"), id(&c, "data2")]);
+    // One of the tunnel's CHILD_SAs is gone: asking again (for data2 and data3).
+    c.handle_remove(TUNNEL, wire::EspSpi(200), wire::EspSpi(1200), now);
+    drop(c.poll_outbox());
+    c.handle_tick(now + Duration::from_secs(70));
+    assert_eq!(c.poll_outbox().add_children, vec![TUNNEL, TUNNEL]);
+}
+
+#[test]
 fn in_steer_mode_a_tunnel_is_not_spread() {
     let now = Instant::now();
     let mut c = core(DispatchMode::Steer, now);

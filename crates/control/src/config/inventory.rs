@@ -295,6 +295,7 @@ pub fn tunnel_change(old: &Tunnel, new: &Tunnel) -> TunnelChange {
         && a.dpd_action == b.dpd_action
         && a.start_action == b.start_action
         && a.replay_window == b.replay_window
+        && a.resource_sas == b.resource_sas
         && old.rate_limit_mbit == new.rate_limit_mbit;
     if same {
         TunnelChange::Same

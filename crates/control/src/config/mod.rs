@@ -349,6 +349,7 @@ impl std::fmt::Debug for Tunnel {
             .field("dpd_action", &p.dpd_action)
             .field("start_action", &p.start_action)
             .field("replay_window", &p.replay_window)
+            .field("resource_sas", &p.resource_sas)
             .field("rate_limit_mbit", &self.rate_limit_mbit)
             .finish()
     }

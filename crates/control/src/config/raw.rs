@@ -227,6 +227,7 @@ pub(crate) struct RawTunnel {
     pub(crate) over_time: Option<Spanned<DurationValue>>,
     pub(crate) dpd_delay: Option<Spanned<DurationValue>>,
     pub(crate) replay_window: Option<Spanned<i64>>,
+    pub(crate) resource_sas: Option<Spanned<i64>>,
     pub(crate) rate_limit: Option<Spanned<i64>>,
 }
 

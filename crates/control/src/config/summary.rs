@@ -129,13 +129,14 @@ impl Config {
             };
             let _ = writeln!(
                 out,
-                "  rekey_time {}, over_time {}, child_rekey_time {}, life_time {}, rand_time {}, dpd {dpd}, replay_window {}",
+                "  rekey_time {}, over_time {}, child_rekey_time {}, life_time {}, rand_time {}, dpd {dpd}, replay_window {}, resource_sas {}",
                 format_duration(p.ike_rekey_time),
                 format_duration(p.ike_over_time),
                 format_duration(p.child_rekey_time),
                 format_duration(p.child_life_time),
                 format_duration(p.rand_time),
-                p.replay_window
+                p.replay_window,
+                p.resource_sas
             );
         }
         out

@@ -650,6 +650,29 @@ fn replay_window_bounds() {
 }
 
 #[test]
+fn resource_sas_default_bounds_and_off() {
+    let scratch = Scratch::new();
+    let config = scratch.parse(&with_tunnel(TUNNEL_A)).unwrap();
+    assert_eq!(
+        config.tunnels[0].peer.resource_sas,
+        ike::DEFAULT_RESOURCE_SAS
+    );
+    let off = scratch
+        .parse(&with_tunnel(&format!("{TUNNEL_A}resource_sas = 0\n")))
+        .unwrap();
+    assert_eq!(off.tunnels[0].peer.resource_sas, 0);
+    for bad in ["-1", "1025"] {
+        let text = with_tunnel(&format!("{TUNNEL_A}resource_sas = {bad}\n"));
+        expect_error(
+            &text,
+            "resource_sas",
+            "resource_sas",
+            "between 0 (RFC 9611 off) and 1024",
+        );
+    }
+}
+
+#[test]
 fn route_host_family_must_match_the_vtep() {
     let text = with_tunnel(TUNNEL_A).replace(
         "vni = 100\n",

@@ -92,6 +92,21 @@ impl Driver {
                 self.datapath
                     .remove_child(tunnel, inbound_spi, outbound_spi);
             }
+            Event::ChildSaRefused {
+                tunnel,
+                ike,
+                notify,
+            } => {
+                let t = Some(tunnel);
+                warn!(
+                    tunnel = %self.name(t), tenant = %self.tenant(t),
+                    ispi = %ike.initiator, rspi = %ike.responder, %notify,
+                    "peer refused a new CHILD_SA"
+                );
+                if notify.no_more_children() {
+                    self.datapath.children_capped(tunnel);
+                }
+            }
             Event::PeerAddressChanged {
                 tunnel,
                 ike,

@@ -366,6 +366,9 @@ pub struct ChildSaReport {
     /// The inbound anti-replay window, in packets.
     #[serde(default)]
     pub replay_window: u32,
+    /// Negotiated with SA_RESOURCE_INFO: one of the tunnel's per-resource CHILD_SAs (RFC 9611).
+    #[serde(default)]
+    pub per_resource: bool,
 }
 
 /// What the status report needs to know about each configured tunnel.
@@ -574,6 +577,7 @@ fn ike_report(s: &IkeSaStatus, by_spi: &HashMap<EspSpi, &datapath::ChildStats>) 
                 reordered_in: get(|c| c.reordered_in),
                 max_reorder_in: get(|c| c.max_reorder_in),
                 replay_window: counters.map_or(0, |c| c.replay_window),
+                per_resource: c.per_resource,
             }
         })
         .collect();

@@ -307,9 +307,10 @@ fn render_ike(out: &mut String, sa: &IkeSaReport, local_id: &str, remote_id: &st
 fn render_child(out: &mut String, c: &ChildSaReport) {
     let _ = writeln!(
         out,
-        "    CHILD_SA {}, installed {} ago",
+        "    CHILD_SA {}, installed {} ago{}",
         c.proposal,
-        format_age(c.installed_secs)
+        format_age(c.installed_secs),
+        if c.per_resource { ", per-resource" } else { "" }
     );
     let _ = writeln!(out, "      local  {}", c.local_ts.join(" "));
     let _ = writeln!(out, "      remote {}", c.remote_ts.join(" "));

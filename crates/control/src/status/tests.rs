@@ -59,6 +59,7 @@ fn child(spi_in: u32, spi_out: u32) -> ChildSaStatus {
         local_ts: vec![ts("10.2.0.0/24")],
         remote_ts: vec![ts("10.1.0.0/24"), ts("10.1.1.5[tcp/443]")],
         age_secs: 60,
+        per_resource: false,
     }
 }
 

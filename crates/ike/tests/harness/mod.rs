@@ -246,6 +246,7 @@ pub fn peer(id: u32, local: IpAddr, remote: IpAddr, local_id: &str, remote_id: &
         dpd_action: DpdAction::Clear,
         start_action: StartAction::None,
         replay_window: 64,
+        resource_sas: protego_ike::DEFAULT_RESOURCE_SAS,
     }
 }
 
@@ -585,4 +586,55 @@ impl Pair {
         assert_eq!(a[0].state, IkeSaState::Established);
         assert_eq!(b[0].state, IkeSaState::Established);
     }
+}
+
+// ---- reading what the engines sent (SK payloads opened with the key log's keys) ----
+
+/// The SK keys of one IKE SA, from the engine's key log line
+/// (`SPIi,SPIr,SK_ei,SK_er,"encr",SK_ai,SK_ar,"integ"`).
+pub struct SkKeys {
+    pub initiator: crypto::SaCipher,
+    pub responder: crypto::SaCipher,
+}
+
+pub fn unhex(s: &str) -> Vec<u8> {
+    (0..s.len() / 2)
+        .map(|i| u8::from_str_radix(&s[2 * i..2 * i + 2], 16).expect("hex"))
+        .collect()
+}
+
+pub fn keys_from_log(line: &str) -> SkKeys {
+    let f: Vec<&str> = line.split(',').collect();
+    assert!(
+        f[4].contains("AES-GCM-256"),
+        "harness default proposal: {line}"
+    );
+    SkKeys {
+        initiator: crypto::SaCipher::new(crypto::Encr::AesGcm16_256, &unhex(f[2]), None)
+            .expect("SK_ei"),
+        responder: crypto::SaCipher::new(crypto::Encr::AesGcm16_256, &unhex(f[3]), None)
+            .expect("SK_er"),
+    }
+}
+
+/// Decrypts an SK-protected message: (header, first inner payload type, inner chain bytes).
+pub fn open(
+    cipher: &crypto::SaCipher,
+    data: &[u8],
+) -> Option<(wire::ike::Header, wire::ike::PayloadType, Vec<u8>)> {
+    let m = wire::ike::Message::parse(data).ok()?;
+    let enc = m.encrypted?;
+    let body = &data[enc.body.clone()];
+    let (iv_len, icv_len) = (cipher.iv_len(), cipher.icv_len());
+    let mut pt = body[iv_len..body.len() - icv_len].to_vec();
+    cipher
+        .open_in_place(
+            &body[..iv_len],
+            &data[..enc.body.start],
+            &mut pt,
+            &body[body.len() - icv_len..],
+        )
+        .ok()?;
+    let inner = wire::ike::strip_padding(&pt).ok()?.to_vec();
+    Some((m.header, enc.next_inner, inner))
 }

@@ -120,6 +120,9 @@ crate::iana_registry! {
         AUTHORIZATION_FAILED = 46,
         /// State not found (RFC 9370).
         STATE_NOT_FOUND = 47,
+        /// The responder will not create more CHILD_SAs with these traffic selectors
+        /// (RFC 9611 §3.2): the initiator stops asking until one of them is gone.
+        TS_MAX_QUEUE = 48,
         /// This is the first IKE SA with the peer (RFC 7296 §2.4).
         INITIAL_CONTACT = 16384,
         /// Message ID window size.
@@ -208,6 +211,9 @@ crate::iana_registry! {
         ADDITIONAL_KEY_EXCHANGE = 16441,
         /// Use AGGFRAG (RFC 9347).
         USE_AGGFRAG = 16442,
+        /// This CHILD_SA is one of a group with the same traffic selectors, each bound to a
+        /// resource such as a CPU (RFC 9611 §3.1); data: an optional opaque resource identifier.
+        SA_RESOURCE_INFO = 16444,
     }
 }
 
@@ -215,6 +221,13 @@ impl NotifyType {
     /// True for error types (below 16384, RFC 7296 §3.10.1).
     pub fn is_error(self) -> bool {
         self.0 < 16384
+    }
+
+    /// True for the errors by which a responder says it takes no more CHILD_SAs:
+    /// NO_ADDITIONAL_SAS (RFC 7296 §3.10.1) and TS_MAX_QUEUE (RFC 9611 §3.2). Asking again is
+    /// pointless until one of them is gone.
+    pub fn no_more_children(self) -> bool {
+        self == Self::NO_ADDITIONAL_SAS || self == Self::TS_MAX_QUEUE
     }
 }
 

@@ -54,6 +54,9 @@ const DEFAULT_TUN_NAME: &str = "protego0";
 const DEFAULT_IKE_REKEY: Duration = Duration::from_secs(4 * 3600);
 const DEFAULT_CHILD_REKEY: Duration = Duration::from_secs(3600);
 const DEFAULT_REPLAY_WINDOW: u32 = esp::DEFAULT_REPLAY_WINDOW;
+/// Upper bound of `resource_sas`: far more per-resource CHILD_SAs than any peer's CPUs or a
+/// cluster's data nodes, low enough that a peer cannot make one IKE SA hold unbounded state.
+const MAX_RESOURCE_SAS: u32 = 1024;
 /// Largest VXLAN network identifier (24 bits, RFC 7348 §5).
 const MAX_VNI: i64 = (1 << 24) - 1;
 

@@ -4,7 +4,7 @@
 
 use super::{
     CheckedTunnel, CheckedVnet, Validator, DEFAULT_CHILD_REKEY, DEFAULT_ESP_PROPOSALS,
-    DEFAULT_IKE_PROPOSALS, DEFAULT_IKE_REKEY, DEFAULT_REPLAY_WINDOW,
+    DEFAULT_IKE_PROPOSALS, DEFAULT_IKE_REKEY, DEFAULT_REPLAY_WINDOW, MAX_RESOURCE_SAS,
 };
 use crate::config::raw::{DurationValue, RawTunnel, StringList};
 use crate::config::{format_duration, Gateway, Tunnel, TunnelInside};
@@ -228,6 +228,20 @@ impl Validator<'_, '_> {
                     )
                 })?,
         };
+        let resource_sas = match &t.resource_sas {
+            None => ike::DEFAULT_RESOURCE_SAS,
+            Some(n) => u32::try_from(*n.get_ref())
+                .ok()
+                .filter(|n| *n <= MAX_RESOURCE_SAS)
+                .ok_or_else(|| {
+                    self.err(
+                        n.span(),
+                        s,
+                        "resource_sas",
+                        format!("must be between 0 (RFC 9611 off) and {MAX_RESOURCE_SAS}"),
+                    )
+                })?,
+        };
 
         let rate_limit_mbit = match &t.rate_limit {
             None => None,
@@ -328,6 +342,7 @@ impl Validator<'_, '_> {
             dpd_action,
             start_action,
             replay_window,
+            resource_sas,
         };
         Ok(CheckedTunnel {
             tunnel: Tunnel {
