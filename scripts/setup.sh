@@ -140,6 +140,10 @@ for name in charon charon-systemd etcd; do
     done
 done
 
+# The second strongSwan peer: strongSwan 6 from Debian 13 in a root of its own (the host keeps
+# Debian 12's 5.9); nothing happens when it is in place.
+bash "$HERE/strongswan6.sh" || die "could not install strongSwan 6 (scripts/strongswan6.sh)"
+
 # Kernel features the test bed needs.
 [[ -c /dev/net/tun ]] || die "/dev/net/tun is missing (strongSwan's kernel-libipsec needs TUN)"
 if ! ip netns list >/dev/null 2>&1; then
@@ -154,4 +158,4 @@ if ! command -v cargo >/dev/null 2>&1; then
     die "cargo not found: install Rust (https://rustup.rs), version 1.85 or newer"
 fi
 
-log "ok (packages present, no system daemons, cargo $(cargo --version 2>/dev/null | awk '{print $2}'))"
+log "ok (packages present, strongSwan 6 root present, no system daemons, cargo $(cargo --version 2>/dev/null | awk '{print $2}'))"

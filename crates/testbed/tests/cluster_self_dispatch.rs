@@ -1,4 +1,5 @@
-//! Self-dispatch in the distributed form (issue 19) against real strongSwan 5.9: one control
+//! Self-dispatch in the distributed form (issue 19) against real strongSwan 5.9 (and the first
+//! test also against strongSwan 6 from Debian 13, `scripts/strongswan6.sh`): one control
 //! node, three data nodes in `[cluster.dispatch] mode = "self"`, one steer node (the VIP, for
 //! IKE and ESP from the site), two cloud hosts with unmodified kernel VXLAN devices (learning
 //! on, one flood entry per data node VTEP, no dispatcher) and twelve VMs.
@@ -16,7 +17,7 @@ use common::*;
 
 use protego_testbed::cluster::{ClusterSpec, ProtegoCluster};
 use protego_testbed::protego::GatewayTunnel;
-use protego_testbed::strongswan::summarize;
+use protego_testbed::strongswan::{strongswan6_daemon, summarize, CharonSettings, Flavor};
 use protego_testbed::topology::{TopologySpec, VmSpec};
 use protego_testbed::traffic::{self, IperfOptions, PingOptions};
 use protego_testbed::wait::{wait_for, Probe};
@@ -166,6 +167,25 @@ fn ping_every_vm(topo: &Topology, count: u32, interval: Duration) -> Result<Vec<
 
 #[test]
 fn hosts_reach_three_data_nodes_without_a_dispatcher_and_each_seals_its_vms() -> Result<()> {
+    three_data_nodes_seal(Flavor::Host)
+}
+
+#[test]
+fn the_same_with_strongswan_6_as_the_site() -> Result<()> {
+    if !testreq::need(
+        &testreq::this_test(),
+        strongswan6_daemon().is_some(),
+        "strongSwan 6 is not installed",
+        "scripts/setup.sh installs it (scripts/strongswan6.sh, Debian 13 in a root of its own)",
+    ) {
+        return Ok(());
+    }
+    three_data_nodes_seal(Flavor::Strongswan6)
+}
+
+/// Hosts reach three data nodes without a dispatcher, the site's strongSwan (`flavor`) holds
+/// one CHILD_SA per data node, and each node seals what its VMs send.
+fn three_data_nodes_seal(flavor: Flavor) -> Result<()> {
     let bed = Testbed::new()?;
     let topo = Topology::build(&bed, twelve_vms()?)?;
     let tun = GatewayTunnel::for_site(&topo, 0, PSK);
@@ -186,7 +206,19 @@ fn hosts_reach_three_data_nodes_without_a_dispatcher_and_each_seals_its_vms() ->
             .sum();
         assert_eq!(owned, u64::from(VMACS), "{show}");
 
-        let site = site_charon(&topo, &tun)?;
+        let settings = CharonSettings {
+            flavor,
+            ..CharonSettings::default()
+        };
+        let site = site_charon_with(&topo, &tun, "site0", &settings, |_| {})?;
+        let version = site.swanctl(["--version", "--daemon"])?;
+        eprintln!("site: {flavor:?}: {}", version.trim());
+        if flavor == Flavor::Strongswan6 {
+            assert!(
+                version.contains(" 6."),
+                "the site runs strongSwan 6: {version}"
+            );
+        }
         site.initiate("net", UP)?;
         site.wait_child_installed("net", UP)?;
         // One CHILD_SA per data node: control asks for the other two once the first is up.

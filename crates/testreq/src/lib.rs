@@ -126,6 +126,23 @@ pub fn need(test: &str, ok: bool, what: &str, how: &str) -> bool {
     false
 }
 
+/// Where `scripts/strongswan6.sh` installs strongSwan 6 (Debian 13, the second strongSwan peer)
+/// unless `PROTEGO_STRONGSWAN6_ROOT` says otherwise (the script reads the same variable).
+pub const STRONGSWAN6_ROOT: &str = "/var/lib/protego-test/strongswan6";
+
+/// The root holding strongSwan 6 (`PROTEGO_STRONGSWAN6_ROOT`, else [`STRONGSWAN6_ROOT`]).
+pub fn strongswan6_root() -> PathBuf {
+    std::env::var_os("PROTEGO_STRONGSWAN6_ROOT")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(STRONGSWAN6_ROOT))
+}
+
+/// The strongSwan 6 daemon in its root, if installed.
+pub fn strongswan6_daemon() -> Option<PathBuf> {
+    let d = strongswan6_root().join("usr/sbin/charon-systemd");
+    d.exists().then_some(d)
+}
+
 /// The name of the running test: the test harness names each test's thread after it.
 pub fn this_test() -> String {
     std::thread::current()

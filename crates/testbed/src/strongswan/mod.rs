@@ -2,6 +2,10 @@
 //! charon per network namespace with its own strongswan.conf, private VICI
 //! socket and private `/run` (see `/work/shared/STRONGSWAN-PEER.md`), userspace
 //! ESP via the kernel-libipsec plugin, driven with `swanctl`.
+//!
+//! Two strongSwans ([`Flavor`]): the host's (Debian 12, 5.9) and strongSwan 6 from Debian 13,
+//! which `scripts/strongswan6.sh` installs into a root of its own; its charon runs chrooted
+//! there inside the test's namespace, and the host's `swanctl` drives it over VICI.
 
 pub mod config;
 pub mod sas;
@@ -28,6 +32,22 @@ pub const CHARON_SYSTEMD: &str = "/usr/sbin/charon-systemd";
 /// The classic daemon (writes a pid file to /run, hence the private /run).
 pub const CHARON_CLASSIC: &str = "/usr/lib/ipsec/charon";
 
+/// Where the charon's directory appears inside the strongSwan 6 root (on a tmpfs over its
+/// `/mnt`, private to the daemon's mount namespace).
+const ROOT_PEER_DIR: &str = "/mnt/peer";
+
+/// Which strongSwan runs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Flavor {
+    /// The host's: strongSwan 5.9 from Debian 12.
+    #[default]
+    Host,
+    /// strongSwan 6 from Debian 13, chrooted into [`strongswan6_root`].
+    Strongswan6,
+}
+
+pub use testreq::{strongswan6_daemon, strongswan6_root};
+
 /// How long charon gets to open its VICI socket.
 const STARTUP_TIMEOUT: Duration = Duration::from_secs(15);
 /// Longest usable path of a Unix socket (`sun_path` is 108 bytes with the NUL).
@@ -52,6 +72,8 @@ pub struct CharonSettings {
     pub esp_log_level: i32,
     /// Extra raw lines placed inside the daemon's section.
     pub extra: Vec<String>,
+    /// Which strongSwan.
+    pub flavor: Flavor,
 }
 
 impl Default for CharonSettings {
@@ -65,6 +87,7 @@ impl Default for CharonSettings {
             ike_log_level: 2,
             esp_log_level: 1,
             extra: Vec::new(),
+            flavor: Flavor::Host,
         }
     }
 }
@@ -83,14 +106,25 @@ impl Charon {
     /// Starts a charon in `ns` with files under `<run dir>/<label>/`, waits until
     /// its VICI socket answers.
     pub fn start(ns: &Netns, label: &str, settings: &CharonSettings) -> Result<Charon> {
-        let (daemon, section) = if program_exists(CHARON_SYSTEMD) {
-            (CHARON_SYSTEMD, "charon-systemd")
-        } else if program_exists(CHARON_CLASSIC) {
-            (CHARON_CLASSIC, "charon")
-        } else {
-            return Err(Error::MissingProgram {
-                program: CHARON_SYSTEMD.to_owned(),
-            });
+        let (daemon, section) = match settings.flavor {
+            Flavor::Strongswan6 => match strongswan6_daemon() {
+                Some(_) => (CHARON_SYSTEMD, "charon-systemd"),
+                None => {
+                    return Err(Error::MissingProgram {
+                        program: format!(
+                            "{} (strongSwan 6: scripts/setup.sh installs it)",
+                            strongswan6_root().join("usr/sbin/charon-systemd").display()
+                        ),
+                    })
+                }
+            },
+            Flavor::Host if program_exists(CHARON_SYSTEMD) => (CHARON_SYSTEMD, "charon-systemd"),
+            Flavor::Host if program_exists(CHARON_CLASSIC) => (CHARON_CLASSIC, "charon"),
+            Flavor::Host => {
+                return Err(Error::MissingProgram {
+                    program: CHARON_SYSTEMD.to_owned(),
+                })
+            }
         };
         if !program_exists("swanctl") {
             return Err(Error::MissingProgram {
@@ -125,16 +159,44 @@ impl Charon {
             });
         }
         let conf = dir.join("strongswan.conf");
-        let text = render_strongswan_conf(section, &vici, settings);
-        fs::write(&conf, text).map_err(|e| Error::io("write", &conf, e))?;
-
         // `unshare -m` gives charon a private mount namespace (propagation
         // private, so nothing leaks back) with its own tmpfs on /run: the pid
         // file and the stroke/lookip/error-notify sockets stay private.
-        let script = "mount -t tmpfs -o size=4m,mode=0755 protego-run /run && exec \"$0\"";
-        let cmd = Cmd::new("unshare")
-            .args(["-m", "--propagation", "private", "sh", "-c", script, daemon])
-            .env("STRONGSWAN_CONF", conf.to_string_lossy());
+        let cmd = match settings.flavor {
+            Flavor::Host => {
+                let text = render_strongswan_conf(section, &vici, settings);
+                fs::write(&conf, text).map_err(|e| Error::io("write", &conf, e))?;
+                let script = "mount -t tmpfs -o size=4m,mode=0755 protego-run /run && exec \"$0\"";
+                Cmd::new("unshare")
+                    .args(["-m", "--propagation", "private", "sh", "-c", script, daemon])
+                    .env("STRONGSWAN_CONF", conf.to_string_lossy())
+            }
+            Flavor::Strongswan6 => {
+                // Chrooted into the strongSwan 6 root, in the same private mount namespace: its
+                // own /run, /proc, the host's /dev (TUN for kernel-libipsec), and this
+                // directory at ROOT_PEER_DIR, where the daemon reads its strongswan.conf and
+                // makes its VICI socket (which the host's swanctl reaches at `vici`).
+                let inner = Path::new(ROOT_PEER_DIR);
+                let text = render_strongswan_conf(section, &inner.join("charon.vici"), settings);
+                fs::write(&conf, text).map_err(|e| Error::io("write", &conf, e))?;
+                let script = "set -e; R=$1; D=$2; P=$3; \
+                    mount -t tmpfs -o size=4m,mode=0755 protego-run \"$R/run\"; \
+                    mount -t tmpfs -o size=1m,mode=0755 protego-mnt \"$R/mnt\"; \
+                    mkdir -p \"$R$P\"; mount --bind \"$D\" \"$R$P\"; \
+                    mount -t proc proc \"$R/proc\"; mount --bind /dev \"$R/dev\"; \
+                    exec chroot \"$R\" \"$0\"";
+                let root = strongswan6_root();
+                Cmd::new("unshare")
+                    .args(["-m", "--propagation", "private", "sh", "-c", script, daemon])
+                    .arg(root.to_string_lossy())
+                    .arg(dir.to_string_lossy())
+                    .arg(ROOT_PEER_DIR)
+                    .env(
+                        "STRONGSWAN_CONF",
+                        inner.join("strongswan.conf").to_string_lossy(),
+                    )
+            }
+        };
         let process = ns.spawn(&format!("charon-{label}"), cmd)?;
         let charon = Charon {
             ns: ns.clone(),

@@ -30,6 +30,22 @@ fn main() -> ExitCode {
             }
         }
     }
+    let ss6 = testreq::strongswan6_daemon();
+    match &ss6 {
+        Some(path) => println!(
+            "  found    {:<28} {}",
+            "strongSwan 6 (Debian 13)",
+            path.display()
+        ),
+        None => {
+            println!(
+                "  MISSING  {:<28} ({}: scripts/strongswan6.sh, run by scripts/setup.sh)",
+                "strongSwan 6 (Debian 13)",
+                testreq::strongswan6_root().display()
+            );
+            missing.push("strongSwan 6 root");
+        }
+    }
     let netns = testreq::netns_allowed();
     match &netns {
         Ok(()) => println!("  kernel   network namespaces: yes"),
