@@ -23,8 +23,18 @@ pub(crate) const EXPIRE: Duration = Duration::from_secs(120);
 pub(crate) const RETRY: Duration = Duration::from_secs(1);
 /// Requests sent before giving up on an address.
 pub(crate) const MAX_TRIES: u8 = 3;
-/// Packets queued per unresolved address.
-pub(crate) const QUEUE_LEN: usize = 8;
+/// Packets queued per unresolved address. Enough for a burst: a data node that joins a
+/// self-dispatch ring, or takes a tunnel over, gets every VM's traffic at once, with its cache
+/// empty, and the steer node's hold (`crates/steernode/src/hold.rs`) may release tens of
+/// milliseconds of it in one go; eight (the former value) lost pings at 500 Hz while the first
+/// answers were on their way. Linux holds up to `unres_qlen_bytes` (about 200 KiB) per
+/// address.
+pub(crate) const QUEUE_LEN: usize = 64;
+/// Bytes queued per unresolved address.
+pub(crate) const QUEUE_BYTES: usize = 64 * 1024;
+/// Bytes queued for all of a VNet's unresolved addresses together: what a tenant sending to
+/// many addresses that never answer can make a VNet hold (and [`MAX_INCOMPLETE`] of them).
+pub(crate) const MAX_QUEUED_BYTES: usize = 4 * 1024 * 1024;
 /// Entries per VNet.
 pub(crate) const MAX_ENTRIES: usize = 65536;
 /// Unresolved entries per VNet.
@@ -39,6 +49,8 @@ enum Entry {
     },
     Incomplete {
         queue: VecDeque<Vec<u8>>,
+        /// The bytes in `queue`.
+        bytes: usize,
         tries: u8,
         last_sent: Instant,
     },
@@ -68,6 +80,8 @@ pub(crate) enum Resolution {
 pub(crate) struct NeighCache {
     entries: HashMap<IpAddr, Entry>,
     incomplete: usize,
+    /// Bytes queued in all incomplete entries.
+    queued: usize,
 }
 
 impl NeighCache {
@@ -95,13 +109,18 @@ impl NeighCache {
                 }
                 Resolution::Mac { mac: *mac, probe }
             }
-            Some(Entry::Incomplete { queue, .. }) => {
-                if queue.len() >= QUEUE_LEN {
+            Some(Entry::Incomplete { queue, bytes, .. }) => {
+                if queue.len() >= QUEUE_LEN
+                    || *bytes + packet.len() > QUEUE_BYTES
+                    || self.queued + packet.len() > MAX_QUEUED_BYTES
+                {
                     Resolution::Dropped(DropReason::NeighUnresolved)
                 } else if let Err(reason) = admit() {
                     Resolution::Dropped(reason)
                 } else {
                     queue.push_back(packet.to_vec());
+                    *bytes += packet.len();
+                    self.queued += packet.len();
                     Resolution::Queued { request: false }
                 }
             }
@@ -109,20 +128,26 @@ impl NeighCache {
                 if self.entries.len() >= MAX_ENTRIES || self.incomplete >= MAX_INCOMPLETE {
                     return Resolution::Dropped(DropReason::NeighTableFull);
                 }
+                if packet.len() > QUEUE_BYTES || self.queued + packet.len() > MAX_QUEUED_BYTES {
+                    return Resolution::Dropped(DropReason::NeighUnresolved);
+                }
                 if let Err(reason) = admit() {
                     return Resolution::Dropped(reason);
                 }
-                let mut queue = VecDeque::with_capacity(QUEUE_LEN);
+                let mut queue = VecDeque::with_capacity(QUEUE_LEN.min(8));
                 queue.push_back(packet.to_vec());
+                let bytes = packet.len();
                 self.entries.insert(
                     ip,
                     Entry::Incomplete {
                         queue,
+                        bytes,
                         tries: 1,
                         last_sent: now,
                     },
                 );
                 self.incomplete += 1;
+                self.queued += bytes;
                 Resolution::Queued { request: true }
             }
         }
@@ -149,7 +174,10 @@ impl NeighCache {
                 );
                 self.incomplete -= 1;
                 match old {
-                    Entry::Incomplete { queue, .. } => Some(queue),
+                    Entry::Incomplete { queue, bytes, .. } => {
+                        self.queued -= bytes;
+                        Some(queue)
+                    }
                     Entry::Reachable { .. } => None,
                 }
             }
@@ -184,12 +212,14 @@ impl NeighCache {
     pub(crate) fn tick(&mut self, now: Instant, requests: &mut Vec<IpAddr>) -> u64 {
         let mut dropped = 0u64;
         let mut gave_up = 0usize;
+        let mut freed = 0usize;
         self.entries.retain(|ip, e| match e {
             Entry::Reachable { confirmed, .. } => {
                 now.saturating_duration_since(*confirmed) <= EXPIRE
             }
             Entry::Incomplete {
                 queue,
+                bytes,
                 tries,
                 last_sent,
             } => {
@@ -204,11 +234,13 @@ impl NeighCache {
                 } else {
                     dropped += queue.len() as u64;
                     gave_up += 1;
+                    freed += *bytes;
                     false
                 }
             }
         });
         self.incomplete -= gave_up;
+        self.queued -= freed;
         dropped
     }
 
@@ -338,6 +370,55 @@ mod tests {
             c.resolve(IP, t0, b"p", ok),
             Resolution::Dropped(DropReason::NeighUnresolved)
         );
+    }
+
+    #[test]
+    fn queued_bytes_are_bounded_per_address_and_per_vnet_and_given_back() {
+        let t0 = Instant::now();
+        let mut c = NeighCache::default();
+        let big = vec![0u8; 9000];
+        // Per address: 64 KiB (seven jumbo packets), whatever the count.
+        for i in 0..QUEUE_BYTES / big.len() {
+            assert!(
+                matches!(c.resolve(IP, t0, &big, ok), Resolution::Queued { .. }),
+                "{i}"
+            );
+        }
+        assert_eq!(
+            c.resolve(IP, t0, &big, ok),
+            Resolution::Dropped(DropReason::NeighUnresolved)
+        );
+        assert_eq!(c.queued, QUEUE_BYTES / big.len() * big.len());
+        // Resolved: its bytes are given back.
+        let released = c.learn(IP, MAC, t0, false).expect("the queue");
+        assert_eq!(released.len(), QUEUE_BYTES / big.len());
+        assert_eq!(c.queued, 0);
+        // Per VNet: 4 MiB over many addresses; then even a new address's first packet waits
+        // nowhere (and no request goes out for it).
+        let addr = |i: u32| IpAddr::V4(std::net::Ipv4Addr::from(0x0a01_0000 + i));
+        let mut i = 0;
+        while c.queued + big.len() <= MAX_QUEUED_BYTES {
+            assert!(matches!(
+                c.resolve(addr(i / 4), t0, &big, ok),
+                Resolution::Queued { .. }
+            ));
+            i += 1;
+        }
+        let next = addr(i / 4 + 1);
+        assert_eq!(
+            c.resolve(next, t0, &big, ok),
+            Resolution::Dropped(DropReason::NeighUnresolved)
+        );
+        // Those that never answer give their bytes back when given up.
+        let mut req = Vec::new();
+        for k in 1..=3 {
+            c.tick(t0 + RETRY * k, &mut req);
+        }
+        assert_eq!((c.queued, c.incomplete), (0, 0));
+        assert!(matches!(
+            c.resolve(next, t0 + RETRY * 3, &big, ok),
+            Resolution::Queued { request: true }
+        ));
     }
 
     #[test]
