@@ -108,10 +108,11 @@ pub struct DispatchConfig {
     /// virtual MACs, so that the hosts' learnt entries never age out (the kernel's default
     /// ageing is 300 s). Virtual MACs a node gains are announced at once.
     pub announce_interval: std::time::Duration,
-    /// How long a node sends on to their new owner the frames still arriving for virtual
-    /// MACs it no longer owns (the hosts learn the move from the new owner's announcement;
-    /// until then they may still send to the old one). Frames for other nodes' virtual MACs
-    /// are otherwise left to their owner, which receives its own copy of what hosts flood.
+    /// A node sends on to their new owner the frames still arriving for virtual MACs it no
+    /// longer owns until this long has passed since the hand-over and since the last such
+    /// frame (the hosts learn the move from the new owner's announcement; until then they
+    /// may still send to the old one). Frames for other nodes' virtual MACs are otherwise
+    /// left to their owner, which receives its own copy of what hosts flood.
     pub linger: std::time::Duration,
     /// The dispatched VNets (by VNI) and who owns each of their virtual MACs. A VNet that is
     /// not listed keeps the single gateway MAC.

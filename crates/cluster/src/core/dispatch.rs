@@ -13,8 +13,8 @@
 //! > which it owns it.
 //!
 //! So the new owner answers and processes first; the old one then lets go and sends the
-//! frames still arriving for it on to the new owner for `linger` (its data path does that
-//! when a table takes a virtual MAC away). A failed node's virtual MACs go to its successor
+//! frames still arriving for it on to the new owner until none came for `linger` (its data
+//! path does that when a table takes a virtual MAC away). A failed node's virtual MACs go to its successor
 //! at once (nobody else is sending them anywhere).
 //!
 //! Membership: the ring is the live data nodes that announced a VTEP and are neither parked,
@@ -25,7 +25,7 @@
 //! that fails is replaced by its successor; one that is drained hands its virtual MACs to its
 //! successor as a move does. A new active control node starts again from Algorithm 1's
 //! partition; it does not know the nodes' tables, so they move to it at once (the old owners
-//! still send late frames on for `linger`).
+//! send late frames on until the hosts have moved).
 
 use super::{Await, ClusterCore, Directive, Role};
 use control::config::{ClusterDispatch, DispatchMode};

@@ -163,8 +163,8 @@ pub struct ClusterDispatch {
     /// MACs.
     pub announce_interval: std::time::Duration,
     /// The ring (Algorithm 5): `T_L` (`load_interval`), `T_M` (`move_interval`), `L_D`
-    /// (`load_difference`), `|W|` (`move_vmacs`), and `linger`, how long a node that gave a
-    /// virtual MAC away sends its late frames on to the new owner.
+    /// (`load_difference`), `|W|` (`move_vmacs`), and `linger`: a node that gave a virtual MAC
+    /// away sends its late frames on to the new owner until none came for that long.
     pub ring: dispatch::Params,
 }
 

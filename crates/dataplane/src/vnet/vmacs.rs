@@ -151,9 +151,40 @@ pub(crate) struct Dispatch {
     /// Numbers the tables in the order they were built (the housekeeping announces each
     /// table's `gained` once).
     pub(crate) generation: u64,
-    /// Virtual MACs this node gave away, and until when it sends their frames on to the new
-    /// owner.
-    released: FxHashMap<(Vni, u16), Instant>,
+    /// Virtual MACs this node gave away: it sends their frames on to the new owner while the
+    /// hosts still send them here ([`Released`]).
+    released: FxHashMap<(Vni, u16), Released>,
+    /// How long after the hand-over, and after the last frame sent on, it keeps doing so.
+    linger: Duration,
+}
+
+/// A virtual MAC this node gave away. Its frames are sent on to the new owner until `linger`
+/// has passed both since the hand-over and since the last such frame: until the hosts have
+/// moved. A fixed time would not do: the hosts move when the new owner announces the virtual
+/// MAC, and this node may have refreshed their entries once more while it still owned it (its
+/// periodic announcement, during a hand-over), so they may move only at the new owner's next
+/// periodic announcement, up to `announce_interval` later.
+#[derive(Debug)]
+struct Released {
+    /// When it was given away.
+    since: Instant,
+    /// The last frame sent on, in nanoseconds after `since` (0: none yet). Written by every
+    /// worker that sends one on.
+    last: AtomicU64,
+}
+
+impl Released {
+    fn new(since: Instant) -> Self {
+        Self {
+            since,
+            last: AtomicU64::new(0),
+        }
+    }
+
+    /// Until when its frames are sent on.
+    fn until(&self, linger: Duration) -> Instant {
+        self.since + Duration::from_nanos(self.last.load(Ordering::Relaxed)) + linger
+    }
 }
 
 /// What self-dispatch did, shared by the workers (see [`datapath::DispatchStats`]).
@@ -321,14 +352,18 @@ impl Dispatch {
         gained.sort_unstable_by_key(|(v, i, _)| (v.get(), *i));
         let mut released = FxHashMap::default();
         if let Some(p) = previous {
-            for (&(vni, i), &until) in &p.released {
-                if until > now && !owns(vni, i) {
-                    released.insert((vni, i), until);
+            for (&(vni, i), r) in &p.released {
+                if r.until(p.linger) > now && !owns(vni, i) {
+                    let carried = Released::new(r.since);
+                    carried
+                        .last
+                        .store(r.last.load(Ordering::Relaxed), Ordering::Relaxed);
+                    released.insert((vni, i), carried);
                 }
             }
             for (&vni, before) in &p.shares {
                 for i in before.owned().filter(|&i| !owns(vni, i)) {
-                    released.insert((vni, i), now + cfg.linger);
+                    released.insert((vni, i), Released::new(now));
                 }
             }
         }
@@ -338,6 +373,7 @@ impl Dispatch {
             gained,
             generation,
             released,
+            linger: cfg.linger,
         })
     }
 
@@ -347,10 +383,24 @@ impl Dispatch {
         self.shares.get(&vni)
     }
 
-    /// Whether this node still sends on the frames for virtual MAC `index` of `vni` at
-    /// `now` (it gave the virtual MAC away less than `linger` ago).
+    /// Whether this node sends on a frame for virtual MAC `index` of `vni` arriving at `now`
+    /// (it gave the virtual MAC away, and less than `linger` passed since then or since the
+    /// last such frame); if so, the frame counts as the last one.
     pub(crate) fn lingers(&self, vni: Vni, index: u16, now: Instant) -> bool {
-        !self.released.is_empty() && self.released.get(&(vni, index)).is_some_and(|u| *u > now)
+        if self.released.is_empty() {
+            return false;
+        }
+        let Some(r) = self.released.get(&(vni, index)) else {
+            return false;
+        };
+        if r.until(self.linger) <= now {
+            return false;
+        }
+        let after = u64::try_from(now.saturating_duration_since(r.since).as_nanos())
+            .unwrap_or(u64::MAX)
+            .max(1);
+        r.last.fetch_max(after, Ordering::Relaxed);
+        true
     }
 
     /// The frames each virtual MAC this node owns received (cumulative): (VNI, index,
@@ -442,17 +492,28 @@ mod tests {
         // generation (the housekeeping announces what is newer than it last announced).
         assert_eq!(second.gained, vec![(vni(), 0, 2), (vni(), 1, 1)]);
         assert_eq!(second.generation, first.generation + 1);
-        // What it gave away (index 2) it sends on for `linger`, and then no more.
-        assert!(second.lingers(vni(), 2, t0 + Duration::from_secs(4)));
-        assert!(!second.lingers(vni(), 2, t0 + Duration::from_secs(5)));
+        // What it gave away (index 2) it sends on for `linger` (5 s) after the hand-over and
+        // after the last frame it sent on: frames 4 s apart keep it going, a gap of `linger`
+        // ends it.
         assert!(!second.lingers(vni(), 3, t0), "never its own");
-        // A later table keeps the lingering until it ends, unless the MAC came back.
-        let t1 = t0 + Duration::from_secs(1);
+        assert!(second.lingers(vni(), 2, t0 + Duration::from_secs(4)));
+        assert!(second.lingers(vni(), 2, t0 + Duration::from_secs(8)));
+        // A later table carries it on, with its last frame, unless the MAC came back.
+        let t1 = t0 + Duration::from_secs(9);
         let third = Dispatch::build(&cfg(vec![1, 1, 0, 0]), &me, Some(&second), t1).expect("ok");
-        assert!(third.lingers(vni(), 2, t0 + Duration::from_secs(4)));
-        let back = Dispatch::build(&cfg(vec![1, 1, 1, 0]), &me, Some(&third), t1).expect("ok");
+        assert!(third.lingers(vni(), 2, t0 + Duration::from_secs(12)));
+        assert!(!third.lingers(vni(), 2, t0 + Duration::from_secs(17)));
+        assert!(
+            !third.lingers(vni(), 2, t0 + Duration::from_secs(18)),
+            "ended"
+        );
+        let quiet = Dispatch::build(&cfg(vec![1, 1, 0, 0]), &me, Some(&second), t0).expect("ok");
+        let back = Dispatch::build(&cfg(vec![1, 1, 1, 0]), &me, Some(&quiet), t1).expect("ok");
         assert!(!back.lingers(vni(), 2, t1));
         assert!(back.gained.contains(&(vni(), 2, back.generation)));
+        // Without a frame it ends `linger` after the hand-over.
+        let fresh = Dispatch::build(&cfg(vec![1, 1, 0, 0]), &me, Some(&first), t0).expect("ok");
+        assert!(!fresh.lingers(vni(), 2, t0 + Duration::from_secs(5)));
     }
 
     #[test]
