@@ -156,28 +156,13 @@ struct Target {
 }
 
 fn target(seed: u64) -> Target {
-    let ea = EndpointConfig {
-        key_log: true,
-        ..Default::default()
-    };
-    let mut p = Pair::new(seed, ea, EndpointConfig::default());
-    let (mut a, mut b) = (cfg_a(), cfg_b());
-    a.dpd_delay = Some(Duration::from_secs(600));
-    b.dpd_delay = Some(Duration::from_secs(600));
-    p.a.ep.add_peer(p.now, a).expect("a");
-    p.b.ep.add_peer(p.now, b).expect("b");
-    p.connect();
-    let line =
-        p.a.events
-            .iter()
-            .find_map(|e| match e {
-                Event::KeyLog { line, .. } => Some(line.clone()),
-                _ => None,
-            })
-            .expect("key log line");
+    let (p, keys) = connected_with_keys(seed, |a, b| {
+        a.dpd_delay = Some(Duration::from_secs(600));
+        b.dpd_delay = Some(Duration::from_secs(600));
+    });
     Target {
         p,
-        keys: keys_from_log(&line),
+        keys,
         next_id: [2, 0],
     }
 }

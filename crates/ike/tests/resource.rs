@@ -33,29 +33,12 @@ fn refusals(n: &Node) -> Vec<NotifyType> {
         .collect()
 }
 
-/// A pair whose A side logs its IKE keys (to read the messages), with the given
-/// `resource_sas` on each side, connected.
+/// A pair with the given `resource_sas` on each side, connected, and A's IKE keys.
 fn connected(seed: u64, a_max: u32, b_max: u32) -> (Pair, SkKeys) {
-    let ea = EndpointConfig {
-        key_log: true,
-        ..Default::default()
-    };
-    let mut p = Pair::new(seed, ea, EndpointConfig::default());
-    let (mut a, mut b) = (cfg_a(), cfg_b());
-    a.resource_sas = a_max;
-    b.resource_sas = b_max;
-    p.a.ep.add_peer(p.now, a).expect("a");
-    p.b.ep.add_peer(p.now, b).expect("b");
-    p.connect();
-    let line =
-        p.a.events
-            .iter()
-            .find_map(|e| match e {
-                Event::KeyLog { line, .. } => Some(line.clone()),
-                _ => None,
-            })
-            .expect("key log line");
-    (p, keys_from_log(&line))
+    connected_with_keys(seed, |a, b| {
+        a.resource_sas = a_max;
+        b.resource_sas = b_max;
+    })
 }
 
 /// Every IKE_AUTH or CREATE_CHILD_SA message `sent` holds (opened with `cipher`), as

@@ -103,6 +103,22 @@ fn self_dispatch_up(cluster: &ProtegoCluster, topo: &Topology) -> Result<serde_j
     ring_of(cluster, 3)
 }
 
+/// The ring of three nodes, the site's strongSwan (5.9) up with a CHILD_SA on each node, and
+/// every VM answering the site.
+fn site_on_three_nodes(
+    cluster: &ProtegoCluster,
+    topo: &Topology,
+    tun: &GatewayTunnel,
+) -> Result<protego_testbed::strongswan::Charon> {
+    self_dispatch_up(cluster, topo)?;
+    let site = site_charon(topo, tun)?;
+    site.initiate("net", UP)?;
+    site.wait_child_installed("net", UP)?;
+    children_on(cluster, 3)?;
+    warm_up_within(topo, 0, Duration::from_secs(10))?;
+    Ok(site)
+}
+
 /// Waits until the ring holds `n` nodes, each owning some virtual MACs, every table
 /// confirmed; returns `ctl dispatch show`.
 fn ring_of(cluster: &ProtegoCluster, n: usize) -> Result<serde_json::Value> {
@@ -353,12 +369,7 @@ fn a_killed_node_is_replaced_a_new_one_joins_and_moves_and_a_drain_lose_nothing(
         &self_dispatch_spec(),
     )?;
     let result = (|| -> Result<()> {
-        self_dispatch_up(&cluster, &topo)?;
-        let site = site_charon(&topo, &tun)?;
-        site.initiate("net", UP)?;
-        site.wait_child_installed("net", UP)?;
-        children_on(&cluster, 3)?;
-        warm_up_within(&topo, 0, Duration::from_secs(10))?;
+        let _site = site_on_three_nodes(&cluster, &topo, &tun)?;
 
         // data2 dies while every VM is pinged every 10 ms.
         let pings = std::thread::scope(|scope| -> Result<Vec<(String, u32)>> {
@@ -508,12 +519,7 @@ fn a_control_takeover_keeps_every_vm_reachable() -> Result<()> {
     };
     let cluster = ProtegoCluster::start(&bed, &topo, std::slice::from_ref(&tun), &spec)?;
     with_logs(&cluster, || {
-        self_dispatch_up(&cluster, &topo)?;
-        let site = site_charon(&topo, &tun)?;
-        site.initiate("net", UP)?;
-        site.wait_child_installed("net", UP)?;
-        children_on(&cluster, 3)?;
-        warm_up_within(&topo, 0, Duration::from_secs(10))?;
+        let _site = site_on_three_nodes(&cluster, &topo, &tun)?;
         let before = cluster.control("dispatch")?;
 
         let (active, standby) = cluster.active_and_standby()?;

@@ -291,6 +291,17 @@ fn child(spi: u32, replaces: Option<u32>) -> NewChild {
     }
 }
 
+/// A self-dispatch core, reconciled, with data nodes `data1`..`data3` registered.
+fn three_data_nodes(now: Instant) -> ClusterCore {
+    let mut c = core(DispatchMode::SelfDispatch, now);
+    c.handle_reconcile(&[], now);
+    for n in ["data1", "data2", "data3"] {
+        hello(&mut c, n, now);
+    }
+    drop(c.poll_outbox());
+    c
+}
+
 /// Installs `c` and answers yes for its node; returns the node.
 fn install(core: &mut ClusterCore, c: NewChild, now: Instant) -> u32 {
     let node = core.handle_install(c.clone()).unwrap();
@@ -302,12 +313,7 @@ fn install(core: &mut ClusterCore, c: NewChild, now: Instant) -> u32 {
 #[test]
 fn a_spread_tunnel_gets_a_child_sa_on_every_node_and_loses_only_a_dead_nodes() {
     let now = Instant::now();
-    let mut c = core(DispatchMode::SelfDispatch, now);
-    c.handle_reconcile(&[], now);
-    for n in ["data1", "data2", "data3"] {
-        hello(&mut c, n, now);
-    }
-    drop(c.poll_outbox());
+    let mut c = three_data_nodes(now);
     let id = |c: &ClusterCore, n: &str| c.known_id(n).unwrap();
     assert!(c.spread(TUNNEL));
     // The first CHILD_SA (IKE_AUTH's) goes to the first node of the ring.
@@ -362,12 +368,7 @@ fn a_spread_tunnel_gets_a_child_sa_on_every_node_and_loses_only_a_dead_nodes() {
 #[test]
 fn a_peer_that_takes_no_more_child_sas_is_not_asked_again_until_one_is_removed() {
     let now = Instant::now();
-    let mut c = core(DispatchMode::SelfDispatch, now);
-    c.handle_reconcile(&[], now);
-    for n in ["data1", "data2", "data3"] {
-        hello(&mut c, n, now);
-    }
-    drop(c.poll_outbox());
+    let mut c = three_data_nodes(now);
     let id = |c: &ClusterCore, n: &str| c.known_id(n).unwrap();
     // The peer's own CHILD_SAs (per-resource ones, RFC 9611, or plain parallel ones) go to
     // the nodes that hold none of the tunnel's, one each.

@@ -638,3 +638,30 @@ pub fn open(
     let inner = wire::ike::strip_padding(&pt).ok()?.to_vec();
     Some((m.header, enc.next_inner, inner))
 }
+
+/// A pair whose A side logs its IKE keys (to read the messages both sides send), with the
+/// default tunnel on both sides as `edit` adjusts it (A's, B's), connected; and those keys.
+pub fn connected_with_keys(
+    seed: u64,
+    edit: impl FnOnce(&mut PeerConfig, &mut PeerConfig),
+) -> (Pair, SkKeys) {
+    let ea = EndpointConfig {
+        key_log: true,
+        ..Default::default()
+    };
+    let mut p = Pair::new(seed, ea, EndpointConfig::default());
+    let (mut a, mut b) = (cfg_a(), cfg_b());
+    edit(&mut a, &mut b);
+    p.a.ep.add_peer(p.now, a).expect("a");
+    p.b.ep.add_peer(p.now, b).expect("b");
+    p.connect();
+    let line =
+        p.a.events
+            .iter()
+            .find_map(|e| match e {
+                Event::KeyLog { line, .. } => Some(line.clone()),
+                _ => None,
+            })
+            .expect("key log line");
+    (p, keys_from_log(&line))
+}
