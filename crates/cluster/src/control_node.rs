@@ -391,10 +391,11 @@ impl ControlNode {
         {
             let handle = control.handle();
             let stop = Arc::clone(&stop);
+            let datapath = Arc::clone(&datapath);
             threads.push(
                 std::thread::Builder::new()
                     .name("protego-cluster-tasks".into())
-                    .spawn(move || run_tasks(&tasks_rx, &handle, &stop))
+                    .spawn(move || run_tasks(&tasks_rx, &handle, &*datapath, &stop))
                     .map_err(NodeError::Start)?,
             );
         }
@@ -570,8 +571,15 @@ fn tunnel_meta(config: &Config) -> Vec<TunnelMeta> {
         .collect()
 }
 
-/// Carries out the rekeys moves need, one tunnel at a time (each is one CREATE_CHILD_SA).
-fn run_tasks(tasks: &Receiver<Task>, control: &ControlHandle, stop: &AtomicBool) {
+/// Carries out the rekeys moves need, one tunnel at a time (each is one CREATE_CHILD_SA), and
+/// the CHILD_SAs to add and delete; an add the control loop cannot start counts as refused
+/// (`datapath`: asked for again after the retry interval).
+fn run_tasks(
+    tasks: &Receiver<Task>,
+    control: &ControlHandle,
+    datapath: &dyn DataPath,
+    stop: &AtomicBool,
+) {
     while !stop.load(Ordering::Relaxed) {
         match tasks.recv_timeout(Duration::from_millis(200)) {
             Ok(Task::Rekey(tunnels, why)) => {
@@ -591,6 +599,7 @@ fn run_tasks(tasks: &Receiver<Task>, control: &ControlHandle, stop: &AtomicBool)
                 for t in tunnels {
                     if let Err(e) = control.add_child(t) {
                         warn!(tunnel = t.0, error = %e, "cannot ask for a CHILD_SA for another data node");
+                        datapath.child_refused(t, false);
                     }
                 }
             }

@@ -693,8 +693,10 @@ impl DataPath for Cluster {
         self.finish(q);
     }
 
-    fn children_capped(&self, tunnel: TunnelId) {
-        self.state().core.handle_children_capped(tunnel);
+    fn child_refused(&self, tunnel: TunnelId, no_more: bool) {
+        self.state()
+            .core
+            .handle_child_refused(tunnel, no_more, Instant::now());
     }
 
     fn update_peer(&self, tunnel: TunnelId, ike: IkeSpis, local: SocketAddr, remote: SocketAddr) {

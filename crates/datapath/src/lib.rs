@@ -718,11 +718,13 @@ pub trait DataPath: Send + Sync {
     fn install_child(&self, child: &ChildSaInfo) -> Result<(), DataplaneError>;
     /// Removes a CHILD_SA pair.
     fn remove_child(&self, tunnel: TunnelId, inbound_spi: EspSpi, outbound_spi: EspSpi);
-    /// The peer takes no more CHILD_SAs of this tunnel (it answered TS_MAX_QUEUE, RFC 9611, or
-    /// NO_ADDITIONAL_SAS): a data path that asks for CHILD_SAs of its own (one per data node in
-    /// self-dispatch) stops asking until one of the tunnel's is removed. The default ignores it.
-    fn children_capped(&self, tunnel: TunnelId) {
-        let _ = tunnel;
+    /// The peer refused a new CHILD_SA of this tunnel (`no_more`: for good, it answered
+    /// TS_MAX_QUEUE, RFC 9611, or NO_ADDITIONAL_SAS): a data path that asks for CHILD_SAs of
+    /// its own (one per data node in self-dispatch) counts it as answered, waits before asking
+    /// again, and for good stops asking until one of the tunnel's is removed. The default
+    /// ignores it.
+    fn child_refused(&self, tunnel: TunnelId, no_more: bool) {
+        let _ = (tunnel, no_more);
     }
     /// The peer's outer address changed (NAT rebinding): update every SA of this IKE SA.
     fn update_peer(&self, tunnel: TunnelId, ike: IkeSpis, local: SocketAddr, remote: SocketAddr);

@@ -61,6 +61,23 @@ pub struct DispatchMove {
     pub loads: Option<(f64, f64)>,
 }
 
+/// How long a CHILD_SA asked for may take before it counts as lost and is asked for again
+/// (the engine retransmits a CREATE_CHILD_SA for longer than this only over a link that lost
+/// several in a row; an answer comes in milliseconds).
+const ADD_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// The CHILD_SAs of one spread tunnel asked for and not answered yet (neither installed nor
+/// refused), so that a slow peer is not asked for more than the nodes miss.
+#[derive(Debug, Clone, Copy)]
+struct Adding {
+    /// How many.
+    asked: usize,
+    /// When the last were asked for.
+    at: Instant,
+    /// After a refusal: none asked for before this.
+    not_before: Option<Instant>,
+}
+
 /// A table sent to a node, awaiting its answer.
 #[derive(Debug, Clone)]
 struct Pending {
@@ -91,8 +108,8 @@ pub struct DispatchState {
     moves: VecDeque<DispatchMove>,
     /// Some node's table may have changed since the tables were last built.
     dirty: bool,
-    /// Per spread tunnel, when more CHILD_SAs were last asked for.
-    adding: HashMap<ike::TunnelId, Instant>,
+    /// Per spread tunnel, the CHILD_SAs asked for and not answered yet.
+    adding: HashMap<ike::TunnelId, Adding>,
     /// Spread tunnels whose peer takes no more CHILD_SAs (TS_MAX_QUEUE, NO_ADDITIONAL_SAS):
     /// none is asked for until one of theirs is removed.
     capped: std::collections::HashSet<ike::TunnelId>,
@@ -433,8 +450,9 @@ impl ClusterCore {
     }
 
     /// Asks the control loop for the CHILD_SAs the spread tunnels miss: one per candidate
-    /// node that holds none, for tunnels that have one already (an established IKE SA), asked again
-    /// after [`super::REKEY_RETRY`] while still missing.
+    /// node that holds none, for tunnels that have one already (an established IKE SA), less
+    /// those asked for and not answered yet. A request unanswered after [`ADD_TIMEOUT`] counts
+    /// as lost; after a refusal none is asked for during [`super::REKEY_RETRY`].
     fn spread_children(&mut self, now: Instant) {
         if self.dispatch.settings().is_none() {
             return;
@@ -447,7 +465,12 @@ impl ClusterCore {
                 continue;
             }
             let held = self.spread_held(t);
-            if held.is_empty() || self.dispatch.capped.contains(&t) {
+            if held.is_empty() {
+                // Down (its IKE SA went with what was asked for on it): start afresh.
+                self.dispatch.adding.remove(&t);
+                continue;
+            }
+            if self.dispatch.capped.contains(&t) {
                 continue;
             }
             let missing = self
@@ -459,19 +482,32 @@ impl ClusterCore {
                 self.dispatch.adding.remove(&t);
                 continue;
             }
-            let due = self
-                .dispatch
-                .adding
-                .get(&t)
-                .is_none_or(|at| now.saturating_duration_since(*at) >= super::REKEY_RETRY);
-            if due {
-                self.dispatch.adding.insert(t, now);
-                info!(
-                    tunnel = t.0,
-                    missing, "asking for CHILD_SAs for the data nodes of a spread tunnel"
-                );
-                ask.extend(std::iter::repeat_n(t, missing));
+            let adding = self.dispatch.adding.get(&t).copied();
+            if adding.and_then(|a| a.not_before).is_some_and(|nb| now < nb) {
+                continue;
             }
+            let in_flight = adding
+                .filter(|a| now.saturating_duration_since(a.at) < ADD_TIMEOUT)
+                .map_or(0, |a| a.asked);
+            let more = missing.saturating_sub(in_flight);
+            if more == 0 {
+                continue;
+            }
+            self.dispatch.adding.insert(
+                t,
+                Adding {
+                    asked: in_flight + more,
+                    at: now,
+                    not_before: None,
+                },
+            );
+            info!(
+                tunnel = t.0,
+                missing,
+                asking = more,
+                "asking for CHILD_SAs for the data nodes of a spread tunnel"
+            );
+            ask.extend(std::iter::repeat_n(t, more));
         }
         self.outbox.add_children.extend(ask);
         let tunnels = &self.tunnels;
@@ -479,12 +515,17 @@ impl ClusterCore {
         self.dispatch.capped.retain(|t| tunnels.contains_key(t));
     }
 
-    /// The peer of `tunnel` refused one more CHILD_SA for good (TS_MAX_QUEUE, RFC 9611, or
-    /// NO_ADDITIONAL_SAS): no more is asked for until one of the tunnel's is removed. The
-    /// candidates still without one of its CHILD_SAs stay out of the ring (they could not seal
-    /// its traffic).
-    pub fn handle_children_capped(&mut self, tunnel: ike::TunnelId) {
-        if self.dispatch.capped.insert(tunnel) {
+    /// The peer of `tunnel` refused a CHILD_SA we asked for (`no_more`: for good, with
+    /// TS_MAX_QUEUE, RFC 9611, or NO_ADDITIONAL_SAS). One asked for less is in flight; none
+    /// is asked for during [`super::REKEY_RETRY`], or, for good, until one of the tunnel's is
+    /// removed: the candidates still without one of its CHILD_SAs then leave the ring (they
+    /// could not seal its traffic).
+    pub fn handle_child_refused(&mut self, tunnel: ike::TunnelId, no_more: bool, now: Instant) {
+        if let Some(a) = self.dispatch.adding.get_mut(&tunnel) {
+            a.asked = a.asked.saturating_sub(1);
+            a.not_before = Some(now + super::REKEY_RETRY);
+        }
+        if no_more && self.dispatch.capped.insert(tunnel) {
             warn!(
                 tunnel = tunnel.0,
                 held = self.spread_held(tunnel).values().sum::<usize>(),
@@ -496,6 +537,14 @@ impl ClusterCore {
     /// One of `tunnel`'s CHILD_SAs was removed: its peer may take another.
     pub(crate) fn spread_uncap(&mut self, tunnel: ike::TunnelId) {
         self.dispatch.capped.remove(&tunnel);
+    }
+
+    /// A new CHILD_SA of `tunnel` (not a rekey) was installed: one asked for less is in
+    /// flight (the peer's own count too: it then serves a node that missed one).
+    pub(crate) fn spread_answered(&mut self, tunnel: ike::TunnelId) {
+        if let Some(a) = self.dispatch.adding.get_mut(&tunnel) {
+            a.asked = a.asked.saturating_sub(1);
+        }
     }
 
     /// Data node `id` was lost: the CHILD_SAs it held of spread tunnels are deleted with the

@@ -356,9 +356,9 @@ fn a_spread_tunnel_gets_a_child_sa_on_every_node_and_loses_only_a_dead_nodes() {
     // A node that joins gets one, and joins the ring only once it holds it (it could not
     // seal what its virtual MACs would bring before).
     hello(&mut c, "data4", now);
-    drop(c.poll_outbox());
-    c.handle_tick(now + Duration::from_secs(30));
     assert_eq!(c.poll_outbox().add_children, vec![TUNNEL]);
+    c.handle_tick(now + Duration::from_secs(30));
+    assert!(c.poll_outbox().add_children.is_empty(), "in flight");
     assert!(!c.dispatch_status(now).ring.contains(&id(&c, "data4")));
     assert_eq!(install(&mut c, child(400, None), now), id(&c, "data4"));
     c.handle_tick(now + Duration::from_secs(31));
@@ -380,7 +380,7 @@ fn a_peer_that_takes_no_more_child_sas_is_not_asked_again_until_one_is_removed()
     assert!(c.dispatch_status(now).ring.contains(&id(&c, "data3")));
     // The peer answers TS_MAX_QUEUE: data3 gets none, none is asked for however long, and
     // data3 leaves the ring (it could not seal what its virtual MACs bring).
-    c.handle_children_capped(TUNNEL);
+    c.handle_child_refused(TUNNEL, true, now);
     for s in [10, 20, 60] {
         c.handle_tick(now + Duration::from_secs(s));
         assert!(c.poll_outbox().add_children.is_empty(), "at {s} s");
@@ -392,6 +392,35 @@ fn a_peer_that_takes_no_more_child_sas_is_not_asked_again_until_one_is_removed()
     drop(c.poll_outbox());
     c.handle_tick(now + Duration::from_secs(70));
     assert_eq!(c.poll_outbox().add_children, vec![TUNNEL, TUNNEL]);
+}
+
+#[test]
+fn child_sas_asked_for_are_counted_until_answered_refused_or_lost() {
+    let now = Instant::now();
+    let mut c = three_data_nodes(now);
+    let at = |s: u64| now + Duration::from_secs(s);
+    install(&mut c, child(100, None), now);
+    c.handle_tick(now);
+    assert_eq!(c.poll_outbox().add_children, vec![TUNNEL, TUNNEL]);
+    // A slow peer: nothing more is asked for while both are in flight (before, one was asked
+    // for again every 5 s, and a peer slower than that got duplicates).
+    for s in [5, 10, 30] {
+        c.handle_tick(at(s));
+        assert!(c.poll_outbox().add_children.is_empty(), "at {s} s");
+    }
+    // One answered, one refused (say TEMPORARY_FAILURE): the missing one is asked for again,
+    // but only after the retry interval.
+    install(&mut c, child(200, None), at(31));
+    c.handle_child_refused(TUNNEL, false, at(31));
+    c.handle_tick(at(32));
+    assert!(c.poll_outbox().add_children.is_empty());
+    c.handle_tick(at(37));
+    assert_eq!(c.poll_outbox().add_children, vec![TUNNEL]);
+    // Unanswered for a minute: lost, asked for again.
+    c.handle_tick(at(60));
+    assert!(c.poll_outbox().add_children.is_empty());
+    c.handle_tick(at(98));
+    assert_eq!(c.poll_outbox().add_children, vec![TUNNEL]);
 }
 
 #[test]
@@ -477,10 +506,12 @@ fn a_restarted_nodes_lost_child_sa_is_deleted_not_rekeyed() {
     let out = c.poll_outbox();
     assert_eq!(out.delete_children, vec![(TUNNEL, wire::EspSpi(200))]);
     assert!(out.rekeys.is_empty(), "{:?}", out.rekeys);
+    // A new one is asked for at once (and not again while it is on its way).
+    assert_eq!(out.add_children, vec![TUNNEL]);
     // It leaves the ring until it holds a CHILD_SA again.
     assert!(!c.dispatch_status(now).ring.contains(&d2));
     c.handle_tick(now + Duration::from_secs(10));
-    assert_eq!(c.poll_outbox().add_children, vec![TUNNEL]);
+    assert!(c.poll_outbox().add_children.is_empty());
     assert_eq!(install(&mut c, child(300, None), now), d2);
     c.handle_tick(now + Duration::from_secs(11));
     assert!(c.dispatch_status(now).ring.contains(&d2));

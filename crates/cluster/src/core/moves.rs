@@ -23,6 +23,9 @@ impl ClusterCore {
         if self.children.contains_key(&child.inbound_spi) {
             return Err(InstallRefused::Duplicate);
         }
+        if child.replaces.is_none() {
+            self.spread_answered(child.tunnel);
+        }
         // A spread tunnel (self-dispatch) has a CHILD_SA on every node of the ring.
         let node = if self.spread(child.tunnel) {
             self.spread_node(&child)

@@ -103,9 +103,8 @@ impl Driver {
                     ispi = %ike.initiator, rspi = %ike.responder, %notify,
                     "peer refused a new CHILD_SA"
                 );
-                if notify.no_more_children() {
-                    self.datapath.children_capped(tunnel);
-                }
+                self.datapath
+                    .child_refused(tunnel, notify.no_more_children());
             }
             Event::PeerAddressChanged {
                 tunnel,
