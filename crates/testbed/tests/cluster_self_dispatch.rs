@@ -279,6 +279,39 @@ fn three_data_nodes_seal(flavor: Flavor) -> Result<()> {
             macs.insert(mac);
         }
         assert!(macs.len() > 1, "the VMs' virtual MACs: {macs:?}");
+        // Each VM's ARP request reaches all three nodes (the host floods it to every data
+        // node VTEP); exactly one answers, with that virtual MAC (tcpdump in the VM, decoded
+        // by tshark).
+        let gw = topo.tenants[0].gateway_ip;
+        for (i, vm) in topo.tenants[0].vms.iter().enumerate() {
+            let cap = traffic::capture(&vm.ns, "any", "arp", &format!("arp-vm{i}"))?;
+            vm.ns.ip(["neigh", "flush", "to", &gw.to_string()])?;
+            let ping = traffic::ping(
+                &vm.ns,
+                topo.sites[0].lan_addr,
+                &PingOptions::new(1, Duration::from_millis(10)).from(vm.addr.addr),
+            )?;
+            assert!(ping.all_received(), "vm {}: {ping:?}", vm.addr);
+            let replies = format!("arp.opcode == 2 && arp.src.proto_ipv4 == {gw}");
+            cap.wait_for_packets(&replies, 1, Duration::from_secs(2));
+            // Time for a second answer to arrive, were there one.
+            std::thread::sleep(Duration::from_millis(200));
+            let pcap = cap.stop();
+            let rows = traffic::tshark_fields(&pcap, &replies, &["arp.src.hw_mac"])?;
+            let requests = traffic::tshark_count(
+                &pcap,
+                &format!("arp.opcode == 1 && arp.dst.proto_ipv4 == {gw}"),
+            )?;
+            let mac = vm_gateway_mac(&topo, i)?.unwrap_or_default();
+            assert!(
+                requests >= 1
+                    && rows.len() == requests
+                    && rows.iter().all(|r| r.first() == Some(&mac)),
+                "vm {}: {requests} ARP requests for the gateway, answered by {rows:?}: one \
+                 answer each, from its virtual MAC {mac}",
+                vm.addr
+            );
+        }
 
         // Each node that owns some VM's virtual MAC sealed with its own CHILD_SA: strongSwan
         // received on the SA whose SPI is that node's outbound one.
