@@ -32,10 +32,21 @@ command -v debootstrap >/dev/null 2>&1 || die "debootstrap not found (scripts/se
 
 parent=$(dirname "$ROOT")
 mkdir -p "$parent"
+# Leftovers of a run that was killed (its trap did not run): debootstrap may have left /proc
+# or /sys mounted inside.
+for stale in "$parent"/.strongswan6.*; do
+    [[ -d $stale ]] || continue
+    umount -R "$stale/proc" "$stale/sys" 2>/dev/null || true
+    rm -rf --one-file-system "$stale" || die "cannot remove the leftover $stale"
+done
 new=$(mktemp -d "$parent/.strongswan6.XXXXXX")
+out=
 cleanup() {
     if [[ -n ${new:-} && -d $new ]]; then
         rm -rf --one-file-system "$new"
+    fi
+    if [[ -n ${out:-} ]]; then
+        rm -f "$out"
     fi
 }
 trap cleanup EXIT
@@ -44,10 +55,8 @@ log "installing strongSwan 6 (Debian $SUITE) into $ROOT (about a minute)"
 out=$(mktemp)
 if ! debootstrap --variant=minbase --include="$PACKAGES" "$SUITE" "$new" "$MIRROR" >"$out" 2>&1; then
     tail -n 30 "$out" >&2
-    rm -f "$out"
     die "debootstrap $SUITE failed"
 fi
-rm -f "$out"
 [[ -x $new/usr/sbin/charon-systemd && -x $new/usr/sbin/swanctl ]] \
     || die "debootstrap finished but charon-systemd or swanctl is missing"
 # No daemon of the root ever starts by itself: it is only run by the tests.

@@ -721,7 +721,7 @@ pub trait DataPath: Send + Sync {
     /// The peer refused a new CHILD_SA of this tunnel (`no_more`: for good, it answered
     /// TS_MAX_QUEUE, RFC 9611, or NO_ADDITIONAL_SAS): a data path that asks for CHILD_SAs of
     /// its own (one per data node in self-dispatch) counts it as answered, waits before asking
-    /// again, and for good stops asking until one of the tunnel's is removed. The default
+    /// again, and for good stops asking until the tunnel holds fewer than now. The default
     /// ignores it.
     fn child_refused(&self, tunnel: TunnelId, no_more: bool) {
         let _ = (tunnel, no_more);

@@ -59,7 +59,9 @@ pub(crate) struct ChildTask {
     /// deleted the very SA this exchange creates before its answer reached us.
     pub(crate) deleted_spis: Vec<u32>,
     pub(crate) retries: u8,
-    /// We offered SA_RESOURCE_INFO (a new CHILD_SA of a tunnel that allows RFC 9611).
+    /// A new CHILD_SA: we offered SA_RESOURCE_INFO (the tunnel allows RFC 9611). A rekey:
+    /// the CHILD_SA it replaces is a per-resource one (kept here: the peer may delete that
+    /// one before the answer arrives).
     pub(crate) resource: bool,
 }
 
@@ -177,11 +179,16 @@ impl IkeSa {
         if cfg.resource_sas == 0 || find_notify(payloads, NotifyType::SA_RESOURCE_INFO).is_none() {
             return Ok(false);
         }
+        // A CHILD_SA and the replacement the peer's rekey made for it count once.
         let held = self
             .children
             .iter()
             .filter(|c| {
                 c.resource && matches!(c.state, ChildState::Installed | ChildState::Rekeying)
+            })
+            .filter(|c| {
+                c.predecessor
+                    .is_none_or(|p| !self.children.iter().any(|o| o.inbound_spi == p))
             })
             .count();
         if held >= cfg.resource_sas as usize {
@@ -567,8 +574,14 @@ impl IkeSa {
             }));
         }
         payloads.extend(ts);
-        let resource = rekey.is_none() && cfg.resource_sas > 0;
-        if resource {
+        let resource = match rekey {
+            Some(old) => self
+                .children
+                .iter()
+                .any(|c| c.inbound_spi == old && c.resource),
+            None => cfg.resource_sas > 0,
+        };
+        if resource && rekey.is_none() {
             payloads.push(resource_info());
         }
         if let Some(old) = rekey {
@@ -641,10 +654,7 @@ impl IkeSa {
         ) {
             Ok(mut c) => {
                 c.resource = match task.rekey {
-                    Some(old) => self
-                        .children
-                        .iter()
-                        .any(|o| o.inbound_spi == old && o.resource),
+                    Some(_) => task.resource,
                     None => Self::resource_answer(task.resource, payloads),
                 };
                 c
@@ -668,7 +678,7 @@ impl IkeSa {
                 Some(c) => c.state = ChildState::Installed,
                 // Neither the old nor the new SA is left: establish a replacement.
                 None if task.rekey.is_some() => self.enqueue(Pending::CreateChild),
-                None => {}
+                None => self.child_refused(ctx, NotifyType::TEMPORARY_FAILURE),
             }
             return;
         }
@@ -747,6 +757,9 @@ impl IkeSa {
                 );
                 if let Err(e) = r {
                     warn!(ispi = %self.spis.initiator, error = %e, "cannot retry CREATE_CHILD_SA");
+                    if task.rekey.is_none() {
+                        self.child_refused(ctx, NotifyType::TEMPORARY_FAILURE);
+                    }
                 }
                 return;
             }

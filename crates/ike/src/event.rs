@@ -195,10 +195,12 @@ pub enum Event {
         /// Why.
         reason: DeleteReason,
     },
-    /// The peer refused a new CHILD_SA we asked for (not a rekey): the first one of IKE_AUTH,
-    /// or one more with [`crate::Endpoint::add_child`]. `notify` is the peer's error;
-    /// TS_MAX_QUEUE (RFC 9611) and NO_ADDITIONAL_SAS say it takes no more, so asking again
-    /// is pointless until one of the tunnel's CHILD_SAs is gone.
+    /// A new CHILD_SA we asked for (not a rekey) did not come about: the first one of
+    /// IKE_AUTH, or one more with [`crate::Endpoint::add_child`]. `notify` is the peer's
+    /// error; TS_MAX_QUEUE (RFC 9611) and NO_ADDITIONAL_SAS say it takes no more, so asking
+    /// again is pointless until one of the tunnel's CHILD_SAs is gone. TEMPORARY_FAILURE also
+    /// stands for a request that failed here (it could not be sent, its IKE SA was no longer
+    /// established, or the peer deleted the new CHILD_SA before its answer arrived).
     ChildSaRefused {
         /// The tunnel.
         tunnel: TunnelId,

@@ -759,6 +759,9 @@ impl IkeSa {
                 SaState::Connecting | SaState::Dead => false,
             };
             if !allowed {
+                if p == Pending::AddChild {
+                    self.child_refused(ctx, wire::ike::NotifyType::TEMPORARY_FAILURE);
+                }
                 continue;
             }
             let result = match p {

@@ -110,9 +110,10 @@ pub struct DispatchState {
     dirty: bool,
     /// Per spread tunnel, the CHILD_SAs asked for and not answered yet.
     adding: HashMap<ike::TunnelId, Adding>,
-    /// Spread tunnels whose peer takes no more CHILD_SAs (TS_MAX_QUEUE, NO_ADDITIONAL_SAS):
-    /// none is asked for until one of theirs is removed.
-    capped: std::collections::HashSet<ike::TunnelId>,
+    /// Spread tunnels whose peer takes no more CHILD_SAs (TS_MAX_QUEUE, NO_ADDITIONAL_SAS),
+    /// with how many they held then: none is asked for until they hold fewer (a rekey frees
+    /// no place on the peer).
+    capped: HashMap<ike::TunnelId, usize>,
     /// CHILD_SAs of lost nodes whose deletion was asked for (not rekeyed meanwhile).
     pub(crate) deleting: std::collections::HashSet<EspSpi>,
     /// Nodes that restarted: they join the ring again only once they hold the CHILD_SAs.
@@ -225,7 +226,7 @@ impl ClusterCore {
             .filter(|id| {
                 let stays = self.dispatch.ring.contains(id) && !self.dispatch.rejoin.contains(id);
                 up.iter().all(|t| {
-                    (stays && !self.dispatch.capped.contains(t))
+                    (stays && !self.dispatch.capped.contains_key(t))
                         || self.children.iter().any(|(spi, c)| {
                             c.tunnel == *t
                                 && c.node == Some(*id)
@@ -468,10 +469,15 @@ impl ClusterCore {
             if held.is_empty() {
                 // Down (its IKE SA went with what was asked for on it): start afresh.
                 self.dispatch.adding.remove(&t);
+                self.dispatch.capped.remove(&t);
                 continue;
             }
-            if self.dispatch.capped.contains(&t) {
-                continue;
+            if let Some(&cap) = self.dispatch.capped.get(&t) {
+                if held.values().sum::<usize>() >= cap {
+                    continue;
+                }
+                // One is gone: the peer may take another.
+                self.dispatch.capped.remove(&t);
             }
             let missing = self
                 .dispatch_candidates()
@@ -512,31 +518,31 @@ impl ClusterCore {
         self.outbox.add_children.extend(ask);
         let tunnels = &self.tunnels;
         self.dispatch.adding.retain(|t, _| tunnels.contains_key(t));
-        self.dispatch.capped.retain(|t| tunnels.contains_key(t));
+        self.dispatch.capped.retain(|t, _| tunnels.contains_key(t));
     }
 
     /// The peer of `tunnel` refused a CHILD_SA we asked for (`no_more`: for good, with
     /// TS_MAX_QUEUE, RFC 9611, or NO_ADDITIONAL_SAS). One asked for less is in flight; none
-    /// is asked for during [`super::REKEY_RETRY`], or, for good, until one of the tunnel's is
-    /// removed: the candidates still without one of its CHILD_SAs then leave the ring (they
-    /// could not seal its traffic).
+    /// is asked for during [`super::REKEY_RETRY`], or, for good, until the tunnel holds fewer
+    /// CHILD_SAs than now: the candidates still without one of its CHILD_SAs then leave the
+    /// ring (they could not seal its traffic). A refusal while the tunnel holds none is that
+    /// of IKE_AUTH's first CHILD_SA, not asked for here, and changes nothing.
     pub fn handle_child_refused(&mut self, tunnel: ike::TunnelId, no_more: bool, now: Instant) {
+        let held: usize = self.spread_held(tunnel).values().sum();
+        if held == 0 {
+            // The first CHILD_SA of IKE_AUTH (not asked for here; the tunnel is not up).
+            return;
+        }
         if let Some(a) = self.dispatch.adding.get_mut(&tunnel) {
             a.asked = a.asked.saturating_sub(1);
             a.not_before = Some(now + super::REKEY_RETRY);
         }
-        if no_more && self.dispatch.capped.insert(tunnel) {
+        if no_more && self.dispatch.capped.insert(tunnel, held).is_none() {
             warn!(
                 tunnel = tunnel.0,
-                held = self.spread_held(tunnel).values().sum::<usize>(),
-                "the peer takes no more CHILD_SAs of this tunnel: not asking for more until one is removed"
+                held, "the peer takes no more CHILD_SAs of this tunnel: not asking for more until it holds fewer"
             );
         }
-    }
-
-    /// One of `tunnel`'s CHILD_SAs was removed: its peer may take another.
-    pub(crate) fn spread_uncap(&mut self, tunnel: ike::TunnelId) {
-        self.dispatch.capped.remove(&tunnel);
     }
 
     /// A new CHILD_SA of `tunnel` (not a rekey) was installed: one asked for less is in

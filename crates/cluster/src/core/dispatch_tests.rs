@@ -370,6 +370,8 @@ fn a_peer_that_takes_no_more_child_sas_is_not_asked_again_until_one_is_removed()
     let now = Instant::now();
     let mut c = three_data_nodes(now);
     let id = |c: &ClusterCore, n: &str| c.known_id(n).unwrap();
+    // A refused first CHILD_SA (IKE_AUTH's, not asked for here) caps nothing.
+    c.handle_child_refused(TUNNEL, true, now);
     // The peer's own CHILD_SAs (per-resource ones, RFC 9611, or plain parallel ones) go to
     // the nodes that hold none of the tunnel's, one each.
     assert_eq!(install(&mut c, child(100, None), now), id(&c, "data1"));
@@ -387,8 +389,14 @@ fn a_peer_that_takes_no_more_child_sas_is_not_asked_again_until_one_is_removed()
     }
     let ring = c.dispatch_status(now).ring;
     assert_eq!(ring, vec![id(&c, "data1"), id(&c, "data2")]);
-    // One of the tunnel's CHILD_SAs is gone: asking again (for data2 and data3).
+    // A rekey frees no place on the peer: still none asked for.
+    install(&mut c, child(201, Some(200)), now);
     c.handle_remove(TUNNEL, wire::EspSpi(200), wire::EspSpi(1200), now);
+    drop(c.poll_outbox());
+    c.handle_tick(now + Duration::from_secs(65));
+    assert!(c.poll_outbox().add_children.is_empty(), "after a rekey");
+    // One of the tunnel's CHILD_SAs is gone: asking again (for data2 and data3).
+    c.handle_remove(TUNNEL, wire::EspSpi(201), wire::EspSpi(1201), now);
     drop(c.poll_outbox());
     c.handle_tick(now + Duration::from_secs(70));
     assert_eq!(c.poll_outbox().add_children, vec![TUNNEL, TUNNEL]);

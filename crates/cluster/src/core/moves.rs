@@ -166,7 +166,6 @@ impl ClusterCore {
         now: Instant,
     ) {
         self.dispatch.deleting.remove(&inbound_spi);
-        self.spread_uncap(tunnel);
         let Some(entry) = self.children.remove(&inbound_spi) else {
             tracing::debug!(tunnel = tunnel.0, spi_in = %inbound_spi, "remove_child: not placed");
             return;

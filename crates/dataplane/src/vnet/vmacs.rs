@@ -396,10 +396,12 @@ impl Dispatch {
         if r.until(self.linger) <= now {
             return false;
         }
-        let after = u64::try_from(now.saturating_duration_since(r.since).as_nanos())
-            .unwrap_or(u64::MAX)
-            .max(1);
-        r.last.fetch_max(after, Ordering::Relaxed);
+        let after =
+            u64::try_from(now.saturating_duration_since(r.since).as_nanos()).unwrap_or(u64::MAX);
+        // Written at most about once a millisecond: every worker sends such frames on.
+        if after > r.last.load(Ordering::Relaxed).saturating_add(1_000_000) {
+            r.last.fetch_max(after, Ordering::Relaxed);
+        }
         true
     }
 
