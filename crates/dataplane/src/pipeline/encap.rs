@@ -355,6 +355,10 @@ pub(crate) fn deliver_routed(
             }
         }
         Resolution::Dropped(reason) => o.drop_packet(reason),
+        Resolution::DroppedAsking(reason) => {
+            solicit(o, sh, vnet, host, dst);
+            o.drop_packet(reason);
+        }
     }
 }
 

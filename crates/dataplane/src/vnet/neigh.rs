@@ -73,6 +73,9 @@ pub(crate) enum Resolution {
     },
     /// The packet was dropped.
     Dropped(DropReason),
+    /// The packet was dropped (the VNet's queue budget is spent), but the address is new:
+    /// send the first resolution request now, so that the next packets find it resolved.
+    DroppedAsking(DropReason),
 }
 
 /// The neighbour cache of one VNet.
@@ -128,15 +131,19 @@ impl NeighCache {
                 if self.entries.len() >= MAX_ENTRIES || self.incomplete >= MAX_INCOMPLETE {
                     return Resolution::Dropped(DropReason::NeighTableFull);
                 }
-                if packet.len() > QUEUE_BYTES || self.queued + packet.len() > MAX_QUEUED_BYTES {
-                    return Resolution::Dropped(DropReason::NeighUnresolved);
+                let fits =
+                    packet.len() <= QUEUE_BYTES && self.queued + packet.len() <= MAX_QUEUED_BYTES;
+                if fits {
+                    if let Err(reason) = admit() {
+                        return Resolution::Dropped(reason);
+                    }
                 }
-                if let Err(reason) = admit() {
-                    return Resolution::Dropped(reason);
+                let mut queue = VecDeque::new();
+                let mut bytes = 0;
+                if fits {
+                    queue.push_back(packet.to_vec());
+                    bytes = packet.len();
                 }
-                let mut queue = VecDeque::with_capacity(QUEUE_LEN.min(8));
-                queue.push_back(packet.to_vec());
-                let bytes = packet.len();
                 self.entries.insert(
                     ip,
                     Entry::Incomplete {
@@ -148,7 +155,11 @@ impl NeighCache {
                 );
                 self.incomplete += 1;
                 self.queued += bytes;
-                Resolution::Queued { request: true }
+                if fits {
+                    Resolution::Queued { request: true }
+                } else {
+                    Resolution::DroppedAsking(DropReason::NeighUnresolved)
+                }
             }
         }
     }
@@ -407,16 +418,20 @@ mod tests {
         let next = addr(i / 4 + 1);
         assert_eq!(
             c.resolve(next, t0, &big, ok),
-            Resolution::Dropped(DropReason::NeighUnresolved)
+            Resolution::DroppedAsking(DropReason::NeighUnresolved),
+            "dropped, but asked for: the next packets find it resolved"
         );
+        assert_eq!(c.learn(next, MAC, t0, false), Some(VecDeque::new()));
+        assert_eq!(c.mac(next), Some(MAC));
         // Those that never answer give their bytes back when given up.
         let mut req = Vec::new();
         for k in 1..=3 {
             c.tick(t0 + RETRY * k, &mut req);
         }
         assert_eq!((c.queued, c.incomplete), (0, 0));
+        let other = addr(i / 4 + 2);
         assert!(matches!(
-            c.resolve(next, t0 + RETRY * 3, &big, ok),
+            c.resolve(other, t0 + RETRY * 3, &big, ok),
             Resolution::Queued { request: true }
         ));
     }
