@@ -661,6 +661,11 @@ fn resource_sas_default_bounds_and_off() {
         .parse(&with_tunnel(&format!("{TUNNEL_A}resource_sas = 0\n")))
         .unwrap();
     assert_eq!(off.tunnels[0].peer.resource_sas, 0);
+    // Changed in place by `ctl apply` (the next request reads it; no SA is renegotiated).
+    assert_eq!(
+        inventory::tunnel_change(&config.tunnels[0], &off.tunnels[0]),
+        inventory::TunnelChange::Update
+    );
     for bad in ["-1", "1025"] {
         let text = with_tunnel(&format!("{TUNNEL_A}resource_sas = {bad}\n"));
         expect_error(
