@@ -14,8 +14,8 @@
 //!
 //! So the new owner answers and processes first; the old one then lets go and sends the
 //! frames still arriving for it on to the new owner until none came for `linger` (its data
-//! path does that when a table takes a virtual MAC away). A failed node's virtual MACs go to its successor
-//! at once (nobody else is sending them anywhere).
+//! path does that when a table takes a virtual MAC away). A failed node's virtual MACs go to
+//! its successor at once (nobody else is sending them anywhere).
 //!
 //! Membership: the ring is the live data nodes that announced a VTEP and are neither parked,
 //! draining nor leaving, in id order, once they hold a CHILD_SA of every spread tunnel that is
