@@ -49,11 +49,14 @@ enum Entry {
     },
     Incomplete {
         queue: VecDeque<Vec<u8>>,
-        /// The bytes in `queue`.
-        bytes: usize,
         tries: u8,
         last_sent: Instant,
     },
+}
+
+/// The bytes of the packets waiting in `queue`.
+fn queued_bytes(queue: &VecDeque<Vec<u8>>) -> usize {
+    queue.iter().map(Vec::len).sum()
 }
 
 /// What to do with a packet for an address.
@@ -112,9 +115,9 @@ impl NeighCache {
                 }
                 Resolution::Mac { mac: *mac, probe }
             }
-            Some(Entry::Incomplete { queue, bytes, .. }) => {
+            Some(Entry::Incomplete { queue, .. }) => {
                 if queue.len() >= QUEUE_LEN
-                    || *bytes + packet.len() > QUEUE_BYTES
+                    || queued_bytes(queue) + packet.len() > QUEUE_BYTES
                     || self.queued + packet.len() > MAX_QUEUED_BYTES
                 {
                     Resolution::Dropped(DropReason::NeighUnresolved)
@@ -122,7 +125,6 @@ impl NeighCache {
                     Resolution::Dropped(reason)
                 } else {
                     queue.push_back(packet.to_vec());
-                    *bytes += packet.len();
                     self.queued += packet.len();
                     Resolution::Queued { request: false }
                 }
@@ -133,28 +135,23 @@ impl NeighCache {
                 }
                 let fits =
                     packet.len() <= QUEUE_BYTES && self.queued + packet.len() <= MAX_QUEUED_BYTES;
+                let mut queue = VecDeque::new();
                 if fits {
                     if let Err(reason) = admit() {
                         return Resolution::Dropped(reason);
                     }
-                }
-                let mut queue = VecDeque::new();
-                let mut bytes = 0;
-                if fits {
                     queue.push_back(packet.to_vec());
-                    bytes = packet.len();
+                    self.queued += packet.len();
                 }
                 self.entries.insert(
                     ip,
                     Entry::Incomplete {
                         queue,
-                        bytes,
                         tries: 1,
                         last_sent: now,
                     },
                 );
                 self.incomplete += 1;
-                self.queued += bytes;
                 if fits {
                     Resolution::Queued { request: true }
                 } else {
@@ -185,8 +182,8 @@ impl NeighCache {
                 );
                 self.incomplete -= 1;
                 match old {
-                    Entry::Incomplete { queue, bytes, .. } => {
-                        self.queued -= bytes;
+                    Entry::Incomplete { queue, .. } => {
+                        self.queued -= queued_bytes(&queue);
                         Some(queue)
                     }
                     Entry::Reachable { .. } => None,
@@ -230,7 +227,6 @@ impl NeighCache {
             }
             Entry::Incomplete {
                 queue,
-                bytes,
                 tries,
                 last_sent,
             } => {
@@ -245,7 +241,7 @@ impl NeighCache {
                 } else {
                     dropped += queue.len() as u64;
                     gave_up += 1;
-                    freed += *bytes;
+                    freed += queued_bytes(queue);
                     false
                 }
             }
@@ -405,7 +401,7 @@ mod tests {
         assert_eq!(released.len(), QUEUE_BYTES / big.len());
         assert_eq!(c.queued, 0);
         // Per VNet: 4 MiB over many addresses; then even a new address's first packet waits
-        // nowhere (and no request goes out for it).
+        // nowhere (but a request goes out for it).
         let addr = |i: u32| IpAddr::V4(std::net::Ipv4Addr::from(0x0a01_0000 + i));
         let mut i = 0;
         while c.queued + big.len() <= MAX_QUEUED_BYTES {
