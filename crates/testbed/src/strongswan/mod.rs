@@ -162,10 +162,15 @@ impl Charon {
         // `unshare -m` gives charon a private mount namespace (propagation
         // private, so nothing leaks back) with its own tmpfs on /run: the pid
         // file and the stroke/lookip/error-notify sockets stay private.
+        // Where the daemon finds this directory: here, or (strongSwan 6) inside its root.
+        let inner = match settings.flavor {
+            Flavor::Host => dir.clone(),
+            Flavor::Strongswan6 => PathBuf::from(ROOT_PEER_DIR),
+        };
+        let text = render_strongswan_conf(section, &inner.join("charon.vici"), settings);
+        fs::write(&conf, text).map_err(|e| Error::io("write", &conf, e))?;
         let cmd = match settings.flavor {
             Flavor::Host => {
-                let text = render_strongswan_conf(section, &vici, settings);
-                fs::write(&conf, text).map_err(|e| Error::io("write", &conf, e))?;
                 let script = "mount -t tmpfs -o size=4m,mode=0755 protego-run /run && exec \"$0\"";
                 Cmd::new("unshare")
                     .args(["-m", "--propagation", "private", "sh", "-c", script, daemon])
@@ -176,9 +181,6 @@ impl Charon {
                 // own /run, /proc, the host's /dev (TUN for kernel-libipsec), and this
                 // directory at ROOT_PEER_DIR, where the daemon reads its strongswan.conf and
                 // makes its VICI socket (which the host's swanctl reaches at `vici`).
-                let inner = Path::new(ROOT_PEER_DIR);
-                let text = render_strongswan_conf(section, &inner.join("charon.vici"), settings);
-                fs::write(&conf, text).map_err(|e| Error::io("write", &conf, e))?;
                 let script = "set -e; R=$1; D=$2; P=$3; \
                     mount -t tmpfs -o size=4m,mode=0755 protego-run \"$R/run\"; \
                     mount -t tmpfs -o size=1m,mode=0755 protego-mnt \"$R/mnt\"; \
