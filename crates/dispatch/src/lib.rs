@@ -11,7 +11,10 @@
 //! - [`Node`]: one data node's side of flow migration along the ring of data nodes
 //!   (Algorithm 5): its load reported to its predecessor every `T_L`, and every `T_M`, when
 //!   its load exceeds its successor's by more than `L_D`, a set `W` of its virtual MACs offered
-//!   to the successor, which takes them and acknowledges. The node that gave a virtual MAC
+//!   to the successor, which takes them and acknowledges (the first decision comes one `T_L`
+//!   after the start, on the successor's first report: `T_M` is the time a move needs to
+//!   show in the loads, and before the first one there is nothing to wait for; a decision
+//!   always waits for a report newer than the last). The node that gave a virtual MAC
 //!   away forwards the frames still arriving for it to the new owner until the hosts have
 //!   learnt where it went (the paper relies on the switch alone and loses what arrives in
 //!   between). What the node must do on the wire comes out as [`Action`]s; what it hears

@@ -153,13 +153,22 @@ pub struct Node {
     offered: Option<(u64, NodeId, Vec<u16>, Instant)>,
     /// Acknowledged, still forwarded until the instant.
     lingering: BTreeMap<u16, Instant>,
+    /// Taken from the predecessor less than `linger` ago: not handed on before
+    /// then. The hosts may still send their frames to the node they came from, which sends
+    /// them on here; a frame another node sent on is not sent on again (no loops), so a
+    /// second move in that time would lose them.
+    arrived: BTreeMap<u16, Instant>,
     load: f64,
     /// Per owned virtual MAC, its part of the load (when the data path measures it).
     vmac_loads: BTreeMap<u16, f64>,
     /// The successor's last report: (its id, its load, when).
     successor_load: Option<(NodeId, f64, Instant)>,
     next_report: Instant,
+    /// When the next decision is due; it is taken on the first report of the successor
+    /// that came after the last decision.
     next_move: Instant,
+    /// When the last decision was taken (the node's start before the first).
+    decided: Instant,
     round: u64,
     rng: ChaCha8Rng,
     moves: VecDeque<Move>,
@@ -185,8 +194,12 @@ impl Node {
         }
         let owned: BTreeSet<u16> = owned.into_iter().collect();
         let actions = owned.iter().map(|&v| Action::Own(v)).collect();
-        // Staggered by the node's id, so the nodes do not all decide at the same instant.
-        let stagger = params.move_interval.mul_f64(f64::from(id % 16) / 16.0);
+        // The first report waits one `T_L`, so that it tells a load measured since the node
+        // started. The first decision is due then: `T_M` is the time a move needs to show
+        // in the loads (the hosts re-learn, the loads are measured again), and before the
+        // first move there is none to wait for. Staggered by the node's id, so the nodes do
+        // not all decide at the same instant.
+        let stagger = params.load_interval.mul_f64(f64::from(id % 16) / 16.0);
         Ok((
             Self {
                 id,
@@ -195,11 +208,13 @@ impl Node {
                 owned,
                 offered: None,
                 lingering: BTreeMap::new(),
+                arrived: BTreeMap::new(),
                 load: 0.0,
                 vmac_loads: BTreeMap::new(),
                 successor_load: None,
-                next_report: now,
-                next_move: now + params.move_interval + stagger,
+                next_report: now + params.load_interval,
+                next_move: now + params.load_interval + stagger,
+                decided: now,
                 round: 0,
                 rng: ChaCha8Rng::seed_from_u64(seed ^ u64::from(id)),
                 moves: VecDeque::new(),
@@ -304,8 +319,9 @@ impl Node {
         out
     }
 
-    /// Time passes: reports every `T_L`, decisions every `T_M`, offers that were not
-    /// acknowledged in time are sent again, forwarding ends after `linger`.
+    /// Time passes: reports every `T_L`, decisions every `T_M` (the first one `T_L` after the
+    /// start; each waits for a report of the successor newer than the last decision), offers
+    /// that were not acknowledged in time are sent again, forwarding ends after `linger`.
     pub fn tick(&mut self, now: Instant) -> Vec<Action> {
         let mut out = Vec::new();
         let ended: Vec<u16> = self
@@ -318,6 +334,9 @@ impl Node {
             self.lingering.remove(&v);
             out.push(Action::Release(v));
         }
+        let linger = self.params.linger;
+        self.arrived
+            .retain(|_, at| now.saturating_duration_since(*at) < linger);
         if let Some((round, to, vmacs, again)) = self.offered.as_mut() {
             if *again <= now {
                 *again = now + self.params.ack_timeout;
@@ -340,33 +359,38 @@ impl Node {
                 });
             }
         }
-        if now >= self.next_move {
+        if now >= self.next_move && self.decide(now, &mut out) {
+            self.decided = now;
             self.next_move = now + self.params.move_interval;
-            self.decide(now, &mut out);
         }
         out
     }
 
     /// Algorithm 5, step 3: hand `W` to the successor if this node's load exceeds the
-    /// successor's (reported within the last two `T_L`) by more than `L_D`; one move at a time.
-    fn decide(&mut self, now: Instant, out: &mut Vec<Action>) {
+    /// successor's by more than `L_D`; one move at a time. Decides (returns true) only on a
+    /// report of the successor that came after the last decision and within the last two
+    /// `T_L`; without one (a successor that is new or silent) the decision stays due.
+    fn decide(&mut self, now: Instant, out: &mut Vec<Action>) -> bool {
         let to = self.successor();
         if to == self.id || self.offered.is_some() {
-            return;
+            return false;
         }
         let Some((who, theirs, at)) = self.successor_load else {
-            return;
+            return false;
         };
-        if who != to || now.saturating_duration_since(at) > 2 * self.params.load_interval {
-            return;
+        if who != to
+            || at <= self.decided
+            || now.saturating_duration_since(at) > 2 * self.params.load_interval
+        {
+            return false;
         }
         let difference = self.load - theirs;
         if difference <= self.params.threshold {
-            return;
+            return true;
         }
-        let w = self.choose(difference);
+        let w = self.choose(now, difference);
         if w.is_empty() {
-            return;
+            return true;
         }
         self.round += 1;
         out.push(Action::Send {
@@ -384,33 +408,43 @@ impl Node {
             loads: (self.load, theirs),
         });
         self.offered = Some((self.round, to, w, now + self.params.ack_timeout));
+        true
     }
 
     /// `W`: with per-virtual-MAC loads, at most `|W|` of them whose loads add up as close to
     /// half of `difference` as they can (taken heaviest first, each only if it brings the sum
     /// closer: the two nodes end nearer each other than before); without, `|W|` at random.
-    /// Never every virtual MAC the node owns.
-    fn choose(&mut self, difference: f64) -> Vec<u16> {
+    /// Never every virtual MAC the node owns, nor one that arrived less than `linger` ago.
+    fn choose(&mut self, now: Instant, difference: f64) -> Vec<u16> {
         let most = self.params.batch.min(self.owned.len().saturating_sub(1));
         if most == 0 {
             return Vec::new();
         }
-        let mut loaded: Vec<(u16, f64)> = self
-            .owned
-            .iter()
-            .filter_map(|v| Some((*v, *self.vmac_loads.get(v)?)))
-            .filter(|(_, l)| *l > 0.0)
-            .collect();
-        if loaded.is_empty() {
-            let mut pool: Vec<u16> = self.owned.iter().copied().collect();
+        let linger = self.params.linger;
+        let arrived = &self.arrived;
+        let movable = |v: &u16| {
+            arrived
+                .get(v)
+                .is_none_or(|at| now.saturating_duration_since(*at) >= linger)
+        };
+        let measured = self.vmac_loads.values().any(|l| *l > 0.0);
+        if !measured {
+            let mut pool: Vec<u16> = self.owned.iter().copied().filter(|v| movable(v)).collect();
             let mut w = Vec::with_capacity(most);
-            for _ in 0..most {
+            for _ in 0..most.min(pool.len()) {
                 let i = (self.rng.next_u64() % pool.len() as u64) as usize;
                 w.push(pool.swap_remove(i));
             }
             w.sort_unstable();
             return w;
         }
+        let mut loaded: Vec<(u16, f64)> = self
+            .owned
+            .iter()
+            .filter(|v| movable(v))
+            .filter_map(|v| Some((*v, *self.vmac_loads.get(v)?)))
+            .filter(|(_, l)| *l > 0.0)
+            .collect();
         loaded.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
         let target = difference / 2.0;
         let mut w = Vec::new();
@@ -450,6 +484,7 @@ impl Node {
                     }
                     if self.owned.insert(v) {
                         out.push(Action::Own(v));
+                        self.arrived.insert(v, now);
                         taken.push(v);
                     }
                 }
@@ -492,5 +527,92 @@ impl Node {
             self.moves.pop_front();
         }
         self.moves.push_back(m);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn offers(actions: &[Action]) -> Vec<Vec<u16>> {
+        actions
+            .iter()
+            .filter_map(|a| match a {
+                Action::Send {
+                    msg: Msg::Offer { vmacs, .. },
+                    ..
+                } => Some(vmacs.clone()),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_first_decision_comes_with_the_successors_first_report_and_the_next_a_t_m_later() {
+        let p = Params::paper();
+        let t0 = Instant::now();
+        let (mut a, _) = Node::new(0, p, vec![0, 1], 0..4, t0, 1).expect("node");
+        a.set_load(0.9, [(0, 0.6), (1, 0.3)]);
+        // Nothing is reported or decided before one T_L.
+        assert!(a.tick(t0 + p.load_interval / 2).is_empty());
+        // The decision is due at T_L but waits for the successor's report.
+        let at = t0 + p.load_interval;
+        assert!(offers(&a.tick(at)).is_empty());
+        a.receive(at, 1, Msg::Load { load: 0.1 });
+        let later = at + Duration::from_millis(50);
+        // Half the difference is 0.4: virtual MAC 0 (0.6) comes nearest.
+        assert_eq!(offers(&a.tick(later)), vec![vec![0]]);
+        let acked = a.receive(
+            later,
+            1,
+            Msg::Ack {
+                round: 1,
+                vmacs: vec![0],
+            },
+        );
+        assert_eq!(acked, vec![Action::Forward { vmac: 0, to: 1 }]);
+        // Still unbalanced, and reports keep coming: the next decision only a T_M later.
+        a.receive(later + p.load_interval, 1, Msg::Load { load: 0.2 });
+        assert!(offers(&a.tick(later + p.move_interval - STEP)).is_empty());
+        a.receive(later + p.move_interval - STEP, 1, Msg::Load { load: 0.2 });
+        assert_eq!(offers(&a.tick(later + p.move_interval)), vec![vec![1]]);
+    }
+
+    const STEP: Duration = Duration::from_millis(10);
+
+    #[test]
+    fn a_virtual_mac_just_taken_is_not_handed_on_before_linger() {
+        // Node 1 takes virtual MAC 7 from node 0; the hosts may still send its frames to
+        // node 0, which sends them on to node 1 only (a frame sent on is not sent on again).
+        let p = Params::paper();
+        let t0 = Instant::now();
+        let (mut b, _) = Node::new(1, p, vec![0, 1, 2], 4..8, t0, 1).expect("node");
+        let at = t0 + p.load_interval;
+        let took = b.receive(
+            at,
+            0,
+            Msg::Offer {
+                round: 1,
+                vmacs: vec![7, 8],
+            },
+        );
+        assert!(took.contains(&Action::Own(8)));
+        // 8 carries most of node 1's load; its successor is idle.
+        b.set_load(0.9, [(8, 0.5), (4, 0.1)]);
+        b.receive(at, 2, Msg::Load { load: 0.0 });
+        // After node 1's stagger (a sixteenth of T_L), well within `linger`.
+        let soon = at + p.load_interval / 8;
+        assert_eq!(offers(&b.tick(soon)), vec![vec![4]], "8 arrived just now");
+        b.receive(
+            soon,
+            2,
+            Msg::Ack {
+                round: 1,
+                vmacs: vec![4],
+            },
+        );
+        let late = soon + p.move_interval;
+        b.receive(late, 2, Msg::Load { load: 0.1 });
+        assert_eq!(offers(&b.tick(late + STEP)), vec![vec![8]]);
     }
 }
