@@ -37,6 +37,7 @@ mod pool;
 mod report;
 mod rx;
 mod session;
+pub mod site;
 mod sock;
 mod stats;
 mod swan;
@@ -45,13 +46,13 @@ mod targets;
 pub use crypto_only::CryptoFigure;
 pub use error::{BenchError, Result};
 pub use options::{
-    matrix, parse_duration, parse_list, parse_tunnels, strongswan_supports, Case, Cipher,
-    Direction, GatewayKind, Group, Options, PacketSize, WorkerCount, MAX_PACKET, MIN_PACKET,
-    STRONGSWAN_MAX_OUTBOUND,
+    matrix, parse_duration, parse_list, parse_load, parse_tunnels, strongswan_supports, Case,
+    Cipher, Direction, GatewayKind, Group, Options, PacketSize, PeerMode, WorkerCount, MAX_PACKET,
+    MIN_PACKET, STRONGSWAN_MAX_OUTBOUND,
 };
 pub use report::{
-    render_text, table_header, table_row, CaseReport, Drops, Machine, Report, RunSummary, Settings,
-    Target, REPORT_VERSION,
+    load_header, load_row, render_text, table_header, table_row, CaseReport, Drops, LoadFigures,
+    Machine, Report, RunSummary, Settings, Target, REPORT_VERSION,
 };
 pub use session::Session;
 pub use stats::Percentiles;

@@ -35,7 +35,7 @@ const QUIET: Duration = Duration::from_millis(150);
 /// Longest drain wait.
 const DRAIN_MAX: Duration = Duration::from_secs(10);
 /// Most trains per `sendmmsg` call.
-const TRAINS_PER_CALL: usize = 64;
+pub(crate) const TRAINS_PER_CALL: usize = 64;
 
 /// The gateway process under test, as a run sees it.
 pub(crate) trait UnderTest {
@@ -119,6 +119,9 @@ pub(crate) struct RunSpec {
     pub(crate) rate_pps: f64,
     /// Packets per GSO train at most.
     pub(crate) train: usize,
+    /// Trains per system call at most ([`TRAINS_PER_CALL`]; with `train` 1 and this 1, one
+    /// datagram per system call: a peer that does not batch).
+    pub(crate) per_call: usize,
     /// Record per-packet receive times for latency.
     pub(crate) record: bool,
 }
@@ -347,6 +350,7 @@ impl Loadgen {
             &self.pool,
             &mut self.send_ns,
             spec.rate_pps,
+            spec.per_call,
             &self.interrupted,
         );
         let send_span_s = send_start.elapsed().as_secs_f64();
@@ -675,16 +679,18 @@ fn too_small(s: usize) -> BenchError {
 }
 
 /// Sends the pool's trains at `rate` packets per second: every wake-up sends what is due by
-/// then (up to [`TRAINS_PER_CALL`] trains per system call) and records the send time of each
-/// packet; between wake-ups the thread sleeps.
+/// then (up to `per_call` trains per system call) and records the send time of each packet;
+/// between wake-ups the thread sleeps.
 pub(crate) fn send_paced(
     sock: &Socket,
     scratch: &mut SendScratch,
     pool: &Pool,
     send_ns: &mut [u64],
     rate: f64,
+    per_call: usize,
     interrupted: &AtomicBool,
 ) -> u64 {
+    let per_call = per_call.max(1);
     let trains = pool.trains();
     let t0 = Instant::now();
     let mut k = 0usize;
@@ -709,7 +715,7 @@ pub(crate) fn send_paced(
         }
         let mut j = k;
         let mut pk = queued;
-        while j < trains.len() && j - k < TRAINS_PER_CALL && pk < due {
+        while j < trains.len() && j - k < per_call && pk < due {
             pk += trains[j].count as u64;
             j += 1;
         }

@@ -244,6 +244,65 @@ impl FromStr for Direction {
     }
 }
 
+/// How the load generator sends, as a peer or host would.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum PeerMode {
+    /// Trains of up to 64 datagrams per UDP GSO send, up to 64 trains per `sendmmsg`: the
+    /// most the gateway can be offered per kernel crossing (how the maximum rate is found).
+    Batching,
+    /// One datagram per system call, paced: what a peer's kernel ESP or a host's VXLAN device
+    /// does (strongSwan, a Cisco or Palo Alto box, a hypervisor). Wake-ups and system calls
+    /// per packet then dominate the gateway's cost.
+    Single,
+}
+
+impl PeerMode {
+    /// Both modes.
+    pub const ALL: [PeerMode; 2] = [PeerMode::Batching, PeerMode::Single];
+
+    /// `batching` or `single`.
+    pub fn name(self) -> &'static str {
+        match self {
+            PeerMode::Batching => "batching",
+            PeerMode::Single => "single",
+        }
+    }
+}
+
+impl fmt::Display for PeerMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for PeerMode {
+    type Err = BenchError;
+    fn from_str(s: &str) -> Result<Self> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "batching" | "batch" | "gso" => Ok(PeerMode::Batching),
+            "single" | "non-batching" | "nonbatching" => Ok(PeerMode::Single),
+            _ => Err(BenchError::InvalidOption {
+                option: "--peers",
+                value: s.to_owned(),
+                reason: "expected `batching` or `single`".to_owned(),
+            }),
+        }
+    }
+}
+
+/// Parses one offered load of `--loads`: a percentage of the maximum rate, 1 to 100.
+pub fn parse_load(s: &str) -> Result<u32> {
+    let t = s.trim().trim_end_matches('%');
+    match t.parse::<u32>() {
+        Ok(n) if (1..=100).contains(&n) => Ok(n),
+        _ => Err(BenchError::InvalidOption {
+            option: "--loads",
+            value: s.to_owned(),
+            reason: "a percentage of the maximum rate, 1 to 100".to_owned(),
+        }),
+    }
+}
+
 /// A worker count as given on the command line.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum WorkerCount {
@@ -360,6 +419,12 @@ pub struct Options {
     /// Extra `key = value` lines for the Protego gateway's `[gateway]` table (e.g.
     /// `busy_poll = "200us"`, `batch = 16`).
     pub gateway_options: Vec<String>,
+    /// Offered loads of each case's load runs, percent of the case's measured maximum rate
+    /// (each run takes `duration`). 100 with a batching peer is the maximum-rate run itself,
+    /// 50 the latency run.
+    pub loads: Vec<u32>,
+    /// How the load generator sends in the load runs.
+    pub peers: Vec<PeerMode>,
 }
 
 impl Options {
@@ -379,6 +444,8 @@ impl Options {
             gateway_bin: None,
             keep: false,
             gateway_options: Vec::new(),
+            loads: vec![100, 50, 10],
+            peers: PeerMode::ALL.to_vec(),
         }
     }
 
@@ -415,6 +482,13 @@ impl Options {
         }
         if self.workers.is_empty() {
             return Err(empty("--workers"));
+        }
+        if let Some(bad) = self.loads.iter().find(|l| !(1..=100).contains(*l)) {
+            return Err(BenchError::InvalidOption {
+                option: "--loads",
+                value: bad.to_string(),
+                reason: "a percentage of the maximum rate, 1 to 100".to_owned(),
+            });
         }
         if self.skip_protego && !self.compare_strongswan {
             return Err(BenchError::InvalidOption {
@@ -611,6 +685,28 @@ mod tests {
         assert!("0".parse::<WorkerCount>().is_err());
         assert_eq!(parse_tunnels("1000").unwrap(), 1000);
         assert!(parse_tunnels("0").is_err());
+    }
+
+    #[test]
+    fn parses_loads_and_peer_modes() {
+        assert_eq!(
+            parse_list("100, 50%,10,50", parse_load).unwrap(),
+            vec![100, 50, 10]
+        );
+        for bad in ["0", "101", "-5", "half", ""] {
+            assert!(parse_load(bad).is_err(), "{bad}");
+        }
+        assert_eq!(
+            parse_list("single,batching", str::parse::<PeerMode>).unwrap(),
+            vec![PeerMode::Single, PeerMode::Batching]
+        );
+        assert!("bursty".parse::<PeerMode>().is_err());
+        let mut o = Options::quick();
+        assert!(o.validate().is_ok());
+        o.loads = vec![50, 0];
+        assert!(o.validate().is_err(), "a load of 0 % is refused");
+        o.loads = Vec::new();
+        assert!(o.validate().is_ok(), "no load runs at all is allowed");
     }
 
     #[test]

@@ -128,6 +128,53 @@ impl RunSummary {
     }
 }
 
+/// A case's run at one offered load and with one way of sending (issue 23 §1): what the
+/// gateway spends per packet and per byte where users run it, not only at saturation.
+#[derive(Debug, Clone, Serialize)]
+pub struct LoadFigures {
+    /// `batching` (GSO trains, many per system call) or `single` (one datagram per system
+    /// call, as a peer's kernel or a host's VXLAN device sends).
+    pub peer: String,
+    /// Offered load, percent of the case's maximum delivered rate (100 with `batching` is the
+    /// maximum-rate run, which offers 125 %; 50 with `batching` is the latency run).
+    pub load_pct: u32,
+    /// Gateway CPU seconds per second over the run (cores busy).
+    pub cpu_cores: f64,
+    /// What the load generator actually sent, packets per second (a single-datagram peer
+    /// may not reach the offered rate: one system call per datagram costs it as much as the
+    /// gateway).
+    pub sent_pps: f64,
+    /// The run (offered and delivered rates, CPU per packet and per byte, losses).
+    #[serde(flatten)]
+    pub run: RunSummary,
+}
+
+impl LoadFigures {
+    /// The figures of `run`, offered as `peer` at `load_pct`.
+    pub(crate) fn new(peer: crate::options::PeerMode, load_pct: u32, run: &RunResult) -> Self {
+        LoadFigures {
+            peer: peer.name().to_owned(),
+            load_pct,
+            cpu_cores: cores(run),
+            sent_pps: if run.send_span_s > 0.0 {
+                run.sent as f64 / run.send_span_s
+            } else {
+                0.0
+            },
+            run: RunSummary::from_run(run),
+        }
+    }
+}
+
+/// Gateway CPU seconds per second of a run.
+fn cores(r: &RunResult) -> f64 {
+    if r.rx_span_s > 0.0 {
+        r.cpu_ns as f64 / 1e9 / r.rx_span_s
+    } else {
+        0.0
+    }
+}
+
 /// The result of one case.
 #[derive(Debug, Clone, Serialize)]
 pub struct CaseReport {
@@ -183,6 +230,8 @@ pub struct CaseReport {
     pub max_rate: RunSummary,
     /// The half-rate (latency) run.
     pub half_rate: RunSummary,
+    /// The runs at offered loads (`--loads`) by peers that batch and that do not (`--peers`).
+    pub at_load: Vec<LoadFigures>,
 }
 
 impl CaseReport {
@@ -209,11 +258,7 @@ impl CaseReport {
                 .map(|&p| p as f64 / total as f64)
                 .collect()
         });
-        let cpu_cores = if max.rx_span_s > 0.0 {
-            max.cpu_ns as f64 / 1e9 / max.rx_span_s
-        } else {
-            0.0
-        };
+        let cpu_cores = cores(max);
         CaseReport {
             gateway: case.gateway.name().to_owned(),
             direction: case.direction.name().to_owned(),
@@ -241,6 +286,7 @@ impl CaseReport {
             replay_window: max.reorder.map(|r| r.1),
             max_rate,
             half_rate,
+            at_load: Vec::new(),
         }
     }
 
@@ -336,7 +382,51 @@ pub fn table_row(c: &CaseReport) -> String {
     )
 }
 
-/// The whole report as text: results, crypto-only limits, targets.
+/// The header of the offered-load table.
+pub fn load_header() -> String {
+    format!(
+        "{:<10} {:<3} {:<16} {:>5} {:>4} {:>3} | {:<8} {:>5} | {:>8} {:>8} {:>8} {:>7} {:>6} {:>6} {:>7}",
+        "gateway",
+        "dir",
+        "cipher",
+        "size",
+        "tun",
+        "wrk",
+        "peer",
+        "load",
+        "off Mpps",
+        "sent",
+        "Mpps",
+        "ns/pkt",
+        "ns/B",
+        "cores",
+        "loss"
+    )
+}
+
+/// One line of the offered-load table.
+pub fn load_row(c: &CaseReport, l: &LoadFigures) -> String {
+    format!(
+        "{:<10} {:<3} {:<16} {:>5} {:>4} {:>3} | {:<8} {:>4}% | {:>8.3} {:>8.3} {:>8.3} {:>7.0} {:>6.2} {:>6.2} {:>6.2}%",
+        c.gateway,
+        if c.direction == "inbound" { "in" } else { "out" },
+        c.cipher,
+        c.size,
+        c.tunnels,
+        c.workers.map_or_else(|| "-".to_owned(), |w| w.to_string()),
+        l.peer,
+        l.load_pct,
+        l.run.offered_pps / 1e6,
+        l.sent_pps / 1e6,
+        l.run.mpps,
+        l.run.cpu_ns_per_packet,
+        l.run.cpu_ns_per_byte,
+        l.cpu_cores,
+        l.run.drops.loss_ratio * 100.0,
+    )
+}
+
+/// The whole report as text: results, offered loads, crypto-only limits, targets.
 pub fn render_text(r: &Report) -> String {
     let mut out = String::new();
     let _ = writeln!(
@@ -366,6 +456,18 @@ pub fn render_text(r: &Report) -> String {
             if share.len() > 1 {
                 let s: Vec<String> = share.iter().map(|x| format!("{:.0}%", x * 100.0)).collect();
                 let _ = writeln!(out, "{:>49} worker share: {}", "", s.join(" / "));
+            }
+        }
+    }
+    if r.cases.iter().any(|c| !c.at_load.is_empty()) {
+        let _ = writeln!(
+            out,
+            "\nat offered loads (percent of the case's maximum rate; batching: GSO trains, many per system call; single: one datagram per system call):"
+        );
+        let _ = writeln!(out, "{}", load_header());
+        for c in &r.cases {
+            for l in &c.at_load {
+                let _ = writeln!(out, "{}", load_row(c, l));
             }
         }
     }
@@ -521,5 +623,38 @@ mod tests {
         assert_eq!(v["workers"], 2);
         assert!(v["latency_us"].is_null());
         assert_eq!(v["drops"]["gateway_counters"], 3);
+        assert_eq!(v["at_load"], serde_json::json!([]));
+    }
+
+    #[test]
+    fn load_runs_report_cpu_per_packet_and_byte_flat() {
+        // 100 packets of 1400 bytes delivered in 0.1 s with 2 ms of CPU: 20 µs a packet.
+        let r = run(100, 100, 140_000, 0.1, 2_000_000);
+        let mut c = CaseReport::new(&case(), &r, &r, None, None, None);
+        c.at_load
+            .push(LoadFigures::new(crate::options::PeerMode::Single, 10, &r));
+        let l = &c.at_load[0];
+        assert!((l.run.cpu_ns_per_packet - 20_000.0).abs() < 1e-6);
+        assert!((l.cpu_cores - 0.02).abs() < 1e-9);
+        let v = serde_json::to_value(&c).expect("serialises");
+        let j = &v["at_load"][0];
+        assert_eq!(j["peer"], "single");
+        assert_eq!(j["load_pct"], 10);
+        assert!((j["sent_pps"].as_f64().expect("sent_pps") - 1000.0).abs() < 1e-6);
+        for key in [
+            "offered_pps",
+            "mpps",
+            "cpu_ns_per_packet",
+            "cpu_ns_per_byte",
+            "drops",
+        ] {
+            assert!(
+                j.get(key).is_some(),
+                "the run's {key} is flattened into {j}"
+            );
+        }
+        let row = load_row(&c, l);
+        assert!(row.contains("single") && row.contains("10%"), "{row}");
+        assert!(row.contains("20000"), "{row}");
     }
 }

@@ -15,10 +15,10 @@ use crate::error::{BenchError, Result};
 use crate::gateway::{self, GatewayParams, ProtegoUnderTest};
 use crate::ike_client::{IkeClient, TunnelSa};
 use crate::imix;
-use crate::load::{Flow, HostSide, Loadgen, RunResult, RunSpec, UnderTest};
+use crate::load::{Flow, HostSide, Loadgen, RunResult, RunSpec, UnderTest, TRAINS_PER_CALL};
 use crate::net::BenchNet;
-use crate::options::{matrix, Case, Direction, GatewayKind, Group, Options, PacketSize};
-use crate::report::{CaseReport, Machine, Report, Settings, REPORT_VERSION};
+use crate::options::{matrix, Case, Direction, GatewayKind, Group, Options, PacketSize, PeerMode};
+use crate::report::{CaseReport, LoadFigures, Machine, Report, Settings, REPORT_VERSION};
 use crate::stats;
 use crate::swan::CharonUnderTest;
 use crate::targets;
@@ -208,6 +208,7 @@ impl Session {
             packets: 25_000,
             rate_pps: 50_000.0,
             train: 2,
+            per_call: TRAINS_PER_CALL,
             record: true,
         };
         let mut r = self.load.run(&Flow::Baseline, &spec, None)?;
@@ -326,6 +327,7 @@ impl Session {
             packets: (sas.len() as u32 * 2).clamp(200, 4000),
             rate_pps: 20_000.0,
             train: 1,
+            per_call: TRAINS_PER_CALL,
             record: false,
         };
         let mut last = RunResult::default();
@@ -375,6 +377,7 @@ impl Session {
                 packets: packets(upper, 0.05).min((pool_packets / 4).max(1000) as u32),
                 rate_pps: upper,
                 train: 64,
+                per_call: TRAINS_PER_CALL,
                 record: false,
             },
             Some(gw),
@@ -399,6 +402,7 @@ impl Session {
                     packets: packets(offered, secs),
                     rate_pps: offered,
                     train: 64,
+                    per_call: TRAINS_PER_CALL,
                     record: false,
                 },
                 Some(gw),
@@ -418,7 +422,7 @@ impl Session {
             });
         }
         let rate = max.delivered_pps() / 2.0;
-        let train = ((rate * LATENCY_TICK_S) as usize).clamp(1, 64);
+        let train = paced_train(rate);
         let mut half = self.load.run(
             flow,
             &RunSpec {
@@ -426,20 +430,46 @@ impl Session {
                 packets: packets(rate, secs),
                 rate_pps: rate,
                 train,
+                per_call: TRAINS_PER_CALL,
                 record: true,
             },
             Some(gw),
         )?;
         let latency = stats::percentiles(&mut half.latency_ns);
         half.latency_ns = Vec::new();
-        Ok(CaseReport::new(
-            case,
-            &max,
-            &half,
-            latency,
-            ctx.baseline_us,
-            crypto,
-        ))
+        let mut report = CaseReport::new(case, &max, &half, latency, ctx.baseline_us, crypto);
+        // The offered loads, as a batching and as a non-batching peer (issue 23 §1). The
+        // maximum-rate and latency runs are the batching peer's 100 and 50 %.
+        for &peer in &ctx.options.peers {
+            for &pct in &ctx.options.loads {
+                let figures = match (peer, pct) {
+                    (PeerMode::Batching, 100) => LoadFigures::new(peer, pct, &max),
+                    (PeerMode::Batching, 50) => LoadFigures::new(peer, pct, &half),
+                    _ => {
+                        let rate = max.delivered_pps() * f64::from(pct) / 100.0;
+                        let (train, per_call) = match peer {
+                            PeerMode::Batching => (paced_train(rate), TRAINS_PER_CALL),
+                            PeerMode::Single => (1, 1),
+                        };
+                        let run = self.load.run(
+                            flow,
+                            &RunSpec {
+                                size: case.size,
+                                packets: packets(rate, secs),
+                                rate_pps: rate,
+                                train,
+                                per_call,
+                                record: false,
+                            },
+                            Some(gw),
+                        )?;
+                        LoadFigures::new(peer, pct, &run)
+                    }
+                };
+                report.at_load.push(figures);
+            }
+        }
+        Ok(report)
     }
 
     /// How many packets of `case` the pool holds.
@@ -447,6 +477,12 @@ impl Session {
         let per_packet = case.size.mean() + 100.0;
         ((self.load.pool_budget() as f64 / per_packet) as u64).max(1000)
     }
+}
+
+/// Packets per GSO train of a batching peer's paced run at `rate`: what a tick of
+/// [`LATENCY_TICK_S`] holds.
+fn paced_train(rate: f64) -> usize {
+    ((rate * LATENCY_TICK_S) as usize).clamp(1, 64)
 }
 
 struct GroupCtx<'a> {
@@ -489,6 +525,7 @@ fn notes() -> Vec<String> {
         "latency = one-way, send time of the GSO train to the kernel receive timestamp, at half the maximum rate; added latency subtracts the baseline path's median".to_owned(),
         "loss = sent - delivered at half the maximum rate; the gateway's counters and socket drops are listed apart".to_owned(),
         "crypto%: crypto-only ns/B (open inbound, seal outbound) / gateway ns/B".to_owned(),
+        "at offered loads: each case again at a percentage of its maximum delivered rate, sent by a batching peer (paced GSO trains, the load generator's way) and by a single-datagram peer (one datagram per system call, as kernel ESP and VXLAN devices send); CPU per delivered packet and byte as above".to_owned(),
         "strongSwan: kernel-libipsec, inner packets routed by the kernel (plain UDP, no VXLAN), no outbound packets above 1400 B (its TUN MTU)".to_owned(),
     ]
 }

@@ -51,6 +51,47 @@ fn smallest_case_end_to_end() {
         }
         let lat = c.latency_us.expect("latency samples at half rate");
         assert!(lat.samples > 0);
+        // The offered loads (100, 50, 10 %), by a batching and by a single-datagram peer.
+        let runs: Vec<(&str, u32)> = c
+            .at_load
+            .iter()
+            .map(|l| (l.peer.as_str(), l.load_pct))
+            .collect();
+        assert_eq!(
+            runs,
+            [
+                ("batching", 100),
+                ("batching", 50),
+                ("batching", 10),
+                ("single", 100),
+                ("single", 50),
+                ("single", 10)
+            ],
+            "{} load runs",
+            c.direction
+        );
+        for l in &c.at_load {
+            assert!(
+                l.run.delivered > 0 && l.run.cpu_s > 0.0 && l.run.cpu_ns_per_packet > 0.0,
+                "{} {} {}%: {:?}",
+                c.direction,
+                l.peer,
+                l.load_pct,
+                l.run
+            );
+        }
+        // The 10 % runs were offered a tenth of what the maximum-rate run delivered.
+        let tenth = c.max_rate.mpps * 1e6 / 10.0;
+        for l in c.at_load.iter().filter(|l| l.load_pct == 10) {
+            assert!(
+                (l.run.offered_pps - tenth).abs() <= tenth * 1e-6,
+                "{} {}: offered {} for a tenth of {}",
+                c.direction,
+                l.peer,
+                l.run.offered_pps,
+                c.max_rate.mpps
+            );
+        }
     }
     let json = serde_json::to_value(&report).expect("the report serialises");
     for key in [
@@ -86,6 +127,7 @@ fn smallest_case_end_to_end() {
             "size",
             "crypto_fraction",
             "worker_share",
+            "at_load",
         ] {
             assert!(case.get(key).is_some(), "case lacks `{key}`: {case}");
         }
@@ -99,4 +141,64 @@ fn smallest_case_end_to_end() {
         .expect("targets")
         .iter()
         .any(|t| t["name"] == "cpu_per_byte" && t["value"].is_number()));
+}
+
+/// `protego bench site` end to end, as short as it goes: a strongSwan site's iperf3 stream
+/// through Protego and through strongSwan, each with plain and threaded links. Checks the
+/// plumbing (both gateways carried the stream, their CPU was read, the report is whole), never
+/// a figure.
+#[test]
+fn site_runs_both_gateways_over_both_link_modes() {
+    use protego_bench::site::{self, Links, SiteOptions};
+    let options = SiteOptions {
+        protego_bin: Some(testbed::workspace_bin("protego").expect("the protego binary is built")),
+        streams: vec![1],
+        duration: Duration::from_secs(2),
+        rounds: 1,
+        gateway_options: Vec::new(),
+        links: vec![Links::Veth, Links::Threaded],
+    };
+    let report = site::run(
+        &options,
+        &mut |line| eprintln!("bench site: {line}"),
+        &mut |_| {},
+    )
+    .expect("the site benchmark runs");
+    let runs: Vec<(&str, &str)> = report
+        .runs
+        .iter()
+        .map(|r| (r.gateway.as_str(), r.links.as_str()))
+        .collect();
+    assert_eq!(
+        runs,
+        [
+            ("protego", "veth"),
+            ("strongswan", "veth"),
+            ("protego", "threaded"),
+            ("strongswan", "threaded")
+        ]
+    );
+    for r in &report.runs {
+        assert!(
+            r.bytes > 0 && r.gateway_cpu_s > 0.0 && r.cpu_ns_per_byte > 0.0,
+            "{r:?}"
+        );
+    }
+    assert_eq!(report.comparison.len(), 2, "one row per link mode");
+    assert!(report.comparison.iter().all(|c| c.ratio[0] > 0.0));
+    let names: Vec<&str> = report.targets.iter().map(|t| t.name.as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "site_cpu_per_byte_veth",
+            "site_vs_strongswan_veth",
+            "site_cpu_per_byte_threaded",
+            "site_vs_strongswan_threaded"
+        ]
+    );
+    let text = site::render(&report);
+    assert!(
+        text.contains("threaded") && text.contains("targets:"),
+        "{text}"
+    );
 }

@@ -10,8 +10,8 @@ use std::process::ExitCode;
 use std::sync::atomic::Ordering;
 
 use bench::{
-    parse_duration, parse_list, parse_tunnels, render_text, BenchError, Cipher, Direction, Options,
-    PacketSize, Session, WorkerCount,
+    parse_duration, parse_list, parse_load, parse_tunnels, render_text, BenchError, Cipher,
+    Direction, Options, PacketSize, PeerMode, Session, WorkerCount,
 };
 
 /// Options of `protego bench`.
@@ -67,6 +67,15 @@ pub(crate) struct BenchArgs {
     /// `--gateway-option 'busy_poll = "200us"'` (repeatable).
     #[arg(long, value_name = "LINE")]
     gateway_option: Vec<String>,
+    /// Offered loads of each case's load runs, percent of its maximum rate, or `none`.
+    /// Default: 100,50,10.
+    #[arg(long, value_name = "LIST")]
+    loads: Option<String>,
+    /// How the load generator sends in the load runs: `batching` (GSO trains, many per
+    /// system call) and/or `single` (one datagram per system call, as a real peer's kernel
+    /// does). Default: batching,single.
+    #[arg(long, value_name = "LIST")]
+    peers: Option<String>,
 }
 
 /// Benchmarks other than the data plane's.
@@ -98,6 +107,40 @@ enum BenchScenario {
     /// cost, 1 against 64 tenants, a program that runs to its instruction limit (needs root
     /// and clang-14; see docs/performance.md).
     Fairness(fairness::FairArgs),
+    /// What a user sees (issue 23 §1): an unmodified strongSwan site sends iperf3 TCP streams
+    /// to a VM through Protego and, in the same run, through strongSwan as the responder;
+    /// each gateway's CPU per byte from /proc and their ratio (needs root; see
+    /// docs/performance.md).
+    Site(SiteArgs),
+}
+
+/// Options of `protego bench site`.
+#[derive(Debug, Clone, clap::Args)]
+struct SiteArgs {
+    /// Parallel TCP streams of each iperf3 run, comma-separated. Default: 1,8.
+    #[arg(long, value_name = "LIST")]
+    streams: Option<String>,
+    /// Length of each iperf3 run, e.g. `10s` (whole seconds). Default: 10s.
+    #[arg(long, value_name = "TIME")]
+    duration: Option<String>,
+    /// Rounds (each runs every stream count through both gateways). Default: 3.
+    #[arg(long, value_name = "N")]
+    rounds: Option<u32>,
+    /// An extra `key = value` line for Protego's `[gateway]` table, e.g. `workers = 1`
+    /// (repeatable).
+    #[arg(long, value_name = "LINE")]
+    gateway_option: Vec<String>,
+    /// The protego binary to run as the gateway (default: this one).
+    #[arg(long, value_name = "PATH")]
+    gateway_bin: Option<PathBuf>,
+    /// How the gateways' links deliver what they send: `veth` (the receiver's path billed to
+    /// the sender, as a veth does) and/or `threaded` (in NAPI threads of their own, as behind
+    /// a real NIC). Default: veth,threaded.
+    #[arg(long, value_name = "LIST")]
+    links: Option<String>,
+    /// Print one JSON object on stdout instead of the table.
+    #[arg(long)]
+    json: bool,
 }
 
 /// Options of `protego bench edge`.
@@ -216,6 +259,48 @@ fn run_edge(args: &EdgeArgs) -> ExitCode {
 }
 
 /// Runs `protego bench failover`.
+fn run_site(args: &SiteArgs) -> ExitCode {
+    let mut options = bench::site::SiteOptions {
+        protego_bin: args.gateway_bin.clone(),
+        gateway_options: args.gateway_option.clone(),
+        ..bench::site::SiteOptions::default()
+    };
+    let parsed = (|| -> Result<(), BenchError> {
+        if let Some(s) = &args.streams {
+            options.streams = parse_list(s, |v| {
+                v.trim()
+                    .parse::<u32>()
+                    .map_err(|_| BenchError::InvalidOption {
+                        option: "--streams",
+                        value: v.to_owned(),
+                        reason: "a number of streams".to_owned(),
+                    })
+            })?;
+        }
+        if let Some(d) = &args.duration {
+            options.duration = parse_duration(d)?;
+        }
+        if let Some(r) = args.rounds {
+            options.rounds = r;
+        }
+        if let Some(l) = &args.links {
+            options.links = parse_list(l, str::parse::<bench::site::Links>)?;
+        }
+        options.validate()
+    })();
+    if let Err(e) = parsed {
+        eprintln!("error: {e}");
+        return ExitCode::from(2);
+    }
+    run_scenario(
+        "bench site",
+        args.json,
+        |progress, on_start| bench::site::run(&options, progress, on_start),
+        bench::site::render,
+        |_| true,
+    )
+}
+
 fn run_failover(json: bool, file_store: bool, bin: Option<PathBuf>) -> ExitCode {
     let options = bench::failover::FailoverOptions {
         protego_bin: bin,
@@ -230,8 +315,8 @@ fn run_failover(json: bool, file_store: bool, bin: Option<PathBuf>) -> ExitCode 
     )
 }
 
-/// Runs a scenario that builds its own test bed (`edge`, `failover`): a Ctrl-C handler that
-/// cleans the bed up once it exists, progress lines on stderr behind `prefix`, then the
+/// Runs a scenario that builds its own test beds (`edge`, `failover`, `site`): a Ctrl-C
+/// handler that cleans the beds up once they exist, progress lines on stderr behind `prefix`, then the
 /// report as JSON or text. Fails if the run fails or `ok` says the report holds errors.
 fn run_scenario<R: serde::Serialize>(
     prefix: &str,
@@ -244,11 +329,27 @@ fn run_scenario<R: serde::Serialize>(
     ok: impl Fn(&R) -> bool,
 ) -> ExitCode {
     let mut handler_failed = None;
+    // A scenario may build several test beds: one handler cleans up every one.
+    let handles: std::sync::Arc<std::sync::Mutex<Vec<testbed::CleanupHandle>>> =
+        std::sync::Arc::default();
     let mut on_start = |handle: testbed::CleanupHandle| {
+        let first = match handles.lock() {
+            Ok(mut h) => {
+                h.push(handle);
+                h.len() == 1
+            }
+            Err(_) => false,
+        };
+        if !first {
+            return;
+        }
+        let all = std::sync::Arc::clone(&handles);
         if let Err(e) = ctrlc::set_handler(move || {
             eprintln!("\nprotego bench: interrupted, cleaning up...");
-            for p in handle.cleanup() {
-                eprintln!("protego bench: cleanup: {p}");
+            if let Ok(h) = all.lock() {
+                for p in h.iter().flat_map(|h| h.cleanup()) {
+                    eprintln!("protego bench: cleanup: {p}");
+                }
             }
             std::process::exit(130);
         }) {
@@ -326,6 +427,16 @@ impl BenchArgs {
         if let Some(mb) = self.pool_mb {
             o.pool_bytes = mb.saturating_mul(1 << 20);
         }
+        if let Some(s) = &self.loads {
+            o.loads = if s.trim() == "none" {
+                Vec::new()
+            } else {
+                parse_list(s, parse_load)?
+            };
+        }
+        if let Some(s) = &self.peers {
+            o.peers = parse_list(s, str::parse::<PeerMode>)?;
+        }
         o.compare_strongswan = self.compare_strongswan;
         o.skip_protego = self.strongswan_only;
         o.gateway_bin = self.gateway_bin.clone();
@@ -346,6 +457,7 @@ pub(crate) fn run(args: &BenchArgs) -> ExitCode {
         }) => return run_failover(*json, *file_store, gateway_bin.clone()),
         Some(BenchScenario::Edge(edge)) => return run_edge(edge),
         Some(BenchScenario::Fairness(f)) => return fairness::run(f),
+        Some(BenchScenario::Site(s)) => return run_site(s),
         None => {}
     }
     let options = match args.options() {

@@ -72,7 +72,7 @@ enum Command {
     /// Benchmark the data plane: real ESP traffic through this binary's gateway (`protego up`
     /// in a network namespace) and optionally strongSwan; prints rates, CPU per byte and
     /// packet, losses and latency per case (needs root; see docs/performance.md).
-    Bench(bench::BenchArgs),
+    Bench(Box<bench::BenchArgs>),
     /// Make a development CA and node certificates for mutual TLS between nodes, and show
     /// certificates (development only: production deployments should use their own PKI).
     Certs(certs::CertsArgs),
@@ -298,6 +298,25 @@ mod tests {
             "1,16M",
             "--dirs",
             "to-ce",
+        ])
+        .unwrap();
+        assert!(matches!(cli.command, Command::Bench(_)));
+        let cli = Cli::try_parse_from([
+            "protego",
+            "bench",
+            "site",
+            "--streams",
+            "1,8",
+            "--rounds",
+            "2",
+            "--gateway-option",
+            "workers = 1",
+            "--json",
+        ])
+        .unwrap();
+        assert!(matches!(cli.command, Command::Bench(_)));
+        let cli = Cli::try_parse_from([
+            "protego", "bench", "--quick", "--loads", "50,10", "--peers", "single",
         ])
         .unwrap();
         assert!(matches!(cli.command, Command::Bench(_)));

@@ -298,6 +298,19 @@ impl ProtegoGateway {
         extra_gateway: &[String],
         extra_tables: &str,
     ) -> Result<ProtegoGateway> {
+        Self::start_binary(bed, topo, tunnels, extra_gateway, extra_tables, None)
+    }
+
+    /// [`start_with_tables`](Self::start_with_tables) running `bin` (None: the workspace's
+    /// `protego`, or `PROTEGO_BIN`).
+    pub fn start_binary(
+        bed: &Testbed,
+        topo: &Topology,
+        tunnels: &[GatewayTunnel],
+        extra_gateway: &[String],
+        extra_tables: &str,
+        bin: Option<&std::path::Path>,
+    ) -> Result<ProtegoGateway> {
         // A fresh directory per start, so a test may run several gateways one after another.
         let n = STARTS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let dir = bed.dir().join(format!("protego{n}"));
@@ -308,7 +321,10 @@ impl ProtegoGateway {
         text.push('\n');
         text.push_str(extra_tables);
         std::fs::write(&config, text).map_err(|e| Error::io("write config", &config, e))?;
-        let bin = workspace_bin("protego")?;
+        let bin = match bin {
+            Some(b) => b.to_owned(),
+            None => workspace_bin("protego")?,
+        };
         let process = topo
             .gateway
             .ns

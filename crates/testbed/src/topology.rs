@@ -705,8 +705,59 @@ impl Topology {
         })
     }
 
-    /// The bridge in the switch namespace that holds the peer of `ns`'s veth `ifname`.
-    fn switch_bridge_of(&self, ns: &Netns, ifname: &str) -> Result<String> {
+    /// With `on`, makes the gateway's two links deliver what the gateway sends in kernel
+    /// threads of their own: the switch-side ends of its WAN and underlay veths get NAPI
+    /// (`gro on`) in threaded mode; without, back to the default. A veth otherwise runs the
+    /// receiving side's whole path (the bridge, the host's VXLAN decapsulation, the site's
+    /// socket delivery) in the softirq of the sending system call, and so bills it to the
+    /// sender; behind a real NIC that work happens on other machines. Benchmarks use it to
+    /// measure a gateway's own CPU.
+    pub fn set_gateway_links_threaded(&self, on: bool) -> Result<()> {
+        for ifname in [&self.gateway.wan_if, &self.gateway.underlay_if] {
+            let peer = self.switch_peer_of(&self.gateway.ns, ifname)?;
+            let name = peer["ifname"].as_str().unwrap_or_default().to_owned();
+            let threaded = |v: u8| {
+                self.switch.exec(Cmd::new("sh").args([
+                    "-c".to_owned(),
+                    format!("echo {v} > /sys/class/net/{name}/threaded"),
+                ]))
+            };
+            // NAPI exists while GRO is on: it is made threaded after GRO is switched on,
+            // and back before GRO is switched off. A veth takes a UDP datagram from a sender
+            // with segmentation offloads through NAPI only if the receiving end forwards UDP
+            // GRO (else it goes to the backlog, in the sender's softirq again).
+            if on {
+                self.switch.exec(Cmd::new("ethtool").args([
+                    "-K",
+                    &name,
+                    "gro",
+                    "on",
+                    "rx-udp-gro-forwarding",
+                    "on",
+                ]))?;
+                threaded(1)?;
+            } else {
+                let now = self
+                    .switch
+                    .exec(Cmd::new("cat").args([format!("/sys/class/net/{name}/threaded")]))?;
+                if now.trim() == "1" {
+                    threaded(0)?;
+                }
+                self.switch.exec(Cmd::new("ethtool").args([
+                    "-K",
+                    &name,
+                    "gro",
+                    "off",
+                    "rx-udp-gro-forwarding",
+                    "off",
+                ]))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The switch namespace's `ip -j link` entry of the peer of `ns`'s veth `ifname`.
+    fn switch_peer_of(&self, ns: &Netns, ifname: &str) -> Result<serde_json::Value> {
         let own = parse_ip_json(&ns.ip(["-j", "link", "show", "dev", ifname])?)?;
         let peer_index = own[0]["link_index"].as_u64().ok_or_else(|| Error::Parse {
             what: "ip -j link output",
@@ -719,15 +770,30 @@ impl Topology {
             .into_iter()
             .flatten()
             .find(|l| l["ifindex"].as_u64() == Some(peer_index))
-            .and_then(|l| l["master"].as_str())
+            .cloned()
+            .ok_or_else(|| Error::Parse {
+                what: "ip -j link output",
+                detail: format!(
+                    "no link in {} is the peer (ifindex {peer_index}) of {ifname}",
+                    self.switch.name()
+                ),
+                input: links.to_string().chars().take(400).collect(),
+            })
+    }
+
+    /// The bridge in the switch namespace that holds the peer of `ns`'s veth `ifname`.
+    fn switch_bridge_of(&self, ns: &Netns, ifname: &str) -> Result<String> {
+        let peer = self.switch_peer_of(ns, ifname)?;
+        peer["master"]
+            .as_str()
             .map(str::to_owned)
             .ok_or_else(|| Error::Parse {
                 what: "ip -j link output",
                 detail: format!(
-                    "no bridge in {} holds the peer (ifindex {peer_index}) of {ifname}",
+                    "the peer of {ifname} in {} is in no bridge",
                     self.switch.name()
                 ),
-                input: links.to_string().chars().take(400).collect(),
+                input: peer.to_string().chars().take(400).collect(),
             })
     }
 }

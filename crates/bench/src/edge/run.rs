@@ -419,6 +419,7 @@ impl Edge {
                     &self.pool,
                     &mut self.send_ns,
                     rate,
+                    load::TRAINS_PER_CALL,
                     &self.interrupted,
                 );
                 out.send_span_s = start.elapsed().as_secs_f64();

@@ -24,7 +24,7 @@ use super::{
 use crate::error::{BenchError, Result};
 use crate::gateway::{self, ProtegoUnderTest};
 use crate::ike_client::{IkeClient, TunnelSa};
-use crate::load::{Flow, HostSide, Loadgen, RunResult, RunSpec, UnderTest};
+use crate::load::{Flow, HostSide, Loadgen, RunResult, RunSpec, UnderTest, TRAINS_PER_CALL};
 use crate::net::{self, BenchNet};
 use crate::options::PacketSize;
 
@@ -300,6 +300,7 @@ fn measure(
         packets: (ctx.opts.rate_pps * ctx.opts.duration.as_secs_f64()).clamp(1000.0, 4e9) as u32,
         rate_pps: ctx.opts.rate_pps,
         train: train_of(block),
+        per_call: TRAINS_PER_CALL,
         record: false,
     };
     let r = load.run(
@@ -357,6 +358,7 @@ fn warm_up(load: &mut Loadgen, sas: &[TunnelSa], gw: &dyn UnderTest) -> Result<(
         packets: (sas.len() as u32 * 4).clamp(200, 4000),
         rate_pps: 20_000.0,
         train: 1,
+        per_call: TRAINS_PER_CALL,
         record: false,
     };
     let mut last = RunResult::default();
