@@ -23,10 +23,9 @@ use serde::Serialize;
 use testbed::cluster::{ClusterSpec, ClusterStore, ProtegoCluster};
 use testbed::protego::GatewayTunnel;
 use testbed::strongswan::{Charon, CharonSettings, SwanctlConfig};
-use testbed::topology::{SiteSpec, TenantSpec, VmSpec};
 use testbed::traffic::{self, PingOptions};
 use testbed::wait::{wait_for, Probe};
-use testbed::{CleanupHandle, Cmd, Process, Testbed, Topology, TopologySpec};
+use testbed::{CleanupHandle, Cmd, Process, Testbed, Topology};
 
 use crate::error::{BenchError, Result};
 
@@ -114,26 +113,6 @@ pub struct FailoverReport {
     pub peer_rtt_ms: f64,
     /// What was not measured, and why.
     pub not_measured: Vec<String>,
-}
-
-fn spec() -> Result<TopologySpec> {
-    let p = |s: &str| s.parse().map_err(BenchError::Testbed);
-    Ok(TopologySpec {
-        tenants: vec![TenantSpec {
-            name: "t1".into(),
-            vni: 4242,
-            vnet: p("10.2.0.0/24")?,
-            vnet6: None,
-            vms: vec![VmSpec { host: 0 }, VmSpec { host: 1 }],
-            sites: vec![SiteSpec {
-                lan: p("10.1.0.0/24")?,
-                lan6: None,
-                behind_nat: false,
-            }],
-        }],
-        hosts: 2,
-        ..TopologySpec::default()
-    })
 }
 
 /// A timestamped 1 kHz ping through the tunnel.
@@ -241,7 +220,7 @@ pub fn run(
 ) -> Result<FailoverReport> {
     let bed = Testbed::new()?;
     on_start(bed.cleanup_handle());
-    let topo = Topology::build(&bed, spec()?)?;
+    let topo = Topology::build(&bed, crate::site::one_site(&[0, 1], 2)?)?;
     let tun = GatewayTunnel::for_site(&topo, 0, "failover-bench-psk-5d1c");
     let etcd = !options.file_store && testbed::cmd::program_exists("etcd");
     let spec = ClusterSpec {

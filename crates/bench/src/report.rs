@@ -426,6 +426,27 @@ pub fn load_row(c: &CaseReport, l: &LoadFigures) -> String {
     )
 }
 
+/// Writes `targets` as text, one line each with its verdict.
+pub(crate) fn write_targets(out: &mut String, targets: &[Target]) {
+    let _ = writeln!(out, "\ntargets:");
+    for t in targets {
+        let verdict = match t.met {
+            Some(true) => "met   ",
+            Some(false) => "MISSED",
+            None => "n/a   ",
+        };
+        let _ = writeln!(
+            out,
+            "  [{verdict}] {}: {} (measured {} {}) - {}",
+            t.name,
+            t.requirement,
+            opt(t.value, 3),
+            t.unit,
+            t.detail
+        );
+    }
+}
+
 /// The whole report as text: results, offered loads, crypto-only limits, targets.
 pub fn render_text(r: &Report) -> String {
     let mut out = String::new();
@@ -494,23 +515,7 @@ pub fn render_text(r: &Report) -> String {
             f.open_gbps
         );
     }
-    let _ = writeln!(out, "\ntargets:");
-    for t in &r.targets {
-        let verdict = match t.met {
-            Some(true) => "met   ",
-            Some(false) => "MISSED",
-            None => "n/a   ",
-        };
-        let _ = writeln!(
-            out,
-            "  [{verdict}] {}: {} (measured {} {}) - {}",
-            t.name,
-            t.requirement,
-            opt(t.value, 3),
-            t.unit,
-            t.detail
-        );
-    }
+    write_targets(&mut out, &r.targets);
     for e in &r.errors {
         let _ = writeln!(out, "error: {e}");
     }

@@ -26,8 +26,7 @@ use serde::Serialize;
 use testbed::protego::{GatewayTunnel, ProtegoGateway};
 use testbed::strongswan::{Charon, CharonSettings, SwanctlConfig};
 use testbed::topology::{SiteSpec, TenantSpec, VmSpec};
-use testbed::traffic::{self, Iperf3Server, IperfOptions, PingOptions, IPERF3_PORT};
-use testbed::wait::{wait_for, Probe};
+use testbed::traffic::{self, Iperf3Server, IperfOptions, IPERF3_PORT};
 use testbed::{CleanupHandle, Testbed, Topology, TopologySpec};
 
 use crate::cpu;
@@ -203,7 +202,10 @@ pub struct SiteReport {
     pub notes: Vec<String>,
 }
 
-fn spec() -> Result<TopologySpec> {
+/// One tenant (VNet 10.2.0.0/24, VNI 4242) with one site (LAN 10.1.0.0/24, no NAT) and a VM
+/// on each host of `vm_hosts`, over `hosts` cloud hosts: the topology of the benchmarks that
+/// run a strongSwan site (`site`, `failover`).
+pub(crate) fn one_site(vm_hosts: &[usize], hosts: usize) -> Result<TopologySpec> {
     let p = |s: &str| s.parse().map_err(BenchError::Testbed);
     Ok(TopologySpec {
         tenants: vec![TenantSpec {
@@ -211,14 +213,14 @@ fn spec() -> Result<TopologySpec> {
             vni: 4242,
             vnet: p("10.2.0.0/24")?,
             vnet6: None,
-            vms: vec![VmSpec { host: 0 }],
+            vms: vm_hosts.iter().map(|&host| VmSpec { host }).collect(),
             sites: vec![SiteSpec {
                 lan: p("10.1.0.0/24")?,
                 lan6: None,
                 behind_nat: false,
             }],
         }],
-        hosts: 1,
+        hosts,
         ..TopologySpec::default()
     })
 }
@@ -238,7 +240,7 @@ struct Setup {
 impl Setup {
     /// Protego as the gateway.
     fn protego(bed: &Testbed, options: &SiteOptions) -> Result<Setup> {
-        let topo = Topology::build(bed, spec()?)?;
+        let topo = Topology::build(bed, one_site(&[0], 1)?)?;
         let tun = GatewayTunnel::for_site(&topo, 0, PSK);
         let gw = ProtegoGateway::start_binary(
             bed,
@@ -258,7 +260,7 @@ impl Setup {
     /// strongSwan as the gateway: charon in the gateway namespace, the kernel's VXLAN device
     /// toward the host.
     fn strongswan(bed: &Testbed) -> Result<Setup> {
-        let topo = Topology::build(bed, spec()?)?;
+        let topo = Topology::build(bed, one_site(&[0], 1)?)?;
         topo.attach_kernel_vxlan_gateway()?;
         let (mut site_conn, mut gw_conn) = topo.site_connections(0, PSK);
         // The same proposals as Protego's tunnel (AES-256-GCM, x25519), at both ends.
@@ -285,23 +287,7 @@ impl Setup {
         let vm = &topo.tenants[0].vms[0];
         let server = traffic::iperf3_server(&vm.ns, vm.addr.addr, IPERF3_PORT)?;
         // The first packets to the VM wait for its MAC (ARP over VXLAN): not measured.
-        let s = &topo.sites[0];
-        wait_for(
-            &format!("{name}: a first reply from the VM"),
-            Duration::from_secs(10),
-            || {
-                let ping = traffic::ping(
-                    &s.ns,
-                    vm.addr.addr,
-                    &PingOptions::new(1, Duration::from_millis(10)).from(s.lan_addr),
-                )?;
-                Ok(if ping.all_received() {
-                    Probe::Ready(())
-                } else {
-                    Probe::NotYet(format!("{ping:?}"))
-                })
-            },
-        )?;
+        topo.wait_vms_answer(0, Duration::from_secs(10))?;
         Ok(Setup {
             name,
             topo,
@@ -571,19 +557,7 @@ pub fn render(r: &SiteReport) -> String {
             c.ratio[2]
         );
     }
-    let _ = writeln!(out, "\ntargets:");
-    for t in &r.targets {
-        let verdict = match t.met {
-            Some(true) => "met   ",
-            Some(false) => "MISSED",
-            None => "n/a   ",
-        };
-        let _ = writeln!(
-            out,
-            "  [{verdict}] {}: {} - {}",
-            t.name, t.requirement, t.detail
-        );
-    }
+    crate::report::write_targets(&mut out, &r.targets);
     out
 }
 

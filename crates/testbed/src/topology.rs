@@ -705,6 +705,34 @@ impl Topology {
         })
     }
 
+    /// Waits (at most `timeout` per VM) until every VM of the tenant of `site` answers one ping
+    /// from the site's LAN address: a tunnel just set up may still be resolving neighbours on
+    /// the way (the first packet to a VM waits for its ARP answer), which callers measuring
+    /// something else do not want to count.
+    pub fn wait_vms_answer(&self, site: usize, timeout: std::time::Duration) -> Result<()> {
+        let s = &self.sites[site];
+        for vm in &self.tenants[s.tenant].vms {
+            crate::wait::wait_for(
+                &format!("a first reply from vm {}", vm.addr),
+                timeout,
+                || {
+                    let ping = crate::traffic::ping(
+                        &s.ns,
+                        vm.addr.addr,
+                        &crate::traffic::PingOptions::new(1, std::time::Duration::from_millis(10))
+                            .from(s.lan_addr),
+                    )?;
+                    Ok(if ping.all_received() {
+                        crate::wait::Probe::Ready(())
+                    } else {
+                        crate::wait::Probe::NotYet(format!("{ping:?}"))
+                    })
+                },
+            )?;
+        }
+        Ok(())
+    }
+
     /// With `on`, makes the gateway's two links deliver what the gateway sends in kernel
     /// threads of their own: the switch-side ends of its WAN and underlay veths get NAPI
     /// (`gro on`) in threaded mode; without, back to the default. A veth otherwise runs the

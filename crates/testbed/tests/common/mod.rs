@@ -122,26 +122,7 @@ pub fn warm_up(topo: &Topology, site: usize) -> Result<()> {
 
 /// [`warm_up`] waiting at most `timeout`.
 pub fn warm_up_within(topo: &Topology, site: usize, timeout: Duration) -> Result<()> {
-    let s = &topo.sites[site];
-    for vm in &topo.tenants[s.tenant].vms {
-        wait_for(
-            &format!("a first reply from vm {}", vm.addr),
-            timeout,
-            || {
-                let ping = traffic::ping(
-                    &s.ns,
-                    vm.addr.addr,
-                    &PingOptions::new(1, Duration::from_millis(10)).from(s.lan_addr),
-                )?;
-                Ok(if ping.all_received() {
-                    Probe::Ready(())
-                } else {
-                    Probe::NotYet(format!("{ping:?}"))
-                })
-            },
-        )?;
-    }
-    Ok(())
+    topo.wait_vms_answer(site, timeout)
 }
 
 /// Pings every VM of the site's tenant from the site's LAN address; asserts nothing is lost.
