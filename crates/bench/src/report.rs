@@ -357,17 +357,29 @@ pub fn table_header() -> String {
     )
 }
 
-/// One line of the results table.
-pub fn table_row(c: &CaseReport) -> String {
-    let lat = |f: fn(&Percentiles) -> f64| opt(c.latency_us.as_ref().map(f), 1);
+/// The columns that name a case (gateway, direction, cipher, size, tunnels, workers).
+fn case_columns(c: &CaseReport) -> String {
     format!(
-        "{:<10} {:<3} {:<16} {:>5} {:>4} {:>3} | {:>7.2} {:>7.3} {:>6.2} {:>7.0} {:>6.2} {:>5} | {:>7} {:>7} {:>7} {:>7}",
+        "{:<10} {:<3} {:<16} {:>5} {:>4} {:>3}",
         c.gateway,
-        if c.direction == "inbound" { "in" } else { "out" },
+        if c.direction == "inbound" {
+            "in"
+        } else {
+            "out"
+        },
         c.cipher,
         c.size,
         c.tunnels,
         c.workers.map_or_else(|| "-".to_owned(), |w| w.to_string()),
+    )
+}
+
+/// One line of the results table.
+pub fn table_row(c: &CaseReport) -> String {
+    let lat = |f: fn(&Percentiles) -> f64| opt(c.latency_us.as_ref().map(f), 1);
+    format!(
+        "{} | {:>7.2} {:>7.3} {:>6.2} {:>7.0} {:>6.2} {:>5} | {:>7} {:>7} {:>7} {:>7}",
+        case_columns(c),
         c.gbps,
         c.mpps,
         c.cpu_ns_per_byte,
@@ -407,13 +419,8 @@ pub fn load_header() -> String {
 /// One line of the offered-load table.
 pub fn load_row(c: &CaseReport, l: &LoadFigures) -> String {
     format!(
-        "{:<10} {:<3} {:<16} {:>5} {:>4} {:>3} | {:<8} {:>4}% | {:>8.3} {:>8.3} {:>8.3} {:>7.0} {:>6.2} {:>6.2} {:>6.2}%",
-        c.gateway,
-        if c.direction == "inbound" { "in" } else { "out" },
-        c.cipher,
-        c.size,
-        c.tunnels,
-        c.workers.map_or_else(|| "-".to_owned(), |w| w.to_string()),
+        "{} | {:<8} {:>4}% | {:>8.3} {:>8.3} {:>8.3} {:>7.0} {:>6.2} {:>6.2} {:>6.2}%",
+        case_columns(c),
         l.peer,
         l.load_pct,
         l.run.offered_pps / 1e6,
