@@ -236,9 +236,14 @@ pub struct DataplaneConfig {
     pub cpus: Vec<usize>,
     /// Pin each worker to its CPU.
     pub pin_workers: bool,
-    /// How long a worker keeps polling without sleeping after it last found traffic (zero:
-    /// sleep as soon as nothing is waiting). Trades CPU for latency.
+    /// The longest a worker keeps polling without sleeping after it last found traffic
+    /// (zero: sleep as soon as nothing is waiting). It spins for twice the mean gap between
+    /// its wake-ups that found traffic, at most this, and not at all when that gap is longer.
+    /// Trades CPU for latency and wake-ups.
     pub busy_poll: std::time::Duration,
+    /// The most of a worker's time its polls that find nothing may take, percent (1..=100,
+    /// counted over every 100 ms).
+    pub busy_poll_budget: u8,
     /// With `cpu_fairness = "enforce"`: have the kernel refuse floods too (a socket filter by
     /// SPI or VNI, while every worker refuses the tenant), before they cost a receive; false
     /// (the configuration's default) leaves every refusal to the workers.
@@ -394,6 +399,9 @@ pub struct WorkerStats {
     /// it waited for input). Utilization over an interval is the difference of two readings
     /// divided by the interval.
     pub busy_ns: u64,
+    /// Time it spent polling its inputs without sleeping and finding nothing
+    /// (`busy_poll`), in nanoseconds (cumulative): the CPU adaptive polling costs.
+    pub spin_ns: u64,
 }
 
 /// Node-wide counters, including drops by reason.

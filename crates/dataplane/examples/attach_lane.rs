@@ -243,6 +243,7 @@ fn main() -> Result<(), Error> {
         cpus: vec![],
         pin_workers: false,
         busy_poll: Duration::ZERO,
+        busy_poll_budget: 25,
         fair_kernel_gate: true,
         relay: None,
         dispatch: None,

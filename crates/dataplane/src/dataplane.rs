@@ -416,6 +416,7 @@ impl DataPath for Dataplane {
                     packets: w.packets.load(Ordering::Relaxed),
                     batches: w.batches.load(Ordering::Relaxed),
                     busy_ns: w.busy_ns.load(Ordering::Relaxed),
+                    spin_ns: w.spin_ns.load(Ordering::Relaxed),
                 })
                 .collect(),
             drops: {

@@ -24,6 +24,7 @@
 //!     cpus: vec![],
 //!     pin_workers: true,
 //!     busy_poll: std::time::Duration::ZERO,
+//!     busy_poll_budget: 25,
 //!     fair_kernel_gate: true,
 //!     relay: None,
 //!     dispatch: None,
@@ -139,6 +140,7 @@ mod routes;
 mod sa;
 mod select;
 mod shared;
+mod spin;
 mod stats;
 mod sys;
 mod tables;

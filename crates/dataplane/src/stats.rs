@@ -235,6 +235,8 @@ pub(crate) struct WorkerCounters {
     pub(crate) batches: AtomicU64,
     /// Nanoseconds spent receiving and processing batches.
     pub(crate) busy_ns: AtomicU64,
+    /// Nanoseconds spent polling without sleeping and finding nothing (`busy_poll`).
+    pub(crate) spin_ns: AtomicU64,
     /// Cycles the CPU charge could not attribute to a tenant.
     pub(crate) cpu_unattributed: AtomicU64,
     /// Phases the CPU charge split by packet count (too many tenant runs).

@@ -33,6 +33,7 @@ use crate::pipeline::graph::Deliveries;
 use crate::pipeline::{encap, graph};
 use crate::routes::{RouteReader, Routes};
 use crate::shared::{Shared, HOUSEKEEPING};
+use crate::spin::Spin;
 use crate::stats::DropReason;
 use crate::sys::tsc::Tsc;
 use crate::tables::Tables;
@@ -94,15 +95,14 @@ pub(crate) fn run(sh: &Shared, id: usize) {
     let routes = sh.route_readers.reader();
     let fds: Vec<RawFd> = sh.lanes.iter().map(|l| l.fd).collect();
     let mut poller = Poller::new(&fds, &sh.waker);
-    let busy_poll = sh.cfg.busy_poll;
-    let mut last_work = Instant::now()
-        .checked_sub(busy_poll)
-        .unwrap_or_else(Instant::now);
+    let mut spin = Spin::new(sh.cfg.busy_poll, sh.cfg.busy_poll_budget, Instant::now());
     loop {
         let now = Instant::now();
-        // Busy polling: right after traffic, look again without sleeping (a sleeping thread
-        // takes a wake-up, which on an idle virtual CPU can cost a millisecond).
-        let timeout = if now.duration_since(last_work) < busy_poll {
+        // Adaptive polling: while traffic comes faster than a wake-up costs, look again
+        // without sleeping (a sleeping thread takes a wake-up, which on an idle virtual CPU
+        // can cost a millisecond); the polls that find nothing are counted and bounded.
+        let spinning = spin.spin(now);
+        let timeout = if spinning {
             Duration::ZERO
         } else {
             housekeeping_due(sh).saturating_duration_since(now)
@@ -132,7 +132,12 @@ pub(crate) fn run(sh: &Shared, id: usize) {
             }
         }
         if poller.any_readable() {
-            last_work = Instant::now();
+            spin.worked(Instant::now());
+        } else if spinning {
+            let took = now.elapsed();
+            spin.spun(took);
+            let ns = u64::try_from(took.as_nanos()).unwrap_or(u64::MAX);
+            sh.worker_stats[id].spin_ns.fetch_add(ns, Ordering::Relaxed);
         }
         for lane in (0..sh.lanes.len()).filter(|&i| poller.readable(i)) {
             for _ in 0..BATCHES_PER_WAKE {

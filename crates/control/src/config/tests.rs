@@ -799,3 +799,40 @@ fn bad_workers_and_cpus_name_the_key() {
         expect_error(&text, line, key, says);
     }
 }
+
+#[test]
+fn busy_polling_and_its_budget() {
+    let scratch = Scratch::new();
+    let config = scratch.parse(&with_tunnel(TUNNEL_A)).unwrap();
+    assert_eq!(
+        (
+            config.dataplane.busy_poll,
+            config.dataplane.busy_poll_budget
+        ),
+        (Duration::ZERO, 25),
+        "defaults: no busy polling; a quarter of a worker's time if turned on"
+    );
+    let text = with_tunnel(TUNNEL_A).replace(
+        "[gateway]\n",
+        "[gateway]\nbusy_poll = \"200us\"\nbusy_poll_budget = 10\n",
+    );
+    let config = scratch.parse(&text).unwrap();
+    assert_eq!(config.dataplane.busy_poll, Duration::from_micros(200));
+    assert_eq!(config.dataplane.busy_poll_budget, 10);
+    for (line, key, says) in [
+        (
+            "busy_poll_budget = 0",
+            "busy_poll_budget",
+            "between 1 and 100",
+        ),
+        (
+            "busy_poll_budget = 101",
+            "busy_poll_budget",
+            "between 1 and 100",
+        ),
+        ("busy_poll = \"11ms\"", "busy_poll", "at most 10ms"),
+    ] {
+        let text = with_tunnel(TUNNEL_A).replace("[gateway]\n", &format!("[gateway]\n{line}\n"));
+        expect_error(&text, line, key, says);
+    }
+}

@@ -263,6 +263,9 @@ pub struct WorkerStatus {
     pub packets: u64,
     /// Batches it processed.
     pub batches: u64,
+    /// Time it spent polling without sleeping and finding nothing (`busy_poll`), ns.
+    #[serde(default)]
+    pub spin_ns: u64,
 }
 
 /// Summary state of a tunnel.
@@ -487,6 +490,7 @@ impl StatusReport {
                 cpu: w.cpu,
                 packets: w.packets,
                 batches: w.batches,
+                spin_ns: w.spin_ns,
             })
             .collect();
         let charged: u64 = stats.tenants.iter().map(|t| t.cpu_ns).sum();

@@ -171,9 +171,15 @@ fn render_workers(out: &mut String, workers: &[super::WorkerStatus]) {
         let cpu = w
             .cpu
             .map_or_else(|| "unpinned".to_owned(), |c| format!("cpu {c}"));
+        // Adaptive polling's cost, once it has any.
+        let spin = if w.spin_ns > 0 {
+            format!(", {:.1} ms polling idle", w.spin_ns as f64 / 1e6)
+        } else {
+            String::new()
+        };
         let _ = writeln!(
             out,
-            "  worker {} ({cpu}): {} packets in {} batches",
+            "  worker {} ({cpu}): {} packets in {} batches{spin}",
             w.worker, w.packets, w.batches
         );
     }

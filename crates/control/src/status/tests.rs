@@ -94,12 +94,14 @@ fn sample_report() -> StatusReport {
                 packets: 700,
                 batches: 30,
                 busy_ns: 0,
+                spin_ns: 1_500_000,
             },
             datapath::WorkerStats {
                 cpu: None,
                 packets: 300,
                 batches: 20,
                 busy_ns: 0,
+                spin_ns: 0,
             },
         ],
         drops: vec![
@@ -226,6 +228,8 @@ fn json_round_trip() {
     assert_eq!(v["workers"][0]["cpu"], 0);
     assert_eq!(v["workers"][1]["packets"], 300);
     assert!(v["workers"][1]["cpu"].is_null());
+    assert_eq!(v["workers"][0]["spin_ns"], 1_500_000);
+    assert_eq!(v["workers"][1]["spin_ns"], 0);
     assert_eq!(v["ike_drops"]["unknown_spi"], 0);
     assert_eq!(v["tenants"][0]["tenant"], "acme");
     assert_eq!(v["tenants"][0]["cpu_ns"], 3_000_000);
@@ -247,6 +251,15 @@ fn json_round_trip() {
 #[test]
 fn text_rendering() {
     let text = render_text(&sample_report());
+    // Idle polling shows once a worker has any.
+    assert!(
+        text.contains("worker 0 (cpu 0): 700 packets in 30 batches, 1.5 ms polling idle\n"),
+        "{text}"
+    );
+    assert!(
+        text.contains("worker 1 (unpinned): 300 packets in 20 batches\n"),
+        "{text}"
+    );
     assert!(
         text.starts_with("3 tunnel(s), 1 established, uptime 1h 1m\n"),
         "{text}"

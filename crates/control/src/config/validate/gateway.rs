@@ -191,6 +191,20 @@ impl Validator<'_, '_> {
             }
             Some(b) => b.get_ref().0,
         };
+        let busy_poll_budget = match &g.busy_poll_budget {
+            None => DEFAULT_BUSY_POLL_BUDGET,
+            Some(b) => u8::try_from(*b.get_ref())
+                .ok()
+                .filter(|n| (1..=100).contains(n))
+                .ok_or_else(|| {
+                    self.err(
+                        b.span(),
+                        S,
+                        "busy_poll_budget",
+                        "must be between 1 and 100 (percent of a worker's time)",
+                    )
+                })?,
+        };
 
         let mut endpoint = ike::EndpointConfig {
             key_log: key_log.is_some(),
@@ -276,6 +290,7 @@ impl Validator<'_, '_> {
                 cpus,
                 pin_workers,
                 busy_poll,
+                busy_poll_budget,
                 fair_kernel_gate: g.cpu_fairness_kernel.as_ref().is_some_and(|k| *k.get_ref()),
             },
         ))

@@ -158,6 +158,7 @@ pub(crate) fn validate_with(
         cpus: extra.cpus,
         pin_workers: extra.pin_workers,
         busy_poll: extra.busy_poll,
+        busy_poll_budget: extra.busy_poll_budget,
         fair_kernel_gate: extra.fair_kernel_gate,
         relay: None,
         dispatch: None,
@@ -194,6 +195,8 @@ const MAX_WORKERS: usize = 1024;
 const DEFAULT_BUSY_POLL: Duration = Duration::from_micros(0);
 /// The longest busy polling a configuration may ask for.
 const MAX_BUSY_POLL: Duration = Duration::from_millis(10);
+/// Default most of a worker's time its fruitless polls may take, percent.
+const DEFAULT_BUSY_POLL_BUDGET: u8 = 25;
 /// CPU numbers Linux can address in an affinity mask (CPU_SETSIZE).
 const MAX_CPU: usize = 1024;
 
@@ -206,6 +209,7 @@ struct DataplaneExtra {
     cpus: Vec<usize>,
     pin_workers: bool,
     busy_poll: Duration,
+    busy_poll_budget: u8,
     fair_kernel_gate: bool,
 }
 

@@ -65,6 +65,7 @@ fn config(vnets: Vec<VnetConfig>, tunnels: Vec<TunnelBinding>) -> DataplaneConfi
         cpus: vec![],
         pin_workers: false,
         busy_poll: std::time::Duration::ZERO,
+        busy_poll_budget: 25,
         fair_kernel_gate: true,
         relay: Some(RelayConfig {
             listen: sa("127.0.0.1:0"),
