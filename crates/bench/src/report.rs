@@ -38,6 +38,10 @@ pub struct Settings {
     pub loadgen_gso: bool,
     /// The IMIX definition.
     pub imix: String,
+    /// The offered loads of the load runs, percent of each case's maximum (`--loads`).
+    pub loads: Vec<u32>,
+    /// How the load generator sent in the load runs (`--peers`: `batching`, `single`).
+    pub peers: Vec<String>,
     /// How figures are measured (one line each).
     pub notes: Vec<String>,
 }

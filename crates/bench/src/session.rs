@@ -191,6 +191,8 @@ impl Session {
                 workers_key,
                 loadgen_gso: self.load.gso(),
                 imix: imix::describe(),
+                loads: options.loads.clone(),
+                peers: options.peers.iter().map(|p| p.name().to_owned()).collect(),
                 notes: notes(),
             },
             crypto_only: crypto,

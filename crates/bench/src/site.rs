@@ -13,8 +13,10 @@
 //! runs the receiving side's path (the bridge, the host's VXLAN decapsulation, the site's
 //! socket delivery) in the softirq of the sending system call and so bills it to the sender,
 //! which a real NIC does not: every run is made twice, `veth` (as billed) and `threaded`
-//! (the switch-side ends of the gateway's links deliver in NAPI threads of their own,
-//! `Topology::set_gateway_links_threaded`), for both gateways alike. The
+//! (the switch-side ends of the gateway's links deliver what it sends in NAPI threads of
+//! their own, `Topology::set_gateway_links_threaded`), for both gateways alike. In both
+//! modes the kernel's receive path of what is sent *to* a gateway runs in the sender's
+//! context and is billed to neither gateway. The
 //! gateways take turns (the order alternates by round) so that neither always runs first on
 //! a warm machine; the ratio is taken within each round and reported with its spread.
 //! Nothing here asserts a figure: it is a benchmark.
@@ -324,6 +326,16 @@ impl Setup {
         let wall = start.elapsed().as_secs_f64();
         let (gw1, peer1) = (read(self.gateway_pid)?, read(peer_pid)?);
         let gw_ns = gw1.since(&gw0);
+        if result.bytes_received == 0 {
+            return Err(BenchError::NoTraffic {
+                case: format!(
+                    "{} {links} {streams} stream(s)",
+                    self.name,
+                    links = links.name()
+                ),
+                detail: "iperf3 reports no byte received by the VM".to_owned(),
+            });
+        }
         Ok(SiteRun {
             gateway: self.name.to_owned(),
             streams,
@@ -512,7 +524,7 @@ pub fn run(
             "site: strongSwan 5.9 charon, kernel-libipsec (userspace ESP over a TUN device), ESP in UDP, aes256gcm16 (IKE aes256gcm16-prfsha256-x25519) with both gateways; iperf3 TCP from the site's LAN address to the VM".to_owned(),
             "gateways: protego up (its own VXLAN) and strongSwan 5.9 charon with kernel-libipsec and the kernel's VXLAN device, each in its own copy of the topology, taking turns".to_owned(),
             "CPU: every thread's run time (user and kernel) of the gateway process from /proc/<pid>/task/*/schedstat around each iperf3 run; per byte = over the bytes the VM received".to_owned(),
-            "links veth: a veth runs the receiver's path (bridge, the host's VXLAN decapsulation, the site's socket delivery) in the sender's system call, billed to the gateway; threaded: the switch-side ends of the gateway's links deliver in NAPI threads, so each gateway pays for its own work, as behind a real NIC".to_owned(),
+            "links veth: a veth runs the receiver's path (bridge, the host's VXLAN decapsulation, the site's socket delivery) in the sender's system call, billed to the gateway; threaded: the switch-side ends of the gateway's links deliver what it sends in NAPI threads, so that work leaves the gateway's bill, as behind a real NIC; in both, the kernel's receive path of what is sent to a gateway is billed to the sender, not to the gateway".to_owned(),
         ],
     })
 }

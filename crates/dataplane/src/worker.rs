@@ -131,20 +131,26 @@ pub(crate) fn run(sh: &Shared, id: usize) {
                 return;
             }
         }
-        if poller.any_readable() {
+        // Traffic is what this worker got: every worker polls every lane, and one that lost
+        // the race for a readable lane found nothing.
+        let mut got = false;
+        for lane in (0..sh.lanes.len()).filter(|&i| poller.readable(i)) {
+            for _ in 0..BATCHES_PER_WAKE {
+                let b = batch(sh, &mut w, &routes, lane);
+                got |= b != Batch::Empty;
+                if b != Batch::Full || sh.stopping() {
+                    break;
+                }
+            }
+        }
+        if got {
             spin.worked(Instant::now());
         } else if spinning {
+            // A poll without sleeping that got nothing (the lanes' empty receives included).
             let took = now.elapsed();
             spin.spun(took);
             let ns = u64::try_from(took.as_nanos()).unwrap_or(u64::MAX);
             sh.worker_stats[id].spin_ns.fetch_add(ns, Ordering::Relaxed);
-        }
-        for lane in (0..sh.lanes.len()).filter(|&i| poller.readable(i)) {
-            for _ in 0..BATCHES_PER_WAKE {
-                if batch(sh, &mut w, &routes, lane) != Batch::Full || sh.stopping() {
-                    break;
-                }
-            }
         }
         housekeeping(sh, &mut w, &routes);
     }

@@ -390,7 +390,9 @@ impl Node {
         }
         let w = self.choose(now, difference);
         if w.is_empty() {
-            return true;
+            // Nothing to hand over yet because what would level the pair arrived less than
+            // `linger` ago: decide again once it may move, not a whole T_M later.
+            return self.arrived.is_empty();
         }
         self.round += 1;
         out.push(Action::Send {
@@ -427,7 +429,10 @@ impl Node {
                 .get(v)
                 .is_none_or(|at| now.saturating_duration_since(*at) >= linger)
         };
-        let measured = self.vmac_loads.values().any(|l| *l > 0.0);
+        let measured = self
+            .owned
+            .iter()
+            .any(|v| self.vmac_loads.get(v).is_some_and(|l| *l > 0.0));
         if !measured {
             let mut pool: Vec<u16> = self.owned.iter().copied().filter(|v| movable(v)).collect();
             let mut w = Vec::with_capacity(most);
@@ -579,6 +584,42 @@ mod tests {
     }
 
     const STEP: Duration = Duration::from_millis(10);
+
+    #[test]
+    fn a_decision_waits_for_a_report_newer_than_the_last_one() {
+        // T_M as short as T_L: the report a decision used is still recent at the next one.
+        let p = Params {
+            load_interval: Duration::from_secs(1),
+            move_interval: Duration::from_secs(1),
+            ..Params::paper()
+        };
+        let t0 = Instant::now();
+        let (mut a, _) = Node::new(0, p, vec![0, 1], 0..8, t0, 1).expect("node");
+        a.set_load(0.9, [(0, 0.2), (1, 0.2), (2, 0.2)]);
+        let at = t0 + p.load_interval;
+        a.receive(at, 1, Msg::Load { load: 0.1 });
+        let first = at + STEP;
+        assert_eq!(offers(&a.tick(first)).len(), 1);
+        a.receive(
+            first,
+            1,
+            Msg::Ack {
+                round: 1,
+                vmacs: (0..3).collect(),
+            },
+        );
+        a.set_load(0.9, [(3, 0.3), (4, 0.3)]);
+        // Due again, the report it decided on still within two T_L: nothing without a new one.
+        let due = first + p.move_interval;
+        assert!(offers(&a.tick(due)).is_empty());
+        assert!(offers(&a.tick(due + STEP)).is_empty());
+        a.receive(due + STEP, 1, Msg::Load { load: 0.3 });
+        assert_eq!(
+            offers(&a.tick(due + 2 * STEP)).len(),
+            1,
+            "a new report decides"
+        );
+    }
 
     #[test]
     fn a_virtual_mac_just_taken_is_not_handed_on_before_linger() {

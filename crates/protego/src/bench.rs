@@ -258,7 +258,7 @@ fn run_edge(args: &EdgeArgs) -> ExitCode {
     )
 }
 
-/// Runs `protego bench failover`.
+/// Runs `protego bench site`.
 fn run_site(args: &SiteArgs) -> ExitCode {
     let mut options = bench::site::SiteOptions {
         protego_bin: args.gateway_bin.clone(),
@@ -301,6 +301,7 @@ fn run_site(args: &SiteArgs) -> ExitCode {
     )
 }
 
+/// Runs `protego bench failover`.
 fn run_failover(json: bool, file_store: bool, bin: Option<PathBuf>) -> ExitCode {
     let options = bench::failover::FailoverOptions {
         protego_bin: bin,

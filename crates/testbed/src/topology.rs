@@ -738,8 +738,10 @@ impl Topology {
     /// (`gro on`) in threaded mode; without, back to the default. A veth otherwise runs the
     /// receiving side's whole path (the bridge, the host's VXLAN decapsulation, the site's
     /// socket delivery) in the softirq of the sending system call, and so bills it to the
-    /// sender; behind a real NIC that work happens on other machines. Benchmarks use it to
-    /// measure a gateway's own CPU.
+    /// sender; behind a real NIC that work happens on other machines. What is sent to the
+    /// gateway is unchanged: its receive path up to the gateway's socket still runs in the
+    /// sender's context (billed to the sender, not to the gateway). Benchmarks use it to take
+    /// the receivers' work out of a gateway's CPU.
     pub fn set_gateway_links_threaded(&self, on: bool) -> Result<()> {
         for ifname in [&self.gateway.wan_if, &self.gateway.underlay_if] {
             let peer = self.switch_peer_of(&self.gateway.ns, ifname)?;
@@ -768,17 +770,19 @@ impl Topology {
                 let now = self
                     .switch
                     .exec(Cmd::new("cat").args([format!("/sys/class/net/{name}/threaded")]))?;
+                // Only what `on` changed is put back (a kernel or ethtool without these
+                // features then never needs them).
                 if now.trim() == "1" {
                     threaded(0)?;
+                    self.switch.exec(Cmd::new("ethtool").args([
+                        "-K",
+                        &name,
+                        "gro",
+                        "off",
+                        "rx-udp-gro-forwarding",
+                        "off",
+                    ]))?;
                 }
-                self.switch.exec(Cmd::new("ethtool").args([
-                    "-K",
-                    &name,
-                    "gro",
-                    "off",
-                    "rx-udp-gro-forwarding",
-                    "off",
-                ]))?;
             }
         }
         Ok(())
