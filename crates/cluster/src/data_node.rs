@@ -594,7 +594,7 @@ fn dataplane_config(data: &DataSection) -> DataplaneConfig {
         cpus: Vec::new(),
         pin_workers: false,
         busy_poll: Duration::ZERO,
-        busy_poll_budget: 25,
+        busy_poll_budget: datapath::DEFAULT_BUSY_POLL_BUDGET,
         // Relay mode: the gate does not read Geneve (it would not open).
         fair_kernel_gate: false,
         relay: Some(RelayConfig {

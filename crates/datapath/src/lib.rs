@@ -206,6 +206,10 @@ impl std::fmt::Display for AttachmentPort {
     }
 }
 
+/// The default of [`DataplaneConfig::busy_poll_budget`] (`[gateway] busy_poll_budget`):
+/// a quarter of a worker's time.
+pub const DEFAULT_BUSY_POLL_BUDGET: u8 = 25;
+
 /// Static configuration of the data plane.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DataplaneConfig {
@@ -242,7 +246,7 @@ pub struct DataplaneConfig {
     /// Trades CPU for latency and wake-ups.
     pub busy_poll: std::time::Duration,
     /// The most of a worker's time its polls that find nothing may take, percent (1..=100,
-    /// counted over every 100 ms).
+    /// counted over every 100 ms; [`DEFAULT_BUSY_POLL_BUDGET`] unless configured).
     pub busy_poll_budget: u8,
     /// With `cpu_fairness = "enforce"`: have the kernel refuse floods too (a socket filter by
     /// SPI or VNI, while every worker refuses the tenant), before they cost a receive; false

@@ -243,7 +243,7 @@ fn main() -> Result<(), Error> {
         cpus: vec![],
         pin_workers: false,
         busy_poll: Duration::ZERO,
-        busy_poll_budget: 25,
+        busy_poll_budget: protego_dataplane::DEFAULT_BUSY_POLL_BUDGET,
         fair_kernel_gate: true,
         relay: None,
         dispatch: None,

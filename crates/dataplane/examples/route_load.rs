@@ -50,7 +50,7 @@ fn main() {
         cpus: vec![],
         pin_workers: false,
         busy_poll: Duration::ZERO,
-        busy_poll_budget: 25,
+        busy_poll_budget: protego_dataplane::DEFAULT_BUSY_POLL_BUDGET,
         fair_kernel_gate: true,
         relay: None,
         dispatch: None,

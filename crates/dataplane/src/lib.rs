@@ -24,7 +24,7 @@
 //!     cpus: vec![],
 //!     pin_workers: true,
 //!     busy_poll: std::time::Duration::ZERO,
-//!     busy_poll_budget: 25,
+//!     busy_poll_budget: protego_dataplane::DEFAULT_BUSY_POLL_BUDGET,
 //!     fair_kernel_gate: true,
 //!     relay: None,
 //!     dispatch: None,
@@ -157,7 +157,7 @@ pub use datapath::{
     DataplaneConfig, DataplaneError, DataplaneStats, DispatchConfig, DispatchStats, IkeDatagram,
     Inside, InstalledChild, KnownChild, RelayConfig, Route, RouteChange, RouteChangeReport,
     RouteStats, TenantStats, ToControl, TunnelBinding, VmRoute, VnetConfig, VnetOwners,
-    VnetRouteStats, WorkerStats,
+    VnetRouteStats, WorkerStats, DEFAULT_BUSY_POLL_BUDGET,
 };
 pub use dataplane::{BoundAddrs, Dataplane};
 pub use feature::{Direction, Feature, FeatureBatch, FeatureChain, PacketMeta};

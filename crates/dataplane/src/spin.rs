@@ -9,8 +9,8 @@
 //! is paid; at a low one (gaps longer than `busy_poll`) it sleeps at once, so a tunnel at 1 %
 //! load does not keep a core busy. The polls that find nothing are counted
 //! ([`Spin::spun`], `WorkerStats::spin_ns`) and bounded: in every period of [`PERIOD`] they may
-//! take at most `busy_poll_budget` percent of it; past that the worker sleeps until the next
-//! period. Pure state over the instants it is given, so the tests drive it with their own
+//! take at most `busy_poll_budget` percent of it; past that the worker stops spinning until
+//! the next period (it sleeps in `poll` and still wakes for traffic). Pure state over the instants it is given, so the tests drive it with their own
 //! clock.
 
 use std::time::{Duration, Instant};

@@ -291,7 +291,7 @@ fn start_node(i: usize, vxlan_port: u16, table: DispatchConfig) -> Result<Arc<Da
         cpus: vec![],
         pin_workers: false,
         busy_poll: Duration::ZERO,
-        busy_poll_budget: 25,
+        busy_poll_budget: protego_dataplane::DEFAULT_BUSY_POLL_BUDGET,
         fair_kernel_gate: false,
         relay: None,
         dispatch: Some(table),

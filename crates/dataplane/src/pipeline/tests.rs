@@ -90,7 +90,7 @@ fn env_with(dispatch: Option<datapath::DispatchConfig>) -> Env {
             cpus: vec![],
             pin_workers: false,
             busy_poll: std::time::Duration::ZERO,
-            busy_poll_budget: 25,
+            busy_poll_budget: datapath::DEFAULT_BUSY_POLL_BUDGET,
             fair_kernel_gate: true,
             relay: None,
             dispatch: dispatch.clone(),

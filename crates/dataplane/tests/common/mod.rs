@@ -91,7 +91,7 @@ pub(crate) fn config(vxlan_port: u16) -> DataplaneConfig {
         cpus: vec![],
         pin_workers: false,
         busy_poll: Duration::ZERO,
-        busy_poll_budget: 25,
+        busy_poll_budget: protego_dataplane::DEFAULT_BUSY_POLL_BUDGET,
         fair_kernel_gate: true,
         relay: None,
         dispatch: None,

@@ -192,7 +192,7 @@ impl Validator<'_, '_> {
             Some(b) => b.get_ref().0,
         };
         let busy_poll_budget = match &g.busy_poll_budget {
-            None => DEFAULT_BUSY_POLL_BUDGET,
+            None => datapath::DEFAULT_BUSY_POLL_BUDGET,
             Some(b) => u8::try_from(*b.get_ref())
                 .ok()
                 .filter(|n| (1..=100).contains(n))

@@ -195,8 +195,6 @@ const MAX_WORKERS: usize = 1024;
 const DEFAULT_BUSY_POLL: Duration = Duration::from_micros(0);
 /// The longest busy polling a configuration may ask for.
 const MAX_BUSY_POLL: Duration = Duration::from_millis(10);
-/// Default most of a worker's time its fruitless polls may take, percent.
-const DEFAULT_BUSY_POLL_BUDGET: u8 = 25;
 /// CPU numbers Linux can address in an affinity mask (CPU_SETSIZE).
 const MAX_CPU: usize = 1024;
 

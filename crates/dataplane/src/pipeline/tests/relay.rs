@@ -65,7 +65,7 @@ fn config(vnets: Vec<VnetConfig>, tunnels: Vec<TunnelBinding>) -> DataplaneConfi
         cpus: vec![],
         pin_workers: false,
         busy_poll: std::time::Duration::ZERO,
-        busy_poll_budget: 25,
+        busy_poll_budget: datapath::DEFAULT_BUSY_POLL_BUDGET,
         fair_kernel_gate: true,
         relay: Some(RelayConfig {
             listen: sa("127.0.0.1:0"),
