@@ -595,6 +595,7 @@ fn dataplane_config(data: &DataSection) -> DataplaneConfig {
         pin_workers: false,
         busy_poll: Duration::ZERO,
         busy_poll_budget: datapath::DEFAULT_BUSY_POLL_BUDGET,
+        xdp: data.xdp,
         // Relay mode: the gate does not read Geneve (it would not open).
         fair_kernel_gate: false,
         relay: Some(RelayConfig {
@@ -731,6 +732,7 @@ mod tests {
                 batch: 8,
                 natt_port: 4500,
                 vxlan_port: 47000 + (std::process::id() % 1000) as u16 * 2 + attempt,
+                xdp: datapath::XdpMode::Off,
             };
             let config = dataplane_config(&data);
             let (tx, _rx) = crossbeam_channel::unbounded();

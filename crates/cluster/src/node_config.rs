@@ -104,6 +104,7 @@ struct RawData {
     batch: Option<u32>,
     natt_port: Option<u16>,
     vxlan_port: Option<u16>,
+    xdp: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -159,6 +160,8 @@ pub struct DataSection {
     pub workers: usize,
     /// Datagrams per batch.
     pub batch: usize,
+    /// AF_XDP input for the Geneve and VTEP sockets (`[data] xdp`, as `[gateway] xdp`).
+    pub xdp: datapath::XdpMode,
     /// NAT-T port the peers use (inner destination port of relayed ESP).
     pub natt_port: u16,
     /// VXLAN port.
@@ -321,11 +324,21 @@ impl NodeConfig {
                 if workers > 1024 {
                     return Err(bad("data.workers", "must be at most 1024".into()));
                 }
+                let xdp = match &d.xdp {
+                    None => datapath::XdpMode::Off,
+                    Some(x) => datapath::XdpMode::from_name(x).ok_or_else(|| {
+                        bad(
+                            "data.xdp",
+                            format!("{x:?}: must be \"off\", \"auto\", \"native\" or \"generic\""),
+                        )
+                    })?,
+                };
                 Some(DataSection {
                     geneve,
                     vtep,
                     workers,
                     batch,
+                    xdp,
                     natt_port: port(d.natt_port, 4500).map_err(|m| bad("data.natt_port", m))?,
                     vxlan_port: port(d.vxlan_port, 4789).map_err(|m| bad("data.vxlan_port", m))?,
                 })
@@ -460,7 +473,11 @@ geneve = "10.255.0.21:6081"
         let d = c.data.unwrap();
         assert_eq!(d.vtep, "10.255.0.21".parse::<IpAddr>().unwrap());
         assert_eq!((d.natt_port, d.vxlan_port, d.workers), (4500, 4789, 0));
+        assert_eq!(d.xdp, datapath::XdpMode::Off);
         assert!(c.steer.is_none());
+        let auto = DATA.replace("[data]", "[data]\nxdp = \"auto\"");
+        let c = NodeConfig::parse(Path::new("d.toml"), &auto).unwrap();
+        assert_eq!(c.data.unwrap().xdp, datapath::XdpMode::Auto);
     }
 
     #[test]
@@ -506,6 +523,7 @@ geneve = "10.255.0.21:6081"
                 "node.control[0].address",
             ),
             (DATA.replace("[data]", "[data]\nbatch = 0"), "data.batch"),
+            (DATA.replace("[data]", "[data]\nxdp = \"on\""), "data.xdp"),
             (DATA.replace("[data]", "[data]\nvtep = \"::\""), "data.vtep"),
         ];
         for (text, key) in cases {

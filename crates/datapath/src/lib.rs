@@ -210,6 +210,41 @@ impl std::fmt::Display for AttachmentPort {
 /// a quarter of a worker's time.
 pub const DEFAULT_BUSY_POLL_BUDGET: u8 = 25;
 
+/// How the data plane receives ESP-in-UDP and VXLAN (`[gateway] xdp`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum XdpMode {
+    /// UDP sockets only (`recvmmsg`).
+    #[default]
+    Off,
+    /// AF_XDP where the interface and kernel allow it (native XDP, else generic), the UDP
+    /// sockets elsewhere (said in the log and in `protego status`).
+    Auto,
+    /// AF_XDP with the program in the driver, or the data plane does not start.
+    Native,
+    /// AF_XDP with the program in the kernel's generic path, or the data plane does not
+    /// start.
+    Generic,
+}
+
+impl XdpMode {
+    /// The configuration's word for it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Off => "off",
+            Self::Auto => "auto",
+            Self::Native => "native",
+            Self::Generic => "generic",
+        }
+    }
+
+    /// The mode named `s`, if any.
+    pub fn from_name(s: &str) -> Option<Self> {
+        [Self::Off, Self::Auto, Self::Native, Self::Generic]
+            .into_iter()
+            .find(|m| m.name() == s)
+    }
+}
+
 /// Static configuration of the data plane.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DataplaneConfig {
@@ -248,6 +283,9 @@ pub struct DataplaneConfig {
     /// The most of a worker's time its polls that find nothing may take, percent (1..=100,
     /// counted over every 100 ms; [`DEFAULT_BUSY_POLL_BUDGET`] unless configured).
     pub busy_poll_budget: u8,
+    /// Whether datagrams to the NAT-T and VXLAN sockets are steered into AF_XDP sockets by an
+    /// XDP program on their interfaces (`[gateway] xdp`).
+    pub xdp: XdpMode,
     /// With `cpu_fairness = "enforce"`: have the kernel refuse floods too (a socket filter by
     /// SPI or VNI, while every worker refuses the tenant), before they cost a receive; false
     /// (the configuration's default) leaves every refusal to the workers.
@@ -408,6 +446,21 @@ pub struct WorkerStats {
     pub spin_ns: u64,
 }
 
+/// An interface whose datagrams an XDP program steers into AF_XDP sockets (`[gateway] xdp`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct XdpStats {
+    /// The interface.
+    pub interface: String,
+    /// How the program is attached: `native` or `generic`.
+    pub attach: String,
+    /// The addresses (and ports) it steers.
+    pub addresses: Vec<std::net::SocketAddr>,
+    /// Receive queues, each with one AF_XDP socket per address.
+    pub queues: usize,
+    /// Frames read from its sockets (cumulative).
+    pub frames: u64,
+}
+
 /// Node-wide counters, including drops by reason.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct DataplaneStats {
@@ -440,6 +493,8 @@ pub struct DataplaneStats {
     pub fair_kernel_drops: Option<u64>,
     /// Self-dispatch's counters (None when it is not configured).
     pub dispatch: Option<DispatchStats>,
+    /// The interfaces with AF_XDP input (empty with `xdp = "off"` or where it fell back).
+    pub xdp: Vec<XdpStats>,
 }
 
 /// What self-dispatch did (cumulative; see [`DispatchConfig`]).

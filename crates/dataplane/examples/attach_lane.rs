@@ -244,6 +244,7 @@ fn main() -> Result<(), Error> {
         pin_workers: false,
         busy_poll: Duration::ZERO,
         busy_poll_budget: protego_dataplane::DEFAULT_BUSY_POLL_BUDGET,
+        xdp: Default::default(),
         fair_kernel_gate: true,
         relay: None,
         dispatch: None,

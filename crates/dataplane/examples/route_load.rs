@@ -51,6 +51,7 @@ fn main() {
         pin_workers: false,
         busy_poll: Duration::ZERO,
         busy_poll_budget: protego_dataplane::DEFAULT_BUSY_POLL_BUDGET,
+        xdp: Default::default(),
         fair_kernel_gate: true,
         relay: None,
         dispatch: None,

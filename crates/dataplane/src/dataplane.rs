@@ -451,6 +451,7 @@ impl DataPath for Dataplane {
                     .sum(),
             ),
             fair_kernel_drops: kernel_drops,
+            xdp: sh.io.xdp_stats(),
             dispatch: sh
                 .cfg
                 .dispatch

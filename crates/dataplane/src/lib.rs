@@ -25,6 +25,7 @@
 //!     pin_workers: true,
 //!     busy_poll: std::time::Duration::ZERO,
 //!     busy_poll_budget: protego_dataplane::DEFAULT_BUSY_POLL_BUDGET,
+//!     xdp: protego_dataplane::XdpMode::Off,
 //!     fair_kernel_gate: true,
 //!     relay: None,
 //!     dispatch: None,
@@ -157,7 +158,7 @@ pub use datapath::{
     DataplaneConfig, DataplaneError, DataplaneStats, DispatchConfig, DispatchStats, IkeDatagram,
     Inside, InstalledChild, KnownChild, RelayConfig, Route, RouteChange, RouteChangeReport,
     RouteStats, TenantStats, ToControl, TunnelBinding, VmRoute, VnetConfig, VnetOwners,
-    VnetRouteStats, WorkerStats, DEFAULT_BUSY_POLL_BUDGET,
+    VnetRouteStats, WorkerStats, XdpMode, XdpStats, DEFAULT_BUSY_POLL_BUDGET,
 };
 pub use dataplane::{BoundAddrs, Dataplane};
 pub use feature::{Direction, Feature, FeatureBatch, FeatureChain, PacketMeta};

@@ -123,6 +123,12 @@ drops! {
     /// Attachment: frames given up because a receive ring frame header lay outside its
     /// block (a kernel we do not understand; never seen).
     AttachRingMalformed = "attach_ring_malformed",
+    /// AF_XDP: frames the kernel could not put into a socket's receive ring (ring full, fill
+    /// ring empty, or a frame larger than a UMEM frame), from the sockets' `XDP_STATISTICS`.
+    XdpLost = "xdp_lost",
+    /// AF_XDP: a steered frame that is not a well-formed Ethernet + IP + UDP datagram to
+    /// our address (bad IPv4 header checksum, lengths that do not add up).
+    XdpMalformed = "xdp_malformed",
     /// Attachment: frames toward a CE dropped because the interface's transmit ring (or, without
     /// one, the socket's queue) stayed full for the whole bounded wait of a send (50 ms).
     AttachTxFull = "attach_tx_full",

@@ -93,7 +93,17 @@ pub(crate) fn run(sh: &Shared, id: usize) {
     }
     let mut w = Worker::new(sh, id);
     let routes = sh.route_readers.reader();
-    let fds: Vec<RawFd> = sh.lanes.iter().map(|l| l.fd).collect();
+    // Every lane's input, then its AF_XDP sockets (if any): (lane, input) per descriptor.
+    let mut fds: Vec<RawFd> = Vec::new();
+    let mut inputs: Vec<(usize, usize)> = Vec::new();
+    for (lane, l) in sh.lanes.iter().enumerate() {
+        fds.push(l.fd);
+        inputs.push((lane, 0));
+        for (i, x) in sh.io.lane_xsks(l.kind).iter().enumerate() {
+            fds.push(x.xsk.raw_fd());
+            inputs.push((lane, i + 1));
+        }
+    }
     let mut poller = Poller::new(&fds, &sh.waker);
     let mut spin = Spin::new(sh.cfg.busy_poll, sh.cfg.busy_poll_budget, Instant::now());
     loop {
@@ -134,9 +144,12 @@ pub(crate) fn run(sh: &Shared, id: usize) {
         // Traffic is what this worker got: every worker polls every lane, and one that lost
         // the race for a readable lane found nothing.
         let mut got = false;
-        for lane in (0..sh.lanes.len()).filter(|&i| poller.readable(i)) {
+        for (i, &(lane, input)) in inputs.iter().enumerate() {
+            if !poller.readable(i) {
+                continue;
+            }
             for _ in 0..BATCHES_PER_WAKE {
-                let b = batch(sh, &mut w, &routes, lane);
+                let b = batch(sh, &mut w, &routes, lane, input);
                 got |= b != Batch::Empty;
                 if b != Batch::Full || sh.stopping() {
                     break;
@@ -171,8 +184,9 @@ fn pin(worker: usize, cpu: usize) {
     }
 }
 
-/// Receives and processes one batch of `lane`.
-fn batch(sh: &Shared, w: &mut Worker, routes: &RouteReader, lane: usize) -> Batch {
+/// Receives and processes one batch of `lane` from its input `input` (see
+/// [`input::receive`]).
+fn batch(sh: &Shared, w: &mut Worker, routes: &RouteReader, lane: usize, input: usize) -> Batch {
     let l = &sh.lanes[lane];
     let Some(mut stage) = l.dispatch(true) else {
         return Batch::Empty;
@@ -181,7 +195,7 @@ fn batch(sh: &Shared, w: &mut Worker, routes: &RouteReader, lane: usize) -> Batc
     if let Some(c) = w.out.charge.as_deref_mut() {
         c.start();
     }
-    let (n, more) = input::receive(sh, &mut w.rx, l.kind, &mut w.out.drops);
+    let (n, more) = input::receive(sh, &mut w.rx, l.kind, input, &mut w.out.drops);
     if n == 0 {
         if let Some(c) = w.out.charge.as_deref_mut() {
             c.empty();
@@ -535,6 +549,12 @@ fn housekeeping(sh: &Shared, w: &mut Worker, routes: &RouteReader) {
         }
         *due = now + HOUSEKEEPING;
     }
+    // What the AF_XDP sockets lost since the last round (one `getsockopt` each).
+    let mut lost = crate::stats::DropCounts::default();
+    for x in sh.io.all_xsks() {
+        lost.add_n(DropReason::XdpLost, x.new_losses());
+    }
+    sh.drops.absorb(&mut lost);
     let announce = encap::announcements_due(sh, &sh.tables.load(), now);
     for (lane, l) in sh.lanes.iter().enumerate() {
         let vtep = match l.kind {

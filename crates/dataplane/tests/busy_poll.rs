@@ -33,6 +33,7 @@ fn a_polling_worker_reports_its_idle_polls_and_a_sleeping_one_none() {
         workers: 1,
         busy_poll: Duration::from_millis(2),
         busy_poll_budget: 50,
+        xdp: Default::default(),
         ..common::config(port)
     });
     trickle(&polling, 200);

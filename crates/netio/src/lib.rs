@@ -20,6 +20,9 @@
 //!   frames in through a TPACKET_V3 ring into a [`packet::FrameBatch`] (outer VLAN tag written
 //!   back), frames out through a transmit ring (`PACKET_TX_RING`, one `send` per batch), or
 //!   with `sendmmsg` where the kernel refuses the ring.
+//! - AF_XDP: [`xdp::XdpSteering`] loads an XDP program that steers the datagrams to given UDP
+//!   addresses into AF_XDP sockets ([`xdp::Xsk`]), one per receive queue, whose frames are read
+//!   from shared memory without a system call per batch.
 //!
 //! Scratch space ([`RecvBatch`], [`SendScratch`]) is allocated once per thread; receiving and
 //! sending a batch allocate nothing and copy no packet bytes.
@@ -55,14 +58,18 @@
 //! ```
 
 mod addr;
+pub mod bpf;
 pub mod packet;
 mod poll;
 mod recv;
 mod send;
 mod socket;
+#[cfg(test)]
+mod testutil;
+pub mod xdp;
 
 pub use poll::{Poller, Ready, Waker};
-pub use recv::{RecvBatch, RecvMeta, RX_SLOT};
+pub use recv::{RecvBatch, RecvMeta, MAX_TRAIN, RX_SLOT};
 pub use send::{OutMsg, SendReport, SendScratch};
 pub use socket::{SendMode, SocketOptions, UdpSocket};
 

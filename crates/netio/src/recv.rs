@@ -15,6 +15,10 @@ use std::os::fd::AsRawFd;
 /// datagram.
 pub const RX_SLOT: usize = 65536;
 
+/// The most datagrams in one train of [`RecvBatch::push_segment`] (as the kernel's UDP GRO,
+/// `UDP_GRO_CNT_MAX`).
+pub const MAX_TRAIN: usize = 64;
+
 /// Control buffer per slot, 8-byte aligned: room for a GRO size (int), a timestamp
 /// (timespec) and a drop count (u32), each behind its `cmsghdr`.
 type Cmsg = [u64; 16];
@@ -119,6 +123,35 @@ impl RecvBatch {
             .chunks_exact_mut(RX_SLOT)
             .zip(&self.meta)
             .map(|(slot, m)| (*m, &mut slot[..m.len.min(RX_SLOT)]))
+    }
+
+    /// Slots not filled yet.
+    pub fn free_slots(&self) -> usize {
+        self.capacity() - self.len()
+    }
+
+    /// Adds datagram `data` from `src` as UDP GRO would: to the last slot's train when that
+    /// train is from `src`, still open (every datagram so far of its segment size), has room
+    /// and fewer than [`MAX_TRAIN`] datagrams, and `data` is no longer than its segment size (a
+    /// shorter one closes it); else into a new slot, as [`push`](Self::push). False if no slot
+    /// is free.
+    pub fn push_segment(&mut self, src: SocketAddr, data: &[u8]) -> bool {
+        let i = self.meta.len();
+        if let Some(m) = self.meta.last_mut() {
+            let open = m.len % m.seg == 0 && m.len / m.seg < MAX_TRAIN;
+            if m.src == Some(src)
+                && open
+                && !data.is_empty()
+                && data.len() <= m.seg
+                && m.len + data.len() <= RX_SLOT
+            {
+                let at = (i - 1) * RX_SLOT + m.len;
+                self.buf[at..at + data.len()].copy_from_slice(data);
+                m.len += data.len();
+                return true;
+            }
+        }
+        self.push(src, data)
     }
 
     /// Copies a datagram from `src` into the next free slot, as if received (in-memory paths
@@ -364,5 +397,53 @@ mod tests {
         assert!(stamp >= before && stamp <= now_ns(), "{before} <= {stamp}");
         // No drops yet: the kernel attaches the counter only once it is non-zero.
         assert_eq!(m.queue_drops, None);
+    }
+}
+
+#[cfg(test)]
+mod train_tests {
+    use super::*;
+
+    #[test]
+    fn pushed_segments_form_trains_as_gro_does() {
+        let a: SocketAddr = "192.0.2.1:4500".parse().expect("a");
+        let b: SocketAddr = "192.0.2.2:4500".parse().expect("b");
+        let mut batch = RecvBatch::new(8);
+        assert!(batch.push_segment(a, &[1; 100]));
+        assert!(batch.push_segment(a, &[2; 100]));
+        // Shorter: closes the train.
+        assert!(batch.push_segment(a, &[3; 60]));
+        assert!(batch.push_segment(a, &[4; 100]));
+        // Another sender, and a longer datagram: new slots.
+        assert!(batch.push_segment(b, &[5; 100]));
+        assert!(batch.push_segment(b, &[6; 200]));
+        let slots: Vec<(Option<SocketAddr>, usize, usize)> =
+            batch.iter().map(|(m, _)| (m.src, m.len, m.seg)).collect();
+        assert_eq!(
+            slots,
+            vec![
+                (Some(a), 260, 100),
+                (Some(a), 100, 100),
+                (Some(b), 100, 100),
+                (Some(b), 200, 200)
+            ]
+        );
+        let (_, first) = batch.iter().next().expect("a slot");
+        let segs: Vec<u8> = first.chunks(100).map(|c| c[0]).collect();
+        assert_eq!(segs, [1, 2, 3]);
+        assert_eq!(batch.free_slots(), 4);
+    }
+
+    #[test]
+    fn a_train_stops_at_the_gro_limit_and_a_full_batch_refuses() {
+        let a: SocketAddr = "192.0.2.1:4500".parse().expect("a");
+        let mut batch = RecvBatch::new(2);
+        for _ in 0..MAX_TRAIN + 1 {
+            assert!(batch.push_segment(a, &[0; 10]));
+        }
+        let lens: Vec<usize> = batch.iter().map(|(m, _)| m.len).collect();
+        assert_eq!(lens, [10 * MAX_TRAIN, 10]);
+        // The last slot's train is still open; a datagram of another sender finds no slot.
+        assert!(!batch.push_segment("192.0.2.9:1".parse().expect("c"), &[0; 10]));
     }
 }

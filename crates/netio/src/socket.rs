@@ -92,7 +92,7 @@ impl Default for SocketOptions {
 pub struct UdpSocket {
     fd: OwnedFd,
     local: SocketAddr,
-    gro: bool,
+    gro: AtomicBool,
     gso: AtomicBool,
     timestamps: bool,
     queue_drops: bool,
@@ -253,7 +253,7 @@ impl UdpSocket {
         Self {
             fd,
             local,
-            gro,
+            gro: AtomicBool::new(gro),
             gso: AtomicBool::new(gso),
             timestamps,
             queue_drops,
@@ -268,7 +268,17 @@ impl UdpSocket {
 
     /// True if UDP GRO is on.
     pub fn gro(&self) -> bool {
-        self.gro
+        self.gro.load(Ordering::Relaxed)
+    }
+
+    /// Turns UDP GRO off (for a socket whose datagrams an XDP program in the kernel's generic
+    /// path must see one by one: that path runs after GRO).
+    pub fn stop_gro(&self) -> io::Result<()> {
+        if self.gro.load(Ordering::Relaxed) {
+            setsockopt::<libc::c_int>(self.fd.as_raw_fd(), libc::SOL_UDP, UDP_GRO, 0)?;
+            self.gro.store(false, Ordering::Relaxed);
+        }
+        Ok(())
     }
 
     /// True if UDP GSO is (still) used: it is turned off for good when the device refuses a

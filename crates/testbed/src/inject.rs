@@ -55,9 +55,9 @@ impl Netns {
         })
     }
 
-    /// Runs `open` in a thread that entered this namespace and returns what it opened;
-    /// `action` and `what` name it in an error.
-    fn socket_in<T: Send + 'static>(
+    /// Runs `open` in a thread that entered this namespace and returns what it opened (a
+    /// socket, an XDP program's handle); `action` and `what` name it in an error.
+    pub fn socket_in<T: Send + 'static>(
         &self,
         action: &'static str,
         what: &str,

@@ -15,7 +15,7 @@ use common::*;
 use protego_testbed::protego::{GatewayTunnel, ProtegoGateway};
 use protego_testbed::strongswan::CharonSettings;
 use protego_testbed::topology::VmSpec;
-use protego_testbed::traffic::{self, IperfOptions, PingOptions};
+use protego_testbed::traffic::{self, PingOptions};
 use protego_testbed::{Result, Testbed, Topology, TopologySpec};
 
 #[test]
@@ -58,22 +58,8 @@ fn strongswan_initiates_traffic_reaches_vms_over_vxlan() -> Result<()> {
         "{rows:?}"
     );
 
-    // A VM can reach the site too (traffic started inside the VNet).
-    let vm = &topo.tenants[0].vms[0];
-    let back = traffic::ping(
-        &vm.ns,
-        topo.sites[0].lan_addr,
-        &PingOptions::new(10, Duration::from_millis(10)),
-    )?;
-    assert!(back.all_received(), "vm -> site: {back:?}");
-
-    // TCP through the tunnel.
-    let server = traffic::iperf3_server(&vm.ns, vm.addr.addr, traffic::IPERF3_PORT)?;
-    let mut opts = IperfOptions::tcp(Duration::from_secs(2));
-    opts.bind = Some(topo.sites[0].lan_addr);
-    let perf = traffic::iperf3_client(&topo.sites[0].ns, vm.addr.addr, &opts)?;
-    server.process.stop();
-    assert!(perf.received_bps > 1e6, "{perf:?}");
+    // A VM can reach the site too (traffic started inside the VNet); TCP through the tunnel.
+    let perf = back_and_tcp(&topo, 0)?;
     eprintln!(
         "protego: iperf3 {:.0} Mbit/s site -> VM",
         perf.received_bps / 1e6

@@ -159,6 +159,7 @@ pub(crate) struct RawGateway {
     pub(crate) pin_workers: Option<Spanned<bool>>,
     pub(crate) busy_poll: Option<Spanned<DurationValue>>,
     pub(crate) busy_poll_budget: Option<Spanned<i64>>,
+    pub(crate) xdp: Option<Spanned<String>>,
     pub(crate) retransmit_timeout: Option<Spanned<DurationValue>>,
     pub(crate) retransmit_base: Option<Spanned<f64>>,
     pub(crate) retransmit_tries: Option<Spanned<i64>>,

@@ -836,3 +836,28 @@ fn busy_polling_and_its_budget() {
         expect_error(&text, line, key, says);
     }
 }
+
+#[test]
+fn xdp_names_a_mode_and_defaults_to_off() {
+    let scratch = Scratch::new();
+    let config = scratch.parse(&with_tunnel(TUNNEL_A)).unwrap();
+    assert_eq!(config.dataplane.xdp, datapath::XdpMode::Off);
+    for (word, mode) in [
+        ("off", datapath::XdpMode::Off),
+        ("auto", datapath::XdpMode::Auto),
+        ("native", datapath::XdpMode::Native),
+        ("generic", datapath::XdpMode::Generic),
+    ] {
+        let text =
+            with_tunnel(TUNNEL_A).replace("[gateway]\n", &format!("[gateway]\nxdp = \"{word}\"\n"));
+        assert_eq!(scratch.parse(&text).unwrap().dataplane.xdp, mode, "{word}");
+    }
+    let line = "xdp = \"on\"";
+    let text = with_tunnel(TUNNEL_A).replace("[gateway]\n", &format!("[gateway]\n{line}\n"));
+    expect_error(
+        &text,
+        line,
+        "xdp",
+        "\"off\", \"auto\", \"native\" or \"generic\"",
+    );
+}

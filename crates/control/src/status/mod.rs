@@ -79,6 +79,25 @@ pub struct StatusReport {
     /// (docs/configuration.md, `cpu_fairness_kernel`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fair_kernel_drops: Option<u64>,
+    /// The interfaces whose NAT-T, VXLAN or Geneve datagrams an XDP program steers into
+    /// AF_XDP sockets (`[gateway] xdp`; docs/configuration.md).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub xdp: Vec<XdpStatus>,
+}
+
+/// An interface with AF_XDP input (`protego status`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct XdpStatus {
+    /// The interface.
+    pub interface: String,
+    /// `native` (in the driver) or `generic` (in the kernel's generic receive path).
+    pub attach: String,
+    /// The addresses and ports steered.
+    pub addresses: Vec<String>,
+    /// Receive queues (one AF_XDP socket per address on each).
+    pub queues: usize,
+    /// Frames read from its sockets.
+    pub frames: u64,
 }
 
 /// One running tenant filter and what it did since it was loaded (`protego status`,
@@ -533,6 +552,17 @@ impl StatusReport {
             cpu_capped_phases: stats.cpu_capped_phases,
             cpu_preempted_ns: stats.cpu_preempted_ns,
             fair_kernel_drops: stats.fair_kernel_drops,
+            xdp: stats
+                .xdp
+                .iter()
+                .map(|x| XdpStatus {
+                    interface: x.interface.clone(),
+                    attach: x.attach.clone(),
+                    addresses: x.addresses.iter().map(ToString::to_string).collect(),
+                    queues: x.queues,
+                    frames: x.frames,
+                })
+                .collect(),
         }
     }
 }

@@ -58,6 +58,17 @@ pub fn render_text(report: &StatusReport) -> String {
     render_counters(&mut out, "drops", &report.drops);
     render_counters(&mut out, "ike drops", &report.ike_drops);
     render_workers(&mut out, &report.workers);
+    for x in &report.xdp {
+        let _ = writeln!(
+            out,
+            "AF_XDP input on {} ({}, {} queue(s)): {}; {} frames",
+            x.interface,
+            x.attach,
+            x.queues,
+            x.addresses.join(", "),
+            x.frames
+        );
+    }
     render_tenants_cpu(&mut out, report);
     render_filters(&mut out, &report.filters);
     if let Some(store) = &report.store {

@@ -135,6 +135,13 @@ fn sample_report() -> StatusReport {
         cpu_preempted_ns: 0,
         fair_kernel_drops: None,
         dispatch: None,
+        xdp: vec![datapath::XdpStats {
+            interface: "eth0".into(),
+            attach: "native".into(),
+            addresses: vec!["192.0.2.1:4500".parse().expect("address")],
+            queues: 4,
+            frames: 1234,
+        }],
     };
     let mut report = StatusReport::build(&directory(), &sas, &IkeStats::default(), &stats, 3_700);
     *report.ike_drops.get_mut("icv_failed").unwrap() = 2;
@@ -187,6 +194,18 @@ fn report_joins_engine_and_data_plane() {
         .iter()
         .all(|d| r.ike_drops.contains_key(d.name())));
     assert_eq!(r.ike_drops.get("icv_failed"), Some(&2));
+    assert_eq!(
+        r.xdp,
+        [XdpStatus {
+            interface: "eth0".into(),
+            attach: "native".into(),
+            addresses: vec!["192.0.2.1:4500".into()],
+            queues: 4,
+            frames: 1234,
+        }]
+    );
+    assert!(render_text(&r)
+        .contains("AF_XDP input on eth0 (native, 4 queue(s)): 192.0.2.1:4500; 1234 frames"));
 }
 
 #[test]

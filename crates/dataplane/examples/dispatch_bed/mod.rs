@@ -292,6 +292,7 @@ fn start_node(i: usize, vxlan_port: u16, table: DispatchConfig) -> Result<Arc<Da
         pin_workers: false,
         busy_poll: Duration::ZERO,
         busy_poll_budget: protego_dataplane::DEFAULT_BUSY_POLL_BUDGET,
+        xdp: Default::default(),
         fair_kernel_gate: false,
         relay: None,
         dispatch: Some(table),

@@ -11,7 +11,11 @@ use crate::stats::{DropCounts, DropReason};
 use crate::sys::tun::TunReadBatch;
 use crate::sys::tun_offload::TunDrop;
 use netio::packet::FrameBatch;
+use netio::xdp::Xsk;
 use netio::{RecvBatch, RX_SLOT};
+use std::net::{IpAddr, SocketAddr};
+use wire::ip::{IpProtocol, Ipv4Packet, Ipv6Packet};
+use wire::udp::UdpPacket;
 
 /// A worker's receive batch: datagrams with their metadata (source, GRO segment size,
 /// truncation), or for the TUN lane IP packets read from the device.
@@ -48,15 +52,28 @@ pub(crate) fn largest_batch(batch: usize) -> usize {
     TunReadBatch::bytes_for(rx_slots(batch) * RX_SLOT)
 }
 
-/// Fills `rx` from the lane's input; returns the datagrams (or TUN frames) read and whether
-/// more is probably waiting. Frames the TUN device delivered unusable are counted in `drops`.
+/// Fills `rx` from input `input` of the lane (0: its socket, TUN device or ring; `i` > 0: its
+/// AF_XDP socket `i - 1`); returns the datagrams (or TUN frames) read and whether more is
+/// probably waiting. Frames the TUN device delivered unusable are counted in `drops`.
 pub(crate) fn receive(
     sh: &Shared,
     rx: &mut RxBatch,
     kind: LaneKind,
+    input: usize,
     drops: &mut DropCounts,
 ) -> (usize, bool) {
     let io = &sh.io;
+    if input > 0 {
+        return match io.lane_xsks(kind).get(input - 1) {
+            Some(x) => {
+                let (n, more, frames) = receive_xsk(&x.xsk, &mut rx.datagrams, drops);
+                x.frames
+                    .fetch_add(frames, std::sync::atomic::Ordering::Relaxed);
+                (n, more)
+            }
+            None => (0, false),
+        };
+    }
     let sock = match kind {
         LaneKind::Ike { listen } => io.listen[listen].ike,
         LaneKind::Natt { listen } => io.listen[listen].natt,
@@ -100,6 +117,77 @@ pub(crate) fn receive(
             (0, false)
         }
     }
+}
+
+/// Fills `batch` from AF_XDP socket `x`: each frame's UDP payload, with its sender, in
+/// arrival order, equal-size datagrams of one sender joined into trains as UDP GRO would
+/// (`RecvBatch::push_segment`). A frame takes at most one slot, so asking for as many frames
+/// as slots are free never loses one. Returns the slots filled, whether more is waiting, and
+/// the frames read.
+fn receive_xsk(x: &Xsk, batch: &mut RecvBatch, drops: &mut DropCounts) -> (usize, bool, u64) {
+    batch.clear();
+    let mut bad = 0;
+    let mut more = false;
+    let mut frames = 0u64;
+    // Bounded as a GRO receive is: at most a full train per slot.
+    for _ in 0..batch.capacity() {
+        let room = batch.free_slots();
+        if room == 0 {
+            break;
+        }
+        let (n, m) = x.receive(room, |frame| match udp_in_frame(frame) {
+            Some((src, payload)) => {
+                let pushed = batch.push_segment(src, &frame[payload]);
+                debug_assert!(pushed, "a frame takes at most one free slot");
+            }
+            None => bad += 1,
+        });
+        more = m;
+        frames += n as u64;
+        if n == 0 || !m {
+            break;
+        }
+    }
+    drops.add_n(DropReason::XdpMalformed, bad);
+    (batch.len(), more, frames)
+}
+
+/// The sender and UDP payload of an Ethernet frame holding an IPv4 (valid header checksum, not
+/// a fragment) or IPv6 UDP datagram, as the steering program passes them; `None` for anything
+/// else. Link-layer padding after the IP packet is ignored. The UDP checksum is not checked:
+/// a veth peer's stack leaves it to offload, ESP's ICV authenticates what it carries, and
+/// VXLAN's frames carry checksums of their own (RFC 7348 §5: zero is the norm).
+fn udp_in_frame(frame: &[u8]) -> Option<(SocketAddr, std::ops::Range<usize>)> {
+    const ETH: usize = 14;
+    let ethertype = u16::from_be_bytes([*frame.get(12)?, *frame.get(13)?]);
+    let (src, ip_header, ip_payload) = match ethertype {
+        0x0800 => {
+            let ip = Ipv4Packet::new_checked(frame.get(ETH..)?).ok()?;
+            if !ip.verify_checksum() || ip.is_fragment() || ip.protocol() != IpProtocol::UDP {
+                return None;
+            }
+            (
+                IpAddr::V4(ip.src_addr()),
+                ip.header_len(),
+                ip.payload().len(),
+            )
+        }
+        0x86dd => {
+            let ip = Ipv6Packet::new_checked(frame.get(ETH..)?).ok()?;
+            if ip.next_header() != IpProtocol::UDP {
+                return None;
+            }
+            (IpAddr::V6(ip.src_addr()), 40, ip.payload().len())
+        }
+        _ => return None,
+    };
+    let at = ETH + ip_header;
+    let udp = UdpPacket::new_checked(frame.get(at..at + ip_payload)?).ok()?;
+    let start = at + 8;
+    Some((
+        SocketAddr::new(src, udp.src_port()),
+        start..start + udp.payload().len(),
+    ))
 }
 
 fn tun_drop(why: TunDrop) -> DropReason {

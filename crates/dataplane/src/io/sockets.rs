@@ -13,8 +13,9 @@
 use crate::lane::LaneKind;
 use crate::sys::tun::Tun;
 use crate::sys::tun_offload::Offloads;
-use datapath::{AttachmentPort, DataplaneConfig, DataplaneError};
+use datapath::{AttachmentPort, DataplaneConfig, DataplaneError, XdpMode};
 use netio::packet::PacketSocket;
+use netio::xdp::{XdpAttach, XdpSteering, Xsk};
 use netio::{SendMode, SocketOptions, UdpSocket};
 use std::io;
 use std::net::{IpAddr, SocketAddr};
@@ -96,6 +97,38 @@ pub(crate) struct Sockets {
     pub(crate) packet: Vec<PacketSocket>,
     /// By attachment (configuration index): the index of its interface's socket in `packet`.
     attach_iface: Vec<usize>,
+    /// AF_XDP steering, one per interface (`[gateway] xdp`); dropping it detaches the
+    /// programs.
+    pub(crate) xdp: Vec<XdpSteering>,
+    /// The AF_XDP sockets of the lanes that have them (every receive queue of the lane's
+    /// interface), with the losses already counted of each.
+    xsks: Vec<(LaneKind, Vec<XskInput>)>,
+}
+
+/// An AF_XDP socket of a lane, with the kernel's loss count last read.
+pub(crate) struct XskInput {
+    /// The socket.
+    pub(crate) xsk: Arc<Xsk>,
+    /// Frames lost so far, as last counted into the drops.
+    counted: std::sync::atomic::AtomicU64,
+    /// Frames read from it.
+    pub(crate) frames: std::sync::atomic::AtomicU64,
+    /// Its interface's index in `Sockets::xdp`.
+    iface: usize,
+}
+
+impl XskInput {
+    /// The frames lost since the last call (`XDP_STATISTICS`, one `getsockopt`).
+    pub(crate) fn new_losses(&self) -> u64 {
+        let Ok(l) = self.xsk.losses() else {
+            return 0;
+        };
+        let total = l.dropped + l.ring_full + l.fill_empty;
+        let before = self
+            .counted
+            .swap(total, std::sync::atomic::Ordering::Relaxed);
+        total.saturating_sub(before)
+    }
 }
 
 impl Sockets {
@@ -213,7 +246,7 @@ impl Sockets {
             attach_iface.push(packet.len());
             packet.push(PacketSocket::open(interface).map_err(cannot)?);
         }
-        Ok(Self {
+        let mut sockets = Self {
             socks,
             listen,
             vteps,
@@ -222,7 +255,147 @@ impl Sockets {
             tun,
             packet,
             attach_iface,
-        })
+            xdp: Vec::new(),
+            xsks: Vec::new(),
+        };
+        sockets.open_xdp(cfg.xdp)?;
+        Ok(sockets)
+    }
+
+    /// The lanes whose datagrams an XDP program can steer (NAT-T, VTEP, Geneve), with their
+    /// sockets' addresses.
+    fn steerable(&self) -> Vec<(LaneKind, usize)> {
+        let mut lanes = Vec::new();
+        for (i, l) in self.listen.iter().enumerate() {
+            lanes.push((LaneKind::Natt { listen: i }, l.natt));
+        }
+        if let Some(sock) = self.relay_sock {
+            lanes.push((LaneKind::Relay, sock));
+        }
+        if self.vteps_receive {
+            for (i, v) in self.vteps.iter().enumerate() {
+                lanes.push((LaneKind::Vtep { vtep: i }, v.recv));
+            }
+        }
+        lanes
+    }
+
+    /// Steers the NAT-T, VTEP and Geneve lanes' datagrams into AF_XDP sockets (`mode`), one
+    /// XDP program per interface. With `auto`, a lane whose interface cannot (no address of
+    /// its own, a program there already, no XDP in the kernel) keeps its UDP socket alone,
+    /// and the log says why; with `native` or `generic` that is an error.
+    fn open_xdp(&mut self, mode: XdpMode) -> Result<(), DataplaneError> {
+        let modes: &[XdpAttach] = match mode {
+            XdpMode::Off => return Ok(()),
+            XdpMode::Auto => &[XdpAttach::Native, XdpAttach::Generic],
+            XdpMode::Native => &[XdpAttach::Native],
+            XdpMode::Generic => &[XdpAttach::Generic],
+        };
+        let refuse = |what: String| -> Result<(), DataplaneError> {
+            if mode == XdpMode::Auto {
+                tracing::warn!(reason = %what, "xdp = \"auto\": this input stays on its UDP socket");
+                Ok(())
+            } else {
+                Err(DataplaneError::Config {
+                    field: "xdp".into(),
+                    reason: format!("xdp = \"{}\": {what}", mode.name()),
+                })
+            }
+        };
+        // Group the lanes by interface, in order of first appearance.
+        let mut by_iface: Vec<(u32, Vec<(LaneKind, usize)>)> = Vec::new();
+        for (kind, sock) in self.steerable() {
+            let addr = self.local_addr(sock);
+            match netio::xdp::interface_of(addr.ip()) {
+                Ok(ifindex) => match by_iface.iter_mut().find(|(i, _)| *i == ifindex) {
+                    Some((_, lanes)) => lanes.push((kind, sock)),
+                    None => by_iface.push((ifindex, vec![(kind, sock)])),
+                },
+                Err(e) => refuse(format!("{addr}: {e}"))?,
+            }
+        }
+        for (ifindex, lanes) in by_iface {
+            let addrs: Vec<SocketAddr> = lanes.iter().map(|(_, s)| self.local_addr(*s)).collect();
+            match XdpSteering::open(ifindex, &addrs, modes) {
+                Ok(steering) => {
+                    tracing::info!(interface = %steering.interface, attach = steering.attach.name(),
+                        addresses = ?addrs, queues = steering.sockets.first().map_or(0, |s| s.1.len()),
+                        "AF_XDP input up: the XDP program steers these addresses into AF_XDP sockets");
+                    for ((kind, sock), (_, xsks)) in lanes.iter().zip(&steering.sockets) {
+                        // The program may run after the kernel's GRO (generic mode), which
+                        // would join datagrams for a GRO socket into one frame: the steered
+                        // sockets (which now see only what the program leaves to the kernel:
+                        // fragments, IPv4 with options) receive datagram by datagram.
+                        if let Err(e) = self.socks[*sock].stop_gro() {
+                            refuse(format!(
+                                "cannot turn UDP GRO off on {}: {e}",
+                                self.local_addr(*sock)
+                            ))?;
+                        }
+                        let inputs = xsks
+                            .iter()
+                            .map(|x| XskInput {
+                                xsk: Arc::clone(x),
+                                counted: std::sync::atomic::AtomicU64::new(0),
+                                frames: std::sync::atomic::AtomicU64::new(0),
+                                iface: self.xdp.len(),
+                            })
+                            .collect();
+                        self.xsks.push((*kind, inputs));
+                    }
+                    self.xdp.push(steering);
+                }
+                Err(e) => {
+                    let name = netio::xdp::interface_name(ifindex)
+                        .unwrap_or_else(|_| format!("interface {ifindex}"));
+                    let busy = if e.raw_os_error() == Some(libc::EBUSY) {
+                        " (it has an XDP program already, which is left alone)"
+                    } else {
+                        ""
+                    };
+                    refuse(format!(
+                        "cannot steer {addrs:?} with XDP on {name}: {e}{busy}"
+                    ))?
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The AF_XDP sockets of lane `kind` (none without XDP).
+    pub(crate) fn lane_xsks(&self, kind: LaneKind) -> &[XskInput] {
+        self.xsks
+            .iter()
+            .find(|(k, _)| *k == kind)
+            .map_or(&[], |(_, x)| x.as_slice())
+    }
+
+    /// What `protego status` shows of the AF_XDP input, per interface.
+    pub(crate) fn xdp_stats(&self) -> Vec<datapath::XdpStats> {
+        self.xdp
+            .iter()
+            .enumerate()
+            .map(|(i, s)| {
+                let addresses: Vec<SocketAddr> = s.sockets.iter().map(|(a, _)| *a).collect();
+                let frames = self
+                    .all_xsks()
+                    .filter(|x| x.iface == i)
+                    .map(|x| x.frames.load(std::sync::atomic::Ordering::Relaxed))
+                    .sum();
+                datapath::XdpStats {
+                    interface: s.interface.clone(),
+                    attach: s.attach.name().to_owned(),
+                    addresses,
+                    queues: s.sockets.first().map_or(0, |(_, x)| x.len()),
+                    frames,
+                }
+            })
+            .collect()
+    }
+
+    /// Every lane's AF_XDP sockets.
+    pub(crate) fn all_xsks(&self) -> impl Iterator<Item = &XskInput> {
+        self.xsks.iter().flat_map(|(_, x)| x)
     }
 
     /// The inputs, one lane each, with the descriptor workers poll: IKE and NAT-T sockets per

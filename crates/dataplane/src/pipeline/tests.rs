@@ -91,6 +91,7 @@ fn env_with(dispatch: Option<datapath::DispatchConfig>) -> Env {
             pin_workers: false,
             busy_poll: std::time::Duration::ZERO,
             busy_poll_budget: datapath::DEFAULT_BUSY_POLL_BUDGET,
+            xdp: Default::default(),
             fair_kernel_gate: true,
             relay: None,
             dispatch: dispatch.clone(),

@@ -24,8 +24,8 @@
 //! - `drops`: per slot, datagrams dropped by the program (a GRO train counts its segments),
 //!   added to the tenant's `fair_drops` by status.
 
-use super::bpf::{self, Insn, MappedArray, R0, R1, R10, R2, R6};
 use crate::pipeline::charge::{KernelRefusal, TenantSlot};
+use netio::bpf::{self, Insn, MappedArray, R0, R1, R10, R2, R6};
 use std::collections::HashMap;
 use std::io;
 use std::os::fd::{OwnedFd, RawFd};

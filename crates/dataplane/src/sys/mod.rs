@@ -3,7 +3,6 @@
 //! with `bpf(2)`). UDP sockets with batched I/O, the shutdown waker and the AF_PACKET rings of
 //! customer-facing interfaces are `netio`'s (shared with the steer node and the benchmark).
 
-pub(crate) mod bpf;
 pub(crate) mod gate;
 pub(crate) mod tsc;
 pub(crate) mod tun;

@@ -92,6 +92,7 @@ pub(crate) fn config(vxlan_port: u16) -> DataplaneConfig {
         pin_workers: false,
         busy_poll: Duration::ZERO,
         busy_poll_budget: protego_dataplane::DEFAULT_BUSY_POLL_BUDGET,
+        xdp: Default::default(),
         fair_kernel_gate: true,
         relay: None,
         dispatch: None,

@@ -1,6 +1,7 @@
 //! Tests of the AF_PACKET ring walk and socket (`netio::packet`).
 
 use super::*;
+use crate::testutil::in_veth_namespace;
 
 #[test]
 fn the_outer_tag_is_written_back_after_the_addresses() {
@@ -261,30 +262,6 @@ fn header_offsets_match_the_kernel_layout() {
     );
 }
 
-/// Runs `test` on a thread in a network namespace of its own holding a veth pair `v0`-`v1`
-/// (both up, MTU 1500).
-fn in_veth_namespace(test: impl FnOnce() + Send + 'static) {
-    let run = move || {
-        // SAFETY: plain system call; affects this thread only.
-        assert_eq!(unsafe { libc::unshare(libc::CLONE_NEWNET) }, 0, "unshare");
-        for args in [
-            &["link", "add", "v0", "type", "veth", "peer", "name", "v1"][..],
-            &["link", "set", "v0", "up"],
-            &["link", "set", "v1", "up"],
-        ] {
-            let st = std::process::Command::new("ip")
-                .args(args)
-                .status()
-                .expect("ip");
-            assert!(st.success(), "ip {args:?}");
-        }
-        test();
-    };
-    std::thread::spawn(run)
-        .join()
-        .expect("in its own namespace");
-}
-
 /// An experimental EtherType (IEEE 802 local use): the kernel's stack leaves these frames
 /// alone, and the namespace's own traffic (IPv6 neighbour discovery) is told apart by it.
 const TEST_TYPE: [u8; 2] = [0x88, 0xb5];
@@ -333,7 +310,7 @@ fn receive(rx: &PacketSocket, want: usize, within: std::time::Duration) -> Vec<(
 
 #[test]
 fn the_transmit_ring_sends_every_frame_in_order() {
-    in_veth_namespace(|| {
+    in_veth_namespace(1500, || {
         let tx = PacketSocket::open("v0").expect("open v0");
         assert!(tx.has_tx_ring(), "the kernel refused the transmit ring");
         // MTU 1500: a slot of 2048 bytes, 1990 of them for the frame.
@@ -368,7 +345,7 @@ fn the_transmit_ring_sends_every_frame_in_order() {
 
 #[test]
 fn frames_the_kernel_would_refuse_are_counted_and_the_rest_sent() {
-    in_veth_namespace(|| {
+    in_veth_namespace(1500, || {
         let tx = PacketSocket::open("v0").expect("open v0");
         assert!(tx.has_tx_ring());
         let rx = PacketSocket::open("v1").expect("open v1");
@@ -402,7 +379,7 @@ fn frames_the_kernel_would_refuse_are_counted_and_the_rest_sent() {
 
 #[test]
 fn a_full_transmit_ring_drops_within_the_bound_and_recovers() {
-    in_veth_namespace(|| {
+    in_veth_namespace(1500, || {
         let tx = PacketSocket::open("v0").expect("open v0");
         assert!(tx.has_tx_ring());
         let rx = PacketSocket::open("v1").expect("open v1");
@@ -457,7 +434,7 @@ fn a_full_transmit_ring_drops_within_the_bound_and_recovers() {
 
 #[test]
 fn without_a_ring_frames_go_with_sendmmsg() {
-    in_veth_namespace(|| {
+    in_veth_namespace(1500, || {
         let tx = PacketSocket::open_with("v0", TxMode::Sendmmsg).expect("open v0");
         assert!(!tx.has_tx_ring());
         assert_eq!(tx.tx_ring_room(), None);

@@ -144,6 +144,27 @@ pub fn ping_all_vms(topo: &Topology, site: usize, count: u32) -> Result<()> {
 }
 
 /// The `tunnels` entry of `protego status --json` named `name`.
+/// From the first VM of site `site`'s tenant back to the site (10 pings, every one answered),
+/// then a 2-second iperf3 TCP stream from the site's LAN to that VM: the stream's result.
+pub fn back_and_tcp(topo: &Topology, site: usize) -> Result<IperfResult> {
+    let s = &topo.sites[site];
+    let vm = &topo.tenants[s.tenant].vms[0];
+    let back = traffic::ping(
+        &vm.ns,
+        s.lan_addr,
+        &PingOptions::new(10, Duration::from_millis(10)),
+    )?;
+    assert!(back.all_received(), "vm -> site: {back:?}");
+    let server = traffic::iperf3_server(&vm.ns, vm.addr.addr, traffic::IPERF3_PORT)?;
+    let mut opts = IperfOptions::tcp(Duration::from_secs(2));
+    opts.bind = Some(s.lan_addr);
+    let perf = traffic::iperf3_client(&s.ns, vm.addr.addr, &opts);
+    server.process.stop();
+    let perf = perf?;
+    assert!(perf.received_bps > 1e6, "{perf:?}");
+    Ok(perf)
+}
+
 pub fn tunnel_status(gw: &ProtegoGateway, name: &str) -> Result<serde_json::Value> {
     let status = gw.status_json()?;
     let found = status["tunnels"]

@@ -205,6 +205,17 @@ impl Validator<'_, '_> {
                     )
                 })?,
         };
+        let xdp = match &g.xdp {
+            None => datapath::XdpMode::Off,
+            Some(x) => datapath::XdpMode::from_name(x.get_ref()).ok_or_else(|| {
+                self.err(
+                    x.span(),
+                    S,
+                    "xdp",
+                    "must be \"off\", \"auto\", \"native\" or \"generic\"",
+                )
+            })?,
+        };
 
         let mut endpoint = ike::EndpointConfig {
             key_log: key_log.is_some(),
@@ -291,6 +302,7 @@ impl Validator<'_, '_> {
                 pin_workers,
                 busy_poll,
                 busy_poll_budget,
+                xdp,
                 fair_kernel_gate: g.cpu_fairness_kernel.as_ref().is_some_and(|k| *k.get_ref()),
             },
         ))

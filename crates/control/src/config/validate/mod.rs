@@ -159,6 +159,7 @@ pub(crate) fn validate_with(
         pin_workers: extra.pin_workers,
         busy_poll: extra.busy_poll,
         busy_poll_budget: extra.busy_poll_budget,
+        xdp: extra.xdp,
         fair_kernel_gate: extra.fair_kernel_gate,
         relay: None,
         dispatch: None,
@@ -208,6 +209,7 @@ struct DataplaneExtra {
     pin_workers: bool,
     busy_poll: Duration,
     busy_poll_budget: u8,
+    xdp: datapath::XdpMode,
     fair_kernel_gate: bool,
 }
 

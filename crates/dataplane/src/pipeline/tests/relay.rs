@@ -66,6 +66,7 @@ fn config(vnets: Vec<VnetConfig>, tunnels: Vec<TunnelBinding>) -> DataplaneConfi
         pin_workers: false,
         busy_poll: std::time::Duration::ZERO,
         busy_poll_budget: datapath::DEFAULT_BUSY_POLL_BUDGET,
+        xdp: Default::default(),
         fair_kernel_gate: true,
         relay: Some(RelayConfig {
             listen: sa("127.0.0.1:0"),

@@ -1,9 +1,10 @@
-//! The few `bpf(2)` commands the kernel gate needs ([`super::gate`]): create a map, update
-//! and delete an element, load a socket filter program, and map an array's values
-//! into memory. Written here over `libc` rather than with `aya` (which the filter crate uses
-//! to *parse* tenants' objects): aya loads programs only from ELF objects, which would put
-//! clang into the gateway's own build for a program of 30 instructions, assembled below
-//! with [`Insn`].
+//! The few `bpf(2)` commands Protego's own programs need: create a map, update and delete
+//! an element, load a socket filter (the data plane's kernel gate of CPU fairness,
+//! `dataplane/src/sys/gate.rs`) or an XDP program (the AF_XDP steering, [`crate::xdp`]),
+//! attach an XDP program through a link, and map an array's values into memory. Written here
+//! over `libc` rather than with `aya` (which the filter crate uses to *parse* tenants'
+//! objects): aya loads programs only from ELF objects, which would put a BPF compiler into
+//! the gateway's own build for programs of a few dozen instructions, assembled with [`Insn`].
 
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -14,15 +15,26 @@ const BPF_MAP_UPDATE_ELEM: libc::c_long = 2;
 const BPF_MAP_DELETE_ELEM: libc::c_long = 3;
 const BPF_PROG_LOAD: libc::c_long = 5;
 
-/// `bpf_map_type` values.
-pub(crate) const MAP_HASH: u32 = 1;
-pub(crate) const MAP_ARRAY: u32 = 2;
+/// `BPF_MAP_TYPE_HASH`.
+pub const MAP_HASH: u32 = 1;
+/// `BPF_MAP_TYPE_ARRAY`.
+pub const MAP_ARRAY: u32 = 2;
 /// Map flags: allocate hash elements on insert, not all at creation.
-pub(crate) const F_NO_PREALLOC: u32 = 1;
+pub const F_NO_PREALLOC: u32 = 1;
 /// Map flags: the array's values can be mapped into memory (`mmap`).
-pub(crate) const F_MMAPABLE: u32 = 1 << 10;
+pub const F_MMAPABLE: u32 = 1 << 10;
+/// `BPF_MAP_TYPE_XSKMAP`: AF_XDP sockets by index, for `bpf_redirect_map`.
+pub const MAP_XSK: u32 = 17;
 /// `BPF_PROG_TYPE_SOCKET_FILTER`.
 const PROG_SOCKET_FILTER: u32 = 1;
+/// `BPF_PROG_TYPE_XDP`.
+const PROG_XDP: u32 = 6;
+/// `BPF_XDP`, the attach type of an XDP program's link.
+const ATTACH_XDP: u32 = 37;
+/// `BPF_F_XDP_HAS_FRAGS`: the program takes frames of several buffers (jumbo frames).
+const F_XDP_HAS_FRAGS: u32 = 1 << 5;
+/// `BPF_LINK_CREATE`.
+const BPF_LINK_CREATE: libc::c_long = 28;
 /// `SO_ATTACH_BPF` (not in every libc).
 const SO_ATTACH_BPF: libc::c_int = 50;
 
@@ -81,7 +93,7 @@ impl Attr {
 }
 
 /// A map: `(type, key size, value size, max entries, flags)`, named `name` (15 bytes shown).
-pub(crate) fn map_create(
+pub fn map_create(
     kind: u32,
     key: u32,
     value: u32,
@@ -110,26 +122,57 @@ fn elem(map: &OwnedFd, key: &[u8], value: u64, flags: u64, cmd: libc::c_long) ->
 }
 
 /// Sets `key`'s value (created or replaced).
-pub(crate) fn map_update(map: &OwnedFd, key: &[u8], value: &[u8]) -> io::Result<()> {
+pub fn map_update(map: &OwnedFd, key: &[u8], value: &[u8]) -> io::Result<()> {
     elem(map, key, value.as_ptr() as u64, 0, BPF_MAP_UPDATE_ELEM)
 }
 
 /// Deletes `key` (an error `ENOENT` if it is not there).
-pub(crate) fn map_delete(map: &OwnedFd, key: &[u8]) -> io::Result<()> {
+pub fn map_delete(map: &OwnedFd, key: &[u8]) -> io::Result<()> {
     elem(map, key, 0, 0, BPF_MAP_DELETE_ELEM)
 }
 
 /// Loads `insns` as a socket filter; a refusal carries the end of the verifier's log.
-pub(crate) fn prog_load_socket_filter(insns: &[Insn], name: &str) -> io::Result<OwnedFd> {
+pub fn prog_load_socket_filter(insns: &[Insn], name: &str) -> io::Result<OwnedFd> {
+    prog_load(PROG_SOCKET_FILTER, 0, 0, insns, name)
+}
+
+/// Loads `insns` as an XDP program that takes multi-buffer frames (`BPF_F_XDP_HAS_FRAGS`), to
+/// be attached with [`link_create_xdp`]; a refusal carries the end of the verifier's log.
+pub fn prog_load_xdp(insns: &[Insn], name: &str) -> io::Result<OwnedFd> {
+    prog_load(PROG_XDP, F_XDP_HAS_FRAGS, ATTACH_XDP, insns, name)
+}
+
+/// Attaches XDP program `prog` to interface `ifindex` with `XDP_FLAGS_*` `flags` through a
+/// BPF link: the program stays attached while the returned descriptor is open, so it goes
+/// when the process ends however it ends. An interface with an XDP program already refuses
+/// (`EBUSY`).
+pub fn link_create_xdp(prog: &OwnedFd, ifindex: u32, flags: u32) -> io::Result<OwnedFd> {
+    Attr::new()
+        .u32(0, prog.as_raw_fd() as u32)
+        .u32(4, ifindex)
+        .u32(8, ATTACH_XDP)
+        .u32(12, flags)
+        .call_fd(BPF_LINK_CREATE)
+}
+
+fn prog_load(
+    kind: u32,
+    flags: u32,
+    expected_attach: u32,
+    insns: &[Insn],
+    name: &str,
+) -> io::Result<OwnedFd> {
     let insn_cnt = u32::try_from(insns.len()).map_err(|_| io::Error::other("program too long"))?;
     let load = |log: &mut [u8]| {
         let license = c"GPL";
         let mut a = Attr::new();
-        a.u32(0, PROG_SOCKET_FILTER)
+        a.u32(0, kind)
             .u32(4, insn_cnt)
             .u64(8, insns.as_ptr() as u64)
             .u64(16, license.as_ptr() as u64)
-            .name(48, name);
+            .u32(44, flags)
+            .name(48, name)
+            .u32(68, expected_attach);
         if !log.is_empty() {
             // Level 1: the instructions the verifier walked, ending with why it refused.
             // A buffer too small for the whole walk fails the load (ENOSPC) even when the
@@ -160,10 +203,10 @@ pub(crate) fn prog_load_socket_filter(insns: &[Insn], name: &str) -> io::Result<
 }
 
 /// Attaches program `prog` to socket `sock` as its filter (replacing any other).
-pub(crate) fn attach_socket(sock: RawFd, prog: &OwnedFd) -> io::Result<()> {
+pub fn attach_socket(sock: RawFd, prog: &OwnedFd) -> io::Result<()> {
     let fd: libc::c_int = prog.as_raw_fd();
     // SAFETY: `fd` is a valid c_int for the option's length.
-    super::cvt(unsafe {
+    crate::cvt(unsafe {
         libc::setsockopt(
             sock,
             libc::SOL_SOCKET,
@@ -177,7 +220,7 @@ pub(crate) fn attach_socket(sock: RawFd, prog: &OwnedFd) -> io::Result<()> {
 
 /// An array map's values mapped into memory (the map created with [`F_MMAPABLE`]), as
 /// 64-bit words shared with the kernel's programs.
-pub(crate) struct MappedArray {
+pub struct MappedArray {
     ptr: std::ptr::NonNull<std::sync::atomic::AtomicU64>,
     words: usize,
     len: usize,
@@ -190,7 +233,7 @@ unsafe impl Sync for MappedArray {}
 
 impl MappedArray {
     /// Maps the `words` 8-byte values of array `map`.
-    pub(crate) fn new(map: &OwnedFd, words: usize) -> io::Result<Self> {
+    pub fn new(map: &OwnedFd, words: usize) -> io::Result<Self> {
         // SAFETY: sysconf has no preconditions.
         let page = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096);
         let len = (words * 8).div_ceil(page) * page;
@@ -213,7 +256,7 @@ impl MappedArray {
     }
 
     /// Value `i` (None beyond the array).
-    pub(crate) fn get(&self, i: usize) -> Option<&std::sync::atomic::AtomicU64> {
+    pub fn get(&self, i: usize) -> Option<&std::sync::atomic::AtomicU64> {
         // SAFETY: `i` is inside the mapping, which is 8-byte aligned (page aligned) and lives
         // as long as `self`.
         (i < self.words).then(|| unsafe { &*self.ptr.as_ptr().add(i) })
@@ -232,22 +275,39 @@ impl Drop for MappedArray {
 /// One eBPF instruction (`struct bpf_insn`).
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Insn {
+pub struct Insn {
     code: u8,
     regs: u8,
     off: i16,
     imm: i32,
 }
 
-/// Registers.
-pub(crate) const R0: u8 = 0;
-pub(crate) const R1: u8 = 1;
-pub(crate) const R2: u8 = 2;
-pub(crate) const R6: u8 = 6;
-pub(crate) const R10: u8 = 10;
+/// Register 0: return value.
+pub const R0: u8 = 0;
+/// Register 1: first argument (the context at entry).
+pub const R1: u8 = 1;
+/// Register 2: second argument.
+pub const R2: u8 = 2;
+/// Register 3: third argument.
+pub const R3: u8 = 3;
+/// Register 4: fourth argument.
+pub const R4: u8 = 4;
+/// Register 5: fifth argument.
+pub const R5: u8 = 5;
+/// Register 6: kept across calls.
+pub const R6: u8 = 6;
+/// Register 7: kept across calls.
+pub const R7: u8 = 7;
+/// Register 8: kept across calls.
+pub const R8: u8 = 8;
+/// Register 9: kept across calls.
+pub const R9: u8 = 9;
+/// Register 10: the frame pointer (read-only).
+pub const R10: u8 = 10;
 
 impl Insn {
-    const fn new(code: u8, dst: u8, src: u8, off: i16, imm: i32) -> Self {
+    /// Any instruction: opcode `code`, registers `dst` and `src`, offset and immediate.
+    pub const fn new(code: u8, dst: u8, src: u8, off: i16, imm: i32) -> Self {
         Self {
             code,
             regs: (src << 4) | (dst & 0xf),
@@ -256,132 +316,152 @@ impl Insn {
         }
     }
 
+    /// Its opcode.
+    pub fn code(&self) -> u8 {
+        self.code
+    }
+
+    /// Its source register.
+    pub fn src(&self) -> u8 {
+        self.regs >> 4
+    }
+
+    /// Its offset.
+    pub fn off(&self) -> i16 {
+        self.off
+    }
+
+    /// Its immediate.
+    pub fn imm(&self) -> i32 {
+        self.imm
+    }
+
     /// The same instruction with offset `off` (a jump's target, fixed up after assembly).
-    pub(crate) const fn with_off(self, off: i16) -> Self {
+    pub const fn with_off(self, off: i16) -> Self {
         Self { off, ..self }
     }
 
     /// `dst = src` (64 bits).
-    pub(crate) const fn mov(dst: u8, src: u8) -> Self {
+    pub const fn mov(dst: u8, src: u8) -> Self {
         Self::new(0xbf, dst, src, 0, 0)
     }
 
     /// `dst = imm` (64 bits, sign-extended).
-    pub(crate) const fn mov_imm(dst: u8, imm: i32) -> Self {
+    pub const fn mov_imm(dst: u8, imm: i32) -> Self {
         Self::new(0xb7, dst, 0, 0, imm)
     }
 
     /// `dst += imm` (64 bits).
-    pub(crate) const fn add_imm(dst: u8, imm: i32) -> Self {
+    pub const fn add_imm(dst: u8, imm: i32) -> Self {
         Self::new(0x07, dst, 0, 0, imm)
     }
 
     /// `dst >>= imm` (32 bits; the upper half cleared).
-    pub(crate) const fn rsh32_imm(dst: u8, imm: i32) -> Self {
+    pub const fn rsh32_imm(dst: u8, imm: i32) -> Self {
         Self::new(0x74, dst, 0, 0, imm)
     }
 
     /// `dst = *(u32 *)(src + off)`.
-    pub(crate) const fn load32(dst: u8, src: u8, off: i16) -> Self {
+    pub const fn load32(dst: u8, src: u8, off: i16) -> Self {
         Self::new(0x61, dst, src, off, 0)
     }
 
     /// `dst = *(u64 *)(src + off)`.
-    pub(crate) const fn load64(dst: u8, src: u8, off: i16) -> Self {
+    pub const fn load64(dst: u8, src: u8, off: i16) -> Self {
         Self::new(0x79, dst, src, off, 0)
     }
 
     /// `*(u32 *)(dst + off) = src`.
-    pub(crate) const fn store32(dst: u8, off: i16, src: u8) -> Self {
+    pub const fn store32(dst: u8, off: i16, src: u8) -> Self {
         Self::new(0x63, dst, src, off, 0)
     }
 
     /// `lock *(u64 *)(dst + off) += src`.
-    pub(crate) const fn atomic_add64(dst: u8, off: i16, src: u8) -> Self {
+    pub const fn atomic_add64(dst: u8, off: i16, src: u8) -> Self {
         Self::new(0xdb, dst, src, off, 0)
     }
 
     /// `src = atomic_fetch_add((u64 *)(dst + off), src)`: the old value into `src`.
-    pub(crate) const fn atomic_fetch_add64(dst: u8, off: i16, src: u8) -> Self {
+    pub const fn atomic_fetch_add64(dst: u8, off: i16, src: u8) -> Self {
         // BPF_ADD | BPF_FETCH.
         Self::new(0xdb, dst, src, off, 0x01)
     }
 
     /// `dst -= src` (64 bits).
-    pub(crate) const fn sub(dst: u8, src: u8) -> Self {
+    pub const fn sub(dst: u8, src: u8) -> Self {
         Self::new(0x1f, dst, src, 0, 0)
     }
 
     /// `if (s64)dst >= (s64)src goto +off`.
-    pub(crate) const fn jsge(dst: u8, src: u8, off: i16) -> Self {
+    pub const fn jsge(dst: u8, src: u8, off: i16) -> Self {
         Self::new(0x7d, dst, src, off, 0)
     }
 
     /// `r0 = ntohl(*(u32 *)(skb->data + imm))`, the packet's bytes from the start of what the
     /// socket filter sees (`r6` holds the context); a read past the end ends the program
     /// with 0.
-    pub(crate) const fn load_abs32(imm: i32) -> Self {
+    pub const fn load_abs32(imm: i32) -> Self {
         Self::new(0x20, 0, 0, 0, imm)
     }
 
     /// `r0 = ntohl(*(u32 *)(skb->data + src + imm))`, as [`load_abs32`](Self::load_abs32)
     /// at an offset in register `src`.
-    pub(crate) const fn load_ind32(src: u8, imm: i32) -> Self {
+    pub const fn load_ind32(src: u8, imm: i32) -> Self {
         Self::new(0x40, 0, src, 0, imm)
     }
 
     /// `dst += src` (64 bits).
-    pub(crate) const fn add(dst: u8, src: u8) -> Self {
+    pub const fn add(dst: u8, src: u8) -> Self {
         Self::new(0x0f, dst, src, 0, 0)
     }
 
     /// `if dst > src goto +off` (unsigned).
-    pub(crate) const fn jgt(dst: u8, src: u8, off: i16) -> Self {
+    pub const fn jgt(dst: u8, src: u8, off: i16) -> Self {
         Self::new(0x2d, dst, src, off, 0)
     }
 
     /// `goto +off`.
-    pub(crate) const fn ja(off: i16) -> Self {
+    pub const fn ja(off: i16) -> Self {
         Self::new(0x05, 0, 0, off, 0)
     }
 
     /// `if dst == imm goto +off`.
-    pub(crate) const fn jeq_imm(dst: u8, imm: i32, off: i16) -> Self {
+    pub const fn jeq_imm(dst: u8, imm: i32, off: i16) -> Self {
         Self::new(0x15, dst, 0, off, imm)
     }
 
     /// `if dst != src goto +off`.
-    pub(crate) const fn jne(dst: u8, src: u8, off: i16) -> Self {
+    pub const fn jne(dst: u8, src: u8, off: i16) -> Self {
         Self::new(0x5d, dst, src, off, 0)
     }
 
     /// `if dst < imm goto +off` (unsigned).
-    pub(crate) const fn jlt_imm(dst: u8, imm: i32, off: i16) -> Self {
+    pub const fn jlt_imm(dst: u8, imm: i32, off: i16) -> Self {
         Self::new(0xa5, dst, 0, off, imm)
     }
 
     /// `if dst <= src goto +off` (unsigned).
-    pub(crate) const fn jle(dst: u8, src: u8, off: i16) -> Self {
+    pub const fn jle(dst: u8, src: u8, off: i16) -> Self {
         Self::new(0xbd, dst, src, off, 0)
     }
 
     /// `if dst > imm goto +off` (unsigned).
-    pub(crate) const fn jgt_imm(dst: u8, imm: i32, off: i16) -> Self {
+    pub const fn jgt_imm(dst: u8, imm: i32, off: i16) -> Self {
         Self::new(0x25, dst, 0, off, imm)
     }
 
     /// Helper call `id`.
-    pub(crate) const fn call(id: i32) -> Self {
+    pub const fn call(id: i32) -> Self {
         Self::new(0x85, 0, 0, 0, id)
     }
 
     /// `exit`.
-    pub(crate) const fn exit() -> Self {
+    pub const fn exit() -> Self {
         Self::new(0x95, 0, 0, 0, 0)
     }
 
     /// `dst = imm64` (two instructions).
-    pub(crate) const fn load_imm64(dst: u8, imm: u64) -> [Self; 2] {
+    pub const fn load_imm64(dst: u8, imm: u64) -> [Self; 2] {
         [
             Self::new(0x18, dst, 0, 0, imm as u32 as i32),
             Self::new(0, 0, 0, 0, (imm >> 32) as u32 as i32),
@@ -389,7 +469,7 @@ impl Insn {
     }
 
     /// `dst = map` (the map's descriptor, which the loader turns into its address).
-    pub(crate) fn load_map(dst: u8, map: &OwnedFd) -> [Self; 2] {
+    pub fn load_map(dst: u8, map: &OwnedFd) -> [Self; 2] {
         [
             Self::new(0x18, dst, 1, 0, map.as_raw_fd()),
             Self::new(0, 0, 0, 0, 0),
