@@ -453,6 +453,8 @@ pub struct XdpStats {
     pub interface: String,
     /// How the program is attached: `native` or `generic`.
     pub attach: String,
+    /// The sockets are bound zero-copy (false: copy mode).
+    pub zero_copy: bool,
     /// The addresses (and ports) it steers.
     pub addresses: Vec<std::net::SocketAddr>,
     /// Receive queues, each with one AF_XDP socket per address.

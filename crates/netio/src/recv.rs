@@ -138,7 +138,8 @@ impl RecvBatch {
     pub fn push_segment(&mut self, src: SocketAddr, data: &[u8]) -> bool {
         let i = self.meta.len();
         if let Some(m) = self.meta.last_mut() {
-            let open = m.len % m.seg == 0 && m.len / m.seg < MAX_TRAIN;
+            // An empty datagram is a slot of its own (its `seg` of 1 is no segment size).
+            let open = m.len > 0 && m.len % m.seg == 0 && m.len / m.seg < MAX_TRAIN;
             if m.src == Some(src)
                 && open
                 && !data.is_empty()
@@ -445,5 +446,15 @@ mod train_tests {
         assert_eq!(lens, [10 * MAX_TRAIN, 10]);
         // The last slot's train is still open; a datagram of another sender finds no slot.
         assert!(!batch.push_segment("192.0.2.9:1".parse().expect("c"), &[0; 10]));
+    }
+
+    #[test]
+    fn an_empty_datagram_keeps_a_slot_of_its_own() {
+        let a: SocketAddr = "192.0.2.1:4500".parse().expect("a");
+        let mut batch = RecvBatch::new(4);
+        assert!(batch.push_segment(a, &[]));
+        assert!(batch.push_segment(a, &[9]));
+        let lens: Vec<usize> = batch.iter().map(|(m, _)| m.len).collect();
+        assert_eq!(lens, [0, 1]);
     }
 }

@@ -92,7 +92,10 @@ fn esp_and_vxlan_arrive_through_af_xdp_sockets() -> Result<()> {
     assert_eq!(drop_count(&gw, "xdp_malformed")?, 0);
     let text = gw.status_text()?;
     assert!(
-        text.contains(&format!("AF_XDP input on {} (native", topo.gateway.wan_if)),
+        text.contains(&format!(
+            "AF_XDP input on {} (native, copy",
+            topo.gateway.wan_if
+        )),
         "{text}"
     );
     eprintln!(

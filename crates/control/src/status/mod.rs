@@ -92,6 +92,9 @@ pub struct XdpStatus {
     pub interface: String,
     /// `native` (in the driver) or `generic` (in the kernel's generic receive path).
     pub attach: String,
+    /// The driver writes frames straight into the sockets' memory; false: the kernel copies
+    /// them (copy mode, as on veth).
+    pub zero_copy: bool,
     /// The addresses and ports steered.
     pub addresses: Vec<String>,
     /// Receive queues (one AF_XDP socket per address on each).
@@ -558,6 +561,7 @@ impl StatusReport {
                 .map(|x| XdpStatus {
                     interface: x.interface.clone(),
                     attach: x.attach.clone(),
+                    zero_copy: x.zero_copy,
                     addresses: x.addresses.iter().map(ToString::to_string).collect(),
                     queues: x.queues,
                     frames: x.frames,

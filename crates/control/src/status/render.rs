@@ -61,9 +61,10 @@ pub fn render_text(report: &StatusReport) -> String {
     for x in &report.xdp {
         let _ = writeln!(
             out,
-            "AF_XDP input on {} ({}, {} queue(s)): {}; {} frames",
+            "AF_XDP input on {} ({}, {}, {} queue(s)): {}; {} frames",
             x.interface,
             x.attach,
+            if x.zero_copy { "zero-copy" } else { "copy" },
             x.queues,
             x.addresses.join(", "),
             x.frames

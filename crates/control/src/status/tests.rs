@@ -138,6 +138,7 @@ fn sample_report() -> StatusReport {
         xdp: vec![datapath::XdpStats {
             interface: "eth0".into(),
             attach: "native".into(),
+            zero_copy: true,
             addresses: vec!["192.0.2.1:4500".parse().expect("address")],
             queues: 4,
             frames: 1234,
@@ -199,13 +200,15 @@ fn report_joins_engine_and_data_plane() {
         [XdpStatus {
             interface: "eth0".into(),
             attach: "native".into(),
+            zero_copy: true,
             addresses: vec!["192.0.2.1:4500".into()],
             queues: 4,
             frames: 1234,
         }]
     );
-    assert!(render_text(&r)
-        .contains("AF_XDP input on eth0 (native, 4 queue(s)): 192.0.2.1:4500; 1234 frames"));
+    assert!(render_text(&r).contains(
+        "AF_XDP input on eth0 (native, zero-copy, 4 queue(s)): 192.0.2.1:4500; 1234 frames"
+    ));
 }
 
 #[test]

@@ -135,16 +135,16 @@ fn receive_xsk(x: &Xsk, batch: &mut RecvBatch, drops: &mut DropCounts) -> (usize
         if room == 0 {
             break;
         }
-        let (n, m) = x.receive(room, |frame| match udp_in_frame(frame) {
+        let got = x.receive(room, |frame| match udp_in_frame(frame) {
             Some((src, payload)) => {
                 let pushed = batch.push_segment(src, &frame[payload]);
                 debug_assert!(pushed, "a frame takes at most one free slot");
             }
             None => bad += 1,
         });
-        more = m;
-        frames += n as u64;
-        if n == 0 || !m {
+        more = got.more;
+        frames += got.frames as u64;
+        if got.descriptors == 0 || !got.more {
             break;
         }
     }

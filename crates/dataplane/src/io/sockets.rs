@@ -123,7 +123,7 @@ impl XskInput {
         let Ok(l) = self.xsk.losses() else {
             return 0;
         };
-        let total = l.dropped + l.ring_full + l.fill_empty;
+        let total = l.total();
         let before = self
             .counted
             .swap(total, std::sync::atomic::Ordering::Relaxed);
@@ -318,20 +318,28 @@ impl Sockets {
             let addrs: Vec<SocketAddr> = lanes.iter().map(|(_, s)| self.local_addr(*s)).collect();
             match XdpSteering::open(ifindex, &addrs, modes) {
                 Ok(steering) => {
+                    // In generic mode the program runs after the kernel's GRO, which would join
+                    // datagrams for a GRO socket into one frame: the steered sockets (which
+                    // then see only what the program leaves to the kernel: fragments, IPv4
+                    // with options) receive datagram by datagram. Native mode runs before GRO.
+                    if steering.attach == XdpAttach::Generic {
+                        let refused = lanes.iter().find_map(|(_, sock)| {
+                            self.socks[*sock].stop_gro().err().map(|e| (*sock, e))
+                        });
+                        if let Some((sock, e)) = refused {
+                            let addr = self.local_addr(sock);
+                            drop(steering);
+                            refuse(format!(
+                                "cannot turn UDP GRO off on {addr} for generic XDP: {e}"
+                            ))?;
+                            continue;
+                        }
+                    }
                     tracing::info!(interface = %steering.interface, attach = steering.attach.name(),
+                        zero_copy = steering.zero_copy,
                         addresses = ?addrs, queues = steering.sockets.first().map_or(0, |s| s.1.len()),
                         "AF_XDP input up: the XDP program steers these addresses into AF_XDP sockets");
-                    for ((kind, sock), (_, xsks)) in lanes.iter().zip(&steering.sockets) {
-                        // The program may run after the kernel's GRO (generic mode), which
-                        // would join datagrams for a GRO socket into one frame: the steered
-                        // sockets (which now see only what the program leaves to the kernel:
-                        // fragments, IPv4 with options) receive datagram by datagram.
-                        if let Err(e) = self.socks[*sock].stop_gro() {
-                            refuse(format!(
-                                "cannot turn UDP GRO off on {}: {e}",
-                                self.local_addr(*sock)
-                            ))?;
-                        }
+                    for ((kind, _), (_, xsks)) in lanes.iter().zip(&steering.sockets) {
                         let inputs = xsks
                             .iter()
                             .map(|x| XskInput {
@@ -385,6 +393,7 @@ impl Sockets {
                 datapath::XdpStats {
                     interface: s.interface.clone(),
                     attach: s.attach.name().to_owned(),
+                    zero_copy: s.zero_copy,
                     addresses,
                     queues: s.sockets.first().map_or(0, |(_, x)| x.len()),
                     frames,

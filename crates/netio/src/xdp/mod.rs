@@ -16,10 +16,14 @@
 //! - What is not steered (IKE, fragments, other addresses, IPv4 with options, IPv6 with
 //!   extension headers, VLAN-tagged frames) passes to the kernel as before.
 //!
-//! Sockets are bound in copy mode or zero-copy as the driver offers (veth: copy); a datagram
-//! larger than a UMEM frame (4 KiB, so MTUs above about 3.5 KB) cannot be steered: the
-//! program is refused attaching (`XDP_FLAGS` without multi-buffer support), and the caller
-//! falls back to the sockets.
+//! Sockets are bound zero-copy where the driver offers it, else in copy mode (veth: copy);
+//! [`XdpSteering::zero_copy`] says which. On an interface whose MTU does not fit a UMEM frame
+//! (4 KiB less the kernel's headroom: MTUs above about 3.5 KB) frames arrive in several
+//! descriptors (`XDP_USE_SG`, which many drivers support in copy mode only) and are joined.
+//!
+//! Costs: 16 MiB of UMEM per receive queue and interface, pre-faulted and locked by the kernel
+//! (charged to `RLIMIT_MEMLOCK` without `CAP_IPC_LOCK`); AF_XDP sockets need `CAP_NET_RAW`,
+//! the program `CAP_BPF` and `CAP_NET_ADMIN`.
 
 mod prog;
 #[cfg(test)]
@@ -46,8 +50,12 @@ const FILL_RING: u32 = 2 * FRAMES;
 /// Descriptors per socket's receive ring.
 const RX_RING: u32 = 2048;
 /// `XDP_USE_SG`: a frame larger than a UMEM frame arrives in several descriptors, all but the
-/// last marked [`XDP_PKT_CONTD`] (Linux 6.6 and later).
+/// last marked [`XDP_PKT_CONTD`] (Linux 6.6 and later). Asked for only when the MTU needs it:
+/// a driver without zero-copy multi-buffer support binds in copy mode with it.
 const XDP_USE_SG: u16 = 1 << 4;
+/// Room the kernel keeps in front of a frame in a UMEM chunk (`XDP_PACKET_HEADROOM`), and
+/// the largest Ethernet header before the IP packet (with one VLAN tag).
+const FRAME_OVERHEAD: u32 = 256 + 18;
 /// The descriptor option saying that the frame continues in the next descriptor.
 const XDP_PKT_CONTD: u32 = 1;
 /// Descriptors of the (unused) completion ring, which the kernel requires.
@@ -178,15 +186,32 @@ impl std::fmt::Debug for Xsk {
     }
 }
 
+/// What one [`Xsk::receive`] read.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Received {
+    /// Descriptors taken off the receive ring (and given back to the fill ring).
+    pub descriptors: usize,
+    /// Complete frames handed over.
+    pub frames: usize,
+    /// More descriptors were waiting.
+    pub more: bool,
+}
+
 /// Frames a socket lost before we read them (`XDP_STATISTICS`), cumulative.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct XskLosses {
-    /// Dropped by the kernel for other reasons (e.g. a frame larger than a UMEM frame).
+    /// Dropped by the kernel (in copy mode an empty fill ring included, and a frame that did
+    /// not fit).
     pub dropped: u64,
     /// The receive ring was full.
     pub ring_full: u64,
-    /// The fill ring was empty (no frame to receive into).
-    pub fill_empty: u64,
+}
+
+impl XskLosses {
+    /// Frames lost in all.
+    pub fn total(&self) -> u64 {
+        self.dropped + self.ring_full
+    }
 }
 
 impl Xsk {
@@ -195,20 +220,44 @@ impl Xsk {
         self.fd
     }
 
+    /// Bound zero-copy (`XDP_OPTIONS`): the driver writes frames straight into the UMEM.
+    pub fn zero_copy(&self) -> bool {
+        /// `SOL_XDP`, `XDP_OPTIONS` and its `XDP_OPTIONS_ZEROCOPY` flag.
+        const SOL_XDP: libc::c_int = 283;
+        const XDP_OPTIONS: libc::c_int = 8;
+        const ZEROCOPY: u32 = 1;
+        let mut flags: u32 = 0;
+        let mut len = std::mem::size_of::<u32>() as libc::socklen_t;
+        // SAFETY: getsockopt writes at most `len` bytes into the live `flags`.
+        let ret = unsafe {
+            libc::getsockopt(
+                self.fd,
+                SOL_XDP,
+                XDP_OPTIONS,
+                (&mut flags as *mut u32).cast(),
+                &mut len,
+            )
+        };
+        ret == 0 && flags & ZEROCOPY != 0
+    }
+
     /// The receive queue this socket serves.
     pub fn queue_id(&self) -> u32 {
         self.queue_id
     }
 
-    /// Hands up to `max` received frames (Ethernet header first) to `each`, in arrival order,
-    /// then returns them to the fill ring; returns the number of frames and whether more were
-    /// waiting. Never blocks; no system call unless the kernel asks to be woken to refill.
-    pub fn receive(&self, max: usize, mut each: impl FnMut(&[u8])) -> (usize, bool) {
+    /// Reads up to `max` descriptors of the receive ring and hands each complete frame
+    /// (Ethernet header first; a jumbo frame's parts joined) to `each`, in arrival order, then
+    /// returns the descriptors' chunks to the fill ring. A frame takes at least one
+    /// descriptor, so `each` runs at most `max` times. Never blocks; no system call unless
+    /// the kernel asks to be woken to refill.
+    pub fn receive(&self, max: usize, mut each: impl FnMut(&[u8])) -> Received {
         let mut guard = self.rx.lock().unwrap_or_else(|p| p.into_inner());
         let Rx { ring: rx, partial } = &mut *guard;
         let want = u32::try_from(max).unwrap_or(u32::MAX);
         let mut got = [0u64; 256];
         let mut total = 0usize;
+        let mut frames = 0usize;
         let mut more = false;
         // In chunks of `got`'s size: the frames go back to the fill ring chunk by chunk.
         loop {
@@ -228,9 +277,11 @@ impl Xsk {
                     } else if !partial.is_empty() {
                         partial.extend_from_slice(bytes.unwrap_or_default());
                         each(partial);
+                        frames += 1;
                         partial.clear();
                     } else if let Some(frame) = bytes {
                         each(frame);
+                        frames += 1;
                     }
                     // Aligned chunks: the frame's chunk is its address rounded down.
                     got[n] = desc.addr & !u64::from(FRAME_SIZE - 1);
@@ -251,7 +302,11 @@ impl Xsk {
                 break;
             }
         }
-        (total, more)
+        Received {
+            descriptors: total,
+            frames,
+            more,
+        }
     }
 
     /// What the kernel counted as lost on this socket so far (one `getsockopt`).
@@ -260,10 +315,11 @@ impl Xsk {
             .user
             .statistics_v2()
             .map_err(|e| io::Error::from_raw_os_error(e.get_raw().abs()))?;
+        // `rx_fill_ring_empty_descs` is the queue's (shared by its sockets) and counts events,
+        // not frames: a frame it cost is in `rx_dropped` already (copy mode).
         Ok(XskLosses {
             dropped: s.rx_dropped + s.rx_invalid_descs,
             ring_full: s.rx_ring_full,
-            fill_empty: s.rx_fill_ring_empty_descs,
         })
     }
 }
@@ -278,6 +334,9 @@ pub struct XdpSteering {
     pub attach: XdpAttach,
     /// Per address (in the order given), the sockets of every queue.
     pub sockets: Vec<(SocketAddr, Vec<Arc<Xsk>>)>,
+    /// Every socket is bound zero-copy (the driver writes frames into the UMEM); false: copy
+    /// mode on at least one.
+    pub zero_copy: bool,
     _attached: prog::Attached,
     _map: OwnedFd,
 }
@@ -298,32 +357,42 @@ impl XdpSteering {
     /// the kernel accepts. Fails (and leaves the interface as it was) if no mode works, the
     /// interface has an XDP program already, or this process lacks the privileges.
     pub fn open(ifindex: u32, addrs: &[SocketAddr], modes: &[XdpAttach]) -> io::Result<Self> {
+        if addrs.is_empty() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "no address to steer",
+            ));
+        }
         let interface = interface_name(ifindex)?;
         let queues = rx_queues(&interface);
+        let mtu = interface_mtu(&interface)?;
+        let jumbo = mtu + FRAME_OVERHEAD > FRAME_SIZE;
         let slots = u32::try_from(addrs.len().max(1)).unwrap_or(u32::MAX);
         let map = prog::xsk_map(queues.saturating_mul(slots))?;
         let mut sockets: Vec<(SocketAddr, Vec<Arc<Xsk>>)> =
             addrs.iter().map(|a| (*a, Vec::new())).collect();
         for q in 0..queues {
-            let xsks = open_queue(ifindex, q, addrs.len())?;
+            let xsks = open_queue(ifindex, q, addrs.len(), jumbo)?;
             for (slot, x) in xsks.into_iter().enumerate() {
                 let key = q * slots + u32::try_from(slot).unwrap_or(0);
                 prog::xsk_map_set(&map, key, x.fd)?;
                 sockets[slot].1.push(x);
             }
         }
-        let insns = prog::steer_program(addrs, slots, map.as_raw_fd(), interface_mtu(&interface)?);
+        let insns = prog::steer_program(addrs, slots, map.as_raw_fd(), mtu);
         let mut last = io::Error::other("no XDP attach mode to try");
         for &how in modes {
             match prog::load_and_attach(&insns, ifindex, how) {
                 Ok(attached) => {
+                    let zero_copy = sockets.iter().flat_map(|(_, x)| x).all(|x| x.zero_copy());
                     return Ok(Self {
                         interface,
                         attach: how,
                         sockets,
+                        zero_copy,
                         _attached: attached,
                         _map: map,
-                    })
+                    });
                 }
                 Err(e) => last = e,
             }
@@ -333,8 +402,8 @@ impl XdpSteering {
 }
 
 /// Opens queue `q` of `ifindex`: its UMEM and fill ring, and `n` sockets with receive rings
-/// bound to it (the first one owns the UMEM).
-fn open_queue(ifindex: u32, q: u32, n: usize) -> io::Result<Vec<Arc<Xsk>>> {
+/// bound to it (the first one owns the UMEM); with `jumbo`, frames may span descriptors.
+fn open_queue(ifindex: u32, q: u32, n: usize, jumbo: bool) -> io::Result<Vec<Arc<Xsk>>> {
     let errno = |e: xdpilone::Errno| io::Error::from_raw_os_error(e.get_raw().abs());
     let area = Area::new((FRAME_SIZE as usize) * (FRAMES as usize))?;
     let config = UmemConfig {
@@ -353,7 +422,7 @@ fn open_queue(ifindex: u32, q: u32, n: usize) -> io::Result<Vec<Arc<Xsk>>> {
     let rx_config = SocketConfig {
         rx_size: NonZeroU32::new(RX_RING),
         tx_size: None,
-        bind_flags: SocketConfig::XDP_BIND_NEED_WAKEUP | XDP_USE_SG,
+        bind_flags: SocketConfig::XDP_BIND_NEED_WAKEUP | if jumbo { XDP_USE_SG } else { 0 },
     };
     let owner = Socket::with_shared(&info, &umem).map_err(errno)?;
     let mut fill = umem.fq_cq(&owner).map_err(errno)?;
