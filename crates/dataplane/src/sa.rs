@@ -36,6 +36,12 @@ fn window(requested: u32) -> u32 {
 }
 
 impl SaPair {
+    /// Starts loading what opening and accepting inbound sequence number `seq` (low 32 bits)
+    /// will read (a CPU hint, see [`crate::pipeline::open::Prefetch`]).
+    pub(crate) fn prefetch_inbound(&self, seq: u32) {
+        self.inbound.prefetch(seq);
+    }
+
     /// Keys both SAs; `rekey_after` overrides the soft sequence number limit (None: the
     /// `esp` crate's default, half the sequence number space).
     pub(crate) fn new(child: &ChildSaInfo, rekey_after: Option<u64>) -> Result<Self, String> {

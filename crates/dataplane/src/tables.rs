@@ -116,6 +116,16 @@ pub(crate) struct Child {
 impl Child {
     /// RFC 4301 §5.2 inbound check: the decrypted packet's source must be in the remote
     /// selectors and its destination in the local ones.
+    /// Starts loading what the open and accept stages will read of this CHILD_SA for a packet
+    /// with sequence number (low 32 bits) `seq`: its ESP state, counters and selectors (a CPU
+    /// hint, see [`crate::pipeline::open::Prefetch`]).
+    pub(crate) fn prefetch_open(&self, seq: u32) {
+        self.state.sa.prefetch_inbound(seq);
+        wire::prefetch::line((&self.state.counters as *const ChildCounters).cast());
+        wire::prefetch::line(self.remote_ts.as_ptr().cast());
+        wire::prefetch::line(self.local_ts.as_ptr().cast());
+    }
+
     pub(crate) fn admits_inbound(&self, flow: &Flow) -> bool {
         select::covers(flow, &self.remote_ts, &self.local_ts)
     }

@@ -30,6 +30,7 @@ use crate::out::Out;
 use crate::pipeline::charge::{Charge, TenantTable};
 use crate::pipeline::classify::{Pass, Via};
 use crate::pipeline::graph::Deliveries;
+use crate::pipeline::open::Prefetch;
 use crate::pipeline::{encap, graph};
 use crate::routes::{RouteReader, Routes};
 use crate::shared::{Shared, HOUSEKEEPING};
@@ -55,6 +56,8 @@ struct Worker {
     rx: RxBatch,
     /// Output side.
     out: Out,
+    /// The ESP open stage's look-ahead over a NAT-T batch.
+    prefetch: Prefetch,
 }
 
 impl Worker {
@@ -71,6 +74,7 @@ impl Worker {
             id,
             rx: RxBatch::new(sh),
             out,
+            prefetch: Prefetch::default(),
         }
     }
 }
@@ -475,6 +479,18 @@ fn process_datagrams(
     let first = pass != Pass::Parallel;
     let mut packets = 0;
     let mut d = Deliveries::new();
+    // ESP from many CHILD_SAs: their state is loaded a few packets ahead (`Prefetch`).
+    let esp = matches!(kind, LaneKind::Natt { .. }) && Prefetch::worth_it(tables);
+    if esp {
+        w.prefetch.clear();
+        for (meta, data) in w.rx.datagrams.iter() {
+            if !meta.truncated {
+                for segment in data.chunks(meta.seg) {
+                    w.prefetch.push(segment);
+                }
+            }
+        }
+    }
     for (meta, data) in w.rx.datagrams.iter_mut() {
         let o = &mut w.out;
         if meta.truncated {
@@ -496,6 +512,9 @@ fn process_datagrams(
         let from = (local, meta.src.unwrap_or(UNSPECIFIED));
         for segment in data.chunks_mut(meta.seg) {
             packets += 1;
+            if esp {
+                w.prefetch.next(tables);
+            }
             handle(o, sh, tables, r, kind, now, from, segment, pass, &mut d);
         }
     }

@@ -97,6 +97,14 @@ impl InboundSa {
         self.core.spi
     }
 
+    /// Starts loading what opening and accepting a packet with sequence number (low 32 bits)
+    /// `seq` will read: this SA's state and its replay window's position and word. A CPU hint
+    /// for a batch of packets of many SAs, whose misses then overlap (see `wire::prefetch`).
+    pub fn prefetch(&self, seq: u32) {
+        wire::prefetch::prefetch(self);
+        self.window.prefetch(u64::from(seq));
+    }
+
     /// True if extended sequence numbers are in use.
     pub fn esn(&self) -> bool {
         self.core.esn

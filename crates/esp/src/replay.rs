@@ -132,6 +132,13 @@ impl ReplayWindow {
         self.hot.top.load(Ordering::Acquire)
     }
 
+    /// Starts loading what [`update`](Self::update) of `seq` will read: the window's position
+    /// and `seq`'s bitmap word (a CPU hint; see `wire::prefetch`).
+    pub fn prefetch(&self, seq: u64) {
+        wire::prefetch::prefetch(&*self.hot);
+        wire::prefetch::line((self.word(seq) as *const AtomicU64).cast());
+    }
+
     fn word(&self, seq: u64) -> &AtomicU64 {
         // `mask` is words.len() - 1, so the index is in range.
         &self.words[((seq / BITS) & self.mask) as usize]

@@ -6,7 +6,7 @@
 //! Values are `u32` (host indices); [`EMPTY`] marks a free slot.
 
 use crate::huge;
-use crate::prefetch::prefetch;
+use wire::prefetch::prefetch;
 
 /// Slots per bucket: five 12-byte IPv4 slots and a 4-byte counter fill one cache line.
 pub(crate) const SLOTS: usize = 5;

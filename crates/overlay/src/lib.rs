@@ -154,7 +154,6 @@ mod cuckoo;
 mod hosts;
 mod huge;
 mod key;
-mod prefetch;
 pub mod routes;
 pub mod snapshot;
 mod table;

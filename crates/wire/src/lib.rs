@@ -14,6 +14,7 @@ pub mod geneve;
 pub mod ike;
 pub mod ip;
 pub mod ndp;
+pub mod prefetch;
 pub mod relay;
 #[cfg(test)]
 mod testdata;

@@ -1,14 +1,16 @@
 //! Software prefetch: asks the CPU to start loading a cache line that a lookup will read a
-//! little later, so that the misses of a batch overlap instead of following one another.
+//! little later, so that the misses of a batch overlap instead of following one another. The
+//! overlay table's batch lookup and the data plane's ESP open stage use it. Not a wire format,
+//! but the one crate every hot-path crate already depends on.
 
 /// Bytes in a cache line on the CPUs Protego runs on (x86-64, Arm server cores).
-pub(crate) const CACHE_LINE: usize = 64;
+pub const CACHE_LINE: usize = 64;
 
 /// Starts loading every cache line of `*r` into all cache levels. A hint: it has no effect on
 /// the program's result, only on its speed. A no-op on architectures without a stable
 /// prefetch intrinsic.
 #[inline(always)]
-pub(crate) fn prefetch<T>(r: &T) {
+pub fn prefetch<T>(r: &T) {
     let start = (r as *const T).cast::<u8>();
     let mut offset = 0;
     while offset < core::mem::size_of::<T>() {
@@ -17,8 +19,9 @@ pub(crate) fn prefetch<T>(r: &T) {
     }
 }
 
+/// Starts loading the cache line holding `p` (any address: a prefetch never faults).
 #[inline(always)]
-fn line(p: *const u8) {
+pub fn line(p: *const u8) {
     #[cfg(target_arch = "x86_64")]
     {
         use core::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
