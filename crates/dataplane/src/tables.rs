@@ -114,8 +114,6 @@ pub(crate) struct Child {
 }
 
 impl Child {
-    /// RFC 4301 §5.2 inbound check: the decrypted packet's source must be in the remote
-    /// selectors and its destination in the local ones.
     /// Starts loading what the open and accept stages will read of this CHILD_SA for a packet
     /// with sequence number (low 32 bits) `seq`: its ESP state, counters and selectors (a CPU
     /// hint, see [`crate::pipeline::open::Prefetch`]).
@@ -126,6 +124,8 @@ impl Child {
         wire::prefetch::line(self.local_ts.as_ptr().cast());
     }
 
+    /// RFC 4301 §5.2 inbound check: the decrypted packet's source must be in the remote
+    /// selectors and its destination in the local ones.
     pub(crate) fn admits_inbound(&self, flow: &Flow) -> bool {
         select::covers(flow, &self.remote_ts, &self.local_ts)
     }
