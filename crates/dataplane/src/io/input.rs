@@ -204,6 +204,85 @@ fn tun_drop(why: TunDrop) -> DropReason {
 mod tests {
     use super::*;
 
+    /// An Ethernet frame holding an IPv4 UDP datagram from 192.0.2.7:4500 with `payload`,
+    /// `pad` bytes of link-layer padding after it.
+    fn v4_frame(payload: &[u8], pad: usize) -> Vec<u8> {
+        let mut f = vec![0u8; 14 + 20 + 8];
+        f[12..14].copy_from_slice(&[0x08, 0x00]);
+        let repr = wire::ip::Ipv4Repr {
+            src_addr: "192.0.2.7".parse().expect("ip"),
+            dst_addr: "192.0.2.1".parse().expect("ip"),
+            protocol: IpProtocol::UDP,
+            payload_len: 8 + payload.len(),
+            ttl: 64,
+            dscp: 0,
+            ecn: 0,
+            ident: 1,
+            dont_frag: false,
+        };
+        repr.emit(&mut f[14..34]).expect("header");
+        f[34..36].copy_from_slice(&4500u16.to_be_bytes());
+        f[36..38].copy_from_slice(&4500u16.to_be_bytes());
+        f[38..40].copy_from_slice(&((8 + payload.len()) as u16).to_be_bytes());
+        f.extend_from_slice(payload);
+        f.extend(std::iter::repeat_n(0xee, pad));
+        f
+    }
+
+    #[test]
+    fn a_steered_frame_gives_its_sender_and_payload_and_nothing_else_passes() {
+        let f = v4_frame(b"esp", 20);
+        let (src, at) = udp_in_frame(&f).expect("a datagram");
+        assert_eq!(src, "192.0.2.7:4500".parse::<SocketAddr>().expect("addr"));
+        assert_eq!(&f[at], b"esp", "padding after the IP packet is not payload");
+        // A bad header checksum, a fragment, another protocol, a short frame, ARP: none.
+        let mut bad = f.clone();
+        bad[14 + 10] ^= 1;
+        assert!(udp_in_frame(&bad).is_none());
+        let mut frag = v4_frame(b"esp", 0);
+        frag[14 + 6] = 0x20;
+        let ck = {
+            let mut p = Ipv4Packet::new_unchecked(&mut frag[14..34]);
+            p.fill_checksum();
+            p.checksum()
+        };
+        assert_ne!(ck, 0);
+        assert!(udp_in_frame(&frag).is_none());
+        let mut tcp = v4_frame(b"esp", 0);
+        tcp[14 + 9] = 6;
+        assert!(udp_in_frame(&tcp).is_none());
+        assert!(udp_in_frame(&f[..30]).is_none());
+        let mut arp = f.clone();
+        arp[12..14].copy_from_slice(&[0x08, 0x06]);
+        assert!(udp_in_frame(&arp).is_none());
+        // A UDP length beyond the IP packet: none.
+        let mut long = v4_frame(b"esp", 0);
+        long[38..40].copy_from_slice(&100u16.to_be_bytes());
+        assert!(udp_in_frame(&long).is_none());
+    }
+
+    #[test]
+    fn an_ipv6_frame_gives_its_sender_and_payload() {
+        let mut f = vec![0u8; 14];
+        f[12..14].copy_from_slice(&[0x86, 0xdd]);
+        let mut ip = vec![0u8; 40];
+        ip[0] = 0x60;
+        ip[4..6].copy_from_slice(&11u16.to_be_bytes());
+        ip[6] = 17;
+        ip[7] = 64;
+        let src: std::net::Ipv6Addr = "2001:db8::7".parse().expect("ip");
+        ip[8..24].copy_from_slice(&src.octets());
+        f.extend_from_slice(&ip);
+        f.extend_from_slice(&4789u16.to_be_bytes());
+        f.extend_from_slice(&4789u16.to_be_bytes());
+        f.extend_from_slice(&11u16.to_be_bytes());
+        f.extend_from_slice(&[0, 0]);
+        f.extend_from_slice(b"vni");
+        let (from, at) = udp_in_frame(&f).expect("a datagram");
+        assert_eq!(from, SocketAddr::new(src.into(), 4789));
+        assert_eq!(&f[at], b"vni");
+    }
+
     #[test]
     fn the_largest_batch_holds_a_split_super_packet_even_at_batch_one() {
         // A 64 KiB TCP super-packet of 1448-byte segments is about 67 KiB once split.

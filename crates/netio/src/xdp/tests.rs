@@ -5,11 +5,13 @@
 use super::*;
 use crate::packet::{PacketScratch, PacketSocket};
 use crate::testutil::{in_veth_namespace, ip};
-use std::net::{Ipv4Addr, UdpSocket};
+use std::net::{Ipv4Addr, Ipv6Addr, UdpSocket};
 use std::time::{Duration, Instant};
 
 const GW: Ipv4Addr = Ipv4Addr::new(10, 77, 0, 1);
 const PEER: Ipv4Addr = Ipv4Addr::new(10, 77, 0, 2);
+const GW6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x77, 0, 0, 0, 0, 0, 1);
+const PEER6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x77, 0, 0, 0, 0, 0, 2);
 
 /// An Ethernet + IPv4 + UDP frame from PEER:`sport` to GW:`dport` for `dst_mac`; `options`
 /// adds a 4-byte IPv4 option (NOP ×3, EOL), `frag` sets more-fragments.
@@ -50,24 +52,68 @@ fn udp_frame(dst_mac: [u8; 6], dport: u16, payload: &[u8], options: bool, frag: 
     f
 }
 
+/// An Ethernet + IPv6 + UDP frame from fd00:77::2 to `dst`:`dport` for `dst_mac`, with the
+/// UDP checksum IPv6 requires (RFC 8200 §8.1).
+fn udp6_frame(dst_mac: [u8; 6], dst: Ipv6Addr, dport: u16, payload: &[u8]) -> Vec<u8> {
+    let mut f = Vec::with_capacity(14 + 40 + 8 + payload.len());
+    f.extend_from_slice(&dst_mac);
+    f.extend_from_slice(&[2, 0, 0, 0, 0, 2]);
+    f.extend_from_slice(&[0x86, 0xdd]);
+    f.extend_from_slice(&[0x60, 0, 0, 0]);
+    f.extend_from_slice(&((8 + payload.len()) as u16).to_be_bytes());
+    f.extend_from_slice(&[17, 64]);
+    f.extend_from_slice(&PEER6.octets());
+    f.extend_from_slice(&dst.octets());
+    f.extend_from_slice(&40000u16.to_be_bytes());
+    f.extend_from_slice(&dport.to_be_bytes());
+    f.extend_from_slice(&((8 + payload.len()) as u16).to_be_bytes());
+    f.extend_from_slice(&[0, 0]);
+    f.extend_from_slice(payload);
+    // Pseudo-header (addresses, length, next header) and the UDP header and payload.
+    let udp = &f[14 + 40..];
+    let mut sum: u32 = 0;
+    let mut add = |bytes: &[u8]| {
+        for w in bytes.chunks(2) {
+            sum += u32::from(u16::from_be_bytes([w[0], *w.get(1).unwrap_or(&0)]));
+        }
+    };
+    add(&PEER6.octets());
+    add(&dst.octets());
+    add(&(udp.len() as u32).to_be_bytes());
+    add(&[0, 0, 0, 17]);
+    add(udp);
+    while sum > 0xffff {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    let ck = match !(sum as u16) {
+        0 => 0xffff,
+        c => c,
+    };
+    f[14 + 40 + 6..14 + 40 + 8].copy_from_slice(&ck.to_be_bytes());
+    f
+}
+
 #[test]
 fn steered_datagrams_reach_the_socket_and_the_rest_the_kernel() {
     // Jumbo frames: a frame larger than a UMEM frame arrives in several descriptors.
     in_veth_namespace(9000, || {
         ip(&["addr", "add", "10.77.0.1/24", "dev", "v0"]);
+        ip(&["-6", "addr", "add", "fd00:77::1/64", "dev", "v0", "nodad"]);
         let ifindex = interface_of(IpAddr::V4(GW)).expect("v0 holds the address");
-        let steered: [SocketAddr; 2] = [
+        let steered: [SocketAddr; 3] = [
             SocketAddr::new(GW.into(), 4500),
             SocketAddr::new(GW.into(), 4789),
+            SocketAddr::new(GW6.into(), 4500),
         ];
         let xdp = XdpSteering::open(ifindex, &steered, &[XdpAttach::Native, XdpAttach::Generic])
             .expect("XDP on a veth");
         assert_eq!(xdp.interface, "v0");
-        assert_eq!(xdp.sockets.len(), 2);
+        assert_eq!(xdp.sockets.len(), 3);
         // The kernel's sockets on a steered port and on another one.
         let natt = UdpSocket::bind((GW, 4500)).expect("bind 4500");
         let other = UdpSocket::bind((GW, 5000)).expect("bind 5000");
-        for s in [&natt, &other] {
+        let other6 = UdpSocket::bind((GW6, 4789)).expect("bind [v6]:4789");
+        for s in [&natt, &other, &other6] {
             s.set_read_timeout(Some(Duration::from_millis(500)))
                 .expect("timeout");
         }
@@ -94,6 +140,8 @@ fn steered_datagrams_reach_the_socket_and_the_rest_the_kernel() {
             udp_frame(mac, 5000, b"other", false, false),
             udp_frame(mac, 4500, b"with-options", true, false),
             udp_frame(mac, 4500, b"fragment", false, true),
+            udp6_frame(mac, GW6, 4500, b"esp-v6"),
+            udp6_frame(mac, GW6, 4789, b"other-v6"),
         ];
         let failed = tx.send_batch(
             frames.iter().map(Vec::as_slice),
@@ -102,10 +150,13 @@ fn steered_datagrams_reach_the_socket_and_the_rest_the_kernel() {
         assert_eq!(failed, 0);
         let mut got: Vec<(usize, Vec<u8>)> = Vec::new();
         let deadline = Instant::now() + Duration::from_secs(5);
-        while got.len() < 4 && Instant::now() < deadline {
+        while got.len() < 5 && Instant::now() < deadline {
             for (slot, (_, xsks)) in xdp.sockets.iter().enumerate() {
                 for x in xsks {
-                    x.receive(64, |f| got.push((slot, f[14 + 20 + 8..].to_vec())));
+                    x.receive(64, |f| {
+                        let ip = if f[12..14] == [0x86, 0xdd] { 40 } else { 20 };
+                        got.push((slot, f[14 + ip + 8..].to_vec()));
+                    });
                     assert!(!x.zero_copy(), "a veth binds in copy mode");
                 }
             }
@@ -117,6 +168,7 @@ fn steered_datagrams_reach_the_socket_and_the_rest_the_kernel() {
             (0, b"esp-1".to_vec()),
             (0, vec![7; 6000]),
             (1, b"vxlan-0".to_vec()),
+            (2, b"esp-v6".to_vec()),
         ];
         want.sort();
         assert!(
@@ -131,6 +183,10 @@ fn steered_datagrams_reach_the_socket_and_the_rest_the_kernel() {
         assert_eq!(&buf[..n], b"other");
         let n = natt.recv(&mut buf).expect("the datagram with IPv4 options");
         assert_eq!(&buf[..n], b"with-options");
+        let n = other6
+            .recv(&mut buf)
+            .expect("the IPv6 datagram to a port not steered");
+        assert_eq!(&buf[..n], b"other-v6");
         assert!(natt.recv(&mut buf).is_err(), "nothing else reached 4500");
         for (_, xsks) in &xdp.sockets {
             for x in xsks {
