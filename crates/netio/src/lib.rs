@@ -23,6 +23,7 @@
 //! - AF_XDP: [`xdp::XdpSteering`] loads an XDP program that steers the datagrams to given UDP
 //!   addresses into AF_XDP sockets ([`xdp::Xsk`]), one per receive queue, whose frames are read
 //!   from shared memory without a system call per batch.
+//! - Interfaces: [`iface::ifreq`] and [`iface::interface_ioctl`] (netdevice(7) requests).
 //!
 //! Scratch space ([`RecvBatch`], [`SendScratch`]) is allocated once per thread; receiving and
 //! sending a batch allocate nothing and copy no packet bytes.
@@ -59,6 +60,7 @@
 
 mod addr;
 pub mod bpf;
+pub mod iface;
 pub mod packet;
 mod poll;
 mod recv;

@@ -39,29 +39,9 @@ pub(crate) struct Tun {
     offloads: Offloads,
 }
 
-fn ifreq_for(name: &str) -> io::Result<libc::ifreq> {
-    let bytes = name.as_bytes();
-    if bytes.is_empty()
-        || bytes.len() >= libc::IFNAMSIZ
-        || bytes.contains(&0)
-        || bytes.contains(&b'/')
-    {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidInput,
-            "interface name must have 1 to 15 bytes, no NUL or '/'",
-        ));
-    }
-    // SAFETY: all-zero is a valid ifreq.
-    let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
-    for (d, s) in req.ifr_name.iter_mut().zip(bytes) {
-        *d = *s as libc::c_char;
-    }
-    Ok(req)
-}
-
 /// Opens `/dev/net/tun` and attaches it to the device `name`, with a vnet header if `vnet`.
 fn attach(name: &str, vnet: bool) -> io::Result<OwnedFd> {
-    let mut req = ifreq_for(name)?;
+    let mut req = netio::iface::ifreq(name)?;
     let path = CString::new("/dev/net/tun").expect("static path has no NUL");
     // SAFETY: plain syscall with a valid C string; the descriptor is checked then owned.
     let raw = cvt(unsafe {
@@ -175,27 +155,13 @@ impl Tun {
 
     /// Sets IFF_UP on the device through an ordinary socket's SIOCSIFFLAGS.
     fn set_up(&self) -> io::Result<()> {
-        let mut req = ifreq_for(&self.name)?;
-        // SAFETY: plain syscall; the descriptor is checked then owned.
-        let raw =
-            cvt(unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) })?;
-        // SAFETY: fresh descriptor.
-        let sock = unsafe { OwnedFd::from_raw_fd(raw) };
-        // SAFETY: SIOCGIFFLAGS / SIOCSIFFLAGS read and write one ifreq.
+        let mut req = netio::iface::ifreq(&self.name)?;
+        netio::iface::interface_ioctl(libc::SIOCGIFFLAGS as libc::c_ulong, &mut req)?;
+        // SAFETY: SIOCGIFFLAGS filled the union's flags member.
         unsafe {
-            cvt(libc::ioctl(
-                sock.as_raw_fd(),
-                libc::SIOCGIFFLAGS as _,
-                &mut req as *mut libc::ifreq,
-            ))?;
             req.ifr_ifru.ifru_flags |= (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short;
-            cvt(libc::ioctl(
-                sock.as_raw_fd(),
-                libc::SIOCSIFFLAGS as _,
-                &mut req as *mut libc::ifreq,
-            ))?;
         }
-        Ok(())
+        netio::iface::interface_ioctl(libc::SIOCSIFFLAGS as libc::c_ulong, &mut req)
     }
 
     /// The device name.
@@ -529,17 +495,6 @@ impl TunReadBatch {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn bad_names_are_refused_before_any_syscall() {
-        for bad in ["", "0123456789abcdef", "a/b", "a\0b"] {
-            assert_eq!(
-                ifreq_for(bad).expect_err(bad).kind(),
-                io::ErrorKind::InvalidInput
-            );
-        }
-        assert!(ifreq_for("ptun0").is_ok());
-    }
 
     fn refuse(accepted: &[libc::c_uint]) -> impl FnMut(libc::c_uint) -> io::Result<()> + '_ {
         move |flags| {

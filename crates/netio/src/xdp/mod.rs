@@ -31,6 +31,7 @@ mod tests;
 
 pub use prog::XdpAttach;
 
+use crate::iface;
 use std::io;
 use std::net::{IpAddr, SocketAddr};
 use std::num::NonZeroU32;
@@ -241,11 +242,6 @@ impl Xsk {
         ret == 0 && flags & ZEROCOPY != 0
     }
 
-    /// The receive queue this socket serves.
-    pub fn queue_id(&self) -> u32 {
-        self.queue_id
-    }
-
     /// Reads up to `max` descriptors of the receive ring and hands each complete frame
     /// (Ethernet header first; a jumbo frame's parts joined) to `each`, in arrival order, then
     /// returns the descriptors' chunks to the fill ring. A frame takes at least one
@@ -311,10 +307,7 @@ impl Xsk {
 
     /// What the kernel counted as lost on this socket so far (one `getsockopt`).
     pub fn losses(&self) -> io::Result<XskLosses> {
-        let s = self
-            .user
-            .statistics_v2()
-            .map_err(|e| io::Error::from_raw_os_error(e.get_raw().abs()))?;
+        let s = self.user.statistics_v2().map_err(errno)?;
         // `rx_fill_ring_empty_descs` is the queue's (shared by its sockets) and counts events,
         // not frames: a frame it cost is in `rx_dropped` already (copy mode).
         Ok(XskLosses {
@@ -404,7 +397,6 @@ impl XdpSteering {
 /// Opens queue `q` of `ifindex`: its UMEM and fill ring, and `n` sockets with receive rings
 /// bound to it (the first one owns the UMEM); with `jumbo`, frames may span descriptors.
 fn open_queue(ifindex: u32, q: u32, n: usize, jumbo: bool) -> io::Result<Vec<Arc<Xsk>>> {
-    let errno = |e: xdpilone::Errno| io::Error::from_raw_os_error(e.get_raw().abs());
     let area = Area::new((FRAME_SIZE as usize) * (FRAMES as usize))?;
     let config = UmemConfig {
         fill_size: FILL_RING,
@@ -488,6 +480,11 @@ fn open_queue(ifindex: u32, q: u32, n: usize, jumbo: bool) -> io::Result<Vec<Arc
         .collect())
 }
 
+/// An `xdpilone` error as an `io::Error`.
+fn errno(e: xdpilone::Errno) -> io::Error {
+    io::Error::from_raw_os_error(e.get_raw().abs())
+}
+
 /// The interface that holds local address `ip` (`getifaddrs`), by index.
 pub fn interface_of(ip: IpAddr) -> io::Result<u32> {
     let mut list: *mut libc::ifaddrs = std::ptr::null_mut();
@@ -556,9 +553,10 @@ pub fn interface_name(ifindex: u32) -> io::Result<String> {
 
 /// The MTU of interface `name` (`SIOCGIFMTU`).
 fn interface_mtu(name: &str) -> io::Result<u32> {
-    let ifr = interface_ioctl(name, libc::SIOCGIFMTU as libc::c_ulong, |_| ())?;
+    let mut req = iface::ifreq(name)?;
+    iface::interface_ioctl(libc::SIOCGIFMTU as libc::c_ulong, &mut req)?;
     // SAFETY: SIOCGIFMTU filled the union's MTU member.
-    Ok(u32::try_from(unsafe { ifr.ifr_ifru.ifru_mtu }).unwrap_or(0))
+    Ok(u32::try_from(unsafe { req.ifr_ifru.ifru_mtu }).unwrap_or(0))
 }
 
 /// The receive queues of interface `name` (`ETHTOOL_GCHANNELS`: receive-only plus combined
@@ -571,45 +569,12 @@ fn rx_queues(name: &str) -> u32 {
     const SIOCETHTOOL: libc::c_ulong = 0x8946;
     let mut ch = [0u32; 9];
     ch[0] = ETHTOOL_GCHANNELS;
-    let data = ch.as_mut_ptr();
-    match interface_ioctl(name, SIOCETHTOOL, |ifr| {
-        ifr.ifr_ifru.ifru_data = data.cast()
-    }) {
-        Ok(_) => (ch[5] + ch[8]).max(1),
+    let Ok(mut req) = iface::ifreq(name) else {
+        return 1;
+    };
+    req.ifr_ifru.ifru_data = ch.as_mut_ptr().cast();
+    match iface::interface_ioctl(SIOCETHTOOL, &mut req) {
+        Ok(()) => (ch[5] + ch[8]).max(1),
         Err(_) => 1,
     }
-}
-
-/// Runs interface ioctl `req` on `name` (an `ifreq` that `fill` completes) through a datagram
-/// socket of this thread's network namespace; returns the `ifreq` as the kernel left it.
-fn interface_ioctl(
-    name: &str,
-    req: libc::c_ulong,
-    fill: impl FnOnce(&mut libc::ifreq),
-) -> io::Result<libc::ifreq> {
-    // SAFETY: all-zero is a valid ifreq.
-    let mut ifr: libc::ifreq = unsafe { std::mem::zeroed() };
-    for (d, s) in ifr
-        .ifr_name
-        .iter_mut()
-        .zip(name.bytes().take(libc::IFNAMSIZ - 1))
-    {
-        *d = s as libc::c_char;
-    }
-    fill(&mut ifr);
-    // SAFETY: a plain datagram socket for the ioctl, closed below.
-    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: `req` is an interface ioctl on a live ifreq (whose data pointer, if any, the
-    // caller keeps alive across the call).
-    let ret = unsafe { libc::ioctl(fd, req as _, &mut ifr) };
-    let err = io::Error::last_os_error();
-    // SAFETY: closes the socket opened above.
-    unsafe { libc::close(fd) };
-    if ret != 0 {
-        return Err(err);
-    }
-    Ok(ifr)
 }
