@@ -18,7 +18,7 @@ mapfile -t PACKAGES < <(awk -F'\t' '!/^#/ && NF >= 2 { print $2 }' "$HERE/requir
 [[ ${#PACKAGES[@]} -gt 0 ]] || { printf 'setup: error: no packages in %s\n' "$HERE/requirements.tsv" >&2; exit 1; }
 # System units shipped by the packages above that must not run: the tests start
 # their own charon (per network namespace) and their own etcd.
-UNITS=(strongswan.service strongswan-starter.service ipsec.service etcd.service)
+UNITS=(strongswan.service strongswan-starter.service ipsec.service etcd.service prometheus.service)
 
 log() { printf 'setup: %s\n' "$*"; }
 die() { printf 'setup: error: %s\n' "$*" >&2; exit 1; }

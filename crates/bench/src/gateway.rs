@@ -45,6 +45,8 @@ pub(crate) struct GatewayParams {
     pub(crate) psk_file: PathBuf,
     /// Extra `key = value` lines for `[gateway]` (`--gateway-option`).
     pub(crate) extra: Vec<String>,
+    /// `[metrics] listen` (`--scrape-every`).
+    pub(crate) metrics: Option<&'static str>,
 }
 
 /// The `[gateway]` line setting the worker count. Kept in one place: binaries that do not know
@@ -120,6 +122,9 @@ pub(crate) fn render_config(p: &GatewayParams) -> String {
     // The benchmark measures forwarding; the IKE state store is not under test (and writing
     // 1000 tunnels' state to disk would only slow the set-up).
     let _ = writeln!(out, "\n[store]\nbackend = \"memory\"");
+    if let Some(listen) = p.metrics {
+        let _ = writeln!(out, "\n[metrics]\nlisten = {listen:?}");
+    }
     out
 }
 
@@ -143,6 +148,7 @@ pub(crate) fn workers_key_supported(bin: &Path, dir: &Path, psk_file: &Path) -> 
         socket: dir.join("probe.sock"),
         psk_file: psk_file.to_owned(),
         extra: Vec::new(),
+        metrics: None,
     };
     let path = dir.join("probe.toml");
     std::fs::write(&path, render_config(&probe))
@@ -433,8 +439,10 @@ mod tests {
             socket: PathBuf::from("/tmp/x.sock"),
             psk_file: PathBuf::from("/tmp/psk"),
             extra: vec!["busy_poll = \"100us\"".to_owned()],
+            metrics: Some("127.0.0.1:19180"),
         };
         let text = render_config(&p);
+        assert!(text.ends_with("\n[metrics]\nlisten = \"127.0.0.1:19180\"\n"), "{text}");
         assert!(text.contains("workers = 2\n"));
         assert!(text.contains("busy_poll = \"100us\"\n"));
         assert_eq!(text.matches("[[tunnel]]").count(), 3);

@@ -36,6 +36,7 @@ mod packet;
 mod pool;
 mod report;
 mod rx;
+mod scrape;
 mod session;
 pub mod site;
 mod sock;

@@ -425,6 +425,9 @@ pub struct Options {
     pub loads: Vec<u32>,
     /// How the load generator sends in the load runs.
     pub peers: Vec<PeerMode>,
+    /// Scrape the Protego gateway's `[metrics]` listener this often while the cases run
+    /// (None: the gateway serves no metrics).
+    pub scrape_every: Option<Duration>,
 }
 
 impl Options {
@@ -446,6 +449,7 @@ impl Options {
             gateway_options: Vec::new(),
             loads: vec![100, 50, 10],
             peers: PeerMode::ALL.to_vec(),
+            scrape_every: None,
         }
     }
 

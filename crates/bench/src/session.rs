@@ -239,6 +239,10 @@ impl Session {
                     socket: ctx.files.join(format!("{label}.sock")),
                     psk_file: ctx.psk_file.to_owned(),
                     extra: ctx.options.gateway_options.clone(),
+                    metrics: ctx
+                        .options
+                        .scrape_every
+                        .map(|_| crate::scrape::METRICS_ADDR),
                 };
                 Box::new(ProtegoUnderTest::start(
                     &self.net.gw,
@@ -300,6 +304,14 @@ impl Session {
             HostSide::Plain => wire::ethernet::EthernetAddress([0; 6]),
         };
         self.warm_up(&sas, host, gw)?;
+        let scraper = match (group.gateway, ctx.options.scrape_every) {
+            (GatewayKind::Protego, Some(every)) => {
+                let idle = crate::scrape::idle(&self.net.gw, 5);
+                progress(&format!("{}: {idle}", gw.name()));
+                Some(crate::scrape::Scraper::start(&self.net.gw, every))
+            }
+            _ => None,
+        };
         for case in &group.cases {
             let flow = match case.direction {
                 Direction::Inbound => Flow::Inbound { sas: &sas, host },
@@ -316,6 +328,9 @@ impl Session {
             let report = self.measure_case(case, &flow, gw, crypto, ctx)?;
             progress(&crate::report::table_row(&report));
             out.push(report);
+        }
+        if let Some(s) = scraper {
+            progress(&format!("{}: {}", gw.name(), s.finish()));
         }
         drop(client);
         Ok(())

@@ -130,6 +130,43 @@ pub(crate) struct Autoscaler {
     /// With adaptive sizing, whether a data node was saturated in each of the last steps the
     /// calibrator counted (newest last, at most [`RECENT_STEPS`]).
     recent: VecDeque<bool>,
+    /// Decisions taken (each once, not again while repeated step after step), by action and
+    /// outcome: the metrics' `protego_autoscaler_decisions_total`.
+    decided: BTreeMap<(&'static str, &'static str), u64>,
+}
+
+/// What the metrics show of the autoscaler.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub(crate) struct AutoscalerFigures {
+    /// `advise` or `act`.
+    pub mode: &'static str,
+    /// Decisions by (action, outcome): actions `place`, `migrate`, `activate`,
+    /// `deactivate`, `start`, `stop`; outcomes `advised`, `done`, `skipped`.
+    pub decisions: BTreeMap<(&'static str, &'static str), u64>,
+    /// The last step's reservation: active nodes after it, reserved ones, the nodes the
+    /// forecast requires, and hotspots left (None before the first step).
+    pub last: Option<(u32, u32, u32, usize)>,
+}
+
+/// The metrics' name of an action.
+fn action_name(a: &Action) -> &'static str {
+    match a {
+        Action::Place { .. } => "place",
+        Action::Migrate { .. } => "migrate",
+        Action::Activate { .. } => "activate",
+        Action::Deactivate { .. } => "deactivate",
+        Action::Start { .. } => "start",
+        Action::Stop { .. } => "stop",
+    }
+}
+
+/// The metrics' name of an outcome.
+fn outcome_name(o: &Outcome) -> &'static str {
+    match o {
+        Outcome::Advised => "advised",
+        Outcome::Done => "done",
+        Outcome::Skipped(_) => "skipped",
+    }
 }
 
 /// One decision in the history.
@@ -228,6 +265,7 @@ impl Autoscaler {
             sizer,
             sizes: HashMap::new(),
             recent: VecDeque::new(),
+            decided: BTreeMap::new(),
         })
     }
 
@@ -505,6 +543,18 @@ impl Autoscaler {
         Ok(plan)
     }
 
+    /// The figures the metrics show.
+    pub(crate) fn figures(&self) -> AutoscalerFigures {
+        AutoscalerFigures {
+            mode: self.mode.as_str(),
+            decisions: self.decided.clone(),
+            last: self.last.as_ref().map(|s| {
+                let r = &s.plan.reservation;
+                (r.active, r.reserved, r.required, s.plan.hotspots.len())
+            }),
+        }
+    }
+
     /// Records what became of the last step's decisions (in the plan's order; advise mode:
     /// [`Outcome::Advised`] for each). The history keeps a decision unless the last step took
     /// the same one with the same outcome (advice, and decisions that cannot be carried out,
@@ -523,6 +573,10 @@ impl Autoscaler {
                 .iter()
                 .any(|(a, o)| same_action(a, &d.action) && *o == outcome);
             if !repeated {
+                *self
+                    .decided
+                    .entry((action_name(&d.action), outcome_name(&outcome)))
+                    .or_default() += 1;
                 if self.history.len() == HISTORY {
                     self.history.pop_front();
                 }

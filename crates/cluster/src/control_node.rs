@@ -60,6 +60,9 @@ pub enum ControlNodeError {
     /// Stopped by a signal while standing by.
     #[error("stopped while standing by")]
     Cancelled,
+    /// `[metrics] listen` could not be served.
+    #[error(transparent)]
+    Metrics(#[from] metrics::MetricsError),
     /// The gRPC server.
     #[error("gRPC server on {addr}: {reason}")]
     Grpc {
@@ -210,6 +213,8 @@ pub struct ControlNode {
     cluster: Arc<Cluster>,
     control: Option<ControlPlane>,
     server: Option<StatusServer>,
+    /// `[metrics] listen`.
+    metrics: Option<metrics::MetricsServer>,
     runtime: Option<tokio::runtime::Runtime>,
     stop: Arc<AtomicBool>,
     /// Stops the autoscaler first at shutdown: a node handing over must not start or stop
@@ -442,11 +447,20 @@ impl ControlNode {
         if let Some(store) = routes {
             inner = inner.with_routes(store);
         }
-        let responder = ClusterResponder {
+        let responder = Arc::new(ClusterResponder {
             inner,
             cluster: Arc::clone(&cluster),
+        });
+        let server = StatusServer::start(
+            &config.gateway.control_socket,
+            Arc::clone(&responder) as Arc<dyn RequestHandler>,
+        )?;
+        let metrics = match config.metrics {
+            Some(m) => Some(metrics::MetricsServer::start(
+                m.listen, &cc.name, responder,
+            )?),
+            None => None,
         };
-        let server = StatusServer::start(&config.gateway.control_socket, Arc::new(responder))?;
         info!(
             config = %config.path.display(),
             tunnels = config.tunnels.len(),
@@ -458,6 +472,7 @@ impl ControlNode {
             cluster,
             control: Some(control),
             server: Some(server),
+            metrics,
             runtime: Some(runtime),
             stop,
             autoscaling,
@@ -494,6 +509,7 @@ impl ControlNode {
     /// `protego up`), waiting at most `grace` for the peers' answers.
     pub fn shutdown(mut self, grace: Duration) {
         self.autoscaling.store(false, Ordering::Relaxed);
+        drop(self.metrics.take());
         if let Some(s) = self.server.take() {
             s.shutdown();
         }
@@ -625,6 +641,16 @@ fn run_tasks(
 struct ClusterResponder {
     inner: Responder,
     cluster: Arc<Cluster>,
+}
+
+/// `[metrics] listen` on a control node: the gateway's families (tunnels, IKE, store) and
+/// the cluster's (nodes, autoscaler).
+impl metrics::Source for ClusterResponder {
+    fn collect(&self, out: &mut metrics::Families<'_, '_>) -> Result<(), metrics::Collect> {
+        let (status, autoscaler) = self.cluster.metrics_view();
+        crate::metrics::write_cluster(out, &status, autoscaler.as_ref())?;
+        self.inner.collect(out)
+    }
 }
 
 fn cluster_error(e: ClusterError) -> Value {

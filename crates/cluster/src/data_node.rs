@@ -61,6 +61,9 @@ pub enum NodeError {
     /// Runtime or threads.
     #[error("cannot start: {0}")]
     Start(std::io::Error),
+    /// `[metrics] listen` could not be served.
+    #[error(transparent)]
+    Metrics(#[from] metrics::MetricsError),
 }
 
 /// Loads and checks the node's TLS material against its name and role.
@@ -490,15 +493,11 @@ fn ce_mac_from_pb(m: &pb::CeMac) -> Result<(String, [u8; 6]), String> {
 fn build_report(stats: &DataplaneStats, last: &mut LastReport, now: Instant) -> pb::Report {
     let busy: u64 = stats.workers.iter().map(|w| w.busy_ns).sum();
     let elapsed = last.at.map_or(Duration::ZERO, |t| now.duration_since(t));
-    let mut totals: HashMap<u32, (u64, u64, u64, u64)> = HashMap::new();
-    for c in &stats.children {
-        let Some(t) = c.tunnel else { continue };
-        let e = totals.entry(t.0).or_default();
-        e.0 += c.bytes_in;
-        e.1 += c.packets_in;
-        e.2 += c.bytes_out;
-        e.3 += c.packets_out;
-    }
+    // The data plane's per-tunnel totals keep the counts of retired CHILD_SAs, so a rekey
+    // between two reports loses nothing.
+    let totals: HashMap<u32, (u64, u64, u64, u64)> = (stats.tunnels.iter())
+        .map(|(t, c)| (t.0, (c.bytes_in, c.packets_in, c.bytes_out, c.packets_out)))
+        .collect();
     let busy_delta = busy.saturating_sub(last.busy_ns);
     let mut tunnels: Vec<pb::TunnelUsage> = totals
         .iter()
@@ -618,6 +617,8 @@ pub struct DataNode {
     routes: Arc<RouteSide>,
     agent: Agent,
     geneve: SocketAddr,
+    /// `[metrics] listen`.
+    metrics: Option<metrics::MetricsServer>,
 }
 
 impl DataNode {
@@ -633,6 +634,14 @@ impl DataNode {
         let tls = Arc::new(load_node_tls(config, NodeRole::Data)?);
         let (to_agent, from_dp) = crossbeam_channel::bounded(EVENT_QUEUE);
         let dp = Dataplane::start(dataplane_config(&data), to_agent)?;
+        let started = Instant::now();
+        let source = || -> Arc<dyn metrics::Source> {
+            Arc::new(crate::metrics::DataNodeMetrics {
+                dp: Arc::clone(&dp),
+                started,
+            })
+        };
+        let metrics = crate::metrics::serve(config, source).inspect_err(|_| dp.shutdown())?;
         let geneve = dp.relay_addr().unwrap_or(data.geneve);
         let routes = Arc::new(RouteSide {
             dp: dp.clone(),
@@ -670,6 +679,7 @@ impl DataNode {
             routes,
             agent,
             geneve,
+            metrics,
         })
     }
 
@@ -685,6 +695,7 @@ impl DataNode {
 
     /// Stops the session and the data plane.
     pub fn shutdown(mut self) {
+        drop(self.metrics.take());
         self.routes.stop.store(true, Ordering::Relaxed);
         self.agent.shutdown();
         self.dp.shutdown();
@@ -720,7 +731,7 @@ mod filters;
 #[cfg(test)]
 mod tests {
     use super::*;
-    use dataplane::{ChildStats, WorkerStats};
+    use dataplane::WorkerStats;
 
     /// A data node's applier over a relay-mode data plane on loopback (no session).
     pub(super) fn applier() -> DataApplier {
@@ -904,12 +915,16 @@ mod tests {
 
     #[test]
     fn reports_are_deltas_and_split_cpu_by_packets() {
-        let child = |t: u32, spi: u32, packets: u64| ChildStats {
-            tunnel: Some(ike::TunnelId(t)),
-            inbound_spi: wire::EspSpi(spi),
-            packets_in: packets,
-            bytes_in: packets * 100,
-            ..ChildStats::default()
+        // The data plane's per-tunnel totals (live and retired CHILD_SAs).
+        let tunnel = |t: u32, packets: u64| {
+            (
+                ike::TunnelId(t),
+                datapath::TunnelTraffic {
+                    packets_in: packets,
+                    bytes_in: packets * 100,
+                    ..datapath::TunnelTraffic::default()
+                },
+            )
         };
         let worker = |busy_ns| WorkerStats {
             busy_ns,
@@ -918,21 +933,17 @@ mod tests {
         let t0 = Instant::now();
         let mut last = LastReport::default();
         let s1 = DataplaneStats {
-            children: vec![child(1, 0x1000, 10), child(2, 0x2000, 30)],
+            tunnels: vec![tunnel(1, 10), tunnel(2, 30)],
             workers: vec![worker(1_000), worker(1_000)],
             drops: vec![("esp_replay".into(), 2)],
             ..DataplaneStats::default()
         };
         let r = build_report(&s1, &mut last, t0);
         assert_eq!(r.utilization, 0.0, "no interval yet");
-        // One second later: tunnel 1 +30 packets (over two SAs), tunnel 2 +10; 0.5 s busy per
-        // worker.
+        // One second later: tunnel 1 +30 packets (its first SA was rekeyed away: its 10 stay in
+        // the total), tunnel 2 +10; 0.5 s busy per worker.
         let s2 = DataplaneStats {
-            children: vec![
-                child(1, 0x1000, 10),
-                child(1, 0x1001, 30),
-                child(2, 0x2000, 40),
-            ],
+            tunnels: vec![tunnel(1, 40), tunnel(2, 40)],
             workers: vec![worker(500_001_000), worker(500_001_000)],
             drops: vec![("esp_replay".into(), 3)],
             ..DataplaneStats::default()

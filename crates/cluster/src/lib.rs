@@ -23,6 +23,7 @@ pub mod election;
 pub mod ike_relay;
 pub mod link;
 pub mod manager;
+mod metrics;
 pub mod node_config;
 pub mod peers;
 pub mod provider;

@@ -31,7 +31,7 @@ use ike::{ChildSaInfo, IkeSpis, TunnelId};
 use rpc::pb;
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 use tracing::{debug, info, warn};
 use wire::EspSpi;
@@ -146,6 +146,10 @@ pub struct Cluster {
     /// threads that wait for a replay's answer ([`crate::link::Ack::on_answer`]).
     routes: Arc<Mutex<routes::RouteSync>>,
     state: Arc<Mutex<Shell>>,
+    /// Per tunnel, the traffic the data nodes reported, summed over their reports (each is
+    /// the interval's delta): cumulative across migrations and node losses, up to the last
+    /// report of a lost node. Never locked with `state` held.
+    traffic: Mutex<BTreeMap<TunnelId, datapath::TunnelTraffic>>,
 }
 
 /// Each VNI's gateway addresses in `config`.
@@ -199,6 +203,19 @@ impl Cluster {
                 acks: HashMap::new(),
                 filters: filters::FilterShip::default(),
             })),
+            traffic: Mutex::new(BTreeMap::new()),
+        }
+    }
+
+    /// Adds a data node's report of its tunnels' traffic over the interval.
+    pub fn traffic_reported(&self, usage: &[pb::TunnelUsage]) {
+        let mut traffic = self.traffic.lock().unwrap_or_else(PoisonError::into_inner);
+        for u in usage {
+            let t = traffic.entry(TunnelId(u.tunnel)).or_default();
+            t.bytes_in = t.bytes_in.saturating_add(u.bytes_in);
+            t.packets_in = t.packets_in.saturating_add(u.packets_in);
+            t.bytes_out = t.bytes_out.saturating_add(u.bytes_out);
+            t.packets_out = t.packets_out.saturating_add(u.packets_out);
         }
     }
 
@@ -816,9 +833,14 @@ impl DataPath for Cluster {
         for (reason, count) in self.ike.drops() {
             drops.insert(format!("ike_relay:{reason}"), count);
         }
+        let tunnels = (self.traffic.lock().unwrap_or_else(PoisonError::into_inner))
+            .iter()
+            .map(|(t, v)| (*t, *v))
+            .collect();
         DataplaneStats {
             drops: drops.into_iter().collect(),
             tenants: self.cluster_tenant_stats(),
+            tunnels,
             ..DataplaneStats::default()
         }
     }

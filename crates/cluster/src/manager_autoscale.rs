@@ -106,6 +106,21 @@ impl Cluster {
         v
     }
 
+    /// The cluster and the autoscaler as the metrics show them.
+    pub(crate) fn metrics_view(
+        &self,
+    ) -> (
+        crate::core::Status,
+        Option<crate::capacity::AutoscalerFigures>,
+    ) {
+        let figures = (self.autoscaler.lock())
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .0
+            .as_ref()
+            .map(crate::capacity::Autoscaler::figures);
+        (self.state().core.status(), figures)
+    }
+
     /// The model's input now, and the names of its nodes by id.
     fn autoscale_input(&self) -> (Input, HashMap<u32, String>) {
         let provided = self

@@ -29,6 +29,9 @@
 //! probe_misses = 3               # misses in a row that mark a data node dead
 //! ports = ["eth2"]               # customer-facing ports ([[attachment]] steer = this node):
 //!                                # port i of the list has id i + 1 on this node
+//!
+//! [metrics]                      # optional, every role
+//! listen = "10.255.0.21:9180"    # Prometheus scrapes http://10.255.0.21:9180/metrics
 //! ```
 
 use control::config::{parse_duration, LogFormat};
@@ -74,6 +77,13 @@ struct RawFile {
     node: RawNode,
     data: Option<RawData>,
     steer: Option<RawSteer>,
+    metrics: Option<RawMetrics>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawMetrics {
+    listen: String,
 }
 
 #[derive(Debug, Deserialize)]
@@ -204,6 +214,8 @@ pub struct NodeConfig {
     pub data: Option<DataSection>,
     /// `[steer]`, if present.
     pub steer: Option<SteerSection>,
+    /// `[metrics]`: where the node serves Prometheus metrics (absent: it does not).
+    pub metrics: Option<metrics::MetricsConfig>,
 }
 
 impl NodeConfig {
@@ -426,11 +438,17 @@ impl NodeConfig {
                 })
             }
         };
+        let metrics = raw
+            .metrics
+            .as_ref()
+            .map(|m| metrics::MetricsConfig::parse(&m.listen).map_err(|e| bad("metrics.listen", e)))
+            .transpose()?;
         Ok(Self {
             path: path.to_owned(),
             node,
             data,
             steer,
+            metrics,
         })
     }
 }
@@ -539,5 +557,28 @@ geneve = "10.255.0.21:6081"
             ),
             Err(NodeConfigError::Syntax { .. })
         ));
+    }
+
+    #[test]
+    fn metrics_listen_is_checked() {
+        let c = NodeConfig::parse(Path::new("d.toml"), DATA).unwrap();
+        assert_eq!(c.metrics, None);
+        let with = format!("{DATA}\n[metrics]\nlisten = \"10.255.0.21:9180\"\n");
+        let c = NodeConfig::parse(Path::new("d.toml"), &with).unwrap();
+        assert_eq!(
+            c.metrics.map(|m| m.listen),
+            Some("10.255.0.21:9180".parse().unwrap())
+        );
+        let bad = format!("{DATA}\n[metrics]\nlisten = \"9180\"\n");
+        match NodeConfig::parse(Path::new("d.toml"), &bad) {
+            Err(e @ NodeConfigError::Value { .. }) => {
+                assert!(
+                    e.to_string()
+                        .contains("metrics.listen: must be an address and port"),
+                    "{e}"
+                )
+            }
+            other => panic!("{other:?}"),
+        }
     }
 }

@@ -300,6 +300,7 @@ async fn handle(
             };
             if link_is_data(cluster, id) {
                 cluster.filters_reported(id, filter_usage(name, &r));
+                cluster.traffic_reported(&r.tunnels);
             }
             let load = NodeLoad {
                 interval_ms: r.interval_ms,

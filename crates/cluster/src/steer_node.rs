@@ -424,6 +424,8 @@ fn build_report(
 pub struct SteerNodeProcess {
     node: Arc<SteerNode>,
     agent: Agent,
+    /// `[metrics] listen`.
+    metrics: Option<metrics::MetricsServer>,
 }
 
 impl SteerNodeProcess {
@@ -458,6 +460,14 @@ impl SteerNodeProcess {
             })
             .collect();
         let node = SteerNode::start(sc).map_err(|e| NodeError::Steer(e.to_string()))?;
+        let started = Instant::now();
+        let source = || -> Arc<dyn metrics::Source> {
+            Arc::new(crate::metrics::SteerNodeMetrics {
+                node: Arc::clone(&node),
+                started,
+            })
+        };
+        let metrics = crate::metrics::serve(config, source).inspect_err(|_| node.shutdown())?;
         let applier = Arc::new(SteerApplier {
             name: config.node.name.clone(),
             node: Arc::clone(&node),
@@ -484,7 +494,11 @@ impl SteerNodeProcess {
         )
         .map_err(NodeError::Start)?;
         info!(node = %config.node.name, vips = ?s.vips, vxlan = %s.vxlan, geneve = %s.geneve, ports = ?s.ports, "steer node started");
-        Ok(Self { node, agent })
+        Ok(Self {
+            node,
+            agent,
+            metrics,
+        })
     }
 
     /// The forwarder's counters.
@@ -494,6 +508,7 @@ impl SteerNodeProcess {
 
     /// Stops the session and the forwarder.
     pub fn shutdown(mut self) {
+        drop(self.metrics.take());
         self.agent.shutdown();
         self.node.shutdown();
     }

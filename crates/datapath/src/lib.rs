@@ -428,6 +428,33 @@ pub struct ChildStats {
     pub replay_window: u32,
 }
 
+/// A tunnel's traffic over all its CHILD_SAs, the retired ones included, since the data path
+/// started (cumulative: what the metrics' per-tunnel `_total` series show).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct TunnelTraffic {
+    /// Inner bytes decrypted.
+    pub bytes_in: u64,
+    /// Packets decrypted.
+    pub packets_in: u64,
+    /// Inner bytes encrypted.
+    pub bytes_out: u64,
+    /// Packets encrypted.
+    pub packets_out: u64,
+    /// Inbound packets its CHILD_SAs dropped (replay, ICV, padding).
+    pub drops_in: u64,
+}
+
+impl TunnelTraffic {
+    /// Adds the counters of one CHILD_SA.
+    pub fn add(&mut self, c: &ChildStats) {
+        self.bytes_in = self.bytes_in.saturating_add(c.bytes_in);
+        self.packets_in = self.packets_in.saturating_add(c.packets_in);
+        self.bytes_out = self.bytes_out.saturating_add(c.bytes_out);
+        self.packets_out = self.packets_out.saturating_add(c.packets_out);
+        self.drops_in = self.drops_in.saturating_add(c.drops_in);
+    }
+}
+
 /// Counters of one worker thread.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct WorkerStats {
@@ -468,6 +495,9 @@ pub struct XdpStats {
 pub struct DataplaneStats {
     /// Per CHILD_SA.
     pub children: Vec<ChildStats>,
+    /// Per tunnel: the traffic of its live and retired CHILD_SAs, by tunnel (empty where the
+    /// data path does not count per tunnel, e.g. a control node, whose data nodes do).
+    pub tunnels: Vec<(TunnelId, TunnelTraffic)>,
     /// Per worker thread.
     pub workers: Vec<WorkerStats>,
     /// Drop counters by reason name (`esp_unknown_spi`, `esp_replay`, `esp_auth`,

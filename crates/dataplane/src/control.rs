@@ -114,8 +114,12 @@ impl Shared {
     }
 
     /// Drops the removed CHILD_SAs whose grace has ended (the workers call it periodically).
+    /// A worker never waits for the registry here: while the control plane (or a status or
+    /// metrics read) holds it, the expiry waits for the next round.
     pub(crate) fn expire_retired(&self, now: Instant) {
-        let mut reg = self.registry();
+        let Some(mut reg) = self.try_registry() else {
+            return;
+        };
         let gone = reg.expire(now);
         if !gone.is_empty() {
             self.publish(&reg);

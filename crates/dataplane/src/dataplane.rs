@@ -128,6 +128,12 @@ impl Dataplane {
         }
     }
 
+    /// The tunnels bound now (id, name, tenant, inside): what per-tunnel figures are
+    /// labelled with.
+    pub fn tunnel_bindings(&self) -> Vec<datapath::TunnelBinding> {
+        self.shared.registry().overlay().tunnels.clone()
+    }
+
     /// Relay mode: the address the Geneve socket is bound to (with the kernel's port if 0
     /// was asked for); None outside relay mode. Also in [`local_addrs`](Self::local_addrs).
     pub fn relay_addr(&self) -> Option<SocketAddr> {
@@ -405,8 +411,13 @@ impl DataPath for Dataplane {
                 .map(|s| g.drops(s as TenantSlot))
                 .sum::<u64>()
         });
+        // The registry's lock only for taking the CHILD_SAs; their counters are read after.
+        let counters = sh.registry().counters();
+        let children = counters.children();
+        let tunnels = counters.tunnels(&children);
         DataplaneStats {
-            children: sh.registry().stats(),
+            children,
+            tunnels,
             workers: sh
                 .worker_stats
                 .iter()

@@ -581,6 +581,15 @@ impl Shared {
         self.registry.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// The registry if nobody holds it now (a worker's housekeeping does not wait).
+    pub(crate) fn try_registry(&self) -> Option<MutexGuard<'_, Registry>> {
+        match self.registry.try_lock() {
+            Ok(reg) => Some(reg),
+            Err(std::sync::TryLockError::Poisoned(p)) => Some(p.into_inner()),
+            Err(std::sync::TryLockError::WouldBlock) => None,
+        }
+    }
+
     /// Publishes the registry's current state to the packet path.
     pub(crate) fn publish(&self, reg: &Registry) {
         let mut t = reg.snapshot();

@@ -23,9 +23,10 @@ use crate::select;
 use crate::select::index::{SelectorIndex, LINEAR_MAX};
 use crate::stats::ChildCounters;
 use crate::vnet::vmacs::Dispatch;
-use datapath::{ChildStats, Inside, InstalledChild};
+use datapath::{ChildStats, Inside, InstalledChild, TunnelTraffic};
 use ike::{IkeSpis, TrafficSelector, TunnelId};
 use rustc_hash::FxHashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
@@ -265,6 +266,9 @@ pub(crate) struct Registry {
     dispatch: Option<Arc<Dispatch>>,
     chains: ChainConfig,
     tenants: TenantBook,
+    /// Per tunnel, the final counters of its CHILD_SAs that are gone (folded in when they
+    /// leave), so that its totals never go back (`tunnel_totals`).
+    retired: HashMap<TunnelId, TunnelTraffic>,
 }
 
 impl Registry {
@@ -278,6 +282,7 @@ impl Registry {
             dispatch: None,
             chains: ChainConfig::default(),
             tenants: TenantBook::default(),
+            retired: HashMap::new(),
         };
         reg.give_slots();
         reg
@@ -349,6 +354,8 @@ impl Registry {
             }
             bound
         });
+        // A tunnel no longer bound is gone, and its totals with it.
+        self.retired.retain(|t, _| overlay.binding(*t).is_some());
         let mut rebound = 0;
         self.overlay = overlay;
         self.give_slots();
@@ -416,6 +423,8 @@ impl Registry {
         if let Some(old) = self.children.get(&child.inbound_spi) {
             // A re-used SPI (after the old one's grace): the old entry goes for good.
             debug_assert!(old.retired_until.is_some(), "SPI installed twice");
+            let (tunnel, stats) = (old.child.tunnel, old.child.stats());
+            self.retired.entry(tunnel).or_default().add(&stats);
         }
         let order = self.next_order;
         self.next_order += 1;
@@ -465,8 +474,13 @@ impl Registry {
             .filter(|(_, i)| i.retired_until.is_some_and(|t| t <= now))
             .map(|(spi, i)| (i.child.tunnel, *spi))
             .collect();
-        for (_, spi) in &gone {
-            self.children.remove(spi);
+        for (tunnel, spi) in &gone {
+            if let Some(i) = self.children.remove(spi) {
+                self.retired
+                    .entry(*tunnel)
+                    .or_default()
+                    .add(&i.child.stats());
+            }
         }
         gone
     }
@@ -553,11 +567,51 @@ impl Registry {
         }
     }
 
+    /// What the counters are read from: every installed CHILD_SA and the totals of the gone
+    /// ones. Cheap (reference counts), so that the registry's lock is held only this long;
+    /// [`Counters`] reads the counters after it is released.
+    pub(crate) fn counters(&self) -> Counters {
+        Counters {
+            children: self
+                .children
+                .values()
+                .map(|i| Arc::clone(&i.child))
+                .collect(),
+            retired: self.retired.iter().map(|(t, v)| (*t, *v)).collect(),
+        }
+    }
+
     /// Counters of every CHILD_SA, ordered by tunnel and inbound SPI.
+    #[cfg(test)]
     pub(crate) fn stats(&self) -> Vec<ChildStats> {
-        let mut v: Vec<ChildStats> = self.children.values().map(|i| i.child.stats()).collect();
+        self.counters().children()
+    }
+}
+
+/// The CHILD_SAs and retired totals [`Registry::counters`] took, read without the lock.
+pub(crate) struct Counters {
+    children: Vec<Arc<Child>>,
+    retired: Vec<(TunnelId, TunnelTraffic)>,
+}
+
+impl Counters {
+    /// Counters of every CHILD_SA, ordered by tunnel and inbound SPI.
+    pub(crate) fn children(&self) -> Vec<ChildStats> {
+        let mut v: Vec<ChildStats> = self.children.iter().map(|c| c.stats()).collect();
         v.sort_by_key(|s| (s.tunnel, s.inbound_spi));
         v
+    }
+
+    /// Per tunnel, the traffic of its live and gone CHILD_SAs since the data plane started (or
+    /// the tunnel was bound), ordered by tunnel; `children` are [`Counters::children`].
+    pub(crate) fn tunnels(&self, children: &[ChildStats]) -> Vec<(TunnelId, TunnelTraffic)> {
+        let mut totals: BTreeMap<TunnelId, TunnelTraffic> = self.retired.iter().copied().collect();
+        for c in children {
+            if let Some(t) = c.tunnel {
+                totals.entry(t).or_default().add(c);
+            }
+        }
+        totals.into_iter().collect()
     }
 }
 

@@ -561,6 +561,8 @@ impl Endpoint {
                 age_secs: sa
                     .established
                     .map_or(0, |t| now.saturating_duration_since(t).as_secs()),
+                rekey_in_secs: (sa.timers.get(crate::timer::Timer::IkeRekey))
+                    .map(|t| t.saturating_duration_since(now).as_secs()),
                 children: sa
                     .children
                     .iter()
@@ -572,6 +574,10 @@ impl Endpoint {
                         remote_ts: c.remote_ts.clone(),
                         age_secs: now.saturating_duration_since(c.installed_at).as_secs(),
                         per_resource: c.resource,
+                        rekey_in_secs: (c.timers.get(crate::timer::ChildTimer::Rekey))
+                            .map(|t| t.saturating_duration_since(now).as_secs()),
+                        expire_in_secs: (c.timers.get(crate::timer::ChildTimer::Expire))
+                            .map(|t| t.saturating_duration_since(now).as_secs()),
                     })
                     .collect(),
             })

@@ -221,6 +221,14 @@ pub enum Event {
         /// The peer's new address.
         remote: SocketAddr,
     },
+    /// The peer answered a liveness check (RFC 7296 §2.4, dead peer detection). A check that
+    /// goes unanswered ends in [`Event::IkeSaDeleted`] with [`DeleteReason::DpdTimeout`].
+    LivenessConfirmed {
+        /// The tunnel.
+        tunnel: TunnelId,
+        /// The IKE SA.
+        ike: IkeSpis,
+    },
     /// IKE SA keys for a debugging decoder; only emitted when `EndpointConfig::key_log` is set.
     KeyLog {
         /// The IKE SA.
@@ -260,6 +268,10 @@ pub struct ChildSaStatus {
     pub age_secs: u64,
     /// Negotiated with SA_RESOURCE_INFO: one of the tunnel's per-resource CHILD_SAs (RFC 9611).
     pub per_resource: bool,
+    /// Seconds until it is rekeyed (its soft lifetime), if a rekey is scheduled.
+    pub rekey_in_secs: Option<u64>,
+    /// Seconds until it expires (its hard lifetime), if it has one.
+    pub expire_in_secs: Option<u64>,
 }
 
 /// Status of one IKE SA.
@@ -281,6 +293,8 @@ pub struct IkeSaStatus {
     pub remote: SocketAddr,
     /// Seconds since established.
     pub age_secs: u64,
+    /// Seconds until it is rekeyed, if a rekey is scheduled.
+    pub rekey_in_secs: Option<u64>,
     /// CHILD_SAs.
     pub children: Vec<ChildSaStatus>,
 }

@@ -565,7 +565,15 @@ impl IkeSa {
                 self.on_delete_children_response(ctx, &payloads, &spis, reason)
             }
             Task::DeleteIke(reason) => self.die(ctx, reason),
-            Task::Dpd | Task::Orphan => {}
+            Task::Dpd => {
+                if let Some(tunnel) = self.tunnel {
+                    ctx.out.events.push_back(Event::LivenessConfirmed {
+                        tunnel,
+                        ike: self.spis,
+                    });
+                }
+            }
+            Task::Orphan => {}
         }
     }
 

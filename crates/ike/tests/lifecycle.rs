@@ -97,6 +97,37 @@ fn dpd_keeps_a_live_tunnel() {
     let n = informational_requests(&p.a.sent);
     assert!((9..=10).contains(&n), "one DPD per 10 s idle: {n}");
     assert_eq!(informational_requests(&p.b.sent), 0);
+    // Each answered check is reported.
+    let confirmed =
+        p.a.events
+            .iter()
+            .filter(|e| matches!(e, Event::LivenessConfirmed { .. }))
+            .count();
+    assert_eq!(confirmed, n, "one LivenessConfirmed per answered DPD");
+    // Without rekey times configured, the status schedules no rekey.
+    let status = p.a.ep.status(p.now);
+    assert_eq!(status[0].rekey_in_secs, None, "{status:?}");
+    assert_eq!(status[0].children[0].rekey_in_secs, None, "{status:?}");
+}
+
+#[test]
+fn status_says_when_sas_are_rekeyed_and_expire() {
+    let mut a = cfg_a();
+    a.ike_rekey_time = Duration::from_secs(3_600);
+    a.child_rekey_time = Duration::from_secs(1_200);
+    a.child_life_time = Duration::from_secs(1_320);
+    a.rand_time = Duration::ZERO;
+    let mut p = Pair::with_configs(105, a, cfg_b());
+    p.connect();
+    p.run_for(Duration::from_secs(100));
+    let status = p.a.ep.status(p.now);
+    let ike = status[0].rekey_in_secs.expect("an IKE rekey is scheduled");
+    assert!((3_490..=3_500).contains(&ike), "{ike}");
+    let child = &status[0].children[0];
+    let rekey = child.rekey_in_secs.expect("a CHILD_SA rekey is scheduled");
+    assert!((1_090..=1_100).contains(&rekey), "{rekey}");
+    let expire = child.expire_in_secs.expect("a hard lifetime");
+    assert!((1_210..=1_220).contains(&expire), "{expire}");
 }
 
 #[test]

@@ -76,6 +76,10 @@ pub(crate) struct BenchArgs {
     /// does). Default: batching,single.
     #[arg(long, value_name = "LIST")]
     peers: Option<String>,
+    /// Give the Protego gateway a `[metrics]` listener and scrape it this often while the
+    /// cases run (e.g. `1s`); prints the scrapes' durations and sizes after each group.
+    #[arg(long, value_name = "DURATION")]
+    scrape_every: Option<String>,
 }
 
 /// Benchmarks other than the data plane's.
@@ -443,6 +447,15 @@ impl BenchArgs {
         o.gateway_bin = self.gateway_bin.clone();
         o.keep = self.keep;
         o.gateway_options = self.gateway_option.clone();
+        if let Some(every) = &self.scrape_every {
+            o.scrape_every = Some(control::config::parse_duration(every).map_err(|reason| {
+                BenchError::InvalidOption {
+                    option: "--scrape-every",
+                    value: every.clone(),
+                    reason,
+                }
+            })?);
+        }
         o.validate()?;
         Ok(o)
     }

@@ -47,6 +47,9 @@ pub(crate) enum UpError {
     /// The state store could not be opened (nothing was started).
     #[error("cannot open the state store: {0}")]
     Store(#[from] control::store::StoreError),
+    /// `[metrics] listen` could not be served.
+    #[error(transparent)]
+    Metrics(#[from] metrics::MetricsError),
     /// The control loop ended on its own (its log says why).
     #[error("the control loop stopped unexpectedly")]
     ControlDied,
@@ -178,9 +181,26 @@ fn serve(config: Config, discard_applied: bool) -> Result<(), UpError> {
     if let Some(routes) = routes {
         responder = responder.with_routes(routes);
     }
-    let server = match StatusServer::start(&config.gateway.control_socket, Arc::new(responder)) {
+    let responder = Arc::new(responder);
+    let server = match StatusServer::start(
+        &config.gateway.control_socket,
+        Arc::clone(&responder) as Arc<dyn control::status::RequestHandler>,
+    ) {
         Ok(s) => s,
         Err(e) => {
+            let _ = control.shutdown(Duration::ZERO);
+            dp.shutdown();
+            return Err(e.into());
+        }
+    };
+    let metrics = match config
+        .metrics
+        .map(|m| metrics::MetricsServer::start(m.listen, &metrics::host_name(), responder))
+    {
+        None => None,
+        Some(Ok(m)) => Some(m),
+        Some(Err(e)) => {
+            server.shutdown();
             let _ = control.shutdown(Duration::ZERO);
             dp.shutdown();
             return Err(e.into());
@@ -201,6 +221,7 @@ fn serve(config: Config, discard_applied: bool) -> Result<(), UpError> {
         }
     };
     info!("shutting down");
+    drop(metrics);
     server.shutdown();
     if let Err(e) = control.shutdown(SHUTDOWN_GRACE) {
         warn!(error = %e, "control loop did not stop cleanly");

@@ -91,6 +91,7 @@ impl Config {
             filter: Vec::new(),
             store: None,
             cluster: None,
+            metrics: None,
         };
         let checked = validate::validate_with(&source, raw, psks).map_err(Error::Config)?;
         let mut out = self.clone();

@@ -386,6 +386,8 @@ pub struct Config {
     pub cluster: Option<ClusterConfig>,
     /// `[[filter]]`: the tenants' eBPF programs, each loaded and verified (issue 18).
     pub filters: Vec<datapath::FilterConfig>,
+    /// `[metrics]`: where the node serves Prometheus metrics (absent: it does not).
+    pub metrics: Option<metrics::MetricsConfig>,
     /// Things that are allowed but worth an operator's attention (world-readable PSK files, key
     /// log enabled). The binary prints or logs them.
     pub warnings: Vec<String>,

@@ -26,6 +26,14 @@ pub(crate) struct RawFile {
     pub(crate) filter: Vec<Spanned<RawFilter>>,
     pub(crate) store: Option<Spanned<RawStore>>,
     pub(crate) cluster: Option<Spanned<RawCluster>>,
+    pub(crate) metrics: Option<Spanned<RawMetrics>>,
+}
+
+/// `[metrics]`: where the node serves its Prometheus metrics.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawMetrics {
+    pub(crate) listen: Spanned<String>,
 }
 
 /// A file given to `protego ctl apply`: the tenants, VNets and tunnels; node-wide tables may
@@ -50,6 +58,8 @@ pub(crate) struct RawInventory {
     pub(crate) _attachment: Option<toml::Value>,
     #[serde(default, rename = "filter")]
     pub(crate) _filter: Option<toml::Value>,
+    #[serde(default, rename = "metrics")]
+    pub(crate) _metrics: Option<toml::Value>,
 }
 
 /// `[cluster]`: the control node's side of the distributed form.

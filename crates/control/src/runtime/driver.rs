@@ -153,7 +153,11 @@ impl Driver {
     pub(super) fn on_command(&mut self, now: Instant, command: Command) {
         match command {
             Command::Status(reply) => {
-                let _ = reply.send((self.endpoint.status(now), self.endpoint.stats().clone()));
+                let _ = reply.send(IkeReport {
+                    sas: self.endpoint.status(now),
+                    drops: self.endpoint.stats().clone(),
+                    events: self.events.clone(),
+                });
             }
             Command::StoreStats(reply) => {
                 let _ = reply.send(self.persist.stats());

@@ -30,8 +30,10 @@ impl Driver {
                     local = %local, remote = %remote, proposal = %proposal,
                     "IKE_SA established"
                 );
+                self.events.entry(tunnel).or_default().ike_established += 1;
             }
             Event::IkeSaRekeyed { tunnel, old, new } => {
+                self.events.entry(tunnel).or_default().ike_rekeys += 1;
                 let t = Some(tunnel);
                 info!(
                     tunnel = %self.name(t), tenant = %self.tenant(t),
@@ -51,6 +53,12 @@ impl Driver {
                 let remote_ts = join_ts(&child.remote_ts);
                 if let Some(keylog) = self.keylog.as_mut() {
                     keylog.write_child(&child);
+                }
+                let counts = self.events.entry(child.tunnel).or_default();
+                if child.replaces.is_some() {
+                    counts.child_rekeys += 1;
+                } else {
+                    counts.child_installed += 1;
                 }
                 if let Some(old) = child.replaces {
                     info!(
@@ -120,6 +128,15 @@ impl Driver {
                 );
                 self.datapath.update_peer(tunnel, ike, local, remote);
             }
+            Event::LivenessConfirmed { tunnel, ike } => {
+                let t = Some(tunnel);
+                debug!(
+                    tunnel = %self.name(t), tenant = %self.tenant(t),
+                    ispi = %ike.initiator, rspi = %ike.responder,
+                    "peer answered a liveness check"
+                );
+                self.events.entry(tunnel).or_default().dpd_answered += 1;
+            }
             Event::KeyLog { ike, line } => match self.keylog.as_mut() {
                 Some(keylog) => keylog.write_ike(&line),
                 None => {
@@ -157,6 +174,9 @@ impl Driver {
             }
         }
         if let Some(t) = tunnel {
+            *(self.events.entry(t).or_default().ike_deleted)
+                .entry(why.to_owned())
+                .or_default() += 1;
             let restart = self
                 .tunnels
                 .get(&t)

@@ -15,7 +15,7 @@ mod driver;
 mod events;
 mod persist;
 
-pub use persist::StoreStats;
+pub use persist::{CommitLatency, StoreStats, COMMIT_BUCKETS_US};
 
 use crate::config::Config;
 use crate::error::Error;
@@ -45,7 +45,7 @@ const TRANSMIT_BUFFER: usize = 65_536;
 
 /// A request to the control loop.
 enum Command {
-    Status(Sender<(Vec<IkeSaStatus>, IkeStats)>),
+    Status(Sender<IkeReport>),
     StoreStats(Sender<StoreStats>),
     RotateStoreKey(Sender<Result<crate::store::KeyRotation, crate::store::StoreError>>),
     Initiate(TunnelId, Sender<Result<(), CommandFailure>>),
@@ -125,6 +125,17 @@ pub struct FilterCommit {
     pub settings: Vec<datapath::FilterMapSetting>,
 }
 
+/// What the control loop knows of IKE, read in one go (`protego status`, metrics).
+#[derive(Debug, Clone, Default)]
+pub struct IkeReport {
+    /// The engine's IKE SAs.
+    pub sas: Vec<IkeSaStatus>,
+    /// Its counters of dropped IKE datagrams.
+    pub drops: IkeStats,
+    /// Per tunnel, what happened to it since the control loop started.
+    pub events: HashMap<TunnelId, crate::status::TunnelEvents>,
+}
+
 /// A cloneable handle for talking to a running control loop (status server, signal handler).
 #[derive(Clone)]
 pub struct ControlHandle {
@@ -134,11 +145,12 @@ pub struct ControlHandle {
 impl ControlHandle {
     /// The engine's current IKE SA table.
     pub fn ike_status(&self) -> Result<Vec<IkeSaStatus>, Error> {
-        self.ike_report().map(|(sas, _)| sas)
+        self.ike_report().map(|r| r.sas)
     }
 
-    /// The engine's IKE SA table and its counters of dropped IKE datagrams, read together.
-    pub fn ike_report(&self) -> Result<(Vec<IkeSaStatus>, IkeStats), Error> {
+    /// The engine's IKE SA table, its counters of dropped IKE datagrams and the tunnels'
+    /// event counters, read together.
+    pub fn ike_report(&self) -> Result<IkeReport, Error> {
         let (tx, rx) = bounded(1);
         self.commands
             .send(Command::Status(tx))
@@ -385,6 +397,7 @@ impl ControlPlane {
                     keylog,
                     buf: Vec::with_capacity(TRANSMIT_BUFFER),
                     restart: Vec::new(),
+                    events: HashMap::new(),
                     shutdown_deadline: None,
                     persist,
                     restored,
@@ -491,6 +504,8 @@ struct Driver {
     buf: Vec<u8>,
     /// Tunnels whose IKE SA died of a DPD timeout with `dpd_action = restart`.
     restart: Vec<TunnelId>,
+    /// Per tunnel: establishments, rekeys, liveness checks, deletions (`IkeReport::events`).
+    events: HashMap<TunnelId, crate::status::TunnelEvents>,
     /// Set once a shutdown began: the loop ends when every IKE SA is gone or at this instant.
     shutdown_deadline: Option<Instant>,
     /// The state store.

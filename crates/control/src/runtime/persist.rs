@@ -123,6 +123,10 @@ pub struct StoreStats {
     pub commit_us_p50: u64,
     /// 99th percentile of the same.
     pub commit_us_p99: u64,
+    /// Every successful commit's latency since the start, as a histogram (the metrics'
+    /// `protego_store_commit_duration_seconds`).
+    #[serde(default)]
+    pub commit_latency: CommitLatency,
     /// Datagrams waiting for a commit (non-zero only while the store fails).
     pub held: usize,
     /// The last failure, while the store is failing.
@@ -130,6 +134,52 @@ pub struct StoreStats {
     /// How the records are encrypted at rest: key file, current key, records per key.
     #[serde(default)]
     pub encryption: Option<crate::store::EncryptionStatus>,
+}
+
+/// Upper bounds of the commit latency histogram's buckets, in microseconds; one more bucket,
+/// unbounded, follows.
+pub const COMMIT_BUCKETS_US: [u64; 13] = [
+    100, 250, 500, 1_000, 2_500, 5_000, 10_000, 25_000, 50_000, 100_000, 250_000, 500_000,
+    1_000_000,
+];
+
+/// A histogram of commit latencies since the start.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct CommitLatency {
+    /// The latencies summed, in microseconds.
+    pub sum_us: u64,
+    /// Commits per bucket (not cumulative): one per bound of [`COMMIT_BUCKETS_US`], then the
+    /// unbounded one.
+    pub buckets: Vec<u64>,
+}
+
+impl Default for CommitLatency {
+    fn default() -> Self {
+        Self {
+            sum_us: 0,
+            buckets: vec![0; COMMIT_BUCKETS_US.len() + 1],
+        }
+    }
+}
+
+impl CommitLatency {
+    /// Counts one commit that took `took`.
+    pub fn observe(&mut self, took: Duration) {
+        let us = u64::try_from(took.as_micros()).unwrap_or(u64::MAX);
+        self.sum_us = self.sum_us.saturating_add(us);
+        let bucket = COMMIT_BUCKETS_US
+            .iter()
+            .position(|&bound| us <= bound)
+            .unwrap_or(COMMIT_BUCKETS_US.len());
+        if let Some(n) = self.buckets.get_mut(bucket) {
+            *n += 1;
+        }
+    }
+
+    /// The commits counted.
+    pub fn count(&self) -> u64 {
+        self.buckets.iter().sum()
+    }
 }
 
 /// The control loop's side of the store.
@@ -146,6 +196,7 @@ pub(crate) struct Persister {
     failures: u64,
     records: u64,
     latencies: VecDeque<Duration>,
+    latency: CommitLatency,
     /// IKE SAs deleted from the store with an applied configuration while they are still
     /// being deleted with their peers: their later states are not stored.
     doomed: std::collections::HashSet<u64>,
@@ -168,6 +219,7 @@ impl Persister {
             failures: 0,
             records: 0,
             latencies: VecDeque::new(),
+            latency: CommitLatency::default(),
             doomed: std::collections::HashSet::new(),
             // Records found under an older key (or in clear) at the start are re-encrypted.
             reseal_at: Some(Instant::now()),
@@ -224,12 +276,7 @@ impl Persister {
         let started = Instant::now();
         match self.store.commit(changes) {
             Ok(()) => {
-                if self.latencies.len() == LATENCY_SAMPLES {
-                    self.latencies.pop_front();
-                }
-                self.latencies.push_back(started.elapsed());
-                self.commits += 1;
-                self.records += changes.len() as u64;
+                self.committed(started.elapsed(), changes.len());
                 for spi in doomed {
                     self.pending.remove(spi);
                     self.doomed.insert(*spi);
@@ -416,12 +463,7 @@ impl Persister {
                 if took > SLOW_COMMIT {
                     warn!(ms = took.as_millis() as u64, records = batch.len(), store = %self.store.describe(), "slow state commit");
                 }
-                if self.latencies.len() == LATENCY_SAMPLES {
-                    self.latencies.pop_front();
-                }
-                self.latencies.push_back(took);
-                self.commits += 1;
-                self.records += batch.len() as u64;
+                self.committed(took, batch.len());
                 true
             }
             Err(e) => {
@@ -436,6 +478,17 @@ impl Persister {
                 false
             }
         }
+    }
+
+    /// Counts a successful commit of `records` records that took `took`.
+    fn committed(&mut self, took: Duration, records: usize) {
+        if self.latencies.len() == LATENCY_SAMPLES {
+            self.latencies.pop_front();
+        }
+        self.latencies.push_back(took);
+        self.latency.observe(took);
+        self.commits += 1;
+        self.records += records as u64;
     }
 
     /// When the next commit attempt is due, while one is pending.
@@ -486,6 +539,7 @@ impl Persister {
             records_written: self.records,
             commit_us_p50: pick(0.5),
             commit_us_p99: pick(0.99),
+            commit_latency: self.latency.clone(),
             held: self.held.len(),
             error: self.error.clone(),
             encryption: self.store.encryption().map(|mut e| {

@@ -3,6 +3,7 @@
 //! the data plane's counters, and formatting helpers shared with the log lines (swanctl's notation for traffic
 //! selectors and identities).
 
+pub mod metrics;
 mod render;
 mod server;
 
@@ -285,6 +286,9 @@ pub struct WorkerStatus {
     pub packets: u64,
     /// Batches it processed.
     pub batches: u64,
+    /// Time it spent processing batches, in nanoseconds.
+    #[serde(default)]
+    pub busy_ns: u64,
     /// Time it spent polling without sleeping and finding nothing (`busy_poll`), ns.
     #[serde(default)]
     pub spin_ns: u64,
@@ -332,6 +336,33 @@ pub struct TunnelStatus {
     pub remote_id: String,
     /// Its IKE SAs (two while one is being rekeyed).
     pub ike_sas: Vec<IkeSaReport>,
+    /// What happened to it since the control plane started.
+    #[serde(default)]
+    pub events: TunnelEvents,
+    /// Its traffic since the data path started (a control node: since it became active),
+    /// over all its CHILD_SAs, the retired ones included; zeros until it carried any.
+    #[serde(default)]
+    pub traffic: datapath::TunnelTraffic,
+}
+
+/// Counters of a tunnel's IKE events since the control plane started (cumulative; the
+/// metrics' `_total` series).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TunnelEvents {
+    /// IKE SAs established (IKE_AUTH completed; rekeys not included).
+    pub ike_established: u64,
+    /// IKE SAs replaced by a rekey.
+    pub ike_rekeys: u64,
+    /// CHILD_SAs created (not by a rekey).
+    pub child_installed: u64,
+    /// CHILD_SAs replaced by a rekey.
+    pub child_rekeys: u64,
+    /// Liveness checks (dead peer detection) the peer answered.
+    pub dpd_answered: u64,
+    /// IKE SAs deleted, by reason (`dpd_timeout`: liveness checks that went unanswered;
+    /// `peer_request`, `local_request`, `rekeyed`, `retransmit_limit`, `expired`,
+    /// `auth_failed`, `negotiation_failed`).
+    pub ike_deleted: BTreeMap<String, u64>,
 }
 
 /// One IKE SA.
@@ -353,6 +384,9 @@ pub struct IkeSaReport {
     pub proposal: String,
     /// Seconds since it was established.
     pub established_secs: u64,
+    /// Seconds until it is rekeyed (absent: no rekey scheduled).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rekey_in_secs: Option<u64>,
     /// Its CHILD_SAs.
     pub children: Vec<ChildSaReport>,
 }
@@ -372,6 +406,12 @@ pub struct ChildSaReport {
     pub remote_ts: Vec<String>,
     /// Seconds since it was installed.
     pub installed_secs: u64,
+    /// Seconds until it is rekeyed (absent: no rekey scheduled).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rekey_in_secs: Option<u64>,
+    /// Seconds until it expires (absent: no hard lifetime).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expire_in_secs: Option<u64>,
     /// Inner bytes decrypted.
     pub bytes_in: u64,
     /// Packets decrypted.
@@ -467,6 +507,8 @@ impl StatusReport {
         }
         let counters: HashMap<EspSpi, &datapath::ChildStats> =
             stats.children.iter().map(|c| (c.inbound_spi, c)).collect();
+        let traffic: HashMap<TunnelId, datapath::TunnelTraffic> =
+            stats.tunnels.iter().copied().collect();
         let tunnels = directory
             .0
             .iter()
@@ -488,6 +530,8 @@ impl StatusReport {
                     local_id: entry.local_id.clone(),
                     remote_id: entry.remote_id.clone(),
                     ike_sas: sas.into_iter().map(|s| ike_report(s, &counters)).collect(),
+                    events: TunnelEvents::default(),
+                    traffic: traffic.get(&entry.id).copied().unwrap_or_default(),
                 }
             })
             .collect();
@@ -512,6 +556,7 @@ impl StatusReport {
                 cpu: w.cpu,
                 packets: w.packets,
                 batches: w.batches,
+                busy_ns: w.busy_ns,
                 spin_ns: w.spin_ns,
             })
             .collect();
@@ -571,6 +616,22 @@ impl StatusReport {
     }
 }
 
+impl StatusReport {
+    /// Fills each tunnel's [`TunnelEvents`] from the control loop's counters.
+    pub fn set_events(
+        &mut self,
+        directory: &TunnelDirectory,
+        events: &HashMap<TunnelId, TunnelEvents>,
+    ) {
+        // `tunnels` is in directory order (see `build`).
+        for (t, entry) in self.tunnels.iter_mut().zip(&directory.0) {
+            if let Some(e) = events.get(&entry.id) {
+                t.events = e.clone();
+            }
+        }
+    }
+}
+
 fn state_rank(state: IkeSaState) -> u8 {
     match state {
         IkeSaState::Established => 0,
@@ -607,6 +668,8 @@ fn ike_report(s: &IkeSaStatus, by_spi: &HashMap<EspSpi, &datapath::ChildStats>) 
                 local_ts: c.local_ts.iter().map(format_ts).collect(),
                 remote_ts: c.remote_ts.iter().map(format_ts).collect(),
                 installed_secs: c.age_secs,
+                rekey_in_secs: c.rekey_in_secs,
+                expire_in_secs: c.expire_in_secs,
                 bytes_in: get(|c| c.bytes_in),
                 packets_in: get(|c| c.packets_in),
                 bytes_out: get(|c| c.bytes_out),
@@ -628,6 +691,7 @@ fn ike_report(s: &IkeSaStatus, by_spi: &HashMap<EspSpi, &datapath::ChildStats>) 
         remote: s.remote,
         proposal: s.proposal.clone(),
         established_secs: s.age_secs,
+        rekey_in_secs: s.rekey_in_secs,
         children,
     }
 }

@@ -747,15 +747,18 @@ impl Responder {
 
     /// The current status report.
     pub fn status(&self) -> Result<StatusReport, Error> {
-        let (ike, ike_stats) = self.control.ike_report()?;
+        let ike = self.control.ike_report()?;
         let stats = self.datapath.stats();
+        let directory = self.directory();
         let mut report = StatusReport::build(
-            &self.directory(),
-            &ike,
-            &ike_stats,
+            &directory,
+            &ike.sas,
+            &ike.drops,
             &stats,
             self.started.elapsed().as_secs(),
         );
+        report.set_events(&directory, &ike.events);
+        drop(directory);
         report.store = Some(self.control.store_stats()?);
         report.routes = super::RouteStatus::of(&self.datapath.route_stats());
         report.filters = (self.datapath.filter_report(None).programs.iter())
@@ -893,6 +896,18 @@ impl RequestHandler for Responder {
             },
         };
         result.unwrap_or_else(|e| json!({ "error": e.to_string() }))
+    }
+}
+
+/// `[metrics] listen`: the status report as metric families, read at each scrape.
+impl ::metrics::Source for Responder {
+    fn collect(&self, out: &mut ::metrics::Families<'_, '_>) -> Result<(), ::metrics::Collect> {
+        let now = super::metrics::unix_now();
+        let report = self
+            .status()
+            .map_err(|e| ::metrics::Collect::Unavailable(e.to_string()))?;
+        super::metrics::write_report(out, &report, now)?;
+        Ok(())
     }
 }
 

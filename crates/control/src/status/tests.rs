@@ -47,6 +47,7 @@ fn ike_sa(tunnel: u32, state: IkeSaState, children: Vec<ChildSaStatus>) -> IkeSa
         local: "198.51.100.1:4500".parse().unwrap(),
         remote: "192.0.2.2:4500".parse().unwrap(),
         age_secs: 125,
+        rekey_in_secs: Some(3_000),
         children,
     }
 }
@@ -60,10 +61,12 @@ fn child(spi_in: u32, spi_out: u32) -> ChildSaStatus {
         remote_ts: vec![ts("10.1.0.0/24"), ts("10.1.1.5[tcp/443]")],
         age_secs: 60,
         per_resource: false,
+        rekey_in_secs: Some(3_200),
+        expire_in_secs: Some(3_500),
     }
 }
 
-fn sample_report() -> StatusReport {
+pub(super) fn sample_report() -> StatusReport {
     let sas = vec![
         ike_sa(
             1,
@@ -88,6 +91,16 @@ fn sample_report() -> StatusReport {
             drops_in: 3,
             ..ChildStats::default()
         }],
+        tunnels: vec![(
+            TunnelId(1),
+            datapath::TunnelTraffic {
+                bytes_in: 223_456,
+                packets_in: 180,
+                bytes_out: 754_321,
+                packets_out: 290,
+                drops_in: 4,
+            },
+        )],
         workers: vec![
             datapath::WorkerStats {
                 cpu: Some(0),
@@ -584,6 +597,7 @@ fn store_figures_and_failure_are_shown() {
         records_written: 14,
         commit_us_p50: 1_250,
         commit_us_p99: 8_000,
+        commit_latency: crate::runtime::CommitLatency::default(),
         held: 2,
         error: Some("disk full".into()),
         encryption: None,

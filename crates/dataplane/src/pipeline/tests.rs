@@ -551,6 +551,15 @@ fn rekey_moves_outbound_at_once_and_keeps_old_inbound() {
         peer_old.seal(&udp4("192.168.0.9", 2000, "10.0.0.5", 1000, 64, b"in")),
     );
     assert_eq!(e.drops(DropReason::EspUnknownSpi), 1);
+    // The tunnel's totals keep what the forgotten SA opened (its two inbound packets) and
+    // the live one's outbound packet.
+    let counters = e.sh.registry().counters();
+    let children = counters.children();
+    assert_eq!(children.len(), 1, "only the new SA is left");
+    let tunnels = counters.tunnels(&children);
+    assert_eq!(tunnels.len(), 1);
+    assert_eq!(tunnels[0].0, TunnelId(1));
+    assert_eq!((tunnels[0].1.packets_in, tunnels[0].1.packets_out), (2, 1));
     // Removing the new one leaves the tunnel without SAs.
     e.sh.remove_child(TunnelId(1), EspSpi(0x1003), EspSpi(0x2003));
     e.recv_from_host(

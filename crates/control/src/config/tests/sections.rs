@@ -1,4 +1,5 @@
-//! Tests of the `[store]`, `[store.etcd]` and `[cluster]` sections, and of an applied inventory.
+//! Tests of the `[store]`, `[store.etcd]`, `[cluster]` and `[metrics]` sections, and of an
+//! applied inventory.
 
 use super::*;
 
@@ -519,4 +520,38 @@ fn cluster_dispatch_defaults_values_and_errors() {
             .to_string();
         assert!(e.contains(key) && e.contains(says), "{extra}: {e}");
     }
+}
+
+#[test]
+fn metrics_listen_is_an_address_and_port() {
+    let s = Scratch::new();
+    let c = s.parse(&with_tunnel(TUNNEL_A)).unwrap();
+    assert_eq!(c.metrics, None, "no [metrics]: no listener");
+    let text = format!(
+        "{}\n[metrics]\nlisten = \"[::1]:9180\"\n",
+        with_tunnel(TUNNEL_A)
+    );
+    let c = s.parse(&text).unwrap();
+    assert_eq!(
+        c.metrics.map(|m| m.listen),
+        Some("[::1]:9180".parse().unwrap())
+    );
+    for bad in ["\"9180\"", "\"localhost:9180\"", "\"10.0.0.1\""] {
+        let text = format!("{}\n[metrics]\nlisten = {bad}\n", with_tunnel(TUNNEL_A));
+        let line = line_of(&text, "[metrics]") + 1;
+        expect_error_at(&text, line, "listen", "must be an address and port");
+    }
+    let text = format!("{}\n[metrics]\nport = 9180\n", with_tunnel(TUNNEL_A));
+    assert!(s.parse(&text).is_err(), "unknown key in [metrics]");
+}
+
+#[test]
+fn an_applied_file_may_carry_a_metrics_section() {
+    // `ctl apply` takes whole configuration files; their node-wide tables are ignored.
+    let text = format!(
+        "{}\n[metrics]\nlisten = \"127.0.0.1:9180\"\n",
+        with_tunnel(TUNNEL_A)
+    );
+    let raw: crate::config::raw::RawInventory = toml::from_str(&text).unwrap();
+    assert_eq!(raw.tunnel.len(), 1);
 }

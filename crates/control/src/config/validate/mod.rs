@@ -81,6 +81,7 @@ pub(crate) fn validate_with(
     let store = v.store(raw.store.as_ref())?;
     let store_encryption = v.store_encryption(raw.store.as_ref())?;
     let cluster = raw.cluster.as_ref().map(|c| v.cluster(c)).transpose()?;
+    let metrics = raw.metrics.as_ref().map(|m| v.metrics(m)).transpose()?;
     let tenants = v.tenants(&raw)?;
     let cpu_weights = v.cpu_weights(&raw)?;
     let vnets = v.vnets(&raw, &tenants)?;
@@ -177,6 +178,7 @@ pub(crate) fn validate_with(
         store_encryption,
         cluster,
         filters: filters.into_iter().map(|f| f.config).collect(),
+        metrics,
         warnings: v.warnings,
     })
 }
@@ -242,6 +244,16 @@ impl Validator<'_, '_> {
     ) -> Box<ConfigError> {
         self.src
             .error(span, Some(section.to_owned()), Some(key), message)
+    }
+
+    /// `[metrics]`.
+    fn metrics(
+        &self,
+        raw: &Spanned<super::raw::RawMetrics>,
+    ) -> Result<metrics::MetricsConfig, Box<ConfigError>> {
+        let listen = &raw.get_ref().listen;
+        metrics::MetricsConfig::parse(listen.get_ref())
+            .map_err(|message| self.err(listen.span(), "metrics", "listen", message))
     }
 
     fn line(&self, span: &Range<usize>) -> usize {

@@ -110,6 +110,21 @@ fn rekey_commands_rekey_the_child_and_the_ike_sa() {
             .ike_status()
             .is_ok_and(|s| s.len() == 1 && s[0].ike != ike_before)
     });
+    // Both sides counted one establishment, one CHILD_SA and both rekeys.
+    for side in [&a, &b] {
+        let events = side.control().handle().ike_report().unwrap().events;
+        let e = &events[&TunnelId(1)];
+        assert_eq!(
+            (
+                e.ike_established,
+                e.child_installed,
+                e.child_rekeys,
+                e.ike_rekeys
+            ),
+            (1, 1, 1, 1),
+            "{e:?}"
+        );
+    }
     assert!(matches!(
         handle.rekey_child(TunnelId(9)),
         Err(Error::Command {
@@ -155,6 +170,12 @@ fn dpd_timeout_restarts_the_tunnel() {
     wait_until(20, "DPD declared the peer dead", || {
         a.path.live().is_empty()
     });
+    let events = a.control().handle().ike_report().unwrap().events;
+    assert_eq!(
+        events[&TunnelId(1)].ike_deleted.get("dpd_timeout"),
+        Some(&1),
+        "{events:?}"
+    );
     let dead = log_lines_with("DPD timeout");
     assert!(
         dead.iter()

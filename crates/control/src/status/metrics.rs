@@ -1,0 +1,603 @@
+//! The gateway's metrics (`[metrics] listen` of `protego up` and of control nodes): a
+//! [`StatusReport`] written as Prometheus families, every configured tunnel with a series even
+//! while it is down, times as Unix timestamps, counters as `_total` (docs/operations.md,
+//! "Metrics", lists them).
+
+use super::{StatusReport, TunnelState};
+use metrics::{Families, Histogram};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+/// Seconds since the Unix epoch, now.
+pub fn unix_now() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
+}
+
+/// The numeric value of a tunnel state in `protego_tunnel_state`.
+fn state_value(state: TunnelState) -> u32 {
+    match state {
+        TunnelState::Down => 0,
+        TunnelState::Connecting => 1,
+        TunnelState::Established => 2,
+    }
+}
+
+/// Writes `report`'s families; `now` is the Unix time the report was taken at (ages become
+/// timestamps against it).
+pub fn write_report(
+    out: &mut Families<'_, '_>,
+    report: &StatusReport,
+    now: f64,
+) -> std::fmt::Result {
+    write_build(out, report.uptime_secs, now)?;
+    write_tunnels(out, report, now)?;
+    write_ike_node(out, report)?;
+    write_store(out, report)?;
+    write_dataplane(out, report)
+}
+
+/// `protego_build_info` and `protego_start_time_seconds` (every role).
+pub fn write_build(out: &mut Families<'_, '_>, uptime_secs: u64, now: f64) -> std::fmt::Result {
+    let version = env!("CARGO_PKG_VERSION");
+    out.info(
+        "protego_build",
+        "The running Protego's version.",
+        [&[("version", version)][..]],
+    )?;
+    out.gauge(
+        "protego_start_time_seconds",
+        "When the node started, Unix time.",
+        [(&[][..], (now - uptime_secs as f64).floor())],
+    )
+}
+
+/// Per-tunnel, per-IKE SA and per-CHILD_SA families.
+fn write_tunnels(out: &mut Families<'_, '_>, report: &StatusReport, now: f64) -> std::fmt::Result {
+    // Every series of a tunnel starts with its tenant and name.
+    let ids: Vec<[(&str, &str); 2]> = report
+        .tunnels
+        .iter()
+        .map(|t| [("tenant", t.tenant.as_str()), ("tunnel", t.name.as_str())])
+        .collect();
+    let per_tunnel = || report.tunnels.iter().zip(&ids);
+    out.gauge(
+        "protego_tunnel_state",
+        "State of each configured tunnel: 0 down, 1 connecting, 2 established.",
+        per_tunnel().map(|(t, l)| (&l[..], state_value(t.state))),
+    )?;
+    out.gauge(
+        "protego_tunnel_up",
+        "1 if the tunnel has an established IKE SA, else 0.",
+        per_tunnel().map(|(t, l)| (&l[..], u32::from(t.state == TunnelState::Established))),
+    )?;
+    let remotes: Vec<String> = report
+        .tunnels
+        .iter()
+        .map(|t| {
+            let a: Vec<String> = t.remote_addrs.iter().map(ToString::to_string).collect();
+            a.join(",")
+        })
+        .collect();
+    let infos: Vec<[(&str, &str); 6]> = report
+        .tunnels
+        .iter()
+        .zip(&remotes)
+        .map(|(t, remote)| {
+            [
+                ("tenant", t.tenant.as_str()),
+                ("tunnel", t.name.as_str()),
+                ("inside", t.inside.as_str()),
+                ("local_id", t.local_id.as_str()),
+                ("remote_id", t.remote_id.as_str()),
+                ("remote_addrs", remote.as_str()),
+            ]
+        })
+        .collect();
+    out.info(
+        "protego_tunnel",
+        "Each configured tunnel's inside, identities and configured peer addresses.",
+        infos.iter().map(|l| &l[..]),
+    )?;
+    out.gauge(
+        "protego_tunnel_ike_sas",
+        "IKE SAs of the tunnel (two while one is rekeyed).",
+        per_tunnel().map(|(t, l)| (&l[..], t.ike_sas.len())),
+    )?;
+    out.gauge(
+        "protego_tunnel_child_sas",
+        "CHILD_SAs of the tunnel.",
+        per_tunnel().map(|(t, l)| {
+            let n: usize = t.ike_sas.iter().map(|s| s.children.len()).sum();
+            (&l[..], n)
+        }),
+    )?;
+    // The IKE SA in use: the status lists established ones first.
+    fn current(t: &super::TunnelStatus) -> Option<&super::IkeSaReport> {
+        t.ike_sas
+            .first()
+            .filter(|s| s.state == "established" || s.state == "rekeying")
+    }
+    out.gauge(
+        "protego_ike_sa_established_timestamp_seconds",
+        "When the tunnel's IKE SA in use was established, Unix time (absent while none is).",
+        per_tunnel().filter_map(|(t, l)| {
+            current(t).map(|s| (&l[..], (now - s.established_secs as f64).floor()))
+        }),
+    )?;
+    out.gauge(
+        "protego_ike_sa_rekey_timestamp_seconds",
+        "When the tunnel's IKE SA in use is due to be rekeyed, Unix time.",
+        per_tunnel().filter_map(|(t, l)| {
+            let s = current(t)?;
+            Some((&l[..], (now + s.rekey_in_secs? as f64).floor()))
+        }),
+    )?;
+    write_sa_families(out, report, now)?;
+    write_tunnel_counters(out, report, &ids)
+}
+
+/// The per-IKE SA and per-CHILD_SA families (labelled with their SPIs, as strongSwan's
+/// exporters label theirs by unique id).
+fn write_sa_families(
+    out: &mut Families<'_, '_>,
+    report: &StatusReport,
+    now: f64,
+) -> std::fmt::Result {
+    let mut ike_text: Vec<[String; 3]> = Vec::new();
+    for t in &report.tunnels {
+        for s in &t.ike_sas {
+            ike_text.push([
+                s.initiator.to_string(),
+                s.local.to_string(),
+                s.remote.to_string(),
+            ]);
+        }
+    }
+    let mut ikes: Vec<[(&str, &str); 9]> = Vec::with_capacity(ike_text.len());
+    let mut text = ike_text.iter();
+    for t in &report.tunnels {
+        for s in &t.ike_sas {
+            let [initiator, local, remote] = text.next().expect("one entry per IKE SA");
+            ikes.push([
+                ("tenant", t.tenant.as_str()),
+                ("tunnel", t.name.as_str()),
+                ("spi_i", s.spi_i.as_str()),
+                ("spi_r", s.spi_r.as_str()),
+                ("state", s.state.as_str()),
+                ("initiator", initiator.as_str()),
+                ("local", local.as_str()),
+                ("remote", remote.as_str()),
+                ("proposal", s.proposal.as_str()),
+            ]);
+        }
+    }
+    out.info(
+        "protego_ike_sa",
+        "Each IKE SA: SPIs, state, role, addresses and proposal.",
+        ikes.iter().map(|l| &l[..]),
+    )?;
+
+    let mut child_text: Vec<[String; 2]> = Vec::new();
+    for t in &report.tunnels {
+        for s in &t.ike_sas {
+            for c in &s.children {
+                child_text.push([c.local_ts.join(","), c.remote_ts.join(",")]);
+            }
+        }
+    }
+    let mut infos: Vec<[(&str, &str); 7]> = Vec::with_capacity(child_text.len());
+    let mut keys: Vec<[(&str, &str); 3]> = Vec::with_capacity(child_text.len());
+    let mut children = Vec::with_capacity(child_text.len());
+    let mut text = child_text.iter();
+    for t in &report.tunnels {
+        for s in &t.ike_sas {
+            for c in &s.children {
+                let [local_ts, remote_ts] = text.next().expect("one entry per CHILD_SA");
+                infos.push([
+                    ("tenant", t.tenant.as_str()),
+                    ("tunnel", t.name.as_str()),
+                    ("spi_in", c.spi_in.as_str()),
+                    ("spi_out", c.spi_out.as_str()),
+                    ("proposal", c.proposal.as_str()),
+                    ("local_ts", local_ts.as_str()),
+                    ("remote_ts", remote_ts.as_str()),
+                ]);
+                keys.push([
+                    ("tenant", t.tenant.as_str()),
+                    ("tunnel", t.name.as_str()),
+                    ("spi_in", c.spi_in.as_str()),
+                ]);
+                children.push(c);
+            }
+        }
+    }
+    out.info(
+        "protego_child_sa",
+        "Each CHILD_SA: SPIs, proposal and traffic selectors.",
+        infos.iter().map(|l| &l[..]),
+    )?;
+    let per_child = || children.iter().zip(&keys);
+    out.gauge(
+        "protego_child_sa_established_timestamp_seconds",
+        "When the CHILD_SA was installed, Unix time.",
+        per_child().map(|(c, l)| (&l[..], (now - c.installed_secs as f64).floor())),
+    )?;
+    out.gauge(
+        "protego_child_sa_rekey_timestamp_seconds",
+        "When the CHILD_SA is due to be rekeyed, Unix time.",
+        per_child().filter_map(|(c, l)| Some((&l[..], (now + c.rekey_in_secs? as f64).floor()))),
+    )?;
+    out.gauge(
+        "protego_child_sa_expire_timestamp_seconds",
+        "When the CHILD_SA expires (its hard lifetime), Unix time.",
+        per_child().filter_map(|(c, l)| Some((&l[..], (now + c.expire_in_secs? as f64).floor()))),
+    )?;
+    let directional = |dir: &'static str| {
+        keys.iter()
+            .map(move |k| [k[0], k[1], k[2], ("direction", dir)])
+            .collect::<Vec<_>>()
+    };
+    let (child_in, child_out) = (directional("in"), directional("out"));
+    out.counter(
+        "protego_child_sa_bytes",
+        "Inner bytes the CHILD_SA decrypted (in) and encrypted (out).",
+        (children
+            .iter()
+            .zip(&child_in)
+            .map(|(c, l)| (&l[..], c.bytes_in)))
+        .chain(
+            children
+                .iter()
+                .zip(&child_out)
+                .map(|(c, l)| (&l[..], c.bytes_out)),
+        ),
+    )?;
+    out.counter(
+        "protego_child_sa_packets",
+        "Packets the CHILD_SA decrypted (in) and encrypted (out).",
+        (children
+            .iter()
+            .zip(&child_in)
+            .map(|(c, l)| (&l[..], c.packets_in)))
+        .chain(
+            children
+                .iter()
+                .zip(&child_out)
+                .map(|(c, l)| (&l[..], c.packets_out)),
+        ),
+    )
+}
+
+/// The tunnels' cumulative counters: traffic over all their CHILD_SAs and IKE events.
+fn write_tunnel_counters(
+    out: &mut Families<'_, '_>,
+    report: &StatusReport,
+    ids: &[[(&str, &str); 2]],
+) -> std::fmt::Result {
+    let with = |extra: (&'static str, &'static str)| {
+        ids.iter().map(|l| [l[0], l[1], extra]).collect::<Vec<_>>()
+    };
+    // Every configured tunnel has its series from the start, zero until traffic flows.
+    write_traffic(
+        out,
+        "protego_tunnel",
+        (report.tunnels.iter()).map(|t| (t.tenant.as_str(), t.name.as_str(), t.traffic)),
+    )?;
+    let per_tunnel = || report.tunnels.iter().zip(ids);
+    out.counter(
+        "protego_ike_sas_established",
+        "IKE SAs the tunnel established (rekeys not included).",
+        per_tunnel().map(|(t, l)| (&l[..], t.events.ike_established)),
+    )?;
+    out.counter(
+        "protego_ike_sa_rekeys",
+        "IKE SAs of the tunnel replaced by a rekey.",
+        per_tunnel().map(|(t, l)| (&l[..], t.events.ike_rekeys)),
+    )?;
+    out.counter(
+        "protego_child_sas_installed",
+        "CHILD_SAs the tunnel created (rekeys not included).",
+        per_tunnel().map(|(t, l)| (&l[..], t.events.child_installed)),
+    )?;
+    out.counter(
+        "protego_child_sa_rekeys",
+        "CHILD_SAs of the tunnel replaced by a rekey.",
+        per_tunnel().map(|(t, l)| (&l[..], t.events.child_rekeys)),
+    )?;
+    let (answered, timeout) = (with(("result", "answered")), with(("result", "timeout")));
+    out.counter(
+        "protego_dpd",
+        "Liveness checks (dead peer detection) of the tunnel's IKE SAs by result: answered, or timeout (the IKE SA was deleted).",
+        (per_tunnel().zip(&answered).map(|((t, _), l)| (&l[..], t.events.dpd_answered))).chain(
+            per_tunnel().zip(&timeout).map(|((t, _), l)| {
+                (&l[..], t.events.ike_deleted.get("dpd_timeout").copied().unwrap_or(0))
+            }),
+        ),
+    )?;
+    let deleted: Vec<([(&str, &str); 3], u64)> = per_tunnel()
+        .flat_map(|(t, l)| {
+            t.events
+                .ike_deleted
+                .iter()
+                .map(move |(reason, n)| ([l[0], l[1], ("reason", reason.as_str())], *n))
+        })
+        .collect();
+    out.counter(
+        "protego_ike_sa_deleted",
+        "IKE SAs of the tunnel deleted, by reason (peer_request, local_request, rekeyed, dpd_timeout, retransmit_limit, expired, auth_failed, negotiation_failed).",
+        deleted.iter().map(|(l, n)| (&l[..], *n)),
+    )
+}
+
+/// A tunnel's labels with `direction` `in` and `out`, and its traffic.
+type DirectedRow<'a> = (
+    [(&'a str, &'a str); 3],
+    [(&'a str, &'a str); 3],
+    datapath::TunnelTraffic,
+);
+
+/// Per-tunnel traffic counters of (tenant, tunnel, traffic) rows, as families
+/// `PREFIX_bytes`, `PREFIX_packets` and `PREFIX_esp_drops`: `protego_tunnel` for a
+/// gateway's totals (a control node's cover the whole cluster), `protego_node_tunnel` for a
+/// data node's own part (so that summing a tunnel's series over the nodes never counts
+/// twice).
+pub fn write_traffic<'r>(
+    out: &mut Families<'_, '_>,
+    prefix: &str,
+    rows: impl Iterator<Item = (&'r str, &'r str, datapath::TunnelTraffic)>,
+) -> std::fmt::Result {
+    let rows: Vec<DirectedRow<'_>> = rows
+        .map(|(tenant, tunnel, t)| {
+            let (a, b) = (("tenant", tenant), ("tunnel", tunnel));
+            ([a, b, ("direction", "in")], [a, b, ("direction", "out")], t)
+        })
+        .collect();
+    out.counter(
+        &format!("{prefix}_bytes"),
+        "Inner bytes the tunnel decrypted (in) and encrypted (out), over all its CHILD_SAs.",
+        (rows.iter().map(|(i, _, t)| (&i[..], t.bytes_in)))
+            .chain(rows.iter().map(|(_, o, t)| (&o[..], t.bytes_out))),
+    )?;
+    out.counter(
+        &format!("{prefix}_packets"),
+        "Packets the tunnel decrypted (in) and encrypted (out), over all its CHILD_SAs.",
+        (rows.iter().map(|(i, _, t)| (&i[..], t.packets_in)))
+            .chain(rows.iter().map(|(_, o, t)| (&o[..], t.packets_out))),
+    )?;
+    out.counter(
+        &format!("{prefix}_esp_drops"),
+        "Inbound ESP packets the tunnel's CHILD_SAs dropped (replay, integrity, padding).",
+        rows.iter().map(|(i, _, t)| (&i[..2], t.drops_in)),
+    )
+}
+
+fn reason(r: &str) -> [(&str, &str); 1] {
+    [("reason", r)]
+}
+
+/// The IKE engine's node-wide families.
+fn write_ike_node(out: &mut Families<'_, '_>, report: &StatusReport) -> std::fmt::Result {
+    let ike_drops: Vec<([(&str, &str); 1], u64)> = report
+        .ike_drops
+        .iter()
+        .map(|(r, n)| (reason(r), *n))
+        .collect();
+    out.counter(
+        "protego_ike_drops",
+        "IKE datagrams the engine dropped or refused, by reason.",
+        ike_drops.iter().map(|(l, n)| (&l[..], *n)),
+    )?;
+    let sas: usize = report
+        .tunnels
+        .iter()
+        .map(|t| t.ike_sas.len())
+        .sum::<usize>()
+        + report.unmatched_ike_sas;
+    let half_open = report
+        .tunnels
+        .iter()
+        .flat_map(|t| &t.ike_sas)
+        .filter(|s| s.state == "connecting")
+        .count()
+        + report.unmatched_ike_sas;
+    out.gauge(
+        "protego_ike_sas",
+        "IKE SAs the node holds.",
+        [(&[][..], sas)],
+    )?;
+    out.gauge(
+        "protego_half_open_ike_sas",
+        "IKE SAs being negotiated (IKE_SA_INIT or IKE_AUTH not finished), those not yet matched to a tunnel included.",
+        [(&[][..], half_open)],
+    )?;
+    out.counter(
+        "protego_ike_cookies_sent",
+        "IKE_SA_INIT requests answered with a COOKIE demand (RFC 7296 §2.6) because too many SAs were half-open.",
+        [(&[][..], report.ike_drops.get("init_cookie_demanded").copied().unwrap_or(0))],
+    )
+}
+
+/// The data path's node-wide families: drops, workers, tenants, filters, routes, AF_XDP
+/// (also a data node's, from a report built without IKE).
+pub fn write_dataplane(out: &mut Families<'_, '_>, report: &StatusReport) -> std::fmt::Result {
+    let drops: Vec<([(&str, &str); 1], u64)> =
+        report.drops.iter().map(|(r, n)| (reason(r), *n)).collect();
+    out.counter(
+        "protego_drops",
+        "Packets the data path dropped, by reason (docs/operations.md lists the reasons).",
+        drops.iter().map(|(l, n)| (&l[..], *n)),
+    )?;
+    write_workers(out, report)?;
+    write_tenants(out, report)?;
+    if let Some(r) = &report.routes {
+        out.gauge(
+            "protego_routes",
+            "Per-VM overlay routes held.",
+            [(&[][..], r.entries)],
+        )?;
+        out.gauge(
+            "protego_routes_memory_bytes",
+            "Memory the per-VM route table holds (both published copies).",
+            [(&[][..], r.memory_bytes)],
+        )?;
+    }
+    let xdp: Vec<([(&str, &str); 2], u64)> = report
+        .xdp
+        .iter()
+        .map(|x| {
+            (
+                [
+                    ("interface", x.interface.as_str()),
+                    ("attach", x.attach.as_str()),
+                ],
+                x.frames,
+            )
+        })
+        .collect();
+    out.counter(
+        "protego_xdp_frames",
+        "Frames read from the AF_XDP sockets of each steered interface.",
+        xdp.iter().map(|(l, n)| (&l[..], *n)),
+    )
+}
+
+fn write_workers(out: &mut Families<'_, '_>, report: &StatusReport) -> std::fmt::Result {
+    let names: Vec<String> = report
+        .workers
+        .iter()
+        .map(|w| w.worker.to_string())
+        .collect();
+    let labels: Vec<[(&str, &str); 1]> = names.iter().map(|n| [("worker", n.as_str())]).collect();
+    let per_worker = || report.workers.iter().zip(&labels);
+    out.counter(
+        "protego_worker_packets",
+        "Packets each data-path worker processed (both directions, IKE included).",
+        per_worker().map(|(w, l)| (&l[..], w.packets)),
+    )?;
+    out.counter(
+        "protego_worker_batches",
+        "Batches each data-path worker processed.",
+        per_worker().map(|(w, l)| (&l[..], w.batches)),
+    )?;
+    out.counter(
+        "protego_worker_busy_seconds",
+        "Time each data-path worker spent processing batches.",
+        per_worker().map(|(w, l)| (&l[..], w.busy_ns as f64 / 1e9)),
+    )?;
+    out.counter(
+        "protego_worker_spin_seconds",
+        "Time each data-path worker spent polling without finding packets (busy_poll).",
+        per_worker().map(|(w, l)| (&l[..], w.spin_ns as f64 / 1e9)),
+    )
+}
+
+fn write_store(out: &mut Families<'_, '_>, report: &StatusReport) -> std::fmt::Result {
+    let Some(store) = &report.store else {
+        return Ok(());
+    };
+    out.counter(
+        "protego_store_commits",
+        "Successful commits of IKE state to the store.",
+        [(&[][..], store.commits)],
+    )?;
+    out.counter(
+        "protego_store_commit_failures",
+        "Failed commit attempts (IKE datagrams are held while the store fails).",
+        [(&[][..], store.failures)],
+    )?;
+    out.gauge(
+        "protego_store_held_datagrams",
+        "IKE datagrams held until their state is committed (non-zero only while the store fails).",
+        [(&[][..], store.held)],
+    )?;
+    let l = &store.commit_latency;
+    let bounds = crate::runtime::COMMIT_BUCKETS_US
+        .iter()
+        .map(|&us| us as f64 / 1e6)
+        .chain([f64::INFINITY]);
+    let h = Histogram {
+        sum: l.sum_us as f64 / 1e6,
+        count: l.count(),
+        buckets: bounds.zip(l.buckets.iter().copied()).collect(),
+    };
+    out.histogram(
+        "protego_store_commit_duration_seconds",
+        "Latency of the store's successful commits.",
+        [(&[][..], &h)],
+    )
+}
+
+fn write_tenants(out: &mut Families<'_, '_>, report: &StatusReport) -> std::fmt::Result {
+    let labels: Vec<[(&str, &str); 1]> = report
+        .tenants
+        .iter()
+        .map(|t| [("tenant", t.tenant.as_str())])
+        .collect();
+    let per_tenant = || report.tenants.iter().zip(&labels);
+    out.counter(
+        "protego_tenant_cpu_seconds",
+        "Data-path CPU time charged to each tenant (cpu_fairness).",
+        per_tenant().map(|(t, l)| (&l[..], t.cpu_ns as f64 / 1e9)),
+    )?;
+    out.counter(
+        "protego_tenant_packets",
+        "Packets of each tenant the CPU charge counted.",
+        per_tenant().map(|(t, l)| (&l[..], t.packets)),
+    )?;
+    out.counter(
+        "protego_tenant_fair_drops",
+        "Packets of each tenant dropped for its fair CPU share (cpu_fairness = \"enforce\").",
+        per_tenant().map(|(t, l)| (&l[..], t.fair_drops)),
+    )?;
+    out.gauge(
+        "protego_tenant_cpu_weight",
+        "Each tenant's cpu_weight.",
+        per_tenant().map(|(t, l)| (&l[..], u32::from(t.cpu_weight))),
+    )?;
+    let filter_labels: Vec<[(&str, &str); 3]> = report
+        .filters
+        .iter()
+        .map(|f| {
+            [
+                ("tenant", f.tenant.as_str()),
+                ("direction", f.direction.as_str()),
+                ("section", f.section.as_str()),
+            ]
+        })
+        .collect();
+    let results: Vec<([(&str, &str); 4], u64)> = report
+        .filters
+        .iter()
+        .zip(&filter_labels)
+        .flat_map(|(f, l)| {
+            [
+                ("pass", f.passed),
+                ("drop", f.dropped),
+                ("tx", f.tx),
+                ("aborted", f.aborted),
+            ]
+            .map(|(r, n)| ([l[0], l[1], l[2], ("result", r)], n))
+        })
+        .collect();
+    out.counter(
+        "protego_filter_runs",
+        "Runs of each tenant filter by result (pass, drop, tx, aborted).",
+        results.iter().map(|(l, n)| (&l[..], *n)),
+    )?;
+    let per_filter = || report.filters.iter().zip(&filter_labels);
+    out.counter(
+        "protego_filter_insn_limit",
+        "Runs of each tenant filter stopped by the instruction meter (counted in aborted too).",
+        per_filter().map(|(f, l)| (&l[..], f.insn_limit)),
+    )?;
+    out.counter(
+        "protego_filter_cpu_seconds",
+        "CPU time spent in each tenant filter.",
+        per_filter().map(|(f, l)| (&l[..], f.cpu_ns as f64 / 1e9)),
+    )
+}
+
+#[cfg(test)]
+#[path = "metrics_tests.rs"]
+mod tests;
