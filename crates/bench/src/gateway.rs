@@ -442,7 +442,10 @@ mod tests {
             metrics: Some("127.0.0.1:19180"),
         };
         let text = render_config(&p);
-        assert!(text.ends_with("\n[metrics]\nlisten = \"127.0.0.1:19180\"\n"), "{text}");
+        assert!(
+            text.ends_with("\n[metrics]\nlisten = \"127.0.0.1:19180\"\n"),
+            "{text}"
+        );
         assert!(text.contains("workers = 2\n"));
         assert!(text.contains("busy_poll = \"100us\"\n"));
         assert_eq!(text.matches("[[tunnel]]").count(), 3);
