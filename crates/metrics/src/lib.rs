@@ -16,7 +16,7 @@ pub use server::{MetricsError, MetricsServer};
 
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{
-    DescriptorEncoder, EncodeCounterValue, EncodeGaugeValue, NoLabelSet,
+    DescriptorEncoder, EncodeCounterValue, EncodeGaugeValue, MetricEncoder, NoLabelSet,
 };
 use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
@@ -107,6 +107,24 @@ impl<'e, 'n> Families<'e, 'n> {
         self.node
     }
 
+    /// One family of `kind`: its descriptor, then each sample's labels (after `node`) and
+    /// value, written by `write`.
+    fn family<'l, T: 'l>(
+        &mut self,
+        name: &str,
+        help: &str,
+        kind: MetricType,
+        samples: impl IntoIterator<Item = (&'l Labels<'l>, T)>,
+        write: impl Fn(&mut MetricEncoder<'_>, T) -> std::fmt::Result,
+    ) -> std::fmt::Result {
+        let node = [("node", self.node)];
+        let mut family = self.encoder.encode_descriptor(name, help, None, kind)?;
+        for (labels, value) in samples {
+            write(&mut family.encode_family(&(&node[..], labels))?, value)?;
+        }
+        Ok(())
+    }
+
     /// A counter family (the samples are named `NAME_total`).
     pub fn counter<'l, V: EncodeCounterValue + 'l>(
         &mut self,
@@ -114,16 +132,9 @@ impl<'e, 'n> Families<'e, 'n> {
         help: &str,
         samples: impl IntoIterator<Item = (&'l Labels<'l>, V)>,
     ) -> std::fmt::Result {
-        let node = [("node", self.node)];
-        let mut family = self
-            .encoder
-            .encode_descriptor(name, help, None, MetricType::Counter)?;
-        for (labels, value) in samples {
-            family
-                .encode_family(&(&node[..], labels))?
-                .encode_counter::<NoLabelSet, _, u64>(&value, None)?;
-        }
-        Ok(())
+        self.family(name, help, MetricType::Counter, samples, |m, v| {
+            m.encode_counter::<NoLabelSet, _, u64>(&v, None)
+        })
     }
 
     /// A gauge family.
@@ -133,16 +144,9 @@ impl<'e, 'n> Families<'e, 'n> {
         help: &str,
         samples: impl IntoIterator<Item = (&'l Labels<'l>, V)>,
     ) -> std::fmt::Result {
-        let node = [("node", self.node)];
-        let mut family = self
-            .encoder
-            .encode_descriptor(name, help, None, MetricType::Gauge)?;
-        for (labels, value) in samples {
-            family
-                .encode_family(&(&node[..], labels))?
-                .encode_gauge(&value)?;
-        }
-        Ok(())
+        self.family(name, help, MetricType::Gauge, samples, |m, v| {
+            m.encode_gauge(&v)
+        })
     }
 
     /// An info family (samples `NAME_info 1` whose labels are the information).
@@ -169,16 +173,9 @@ impl<'e, 'n> Families<'e, 'n> {
         help: &str,
         samples: impl IntoIterator<Item = (&'l Labels<'l>, &'l Histogram)>,
     ) -> std::fmt::Result {
-        let node = [("node", self.node)];
-        let mut family = self
-            .encoder
-            .encode_descriptor(name, help, None, MetricType::Histogram)?;
-        for (labels, h) in samples {
-            family
-                .encode_family(&(&node[..], labels))?
-                .encode_histogram::<NoLabelSet>(h.sum, h.count, &h.buckets, None)?;
-        }
-        Ok(())
+        self.family(name, help, MetricType::Histogram, samples, |m, h| {
+            m.encode_histogram::<NoLabelSet>(h.sum, h.count, &h.buckets, None)
+        })
     }
 }
 
