@@ -535,9 +535,13 @@ impl StatusReport {
                 }
             })
             .collect();
+        // A set of the configured tunnels, not `directory.get` per SA (a linear search: with
+        // 10 000 tunnels that was 10^8 comparisons per report).
+        let configured: std::collections::HashSet<TunnelId> =
+            directory.0.iter().map(|e| e.id).collect();
         let unmatched_ike_sas = ike_sas
             .iter()
-            .filter(|s| s.tunnel.is_none_or(|t| directory.get(t).is_none()))
+            .filter(|s| s.tunnel.is_none_or(|t| !configured.contains(&t)))
             .count();
         let mut drops = BTreeMap::new();
         for (reason, count) in &stats.drops {
