@@ -211,11 +211,16 @@ impl Cluster {
     pub fn traffic_reported(&self, usage: &[pb::TunnelUsage]) {
         let mut traffic = self.traffic.lock().unwrap_or_else(PoisonError::into_inner);
         for u in usage {
-            let t = traffic.entry(TunnelId(u.tunnel)).or_default();
-            t.bytes_in = t.bytes_in.saturating_add(u.bytes_in);
-            t.packets_in = t.packets_in.saturating_add(u.packets_in);
-            t.bytes_out = t.bytes_out.saturating_add(u.bytes_out);
-            t.packets_out = t.packets_out.saturating_add(u.packets_out);
+            traffic
+                .entry(TunnelId(u.tunnel))
+                .or_default()
+                .add(datapath::TunnelTraffic {
+                    bytes_in: u.bytes_in,
+                    packets_in: u.packets_in,
+                    bytes_out: u.bytes_out,
+                    packets_out: u.packets_out,
+                    drops_in: 0,
+                });
         }
     }
 

@@ -445,13 +445,26 @@ pub struct TunnelTraffic {
 }
 
 impl TunnelTraffic {
-    /// Adds the counters of one CHILD_SA.
-    pub fn add(&mut self, c: &ChildStats) {
-        self.bytes_in = self.bytes_in.saturating_add(c.bytes_in);
-        self.packets_in = self.packets_in.saturating_add(c.packets_in);
-        self.bytes_out = self.bytes_out.saturating_add(c.bytes_out);
-        self.packets_out = self.packets_out.saturating_add(c.packets_out);
-        self.drops_in = self.drops_in.saturating_add(c.drops_in);
+    /// Adds `other` (another CHILD_SA's counters, or an interval's traffic).
+    pub fn add(&mut self, other: TunnelTraffic) {
+        self.bytes_in = self.bytes_in.saturating_add(other.bytes_in);
+        self.packets_in = self.packets_in.saturating_add(other.packets_in);
+        self.bytes_out = self.bytes_out.saturating_add(other.bytes_out);
+        self.packets_out = self.packets_out.saturating_add(other.packets_out);
+        self.drops_in = self.drops_in.saturating_add(other.drops_in);
+    }
+}
+
+impl From<&ChildStats> for TunnelTraffic {
+    /// One CHILD_SA's traffic.
+    fn from(c: &ChildStats) -> Self {
+        Self {
+            bytes_in: c.bytes_in,
+            packets_in: c.packets_in,
+            bytes_out: c.bytes_out,
+            packets_out: c.packets_out,
+            drops_in: c.drops_in,
+        }
     }
 }
 

@@ -423,8 +423,8 @@ impl Registry {
         if let Some(old) = self.children.get(&child.inbound_spi) {
             // A re-used SPI (after the old one's grace): the old entry goes for good.
             debug_assert!(old.retired_until.is_some(), "SPI installed twice");
-            let (tunnel, stats) = (old.child.tunnel, old.child.stats());
-            self.retired.entry(tunnel).or_default().add(&stats);
+            let old = Arc::clone(&old.child);
+            self.keep_counts(&old);
         }
         let order = self.next_order;
         self.next_order += 1;
@@ -474,12 +474,9 @@ impl Registry {
             .filter(|(_, i)| i.retired_until.is_some_and(|t| t <= now))
             .map(|(spi, i)| (i.child.tunnel, *spi))
             .collect();
-        for (tunnel, spi) in &gone {
+        for (_, spi) in &gone {
             if let Some(i) = self.children.remove(spi) {
-                self.retired
-                    .entry(*tunnel)
-                    .or_default()
-                    .add(&i.child.stats());
+                self.keep_counts(&i.child);
             }
         }
         gone
@@ -567,6 +564,14 @@ impl Registry {
         }
     }
 
+    /// Adds the final counters of a CHILD_SA that leaves to its tunnel's retired totals.
+    fn keep_counts(&mut self, child: &Child) {
+        self.retired
+            .entry(child.tunnel)
+            .or_default()
+            .add(TunnelTraffic::from(&child.stats()));
+    }
+
     /// What the counters are read from: every installed CHILD_SA and the totals of the gone
     /// ones. Cheap (reference counts), so that the registry's lock is held only this long;
     /// [`Counters`] reads the counters after it is released.
@@ -608,7 +613,7 @@ impl Counters {
         let mut totals: BTreeMap<TunnelId, TunnelTraffic> = self.retired.iter().copied().collect();
         for c in children {
             if let Some(t) = c.tunnel {
-                totals.entry(t).or_default().add(c);
+                totals.entry(t).or_default().add(TunnelTraffic::from(c));
             }
         }
         totals.into_iter().collect()

@@ -546,6 +546,8 @@ impl Endpoint {
 
     /// Status of every IKE SA.
     pub fn status(&self, now: Instant) -> Vec<IkeSaStatus> {
+        // Whole seconds from now until a timer's deadline.
+        let secs_until = |at: Instant| at.saturating_duration_since(now).as_secs();
         let mut v: Vec<IkeSaStatus> = self
             .sas
             .values()
@@ -561,8 +563,7 @@ impl Endpoint {
                 age_secs: sa
                     .established
                     .map_or(0, |t| now.saturating_duration_since(t).as_secs()),
-                rekey_in_secs: (sa.timers.get(crate::timer::Timer::IkeRekey))
-                    .map(|t| t.saturating_duration_since(now).as_secs()),
+                rekey_in_secs: sa.timers.get(crate::timer::Timer::IkeRekey).map(secs_until),
                 children: sa
                     .children
                     .iter()
@@ -575,9 +576,9 @@ impl Endpoint {
                         age_secs: now.saturating_duration_since(c.installed_at).as_secs(),
                         per_resource: c.resource,
                         rekey_in_secs: (c.timers.get(crate::timer::ChildTimer::Rekey))
-                            .map(|t| t.saturating_duration_since(now).as_secs()),
+                            .map(secs_until),
                         expire_in_secs: (c.timers.get(crate::timer::ChildTimer::Expire))
-                            .map(|t| t.saturating_duration_since(now).as_secs()),
+                            .map(secs_until),
                     })
                     .collect(),
             })

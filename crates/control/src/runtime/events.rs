@@ -55,12 +55,8 @@ impl Driver {
                     keylog.write_child(&child);
                 }
                 let counts = self.events.entry(child.tunnel).or_default();
-                if child.replaces.is_some() {
-                    counts.child_rekeys += 1;
-                } else {
-                    counts.child_installed += 1;
-                }
                 if let Some(old) = child.replaces {
+                    counts.child_rekeys += 1;
                     info!(
                         tunnel = %self.name(t), tenant = %self.tenant(t),
                         ispi = %child.ike.initiator, rspi = %child.ike.responder,
@@ -69,6 +65,7 @@ impl Driver {
                         "CHILD_SA rekeyed"
                     );
                 } else {
+                    counts.child_installed += 1;
                     info!(
                         tunnel = %self.name(t), tenant = %self.tenant(t),
                         ispi = %child.ike.initiator, rspi = %child.ike.responder,

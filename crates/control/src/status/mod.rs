@@ -621,16 +621,17 @@ impl StatusReport {
 }
 
 impl StatusReport {
-    /// Fills each tunnel's [`TunnelEvents`] from the control loop's counters.
+    /// Fills each tunnel's [`TunnelEvents`] from the control loop's counters (taken, not
+    /// copied: they are the report's own copy).
     pub fn set_events(
         &mut self,
         directory: &TunnelDirectory,
-        events: &HashMap<TunnelId, TunnelEvents>,
+        mut events: HashMap<TunnelId, TunnelEvents>,
     ) {
         // `tunnels` is in directory order (see `build`).
         for (t, entry) in self.tunnels.iter_mut().zip(&directory.0) {
-            if let Some(e) = events.get(&entry.id) {
-                t.events = e.clone();
+            if let Some(e) = events.remove(&entry.id) {
+                t.events = e;
             }
         }
     }

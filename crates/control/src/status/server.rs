@@ -757,7 +757,7 @@ impl Responder {
             &stats,
             self.started.elapsed().as_secs(),
         );
-        report.set_events(&directory, &ike.events);
+        report.set_events(&directory, ike.events);
         drop(directory);
         report.store = Some(self.control.store_stats()?);
         report.routes = super::RouteStatus::of(&self.datapath.route_stats());
