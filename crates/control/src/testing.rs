@@ -188,8 +188,24 @@ impl Etcd {
             && answer.contains("\"health\":\"true\"")
     }
 
+    /// etcd's log; when it is empty, the free space where etcd writes, since a full disk is what
+    /// stops etcd before it can log anything.
     fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.join("etcd.log")).unwrap_or_default()
+        let log = std::fs::read_to_string(self.dir.join("etcd.log")).unwrap_or_default();
+        if !log.is_empty() {
+            return log;
+        }
+        let path = std::ffi::CString::new(self.dir.as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: statvfs only writes the struct it is given; the path is NUL-terminated.
+        let mut fs: libc::statvfs = unsafe { std::mem::zeroed() };
+        match unsafe { libc::statvfs(path.as_ptr(), &mut fs) } {
+            0 => format!(
+                "etcd logged nothing; {} MiB free in {}",
+                (fs.f_bavail as u64 * fs.f_frsize as u64) >> 20,
+                self.dir.display()
+            ),
+            _ => format!("etcd logged nothing; {} is unreadable", self.dir.display()),
+        }
     }
 
     /// Kills the process (SIGKILL: a crash; etcd has fsync'd what it acknowledged).
