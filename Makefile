@@ -8,6 +8,8 @@
 #                loom models of the lock-free ESP state (own target dir: --cfg loom)
 #   make demo    setup + release build + run the namespace demo (DEMO_ARGS=...)
 #   make bench   setup + release build + `protego bench` (BENCH_ARGS=..., e.g. --quick --compare-strongswan)
+#   make deb     setup + the Debian package (release binary, systemd units, man pages, example
+#                configuration, docs) in target/debian/ (scripts/deb.sh, cargo-deb)
 #   make lint    rustfmt check + clippy -D warnings
 #   make sweep   remove test-bed leftovers of killed runs
 
@@ -16,7 +18,7 @@ CARGO ?= cargo
 DEMO_ARGS ?=
 BENCH_ARGS ?=
 
-.PHONY: all setup build release test demo bench lint fmt sweep
+.PHONY: all setup build release test demo bench deb lint fmt sweep
 
 all: test
 
@@ -45,6 +47,11 @@ demo: release
 
 bench: release
 	./target/release/protego bench $(BENCH_ARGS)
+
+# scripts/deb.sh builds the release binary itself, renders the man pages with it and runs
+# cargo-deb (installed by setup); the .deb's path is printed last.
+deb: setup
+	CARGO=$(CARGO) bash scripts/deb.sh
 
 lint:
 	$(CARGO) fmt --all -- --check

@@ -158,4 +158,8 @@ if ! command -v cargo >/dev/null 2>&1; then
     die "cargo not found: install Rust (https://rustup.rs), version 1.85 or newer"
 fi
 
-log "ok (packages present, strongSwan 6 root present, no system daemons, cargo $(cargo --version 2>/dev/null | awk '{print $2}'))"
+# cargo-deb for `make deb` and the package test (crates/protego/tests/package.rs); nothing
+# happens when the pinned version is in place.
+bash "$HERE/deb.sh" --install-tool || die "could not install cargo-deb (scripts/deb.sh)"
+
+log "ok (packages present, strongSwan 6 root present, no system daemons, cargo $(cargo --version 2>/dev/null | awk '{print $2}'), cargo-deb $(cargo deb --version 2>/dev/null | awk '{print $NF}'))"

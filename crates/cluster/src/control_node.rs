@@ -63,6 +63,9 @@ pub enum ControlNodeError {
     /// `[metrics] listen` could not be served.
     #[error(transparent)]
     Metrics(#[from] metrics::MetricsError),
+    /// `[api] listen` could not be served.
+    #[error(transparent)]
+    Api(#[from] api::ApiError),
     /// The gRPC server.
     #[error("gRPC server on {addr}: {reason}")]
     Grpc {
@@ -215,6 +218,8 @@ pub struct ControlNode {
     server: Option<StatusServer>,
     /// `[metrics] listen`.
     metrics: Option<metrics::MetricsServer>,
+    /// `[api] listen`.
+    api: Option<api::ApiServer>,
     runtime: Option<tokio::runtime::Runtime>,
     stop: Arc<AtomicBool>,
     /// Stops the autoscaler first at shutdown: a node handing over must not start or stop
@@ -457,8 +462,14 @@ impl ControlNode {
         )?;
         let metrics = match config.metrics {
             Some(m) => Some(metrics::MetricsServer::start(
-                m.listen, &cc.name, responder,
+                m.listen,
+                &cc.name,
+                Arc::clone(&responder) as _,
             )?),
+            None => None,
+        };
+        let api = match &config.api {
+            Some(a) => Some(api::ApiServer::start(config, a, &cc.name, responder)?),
             None => None,
         };
         info!(
@@ -473,6 +484,7 @@ impl ControlNode {
             control: Some(control),
             server: Some(server),
             metrics,
+            api,
             runtime: Some(runtime),
             stop,
             autoscaling,
@@ -509,6 +521,7 @@ impl ControlNode {
     /// `protego up`), waiting at most `grace` for the peers' answers.
     pub fn shutdown(mut self, grace: Duration) {
         self.autoscaling.store(false, Ordering::Relaxed);
+        drop(self.api.take());
         drop(self.metrics.take());
         if let Some(s) = self.server.take() {
             s.shutdown();
@@ -654,10 +667,21 @@ impl metrics::Source for ClusterResponder {
 }
 
 fn cluster_error(e: ClusterError) -> Value {
-    json!({ "error": e.to_string() })
+    let kind = match e {
+        ClusterError::UnknownTunnel(_)
+        | ClusterError::UnknownAttachment(_)
+        | ClusterError::UnknownNode(_) => control::status::ErrorKind::NotFound,
+        ClusterError::NoControl => control::status::ErrorKind::Unavailable,
+        _ => control::status::ErrorKind::Refused,
+    };
+    json!({ "error": e.to_string(), "kind": kind })
 }
 
 impl RequestHandler for ClusterResponder {
+    fn status_report(&self) -> Result<control::status::StatusReport, Value> {
+        self.inner.status_report()
+    }
+
     fn handle(&self, request: Request) -> Value {
         match request {
             Request::Nodes => self.cluster.describe(),
@@ -730,7 +754,7 @@ impl RequestHandler for ClusterResponder {
                 };
                 match self.inner.apply(file, text, dry_run, limits) {
                     Ok(outcome) => control::status::apply_answer(&outcome, dry_run),
-                    Err(e) => json!({ "error": e.to_string() }),
+                    Err(e) => control::status::error_answer(&e),
                 }
             }
             other => self.inner.handle(other),

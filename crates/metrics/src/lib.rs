@@ -94,12 +94,19 @@ pub struct Histogram {
 pub struct Families<'e, 'n> {
     encoder: DescriptorEncoder<'e>,
     node: &'n str,
+    /// Only the series labelled `tenant = this` are written (a tenant's view).
+    tenant: Option<&'n str>,
 }
 
 impl<'e, 'n> Families<'e, 'n> {
-    /// Families written through `encoder`, every series labelled `node = node`.
-    fn new(encoder: DescriptorEncoder<'e>, node: &'n str) -> Self {
-        Self { encoder, node }
+    /// Families written through `encoder`, every series labelled `node = node`; with `tenant`,
+    /// only the series labelled with that tenant.
+    fn new(encoder: DescriptorEncoder<'e>, node: &'n str, tenant: Option<&'n str>) -> Self {
+        Self {
+            encoder,
+            node,
+            tenant,
+        }
     }
 
     /// The node's name (the `node` label).
@@ -118,9 +125,12 @@ impl<'e, 'n> Families<'e, 'n> {
         write: impl Fn(&mut MetricEncoder<'_>, T) -> std::fmt::Result,
     ) -> std::fmt::Result {
         let node = [("node", self.node)];
+        let tenant = self.tenant;
         let mut family = self.encoder.encode_descriptor(name, help, None, kind)?;
         for (labels, value) in samples {
-            write(&mut family.encode_family(&(&node[..], labels))?, value)?;
+            if keeps(tenant, labels) {
+                write(&mut family.encode_family(&(&node[..], labels))?, value)?;
+            }
         }
         Ok(())
     }
@@ -157,11 +167,14 @@ impl<'e, 'n> Families<'e, 'n> {
         samples: impl IntoIterator<Item = &'l Labels<'l>>,
     ) -> std::fmt::Result {
         let node = [("node", self.node)];
+        let tenant = self.tenant;
         let mut family = self
             .encoder
             .encode_descriptor(name, help, None, MetricType::Info)?;
         for labels in samples {
-            family.encode_info(&(&node[..], labels))?;
+            if keeps(tenant, labels) {
+                family.encode_info(&(&node[..], labels))?;
+            }
         }
         Ok(())
     }
@@ -179,6 +192,11 @@ impl<'e, 'n> Families<'e, 'n> {
     }
 }
 
+/// Whether a series with `labels` is written for `tenant` (every series without one).
+fn keeps(tenant: Option<&str>, labels: &Labels<'_>) -> bool {
+    tenant.is_none_or(|t| labels.iter().any(|&(k, v)| k == "tenant" && v == t))
+}
+
 /// Renders one scrape of `source`: its families, then `protego_up` (1 when everything could be
 /// read) and `protego_scrape_duration_seconds`, then `# EOF`. Returns the text and the
 /// reason a part was missing, if one was.
@@ -193,6 +211,25 @@ pub fn render_sized(
     node: &str,
     capacity: usize,
 ) -> (String, Option<String>) {
+    render_filtered(source, node, capacity, None)
+}
+
+/// [`render`] of only the series labelled `tenant = tenant` (what the HTTP API gives a tenant:
+/// its tunnels, filters and CPU, nothing node-wide), plus the scrape-health families.
+pub fn render_for_tenant(
+    source: &Arc<dyn Source>,
+    node: &str,
+    tenant: &str,
+) -> (String, Option<String>) {
+    render_filtered(source, node, 64 * 1024, Some(tenant))
+}
+
+fn render_filtered(
+    source: &Arc<dyn Source>,
+    node: &str,
+    capacity: usize,
+    tenant: Option<&str>,
+) -> (String, Option<String>) {
     let started = std::time::Instant::now();
     let missing = Arc::new(Mutex::new(None));
     let mut text = String::with_capacity(capacity);
@@ -200,6 +237,7 @@ pub fn render_sized(
     registry.register_collector(Box::new(Scrape {
         source: Arc::clone(source),
         node: node.to_owned(),
+        tenant: tenant.map(str::to_owned),
         missing: Arc::clone(&missing),
     }));
     let formatted = prometheus_client::encoding::text::encode_registry(&mut text, &registry);
@@ -228,6 +266,7 @@ pub fn render_sized(
 struct Scrape {
     source: Arc<dyn Source>,
     node: String,
+    tenant: Option<String>,
     missing: Arc<Mutex<Option<String>>>,
 }
 
@@ -241,7 +280,7 @@ impl std::fmt::Debug for Scrape {
 
 impl Collector for Scrape {
     fn encode(&self, encoder: DescriptorEncoder<'_>) -> std::fmt::Result {
-        let mut families = Families::new(encoder, &self.node);
+        let mut families = Families::new(encoder, &self.node, self.tenant.as_deref());
         match self.source.collect(&mut families) {
             Ok(()) => Ok(()),
             Err(Collect::Unavailable(reason)) => {
@@ -263,7 +302,7 @@ struct Health {
 
 impl Collector for Health {
     fn encode(&self, encoder: DescriptorEncoder<'_>) -> std::fmt::Result {
-        let mut f = Families::new(encoder, &self.node);
+        let mut f = Families::new(encoder, &self.node, None);
         f.gauge(
             "protego_up",
             "1 if this scrape could read all of the node's figures, 0 if some were missing (the log says why).",

@@ -139,3 +139,24 @@ fn a_taken_address_is_a_clear_error() {
         "{text}"
     );
 }
+
+#[test]
+fn a_tenants_rendering_keeps_only_the_series_labelled_with_it() {
+    let source: Arc<dyn Source> = Arc::new(Fake { fail: false });
+    let (mine, missing) = render_for_tenant(&source, "gw1", "acme");
+    assert_eq!(missing, None);
+    assert!(
+        mine.contains("protego_test_bytes_total{node=\"gw1\",tenant=\"acme\",tunnel=\"hq\"} 12"),
+        "{mine}"
+    );
+    assert!(mine.contains("protego_test_state{"), "{mine}");
+    // Series without a tenant label are the node's, not the tenant's.
+    assert!(!mine.contains("version=\"1.2.3\""), "{mine}");
+    assert!(
+        !mine.contains("protego_test_latency_seconds_bucket"),
+        "{mine}"
+    );
+    assert!(mine.contains("protego_up{node=\"gw1\"} 1") && mine.ends_with("# EOF\n"));
+    let (other, _) = render_for_tenant(&source, "gw1", "globex");
+    assert!(!other.contains("acme"), "{other}");
+}

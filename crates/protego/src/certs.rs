@@ -66,6 +66,29 @@ enum CertsCommand {
         #[arg(long, value_name = "N", default_value_t = DEFAULT_NODE_DAYS)]
         days: u32,
     },
+    /// Issue a client certificate for the HTTP API signed by DIR's CA: DIR/NAME.pem and
+    /// DIR/NAME.key (mode 0600), subject CN=NAME and OU=operator (--operator) or
+    /// OU=tenant:TENANT (--tenant), usable only as a TLS client. The API accepts it when its
+    /// `[api] client_ca_file` is DIR/ca.pem (docs/api.md).
+    #[command(after_help = DEV_WARNING)]
+    #[command(group(clap::ArgGroup::new("role").required(true).args(["operator", "tenant"])))]
+    Client {
+        /// Certificate directory holding ca.pem and ca.key (from `protego certs init`).
+        #[arg(long, value_name = "DIR")]
+        dir: PathBuf,
+        /// The principal's name: the certificate's CN and the files' name.
+        #[arg(long, value_name = "NAME")]
+        name: String,
+        /// An operator's certificate (sees and does everything).
+        #[arg(long)]
+        operator: bool,
+        /// A tenant's certificate (sees only that tenant).
+        #[arg(long, value_name = "TENANT")]
+        tenant: Option<String>,
+        /// Validity in days (at most the CA's remaining validity).
+        #[arg(long, value_name = "N", default_value_t = DEFAULT_NODE_DAYS)]
+        days: u32,
+    },
     /// Print a certificate: subject, role, issuer, SANs, validity, usages. Never prints keys.
     Show {
         /// A PEM certificate file.
@@ -112,6 +135,13 @@ pub(crate) fn run(args: &CertsArgs) -> ExitCode {
             dns,
             days,
         } => issue(dir, name, (*role).into(), ips, dns, *days),
+        CertsCommand::Client {
+            dir,
+            name,
+            operator,
+            tenant,
+            days,
+        } => client(dir, name, *operator, tenant.as_deref(), *days),
         CertsCommand::Show { file } => certs::describe(file).map(|info| print!("{info}")),
     };
     match result {
@@ -148,6 +178,42 @@ fn init(dir: &Path, name: &str, days: u32, force: bool) -> Result<(), CertError>
     Ok(())
 }
 
+/// DIR's CA, or an error saying how to make one.
+fn load_ca(dir: &Path) -> Result<CertAuthority, CertError> {
+    CertAuthority::load(dir).map_err(|e| match e {
+        CertError::Missing { path } => CertError::Request(format!(
+            "{}: not found: create the CA first with `protego certs init --dir {}`",
+            path.display(),
+            dir.display()
+        )),
+        other => other,
+    })
+}
+
+fn client(
+    dir: &Path,
+    name: &str,
+    operator: bool,
+    tenant: Option<&str>,
+    days: u32,
+) -> Result<(), CertError> {
+    let ou = match (operator, tenant) {
+        (true, _) => "operator".to_owned(),
+        (false, Some(t)) => {
+            ids::TenantId::new(t).map_err(|e| CertError::Request(format!("--tenant: {e}")))?;
+            format!("tenant:{t}")
+        }
+        (false, None) => return Err(CertError::Request("say --operator or --tenant".into())),
+    };
+    let ca = load_ca(dir)?;
+    let issued = certs::issue_api_client(dir, &ca, name, &ou, days)?;
+    println!("issued API client {name} (OU {ou}) by CA {:?}", ca.name());
+    println!("  certificate: {}", issued.cert_path.display());
+    println!("  private key: {} (mode 0600)", issued.key_path.display());
+    println!("  valid until: {}", certs::rfc3339(issued.not_after));
+    Ok(())
+}
+
 fn issue(
     dir: &Path,
     name: &str,
@@ -156,14 +222,7 @@ fn issue(
     dns: &[String],
     days: u32,
 ) -> Result<(), CertError> {
-    let ca = CertAuthority::load(dir).map_err(|e| match e {
-        CertError::Missing { path } => CertError::Request(format!(
-            "{}: not found: create the CA first with `protego certs init --dir {}`",
-            path.display(),
-            dir.display()
-        )),
-        other => other,
-    })?;
+    let ca = load_ca(dir)?;
     let mut request = NodeRequest::new(name, role)?;
     request.validity = Validity::days_from_now(days)?;
     request.sans = ips

@@ -9,7 +9,9 @@ mod bench;
 mod certs;
 mod cluster;
 mod filterctl;
+mod man;
 mod sim;
+mod token;
 mod up;
 
 use clap::{Parser, Subcommand};
@@ -76,6 +78,9 @@ enum Command {
     /// Make a development CA and node certificates for mutual TLS between nodes, and show
     /// certificates (development only: production deployments should use their own PKI).
     Certs(certs::CertsArgs),
+    /// Make, list and revoke the bearer tokens of the HTTP API (`[api] tokens_file`): an
+    /// operator's, or a tenant's that sees only that tenant (docs/api.md).
+    Token(token::TokenArgs),
     /// Run a control node of the distributed form: the IKE control loop of `protego up` from
     /// the same configuration (plus `[cluster]`), driving data and steer nodes over gRPC.
     Control {
@@ -119,6 +124,10 @@ enum Command {
     /// guarantee and the saving against dedicated VM pairs (the paper's §7.4, Table 2,
     /// Figure 11).
     Sim(sim::SimArgs),
+    /// Write the manual pages of `protego` and every subcommand (roff) into a directory; the
+    /// Debian package's build runs it (scripts/deb.sh).
+    #[command(hide = true)]
+    Man(man::ManArgs),
 }
 
 fn main() -> ExitCode {
@@ -137,6 +146,7 @@ fn main() -> ExitCode {
         } => status(socket, config.as_deref(), json),
         Command::Bench(args) => bench::run(&args),
         Command::Certs(args) => certs::run(&args),
+        Command::Token(args) => token::run(&args),
         Command::Control {
             config,
             log_level,
@@ -150,6 +160,7 @@ fn main() -> ExitCode {
         }
         Command::Ctl(args) => cluster::run_ctl(&args),
         Command::Sim(args) => sim::run(&args),
+        Command::Man(args) => man::run(&args),
     }
 }
 

@@ -50,6 +50,9 @@ pub(crate) enum UpError {
     /// `[metrics] listen` could not be served.
     #[error(transparent)]
     Metrics(#[from] metrics::MetricsError),
+    /// `[api] listen` could not be served.
+    #[error(transparent)]
+    Api(#[from] api::ApiError),
     /// The control loop ended on its own (its log says why).
     #[error("the control loop stopped unexpectedly")]
     ControlDied,
@@ -193,17 +196,25 @@ fn serve(config: Config, discard_applied: bool) -> Result<(), UpError> {
             return Err(e.into());
         }
     };
-    let metrics = match config
+    let node = metrics::host_name();
+    let listeners = config
         .metrics
-        .map(|m| metrics::MetricsServer::start(m.listen, &metrics::host_name(), responder))
-    {
-        None => None,
-        Some(Ok(m)) => Some(m),
-        Some(Err(e)) => {
+        .map(|m| metrics::MetricsServer::start(m.listen, &node, Arc::clone(&responder) as _))
+        .transpose()
+        .map_err(UpError::from)
+        .and_then(|metrics| {
+            let api = (config.api.as_ref())
+                .map(|a| api::ApiServer::start(config, a, &node, Arc::clone(&responder) as _))
+                .transpose()?;
+            Ok((metrics, api))
+        });
+    let (metrics, api) = match listeners {
+        Ok(l) => l,
+        Err(e) => {
             server.shutdown();
             let _ = control.shutdown(Duration::ZERO);
             dp.shutdown();
-            return Err(e.into());
+            return Err(e);
         }
     };
     info!(
@@ -221,6 +232,7 @@ fn serve(config: Config, discard_applied: bool) -> Result<(), UpError> {
         }
     };
     info!("shutting down");
+    drop(api);
     drop(metrics);
     server.shutdown();
     if let Err(e) = control.shutdown(SHUTDOWN_GRACE) {

@@ -82,6 +82,16 @@ pub enum Error {
         log_tail: String,
     },
 
+    /// The browser answered a DevTools command with an error, a page script threw, or the
+    /// browser went away ([`crate::browser`]).
+    #[error("browser: {method}: {detail}")]
+    Browser {
+        /// The DevTools method (`Page.navigate`, `Runtime.evaluate`, ...).
+        method: String,
+        /// The browser's error message, the script's exception, or what was missing.
+        detail: String,
+    },
+
     /// A file-system operation failed.
     #[error("{action} {path}: {source}")]
     Io {

@@ -25,6 +25,8 @@
 //!   host to the WAN and reads the UDP datagrams of a pcap (robustness tests).
 //! - [`l2tag`] tags and untags frames between customers' untagged links and one 802.1ad /
 //!   802.1Q trunk in userspace (the `protego-l2tag` program), where the kernel has no VLANs.
+//! - [`browser::Browser`] drives a headless Chromium inside a namespace over the DevTools
+//!   protocol (type, click, evaluate, screenshot), for the web console's test.
 //! - [`etcd::Etcd`] runs a single-member etcd for distributed-store tests, with TLS, client
 //!   certificates and users as docs/operations.md sets it up.
 //! - [`cluster::ProtegoCluster`] runs Protego's distributed form on a topology (control,
@@ -49,6 +51,7 @@
 //! ```
 
 mod bed;
+pub mod browser;
 pub mod cluster;
 pub mod cmd;
 pub mod customers;

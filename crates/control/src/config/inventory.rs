@@ -92,6 +92,7 @@ impl Config {
             store: None,
             cluster: None,
             metrics: None,
+            api: None,
         };
         let checked = validate::validate_with(&source, raw, psks).map_err(Error::Config)?;
         let mut out = self.clone();

@@ -355,6 +355,30 @@ impl std::fmt::Debug for Tunnel {
     }
 }
 
+/// `[api]`: the HTTP API and web console's listener (docs/api.md).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApiConfig {
+    /// `listen`: the address and port.
+    pub listen: std::net::SocketAddr,
+    /// `cert_file` and `key_file` (PEM); None only with `tls = false` on a loopback address.
+    pub tls: Option<ApiTls>,
+    /// `client_ca_file`: client certificates signed by this CA identify operators and
+    /// tenants by their subject OU (`operator`, `tenant:NAME`).
+    pub client_ca_file: Option<PathBuf>,
+    /// `tokens_file`: the bearer tokens' SHA-256 hashes, one `NAME ROLE sha256:HEX` per line
+    /// (`protego token add`).
+    pub tokens_file: Option<PathBuf>,
+}
+
+/// `[api] cert_file` and `key_file`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApiTls {
+    /// The server's certificate chain (PEM), leaf first.
+    pub cert_file: PathBuf,
+    /// Its private key (PEM).
+    pub key_file: PathBuf,
+}
+
 /// A whole validated configuration.
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -388,6 +412,8 @@ pub struct Config {
     pub filters: Vec<datapath::FilterConfig>,
     /// `[metrics]`: where the node serves Prometheus metrics (absent: it does not).
     pub metrics: Option<metrics::MetricsConfig>,
+    /// `[api]`: where the node serves its HTTP API and web console (absent: it does not).
+    pub api: Option<ApiConfig>,
     /// Things that are allowed but worth an operator's attention (world-readable PSK files, key
     /// log enabled). The binary prints or logs them.
     pub warnings: Vec<String>,

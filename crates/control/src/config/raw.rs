@@ -27,6 +27,24 @@ pub(crate) struct RawFile {
     pub(crate) store: Option<Spanned<RawStore>>,
     pub(crate) cluster: Option<Spanned<RawCluster>>,
     pub(crate) metrics: Option<Spanned<RawMetrics>>,
+    pub(crate) api: Option<Spanned<RawApi>>,
+}
+
+/// `[api]`: the HTTP API and web console (docs/api.md).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawApi {
+    pub(crate) listen: Spanned<String>,
+    #[serde(default)]
+    pub(crate) tls: Option<Spanned<bool>>,
+    #[serde(default)]
+    pub(crate) cert_file: Option<Spanned<String>>,
+    #[serde(default)]
+    pub(crate) key_file: Option<Spanned<String>>,
+    #[serde(default)]
+    pub(crate) client_ca_file: Option<Spanned<String>>,
+    #[serde(default)]
+    pub(crate) tokens_file: Option<Spanned<String>>,
 }
 
 /// `[metrics]`: where the node serves its Prometheus metrics.
@@ -60,6 +78,8 @@ pub(crate) struct RawInventory {
     pub(crate) _filter: Option<toml::Value>,
     #[serde(default, rename = "metrics")]
     pub(crate) _metrics: Option<toml::Value>,
+    #[serde(default, rename = "api")]
+    pub(crate) _api: Option<toml::Value>,
 }
 
 /// `[cluster]`: the control node's side of the distributed form.

@@ -192,8 +192,39 @@ pub fn distributed_only(command: &str) -> Value {
     json!({
         "error": format!(
             "{command} needs the distributed form (`protego control`); this node runs every role in one process"
-        )
+        ),
+        "kind": ErrorKind::DistributedOnly,
     })
+}
+
+/// What kind of failure an `{"error": ..}` answer reports, in its `kind` field: what the HTTP
+/// API turns into a status code (docs/api.md, "Errors"). An answer without `kind` is a refusal.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorKind {
+    /// The request named something that does not exist (a tunnel, a node).
+    NotFound,
+    /// The request was malformed, or the node refused it; the message says why.
+    Refused,
+    /// Only the distributed form's control node serves the command.
+    DistributedOnly,
+    /// The control loop did not answer (stopping, or stopped).
+    Unavailable,
+}
+
+impl ErrorKind {
+    /// The kind of `error`.
+    pub fn of(error: &Error) -> Self {
+        match error {
+            Error::ControlStopped | Error::ShuttingDown => ErrorKind::Unavailable,
+            _ => ErrorKind::Refused,
+        }
+    }
+}
+
+/// The `{"error": .., "kind": ..}` answer of a failed request.
+pub fn error_answer(error: &Error) -> Value {
+    json!({ "error": error.to_string(), "kind": ErrorKind::of(error) })
 }
 
 impl Request {
@@ -421,6 +452,18 @@ pub fn apply_answer(outcome: &ApplyOutcome, dry_run: bool) -> Value {
 pub trait RequestHandler: Send + Sync {
     /// The JSON answer to `request` (`{"error": ...}` on failure).
     fn handle(&self, request: Request) -> Value;
+
+    /// The status report as a value (what the HTTP API filters for a tenant); the
+    /// `{"error": ..}` answer on failure. By default the `status` request's answer, read back.
+    fn status_report(&self) -> Result<StatusReport, Value> {
+        let answer = self.handle(Request::Status);
+        if answer.get("error").is_some() {
+            return Err(answer);
+        }
+        serde_json::from_value(answer).map_err(|e| {
+            json!({ "error": format!("unexpected status document: {e}"), "kind": ErrorKind::Unavailable })
+        })
+    }
 }
 
 /// The real handler: IKE state from the control loop, counters from the data path.
@@ -836,11 +879,17 @@ impl Responder {
             .iter()
             .find(|e| e.name == name)
             .map(|e| e.id)
-            .ok_or_else(|| json!({ "error": format!("unknown tunnel {name:?}") }))
+            .ok_or_else(|| {
+                json!({ "error": format!("unknown tunnel {name:?}"), "kind": ErrorKind::NotFound })
+            })
     }
 }
 
 impl RequestHandler for Responder {
+    fn status_report(&self) -> Result<StatusReport, Value> {
+        self.status().map_err(|e| error_answer(&e))
+    }
+
     fn handle(&self, request: Request) -> Value {
         let result = match request {
             Request::Status => self.status().map(|r| {
@@ -895,7 +944,7 @@ impl RequestHandler for Responder {
                 Err(e) => Err(e),
             },
         };
-        result.unwrap_or_else(|e| json!({ "error": e.to_string() }))
+        result.unwrap_or_else(|e| error_answer(&e))
     }
 }
 

@@ -212,6 +212,57 @@ pub fn issue_with(
     ca: &CertAuthority,
     request: &NodeRequest,
 ) -> Result<IssuedCert, CertError> {
+    issue_subject(
+        dir,
+        ca,
+        request,
+        request.role.as_str(),
+        &[
+            ExtendedKeyUsagePurpose::ServerAuth,
+            ExtendedKeyUsagePurpose::ClientAuth,
+        ],
+    )
+}
+
+/// Issues a client certificate for the HTTP API (docs/api.md): subject CN=`name`, OU=`ou`
+/// (`operator` or `tenant:NAME`), usable only as a TLS client, valid `days` days, signed by
+/// `ca`; writes `dir/<name>.pem` and `dir/<name>.key` (mode 0600) as [`issue`] does.
+pub fn issue_api_client(
+    dir: &Path,
+    ca: &CertAuthority,
+    name: &str,
+    ou: &str,
+    days: u32,
+) -> Result<IssuedCert, CertError> {
+    if ou.is_empty() || ou.len() > MAX_NAME_LEN || ou.chars().any(char::is_control) {
+        return Err(CertError::Request(format!(
+            "OU {ou:?}: expected 1 to {MAX_NAME_LEN} printable characters"
+        )));
+    }
+    let request = NodeRequest {
+        name: name.to_owned(),
+        // Not written: the OU is `ou`.
+        role: NodeRole::Control,
+        sans: Vec::new(),
+        validity: Validity::days_from_now(days)?,
+    };
+    issue_subject(
+        dir,
+        ca,
+        &request,
+        ou,
+        &[ExtendedKeyUsagePurpose::ClientAuth],
+    )
+}
+
+/// Issues `request`'s certificate with subject OU `ou` and the extended key usages `usages`.
+fn issue_subject(
+    dir: &Path,
+    ca: &CertAuthority,
+    request: &NodeRequest,
+    ou: &str,
+    usages: &[ExtendedKeyUsagePurpose],
+) -> Result<IssuedCert, CertError> {
     check_node_name(&request.name)?;
     let Validity {
         not_before,
@@ -253,14 +304,11 @@ pub fn issue_with(
     let mut params = CertificateParams::default();
     let mut dn = DistinguishedName::new();
     dn.push(DnType::CommonName, request.name.as_str());
-    dn.push(DnType::OrganizationalUnitName, request.role.as_str());
+    dn.push(DnType::OrganizationalUnitName, ou);
     params.distinguished_name = dn;
     params.is_ca = IsCa::ExplicitNoCa;
     params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
-    params.extended_key_usages = vec![
-        ExtendedKeyUsagePurpose::ServerAuth,
-        ExtendedKeyUsagePurpose::ClientAuth,
-    ];
+    params.extended_key_usages = usages.to_vec();
     params.subject_alt_names = sans;
     params.use_authority_key_identifier_extension = true;
     params.not_before = OffsetDateTime::from(not_before);

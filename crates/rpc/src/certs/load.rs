@@ -339,6 +339,12 @@ impl fmt::Display for CertInfo {
         let role = match (self.role, self.is_ca) {
             (_, true) => "none (CA certificate)".to_owned(),
             (Some(role), false) => role.to_string(),
+            (None, false) if self.subject.contains("OU=operator") => {
+                "HTTP API client: operator (docs/api.md)".to_owned()
+            }
+            (None, false) if self.subject.contains("OU=tenant:") => {
+                "HTTP API client: a tenant (docs/api.md)".to_owned()
+            }
             (None, false) => "none (no OU=control, OU=data or OU=steer)".to_owned(),
         };
         writeln!(f, "role:        {role}")?;

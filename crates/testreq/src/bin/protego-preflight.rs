@@ -46,6 +46,17 @@ fn main() -> ExitCode {
             missing.push("strongSwan 6 root");
         }
     }
+    // cargo-deb comes from `cargo install`, not apt (the package test, `make deb`).
+    match testreq::find("cargo-deb") {
+        Some(path) => println!("  found    {:<28} {}", "cargo-deb", path.display()),
+        None => {
+            println!(
+                "  MISSING  {:<28} (cargo install: scripts/deb.sh --install-tool, run by scripts/setup.sh)",
+                "cargo-deb"
+            );
+            missing.push("cargo-deb");
+        }
+    }
     let netns = testreq::netns_allowed();
     match &netns {
         Ok(()) => println!("  kernel   network namespaces: yes"),

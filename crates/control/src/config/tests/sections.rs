@@ -555,3 +555,89 @@ fn an_applied_file_may_carry_a_metrics_section() {
     let raw: crate::config::raw::RawInventory = toml::from_str(&text).unwrap();
     assert_eq!(raw.tunnel.len(), 1);
 }
+
+#[test]
+fn api_serves_tls_unless_told_otherwise_on_loopback_and_needs_a_way_in() {
+    let s = Scratch::new();
+    let with = |api: &str| format!("{}\n[api]\n{api}\n", with_tunnel(TUNNEL_A));
+    assert_eq!(s.parse(&with_tunnel(TUNNEL_A)).unwrap().api, None);
+    let c = s
+        .parse(&with(
+            "listen = \"0.0.0.0:8443\"\ncert_file = \"api.pem\"\nkey_file = \"/etc/protego/api.key\"\ntokens_file = \"tokens\"",
+        ))
+        .unwrap();
+    let api = c.api.unwrap();
+    assert_eq!(api.listen, "0.0.0.0:8443".parse().unwrap());
+    let tls = api.tls.unwrap();
+    // Relative paths are the configuration file's directory's.
+    assert_eq!(tls.cert_file, c.path.parent().unwrap().join("api.pem"));
+    assert_eq!(tls.key_file, std::path::Path::new("/etc/protego/api.key"));
+    assert_eq!(
+        api.tokens_file,
+        Some(c.path.parent().unwrap().join("tokens"))
+    );
+    assert_eq!(api.client_ca_file, None);
+
+    let plain = s
+        .parse(&with(
+            "listen = \"127.0.0.1:8080\"\ntls = false\ntokens_file = \"t\"",
+        ))
+        .unwrap();
+    assert_eq!(plain.api.unwrap().tls, None);
+
+    for (api, at, key, says) in [
+        (
+            "listen = \"0.0.0.0:8080\"\ntls = false\ntokens_file = \"t\"",
+            "tls = false",
+            "tls",
+            "only allowed on a loopback address",
+        ),
+        (
+            "listen = \"127.0.0.1:8443\"\ncert_file = \"c\"\ntokens_file = \"t\"",
+            "[api]",
+            "key_file",
+            "is required",
+        ),
+        (
+            "listen = \"127.0.0.1:8443\"\ntokens_file = \"t\"",
+            "[api]",
+            "cert_file",
+            "is required",
+        ),
+        (
+            "listen = \"127.0.0.1:8443\"\ncert_file = \"c\"\nkey_file = \"k\"",
+            "[api]",
+            "tokens_file",
+            "nobody could authenticate",
+        ),
+        (
+            "listen = \"127.0.0.1:8080\"\ntls = false\nclient_ca_file = \"ca\"\ntokens_file = \"t\"",
+            "client_ca_file",
+            "client_ca_file",
+            "need TLS",
+        ),
+        (
+            "listen = \"127.0.0.1:8443\"\ncert_file = \"\"\nkey_file = \"k\"\ntokens_file = \"t\"",
+            "cert_file",
+            "cert_file",
+            "must not be empty",
+        ),
+        (
+            "listen = \"8443\"\ntls = false\ntokens_file = \"t\"",
+            "listen = \"8443\"",
+            "listen",
+            "address and port",
+        ),
+    ] {
+        expect_error(&with(api), at, key, says);
+    }
+    assert!(s
+        .parse(&with(
+            "listen = \"127.0.0.1:1\"\ntls = false\ntokens_file = \"t\"\nport = 1"
+        ))
+        .is_err());
+    // `ctl apply` ignores a whole file's [api].
+    let raw: crate::config::raw::RawInventory =
+        toml::from_str(&with("listen = \"127.0.0.1:1\"")).unwrap();
+    assert_eq!(raw.tunnel.len(), 1);
+}

@@ -82,6 +82,7 @@ pub(crate) fn validate_with(
     let store_encryption = v.store_encryption(raw.store.as_ref())?;
     let cluster = raw.cluster.as_ref().map(|c| v.cluster(c)).transpose()?;
     let metrics = raw.metrics.as_ref().map(|m| v.metrics(m)).transpose()?;
+    let api = raw.api.as_ref().map(|a| v.api(a)).transpose()?;
     let tenants = v.tenants(&raw)?;
     let cpu_weights = v.cpu_weights(&raw)?;
     let vnets = v.vnets(&raw, &tenants)?;
@@ -179,6 +180,7 @@ pub(crate) fn validate_with(
         cluster,
         filters: filters.into_iter().map(|f| f.config).collect(),
         metrics,
+        api,
         warnings: v.warnings,
     })
 }
@@ -254,6 +256,94 @@ impl Validator<'_, '_> {
         let listen = &raw.get_ref().listen;
         metrics::MetricsConfig::parse(listen.get_ref())
             .map_err(|message| self.err(listen.span(), "metrics", "listen", message))
+    }
+
+    /// `[api]`: TLS unless `tls = false` on a loopback address (a token must not cross a
+    /// network in clear), and at least one way to authenticate.
+    fn api(&self, raw: &Spanned<super::raw::RawApi>) -> Result<super::ApiConfig, Box<ConfigError>> {
+        const S: &str = "api";
+        let a = raw.get_ref();
+        let listen = metrics::MetricsConfig::parse(a.listen.get_ref())
+            .map_err(|message| self.err(a.listen.span(), S, "listen", message))?
+            .listen;
+        let path =
+            |key: &str, p: &Option<Spanned<String>>| -> Result<Option<PathBuf>, Box<ConfigError>> {
+                match p {
+                    Some(p) if p.get_ref().trim().is_empty() => {
+                        Err(self.err(p.span(), S, key, "must not be empty"))
+                    }
+                    Some(p) => Ok(Some(self.relative_path(p.get_ref()))),
+                    None => Ok(None),
+                }
+            };
+        let cert_file = path("cert_file", &a.cert_file)?;
+        let key_file = path("key_file", &a.key_file)?;
+        let client_ca_file = path("client_ca_file", &a.client_ca_file)?;
+        let tokens_file = path("tokens_file", &a.tokens_file)?;
+        let tls = match (&a.tls, cert_file, key_file) {
+            (Some(t), cert, key) if !*t.get_ref() => {
+                if !listen.ip().is_loopback() {
+                    return Err(self.err(
+                        t.span(),
+                        S,
+                        "tls",
+                        format!(
+                            "false is only allowed on a loopback address (listen is {listen}): \
+                             tokens would cross the network in clear"
+                        ),
+                    ));
+                }
+                if let Some(c) = &a.client_ca_file {
+                    return Err(self.err(
+                        c.span(),
+                        S,
+                        "client_ca_file",
+                        "client certificates need TLS (tls = false)",
+                    ));
+                }
+                if cert.is_some() || key.is_some() {
+                    return Err(self.err(
+                        t.span(),
+                        S,
+                        "tls",
+                        "false, yet cert_file or key_file is set: remove them or tls = false",
+                    ));
+                }
+                None
+            }
+            (_, Some(cert_file), Some(key_file)) => Some(super::ApiTls {
+                cert_file,
+                key_file,
+            }),
+            (_, cert, _) => {
+                let missing = if cert.is_none() {
+                    "cert_file"
+                } else {
+                    "key_file"
+                };
+                return Err(self.err(
+                    raw.span(),
+                    S,
+                    missing,
+                    "is required: the API serves HTTPS (`protego certs` makes a certificate; \
+                     tls = false only for a loopback address)",
+                ));
+            }
+        };
+        if tokens_file.is_none() && client_ca_file.is_none() {
+            return Err(self.err(
+                raw.span(),
+                S,
+                "tokens_file",
+                "or client_ca_file is required: nobody could authenticate otherwise",
+            ));
+        }
+        Ok(super::ApiConfig {
+            listen,
+            tls,
+            client_ca_file,
+            tokens_file,
+        })
     }
 
     fn line(&self, span: &Range<usize>) -> usize {
