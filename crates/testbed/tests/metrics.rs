@@ -2,7 +2,10 @@
 //! server, in network namespaces: two tenants' tunnels are configured and only one comes up;
 //! Prometheus scrapes the gateway and sees both tunnels, the one that never connected with
 //! state 0; the exposition itself carries the established tunnel's traffic as `_total`
-//! counters, its IKE SA's establishment as a Unix timestamp, and `protego_up 1`.
+//! counters, its IKE SA's establishment as a Unix timestamp, and `protego_up 1`. In the
+//! distributed form each role serves its own families, and the control node its HTTP API
+//! (issue 20 §2): the cluster's resources to an operator, `403` to a tenant, a tenant's own
+//! tunnel and metrics to it and `404` for another tenant's.
 //!
 //! Needs root and the tools from `scripts/setup.sh` (strongSwan, Prometheus), and the
 //! `protego` binary built in the same profile (`make test` does both).
@@ -26,6 +29,43 @@ type Result<T> = std::result::Result<T, Box<dyn std::error::Error>>;
 const METRICS: &str = "127.0.0.1:19180";
 /// Where the test's Prometheus answers queries, inside the same namespace.
 const PROMETHEUS: &str = "127.0.0.1:19090";
+/// Where the control node serves its HTTP API (plain HTTP: loopback of its namespace).
+const API: &str = "127.0.0.1:19443";
+
+/// A request to the API from inside `ns` with a bearer token: the status and the body.
+fn api(ns: &Netns, method: &str, path: &str, token: &str) -> Result<(u16, String)> {
+    let to: SocketAddr = API.parse()?;
+    let mut s = ns.tcp_connect("0.0.0.0:0".parse()?, to, Duration::from_secs(5))?;
+    s.set_read_timeout(Some(Duration::from_secs(20)))?;
+    write!(
+        s,
+        "{method} {path} HTTP/1.1\r\nHost: {to}\r\nAuthorization: Bearer {token}\r\n\
+         Content-Length: 0\r\nConnection: close\r\n\r\n"
+    )?;
+    let mut answer = String::new();
+    s.read_to_string(&mut answer)?;
+    let (head, body) = answer
+        .split_once("\r\n\r\n")
+        .ok_or_else(|| format!("no HTTP header in {answer:?}"))?;
+    let status = head
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .ok_or_else(|| format!("no status in {head:?}"))?;
+    Ok((status, body.to_owned()))
+}
+
+/// Runs `protego token add --file FILE ARGS...`: the token it prints.
+fn token(file: &std::path::Path, args: &[&str]) -> Result<String> {
+    let bin = protego_testbed::workspace_bin("protego")?;
+    let file = file.display().to_string();
+    Ok(Cmd::new(bin.display().to_string())
+        .args(["token", "add", "--file", &file])
+        .args(args.iter().copied())
+        .run()?
+        .trim()
+        .to_owned())
+}
 
 /// A GET over HTTP/1.1 from inside `ns`: the body of a 200 answer.
 fn http_get(ns: &Netns, to: &str, path: &str) -> Result<String> {
@@ -246,17 +286,28 @@ fn scrape_until(ns: &Netns, what: &str, ready: impl Fn(&str) -> bool) -> Result<
     }
 }
 
+/// Also the HTTP API of a control node (issue 20 §2): the cluster's resources for an operator,
+/// 403 for a tenant, whose tunnels and metrics are its own.
 #[test]
 fn control_data_and_steer_nodes_serve_their_own_metrics() -> Result<()> {
     let bed = Testbed::new()?;
     let topo = Topology::build(&bed, one_tenant(false)?)?;
     let tun = GatewayTunnel::for_site(&topo, 0, PSK);
     let table = vec!["[metrics]".to_owned(), format!("listen = \"{METRICS}\"")];
+    let tokens_dir = tempfile::tempdir()?;
+    let tokens = tokens_dir.path().join("api-tokens");
+    let operator = token(&tokens, &["--operator", "ops"])?;
+    let tenant = token(&tokens, &["--tenant", "t1", "t1-portal"])?;
+    let other = token(&tokens, &["--tenant", "t2", "t2-portal"])?;
     let spec = ClusterSpec {
         // [data] and [steer] end their files: these lines open a table of their own.
         extra_data: table.clone(),
         extra_steer: table.clone(),
-        extra_tables: table.join("\n") + "\n",
+        extra_tables: format!(
+            "{}\n[api]\nlisten = \"{API}\"\ntls = false\ntokens_file = \"{}\"\n",
+            table.join("\n"),
+            tokens.display()
+        ),
         ..ClusterSpec::default()
     };
     let cluster = ProtegoCluster::start(&bed, &topo, std::slice::from_ref(&tun), &spec)?;
@@ -298,6 +349,40 @@ fn control_data_and_steer_nodes_serve_their_own_metrics() -> Result<()> {
         assert!(
             sample(&text, "protego_up", &[&control_node]).is_some(),
             "{text}"
+        );
+
+        // The control node's API: the cluster for the operator, only its own for a tenant.
+        let ns = cluster.netns(&control)?;
+        let (status, body) = api(ns, "GET", "/api/v1/nodes", &operator)?;
+        assert_eq!(status, 200, "{body}");
+        for member in cluster.data_node_names() {
+            assert!(body.contains(&format!("\"{member}\"")), "{member}: {body}");
+        }
+        let (status, body) = api(ns, "GET", "/api/v1/capacity", &operator)?;
+        assert_eq!(status, 200, "{body}");
+        for path in ["/api/v1/nodes", "/api/v1/capacity", "/api/v1/dispatch"] {
+            let (status, body) = api(ns, "GET", path, &tenant)?;
+            assert_eq!(status, 403, "{path}: {body}");
+        }
+        let (status, body) = api(
+            ns,
+            "POST",
+            &format!("/api/v1/nodes/{}/drain", cluster.data_node_names()[0]),
+            &tenant,
+        )?;
+        assert_eq!(status, 403, "{body}");
+        let tunnel_path = format!("/api/v1/tunnels/{}", tun.name);
+        let (status, body) = api(ns, "GET", &tunnel_path, &tenant)?;
+        assert_eq!(status, 200, "{body}");
+        let seen: serde_json::Value = serde_json::from_str(&body)?;
+        assert_eq!(seen["state"], "established", "{body}");
+        let (status, body) = api(ns, "GET", &tunnel_path, &other)?;
+        assert_eq!(status, 404, "another tenant's tunnel: {body}");
+        let (status, body) = api(ns, "GET", "/api/v1/metrics", &tenant)?;
+        assert_eq!(status, 200, "{body}");
+        assert!(
+            body.contains(&name) && !body.contains("protego_cluster_node_alive{"),
+            "{body}"
         );
 
         // The data node holding the CHILD_SA: its own part of the tunnel's traffic.
