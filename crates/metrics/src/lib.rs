@@ -1,4 +1,4 @@
-//! Metrics of a Protego node in the Prometheus text format (OpenMetrics 1.0, as
+//! Metrics of a Protego node in the Prometheus text format (OpenMetrics 1.0, byte for byte as
 //! `prometheus-client` writes it), and the HTTP listener of `[metrics] listen` that serves them
 //! at `/metrics`.
 //!
@@ -14,13 +14,8 @@ mod server;
 
 pub use server::{MetricsError, MetricsServer};
 
-use prometheus_client::collector::Collector;
-use prometheus_client::encoding::{
-    DescriptorEncoder, EncodeCounterValue, EncodeGaugeValue, MetricEncoder, NoLabelSet,
-};
-use prometheus_client::metrics::MetricType;
-use prometheus_client::registry::Registry;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::fmt::Write as _;
+use std::sync::Arc;
 
 /// `[metrics]`: where a node serves its metrics (every role's configuration file has it).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -88,75 +83,161 @@ pub struct Histogram {
     pub buckets: Vec<(f64, u64)>,
 }
 
+/// A sample's value, written as the OpenMetrics text format writes numbers (integers in
+/// decimal, floats as `dtoa` writes them: `1.0`, `0.5`, `1e300`).
+pub trait Value {
+    /// Appends the value to `out`.
+    fn write(&self, out: &mut String);
+}
+
+macro_rules! integer_value {
+    ($($t:ty),*) => {$(
+        impl Value for $t {
+            fn write(&self, out: &mut String) {
+                out.push_str(itoa::Buffer::new().format(*self));
+            }
+        }
+    )*};
+}
+integer_value!(u32, u64, usize, i32, i64);
+
+impl Value for f64 {
+    fn write(&self, out: &mut String) {
+        out.push_str(dtoa::Buffer::new().format(*self));
+    }
+}
+
+impl Value for f32 {
+    fn write(&self, out: &mut String) {
+        f64::from(*self).write(out);
+    }
+}
+
+/// Appends `value` with `\`, `"` and newlines escaped (a label value's escaping).
+fn push_escaped(out: &mut String, value: &str) {
+    // A fold without an early exit, which the compiler turns into vector compares: label
+    // values almost never need escaping.
+    let plain = !value
+        .bytes()
+        .fold(false, |found, b| found | matches!(b, b'\\' | b'"' | b'\n'));
+    if plain {
+        out.push_str(value);
+        return;
+    }
+    for c in value.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '"' => out.push_str("\\\""),
+            '\n' => out.push_str("\\n"),
+            c => out.push(c),
+        }
+    }
+}
+
 /// The families of one scrape, written in order. Each method writes one family (its `HELP`
 /// and `TYPE` lines, then its samples); family names follow the Prometheus conventions (a
 /// counter's name is given without `_total`: the format adds it).
-pub struct Families<'e, 'n> {
-    encoder: DescriptorEncoder<'e>,
-    node: &'n str,
+///
+/// The text is the OpenMetrics 1.0 exposition, byte for byte what `prometheus-client` 0.26
+/// writes for the same families (a test holds the two to it). It is written here rather
+/// than through that crate because a scrape of 10 000 tunnels is about 270 000 series: the
+/// crate encodes every label through a trait object into a buffer that is copied again,
+/// while this writer escapes the `node` label once per scrape and appends each series to
+/// the output once (docs/performance.md, "Metrics scrapes").
+pub struct Families<'o, 'n> {
+    out: &'o mut String,
+    /// `node="NAME"`, escaped once.
+    node: String,
+    node_name: &'n str,
     /// Only the series labelled `tenant = this` are written (a tenant's view).
     tenant: Option<&'n str>,
 }
 
-impl<'e, 'n> Families<'e, 'n> {
-    /// Families written through `encoder`, every series labelled `node = node`; with `tenant`,
-    /// only the series labelled with that tenant.
-    fn new(encoder: DescriptorEncoder<'e>, node: &'n str, tenant: Option<&'n str>) -> Self {
+impl<'o, 'n> Families<'o, 'n> {
+    /// Families appended to `out`, every series labelled `node = node`; with `tenant`, only
+    /// the series labelled with that tenant.
+    fn new(out: &'o mut String, node: &'n str, tenant: Option<&'n str>) -> Self {
+        let mut label = String::from("node=\"");
+        push_escaped(&mut label, node);
+        label.push('"');
         Self {
-            encoder,
-            node,
+            out,
+            node: label,
+            node_name: node,
             tenant,
         }
     }
 
     /// The node's name (the `node` label).
     pub fn node(&self) -> &str {
-        self.node
+        self.node_name
     }
 
-    /// One family of `kind`: its descriptor, then each sample's labels (after `node`) and
-    /// value, written by `write`.
-    fn family<'l, T: 'l>(
+    /// `# HELP` and `# TYPE` of a family.
+    fn descriptor(&mut self, name: &str, help: &str, kind: &str) {
+        let _ = write!(self.out, "# HELP {name} {help}\n# TYPE {name} {kind}\n");
+    }
+
+    /// A series' name and labels: `NAME_SUFFIX{FIRST,node="..",LABELS}` (`first`: a
+    /// histogram bucket's `le`, written first as `prometheus-client` does).
+    fn series(&mut self, name: &str, suffix: &str, first: Option<&str>, labels: &Labels<'_>) {
+        let out = &mut *self.out;
+        out.push_str(name);
+        out.push_str(suffix);
+        out.push('{');
+        if let Some(first) = first {
+            out.push_str(first);
+            out.push(',');
+        }
+        out.push_str(&self.node);
+        for (key, value) in labels {
+            out.push(',');
+            out.push_str(key);
+            out.push_str("=\"");
+            push_escaped(out, value);
+            out.push('"');
+        }
+        out.push('}');
+    }
+
+    /// One sample: its series, a space, the value, a newline.
+    fn sample(&mut self, name: &str, suffix: &str, labels: &Labels<'_>, value: &dyn Value) {
+        self.series(name, suffix, None, labels);
+        self.out.push(' ');
+        value.write(self.out);
+        self.out.push('\n');
+    }
+
+    /// A counter family (the samples are named `NAME_total`).
+    pub fn counter<'l, V: Value + 'l>(
         &mut self,
         name: &str,
         help: &str,
-        kind: MetricType,
-        samples: impl IntoIterator<Item = (&'l Labels<'l>, T)>,
-        write: impl Fn(&mut MetricEncoder<'_>, T) -> std::fmt::Result,
+        samples: impl IntoIterator<Item = (&'l Labels<'l>, V)>,
     ) -> std::fmt::Result {
-        let node = [("node", self.node)];
-        let tenant = self.tenant;
-        let mut family = self.encoder.encode_descriptor(name, help, None, kind)?;
+        self.descriptor(name, help, "counter");
         for (labels, value) in samples {
-            if keeps(tenant, labels) {
-                write(&mut family.encode_family(&(&node[..], labels))?, value)?;
+            if keeps(self.tenant, labels) {
+                self.sample(name, "_total", labels, &value);
             }
         }
         Ok(())
     }
 
-    /// A counter family (the samples are named `NAME_total`).
-    pub fn counter<'l, V: EncodeCounterValue + 'l>(
-        &mut self,
-        name: &str,
-        help: &str,
-        samples: impl IntoIterator<Item = (&'l Labels<'l>, V)>,
-    ) -> std::fmt::Result {
-        self.family(name, help, MetricType::Counter, samples, |m, v| {
-            m.encode_counter::<NoLabelSet, _, u64>(&v, None)
-        })
-    }
-
     /// A gauge family.
-    pub fn gauge<'l, V: EncodeGaugeValue + 'l>(
+    pub fn gauge<'l, V: Value + 'l>(
         &mut self,
         name: &str,
         help: &str,
         samples: impl IntoIterator<Item = (&'l Labels<'l>, V)>,
     ) -> std::fmt::Result {
-        self.family(name, help, MetricType::Gauge, samples, |m, v| {
-            m.encode_gauge(&v)
-        })
+        self.descriptor(name, help, "gauge");
+        for (labels, value) in samples {
+            if keeps(self.tenant, labels) {
+                self.sample(name, "", labels, &value);
+            }
+        }
+        Ok(())
     }
 
     /// An info family (samples `NAME_info 1` whose labels are the information).
@@ -166,14 +247,10 @@ impl<'e, 'n> Families<'e, 'n> {
         help: &str,
         samples: impl IntoIterator<Item = &'l Labels<'l>>,
     ) -> std::fmt::Result {
-        let node = [("node", self.node)];
-        let tenant = self.tenant;
-        let mut family = self
-            .encoder
-            .encode_descriptor(name, help, None, MetricType::Info)?;
+        self.descriptor(name, help, "info");
         for labels in samples {
-            if keeps(tenant, labels) {
-                family.encode_info(&(&node[..], labels))?;
+            if keeps(self.tenant, labels) {
+                self.sample(name, "_info", labels, &1u32);
             }
         }
         Ok(())
@@ -186,9 +263,30 @@ impl<'e, 'n> Families<'e, 'n> {
         help: &str,
         samples: impl IntoIterator<Item = (&'l Labels<'l>, &'l Histogram)>,
     ) -> std::fmt::Result {
-        self.family(name, help, MetricType::Histogram, samples, |m, h| {
-            m.encode_histogram::<NoLabelSet>(h.sum, h.count, &h.buckets, None)
-        })
+        self.descriptor(name, help, "histogram");
+        for (labels, h) in samples {
+            if !keeps(self.tenant, labels) {
+                continue;
+            }
+            self.sample(name, "_sum", labels, &h.sum);
+            self.sample(name, "_count", labels, &h.count);
+            let mut cumulative = 0u64;
+            for &(bound, n) in &h.buckets {
+                cumulative += n;
+                let mut le = String::from("le=\"");
+                if bound == f64::INFINITY {
+                    le.push_str("+Inf");
+                } else {
+                    bound.write(&mut le);
+                }
+                le.push('"');
+                self.series(name, "_bucket", Some(&le), labels);
+                self.out.push(' ');
+                cumulative.write(self.out);
+                self.out.push('\n');
+            }
+        }
+        Ok(())
     }
 }
 
@@ -231,89 +329,26 @@ fn render_filtered(
     tenant: Option<&str>,
 ) -> (String, Option<String>) {
     let started = std::time::Instant::now();
-    let missing = Arc::new(Mutex::new(None));
     let mut text = String::with_capacity(capacity);
-    let mut registry = Registry::default();
-    registry.register_collector(Box::new(Scrape {
-        source: Arc::clone(source),
-        node: node.to_owned(),
-        tenant: tenant.map(str::to_owned),
-        missing: Arc::clone(&missing),
-    }));
-    let formatted = prometheus_client::encoding::text::encode_registry(&mut text, &registry);
-    drop(registry);
-    let mut missing = missing
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner)
-        .take();
-    if formatted.is_err() && missing.is_none() {
-        missing = Some("the exposition could not be formatted".to_owned());
-    }
-    let mut health = Registry::default();
-    health.register_collector(Box::new(Health {
-        node: node.to_owned(),
-        up: u32::from(missing.is_none()),
-        elapsed: started.elapsed().as_secs_f64(),
-    }));
-    // Writing into a String does not fail; an error here would be the encoder's.
-    let _ = prometheus_client::encoding::text::encode_registry(&mut text, &health);
-    let _ = prometheus_client::encoding::text::encode_eof(&mut text);
+    let missing = match source.collect(&mut Families::new(&mut text, node, tenant)) {
+        Ok(()) => None,
+        Err(Collect::Unavailable(reason)) => Some(reason),
+        Err(Collect::Format(_)) => Some("the exposition could not be formatted".to_owned()),
+    };
+    let mut health = Families::new(&mut text, node, None);
+    // The scrape-health families, written after the source's.
+    let _ = health.gauge(
+        "protego_up",
+        "1 if this scrape could read all of the node's figures, 0 if some were missing (the log says why).",
+        [(&[][..], u32::from(missing.is_none()))],
+    );
+    let _ = health.gauge(
+        "protego_scrape_duration_seconds",
+        "Time this scrape took to read and format the node's figures.",
+        [(&[][..], started.elapsed().as_secs_f64())],
+    );
+    text.push_str("# EOF\n");
     (text, missing)
-}
-
-/// One scrape's source, run inside the registry's encoding; keeps the reason a part of the
-/// figures was missing.
-struct Scrape {
-    source: Arc<dyn Source>,
-    node: String,
-    tenant: Option<String>,
-    missing: Arc<Mutex<Option<String>>>,
-}
-
-impl std::fmt::Debug for Scrape {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Scrape")
-            .field("node", &self.node)
-            .finish_non_exhaustive()
-    }
-}
-
-impl Collector for Scrape {
-    fn encode(&self, encoder: DescriptorEncoder<'_>) -> std::fmt::Result {
-        let mut families = Families::new(encoder, &self.node, self.tenant.as_deref());
-        match self.source.collect(&mut families) {
-            Ok(()) => Ok(()),
-            Err(Collect::Unavailable(reason)) => {
-                *self.missing.lock().unwrap_or_else(PoisonError::into_inner) = Some(reason);
-                Ok(())
-            }
-            Err(Collect::Format(e)) => Err(e),
-        }
-    }
-}
-
-/// The scrape-health families, written after the source's.
-#[derive(Debug)]
-struct Health {
-    node: String,
-    up: u32,
-    elapsed: f64,
-}
-
-impl Collector for Health {
-    fn encode(&self, encoder: DescriptorEncoder<'_>) -> std::fmt::Result {
-        let mut f = Families::new(encoder, &self.node, None);
-        f.gauge(
-            "protego_up",
-            "1 if this scrape could read all of the node's figures, 0 if some were missing (the log says why).",
-            [(&[][..], self.up)],
-        )?;
-        f.gauge(
-            "protego_scrape_duration_seconds",
-            "Time this scrape took to read and format the node's figures.",
-            [(&[][..], self.elapsed)],
-        )
-    }
 }
 
 #[cfg(test)]

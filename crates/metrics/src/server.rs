@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
-/// The content type of the exposition `prometheus-client` writes.
+/// The content type of the exposition (OpenMetrics 1.0 text).
 const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
 /// Why the listener could not start.

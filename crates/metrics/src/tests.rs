@@ -160,3 +160,182 @@ fn a_tenants_rendering_keeps_only_the_series_labelled_with_it() {
     let (other, _) = render_for_tenant(&source, "gw1", "globex");
     assert!(!other.contains("acme"), "{other}");
 }
+
+/// A value of the differential test's families.
+#[derive(Clone, Copy)]
+enum V {
+    U(u64),
+    I(i64),
+    F(f64),
+}
+
+/// Families with escapes, Unicode, integers and floats of every size, empty label sets, an
+/// info and a histogram: written by this crate and by `prometheus-client`, compared.
+/// A family of the differential test: name, help, kind, samples.
+type RefFamily = (
+    &'static str,
+    &'static str,
+    &'static str,
+    Vec<(Vec<(&'static str, &'static str)>, V)>,
+);
+
+fn reference_families() -> Vec<RefFamily> {
+    let labels = |t: &'static str| vec![("tenant", "acme"), ("tunnel", t)];
+    vec![
+        (
+            "protego_a_bytes",
+            "Bytes, with \"quotes\" and a backslash \\ in the help.",
+            "counter",
+            vec![
+                (labels("hq"), V::U(0)),
+                (labels("a\"b\\c\nd"), V::U(u64::MAX)),
+                (labels("zürich-ü"), V::F(0.1)),
+                (vec![], V::U(7)),
+            ],
+        ),
+        (
+            "protego_b",
+            "Gauges.",
+            "gauge",
+            vec![
+                (labels("hq"), V::F(1.8e9)),
+                (labels("x"), V::F(1e300)),
+                (labels("y"), V::F(-0.5)),
+                (labels("z"), V::I(-42)),
+                (labels("w"), V::F(f64::INFINITY)),
+                (vec![], V::F(0.0)),
+            ],
+        ),
+        (
+            "protego_c",
+            "Info.",
+            "info",
+            vec![
+                (labels("hq"), V::U(1)),
+                (vec![("version", "1.2.3")], V::U(1)),
+            ],
+        ),
+        (
+            "protego_d_seconds",
+            "Histogram.",
+            "histogram",
+            vec![(labels("hq"), V::U(0)), (vec![], V::U(0))],
+        ),
+    ]
+}
+
+fn reference_histogram() -> Histogram {
+    Histogram {
+        sum: 12.25,
+        count: 6,
+        buckets: vec![(0.0001, 1), (0.25, 2), (10.0, 3), (f64::INFINITY, 0)],
+    }
+}
+
+struct Ours;
+
+impl Source for Ours {
+    fn collect(&self, out: &mut Families<'_, '_>) -> Result<(), Collect> {
+        let h = reference_histogram();
+        for (name, help, kind, samples) in reference_families() {
+            let labels: Vec<(Vec<(&str, &str)>, V)> = samples;
+            match kind {
+                "counter" => out.counter(
+                    name,
+                    help,
+                    labels.iter().map(|(l, v)| match *v {
+                        V::F(f) => (&l[..], Box::new(f) as Box<dyn Value>),
+                        V::U(u) => (&l[..], Box::new(u) as Box<dyn Value>),
+                        V::I(i) => (&l[..], Box::new(i) as Box<dyn Value>),
+                    }),
+                )?,
+                "gauge" => out.gauge(
+                    name,
+                    help,
+                    labels.iter().map(|(l, v)| match *v {
+                        V::F(f) => (&l[..], Box::new(f) as Box<dyn Value>),
+                        V::U(u) => (&l[..], Box::new(u) as Box<dyn Value>),
+                        V::I(i) => (&l[..], Box::new(i) as Box<dyn Value>),
+                    }),
+                )?,
+                "info" => out.info(name, help, labels.iter().map(|(l, _)| &l[..]))?,
+                _ => out.histogram(name, help, labels.iter().map(|(l, _)| (&l[..], &h)))?,
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Value for Box<dyn Value> {
+    fn write(&self, out: &mut String) {
+        (**self).write(out);
+    }
+}
+
+/// The same families through `prometheus-client`'s own encoder.
+#[derive(Debug)]
+struct Theirs;
+
+impl prometheus_client::collector::Collector for Theirs {
+    fn encode(
+        &self,
+        mut encoder: prometheus_client::encoding::DescriptorEncoder<'_>,
+    ) -> std::fmt::Result {
+        use prometheus_client::encoding::NoLabelSet;
+        use prometheus_client::metrics::MetricType;
+        let node = [("node", "gw \"1\"")];
+        let h = reference_histogram();
+        for (name, help, kind, samples) in reference_families() {
+            let kind = match kind {
+                "counter" => MetricType::Counter,
+                "gauge" => MetricType::Gauge,
+                "info" => MetricType::Info,
+                _ => MetricType::Histogram,
+            };
+            let mut family = encoder.encode_descriptor(name, help, None, kind)?;
+            for (labels, v) in &samples {
+                let set = (&node[..], &labels[..]);
+                match kind {
+                    MetricType::Info => family.encode_info(&set)?,
+                    MetricType::Histogram => family
+                        .encode_family(&set)?
+                        .encode_histogram::<NoLabelSet>(h.sum, h.count, &h.buckets, None)?,
+                    MetricType::Counter => {
+                        let mut m = family.encode_family(&set)?;
+                        match *v {
+                            V::U(u) => m.encode_counter::<NoLabelSet, _, u64>(&u, None)?,
+                            V::F(f) => m.encode_counter::<NoLabelSet, _, u64>(&f, None)?,
+                            V::I(_) => unreachable!("no negative counter"),
+                        }
+                    }
+                    _ => {
+                        let mut m = family.encode_family(&set)?;
+                        match *v {
+                            V::U(u) => m.encode_gauge(&u)?,
+                            V::F(f) => m.encode_gauge(&f)?,
+                            V::I(i) => m.encode_gauge(&i)?,
+                        }
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+#[test]
+fn the_exposition_is_byte_for_byte_prometheus_clients() {
+    let source: Arc<dyn Source> = Arc::new(Ours);
+    let (ours, missing) = render(&source, "gw \"1\"");
+    assert_eq!(missing, None);
+    let mut registry = prometheus_client::registry::Registry::default();
+    registry.register_collector(Box::new(Theirs));
+    let mut theirs = String::new();
+    prometheus_client::encoding::text::encode_registry(&mut theirs, &registry).unwrap();
+    // Ours goes on with the scrape-health families and `# EOF`.
+    let (body, tail) = ours.split_at(theirs.len());
+    assert_eq!(body, theirs);
+    assert!(tail.starts_with("# HELP protego_up "), "{tail}");
+    assert!(tail.ends_with("# EOF\n"), "{tail}");
+    assert!(theirs.contains("tunnel=\"a\\\"b\\\\c\\nd\""), "{theirs}");
+}
