@@ -434,14 +434,10 @@ async fn attachment_migrate(
 async fn tenants(State(api): State<Shared>, Caller(who): Caller) -> Answer {
     let report = report(&api, &who).await?;
     let mut list = view::tenants(&report);
+    // A tenant with nothing running yet still sees itself.
     if let Some(t) = who.role.tenant() {
         if list.is_empty() {
-            // A tenant with nothing running yet still sees itself.
-            list = view::tenants(&StatusReport {
-                tunnels: Vec::new(),
-                ..report
-            });
-            list.retain(|s| s.name == t.as_str());
+            list.push(view::TenantSummary::empty(t.as_str()));
         }
     }
     ok(json!({ "tenants": list }))
@@ -454,11 +450,15 @@ async fn tenant(
 ) -> Answer {
     visible_tenant(&who, &tenant)?;
     let report = report(&api, &who).await?;
-    view::tenants(&report)
+    let found = view::tenants(&report)
         .into_iter()
-        .find(|s| s.name == tenant)
-        .map(|s| Json(s).into_response())
-        .ok_or_else(|| HttpError::not_found(format!("no tenant {tenant:?}")))
+        .find(|s| s.name == tenant);
+    match (found, who.role.tenant()) {
+        (Some(s), _) => Ok(Json(s).into_response()),
+        // Its own, with nothing running yet.
+        (None, Some(_)) => Ok(Json(view::TenantSummary::empty(&tenant)).into_response()),
+        (None, None) => Err(HttpError::not_found(format!("no tenant {tenant:?}"))),
+    }
 }
 
 async fn filters_show(

@@ -671,3 +671,32 @@ fn client_certificates_name_operators_and_tenants_and_node_certificates_none() {
     assert_eq!(page.status, 200);
     assert!(page.header("content-security-policy").is_some());
 }
+
+#[test]
+fn a_tenant_with_nothing_running_sees_itself_and_nothing_else() {
+    let s = setup();
+    let mut file = TokenFile::load(&s.tokens_path).unwrap();
+    let initech = file
+        .add("initech", Role::parse("tenant:initech").unwrap())
+        .unwrap();
+    file.save(&s.tokens_path).unwrap();
+    let list = s.get("/api/v1/tenants", Some(&initech)).json();
+    assert_eq!(list["tenants"].as_array().unwrap().len(), 1, "{list}");
+    assert_eq!(list["tenants"][0]["name"], "initech");
+    assert_eq!(list["tenants"][0]["tunnels"], json!([]));
+    let own = s.get("/api/v1/tenants/initech", Some(&initech));
+    assert_eq!(own.status, 200, "{}", own.body);
+    assert_eq!(
+        s.get("/api/v1/tunnels", Some(&initech)).json()["tunnels"],
+        json!([])
+    );
+    assert_eq!(
+        s.get("/api/v1/sas", Some(&initech)).json()["sas"],
+        json!([])
+    );
+    // An operator is told a tenant with nothing is not there.
+    assert_eq!(
+        s.get("/api/v1/tenants/initech", Some(&s.operator)).status,
+        404
+    );
+}

@@ -60,6 +60,21 @@ pub(crate) struct TenantSummary {
     pub(crate) filters: usize,
 }
 
+impl TenantSummary {
+    /// A tenant with nothing running.
+    pub(crate) fn empty(name: &str) -> Self {
+        Self {
+            name: name.to_owned(),
+            tunnels: Vec::new(),
+            tunnels_up: 0,
+            traffic: TunnelTraffic::default(),
+            cpu_share: None,
+            cpu_weight: None,
+            filters: 0,
+        }
+    }
+}
+
 /// Whether a tunnel is up: its IKE SA is established (as `protego_tunnel_up`).
 pub(crate) fn is_up(t: &TunnelStatus) -> bool {
     t.state == TunnelState::Established
@@ -71,15 +86,7 @@ pub(crate) fn tenants(report: &StatusReport) -> Vec<TenantSummary> {
     let mut by_name: std::collections::BTreeMap<String, TenantSummary> = Default::default();
     let entry = |name: &str, m: &mut std::collections::BTreeMap<String, TenantSummary>| {
         m.entry(name.to_owned())
-            .or_insert_with(|| TenantSummary {
-                name: name.to_owned(),
-                tunnels: Vec::new(),
-                tunnels_up: 0,
-                traffic: TunnelTraffic::default(),
-                cpu_share: None,
-                cpu_weight: None,
-                filters: 0,
-            })
+            .or_insert_with(|| TenantSummary::empty(name))
             .name
             .clone()
     };
