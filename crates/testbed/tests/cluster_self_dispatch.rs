@@ -11,6 +11,7 @@
 mod common;
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Mutex;
 use std::time::Duration;
 
 use common::*;
@@ -181,6 +182,14 @@ fn ping_every_vm(topo: &Topology, count: u32, interval: Duration) -> Result<Vec<
         .collect()
 }
 
+/// One test of this file at a time: each runs a control node, three data nodes, a steer node,
+/// two hosts with twelve VMs and a strongSwan site, and counts pings lost at 2-10 ms intervals
+/// across joins, deaths, takeovers and moves. Four such clusters at once on a 2-vCPU machine
+/// starve their nodes for tens of milliseconds, and a ping then goes missing in a move's
+/// hand-over (seen in the fresh-machine run of stop 42, and again alone when run in parallel;
+/// every test passes when they run one by one).
+static SERIAL: Mutex<()> = Mutex::new(());
+
 #[test]
 fn hosts_reach_three_data_nodes_without_a_dispatcher_and_each_seals_its_vms() -> Result<()> {
     three_data_nodes_seal(Flavor::Host)
@@ -202,6 +211,7 @@ fn the_same_with_strongswan_6_as_the_site() -> Result<()> {
 /// Hosts reach three data nodes without a dispatcher, the site's strongSwan (`flavor`) holds
 /// one CHILD_SA per data node, and each node seals what its VMs send.
 fn three_data_nodes_seal(flavor: Flavor) -> Result<()> {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let bed = Testbed::new()?;
     let topo = Topology::build(&bed, twelve_vms()?)?;
     let tun = GatewayTunnel::for_site(&topo, 0, PSK);
@@ -392,6 +402,7 @@ fn three_data_nodes_seal(flavor: Flavor) -> Result<()> {
 /// moves virtual MACs along the ring, and a drain takes a node out of it, losing nothing.
 #[test]
 fn a_killed_node_is_replaced_a_new_one_joins_and_moves_and_a_drain_lose_nothing() -> Result<()> {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let bed = Testbed::new()?;
     let topo = Topology::build(&bed, twelve_vms()?)?;
     let tun = GatewayTunnel::for_site(&topo, 0, PSK);
@@ -545,6 +556,7 @@ fn a_control_takeover_keeps_every_vm_reachable() -> Result<()> {
     if skip_without_etcd(&testreq::this_test()) {
         return Ok(());
     }
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let bed = Testbed::new()?;
     let topo = Topology::build(&bed, twelve_vms()?)?;
     let tun = GatewayTunnel::for_site(&topo, 0, PSK);
