@@ -70,13 +70,10 @@ impl Config {
         path: &Path,
         psks: Option<&StoredPsks>,
     ) -> Result<Config, Error> {
-        let source = Source { file: path, text };
+        let source = Source::new(path, text);
         let inventory: RawInventory =
             toml::from_str(text).map_err(|e| Error::Config(source.toml_error(&e)))?;
-        let node_source = Source {
-            file: &self.path,
-            text: &self.text,
-        };
+        let node_source = Source::new(&self.path, &self.text);
         let node: RawFile =
             toml::from_str(&self.text).map_err(|e| Error::Config(node_source.toml_error(&e)))?;
         let mut gateway = node.gateway;

@@ -439,7 +439,7 @@ impl Config {
     /// Validates configuration `text` as if read from `path` (used for error messages and to
     /// resolve relative PSK file paths).
     pub fn parse(text: &str, path: &Path) -> Result<Self, Error> {
-        let source = Source { file: path, text };
+        let source = Source::new(path, text);
         let raw: raw::RawFile =
             toml::from_str(text).map_err(|e| Error::Config(source.toml_error(&e)))?;
         validate::validate(&source, raw).map_err(Error::Config)
@@ -474,15 +474,32 @@ impl Config {
 pub(crate) struct Source<'a> {
     pub(crate) file: &'a Path,
     pub(crate) text: &'a str,
+    /// Where each line starts, found at the first lookup: every tunnel records its line, and
+    /// counting newlines from the top for each made 10 000 tunnels take 25 s.
+    line_starts: std::cell::OnceCell<Vec<usize>>,
 }
 
-impl Source<'_> {
+impl<'a> Source<'a> {
+    /// `text`, read from `file`.
+    pub(crate) fn new(file: &'a Path, text: &'a str) -> Self {
+        Self {
+            file,
+            text,
+            line_starts: std::cell::OnceCell::new(),
+        }
+    }
+
     /// 1-based line and column (in characters) of byte `offset`.
     pub(crate) fn line_col(&self, offset: usize) -> (usize, usize) {
         let offset = floor_char_boundary(self.text, offset.min(self.text.len()));
-        let before = &self.text[..offset];
-        let line = before.matches('\n').count() + 1;
-        let line_start = before.rfind('\n').map_or(0, |i| i + 1);
+        let starts = self.line_starts.get_or_init(|| {
+            std::iter::once(0)
+                .chain(self.text.match_indices('\n').map(|(i, _)| i + 1))
+                .collect()
+        });
+        // Lines starting at or before `offset`: its line's number.
+        let line = starts.partition_point(|&s| s <= offset);
+        let line_start = starts[line - 1];
         let column = self.text[line_start..offset].chars().count() + 1;
         (line, column)
     }

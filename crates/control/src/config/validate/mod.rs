@@ -86,11 +86,12 @@ pub(crate) fn validate_with(
     let tenants = v.tenants(&raw)?;
     let cpu_weights = v.cpu_weights(&raw)?;
     let vnets = v.vnets(&raw, &tenants)?;
-    let mut tunnels = Vec::with_capacity(raw.tunnel.len());
+    let mut done = tunnel::Done::default();
     for (index, t) in raw.tunnel.iter().enumerate() {
-        let tunnel = v.tunnel(index, t, &gateway, &tenants, &vnets, &tunnels)?;
-        tunnels.push(tunnel);
+        let tunnel = v.tunnel(index, t, &gateway, &tenants, &vnets, &done)?;
+        done.push(tunnel);
     }
+    let tunnels = done.tunnels;
     let mut bindings = Vec::with_capacity(tunnels.len());
     for t in &tunnels {
         let inside = match &t.tunnel.inside {
@@ -224,7 +225,7 @@ struct CheckedVnet {
 }
 
 /// A validated tunnel with the spans later checks point at.
-struct CheckedTunnel {
+pub(super) struct CheckedTunnel {
     tunnel: Tunnel,
     remote_ts_line: usize,
 }

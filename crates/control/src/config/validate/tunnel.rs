@@ -22,6 +22,57 @@ use zeroize::Zeroizing;
 /// Largest per-tunnel rate limit (`rate_limit`, Mbit/s): 1 Tbit/s.
 const MAX_RATE_LIMIT_MBIT: u32 = 1_000_000;
 
+/// The tunnels checked so far, in file order, indexed for the checks of the next one
+/// against them (a name defined twice, selectors overlapping within a tenant, an identity
+/// accepted twice), so that a file of 10 000 tunnels is not checked pair by pair.
+#[derive(Default)]
+pub(super) struct Done {
+    pub(super) tunnels: Vec<CheckedTunnel>,
+    by_name: std::collections::HashMap<String, usize>,
+    by_tenant: std::collections::HashMap<TenantId, Vec<usize>>,
+    by_remote_id: std::collections::HashMap<Identity, Vec<usize>>,
+}
+
+impl Done {
+    /// Adds the next checked tunnel.
+    pub(super) fn push(&mut self, t: CheckedTunnel) {
+        let i = self.tunnels.len();
+        let peer = &t.tunnel.peer;
+        self.by_name.entry(peer.name.clone()).or_insert(i);
+        self.by_tenant
+            .entry(t.tunnel.tenant.clone())
+            .or_default()
+            .push(i);
+        self.by_remote_id
+            .entry(peer.remote_id.clone())
+            .or_default()
+            .push(i);
+        self.tunnels.push(t);
+    }
+
+    /// The tunnel named `name`, if one is.
+    fn named(&self, name: &str) -> Option<&CheckedTunnel> {
+        self.by_name.get(name).map(|&i| &self.tunnels[i])
+    }
+
+    /// `tenant`'s tunnels, in file order.
+    fn of_tenant(&self, tenant: &TenantId) -> impl Iterator<Item = &CheckedTunnel> {
+        self.indexed(self.by_tenant.get(tenant))
+    }
+
+    /// The tunnels that accept `remote_id`, in file order.
+    fn accepting(&self, remote_id: &Identity) -> impl Iterator<Item = &CheckedTunnel> {
+        self.indexed(self.by_remote_id.get(remote_id))
+    }
+
+    fn indexed<'a>(
+        &'a self,
+        list: Option<&'a Vec<usize>>,
+    ) -> impl Iterator<Item = &'a CheckedTunnel> {
+        list.into_iter().flatten().map(|&i| &self.tunnels[i])
+    }
+}
+
 impl Validator<'_, '_> {
     #[allow(clippy::too_many_arguments)]
     pub(super) fn tunnel(
@@ -31,7 +82,7 @@ impl Validator<'_, '_> {
         gateway: &Gateway,
         tenants: &[(TenantId, usize)],
         vnets: &[CheckedVnet],
-        done: &[CheckedTunnel],
+        done: &Done,
     ) -> Result<CheckedTunnel, Box<ConfigError>> {
         let header_line = self.line(&t.span());
         let t = t.get_ref();
@@ -39,7 +90,7 @@ impl Validator<'_, '_> {
         let section = format!("[[tunnel]] {name:?}");
         let s = section.as_str();
         self.check_name(&t.name, s)?;
-        if let Some(other) = done.iter().find(|o| o.tunnel.peer.name == name) {
+        if let Some(other) = done.named(&name) {
             return Err(self.err(
                 t.name.span(),
                 s,
@@ -264,7 +315,7 @@ impl Validator<'_, '_> {
 
         // Two tunnels of one tenant whose remote selectors overlap make the outbound route of a
         // packet ambiguous (RFC 4301 §4.4.1 requires a decorrelated SPD, we require it per tenant).
-        for other in done.iter().filter(|o| o.tunnel.tenant == tenant) {
+        for other in done.of_tenant(&tenant) {
             for mine in &remote_ts {
                 if let Some(theirs) = other
                     .tunnel
@@ -291,7 +342,7 @@ impl Validator<'_, '_> {
         }
         // A responder picks the tunnel of an incoming IKE SA by the peer's address and identity:
         // two tunnels that accept the same identity from the same address cannot be told apart.
-        for other in done.iter() {
+        for other in done.accepting(&remote_id) {
             let same_id = other.tunnel.peer.remote_id == remote_id;
             let addrs_overlap = other.tunnel.peer.remote_addrs.is_empty()
                 || remote_addrs.is_empty()
