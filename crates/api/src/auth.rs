@@ -179,8 +179,22 @@ impl TokenFile {
         Ok(file)
     }
 
-    /// Reads and parses `path`; a missing file is an empty one.
+    /// Reads and parses `path`; a missing file is an empty one. A file that others than its
+    /// owner may write is refused: whoever can write it can give themselves an operator's
+    /// token.
     pub fn load(path: &Path) -> Result<Self, String> {
+        use std::os::unix::fs::PermissionsExt;
+        if let Ok(meta) = std::fs::metadata(path) {
+            let mode = meta.permissions().mode();
+            if mode & 0o022 != 0 {
+                return Err(format!(
+                    "{}: writable by its group or others (mode {:o}): anyone who can write it \
+                     can add a token; `chmod go-w` it",
+                    path.display(),
+                    mode & 0o777
+                ));
+            }
+        }
         match std::fs::read_to_string(path) {
             Ok(text) => Self::parse(&text).map_err(|e| format!("{}: {e}", path.display())),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Self::default()),
@@ -268,7 +282,7 @@ impl TokenFile {
 }
 
 /// The tokens file as the server reads it: parsed again when it changes (its modification
-/// time, size or inode), so that `protego token add` and `revoke` take effect at the next
+/// time, size, inode or mode), so that `protego token add` and `revoke` take effect at the next
 /// request. While the file cannot be read or parsed, no token is accepted (a revocation must
 /// never be undone by a broken file); the error says why.
 #[derive(Debug)]
@@ -279,7 +293,7 @@ pub struct Tokens {
 
 #[derive(Debug)]
 struct Loaded {
-    stamp: Option<(std::time::SystemTime, u64, u64)>,
+    stamp: Option<Stamp>,
     file: Result<Arc<TokenFile>, String>,
 }
 
@@ -326,11 +340,13 @@ impl Tokens {
     }
 }
 
-/// What tells a changed file: modification time, size, inode.
-fn stamp(path: &Path) -> Option<(std::time::SystemTime, u64, u64)> {
+/// What tells a changed file: modification time, size, inode, mode.
+type Stamp = (std::time::SystemTime, u64, u64, u32);
+
+fn stamp(path: &Path) -> Option<Stamp> {
     use std::os::unix::fs::MetadataExt;
     let m = std::fs::metadata(path).ok()?;
-    Some((m.modified().ok()?, m.len(), m.ino()))
+    Some((m.modified().ok()?, m.len(), m.ino(), m.mode()))
 }
 
 /// The principal a client certificate (DER, already verified against the CA) names: subject

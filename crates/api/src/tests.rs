@@ -542,6 +542,18 @@ fn credentials_are_checked_and_the_tokens_file_is_read_again_when_it_changes() {
     // Fixed again.
     file.save(&s.tokens_path).unwrap();
     assert_eq!(s.get("/api/v1/whoami", Some(&bob)).status, 200);
+    // A file others may write could be given any token: refused until fixed.
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&s.tokens_path, std::fs::Permissions::from_mode(0o666)).unwrap();
+    let a = s.get("/api/v1/whoami", Some(&bob));
+    assert_eq!((a.status, error_code(&a)), (503, "unavailable".into()));
+    assert!(
+        a.body.contains("writable by its group or others"),
+        "{}",
+        a.body
+    );
+    std::fs::set_permissions(&s.tokens_path, std::fs::Permissions::from_mode(0o600)).unwrap();
+    assert_eq!(s.get("/api/v1/whoami", Some(&bob)).status, 200);
 
     // The page and the document need no credentials; nothing else does without them.
     assert_eq!(s.get("/", None).status, 200);
