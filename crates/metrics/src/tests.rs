@@ -237,27 +237,22 @@ struct Ours;
 impl Source for Ours {
     fn collect(&self, out: &mut Families<'_, '_>) -> Result<(), Collect> {
         let h = reference_histogram();
+        let boxed = |v: V| -> Box<dyn Value> {
+            match v {
+                V::F(f) => Box::new(f),
+                V::U(u) => Box::new(u),
+                V::I(i) => Box::new(i),
+            }
+        };
         for (name, help, kind, samples) in reference_families() {
             let labels: Vec<(Vec<(&str, &str)>, V)> = samples;
             match kind {
-                "counter" => out.counter(
-                    name,
-                    help,
-                    labels.iter().map(|(l, v)| match *v {
-                        V::F(f) => (&l[..], Box::new(f) as Box<dyn Value>),
-                        V::U(u) => (&l[..], Box::new(u) as Box<dyn Value>),
-                        V::I(i) => (&l[..], Box::new(i) as Box<dyn Value>),
-                    }),
-                )?,
-                "gauge" => out.gauge(
-                    name,
-                    help,
-                    labels.iter().map(|(l, v)| match *v {
-                        V::F(f) => (&l[..], Box::new(f) as Box<dyn Value>),
-                        V::U(u) => (&l[..], Box::new(u) as Box<dyn Value>),
-                        V::I(i) => (&l[..], Box::new(i) as Box<dyn Value>),
-                    }),
-                )?,
+                "counter" => {
+                    out.counter(name, help, labels.iter().map(|(l, v)| (&l[..], boxed(*v))))?
+                }
+                "gauge" => {
+                    out.gauge(name, help, labels.iter().map(|(l, v)| (&l[..], boxed(*v))))?
+                }
                 "info" => out.info(name, help, labels.iter().map(|(l, _)| &l[..]))?,
                 _ => out.histogram(name, help, labels.iter().map(|(l, _)| (&l[..], &h)))?,
             }
