@@ -110,20 +110,6 @@ impl ApiServer {
             .map(Tokens::open)
             .transpose()
             .map_err(ApiError::Tokens)?;
-        let bind = |source| ApiError::Bind {
-            addr: api.listen,
-            source,
-        };
-        let listener = std::net::TcpListener::bind(api.listen).map_err(bind)?;
-        listener.set_nonblocking(true).map_err(bind)?;
-        let addr = listener.local_addr().map_err(bind)?;
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_io()
-            .enable_time()
-            .max_blocking_threads(BLOCKING_THREADS)
-            .thread_name("protego-api")
-            .build()
-            .map_err(ApiError::Start)?;
         let state = Arc::new(Api {
             backend,
             tokens,
@@ -134,22 +120,22 @@ impl ApiServer {
         });
         let router = routes::router(Arc::clone(&state));
         let (stop, stopped) = tokio::sync::watch::channel(false);
-        let thread = std::thread::Builder::new()
-            .name("protego-api".into())
-            .spawn(move || {
-                runtime.block_on(async move {
-                    let listener = match tokio::net::TcpListener::from_std(listener) {
-                        Ok(l) => l,
-                        Err(e) => {
-                            tracing::error!(%addr, error = %e, "API listener failed");
-                            return;
-                        }
-                    };
-                    tokio::spawn(history::sample(Arc::clone(&state), stopped.clone()));
-                    serve(listener, tls, router, stopped).await;
-                });
-            })
-            .map_err(ApiError::Start)?;
+        let served = metrics::serve_on_thread(
+            api.listen,
+            "protego-api",
+            BLOCKING_THREADS,
+            move |listener| async move {
+                tokio::spawn(history::sample(Arc::clone(&state), stopped.clone()));
+                serve(listener, tls, router, stopped).await;
+            },
+        );
+        let (addr, thread) = served.map_err(|e| match e {
+            metrics::ServingError::Bind(source) => ApiError::Bind {
+                addr: api.listen,
+                source,
+            },
+            metrics::ServingError::Start(e) => ApiError::Start(e),
+        })?;
         tracing::info!(%addr, tls = api.tls.is_some(), client_certificates = api.client_ca_file.is_some(), tokens = api.tokens_file.is_some(), "serving the HTTP API and web console");
         Ok(Self {
             addr,

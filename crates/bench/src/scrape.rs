@@ -19,6 +19,9 @@ pub(crate) const METRICS_ADDR: &str = "127.0.0.1:19180";
 #[derive(Debug, Clone, Copy)]
 struct Scrape {
     took: Duration,
+    /// What the gateway says its reading and formatting took
+    /// (`protego_scrape_duration_seconds`): the rest of `took` is the transfer.
+    server: Option<Duration>,
     bytes: usize,
     series: usize,
 }
@@ -99,8 +102,18 @@ fn summary(what: &str, mut done: Vec<Scrape>, errors: &[String]) -> String {
         .max_by_key(|s| s.bytes)
         .copied()
         .unwrap_or(done[0]);
+    let mut server: Vec<Duration> = done.iter().filter_map(|s| s.server).collect();
+    server.sort();
+    let server = match server.len() {
+        0 => String::new(),
+        n => format!(
+            " (the gateway's reading and formatting: median {:.1} ms, max {:.1} ms)",
+            ms(server[n / 2]),
+            ms(server[n - 1])
+        ),
+    };
     format!(
-        "{what}: {} (failed {}), duration median {:.1} ms, p99 {:.1} ms, max {:.1} ms; {:.1} MB, {} series",
+        "{what}: {} (failed {}), duration median {:.1} ms, p99 {:.1} ms, max {:.1} ms{server}; {:.1} MB, {} series",
         done.len(),
         errors.len(),
         ms(pick(0.5)),
@@ -137,8 +150,13 @@ fn scrape_once(ns: &Netns) -> Result<Scrape, String> {
         return Err(text.lines().next().unwrap_or_default().to_owned());
     }
     let series = text.lines().filter(|l| l.starts_with("protego_")).count();
+    let server = (text.lines())
+        .filter(|l| l.starts_with("protego_scrape_duration_seconds{"))
+        .find_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .and_then(|secs| Duration::try_from_secs_f64(secs).ok());
     Ok(Scrape {
         took,
+        server,
         bytes: body.len(),
         series,
     })

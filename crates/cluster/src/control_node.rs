@@ -682,6 +682,16 @@ impl RequestHandler for ClusterResponder {
         self.inner.status_report()
     }
 
+    fn tunnel_status(&self, name: &str) -> Result<Option<control::status::TunnelStatus>, Value> {
+        RequestHandler::tunnel_status(&self.inner, name)
+    }
+
+    fn tunnel_traffic(
+        &self,
+    ) -> Result<Vec<(String, ids::TenantId, datapath::TunnelTraffic)>, Value> {
+        RequestHandler::tunnel_traffic(&self.inner)
+    }
+
     fn handle(&self, request: Request) -> Value {
         match request {
             Request::Nodes => self.cluster.describe(),

@@ -546,12 +546,23 @@ impl Endpoint {
 
     /// Status of every IKE SA.
     pub fn status(&self, now: Instant) -> Vec<IkeSaStatus> {
+        self.status_where(now, None)
+    }
+
+    /// [`Endpoint::status`] of the SAs of `tunnel` only (what a request about one tunnel
+    /// needs, without copying the status of every other SA).
+    pub fn tunnel_status(&self, now: Instant, tunnel: TunnelId) -> Vec<IkeSaStatus> {
+        self.status_where(now, Some(tunnel))
+    }
+
+    fn status_where(&self, now: Instant, tunnel: Option<TunnelId>) -> Vec<IkeSaStatus> {
         // Whole seconds from now until a timer's deadline.
         let secs_until = |at: Instant| at.saturating_duration_since(now).as_secs();
         let mut v: Vec<IkeSaStatus> = self
             .sas
             .values()
             .filter(|sa| sa.state != SaState::Dead)
+            .filter(|sa| tunnel.is_none_or(|t| sa.tunnel == Some(t)))
             .map(|sa| IkeSaStatus {
                 tunnel: sa.tunnel,
                 ike: sa.spis,

@@ -12,7 +12,7 @@
 
 mod server;
 
-pub use server::{MetricsError, MetricsServer};
+pub use server::{serve_on_thread, MetricsError, MetricsServer, ServingError};
 
 use std::fmt::Write as _;
 use std::sync::Arc;
@@ -115,12 +115,7 @@ impl Value for f32 {
 
 /// Appends `value` with `\`, `"` and newlines escaped (a label value's escaping).
 fn push_escaped(out: &mut String, value: &str) {
-    // A fold without an early exit, which the compiler turns into vector compares: label
-    // values almost never need escaping.
-    let plain = !value
-        .bytes()
-        .fold(false, |found, b| found | matches!(b, b'\\' | b'"' | b'\n'));
-    if plain {
+    if !needs_escaping(value.as_bytes()) {
         out.push_str(value);
         return;
     }
@@ -132,6 +127,27 @@ fn push_escaped(out: &mut String, value: &str) {
             c => out.push(c),
         }
     }
+}
+
+/// Whether `bytes` holds a `\`, `"` or newline. Label values almost never do, and every
+/// series has several, so this looks at eight bytes at a time: a word XORed with a byte
+/// repeated has a zero byte exactly where that byte was, and `(x - 0x01..) & !x & 0x80..`
+/// is non-zero exactly when `x` has a zero byte.
+fn needs_escaping(bytes: &[u8]) -> bool {
+    const ONES: u64 = u64::from_ne_bytes([0x01; 8]);
+    const HIGHS: u64 = u64::from_ne_bytes([0x80; 8]);
+    let has_zero_byte = |x: u64| x.wrapping_sub(ONES) & !x & HIGHS != 0;
+    let has = |word: u64, byte: u8| has_zero_byte(word ^ (ONES * u64::from(byte)));
+    let mut words = bytes.chunks_exact(8);
+    for chunk in &mut words {
+        let mut word = [0; 8];
+        word.copy_from_slice(chunk);
+        let word = u64::from_ne_bytes(word);
+        if has(word, b'\\') | has(word, b'"') | has(word, b'\n') {
+            return true;
+        }
+    }
+    (words.remainder().iter()).any(|b| matches!(b, b'\\' | b'"' | b'\n'))
 }
 
 /// The families of one scrape, written in order. Each method writes one family (its `HELP`
@@ -178,82 +194,96 @@ impl<'o, 'n> Families<'o, 'n> {
         let _ = write!(self.out, "# HELP {name} {help}\n# TYPE {name} {kind}\n");
     }
 
-    /// A series' name and labels: `NAME_SUFFIX{FIRST,node="..",LABELS}` (`first`: a
-    /// histogram bucket's `le`, written first as `prometheus-client` does).
-    fn series(&mut self, name: &str, suffix: &str, first: Option<&str>, labels: &Labels<'_>) {
-        let out = &mut *self.out;
-        out.push_str(name);
-        out.push_str(suffix);
-        out.push('{');
+    /// The start of a family's series up to the `node` label, written once per family:
+    /// `NAME_SUFFIX{FIRST,node=".."` (`first`: a histogram bucket's `le`, written first as
+    /// `prometheus-client` does).
+    fn head(&self, name: &str, suffix: &str, first: Option<&str>) -> String {
+        let mut head = String::with_capacity(name.len() + suffix.len() + self.node.len() + 32);
+        head.push_str(name);
+        head.push_str(suffix);
+        head.push('{');
         if let Some(first) = first {
-            out.push_str(first);
-            out.push(',');
+            head.push_str(first);
+            head.push(',');
         }
-        out.push_str(&self.node);
-        for (key, value) in labels {
-            out.push(',');
-            out.push_str(key);
-            out.push_str("=\"");
-            push_escaped(out, value);
-            out.push('"');
-        }
-        out.push('}');
+        head.push_str(&self.node);
+        head
     }
 
-    /// One sample: its series, a space, the value, a newline.
-    fn sample(&mut self, name: &str, suffix: &str, labels: &Labels<'_>, value: &dyn Value) {
-        self.series(name, suffix, None, labels);
-        self.out.push(' ');
-        value.write(self.out);
-        self.out.push('\n');
+    /// One sample: the series (`head`, then its labels), a space, the value, a newline.
+    fn sample<L: SeriesLabels + ?Sized, V: Value>(&mut self, head: &str, labels: &L, value: &V) {
+        let out = &mut *self.out;
+        out.push_str(head);
+        labels.write(out);
+        out.push_str("} ");
+        value.write(out);
+        out.push('\n');
     }
 
     /// A counter family (the samples are named `NAME_total`).
-    pub fn counter<'l, V: Value + 'l>(
+    pub fn counter<L: SeriesLabels, V: Value>(
         &mut self,
         name: &str,
         help: &str,
-        samples: impl IntoIterator<Item = (&'l Labels<'l>, V)>,
+        samples: impl IntoIterator<Item = (L, V)>,
     ) -> std::fmt::Result {
-        self.descriptor(name, help, "counter");
-        for (labels, value) in samples {
-            if keeps(self.tenant, labels) {
-                self.sample(name, "_total", labels, &value);
-            }
-        }
+        self.family(name, help, "counter", "_total", samples);
         Ok(())
     }
 
     /// A gauge family.
-    pub fn gauge<'l, V: Value + 'l>(
+    pub fn gauge<L: SeriesLabels, V: Value>(
         &mut self,
         name: &str,
         help: &str,
-        samples: impl IntoIterator<Item = (&'l Labels<'l>, V)>,
+        samples: impl IntoIterator<Item = (L, V)>,
     ) -> std::fmt::Result {
-        self.descriptor(name, help, "gauge");
-        for (labels, value) in samples {
-            if keeps(self.tenant, labels) {
-                self.sample(name, "", labels, &value);
-            }
-        }
+        self.family(name, help, "gauge", "", samples);
         Ok(())
     }
 
     /// An info family (samples `NAME_info 1` whose labels are the information).
-    pub fn info<'l>(
+    pub fn info<L: SeriesLabels>(
         &mut self,
         name: &str,
         help: &str,
-        samples: impl IntoIterator<Item = &'l Labels<'l>>,
+        samples: impl IntoIterator<Item = L>,
     ) -> std::fmt::Result {
-        self.descriptor(name, help, "info");
-        for labels in samples {
-            if keeps(self.tenant, labels) {
-                self.sample(name, "_info", labels, &1u32);
+        let samples = samples.into_iter().map(|labels| (labels, 1u32));
+        self.family(name, help, "info", "_info", samples);
+        Ok(())
+    }
+
+    /// A family of one sample per series, named `NAME_SUFFIX`.
+    fn family<L: SeriesLabels, V: Value>(
+        &mut self,
+        name: &str,
+        help: &str,
+        kind: &str,
+        suffix: &str,
+        samples: impl IntoIterator<Item = (L, V)>,
+    ) {
+        self.descriptor(name, help, kind);
+        let head = self.head(name, suffix, None);
+        for (labels, value) in samples {
+            if labels.kept(self.tenant) {
+                self.sample(&head, &labels, &value);
             }
         }
-        Ok(())
+    }
+
+    /// `labels` escaped once, for series that several families write with the same labels
+    /// (a tunnel's `tenant` and `tunnel`): each series then copies one run of bytes instead
+    /// of gathering and checking every value again. The set belongs to these families (it
+    /// remembers whether their tenant's view keeps it).
+    pub fn label_set(&self, labels: &Labels<'_>) -> LabelSet {
+        let mut text =
+            String::with_capacity(labels.iter().map(|(k, v)| k.len() + v.len() + 4).sum());
+        labels.write(&mut text);
+        LabelSet {
+            text,
+            kept: labels.kept(self.tenant),
+        }
     }
 
     /// A histogram family.
@@ -265,11 +295,11 @@ impl<'o, 'n> Families<'o, 'n> {
     ) -> std::fmt::Result {
         self.descriptor(name, help, "histogram");
         for (labels, h) in samples {
-            if !keeps(self.tenant, labels) {
+            if !labels.kept(self.tenant) {
                 continue;
             }
-            self.sample(name, "_sum", labels, &h.sum);
-            self.sample(name, "_count", labels, &h.count);
+            self.sample(&self.head(name, "_sum", None), labels, &h.sum);
+            self.sample(&self.head(name, "_count", None), labels, &h.count);
             let mut cumulative = 0u64;
             for &(bound, n) in &h.buckets {
                 cumulative += n;
@@ -280,36 +310,87 @@ impl<'o, 'n> Families<'o, 'n> {
                     bound.write(&mut le);
                 }
                 le.push('"');
-                self.series(name, "_bucket", Some(&le), labels);
-                self.out.push(' ');
-                cumulative.write(self.out);
-                self.out.push('\n');
+                self.sample(&self.head(name, "_bucket", Some(&le)), labels, &cumulative);
             }
         }
         Ok(())
     }
 }
 
-/// Whether a series with `labels` is written for `tenant` (every series without one).
-fn keeps(tenant: Option<&str>, labels: &Labels<'_>) -> bool {
-    tenant.is_none_or(|t| labels.iter().any(|&(k, v)| k == "tenant" && v == t))
+/// A series' labels after `node`: (name, value) pairs, or a [`LabelSet`] escaped before.
+pub trait SeriesLabels {
+    /// Whether the series is written for `tenant`'s view (`None`: every series is); a series
+    /// without a `tenant` label is not.
+    fn kept(&self, tenant: Option<&str>) -> bool;
+    /// Appends `,NAME="VALUE"` for each label, values escaped.
+    fn write(&self, out: &mut String);
+}
+
+impl SeriesLabels for Labels<'_> {
+    fn kept(&self, tenant: Option<&str>) -> bool {
+        tenant.is_none_or(|t| self.iter().any(|&(k, v)| k == "tenant" && v == t))
+    }
+
+    fn write(&self, out: &mut String) {
+        for (key, value) in self {
+            out.push(',');
+            out.push_str(key);
+            out.push_str("=\"");
+            push_escaped(out, value);
+            out.push('"');
+        }
+    }
+}
+
+impl<T: SeriesLabels + ?Sized> SeriesLabels for &T {
+    fn kept(&self, tenant: Option<&str>) -> bool {
+        (**self).kept(tenant)
+    }
+
+    fn write(&self, out: &mut String) {
+        (**self).write(out);
+    }
+}
+
+/// A label set followed by more labels (a tunnel's labels with a `direction`), written
+/// without building a new set.
+impl SeriesLabels for (&LabelSet, &Labels<'_>) {
+    fn kept(&self, tenant: Option<&str>) -> bool {
+        self.0.kept || self.1.kept(tenant)
+    }
+
+    fn write(&self, out: &mut String) {
+        self.0.write(out);
+        self.1.write(out);
+    }
+}
+
+/// Labels escaped once by [`Families::label_set`].
+#[derive(Debug, Clone)]
+pub struct LabelSet {
+    /// `,NAME="VALUE"...`, escaped.
+    text: String,
+    /// Whether the view of the families that made it keeps its series.
+    kept: bool,
+}
+
+impl SeriesLabels for LabelSet {
+    fn kept(&self, _: Option<&str>) -> bool {
+        self.kept
+    }
+
+    fn write(&self, out: &mut String) {
+        out.push_str(&self.text);
+    }
 }
 
 /// Renders one scrape of `source`: its families, then `protego_up` (1 when everything could be
 /// read) and `protego_scrape_duration_seconds`, then `# EOF`. Returns the text and the
 /// reason a part was missing, if one was.
 pub fn render(source: &Arc<dyn Source>, node: &str) -> (String, Option<String>) {
-    render_sized(source, node, 64 * 1024)
-}
-
-/// [`render`] into a buffer of `capacity` bytes to start with (the last scrape's size: a
-/// text of tens of megabytes grown by doubling costs page faults and copies).
-pub fn render_sized(
-    source: &Arc<dyn Source>,
-    node: &str,
-    capacity: usize,
-) -> (String, Option<String>) {
-    render_filtered(source, node, capacity, None)
+    let mut text = String::with_capacity(64 * 1024);
+    let missing = render_into(source, node, None, &mut text);
+    (text, missing)
 }
 
 /// [`render`] of only the series labelled `tenant = tenant` (what the HTTP API gives a tenant:
@@ -319,23 +400,29 @@ pub fn render_for_tenant(
     node: &str,
     tenant: &str,
 ) -> (String, Option<String>) {
-    render_filtered(source, node, 64 * 1024, Some(tenant))
+    let mut text = String::with_capacity(64 * 1024);
+    let missing = render_into(source, node, Some(tenant), &mut text);
+    (text, missing)
 }
 
-fn render_filtered(
+/// [`render`] (or, with `tenant`, [`render_for_tenant`]) into `text`, emptied first: the
+/// listener passes the last scrape's buffer, since a text of tens of megabytes allocated
+/// anew costs page faults on every scrape and grown by doubling costs copies. Returns the
+/// reason a part was missing, if one was.
+pub fn render_into(
     source: &Arc<dyn Source>,
     node: &str,
-    capacity: usize,
     tenant: Option<&str>,
-) -> (String, Option<String>) {
+    text: &mut String,
+) -> Option<String> {
     let started = std::time::Instant::now();
-    let mut text = String::with_capacity(capacity);
-    let missing = match source.collect(&mut Families::new(&mut text, node, tenant)) {
+    text.clear();
+    let missing = match source.collect(&mut Families::new(text, node, tenant)) {
         Ok(()) => None,
         Err(Collect::Unavailable(reason)) => Some(reason),
         Err(Collect::Format(_)) => Some("the exposition could not be formatted".to_owned()),
     };
-    let mut health = Families::new(&mut text, node, None);
+    let mut health = Families::new(text, node, None);
     // The scrape-health families, written after the source's.
     let _ = health.gauge(
         "protego_up",
@@ -348,7 +435,7 @@ fn render_filtered(
         [(&[][..], started.elapsed().as_secs_f64())],
     );
     text.push_str("# EOF\n");
-    (text, missing)
+    missing
 }
 
 #[cfg(test)]

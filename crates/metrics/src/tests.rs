@@ -232,7 +232,11 @@ fn reference_histogram() -> Histogram {
     }
 }
 
-struct Ours;
+/// The differential test's families through this crate: labels as pairs, or (`sets`) escaped
+/// once into label sets of the first label, the others written after the set.
+struct Ours {
+    sets: bool,
+}
 
 impl Source for Ours {
     fn collect(&self, out: &mut Families<'_, '_>) -> Result<(), Collect> {
@@ -246,6 +250,21 @@ impl Source for Ours {
         };
         for (name, help, kind, samples) in reference_families() {
             let labels: Vec<(Vec<(&str, &str)>, V)> = samples;
+            if self.sets && kind != "histogram" {
+                let sets: Vec<(LabelSet, &Labels<'_>, V)> = (labels.iter())
+                    .map(|(l, v)| {
+                        let split = l.len().min(1);
+                        (out.label_set(&l[..split]), &l[split..], *v)
+                    })
+                    .collect();
+                let series = || sets.iter().map(|(l, more, v)| ((l, *more), *v));
+                match kind {
+                    "counter" => out.counter(name, help, series().map(|(l, v)| (l, boxed(v))))?,
+                    "gauge" => out.gauge(name, help, series().map(|(l, v)| (l, boxed(v))))?,
+                    _ => out.info(name, help, series().map(|(l, _)| l))?,
+                }
+                continue;
+            }
             match kind {
                 "counter" => {
                     out.counter(name, help, labels.iter().map(|(l, v)| (&l[..], boxed(*v))))?
@@ -320,17 +339,89 @@ impl prometheus_client::collector::Collector for Theirs {
 
 #[test]
 fn the_exposition_is_byte_for_byte_prometheus_clients() {
-    let source: Arc<dyn Source> = Arc::new(Ours);
-    let (ours, missing) = render(&source, "gw \"1\"");
-    assert_eq!(missing, None);
     let mut registry = prometheus_client::registry::Registry::default();
     registry.register_collector(Box::new(Theirs));
     let mut theirs = String::new();
     prometheus_client::encoding::text::encode_registry(&mut theirs, &registry).unwrap();
-    // Ours goes on with the scrape-health families and `# EOF`.
-    let (body, tail) = ours.split_at(theirs.len());
-    assert_eq!(body, theirs);
-    assert!(tail.starts_with("# HELP protego_up "), "{tail}");
-    assert!(tail.ends_with("# EOF\n"), "{tail}");
     assert!(theirs.contains("tunnel=\"a\\\"b\\\\c\\nd\""), "{theirs}");
+    for sets in [false, true] {
+        let source: Arc<dyn Source> = Arc::new(Ours { sets });
+        let (ours, missing) = render(&source, "gw \"1\"");
+        assert_eq!(missing, None);
+        // Ours goes on with the scrape-health families and `# EOF`.
+        let (body, tail) = ours.split_at(theirs.len());
+        assert_eq!(body, theirs, "label sets: {sets}");
+        assert!(tail.starts_with("# HELP protego_up "), "{tail}");
+        assert!(tail.ends_with("# EOF\n"), "{tail}");
+    }
+}
+
+#[test]
+fn a_character_to_escape_is_found_wherever_it_is() {
+    for len in 0..40 {
+        let plain = "x".repeat(len);
+        assert!(!needs_escaping(plain.as_bytes()), "{len}");
+        for at in 0..len {
+            for special in [b'\\', b'"', b'\n'] {
+                let mut bytes = plain.clone().into_bytes();
+                bytes[at] = special;
+                assert!(needs_escaping(&bytes), "{len} {at} {special}");
+            }
+        }
+    }
+    // Bytes next to the special ones in value (borrows across bytes), and UTF-8.
+    for near in ["[]!#\x01\x7f", "ü€𝄞 naïve", "\x5b\x5d\x21\x23\x09\x0b"] {
+        assert!(!needs_escaping(near.as_bytes()), "{near:?}");
+    }
+}
+
+/// A tenant's view of series written through label sets keeps the same series as through
+/// pairs.
+struct TenantSets;
+
+impl Source for TenantSets {
+    fn collect(&self, out: &mut Families<'_, '_>) -> Result<(), Collect> {
+        let acme = out.label_set(&[("tenant", "acme"), ("tunnel", "hq")]);
+        let node = out.label_set(&[("worker", "0")]);
+        let other = out.label_set(&[("tenant", "globex"), ("tunnel", "hq")]);
+        out.gauge(
+            "protego_test_state",
+            "State.",
+            [(&acme, 1), (&node, 2), (&other, 4)],
+        )?;
+        // A set without a tenant, followed by acme's tenant label, and by globex's.
+        let (acme_after, globex_after) = ([("tenant", "acme")], [("tenant", "globex")]);
+        out.gauge(
+            "protego_test_state_after",
+            "State.",
+            [
+                ((&node, &acme_after[..]), 3),
+                ((&node, &globex_after[..]), 5),
+            ],
+        )?;
+        Ok(())
+    }
+}
+
+#[test]
+fn label_sets_keep_a_tenants_view() {
+    let source: Arc<dyn Source> = Arc::new(TenantSets);
+    let (mine, _) = render_for_tenant(&source, "gw1", "acme");
+    let samples: Vec<&str> = (mine.lines())
+        .filter(|l| l.starts_with("protego_test_state"))
+        .collect();
+    assert_eq!(
+        samples,
+        [
+            "protego_test_state{node=\"gw1\",tenant=\"acme\",tunnel=\"hq\"} 1",
+            "protego_test_state_after{node=\"gw1\",worker=\"0\",tenant=\"acme\"} 3",
+        ]
+    );
+    let (all, _) = render(&source, "gw1");
+    assert_eq!(
+        all.lines()
+            .filter(|l| l.starts_with("protego_test_state"))
+            .count(),
+        5
+    );
 }

@@ -152,11 +152,21 @@ impl Driver {
 
     pub(super) fn on_command(&mut self, now: Instant, command: Command) {
         match command {
-            Command::Status(reply) => {
+            Command::Status(None, reply) => {
                 let _ = reply.send(IkeReport {
                     sas: self.endpoint.status(now),
                     drops: self.endpoint.stats().clone(),
                     events: self.events.clone(),
+                });
+            }
+            Command::Status(Some(tunnel), reply) => {
+                let _ = reply.send(IkeReport {
+                    sas: self.endpoint.tunnel_status(now, tunnel),
+                    drops: self.endpoint.stats().clone(),
+                    events: (self.events.get(&tunnel).cloned())
+                        .map(|e| (tunnel, e))
+                        .into_iter()
+                        .collect(),
                 });
             }
             Command::StoreStats(reply) => {

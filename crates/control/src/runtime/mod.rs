@@ -45,7 +45,8 @@ const TRANSMIT_BUFFER: usize = 65_536;
 
 /// A request to the control loop.
 enum Command {
-    Status(Sender<IkeReport>),
+    /// The IKE report of every tunnel, or (`Some`) of one.
+    Status(Option<TunnelId>, Sender<IkeReport>),
     StoreStats(Sender<StoreStats>),
     RotateStoreKey(Sender<Result<crate::store::KeyRotation, crate::store::StoreError>>),
     Initiate(TunnelId, Sender<Result<(), CommandFailure>>),
@@ -151,9 +152,15 @@ impl ControlHandle {
     /// The engine's IKE SA table, its counters of dropped IKE datagrams and the tunnels'
     /// event counters, read together.
     pub fn ike_report(&self) -> Result<IkeReport, Error> {
+        self.ike_report_of(None)
+    }
+
+    /// [`ControlHandle::ike_report`] of one tunnel (its SAs and events; the drop counters
+    /// are the engine's), or of every tunnel with `None`.
+    pub fn ike_report_of(&self, tunnel: Option<TunnelId>) -> Result<IkeReport, Error> {
         let (tx, rx) = bounded(1);
         self.commands
-            .send(Command::Status(tx))
+            .send(Command::Status(tunnel, tx))
             .map_err(|_| Error::ControlStopped)?;
         rx.recv_timeout(COMMAND_TIMEOUT)
             .map_err(|_| Error::ControlStopped)

@@ -478,6 +478,36 @@ fn tunnel_comes_up_with_matching_spis() {
     assert_eq!(child.local_ts, ["10.1.0.0/24"]);
     assert_eq!(child.remote_ts, ["10.2.0.0/24"]);
 
+    // A request about one tunnel builds that tunnel's entry alone, the same as the report's
+    // (its times aside: a second may pass between the two).
+    let without_times = |t: &crate::status::TunnelStatus| {
+        let mut v = serde_json::to_value(t).unwrap();
+        fn strip(v: &mut serde_json::Value) {
+            match v {
+                serde_json::Value::Object(m) => {
+                    m.retain(|k, _| !k.ends_with("_secs"));
+                    m.values_mut().for_each(strip);
+                }
+                serde_json::Value::Array(a) => a.iter_mut().for_each(strip),
+                _ => {}
+            }
+        }
+        strip(&mut v);
+        v
+    };
+    let one = responder
+        .tunnel_status("up-test")
+        .unwrap()
+        .expect("a configured tunnel");
+    assert_eq!(without_times(&one), without_times(t));
+    assert!(responder.tunnel_status("no-such-tunnel").unwrap().is_none());
+    let traffic = responder.tunnel_traffic();
+    assert_eq!(traffic.len(), 1);
+    assert_eq!(
+        (traffic[0].0.as_str(), traffic[0].1.as_str(), traffic[0].2),
+        ("up-test", "t", t.traffic)
+    );
+
     // One structured line per state change, with the tunnel's fields.
     let established = log_lines_with("IKE_SA established");
     assert!(

@@ -3,8 +3,8 @@
 //! while it is down, times as Unix timestamps, counters as `_total` (docs/operations.md,
 //! "Metrics", lists them).
 
-use super::{StatusReport, TunnelState};
-use metrics::{Families, Histogram};
+use super::{ChildSaReport, StatusReport, TunnelState};
+use metrics::{Families, Histogram, LabelSet};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 /// Seconds since the Unix epoch, now.
@@ -54,22 +54,20 @@ pub fn write_build(out: &mut Families<'_, '_>, uptime_secs: u64, now: f64) -> st
 
 /// Per-tunnel, per-IKE SA and per-CHILD_SA families.
 fn write_tunnels(out: &mut Families<'_, '_>, report: &StatusReport, now: f64) -> std::fmt::Result {
-    // Every series of a tunnel starts with its tenant and name.
-    let ids: Vec<[(&str, &str); 2]> = report
-        .tunnels
-        .iter()
-        .map(|t| [("tenant", t.tenant.as_str()), ("tunnel", t.name.as_str())])
+    // Every series of a tunnel starts with its tenant and name, escaped once.
+    let ids: Vec<LabelSet> = (report.tunnels.iter())
+        .map(|t| out.label_set(&[("tenant", t.tenant.as_str()), ("tunnel", t.name.as_str())]))
         .collect();
     let per_tunnel = || report.tunnels.iter().zip(&ids);
     out.gauge(
         "protego_tunnel_state",
         "State of each configured tunnel: 0 down, 1 connecting, 2 established.",
-        per_tunnel().map(|(t, l)| (&l[..], state_value(t.state))),
+        per_tunnel().map(|(t, l)| (l, state_value(t.state))),
     )?;
     out.gauge(
         "protego_tunnel_up",
         "1 if the tunnel has an established IKE SA, else 0.",
-        per_tunnel().map(|(t, l)| (&l[..], u32::from(t.state == TunnelState::Established))),
+        per_tunnel().map(|(t, l)| (l, u32::from(t.state == TunnelState::Established))),
     )?;
     let remotes: Vec<String> = report
         .tunnels
@@ -102,14 +100,14 @@ fn write_tunnels(out: &mut Families<'_, '_>, report: &StatusReport, now: f64) ->
     out.gauge(
         "protego_tunnel_ike_sas",
         "IKE SAs of the tunnel (two while one is rekeyed).",
-        per_tunnel().map(|(t, l)| (&l[..], t.ike_sas.len())),
+        per_tunnel().map(|(t, l)| (l, t.ike_sas.len())),
     )?;
     out.gauge(
         "protego_tunnel_child_sas",
         "CHILD_SAs of the tunnel.",
         per_tunnel().map(|(t, l)| {
             let n: usize = t.ike_sas.iter().map(|s| s.children.len()).sum();
-            (&l[..], n)
+            (l, n)
         }),
     )?;
     // The IKE SA in use: the status lists established ones first.
@@ -122,7 +120,7 @@ fn write_tunnels(out: &mut Families<'_, '_>, report: &StatusReport, now: f64) ->
         "protego_ike_sa_established_timestamp_seconds",
         "When the tunnel's IKE SA in use was established, Unix time (absent while none is).",
         per_tunnel().filter_map(|(t, l)| {
-            current(t).map(|s| (&l[..], (now - s.established_secs as f64).floor()))
+            current(t).map(|s| (l, (now - s.established_secs as f64).floor()))
         }),
     )?;
     out.gauge(
@@ -130,7 +128,7 @@ fn write_tunnels(out: &mut Families<'_, '_>, report: &StatusReport, now: f64) ->
         "When the tunnel's IKE SA in use is due to be rekeyed, Unix time.",
         per_tunnel().filter_map(|(t, l)| {
             let s = current(t)?;
-            Some((&l[..], (now + s.rekey_in_secs? as f64).floor()))
+            Some((l, (now + s.rekey_in_secs? as f64).floor()))
         }),
     )?;
     write_sa_families(out, report, now)?;
@@ -187,7 +185,7 @@ fn write_sa_families(
         }
     }
     let mut infos: Vec<[(&str, &str); 7]> = Vec::with_capacity(child_text.len());
-    let mut keys: Vec<[(&str, &str); 3]> = Vec::with_capacity(child_text.len());
+    let mut keys: Vec<LabelSet> = Vec::with_capacity(child_text.len());
     let mut children = Vec::with_capacity(child_text.len());
     let mut text = child_text.iter();
     for t in &report.tunnels {
@@ -203,11 +201,11 @@ fn write_sa_families(
                     ("local_ts", local_ts.as_str()),
                     ("remote_ts", remote_ts.as_str()),
                 ]);
-                keys.push([
+                keys.push(out.label_set(&[
                     ("tenant", t.tenant.as_str()),
                     ("tunnel", t.name.as_str()),
                     ("spi_in", c.spi_in.as_str()),
-                ]);
+                ]));
                 children.push(c);
             }
         }
@@ -221,121 +219,98 @@ fn write_sa_families(
     out.gauge(
         "protego_child_sa_established_timestamp_seconds",
         "When the CHILD_SA was installed, Unix time.",
-        per_child().map(|(c, l)| (&l[..], (now - c.installed_secs as f64).floor())),
+        per_child().map(|(c, l)| (l, (now - c.installed_secs as f64).floor())),
     )?;
     out.gauge(
         "protego_child_sa_rekey_timestamp_seconds",
         "When the CHILD_SA is due to be rekeyed, Unix time.",
-        per_child().filter_map(|(c, l)| Some((&l[..], (now + c.rekey_in_secs? as f64).floor()))),
+        per_child().filter_map(|(c, l)| Some((l, (now + c.rekey_in_secs? as f64).floor()))),
     )?;
     out.gauge(
         "protego_child_sa_expire_timestamp_seconds",
         "When the CHILD_SA expires (its hard lifetime), Unix time.",
-        per_child().filter_map(|(c, l)| Some((&l[..], (now + c.expire_in_secs? as f64).floor()))),
+        per_child().filter_map(|(c, l)| Some((l, (now + c.expire_in_secs? as f64).floor()))),
     )?;
-    let directional = |dir: &'static str| {
-        keys.iter()
-            .map(move |k| [k[0], k[1], k[2], ("direction", dir)])
-            .collect::<Vec<_>>()
+    let both = |value_in: fn(&ChildSaReport) -> u64, value_out: fn(&ChildSaReport) -> u64| {
+        (per_child().map(move |(c, l)| ((l, &IN[..]), value_in(c))))
+            .chain(per_child().map(move |(c, l)| ((l, &OUT[..]), value_out(c))))
     };
-    let (child_in, child_out) = (directional("in"), directional("out"));
     out.counter(
         "protego_child_sa_bytes",
         "Inner bytes the CHILD_SA decrypted (in) and encrypted (out).",
-        (children
-            .iter()
-            .zip(&child_in)
-            .map(|(c, l)| (&l[..], c.bytes_in)))
-        .chain(
-            children
-                .iter()
-                .zip(&child_out)
-                .map(|(c, l)| (&l[..], c.bytes_out)),
-        ),
+        both(|c| c.bytes_in, |c| c.bytes_out),
     )?;
     out.counter(
         "protego_child_sa_packets",
         "Packets the CHILD_SA decrypted (in) and encrypted (out).",
-        (children
-            .iter()
-            .zip(&child_in)
-            .map(|(c, l)| (&l[..], c.packets_in)))
-        .chain(
-            children
-                .iter()
-                .zip(&child_out)
-                .map(|(c, l)| (&l[..], c.packets_out)),
-        ),
+        both(|c| c.packets_in, |c| c.packets_out),
     )
 }
+
+/// The `direction` label of inbound and outbound counters.
+const IN: [(&str, &str); 1] = [("direction", "in")];
+const OUT: [(&str, &str); 1] = [("direction", "out")];
 
 /// The tunnels' cumulative counters: traffic over all their CHILD_SAs and IKE events.
 fn write_tunnel_counters(
     out: &mut Families<'_, '_>,
     report: &StatusReport,
-    ids: &[[(&str, &str); 2]],
+    ids: &[LabelSet],
 ) -> std::fmt::Result {
-    let with = |extra: (&'static str, &'static str)| {
-        ids.iter().map(|l| [l[0], l[1], extra]).collect::<Vec<_>>()
-    };
     // Every configured tunnel has its series from the start, zero until traffic flows.
-    write_traffic(
+    write_traffic_of(
         out,
         "protego_tunnel",
-        (report.tunnels.iter()).map(|t| (t.tenant.as_str(), t.name.as_str(), t.traffic)),
+        ids,
+        report.tunnels.iter().map(|t| t.traffic),
     )?;
     let per_tunnel = || report.tunnels.iter().zip(ids);
     out.counter(
         "protego_ike_sas_established",
         "IKE SAs the tunnel established (rekeys not included).",
-        per_tunnel().map(|(t, l)| (&l[..], t.events.ike_established)),
+        per_tunnel().map(|(t, l)| (l, t.events.ike_established)),
     )?;
     out.counter(
         "protego_ike_sa_rekeys",
         "IKE SAs of the tunnel replaced by a rekey.",
-        per_tunnel().map(|(t, l)| (&l[..], t.events.ike_rekeys)),
+        per_tunnel().map(|(t, l)| (l, t.events.ike_rekeys)),
     )?;
     out.counter(
         "protego_child_sas_installed",
         "CHILD_SAs the tunnel created (rekeys not included).",
-        per_tunnel().map(|(t, l)| (&l[..], t.events.child_installed)),
+        per_tunnel().map(|(t, l)| (l, t.events.child_installed)),
     )?;
     out.counter(
         "protego_child_sa_rekeys",
         "CHILD_SAs of the tunnel replaced by a rekey.",
-        per_tunnel().map(|(t, l)| (&l[..], t.events.child_rekeys)),
+        per_tunnel().map(|(t, l)| (l, t.events.child_rekeys)),
     )?;
-    let (answered, timeout) = (with(("result", "answered")), with(("result", "timeout")));
+    const ANSWERED: [(&str, &str); 1] = [("result", "answered")];
+    const TIMEOUT: [(&str, &str); 1] = [("result", "timeout")];
     out.counter(
         "protego_dpd",
         "Liveness checks (dead peer detection) of the tunnel's IKE SAs by result: answered, or timeout (the IKE SA was deleted).",
-        (per_tunnel().zip(&answered).map(|((t, _), l)| (&l[..], t.events.dpd_answered))).chain(
-            per_tunnel().zip(&timeout).map(|((t, _), l)| {
-                (&l[..], t.events.ike_deleted.get("dpd_timeout").copied().unwrap_or(0))
+        (per_tunnel().map(|(t, l)| ((l, &ANSWERED[..]), t.events.dpd_answered))).chain(
+            per_tunnel().map(|(t, l)| {
+                let timeouts = t.events.ike_deleted.get("dpd_timeout").copied();
+                ((l, &TIMEOUT[..]), timeouts.unwrap_or(0))
             }),
         ),
     )?;
-    let deleted: Vec<([(&str, &str); 3], u64)> = per_tunnel()
+    /// A tunnel's labels, its `reason` label and the count.
+    type Deleted<'a> = (&'a LabelSet, [(&'a str, &'a str); 1], u64);
+    let deleted: Vec<Deleted<'_>> = per_tunnel()
         .flat_map(|(t, l)| {
-            t.events
-                .ike_deleted
-                .iter()
-                .map(move |(reason, n)| ([l[0], l[1], ("reason", reason.as_str())], *n))
+            (t.events.ike_deleted.iter())
+                .map(move |(reason, n)| (l, [("reason", reason.as_str())], *n))
         })
         .collect();
     out.counter(
         "protego_ike_sa_deleted",
         "IKE SAs of the tunnel deleted, by reason (peer_request, local_request, rekeyed, dpd_timeout, retransmit_limit, expired, auth_failed, negotiation_failed).",
-        deleted.iter().map(|(l, n)| (&l[..], *n)),
+        deleted.iter().map(|(l, reason, n)| ((*l, &reason[..]), *n)),
     )
 }
-
-/// A tunnel's labels with `direction` `in` and `out`, and its traffic.
-type DirectedRow<'a> = (
-    [(&'a str, &'a str); 3],
-    [(&'a str, &'a str); 3],
-    datapath::TunnelTraffic,
-);
 
 /// Per-tunnel traffic counters of (tenant, tunnel, traffic) rows, as families
 /// `PREFIX_bytes`, `PREFIX_packets` and `PREFIX_esp_drops`: `protego_tunnel` for a
@@ -347,28 +322,44 @@ pub fn write_traffic<'r>(
     prefix: &str,
     rows: impl Iterator<Item = (&'r str, &'r str, datapath::TunnelTraffic)>,
 ) -> std::fmt::Result {
-    let rows: Vec<DirectedRow<'_>> = rows
-        .map(|(tenant, tunnel, t)| {
-            let (a, b) = (("tenant", tenant), ("tunnel", tunnel));
-            ([a, b, ("direction", "in")], [a, b, ("direction", "out")], t)
-        })
-        .collect();
+    let mut ids = Vec::new();
+    let mut traffic = Vec::new();
+    for (tenant, tunnel, t) in rows {
+        ids.push(out.label_set(&[("tenant", tenant), ("tunnel", tunnel)]));
+        traffic.push(t);
+    }
+    write_traffic_of(out, prefix, &ids, traffic.into_iter())
+}
+
+/// [`write_traffic`] of tunnels whose labels are `ids`, in the order of `traffic`.
+fn write_traffic_of(
+    out: &mut Families<'_, '_>,
+    prefix: &str,
+    ids: &[LabelSet],
+    traffic: impl Iterator<Item = datapath::TunnelTraffic>,
+) -> std::fmt::Result {
+    let rows: Vec<(&LabelSet, datapath::TunnelTraffic)> = ids.iter().zip(traffic).collect();
+    let both = |value_in: fn(&datapath::TunnelTraffic) -> u64,
+                value_out: fn(&datapath::TunnelTraffic) -> u64| {
+        (rows.iter().map(move |(l, t)| ((*l, &IN[..]), value_in(t)))).chain(
+            rows.iter()
+                .map(move |(l, t)| ((*l, &OUT[..]), value_out(t))),
+        )
+    };
     out.counter(
         &format!("{prefix}_bytes"),
         "Inner bytes the tunnel decrypted (in) and encrypted (out), over all its CHILD_SAs.",
-        (rows.iter().map(|(i, _, t)| (&i[..], t.bytes_in)))
-            .chain(rows.iter().map(|(_, o, t)| (&o[..], t.bytes_out))),
+        both(|t| t.bytes_in, |t| t.bytes_out),
     )?;
     out.counter(
         &format!("{prefix}_packets"),
         "Packets the tunnel decrypted (in) and encrypted (out), over all its CHILD_SAs.",
-        (rows.iter().map(|(i, _, t)| (&i[..], t.packets_in)))
-            .chain(rows.iter().map(|(_, o, t)| (&o[..], t.packets_out))),
+        both(|t| t.packets_in, |t| t.packets_out),
     )?;
     out.counter(
         &format!("{prefix}_esp_drops"),
         "Inbound ESP packets the tunnel's CHILD_SAs dropped (replay, integrity, padding).",
-        rows.iter().map(|(i, _, t)| (&i[..2], t.drops_in)),
+        rows.iter().map(|(l, t)| (*l, t.drops_in)),
     )
 }
 
