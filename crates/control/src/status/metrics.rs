@@ -73,8 +73,14 @@ fn write_tunnels(out: &mut Families<'_, '_>, report: &StatusReport, now: f64) ->
         .tunnels
         .iter()
         .map(|t| {
-            let a: Vec<String> = t.remote_addrs.iter().map(ToString::to_string).collect();
-            a.join(",")
+            let mut text = String::with_capacity(16 * t.remote_addrs.len());
+            for (i, addr) in t.remote_addrs.iter().enumerate() {
+                if i > 0 {
+                    text.push(',');
+                }
+                super::push_ip(&mut text, *addr);
+            }
+            text
         })
         .collect();
     let infos: Vec<[(&str, &str); 6]> = report
@@ -142,28 +148,30 @@ fn write_sa_families(
     report: &StatusReport,
     now: f64,
 ) -> std::fmt::Result {
-    let mut ike_text: Vec<[String; 3]> = Vec::new();
+    let mut ike_text: Vec<[String; 2]> = Vec::new();
     for t in &report.tunnels {
         for s in &t.ike_sas {
-            ike_text.push([
-                s.initiator.to_string(),
-                s.local.to_string(),
-                s.remote.to_string(),
-            ]);
+            let text = |addr| {
+                let mut text = String::with_capacity(24);
+                super::push_socket_addr(&mut text, addr);
+                text
+            };
+            ike_text.push([text(s.local), text(s.remote)]);
         }
     }
     let mut ikes: Vec<[(&str, &str); 9]> = Vec::with_capacity(ike_text.len());
     let mut text = ike_text.iter();
     for t in &report.tunnels {
         for s in &t.ike_sas {
-            let [initiator, local, remote] = text.next().expect("one entry per IKE SA");
+            let [local, remote] = text.next().expect("one entry per IKE SA");
+            let initiator = if s.initiator { "true" } else { "false" };
             ikes.push([
                 ("tenant", t.tenant.as_str()),
                 ("tunnel", t.name.as_str()),
                 ("spi_i", s.spi_i.as_str()),
                 ("spi_r", s.spi_r.as_str()),
                 ("state", s.state.as_str()),
-                ("initiator", initiator.as_str()),
+                ("initiator", initiator),
                 ("local", local.as_str()),
                 ("remote", remote.as_str()),
                 ("proposal", s.proposal.as_str()),

@@ -705,10 +705,18 @@ fn ike_report(s: &IkeSaStatus, by_spi: &HashMap<EspSpi, &datapath::ChildStats>) 
 /// A traffic selector in swanctl notation: `10.1.0.0/24`, `10.1.0.1..10.1.0.9`, with a
 /// `[proto/port]` suffix when it is narrower than any protocol and port.
 pub fn format_ts(ts: &TrafficSelector) -> String {
-    let mut out = match prefix_len(ts.start, ts.end) {
-        Some(len) => format!("{}/{len}", ts.start),
-        None => format!("{}..{}", ts.start, ts.end),
-    };
+    let mut out = String::with_capacity(24);
+    push_ip(&mut out, ts.start);
+    match prefix_len(ts.start, ts.end) {
+        Some(len) => {
+            out.push('/');
+            push_decimal(&mut out, len);
+        }
+        None => {
+            out.push_str("..");
+            push_ip(&mut out, ts.end);
+        }
+    }
     let any_port = ts.start_port == 0 && ts.end_port == u16::MAX;
     if ts.ip_proto != 0 || !any_port {
         let proto = match ts.ip_proto {
@@ -729,6 +737,60 @@ pub fn format_ts(ts: &TrafficSelector) -> String {
         }
     }
     out
+}
+
+/// Appends `ip` as its `Display` writes it. Reports and scrapes write tens of thousands of
+/// addresses, and `Display` of an IPv4 address goes through the formatting machinery for
+/// each octet (a tenth of a 10 000-tunnel scrape); IPv6 keeps `Display` (its zero
+/// compression is not worth writing twice).
+pub fn push_ip(out: &mut String, ip: IpAddr) {
+    match ip {
+        IpAddr::V4(v4) => {
+            let [a, b, c, d] = v4.octets();
+            for (i, octet) in [a, b, c, d].into_iter().enumerate() {
+                if i > 0 {
+                    out.push('.');
+                }
+                push_decimal(out, u32::from(octet));
+            }
+        }
+        IpAddr::V6(v6) => {
+            use std::fmt::Write as _;
+            let _ = write!(out, "{v6}");
+        }
+    }
+}
+
+/// Appends `addr` as its `Display` writes it (`192.0.2.1:4500`, `[2001:db8::1]:4500`).
+pub fn push_socket_addr(out: &mut String, addr: std::net::SocketAddr) {
+    match addr {
+        std::net::SocketAddr::V4(v4) => {
+            push_ip(out, IpAddr::V4(*v4.ip()));
+            out.push(':');
+            push_decimal(out, u32::from(v4.port()));
+        }
+        std::net::SocketAddr::V6(v6) => {
+            use std::fmt::Write as _;
+            let _ = write!(out, "{v6}");
+        }
+    }
+}
+
+/// Appends `n` in decimal.
+fn push_decimal(out: &mut String, n: u32) {
+    let mut digits = [0u8; 10];
+    let mut at = digits.len();
+    let mut n = n;
+    loop {
+        at -= 1;
+        digits[at] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    // Only ASCII digits were written.
+    out.push_str(std::str::from_utf8(&digits[at..]).unwrap_or_default());
 }
 
 /// The prefix length if `start..=end` is exactly one CIDR block.

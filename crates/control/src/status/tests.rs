@@ -369,6 +369,42 @@ fn traffic_selectors_in_swanctl_notation() {
 }
 
 #[test]
+fn addresses_are_written_as_display_writes_them() {
+    let mut rng = 0x9e37_79b9_7f4a_7c15_u64;
+    let mut next = || {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        rng
+    };
+    let mut v4: Vec<std::net::Ipv4Addr> =
+        ["0.0.0.0", "255.255.255.255", "10.0.9.100", "1.20.100.199"]
+            .iter()
+            .map(|a| a.parse().unwrap())
+            .collect();
+    v4.extend((0..2000).map(|_| std::net::Ipv4Addr::from(next() as u32)));
+    for (i, ip) in v4.into_iter().enumerate() {
+        let mut text = String::from("x");
+        push_ip(&mut text, IpAddr::V4(ip));
+        assert_eq!(text, format!("x{ip}"));
+        let addr = std::net::SocketAddr::from((ip, (i * 37) as u16));
+        let mut text = String::new();
+        push_socket_addr(&mut text, addr);
+        assert_eq!(text, addr.to_string());
+    }
+    for v6 in ["::", "2001:db8::1", "fe80::1:2:3:4", "::ffff:192.0.2.1"] {
+        let ip: IpAddr = v6.parse().unwrap();
+        let mut text = String::new();
+        push_ip(&mut text, ip);
+        assert_eq!(text, ip.to_string());
+        let addr = std::net::SocketAddr::new(ip, 4500);
+        let mut text = String::new();
+        push_socket_addr(&mut text, addr);
+        assert_eq!(text, addr.to_string());
+    }
+}
+
+#[test]
 fn request_lines() {
     assert_eq!(Request::parse_line("status\n"), Ok(Request::Status));
     assert_eq!(Request::parse_line("  ping "), Ok(Request::Ping));
