@@ -103,9 +103,21 @@ integer_value!(u32, u64, usize, i32, i64);
 
 impl Value for f64 {
     fn write(&self, out: &mut String) {
-        out.push_str(dtoa::Buffer::new().format(*self));
+        let v = *self;
+        // Whole numbers (timestamps above all) as the integer and `.0`, which is what `dtoa`
+        // writes for them below 2^53, without its search for the shortest digits; `-0.0`
+        // keeps its sign through `dtoa`.
+        if v.fract() == 0.0 && v.abs() < WHOLE_BELOW && !(v == 0.0 && v.is_sign_negative()) {
+            out.push_str(itoa::Buffer::new().format(v as i64));
+            out.push_str(".0");
+            return;
+        }
+        out.push_str(dtoa::Buffer::new().format(v));
     }
 }
+
+/// Whole `f64` values below this are written as integers (every integer below 2^53 is exact).
+const WHOLE_BELOW: f64 = 9_007_199_254_740_992.0;
 
 impl Value for f32 {
     fn write(&self, out: &mut String) {

@@ -425,3 +425,43 @@ fn label_sets_keep_a_tenants_view() {
         5
     );
 }
+
+#[test]
+fn whole_floats_are_written_as_dtoa_writes_them() {
+    let mut rng = 0x2545_f491_4f6c_dd1d_u64;
+    let mut next = || {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        rng
+    };
+    let mut values = vec![
+        0.0,
+        -0.0,
+        1.0,
+        -1.0,
+        1_799_996_400.0,
+        9_007_199_254_740_991.0,
+        9_007_199_254_740_992.0,
+        -9_007_199_254_740_991.0,
+        1e16,
+        1e300,
+        0.5,
+        -2.25,
+        f64::INFINITY,
+        f64::NEG_INFINITY,
+        f64::NAN,
+        f64::MIN_POSITIVE,
+    ];
+    for _ in 0..20_000 {
+        let r = next();
+        // Whole numbers of every magnitude below 2^53, and arbitrary bit patterns.
+        values.push(((r >> 11) >> (r % 53)) as f64 * if r & 1 == 0 { 1.0 } else { -1.0 });
+        values.push(f64::from_bits(r));
+    }
+    for v in values {
+        let mut ours = String::new();
+        v.write(&mut ours);
+        assert_eq!(ours, dtoa::Buffer::new().format(v), "{v:?}");
+    }
+}

@@ -778,19 +778,7 @@ pub fn push_socket_addr(out: &mut String, addr: std::net::SocketAddr) {
 
 /// Appends `n` in decimal.
 fn push_decimal(out: &mut String, n: u32) {
-    let mut digits = [0u8; 10];
-    let mut at = digits.len();
-    let mut n = n;
-    loop {
-        at -= 1;
-        digits[at] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
-    }
-    // Only ASCII digits were written.
-    out.push_str(std::str::from_utf8(&digits[at..]).unwrap_or_default());
+    out.push_str(itoa::Buffer::new().format(n));
 }
 
 /// The prefix length if `start..=end` is exactly one CIDR block.
