@@ -168,6 +168,10 @@ fn two_tenants_with_overlapping_addresses_are_isolated() -> Result<()> {
         b.join().expect("blue pinger")?;
         Ok(())
     })?;
+    // Each site's 40 pings were answered: at least 80 of its packets reached the VM's
+    // interface; tcpdump may not have read the last ones yet.
+    red_cap.wait_for_packets("icmp && ip.len == 139", 80, Duration::from_secs(10));
+    blue_cap.wait_for_packets("icmp && ip.len == 250", 80, Duration::from_secs(10));
     let red = red_cap.stop();
     let blue = blue_cap.stop();
     let red_other = traffic::tshark_count(&red, "icmp && ip.len == 250")?;
@@ -530,6 +534,9 @@ fn outer_ipv6_carries_ipv4_and_ipv6() -> Result<()> {
         )?;
         assert!(p.all_received(), "site -> vm {to6}: {p:?}");
     }
+    // Every ping was answered (checked above): 2 VMs × 2 families × 10 requests and their
+    // replies crossed the WAN as ESP. tcpdump may not have read the last ones yet.
+    cap.wait_for_packets("ipv6 && esp", 80, Duration::from_secs(10));
     let pcap = cap.stop();
     let esp = traffic::tshark_count(&pcap, "ipv6 && esp")?;
     assert!(
