@@ -15,7 +15,7 @@ use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{MethodFilter, MethodRouter};
 use axum::{Json, Router};
-use control::status::{ErrorKind, Request, StatusReport, TunnelStatus};
+use control::status::{ErrorKind, FilterLoad, Request, StatusReport, TunnelStatus};
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -476,18 +476,6 @@ async fn filters_show(
 }
 
 /// `POST /api/v1/tenants/{tenant}/filters`.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct FilterLoad {
-    direction: String,
-    object_name: String,
-    object: String,
-    #[serde(default)]
-    section: Option<String>,
-    #[serde(default)]
-    weight: Option<u32>,
-}
-
 async fn filters_load(
     State(api): State<Shared>,
     Caller(who): Caller,
@@ -495,15 +483,7 @@ async fn filters_load(
     Body(f): Body<FilterLoad>,
 ) -> Answer {
     visible_tenant(&who, &tenant)?;
-    let request = Request::FilterLoad {
-        tenant,
-        direction: f.direction,
-        object_name: f.object_name,
-        object: f.object,
-        section: f.section,
-        weight: f.weight,
-    };
-    ok(call(&api, &who, request).await?)
+    ok(call(&api, &who, f.request(tenant)).await?)
 }
 
 /// `DELETE /api/v1/tenants/{tenant}/filters?direction=&section=`.

@@ -449,6 +449,40 @@ fn a_tenant_sees_only_its_own_and_another_tenants_object_is_not_found() {
         tunnel: "a1".into()
     }));
 
+    // Loading a filter for itself: the body's fields reach the node as the request's; a
+    // field the body does not have is refused before.
+    let load =
+        json!({"direction": "to_cloud", "object_name": "f.o", "object": "AAAA", "weight": 3});
+    let a = s.send(
+        "POST",
+        "/api/v1/tenants/acme/filters",
+        Some(&s.acme),
+        Some(&load),
+    );
+    assert_eq!(a.status, 200, "{}", a.body);
+    assert!(s.fake.asked().contains(&Request::FilterLoad {
+        tenant: "acme".into(),
+        direction: "to_cloud".into(),
+        object_name: "f.o".into(),
+        object: "AAAA".into(),
+        section: None,
+        weight: Some(3),
+    }));
+    let mut odd = load.clone();
+    odd["priority"] = json!(1);
+    let a = s.send(
+        "POST",
+        "/api/v1/tenants/acme/filters",
+        Some(&s.acme),
+        Some(&odd),
+    );
+    assert_eq!(
+        (a.status, error_code(&a)),
+        (400, "bad_request".into()),
+        "{}",
+        a.body
+    );
+
     // Node-wide figures are not a tenant's.
     let status = s.get("/api/v1/status", Some(&s.acme)).json();
     assert_eq!(status["tunnels"].as_array().unwrap().len(), 1);

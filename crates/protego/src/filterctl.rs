@@ -3,7 +3,7 @@
 //! load, unload, show, and a map's entries (dump, update, delete) so that a tenant can tune
 //! its program at run time.
 
-use control::status::Request;
+use control::status::{FilterLoad, Request};
 use serde_json::Value;
 use std::fmt::Write as _;
 use std::path::PathBuf;
@@ -174,14 +174,14 @@ pub(crate) fn request(command: &FilterCommand) -> Result<(Request, Summary), Str
                 |n| n.to_string_lossy().into_owned(),
             );
             (
-                Request::FilterLoad {
-                    tenant: tenant.clone(),
+                FilterLoad {
                     direction: direction.clone(),
                     object_name: name,
                     object: Base64::encode_string(&bytes),
                     section: section.clone(),
                     weight: *weight,
-                },
+                }
+                .request(tenant.clone()),
                 text(*json, changed_summary),
             )
         }

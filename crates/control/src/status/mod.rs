@@ -13,8 +13,8 @@ mod tests;
 pub use render::{render_filters, render_text};
 pub use server::{
     apply_answer, distributed_only, error_answer, query, query_status, query_with_timeout,
-    read_route_file, route_answer, vm_route, ErrorKind, Request, RequestHandler, Responder,
-    StatusServer, MAX_ROUTE_FILE,
+    read_route_file, route_answer, vm_route, ErrorKind, FilterLoad, Request, RequestHandler,
+    Responder, StatusServer, MAX_ROUTE_FILE,
 };
 
 use crate::config::{Config, TunnelInside};

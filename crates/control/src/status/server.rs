@@ -485,6 +485,40 @@ pub trait RequestHandler: Send + Sync {
     }
 }
 
+/// A filter to load, apart from its tenant: the body of `POST /api/v1/tenants/{tenant}/filters`
+/// and what `protego ctl filter load` sends, both as [`Request::FilterLoad`].
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FilterLoad {
+    /// `to_cloud` or `from_cloud`.
+    pub direction: String,
+    /// The object file's name (for status and errors).
+    pub object_name: String,
+    /// The object's bytes in Base64.
+    pub object: String,
+    /// The section (`xdp` when absent).
+    #[serde(default)]
+    pub section: Option<String>,
+    /// The order among the tenant's filters of the direction (when absent: the replaced
+    /// program's, else 0).
+    #[serde(default)]
+    pub weight: Option<u32>,
+}
+
+impl FilterLoad {
+    /// The request that loads it for `tenant`.
+    pub fn request(self, tenant: String) -> Request {
+        Request::FilterLoad {
+            tenant,
+            direction: self.direction,
+            object_name: self.object_name,
+            object: self.object,
+            section: self.section,
+            weight: self.weight,
+        }
+    }
+}
+
 /// The real handler: IKE state from the control loop, counters from the data path.
 pub struct Responder {
     control: ControlHandle,
