@@ -1,8 +1,8 @@
 //! The tunnels' traffic over the last hour, for the console's charts
 //! (`GET /api/v1/tunnels/{name}/traffic`): every [`INTERVAL`] the listener's thread reads the
-//! tunnels' traffic counters and keeps, per tunnel, the rate in and out since the last sample. A sample is
-//! 16 bytes and an hour holds [`SAMPLES`] of them: about 3 KB per tunnel, 30 MB at 10 000
-//! tunnels.
+//! tunnels' traffic counters and keeps, per tunnel, the rate in and out since the last
+//! sample. A sample is 16 bytes and an hour holds [`SAMPLES`] of them: about 3 KB per tunnel,
+//! 30 MB at 10 000 tunnels.
 
 use crate::Api;
 use serde::Serialize;
