@@ -28,7 +28,7 @@ use std::net::IpAddr;
 use std::time::{Duration, Instant, SystemTime};
 
 use common::{epoch_secs, with_logs};
-use protego_testbed::cluster::{ClusterSpec, ProtegoCluster};
+use protego_testbed::cluster::{ClusterSpec, ProbeSettings, ProtegoCluster};
 use protego_testbed::customers::{Attachment, CustomerLan};
 use protego_testbed::protego::GatewayTunnel;
 use protego_testbed::topology::{TenantSpec, VmSpec};
@@ -130,7 +130,10 @@ fn attachment_counters_show_the_pings(cluster: &ProtegoCluster) -> Result<()> {
         let (frames, bytes) = (&a["from_ce_frames"], &a["from_ce_bytes"]);
         // Every frame carries both tags: at least an unpadded ARP's 42 bytes and 8 of tags.
         assert!(bytes.as_u64() >= frames.as_u64().map(|f| f * 50), "{a}");
-        assert_eq!(a["dropped"], 0, "{a}");
+        if a["dropped"] != 0 {
+            let why = node_drops(cluster, "steer1")?;
+            panic!("{a}: frames dropped; steer1's drops by reason: {why:?}");
+        }
     }
     let steer1 = counters["nodes"]
         .as_array()
@@ -190,9 +193,19 @@ fn customers_on_a_steer_node_port_reach_their_vms_through_moves_and_a_data_node_
         + &on_port("blue-dc", "blue", (200, 10), None).toml();
     let mut tun = GatewayTunnel::for_site(&topo, 0, common::PSK);
     tun.extra_local_ts = vec![SEGMENT.to_owned()];
+    // The iperf3 streams below keep both of this machine's cores busy with the CE, the VM,
+    // the tagger and four nodes; a data node starved for the default 3 x 30 ms was declared
+    // lost there (and the frames steered to it meanwhile dropped as node_dead), which is a
+    // verdict on the machine, not on the gateway. Probes that wait 100 ms and give up after 5
+    // misses still find the killed node well inside the outage this test allows.
     let spec = ClusterSpec {
         extra_steer: vec![format!("ports = [{:?}]", lan.trunk.peer)],
         extra_tables: tables,
+        probe: ProbeSettings {
+            timeout: Duration::from_millis(100),
+            misses: 5,
+            ..ProbeSettings::default()
+        },
         ..ClusterSpec::default()
     };
     let cluster = ProtegoCluster::start(&bed, &topo, std::slice::from_ref(&tun), &spec)?;
