@@ -306,7 +306,7 @@ impl Session {
         self.warm_up(&sas, host, gw)?;
         let scraper = match (group.gateway, ctx.options.scrape_every) {
             (GatewayKind::Protego, Some(every)) => {
-                let idle = crate::scrape::idle(&self.net.gw, 5);
+                let idle = crate::scrape::idle(&self.net.gw, 20);
                 progress(&format!("{}: {idle}", gw.name()));
                 Some(crate::scrape::Scraper::start(&self.net.gw, every))
             }

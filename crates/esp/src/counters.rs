@@ -101,11 +101,21 @@ struct Shard {
     reordered: AtomicU64,
 }
 
+/// Threads that took a shard so far (see [`shard_index`]).
+static NEXT_SHARD: AtomicUsize = AtomicUsize::new(0);
+
+/// The shards any thread may have updated: the first [`NEXT_SHARD`] (all of them once that
+/// many threads counted). A reader sums only those: a data node's two or four workers use
+/// as many of an SA's eight shards, and reading the others cost a 10 000-tunnel scrape
+/// thousands of needless cache misses.
+fn shards_in_use() -> usize {
+    NEXT_SHARD.load(Ordering::Acquire).min(SHARDS)
+}
+
 /// Hands each thread its shard: the first counter update on a thread takes the next index
 /// of a global round robin, so the first `SHARDS` threads that count (the workers, started
 /// together) get distinct shards.
 fn shard_index() -> usize {
-    static NEXT: AtomicUsize = AtomicUsize::new(0);
     thread_local! {
         static SHARD: Cell<usize> = const { Cell::new(usize::MAX) };
     }
@@ -114,7 +124,9 @@ fn shard_index() -> usize {
         if i != usize::MAX {
             return i;
         }
-        let i = NEXT.fetch_add(1, Ordering::Relaxed) % SHARDS;
+        // Taken before the thread's first update of its shard, so a reader that sees the
+        // update sees the shard in use ([`shards_in_use`]).
+        let i = NEXT_SHARD.fetch_add(1, Ordering::AcqRel) % SHARDS;
         s.set(i);
         i
     })
@@ -175,9 +187,9 @@ impl SaCounters {
     }
 
     pub(crate) fn snapshot(&self) -> CounterSnapshot {
+        let used = &self.shards[..shards_in_use()];
         let sum = |f: fn(&Shard) -> &AtomicU64| {
-            self.shards
-                .iter()
+            used.iter()
                 .map(|s| f(s).load(Ordering::Relaxed))
                 .fold(0u64, u64::wrapping_add)
         };

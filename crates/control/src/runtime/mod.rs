@@ -158,34 +158,36 @@ impl ControlHandle {
     /// [`ControlHandle::ike_report`] of one tunnel (its SAs and events; the drop counters
     /// are the engine's), or of every tunnel with `None`.
     pub fn ike_report_of(&self, tunnel: Option<TunnelId>) -> Result<IkeReport, Error> {
-        let (tx, rx) = bounded(1);
-        self.commands
-            .send(Command::Status(tunnel, tx))
-            .map_err(|_| Error::ControlStopped)?;
-        rx.recv_timeout(COMMAND_TIMEOUT)
-            .map_err(|_| Error::ControlStopped)
+        self.ike_report_pending(tunnel)?.wait()
     }
+
+    /// [`ControlHandle::ike_report_of`], asked now and waited for later.
+    pub fn ike_report_pending(
+        &self,
+        tunnel: Option<TunnelId>,
+    ) -> Result<Pending<IkeReport>, Error> {
+        self.ask(COMMAND_TIMEOUT, |tx| Command::Status(tunnel, tx))
+    }
+
+    /// How long a command's answer is waited for ([`Pending::wait`]).
+    pub const COMMAND_TIMEOUT: Duration = COMMAND_TIMEOUT;
 
     /// The state store's figures (backend, commits, latency, failures).
     pub fn store_stats(&self) -> Result<StoreStats, Error> {
-        let (tx, rx) = bounded(1);
-        self.commands
-            .send(Command::StoreStats(tx))
-            .map_err(|_| Error::ControlStopped)?;
-        rx.recv_timeout(COMMAND_TIMEOUT)
-            .map_err(|_| Error::ControlStopped)
+        self.store_stats_pending()?.wait()
+    }
+
+    /// [`ControlHandle::store_stats`], asked now and waited for later.
+    pub fn store_stats_pending(&self) -> Result<Pending<StoreStats>, Error> {
+        self.ask(COMMAND_TIMEOUT, Command::StoreStats)
     }
 
     /// Makes a new store encryption key current (`protego ctl store rotate-key`: the key file's
     /// last key if the operator appended one, else a generated one): new records are sealed with it at once, and the records under older keys
     /// are re-encrypted in the background (`protego status` shows the progress).
     pub fn rotate_store_key(&self) -> Result<crate::store::KeyRotation, Error> {
-        let (tx, rx) = bounded(1);
-        self.commands
-            .send(Command::RotateStoreKey(tx))
-            .map_err(|_| Error::ControlStopped)?;
-        rx.recv_timeout(COMMAND_TIMEOUT)
-            .map_err(|_| Error::ControlStopped)?
+        self.ask(COMMAND_TIMEOUT, Command::RotateStoreKey)?
+            .wait()?
             .map_err(Error::Store)
     }
 
@@ -234,22 +236,13 @@ impl ControlHandle {
     /// (see [`crate::config::ConfigPlan`]), new ones added, and the data path's VNets and
     /// bindings replaced. On an error nothing changed.
     pub fn apply(&self, request: ApplyRequest) -> Result<ApplyOutcome, Error> {
-        let (tx, rx) = bounded(1);
-        self.commands
-            .send(Command::Apply(Box::new(request), tx))
-            .map_err(|_| Error::ControlStopped)?;
-        rx.recv_timeout(APPLY_TIMEOUT)
-            .map_err(|_| Error::ControlStopped)?
+        self.ask(APPLY_TIMEOUT, |tx| Command::Apply(Box::new(request), tx))?
+            .wait()?
     }
 
     /// The running filter set, the running tenants and the stored set's generation.
     pub fn filter_state(&self) -> Result<FilterState, Error> {
-        let (tx, rx) = bounded(1);
-        self.commands
-            .send(Command::FilterState(tx))
-            .map_err(|_| Error::ControlStopped)?;
-        rx.recv_timeout(COMMAND_TIMEOUT)
-            .map_err(|_| Error::ControlStopped)?
+        self.ask(COMMAND_TIMEOUT, Command::FilterState)?.wait()?
     }
 
     /// Makes `filters` the running set of the configuration (what `ctl apply` checks its
@@ -260,12 +253,8 @@ impl ControlHandle {
         &self,
         filters: Vec<datapath::FilterConfig>,
     ) -> Result<FilterCommit, Error> {
-        let (tx, rx) = bounded(1);
-        self.commands
-            .send(Command::CommitFilters(filters, tx))
-            .map_err(|_| Error::ControlStopped)?;
-        rx.recv_timeout(APPLY_TIMEOUT)
-            .map_err(|_| Error::ControlStopped)?
+        self.ask(APPLY_TIMEOUT, |tx| Command::CommitFilters(filters, tx))?
+            .wait()?
     }
 
     /// Keeps the change `op` of `tenant`'s map `map`, which the data path carried out, in the
@@ -277,12 +266,10 @@ impl ControlHandle {
         map: String,
         op: datapath::FilterMapOp,
     ) -> Result<Option<FilterCommit>, Error> {
-        let (tx, rx) = bounded(1);
-        self.commands
-            .send(Command::CommitMapSetting(tenant, map, op, tx))
-            .map_err(|_| Error::ControlStopped)?;
-        rx.recv_timeout(APPLY_TIMEOUT)
-            .map_err(|_| Error::ControlStopped)?
+        self.ask(APPLY_TIMEOUT, |tx| {
+            Command::CommitMapSetting(tenant, map, op, tx)
+        })?
+        .wait()?
     }
 
     fn request(
@@ -291,11 +278,7 @@ impl ControlHandle {
         tunnel: TunnelId,
         command: impl FnOnce(Sender<Result<(), CommandFailure>>) -> Command,
     ) -> Result<(), Error> {
-        let (tx, rx) = bounded(1);
-        self.commands
-            .send(command(tx))
-            .map_err(|_| Error::ControlStopped)?;
-        match rx.recv_timeout(COMMAND_TIMEOUT) {
+        match self.ask(COMMAND_TIMEOUT, command)?.wait() {
             Ok(Ok(())) => Ok(()),
             Ok(Err(CommandFailure::ShuttingDown)) => Err(Error::ShuttingDown),
             Ok(Err(CommandFailure::Engine(source))) => Err(Error::Command {
@@ -303,8 +286,40 @@ impl ControlHandle {
                 tunnel,
                 source,
             }),
-            Err(_) => Err(Error::ControlStopped),
+            Err(e) => Err(e),
         }
+    }
+
+    /// Sends the control loop `command`, made with the sender of its answer, which is waited
+    /// for at most `timeout`.
+    fn ask<T>(
+        &self,
+        timeout: Duration,
+        command: impl FnOnce(Sender<T>) -> Command,
+    ) -> Result<Pending<T>, Error> {
+        let (tx, rx) = bounded(1);
+        self.commands
+            .send(command(tx))
+            .map_err(|_| Error::ControlStopped)?;
+        Ok(Pending { rx, timeout })
+    }
+}
+
+/// An answer of the control loop on its way: the caller may do other work before it
+/// [`Pending::wait`]s (a scrape reads the data path's counters while the control loop copies
+/// its SAs).
+pub struct Pending<T> {
+    rx: Receiver<T>,
+    timeout: Duration,
+}
+
+impl<T> Pending<T> {
+    /// The answer, or [`Error::ControlStopped`] if none came in time (the command's timeout
+    /// from when it was sent).
+    pub fn wait(self) -> Result<T, Error> {
+        self.rx
+            .recv_timeout(self.timeout)
+            .map_err(|_| Error::ControlStopped)
     }
 }
 

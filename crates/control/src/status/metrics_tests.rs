@@ -1,22 +1,48 @@
 use super::*;
-use crate::status::{StatusReport, TunnelEvents};
+use crate::status::tests::{sample, Sample};
+use crate::status::TunnelEvents;
 use std::sync::Arc;
 
-/// A report as a scrape would write it.
-struct Fixed(StatusReport);
+/// The sample engine view with the control loop's `events` and the node's `store`, as a scrape
+/// would write them.
+struct Fixed {
+    sample: Sample,
+    events: HashMap<TunnelId, TunnelEvents>,
+    store: Option<crate::runtime::StoreStats>,
+}
 
 impl metrics::Source for Fixed {
     fn collect(&self, out: &mut Families<'_, '_>) -> Result<(), metrics::Collect> {
-        write_report(out, &self.0, 1_000_000.0)?;
+        let s = &self.sample;
+        let mut node = s.node();
+        node.store.clone_from(&self.store);
+        let view = GatewayView {
+            directory: &s.directory,
+            sas: &s.sas,
+            events: &self.events,
+            stats: &s.stats,
+        };
+        write_gateway(out, &view, &node, 1_000_000.0)?;
         Ok(())
     }
 }
 
-fn scrape(report: StatusReport) -> String {
-    let source: Arc<dyn metrics::Source> = Arc::new(Fixed(report));
+fn scrape_with(
+    events: HashMap<TunnelId, TunnelEvents>,
+    store: Option<crate::runtime::StoreStats>,
+) -> String {
+    let source: Arc<dyn metrics::Source> = Arc::new(Fixed {
+        sample: sample(),
+        events,
+        store,
+    });
     let (text, missing) = metrics::render(&source, "gw1");
     assert_eq!(missing, None);
     text
+}
+
+fn scrape() -> String {
+    scrape_with(HashMap::new(), None)
 }
 
 fn has(text: &str, line: &str) {
@@ -28,7 +54,7 @@ fn has(text: &str, line: &str) {
 
 #[test]
 fn every_configured_tunnel_has_a_state_even_when_down() {
-    let text = scrape(crate::status::tests::sample_report());
+    let text = scrape();
     has(
         &text,
         r#"protego_tunnel_state{node="gw1",tenant="acme",tunnel="hq"} 2"#,
@@ -58,7 +84,7 @@ fn every_configured_tunnel_has_a_state_even_when_down() {
 
 #[test]
 fn times_are_unix_timestamps_and_counters_totals() {
-    let text = scrape(crate::status::tests::sample_report());
+    let text = scrape();
     // Established 125 s before the scrape's 1 000 000; rekey due in 3 000 s.
     has(
         &text,
@@ -122,8 +148,7 @@ fn times_are_unix_timestamps_and_counters_totals() {
 
 #[test]
 fn tunnel_events_become_counters_by_result_and_reason() {
-    let mut report = crate::status::tests::sample_report();
-    report.tunnels[0].events = TunnelEvents {
+    let events = TunnelEvents {
         ike_established: 2,
         ike_rekeys: 5,
         child_installed: 2,
@@ -136,7 +161,8 @@ fn tunnel_events_become_counters_by_result_and_reason() {
         .into_iter()
         .collect(),
     };
-    let text = scrape(report);
+    // Tunnel 1 is `hq`.
+    let text = scrape_with([(TunnelId(1), events)].into_iter().collect(), None);
     has(
         &text,
         r#"protego_ike_sa_rekeys_total{node="gw1",tenant="acme",tunnel="hq"} 5"#,
@@ -165,12 +191,11 @@ fn tunnel_events_become_counters_by_result_and_reason() {
 
 #[test]
 fn store_commits_are_a_histogram() {
-    let mut report = crate::status::tests::sample_report();
     let mut latency = crate::runtime::CommitLatency::default();
     for us in [80, 90, 700, 30_000] {
         latency.observe(std::time::Duration::from_micros(us));
     }
-    report.store = Some(crate::runtime::StoreStats {
+    let store = Some(crate::runtime::StoreStats {
         backend: "file x".into(),
         commits: 4,
         failures: 1,
@@ -182,7 +207,7 @@ fn store_commits_are_a_histogram() {
         error: None,
         encryption: None,
     });
-    let text = scrape(report);
+    let text = scrape_with(HashMap::new(), store);
     has(
         &text,
         r#"protego_store_commit_duration_seconds_count{node="gw1"} 4"#,
@@ -203,4 +228,71 @@ fn store_commits_are_a_histogram() {
         &text,
         r#"protego_store_commit_failures_total{node="gw1"} 1"#,
     );
+}
+
+/// The metrics are written from the engine's view, the status report is assembled from the
+/// same view: every tunnel's state, every IKE SA's and CHILD_SA's labels (SPIs, addresses,
+/// selectors) and counters agree with what `protego status` shows.
+#[test]
+fn metrics_agree_with_the_status_report() {
+    let text = scrape();
+    let report = crate::status::tests::sample_report();
+    assert!(!report.tunnels.is_empty());
+    for t in &report.tunnels {
+        let id = format!(r#"node="gw1",tenant="{}",tunnel="{}""#, t.tenant, t.name);
+        has(
+            &text,
+            &format!("protego_tunnel_state{{{id}}} {}", state_value(t.state)),
+        );
+        has(
+            &text,
+            &format!("protego_tunnel_ike_sas{{{id}}} {}", t.ike_sas.len()),
+        );
+        for s in &t.ike_sas {
+            has(
+                &text,
+                &format!(
+                    r#"protego_ike_sa_info{{{id},spi_i="{}",spi_r="{}",state="{}",initiator="{}",local="{}",remote="{}",proposal="{}"}} 1"#,
+                    s.spi_i, s.spi_r, s.state, s.initiator, s.local, s.remote, s.proposal
+                ),
+            );
+            for c in &s.children {
+                has(
+                    &text,
+                    &format!(
+                        r#"protego_child_sa_info{{{id},spi_in="{}",spi_out="{}",proposal="{}",local_ts="{}",remote_ts="{}"}} 1"#,
+                        c.spi_in,
+                        c.spi_out,
+                        c.proposal,
+                        c.local_ts.join(","),
+                        c.remote_ts.join(",")
+                    ),
+                );
+                has(
+                    &text,
+                    &format!(
+                        r#"protego_child_sa_packets_total{{{id},spi_in="{}",direction="in"}} {}"#,
+                        c.spi_in, c.packets_in
+                    ),
+                );
+            }
+        }
+    }
+    // The sample's selectors include a port range's suffix, which the report writes too.
+    assert!(
+        text.contains(r#"remote_ts="10.1.0.0/24,10.1.1.5/32[tcp/443]""#),
+        "{text}"
+    );
+}
+
+#[test]
+fn hex_is_what_the_spis_display_writes() {
+    for n in [0, 1, 0xabc, 0x0123_4567_89ab_cdef, u64::MAX, 0xffff_ffff] {
+        let mut text = String::new();
+        crate::status::push_hex(&mut text, n, 16);
+        assert_eq!(text, wire::IkeSpi(n).to_string());
+        text.clear();
+        crate::status::push_hex(&mut text, n & 0xffff_ffff, 8);
+        assert_eq!(text, wire::EspSpi(n as u32).to_string());
+    }
 }

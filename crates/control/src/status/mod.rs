@@ -489,6 +489,83 @@ impl TunnelDirectory {
     }
 }
 
+/// The engine's view joined tunnel by tunnel: each tunnel's IKE SAs in the report's order
+/// (established first, then oldest first), the data path's counters of each CHILD_SA and each
+/// tunnel's traffic. The status report and the metrics are both written from it, so they
+/// agree on every tunnel's state and counters.
+pub(crate) struct Joined<'a> {
+    by_tunnel: HashMap<TunnelId, Vec<&'a IkeSaStatus>>,
+    counters: HashMap<EspSpi, &'a datapath::ChildStats>,
+    traffic: HashMap<TunnelId, datapath::TunnelTraffic>,
+    /// IKE SAs of no configured tunnel (not yet authenticated, or of a removed tunnel).
+    pub(crate) unmatched: usize,
+}
+
+impl<'a> Joined<'a> {
+    /// Indexes first, so a report costs O(tunnels + SAs), not their product.
+    pub(crate) fn new(
+        directory: &TunnelDirectory,
+        ike_sas: &'a [IkeSaStatus],
+        stats: &'a DataplaneStats,
+    ) -> Self {
+        let mut by_tunnel: HashMap<TunnelId, Vec<&IkeSaStatus>> = HashMap::new();
+        for s in ike_sas {
+            if let Some(t) = s.tunnel {
+                by_tunnel.entry(t).or_default().push(s);
+            }
+        }
+        for sas in by_tunnel.values_mut() {
+            sas.sort_by_key(|s| (state_rank(s.state), std::cmp::Reverse(s.age_secs)));
+        }
+        // A set of the configured tunnels, not `directory.get` per SA (a linear search: with
+        // 10 000 tunnels that was 10^8 comparisons per report).
+        let configured: std::collections::HashSet<TunnelId> =
+            directory.0.iter().map(|e| e.id).collect();
+        let unmatched = ike_sas
+            .iter()
+            .filter(|s| s.tunnel.is_none_or(|t| !configured.contains(&t)))
+            .count();
+        Joined {
+            by_tunnel,
+            counters: stats.children.iter().map(|c| (c.inbound_spi, c)).collect(),
+            traffic: stats.tunnels.iter().copied().collect(),
+            unmatched,
+        }
+    }
+
+    /// The IKE SAs of tunnel `id`, established first, then oldest first.
+    pub(crate) fn sas(&self, id: TunnelId) -> &[&'a IkeSaStatus] {
+        self.by_tunnel.get(&id).map_or(&[], Vec::as_slice)
+    }
+
+    /// Tunnel `id`'s traffic over all its CHILD_SAs (zeros before any).
+    pub(crate) fn traffic(&self, id: TunnelId) -> datapath::TunnelTraffic {
+        self.traffic.get(&id).copied().unwrap_or_default()
+    }
+
+    /// The data path's counters of CHILD_SA `child` of IKE SA `sa` (none: not installed
+    /// there yet, or its SPI counted for another tunnel).
+    pub(crate) fn child(
+        &self,
+        sa: &IkeSaStatus,
+        child: &ike::ChildSaStatus,
+    ) -> Option<&'a datapath::ChildStats> {
+        self.counters
+            .get(&child.inbound_spi)
+            .copied()
+            .filter(|st| st.tunnel.is_none_or(|t| Some(t) == sa.tunnel))
+    }
+}
+
+/// A tunnel's summary state from its IKE SAs in [`Joined::sas`]'s order.
+pub(crate) fn tunnel_state(sas: &[&IkeSaStatus]) -> TunnelState {
+    sas.first().map_or(TunnelState::Down, |s| match s.state {
+        IkeSaState::Established | IkeSaState::Rekeying => TunnelState::Established,
+        IkeSaState::Connecting => TunnelState::Connecting,
+        IkeSaState::Deleting => TunnelState::Down,
+    })
+}
+
 impl StatusReport {
     /// Joins the IKE engine's SA table with the data plane's counters, tunnel by tunnel, and
     /// adds both drop counter maps.
@@ -499,51 +576,34 @@ impl StatusReport {
         stats: &DataplaneStats,
         uptime_secs: u64,
     ) -> Self {
-        // Indexes first, so the report costs O(tunnels + SAs), not their product.
-        let mut by_tunnel: HashMap<TunnelId, Vec<&IkeSaStatus>> = HashMap::new();
-        for s in ike_sas {
-            if let Some(t) = s.tunnel {
-                by_tunnel.entry(t).or_default().push(s);
-            }
-        }
-        let counters: HashMap<EspSpi, &datapath::ChildStats> =
-            stats.children.iter().map(|c| (c.inbound_spi, c)).collect();
-        let traffic: HashMap<TunnelId, datapath::TunnelTraffic> =
-            stats.tunnels.iter().copied().collect();
-        let tunnels = directory
+        let joined = Joined::new(directory, ike_sas, stats);
+        let mut report = Self::node(ike_stats, stats, uptime_secs);
+        report.tunnels = directory
             .0
             .iter()
             .map(|entry| {
-                let mut sas: Vec<&IkeSaStatus> = by_tunnel.remove(&entry.id).unwrap_or_default();
-                // Established SAs first, then by age (oldest first).
-                sas.sort_by_key(|s| (state_rank(s.state), std::cmp::Reverse(s.age_secs)));
-                let state = sas.first().map_or(TunnelState::Down, |s| match s.state {
-                    IkeSaState::Established | IkeSaState::Rekeying => TunnelState::Established,
-                    IkeSaState::Connecting => TunnelState::Connecting,
-                    IkeSaState::Deleting => TunnelState::Down,
-                });
+                let sas = joined.sas(entry.id);
                 TunnelStatus {
                     name: entry.name.clone(),
                     tenant: entry.tenant.clone(),
                     inside: entry.inside.clone(),
-                    state,
+                    state: tunnel_state(sas),
                     remote_addrs: entry.remote_addrs.clone(),
                     local_id: entry.local_id.clone(),
                     remote_id: entry.remote_id.clone(),
-                    ike_sas: sas.into_iter().map(|s| ike_report(s, &counters)).collect(),
+                    ike_sas: sas.iter().map(|s| ike_report(s, &joined)).collect(),
                     events: TunnelEvents::default(),
-                    traffic: traffic.get(&entry.id).copied().unwrap_or_default(),
+                    traffic: joined.traffic(entry.id),
                 }
             })
             .collect();
-        // A set of the configured tunnels, not `directory.get` per SA (a linear search: with
-        // 10 000 tunnels that was 10^8 comparisons per report).
-        let configured: std::collections::HashSet<TunnelId> =
-            directory.0.iter().map(|e| e.id).collect();
-        let unmatched_ike_sas = ike_sas
-            .iter()
-            .filter(|s| s.tunnel.is_none_or(|t| !configured.contains(&t)))
-            .count();
+        report.unmatched_ike_sas = joined.unmatched;
+        report
+    }
+
+    /// The node-wide part of a report (drops, workers, tenants, AF_XDP), without tunnels: a
+    /// data node's, or what a gateway's metrics take beside their own view of the tunnels.
+    pub fn node(ike_stats: &IkeStats, stats: &DataplaneStats, uptime_secs: u64) -> Self {
         let mut drops = BTreeMap::new();
         for (reason, count) in &stats.drops {
             *drops.entry(reason.clone()).or_insert(0) += count;
@@ -592,8 +652,8 @@ impl StatusReport {
         Self {
             version: STATUS_VERSION,
             uptime_secs,
-            tunnels,
-            unmatched_ike_sas,
+            tunnels: Vec::new(),
+            unmatched_ike_sas: 0,
             drops,
             ike_drops,
             workers,
@@ -657,15 +717,12 @@ pub fn ike_state_name(state: IkeSaState) -> &'static str {
     }
 }
 
-fn ike_report(s: &IkeSaStatus, by_spi: &HashMap<EspSpi, &datapath::ChildStats>) -> IkeSaReport {
+fn ike_report(s: &IkeSaStatus, joined: &Joined<'_>) -> IkeSaReport {
     let children = s
         .children
         .iter()
         .map(|c| {
-            let counters = by_spi
-                .get(&c.inbound_spi)
-                .copied()
-                .filter(|st| st.tunnel.is_none_or(|t| Some(t) == s.tunnel));
+            let counters = joined.child(s, c);
             let get = |f: fn(&datapath::ChildStats) -> u64| counters.map_or(0, f);
             ChildSaReport {
                 spi_in: c.inbound_spi.to_string(),
@@ -706,15 +763,21 @@ fn ike_report(s: &IkeSaStatus, by_spi: &HashMap<EspSpi, &datapath::ChildStats>) 
 /// `[proto/port]` suffix when it is narrower than any protocol and port.
 pub fn format_ts(ts: &TrafficSelector) -> String {
     let mut out = String::with_capacity(24);
-    push_ip(&mut out, ts.start);
+    push_ts(&mut out, ts);
+    out
+}
+
+/// Appends [`format_ts`]'s text of `ts`.
+pub fn push_ts(out: &mut String, ts: &TrafficSelector) {
+    push_ip(out, ts.start);
     match prefix_len(ts.start, ts.end) {
         Some(len) => {
             out.push('/');
-            push_decimal(&mut out, len);
+            push_decimal(out, len);
         }
         None => {
             out.push_str("..");
-            push_ip(&mut out, ts.end);
+            push_ip(out, ts.end);
         }
     }
     let any_port = ts.start_port == 0 && ts.end_port == u16::MAX;
@@ -736,7 +799,15 @@ pub fn format_ts(ts: &TrafficSelector) -> String {
             out.push_str(&format!("[{proto}/{}-{}]", ts.start_port, ts.end_port));
         }
     }
-    out
+}
+
+/// Appends the low `digits` hex digits of `n`, lower case and zero-padded, as the SPIs'
+/// `Display` writes them (`{:016x}`, `{:08x}`).
+pub fn push_hex(out: &mut String, n: u64, digits: u32) {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    for i in (0..digits).rev() {
+        out.push(char::from(HEX[(n >> (4 * i)) as usize & 0xf]));
+    }
 }
 
 /// Appends `ip` as its `Display` writes it. Reports and scrapes write tens of thousands of

@@ -848,11 +848,17 @@ impl Responder {
         let mut report = self.join(&directory, ike);
         drop(directory);
         report.store = Some(self.control.store_stats()?);
-        report.routes = super::RouteStatus::of(&self.datapath.route_stats());
-        report.filters = (self.datapath.filter_report(None).programs.iter())
+        (report.routes, report.filters) = self.route_and_filter_status();
+        Ok(report)
+    }
+
+    /// The data path's route table and tenant filters, as a report shows them.
+    fn route_and_filter_status(&self) -> (Option<super::RouteStatus>, Vec<super::FilterStatus>) {
+        let routes = super::RouteStatus::of(&self.datapath.route_stats());
+        let filters = (self.datapath.filter_report(None).programs.iter())
             .map(super::FilterStatus::of)
             .collect();
-        Ok(report)
+        (routes, filters)
     }
 
     /// The status of the tunnel `name` alone (`None`: no such tunnel): the same as its entry
@@ -1039,14 +1045,31 @@ impl RequestHandler for Responder {
     }
 }
 
-/// `[metrics] listen`: the status report as metric families, read at each scrape.
+/// `[metrics] listen`: what the status report holds, as metric families, read at each
+/// scrape from the engine's view without assembling a report of the tunnels.
 impl ::metrics::Source for Responder {
     fn collect(&self, out: &mut ::metrics::Families<'_, '_>) -> Result<(), ::metrics::Collect> {
+        let unavailable = |e: Error| ::metrics::Collect::Unavailable(e.to_string());
         let now = super::metrics::unix_now();
-        let report = self
-            .status()
-            .map_err(|e| ::metrics::Collect::Unavailable(e.to_string()))?;
-        super::metrics::write_report(out, &report, now)?;
+        // The control loop copies its SAs while this thread reads the data path's counters.
+        let ike = self.control.ike_report_pending(None).map_err(unavailable)?;
+        let store = self.control.store_stats_pending().map_err(unavailable)?;
+        let stats = self.datapath.stats();
+        let (routes, filters) = self.route_and_filter_status();
+        let ike = ike.wait().map_err(unavailable)?;
+        let uptime = self.started.elapsed().as_secs();
+        let mut node = StatusReport::node(&ike.drops, &stats, uptime);
+        node.store = Some(store.wait().map_err(unavailable)?);
+        node.routes = routes;
+        node.filters = filters;
+        let directory = self.directory();
+        let view = super::metrics::GatewayView {
+            directory: &directory,
+            sas: &ike.sas,
+            events: &ike.events,
+            stats: &stats,
+        };
+        super::metrics::write_gateway(out, &view, &node, now)?;
         Ok(())
     }
 }

@@ -66,7 +66,34 @@ fn child(spi_in: u32, spi_out: u32) -> ChildSaStatus {
     }
 }
 
+/// The engine's view behind [`sample_report`]: three tunnels (one established with a CHILD_SA,
+/// one connecting, one down), an IKE SA of no tunnel, and the data path's counters.
+pub(super) struct Sample {
+    pub directory: TunnelDirectory,
+    pub sas: Vec<IkeSaStatus>,
+    pub stats: DataplaneStats,
+}
+
+impl Sample {
+    /// The node-wide part of the report at uptime 3 700 s, with IKE drops counted (2
+    /// `icv_failed`, 11 `truncated`).
+    pub(super) fn node(&self) -> StatusReport {
+        let mut node = StatusReport::node(&IkeStats::default(), &self.stats, 3_700);
+        *node.ike_drops.get_mut("icv_failed").unwrap() = 2;
+        *node.ike_drops.get_mut("truncated").unwrap() = 11;
+        node
+    }
+}
+
 pub(super) fn sample_report() -> StatusReport {
+    let s = sample();
+    let mut report =
+        StatusReport::build(&s.directory, &s.sas, &IkeStats::default(), &s.stats, 3_700);
+    report.ike_drops = s.node().ike_drops;
+    report
+}
+
+pub(super) fn sample() -> Sample {
     let sas = vec![
         ike_sa(
             1,
@@ -157,10 +184,11 @@ pub(super) fn sample_report() -> StatusReport {
             frames: 1234,
         }],
     };
-    let mut report = StatusReport::build(&directory(), &sas, &IkeStats::default(), &stats, 3_700);
-    *report.ike_drops.get_mut("icv_failed").unwrap() = 2;
-    *report.ike_drops.get_mut("truncated").unwrap() = 11;
-    report
+    Sample {
+        directory: directory(),
+        sas,
+        stats,
+    }
 }
 
 #[test]
