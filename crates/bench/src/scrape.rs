@@ -89,11 +89,14 @@ pub(crate) fn idle(ns: &Netns, rounds: usize) -> String {
     summary("scrapes of the idle gateway", done, &errors)
 }
 
-/// The summary line of a set of scrapes: count, median/p99/max duration, size, series.
+/// The summary line of a set of scrapes: count, median/p99/max/first duration, size, series.
 fn summary(what: &str, mut done: Vec<Scrape>, errors: &[String]) -> String {
     if done.is_empty() {
         return format!("{what}: none succeeded ({})", errors.join("; "));
     }
+    // The first of a set is shown apart: the idle set's first is the listener's first scrape,
+    // which allocates and faults in its text buffer (later ones reuse it).
+    let first = done[0].took;
     done.sort_by_key(|s| s.took);
     let pick = |q: f64| done[((done.len() - 1) as f64 * q).round() as usize].took;
     let ms = |d: Duration| d.as_secs_f64() * 1e3;
@@ -113,12 +116,13 @@ fn summary(what: &str, mut done: Vec<Scrape>, errors: &[String]) -> String {
         ),
     };
     format!(
-        "{what}: {} (failed {}), duration median {:.1} ms, p99 {:.1} ms, max {:.1} ms{server}; {:.1} MB, {} series",
+        "{what}: {} (failed {}), duration median {:.1} ms, p99 {:.1} ms, max {:.1} ms, first {:.1} ms{server}; {:.1} MB, {} series",
         done.len(),
         errors.len(),
         ms(pick(0.5)),
         ms(pick(0.99)),
         ms(done[done.len() - 1].took),
+        ms(first),
         last.bytes as f64 / 1e6,
         last.series,
     )
