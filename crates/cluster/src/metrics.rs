@@ -131,18 +131,12 @@ pub(crate) struct DataNodeMetrics {
 
 impl metrics::Source for DataNodeMetrics {
     fn collect(&self, out: &mut Families<'_, '_>) -> Result<(), metrics::Collect> {
-        use control::status::{FilterStatus, RouteStatus, StatusReport, TunnelDirectory};
+        use control::status::{FilterStatus, RouteStatus, StatusReport};
         use dataplane::DataPath;
         let now = control::status::metrics::unix_now();
         let stats = self.dp.stats();
         let uptime = self.started.elapsed().as_secs();
-        let mut report = StatusReport::build(
-            &TunnelDirectory::default(),
-            &[],
-            &ike::IkeStats::default(),
-            &stats,
-            uptime,
-        );
+        let mut report = StatusReport::node(&ike::IkeStats::default(), &stats, uptime);
         report.routes = RouteStatus::of(&self.dp.route_stats());
         report.filters = (self.dp.filter_report(None).programs.iter())
             .map(FilterStatus::of)

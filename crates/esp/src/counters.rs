@@ -124,8 +124,8 @@ fn shard_index() -> usize {
         if i != usize::MAX {
             return i;
         }
-        // Taken before the thread's first update of its shard, so a reader that sees the
-        // update sees the shard in use ([`shards_in_use`]).
+        // Counted before the thread's first update of its shard: a snapshot reads every shard
+        // taken before it began ([`shards_in_use`]), and a later snapshot never fewer.
         let i = NEXT_SHARD.fetch_add(1, Ordering::AcqRel) % SHARDS;
         s.set(i);
         i

@@ -169,9 +169,6 @@ impl ControlHandle {
         self.ask(COMMAND_TIMEOUT, |tx| Command::Status(tunnel, tx))
     }
 
-    /// How long a command's answer is waited for ([`Pending::wait`]).
-    pub const COMMAND_TIMEOUT: Duration = COMMAND_TIMEOUT;
-
     /// The state store's figures (backend, commits, latency, failures).
     pub fn store_stats(&self) -> Result<StoreStats, Error> {
         self.store_stats_pending()?.wait()

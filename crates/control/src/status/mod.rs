@@ -801,11 +801,11 @@ pub fn push_ts(out: &mut String, ts: &TrafficSelector) {
     }
 }
 
-/// Appends the low `digits` hex digits of `n`, lower case and zero-padded, as the SPIs'
-/// `Display` writes them (`{:016x}`, `{:08x}`).
+/// Appends the low `digits` hex digits of `n` (at most 16), lower case and zero-padded, as
+/// the SPIs' `Display` writes them (`{:016x}`, `{:08x}`).
 pub fn push_hex(out: &mut String, n: u64, digits: u32) {
     const HEX: &[u8; 16] = b"0123456789abcdef";
-    for i in (0..digits).rev() {
+    for i in (0..digits.min(16)).rev() {
         out.push(char::from(HEX[(n >> (4 * i)) as usize & 0xf]));
     }
 }
