@@ -11,8 +11,9 @@ use std::net::IpAddr;
 use std::time::Duration;
 
 use protego_testbed::strongswan::{Charon, CharonSettings, SwanctlConfig};
-use protego_testbed::topology::{SiteSpec, TenantSpec, VmSpec};
+use protego_testbed::topology::{Site, SiteSpec, TenantSpec, VmSpec};
 use protego_testbed::traffic::{self, IperfOptions, PingOptions};
+use protego_testbed::wait::{wait_for, Probe};
 use protego_testbed::{Cmd, IfAddr, Result, Testbed, Topology, TopologySpec};
 
 const PSK: &str = "baseline-test-psk";
@@ -51,6 +52,22 @@ fn tunnel_up(topo: &Topology) -> Result<(Charon, Charon)> {
     Ok((site, gw))
 }
 
+/// Waits (at most 5 s) until a ping from the site's LAN to `dst` through the tunnel is
+/// answered. kernel-libipsec installs its routes, and the first packets resolve neighbours,
+/// after both ends report the CHILD_SA installed; the counted pings after this measure the
+/// tunnel, not its start (a fresh machine's run lost the first of 50 once).
+fn wait_answers(site: &Site, dst: IpAddr) -> Result<()> {
+    let one = PingOptions::new(1, Duration::from_millis(10)).from(site.lan_addr);
+    wait_for(&format!("{dst} answers"), Duration::from_secs(5), || {
+        let p = traffic::ping(&site.ns, dst, &one)?;
+        Ok(if p.received > 0 {
+            Probe::Ready(())
+        } else {
+            Probe::NotYet(format!("{p:?}"))
+        })
+    })
+}
+
 /// Names of our namespaces still listed by `ip netns list`.
 fn our_namespaces(tag: &str) -> Vec<String> {
     let out = Cmd::new("ip")
@@ -74,6 +91,7 @@ fn strongswan_to_strongswan_gateway() -> Result<()> {
     let site = &topo.sites[0];
 
     let (site_charon, gw_charon) = tunnel_up(&topo)?;
+    wait_answers(site, inner)?;
     let sas = gw_charon.list_sas()?;
     assert_eq!(sas.len(), 1, "{sas:?}");
     assert_eq!(
@@ -143,6 +161,7 @@ fn strongswan_behind_nat() -> Result<()> {
     let nat = site.nat.as_ref().expect("site is behind NAT");
 
     let (_site_charon, gw_charon) = tunnel_up(&topo)?;
+    wait_answers(site, inner)?;
     let sas = gw_charon.list_sas()?;
     assert_eq!(sas.len(), 1, "{sas:?}");
     // The gateway sees the NAT router's public address, not the site's own.
@@ -176,6 +195,9 @@ fn vms_behind_kernel_vxlan_hosts() -> Result<()> {
     topo.attach_kernel_vxlan_gateway()?;
     let site = &topo.sites[0];
     let (_site_charon, _gw_charon) = tunnel_up(&topo)?;
+    for vm in &topo.tenants[0].vms {
+        wait_answers(site, vm.addr.addr)?;
+    }
 
     // The VXLAN on the underlay really is VNI 4242 toward both hosts.
     let cap = traffic::capture(
