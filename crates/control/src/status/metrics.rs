@@ -7,7 +7,7 @@
 //! report joins it ([`super::Joined`]) but borrowed: a 10 000-tunnel gateway spent a quarter
 //! of a scrape assembling a [`StatusReport`] of owned strings and dropping it again.
 
-use super::{ike_state_name, push_hex, push_socket_addr, push_ts, tunnel_state, Joined};
+use super::{ike_state_name, push_hex, push_ip, push_socket_addr, push_ts, tunnel_state, Joined};
 use super::{StatusReport, TunnelDirectory, TunnelEntry, TunnelEvents, TunnelState};
 use ike::{ChildSaStatus, IkeSaState, IkeSaStatus, TunnelId};
 use metrics::{Families, Histogram, LabelSet};
@@ -86,8 +86,10 @@ struct Row<'a> {
 impl Row<'_> {
     /// The IKE SA in use (absent while none is established).
     fn current(&self) -> Option<&IkeSaStatus> {
-        (self.sas.first().copied())
-            .filter(|s| matches!(s.state, IkeSaState::Established | IkeSaState::Rekeying))
+        // The state is the first SA's (`tunnel_state`): established means it is in use.
+        (self.state == TunnelState::Established)
+            .then(|| self.sas.first().copied())
+            .flatten()
     }
 }
 
@@ -119,6 +121,16 @@ impl Texts {
     fn get(&self, i: usize) -> &str {
         let start = if i == 0 { 0 } else { self.ends[i - 1] };
         &self.buf[start..self.ends[i]]
+    }
+}
+
+/// Appends `items`, each written by `push`, separated by commas.
+fn push_list<T>(out: &mut String, items: &[T], push: impl Fn(&mut String, &T)) {
+    for (i, item) in items.iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        push(out, item);
     }
 }
 
@@ -169,14 +181,7 @@ fn write_tunnels(
     )?;
     let mut remotes = Texts::default();
     for r in &rows {
-        remotes.push(|text| {
-            for (i, addr) in r.entry.remote_addrs.iter().enumerate() {
-                if i > 0 {
-                    text.push(',');
-                }
-                super::push_ip(text, *addr);
-            }
-        });
+        remotes.push(|text| push_list(text, &r.entry.remote_addrs, |t, a| push_ip(t, *a)));
     }
     let infos: Vec<[(&str, &str); 6]> = (rows.iter().enumerate())
         .map(|(i, r)| {
@@ -253,20 +258,12 @@ fn write_sa_families(
         texts.push(|t| push_socket_addr(t, s.remote));
     }
     let first_child = texts.ends.len();
-    let selectors = |t: &mut String, ts: &[ike::TrafficSelector]| {
-        for (i, ts) in ts.iter().enumerate() {
-            if i > 0 {
-                t.push(',');
-            }
-            push_ts(t, ts);
-        }
-    };
     for (_, s) in all_sas() {
         for c in &s.children {
             texts.push(|t| push_hex(t, u64::from(c.inbound_spi.0), 8));
             texts.push(|t| push_hex(t, u64::from(c.outbound_spi.0), 8));
-            texts.push(|t| selectors(t, &c.local_ts));
-            texts.push(|t| selectors(t, &c.remote_ts));
+            texts.push(|t| push_list(t, &c.local_ts, push_ts));
+            texts.push(|t| push_list(t, &c.remote_ts, push_ts));
         }
     }
     let ikes: Vec<[(&str, &str); 9]> = all_sas()
